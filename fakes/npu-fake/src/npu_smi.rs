@@ -1,0 +1,329 @@
+//! The fake `npu-smi`: prints the real output formats from the scenario.
+//!
+//! Supported: `info watch -h`, `info watch [-i id] [-c chip] [-d secs] [-s letters]` (910B and
+//! 910_93 layouts with `ChipId(Idx)`, 950 layout without it, `NA` for missing figures) and
+//! `info -m`. A fake-driver build of the agent runs this when invoked as `npu-smi` or with
+//! `info …` as its first arguments.
+
+use crate::scenario::{Model, Reading, Scenario, WatchSupport, now_ms};
+use std::io::Write;
+use std::time::Duration;
+
+const HELP_HEAD: &str = "Usage: npu-smi info watch [Options...]
+
+Options:
+";
+const HELP_IDS_V1: &str = "       -i %d          Card ID
+       -c %d          Chip ID
+";
+const HELP_IDS_V2: &str = "       -i %d          NPU ID
+";
+const HELP_TAIL: &str =
+    "       -d %d          Collection delay in seconds [1~100, default is 1 second]
+       -s             One or more metrics [eg. info watch -s ptaicmb]
+                      Can be any of the following:
+                          p - Power Usage
+                          t - Temperature
+                          a - AI Core Usage
+                          i - AI Cpu Usage
+                          c - Control Cpu Usage
+                          m - Memory Usage
+                          b - Memory Bandwidth Usage
+                          n - NPU Utilization
+";
+const HELP_CUBE: &str = "                          u - AI Cube Usage
+";
+
+/// Metric letters in the fixed column order npu-smi prints them.
+const LETTERS: &str = "ptaicmbnu";
+
+/// Runs the fake with `args` (without the program name); returns the exit status.
+pub fn run(args: &[String]) -> i32 {
+    let scenario = match Scenario::from_env() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("fake npu-smi: {e}");
+            return 2;
+        }
+    };
+    let out = std::io::stdout();
+    let mut out = out.lock();
+    if scenario.npu_smi.watch == WatchSupport::NotReady {
+        let _ = writeln!(out, "error: driver not ready");
+        return 1;
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    match args.as_slice() {
+        ["info", "watch", "-h"] | ["info", "watch", "--help"] => help(&scenario, &mut out),
+        ["info", "watch", rest @ ..] => watch(&scenario, rest, &mut out),
+        ["info", "-m"] => mapping(&scenario, &mut out),
+        _ => {
+            let _ = writeln!(out, "Usage: npu-smi info <watch|-h|-m> [Options...]");
+            1
+        }
+    }
+}
+
+fn help(s: &Scenario, out: &mut impl Write) -> i32 {
+    if s.npu_smi.help_delay_ms > 0 {
+        std::thread::sleep(Duration::from_millis(s.npu_smi.help_delay_ms));
+    }
+    let ids = if s.model == Model::Ascend950 {
+        HELP_IDS_V2
+    } else {
+        HELP_IDS_V1
+    };
+    let cube = if s.npu_smi.watch == WatchSupport::Supported {
+        HELP_CUBE
+    } else {
+        ""
+    };
+    let _ = write!(out, "{HELP_HEAD}{ids}{HELP_TAIL}{cube}");
+    0
+}
+
+struct WatchArgs {
+    card: Option<i32>,
+    chip: Option<i32>,
+    delay_s: u64,
+    letters: String,
+}
+
+fn parse_watch(s: &Scenario, args: &[&str]) -> Result<WatchArgs, String> {
+    let mut w = WatchArgs {
+        card: None,
+        chip: None,
+        delay_s: 1,
+        letters: LETTERS.to_owned(),
+    };
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let value = it
+            .next()
+            .ok_or_else(|| format!("Parameter error: {flag} needs a value"))?;
+        let num = || {
+            value
+                .parse::<i64>()
+                .map_err(|_| format!("Parameter error: {flag} {value}"))
+        };
+        match *flag {
+            "-i" => w.card = Some(num()? as i32),
+            "-c" if s.model != Model::Ascend950 => w.chip = Some(num()? as i32),
+            "-d" => {
+                let d = num()?;
+                if !(1..=100).contains(&d) {
+                    return Err(format!("Parameter error: -d {value} is not in [1, 100]"));
+                }
+                w.delay_s = d as u64;
+            }
+            "-s" => {
+                let cube_ok = s.npu_smi.watch == WatchSupport::Supported;
+                if value.is_empty()
+                    || value
+                        .chars()
+                        .any(|c| !LETTERS.contains(c) || (c == 'u' && !cube_ok))
+                {
+                    return Err(format!("Parameter error: -s {value}"));
+                }
+                w.letters = LETTERS.chars().filter(|c| value.contains(*c)).collect();
+            }
+            other => return Err(format!("Parameter error: unknown option {other}")),
+        }
+    }
+    if s.npu_smi.watch != WatchSupport::Supported {
+        w.letters.retain(|c| c != 'u');
+    }
+    Ok(w)
+}
+
+fn header(s: &Scenario, letters: &str) -> String {
+    let mut h = format!("{:<12}", "NpuID(Idx)");
+    if s.model != Model::Ascend950 {
+        h.push_str(&format!("{:<12}", "ChipId(Idx)"));
+    }
+    for c in letters.chars() {
+        let name = match c {
+            'p' => "Pwr(W)",
+            't' => "Temp(C)",
+            'a' => "AI Core(%)",
+            'i' => "AI Cpu(%)",
+            'c' => "Ctrl Cpu(%)",
+            'm' => "Memory(%)",
+            'b' => "Memory BW(%)",
+            'n' => "NPU Util(%)",
+            _ => "AI Cube(%)",
+        };
+        if matches!(c, 'n' | 'u') {
+            h.push(' ');
+        }
+        h.push_str(&format!("{name:<12}"));
+    }
+    h.trim_end().to_owned()
+}
+
+fn cell(r: Reading) -> String {
+    match r {
+        Reading::Value(v) => v.to_string(),
+        Reading::Na | Reading::Error(_) => "NA".to_owned(),
+    }
+}
+
+fn watch(s: &Scenario, args: &[&str], out: &mut impl Write) -> i32 {
+    let w = match parse_watch(s, args) {
+        Ok(w) => w,
+        Err(e) => {
+            let _ = writeln!(out, "{e}");
+            return 1;
+        }
+    };
+    let devices: Vec<_> = s
+        .devices
+        .iter()
+        .filter(|d| {
+            let id = if s.model == Model::Ascend950 {
+                d.logic_id
+            } else {
+                d.card
+            } as i32;
+            w.card.is_none_or(|c| c == id) && w.chip.is_none_or(|c| c == d.chip as i32)
+        })
+        .collect();
+    if devices.is_empty() {
+        let _ = writeln!(out, "This device does not support querying watch info.");
+        return 1;
+    }
+    let period = Duration::from_millis(s.npu_smi.watch_period_ms.unwrap_or(w.delay_s * 1000));
+    let mut pending = header(s, &w.letters) + "\n";
+    let mut calls = 0u64;
+    for pass in 0u64.. {
+        if s.npu_smi.watch_exit_after.is_some_and(|n| pass >= n) {
+            let _ = out.write_all(pending.as_bytes());
+            let _ = writeln!(out, "npu-smi: device lost");
+            let _ = out.flush();
+            return 1;
+        }
+        for d in &devices {
+            if d.hang_ms > 0 && calls >= d.hang_after_calls {
+                std::thread::sleep(Duration::from_millis(d.hang_ms));
+            }
+            calls += 1;
+            let cube = s.aicube_at(d, now_ms());
+            let id = if s.model == Model::Ascend950 {
+                d.logic_id
+            } else {
+                d.card
+            };
+            let mut row = format!("{id:<12}");
+            if s.model != Model::Ascend950 {
+                row.push_str(&format!("{:<12}", d.chip));
+            }
+            for c in w.letters.chars() {
+                let v = match c {
+                    'p' => "90.1".to_owned(),
+                    't' => "40".to_owned(),
+                    'a' | 'n' | 'u' => cell(cube),
+                    'm' => (d.hbm_used_mb * 100 / d.hbm_total_mb.max(1)).to_string(),
+                    _ => "0".to_owned(),
+                };
+                if matches!(c, 'n' | 'u') {
+                    row.push(' ');
+                }
+                row.push_str(&format!("{v:<12}"));
+            }
+            let row = row.trim_end().to_owned() + "\n";
+            if s.npu_smi.split_rows {
+                let (a, b) = row.split_at(row.len() / 2);
+                pending.push_str(a);
+                if out
+                    .write_all(pending.as_bytes())
+                    .and_then(|_| out.flush())
+                    .is_err()
+                {
+                    return 0;
+                }
+                pending.clear();
+                std::thread::sleep(Duration::from_millis(5));
+                pending.push_str(b);
+            } else {
+                pending.push_str(&row);
+            }
+            // Header and the first rows of a card leave in one write, as the real tool's
+            // per-card fflush does.
+            if out
+                .write_all(pending.as_bytes())
+                .and_then(|_| out.flush())
+                .is_err()
+            {
+                return 0;
+            }
+            pending.clear();
+        }
+        std::thread::sleep(period);
+    }
+    0
+}
+
+fn mapping(s: &Scenario, out: &mut impl Write) -> i32 {
+    let mut text = String::new();
+    let col = |t: &mut String, v: &str| t.push_str(&format!("{v:<30}"));
+    match s.model {
+        Model::Ascend950 => {
+            for h in ["NPU ID", "Slot ID", "Chip ID", "Chip Phy-ID"] {
+                col(&mut text, h);
+            }
+            text.push_str("Chip Name\n");
+            for d in &s.devices {
+                for v in [d.logic_id, d.logic_id, 0, d.logic_id] {
+                    col(&mut text, &v.to_string());
+                }
+                text.push_str(&format!("Ascend {}\n", s.model.chip_name()));
+            }
+        }
+        model => {
+            let a3 = model == Model::Ascend910_93;
+            let heads: &[&str] = if a3 {
+                &["NPU ID", "Chip ID", "Chip Logic ID", "Chip Phy-ID"]
+            } else {
+                &["NPU ID", "Chip ID", "Chip Logic ID"]
+            };
+            for h in heads {
+                col(&mut text, h);
+            }
+            text.push_str("Chip Name\n");
+            for card in 0..s.cards {
+                for d in s.devices.iter().filter(|d| d.card == card) {
+                    col(&mut text, &d.card.to_string());
+                    col(&mut text, &d.chip.to_string());
+                    col(&mut text, &d.logic_id.to_string());
+                    if a3 {
+                        col(&mut text, &d.logic_id.to_string());
+                    }
+                    text.push_str(&format!("Ascend {}\n", model.chip_name()));
+                }
+                col(&mut text, &card.to_string());
+                col(&mut text, &model.chips_per_card().to_string());
+                col(&mut text, "-");
+                if a3 {
+                    col(&mut text, "-");
+                }
+                text.push_str("Mcu\n");
+            }
+        }
+    }
+    let _ = out.write_all(text.as_bytes());
+    0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    #[test]
+    fn header_of_s_u_matches_the_format_strings() {
+        let s = Scenario::parse("model = \"910B\"", Path::new(".")).unwrap();
+        assert_eq!(header(&s, "u"), "NpuID(Idx)  ChipId(Idx)  AI Cube(%)");
+        let s = Scenario::parse("model = \"950\"", Path::new(".")).unwrap();
+        assert_eq!(header(&s, "u"), "NpuID(Idx)   AI Cube(%)");
+    }
+}

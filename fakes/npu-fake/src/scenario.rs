@@ -1,0 +1,525 @@
+//! The scenario file: what the fake driver and the fake `npu-smi` report, per device.
+//!
+//! One TOML file, named by `FAKE_NPU_SCENARIO`, drives both fakes so that the DCMI backend and
+//! the `npu-smi` backend of the agent see the same figures. Programmes are functions of wall
+//! clock time (Unix milliseconds), so two processes reading the same scenario agree without
+//! sharing a start time. The format is documented in `docs/fake-driver.md`.
+
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Environment variable naming the scenario file.
+pub const SCENARIO_ENV: &str = "FAKE_NPU_SCENARIO";
+
+/// Scenario used when `FAKE_NPU_SCENARIO` is unset: two 910B cards, the first bursting.
+pub const EMBEDDED_DEFAULT: &str = r#"
+model = "910B"
+cards = 2
+
+[default]
+aicube = { constant = 0 }
+
+[[device]]
+id = 0
+aicube = { square = { high = 85, low = 5, width_ms = 300, period_ms = 1000 } }
+
+[[device]]
+id = 1
+aicube = { constant = 12 }
+"#;
+
+/// Chip model; decides chips per card, the DCMI API generation and the `npu-smi` layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub enum Model {
+    /// Atlas A2: one NPU chip and one MCU per card, v1 API.
+    #[serde(rename = "910B")]
+    Ascend910B,
+    /// Atlas A3: two NPU dies and one MCU per card, v1 API.
+    #[serde(rename = "910_93")]
+    Ascend910_93,
+    /// Ascend 950: v2 API only (`dcmi_init` answers -8255), logical ids, no `ChipId` column.
+    #[serde(rename = "950")]
+    Ascend950,
+}
+
+impl Model {
+    /// NPU chips per card (the MCU is not counted).
+    pub fn chips_per_card(self) -> u32 {
+        match self {
+            Model::Ascend910_93 => 2,
+            Model::Ascend910B | Model::Ascend950 => 1,
+        }
+    }
+
+    /// Whether the card carries an MCU that enumeration must skip.
+    pub fn has_mcu(self) -> bool {
+        !matches!(self, Model::Ascend950)
+    }
+
+    /// Chip name reported by chip info and `npu-smi info -m`.
+    pub fn chip_name(self) -> &'static str {
+        match self {
+            Model::Ascend910B => "910B3",
+            Model::Ascend910_93 => "910_9391",
+            Model::Ascend950 => "950PR",
+        }
+    }
+}
+
+/// What one reading of a device's AI Cube usage returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reading {
+    /// A percentage (values above 100 are passed through so the agent's check can be tested).
+    Value(u32),
+    /// No figure: `NA` in `npu-smi`, a transient -8005 from DCMI.
+    Na,
+    /// A DCMI return code (`npu-smi` prints `NA`).
+    Error(i32),
+}
+
+/// Square-wave parameters.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Square {
+    pub high: u32,
+    pub low: u32,
+    pub width_ms: u64,
+    pub period_ms: u64,
+    #[serde(default)]
+    pub phase_ms: u64,
+}
+
+/// Saw-tooth ramp parameters.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Ramp {
+    pub from: u32,
+    pub to: u32,
+    pub period_ms: u64,
+}
+
+/// A CSV trace of `t_ms,value` lines (value an integer or `NA`), repeated every `period_ms`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TraceSpec {
+    pub file: PathBuf,
+    #[serde(default)]
+    pub period_ms: Option<u64>,
+}
+
+/// A per-device AI Cube programme as written in the scenario file.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(rename_all = "snake_case")]
+pub enum ProgrammeSpec {
+    Constant(u32),
+    Square(Square),
+    Ramp(Ramp),
+    Trace(TraceSpec),
+    Na,
+    Error(i32),
+    /// Read the value from a file at every call (integer text; anything else reads as `NA`).
+    File(PathBuf),
+}
+
+/// A programme ready to evaluate (traces loaded).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Programme {
+    Constant(u32),
+    Square(Square),
+    Ramp(Ramp),
+    Trace {
+        points: Vec<(u64, Option<u32>)>,
+        period_ms: u64,
+    },
+    Na,
+    Error(i32),
+    File(PathBuf),
+}
+
+impl Programme {
+    /// The reading at Unix time `t_ms`.
+    pub fn at(&self, t_ms: u64) -> Reading {
+        match self {
+            Programme::Constant(v) => Reading::Value(*v),
+            Programme::Square(s) => {
+                let period = s.period_ms.max(1);
+                let pos = (t_ms + period - s.phase_ms % period) % period;
+                Reading::Value(if pos < s.width_ms { s.high } else { s.low })
+            }
+            Programme::Ramp(r) => {
+                let period = r.period_ms.max(1);
+                let pos = (t_ms % period) as f64 / period as f64;
+                let v = r.from as f64 + (r.to as f64 - r.from as f64) * pos;
+                Reading::Value(v.round().max(0.0) as u32)
+            }
+            Programme::Trace { points, period_ms } => {
+                let pos = t_ms % (*period_ms).max(1);
+                let idx = points.partition_point(|(t, _)| *t <= pos);
+                match idx.checked_sub(1).map(|i| points[i].1) {
+                    Some(Some(v)) => Reading::Value(v),
+                    _ => Reading::Na,
+                }
+            }
+            Programme::Na => Reading::Na,
+            Programme::Error(code) => Reading::Error(*code),
+            Programme::File(path) => match std::fs::read_to_string(path) {
+                Ok(text) => text
+                    .trim()
+                    .parse::<u32>()
+                    .map(Reading::Value)
+                    .unwrap_or(Reading::Na),
+                Err(_) => Reading::Na,
+            },
+        }
+    }
+}
+
+/// Device settings; every field optional so `[default]` and `[[device]]` can be layered.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceSpec {
+    /// Logic id the override applies to (ignored in `[default]`).
+    pub id: Option<u32>,
+    pub aicube: Option<ProgrammeSpec>,
+    pub hbm_total_mb: Option<u64>,
+    pub hbm_used_mb: Option<u64>,
+    pub health: Option<u32>,
+    /// `dcmi_get_device_multi_utilization_rate` supported (else -8255).
+    pub multi_util: Option<bool>,
+    /// `dcmi_get_device_utilization_rate(…, 14, …)` supported (else -8255).
+    pub util_type14: Option<bool>,
+    /// Every AI Cube read of this device blocks this long before answering.
+    pub hang_ms: Option<u64>,
+    /// Reads before the hang starts (per process).
+    pub hang_after_calls: Option<u64>,
+}
+
+/// `[npu_smi]` table: how the fake `npu-smi` behaves.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NpuSmiSpec {
+    /// `supported`, `unsupported` (help lacks `u - AI Cube Usage`, `-s u` rejected) or
+    /// `not_ready` (every command prints `error: driver not ready` and exits 1).
+    #[serde(default = "NpuSmiSpec::default_help")]
+    pub watch: WatchSupport,
+    /// Time between watch passes; default is the `-d` argument in seconds.
+    pub watch_period_ms: Option<u64>,
+    /// The watch exits with status 1 after this many passes (tests restarts).
+    pub watch_exit_after: Option<u64>,
+    /// Write each data row in two pieces with a pause between (tests partial lines).
+    #[serde(default)]
+    pub split_rows: bool,
+    /// `info watch -h` sleeps this long before answering (tests the probe timeout).
+    #[serde(default)]
+    pub help_delay_ms: u64,
+}
+
+impl NpuSmiSpec {
+    fn default_help() -> WatchSupport {
+        WatchSupport::Supported
+    }
+}
+
+impl Default for NpuSmiSpec {
+    fn default() -> Self {
+        NpuSmiSpec {
+            watch: WatchSupport::Supported,
+            watch_period_ms: None,
+            watch_exit_after: None,
+            split_rows: false,
+            help_delay_ms: 0,
+        }
+    }
+}
+
+/// Whether the fake HDK supports `npu-smi info watch -s u`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WatchSupport {
+    Supported,
+    Unsupported,
+    NotReady,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ScenarioFile {
+    #[serde(default = "default_model")]
+    model: Model,
+    #[serde(default = "default_cards")]
+    cards: u32,
+    #[serde(default = "default_refresh")]
+    refresh_ms: u64,
+    #[serde(default)]
+    npu_smi: NpuSmiSpec,
+    #[serde(default)]
+    default: DeviceSpec,
+    #[serde(default)]
+    device: Vec<DeviceSpec>,
+}
+
+fn default_model() -> Model {
+    Model::Ascend910B
+}
+fn default_cards() -> u32 {
+    1
+}
+fn default_refresh() -> u64 {
+    100
+}
+
+/// One fake NPU chip with every setting resolved.
+#[derive(Debug, Clone)]
+pub struct Device {
+    pub logic_id: u32,
+    pub card: u32,
+    pub chip: u32,
+    pub aicube: Programme,
+    pub hbm_total_mb: u64,
+    pub hbm_used_mb: u64,
+    pub health: u32,
+    pub multi_util: bool,
+    pub util_type14: bool,
+    pub hang_ms: u64,
+    pub hang_after_calls: u64,
+}
+
+/// A loaded scenario.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    pub model: Model,
+    pub cards: u32,
+    pub refresh_ms: u64,
+    pub npu_smi: NpuSmiSpec,
+    pub devices: Vec<Device>,
+}
+
+impl Scenario {
+    /// Loads the scenario named by `FAKE_NPU_SCENARIO`, or the embedded default.
+    pub fn from_env() -> Result<Scenario, String> {
+        match std::env::var_os(SCENARIO_ENV) {
+            Some(path) if !path.is_empty() => Scenario::load(Path::new(&path)),
+            _ => Scenario::parse(EMBEDDED_DEFAULT, Path::new(".")),
+        }
+    }
+
+    /// Loads a scenario file; relative paths inside it are relative to its directory.
+    pub fn load(path: &Path) -> Result<Scenario, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read scenario {}: {e}", path.display()))?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        Scenario::parse(&text, base).map_err(|e| format!("scenario {}: {e}", path.display()))
+    }
+
+    /// Parses scenario text.
+    pub fn parse(text: &str, base: &Path) -> Result<Scenario, String> {
+        let file: ScenarioFile = toml::from_str(text).map_err(|e| e.to_string())?;
+        if file.cards == 0 || file.cards > 64 {
+            return Err(format!("cards must be in 1..=64, got {}", file.cards));
+        }
+        if file.refresh_ms == 0 {
+            return Err("refresh_ms must be at least 1".to_owned());
+        }
+        let chips = file.model.chips_per_card();
+        let count = file.cards * chips;
+        for over in &file.device {
+            match over.id {
+                None => return Err("every [[device]] needs an id".to_owned()),
+                Some(id) if id >= count => {
+                    return Err(format!(
+                        "[[device]] id {id} does not exist ({count} devices)"
+                    ));
+                }
+                Some(_) => {}
+            }
+        }
+        let mut devices = Vec::with_capacity(count as usize);
+        for logic_id in 0..count {
+            let over = file.device.iter().find(|d| d.id == Some(logic_id));
+            let pick = |f: fn(&DeviceSpec) -> Option<u64>, dflt: u64| {
+                over.and_then(f)
+                    .or_else(|| f(&file.default))
+                    .unwrap_or(dflt)
+            };
+            let pick_bool = |f: fn(&DeviceSpec) -> Option<bool>| {
+                over.and_then(f)
+                    .or_else(|| f(&file.default))
+                    .unwrap_or(true)
+            };
+            let spec = over
+                .and_then(|d| d.aicube.clone())
+                .or_else(|| file.default.aicube.clone())
+                .unwrap_or(ProgrammeSpec::Constant(0));
+            devices.push(Device {
+                logic_id,
+                card: logic_id / chips,
+                chip: logic_id % chips,
+                aicube: resolve(spec, base)?,
+                hbm_total_mb: pick(|d| d.hbm_total_mb, 65536),
+                hbm_used_mb: pick(|d| d.hbm_used_mb, 3072),
+                health: pick(|d| d.health.map(u64::from), 0) as u32,
+                multi_util: pick_bool(|d| d.multi_util),
+                util_type14: pick_bool(|d| d.util_type14),
+                hang_ms: pick(|d| d.hang_ms, 0),
+                hang_after_calls: pick(|d| d.hang_after_calls, 0),
+            });
+        }
+        Ok(Scenario {
+            model: file.model,
+            cards: file.cards,
+            refresh_ms: file.refresh_ms,
+            npu_smi: file.npu_smi,
+            devices,
+        })
+    }
+
+    /// The device on `card`/`chip` (v1 addressing).
+    pub fn device(&self, card: i32, chip: i32) -> Option<&Device> {
+        let chips = self.model.chips_per_card() as i32;
+        if card < 0 || chip < 0 || card >= self.cards as i32 || chip >= chips {
+            return None;
+        }
+        self.devices.get((card * chips + chip) as usize)
+    }
+
+    /// The device with logic id `id` (v2 addressing).
+    pub fn device_by_logic(&self, id: i32) -> Option<&Device> {
+        usize::try_from(id).ok().and_then(|i| self.devices.get(i))
+    }
+
+    /// AI Cube reading of `dev` at Unix time `t_ms`, quantised to the driver refresh.
+    pub fn aicube_at(&self, dev: &Device, t_ms: u64) -> Reading {
+        dev.aicube.at(t_ms - t_ms % self.refresh_ms)
+    }
+}
+
+fn resolve(spec: ProgrammeSpec, base: &Path) -> Result<Programme, String> {
+    Ok(match spec {
+        ProgrammeSpec::Constant(v) => Programme::Constant(v),
+        ProgrammeSpec::Square(s) => {
+            if s.period_ms == 0 {
+                return Err("square period_ms must be at least 1".to_owned());
+            }
+            Programme::Square(s)
+        }
+        ProgrammeSpec::Ramp(r) => {
+            if r.period_ms == 0 {
+                return Err("ramp period_ms must be at least 1".to_owned());
+            }
+            Programme::Ramp(r)
+        }
+        ProgrammeSpec::Trace(t) => {
+            let path = base.join(&t.file);
+            let text = std::fs::read_to_string(&path)
+                .map_err(|e| format!("cannot read trace {}: {e}", path.display()))?;
+            let points = parse_trace(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+            let last = points.last().map(|p| p.0).unwrap_or(0);
+            let period_ms = t.period_ms.unwrap_or(last + 100);
+            Programme::Trace { points, period_ms }
+        }
+        ProgrammeSpec::Na => Programme::Na,
+        ProgrammeSpec::Error(code) => Programme::Error(code),
+        ProgrammeSpec::File(p) => Programme::File(base.join(p)),
+    })
+}
+
+/// Parses `t_ms,value` lines (blank lines and `#` comments ignored; times ascending).
+pub fn parse_trace(text: &str) -> Result<Vec<(u64, Option<u32>)>, String> {
+    let mut points: Vec<(u64, Option<u32>)> = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let (t, v) = line
+            .split_once(',')
+            .ok_or_else(|| format!("line {}: expected t_ms,value", n + 1))?;
+        let t: u64 = t
+            .trim()
+            .parse()
+            .map_err(|_| format!("line {}: bad time {t:?}", n + 1))?;
+        let v = match v.trim() {
+            "NA" => None,
+            v => Some(
+                v.parse()
+                    .map_err(|_| format!("line {}: bad value {v:?}", n + 1))?,
+            ),
+        };
+        if points.last().is_some_and(|p| p.0 > t) {
+            return Err(format!("line {}: times must ascend", n + 1));
+        }
+        points.push((t, v));
+    }
+    if points.is_empty() {
+        return Err("trace is empty".to_owned());
+    }
+    Ok(points)
+}
+
+/// Current Unix time in milliseconds.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embedded_default_parses() {
+        let s = Scenario::parse(EMBEDDED_DEFAULT, Path::new(".")).unwrap();
+        assert_eq!(s.devices.len(), 2);
+        assert_eq!(s.devices[1].aicube, Programme::Constant(12));
+    }
+
+    #[test]
+    fn square_wave_has_its_width() {
+        let p = Programme::Square(Square {
+            high: 90,
+            low: 0,
+            width_ms: 100,
+            period_ms: 1000,
+            phase_ms: 0,
+        });
+        let highs = (0..1000).filter(|t| p.at(*t) == Reading::Value(90)).count();
+        assert_eq!(highs, 100);
+        assert_eq!(p.at(1050), Reading::Value(90));
+        assert_eq!(p.at(1150), Reading::Value(0));
+    }
+
+    #[test]
+    fn trace_steps_and_repeats() {
+        let points = parse_trace("0,0\n100,90\n200,NA\n").unwrap();
+        let p = Programme::Trace {
+            points,
+            period_ms: 300,
+        };
+        assert_eq!(p.at(50), Reading::Value(0));
+        assert_eq!(p.at(150), Reading::Value(90));
+        assert_eq!(p.at(250), Reading::Na);
+        assert_eq!(p.at(450), Reading::Value(90));
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected() {
+        let err = Scenario::parse("modle = \"910B\"", Path::new(".")).unwrap_err();
+        assert!(err.contains("modle"), "{err}");
+    }
+
+    #[test]
+    fn overrides_layer_on_defaults() {
+        let s = Scenario::parse(
+            "model = \"910_93\"\ncards = 2\n[default]\nhealth = 1\n[[device]]\nid = 3\nhealth = 2\n",
+            Path::new("."),
+        )
+        .unwrap();
+        assert_eq!(s.devices.len(), 4);
+        assert_eq!(s.devices[0].health, 1);
+        assert_eq!(s.devices[3].health, 2);
+        assert_eq!((s.devices[3].card, s.devices[3].chip), (1, 1));
+    }
+}

@@ -1,0 +1,83 @@
+//! Driver binding: where AI Cube figures come from.
+//!
+//! Two backends, tried in this order per device: `libdcmi.so` loaded at run time
+//! ([`dcmi`]: multi-utilization `aic_util`, then utilization type 14), and long-lived
+//! `npu-smi info watch -s u` children ([`npu_smi`]). This layer only talks to the driver; the
+//! sampler decides when to call it and the ring stores what it returns.
+
+pub mod dcmi;
+pub mod npu_smi;
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+/// `--backend`: which sources the agent may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BackendChoice {
+    /// DCMI where it works, `npu-smi` for the rest.
+    #[default]
+    Auto,
+    /// DCMI only; devices without AI Cube calls report no figures.
+    Dcmi,
+    /// `npu-smi` only; `libdcmi.so` is not loaded.
+    NpuSmi,
+}
+
+/// Where the driver pieces are and how far to trust them.
+#[derive(Debug, Clone)]
+pub struct DriverConfig {
+    /// `--dcmi-lib`; `None` searches `LD_LIBRARY_PATH` and the install directories.
+    pub dcmi_lib: Option<PathBuf>,
+    /// `--npu-smi`; a bare name is looked up in `PATH`.
+    pub npu_smi: PathBuf,
+    pub backend: BackendChoice,
+    /// Ownership check of the library path (see [`dcmi::discovery`]).
+    pub check_owner: bool,
+    /// `LD_LIBRARY_PATH` as seen at start.
+    pub ld_library_path: Option<OsString>,
+    /// Driver install directories searched after `LD_LIBRARY_PATH`.
+    pub standard_dirs: Vec<PathBuf>,
+    /// `-d` of the watch children, seconds.
+    pub watch_delay_s: u32,
+}
+
+impl Default for DriverConfig {
+    fn default() -> Self {
+        DriverConfig {
+            dcmi_lib: None,
+            npu_smi: PathBuf::from("npu-smi"),
+            backend: BackendChoice::Auto,
+            check_owner: true,
+            ld_library_path: std::env::var_os("LD_LIBRARY_PATH"),
+            standard_dirs: dcmi::discovery::STANDARD_DIRS
+                .iter()
+                .map(PathBuf::from)
+                .collect(),
+            watch_delay_s: 1,
+        }
+    }
+}
+
+/// Device description shared by every layer above the driver.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct DeviceInfo {
+    /// Logic id (what `--devices` and `ASCEND_RT_VISIBLE_DEVICES` name).
+    pub id: u32,
+    /// NPU id ("card") as `npu-smi -i` takes it.
+    pub card: u32,
+    /// Chip on the card; `None` on a 950 (no `-c`).
+    pub chip: Option<u32>,
+    /// Chip name, e.g. `910B3`.
+    pub name: String,
+}
+
+impl DeviceInfo {
+    /// Target of a watch child for this device.
+    pub fn watch_target(&self) -> npu_smi::WatchTarget {
+        npu_smi::WatchTarget {
+            npu: self.card,
+            chip: self.chip,
+        }
+    }
+}

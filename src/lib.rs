@@ -1,0 +1,24 @@
+//! npu-health-agent: a host agent for LLM inference nodes on Huawei Ascend NPUs.
+//!
+//! Data flows one way through the modules:
+//! [`driver`] (dlopen'd `libdcmi.so`, `npu-smi` fallback) → [`sampler`] (one OS thread owns
+//! every driver call) → [`ring`] (lock-free sample ring) → [`window`] (peak-window readers).
+//! The binary's commands live in [`cli`]. `unsafe` is denied everywhere except the DCMI
+//! binding (`driver::dcmi`).
+#![deny(unsafe_code)]
+
+pub mod cli;
+pub mod driver;
+#[cfg(feature = "fake-driver")]
+pub mod fake;
+pub mod ring;
+pub mod sampler;
+pub mod window;
+
+/// Version string shown by `--version`: crate version and git revision.
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (git ",
+    env!("NPU_HEALTH_AGENT_GIT_HASH"),
+    ")"
+);

@@ -1,0 +1,197 @@
+//! The DCMI sampler thread: the one OS thread that calls into `libdcmi.so`.
+//!
+//! It opens the library, enumerates the NPUs, then reads every DCMI-served device's AI Cube
+//! usage each period and writes the results to the ring; HBM and health less often. Before
+//! every call it publishes which device it is calling and since when, so the watchdog can see
+//! a call that hangs without this thread's help.
+
+use super::Shared;
+use super::status::Source;
+use crate::driver::dcmi::{Api, CubeCall, Dcmi, DcmiError, NpuChip};
+use crate::ring::Sample;
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Messages to the DCMI thread.
+#[derive(Debug)]
+pub enum Control {
+    /// Start sampling `chips` (ring device index, chip); devices DCMI cannot serve are sent
+    /// to `fallback`.
+    Start {
+        shared: Arc<Shared>,
+        chips: Vec<(usize, NpuChip)>,
+        fallback: Sender<usize>,
+    },
+    /// Change the sampling period (applies from the next pass).
+    Period(Duration),
+    Shutdown,
+}
+
+/// Timing of the loop.
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    pub period: Duration,
+    pub hbm_period: Duration,
+}
+
+/// Thread body: open, report the chips on `init`, then sample until shut down.
+pub fn run(
+    dcmi: Result<Dcmi, String>,
+    init: Sender<Result<(Api, Vec<NpuChip>), String>>,
+    ctl: Receiver<Control>,
+    mut timing: Timing,
+) {
+    let opened = dcmi.and_then(|d| match d.chips() {
+        Ok(c) => Ok((d, c)),
+        Err(e) => Err(format!(
+            "{}: device enumeration failed: {e}",
+            d.path().display()
+        )),
+    });
+    let dcmi = match opened {
+        Ok((d, chips)) => {
+            if init.send(Ok((d.api(), chips))).is_err() {
+                return;
+            }
+            d
+        }
+        Err(e) => {
+            let _ = init.send(Err(e));
+            return;
+        }
+    };
+    let (shared, chips, fallback) = loop {
+        match ctl.recv() {
+            Ok(Control::Start {
+                shared,
+                chips,
+                fallback,
+            }) => break (shared, chips, fallback),
+            Ok(Control::Period(p)) => timing.period = p,
+            Ok(Control::Shutdown) | Err(_) => return,
+        }
+    };
+    let mut calls: Vec<CubeCall> = chips.iter().map(|_| CubeCall::Multi).collect();
+    let mut next = Instant::now();
+    let mut next_hbm = next;
+    loop {
+        loop {
+            match ctl.recv_deadline(next) {
+                Ok(Control::Period(p)) => {
+                    timing.period = p;
+                    next = Instant::now();
+                }
+                Ok(Control::Start { .. }) => {}
+                Ok(Control::Shutdown) | Err(RecvTimeoutError::Disconnected) => return,
+                Err(RecvTimeoutError::Timeout) => break,
+            }
+        }
+        for (slot, (idx, chip)) in chips.iter().enumerate() {
+            read_cube(&dcmi, &shared, *idx, chip, &mut calls[slot], &fallback);
+        }
+        let now = Instant::now();
+        if now >= next_hbm {
+            for (idx, chip) in &chips {
+                read_hbm_and_health(&dcmi, &shared, *idx, chip);
+            }
+            next_hbm = now + timing.hbm_period;
+        }
+        shared.sampler.pass_done();
+        next += timing.period;
+        let now = Instant::now();
+        if next < now {
+            shared.sampler.overrun();
+            next = now + timing.period;
+        }
+    }
+}
+
+/// One AI Cube read with the fallback chain: multi → single type 14 → hand to npu-smi.
+fn read_cube(
+    dcmi: &Dcmi,
+    shared: &Shared,
+    idx: usize,
+    chip: &NpuChip,
+    call: &mut CubeCall,
+    fallback: &Sender<usize>,
+) {
+    let dev = &shared.devices[idx];
+    loop {
+        let before = dev.source();
+        if !before.is_dcmi() {
+            return;
+        }
+        shared.sampler.enter_call(idx, shared.ring.now_ns());
+        let result = dcmi.aicube(chip, *call);
+        shared.sampler.leave_call();
+        let ts = shared.ring.now_ns();
+        // The watchdog may have moved the device while the call hung: drop the late answer.
+        if !dev.source().is_dcmi() {
+            return;
+        }
+        match result {
+            Ok(v) => {
+                if before != Source::of_call(*call) {
+                    dev.replace_source(before, Source::of_call(*call));
+                }
+                shared.ring.push(Sample {
+                    device: idx as u16,
+                    ts_ns: ts,
+                    value: v,
+                    valid: true,
+                });
+                let ended = dev.record_value(ts, v);
+                if ended != 0 {
+                    tracing::info!(
+                        device = dev.info.id,
+                        "AI Cube reads recovered after error {ended}"
+                    );
+                }
+                return;
+            }
+            Err(DcmiError::NotSupport | DcmiError::SymbolMissing { .. })
+                if *call == CubeCall::Multi =>
+            {
+                *call = CubeCall::Single;
+            }
+            Err(e @ (DcmiError::NotSupport | DcmiError::SymbolMissing { .. })) => {
+                dev.record_error(ts, e.code());
+                if dev.replace_source(before, Source::NpuSmiPending) {
+                    tracing::warn!(device = dev.info.id, error = %e, "AI Cube not available through DCMI; handing the device to npu-smi");
+                    let _ = fallback.send(idx);
+                }
+                return;
+            }
+            Err(e) => {
+                shared.ring.push(Sample {
+                    device: idx as u16,
+                    ts_ns: ts,
+                    value: 0,
+                    valid: false,
+                });
+                if dev.record_error(ts, e.code()) {
+                    tracing::warn!(device = dev.info.id, error = %e, "AI Cube read failed; samples are invalid until it recovers");
+                }
+                return;
+            }
+        }
+    }
+}
+
+fn read_hbm_and_health(dcmi: &Dcmi, shared: &Shared, idx: usize, chip: &NpuChip) {
+    let dev = &shared.devices[idx];
+    if dev.is_hung() {
+        return;
+    }
+    shared.sampler.enter_call(idx, shared.ring.now_ns());
+    let hbm = dcmi.hbm(chip);
+    let health = dcmi.health(chip);
+    shared.sampler.leave_call();
+    if let Ok(h) = hbm {
+        dev.record_hbm(h.used_mb, h.total_mb);
+    }
+    if let Ok(h) = health {
+        dev.record_health(h);
+    }
+}

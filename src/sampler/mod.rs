@@ -1,0 +1,454 @@
+//! The sampler: a dedicated OS thread that owns every DCMI call and writes AI Cube samples
+//! for all monitored NPUs into the ring, plus a watchdog thread that runs the `npu-smi`
+//! fallback and notices hung calls.
+//!
+//! Nothing on the async side ever waits on a driver call: readers only touch the ring and
+//! the atomics in [`status`]. Control (period change, shutdown) goes through channels.
+
+mod dcmi_thread;
+pub mod status;
+mod watchdog;
+
+pub use status::{DeviceSnapshot, DeviceStatus, SamplerStatus, Source};
+pub use watchdog::codes;
+
+use crate::driver::dcmi::{Api, Dcmi, NpuChip, discovery};
+use crate::driver::npu_smi::{self, WatchConfig, WatchSupport};
+use crate::driver::{BackendChoice, DeviceInfo, DriverConfig};
+use crate::ring::Ring;
+use crate::window::{self, WindowReport};
+use crossbeam_channel::{Receiver, Sender};
+use dcmi_thread::Control;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Shortest period accepted (the loop also runs correctly at 1 ms for tests).
+pub const MIN_PERIOD: Duration = Duration::from_micros(10);
+/// Longest period accepted.
+pub const MAX_PERIOD: Duration = Duration::from_secs(60);
+
+/// Sampler settings; defaults documented on each field.
+#[derive(Debug, Clone)]
+pub struct SamplerConfig {
+    /// Time between passes. Default 50 ms: the driver refreshes about every 100 ms, and
+    /// sampling at twice that rate sees every refresh.
+    pub period: Duration,
+    /// History the ring keeps at the starting period. Default 30 s.
+    pub retention: Duration,
+    /// A DCMI call blocking longer marks its device stale. Default 1 s.
+    pub call_deadline: Duration,
+    /// Time between HBM/health reads. Default 1 s.
+    pub hbm_period: Duration,
+    /// Watchdog check interval. Default 100 ms.
+    pub watchdog_interval: Duration,
+    /// Longest wait for `dcmi_init` and enumeration. Default 10 s.
+    pub init_timeout: Duration,
+    /// Logic ids to monitor; `None` monitors every NPU found.
+    pub devices: Option<Vec<u32>>,
+}
+
+impl Default for SamplerConfig {
+    fn default() -> Self {
+        SamplerConfig {
+            period: Duration::from_millis(50),
+            retention: Duration::from_secs(30),
+            call_deadline: Duration::from_secs(1),
+            hbm_period: Duration::from_secs(1),
+            watchdog_interval: Duration::from_millis(100),
+            init_timeout: Duration::from_secs(10),
+            devices: None,
+        }
+    }
+}
+
+/// Why the sampler could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("no usable driver backend: dcmi: {dcmi}; npu-smi: {npu_smi}")]
+    NoBackend { dcmi: String, npu_smi: String },
+    #[error("device {missing:?} not found; NPUs found: {found:?}")]
+    UnknownDevice { missing: Vec<u32>, found: Vec<u32> },
+    #[error("invalid sampler setting: {0}")]
+    Invalid(String),
+    #[error("cannot start a sampler thread: {0}")]
+    Thread(#[from] std::io::Error),
+}
+
+/// State shared by the sampler threads and every reader.
+#[derive(Debug)]
+pub struct Shared {
+    pub ring: Ring,
+    pub devices: Vec<DeviceStatus>,
+    pub sampler: SamplerStatus,
+}
+
+/// A running sampler. Dropping it shuts it down.
+pub struct Sampler {
+    shared: Arc<Shared>,
+    ctl: Option<Sender<Control>>,
+    dcmi_thread: Option<(JoinHandle<()>, Receiver<()>)>,
+    watchdog: Option<(JoinHandle<()>, Sender<()>)>,
+    period: Duration,
+}
+
+impl Sampler {
+    /// Finds a backend, enumerates the NPUs and starts sampling.
+    pub fn start(driver: &DriverConfig, cfg: &SamplerConfig) -> Result<Sampler, StartError> {
+        validate(cfg)?;
+        let mut dcmi_failure = String::from("not tried (--backend npu-smi)");
+        let mut dcmi_side = None;
+        if driver.backend != BackendChoice::NpuSmi {
+            match start_dcmi_thread(driver, cfg) {
+                Ok(started) => dcmi_side = Some(started),
+                Err(e) => {
+                    if driver.backend == BackendChoice::Dcmi {
+                        return Err(StartError::NoBackend {
+                            dcmi: e,
+                            npu_smi: "not tried (--backend dcmi)".to_owned(),
+                        });
+                    }
+                    tracing::warn!("DCMI unavailable, trying npu-smi: {e}");
+                    dcmi_failure = e;
+                }
+            }
+        }
+        let watch = WatchConfig {
+            npu_smi: driver.npu_smi.clone(),
+            delay_s: driver.watch_delay_s,
+            backoff_initial: Duration::from_millis(500),
+            backoff_max: Duration::from_secs(30),
+        };
+        let mut support = None;
+        let (infos, chips): (Vec<(DeviceInfo, bool)>, Vec<Option<NpuChip>>) = match &dcmi_side {
+            Some((_, _, _, (api, chips))) => chips
+                .iter()
+                .map(|c| {
+                    let info = DeviceInfo {
+                        id: c.logic_id,
+                        card: c.card as u32,
+                        chip: (*api == Api::V1).then_some(c.chip as u32),
+                        name: c.name.clone(),
+                    };
+                    ((info, true), Some(c.clone()))
+                })
+                .unzip(),
+            None => {
+                let s =
+                    npu_smi::probe::watch_support(&driver.npu_smi, npu_smi::probe::PROBE_TIMEOUT);
+                let mapped = match &s {
+                    WatchSupport::Unsupported(w) => Err(w.clone()),
+                    WatchSupport::Supported => {
+                        npu_smi::enumerate(&driver.npu_smi, npu_smi::probe::PROBE_TIMEOUT)
+                    }
+                };
+                support = Some(s);
+                let mapped = mapped.map_err(|npu_smi| StartError::NoBackend {
+                    dcmi: dcmi_failure.clone(),
+                    npu_smi,
+                })?;
+                mapped
+                    .into_iter()
+                    .map(|m| {
+                        let info = DeviceInfo {
+                            id: m.logic_id,
+                            card: m.npu,
+                            chip: m.chip,
+                            name: m.name,
+                        };
+                        ((info, false), None)
+                    })
+                    .unzip()
+            }
+        };
+        let selected = select(&infos, cfg.devices.as_deref())?;
+        if selected.is_empty() {
+            return Err(StartError::NoBackend {
+                dcmi: dcmi_failure,
+                npu_smi: "no NPU found".to_owned(),
+            });
+        }
+        let ring = Ring::new(Ring::capacity_for(
+            selected.len(),
+            cfg.period,
+            cfg.retention,
+        ));
+        let devices: Vec<DeviceStatus> = selected
+            .iter()
+            .map(|&i| {
+                let (info, dcmi_known) = infos[i].clone();
+                let source = if dcmi_known {
+                    Source::DcmiProbing
+                } else {
+                    Source::NpuSmiPending
+                };
+                DeviceStatus::new(info, dcmi_known, source)
+            })
+            .collect();
+        let shared = Arc::new(Shared {
+            ring,
+            devices,
+            sampler: SamplerStatus::default(),
+        });
+        let (fallback_tx, fallback_rx) = crossbeam_channel::unbounded();
+        let mut sampler = Sampler {
+            shared: shared.clone(),
+            ctl: None,
+            dcmi_thread: None,
+            watchdog: None,
+            period: cfg.period,
+        };
+        if let Some((handle, ctl, done, _)) = dcmi_side {
+            let work: Vec<(usize, NpuChip)> = selected
+                .iter()
+                .enumerate()
+                .filter_map(|(ring_idx, &i)| chips[i].clone().map(|c| (ring_idx, c)))
+                .collect();
+            let _ = ctl.send(Control::Start {
+                shared: shared.clone(),
+                chips: work,
+                fallback: fallback_tx,
+            });
+            sampler.ctl = Some(ctl);
+            sampler.dcmi_thread = Some((handle, done));
+        }
+        let npu_smi_now: Vec<usize> = (0..shared.devices.len())
+            .filter(|&i| shared.devices[i].source() == Source::NpuSmiPending)
+            .collect();
+        let wd_cfg = watchdog::WatchdogConfig {
+            interval: cfg.watchdog_interval,
+            call_deadline: cfg.call_deadline,
+            watch_stale_after: Duration::from_secs(3)
+                .max(Duration::from_secs(3 * u64::from(driver.watch_delay_s))),
+            allow_npu_smi: driver.backend != BackendChoice::Dcmi,
+            watch,
+            probe_timeout: npu_smi::probe::PROBE_TIMEOUT,
+        };
+        let (stop_tx, stop_rx) = crossbeam_channel::bounded(1);
+        let wd_shared = shared.clone();
+        let handle = std::thread::Builder::new()
+            .name("npu-watchdog".to_owned())
+            .spawn(move || {
+                watchdog::run(
+                    wd_shared,
+                    wd_cfg,
+                    support,
+                    npu_smi_now,
+                    fallback_rx,
+                    stop_rx,
+                )
+            })?;
+        sampler.watchdog = Some((handle, stop_tx));
+        Ok(sampler)
+    }
+
+    /// State shared with readers.
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// The monitored devices, in ring index order.
+    pub fn devices(&self) -> &[DeviceStatus] {
+        &self.shared.devices
+    }
+
+    /// Ring index of the device with logic id `id`.
+    pub fn index_of(&self, id: u32) -> Option<u16> {
+        self.shared
+            .devices
+            .iter()
+            .position(|d| d.info.id == id)
+            .map(|i| i as u16)
+    }
+
+    /// Window statistics for devices given by logic id (unknown ids are an error).
+    pub fn window(&self, ids: &[u32], window: Duration) -> Result<WindowReport, StartError> {
+        let mut idx = Vec::with_capacity(ids.len());
+        let mut missing = Vec::new();
+        for id in ids {
+            match self.index_of(*id) {
+                Some(i) => idx.push(i),
+                None => missing.push(*id),
+            }
+        }
+        if !missing.is_empty() {
+            return Err(StartError::UnknownDevice {
+                missing,
+                found: self.shared.devices.iter().map(|d| d.info.id).collect(),
+            });
+        }
+        Ok(window::query(&self.shared.ring, &idx, window))
+    }
+
+    /// Current sampling period.
+    pub fn period(&self) -> Duration {
+        self.period
+    }
+
+    /// Changes the sampling period of the DCMI thread.
+    pub fn set_period(&mut self, period: Duration) -> Result<(), StartError> {
+        check_period(period)?;
+        if let Some(ctl) = &self.ctl {
+            let _ = ctl.send(Control::Period(period));
+        }
+        self.period = period;
+        Ok(())
+    }
+
+    /// Waits until every device has a decided source and, if DCMI serves any, one pass ran.
+    pub fn wait_settled(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let start = self.shared.sampler.passes();
+        loop {
+            let dcmi_pass = self.ctl.is_none() || self.shared.sampler.passes() > start;
+            let pending = self
+                .shared
+                .devices
+                .iter()
+                .any(|d| matches!(d.source(), Source::NpuSmiPending));
+            if dcmi_pass && !pending {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    /// Stops the threads: watch children are killed and reaped; the DCMI thread is joined
+    /// unless it is stuck in a driver call, in which case it is left behind with a warning.
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        if let Some(ctl) = self.ctl.take() {
+            let _ = ctl.send(Control::Shutdown);
+        }
+        if let Some((handle, stop)) = self.watchdog.take() {
+            drop(stop);
+            let _ = handle.join();
+        }
+        if let Some((handle, done)) = self.dcmi_thread.take() {
+            // `done` disconnects when the thread exits.
+            match done.recv_timeout(Duration::from_secs(2)) {
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                    let stuck = self
+                        .shared
+                        .sampler
+                        .in_call()
+                        .map(|(i, _)| self.shared.devices[i].info.id);
+                    tracing::warn!(device = ?stuck, "DCMI thread is stuck in a driver call; leaving it behind");
+                }
+                _ => {
+                    let _ = handle.join();
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Sampler {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn check_period(p: Duration) -> Result<(), StartError> {
+    if p < MIN_PERIOD || p > MAX_PERIOD {
+        return Err(StartError::Invalid(format!(
+            "period {p:?} is outside {MIN_PERIOD:?}..={MAX_PERIOD:?}"
+        )));
+    }
+    Ok(())
+}
+
+fn validate(cfg: &SamplerConfig) -> Result<(), StartError> {
+    check_period(cfg.period)?;
+    if cfg.retention < Duration::from_secs(1) {
+        return Err(StartError::Invalid(format!(
+            "retention {:?} is below 1s",
+            cfg.retention
+        )));
+    }
+    for (name, d) in [
+        ("call_deadline", cfg.call_deadline),
+        ("hbm_period", cfg.hbm_period),
+        ("watchdog_interval", cfg.watchdog_interval),
+        ("init_timeout", cfg.init_timeout),
+    ] {
+        if d.is_zero() {
+            return Err(StartError::Invalid(format!("{name} must be above zero")));
+        }
+    }
+    Ok(())
+}
+
+/// Indices into `infos` of the requested devices, in request order (all when `None`).
+fn select(infos: &[(DeviceInfo, bool)], wanted: Option<&[u32]>) -> Result<Vec<usize>, StartError> {
+    let Some(wanted) = wanted else {
+        return Ok((0..infos.len()).collect());
+    };
+    let mut out = Vec::new();
+    let mut missing = Vec::new();
+    for id in wanted {
+        match infos.iter().position(|(i, _)| i.id == *id) {
+            Some(p) if !out.contains(&p) => out.push(p),
+            Some(_) => {}
+            None => missing.push(*id),
+        }
+    }
+    if !missing.is_empty() {
+        return Err(StartError::UnknownDevice {
+            missing,
+            found: infos.iter().map(|(i, _)| i.id).collect(),
+        });
+    }
+    Ok(out)
+}
+
+type DcmiSide = (
+    JoinHandle<()>,
+    Sender<Control>,
+    Receiver<()>,
+    (Api, Vec<NpuChip>),
+);
+
+/// Spawns the DCMI thread, which finds, opens and enumerates the library; returns once it
+/// reported the chips (or an error, or `init_timeout` passed).
+fn start_dcmi_thread(driver: &DriverConfig, cfg: &SamplerConfig) -> Result<DcmiSide, String> {
+    let path = discovery::find(&discovery::Search {
+        explicit: driver.dcmi_lib.as_deref(),
+        ld_library_path: driver.ld_library_path.as_deref(),
+        standard_dirs: &driver.standard_dirs,
+        check_owner: driver.check_owner,
+    })
+    .map_err(|e| e.to_string())?;
+    let (init_tx, init_rx) = crossbeam_channel::bounded(1);
+    let (ctl_tx, ctl_rx) = crossbeam_channel::unbounded();
+    let (done_tx, done_rx) = crossbeam_channel::bounded::<()>(0);
+    let timing = dcmi_thread::Timing {
+        period: cfg.period,
+        hbm_period: cfg.hbm_period,
+    };
+    let handle = std::thread::Builder::new()
+        .name("npu-sampler".to_owned())
+        .spawn(move || {
+            let _done = done_tx;
+            let dcmi = Dcmi::open(&path).map_err(|e| e.to_string());
+            dcmi_thread::run(dcmi, init_tx, ctl_rx, timing);
+        })
+        .map_err(|e| format!("cannot start the sampler thread: {e}"))?;
+    match init_rx.recv_timeout(cfg.init_timeout) {
+        Ok(Ok(chips)) => Ok((handle, ctl_tx, done_rx, chips)),
+        Ok(Err(e)) => {
+            let _ = handle.join();
+            Err(e)
+        }
+        Err(_) => Err(format!(
+            "libdcmi.so did not finish initialising within {:?}",
+            cfg.init_timeout
+        )),
+    }
+}

@@ -1,0 +1,126 @@
+/*
+ * Minimal declarations of the Ascend DCMI interface (libdcmi.so) used by npu-health-agent.
+ *
+ * Written for this project from the published signatures, constants and struct layouts
+ * (see ../shared/reference/driver-reference.md section 1.8); it is not the vendor header.
+ * Only what the agent calls is declared. bindgen turns it into src/driver/dcmi/bindings.rs
+ * in dynamic-loading mode, so every function below is an optional symbol at run time.
+ */
+#ifndef NPU_HEALTH_AGENT_DCMI_INTERFACE_API_H
+#define NPU_HEALTH_AGENT_DCMI_INTERFACE_API_H
+
+/* ---- return codes ---- */
+#define DCMI_OK 0
+#define DCMI_ERROR_CODE_BASE (-8000)
+#define DCMI_ERR_CODE_INVALID_PARAMETER (DCMI_ERROR_CODE_BASE - 1)
+#define DCMI_ERR_CODE_OPER_NOT_PERMITTED (DCMI_ERROR_CODE_BASE - 2)
+#define DCMI_ERR_CODE_MEM_OPERATE_FAIL (DCMI_ERROR_CODE_BASE - 3)
+#define DCMI_ERR_CODE_SECURE_FUN_FAIL (DCMI_ERROR_CODE_BASE - 4)
+#define DCMI_ERR_CODE_INNER_ERR (DCMI_ERROR_CODE_BASE - 5)
+#define DCMI_ERR_CODE_TIME_OUT (DCMI_ERROR_CODE_BASE - 6)
+#define DCMI_ERR_CODE_INVALID_DEVICE_ID (DCMI_ERROR_CODE_BASE - 7)
+#define DCMI_ERR_CODE_DEVICE_NOT_EXIST (DCMI_ERROR_CODE_BASE - 8)
+#define DCMI_ERR_CODE_IOCTL_FAIL (DCMI_ERROR_CODE_BASE - 9)
+#define DCMI_ERR_CODE_SEND_MSG_FAIL (DCMI_ERROR_CODE_BASE - 10)
+#define DCMI_ERR_CODE_RECV_MSG_FAIL (DCMI_ERROR_CODE_BASE - 11)
+#define DCMI_ERR_CODE_NOT_REDAY (DCMI_ERROR_CODE_BASE - 12)
+#define DCMI_ERR_CODE_NOT_SUPPORT_IN_CONTAINER (DCMI_ERROR_CODE_BASE - 13)
+#define DCMI_ERR_CODE_FILE_OPERATE_FAIL (DCMI_ERROR_CODE_BASE - 14)
+#define DCMI_ERR_CODE_RESET_FAIL (DCMI_ERROR_CODE_BASE - 15)
+#define DCMI_ERR_CODE_ABORT_OPERATE (DCMI_ERROR_CODE_BASE - 16)
+#define DCMI_ERR_CODE_IS_UPGRADING (DCMI_ERROR_CODE_BASE - 17)
+#define DCMI_ERR_CODE_RESOURCE_OCCUPIED (DCMI_ERROR_CODE_BASE - 20)
+#define DCMI_ERR_CODE_PARTITION_NOT_RIGHT (DCMI_ERROR_CODE_BASE - 22)
+#define DCMI_ERR_CODE_CONFIG_INFO_NOT_EXIST (DCMI_ERROR_CODE_BASE - 23)
+#define DCMI_ERR_CODE_NOT_SUPPORT (DCMI_ERROR_CODE_BASE - 255)
+
+/* ---- input_type of dcmi_get_device_utilization_rate ---- */
+#define DCMI_UTILIZATION_RATE_DDR 1
+#define DCMI_UTILIZATION_RATE_AICORE 2
+#define DCMI_UTILIZATION_RATE_AICPU 3
+#define DCMI_UTILIZATION_RATE_CTRLCPU 4
+#define DCMI_UTILIZATION_RATE_DDR_BANDWIDTH 5
+#define DCMI_UTILIZATION_RATE_HBM 6
+#define DCMI_UTILIZATION_RATE_HBM_BANDWIDTH 10
+#define DCMI_UTILIZATION_RATE_VECTORCORE 12
+#define DCMI_UTILIZATION_RATE_NPU 13
+#define DCMI_UTILIZATION_RATE_AICUBE 14
+
+/* ---- limits ---- */
+#define DCMI_MAX_CARD_NUM 64
+#define DCMI_MAX_CHIP_NAME_LEN 32
+#define DCMI_UTIL_RESERVED_LEN 8
+#define DCMI_HEALTH_DEVICE_NOT_EXIST 0xFFFFFFFF
+
+/* ---- types ---- */
+enum dcmi_unit_type {
+    NPU_TYPE = 0,
+    MCU_TYPE = 1,
+    CPU_TYPE = 2,
+    INVALID_TYPE = 0xFF
+};
+
+/* Byte arrays are NUL padded and not guaranteed to be NUL terminated. */
+struct dcmi_chip_info {
+    unsigned char chip_type[DCMI_MAX_CHIP_NAME_LEN];
+    unsigned char chip_name[DCMI_MAX_CHIP_NAME_LEN];
+    unsigned char chip_ver[DCMI_MAX_CHIP_NAME_LEN];
+    unsigned int aicore_cnt;
+};
+
+struct dcmi_chip_info_v2 {
+    unsigned char chip_type[DCMI_MAX_CHIP_NAME_LEN];
+    unsigned char chip_name[DCMI_MAX_CHIP_NAME_LEN];
+    unsigned char chip_ver[DCMI_MAX_CHIP_NAME_LEN];
+    unsigned int aicore_cnt;
+    unsigned char npu_name[DCMI_MAX_CHIP_NAME_LEN];
+};
+
+/* Sizes in MB, frequency in MHz, temperature in degrees C, bandwidth in percent. */
+struct dcmi_hbm_info {
+    unsigned long long memory_size;
+    unsigned int freq;
+    unsigned long long memory_usage;
+    int temp;
+    unsigned int bandwith_util_rate;
+};
+
+/* aic_util is the AI Cube usage in percent. */
+struct dcmi_multi_utilization_info {
+    unsigned int aic_util;
+    unsigned int aiv_util;
+    unsigned int aicore_util;
+    unsigned int npu_util;
+    unsigned int reserved[DCMI_UTIL_RESERVED_LEN];
+};
+
+/* ---- v1 API (310P, 910, 910B, 910_93): (card_id, device_id) addressing ---- */
+int dcmi_init(void);
+int dcmi_get_card_list(int *card_num, int *card_list, int list_len);
+int dcmi_get_card_num_list(int *card_num, int *card_list, int list_len);
+int dcmi_get_device_num_in_card(int card_id, int *device_num);
+int dcmi_get_device_id_in_card(int card_id, int *device_id_max, int *mcu_id, int *cpu_id);
+int dcmi_get_device_type(int card_id, int device_id, enum dcmi_unit_type *device_type);
+int dcmi_get_device_logic_id(int *device_logic_id, int card_id, int device_id);
+int dcmi_get_device_chip_info(int card_id, int device_id, struct dcmi_chip_info *chip_info);
+int dcmi_get_device_utilization_rate(int card_id, int device_id, int input_type,
+                                     unsigned int *utilization_rate);
+int dcmi_get_device_multi_utilization_rate(int card_id, int device_id,
+                                           struct dcmi_multi_utilization_info *util_info);
+/* Pre-release name of dcmi_get_device_multi_utilization_rate exported by some drivers. */
+int dcmi_get_device_utilization_rate_v2(int card_id, int device_id,
+                                        struct dcmi_multi_utilization_info *util_info);
+int dcmi_get_device_hbm_info(int card_id, int device_id, struct dcmi_hbm_info *hbm_info);
+int dcmi_get_device_health(int card_id, int device_id, unsigned int *health);
+
+/* ---- v2 API (950): logical device id addressing ---- */
+int dcmiv2_init(void);
+int dcmiv2_get_device_list(int *device_list, int *device_cnt, int list_len);
+int dcmiv2_get_device_chip_info(int dev_id, struct dcmi_chip_info_v2 *chip_info);
+int dcmiv2_get_device_utilization_rate(int dev_id, int input_type, unsigned int *utilization_rate);
+int dcmiv2_get_device_multi_utilization_rate(int dev_id,
+                                             struct dcmi_multi_utilization_info *util_info);
+int dcmiv2_get_device_hbm_info(int dev_id, struct dcmi_hbm_info *hbm_info);
+int dcmiv2_get_device_health(int dev_id, unsigned int *health);
+
+#endif
