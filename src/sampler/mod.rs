@@ -44,6 +44,9 @@ pub struct SamplerConfig {
     pub watchdog_interval: Duration,
     /// Longest wait for `dcmi_init` and enumeration. Default 10 s.
     pub init_timeout: Duration,
+    /// A watch child silent this long marks its device stale. Default: three `-d` periods,
+    /// at least 3 s.
+    pub watch_stale_after: Option<Duration>,
     /// Logic ids to monitor; `None` monitors every NPU found.
     pub devices: Option<Vec<u32>>,
 }
@@ -57,6 +60,7 @@ impl Default for SamplerConfig {
             hbm_period: Duration::from_secs(1),
             watchdog_interval: Duration::from_millis(100),
             init_timeout: Duration::from_secs(10),
+            watch_stale_after: None,
             devices: None,
         }
     }
@@ -218,8 +222,9 @@ impl Sampler {
         let wd_cfg = watchdog::WatchdogConfig {
             interval: cfg.watchdog_interval,
             call_deadline: cfg.call_deadline,
-            watch_stale_after: Duration::from_secs(3)
-                .max(Duration::from_secs(3 * u64::from(driver.watch_delay_s))),
+            watch_stale_after: cfg
+                .watch_stale_after
+                .unwrap_or_else(|| Duration::from_secs(3 * u64::from(driver.watch_delay_s.max(1)))),
             allow_npu_smi: driver.backend != BackendChoice::Dcmi,
             watch,
             probe_timeout: npu_smi::probe::PROBE_TIMEOUT,

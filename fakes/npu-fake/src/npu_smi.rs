@@ -194,7 +194,6 @@ fn watch(s: &Scenario, args: &[&str], out: &mut impl Write) -> i32 {
     }
     let period = Duration::from_millis(s.npu_smi.watch_period_ms.unwrap_or(w.delay_s * 1000));
     let mut pending = header(s, &w.letters) + "\n";
-    let mut calls = 0u64;
     for pass in 0u64.. {
         if s.npu_smi.watch_exit_after.is_some_and(|n| pass >= n) {
             let _ = out.write_all(pending.as_bytes());
@@ -203,10 +202,6 @@ fn watch(s: &Scenario, args: &[&str], out: &mut impl Write) -> i32 {
             return 1;
         }
         for d in &devices {
-            if d.hang_ms > 0 && calls >= d.hang_after_calls {
-                std::thread::sleep(Duration::from_millis(d.hang_ms));
-            }
-            calls += 1;
             let cube = s.aicube_at(d, now_ms());
             let id = if s.model == Model::Ascend950 {
                 d.logic_id

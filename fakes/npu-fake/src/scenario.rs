@@ -189,7 +189,8 @@ pub struct DeviceSpec {
     pub multi_util: Option<bool>,
     /// `dcmi_get_device_utilization_rate(…, 14, …)` supported (else -8255).
     pub util_type14: Option<bool>,
-    /// Every AI Cube read of this device blocks this long before answering.
+    /// Every DCMI AI Cube read of this device blocks this long before answering (the fake
+    /// npu-smi is not affected).
     pub hang_ms: Option<u64>,
     /// Reads before the hang starts (per process).
     pub hang_after_calls: Option<u64>,

@@ -1,0 +1,103 @@
+//! Test support: paths of the fakes built with the agent, scenario files, running the agent
+//! binary, and running a test body in a fresh process (so each test can give the fake driver
+//! its own scenario through the environment, as production gives the real one its config).
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The agent binary under test (a fake-driver build also acts as the fake npu-smi).
+pub fn agent() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_npu-health-agent"))
+}
+
+/// Fake libdcmi.so of a current driver.
+pub fn fake_lib() -> PathBuf {
+    npu_health_agent::fake::lib_path(npu_health_agent::fake::FAKE_LIB)
+        .expect("fake libdcmi.so built")
+}
+
+/// Fake libdcmi.so of an older driver (no AI Cube symbols).
+pub fn fake_legacy_lib() -> PathBuf {
+    npu_health_agent::fake::lib_path(npu_health_agent::fake::FAKE_LEGACY_LIB)
+        .expect("fake legacy libdcmi.so built")
+}
+
+/// A scenario file in its own temporary directory.
+pub struct Scenario {
+    pub dir: tempfile::TempDir,
+    pub path: PathBuf,
+}
+
+/// Writes `text` as a scenario file.
+pub fn scenario(text: &str) -> Scenario {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("scenario.toml");
+    std::fs::write(&path, text).expect("write scenario");
+    Scenario { dir, path }
+}
+
+/// Runs the agent with the fake npu-smi, the owner check off and the scenario; `lib` picks
+/// the fake library (`None` runs without one).
+pub fn run_agent(sc: &Scenario, lib: Option<&Path>, args: &[&str]) -> Output {
+    let mut cmd = Command::new(agent());
+    cmd.env("FAKE_NPU_SCENARIO", &sc.path)
+        .env_remove("LD_LIBRARY_PATH")
+        .env("RUST_LOG", "info")
+        .arg("--npu-smi")
+        .arg(agent())
+        .arg("--dcmi-no-owner-check");
+    match lib {
+        Some(l) => {
+            cmd.arg("--dcmi-lib").arg(l);
+        }
+        // No library anywhere: point the explicit path at nothing so discovery fails.
+        None => {
+            cmd.arg("--dcmi-lib")
+                .arg(sc.dir.path().join("absent-libdcmi.so"));
+        }
+    }
+    cmd.args(args).output().expect("run agent")
+}
+
+/// Parses the agent's stdout as JSON, with its stderr in the panic message.
+pub fn json(out: &Output) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "agent failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "stdout is not JSON ({e}): {}\nstderr: {}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+const CHILD_ENV: &str = "NPU_TEST_CHILD";
+
+/// Runs the calling test (named `test`) again in a fresh process with `envs` set. Returns
+/// true inside that process, where the caller runs its body; in the parent it waits, checks
+/// the child passed, and returns false.
+pub fn in_child(test: &str, envs: &[(&str, &Path)]) -> bool {
+    if std::env::var(CHILD_ENV).as_deref() == Ok(test) {
+        return true;
+    }
+    let out = Command::new(std::env::current_exe().expect("test exe"))
+        .args([test, "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, test)
+        .envs(envs.iter().map(|(k, v)| (*k, *v)))
+        .output()
+        .expect("run test child");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("1 passed"),
+        "test child {test} failed ({}):\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    false
+}
