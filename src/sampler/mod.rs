@@ -18,7 +18,7 @@ use crate::driver::{BackendChoice, DeviceInfo, DriverConfig};
 use crate::ring::Ring;
 use crate::window::{self, WindowReport};
 use crossbeam_channel::{Receiver, Sender};
-use dcmi_thread::Control;
+use dcmi_thread::{Control, ControlTx};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -90,7 +90,7 @@ pub struct Shared {
 /// A running sampler. Dropping it shuts it down.
 pub struct Sampler {
     shared: Arc<Shared>,
-    ctl: Option<Sender<Control>>,
+    ctl: Option<ControlTx>,
     dcmi_thread: Option<(JoinHandle<()>, Receiver<()>)>,
     watchdog: Option<(JoinHandle<()>, Sender<()>)>,
     period: Duration,
@@ -208,7 +208,7 @@ impl Sampler {
                 .enumerate()
                 .filter_map(|(ring_idx, &i)| chips[i].clone().map(|c| (ring_idx, c)))
                 .collect();
-            let _ = ctl.send(Control::Start {
+            ctl.send(Control::Start {
                 shared: shared.clone(),
                 chips: work,
                 fallback: fallback_tx,
@@ -294,7 +294,7 @@ impl Sampler {
     pub fn set_period(&mut self, period: Duration) -> Result<(), StartError> {
         check_period(period)?;
         if let Some(ctl) = &self.ctl {
-            let _ = ctl.send(Control::Period(period));
+            ctl.send(Control::Period(period));
         }
         self.period = period;
         Ok(())
@@ -329,7 +329,7 @@ impl Sampler {
 
     fn stop(&mut self) {
         if let Some(ctl) = self.ctl.take() {
-            let _ = ctl.send(Control::Shutdown);
+            ctl.send(Control::Shutdown);
         }
         if let Some((handle, stop)) = self.watchdog.take() {
             drop(stop);
@@ -413,12 +413,7 @@ fn select(infos: &[(DeviceInfo, bool)], wanted: Option<&[u32]>) -> Result<Vec<us
     Ok(out)
 }
 
-type DcmiSide = (
-    JoinHandle<()>,
-    Sender<Control>,
-    Receiver<()>,
-    (Api, Vec<NpuChip>),
-);
+type DcmiSide = (JoinHandle<()>, ControlTx, Receiver<()>, (Api, Vec<NpuChip>));
 
 /// Spawns the DCMI thread, which finds, opens and enumerates the library; returns once it
 /// reported the chips (or an error, or `init_timeout` passed).
@@ -446,7 +441,10 @@ fn start_dcmi_thread(driver: &DriverConfig, cfg: &SamplerConfig) -> Result<DcmiS
         })
         .map_err(|e| format!("cannot start the sampler thread: {e}"))?;
     match init_rx.recv_timeout(cfg.init_timeout) {
-        Ok(Ok(chips)) => Ok((handle, ctl_tx, done_rx, chips)),
+        Ok(Ok(chips)) => {
+            let ctl = ControlTx::new(ctl_tx, handle.thread().clone());
+            Ok((handle, ctl, done_rx, chips))
+        }
         Ok(Err(e)) => {
             let _ = handle.join();
             Err(e)
