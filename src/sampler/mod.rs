@@ -100,22 +100,14 @@ impl Sampler {
     /// Finds a backend, enumerates the NPUs and starts sampling.
     pub fn start(driver: &DriverConfig, cfg: &SamplerConfig) -> Result<Sampler, StartError> {
         validate(cfg)?;
-        let mut dcmi_failure = String::from("not tried (--backend npu-smi)");
-        let mut dcmi_side = None;
-        if driver.backend != BackendChoice::NpuSmi {
-            match start_dcmi_thread(driver, cfg) {
-                Ok(started) => dcmi_side = Some(started),
-                Err(e) => {
-                    if driver.backend == BackendChoice::Dcmi {
-                        return Err(StartError::NoBackend {
-                            dcmi: e,
-                            npu_smi: "not tried (--backend dcmi)".to_owned(),
-                        });
-                    }
-                    tracing::warn!("DCMI unavailable, trying npu-smi: {e}");
-                    dcmi_failure = e;
-                }
-            }
+        let found = discover(driver, cfg)?;
+        let all: Vec<&DeviceInfo> = found.devices.iter().map(|c| &c.info).collect();
+        let selected = select_devices(&all, cfg.devices.as_deref())?;
+        if selected.is_empty() {
+            return Err(StartError::NoBackend {
+                dcmi: found.dcmi_failure,
+                npu_smi: "no NPU found".to_owned(),
+            });
         }
         let watch = WatchConfig {
             npu_smi: driver.npu_smi.clone(),
@@ -123,70 +115,25 @@ impl Sampler {
             backoff_initial: Duration::from_millis(500),
             backoff_max: Duration::from_secs(30),
         };
-        let mut support = None;
-        let (infos, chips): (Vec<(DeviceInfo, bool)>, Vec<Option<NpuChip>>) = match &dcmi_side {
-            Some((_, _, _, (api, chips))) => chips
+        let (infos, chips): (Vec<DeviceInfo>, Vec<Option<NpuChip>>) = {
+            let mut devices = found.devices;
+            selected
                 .iter()
-                .map(|c| {
-                    let info = DeviceInfo {
-                        id: c.logic_id,
-                        card: c.card as u32,
-                        chip: (*api == Api::V1).then_some(c.chip as u32),
-                        name: c.name.clone(),
-                    };
-                    ((info, true), Some(c.clone()))
+                .map(|&i| {
+                    let c = devices[i].chip.take();
+                    (devices[i].info.clone(), c)
                 })
-                .unzip(),
-            None => {
-                let s =
-                    npu_smi::probe::watch_support(&driver.npu_smi, npu_smi::probe::PROBE_TIMEOUT);
-                let mapped = match &s {
-                    WatchSupport::Unsupported(w) => Err(w.clone()),
-                    WatchSupport::Supported => {
-                        npu_smi::enumerate(&driver.npu_smi, npu_smi::probe::PROBE_TIMEOUT)
-                    }
-                };
-                support = Some(s);
-                let mapped = mapped.map_err(|npu_smi| StartError::NoBackend {
-                    dcmi: dcmi_failure.clone(),
-                    npu_smi,
-                })?;
-                mapped
-                    .into_iter()
-                    .map(|m| {
-                        let info = DeviceInfo {
-                            id: m.logic_id,
-                            card: m.npu,
-                            chip: m.chip,
-                            name: m.name,
-                        };
-                        ((info, false), None)
-                    })
-                    .unzip()
-            }
+                .unzip()
         };
-        let selected = select(&infos, cfg.devices.as_deref())?;
-        if selected.is_empty() {
-            return Err(StartError::NoBackend {
-                dcmi: dcmi_failure,
-                npu_smi: "no NPU found".to_owned(),
-            });
-        }
-        let ring = Ring::new(Ring::capacity_for(
-            selected.len(),
-            cfg.period,
-            cfg.retention,
-        ));
-        let devices: Vec<DeviceStatus> = selected
-            .iter()
-            .map(|&i| {
-                let (info, dcmi_known) = infos[i].clone();
-                let source = if dcmi_known {
-                    Source::DcmiProbing
-                } else {
-                    Source::NpuSmiPending
-                };
-                DeviceStatus::new(info, dcmi_known, source)
+        let support = found.npu_smi_support;
+        let dcmi_side = found.dcmi;
+        let ring = Ring::new(Ring::capacity_for(chips.len(), cfg.period, cfg.retention));
+        let devices: Vec<DeviceStatus> = infos
+            .into_iter()
+            .zip(&chips)
+            .map(|(info, chip)| match chip {
+                Some(_) => DeviceStatus::new(info, true, Source::DcmiProbing),
+                None => DeviceStatus::new(info, false, Source::NpuSmiPending),
             })
             .collect();
         let shared = Arc::new(Shared {
@@ -202,11 +149,11 @@ impl Sampler {
             watchdog: None,
             period: cfg.period,
         };
-        if let Some((handle, ctl, done, _)) = dcmi_side {
-            let work: Vec<(usize, NpuChip)> = selected
-                .iter()
+        if let Some((handle, ctl, done)) = dcmi_side {
+            let work: Vec<(usize, NpuChip)> = chips
+                .into_iter()
                 .enumerate()
-                .filter_map(|(ring_idx, &i)| chips[i].clone().map(|c| (ring_idx, c)))
+                .filter_map(|(ring_idx, c)| c.map(|c| (ring_idx, c)))
                 .collect();
             ctl.send(Control::Start {
                 shared: shared.clone(),
@@ -391,14 +338,14 @@ fn validate(cfg: &SamplerConfig) -> Result<(), StartError> {
 }
 
 /// Indices into `infos` of the requested devices, in request order (all when `None`).
-fn select(infos: &[(DeviceInfo, bool)], wanted: Option<&[u32]>) -> Result<Vec<usize>, StartError> {
+fn select_devices(infos: &[&DeviceInfo], wanted: Option<&[u32]>) -> Result<Vec<usize>, StartError> {
     let Some(wanted) = wanted else {
         return Ok((0..infos.len()).collect());
     };
     let mut out = Vec::new();
     let mut missing = Vec::new();
     for id in wanted {
-        match infos.iter().position(|(i, _)| i.id == *id) {
+        match infos.iter().position(|i| i.id == *id) {
             Some(p) if !out.contains(&p) => out.push(p),
             Some(_) => {}
             None => missing.push(*id),
@@ -407,10 +354,95 @@ fn select(infos: &[(DeviceInfo, bool)], wanted: Option<&[u32]>) -> Result<Vec<us
     if !missing.is_empty() {
         return Err(StartError::UnknownDevice {
             missing,
-            found: infos.iter().map(|(i, _)| i.id).collect(),
+            found: infos.iter().map(|i| i.id).collect(),
         });
     }
     Ok(out)
+}
+
+/// A device found at start, with its DCMI address when the library enumerated it.
+struct Candidate {
+    info: DeviceInfo,
+    chip: Option<NpuChip>,
+}
+
+/// What start-up found: the running DCMI thread (if the library loaded) and the devices.
+struct Discovered {
+    dcmi: Option<(JoinHandle<()>, ControlTx, Receiver<()>)>,
+    devices: Vec<Candidate>,
+    /// Result of the npu-smi capability probe, when start-up had to run it.
+    npu_smi_support: Option<WatchSupport>,
+    /// Why DCMI is not serving (for the no-backend error).
+    dcmi_failure: String,
+}
+
+/// Loads DCMI (unless `--backend npu-smi`) and enumerates through it; otherwise (or when it
+/// fails and `--backend auto`) probes `npu-smi` and enumerates with `npu-smi info -m`.
+fn discover(driver: &DriverConfig, cfg: &SamplerConfig) -> Result<Discovered, StartError> {
+    let mut dcmi_failure = String::from("not tried (--backend npu-smi)");
+    if driver.backend != BackendChoice::NpuSmi {
+        match start_dcmi_thread(driver, cfg) {
+            Ok((handle, ctl, done, (api, chips))) => {
+                let devices = chips
+                    .into_iter()
+                    .map(|c| Candidate {
+                        info: DeviceInfo {
+                            id: c.logic_id,
+                            card: c.card as u32,
+                            chip: (api == Api::V1).then_some(c.chip as u32),
+                            name: c.name.clone(),
+                        },
+                        chip: Some(c),
+                    })
+                    .collect();
+                return Ok(Discovered {
+                    dcmi: Some((handle, ctl, done)),
+                    devices,
+                    npu_smi_support: None,
+                    dcmi_failure: String::new(),
+                });
+            }
+            Err(e) if driver.backend == BackendChoice::Dcmi => {
+                return Err(StartError::NoBackend {
+                    dcmi: e,
+                    npu_smi: "not tried (--backend dcmi)".to_owned(),
+                });
+            }
+            Err(e) => {
+                tracing::warn!("DCMI unavailable, trying npu-smi: {e}");
+                dcmi_failure = e;
+            }
+        }
+    }
+    let support = npu_smi::probe::watch_support(&driver.npu_smi, npu_smi::probe::PROBE_TIMEOUT);
+    let mapped = match &support {
+        WatchSupport::Unsupported(w) => Err(w.clone()),
+        WatchSupport::Supported => {
+            npu_smi::enumerate(&driver.npu_smi, npu_smi::probe::PROBE_TIMEOUT)
+        }
+    };
+    let mapped = mapped.map_err(|npu_smi| StartError::NoBackend {
+        dcmi: dcmi_failure.clone(),
+        npu_smi,
+    })?;
+    let devices = mapped
+        .into_iter()
+        .map(|m| Candidate {
+            info: DeviceInfo {
+                id: m.logic_id,
+                card: m.npu,
+                chip: m.chip,
+                name: m.name,
+            },
+            chip: None,
+        })
+        .collect();
+    Ok(Discovered {
+        dcmi: None,
+        devices,
+        npu_smi_support: Some(support),
+        dcmi_failure,
+    })
 }
 
 type DcmiSide = (JoinHandle<()>, ControlTx, Receiver<()>, (Api, Vec<NpuChip>));

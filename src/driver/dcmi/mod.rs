@@ -141,23 +141,6 @@ impl Dcmi {
         &self.loaded.path
     }
 
-    /// Whether the library exports `symbol` (for capability reports).
-    pub fn has_symbol(&self, symbol: &str) -> bool {
-        let l = &self.loaded.lib;
-        match symbol {
-            "dcmi_get_device_multi_utilization_rate" => {
-                l.dcmi_get_device_multi_utilization_rate.is_ok()
-            }
-            "dcmi_get_device_utilization_rate_v2" => l.dcmi_get_device_utilization_rate_v2.is_ok(),
-            "dcmiv2_get_device_multi_utilization_rate" => {
-                l.dcmiv2_get_device_multi_utilization_rate.is_ok()
-            }
-            "dcmi_get_device_utilization_rate" => l.dcmi_get_device_utilization_rate.is_ok(),
-            "dcmiv2_get_device_utilization_rate" => l.dcmiv2_get_device_utilization_rate.is_ok(),
-            _ => false,
-        }
-    }
-
     /// Enumerates NPU chips: cards → chips per card → logic id and name, skipping MCUs.
     #[doc(alias = "dcmi_get_card_list")]
     #[doc(alias = "dcmiv2_get_device_list")]

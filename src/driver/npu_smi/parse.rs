@@ -404,6 +404,34 @@ mod tests {
         assert_eq!(ev, vec![WatchEvent::RowWithoutCube]);
     }
 
+    // driver-reference §2.4: full watch output of an older HDK has no AI Cube column, so the
+    // last token is Memory BW, not a cube figure; with the 950 header it is AI Cube.
+    #[test]
+    fn full_watch_samples_from_the_driver_reference() {
+        let mut p = WatchParser::new();
+        let ev = collect(
+            &mut p,
+            &[b"NpuID(Idx)  ChipId(Idx) Pwr(W)      Temp(C)     AI Core(%)  AI Cpu(%)   Ctrl Cpu(%) Memory(%)   Memory BW(%)\n2           0           90.1        34          0           0           2           5           0\n0           0           4.0         44          0           0           0           32          0\n"],
+        );
+        assert_eq!(
+            ev,
+            vec![WatchEvent::RowWithoutCube, WatchEvent::RowWithoutCube]
+        );
+        let mut p = WatchParser::new();
+        let ev = collect(
+            &mut p,
+            &[b"NpuID(Idx)  Pwr(W)      Temp(C)     AI Core(%)  AI Cpu(%)   Ctrl Cpu(%) Memory(%)   Memory BW(%)   NPU Util(%)    AI Cube(%)\n0           290.4       51          0           0           16          3           0              0              0\n"],
+        );
+        assert_eq!(
+            ev,
+            vec![WatchEvent::Row(WatchRow {
+                npu: 0,
+                chip: None,
+                cube: Cube::Percent(0)
+            })]
+        );
+    }
+
     #[test]
     fn overlong_lines_are_dropped_with_bounded_memory() {
         let mut p = WatchParser::new();
