@@ -8,6 +8,7 @@
 #![deny(unsafe_code)]
 
 pub mod cli;
+pub mod config;
 pub mod driver;
 #[cfg(feature = "fake-driver")]
 pub mod fake;

@@ -12,7 +12,17 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 
 /// `--backend`: which sources the agent may use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, serde::Serialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    clap::ValueEnum,
+    serde::Serialize,
+    serde::Deserialize,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum BackendChoice {
     /// DCMI where it works, `npu-smi` for the rest.

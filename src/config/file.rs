@@ -1,0 +1,661 @@
+//! Host mode: `agent.toml`.
+//!
+//! ```toml
+//! [agent]
+//! sample_period = "50ms"
+//! admin_listen = "127.0.0.1:9400"
+//!
+//! [[engine]]
+//! name = "prefill-0"
+//! config_path = "/home/mindie/user_config.json"   # a MindIE user_config.json …
+//! role = "prefill"
+//! host = "10.0.0.5"
+//! port = 8000
+//! mgmt_port = 9001
+//! devices = [0, 1, 2, 3]
+//!
+//! [[engine]]                                     # … or the same keys inline
+//! engine_type = "vllm"
+//! served_model_name = "qwen"
+//! host = "10.0.0.5"
+//! port = 8001
+//! mgmt_port = 9002
+//! [engine.health_check_config]
+//! enable_virtual_inference = true
+//! ```
+//!
+//! Unknown keys are rejected; every error names the file, the table and the key.
+
+use super::mindie::{self, EngineSection, Role};
+use super::{
+    AgentConfig, AgentSettings, ConfigError, EngineEnv, EngineLocation, Timing, build_engine,
+    listen_addr,
+};
+use crate::driver::BackendChoice;
+use serde::Deserialize;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+fn de_duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    let s: Option<String> = Option::deserialize(d)?;
+    s.map(|s| {
+        humantime::parse_duration(&s).map_err(|e| {
+            serde::de::Error::custom(format!(
+                "{s:?} is not a duration like \"5s\" or \"50ms\": {e}"
+            ))
+        })
+    })
+    .transpose()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    #[serde(default)]
+    agent: AgentTable,
+    #[serde(default)]
+    engine: Vec<EngineTable>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AgentTable {
+    #[serde(default, deserialize_with = "de_duration")]
+    sample_period: Option<Duration>,
+    dcmi_lib: Option<PathBuf>,
+    npu_smi: Option<PathBuf>,
+    backend: Option<BackendChoice>,
+    dcmi_no_owner_check: Option<bool>,
+    npu_smi_delay: Option<u32>,
+    admin_listen: Option<String>,
+    env_config_path: Option<PathBuf>,
+    worker_threads: Option<usize>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EngineTable {
+    name: Option<String>,
+    // Either a MindIE user_config.json and a role …
+    config_path: Option<PathBuf>,
+    role: Option<Role>,
+    // … or the engine-section keys inline.
+    engine_type: Option<toml::Value>,
+    dispatch_profile: Option<toml::Value>,
+    served_model_name: Option<toml::Value>,
+    headless: Option<bool>,
+    kv_transfer_config: Option<toml::Value>,
+    health_check_config: Option<toml::Value>,
+    mgmt_tls_config: Option<toml::Value>,
+    infer_tls_config: Option<toml::Value>,
+    // Where the engine is.
+    host: String,
+    port: u16,
+    mgmt_host: Option<String>,
+    mgmt_port: u16,
+    #[serde(default)]
+    dp_rank: u32,
+    devices: Option<Vec<u32>>,
+    engine_env: Option<BTreeMap<String, toml::Value>>,
+    env_config_path: Option<PathBuf>,
+    #[serde(default)]
+    timing: TimingTable,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TimingTable {
+    #[serde(default, deserialize_with = "de_duration")]
+    warmup_timeout: Option<Duration>,
+    #[serde(default, deserialize_with = "de_duration")]
+    request_timeout: Option<Duration>,
+    #[serde(default, deserialize_with = "de_duration")]
+    window: Option<Duration>,
+    #[serde(default, deserialize_with = "de_duration")]
+    interval: Option<Duration>,
+    #[serde(default, deserialize_with = "de_duration")]
+    high_load_interval: Option<Duration>,
+    high_load_threshold: Option<f64>,
+    #[serde(default, deserialize_with = "de_duration")]
+    health_period: Option<Duration>,
+}
+
+/// Reads and validates `agent.toml`.
+pub fn load(path: &Path) -> Result<AgentConfig, ConfigError> {
+    let file = path.display().to_string();
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ConfigError::new(&file, "", format!("cannot read: {e}")))?;
+    parse(&text, path)
+}
+
+/// Parses `agent.toml` text; `path` names the file and resolves relative paths.
+pub fn parse(text: &str, path: &Path) -> Result<AgentConfig, ConfigError> {
+    let file = path.display().to_string();
+    let base = path.parent().unwrap_or(Path::new("."));
+    let parsed: FileConfig = toml::from_str(text).map_err(|e| {
+        let place = e
+            .span()
+            .map(|s| table_at(text, s.start))
+            .unwrap_or_default();
+        ConfigError::new(&file, place, e.message().to_owned())
+    })?;
+    let agent = agent_settings(&parsed.agent, base)
+        .map_err(|(key, msg)| ConfigError::new(&file, format!("[agent] {key}"), msg))?;
+    if parsed.engine.is_empty() {
+        return Err(ConfigError::new(
+            &file,
+            "",
+            "no [[engine]] table: nothing to monitor",
+        ));
+    }
+    let mut engines = Vec::new();
+    for (i, t) in parsed.engine.iter().enumerate() {
+        let place = format!(
+            "[[engine]] #{}{}",
+            i + 1,
+            t.name
+                .as_ref()
+                .map(|n| format!(" ({n})"))
+                .unwrap_or_default()
+        );
+        let spec =
+            engine(t, i, base, parsed.agent.env_config_path.as_deref()).map_err(|(key, msg)| {
+                ConfigError::new(&file, format!("{place} {key}").trim_end().to_owned(), msg)
+            })?;
+        engines.push(spec);
+    }
+    for (i, a) in engines.iter().enumerate() {
+        for b in &engines[..i] {
+            if a.name == b.name {
+                return Err(ConfigError::new(
+                    &file,
+                    format!("[[engine]] #{}", i + 1),
+                    format!("name {:?} is used twice", a.name),
+                ));
+            }
+            if a.mgmt_listen.port() == b.mgmt_listen.port() {
+                return Err(ConfigError::new(
+                    &file,
+                    format!("[[engine]] #{} mgmt_port", i + 1),
+                    format!(
+                        "{} is also the mgmt_port of engine {:?}",
+                        a.mgmt_listen.port(),
+                        b.name
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(AgentConfig {
+        source: file,
+        agent,
+        engines,
+    })
+}
+
+/// Names the table that holds byte `offset` of `text` (`[agent]`, `[[engine]] #2`, …).
+fn table_at(text: &str, offset: usize) -> String {
+    let mut current = String::new();
+    let mut engine_count = 0;
+    let mut pos = 0;
+    for line in text.split_inclusive('\n') {
+        if pos > offset {
+            break;
+        }
+        let t = line.trim();
+        if t.starts_with("[[engine]]") {
+            engine_count += 1;
+            current = format!("[[engine]] #{engine_count}");
+        } else if let Some(sub) = t.strip_prefix("[engine.") {
+            current = format!(
+                "[[engine]] #{engine_count} [engine.{}",
+                sub.trim_end_matches(|c| c != ']')
+            );
+        } else if t.starts_with('[') {
+            current = t
+                .split(']')
+                .next()
+                .map(|h| format!("{h}]"))
+                .unwrap_or_default();
+        }
+        pos += line.len();
+    }
+    current
+}
+
+type KeyError = (String, String);
+
+fn agent_settings(t: &AgentTable, base: &Path) -> Result<AgentSettings, KeyError> {
+    let d = AgentSettings::default();
+    let admin_listen = match &t.admin_listen {
+        None => None,
+        Some(s) => Some(s.parse().map_err(|_| {
+            (
+                "admin_listen".to_owned(),
+                format!("{s:?} is not an address like \"127.0.0.1:9400\""),
+            )
+        })?),
+    };
+    let npu_smi_delay = t.npu_smi_delay.unwrap_or(d.npu_smi_delay);
+    if !(1..=100).contains(&npu_smi_delay) {
+        return Err((
+            "npu_smi_delay".to_owned(),
+            format!("{npu_smi_delay} is outside 1..=100 seconds"),
+        ));
+    }
+    let worker_threads = t.worker_threads.unwrap_or(d.worker_threads);
+    if worker_threads == 0 || worker_threads > 64 {
+        return Err((
+            "worker_threads".to_owned(),
+            format!("{worker_threads} is outside 1..=64"),
+        ));
+    }
+    let sample_period = t.sample_period.unwrap_or(d.sample_period);
+    if sample_period < crate::sampler::MIN_PERIOD || sample_period > crate::sampler::MAX_PERIOD {
+        return Err((
+            "sample_period".to_owned(),
+            format!("{sample_period:?} is outside 10µs..=60s"),
+        ));
+    }
+    let rel = |p: &PathBuf| {
+        if p.is_relative() && p.components().count() > 1 {
+            base.join(p)
+        } else {
+            p.clone()
+        }
+    };
+    Ok(AgentSettings {
+        sample_period,
+        dcmi_lib: t.dcmi_lib.as_ref().map(rel),
+        npu_smi: t.npu_smi.as_ref().map(rel).unwrap_or(d.npu_smi),
+        backend: t.backend.unwrap_or(d.backend),
+        dcmi_no_owner_check: t.dcmi_no_owner_check.unwrap_or(false),
+        npu_smi_delay,
+        admin_listen,
+        worker_threads,
+    })
+}
+
+fn to_json(v: &Option<toml::Value>) -> Option<Value> {
+    v.as_ref()
+        .map(|v| serde_json::to_value(v).unwrap_or(Value::Null))
+}
+
+fn engine(
+    t: &EngineTable,
+    index: usize,
+    base: &Path,
+    agent_env_json: Option<&Path>,
+) -> Result<super::EngineSpec, KeyError> {
+    let inline_keys: Vec<&str> = [
+        ("engine_type", t.engine_type.is_some()),
+        ("dispatch_profile", t.dispatch_profile.is_some()),
+        ("served_model_name", t.served_model_name.is_some()),
+        ("headless", t.headless.is_some()),
+        ("kv_transfer_config", t.kv_transfer_config.is_some()),
+        ("health_check_config", t.health_check_config.is_some()),
+        ("mgmt_tls_config", t.mgmt_tls_config.is_some()),
+        ("infer_tls_config", t.infer_tls_config.is_some()),
+    ]
+    .into_iter()
+    .filter_map(|(k, set)| set.then_some(k))
+    .collect();
+    let (section, role, origin) = match (&t.config_path, t.role) {
+        (Some(cfg), role) => {
+            if let Some(k) = inline_keys.first() {
+                return Err((
+                    k.to_string(),
+                    "not allowed with config_path: the engine section comes from that file"
+                        .to_owned(),
+                ));
+            }
+            let role = role.ok_or_else(|| {
+                (
+                    "role".to_owned(),
+                    "required with config_path (prefill, decode, union)".to_owned(),
+                )
+            })?;
+            let path = if cfg.is_relative() {
+                base.join(cfg)
+            } else {
+                cfg.clone()
+            };
+            let doc = mindie::read_json(&path)
+                .map_err(|e| ("config_path".to_owned(), format!("{}: {e}", path.display())))?;
+            let sbase = path.parent().unwrap_or(Path::new("."));
+            let section = EngineSection::from_user_config(&doc, role, sbase)
+                .map_err(|e| ("config_path".to_owned(), format!("{}: {e}", path.display())))?;
+            (
+                section,
+                role,
+                format!("{} ({})", path.display(), role.section()),
+            )
+        }
+        (None, role) => {
+            let mut engine_config = serde_json::Map::new();
+            if let Some(v) = to_json(&t.served_model_name) {
+                engine_config.insert("served_model_name".into(), v);
+            }
+            if let Some(h) = t.headless {
+                engine_config.insert("headless".into(), Value::Bool(h));
+            }
+            if let Some(v) = to_json(&t.kv_transfer_config) {
+                engine_config.insert("kv_transfer_config".into(), v);
+            }
+            let mut sec = serde_json::Map::new();
+            if let Some(v) = to_json(&t.engine_type) {
+                sec.insert("engine_type".into(), v);
+            }
+            if let Some(v) = to_json(&t.dispatch_profile) {
+                sec.insert("dispatch_profile".into(), v);
+            }
+            if let Some(v) = to_json(&t.health_check_config) {
+                sec.insert("health_check_config".into(), v);
+            }
+            sec.insert("engine_config".into(), Value::Object(engine_config));
+            let section = EngineSection::from_parts(
+                &Value::Object(sec),
+                to_json(&t.mgmt_tls_config).as_ref(),
+                to_json(&t.infer_tls_config).as_ref(),
+                base,
+            )
+            .map_err(|e| (String::new(), e))?;
+            (section, role.unwrap_or(Role::Union), "inline".to_owned())
+        }
+    };
+    let engine_env = if let Some(vars) = &t.engine_env {
+        let vars = vars
+            .iter()
+            .map(|(k, v)| {
+                let s = match v {
+                    toml::Value::String(s) => s.clone(),
+                    toml::Value::Integer(i) => i.to_string(),
+                    other => {
+                        return Err((
+                            format!("engine_env.{k}"),
+                            format!("must be a string or an integer, got {other}"),
+                        ));
+                    }
+                };
+                Ok((k.clone(), s))
+            })
+            .collect::<Result<BTreeMap<_, _>, KeyError>>()?;
+        EngineEnv::Table { vars }
+    } else if let Some(p) = t.env_config_path.as_deref().or(agent_env_json) {
+        let path = if p.is_relative() {
+            base.join(p)
+        } else {
+            p.to_owned()
+        };
+        let doc = mindie::read_json(&path).map_err(|e| {
+            (
+                "env_config_path".to_owned(),
+                format!("{}: {e}", path.display()),
+            )
+        })?;
+        EngineEnv::EnvJson { path, doc }
+    } else {
+        EngineEnv::AgentProcess
+    };
+    let mgmt_host = t.mgmt_host.clone().unwrap_or_else(|| t.host.clone());
+    let mgmt_listen =
+        listen_addr(&mgmt_host, t.mgmt_port).map_err(|e| ("mgmt_host".to_owned(), e))?;
+    listen_addr(&t.host, t.port).map_err(|e| ("host".to_owned(), e))?;
+    let d = Timing::default();
+    let tt = &t.timing;
+    let timing = Timing {
+        warmup_timeout: tt.warmup_timeout.unwrap_or(d.warmup_timeout),
+        request_timeout: tt.request_timeout.unwrap_or(d.request_timeout),
+        window: tt.window.unwrap_or(d.window),
+        interval: tt.interval.unwrap_or(d.interval),
+        high_load_interval: tt.high_load_interval.unwrap_or(d.high_load_interval),
+        high_load_threshold: tt.high_load_threshold.unwrap_or(d.high_load_threshold),
+        health_period: tt.health_period.unwrap_or(d.health_period),
+    };
+    for (key, v) in [
+        ("timing.warmup_timeout", timing.warmup_timeout),
+        ("timing.request_timeout", timing.request_timeout),
+        ("timing.window", timing.window),
+        ("timing.interval", timing.interval),
+        ("timing.high_load_interval", timing.high_load_interval),
+        ("timing.health_period", timing.health_period),
+    ] {
+        if v.is_zero() {
+            return Err((key.to_owned(), "must be above zero".to_owned()));
+        }
+    }
+    let name = t
+        .name
+        .clone()
+        .unwrap_or_else(|| format!("{}-{}", role.as_str(), index));
+    build_engine(
+        name,
+        role,
+        section,
+        EngineLocation {
+            host: t.host.clone(),
+            port: t.port,
+            mgmt_listen,
+            dp_rank: t.dp_rank,
+        },
+        t.devices.clone(),
+        engine_env,
+        timing,
+        origin,
+    )
+    .map_err(|e| (String::new(), e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_str(text: &str) -> Result<AgentConfig, ConfigError> {
+        parse(text, Path::new("/etc/npu-health-agent/agent.toml"))
+    }
+
+    const INLINE: &str = r#"
+[agent]
+sample_period = "20ms"
+admin_listen = "127.0.0.1:9400"
+
+[[engine]]
+name = "p0"
+engine_type = "vllm"
+served_model_name = "qwen"
+host = "127.0.0.1"
+port = 8000
+mgmt_port = 9001
+devices = [0, 1]
+engine_env = { ASCEND_GLOBAL_LOG_LEVEL = 3 }
+[engine.health_check_config]
+enable_virtual_inference = true
+max_failure_count = 2
+[engine.timing]
+interval = "100ms"
+"#;
+
+    #[test]
+    fn inline_engine_with_defaults_filled_in() {
+        let c = parse_str(INLINE).unwrap();
+        assert_eq!(c.agent.sample_period, Duration::from_millis(20));
+        assert_eq!(c.agent.admin_listen.unwrap().port(), 9400);
+        let e = &c.engines[0];
+        assert_eq!(e.name, "p0");
+        assert_eq!(e.model.as_deref(), Some("qwen"));
+        assert_eq!(e.health_check_config.max_failure_count, 2);
+        assert_eq!(e.health_check_config.health_collector_timeout, 5);
+        assert_eq!(e.timing.interval, Duration::from_millis(100));
+        assert_eq!(e.timing.warmup_timeout, Duration::from_secs(180));
+        assert_eq!(e.devices.value, Some(vec![0, 1]));
+        assert_eq!(e.mgmt_listen.to_string(), "127.0.0.1:9001");
+        assert_eq!(
+            e.engine_env
+                .lookup(Role::Union, "ASCEND_GLOBAL_LOG_LEVEL")
+                .unwrap()
+                .value,
+            "3"
+        );
+    }
+
+    #[test]
+    fn unknown_keys_name_file_table_and_key() {
+        let err = parse_str(&INLINE.replace("sample_period", "sample_periood"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("/etc/npu-health-agent/agent.toml: [agent]"),
+            "{err}"
+        );
+        assert!(err.contains("sample_periood"), "{err}");
+        let err = parse_str(&INLINE.replace("devices = [0, 1]", "device = [0, 1]"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("[[engine]] #1") && err.contains("`device`"),
+            "{err}"
+        );
+        let err = parse_str(&INLINE.replace("interval = ", "intervall = "))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("[engine.timing]") && err.contains("intervall"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn health_check_validation_names_the_engine() {
+        let err =
+            parse_str(&INLINE.replace("max_failure_count = 2", "health_collector_timeout = 0"))
+                .unwrap_err()
+                .to_string();
+        assert!(
+            err.contains("[[engine]] #1 (p0)")
+                && err.contains("health_collector_timeout must be >= 1, got 0"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn bad_values_name_the_key() {
+        let err = parse_str(&INLINE.replace("\"100ms\"", "\"soon\""))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("soon"), "{err}");
+        let err = parse_str(&INLINE.replace(
+            "admin_listen = \"127.0.0.1:9400\"",
+            "admin_listen = \"here\"",
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("[agent] admin_listen"), "{err}");
+        let err = parse_str(&INLINE.replace(
+            "mgmt_port = 9001",
+            "mgmt_port = 9001\nmgmt_host = \"nowhere\"",
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("mgmt_host"), "{err}");
+    }
+
+    #[test]
+    fn config_path_and_inline_keys_do_not_mix() {
+        let err = parse_str(&INLINE.replace(
+            "name = \"p0\"",
+            "name = \"p0\"\nconfig_path = \"u.json\"\nrole = \"prefill\"",
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("engine_type") && err.contains("not allowed with config_path"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn duplicate_mgmt_ports_are_rejected() {
+        let two = format!(
+            "{INLINE}\n{}",
+            &INLINE[INLINE.find("[[engine]]").unwrap()..].replace("\"p0\"", "\"p1\"")
+        );
+        let err = parse_str(&two).unwrap_err().to_string();
+        assert!(err.contains("[[engine]] #2 mgmt_port"), "{err}");
+    }
+
+    #[test]
+    fn no_engine_is_an_error() {
+        assert!(
+            parse_str("[agent]\n")
+                .unwrap_err()
+                .to_string()
+                .contains("no [[engine]]")
+        );
+    }
+
+    #[test]
+    fn user_config_reference_and_env_json() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("user_config.json"),
+            r#"{"motor_engine_prefill_config": {"engine_type": "vllm", "engine_config": {"model": "/models/q"},
+                 "health_check_config": {"enable_virtual_inference": true}}}"#,
+        )
+        .unwrap();
+        std::fs::write(
+            dir.path().join("env.json"),
+            r#"{"motor_common_env": {"ASCEND_RT_VISIBLE_DEVICES": "4,5"}, "motor_engine_prefill_env": {"ASCEND_GLOBAL_LOG_LEVEL": "1"}}"#,
+        )
+        .unwrap();
+        let text = r#"
+[agent]
+env_config_path = "env.json"
+[[engine]]
+config_path = "user_config.json"
+role = "prefill"
+host = "127.0.0.1"
+port = 8000
+mgmt_port = 9001
+"#;
+        let c = parse(text, &dir.path().join("agent.toml")).unwrap();
+        let e = &c.engines[0];
+        assert_eq!(e.name, "prefill-0");
+        assert_eq!(e.model.as_deref(), Some("/models/q"));
+        assert_eq!(e.devices.value, Some(vec![4, 5]));
+        assert!(
+            e.devices.source.contains("motor_common_env"),
+            "{}",
+            e.devices.source
+        );
+        let lvl = e
+            .engine_env
+            .lookup(Role::Prefill, "ASCEND_GLOBAL_LOG_LEVEL")
+            .unwrap();
+        assert_eq!(lvl.value, "1");
+        assert!(lvl.source.contains("motor_engine_prefill_env"));
+        let err = parse(
+            &text.replace("role = \"prefill\"", "role = \"decode\""),
+            &dir.path().join("agent.toml"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("config_path") && err.contains("motor_engine_decode_config"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn table_locator() {
+        let text = "[agent]\na=1\n[[engine]]\nb=2\n[engine.timing]\nc=3\n[[engine]]\nd=4\n";
+        assert_eq!(table_at(text, text.find("a=1").unwrap()), "[agent]");
+        assert_eq!(table_at(text, text.find("b=2").unwrap()), "[[engine]] #1");
+        assert_eq!(
+            table_at(text, text.find("c=3").unwrap()),
+            "[[engine]] #1 [engine.timing]"
+        );
+        assert_eq!(table_at(text, text.find("d=4").unwrap()), "[[engine]] #2");
+    }
+}

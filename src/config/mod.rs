@@ -1,0 +1,447 @@
+//! Configuration: what the agent monitors and how.
+//!
+//! Two ways in, one result ([`AgentConfig`]):
+//! - single-engine mode mirrors MindIE's engine-server flags (`--config-path user_config.json
+//!   --role … --host … --port … --mgmt-port …`) and reads that role's section ([`mindie`]);
+//! - host mode reads `agent.toml` ([`file`]) with an `[agent]` table and any number of
+//!   `[[engine]]` tables, each pointing at a `user_config.json` + role or carrying the keys
+//!   inline.
+//!
+//! Every error names the file, the table and the key.
+
+pub mod file;
+pub mod mindie;
+
+use crate::driver::{BackendChoice, DriverConfig};
+use mindie::{DispatchProfile, EngineSection, EngineType, HealthCheckConfig, Role, TlsConfig};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// A configuration error, located.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{file}: {place}{message}")]
+pub struct ConfigError {
+    pub file: String,
+    /// Table/key prefix such as `[[engine]] #1 (prefill-0): ` (may be empty).
+    pub place: String,
+    pub message: String,
+}
+
+impl ConfigError {
+    pub fn new(
+        file: impl Into<String>,
+        place: impl Into<String>,
+        message: impl Into<String>,
+    ) -> ConfigError {
+        let mut place = place.into();
+        if !place.is_empty() && !place.ends_with(": ") {
+            place.push_str(": ");
+        }
+        ConfigError {
+            file: file.into(),
+            place,
+            message: message.into(),
+        }
+    }
+}
+
+/// Serialises a duration the way configs write it (`5s`, `50ms`).
+fn ser_duration<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&humantime::format_duration(*d).to_string())
+}
+
+/// Virtual-inference timing. Defaults equal the reference's constants (V5); every value is
+/// configurable so tests can compress time.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Timing {
+    /// Timeout of the warm-up request. Reference: 180 s.
+    #[serde(serialize_with = "ser_duration")]
+    pub warmup_timeout: Duration,
+    /// Timeout of each periodic request. Reference: 5 s.
+    #[serde(serialize_with = "ser_duration")]
+    pub request_timeout: Duration,
+    /// AI Cube peak window. Reference: 5 s.
+    #[serde(serialize_with = "ser_duration")]
+    pub window: Duration,
+    /// Sleep between probes. Reference: 5 s.
+    #[serde(serialize_with = "ser_duration")]
+    pub interval: Duration,
+    /// Sleep between probes while the NPU is busy. Reference: 20 s.
+    #[serde(serialize_with = "ser_duration")]
+    pub high_load_interval: Duration,
+    /// Peak (percent) at or above which the busy interval applies. Reference: 80.
+    pub high_load_threshold: f64,
+    /// How often the agent probes the engine's `/health` in the background. Not in the
+    /// reference (it probes on every `/status`); default 1 s.
+    #[serde(serialize_with = "ser_duration")]
+    pub health_period: Duration,
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Timing {
+            warmup_timeout: Duration::from_secs(180),
+            request_timeout: Duration::from_secs(5),
+            window: Duration::from_secs(5),
+            interval: Duration::from_secs(5),
+            high_load_interval: Duration::from_secs(20),
+            high_load_threshold: 80.0,
+            health_period: Duration::from_secs(1),
+        }
+    }
+}
+
+/// Where an engine setting came from (shown by `check-config` and `doctor`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Sourced<T> {
+    pub value: T,
+    pub source: String,
+}
+
+/// How the engine's environment is known to the agent.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum EngineEnv {
+    /// An `engine_env` table in the agent config: the engine's environment as given.
+    Table { vars: BTreeMap<String, String> },
+    /// MindIE's `env.json`: the role's section, else `motor_common_env`.
+    EnvJson {
+        path: PathBuf,
+        #[serde(skip)]
+        doc: serde_json::Value,
+    },
+    /// Nothing configured: the agent's own environment.
+    AgentProcess,
+}
+
+impl EngineEnv {
+    /// Looks `key` up; the first configured source is authoritative (a key missing from an
+    /// `engine_env` table or from `env.json` is unset, not looked up elsewhere).
+    pub fn lookup(&self, role: Role, key: &str) -> Option<Sourced<String>> {
+        match self {
+            EngineEnv::Table { vars } => vars.get(key).map(|v| Sourced {
+                value: v.clone(),
+                source: "engine_env".to_owned(),
+            }),
+            EngineEnv::EnvJson { path, doc } => {
+                mindie::env_json_lookup(doc, role, key).map(|(value, section)| Sourced {
+                    value,
+                    source: format!("{} {section}", path.display()),
+                })
+            }
+            EngineEnv::AgentProcess => std::env::var(key).ok().map(|value| Sourced {
+                value,
+                source: "agent environment".to_owned(),
+            }),
+        }
+    }
+
+    /// Human description of the source.
+    pub fn describe(&self) -> String {
+        match self {
+            EngineEnv::Table { .. } => "engine_env table".to_owned(),
+            EngineEnv::EnvJson { path, .. } => format!("env.json {}", path.display()),
+            EngineEnv::AgentProcess => "agent environment".to_owned(),
+        }
+    }
+}
+
+/// Everything the agent knows about one engine.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EngineSpec {
+    /// Name used in logs, metrics and `/status/detail`.
+    pub name: String,
+    pub role: Role,
+    pub engine_type: EngineType,
+    pub dispatch_profile: DispatchProfile,
+    /// Model name sent in the virtual request.
+    pub model: Option<String>,
+    pub headless: bool,
+    pub dp_rank: u32,
+    pub health_check_config: HealthCheckConfig,
+    /// Inference surface (`/health`, `/v1/completions`).
+    pub host: String,
+    pub port: u16,
+    pub infer_tls_config: TlsConfig,
+    /// Where `/status` is served.
+    pub mgmt_listen: SocketAddr,
+    pub mgmt_tls_config: TlsConfig,
+    /// The engine's NPUs (logic ids): explicit `devices`, else `ASCEND_RT_VISIBLE_DEVICES` of
+    /// the engine environment, else every NPU of the host.
+    pub devices: Sourced<Option<Vec<u32>>>,
+    pub engine_env: EngineEnv,
+    pub timing: Timing,
+    /// The file (and role) the engine section came from, or `inline`.
+    pub origin: String,
+}
+
+impl EngineSpec {
+    /// `host:port` of the inference surface, IPv6 bracketed.
+    pub fn infer_authority(&self) -> String {
+        if self.host.contains(':') && !self.host.starts_with('[') {
+            format!("[{}]:{}", self.host, self.port)
+        } else {
+            format!("{}:{}", self.host, self.port)
+        }
+    }
+}
+
+/// Agent-wide settings (`[agent]` table or global flags).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AgentSettings {
+    #[serde(serialize_with = "ser_duration")]
+    pub sample_period: Duration,
+    pub dcmi_lib: Option<PathBuf>,
+    pub npu_smi: PathBuf,
+    pub backend: BackendChoice,
+    pub dcmi_no_owner_check: bool,
+    pub npu_smi_delay: u32,
+    /// Admin/metrics listener (all engines' metrics, `/healthz`); none by default.
+    pub admin_listen: Option<SocketAddr>,
+    /// Tokio worker threads.
+    pub worker_threads: usize,
+}
+
+impl Default for AgentSettings {
+    fn default() -> Self {
+        AgentSettings {
+            sample_period: Duration::from_millis(50),
+            dcmi_lib: None,
+            npu_smi: PathBuf::from("npu-smi"),
+            backend: BackendChoice::Auto,
+            dcmi_no_owner_check: false,
+            npu_smi_delay: 1,
+            admin_listen: None,
+            worker_threads: 2,
+        }
+    }
+}
+
+impl AgentSettings {
+    /// The driver part of the settings.
+    pub fn driver(&self) -> DriverConfig {
+        DriverConfig {
+            dcmi_lib: self.dcmi_lib.clone(),
+            npu_smi: self.npu_smi.clone(),
+            backend: self.backend,
+            check_owner: !self.dcmi_no_owner_check,
+            watch_delay_s: self.npu_smi_delay,
+            ..DriverConfig::default()
+        }
+    }
+}
+
+/// The whole effective configuration.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AgentConfig {
+    /// File the configuration was read from (for messages).
+    pub source: String,
+    pub agent: AgentSettings,
+    pub engines: Vec<EngineSpec>,
+}
+
+/// Flags of single-engine mode (mirroring MindIE's engine server).
+#[derive(Debug, Clone)]
+pub struct SingleEngine {
+    pub config_path: PathBuf,
+    pub role: Role,
+    pub host: String,
+    pub port: u16,
+    pub mgmt_port: u16,
+    pub dp_rank: u32,
+    pub devices: Option<Vec<u32>>,
+    pub env_config_path: Option<PathBuf>,
+}
+
+impl AgentConfig {
+    /// Single-engine mode: one engine from `user_config.json` and flags.
+    pub fn single(flags: &SingleEngine, agent: AgentSettings) -> Result<AgentConfig, ConfigError> {
+        let file = flags.config_path.display().to_string();
+        let doc =
+            mindie::read_json(&flags.config_path).map_err(|e| ConfigError::new(&file, "", e))?;
+        let base = flags.config_path.parent().unwrap_or(Path::new("."));
+        let section = EngineSection::from_user_config(&doc, flags.role, base)
+            .map_err(|e| ConfigError::new(&file, "", e))?;
+        let engine_env = match &flags.env_config_path {
+            Some(p) => EngineEnv::EnvJson {
+                path: p.clone(),
+                doc: mindie::read_json(p)
+                    .map_err(|e| ConfigError::new(p.display().to_string(), "", e))?,
+            },
+            None => EngineEnv::AgentProcess,
+        };
+        let mgmt_listen = listen_addr(&flags.host, flags.mgmt_port)
+            .map_err(|e| ConfigError::new("--host", "", e))?;
+        let spec = build_engine(
+            format!("{}-{}", flags.role.as_str(), flags.dp_rank),
+            flags.role,
+            section,
+            EngineLocation {
+                host: flags.host.clone(),
+                port: flags.port,
+                mgmt_listen,
+                dp_rank: flags.dp_rank,
+            },
+            flags.devices.clone(),
+            engine_env,
+            Timing::default(),
+            format!("{file} ({})", flags.role.section()),
+        )
+        .map_err(|e| ConfigError::new(&file, "", e))?;
+        Ok(AgentConfig {
+            source: file,
+            agent,
+            engines: vec![spec],
+        })
+    }
+}
+
+/// Where an engine listens.
+#[derive(Debug, Clone)]
+pub struct EngineLocation {
+    pub host: String,
+    pub port: u16,
+    pub mgmt_listen: SocketAddr,
+    pub dp_rank: u32,
+}
+
+/// Parses `host` + `port` into a listen address (IPv6 literals with or without brackets).
+pub fn listen_addr(host: &str, port: u16) -> Result<SocketAddr, String> {
+    let h = host.trim_start_matches('[').trim_end_matches(']');
+    let ip: std::net::IpAddr = h
+        .parse()
+        .map_err(|_| format!("host {host:?} must be an IPv4 or IPv6 address"))?;
+    Ok(SocketAddr::new(ip, port))
+}
+
+/// Parses `ASCEND_RT_VISIBLE_DEVICES` (`0,1,2`).
+pub fn parse_visible_devices(s: &str) -> Result<Vec<u32>, String> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .map(|t| {
+            t.parse::<u32>()
+                .map_err(|_| format!("{t:?} is not an NPU id"))
+        })
+        .collect::<Result<Vec<u32>, String>>()
+        .and_then(|v| {
+            if v.is_empty() {
+                Err("no NPU id".to_owned())
+            } else {
+                Ok(v)
+            }
+        })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn build_engine(
+    name: String,
+    role: Role,
+    section: EngineSection,
+    at: EngineLocation,
+    devices: Option<Vec<u32>>,
+    engine_env: EngineEnv,
+    timing: Timing,
+    origin: String,
+) -> Result<EngineSpec, String> {
+    if at.port == 0 {
+        return Err("port must be 1..=65535".to_owned());
+    }
+    if at.mgmt_listen.port() == 0 {
+        return Err("mgmt_port must be 1..=65535".to_owned());
+    }
+    let devices = match devices {
+        Some(d) => Sourced {
+            value: Some(d),
+            source: "devices".to_owned(),
+        },
+        None => match engine_env.lookup(role, "ASCEND_RT_VISIBLE_DEVICES") {
+            Some(v) => Sourced {
+                value: Some(
+                    parse_visible_devices(&v.value)
+                        .map_err(|e| format!("ASCEND_RT_VISIBLE_DEVICES from {}: {e}", v.source))?,
+                ),
+                source: format!("ASCEND_RT_VISIBLE_DEVICES from {}", v.source),
+            },
+            None => Sourced {
+                value: None,
+                source: "every NPU of the host (no devices, no ASCEND_RT_VISIBLE_DEVICES)"
+                    .to_owned(),
+            },
+        },
+    };
+    if section.health_check_config.enable_virtual_inference
+        && section.engine_type == EngineType::Vllm
+        && section.model.is_none()
+    {
+        return Err(
+            "engine_config.served_model_name (or model) is needed: the virtual request names the model".to_owned(),
+        );
+    }
+    Ok(EngineSpec {
+        name,
+        role,
+        engine_type: section.engine_type,
+        dispatch_profile: section.dispatch_profile,
+        model: section.model,
+        headless: section.headless,
+        dp_rank: at.dp_rank,
+        health_check_config: section.health_check_config,
+        host: at.host,
+        port: at.port,
+        infer_tls_config: section.infer_tls_config,
+        mgmt_listen: at.mgmt_listen,
+        mgmt_tls_config: section.mgmt_tls_config,
+        devices,
+        engine_env,
+        timing,
+        origin,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn visible_devices() {
+        assert_eq!(parse_visible_devices("0,1, 3").unwrap(), vec![0, 1, 3]);
+        assert!(parse_visible_devices("0,x").unwrap_err().contains("\"x\""));
+        assert!(parse_visible_devices("").is_err());
+    }
+
+    #[test]
+    fn listen_addresses() {
+        assert_eq!(
+            listen_addr("127.0.0.1", 9001).unwrap().to_string(),
+            "127.0.0.1:9001"
+        );
+        assert_eq!(
+            listen_addr("[::1]", 9001).unwrap().to_string(),
+            "[::1]:9001"
+        );
+        assert!(
+            listen_addr("localhost", 1)
+                .unwrap_err()
+                .contains("IPv4 or IPv6")
+        );
+    }
+
+    #[test]
+    fn env_sources_are_authoritative() {
+        let table = EngineEnv::Table {
+            vars: BTreeMap::from([("A".to_owned(), "1".to_owned())]),
+        };
+        assert_eq!(table.lookup(Role::Prefill, "A").unwrap().value, "1");
+        // PATH is set for the agent but the table is the engine's whole environment.
+        assert_eq!(table.lookup(Role::Prefill, "PATH"), None);
+        assert!(
+            EngineEnv::AgentProcess
+                .lookup(Role::Prefill, "PATH")
+                .is_some()
+        );
+    }
+}
