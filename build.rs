@@ -4,7 +4,8 @@
 //! The generated file is committed (`src/driver/dcmi/bindings.rs`), so a default build needs
 //! no libclang. With `--features bindgen` a fresh generation is written to
 //! `$OUT_DIR/dcmi_bindings.rs`; the `bindings_drift` test compares it with the committed file,
-//! and `DCMI_BINDINGS_UPDATE=1` also copies it over the committed file.
+//! and `DCMI_BINDINGS_UPDATE=1` also copies it over the committed file. With the feature on,
+//! the crate compiles the fresh generation instead of the committed copy.
 
 use std::process::Command;
 

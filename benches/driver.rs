@@ -375,9 +375,12 @@ fn npu_smi_bench(agent: &Path) -> Duration {
         cpu_self / 1e3,
         cpu_child / 1e3
     );
+    let interval_ms = 5000.0 / n;
     println!(
-        "| ours: one `npu-smi info watch -s u -i 0 -c 0` child ({} rows in 5 s) | no spawn: a row per `-d` period | {:.1} µs | {:.1} µs |\n",
+        "| ours: one `npu-smi info watch -s u -i 0 -c 0` child ({} rows in 5 s) | {:.2} ms between rows at a 10 ms watch period: {:.2} ms per row beyond the period, no spawn | {:.1} µs | {:.1} µs |\n",
         n1 - n0,
+        interval_ms,
+        interval_ms - 10.0,
         (c1 - c0) as f64 / n / 1e3,
         (k1 - k0) as f64 / n / 1e3
     );

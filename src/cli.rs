@@ -15,6 +15,8 @@ use std::time::Duration;
 pub const EXIT_USAGE: u8 = 2;
 /// Exit code when no driver backend can serve AI Cube figures.
 pub const EXIT_NO_BACKEND: u8 = 3;
+/// Longest `sample --window`.
+const MAX_WINDOW: Duration = Duration::from_secs(600);
 
 /// Health agent for LLM inference nodes on Huawei Ascend NPUs.
 #[derive(Debug, Parser)]
@@ -170,6 +172,7 @@ fn devices(driver: &DriverConfig, json: bool) -> Result<(), Failure> {
     if !sampler.wait_settled(Duration::from_secs(10)) {
         tracing::warn!("some devices did not settle on a backend within 10s");
     }
+    let usable = sampler.any_cube_source();
     let now = sampler.shared().ring.now_ns();
     let snaps: Vec<DeviceSnapshot> = sampler.devices().iter().map(|d| d.snapshot(now)).collect();
     sampler.shutdown();
@@ -187,7 +190,7 @@ fn devices(driver: &DriverConfig, json: bool) -> Result<(), Failure> {
             })
             .collect();
         println!("{}", serde_json::json!({ "devices": devices }));
-        return Ok(());
+        return no_source_is_fatal(usable);
     }
     println!(
         "{:<4} {:<5} {:<5} {:<14} {:<8} {:<28} {:<14} HEALTH",
@@ -213,7 +216,18 @@ fn devices(driver: &DriverConfig, json: bool) -> Result<(), Failure> {
             s.id, s.card, chip, name, s.backend, s.method, hbm, health
         );
     }
-    Ok(())
+    no_source_is_fatal(usable)
+}
+
+/// Exit 3 when the NPUs were found but none has a source of AI Cube figures.
+fn no_source_is_fatal(usable: bool) -> Result<(), Failure> {
+    if usable {
+        return Ok(());
+    }
+    Err(Failure::from(StartError::NoBackend {
+        dcmi: "no AI Cube call (multi-utilization or type 14) on any device".to_owned(),
+        npu_smi: "not usable (see the warnings above)".to_owned(),
+    }))
 }
 
 fn sample(
@@ -223,6 +237,12 @@ fn sample(
     ids: Option<Vec<u32>>,
     json: bool,
 ) -> Result<(), Failure> {
+    if window.is_zero() || window > MAX_WINDOW {
+        return Err(Failure {
+            code: EXIT_USAGE,
+            error: anyhow::anyhow!("--window {window:?} is outside 1ns..=10m"),
+        });
+    }
     let cfg = SamplerConfig {
         period,
         retention: window.max(Duration::from_secs(1)) + Duration::from_secs(1),
@@ -230,6 +250,8 @@ fn sample(
         ..SamplerConfig::default()
     };
     let sampler = Sampler::start(driver, &cfg).context("starting the sampler")?;
+    sampler.wait_settled(Duration::from_secs(10));
+    no_source_is_fatal(sampler.any_cube_source())?;
     std::thread::sleep(window);
     let ids: Vec<u32> = sampler.devices().iter().map(|d| d.info.id).collect();
     let report = sampler.window(&ids, window)?;

@@ -12,6 +12,8 @@ use std::path::{Path, PathBuf};
 pub const FAKE_LIB: &str = "libfake_dcmi.so";
 /// File name of the fake library of an older driver (no AI Cube symbols).
 pub const FAKE_LEGACY_LIB: &str = "libfake_dcmi_legacy.so";
+/// File name of the fake library of a pre-release driver (old name of the multi call).
+pub const FAKE_PRERELEASE_LIB: &str = "libfake_dcmi_prerelease.so";
 
 /// Runs the fake `npu-smi` when the binary is invoked as `npu-smi …` or as `… info …`;
 /// returns the exit status, or `None` to run the agent normally.

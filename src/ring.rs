@@ -1,21 +1,34 @@
 //! Lock-free ring of AI Cube samples for every monitored NPU.
 //!
-//! Fixed capacity, allocated once. Writers (the DCMI sampler thread, the `npu-smi` watch
-//! threads, the watchdog) claim a slot with one `fetch_add` and publish it through a per-slot
-//! sequence number (a seqlock built only from atomics, so no `unsafe`): a writer never blocks,
-//! never allocates and never waits for a reader. Readers copy a slot and keep it only if the
-//! sequence number was even and unchanged around the copy, so any number of readers can scan
-//! while writers run. The oldest samples are overwritten.
+//! Fixed capacity, allocated once. A sample is packed into one 64-bit word (device, value,
+//! validity and a microsecond timestamp), so a slot is a single `AtomicU64`: writers (the DCMI
+//! sampler thread, the `npu-smi` watch threads, the watchdog) claim a slot with one `fetch_add`
+//! and publish the sample with one store, and readers load whole samples with one load. No
+//! writer ever blocks, allocates or waits for a reader, any number of readers can scan while
+//! writers run, and no reader can see half of one sample and half of another. The oldest
+//! samples are overwritten. No `unsafe`.
+//!
+//! Limits of the packing: at most 256 devices, values 0..=127 (AI Cube is 0..=100), timestamps
+//! with microsecond resolution up to 2^47 µs (4.4 years) after the ring was created.
 
-use std::sync::atomic::{AtomicU64, Ordering, fence};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+/// Most devices a ring can tell apart.
+pub const MAX_DEVICES: usize = 256;
+
+const WRITTEN: u64 = 1 << 63;
+const TS_SHIFT: u32 = 16;
+const TS_MAX_US: u64 = (1 << 47) - 1;
+const VALID: u64 = 1 << 7;
 
 /// One AI Cube reading (or a failed attempt to get one).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sample {
-    /// Index of the device in the sampler's device table.
+    /// Index of the device in the sampler's device table (below [`MAX_DEVICES`]).
     pub device: u16,
-    /// Monotonic time of the reading, nanoseconds since the ring was created.
+    /// Monotonic time of the reading, nanoseconds since the ring was created (stored with
+    /// microsecond resolution).
     pub ts_ns: u64,
     /// AI Cube usage in percent; meaningful only when `valid`.
     pub value: u8,
@@ -25,24 +38,22 @@ pub struct Sample {
 
 impl Sample {
     fn pack(&self) -> u64 {
-        u64::from(self.device) | u64::from(self.value) << 16 | u64::from(self.valid) << 24
+        let us = (self.ts_ns / 1000).min(TS_MAX_US);
+        WRITTEN
+            | us << TS_SHIFT
+            | u64::from(self.device & 0xff) << 8
+            | if self.valid { VALID } else { 0 }
+            | u64::from(self.value.min(127))
     }
 
-    fn unpack(ts_ns: u64, p: u64) -> Sample {
-        Sample {
-            device: (p & 0xffff) as u16,
-            ts_ns,
-            value: ((p >> 16) & 0xff) as u8,
-            valid: (p >> 24) & 1 == 1,
-        }
+    fn unpack(word: u64) -> Option<Sample> {
+        (word & WRITTEN != 0).then(|| Sample {
+            device: ((word >> 8) & 0xff) as u16,
+            ts_ns: ((word >> TS_SHIFT) & TS_MAX_US) * 1000,
+            value: (word & 0x7f) as u8,
+            valid: word & VALID != 0,
+        })
     }
-}
-
-struct Slot {
-    /// 2i+1 while sample i is being written, 2i+2 once it is published.
-    seq: AtomicU64,
-    ts: AtomicU64,
-    payload: AtomicU64,
 }
 
 impl std::fmt::Debug for Ring {
@@ -56,7 +67,7 @@ impl std::fmt::Debug for Ring {
 
 /// The sample ring. Share it with `Arc`.
 pub struct Ring {
-    slots: Box<[Slot]>,
+    slots: Box<[AtomicU64]>,
     mask: u64,
     head: AtomicU64,
     epoch: Instant,
@@ -66,15 +77,8 @@ impl Ring {
     /// A ring holding at least `capacity` samples (rounded up to a power of two, minimum 64).
     pub fn new(capacity: usize) -> Ring {
         let cap = capacity.max(64).next_power_of_two();
-        let slots = (0..cap)
-            .map(|_| Slot {
-                seq: AtomicU64::new(0),
-                ts: AtomicU64::new(0),
-                payload: AtomicU64::new(0),
-            })
-            .collect();
         Ring {
-            slots,
+            slots: (0..cap).map(|_| AtomicU64::new(0)).collect(),
             mask: cap as u64 - 1,
             head: AtomicU64::new(0),
             epoch: Instant::now(),
@@ -110,25 +114,7 @@ impl Ring {
     /// Appends a sample. Never blocks, never allocates.
     pub fn push(&self, sample: Sample) {
         let i = self.head.fetch_add(1, Ordering::AcqRel);
-        let slot = &self.slots[(i & self.mask) as usize];
-        slot.seq.store(2 * i + 1, Ordering::Relaxed);
-        fence(Ordering::Release);
-        slot.ts.store(sample.ts_ns, Ordering::Relaxed);
-        slot.payload.store(sample.pack(), Ordering::Relaxed);
-        slot.seq.store(2 * i + 2, Ordering::Release);
-    }
-
-    /// Sample number `i`, if it is published and not yet overwritten.
-    fn read(&self, i: u64) -> Option<Sample> {
-        let slot = &self.slots[(i & self.mask) as usize];
-        let s1 = slot.seq.load(Ordering::Acquire);
-        if s1 != 2 * i + 2 {
-            return None;
-        }
-        let ts = slot.ts.load(Ordering::Relaxed);
-        let p = slot.payload.load(Ordering::Relaxed);
-        fence(Ordering::Acquire);
-        (slot.seq.load(Ordering::Relaxed) == s1).then(|| Sample::unpack(ts, p))
+        self.slots[(i & self.mask) as usize].store(sample.pack(), Ordering::Release);
     }
 
     /// Visits samples from newest to oldest until `visit` returns false or the ring's history
@@ -137,7 +123,8 @@ impl Ring {
         let head = self.head.load(Ordering::Acquire);
         let oldest = head.saturating_sub(self.slots.len() as u64);
         for i in (oldest..head).rev() {
-            if let Some(s) = self.read(i)
+            let word = self.slots[(i & self.mask) as usize].load(Ordering::Acquire);
+            if let Some(s) = Sample::unpack(word)
                 && !visit(&s)
             {
                 return true;
@@ -164,23 +151,38 @@ mod tests {
     #[test]
     fn packs_round_trip() {
         for s in [
-            sample(0, 1, 0, false),
-            sample(65535, u64::MAX, 255, true),
-            sample(7, 9, 100, true),
+            sample(0, 0, 0, false),
+            sample(255, TS_MAX_US * 1000, 100, true),
+            sample(7, 9_000, 100, true),
+            sample(3, 123_456_000, 0, true),
         ] {
-            assert_eq!(Sample::unpack(s.ts_ns, s.pack()), s);
+            assert_eq!(Sample::unpack(s.pack()), Some(s));
         }
+        // Microsecond resolution; saturating beyond 2^47 µs; never-written slots are empty.
+        assert_eq!(
+            Sample::unpack(sample(1, 1_999, 5, true).pack())
+                .unwrap()
+                .ts_ns,
+            1_000
+        );
+        assert_eq!(
+            Sample::unpack(sample(1, u64::MAX, 5, true).pack())
+                .unwrap()
+                .ts_ns,
+            TS_MAX_US * 1000
+        );
+        assert_eq!(Sample::unpack(0), None);
     }
 
     #[test]
     fn newest_first_and_oldest_overwritten() {
         let r = Ring::new(64);
         for i in 0..100u64 {
-            r.push(sample(0, i, (i % 100) as u8, true));
+            r.push(sample(0, i * 1000, (i % 100) as u8, true));
         }
         let mut seen = Vec::new();
         r.scan_back(|s| {
-            seen.push(s.ts_ns);
+            seen.push(s.ts_ns / 1000);
             true
         });
         assert_eq!(seen.len(), 64);
@@ -199,7 +201,8 @@ mod tests {
     }
 
     // Readers racing writers must only ever see whole samples: every writer writes samples
-    // whose value is derived from the timestamp, so a torn read would break the relation.
+    // whose fields are all derived from the timestamp, so a torn read would break the
+    // relation. A small ring and three writers on two cores make writers lap each other.
     #[test]
     fn concurrent_readers_never_see_torn_samples() {
         let r = Arc::new(Ring::new(256));
@@ -212,18 +215,23 @@ mod tests {
                     let mut i = 0u64;
                     while !stop.load(Ordering::Relaxed) {
                         let ts = i * 3 + u64::from(w);
-                        r.push(sample(w, ts, (ts % 101) as u8, ts.is_multiple_of(2)));
+                        r.push(sample(w, ts * 1000, (ts % 101) as u8, ts.is_multiple_of(2)));
                         i += 1;
                     }
                 })
             })
             .collect();
+        // Start reading once the writers have gone round the ring a few times.
+        while r.written() < 4 * r.capacity() as u64 {
+            std::thread::yield_now();
+        }
         let mut checked = 0u64;
         for _ in 0..2000 {
             r.scan_back(|s| {
-                assert_eq!(u64::from(s.value), s.ts_ns % 101);
-                assert_eq!(s.valid, s.ts_ns.is_multiple_of(2));
-                assert_eq!(u64::from(s.device), s.ts_ns % 3);
+                let ts = s.ts_ns / 1000;
+                assert_eq!(u64::from(s.value), ts % 101);
+                assert_eq!(s.valid, ts.is_multiple_of(2));
+                assert_eq!(u64::from(s.device), ts % 3);
                 checked += 1;
                 true
             });

@@ -108,6 +108,8 @@ fn type14_is_used_when_the_multi_call_is_unsupported() {
     assert_eq!(d["last_value"], 21);
 }
 
+// No device with an AI Cube source is "no usable driver backend": the table is still
+// printed, and the exit code is 3.
 #[test]
 fn dcmi_only_backend_reports_no_source_instead_of_falling_back() {
     let sc = scenario("model = \"910B\"\ncards = 1\n");
@@ -116,9 +118,147 @@ fn dcmi_only_backend_reports_no_source_instead_of_falling_back() {
         Some(&fake_legacy_lib()),
         &["--backend", "dcmi", "devices", "--json"],
     );
-    let d = device(&json(&out), 0).clone();
+    assert_eq!(out.status.code(), Some(3));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let d = device(&v, 0);
     assert_eq!(d["backend"], "none");
     assert_eq!(d["capabilities"]["aicube"], false);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("no usable driver backend"), "{stderr}");
+    assert!(
+        !stderr.contains("handing"),
+        "no fallback is attempted: {stderr}"
+    );
+    let out = run_agent(
+        &sc,
+        Some(&fake_legacy_lib()),
+        &["--backend", "dcmi", "sample", "--window", "1s"],
+    );
+    assert_eq!(out.status.code(), Some(3));
+}
+
+#[test]
+fn legacy_driver_without_npu_smi_exits_3() {
+    let sc = scenario("model = \"910B\"\ncards = 1\n[npu_smi]\nwatch = \"unsupported\"\n");
+    let out = run_agent(&sc, Some(&fake_legacy_lib()), &["sample", "--window", "1s"]);
+    assert_eq!(out.status.code(), Some(3));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("HDK does not support npu-smi info watch -s u (AI Cube Usage)"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn prerelease_driver_name_of_the_multi_call_is_used() {
+    let sc = scenario("model = \"910B\"\ncards = 1\n[default]\naicube = { constant = 33 }\n");
+    let lib =
+        npu_health_agent::fake::lib_path(npu_health_agent::fake::FAKE_PRERELEASE_LIB).unwrap();
+    let v = json(&run_agent(&sc, Some(&lib), &["devices", "--json"]));
+    let d = device(&v, 0);
+    assert_eq!(d["source"], "dcmi-multi", "{v}");
+    assert_eq!(d["last_value"], 33);
+}
+
+// The single type-14 path and the 950 v2 path ignore the value when rc != 0 too.
+#[test]
+fn single_call_and_v2_errors_are_invalid_not_77() {
+    for model in ["910B", "950"] {
+        let sc = scenario(&format!(
+            "model = \"{model}\"\ncards = 1\n[default]\nmulti_util = false\naicube = {{ error = -8006 }}\n"
+        ));
+        let v = json(&run_agent(
+            &sc,
+            Some(&fake_lib()),
+            &["sample", "--window", "500ms", "--json"],
+        ));
+        let d = device(&v, 0);
+        assert_eq!(d["peak"], serde_json::Value::Null, "{model}: {v}");
+        assert!(d["invalid"].as_u64().unwrap() > 0, "{model}: {v}");
+        let v = json(&run_agent(&sc, Some(&fake_lib()), &["devices", "--json"]));
+        assert_eq!(device(&v, 0)["last_error"], -8006, "{model}: {v}");
+        assert_eq!(device(&v, 0)["last_value"], serde_json::Value::Null);
+    }
+}
+
+#[test]
+fn hbm_and_health_errors_and_out_of_range_health_are_not_used() {
+    let sc = scenario(
+        "model = \"910B\"\ncards = 3\n[[device]]\nid = 0\nhbm_error = -8005\n[[device]]\nid = 1\nhealth_error = -8255\n[[device]]\nid = 2\nhealth = 7\n",
+    );
+    let v = json(&run_agent(&sc, Some(&fake_lib()), &["devices", "--json"]));
+    assert_eq!(
+        device(&v, 0)["hbm_total_mb"],
+        serde_json::Value::Null,
+        "{v}"
+    );
+    assert_eq!(device(&v, 0)["capabilities"]["hbm"], false);
+    assert_eq!(device(&v, 0)["health"], 0);
+    assert_eq!(device(&v, 1)["health"], serde_json::Value::Null, "{v}");
+    assert_eq!(device(&v, 1)["hbm_total_mb"], 65536);
+    assert_eq!(
+        device(&v, 2)["health"],
+        serde_json::Value::Null,
+        "health 7 is outside 0..=3: {v}"
+    );
+}
+
+#[test]
+fn partial_rows_through_a_real_pipe() {
+    let sc = scenario(
+        "model = \"910B\"\ncards = 1\n[npu_smi]\nwatch_period_ms = 30\nsplit_rows = true\n[default]\naicube = { constant = 58 }\n",
+    );
+    let v = json(&run_agent(
+        &sc,
+        None,
+        &["sample", "--window", "1s", "--json"],
+    ));
+    let d = device(&v, 0);
+    assert_eq!(d["peak"], 58, "{v}");
+    assert_eq!(
+        d["invalid"], 0,
+        "a split row must not read as a bad figure: {v}"
+    );
+}
+
+// The embedded default at npu-smi's real cadence (-d 1): the burst period is not a multiple
+// of the watch period, so a 5 s window sees the burst through npu-smi too.
+#[test]
+fn embedded_default_through_npu_smi_at_the_real_cadence() {
+    let out = std::process::Command::new(support::agent())
+        .env_remove("FAKE_NPU_SCENARIO")
+        .args([
+            "--fake",
+            "--backend",
+            "npu-smi",
+            "sample",
+            "--window",
+            "5s",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    let v = json(&out);
+    assert_eq!(device(&v, 0)["peak"], 85, "{v}");
+    assert_eq!(device(&v, 1)["peak"], 12, "{v}");
+    let out = std::process::Command::new(support::agent())
+        .env_remove("FAKE_NPU_SCENARIO")
+        .args(["--fake", "sample", "--window", "2s", "--json"])
+        .output()
+        .unwrap();
+    let v = json(&out);
+    assert_eq!(device(&v, 0)["peak"], 85, "{v}");
+    assert_eq!(device(&v, 0)["backend"], "dcmi");
+}
+
+#[test]
+fn zero_npus_from_dcmi_falls_through_to_npu_smi_and_says_why() {
+    let sc = scenario("model = \"910B\"\ncards = 0\n");
+    let out = run_agent(&sc, Some(&fake_lib()), &["devices"]);
+    assert_eq!(out.status.code(), Some(3));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("enumerated no NPU"), "{stderr}");
+    assert!(stderr.contains("npu-smi: no NPU found"), "{stderr}");
 }
 
 #[test]
@@ -319,6 +459,15 @@ fn bad_usage_exits_2() {
     let out = run_agent(&sc, Some(&fake_lib()), &["sample", "--period", "0s"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("period"));
+    // Huge or empty windows are usage errors, not an allocation abort.
+    for w in ["1000d", "0s"] {
+        let out = run_agent(&sc, Some(&fake_lib()), &["sample", "--window", w]);
+        assert_eq!(out.status.code(), Some(2), "{w}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("--window"),
+            "{w}"
+        );
+    }
 }
 
 #[test]

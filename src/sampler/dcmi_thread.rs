@@ -6,8 +6,8 @@
 //! a call that hangs without this thread's help.
 
 use super::Shared;
-use super::status::Source;
-use crate::driver::dcmi::{Api, CubeCall, Dcmi, DcmiError, NpuChip};
+use super::status::{CallKind, Source};
+use crate::driver::dcmi::{Api, CubeCall, Dcmi, DcmiError, LoadError, NpuChip};
 use crate::ring::Sample;
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use std::sync::Arc;
@@ -51,23 +51,30 @@ impl ControlTx {
 /// Timing of the loop.
 #[derive(Debug, Clone, Copy)]
 pub struct Timing {
+    /// Time between passes.
     pub period: Duration,
+    /// Time between HBM/health reads.
     pub hbm_period: Duration,
+    /// Answers slower than this are discarded (the watchdog uses the same deadline).
+    pub call_deadline: Duration,
 }
 
 /// Thread body: open, report the chips on `init`, then sample until shut down.
 pub fn run(
-    dcmi: Result<Dcmi, String>,
-    init: Sender<Result<(Api, Vec<NpuChip>), String>>,
+    dcmi: Result<Dcmi, LoadError>,
+    init: Sender<Result<(Api, Vec<NpuChip>), LoadError>>,
     ctl: Receiver<Control>,
     mut timing: Timing,
 ) {
     let opened = dcmi.and_then(|d| match d.chips() {
+        Ok(c) if c.is_empty() => Err(LoadError::NoNpu {
+            path: d.path().to_owned(),
+        }),
         Ok(c) => Ok((d, c)),
-        Err(e) => Err(format!(
-            "{}: device enumeration failed: {e}",
-            d.path().display()
-        )),
+        Err(source) => Err(LoadError::Enumerate {
+            path: d.path().to_owned(),
+            source,
+        }),
     });
     let dcmi = match opened {
         Ok((d, chips)) => {
@@ -117,8 +124,19 @@ pub fn run(
             }
             std::thread::park_timeout(next - now);
         }
+        // One clock read per call: the time an answer arrived is the next call's start.
+        let mut clock = shared.ring.now_ns();
         for (slot, (idx, chip)) in chips.iter().enumerate() {
-            read_cube(&dcmi, &shared, *idx, chip, &mut calls[slot], &fallback);
+            clock = read_cube(
+                &dcmi,
+                &shared,
+                *idx,
+                chip,
+                &mut calls[slot],
+                &fallback,
+                timing.call_deadline,
+                clock,
+            );
         }
         let now = Instant::now();
         if now >= next_hbm {
@@ -138,6 +156,8 @@ pub fn run(
 }
 
 /// One AI Cube read with the fallback chain: multi → single type 14 → hand to npu-smi.
+/// `now` is the ring time before the call; returns the ring time after it.
+#[allow(clippy::too_many_arguments)]
 fn read_cube(
     dcmi: &Dcmi,
     shared: &Shared,
@@ -145,21 +165,43 @@ fn read_cube(
     chip: &NpuChip,
     call: &mut CubeCall,
     fallback: &Sender<usize>,
-) {
+    deadline: Duration,
+    mut now: u64,
+) -> u64 {
     let dev = &shared.devices[idx];
     loop {
         let before = dev.source();
         if !before.is_dcmi() {
-            return;
+            return now;
         }
-        // One clock read per call: the sample is stamped with the call's start.
-        let ts = shared.ring.now_ns();
-        shared.sampler.enter_call(idx, ts);
+        let started = now;
+        shared.sampler.enter_call(idx, CallKind::Cube, started);
         let result = dcmi.aicube(chip, *call);
         shared.sampler.leave_call();
+        // Stamped when the answer arrived, so ring order and time order agree.
+        let ts = shared.ring.now_ns();
+        now = ts;
         // The watchdog may have moved the device while the call hung: drop the late answer.
         if !dev.source().is_dcmi() {
-            return;
+            return now;
+        }
+        let invalid = |ts_ns| {
+            shared.ring.push(Sample {
+                device: idx as u16,
+                ts_ns,
+                value: 0,
+                valid: false,
+            })
+        };
+        // An answer slower than the deadline describes the past: not a current reading.
+        if ts.saturating_sub(started) > deadline.as_nanos() as u64 {
+            invalid(ts);
+            tracing::warn!(
+                device = dev.info.id,
+                "AI Cube read returned after {:?} (deadline {deadline:?}); reading discarded",
+                Duration::from_nanos(ts - started)
+            );
+            return now;
         }
         match result {
             Ok(v) => {
@@ -179,7 +221,13 @@ fn read_cube(
                         "AI Cube reads recovered after error {ended}"
                     );
                 }
-                return;
+                if dev.clear_hung() {
+                    tracing::info!(
+                        device = dev.info.id,
+                        "DCMI calls on the device answer in time again"
+                    );
+                }
+                return now;
             }
             Err(DcmiError::NotSupport | DcmiError::SymbolMissing { .. })
                 if *call == CubeCall::Multi =>
@@ -189,40 +237,40 @@ fn read_cube(
             Err(e @ (DcmiError::NotSupport | DcmiError::SymbolMissing { .. })) => {
                 dev.record_error(ts, e.code());
                 if dev.replace_source(before, Source::NpuSmiPending) {
-                    tracing::warn!(device = dev.info.id, error = %e, "AI Cube not available through DCMI; handing the device to npu-smi");
+                    tracing::warn!(device = dev.info.id, error = %e, "AI Cube is not available through DCMI (multi-utilization and type 14)");
                     let _ = fallback.send(idx);
                 }
-                return;
+                return now;
             }
             Err(e) => {
-                shared.ring.push(Sample {
-                    device: idx as u16,
-                    ts_ns: ts,
-                    value: 0,
-                    valid: false,
-                });
+                invalid(ts);
                 if dev.record_error(ts, e.code()) {
                     tracing::warn!(device = dev.info.id, error = %e, "AI Cube read failed; samples are invalid until it recovers");
                 }
-                return;
+                return now;
             }
         }
     }
 }
 
+/// HBM and health of one device. Skipped once a call on the device hung, so a broken device
+/// does not stall the thread every second; the snapshot shows the figures' age.
 fn read_hbm_and_health(dcmi: &Dcmi, shared: &Shared, idx: usize, chip: &NpuChip) {
     let dev = &shared.devices[idx];
     if dev.is_hung() {
         return;
     }
-    shared.sampler.enter_call(idx, shared.ring.now_ns());
+    shared
+        .sampler
+        .enter_call(idx, CallKind::Telemetry, shared.ring.now_ns());
     let hbm = dcmi.hbm(chip);
     let health = dcmi.health(chip);
     shared.sampler.leave_call();
+    let ts = shared.ring.now_ns();
     if let Ok(h) = hbm {
-        dev.record_hbm(h.used_mb, h.total_mb);
+        dev.record_hbm(ts, h.used_mb, h.total_mb);
     }
     if let Ok(h) = health {
-        dev.record_health(h);
+        dev.record_health(ts, h);
     }
 }

@@ -12,7 +12,7 @@ mod watchdog;
 pub use status::{DeviceSnapshot, DeviceStatus, SamplerStatus, Source};
 pub use watchdog::codes;
 
-use crate::driver::dcmi::{Api, Dcmi, NpuChip, discovery};
+use crate::driver::dcmi::{Api, Dcmi, LoadError, NpuChip, discovery};
 use crate::driver::npu_smi::{self, WatchConfig, WatchSupport};
 use crate::driver::{BackendChoice, DeviceInfo, DriverConfig};
 use crate::ring::Ring;
@@ -27,6 +27,11 @@ use std::time::{Duration, Instant};
 pub const MIN_PERIOD: Duration = Duration::from_micros(10);
 /// Longest period accepted.
 pub const MAX_PERIOD: Duration = Duration::from_secs(60);
+/// Longest ring history accepted.
+pub const MAX_RETENTION: Duration = Duration::from_secs(3600);
+/// Most ring slots (24 bytes each: 48 MiB); a longer history at a short period is cut to
+/// this and window queries report `truncated`.
+pub const MAX_RING_SLOTS: usize = 1 << 21;
 
 /// Sampler settings; defaults documented on each field.
 #[derive(Debug, Clone)]
@@ -109,6 +114,13 @@ impl Sampler {
                 npu_smi: "no NPU found".to_owned(),
             });
         }
+        if selected.len() > crate::ring::MAX_DEVICES {
+            return Err(StartError::Invalid(format!(
+                "{} NPUs selected; the ring tells at most {} apart",
+                selected.len(),
+                crate::ring::MAX_DEVICES
+            )));
+        }
         let watch = WatchConfig {
             npu_smi: driver.npu_smi.clone(),
             delay_s: driver.watch_delay_s,
@@ -127,7 +139,9 @@ impl Sampler {
         };
         let support = found.npu_smi_support;
         let dcmi_side = found.dcmi;
-        let ring = Ring::new(Ring::capacity_for(chips.len(), cfg.period, cfg.retention));
+        let ring = Ring::new(
+            Ring::capacity_for(chips.len(), cfg.period, cfg.retention).min(MAX_RING_SLOTS),
+        );
         let devices: Vec<DeviceStatus> = infos
             .into_iter()
             .zip(&chips)
@@ -232,6 +246,14 @@ impl Sampler {
         Ok(window::query(&self.shared.ring, &idx, window))
     }
 
+    /// Whether at least one device has (or may still get) a source of AI Cube figures.
+    pub fn any_cube_source(&self) -> bool {
+        self.shared
+            .devices
+            .iter()
+            .any(|d| d.source() != Source::Unavailable)
+    }
+
     /// Current sampling period.
     pub fn period(&self) -> Duration {
         self.period
@@ -290,7 +312,7 @@ impl Sampler {
                         .shared
                         .sampler
                         .in_call()
-                        .map(|(i, _)| self.shared.devices[i].info.id);
+                        .map(|(i, _, _)| self.shared.devices[i].info.id);
                     tracing::warn!(device = ?stuck, "DCMI thread is stuck in a driver call; leaving it behind");
                 }
                 _ => {
@@ -318,9 +340,9 @@ fn check_period(p: Duration) -> Result<(), StartError> {
 
 fn validate(cfg: &SamplerConfig) -> Result<(), StartError> {
     check_period(cfg.period)?;
-    if cfg.retention < Duration::from_secs(1) {
+    if cfg.retention < Duration::from_secs(1) || cfg.retention > MAX_RETENTION {
         return Err(StartError::Invalid(format!(
-            "retention {:?} is below 1s",
+            "retention {:?} is outside 1s..=1h",
             cfg.retention
         )));
     }
@@ -404,13 +426,13 @@ fn discover(driver: &DriverConfig, cfg: &SamplerConfig) -> Result<Discovered, St
             }
             Err(e) if driver.backend == BackendChoice::Dcmi => {
                 return Err(StartError::NoBackend {
-                    dcmi: e,
+                    dcmi: e.to_string(),
                     npu_smi: "not tried (--backend dcmi)".to_owned(),
                 });
             }
             Err(e) => {
                 tracing::warn!("DCMI unavailable, trying npu-smi: {e}");
-                dcmi_failure = e;
+                dcmi_failure = e.to_string();
             }
         }
     }
@@ -419,11 +441,12 @@ fn discover(driver: &DriverConfig, cfg: &SamplerConfig) -> Result<Discovered, St
         WatchSupport::Unsupported(w) => Err(w.clone()),
         WatchSupport::Supported => {
             npu_smi::enumerate(&driver.npu_smi, npu_smi::probe::PROBE_TIMEOUT)
+                .map_err(|e| e.to_string())
         }
     };
-    let mapped = mapped.map_err(|npu_smi| StartError::NoBackend {
+    let mapped = mapped.map_err(|e| StartError::NoBackend {
         dcmi: dcmi_failure.clone(),
-        npu_smi,
+        npu_smi: e,
     })?;
     let devices = mapped
         .into_iter()
@@ -449,29 +472,30 @@ type DcmiSide = (JoinHandle<()>, ControlTx, Receiver<()>, (Api, Vec<NpuChip>));
 
 /// Spawns the DCMI thread, which finds, opens and enumerates the library; returns once it
 /// reported the chips (or an error, or `init_timeout` passed).
-fn start_dcmi_thread(driver: &DriverConfig, cfg: &SamplerConfig) -> Result<DcmiSide, String> {
+fn start_dcmi_thread(driver: &DriverConfig, cfg: &SamplerConfig) -> Result<DcmiSide, LoadError> {
     let path = discovery::find(&discovery::Search {
         explicit: driver.dcmi_lib.as_deref(),
         ld_library_path: driver.ld_library_path.as_deref(),
         standard_dirs: &driver.standard_dirs,
         check_owner: driver.check_owner,
-    })
-    .map_err(|e| e.to_string())?;
+    })?;
     let (init_tx, init_rx) = crossbeam_channel::bounded(1);
     let (ctl_tx, ctl_rx) = crossbeam_channel::unbounded();
     let (done_tx, done_rx) = crossbeam_channel::bounded::<()>(0);
     let timing = dcmi_thread::Timing {
         period: cfg.period,
         hbm_period: cfg.hbm_period,
+        call_deadline: cfg.call_deadline,
     };
+    let thread_path = path.clone();
     let handle = std::thread::Builder::new()
         .name("npu-sampler".to_owned())
         .spawn(move || {
             let _done = done_tx;
-            let dcmi = Dcmi::open(&path).map_err(|e| e.to_string());
+            let dcmi = Dcmi::open(&thread_path);
             dcmi_thread::run(dcmi, init_tx, ctl_rx, timing);
         })
-        .map_err(|e| format!("cannot start the sampler thread: {e}"))?;
+        .map_err(|e| LoadError::Thread(e.to_string()))?;
     match init_rx.recv_timeout(cfg.init_timeout) {
         Ok(Ok(chips)) => {
             let ctl = ControlTx::new(ctl_tx, handle.thread().clone());
@@ -481,9 +505,9 @@ fn start_dcmi_thread(driver: &DriverConfig, cfg: &SamplerConfig) -> Result<DcmiS
             let _ = handle.join();
             Err(e)
         }
-        Err(_) => Err(format!(
-            "libdcmi.so did not finish initialising within {:?}",
-            cfg.init_timeout
-        )),
+        Err(_) => Err(LoadError::InitTimeout {
+            path,
+            timeout: cfg.init_timeout,
+        }),
     }
 }

@@ -112,6 +112,8 @@ pub struct DeviceStatus {
     hbm_used_mb: AtomicU64,
     hbm_total_mb: AtomicU64,
     health: AtomicU64,
+    /// Ring time of the last successful HBM/health read (0 = never).
+    telemetry_ns: AtomicU64,
 }
 
 /// A plain copy of [`DeviceStatus`].
@@ -139,6 +141,9 @@ pub struct DeviceSnapshot {
     pub hbm_total_mb: Option<u64>,
     /// 0 normal, 1 minor, 2 major, 3 critical alarm.
     pub health: Option<u32>,
+    /// Age of the HBM/health figures, milliseconds (they stop updating once a DCMI call on
+    /// the device hung, so that the stuck call is not repeated).
+    pub telemetry_age_ms: Option<u64>,
 }
 
 impl DeviceStatus {
@@ -159,13 +164,16 @@ impl DeviceStatus {
             hbm_used_mb: AtomicU64::new(UNKNOWN),
             hbm_total_mb: AtomicU64::new(UNKNOWN),
             health: AtomicU64::new(UNKNOWN),
+            telemetry_ns: AtomicU64::new(0),
         }
     }
 
+    /// Where AI Cube figures come from now.
     pub fn source(&self) -> Source {
         Source::from_u8(self.source.load(Ordering::Acquire))
     }
 
+    /// Sets the source unconditionally.
     pub fn set_source(&self, s: Source) {
         self.source.store(s.to_u8(), Ordering::Release);
     }
@@ -182,14 +190,17 @@ impl DeviceStatus {
             .is_ok()
     }
 
+    /// No fresh reading (a hung call, a silent watch child).
     pub fn is_stale(&self) -> bool {
         self.stale.load(Ordering::Acquire)
     }
 
+    /// Marks the device stale until its next reading.
     pub fn set_stale(&self) {
         self.stale.store(true, Ordering::Release);
     }
 
+    /// A DCMI call on this device blocked past the deadline (and has not succeeded since).
     pub fn is_hung(&self) -> bool {
         self.hung.load(Ordering::Acquire)
     }
@@ -198,6 +209,11 @@ impl DeviceStatus {
     pub fn set_hung(&self) -> bool {
         self.stale.store(true, Ordering::Release);
         !self.hung.swap(true, Ordering::AcqRel)
+    }
+
+    /// A DCMI AI Cube read on the device succeeded again: it is no longer hung.
+    pub fn clear_hung(&self) -> bool {
+        self.hung.swap(false, Ordering::AcqRel)
     }
 
     /// Time of the last reading attempt answered by the source, ring clock (0 = never).
@@ -225,13 +241,17 @@ impl DeviceStatus {
         self.failing.swap(code, Ordering::AcqRel) != code
     }
 
-    pub fn record_hbm(&self, used_mb: u64, total_mb: u64) {
+    /// Records HBM figures read at `ts_ns`.
+    pub fn record_hbm(&self, ts_ns: u64, used_mb: u64, total_mb: u64) {
         self.hbm_used_mb.store(used_mb, Ordering::Relaxed);
         self.hbm_total_mb.store(total_mb, Ordering::Relaxed);
+        self.telemetry_ns.store(ts_ns.max(1), Ordering::Release);
     }
 
-    pub fn record_health(&self, health: u32) {
+    /// Records the health code read at `ts_ns`.
+    pub fn record_health(&self, ts_ns: u64, health: u32) {
         self.health.store(u64::from(health), Ordering::Relaxed);
+        self.telemetry_ns.store(ts_ns.max(1), Ordering::Release);
     }
 
     /// A consistent-enough copy for reports (fields are read one by one).
@@ -258,6 +278,29 @@ impl DeviceStatus {
             hbm_used_mb: known(self.hbm_used_mb.load(Ordering::Relaxed)),
             hbm_total_mb: known(self.hbm_total_mb.load(Ordering::Relaxed)),
             health: known(self.health.load(Ordering::Relaxed)).map(|h| h as u32),
+            telemetry_age_ms: match self.telemetry_ns.load(Ordering::Acquire) {
+                0 => None,
+                t => Some(now_ns.saturating_sub(t) / 1_000_000),
+            },
+        }
+    }
+}
+
+/// Which DCMI call the sampler thread is in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallKind {
+    /// An AI Cube read.
+    Cube,
+    /// HBM and health reads.
+    Telemetry,
+}
+
+impl CallKind {
+    /// The kind of call, for logs.
+    pub fn describe(self) -> &'static str {
+        match self {
+            CallKind::Cube => "AI Cube read",
+            CallKind::Telemetry => "HBM/health read",
         }
     }
 }
@@ -271,43 +314,59 @@ pub struct SamplerStatus {
     call_started: AtomicU64,
     /// Device index of the call in progress.
     call_device: AtomicU32,
+    /// Whether the call in progress is a telemetry read.
+    call_telemetry: AtomicBool,
     /// Passes that started later than one period after they were due.
     overruns: AtomicU64,
 }
 
 impl SamplerStatus {
-    pub fn enter_call(&self, device: usize, now_ns: u64) {
+    /// The thread is about to call into DCMI for `device`.
+    pub fn enter_call(&self, device: usize, kind: CallKind, now_ns: u64) {
         self.call_device.store(device as u32, Ordering::Relaxed);
+        self.call_telemetry
+            .store(kind == CallKind::Telemetry, Ordering::Relaxed);
         self.call_started.store(now_ns + 1, Ordering::Release);
     }
 
+    /// The call returned.
     pub fn leave_call(&self) {
         self.call_started.store(0, Ordering::Release);
     }
 
-    /// The call in progress: (device index, start time on the ring clock).
-    pub fn in_call(&self) -> Option<(usize, u64)> {
+    /// The call in progress: (device index, kind, start time on the ring clock).
+    pub fn in_call(&self) -> Option<(usize, CallKind, u64)> {
         let started = self.call_started.load(Ordering::Acquire);
         (started != 0).then(|| {
+            let kind = if self.call_telemetry.load(Ordering::Relaxed) {
+                CallKind::Telemetry
+            } else {
+                CallKind::Cube
+            };
             (
                 self.call_device.load(Ordering::Relaxed) as usize,
+                kind,
                 started - 1,
             )
         })
     }
 
+    /// One pass over all devices is complete.
     pub fn pass_done(&self) {
         self.passes.fetch_add(1, Ordering::Release);
     }
 
+    /// Completed passes since start.
     pub fn passes(&self) -> u64 {
         self.passes.load(Ordering::Acquire)
     }
 
+    /// A pass started more than one period late.
     pub fn overrun(&self) {
         self.overruns.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Late passes since start.
     pub fn overruns(&self) -> u64 {
         self.overruns.load(Ordering::Relaxed)
     }

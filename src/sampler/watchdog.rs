@@ -1,10 +1,12 @@
 //! The watchdog thread: notices DCMI calls that hang, runs the `npu-smi` fallback, and marks
 //! silent watch children stale.
 //!
-//! It never calls into DCMI. A hung call is seen from the sampler's published call start; the
-//! device is marked stale (readers see it), invalid samples are written for every device the
-//! stuck thread cannot serve, and the hung device moves to an `npu-smi` watch child where the
-//! HDK supports it. If the thread stays stuck for three deadlines, every DCMI device moves.
+//! It never calls into DCMI and never blocks: the `npu-smi info watch -h` capability probe
+//! (up to 5 s) runs on a helper thread started with the watchdog, and hand-overs wait for its
+//! answer in a queue. A hung call is seen from the sampler's published call start; the device
+//! is marked stale (readers see it), invalid samples are written for every device the stuck
+//! thread cannot serve, and the hung device moves to an `npu-smi` watch child where the HDK
+//! supports it. If the thread stays stuck for three deadlines, every DCMI device moves.
 
 use super::Shared;
 use super::status::Source;
@@ -35,19 +37,38 @@ pub struct WatchdogConfig {
     pub watch_stale_after: Duration,
     /// Whether devices may move to `npu-smi` (false with `--backend dcmi`).
     pub allow_npu_smi: bool,
+    /// How watch children are run.
     pub watch: WatchConfig,
+    /// Timeout of the capability probe.
     pub probe_timeout: Duration,
+}
+
+/// Why a device is handed to `npu-smi`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reason {
+    /// DCMI has no AI Cube call for it (or DCMI is not loaded at all).
+    NoDcmiCube,
+    /// Its DCMI calls hang.
+    Hung,
+}
+
+enum Support {
+    Probing(Receiver<WatchSupport>),
+    Known(WatchSupport),
 }
 
 struct Fallback {
     shared: Arc<Shared>,
     cfg: WatchdogConfig,
-    support: Option<WatchSupport>,
+    support: Support,
+    /// Hand-overs waiting for the probe.
+    queued: Vec<(usize, Reason)>,
     watches: Vec<Option<(Watch, u64)>>,
     moved_all: bool,
 }
 
-/// Thread body. `npu_smi_devices` start on watch children right away.
+/// Thread body. `npu_smi_devices` start on watch children right away; `support` is the
+/// probe result when start-up already ran it.
 pub fn run(
     shared: Arc<Shared>,
     cfg: WatchdogConfig,
@@ -57,24 +78,45 @@ pub fn run(
     stop: Receiver<()>,
 ) {
     let n = shared.devices.len();
+    let support = match support {
+        Some(s) => Support::Known(s),
+        None if !cfg.allow_npu_smi => Support::Known(WatchSupport::Unsupported(
+            "the npu-smi fallback is disabled (--backend dcmi)".to_owned(),
+        )),
+        None => Support::Probing(start_probe(&cfg)),
+    };
     let mut fb = Fallback {
         shared,
         cfg,
         support,
+        queued: Vec::new(),
         watches: (0..n).map(|_| None).collect(),
         moved_all: false,
     };
     for idx in npu_smi_devices {
-        fb.hand_over(idx);
+        fb.hand_over(idx, Reason::NoDcmiCube);
     }
     let tick = crossbeam_channel::tick(fb.cfg.interval);
     loop {
+        let probe = match &fb.support {
+            Support::Probing(rx) => rx.clone(),
+            Support::Known(_) => crossbeam_channel::never(),
+        };
         select! {
             recv(stop) -> _ => break,
             recv(requests) -> msg => match msg {
-                Ok(idx) => fb.hand_over(idx),
+                Ok(idx) => fb.hand_over(idx, Reason::NoDcmiCube),
                 // No DCMI thread (or it ended): no more requests, keep watching.
                 Err(_) => requests = crossbeam_channel::never(),
+            },
+            recv(probe) -> result => {
+                let result = result.unwrap_or_else(|_| {
+                    WatchSupport::Unsupported("the npu-smi capability probe thread died".to_owned())
+                });
+                fb.support = Support::Known(result);
+                for (idx, reason) in std::mem::take(&mut fb.queued) {
+                    fb.hand_over(idx, reason);
+                }
             },
             recv(tick) -> _ => fb.check(),
         }
@@ -84,40 +126,60 @@ pub fn run(
     }
 }
 
-impl Fallback {
-    fn support(&mut self) -> &WatchSupport {
-        let cfg = &self.cfg;
-        self.support.get_or_insert_with(|| {
-            if !cfg.allow_npu_smi {
-                return WatchSupport::Unsupported(
-                    "npu-smi fallback is disabled (--backend dcmi)".to_owned(),
-                );
-            }
-            let s = npu_smi::probe::watch_support(&cfg.watch.npu_smi, cfg.probe_timeout);
-            if let WatchSupport::Unsupported(w) = &s {
-                tracing::warn!("{w}");
-            }
-            s
-        })
+/// Runs `npu-smi info watch -h` on a helper thread; the answer arrives on the channel.
+fn start_probe(cfg: &WatchdogConfig) -> Receiver<WatchSupport> {
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    let npu_smi = cfg.watch.npu_smi.clone();
+    let timeout = cfg.probe_timeout;
+    let spawned = std::thread::Builder::new()
+        .name("npu-smi-probe".to_owned())
+        .spawn(move || {
+            let _ = tx.send(npu_smi::probe::watch_support(&npu_smi, timeout));
+        });
+    if let Err(e) = spawned {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let _ = tx.send(WatchSupport::Unsupported(format!(
+            "cannot start the npu-smi probe thread: {e}"
+        )));
+        return rx;
     }
+    rx
+}
 
-    /// Moves device `idx` to a watch child if the HDK supports it.
-    fn hand_over(&mut self, idx: usize) {
+impl Fallback {
+    /// Moves device `idx` to a watch child if the HDK supports it (queued until the probe
+    /// has answered).
+    fn hand_over(&mut self, idx: usize, reason: Reason) {
         if self.watches[idx].is_some() {
             return;
         }
-        let support = self.support().clone();
+        let support = match &self.support {
+            Support::Probing(_) => {
+                self.queued.push((idx, reason));
+                return;
+            }
+            Support::Known(s) => s.clone(),
+        };
         let dev = &self.shared.devices[idx];
         let before = dev.source();
         if let WatchSupport::Unsupported(why) = support {
-            if before == Source::NpuSmiPending {
-                dev.set_source(Source::Unavailable);
+            if reason == Reason::NoDcmiCube
+                && dev.replace_source(Source::NpuSmiPending, Source::Unavailable)
+            {
                 tracing::warn!(
                     device = dev.info.id,
                     "no AI Cube source for this device: {why}"
                 );
             }
             return;
+        }
+        match reason {
+            Reason::Hung
+                if !(before.is_dcmi() && dev.replace_source(before, Source::NpuSmiPending)) =>
+            {
+                return;
+            }
+            _ => {}
         }
         let shared = self.shared.clone();
         let target = dev.info.watch_target();
@@ -204,10 +266,10 @@ impl Fallback {
     fn check(&mut self) {
         let now = self.shared.ring.now_ns();
         let deadline = self.cfg.call_deadline.as_nanos() as u64;
-        if let Some((idx, started)) = self.shared.sampler.in_call() {
+        if let Some((idx, kind, started)) = self.shared.sampler.in_call() {
             let blocked = now.saturating_sub(started);
             if blocked > deadline {
-                self.on_hang(idx, blocked, now);
+                self.on_hang(idx, kind.describe(), blocked, now);
             }
         }
         let stale_after = self.cfg.watch_stale_after.as_nanos() as u64;
@@ -233,18 +295,16 @@ impl Fallback {
         }
     }
 
-    fn on_hang(&mut self, idx: usize, blocked_ns: u64, now: u64) {
+    fn on_hang(&mut self, idx: usize, call: &str, blocked_ns: u64, now: u64) {
         let dev = &self.shared.devices[idx];
         if dev.set_hung() {
             tracing::warn!(
                 device = dev.info.id,
-                "DCMI call blocked for {:?} (deadline {:?}); device marked stale",
+                "DCMI {call} blocked for {:?} (deadline {:?}); device marked stale",
                 Duration::from_nanos(blocked_ns),
                 self.cfg.call_deadline
             );
-            if self.cfg.allow_npu_smi {
-                self.move_from_dcmi(idx);
-            }
+            self.hand_over(idx, Reason::Hung);
         }
         // The stuck thread serves no DCMI device until the call returns.
         for i in 0..self.shared.devices.len() {
@@ -262,18 +322,8 @@ impl Fallback {
             tracing::warn!("the DCMI thread is stuck; moving every DCMI device to npu-smi");
             for i in 0..self.shared.devices.len() {
                 if self.shared.devices[i].source().is_dcmi() {
-                    self.move_from_dcmi(i);
+                    self.hand_over(i, Reason::Hung);
                 }
-            }
-        }
-    }
-
-    fn move_from_dcmi(&mut self, idx: usize) {
-        if let WatchSupport::Supported = self.support() {
-            let dev = &self.shared.devices[idx];
-            let before = dev.source();
-            if before.is_dcmi() && dev.replace_source(before, Source::NpuSmiPending) {
-                self.hand_over(idx);
             }
         }
     }

@@ -273,7 +273,9 @@ pub fn chip_info_v2(dev: i32, info: &mut ChipInfoV2) -> i32 {
 /// Reads AI Cube for a device, honouring the scenario's hang settings.
 fn read_aicube(d: &Driver, dev: &Device) -> Reading {
     let n = d.calls[dev.logic_id as usize].fetch_add(1, Ordering::Relaxed);
-    if dev.hang_ms > 0 && n >= dev.hang_after_calls {
+    let hanging =
+        n >= dev.hang_after_calls && dev.hang_count.is_none_or(|c| n < dev.hang_after_calls + c);
+    if dev.hang_ms > 0 && hanging {
         std::thread::sleep(Duration::from_millis(dev.hang_ms));
     }
     d.scenario.aicube_at(dev, now_ms())
@@ -393,6 +395,16 @@ pub fn util_v2(id: i32, kind: i32, build: Build, out: &mut u32) -> i32 {
 }
 
 fn hbm(dev: &Device, out: &mut HbmInfo) -> i32 {
+    if let Some(code) = dev.hbm_error {
+        *out = HbmInfo {
+            memory_size: u64::from(BOGUS_VALUE),
+            freq: BOGUS_VALUE,
+            memory_usage: u64::from(BOGUS_VALUE),
+            temp: BOGUS_VALUE as i32,
+            bandwith_util_rate: BOGUS_VALUE,
+        };
+        return code;
+    }
     *out = HbmInfo {
         memory_size: dev.hbm_total_mb,
         freq: 1600,
@@ -419,13 +431,23 @@ pub fn hbm_info_v2(id: i32, out: &mut HbmInfo) -> i32 {
     }
 }
 
-/// `dcmi_get_device_health`.
-pub fn health(card: i32, chip: i32, out: &mut u32) -> i32 {
-    match v1().and_then(|d| d.scenario.device(card, chip).ok_or(ERR_INVALID_DEVICE_ID)) {
-        Ok(dev) => {
+fn health_of(dev: &Device, out: &mut u32) -> i32 {
+    match dev.health_error {
+        Some(code) => {
+            *out = BOGUS_VALUE;
+            code
+        }
+        None => {
             *out = dev.health;
             DCMI_OK
         }
+    }
+}
+
+/// `dcmi_get_device_health`.
+pub fn health(card: i32, chip: i32, out: &mut u32) -> i32 {
+    match v1().and_then(|d| d.scenario.device(card, chip).ok_or(ERR_INVALID_DEVICE_ID)) {
+        Ok(dev) => health_of(dev, out),
         Err(e) => e,
     }
 }
@@ -433,10 +455,7 @@ pub fn health(card: i32, chip: i32, out: &mut u32) -> i32 {
 /// `dcmiv2_get_device_health`.
 pub fn health_v2(id: i32, out: &mut u32) -> i32 {
     match v2().and_then(|d| d.scenario.device_by_logic(id).ok_or(ERR_INVALID_DEVICE_ID)) {
-        Ok(dev) => {
-            *out = dev.health;
-            DCMI_OK
-        }
+        Ok(dev) => health_of(dev, out),
         Err(e) => e,
     }
 }
@@ -444,7 +463,9 @@ pub fn health_v2(id: i32, out: &mut u32) -> i32 {
 /// Generates the `extern "C"` DCMI exports of a fake library build.
 ///
 /// `export_dcmi!(current)` exports every symbol; `export_dcmi!(legacy)` leaves out the
-/// multi-utilization calls and answers utilization type 14 with -8255.
+/// multi-utilization calls and answers utilization type 14 with -8255;
+/// `export_dcmi!(prerelease)` exports the multi call only under its pre-release name
+/// `dcmi_get_device_utilization_rate_v2`.
 #[macro_export]
 macro_rules! export_dcmi {
     (current) => {
@@ -488,6 +509,22 @@ macro_rules! export_dcmi {
     };
     (legacy) => {
         $crate::export_dcmi!(@base $crate::dcmi::Build::Legacy);
+    };
+    (prerelease) => {
+        $crate::export_dcmi!(@base $crate::dcmi::Build::Current);
+
+        /// # Safety
+        /// `out` must be null or point to a writable `dcmi_multi_utilization_info`.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn dcmi_get_device_utilization_rate_v2(
+            card: i32, chip: i32, out: *mut $crate::dcmi::MultiUtil,
+        ) -> i32 {
+            // SAFETY: the caller passes a valid out-struct or null (rejected).
+            match unsafe { out.as_mut() } {
+                Some(out) => $crate::dcmi::multi_util(card, chip, out),
+                None => $crate::dcmi::ERR_INVALID_PARAMETER,
+            }
+        }
     };
     (@base $build:expr) => {
         /// Pointer-to-reference helper: null pointers become `ERR_INVALID_PARAMETER`.

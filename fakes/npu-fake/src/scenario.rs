@@ -13,6 +13,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 pub const SCENARIO_ENV: &str = "FAKE_NPU_SCENARIO";
 
 /// Scenario used when `FAKE_NPU_SCENARIO` is unset: two 910B cards, the first bursting.
+/// The burst period (1.3 s) is not a multiple of `npu-smi`'s 1 s watch period, so the
+/// fallback also sees the burst within a 5 s window instead of always reading the same phase.
 pub const EMBEDDED_DEFAULT: &str = r#"
 model = "910B"
 cards = 2
@@ -22,7 +24,7 @@ aicube = { constant = 0 }
 
 [[device]]
 id = 0
-aicube = { square = { high = 85, low = 5, width_ms = 300, period_ms = 1000 } }
+aicube = { square = { high = 85, low = 5, width_ms = 400, period_ms = 1300 } }
 
 [[device]]
 id = 1
@@ -194,6 +196,12 @@ pub struct DeviceSpec {
     pub hang_ms: Option<u64>,
     /// Reads before the hang starts (per process).
     pub hang_after_calls: Option<u64>,
+    /// How many reads hang (default: every read from `hang_after_calls` on).
+    pub hang_count: Option<u64>,
+    /// `dcmi_get_device_hbm_info` answers this return code.
+    pub hbm_error: Option<i32>,
+    /// `dcmi_get_device_health` answers this return code.
+    pub health_error: Option<i32>,
 }
 
 /// `[npu_smi]` table: how the fake `npu-smi` behaves.
@@ -284,6 +292,9 @@ pub struct Device {
     pub util_type14: bool,
     pub hang_ms: u64,
     pub hang_after_calls: u64,
+    pub hang_count: Option<u64>,
+    pub hbm_error: Option<i32>,
+    pub health_error: Option<i32>,
 }
 
 /// A loaded scenario.
@@ -316,8 +327,8 @@ impl Scenario {
     /// Parses scenario text.
     pub fn parse(text: &str, base: &Path) -> Result<Scenario, String> {
         let file: ScenarioFile = toml::from_str(text).map_err(|e| e.to_string())?;
-        if file.cards == 0 || file.cards > 64 {
-            return Err(format!("cards must be in 1..=64, got {}", file.cards));
+        if file.cards > 64 {
+            return Err(format!("cards must be in 0..=64, got {}", file.cards));
         }
         if file.refresh_ms == 0 {
             return Err("refresh_ms must be at least 1".to_owned());
@@ -364,6 +375,11 @@ impl Scenario {
                 util_type14: pick_bool(|d| d.util_type14),
                 hang_ms: pick(|d| d.hang_ms, 0),
                 hang_after_calls: pick(|d| d.hang_after_calls, 0),
+                hang_count: over.and_then(|d| d.hang_count).or(file.default.hang_count),
+                hbm_error: over.and_then(|d| d.hbm_error).or(file.default.hbm_error),
+                health_error: over
+                    .and_then(|d| d.health_error)
+                    .or(file.default.health_error),
             });
         }
         Ok(Scenario {
@@ -490,6 +506,19 @@ mod tests {
         assert_eq!(highs, 100);
         assert_eq!(p.at(1050), Reading::Value(90));
         assert_eq!(p.at(1150), Reading::Value(0));
+    }
+
+    #[test]
+    fn ramp_rises_over_its_period_and_restarts() {
+        let p = Programme::Ramp(Ramp {
+            from: 10,
+            to: 90,
+            period_ms: 1000,
+        });
+        assert_eq!(p.at(0), Reading::Value(10));
+        assert_eq!(p.at(500), Reading::Value(50));
+        assert_eq!(p.at(999), Reading::Value(90));
+        assert_eq!(p.at(1000), Reading::Value(10));
     }
 
     #[test]

@@ -198,19 +198,30 @@ mod tests {
     }
 
     #[test]
-    fn root_owned_system_library_passes() {
-        // The C library of the build machine is root-owned in a root-owned, 0755 tree.
-        let libc = [
-            "/lib/x86_64-linux-gnu/libc.so.6",
+    fn root_owned_system_file_passes() {
+        // System files are root-owned in a root-owned, 0755 tree on any sane Linux host.
+        let file = [
             "/usr/lib/x86_64-linux-gnu/libc.so.6",
-            "/lib64/libc.so.6",
+            "/usr/lib64/libc.so.6",
+            "/bin/sh",
+            "/usr/bin/env",
         ]
         .iter()
         .map(Path::new)
-        .find(|p| p.exists());
-        if let Some(p) = libc {
-            check_trusted(p).unwrap();
-        }
+        .find(|p| p.exists())
+        .expect("no system file to test the ownership check with");
+        check_trusted(file).unwrap();
+    }
+
+    #[test]
+    fn symlink_not_owned_by_root_is_rejected() {
+        let dir = tempfile::tempdir().unwrap();
+        let link = dir.path().join(LIB_NAME);
+        std::os::unix::fs::symlink("/bin/sh", &link).unwrap();
+        // As root, hand the link to nobody; as anyone else it already is not root's.
+        let _ = std::os::unix::fs::lchown(&link, Some(65534), Some(65534));
+        let err = check_trusted(&link).unwrap_err();
+        assert!(err.contains("symlink owned by uid"), "{err}");
     }
 
     #[test]

@@ -146,8 +146,17 @@ pub enum LoadError {
     Init { path: PathBuf, source: DcmiError },
     #[error("{} is already open in this process (DCMI is not thread-safe)", .path.display())]
     Busy { path: PathBuf },
-    #[error("device enumeration failed: {0}")]
-    Enumerate(DcmiError),
+    #[error("{}: device enumeration failed: {source}", .path.display())]
+    Enumerate { path: PathBuf, source: DcmiError },
+    #[error("{}: the driver enumerated no NPU", .path.display())]
+    NoNpu { path: PathBuf },
+    #[error("{}: dcmi_init and enumeration did not finish within {timeout:?}", .path.display())]
+    InitTimeout {
+        path: PathBuf,
+        timeout: std::time::Duration,
+    },
+    #[error("cannot start the DCMI thread: {0}")]
+    Thread(String),
 }
 
 fn tried_list(tried: &[(PathBuf, String)]) -> String {

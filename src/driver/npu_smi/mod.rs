@@ -13,16 +13,35 @@ pub use watch::{Watch, WatchConfig, WatchTarget, WatchUpdate};
 use std::path::Path;
 use std::time::Duration;
 
+/// Errors of the `npu-smi` layer.
+#[derive(Debug, thiserror::Error)]
+pub enum NpuSmiError {
+    #[error("npu-smi {command}: {source}")]
+    Run {
+        command: &'static str,
+        source: probe::RunError,
+    },
+    #[error("npu-smi {command} exited with {status}: {output}")]
+    Exit {
+        command: &'static str,
+        status: std::process::ExitStatus,
+        output: String,
+    },
+    #[error("npu-smi info -m: {0}")]
+    Mapping(#[from] parse::MappingError),
+}
+
 /// Lists NPU chips with `npu-smi info -m` (MCUs skipped).
-pub fn enumerate(npu_smi: &Path, timeout: Duration) -> Result<Vec<MappedChip>, String> {
+pub fn enumerate(npu_smi: &Path, timeout: Duration) -> Result<Vec<MappedChip>, NpuSmiError> {
+    let command = "info -m";
     let out = probe::run(npu_smi, &["info", "-m"], timeout)
-        .map_err(|e| format!("npu-smi info -m: {e}"))?;
+        .map_err(|source| NpuSmiError::Run { command, source })?;
     if !out.status.success() {
-        return Err(format!(
-            "npu-smi info -m exited with {}: {}",
-            out.status,
-            out.text.trim()
-        ));
+        return Err(NpuSmiError::Exit {
+            command,
+            status: out.status,
+            output: out.text.trim().to_owned(),
+        });
     }
-    parse::parse_mapping(&out.text)
+    Ok(parse::parse_mapping(&out.text)?)
 }

@@ -184,8 +184,17 @@ pub struct MappedChip {
     pub name: String,
 }
 
+/// Why `npu-smi info -m` output could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct MappingError(pub String);
+
 /// Parses `npu-smi info -m`, skipping MCU rows. Columns are found by header name.
-pub fn parse_mapping(text: &str) -> Result<Vec<MappedChip>, String> {
+pub fn parse_mapping(text: &str) -> Result<Vec<MappedChip>, MappingError> {
+    parse_mapping_inner(text).map_err(MappingError)
+}
+
+fn parse_mapping_inner(text: &str) -> Result<Vec<MappedChip>, String> {
     let mut lines = text.lines().filter(|l| !l.trim().is_empty());
     let header = lines
         .next()
@@ -198,14 +207,11 @@ pub fn parse_mapping(text: &str) -> Result<Vec<MappedChip>, String> {
         .collect();
     let col = |n: &str| names.iter().position(|h| h == n);
     let (Some(npu_col), Some(name_col)) = (col("NPU ID"), col("Chip Name")) else {
-        return Err(format!(
-            "npu-smi info -m: unexpected header {:?}",
-            header.trim()
-        ));
+        return Err(format!("unexpected header {:?}", header.trim()));
     };
     if name_col + 1 != names.len() {
         return Err(format!(
-            "npu-smi info -m: Chip Name is not the last column in {:?}",
+            "Chip Name is not the last column in {:?}",
             header.trim()
         ));
     }
@@ -215,20 +221,16 @@ pub fn parse_mapping(text: &str) -> Result<Vec<MappedChip>, String> {
     for line in lines {
         let tokens: Vec<&str> = line.split_whitespace().collect();
         if tokens.len() < names.len() {
-            return Err(format!("npu-smi info -m: short row {:?}", line.trim()));
+            return Err(format!("short row {:?}", line.trim()));
         }
         let name = tokens[name_col..].join(" ");
         if name.eq_ignore_ascii_case("mcu") {
             continue;
         }
         let num = |i: usize| {
-            tokens[i].parse::<u32>().map_err(|_| {
-                format!(
-                    "npu-smi info -m: bad number {:?} in {:?}",
-                    tokens[i],
-                    line.trim()
-                )
-            })
+            tokens[i]
+                .parse::<u32>()
+                .map_err(|_| format!("bad number {:?} in {:?}", tokens[i], line.trim()))
         };
         let npu = num(npu_col)?;
         // Without a logic id column (950 layout) the NPU id is the logical id and there is
@@ -481,10 +483,11 @@ mod tests {
 
     #[test]
     fn mapping_errors_name_the_problem() {
-        assert!(parse_mapping("").unwrap_err().contains("printed nothing"));
+        assert!(parse_mapping("").unwrap_err().0.contains("printed nothing"));
         assert!(
             parse_mapping("error: driver not ready\n")
                 .unwrap_err()
+                .0
                 .contains("unexpected header")
         );
     }

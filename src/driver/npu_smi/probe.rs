@@ -2,6 +2,7 @@
 //! (`npu-smi info watch -h`, exactly as the reference decides it) and `npu-smi info -m`.
 
 use std::io::Read;
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -44,6 +45,7 @@ pub enum RunError {
 pub fn run(program: &Path, args: &[&str], timeout: Duration) -> Result<RunOutput, RunError> {
     let mut child = Command::new(program)
         .args(args)
+        .process_group(0)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -82,6 +84,8 @@ pub fn run(program: &Path, args: &[&str], timeout: Duration) -> Result<RunOutput
             Ok(Some(status)) => break status,
             Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
             _ => {
+                let pid = rustix::process::Pid::from_child(&child);
+                let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
                 let _ = child.kill();
                 let _ = child.wait();
                 return Err(RunError::Timeout(timeout));

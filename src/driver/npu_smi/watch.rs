@@ -3,11 +3,13 @@
 //! The reference spawns a process per reading (at most 4 per 5 s window) and reads only the
 //! first NPU. We keep one child per device that needs the fallback, read its pipe with our own
 //! buffer ([`WatchParser`]), restart it with back-off when it dies, and kill and reap it on
-//! shutdown. argv only, no shell.
+//! shutdown. argv only, no shell. Each child leads its own process group and the whole group
+//! is killed, so a wrapper script's children cannot keep the pipe (and our reader) alive.
 
 use super::parse::{Cube, WatchEvent, WatchParser};
 use crossbeam_channel::{Receiver, Sender};
 use std::io::Read;
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
@@ -26,10 +28,13 @@ pub struct WatchTarget {
 /// How watch children are run.
 #[derive(Debug, Clone)]
 pub struct WatchConfig {
+    /// The `npu-smi` executable.
     pub npu_smi: PathBuf,
     /// `-d`: seconds between passes, 1..=100.
     pub delay_s: u32,
+    /// Wait before the first restart; doubles after every child that gave no row.
     pub backoff_initial: Duration,
+    /// Longest wait between restarts.
     pub backoff_max: Duration,
 }
 
@@ -85,6 +90,15 @@ pub struct Watch {
     shared: Arc<Shared>,
     stop_tx: Option<Sender<()>>,
     thread: Option<JoinHandle<()>>,
+    /// Disconnects when the supervisor thread exits.
+    done: Receiver<()>,
+}
+
+/// Kills `child` and every process in its group (it was started as a group leader).
+fn kill_group(child: &mut Child) {
+    let pid = rustix::process::Pid::from_child(child);
+    let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+    let _ = child.kill();
 }
 
 impl Watch {
@@ -102,14 +116,17 @@ impl Watch {
             }),
         });
         let (stop_tx, stop_rx) = crossbeam_channel::bounded(1);
+        let (done_tx, done) = crossbeam_channel::bounded::<()>(0);
         let s = shared.clone();
-        let thread = std::thread::Builder::new()
-            .name(name)
-            .spawn(move || supervise(cfg, target, s, stop_rx, on_update))?;
+        let thread = std::thread::Builder::new().name(name).spawn(move || {
+            let _done = done_tx;
+            supervise(cfg, target, s, stop_rx, on_update)
+        })?;
         Ok(Watch {
             shared,
             stop_tx: Some(stop_tx),
             thread: Some(thread),
+            done,
         })
     }
 
@@ -123,12 +140,22 @@ impl Watch {
             let mut slot = self.shared.child.lock().unwrap_or_else(|p| p.into_inner());
             slot.stopping = true;
             if let Some(child) = slot.child.as_mut() {
-                let _ = child.kill();
+                kill_group(child);
             }
         }
         drop(self.stop_tx.take());
         if let Some(t) = self.thread.take() {
-            let _ = t.join();
+            // Bounded: a pipe held open by a process outside the group must not hang shutdown.
+            match self.done.recv_timeout(Duration::from_secs(3)) {
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                    tracing::warn!(
+                        "npu-smi watch reader did not stop within 3s; leaving it behind"
+                    );
+                }
+                _ => {
+                    let _ = t.join();
+                }
+            }
         }
     }
 }
@@ -155,6 +182,7 @@ fn supervise(
             }
             Command::new(&cfg.npu_smi)
                 .args(cfg.args(target))
+                .process_group(0)
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::null())
@@ -185,7 +213,7 @@ fn supervise(
                     .child
                     .take();
                 if let Some(mut child) = child {
-                    let _ = child.kill();
+                    kill_group(&mut child);
                     status = child.wait().ok();
                 }
                 if rows > 0 || started.elapsed() > cfg.backoff_max {
@@ -271,6 +299,45 @@ mod tests {
             cfg.args(WatchTarget { npu: 5, chip: None }).join(" "),
             "info watch -s u -i 5 -d 1"
         );
+    }
+
+    #[test]
+    fn restarts_back_off_doubling_up_to_the_maximum() {
+        let cfg = WatchConfig {
+            npu_smi: "/nonexistent/npu-smi".into(),
+            delay_s: 1,
+            backoff_initial: Duration::from_millis(10),
+            backoff_max: Duration::from_millis(40),
+        };
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let w = Watch::start(
+            cfg,
+            WatchTarget {
+                npu: 0,
+                chip: Some(0),
+            },
+            "t".into(),
+            move |u| {
+                let _ = tx.send(u);
+            },
+        )
+        .unwrap();
+        let mut waits = Vec::new();
+        while waits.len() < 5 {
+            match rx
+                .recv_timeout(Duration::from_secs(10))
+                .expect("updates keep coming")
+            {
+                WatchUpdate::Exited { retry_in, rows, .. } => {
+                    assert_eq!(rows, 0);
+                    waits.push(retry_in.as_millis());
+                }
+                WatchUpdate::SpawnFailed(e) => assert!(e.contains("/nonexistent/npu-smi"), "{e}"),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        w.stop();
+        assert_eq!(waits, [10, 20, 40, 40, 40]);
     }
 
     #[test]
