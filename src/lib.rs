@@ -2,18 +2,25 @@
 //!
 //! Data flows one way through the modules:
 //! [`driver`] (dlopen'd `libdcmi.so`, `npu-smi` fallback) → [`sampler`] (one OS thread owns
-//! every driver call) → [`ring`] (lock-free sample ring) → [`window`] (peak-window readers).
-//! The binary's commands live in [`cli`]. `unsafe` is denied everywhere except the DCMI
-//! binding (`driver::dcmi`).
+//! every driver call) → [`ring`] (lock-free sample ring) → [`window`] (peak-window readers)
+//! → [`probe`] (`/health`, virtual inference) → [`engine`] (one engine's verdict) →
+//! [`server`] (`/status`, `/status/detail`, `/metrics`). [`config`] says what to monitor,
+//! [`agent`] wires it together, and the binary's commands live in [`cli`]. `unsafe` is
+//! denied everywhere except the DCMI binding (`driver::dcmi`).
 #![deny(unsafe_code)]
 
+pub mod agent;
 pub mod cli;
 pub mod config;
 pub mod driver;
+pub mod engine;
 #[cfg(feature = "fake-driver")]
 pub mod fake;
+pub mod probe;
 pub mod ring;
 pub mod sampler;
+pub mod server;
+pub mod tls;
 pub mod window;
 
 /// Version string shown by `--version`: crate version and git revision.

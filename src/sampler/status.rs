@@ -93,6 +93,13 @@ impl Source {
 
 const UNKNOWN: u64 = u64::MAX;
 
+/// Error codes counted one by one (DCMI return codes, then the agent's pseudo codes); any
+/// other code is counted as "other".
+pub const COUNTED_CODES: [i32; 25] = [
+    -8001, -8002, -8003, -8004, -8005, -8006, -8007, -8008, -8009, -8010, -8011, -8012, -8013,
+    -8014, -8015, -8016, -8017, -8020, -8022, -8023, -8255, -99995, -99996, -99997, -99998,
+];
+
 /// Live state of one device.
 #[derive(Debug)]
 pub struct DeviceStatus {
@@ -109,6 +116,8 @@ pub struct DeviceStatus {
     /// Code of the current failure run, 0 while reads succeed (for transition logs).
     failing: AtomicI32,
     errors: AtomicU64,
+    /// Per code of [`COUNTED_CODES`], then "other".
+    errors_by_code: [AtomicU64; COUNTED_CODES.len() + 1],
     hbm_used_mb: AtomicU64,
     hbm_total_mb: AtomicU64,
     health: AtomicU64,
@@ -161,6 +170,7 @@ impl DeviceStatus {
             last_error: AtomicI32::new(0),
             failing: AtomicI32::new(0),
             errors: AtomicU64::new(0),
+            errors_by_code: Default::default(),
             hbm_used_mb: AtomicU64::new(UNKNOWN),
             hbm_total_mb: AtomicU64::new(UNKNOWN),
             health: AtomicU64::new(UNKNOWN),
@@ -236,9 +246,24 @@ impl DeviceStatus {
     pub fn record_error(&self, ts_ns: u64, code: i32) -> bool {
         self.last_error.store(code, Ordering::Relaxed);
         self.errors.fetch_add(1, Ordering::Relaxed);
+        let slot = COUNTED_CODES
+            .iter()
+            .position(|c| *c == code)
+            .unwrap_or(COUNTED_CODES.len());
+        self.errors_by_code[slot].fetch_add(1, Ordering::Relaxed);
         self.last_seen_ns.store(ts_ns.max(1), Ordering::Release);
         self.stale.store(false, Ordering::Release);
         self.failing.swap(code, Ordering::AcqRel) != code
+    }
+
+    /// Failed reads per code (`None`: a code outside [`COUNTED_CODES`]); zero counts left out.
+    pub fn errors_by_code(&self) -> Vec<(Option<i32>, u64)> {
+        self.errors_by_code
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (COUNTED_CODES.get(i).copied(), c.load(Ordering::Relaxed)))
+            .filter(|(_, n)| *n > 0)
+            .collect()
     }
 
     /// Records HBM figures read at `ts_ns`.

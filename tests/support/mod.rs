@@ -3,6 +3,8 @@
 //! its own scenario through the environment, as production gives the real one its config).
 #![allow(dead_code)]
 
+pub mod stack;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 

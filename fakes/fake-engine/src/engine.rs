@@ -1,0 +1,591 @@
+//! A fake OpenAI-compatible inference engine that behaves like vLLM where the agent looks:
+//! `GET /health` (`true`/`false`, 200/503), `POST /v1/completions` (plain and streaming SSE),
+//! `GET /metrics` with vLLM's metric names. While it serves requests it writes an AI Cube
+//! figure into files the fake `libdcmi.so` reads (`aicube = { file = … }` in the scenario), so
+//! load raises NPU usage and idle reads 0 %.
+//!
+//! Faults are set at run time on a separate control listener (it keeps answering when the
+//! engine stops listening): `GET /fake/faults`, `POST /fake/faults` (a JSON patch of
+//! [`Faults`]), `POST /fake/reset`, `GET /fake/stats`. See `docs/fake-driver.md`.
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, watch};
+use tokio_util::sync::CancellationToken;
+
+/// Faults, all off by default.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Faults {
+    /// Completions are accepted and never answered, nothing runs on the NPU; `/health` is
+    /// unaffected (a silent hang with the NPU idle).
+    pub hang: bool,
+    /// Completions answer HTTP 500.
+    pub http_5xx: bool,
+    /// `/health` answers after this long.
+    pub slow_health_ms: u64,
+    /// `/health` answers 200 with body `false`.
+    pub health_false: bool,
+    /// `/health` answers this status (e.g. 503).
+    pub health_status: Option<u16>,
+    /// Completions answer 200 with a body that is not JSON.
+    pub garbage_body: bool,
+    /// Added to every completion.
+    pub latency_ms: u64,
+    /// Random extra latency per decoded token, up to this (batch jitter).
+    pub jitter_ms: u64,
+    /// False closes the inference listener (connections refused); true opens it again.
+    pub listening: bool,
+    /// Completions hang with the NPU busy (AI Cube ≥ 90 %) and requests running: busy but stuck.
+    pub npu_busy_stuck: bool,
+    /// Forces the AI Cube figure written for the NPUs.
+    pub npu_usage: Option<u8>,
+    /// Writes `NA` instead of a figure: the fake driver then has no reading.
+    pub npu_na: bool,
+    /// Forces the KV-cache usage reported in `/metrics` (0..1).
+    pub kv_cache_usage: Option<f64>,
+}
+
+impl Default for Faults {
+    fn default() -> Self {
+        Faults {
+            hang: false,
+            http_5xx: false,
+            slow_health_ms: 0,
+            health_false: false,
+            health_status: None,
+            garbage_body: false,
+            latency_ms: 0,
+            jitter_ms: 0,
+            listening: true,
+            npu_busy_stuck: false,
+            npu_usage: None,
+            npu_na: false,
+            kv_cache_usage: None,
+        }
+    }
+}
+
+/// How the fake engine runs.
+#[derive(Debug, Clone)]
+pub struct EngineOptions {
+    /// Inference surface.
+    pub listen: SocketAddr,
+    /// Control surface.
+    pub control: SocketAddr,
+    /// Model name the engine serves (requests naming another model get 404, as in vLLM).
+    pub model: String,
+    /// Files to write the AI Cube figure into (one per fake NPU).
+    pub npu_files: Vec<PathBuf>,
+    /// AI Cube usage with one request running; each further request adds 5 (max 95).
+    pub busy_usage: u8,
+    /// Time to first token.
+    pub ttft: Duration,
+    /// Time per output token.
+    pub tpot: Duration,
+    /// Requests decoded at once; more wait (vLLM's `max_num_seqs`).
+    pub max_running: usize,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions {
+            listen: "127.0.0.1:8000".parse().expect("literal address"),
+            control: "127.0.0.1:8100".parse().expect("literal address"),
+            model: "fake-model".to_owned(),
+            npu_files: Vec::new(),
+            busy_usage: 60,
+            ttft: Duration::from_millis(20),
+            tpot: Duration::from_millis(5),
+            max_running: 64,
+        }
+    }
+}
+
+/// Counters kept for tests and `/fake/stats`.
+#[derive(Debug, Default, Serialize)]
+struct Stats {
+    completions: u64,
+    virtual_completions: u64,
+    health: u64,
+    last_request_id: Option<String>,
+    last_body: Option<Value>,
+}
+
+#[derive(Debug)]
+struct Engine {
+    opts: EngineOptions,
+    faults: Mutex<Faults>,
+    pause_until: Mutex<Option<Instant>>,
+    running: AtomicU64,
+    waiting: AtomicU64,
+    prompt_tokens: AtomicU64,
+    generation_tokens: AtomicU64,
+    slots: Arc<Semaphore>,
+    stats: Mutex<Stats>,
+    listening: watch::Sender<bool>,
+    rng: AtomicU64,
+}
+
+impl Engine {
+    fn faults(&self) -> Faults {
+        self.faults
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn paused(&self) -> Option<Instant> {
+        let until = *self.pause_until.lock().unwrap_or_else(|p| p.into_inner());
+        until.filter(|u| *u > Instant::now())
+    }
+
+    fn usage(&self) -> u8 {
+        let f = self.faults();
+        if let Some(u) = f.npu_usage {
+            return u;
+        }
+        if f.npu_busy_stuck {
+            return 95;
+        }
+        match self.running.load(Ordering::Acquire) {
+            0 => 0,
+            n => (u64::from(self.opts.busy_usage) + 5 * (n - 1)).min(95) as u8,
+        }
+    }
+
+    fn jitter(&self, max_ms: u64) -> Duration {
+        if max_ms == 0 {
+            return Duration::ZERO;
+        }
+        // xorshift: deterministic enough for a fake.
+        let mut x = self.rng.load(Ordering::Relaxed) | 1;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.rng.store(x, Ordering::Relaxed);
+        Duration::from_millis(x % (max_ms + 1))
+    }
+}
+
+/// Decrements a gauge when a request ends, however it ends (client gone included).
+struct Gauge<'a>(&'a AtomicU64);
+impl<'a> Gauge<'a> {
+    fn enter(g: &'a AtomicU64) -> Gauge<'a> {
+        g.fetch_add(1, Ordering::AcqRel);
+        Gauge(g)
+    }
+}
+impl Drop for Gauge<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Runs the fake engine until `cancel`.
+pub async fn run(opts: EngineOptions, cancel: CancellationToken) -> std::io::Result<()> {
+    let (listening, _) = watch::channel(true);
+    let engine = Arc::new(Engine {
+        slots: Arc::new(Semaphore::new(opts.max_running.max(1))),
+        opts,
+        faults: Mutex::new(Faults::default()),
+        pause_until: Mutex::new(None),
+        running: AtomicU64::new(0),
+        waiting: AtomicU64::new(0),
+        prompt_tokens: AtomicU64::new(0),
+        generation_tokens: AtomicU64::new(0),
+        stats: Mutex::new(Stats::default()),
+        listening,
+        rng: AtomicU64::new(0x9e37_79b9),
+    });
+    let control = TcpListener::bind(engine.opts.control).await?;
+    let control_router = Router::new()
+        .route("/fake/faults", get(get_faults).post(patch_faults))
+        .route("/fake/reset", post(reset))
+        .route("/fake/stats", get(stats))
+        .with_state(engine.clone());
+    let c = cancel.clone();
+    let control_task = tokio::spawn(async move {
+        let _ = axum::serve(control, control_router)
+            .with_graceful_shutdown(async move { c.cancelled().await })
+            .await;
+    });
+    let usage_task = tokio::spawn(write_usage(engine.clone(), cancel.clone()));
+    let result = serve_inference(engine.clone(), cancel.clone()).await;
+    cancel.cancel();
+    let _ = control_task.await;
+    let _ = usage_task.await;
+    result
+}
+
+async fn serve_inference(engine: Arc<Engine>, cancel: CancellationToken) -> std::io::Result<()> {
+    let router = Router::new()
+        .route("/health", get(health))
+        .route("/v1/completions", post(completions))
+        .route("/metrics", get(metrics))
+        .with_state(engine.clone());
+    let mut rx = engine.listening.subscribe();
+    loop {
+        if !*rx.borrow_and_update() {
+            tokio::select! {
+                _ = cancel.cancelled() => return Ok(()),
+                r = rx.changed() => if r.is_err() { return Ok(()) },
+            }
+            continue;
+        }
+        let listener = TcpListener::bind(engine.opts.listen).await?;
+        let server = tokio::spawn(axum::serve(listener, router.clone()).into_future());
+        let stop = async {
+            loop {
+                if rx.changed().await.is_err() || !*rx.borrow() {
+                    return;
+                }
+            }
+        };
+        tokio::select! {
+            _ = cancel.cancelled() => {
+                server.abort();
+                return Ok(());
+            }
+            _ = stop => {
+                // Closing the listener and every connection, like a dead process.
+                server.abort();
+                let _ = server.await;
+            }
+        }
+    }
+}
+
+async fn write_usage(engine: Arc<Engine>, cancel: CancellationToken) {
+    let mut last = None;
+    loop {
+        let text = if engine.faults().npu_na {
+            "NA\n".to_owned()
+        } else {
+            format!("{}\n", engine.usage())
+        };
+        if last.as_ref() != Some(&text) {
+            for f in &engine.opts.npu_files {
+                let tmp = f.with_extension("tmp");
+                if std::fs::write(&tmp, &text).is_ok() {
+                    let _ = std::fs::rename(&tmp, f);
+                }
+            }
+            last = Some(text);
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+        }
+    }
+}
+
+async fn health(State(e): State<Arc<Engine>>) -> Response {
+    e.stats.lock().unwrap_or_else(|p| p.into_inner()).health += 1;
+    let f = e.faults();
+    if e.paused().is_some() {
+        return (StatusCode::SERVICE_UNAVAILABLE, "").into_response();
+    }
+    if f.slow_health_ms > 0 {
+        tokio::time::sleep(Duration::from_millis(f.slow_health_ms)).await;
+    }
+    if let Some(s) = f.health_status {
+        let code = StatusCode::from_u16(s).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        return (code, "").into_response();
+    }
+    if f.health_false {
+        return (StatusCode::OK, "false").into_response();
+    }
+    (StatusCode::OK, "true").into_response()
+}
+
+#[derive(Debug, Deserialize)]
+struct CompletionRequest {
+    model: Option<String>,
+    #[serde(default)]
+    prompt: Value,
+    max_tokens: Option<u64>,
+    #[serde(default)]
+    stream: bool,
+}
+
+fn prompt_tokens(p: &Value) -> u64 {
+    let chars = match p {
+        Value::String(s) => s.len(),
+        Value::Array(a) => a.iter().map(|v| v.as_str().map_or(1, str::len)).sum(),
+        _ => 1,
+    };
+    (chars as u64 / 4).max(1)
+}
+
+async fn completions(
+    State(e): State<Arc<Engine>>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    let id = headers
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let parsed: Result<CompletionRequest, _> = serde_json::from_slice(&body);
+    {
+        let mut s = e.stats.lock().unwrap_or_else(|p| p.into_inner());
+        s.completions += 1;
+        if id.as_deref().is_some_and(|i| i.contains("_virtual")) {
+            s.virtual_completions += 1;
+        }
+        s.last_request_id = id.clone();
+        s.last_body = serde_json::from_slice(&body).ok();
+    }
+    let req = match parsed {
+        Ok(r) => r,
+        Err(err) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                axum::Json(json!({"object": "error", "message": err.to_string()})),
+            )
+                .into_response();
+        }
+    };
+    if req.model.as_deref() != Some(e.opts.model.as_str()) {
+        return (
+            StatusCode::NOT_FOUND,
+            axum::Json(json!({"object": "error", "message": format!("The model `{}` does not exist.", req.model.unwrap_or_default())})),
+        )
+            .into_response();
+    }
+    if let Some(until) = e.paused() {
+        tokio::time::sleep_until(until.into()).await;
+    }
+    let f = e.faults();
+    if f.latency_ms > 0 {
+        tokio::time::sleep(Duration::from_millis(f.latency_ms)).await;
+    }
+    if f.npu_busy_stuck {
+        // Requests are running (scheduled) but produce nothing, with the NPU spinning.
+        let _running = Gauge::enter(&e.running);
+        std::future::pending::<()>().await;
+    }
+    if f.hang {
+        // Accepted and never answered, nothing scheduled: the NPU stays idle.
+        std::future::pending::<()>().await;
+    }
+    if f.http_5xx {
+        return (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            axum::Json(json!({"object": "error", "message": "injected failure"})),
+        )
+            .into_response();
+    }
+    let waiting = Gauge::enter(&e.waiting);
+    let Ok(permit) = e.slots.clone().acquire_owned().await else {
+        return StatusCode::SERVICE_UNAVAILABLE.into_response();
+    };
+    drop(waiting);
+    let n_prompt = prompt_tokens(&req.prompt);
+    let max_tokens = req.max_tokens.unwrap_or(16).clamp(1, 4096);
+    let engine = e.clone();
+    if req.stream {
+        let stream = async_stream(
+            engine,
+            permit,
+            n_prompt,
+            max_tokens,
+            f.garbage_body,
+            f.jitter_ms,
+        );
+        return Response::builder()
+            .header(header::CONTENT_TYPE, "text/event-stream")
+            .body(Body::from_stream(stream))
+            .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response());
+    }
+    let _running = Gauge::enter(&e.running);
+    e.prompt_tokens.fetch_add(n_prompt, Ordering::Relaxed);
+    tokio::time::sleep(e.opts.ttft).await;
+    for _ in 1..max_tokens {
+        tokio::time::sleep(e.opts.tpot + e.jitter(f.jitter_ms)).await;
+        e.generation_tokens.fetch_add(1, Ordering::Relaxed);
+    }
+    e.generation_tokens.fetch_add(1, Ordering::Relaxed);
+    drop(permit);
+    if f.garbage_body {
+        return (StatusCode::OK, "<html>upstream error</html>").into_response();
+    }
+    axum::Json(json!({
+        "id": format!("cmpl-{}", id.unwrap_or_default()),
+        "object": "text_completion",
+        "model": e.opts.model,
+        "choices": [{"index": 0, "text": " x".repeat(max_tokens as usize), "finish_reason": "length"}],
+        "usage": {"prompt_tokens": n_prompt, "completion_tokens": max_tokens, "total_tokens": n_prompt + max_tokens},
+    }))
+    .into_response()
+}
+
+fn async_stream(
+    e: Arc<Engine>,
+    permit: tokio::sync::OwnedSemaphorePermit,
+    n_prompt: u64,
+    max_tokens: u64,
+    garbage: bool,
+    jitter_ms: u64,
+) -> impl futures_util::Stream<Item = Result<String, std::convert::Infallible>> + Send + 'static {
+    let model = e.opts.model.clone();
+    let (tx, rx) = tokio::sync::mpsc::channel::<String>(4);
+    tokio::spawn(async move {
+        let _permit = permit;
+        let _running = RunningOwned::enter(e.clone());
+        e.prompt_tokens.fetch_add(n_prompt, Ordering::Relaxed);
+        tokio::time::sleep(e.opts.ttft).await;
+        for i in 0..max_tokens {
+            if i > 0 {
+                tokio::time::sleep(e.opts.tpot + e.jitter(jitter_ms)).await;
+            }
+            e.generation_tokens.fetch_add(1, Ordering::Relaxed);
+            let chunk = if garbage {
+                "data: not json\n\n".to_owned()
+            } else {
+                let finish = if i + 1 == max_tokens {
+                    json!("length")
+                } else {
+                    Value::Null
+                };
+                format!(
+                    "data: {}\n\n",
+                    json!({"object": "text_completion", "model": model, "choices": [{"index": 0, "text": " x", "finish_reason": finish}]})
+                )
+            };
+            if tx.send(chunk).await.is_err() {
+                return; // client gone: vLLM aborts the request
+            }
+        }
+        let _ = tx.send("data: [DONE]\n\n".to_owned()).await;
+    });
+    futures_util::stream::unfold(
+        rx,
+        |mut rx| async move { rx.recv().await.map(|c| (Ok(c), rx)) },
+    )
+}
+
+/// `running` gauge held by an owned engine handle.
+struct RunningOwned(Arc<Engine>);
+impl RunningOwned {
+    fn enter(e: Arc<Engine>) -> RunningOwned {
+        e.running.fetch_add(1, Ordering::AcqRel);
+        RunningOwned(e)
+    }
+}
+impl Drop for RunningOwned {
+    fn drop(&mut self) {
+        self.0.running.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+async fn metrics(State(e): State<Arc<Engine>>) -> Response {
+    let f = e.faults();
+    let running = e.running.load(Ordering::Acquire);
+    let waiting = e.waiting.load(Ordering::Acquire);
+    let kv = f
+        .kv_cache_usage
+        .unwrap_or_else(|| (running as f64 / e.opts.max_running.max(1) as f64).min(1.0));
+    let m = &e.opts.model;
+    let text = format!(
+        "# HELP vllm:num_requests_running Number of requests in model execution batches.\n\
+         # TYPE vllm:num_requests_running gauge\n\
+         vllm:num_requests_running{{engine=\"0\",model_name=\"{m}\"}} {running}\n\
+         # HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n\
+         # TYPE vllm:num_requests_waiting gauge\n\
+         vllm:num_requests_waiting{{engine=\"0\",model_name=\"{m}\"}} {waiting}\n\
+         # HELP vllm:num_requests_waiting_by_reason Number of requests waiting, by reason.\n\
+         # TYPE vllm:num_requests_waiting_by_reason gauge\n\
+         vllm:num_requests_waiting_by_reason{{engine=\"0\",model_name=\"{m}\",reason=\"capacity\"}} {waiting}\n\
+         vllm:num_requests_waiting_by_reason{{engine=\"0\",model_name=\"{m}\",reason=\"deferred\"}} 0\n\
+         # HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n\
+         # TYPE vllm:kv_cache_usage_perc gauge\n\
+         vllm:kv_cache_usage_perc{{engine=\"0\",model_name=\"{m}\"}} {kv}\n\
+         # HELP vllm:prompt_tokens_total Number of prefill tokens processed.\n\
+         # TYPE vllm:prompt_tokens_total counter\n\
+         vllm:prompt_tokens_total{{engine=\"0\",model_name=\"{m}\"}} {}\n\
+         # HELP vllm:generation_tokens_total Number of generation tokens processed.\n\
+         # TYPE vllm:generation_tokens_total counter\n\
+         vllm:generation_tokens_total{{engine=\"0\",model_name=\"{m}\"}} {}\n",
+        e.prompt_tokens.load(Ordering::Relaxed),
+        e.generation_tokens.load(Ordering::Relaxed),
+    );
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
+async fn get_faults(State(e): State<Arc<Engine>>) -> Response {
+    axum::Json(e.faults()).into_response()
+}
+
+/// A patch: any subset of [`Faults`], plus `pause_ms` (hot reload: completions wait and
+/// `/health` answers 503 for that long).
+async fn patch_faults(State(e): State<Arc<Engine>>, body: axum::body::Bytes) -> Response {
+    let patch: Value = match serde_json::from_slice(&body) {
+        Ok(Value::Object(o)) => Value::Object(o),
+        _ => return (StatusCode::BAD_REQUEST, "expected a JSON object\n").into_response(),
+    };
+    let mut patch = patch;
+    if let Some(ms) = patch.as_object_mut().and_then(|o| o.remove("pause_ms")) {
+        let Some(ms) = ms.as_u64() else {
+            return (StatusCode::BAD_REQUEST, "pause_ms must be an integer\n").into_response();
+        };
+        *e.pause_until.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(Instant::now() + Duration::from_millis(ms));
+    }
+    let mut current = serde_json::to_value(e.faults()).unwrap_or(Value::Null);
+    if let (Some(c), Some(p)) = (current.as_object_mut(), patch.as_object()) {
+        for (k, v) in p {
+            c.insert(k.clone(), v.clone());
+        }
+    }
+    let next: Faults = match serde_json::from_value(current) {
+        Ok(f) => f,
+        Err(err) => return (StatusCode::BAD_REQUEST, format!("{err}\n")).into_response(),
+    };
+    let listening = next.listening;
+    *e.faults.lock().unwrap_or_else(|p| p.into_inner()) = next.clone();
+    e.listening.send_replace(listening);
+    axum::Json(next).into_response()
+}
+
+async fn reset(State(e): State<Arc<Engine>>) -> Response {
+    *e.faults.lock().unwrap_or_else(|p| p.into_inner()) = Faults::default();
+    *e.pause_until.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    e.listening.send_replace(true);
+    axum::Json(Faults::default()).into_response()
+}
+
+async fn stats(State(e): State<Arc<Engine>>) -> Response {
+    let s = e.stats.lock().unwrap_or_else(|p| p.into_inner());
+    axum::Json(json!({
+        "completions": s.completions,
+        "virtual_completions": s.virtual_completions,
+        "health": s.health,
+        "last_request_id": s.last_request_id,
+        "last_body": s.last_body,
+        "running": e.running.load(Ordering::Acquire),
+        "waiting": e.waiting.load(Ordering::Acquire),
+        "npu_usage": e.usage(),
+    }))
+    .into_response()
+}

@@ -1,0 +1,229 @@
+//! A Node Manager emulator with the reference's heartbeat rules (virtual-inference-reference
+//! §5): poll `GET /status` every second with a 5 s timeout and `Connection: close`; anything
+//! but a JSON object with a known `status` is `abnormal`; inside the grace period a detected
+//! `abnormal` keeps the old status; every heartbeat (3 s) counts consecutive heartbeats with
+//! an abnormal endpoint, resets on none, and at 5 decides to kill. Every interval scales with
+//! `time_scale` so tests fit in seconds.
+
+use serde::Serialize;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+/// An endpoint status as Node Manager parses it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NmStatus {
+    Initial,
+    Normal,
+    Abnormal,
+    Paused,
+    Wait2start,
+}
+
+impl NmStatus {
+    fn parse(body: &[u8]) -> NmStatus {
+        let v: serde_json::Value = match serde_json::from_slice(body) {
+            Ok(v) => v,
+            Err(_) => return NmStatus::Abnormal,
+        };
+        match v.get("status").and_then(|s| s.as_str()) {
+            Some("initial") => NmStatus::Initial,
+            Some("normal") => NmStatus::Normal,
+            Some("abnormal") => NmStatus::Abnormal,
+            Some("paused") => NmStatus::Paused,
+            Some("wait2start") => NmStatus::Wait2start,
+            _ => NmStatus::Abnormal,
+        }
+    }
+}
+
+/// Settings; the defaults are the reference's, `time_scale` multiplies every interval.
+#[derive(Debug, Clone)]
+pub struct NmOptions {
+    /// `/status` URLs of the endpoints.
+    pub status_urls: Vec<String>,
+    pub poll_interval: Duration,
+    pub poll_timeout: Duration,
+    pub heartbeat_interval: Duration,
+    /// Consecutive abnormal heartbeats that trigger the kill.
+    pub threshold: u32,
+    pub grace_period: Duration,
+}
+
+impl NmOptions {
+    /// The reference's constants, scaled.
+    pub fn reference(status_urls: Vec<String>, time_scale: f64) -> NmOptions {
+        let s = |secs: f64| Duration::from_secs_f64(secs * time_scale);
+        NmOptions {
+            status_urls,
+            poll_interval: s(1.0),
+            poll_timeout: s(5.0),
+            heartbeat_interval: s(3.0),
+            threshold: 5,
+            grace_period: s(120.0),
+        }
+    }
+}
+
+/// One poll as Node Manager saw it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Poll {
+    /// Milliseconds since the emulator started.
+    pub at_ms: u64,
+    pub endpoint: usize,
+    pub detected: NmStatus,
+    /// Status kept after the grace-period rule.
+    pub kept: NmStatus,
+    /// The poll failed (timeout, refused, non-2xx): detected as abnormal.
+    pub error: Option<String>,
+    pub latency_ms: f64,
+}
+
+/// What happened during a run.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct NmReport {
+    pub polls: Vec<Poll>,
+    /// Milliseconds since start when the kill decision was taken.
+    pub killed_at_ms: Option<u64>,
+    pub max_consecutive_abnormal: u32,
+    pub heartbeats: u32,
+}
+
+impl NmReport {
+    /// Polls that timed out or failed.
+    pub fn failed_polls(&self) -> usize {
+        self.polls.iter().filter(|p| p.error.is_some()).count()
+    }
+}
+
+/// Runs until `cancel` or the kill decision; calls `on_kill` once when it decides to kill.
+pub async fn run(
+    opts: NmOptions,
+    cancel: CancellationToken,
+    on_kill: impl FnOnce() + Send,
+) -> NmReport {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("plain HTTP client builds");
+    let start = Instant::now();
+    let n = opts.status_urls.len();
+    let statuses = Arc::new(Mutex::new(vec![NmStatus::Initial; n]));
+    let report = Arc::new(Mutex::new(NmReport::default()));
+    let poller = {
+        let statuses = statuses.clone();
+        let report = report.clone();
+        let opts = opts.clone();
+        let cancel = cancel.clone();
+        async move {
+            loop {
+                for (i, url) in opts.status_urls.iter().enumerate() {
+                    let t0 = Instant::now();
+                    let res = tokio::time::timeout(opts.poll_timeout, async {
+                        let r = client
+                            .get(url)
+                            .header("Connection", "close")
+                            .header("Accept", "application/json")
+                            .send()
+                            .await
+                            .map_err(|e| e.to_string())?;
+                        if !r.status().is_success() {
+                            return Err(format!("HTTP {}", r.status()));
+                        }
+                        r.bytes().await.map_err(|e| e.to_string())
+                    })
+                    .await;
+                    let (detected, error) = match res {
+                        Err(_) => (NmStatus::Abnormal, Some("timeout".to_owned())),
+                        Ok(Err(e)) => (NmStatus::Abnormal, Some(e)),
+                        Ok(Ok(body)) => (NmStatus::parse(&body), None),
+                    };
+                    let mut st = statuses.lock().unwrap_or_else(|p| p.into_inner());
+                    let in_grace = start.elapsed() < opts.grace_period;
+                    let kept = if (in_grace && detected == NmStatus::Abnormal)
+                        || st[i] == NmStatus::Paused
+                    {
+                        st[i]
+                    } else {
+                        detected
+                    };
+                    st[i] = kept;
+                    report
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .polls
+                        .push(Poll {
+                            at_ms: start.elapsed().as_millis() as u64,
+                            endpoint: i,
+                            detected,
+                            kept,
+                            error,
+                            latency_ms: t0.elapsed().as_secs_f64() * 1e3,
+                        });
+                }
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    _ = tokio::time::sleep(opts.poll_interval) => {}
+                }
+            }
+        }
+    };
+    let heartbeat = {
+        let statuses = statuses.clone();
+        let report = report.clone();
+        async move {
+            let mut consecutive = 0u32;
+            loop {
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    _ = tokio::time::sleep(opts.heartbeat_interval) => {}
+                }
+                let any_abnormal = statuses
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .contains(&NmStatus::Abnormal);
+                consecutive = if any_abnormal { consecutive + 1 } else { 0 };
+                let mut r = report.lock().unwrap_or_else(|p| p.into_inner());
+                r.heartbeats += 1;
+                r.max_consecutive_abnormal = r.max_consecutive_abnormal.max(consecutive);
+                if consecutive >= opts.threshold {
+                    r.killed_at_ms = Some(start.elapsed().as_millis() as u64);
+                    return;
+                }
+            }
+        }
+    };
+    tokio::pin!(poller);
+    tokio::select! {
+        _ = &mut poller => {}
+        _ = heartbeat => {
+            if report.lock().unwrap_or_else(|p| p.into_inner()).killed_at_ms.is_some() {
+                on_kill();
+            }
+        }
+    }
+    report.lock().unwrap_or_else(|p| p.into_inner()).clone()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parsing_is_strict() {
+        assert_eq!(NmStatus::parse(br#"{"status":"normal"}"#), NmStatus::Normal);
+        assert_eq!(
+            NmStatus::parse(br#"{"status":"initial"}"#),
+            NmStatus::Initial
+        );
+        assert_eq!(
+            NmStatus::parse(br#"{"status":"weird"}"#),
+            NmStatus::Abnormal
+        );
+        assert_eq!(NmStatus::parse(br#"["normal"]"#), NmStatus::Abnormal);
+        assert_eq!(NmStatus::parse(b"normal"), NmStatus::Abnormal);
+    }
+}

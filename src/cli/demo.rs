@@ -1,0 +1,257 @@
+//! `demo` (fake-driver builds): the agent on its embedded default, end to end.
+//!
+//! Starts, as real processes on loopback, the agent (`--fake run`, so the fake `libdcmi.so`
+//! is dlopen'd through the production path) and, 1.5 s later, the fake engine (whose load
+//! drives the fake NPU usage through small files); prints the URLs and shows `/status` going
+//! `initial` → `normal`. Ctrl-C (or `--duration`) stops both.
+
+use super::Failure;
+use anyhow::Context;
+use fake_engine::engine::{EngineOptions, run as run_engine};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use tokio::process::{Child, Command};
+use tokio_util::sync::CancellationToken;
+
+/// `demo` flags.
+#[derive(Debug, clap::Args)]
+pub struct DemoArgs {
+    /// Stop after this long (default: run until Ctrl-C).
+    #[arg(long, value_parser = super::parse_duration)]
+    pub duration: Option<Duration>,
+    /// Send this many concurrent streaming requests to the engine, to show AI Cube usage rise.
+    #[arg(long, default_value_t = 0)]
+    pub load: usize,
+}
+
+/// `fake-engine` flags.
+#[derive(Debug, clap::Args)]
+pub struct FakeEngineArgs {
+    /// Inference address.
+    #[arg(long, default_value = "127.0.0.1:8000")]
+    pub listen: SocketAddr,
+    /// Fault-control address.
+    #[arg(long, default_value = "127.0.0.1:8100")]
+    pub control: SocketAddr,
+    /// Served model name.
+    #[arg(long, default_value = "fake-model")]
+    pub model: String,
+    /// File the AI Cube figure is written to (repeat for several NPUs).
+    #[arg(long = "npu-file")]
+    pub npu_files: Vec<PathBuf>,
+    /// AI Cube usage with one request running.
+    #[arg(long, default_value_t = 60)]
+    pub busy_usage: u8,
+    /// Time to first token.
+    #[arg(long, default_value = "20ms", value_parser = super::parse_duration)]
+    pub ttft: Duration,
+    /// Time per output token.
+    #[arg(long, default_value = "5ms", value_parser = super::parse_duration)]
+    pub tpot: Duration,
+    /// Requests decoded at once.
+    #[arg(long, default_value_t = 64)]
+    pub max_running: usize,
+}
+
+/// Runs the fake engine until SIGTERM/SIGINT.
+pub async fn fake_engine(a: FakeEngineArgs) -> Result<(), Failure> {
+    let cancel = CancellationToken::new();
+    let c = cancel.clone();
+    tokio::spawn(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let (Ok(mut t), Ok(mut i)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) {
+            tokio::select! { _ = t.recv() => {}, _ = i.recv() => {} }
+        }
+        c.cancel();
+    });
+    let opts = EngineOptions {
+        listen: a.listen,
+        control: a.control,
+        model: a.model,
+        npu_files: a.npu_files,
+        busy_usage: a.busy_usage,
+        ttft: a.ttft,
+        tpot: a.tpot,
+        max_running: a.max_running,
+    };
+    run_engine(opts, cancel).await.context("fake engine")?;
+    Ok(())
+}
+
+fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+fn write_files(
+    dir: &Path,
+    engine: u16,
+    mgmt: u16,
+    admin: u16,
+) -> std::io::Result<(PathBuf, PathBuf)> {
+    for f in ["npu0", "npu1"] {
+        std::fs::write(dir.join(f), "0\n")?;
+    }
+    let scenario = dir.join("scenario.toml");
+    std::fs::write(
+        &scenario,
+        "# Demo scenario: two 910B NPUs whose AI Cube figure the fake engine writes.\n\
+         model = \"910B\"\ncards = 2\n\
+         [[device]]\nid = 0\naicube = { file = \"npu0\" }\n\
+         [[device]]\nid = 1\naicube = { file = \"npu1\" }\n",
+    )?;
+    let agent = dir.join("agent.toml");
+    std::fs::write(
+        &agent,
+        format!(
+            "[agent]\nadmin_listen = \"127.0.0.1:{admin}\"\n\n\
+             [[engine]]\nname = \"demo\"\nengine_type = \"vllm\"\nserved_model_name = \"demo-model\"\n\
+             host = \"127.0.0.1\"\nport = {engine}\nmgmt_port = {mgmt}\ndevices = [0, 1]\n\
+             engine_env = {{ ASCEND_GLOBAL_LOG_LEVEL = \"3\" }}\n\
+             [engine.health_check_config]\nenable_virtual_inference = true\n"
+        ),
+    )?;
+    Ok((scenario, agent))
+}
+
+async fn stop(mut child: Child, name: &str) {
+    if let Some(pid) = child
+        .id()
+        .and_then(|p| rustix::process::Pid::from_raw(p as i32))
+    {
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+    }
+    if tokio::time::timeout(Duration::from_secs(5), child.wait())
+        .await
+        .is_err()
+    {
+        eprintln!("demo: {name} did not stop within 5s; killing it");
+        let _ = child.kill().await;
+    }
+}
+
+/// Runs the demo.
+pub async fn demo(args: DemoArgs) -> Result<(), Failure> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let exe = std::env::current_exe().context("locating this binary")?;
+    let dir = std::env::temp_dir().join(format!("npu-health-agent-demo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let (engine_port, control_port, mgmt_port, admin_port) =
+        (free_port()?, free_port()?, free_port()?, free_port()?);
+    let (scenario, agent_toml) =
+        write_files(&dir, engine_port, mgmt_port, admin_port).context("writing demo files")?;
+    let agent = Command::new(&exe)
+        .args(["--fake", "run", "--config"])
+        .arg(&agent_toml)
+        .env("FAKE_NPU_SCENARIO", &scenario)
+        .env(
+            "RUST_LOG",
+            std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".to_owned()),
+        )
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting the agent")?;
+    // The engine comes up after the agent, as a model load would: /status shows `initial`
+    // until the engine's /health answers, then `normal`.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let engine = Command::new(&exe)
+        .args(["fake-engine", "--model", "demo-model"])
+        .args(["--listen", &format!("127.0.0.1:{engine_port}")])
+        .args(["--control", &format!("127.0.0.1:{control_port}")])
+        .arg("--npu-file")
+        .arg(dir.join("npu0"))
+        .arg("--npu-file")
+        .arg(dir.join("npu1"))
+        .env("RUST_LOG", "warn")
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting the fake engine")?;
+    println!("demo: files in {}", dir.display());
+    println!(
+        "demo: fake engine   http://127.0.0.1:{engine_port}  (faults: http://127.0.0.1:{control_port}/fake/faults)"
+    );
+    println!("demo: /status       http://127.0.0.1:{mgmt_port}/status");
+    println!("demo: detail        http://127.0.0.1:{mgmt_port}/status/detail");
+    println!(
+        "demo: metrics       http://127.0.0.1:{mgmt_port}/metrics  (all: http://127.0.0.1:{admin_port}/metrics)"
+    );
+    println!(
+        "demo: try  curl -X POST -d '{{\"hang\":true}}' http://127.0.0.1:{control_port}/fake/faults  (an idle hang: abnormal after 6 failed probes)"
+    );
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .context("HTTP client")?;
+    let started = Instant::now();
+    let deadline = args.duration.map(|d| started + d);
+    let mut last = String::new();
+    let mut reached_normal = false;
+    let load = CancellationToken::new();
+    for _ in 0..args.load {
+        let client = client.clone();
+        let url = format!("http://127.0.0.1:{engine_port}/v1/completions");
+        let stop = load.clone();
+        tokio::spawn(async move {
+            while !stop.is_cancelled() {
+                let body = serde_json::json!({"model": "demo-model", "prompt": "hello", "max_tokens": 200, "stream": true});
+                if let Ok(r) = client.post(&url).json(&body).send().await {
+                    let _ = r.bytes().await;
+                } else {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        });
+    }
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    loop {
+        let status = match client
+            .get(format!("http://127.0.0.1:{mgmt_port}/status"))
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await
+        {
+            Ok(r) => r.text().await.unwrap_or_default(),
+            Err(_) => "(not listening yet)".to_owned(),
+        };
+        if status != last {
+            let detail: serde_json::Value = match client
+                .get(format!("http://127.0.0.1:{mgmt_port}/status/detail"))
+                .send()
+                .await
+            {
+                Ok(r) => r.json().await.unwrap_or_default(),
+                Err(_) => serde_json::Value::Null,
+            };
+            println!(
+                "demo: {:>6.1}s  /status {status}  {}",
+                started.elapsed().as_secs_f64(),
+                detail["reason"].as_str().unwrap_or("")
+            );
+            reached_normal |= status.contains("\"normal\"");
+            last = status;
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            break;
+        }
+        tokio::select! {
+            _ = &mut ctrl_c => break,
+            _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+        }
+    }
+    load.cancel();
+    stop(agent, "agent").await;
+    stop(engine, "fake engine").await;
+    let _ = std::fs::remove_dir_all(&dir);
+    if !reached_normal {
+        return Err(Failure::from(anyhow::anyhow!(
+            "/status never became normal"
+        )));
+    }
+    Ok(())
+}

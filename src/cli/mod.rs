@@ -1,0 +1,352 @@
+//! Command line: flags, commands, and the mapping of errors to exit codes.
+//!
+//! Exit codes: 0 ok, 1 runtime failure, 2 bad usage or config, 3 no usable driver backend.
+//! Errors print as one line: the cause chain joined with ": ".
+
+#[cfg(feature = "fake-driver")]
+mod demo;
+mod inspect;
+mod service;
+
+use crate::config::mindie::Role;
+use crate::config::{AgentConfig, AgentSettings, SingleEngine, file};
+use crate::driver::BackendChoice;
+use crate::sampler::StartError;
+use clap::{Args, Parser, Subcommand};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// Exit code for bad usage or configuration.
+pub const EXIT_USAGE: u8 = 2;
+/// Exit code when no driver backend can serve AI Cube figures.
+pub const EXIT_NO_BACKEND: u8 = 3;
+
+/// Health agent for LLM inference nodes on Huawei Ascend NPUs.
+#[derive(Debug, Parser)]
+#[command(name = "npu-health-agent", version = crate::VERSION, about)]
+pub struct Cli {
+    #[command(flatten)]
+    pub driver: DriverArgs,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Where the driver is; global to every command. In host mode these override `[agent]`.
+#[derive(Debug, Args)]
+pub struct DriverArgs {
+    /// Path of libdcmi.so (default: search LD_LIBRARY_PATH, /usr/local/dcmi,
+    /// /usr/local/Ascend/driver/lib64/driver).
+    #[arg(long, global = true, value_name = "PATH")]
+    pub dcmi_lib: Option<PathBuf>,
+    /// The npu-smi executable (default `npu-smi`, looked up in PATH).
+    #[arg(long, global = true, value_name = "PATH")]
+    pub npu_smi: Option<PathBuf>,
+    /// Which sources of AI Cube figures may be used [default: auto].
+    #[arg(long, global = true, value_enum)]
+    pub backend: Option<BackendChoice>,
+    /// Load libdcmi.so even if it or a parent directory is not root-owned or is writable by
+    /// group/others (for tests; unsafe on production hosts).
+    #[arg(long, global = true)]
+    pub dcmi_no_owner_check: bool,
+    /// Seconds between npu-smi watch passes (its -d), 1 to 100 [default: 1].
+    #[arg(long, global = true, value_name = "SECS", value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub npu_smi_delay: Option<u32>,
+    /// Use the fake libdcmi.so and fake npu-smi built with this binary.
+    #[cfg(feature = "fake-driver")]
+    #[arg(long, global = true)]
+    pub fake: bool,
+}
+
+/// What to monitor: `--config agent.toml`, or MindIE's engine-server flags for one engine.
+#[derive(Debug, Args, Clone)]
+pub struct ConfigArgs {
+    /// Host mode: the agent's TOML config with [agent] and [[engine]] tables.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["config_path", "role", "host", "port", "mgmt_port"])]
+    pub config: Option<PathBuf>,
+    /// Single-engine mode: MindIE's user_config.json.
+    #[arg(long, value_name = "FILE")]
+    pub config_path: Option<PathBuf>,
+    /// Engine role (the user_config.json section read).
+    #[arg(long, value_enum)]
+    pub role: Option<Role>,
+    /// Address of the engine's inference surface; the mgmt listener binds it too.
+    #[arg(long)]
+    pub host: Option<String>,
+    /// Inference port (`/health`, `/v1/completions`).
+    #[arg(long)]
+    pub port: Option<u16>,
+    /// Port of `/status`.
+    #[arg(long)]
+    pub mgmt_port: Option<u16>,
+    /// Data-parallel rank; only rank 0 probes.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=65535))]
+    pub dp_rank: u32,
+    /// The engine's NPUs (logic ids); default ASCEND_RT_VISIBLE_DEVICES, else all.
+    #[arg(long, value_delimiter = ',', value_name = "IDS")]
+    pub devices: Option<Vec<u32>>,
+    /// MindIE's env.json, for the engine's ASCEND_GLOBAL_LOG_LEVEL and visible devices.
+    #[arg(long, value_name = "FILE")]
+    pub env_config_path: Option<PathBuf>,
+    /// Sampling period [default: 50ms].
+    #[arg(long, value_parser = parse_duration)]
+    pub sample_period: Option<Duration>,
+    /// Admin listener for /metrics of all engines and /healthz (single-engine mode).
+    #[arg(long, value_name = "ADDR")]
+    pub admin_listen: Option<SocketAddr>,
+}
+
+/// Commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the agent: sample the NPUs, probe the engine(s), serve /status.
+    Run(ConfigArgs),
+    /// Validate the configuration and print it with defaults filled in.
+    CheckConfig(ConfigArgs),
+    /// Print, per engine, each condition virtual inference needs and whether it will run.
+    Doctor {
+        #[command(flatten)]
+        config: ConfigArgs,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List the NPUs found, the backend serving each, and its capabilities.
+    Devices {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Sample AI Cube usage for a window and print peak, mean and sample counts per device.
+    Sample {
+        /// Length of the window.
+        #[arg(long, default_value = "5s", value_parser = parse_duration)]
+        window: Duration,
+        /// Sampling period.
+        #[arg(long, default_value = "50ms", value_parser = parse_duration)]
+        period: Duration,
+        /// Logic ids of the NPUs to sample (default: all).
+        #[arg(long, value_delimiter = ',', value_name = "IDS")]
+        devices: Option<Vec<u32>>,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Start a fake engine and the agent on the fake driver; show /status (fake-driver builds).
+    #[cfg(feature = "fake-driver")]
+    Demo(demo::DemoArgs),
+    /// Run the fake inference engine (fake-driver builds; used by tests and the demo).
+    #[cfg(feature = "fake-driver")]
+    #[command(hide = true)]
+    FakeEngine(demo::FakeEngineArgs),
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s)
+        .map_err(|e| format!("{s:?} is not a duration like 5s or 50ms: {e}"))
+}
+
+/// An error with the exit code it should produce.
+#[derive(Debug)]
+pub struct Failure {
+    code: u8,
+    error: anyhow::Error,
+}
+
+impl Failure {
+    /// A usage or configuration error (exit 2).
+    fn usage(error: impl Into<anyhow::Error>) -> Failure {
+        Failure {
+            code: EXIT_USAGE,
+            error: error.into(),
+        }
+    }
+}
+
+impl<E: Into<anyhow::Error>> From<E> for Failure {
+    fn from(e: E) -> Failure {
+        let error = e.into();
+        let code = match error.downcast_ref::<StartError>() {
+            Some(StartError::NoBackend { .. }) => EXIT_NO_BACKEND,
+            Some(StartError::UnknownDevice { .. } | StartError::Invalid(_)) => EXIT_USAGE,
+            _ => match error.downcast_ref::<crate::agent::AgentError>() {
+                Some(crate::agent::AgentError::Config(_)) => EXIT_USAGE,
+                Some(crate::agent::AgentError::Sampler(StartError::NoBackend { .. })) => {
+                    EXIT_NO_BACKEND
+                }
+                Some(crate::agent::AgentError::Sampler(_)) => EXIT_USAGE,
+                _ if error.downcast_ref::<crate::config::ConfigError>().is_some() => EXIT_USAGE,
+                _ => 1,
+            },
+        };
+        Failure { code, error }
+    }
+}
+
+/// Parses the command line, runs the command, prints a one-line error on failure.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let service = matches!(cli.command, Command::Run(_)) || is_demo(&cli.command);
+    init_logging(if service { "info" } else { "warn" });
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(f) => {
+            let chain: Vec<String> = f.error.chain().map(ToString::to_string).collect();
+            eprintln!("npu-health-agent: {}", chain.join(": "));
+            ExitCode::from(f.code)
+        }
+    }
+}
+
+#[cfg(feature = "fake-driver")]
+fn is_demo(c: &Command) -> bool {
+    matches!(c, Command::Demo(_) | Command::FakeEngine(_))
+}
+
+#[cfg(not(feature = "fake-driver"))]
+fn is_demo(_: &Command) -> bool {
+    false
+}
+
+fn init_logging(default: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_target(false)
+        .init();
+}
+
+/// Applies the global driver flags (and `--fake`) over `agent`.
+fn apply_driver_args(args: &DriverArgs, agent: &mut AgentSettings) -> Result<(), Failure> {
+    if let Some(p) = &args.dcmi_lib {
+        agent.dcmi_lib = Some(p.clone());
+    }
+    if let Some(p) = &args.npu_smi {
+        agent.npu_smi = p.clone();
+    }
+    if let Some(b) = args.backend {
+        agent.backend = b;
+    }
+    if args.dcmi_no_owner_check {
+        agent.dcmi_no_owner_check = true;
+    }
+    if let Some(d) = args.npu_smi_delay {
+        agent.npu_smi_delay = d;
+    }
+    #[cfg(feature = "fake-driver")]
+    if args.fake {
+        let mut driver = agent.driver();
+        crate::fake::apply(&mut driver, args.dcmi_lib.is_some(), args.npu_smi.is_some()).map_err(
+            |e| Failure {
+                code: 1,
+                error: anyhow::anyhow!(e),
+            },
+        )?;
+        agent.dcmi_lib = driver.dcmi_lib;
+        agent.npu_smi = driver.npu_smi;
+        agent.dcmi_no_owner_check = true;
+    }
+    Ok(())
+}
+
+impl ConfigArgs {
+    /// Loads the configuration from either mode and applies the driver flags.
+    pub fn load(&self, driver: &DriverArgs) -> Result<AgentConfig, Failure> {
+        let mut cfg = match (&self.config, &self.config_path) {
+            (Some(path), _) => file::load(path).map_err(Failure::usage)?,
+            (None, Some(config_path)) => {
+                let missing: Vec<&str> = [
+                    ("--role", self.role.is_none()),
+                    ("--host", self.host.is_none()),
+                    ("--port", self.port.is_none()),
+                    ("--mgmt-port", self.mgmt_port.is_none()),
+                ]
+                .into_iter()
+                .filter_map(|(f, m)| m.then_some(f))
+                .collect();
+                if !missing.is_empty() {
+                    return Err(Failure::usage(anyhow::anyhow!(
+                        "single-engine mode (--config-path) also needs {}",
+                        missing.join(", ")
+                    )));
+                }
+                let flags = SingleEngine {
+                    config_path: config_path.clone(),
+                    role: self.role.unwrap_or(Role::Union),
+                    host: self.host.clone().unwrap_or_default(),
+                    port: self.port.unwrap_or_default(),
+                    mgmt_port: self.mgmt_port.unwrap_or_default(),
+                    dp_rank: self.dp_rank,
+                    devices: self.devices.clone(),
+                    env_config_path: self.env_config_path.clone(),
+                };
+                AgentConfig::single(&flags, AgentSettings::default()).map_err(Failure::usage)?
+            }
+            (None, None) => {
+                return Err(Failure::usage(anyhow::anyhow!(
+                    "nothing to monitor: give --config agent.toml, or --config-path user_config.json with --role, --host, --port and --mgmt-port"
+                )));
+            }
+        };
+        if let Some(p) = self.sample_period {
+            if p < crate::sampler::MIN_PERIOD || p > crate::sampler::MAX_PERIOD {
+                return Err(Failure::usage(anyhow::anyhow!(
+                    "--sample-period {p:?} is outside 10µs..=60s"
+                )));
+            }
+            cfg.agent.sample_period = p;
+        }
+        if let Some(a) = self.admin_listen {
+            cfg.agent.admin_listen = Some(a);
+        }
+        apply_driver_args(driver, &mut cfg.agent)?;
+        Ok(cfg)
+    }
+}
+
+fn runtime(workers: usize) -> Result<tokio::runtime::Runtime, Failure> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers.max(1))
+        .thread_name("npu-agent-rt")
+        .enable_all()
+        .build()
+        .map_err(|e| Failure::from(anyhow::anyhow!("cannot start the async runtime: {e}")))
+}
+
+fn run(cli: Cli) -> Result<(), Failure> {
+    match cli.command {
+        Command::Run(c) => {
+            let cfg = c.load(&cli.driver)?;
+            runtime(cfg.agent.worker_threads)?.block_on(crate::agent::run(cfg))?;
+            Ok(())
+        }
+        Command::CheckConfig(c) => service::check_config(&c.load(&cli.driver)?),
+        Command::Doctor { config, json } => {
+            let cfg = config.load(&cli.driver)?;
+            runtime(cfg.agent.worker_threads)?.block_on(service::doctor(cfg, json))
+        }
+        Command::Devices { json } => {
+            let mut agent = AgentSettings::default();
+            apply_driver_args(&cli.driver, &mut agent)?;
+            inspect::devices(&agent.driver(), json)
+        }
+        Command::Sample {
+            window,
+            period,
+            devices,
+            json,
+        } => {
+            let mut agent = AgentSettings::default();
+            apply_driver_args(&cli.driver, &mut agent)?;
+            inspect::sample(&agent.driver(), window, period, devices, json)
+        }
+        #[cfg(feature = "fake-driver")]
+        Command::Demo(args) => runtime(2)?.block_on(demo::demo(args)),
+        #[cfg(feature = "fake-driver")]
+        Command::FakeEngine(args) => runtime(2)?.block_on(demo::fake_engine(args)),
+    }
+}

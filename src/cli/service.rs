@@ -1,0 +1,155 @@
+//! `check-config` and `doctor`: what the agent will do, before it does it.
+
+use super::Failure;
+use crate::config::AgentConfig;
+use crate::engine::EngineState;
+use crate::probe::gates::{self, Condition};
+use crate::probe::health::HealthCollector;
+use crate::probe::http::EngineClient;
+use crate::sampler::{Sampler, SamplerConfig};
+use anyhow::Context;
+use serde_json::json;
+use std::time::Duration;
+
+/// Prints the effective configuration (defaults filled in) as JSON.
+pub fn check_config(cfg: &AgentConfig) -> Result<(), Failure> {
+    let text = serde_json::to_string_pretty(cfg).context("rendering the configuration")?;
+    println!("{text}");
+    eprintln!(
+        "{}: configuration is valid ({} engine(s))",
+        cfg.source,
+        cfg.engines.len()
+    );
+    Ok(())
+}
+
+/// Evaluates every condition for every engine, probing `/health` once.
+pub async fn doctor(cfg: AgentConfig, json_out: bool) -> Result<(), Failure> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let driver = cfg.agent.driver();
+    let sampler_result = tokio::task::spawn_blocking(move || {
+        let s = Sampler::start(&driver, &SamplerConfig::default());
+        if let Ok(s) = &s {
+            s.wait_settled(Duration::from_secs(10));
+        }
+        s
+    })
+    .await
+    .context("sampler start-up")?;
+    let mut reports = Vec::new();
+    for spec in &cfg.engines {
+        let mut conditions = gates::static_conditions(spec);
+        match &sampler_result {
+            Ok(sampler) => {
+                let cube: Vec<(u32, &'static str)> = sampler
+                    .devices()
+                    .iter()
+                    .filter(|d| {
+                        spec.devices
+                            .value
+                            .as_ref()
+                            .is_none_or(|ids| ids.contains(&d.info.id))
+                    })
+                    .map(|d| (d.info.id, d.source().backend()))
+                    .collect();
+                let mut c = gates::cube_condition(&cube);
+                if let Some(ids) = &spec.devices.value {
+                    let missing: Vec<u32> = ids
+                        .iter()
+                        .filter(|id| !cube.iter().any(|(c, _)| c == *id))
+                        .copied()
+                        .collect();
+                    if !missing.is_empty() {
+                        c.ok = Some(false);
+                        c.note =
+                            format!("NPUs {missing:?} ({}) were not found", spec.devices.source);
+                    }
+                }
+                conditions.push(c);
+            }
+            Err(e) => conditions.push(Condition {
+                name: "ai_cube",
+                value: "no driver backend".to_owned(),
+                ok: Some(false),
+                note: e.to_string(),
+            }),
+        }
+        let health = match EngineClient::new(spec) {
+            Ok(client) => {
+                let hc = &spec.health_check_config;
+                let mut collector = HealthCollector::new(
+                    client.health(),
+                    Duration::from_secs(hc.health_collector_timeout),
+                    hc.health_collector_timeout_retry_attempts,
+                );
+                let outcome = collector.probe().await;
+                let state = EngineState::new(spec.clone(), Vec::new());
+                state.record_health(&outcome, collector.has_connected());
+                let d = state.health_detail();
+                let mut c =
+                    gates::health_condition(collector.has_connected(), d.last_error.as_deref());
+                if d.state == "unhealthy" {
+                    c.ok = Some(false);
+                    c.value = "answers unhealthy".to_owned();
+                    c.note = d.last_error.unwrap_or_default();
+                }
+                c
+            }
+            Err(e) => Condition {
+                name: "health",
+                value: "no client".to_owned(),
+                ok: Some(false),
+                note: e.to_string(),
+            },
+        };
+        conditions.push(health);
+        let will_run = conditions.iter().all(|c| c.ok == Some(true));
+        reports.push((spec, conditions, will_run));
+    }
+    if let Ok(s) = sampler_result {
+        tokio::task::spawn_blocking(move || s.shutdown()).await.ok();
+    }
+    if json_out {
+        let engines: Vec<_> = reports
+            .iter()
+            .map(|(spec, conditions, will_run)| {
+                json!({
+                    "engine": spec.name,
+                    "inference": spec.infer_authority(),
+                    "mgmt_listen": spec.mgmt_listen,
+                    "conditions": conditions,
+                    "virtual_inference_will_run": will_run,
+                })
+            })
+            .collect();
+        println!("{}", json!({ "engines": engines }));
+        return Ok(());
+    }
+    for (spec, conditions, will_run) in &reports {
+        println!(
+            "engine {} ({} role, inference {}, /status on {})",
+            spec.name,
+            spec.role.as_str(),
+            spec.infer_authority(),
+            spec.mgmt_listen
+        );
+        println!("  {:<26} {:<44} VERDICT", "CONDITION", "VALUE");
+        for c in conditions {
+            let verdict = match c.ok {
+                Some(true) => "ok".to_owned(),
+                Some(false) => format!("blocks: {}", c.note),
+                None => format!("pending: {}", c.note),
+            };
+            println!("  {:<26} {:<44} {verdict}", c.name, c.value);
+        }
+        println!(
+            "  => virtual inference {}\n",
+            if *will_run {
+                "will run (it starts at the first /status after /health answers)"
+            } else {
+                "will NOT run"
+            }
+        );
+    }
+    Ok(())
+}

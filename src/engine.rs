@@ -1,0 +1,535 @@
+//! One monitored engine: its `/health` state, its virtual inference, and the verdict that
+//! `/status` serves (reference §3.3).
+//!
+//! The verdict is computed from atomics, so `/status` never waits on the engine: a background
+//! task probes `/health` every `health_period` (the reference probes inside every `/status`
+//! request, so a `/health` that takes 30 s under load makes Node Manager's 5 s poll time out).
+//!
+//! - `/health` never answered → `initial`;
+//! - answered once, failing now (or answering `false`) → `abnormal`;
+//! - healthy: the first such `/status` starts virtual inference (one-shot, as the reference);
+//!   `abnormal` if virtual inference is, else `normal`.
+//!
+//! Re-arm (not in the reference, which dies with its engine): after `abnormal`, once
+//! `/health` goes down and then answers again — the engine restarted — virtual inference goes
+//! back to its initial state and the next healthy `/status` starts a new warm-up.
+
+use crate::config::EngineSpec;
+use crate::probe::gates::{self, Condition};
+use crate::probe::health::{HealthCollector, HealthOutcome, HealthTransport};
+use crate::probe::virtual_inference::{self, LoopConfig, PeakSource, Phase, Prober, ViState};
+use crate::ring::Ring;
+use crate::sampler::Shared;
+use crate::window;
+use serde::Serialize;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+/// What `/status` answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    Initial,
+    Normal,
+    Abnormal,
+}
+
+impl Status {
+    /// The exact body MindIE's engine server returns.
+    pub fn body(self) -> &'static str {
+        match self {
+            Status::Initial => r#"{"status":"initial"}"#,
+            Status::Normal => r#"{"status":"normal"}"#,
+            Status::Abnormal => r#"{"status":"abnormal"}"#,
+        }
+    }
+
+    /// `initial`, `normal` or `abnormal`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Initial => "initial",
+            Status::Normal => "normal",
+            Status::Abnormal => "abnormal",
+        }
+    }
+}
+
+const NEVER: u8 = 0;
+const HEALTHY: u8 = 1;
+const UNHEALTHY: u8 = 2;
+
+/// `/health` as last seen.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct HealthDetail {
+    /// `never_answered`, `healthy` or `unhealthy`.
+    pub state: &'static str,
+    pub has_connected: bool,
+    /// Unix milliseconds of the last healthy probe.
+    pub last_ok_unix_ms: Option<u64>,
+    pub last_error: Option<String>,
+    pub consecutive_failures: u64,
+    pub probes: u64,
+}
+
+/// Shared state of one engine.
+#[derive(Debug)]
+pub struct EngineState {
+    pub spec: EngineSpec,
+    /// Ring indices of the engine's NPUs.
+    pub devices: Vec<u16>,
+    health: AtomicU8,
+    health_detail: Mutex<HealthDetail>,
+    /// The one-shot start latch of the reference's `/status`.
+    started: AtomicBool,
+    start: Notify,
+    /// `/health` failed after virtual inference went abnormal (restart detection).
+    down_after_abnormal: AtomicBool,
+    pub vi: ViState,
+    conditions: Mutex<Vec<Condition>>,
+    rearms: AtomicU64,
+}
+
+impl EngineState {
+    /// A fresh engine: `/health` never answered, virtual inference not started.
+    pub fn new(spec: EngineSpec, devices: Vec<u16>) -> EngineState {
+        let conditions = gates::static_conditions(&spec);
+        EngineState {
+            spec,
+            devices,
+            health: AtomicU8::new(NEVER),
+            health_detail: Mutex::new(HealthDetail {
+                state: "never_answered",
+                ..HealthDetail::default()
+            }),
+            started: AtomicBool::new(false),
+            start: Notify::new(),
+            down_after_abnormal: AtomicBool::new(false),
+            vi: ViState::default(),
+            conditions: Mutex::new(conditions),
+            rearms: AtomicU64::new(0),
+        }
+    }
+
+    /// The verdict for `/status`; the first healthy call starts virtual inference.
+    pub fn status(&self) -> Status {
+        match self.health.load(Ordering::Acquire) {
+            NEVER => Status::Initial,
+            UNHEALTHY => Status::Abnormal,
+            _ => {
+                if !self.started.swap(true, Ordering::AcqRel) {
+                    self.start.notify_one();
+                }
+                if self.vi.abnormal() {
+                    Status::Abnormal
+                } else {
+                    Status::Normal
+                }
+            }
+        }
+    }
+
+    /// The verdict without side effects (for `/status/detail`, logs and metrics).
+    pub fn peek_status(&self) -> Status {
+        match self.health.load(Ordering::Acquire) {
+            NEVER => Status::Initial,
+            UNHEALTHY => Status::Abnormal,
+            _ if self.vi.abnormal() => Status::Abnormal,
+            _ => Status::Normal,
+        }
+    }
+
+    /// Why the verdict is what it is.
+    pub fn reason(&self) -> String {
+        let h = self.health_detail();
+        match self.peek_status() {
+            Status::Initial => format!(
+                "the engine's /health has not answered yet{}",
+                h.last_error.map(|e| format!(" ({e})")).unwrap_or_default()
+            ),
+            Status::Abnormal if h.state == "unhealthy" => format!(
+                "/health answered before and fails now: {}",
+                h.last_error.unwrap_or_default()
+            ),
+            Status::Abnormal => format!(
+                "virtual inference is abnormal: {}",
+                self.vi.abnormal_reason().unwrap_or_default()
+            ),
+            Status::Normal => match self.vi.phase() {
+                Phase::Disabled => {
+                    "/health answers; virtual inference is disabled (see conditions)".to_owned()
+                }
+                Phase::NotStarted => {
+                    "/health answers; virtual inference starts at the next /status".to_owned()
+                }
+                _ => "/health answers and virtual inference is not abnormal".to_owned(),
+            },
+        }
+    }
+
+    /// Copy of the `/health` details.
+    pub fn health_detail(&self) -> HealthDetail {
+        self.health_detail
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// The enabling conditions as last evaluated.
+    pub fn conditions(&self) -> Vec<Condition> {
+        self.conditions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// How many times virtual inference was re-armed after an engine restart.
+    pub fn rearms(&self) -> u64 {
+        self.rearms.load(Ordering::Relaxed)
+    }
+
+    fn set_condition(&self, c: Condition) {
+        let mut all = self.conditions.lock().unwrap_or_else(|p| p.into_inner());
+        match all.iter_mut().find(|x| x.name == c.name) {
+            Some(slot) => *slot = c,
+            None => all.push(c),
+        }
+    }
+
+    /// Applies one `/health` outcome.
+    pub fn record_health(&self, outcome: &HealthOutcome, has_connected: bool) {
+        let name = &self.spec.name;
+        let before = self.health.load(Ordering::Acquire);
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let mut d = self.health_detail.lock().unwrap_or_else(|p| p.into_inner());
+        d.probes += 1;
+        d.has_connected = has_connected;
+        let after = match outcome {
+            HealthOutcome::Healthy => {
+                d.state = "healthy";
+                d.last_ok_unix_ms = Some(now_ms);
+                d.consecutive_failures = 0;
+                d.last_error = None;
+                HEALTHY
+            }
+            HealthOutcome::Unhealthy(e) => {
+                d.state = "unhealthy";
+                d.consecutive_failures += 1;
+                d.last_error = Some(e.clone());
+                UNHEALTHY
+            }
+            HealthOutcome::NeverConnected(e) => {
+                d.consecutive_failures += 1;
+                d.last_error = Some(e.clone());
+                NEVER
+            }
+        };
+        drop(d);
+        self.set_condition(gates::health_condition(
+            has_connected,
+            self.health_detail().last_error.as_deref(),
+        ));
+        self.health.store(after, Ordering::Release);
+        if after != before {
+            match after {
+                HEALTHY => tracing::info!(engine = %name, "/health answers"),
+                UNHEALTHY => {
+                    tracing::warn!(engine = %name, "/health fails: {}", self.health_detail().last_error.unwrap_or_default())
+                }
+                _ => {}
+            }
+        }
+        if after == UNHEALTHY && self.vi.abnormal() {
+            self.down_after_abnormal.store(true, Ordering::Release);
+        }
+        if after == HEALTHY
+            && self.down_after_abnormal.swap(false, Ordering::AcqRel)
+            && self.vi.abnormal()
+        {
+            tracing::warn!(engine = %name, "the engine restarted (/health down, then up); virtual inference is re-armed");
+            self.vi.rearm();
+            self.rearms.fetch_add(1, Ordering::Relaxed);
+            self.started.store(false, Ordering::Release);
+        }
+    }
+
+    /// Evaluates the start gates when the first healthy `/status` arrives; true if virtual
+    /// inference may run. `cube` lists (logic id, backend) of the engine's NPUs.
+    pub fn decide_start(&self, cube: &[(u32, &'static str)]) -> bool {
+        self.set_condition(gates::cube_condition(cube));
+        let conditions = self.conditions();
+        let blocking: Vec<&Condition> = conditions
+            .iter()
+            .filter(|c| c.name != "health" && c.ok == Some(false))
+            .collect();
+        if let Some(first) = blocking.first() {
+            tracing::warn!(engine = %self.spec.name, condition = first.name, "virtual inference does not run: {}", first.note);
+            self.vi.set_phase(Phase::Disabled);
+            return false;
+        }
+        true
+    }
+}
+
+/// Peak AI Cube usage of an engine's NPUs, from the ring.
+#[derive(Debug, Clone)]
+pub struct RingPeaks {
+    pub shared: Arc<Shared>,
+    pub devices: Vec<u16>,
+}
+
+impl PeakSource for RingPeaks {
+    fn peak(&self, window: Duration) -> Option<f64> {
+        window::query(&self.shared.ring, &self.devices, window)
+            .combined
+            .peak
+            .map(f64::from)
+    }
+}
+
+impl RingPeaks {
+    /// The ring itself.
+    pub fn ring(&self) -> &Ring {
+        &self.shared.ring
+    }
+}
+
+/// Probes `/health` every `health_period` until cancelled.
+pub async fn health_task<T: HealthTransport>(
+    state: Arc<EngineState>,
+    transport: T,
+    cancel: CancellationToken,
+) {
+    let hc = &state.spec.health_check_config;
+    let mut collector = HealthCollector::new(
+        transport,
+        Duration::from_secs(hc.health_collector_timeout),
+        hc.health_collector_timeout_retry_attempts,
+    );
+    let period = state.spec.timing.health_period;
+    loop {
+        let outcome = tokio::select! {
+            _ = cancel.cancelled() => return,
+            o = collector.probe() => o,
+        };
+        state.record_health(&outcome, collector.has_connected());
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(period) => {}
+        }
+    }
+}
+
+/// Waits for the start latch, checks the gates, runs virtual inference; repeats after a
+/// re-arm. `cube` reports the NPUs' backends at start time.
+pub async fn virtual_inference_task<P: Prober, S: PeakSource>(
+    state: Arc<EngineState>,
+    prober: P,
+    peaks: S,
+    cube: impl Fn() -> Vec<(u32, &'static str)>,
+    cancel: CancellationToken,
+) {
+    let spec = &state.spec;
+    let cfg = LoopConfig {
+        engine: spec.name.clone(),
+        npu_usage_threshold: spec.health_check_config.npu_usage_threshold,
+        max_failure_count: spec.health_check_config.max_failure_count,
+        timing: spec.timing.clone(),
+    };
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = state.start.notified() => {}
+        }
+        if !state.decide_start(&cube()) {
+            // One-shot as in the reference: a refused start is not retried until a re-arm.
+            continue;
+        }
+        tracing::info!(engine = %spec.name, "virtual inference starts (warm-up request)");
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = virtual_inference::run(&cfg, &prober, &peaks, &state.vi) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::file;
+    use crate::probe::health::Fetch;
+    use crate::probe::virtual_inference::{Failure, ProbeResult};
+    use std::collections::VecDeque;
+    use std::path::Path;
+
+    fn spec(hc: &str) -> EngineSpec {
+        let text = format!(
+            "[[engine]]\nengine_type = \"vllm\"\nserved_model_name = \"m\"\nhost = \"127.0.0.1\"\nport = 8000\nmgmt_port = 9001\nengine_env = {{}}\n[engine.timing]\nhealth_period = \"1s\"\n[engine.health_check_config]\n{hc}"
+        );
+        file::parse(&text, Path::new("/x/agent.toml"))
+            .unwrap()
+            .engines
+            .remove(0)
+    }
+
+    fn outcome(o: &str) -> HealthOutcome {
+        match o {
+            "ok" => HealthOutcome::Healthy,
+            "down" => HealthOutcome::Unhealthy("refused".into()),
+            _ => HealthOutcome::NeverConnected("refused".into()),
+        }
+    }
+
+    // test_mgmt_endpoint_bootstrap.py: /status is initial before the engine answers.
+    #[test]
+    fn initial_until_health_answers_then_normal() {
+        let st = EngineState::new(spec("enable_virtual_inference = true"), vec![0]);
+        assert_eq!(st.status(), Status::Initial);
+        assert_eq!(Status::Initial.body(), r#"{"status":"initial"}"#);
+        st.record_health(&outcome("never"), false);
+        assert_eq!(st.status(), Status::Initial);
+        assert!(
+            !st.started.load(Ordering::Acquire),
+            "initial does not start the loop"
+        );
+        st.record_health(&outcome("ok"), true);
+        assert_eq!(st.status(), Status::Normal);
+        assert!(
+            st.started.load(Ordering::Acquire),
+            "the first healthy /status starts it"
+        );
+        st.record_health(&outcome("down"), true);
+        assert_eq!(st.status(), Status::Abnormal, "connected then failed");
+        assert!(st.reason().contains("refused"));
+    }
+
+    #[test]
+    fn status_bodies_are_exact() {
+        assert_eq!(Status::Normal.body(), r#"{"status":"normal"}"#);
+        assert_eq!(Status::Abnormal.body(), r#"{"status":"abnormal"}"#);
+    }
+
+    #[test]
+    fn gates_block_the_start_and_name_the_condition() {
+        let st = EngineState::new(spec("enable_virtual_inference = false"), vec![0]);
+        assert!(!st.decide_start(&[(0, "dcmi")]));
+        assert_eq!(st.vi.phase(), Phase::Disabled);
+        let st = EngineState::new(spec("enable_virtual_inference = true"), vec![0]);
+        assert!(!st.decide_start(&[(0, "none")]));
+        let st = EngineState::new(spec("enable_virtual_inference = true"), vec![0]);
+        assert!(st.decide_start(&[(0, "dcmi")]));
+    }
+
+    struct Scripted(Mutex<VecDeque<Fetch>>);
+    impl HealthTransport for Arc<Scripted> {
+        async fn get(&self, _t: Duration) -> Fetch {
+            self.0
+                .lock()
+                .unwrap()
+                .pop_front()
+                .unwrap_or(Fetch::Error("script over".into()))
+        }
+    }
+
+    struct AlwaysFail;
+    impl Prober for AlwaysFail {
+        async fn send(&self, _t: Duration) -> ProbeResult {
+            ProbeResult {
+                outcome: Err(Failure::Transport("refused".into())),
+                latency: Duration::from_millis(1),
+            }
+        }
+    }
+
+    struct Idle;
+    impl PeakSource for Idle {
+        fn peak(&self, _w: Duration) -> Option<f64> {
+            Some(0.0)
+        }
+    }
+
+    /// Lets spawned tasks run up to `d` of paused time.
+    async fn advance(d: Duration) {
+        tokio::time::sleep(d).await;
+    }
+
+    // Warm-up fails → abnormal; the engine restarts (/health down then up) → re-armed →
+    // initial state, and the next healthy /status starts a new warm-up.
+    #[tokio::test(start_paused = true)]
+    async fn abnormal_then_engine_restart_rearms() {
+        let st = Arc::new(EngineState::new(
+            spec("enable_virtual_inference = true"),
+            vec![0],
+        ));
+        let cancel = CancellationToken::new();
+        let vi = tokio::spawn(virtual_inference_task(
+            st.clone(),
+            AlwaysFail,
+            Idle,
+            || vec![(0, "dcmi")],
+            cancel.clone(),
+        ));
+        st.record_health(&outcome("ok"), true);
+        assert_eq!(st.status(), Status::Normal);
+        advance(Duration::from_secs(1)).await;
+        assert!(st.vi.abnormal(), "the failed warm-up is abnormal");
+        assert_eq!(st.status(), Status::Abnormal);
+        // Without a restart, abnormal stays.
+        st.record_health(&outcome("ok"), true);
+        assert_eq!(st.status(), Status::Abnormal);
+        st.record_health(&outcome("down"), true);
+        st.record_health(&outcome("ok"), true);
+        assert_eq!(st.rearms(), 1);
+        assert!(!st.vi.abnormal());
+        assert_eq!(st.vi.phase(), Phase::NotStarted);
+        // The next /status starts a new warm-up (which fails again with this prober).
+        assert_eq!(st.status(), Status::Normal);
+        advance(Duration::from_secs(1)).await;
+        assert!(st.vi.abnormal());
+        let (_, failures) = st.vi.outcomes();
+        assert_eq!(failures, 2, "two warm-ups");
+        cancel.cancel();
+        vi.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn health_task_probes_periodically_and_stops_on_cancel() {
+        let st = Arc::new(EngineState::new(
+            spec("health_collector_timeout_retry_attempts = 1"),
+            vec![0],
+        ));
+        let script = Arc::new(Scripted(Mutex::new(
+            vec![
+                Fetch::Error("refused".into()),
+                Fetch::Response {
+                    status: 200,
+                    body: "true".into(),
+                },
+                Fetch::Response {
+                    status: 200,
+                    body: "false".into(),
+                },
+            ]
+            .into(),
+        )));
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(health_task(st.clone(), script, cancel.clone()));
+        advance(Duration::from_millis(10)).await;
+        assert_eq!(st.peek_status(), Status::Initial);
+        advance(Duration::from_secs(1)).await;
+        assert_eq!(st.peek_status(), Status::Normal);
+        advance(Duration::from_secs(1)).await;
+        assert_eq!(
+            st.peek_status(),
+            Status::Abnormal,
+            "body false after connecting"
+        );
+        assert_eq!(st.health_detail().probes, 3);
+        cancel.cancel();
+        task.await.unwrap();
+    }
+}

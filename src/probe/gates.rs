@@ -1,0 +1,281 @@
+//! The conditions under which virtual inference runs (reference §1.2–§1.3), each with its
+//! value and verdict, for `doctor`, `/status/detail` and the start decision.
+//!
+//! The reference's order: engine type, DP rank and headless are decided from the config;
+//! then, at the first healthy `/status`: `enable_virtual_inference`, the
+//! `ASCEND_GLOBAL_LOG_LEVEL` gate, the threshold range, and AI Cube readability. `/health`
+//! answering is what triggers the start.
+
+use crate::config::EngineSpec;
+use crate::config::mindie::EngineType;
+use serde::Serialize;
+
+/// One enabling condition.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Condition {
+    pub name: &'static str,
+    /// The value the agent sees, with its source.
+    pub value: String,
+    /// Whether it lets virtual inference run (`None`: not known yet).
+    pub ok: Option<bool>,
+    /// Why, when it blocks (the reference's log text where there is one).
+    pub note: String,
+}
+
+impl Condition {
+    fn new(
+        name: &'static str,
+        value: impl Into<String>,
+        ok: bool,
+        note: impl Into<String>,
+    ) -> Condition {
+        Condition {
+            name,
+            value: value.into(),
+            ok: Some(ok),
+            note: note.into(),
+        }
+    }
+}
+
+/// The environment variable of the log-level gate.
+pub const LOG_LEVEL_VAR: &str = "ASCEND_GLOBAL_LOG_LEVEL";
+
+/// The reference's log-level rule: unset, blank after trimming, or exactly `3` (after
+/// trimming) allow virtual inference; anything else (`1`, `03`, `ERROR`) disables it.
+pub fn log_level_allows(value: Option<&str>) -> bool {
+    match value.map(str::trim) {
+        None | Some("") | Some("3") => true,
+        Some(_) => false,
+    }
+}
+
+/// Conditions known from the configuration alone.
+pub fn static_conditions(spec: &EngineSpec) -> Vec<Condition> {
+    let hc = &spec.health_check_config;
+    let mut v = Vec::new();
+    v.push(match spec.engine_type {
+        EngineType::Vllm => Condition::new("engine_type", "vllm", true, ""),
+        EngineType::Sglang => Condition::new(
+            "engine_type",
+            "sglang",
+            false,
+            "virtual inference is not supported for SGLang engines; disabled",
+        ),
+    });
+    v.push(Condition::new(
+        "enable_virtual_inference",
+        hc.enable_virtual_inference.to_string(),
+        hc.enable_virtual_inference,
+        if hc.enable_virtual_inference {
+            ""
+        } else {
+            "Health check is disabled"
+        },
+    ));
+    v.push(Condition::new(
+        "dp_rank",
+        spec.dp_rank.to_string(),
+        spec.dp_rank == 0,
+        if spec.dp_rank == 0 {
+            ""
+        } else {
+            "only DP rank 0 performs virtual inference"
+        },
+    ));
+    v.push(Condition::new(
+        "headless",
+        spec.headless.to_string(),
+        !spec.headless,
+        if spec.headless {
+            "headless (PCP follower) engines do not perform virtual inference"
+        } else {
+            ""
+        },
+    ));
+    let level = spec.engine_env.lookup(spec.role, LOG_LEVEL_VAR);
+    let (value, ok, note) = match &level {
+        None => (
+            format!("unset ({}; ERROR by default)", spec.engine_env.describe()),
+            true,
+            String::new(),
+        ),
+        Some(l) => {
+            let ok = log_level_allows(Some(&l.value));
+            let shown = format!("'{}' (from {})", l.value, l.source);
+            let note = if ok {
+                String::new()
+            } else {
+                format!(
+                    "Virtual inference requires {LOG_LEVEL_VAR}=3 (ERROR); got '{}'. Virtual inference is disabled.",
+                    l.value
+                )
+            };
+            (shown, ok, note)
+        }
+    };
+    v.push(Condition::new(LOG_LEVEL_VAR, value, ok, note));
+    let t = hc.npu_usage_threshold;
+    v.push(Condition::new(
+        "npu_usage_threshold",
+        t.to_string(),
+        hc.threshold_ok(),
+        if hc.threshold_ok() {
+            String::new()
+        } else {
+            format!("npu_usage_threshold {t} is outside (0, 100]; virtual inference does not start")
+        },
+    ));
+    v
+}
+
+/// AI Cube readability: at least one of the engine's NPUs has a source.
+pub fn cube_condition(sources: &[(u32, &'static str)]) -> Condition {
+    let value = sources
+        .iter()
+        .map(|(id, b)| format!("{id}:{b}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let ok = sources.iter().any(|(_, b)| *b != "none");
+    Condition::new(
+        "ai_cube",
+        value,
+        ok,
+        if ok {
+            ""
+        } else {
+            "AI Cube usage is readable neither through DCMI nor npu-smi on the engine's NPUs; virtual inference is disabled"
+        },
+    )
+}
+
+/// `/health` answered at least once.
+pub fn health_condition(has_connected: bool, last_error: Option<&str>) -> Condition {
+    Condition {
+        name: "health",
+        value: if has_connected {
+            "answered".to_owned()
+        } else {
+            "not answered yet".to_owned()
+        },
+        ok: has_connected.then_some(true),
+        note: if has_connected {
+            String::new()
+        } else {
+            format!(
+                "virtual inference starts at the first /status after /health answers{}",
+                last_error
+                    .map(|e| format!(" (last: {e})"))
+                    .unwrap_or_default()
+            )
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::file;
+    use std::path::Path;
+
+    // test_sim_inference.py: level "1" → off; "3" or unset → on. Strings are compared after
+    // trimming, so " 3 " passes and "03" does not.
+    #[test]
+    fn log_level_rule() {
+        for (v, ok) in [
+            (None, true),
+            (Some(""), true),
+            (Some("   "), true),
+            (Some("3"), true),
+            (Some(" 3 "), true),
+            (Some("03"), false),
+            (Some("0"), false),
+            (Some("1"), false),
+            (Some("2"), false),
+            (Some("4"), false),
+            (Some("ERROR"), false),
+        ] {
+            assert_eq!(log_level_allows(v), ok, "{v:?}");
+        }
+    }
+
+    fn spec(extra: &str, engine_extra: &str) -> EngineSpec {
+        let enable = if extra.contains("enable_virtual_inference") {
+            ""
+        } else {
+            "enable_virtual_inference = true"
+        };
+        let text = format!(
+            "[[engine]]\nengine_type = \"vllm\"\nserved_model_name = \"m\"\nhost = \"127.0.0.1\"\nport = 8000\nmgmt_port = 9001\n{engine_extra}\n[engine.health_check_config]\n{enable}\n{extra}"
+        );
+        file::parse(&text, Path::new("/x/agent.toml"))
+            .unwrap()
+            .engines
+            .remove(0)
+    }
+
+    fn verdict(s: &EngineSpec, name: &str) -> bool {
+        static_conditions(s)
+            .iter()
+            .find(|c| c.name == name)
+            .unwrap()
+            .ok
+            .unwrap()
+    }
+
+    // test_mgmt_endpoint.py: dp_rank 2 → disabled, dp 0 → enabled; headless; sglang.
+    #[test]
+    fn gate_matrix() {
+        let s = spec(
+            "",
+            "dp_rank = 2\nengine_env = { ASCEND_GLOBAL_LOG_LEVEL = \"3\" }",
+        );
+        assert!(!verdict(&s, "dp_rank"));
+        assert!(verdict(&s, LOG_LEVEL_VAR));
+        let s = spec("", "headless = true");
+        assert!(!verdict(&s, "headless"));
+        let s = spec("", "engine_env = { ASCEND_GLOBAL_LOG_LEVEL = \"1\" }");
+        let c = static_conditions(&s);
+        let lvl = c.iter().find(|c| c.name == LOG_LEVEL_VAR).unwrap();
+        assert_eq!(lvl.ok, Some(false));
+        assert!(
+            lvl.note
+                .contains("requires ASCEND_GLOBAL_LOG_LEVEL=3 (ERROR); got '1'"),
+            "{}",
+            lvl.note
+        );
+        for (t, ok) in [
+            ("3", true),
+            ("0", false),
+            ("-1", false),
+            ("101", false),
+            ("200", false),
+            ("100", true),
+        ] {
+            let s = spec(&format!("npu_usage_threshold = {t}"), "");
+            assert_eq!(verdict(&s, "npu_usage_threshold"), ok, "{t}");
+        }
+        let mut s = spec("", "");
+        s.engine_type = EngineType::Sglang;
+        assert!(!verdict(&s, "engine_type"));
+        let s = spec("enable_virtual_inference = false", "");
+        let c = static_conditions(&s);
+        assert_eq!(
+            c.iter()
+                .find(|c| c.name == "enable_virtual_inference")
+                .unwrap()
+                .note,
+            "Health check is disabled"
+        );
+    }
+
+    #[test]
+    fn cube_and_health_conditions() {
+        assert_eq!(cube_condition(&[(0, "dcmi"), (1, "none")]).ok, Some(true));
+        let c = cube_condition(&[(0, "none")]);
+        assert_eq!(c.ok, Some(false));
+        assert!(c.note.contains("neither through DCMI nor npu-smi"));
+        assert_eq!(health_condition(false, Some("refused")).ok, None);
+        assert_eq!(health_condition(true, None).ok, Some(true));
+    }
+}

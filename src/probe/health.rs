@@ -1,0 +1,234 @@
+//! HealthCollector: probes the engine's `GET /health` as the reference does (§3.4).
+//!
+//! Up to `health_collector_timeout_retry_attempts` attempts, each bounded by
+//! `health_collector_timeout`; only timeouts are retried. Healthy ⇔ 2xx and a body that is not
+//! exactly `false` (case-insensitive). A failure after the engine has once answered is
+//! *unhealthy* (→ `abnormal`); a failure before that means the engine was never reached
+//! (→ `initial`).
+
+use std::time::Duration;
+
+/// What one transport attempt returned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fetch {
+    /// An HTTP response.
+    Response { status: u16, body: String },
+    /// No answer within the timeout.
+    Timeout,
+    /// Connection refused, reset, TLS failure, …
+    Error(String),
+}
+
+/// Something that can `GET /health` once with a timeout (the real client or a test double).
+pub trait HealthTransport {
+    fn get(&self, timeout: Duration) -> impl Future<Output = Fetch> + Send;
+}
+
+/// Result of one probe (all attempts).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HealthOutcome {
+    Healthy,
+    /// Connected before, failing now (or answering `false`).
+    Unhealthy(String),
+    /// Never reached: the reference re-raises, and `/status` says `initial`.
+    NeverConnected(String),
+}
+
+/// The collector for one engine.
+#[derive(Debug)]
+pub struct HealthCollector<T> {
+    transport: T,
+    timeout: Duration,
+    attempts: u64,
+    has_connected: bool,
+}
+
+impl<T: HealthTransport> HealthCollector<T> {
+    /// `timeout` per attempt; `attempts` in total (at least 1).
+    pub fn new(transport: T, timeout: Duration, attempts: u64) -> Self {
+        HealthCollector {
+            transport,
+            timeout,
+            attempts: attempts.max(1),
+            has_connected: false,
+        }
+    }
+
+    /// Whether `/health` has ever answered with a 2xx.
+    pub fn has_connected(&self) -> bool {
+        self.has_connected
+    }
+
+    /// Probes once (with retries on timeout).
+    pub async fn probe(&mut self) -> HealthOutcome {
+        let mut last = String::new();
+        for attempt in 1..=self.attempts {
+            match self.transport.get(self.timeout).await {
+                Fetch::Response { status, body } if (200..300).contains(&status) => {
+                    self.has_connected = true;
+                    if body.trim().eq_ignore_ascii_case("false") {
+                        return HealthOutcome::Unhealthy("/health answered false".to_owned());
+                    }
+                    return HealthOutcome::Healthy;
+                }
+                Fetch::Response { status, .. } => {
+                    last = format!("/health answered HTTP {status}");
+                    break;
+                }
+                Fetch::Timeout => {
+                    last = format!("/health timed out after {:?}", self.timeout);
+                    if attempt < self.attempts {
+                        tracing::info!(
+                            "Health check timed out (attempt {attempt}/{}), retrying...",
+                            self.attempts
+                        );
+                    }
+                }
+                Fetch::Error(e) => {
+                    last = format!("/health: {e}");
+                    break;
+                }
+            }
+        }
+        if self.has_connected {
+            HealthOutcome::Unhealthy(last)
+        } else {
+            HealthOutcome::NeverConnected(last)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    /// Replays scripted answers and counts calls.
+    struct Script {
+        answers: Mutex<Vec<Fetch>>,
+        calls: Mutex<u32>,
+        timeouts: Mutex<Vec<Duration>>,
+    }
+
+    impl Script {
+        fn new(mut answers: Vec<Fetch>) -> Script {
+            answers.reverse();
+            Script {
+                answers: Mutex::new(answers),
+                calls: Mutex::new(0),
+                timeouts: Mutex::new(Vec::new()),
+            }
+        }
+        fn calls(&self) -> u32 {
+            *self.calls.lock().unwrap()
+        }
+    }
+
+    impl HealthTransport for &Script {
+        async fn get(&self, timeout: Duration) -> Fetch {
+            *self.calls.lock().unwrap() += 1;
+            self.timeouts.lock().unwrap().push(timeout);
+            self.answers
+                .lock()
+                .unwrap()
+                .pop()
+                .expect("no scripted answer left")
+        }
+    }
+
+    fn ok(body: &str) -> Fetch {
+        Fetch::Response {
+            status: 200,
+            body: body.into(),
+        }
+    }
+
+    // test_health_collector.py: 3 timeouts, never connected → raises after 3 gets.
+    #[tokio::test]
+    async fn three_timeouts_never_connected_is_initial_after_three_gets() {
+        let s = Script::new(vec![Fetch::Timeout, Fetch::Timeout, Fetch::Timeout]);
+        let mut c = HealthCollector::new(&s, Duration::from_secs(5), 3);
+        assert!(matches!(c.probe().await, HealthOutcome::NeverConnected(_)));
+        assert_eq!(s.calls(), 3);
+        assert_eq!(*s.timeouts.lock().unwrap(), vec![Duration::from_secs(5); 3]);
+    }
+
+    // Success, then 3 timeouts → False (4 gets in total).
+    #[tokio::test]
+    async fn success_then_three_timeouts_is_unhealthy_after_four_gets() {
+        let s = Script::new(vec![
+            ok("true"),
+            Fetch::Timeout,
+            Fetch::Timeout,
+            Fetch::Timeout,
+        ]);
+        let mut c = HealthCollector::new(&s, Duration::from_secs(5), 3);
+        assert_eq!(c.probe().await, HealthOutcome::Healthy);
+        assert!(matches!(c.probe().await, HealthOutcome::Unhealthy(_)));
+        assert_eq!(s.calls(), 4);
+    }
+
+    // ConnectError, never connected → raises after 1 get (no retry).
+    #[tokio::test]
+    async fn connect_error_is_not_retried() {
+        let s = Script::new(vec![Fetch::Error("connection refused".into())]);
+        let mut c = HealthCollector::new(&s, Duration::from_secs(5), 3);
+        assert!(matches!(c.probe().await, HealthOutcome::NeverConnected(_)));
+        assert_eq!(s.calls(), 1);
+    }
+
+    // Success then ConnectError → False.
+    #[tokio::test]
+    async fn success_then_connect_error_is_unhealthy() {
+        let s = Script::new(vec![ok(""), Fetch::Error("connection refused".into())]);
+        let mut c = HealthCollector::new(&s, Duration::from_secs(5), 3);
+        assert_eq!(c.probe().await, HealthOutcome::Healthy);
+        assert!(matches!(c.probe().await, HealthOutcome::Unhealthy(_)));
+        assert_eq!(s.calls(), 2);
+    }
+
+    // Body `false` → False; only exactly false (any case) counts.
+    #[tokio::test]
+    async fn body_false_is_unhealthy_and_other_bodies_healthy() {
+        let s = Script::new(vec![
+            ok("false"),
+            ok("FALSE"),
+            ok("true"),
+            ok(""),
+            ok("{\"ok\":false}"),
+        ]);
+        let mut c = HealthCollector::new(&s, Duration::from_secs(5), 3);
+        assert!(matches!(c.probe().await, HealthOutcome::Unhealthy(_)));
+        assert!(matches!(c.probe().await, HealthOutcome::Unhealthy(_)));
+        assert_eq!(c.probe().await, HealthOutcome::Healthy);
+        assert_eq!(c.probe().await, HealthOutcome::Healthy);
+        assert_eq!(c.probe().await, HealthOutcome::Healthy);
+    }
+
+    // HTTP errors (non-2xx) are not retried.
+    #[tokio::test]
+    async fn http_error_is_not_retried() {
+        let s = Script::new(vec![
+            ok("true"),
+            Fetch::Response {
+                status: 503,
+                body: String::new(),
+            },
+        ]);
+        let mut c = HealthCollector::new(&s, Duration::from_secs(5), 3);
+        c.probe().await;
+        let HealthOutcome::Unhealthy(why) = c.probe().await else {
+            panic!("must be unhealthy")
+        };
+        assert!(why.contains("503"), "{why}");
+        assert_eq!(s.calls(), 2);
+    }
+
+    #[tokio::test]
+    async fn timeout_then_success_within_the_attempts_is_healthy() {
+        let s = Script::new(vec![Fetch::Timeout, ok("true")]);
+        let mut c = HealthCollector::new(&s, Duration::from_secs(5), 3);
+        assert_eq!(c.probe().await, HealthOutcome::Healthy);
+        assert_eq!(s.calls(), 2);
+    }
+}

@@ -1,0 +1,674 @@
+//! The virtual inference loop, MindIE V5 semantics (virtual-inference-reference §1.4–§1.5).
+//!
+//! One warm-up request (180 s timeout; failure → abnormal, the loop never starts), then
+//! periodic requests (5 s timeout). After each request the AI Cube peak of the last 5 s is
+//! read from the ring — instantly, instead of the reference's 4 `npu-smi` spawns that run
+//! while the request is in flight; the window covers the request itself. Interval: 20 s after
+//! a peak ≥ 80, back to 5 s only after a peak below the threshold. Failure accounting, in
+//! the reference's order:
+//! 1. peak available, below the threshold, request failed → count + 1; abnormal at max;
+//! 2. request failed, peak unavailable → unchanged;
+//! 3. request succeeded, or peak at or above the threshold → reset to 0.
+//!
+//! Abnormal is never cleared by the loop; the loop stops at the next check.
+
+use crate::config::Timing;
+use serde::Serialize;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Why a virtual request failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Failure {
+    Timeout,
+    /// Connection refused, reset, TLS error.
+    Transport(String),
+    /// Non-2xx status.
+    Status(u16),
+    /// 2xx but the body is not JSON.
+    BadBody(String),
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Timeout => write!(f, "timed out"),
+            Failure::Transport(e) => write!(f, "transport error: {e}"),
+            Failure::Status(s) => write!(f, "HTTP {s}"),
+            Failure::BadBody(e) => write!(f, "body is not JSON: {e}"),
+        }
+    }
+}
+
+/// Result of one virtual request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProbeResult {
+    pub outcome: Result<(), Failure>,
+    pub latency: Duration,
+}
+
+/// Sends the virtual request (the real HTTP client, or a test double).
+pub trait Prober {
+    fn send(&self, timeout: Duration) -> impl Future<Output = ProbeResult> + Send;
+}
+
+/// Peak AI Cube usage of the engine's NPUs over the last `window`; `None` when unavailable.
+pub trait PeakSource {
+    fn peak(&self, window: Duration) -> Option<f64>;
+}
+
+/// What the loop is doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Waiting for the first `/status` with a healthy engine.
+    NotStarted,
+    /// Disabled by a gate (see the conditions).
+    Disabled,
+    WarmingUp,
+    Running,
+    /// Stopped after `abnormal` (or shut down).
+    Stopped,
+}
+
+impl Phase {
+    fn from_u8(v: u8) -> Phase {
+        match v {
+            0 => Phase::NotStarted,
+            1 => Phase::Disabled,
+            2 => Phase::WarmingUp,
+            3 => Phase::Running,
+            _ => Phase::Stopped,
+        }
+    }
+    fn to_u8(self) -> u8 {
+        match self {
+            Phase::NotStarted => 0,
+            Phase::Disabled => 1,
+            Phase::WarmingUp => 2,
+            Phase::Running => 3,
+            Phase::Stopped => 4,
+        }
+    }
+}
+
+/// How a probe changed the failure count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Accounting {
+    Incremented,
+    Unchanged,
+    Reset,
+    /// Warm-up requests are not counted; a failed warm-up is abnormal at once.
+    WarmUp,
+}
+
+/// One probe, for `/status/detail`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ProbeRecord {
+    /// Unix time in milliseconds.
+    pub at_unix_ms: u64,
+    pub warmup: bool,
+    pub latency_ms: f64,
+    /// `success` or the failure.
+    pub outcome: String,
+    /// Window peak read after the probe (`null`: unavailable or warm-up).
+    pub peak: Option<f64>,
+    pub accounting: Accounting,
+    pub failure_count: i64,
+}
+
+/// Upper bounds (seconds) of the probe latency histogram.
+pub const LATENCY_BUCKETS: [f64; 12] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// Loop state shared with `/status` (atomics) and `/status/detail` and metrics.
+#[derive(Debug, Default)]
+pub struct ViState {
+    phase: AtomicU8,
+    abnormal: AtomicBool,
+    warmup_done: AtomicBool,
+    failure_count: AtomicI64,
+    interval_ms: AtomicU64,
+    successes: AtomicU64,
+    failures: AtomicU64,
+    latency_buckets: [AtomicU64; LATENCY_BUCKETS.len()],
+    latency_count: AtomicU64,
+    latency_sum_us: AtomicU64,
+    last: Mutex<Option<ProbeRecord>>,
+    abnormal_reason: Mutex<Option<String>>,
+}
+
+impl ViState {
+    pub fn phase(&self) -> Phase {
+        Phase::from_u8(self.phase.load(Ordering::Acquire))
+    }
+    pub fn set_phase(&self, p: Phase) {
+        self.phase.store(p.to_u8(), Ordering::Release);
+    }
+    pub fn abnormal(&self) -> bool {
+        self.abnormal.load(Ordering::Acquire)
+    }
+    pub fn abnormal_reason(&self) -> Option<String> {
+        self.abnormal_reason
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+    fn set_abnormal(&self, reason: &str) {
+        *self
+            .abnormal_reason
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(reason.to_owned());
+        self.abnormal.store(true, Ordering::Release);
+    }
+    pub fn warmup_done(&self) -> bool {
+        self.warmup_done.load(Ordering::Acquire)
+    }
+    pub fn failure_count(&self) -> i64 {
+        self.failure_count.load(Ordering::Acquire)
+    }
+    /// Current sleep between probes.
+    pub fn interval(&self) -> Duration {
+        Duration::from_millis(self.interval_ms.load(Ordering::Acquire))
+    }
+    fn set_interval(&self, d: Duration) {
+        self.interval_ms
+            .store(d.as_millis() as u64, Ordering::Release);
+    }
+    pub fn last_probe(&self) -> Option<ProbeRecord> {
+        self.last.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+    /// (successes, failures) since start.
+    pub fn outcomes(&self) -> (u64, u64) {
+        (
+            self.successes.load(Ordering::Relaxed),
+            self.failures.load(Ordering::Relaxed),
+        )
+    }
+    /// Latency histogram: per-bucket counts (not cumulative; the last bucket is +Inf), count,
+    /// sum in seconds.
+    pub fn latency_histogram(&self) -> (Vec<(f64, u64)>, u64, f64) {
+        let count = self.latency_count.load(Ordering::Relaxed);
+        let mut buckets: Vec<(f64, u64)> = LATENCY_BUCKETS
+            .iter()
+            .zip(&self.latency_buckets)
+            .map(|(le, c)| (*le, c.load(Ordering::Relaxed)))
+            .collect();
+        let in_buckets: u64 = buckets.iter().map(|b| b.1).sum();
+        buckets.push((f64::INFINITY, count.saturating_sub(in_buckets)));
+        (
+            buckets,
+            count,
+            self.latency_sum_us.load(Ordering::Relaxed) as f64 / 1e6,
+        )
+    }
+
+    /// Back to the initial state (the engine restarted): not started, not abnormal, count 0,
+    /// warm-up pending. Counters and histograms are kept.
+    pub fn rearm(&self) {
+        self.abnormal.store(false, Ordering::Release);
+        *self
+            .abnormal_reason
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = None;
+        self.warmup_done.store(false, Ordering::Release);
+        self.failure_count.store(0, Ordering::Release);
+        self.set_phase(Phase::NotStarted);
+    }
+
+    fn record(&self, r: &ProbeResult, warmup: bool, peak: Option<f64>, accounting: Accounting) {
+        match r.outcome {
+            Ok(()) => self.successes.fetch_add(1, Ordering::Relaxed),
+            Err(_) => self.failures.fetch_add(1, Ordering::Relaxed),
+        };
+        let secs = r.latency.as_secs_f64();
+        if let Some(i) = LATENCY_BUCKETS.iter().position(|le| secs <= *le) {
+            self.latency_buckets[i].fetch_add(1, Ordering::Relaxed);
+        }
+        self.latency_count.fetch_add(1, Ordering::Relaxed);
+        self.latency_sum_us
+            .fetch_add(r.latency.as_micros() as u64, Ordering::Relaxed);
+        let at_unix_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(ProbeRecord {
+            at_unix_ms,
+            warmup,
+            latency_ms: secs * 1e3,
+            outcome: match &r.outcome {
+                Ok(()) => "success".to_owned(),
+                Err(e) => format!("failed: {e}"),
+            },
+            peak,
+            accounting,
+            failure_count: self.failure_count(),
+        });
+    }
+}
+
+/// The loop's settings.
+#[derive(Debug, Clone)]
+pub struct LoopConfig {
+    /// Engine name for logs.
+    pub engine: String,
+    pub npu_usage_threshold: f64,
+    pub max_failure_count: i64,
+    pub timing: Timing,
+}
+
+/// Runs warm-up and the periodic loop until abnormal (or the task is dropped).
+pub async fn run(cfg: &LoopConfig, prober: &impl Prober, peaks: &impl PeakSource, state: &ViState) {
+    let engine = cfg.engine.as_str();
+    let t = &cfg.timing;
+    if !state.warmup_done() {
+        state.set_phase(Phase::WarmingUp);
+        // No AI Cube reading during warm-up (reference): only the request.
+        let r = prober.send(t.warmup_timeout).await;
+        state.warmup_done.store(true, Ordering::Release);
+        if let Err(e) = &r.outcome {
+            tracing::warn!(
+                engine,
+                "warmup request failed ({e}), set abnormal status and stop health check"
+            );
+            state.set_abnormal(&format!("warm-up request failed: {e}"));
+            state.record(&r, true, None, Accounting::WarmUp);
+            state.set_phase(Phase::Stopped);
+            return;
+        }
+        tracing::info!(engine, latency = ?r.latency, "warm-up request succeeded, virtual inference starts");
+        state.record(&r, true, None, Accounting::WarmUp);
+    }
+    state.set_interval(t.interval);
+    state.set_phase(Phase::Running);
+    while !state.abnormal() {
+        let r = prober.send(t.request_timeout).await;
+        let peak = peaks.peak(t.window);
+        if let Some(p) = peak {
+            if p >= t.high_load_threshold {
+                state.set_interval(t.high_load_interval);
+            } else if p < cfg.npu_usage_threshold {
+                state.set_interval(t.interval);
+            }
+        }
+        let failed = r.outcome.is_err();
+        let accounting = match peak {
+            Some(p) if p < cfg.npu_usage_threshold && failed => {
+                let n = state.failure_count.fetch_add(1, Ordering::AcqRel) + 1;
+                tracing::warn!(
+                    engine,
+                    peak = p,
+                    "virtual inference failed while the NPU is idle. Current failure count: {n}/{}",
+                    cfg.max_failure_count
+                );
+                if n >= cfg.max_failure_count {
+                    tracing::error!(
+                        engine,
+                        "Reach maximum failure count ({n}); status is abnormal"
+                    );
+                    state.set_abnormal(&format!(
+                        "{n} virtual requests failed while AI Cube peak stayed below {}",
+                        cfg.npu_usage_threshold
+                    ));
+                }
+                Accounting::Incremented
+            }
+            None if failed => {
+                tracing::info!(
+                    engine,
+                    "virtual inference failed but AI Cube usage unavailable, skip failure count"
+                );
+                Accounting::Unchanged
+            }
+            _ => {
+                let before = state.failure_count.swap(0, Ordering::AcqRel);
+                if before > 0 {
+                    tracing::info!(engine, "failure count reset from {before}");
+                }
+                Accounting::Reset
+            }
+        };
+        state.record(&r, false, peak, accounting);
+        tokio::time::sleep(state.interval()).await;
+    }
+    state.set_phase(Phase::Stopped);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::VecDeque;
+    use tokio::time::Instant;
+
+    /// Scripted prober: each call takes `delay` of (paused) time and returns the next outcome.
+    struct FakeProber {
+        script: Mutex<VecDeque<(Duration, Result<(), Failure>)>>,
+        calls: Mutex<Vec<(Instant, Duration)>>,
+    }
+
+    impl FakeProber {
+        fn new(script: Vec<(Duration, Result<(), Failure>)>) -> FakeProber {
+            FakeProber {
+                script: Mutex::new(script.into()),
+                calls: Mutex::new(Vec::new()),
+            }
+        }
+        fn ok() -> Result<(), Failure> {
+            Ok(())
+        }
+        fn fail() -> Result<(), Failure> {
+            Err(Failure::Timeout)
+        }
+        fn calls(&self) -> Vec<(Instant, Duration)> {
+            self.calls.lock().unwrap().clone()
+        }
+    }
+
+    impl Prober for FakeProber {
+        async fn send(&self, timeout: Duration) -> ProbeResult {
+            self.calls.lock().unwrap().push((Instant::now(), timeout));
+            let next = self.script.lock().unwrap().pop_front();
+            let Some((delay, outcome)) = next else {
+                // Script exhausted: park forever (the test ends the loop by dropping it).
+                std::future::pending::<()>().await;
+                unreachable!()
+            };
+            if delay > timeout {
+                tokio::time::sleep(timeout).await;
+                return ProbeResult {
+                    outcome: Err(Failure::Timeout),
+                    latency: timeout,
+                };
+            }
+            tokio::time::sleep(delay).await;
+            ProbeResult {
+                outcome,
+                latency: delay,
+            }
+        }
+    }
+
+    /// Scripted peaks; counts reads.
+    struct Peaks(Mutex<VecDeque<Option<f64>>>, Mutex<u32>);
+    impl Peaks {
+        fn new(v: Vec<Option<f64>>) -> Peaks {
+            Peaks(Mutex::new(v.into()), Mutex::new(0))
+        }
+        fn reads(&self) -> u32 {
+            *self.1.lock().unwrap()
+        }
+    }
+    impl PeakSource for Peaks {
+        fn peak(&self, window: Duration) -> Option<f64> {
+            assert_eq!(window, Duration::from_secs(5));
+            *self.1.lock().unwrap() += 1;
+            self.0.lock().unwrap().pop_front().flatten()
+        }
+    }
+
+    fn cfg(max: i64) -> LoopConfig {
+        LoopConfig {
+            engine: "test".into(),
+            npu_usage_threshold: 3.0,
+            max_failure_count: max,
+            timing: Timing::default(),
+        }
+    }
+
+    const MS: Duration = Duration::from_millis(1);
+
+    /// Runs the loop until it returns or `limit` of paused time passes.
+    async fn run_for(
+        cfg: &LoopConfig,
+        p: &FakeProber,
+        peaks: &Peaks,
+        st: &ViState,
+        limit: Duration,
+    ) -> bool {
+        tokio::time::timeout(limit, run(cfg, p, peaks, st))
+            .await
+            .is_ok()
+    }
+
+    // test_sim_inference.py: init state.
+    #[test]
+    fn initial_state() {
+        let st = ViState::default();
+        assert_eq!(st.phase(), Phase::NotStarted);
+        assert!(!st.abnormal() && !st.warmup_done());
+        assert_eq!(st.failure_count(), 0);
+    }
+
+    // Warm-up uses 180 s; failure → abnormal, loop never starts, no sampling.
+    #[tokio::test(start_paused = true)]
+    async fn failed_warmup_is_abnormal_and_never_samples() {
+        let p = FakeProber::new(vec![(Duration::from_secs(200), FakeProber::ok())]);
+        let peaks = Peaks::new(vec![]);
+        let st = ViState::default();
+        assert!(run_for(&cfg(6), &p, &peaks, &st, Duration::from_secs(3600)).await);
+        let calls = p.calls();
+        assert_eq!(calls.len(), 1);
+        assert_eq!(calls[0].1, Duration::from_secs(180));
+        assert!(st.abnormal() && st.warmup_done());
+        assert_eq!(peaks.reads(), 0);
+        assert_eq!(st.phase(), Phase::Stopped);
+        assert_eq!(st.last_probe().unwrap().accounting, Accounting::WarmUp);
+    }
+
+    // A successful warm-up does no sampling; the periodic loop then uses the 5 s timeout.
+    #[tokio::test(start_paused = true)]
+    async fn warmup_then_periodic_requests_with_5s_timeout() {
+        let p = FakeProber::new(vec![
+            (MS, FakeProber::ok()),
+            (MS, FakeProber::ok()),
+            (MS, FakeProber::ok()),
+        ]);
+        let peaks = Peaks::new(vec![Some(1.0), Some(1.0)]);
+        let st = ViState::default();
+        assert!(!run_for(&cfg(6), &p, &peaks, &st, Duration::from_secs(60)).await);
+        let calls = p.calls();
+        assert_eq!(calls[0].1, Duration::from_secs(180));
+        assert!(calls[1..].iter().all(|c| c.1 == Duration::from_secs(5)));
+        assert_eq!(peaks.reads(), 2);
+        assert!(!st.abnormal());
+        assert_eq!(st.phase(), Phase::Running);
+        // 5 s between the periodic requests (plus the 1 ms request itself).
+        assert_eq!(calls[2].0 - calls[1].0, Duration::from_secs(5) + MS);
+    }
+
+    // After a successful warm-up, the first low-usage failure already counts (no prior loop
+    // success needed: V5 dropped count_failure_flag); max 1 → 1 request, 1 sleep, return.
+    #[tokio::test(start_paused = true)]
+    async fn abnormal_with_max_one_after_one_request_and_one_sleep() {
+        let p = FakeProber::new(vec![(MS, FakeProber::ok()), (MS, FakeProber::fail())]);
+        let peaks = Peaks::new(vec![Some(0.0)]);
+        let st = ViState::default();
+        let start = Instant::now();
+        assert!(run_for(&cfg(1), &p, &peaks, &st, Duration::from_secs(3600)).await);
+        assert_eq!(
+            p.calls().len(),
+            2,
+            "warm-up and exactly one periodic request"
+        );
+        assert!(st.abnormal());
+        assert_eq!(st.failure_count(), 1);
+        // 1 ms warm-up + 1 ms request + one 5 s sleep, then the loop condition ends it.
+        assert_eq!(start.elapsed(), Duration::from_secs(5) + 2 * MS);
+        assert_eq!(st.phase(), Phase::Stopped);
+    }
+
+    // Exits after max failures: six idle failures with the default max of 6.
+    #[tokio::test(start_paused = true)]
+    async fn six_idle_failures_make_it_abnormal() {
+        let mut script = vec![(MS, FakeProber::ok())];
+        script.extend((0..6).map(|_| (Duration::from_secs(5), FakeProber::fail())));
+        let p = FakeProber::new(script);
+        let peaks = Peaks::new(vec![Some(0.0); 6]);
+        let st = ViState::default();
+        assert!(run_for(&cfg(6), &p, &peaks, &st, Duration::from_secs(3600)).await);
+        assert_eq!(p.calls().len(), 7);
+        assert_eq!(st.failure_count(), 6);
+        assert!(st.abnormal());
+        let (ok, failed) = st.outcomes();
+        assert_eq!((ok, failed), (1, 6));
+    }
+
+    // No work if already abnormal before the loop.
+    #[tokio::test(start_paused = true)]
+    async fn no_work_if_already_abnormal() {
+        let p = FakeProber::new(vec![]);
+        let peaks = Peaks::new(vec![]);
+        let st = ViState::default();
+        st.warmup_done.store(true, Ordering::Release);
+        st.set_abnormal("before");
+        let start = Instant::now();
+        assert!(run_for(&cfg(6), &p, &peaks, &st, Duration::from_secs(60)).await);
+        assert!(p.calls().is_empty());
+        assert_eq!(start.elapsed(), Duration::ZERO, "no sleep either");
+        assert!(st.abnormal());
+    }
+
+    // Failure with usage unavailable is not counted (and does not reset).
+    #[tokio::test(start_paused = true)]
+    async fn failure_with_unavailable_usage_is_not_counted() {
+        let p = FakeProber::new(vec![
+            (MS, FakeProber::ok()),
+            (MS, FakeProber::fail()),
+            (MS, FakeProber::fail()),
+            (MS, FakeProber::fail()),
+        ]);
+        let peaks = Peaks::new(vec![Some(0.0), None, None]);
+        let st = ViState::default();
+        run_for(&cfg(6), &p, &peaks, &st, Duration::from_secs(14)).await;
+        assert_eq!(p.calls().len(), 4);
+        assert_eq!(st.failure_count(), 1, "counted once, then unchanged twice");
+        assert_eq!(st.last_probe().unwrap().accounting, Accounting::Unchanged);
+    }
+
+    // A failure while the NPU is busy resets the count (reference rule 3).
+    #[tokio::test(start_paused = true)]
+    async fn busy_failure_resets_and_success_resets() {
+        let p = FakeProber::new(vec![
+            (MS, FakeProber::ok()),
+            (MS, FakeProber::fail()),
+            (MS, FakeProber::fail()),
+            (MS, FakeProber::fail()),
+            (MS, FakeProber::ok()),
+        ]);
+        // 0 % is an available reading and counts as idle.
+        let peaks = Peaks::new(vec![Some(0.0), Some(0.0), Some(3.0), Some(0.0)]);
+        let st = ViState::default();
+        run_for(&cfg(6), &p, &peaks, &st, Duration::from_secs(9)).await;
+        assert_eq!(st.failure_count(), 2);
+        assert_eq!(p.calls().len(), 3);
+        let st2 = ViState::default();
+        let p2 = FakeProber::new(vec![
+            (MS, FakeProber::ok()),
+            (MS, FakeProber::fail()),
+            (MS, FakeProber::fail()),
+            (MS, FakeProber::fail()),
+            (MS, FakeProber::ok()),
+        ]);
+        let peaks2 = Peaks::new(vec![Some(0.0), Some(0.0), Some(3.0), Some(0.0)]);
+        run_for(&cfg(6), &p2, &peaks2, &st2, Duration::from_secs(30)).await;
+        // fail idle (1), fail idle (2), fail at threshold → reset (0), success → reset (0).
+        assert_eq!(st2.failure_count(), 0);
+        assert_eq!(st2.last_probe().unwrap().accounting, Accounting::Reset);
+    }
+
+    /// Interval after a sequence of peaks (each probe succeeds).
+    async fn interval_after(peaks: Vec<Option<f64>>) -> Duration {
+        let n = peaks.len();
+        let mut script = vec![(MS, FakeProber::ok())];
+        script.extend((0..n).map(|_| (MS, FakeProber::ok())));
+        let p = FakeProber::new(script);
+        let peaks = Peaks::new(peaks);
+        let st = ViState::default();
+        // The script ends after warm-up and n probes; the next call parks forever, so the
+        // interval read afterwards is the one set by the last peak.
+        run_for(&cfg(6), &p, &peaks, &st, Duration::from_secs(1000)).await;
+        assert_eq!(p.calls().len(), n + 2);
+        st.interval()
+    }
+
+    // Interval cases: 85 → 20, 50 → 5, 85 then 50 → 20, 85 then 1 (threshold 3) → 5.
+    #[tokio::test(start_paused = true)]
+    async fn interval_rules() {
+        assert_eq!(
+            interval_after(vec![Some(85.0)]).await,
+            Duration::from_secs(20)
+        );
+        assert_eq!(
+            interval_after(vec![Some(50.0)]).await,
+            Duration::from_secs(5)
+        );
+        assert_eq!(
+            interval_after(vec![Some(85.0), Some(50.0)]).await,
+            Duration::from_secs(20)
+        );
+        assert_eq!(
+            interval_after(vec![Some(85.0), Some(1.0)]).await,
+            Duration::from_secs(5)
+        );
+        assert_eq!(
+            interval_after(vec![Some(80.0)]).await,
+            Duration::from_secs(20),
+            "80 is >="
+        );
+        assert_eq!(
+            interval_after(vec![Some(85.0), None]).await,
+            Duration::from_secs(20),
+            "unavailable: unchanged"
+        );
+    }
+
+    // The window is read as soon as the request completes: an iteration lasts the request
+    // plus the sleep, not request + a separate 5 s sampling wait.
+    #[tokio::test(start_paused = true)]
+    async fn no_extra_wait_for_sampling() {
+        let p = FakeProber::new(vec![
+            (MS, FakeProber::ok()),
+            (Duration::from_millis(200), FakeProber::ok()),
+            (MS, FakeProber::ok()),
+        ]);
+        let peaks = Peaks::new(vec![Some(1.0), Some(1.0)]);
+        let st = ViState::default();
+        run_for(&cfg(6), &p, &peaks, &st, Duration::from_secs(6)).await;
+        let c = p.calls();
+        assert_eq!(
+            c[2].0 - c[1].0,
+            Duration::from_millis(200) + Duration::from_secs(5)
+        );
+    }
+
+    // A timed-out request fails at the timeout.
+    #[tokio::test(start_paused = true)]
+    async fn a_hung_request_fails_at_the_timeout() {
+        let p = FakeProber::new(vec![
+            (MS, FakeProber::ok()),
+            (Duration::from_secs(3600), FakeProber::fail()),
+        ]);
+        let peaks = Peaks::new(vec![Some(0.0)]);
+        let st = ViState::default();
+        run_for(&cfg(6), &p, &peaks, &st, Duration::from_secs(6)).await;
+        let last = st.last_probe().unwrap();
+        assert_eq!(last.latency_ms, 5000.0);
+        assert_eq!(st.failure_count(), 1);
+    }
+
+    #[test]
+    fn rearm_returns_to_the_initial_state() {
+        let st = ViState::default();
+        st.warmup_done.store(true, Ordering::Release);
+        st.failure_count.store(4, Ordering::Release);
+        st.set_abnormal("x");
+        st.set_phase(Phase::Stopped);
+        st.rearm();
+        assert!(!st.abnormal() && !st.warmup_done());
+        assert_eq!(st.failure_count(), 0);
+        assert_eq!(st.phase(), Phase::NotStarted);
+        assert_eq!(st.abnormal_reason(), None);
+    }
+}

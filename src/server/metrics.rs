@@ -1,0 +1,299 @@
+//! Prometheus metrics, encoded at scrape time from the shared state (nothing on the sampling
+//! or probing path updates a metric object).
+//!
+//! NPU metrics reuse npu-exporter's names where the meaning matches, so existing dashboards
+//! work: `npu_chip_info_cube_utilization`, `npu_chip_info_hbm_used_memory`,
+//! `npu_chip_info_hbm_total_memory`, `npu_chip_info_health_status`. The rest is prefixed
+//! `npu_health_agent_`.
+
+use crate::engine::{EngineState, Status};
+use crate::sampler::Shared;
+use crate::window;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, NoLabelSet};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Prometheus text content type.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// What one `/metrics` endpoint exposes.
+#[derive(Debug, Clone)]
+pub struct Scope {
+    pub shared: Arc<Shared>,
+    pub engines: Vec<Arc<EngineState>>,
+    /// Ring indices of the NPUs to expose.
+    pub devices: Vec<u16>,
+    /// Window of the peak gauge.
+    pub window: Duration,
+    /// Sampling period (for the rate gauge).
+    pub period: Duration,
+}
+
+impl Collector for Scope {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        self.encode_npus(&mut enc)?;
+        self.encode_sampler(&mut enc)?;
+        self.encode_engines(&mut enc)
+    }
+}
+
+type Labels = Vec<(&'static str, String)>;
+
+fn family<L: EncodeLabelSet>(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    kind: MetricType,
+    rows: impl IntoIterator<Item = (L, f64)>,
+) -> Result<(), std::fmt::Error> {
+    let rows: Vec<(L, f64)> = rows.into_iter().collect();
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let mut m = enc.encode_descriptor(name, help, None, kind)?;
+    for (labels, v) in &rows {
+        let mut f = m.encode_family(labels)?;
+        match kind {
+            MetricType::Counter => f.encode_counter::<NoLabelSet, _, u64>(&(*v as u64), None)?,
+            _ => f.encode_gauge(v)?,
+        }
+    }
+    Ok(())
+}
+
+impl Scope {
+    fn encode_npus(&self, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let now = self.shared.ring.now_ns();
+        let snaps: Vec<_> = self
+            .devices
+            .iter()
+            .map(|&i| self.shared.devices[usize::from(i)].snapshot(now))
+            .collect();
+        let id = |s: &crate::sampler::DeviceSnapshot| -> Labels {
+            vec![("id", s.id.to_string()), ("model_name", s.name.clone())]
+        };
+        family(
+            enc,
+            "npu_chip_info_cube_utilization",
+            "AI Cube utilization of the NPU chip, percent (last valid reading)",
+            MetricType::Gauge,
+            snaps
+                .iter()
+                .filter_map(|s| s.last_value.map(|v| (id(s), f64::from(v)))),
+        )?;
+        family(
+            enc,
+            "npu_chip_info_hbm_used_memory",
+            "HBM in use, MB",
+            MetricType::Gauge,
+            snaps
+                .iter()
+                .filter_map(|s| s.hbm_used_mb.map(|v| (id(s), v as f64))),
+        )?;
+        family(
+            enc,
+            "npu_chip_info_hbm_total_memory",
+            "HBM total, MB",
+            MetricType::Gauge,
+            snaps
+                .iter()
+                .filter_map(|s| s.hbm_total_mb.map(|v| (id(s), v as f64))),
+        )?;
+        family(
+            enc,
+            "npu_chip_info_health_status",
+            "1 when the driver reports the chip healthy (health code 0), else 0",
+            MetricType::Gauge,
+            snaps
+                .iter()
+                .filter_map(|s| s.health.map(|h| (id(s), if h == 0 { 1.0 } else { 0.0 }))),
+        )?;
+        let report = window::query(&self.shared.ring, &self.devices, self.window);
+        family(
+            enc,
+            "npu_health_agent_cube_window_peak",
+            "Peak AI Cube utilization over the probe window, percent (absent when unavailable)",
+            MetricType::Gauge,
+            snaps
+                .iter()
+                .zip(&report.devices)
+                .filter_map(|(s, w)| w.peak.map(|p| (id(s), f64::from(p)))),
+        )?;
+        family(
+            enc,
+            "npu_health_agent_cube_window_samples",
+            "Samples in the probe window, by validity",
+            MetricType::Gauge,
+            snaps.iter().zip(&report.devices).flat_map(|(s, w)| {
+                let mut valid = id(s);
+                valid.push(("valid", "true".to_owned()));
+                let mut invalid = id(s);
+                invalid.push(("valid", "false".to_owned()));
+                [(valid, f64::from(w.valid)), (invalid, f64::from(w.invalid))]
+            }),
+        )?;
+        family(
+            enc,
+            "npu_health_agent_device_backend",
+            "1 for the backend serving the NPU's AI Cube figures (dcmi, npu-smi, none)",
+            MetricType::Gauge,
+            snaps.iter().map(|s| {
+                let mut l = id(s);
+                l.push(("backend", s.backend.to_owned()));
+                (l, 1.0)
+            }),
+        )?;
+        family(
+            enc,
+            "npu_health_agent_device_stale",
+            "1 while the NPU has no fresh reading (hung driver call or silent npu-smi)",
+            MetricType::Gauge,
+            snaps
+                .iter()
+                .map(|s| (id(s), if s.stale { 1.0 } else { 0.0 })),
+        )?;
+        family(
+            enc,
+            "npu_health_agent_driver_errors",
+            "Failed AI Cube reads, by DCMI return code (or agent pseudo code; other = unlisted)",
+            MetricType::Counter,
+            self.devices.iter().flat_map(|&i| {
+                let d = &self.shared.devices[usize::from(i)];
+                let base = vec![("id", d.info.id.to_string())];
+                d.errors_by_code().into_iter().map(move |(code, n)| {
+                    let mut l = base.clone();
+                    l.push((
+                        "code",
+                        code.map_or_else(|| "other".to_owned(), |c| c.to_string()),
+                    ));
+                    (l, n as f64)
+                })
+            }),
+        )
+    }
+
+    fn encode_sampler(&self, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let s = &self.shared.sampler;
+        family(
+            enc,
+            "npu_health_agent_sampler_passes",
+            "Completed DCMI sampling passes",
+            MetricType::Counter,
+            [(Labels::new(), s.passes() as f64)],
+        )?;
+        family(
+            enc,
+            "npu_health_agent_sampler_overruns",
+            "Sampling passes that started more than one period late",
+            MetricType::Counter,
+            [(Labels::new(), s.overruns() as f64)],
+        )?;
+        family(
+            enc,
+            "npu_health_agent_sampler_period_seconds",
+            "Configured sampling period",
+            MetricType::Gauge,
+            [(Labels::new(), self.period.as_secs_f64())],
+        )?;
+        family(
+            enc,
+            "npu_health_agent_samples_written",
+            "Samples written to the ring (all NPUs, valid and invalid)",
+            MetricType::Counter,
+            [(Labels::new(), self.shared.ring.written() as f64)],
+        )?;
+        let stale = self.shared.devices.iter().filter(|d| d.is_stale()).count();
+        family(
+            enc,
+            "npu_health_agent_stale_devices",
+            "NPUs without a fresh reading",
+            MetricType::Gauge,
+            [(Labels::new(), stale as f64)],
+        )
+    }
+
+    fn encode_engines(&self, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let name = |e: &EngineState| -> Labels { vec![("engine", e.spec.name.clone())] };
+        family(
+            enc,
+            "npu_health_agent_status",
+            "1 for the verdict /status serves (initial, normal, abnormal)",
+            MetricType::Gauge,
+            self.engines.iter().flat_map(|e| {
+                let current = e.peek_status();
+                [Status::Initial, Status::Normal, Status::Abnormal].map(|st| {
+                    let mut l = name(e);
+                    l.push(("status", st.as_str().to_owned()));
+                    (l, if st == current { 1.0 } else { 0.0 })
+                })
+            }),
+        )?;
+        family(
+            enc,
+            "npu_health_agent_engine_reachable",
+            "1 while the engine's /health answers healthy",
+            MetricType::Gauge,
+            self.engines.iter().map(|e| {
+                (
+                    name(e),
+                    if e.health_detail().state == "healthy" {
+                        1.0
+                    } else {
+                        0.0
+                    },
+                )
+            }),
+        )?;
+        family(
+            enc,
+            "npu_health_agent_virtual_probes",
+            "Virtual inference requests (warm-up included), by outcome",
+            MetricType::Counter,
+            self.engines.iter().flat_map(|e| {
+                let (ok, failed) = e.vi.outcomes();
+                let mut s = name(e);
+                s.push(("outcome", "success".to_owned()));
+                let mut f = name(e);
+                f.push(("outcome", "failure".to_owned()));
+                [(s, ok as f64), (f, failed as f64)]
+            }),
+        )?;
+        family(
+            enc,
+            "npu_health_agent_failure_count",
+            "Current virtual inference failure count (abnormal at max_failure_count)",
+            MetricType::Gauge,
+            self.engines
+                .iter()
+                .map(|e| (name(e), e.vi.failure_count() as f64)),
+        )?;
+        if !self.engines.is_empty() {
+            let mut m = enc.encode_descriptor(
+                "npu_health_agent_virtual_probe_duration_seconds",
+                "Latency of virtual inference requests",
+                None,
+                MetricType::Histogram,
+            )?;
+            for e in &self.engines {
+                let (buckets, count, sum) = e.vi.latency_histogram();
+                m.encode_family(&name(e))?
+                    .encode_histogram::<NoLabelSet>(sum, count, &buckets, None)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Renders the metrics of `scope` as Prometheus text.
+pub fn render(scope: &Scope) -> String {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(scope.clone()));
+    let mut out = String::new();
+    if let Err(e) = prometheus_client::encoding::prometheus_text::encode(&mut out, &registry) {
+        tracing::warn!("metrics encoding failed: {e}");
+    }
+    out
+}

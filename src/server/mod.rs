@@ -1,0 +1,242 @@
+//! The management surface: one listener per engine (what Node Manager polls) and an optional
+//! admin listener for the whole host.
+//!
+//! Per engine: `GET /status` (always 200, body exactly `{"status":"initial"|"normal"|
+//! "abnormal"}`, as MindIE's engine server), `GET /status/detail` (why, conditions, last probe,
+//! current window per NPU), `GET /metrics` (this engine and its NPUs). Admin: `GET /metrics`
+//! (everything), `GET /status/detail` (every engine), `GET /healthz` (the agent itself).
+//! Handlers only read shared state; none waits on the engine or the driver.
+
+pub mod metrics;
+
+use crate::engine::EngineState;
+use crate::sampler::Shared;
+use crate::window;
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde_json::{Value, json};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// State of an engine's listener.
+#[derive(Debug, Clone)]
+pub struct EngineView {
+    pub engine: Arc<EngineState>,
+    pub metrics: Arc<metrics::Scope>,
+}
+
+/// State of the admin listener.
+#[derive(Debug, Clone)]
+pub struct AdminView {
+    pub metrics: Arc<metrics::Scope>,
+}
+
+/// Router of one engine's mgmt listener.
+pub fn engine_router(view: EngineView) -> Router {
+    Router::new()
+        .route("/status", get(status))
+        .route("/status/detail", get(engine_detail))
+        .route("/metrics", get(engine_metrics))
+        .with_state(view)
+}
+
+/// Router of the admin listener.
+pub fn admin_router(view: AdminView) -> Router {
+    Router::new()
+        .route("/metrics", get(admin_metrics))
+        .route("/status/detail", get(admin_detail))
+        .route("/healthz", get(healthz))
+        .with_state(view)
+}
+
+async fn status(State(v): State<EngineView>) -> Response {
+    let s = v.engine.status();
+    ([(header::CONTENT_TYPE, "application/json")], s.body()).into_response()
+}
+
+async fn engine_detail(State(v): State<EngineView>) -> Response {
+    axum::Json(detail(&v.engine, &v.metrics.shared, v.metrics.window)).into_response()
+}
+
+async fn engine_metrics(State(v): State<EngineView>) -> Response {
+    (
+        [(header::CONTENT_TYPE, metrics::CONTENT_TYPE)],
+        metrics::render(&v.metrics),
+    )
+        .into_response()
+}
+
+async fn admin_metrics(State(v): State<AdminView>) -> Response {
+    (
+        [(header::CONTENT_TYPE, metrics::CONTENT_TYPE)],
+        metrics::render(&v.metrics),
+    )
+        .into_response()
+}
+
+async fn admin_detail(State(v): State<AdminView>) -> Response {
+    let engines: Vec<Value> = v
+        .metrics
+        .engines
+        .iter()
+        .map(|e| detail(e, &v.metrics.shared, v.metrics.window))
+        .collect();
+    axum::Json(json!({ "engines": engines })).into_response()
+}
+
+/// The agent is alive if the sampler completed a pass recently or serves no DCMI device.
+async fn healthz(State(v): State<AdminView>) -> Response {
+    let shared = &v.metrics.shared;
+    let stuck = shared.sampler.in_call().is_some_and(|(_, _, started)| {
+        shared.ring.now_ns().saturating_sub(started) > 10_000_000_000
+    });
+    if stuck {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "sampler stuck in a driver call\n",
+        )
+            .into_response()
+    } else {
+        (StatusCode::OK, "ok\n").into_response()
+    }
+}
+
+/// `/status/detail` of one engine.
+pub fn detail(e: &EngineState, shared: &Shared, win: Duration) -> Value {
+    let now = shared.ring.now_ns();
+    let report = window::query(&shared.ring, &e.devices, win);
+    let devices: Vec<Value> = e
+        .devices
+        .iter()
+        .zip(&report.devices)
+        .map(|(&i, w)| {
+            let s = shared.devices[usize::from(i)].snapshot(now);
+            json!({
+                "id": s.id,
+                "backend": s.backend,
+                "method": s.method,
+                "peak": w.peak,
+                "mean": w.mean.map(|m| (m * 100.0).round() / 100.0),
+                "valid": w.valid,
+                "invalid": w.invalid,
+                "stale": s.stale,
+                "hung": s.hung,
+                "last_error": s.last_error,
+                "hbm_used_mb": s.hbm_used_mb,
+                "hbm_total_mb": s.hbm_total_mb,
+                "health": s.health,
+            })
+        })
+        .collect();
+    let spec = &e.spec;
+    let hc = &spec.health_check_config;
+    json!({
+        "engine": spec.name,
+        "status": e.peek_status(),
+        "reason": e.reason(),
+        "role": spec.role,
+        "inference": spec.infer_authority(),
+        "conditions": e.conditions(),
+        "health": e.health_detail(),
+        "virtual_inference": {
+            "phase": e.vi.phase(),
+            "abnormal": e.vi.abnormal(),
+            "abnormal_reason": e.vi.abnormal_reason(),
+            "warmup_done": e.vi.warmup_done(),
+            "failure_count": e.vi.failure_count(),
+            "max_failure_count": hc.max_failure_count,
+            "npu_usage_threshold": hc.npu_usage_threshold,
+            "interval_s": e.vi.interval().as_secs_f64(),
+            "last_probe": e.vi.last_probe(),
+            "rearms": e.rearms(),
+        },
+        "window": {
+            "seconds": win.as_secs_f64(),
+            "peak": report.combined.peak,
+            "valid": report.combined.valid,
+            "invalid": report.combined.invalid,
+            "truncated": report.truncated,
+            "devices": devices,
+        },
+    })
+}
+
+/// Serves `router` on `listener` (TLS when `tls` is set) until `cancel`.
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    cancel: CancellationToken,
+) {
+    match tls {
+        None => {
+            let shutdown = cancel.clone();
+            if let Err(e) = axum::serve(listener, router)
+                .with_graceful_shutdown(async move { shutdown.cancelled().await })
+                .await
+            {
+                tracing::error!("mgmt listener failed: {e}");
+            }
+        }
+        Some(cfg) => serve_tls(listener, router, cfg, cancel).await,
+    }
+}
+
+async fn serve_tls(
+    listener: TcpListener,
+    router: Router,
+    cfg: Arc<rustls::ServerConfig>,
+    cancel: CancellationToken,
+) {
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use hyper_util::server::conn::auto::Builder;
+    use hyper_util::service::TowerToHyperService;
+    let acceptor = tokio_rustls::TlsAcceptor::from(cfg);
+    loop {
+        let (stream, peer) = tokio::select! {
+            _ = cancel.cancelled() => return,
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    tracing::warn!("accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let acceptor = acceptor.clone();
+        let service = TowerToHyperService::new(router.clone());
+        let cancel = cancel.clone();
+        tokio::spawn(async move {
+            let tls = match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream))
+                .await
+            {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => {
+                    tracing::debug!(%peer, "TLS handshake failed: {e}");
+                    return;
+                }
+                Err(_) => return,
+            };
+            let builder = Builder::new(TokioExecutor::new());
+            let conn = builder.serve_connection(TokioIo::new(tls), service);
+            tokio::select! {
+                _ = conn => {}
+                _ = cancel.cancelled() => {}
+            }
+        });
+    }
+}
+
+/// Binds a listener, naming the address on failure.
+pub async fn bind(addr: SocketAddr) -> Result<TcpListener, String> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("cannot listen on {addr}: {e}"))
+}

@@ -1,0 +1,206 @@
+//! End to end with real processes and sockets: the fake engine, the agent binary on the fake
+//! driver (dlopen'd), and a Node Manager emulator with the reference's heartbeat rules (poll
+//! `/status` every 1 s with a 5 s timeout, heartbeat every 3 s, 5 consecutive abnormal →
+//! kill), all intervals divided by ten. The agent's timing is compressed the same way
+//! (`support::stack::FAST_TIMING`).
+#![cfg(feature = "fake-driver")]
+
+mod support;
+
+use fake_engine::node_manager::{self, NmOptions, NmReport, NmStatus};
+use std::time::Duration;
+use support::stack::Stack;
+use tokio_util::sync::CancellationToken;
+
+const SCALE: f64 = 0.1;
+
+/// Runs the emulator against the stack for at most `limit`; kills the engine if it decides to.
+async fn node_manager(stack: &mut Stack, limit: Duration) -> NmReport {
+    let mut opts = NmOptions::reference(vec![stack.status_url()], SCALE);
+    // The reference's 120 s grace period, shortened: the stack is already up.
+    opts.grace_period = Duration::from_millis(500);
+    let cancel = CancellationToken::new();
+    let stop = cancel.clone();
+    let timer = tokio::spawn(async move {
+        tokio::time::sleep(limit).await;
+        stop.cancel();
+    });
+    let (kill_tx, kill_rx) = std::sync::mpsc::channel();
+    let report = node_manager::run(opts, cancel, move || {
+        let _ = kill_tx.send(());
+    })
+    .await;
+    timer.abort();
+    if kill_rx.try_recv().is_ok() {
+        stack.kill_engine();
+    }
+    report
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+// (a) A healthy idle engine is never abnormal.
+#[test]
+fn healthy_idle_engine_is_never_abnormal() {
+    let mut stack = Stack::start("max_failure_count = 3");
+    let report = runtime().block_on(node_manager(&mut stack, Duration::from_secs(6)));
+    assert_eq!(report.killed_at_ms, None, "{report:?}");
+    assert_eq!(report.max_consecutive_abnormal, 0);
+    assert!(report.heartbeats >= 15, "{} heartbeats", report.heartbeats);
+    assert!(
+        report.polls.iter().all(|p| p.detected == NmStatus::Normal),
+        "{:?}",
+        report.polls.iter().find(|p| p.detected != NmStatus::Normal)
+    );
+    let d = stack.detail();
+    assert_eq!(d["virtual_inference"]["phase"], "running", "{d}");
+    assert!(
+        d["virtual_inference"]["last_probe"]["outcome"] == "success",
+        "{d}"
+    );
+    // The virtual request is the reference's: `<16-digit µs>_virtual`, the plain body.
+    let s = stack.engine_stats();
+    let id = s["last_request_id"].as_str().unwrap();
+    let (digits, suffix) = id.split_once('_').unwrap();
+    assert_eq!(suffix, "virtual");
+    assert_eq!(digits.len(), 16, "{id}");
+    assert!(digits.bytes().all(|b| b.is_ascii_digit()), "{id}");
+    assert_eq!(
+        s["last_body"],
+        serde_json::json!({"model": "m", "prompt": "1", "max_tokens": 1})
+    );
+    assert!(s["virtual_completions"].as_u64().unwrap() >= 5, "{s}");
+}
+
+// (b) An engine hung with the NPU idle: abnormal after max_failure_count probes, and Node
+// Manager kills it after 5 heartbeats.
+#[test]
+fn hung_engine_with_idle_npu_is_detected_and_killed() {
+    let mut stack = Stack::start("max_failure_count = 3");
+    stack.faults(r#"{"hang": true}"#);
+    let report = runtime().block_on(node_manager(&mut stack, Duration::from_secs(20)));
+    let killed = report
+        .killed_at_ms
+        .unwrap_or_else(|| panic!("not killed: {report:?}\n{}", stack.agent_log()));
+    assert!(report.max_consecutive_abnormal >= 5);
+    let d = stack.detail();
+    assert_eq!(d["virtual_inference"]["abnormal"], true, "{d}");
+    assert_eq!(d["virtual_inference"]["failure_count"], 3);
+    assert_eq!(d["virtual_inference"]["phase"], "stopped");
+    assert!(
+        d["reason"]
+            .as_str()
+            .unwrap()
+            .contains("virtual inference is abnormal"),
+        "{d}"
+    );
+    // The engine stayed "healthy" on /health all along: only virtual inference caught it.
+    assert!(
+        report
+            .polls
+            .iter()
+            .filter(|p| p.detected == NmStatus::Abnormal)
+            .all(|p| p.error.is_none())
+    );
+    eprintln!("killed {killed} ms after the hang was injected");
+    // The engine process is gone.
+    assert!(stack.engine.is_none());
+}
+
+// (c) A busy engine whose probes fail is never abnormal: a failure while the NPU is busy
+// resets the count (reference rule 3).
+#[test]
+fn busy_engine_with_failing_probes_is_never_abnormal() {
+    let mut stack = Stack::start("max_failure_count = 3");
+    stack.faults(r#"{"http_5xx": true, "npu_usage": 60}"#);
+    let report = runtime().block_on(node_manager(&mut stack, Duration::from_secs(6)));
+    assert_eq!(report.killed_at_ms, None, "{report:?}");
+    assert_eq!(report.max_consecutive_abnormal, 0);
+    let d = stack.detail();
+    let vi = &d["virtual_inference"];
+    assert_eq!(vi["abnormal"], false, "{d}");
+    assert_eq!(vi["failure_count"], 0);
+    assert_eq!(vi["last_probe"]["outcome"], "failed: HTTP 500", "{d}");
+    assert_eq!(vi["last_probe"]["accounting"], "reset");
+    assert!(vi["last_probe"]["peak"].as_f64().unwrap() >= 60.0, "{d}");
+}
+
+// (d) /health slow under load: /status answers from the snapshot, so Node Manager's polls
+// never time out (the reference probes /health inside /status and would time out here).
+#[test]
+fn slow_health_does_not_slow_status() {
+    let mut stack = Stack::start(
+        "max_failure_count = 3\nhealth_collector_timeout = 5\nhealth_collector_timeout_retry_attempts = 1",
+    );
+    stack.faults(r#"{"slow_health_ms": 3000}"#);
+    let report = runtime().block_on(node_manager(&mut stack, Duration::from_secs(8)));
+    assert_eq!(report.failed_polls(), 0, "{report:?}");
+    assert_eq!(report.killed_at_ms, None);
+    let stats = stack.engine_stats();
+    assert!(
+        stats["health"].as_u64().unwrap() >= 2,
+        "/health was really probed: {stats}"
+    );
+    assert!(report.polls.iter().all(|p| p.detected == NmStatus::Normal));
+    // The emulator's timeout is 500 ms; every poll answered within it.
+    let slowest = report
+        .polls
+        .iter()
+        .map(|p| p.latency_ms)
+        .fold(0.0, f64::max);
+    assert!(slowest < 500.0, "slowest /status {slowest} ms");
+}
+
+// After abnormal, the agent re-arms when the engine restarts (/health down, then up).
+#[test]
+fn engine_restart_rearms_virtual_inference() {
+    let stack = Stack::start("max_failure_count = 2");
+    stack.faults(r#"{"hang": true}"#);
+    stack.wait_for_status("abnormal", Duration::from_secs(20));
+    // Still hung but /health answers: abnormal stays (no restart seen).
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        stack.get(&stack.status_url()).unwrap().1,
+        r#"{"status":"abnormal"}"#
+    );
+    // "Restart": the listener goes away and comes back healthy.
+    stack.faults(r#"{"listening": false}"#);
+    std::thread::sleep(Duration::from_millis(500));
+    stack.faults(r#"{"listening": true, "hang": false}"#);
+    stack.wait_for_status("normal", Duration::from_secs(20));
+    let d = stack.detail();
+    assert_eq!(d["virtual_inference"]["rearms"], 1, "{d}");
+    // A new warm-up ran and succeeded.
+    std::thread::sleep(Duration::from_millis(800));
+    let d = stack.detail();
+    assert_eq!(d["virtual_inference"]["warmup_done"], true, "{d}");
+    assert_eq!(d["virtual_inference"]["abnormal"], false);
+    assert!(stack.agent_log().contains("re-armed"));
+}
+
+// A failure with the AI Cube figures unavailable is not counted: the fake driver reads NA,
+// so the window holds no valid sample.
+#[test]
+fn unavailable_usage_does_not_count_failures() {
+    let stack = Stack::start("max_failure_count = 2");
+    stack.faults(r#"{"hang": true, "npu_na": true}"#);
+    std::thread::sleep(Duration::from_secs(4));
+    let d = stack.detail();
+    assert_eq!(d["window"]["peak"], serde_json::Value::Null, "{d}");
+    assert_eq!(d["virtual_inference"]["abnormal"], false, "{d}");
+    assert_eq!(d["virtual_inference"]["failure_count"], 0);
+    assert_eq!(
+        d["virtual_inference"]["last_probe"]["accounting"],
+        "unchanged"
+    );
+    assert_eq!(
+        stack.get(&stack.status_url()).unwrap().1,
+        r#"{"status":"normal"}"#
+    );
+}

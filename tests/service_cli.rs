@@ -1,0 +1,526 @@
+//! `run`, `check-config` and `doctor` through the binary: single-engine mode (MindIE's
+//! user_config.json and engine-server flags), host mode with two engines, TLS on the mgmt
+//! listener, and configuration errors.
+#![cfg(feature = "fake-driver")]
+
+mod support;
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use support::stack::{free_port, http};
+
+/// A fake engine process serving model `m` on a free port.
+struct Engine {
+    child: Child,
+    port: u16,
+    control: u16,
+}
+
+impl Engine {
+    fn start() -> Engine {
+        let (port, control) = (free_port(), free_port());
+        let child = Command::new(support::agent())
+            .args(["fake-engine", "--model", "m"])
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--control", &format!("127.0.0.1:{control}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let e = Engine {
+            child,
+            port,
+            control,
+        };
+        wait_until(Duration::from_secs(10), || {
+            http("GET", &format!("http://127.0.0.1:{port}/health"), None).is_some()
+        });
+        e
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) {
+    let end = Instant::now() + limit;
+    while Instant::now() < end {
+        if f() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(30));
+    }
+    panic!("condition not met within {limit:?}");
+}
+
+fn user_config(dir: &std::path::Path, extra_hc: &str) -> std::path::PathBuf {
+    let p = dir.join("user_config.json");
+    std::fs::write(
+        &p,
+        format!(
+            r#"{{"version": "v2", "motor_engine_prefill_config": {{"engine_type": "vllm",
+                 "engine_config": {{"served_model_name": "m"}},
+                 "health_check_config": {{"enable_virtual_inference": true{extra_hc}}}}}}}"#
+        ),
+    )
+    .unwrap();
+    p
+}
+
+fn agent() -> Command {
+    let mut c = Command::new(support::agent());
+    c.env_remove("ASCEND_GLOBAL_LOG_LEVEL")
+        .env_remove("FAKE_NPU_SCENARIO")
+        .arg("--fake");
+    c
+}
+
+struct Agent(Child);
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn status(port: u16) -> Option<String> {
+    http("GET", &format!("http://127.0.0.1:{port}/status"), None).map(|(_, b)| b)
+}
+
+#[test]
+fn single_engine_mode_mirrors_the_engine_server_flags() {
+    let engine = Engine::start();
+    let dir = tempfile::tempdir().unwrap();
+    let uc = user_config(dir.path(), "");
+    let mgmt = free_port();
+    let child = agent()
+        .args(["run", "--config-path"])
+        .arg(&uc)
+        .args([
+            "--role",
+            "prefill",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &engine.port.to_string(),
+        ])
+        .args([
+            "--mgmt-port",
+            &mgmt.to_string(),
+            "--dp-rank",
+            "0",
+            "--devices",
+            "0,1",
+        ])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _agent = Agent(child);
+    wait_until(Duration::from_secs(20), || {
+        status(mgmt).as_deref() == Some(r#"{"status":"normal"}"#)
+    });
+    let (code, body) = http("GET", &format!("http://127.0.0.1:{mgmt}/status"), None).unwrap();
+    assert_eq!(code, 200);
+    assert_eq!(body, r#"{"status":"normal"}"#);
+    let (_, detail) = http(
+        "GET",
+        &format!("http://127.0.0.1:{mgmt}/status/detail"),
+        None,
+    )
+    .unwrap();
+    let d: serde_json::Value = serde_json::from_str(&detail).unwrap();
+    assert_eq!(d["engine"], "prefill-0");
+    assert_eq!(d["role"], "prefill");
+    let (_, metrics) = http("GET", &format!("http://127.0.0.1:{mgmt}/metrics"), None).unwrap();
+    assert!(
+        metrics.contains("npu_chip_info_cube_utilization{id=\"0\""),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("npu_health_agent_status{engine=\"prefill-0\",status=\"normal\"} 1"),
+        "{metrics}"
+    );
+    let _ = engine.control;
+}
+
+#[test]
+fn host_mode_serves_one_listener_per_engine() {
+    let (e1, e2) = (Engine::start(), Engine::start());
+    let dir = tempfile::tempdir().unwrap();
+    let (m1, m2, admin) = (free_port(), free_port(), free_port());
+    let toml = dir.path().join("agent.toml");
+    std::fs::write(
+        &toml,
+        format!(
+            "[agent]\nadmin_listen = \"127.0.0.1:{admin}\"\n\
+             [[engine]]\nname = \"a\"\nengine_type = \"vllm\"\nserved_model_name = \"m\"\nhost = \"127.0.0.1\"\nport = {}\nmgmt_port = {m1}\ndevices = [0]\nengine_env = {{}}\n[engine.health_check_config]\nenable_virtual_inference = true\n\
+             [[engine]]\nname = \"b\"\nengine_type = \"vllm\"\nserved_model_name = \"m\"\nhost = \"127.0.0.1\"\nport = {}\nmgmt_port = {m2}\ndevices = [1]\nengine_env = {{ ASCEND_GLOBAL_LOG_LEVEL = \"1\" }}\n[engine.health_check_config]\nenable_virtual_inference = true\n",
+            e1.port, e2.port
+        ),
+    )
+    .unwrap();
+    let _agent = Agent(
+        agent()
+            .args(["run", "--config"])
+            .arg(&toml)
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_until(Duration::from_secs(20), || {
+        status(m1).as_deref() == Some(r#"{"status":"normal"}"#)
+    });
+    wait_until(Duration::from_secs(20), || {
+        status(m2).as_deref() == Some(r#"{"status":"normal"}"#)
+    });
+    // Engine b's log level disables virtual inference (reference gate), a's runs.
+    let get = |p: u16| -> serde_json::Value {
+        serde_json::from_str(
+            &http("GET", &format!("http://127.0.0.1:{p}/status/detail"), None)
+                .unwrap()
+                .1,
+        )
+        .unwrap()
+    };
+    wait_until(Duration::from_secs(10), || {
+        get(m2)["virtual_inference"]["phase"] == "disabled"
+    });
+    let b = get(m2);
+    let lvl = b["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "ASCEND_GLOBAL_LOG_LEVEL")
+        .unwrap()
+        .clone();
+    assert_eq!(lvl["ok"], false);
+    assert!(
+        lvl["note"]
+            .as_str()
+            .unwrap()
+            .contains("requires ASCEND_GLOBAL_LOG_LEVEL=3 (ERROR); got '1'")
+    );
+    wait_until(Duration::from_secs(10), || {
+        get(m1)["virtual_inference"]["phase"] == "running"
+    });
+    // Each engine's window covers its own NPU only.
+    assert_eq!(get(m1)["window"]["devices"][0]["id"], 0);
+    assert_eq!(get(m2)["window"]["devices"][0]["id"], 1);
+    // The admin listener has everything.
+    let (code, all) = http("GET", &format!("http://127.0.0.1:{admin}/metrics"), None).unwrap();
+    assert_eq!(code, 200);
+    assert!(
+        all.contains("engine=\"a\"") && all.contains("engine=\"b\""),
+        "{all}"
+    );
+    assert_eq!(
+        http("GET", &format!("http://127.0.0.1:{admin}/healthz"), None)
+            .unwrap()
+            .0,
+        200
+    );
+}
+
+#[test]
+fn mgmt_tls_serves_status_over_https() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let engine = Engine::start();
+    let dir = tempfile::tempdir().unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    std::fs::write(dir.path().join("server.crt"), cert.pem()).unwrap();
+    std::fs::write(dir.path().join("server.key"), key.serialize_pem()).unwrap();
+    let mgmt = free_port();
+    let toml = dir.path().join("agent.toml");
+    std::fs::write(
+        &toml,
+        format!(
+            "[[engine]]\nengine_type = \"vllm\"\nserved_model_name = \"m\"\nhost = \"127.0.0.1\"\nport = {}\nmgmt_port = {mgmt}\nmgmt_tls_config = {{ enable_tls = true, cert_file = \"server.crt\", key_file = \"server.key\" }}\n",
+            engine.port
+        ),
+    )
+    .unwrap();
+    let _agent = Agent(
+        agent()
+            .args(["run", "--config"])
+            .arg(&toml)
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(cert.der().clone()).unwrap();
+    let tls = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let client = reqwest::Client::builder()
+        .use_preconfigured_tls(tls)
+        .no_proxy()
+        .build()
+        .unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let url = format!("https://localhost:{mgmt}/status");
+    let body = rt.block_on(async {
+        let end = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(r) = client.get(&url).send().await {
+                let b = r.text().await.unwrap_or_default();
+                if b == r#"{"status":"normal"}"# || Instant::now() > end {
+                    return b;
+                }
+            } else if Instant::now() > end {
+                return String::new();
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+    assert_eq!(body, r#"{"status":"normal"}"#);
+    // Plain HTTP on the TLS port does not get a status.
+    assert!(status(mgmt).is_none_or(|b| !b.contains("status")));
+}
+
+#[test]
+fn encrypted_mgmt_key_fails_at_start_with_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let k = rcgen::KeyPair::generate().unwrap();
+    let c = rcgen::CertificateParams::new(vec!["localhost".to_owned()])
+        .unwrap()
+        .self_signed(&k)
+        .unwrap();
+    std::fs::write(dir.path().join("server.crt"), c.pem()).unwrap();
+    std::fs::write(
+        dir.path().join("server.key"),
+        "-----BEGIN ENCRYPTED PRIVATE KEY-----\nMIIB\n-----END ENCRYPTED PRIVATE KEY-----\n",
+    )
+    .unwrap();
+    let toml = dir.path().join("agent.toml");
+    std::fs::write(
+        &toml,
+        format!(
+            "[[engine]]\nengine_type = \"vllm\"\nserved_model_name = \"m\"\nhost = \"127.0.0.1\"\nport = 1\nmgmt_port = {}\nmgmt_tls_config = {{ enable_tls = true, cert_file = \"server.crt\", key_file = \"server.key\", passwd_file = \"key_pwd.txt\" }}\n",
+            free_port()
+        ),
+    )
+    .unwrap();
+    let out = agent()
+        .args(["run", "--config"])
+        .arg(&toml)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("mgmt_tls_config")
+            && err.contains("encrypted")
+            && err.contains("openssl pkey"),
+        "{err}"
+    );
+}
+
+#[test]
+fn check_config_prints_defaults_and_rejects_bad_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let uc = user_config(dir.path(), ", \"max_failure_count\": 4");
+    let out = agent()
+        .args(["check-config", "--config-path"])
+        .arg(&uc)
+        .args([
+            "--role",
+            "prefill",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "8000",
+            "--mgmt-port",
+            "9001",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let e = &v["engines"][0];
+    assert_eq!(e["health_check_config"]["max_failure_count"], 4);
+    assert_eq!(e["health_check_config"]["health_collector_timeout"], 5);
+    assert_eq!(
+        e["health_check_config"]["health_collector_timeout_retry_attempts"],
+        3
+    );
+    assert_eq!(e["health_check_config"]["npu_usage_threshold"], 3.0);
+    assert_eq!(e["timing"]["warmup_timeout"], "3m");
+    assert_eq!(e["timing"]["request_timeout"], "5s");
+    assert_eq!(e["timing"]["high_load_interval"], "20s");
+    assert_eq!(e["mgmt_listen"], "127.0.0.1:9001");
+    // A V6-only key breaks the engine_server-era loader, as in the reference.
+    let bad = user_config(dir.path(), ", \"virtual_inference_timeout\": 5.0");
+    let out = agent()
+        .args(["check-config", "--config-path"])
+        .arg(&bad)
+        .args([
+            "--role",
+            "prefill",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "8000",
+            "--mgmt-port",
+            "9001",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("user_config.json")
+            && err.contains("motor_engine_prefill_config")
+            && err.contains("virtual_inference_timeout"),
+        "{err}"
+    );
+    // Missing flags of single-engine mode are named.
+    let out = agent()
+        .args(["check-config", "--config-path"])
+        .arg(&uc)
+        .args(["--role", "prefill"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--host") && err.contains("--port") && err.contains("--mgmt-port"),
+        "{err}"
+    );
+    // Nothing to monitor.
+    let out = agent().arg("check-config").output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn doctor_reports_each_condition_and_the_verdict() {
+    let engine = Engine::start();
+    let dir = tempfile::tempdir().unwrap();
+    let uc = user_config(dir.path(), "");
+    let env_json = dir.path().join("env.json");
+    std::fs::write(&env_json, r#"{"motor_common_env": {"ASCEND_GLOBAL_LOG_LEVEL": "3"}, "motor_engine_prefill_env": {"ASCEND_GLOBAL_LOG_LEVEL": "1"}}"#).unwrap();
+    let base = |c: &mut Command| {
+        c.args(["doctor", "--config-path"]).arg(&uc).args([
+            "--role",
+            "prefill",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &engine.port.to_string(),
+            "--mgmt-port",
+            "9001",
+        ]);
+    };
+    let mut c = agent();
+    base(&mut c);
+    let out = c.arg("--json").output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let e = &v["engines"][0];
+    assert_eq!(e["virtual_inference_will_run"], true, "{v}");
+    let names: Vec<&str> = e["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    for want in [
+        "engine_type",
+        "enable_virtual_inference",
+        "dp_rank",
+        "headless",
+        "ASCEND_GLOBAL_LOG_LEVEL",
+        "npu_usage_threshold",
+        "ai_cube",
+        "health",
+    ] {
+        assert!(names.contains(&want), "{want} missing from {names:?}");
+    }
+    // With env.json saying "1" for the prefill engine, it will not run, and the table says why.
+    let mut c = agent();
+    base(&mut c);
+    let out = c.arg("--env-config-path").arg(&env_json).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("will NOT run"), "{text}");
+    assert!(text.contains("motor_engine_prefill_env"), "{text}");
+    assert!(
+        text.contains("requires ASCEND_GLOBAL_LOG_LEVEL=3 (ERROR); got '1'"),
+        "{text}"
+    );
+    // No engine listening: health is pending, so it will not run yet.
+    drop(engine);
+    let mut c = agent();
+    c.args(["doctor", "--config-path"]).arg(&uc).args([
+        "--role",
+        "prefill",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        &free_port().to_string(),
+        "--mgmt-port",
+        "9001",
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&c.output().unwrap().stdout).unwrap();
+    assert_eq!(v["engines"][0]["virtual_inference_will_run"], false);
+}
+
+#[test]
+fn sigterm_stops_the_agent_promptly() {
+    let engine = Engine::start();
+    let dir = tempfile::tempdir().unwrap();
+    let uc = user_config(dir.path(), "");
+    let mgmt = free_port();
+    let mut child = agent()
+        .args(["run", "--config-path"])
+        .arg(&uc)
+        .args([
+            "--role",
+            "prefill",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &engine.port.to_string(),
+            "--mgmt-port",
+            &mgmt.to_string(),
+        ])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until(Duration::from_secs(20), || status(mgmt).is_some());
+    let pid = rustix::process::Pid::from_child(&child);
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    let end = Instant::now() + Duration::from_secs(10);
+    let code = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s.code();
+        }
+        assert!(Instant::now() < end, "agent did not exit after SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(code, Some(0));
+    assert!(status(mgmt).is_none(), "listener closed");
+}

@@ -1,0 +1,240 @@
+//! A whole stack as real processes on loopback: the fake engine, the agent binary on the
+//! fake driver (whose NPU figures the engine writes), both killed when the stack is dropped.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A free TCP port on 127.0.0.1 (bound and released; good enough for tests).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+/// Timing of the agent under test: the reference's constants divided by ten.
+pub const FAST_TIMING: &str = r#"
+[engine.timing]
+warmup_timeout = "10s"
+request_timeout = "500ms"
+window = "500ms"
+interval = "500ms"
+high_load_interval = "2s"
+health_period = "100ms"
+"#;
+
+/// Running processes and their addresses.
+pub struct Stack {
+    pub dir: tempfile::TempDir,
+    pub engine: Option<Child>,
+    pub agent: Child,
+    pub engine_port: u16,
+    pub control_port: u16,
+    pub mgmt_port: u16,
+    /// `health_check_config` lines used.
+    pub health_check: String,
+}
+
+impl Stack {
+    /// Starts the fake engine and the agent; `health_check` goes into
+    /// `[engine.health_check_config]` after `enable_virtual_inference = true`.
+    pub fn start(health_check: &str) -> Stack {
+        let dir = tempfile::tempdir().expect("temp dir");
+        for f in ["npu0", "npu1"] {
+            std::fs::write(dir.path().join(f), "0\n").unwrap();
+        }
+        let scenario = dir.path().join("scenario.toml");
+        std::fs::write(
+            &scenario,
+            "model = \"910B\"\ncards = 2\n[[device]]\nid = 0\naicube = { file = \"npu0\" }\n[[device]]\nid = 1\naicube = { file = \"npu1\" }\n",
+        )
+        .unwrap();
+        let (engine_port, control_port, mgmt_port) = (free_port(), free_port(), free_port());
+        let agent_toml = dir.path().join("agent.toml");
+        std::fs::write(
+            &agent_toml,
+            format!(
+                "[agent]\nsample_period = \"20ms\"\n\n[[engine]]\nname = \"e2e\"\nengine_type = \"vllm\"\nserved_model_name = \"m\"\nhost = \"127.0.0.1\"\nport = {engine_port}\nmgmt_port = {mgmt_port}\ndevices = [0, 1]\nengine_env = {{ ASCEND_GLOBAL_LOG_LEVEL = \"3\" }}\n{FAST_TIMING}\n[engine.health_check_config]\nenable_virtual_inference = true\n{health_check}\n"
+            ),
+        )
+        .unwrap();
+        let engine = Some(
+            Command::new(super::agent())
+                .args(["fake-engine", "--model", "m"])
+                .args(["--listen", &format!("127.0.0.1:{engine_port}")])
+                .args(["--control", &format!("127.0.0.1:{control_port}")])
+                .arg("--npu-file")
+                .arg(dir.path().join("npu0"))
+                .arg("--npu-file")
+                .arg(dir.path().join("npu1"))
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("start fake engine"),
+        );
+        let agent = Command::new(super::agent())
+            .args(["--fake", "run", "--config"])
+            .arg(&agent_toml)
+            .env("FAKE_NPU_SCENARIO", &scenario)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(
+                std::fs::File::create(dir.path().join("agent.log")).unwrap(),
+            ))
+            .spawn()
+            .expect("start agent");
+        let stack = Stack {
+            dir,
+            engine,
+            agent,
+            engine_port,
+            control_port,
+            mgmt_port,
+            health_check: health_check.to_owned(),
+        };
+        stack.wait_for_status("normal", Duration::from_secs(30));
+        // Faults are injected after the warm-up: a failed warm-up is abnormal at once.
+        stack.wait_for_phase("running", Duration::from_secs(30));
+        stack
+    }
+
+    /// Waits until virtual inference reaches `phase`.
+    pub fn wait_for_phase(&self, phase: &str, limit: Duration) {
+        let end = Instant::now() + limit;
+        while Instant::now() < end {
+            if self.detail()["virtual_inference"]["phase"] == phase {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!(
+            "virtual inference never reached {phase}: {}\nagent log:\n{}",
+            self.detail(),
+            self.agent_log()
+        );
+    }
+
+    /// `http://127.0.0.1:<mgmt>/status`.
+    pub fn status_url(&self) -> String {
+        format!("http://127.0.0.1:{}/status", self.mgmt_port)
+    }
+
+    /// The agent's log so far.
+    pub fn agent_log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("agent.log")).unwrap_or_default()
+    }
+
+    /// Blocking GET returning (status code, body).
+    pub fn get(&self, url: &str) -> Option<(u16, String)> {
+        http("GET", url, None)
+    }
+
+    /// Applies a fault patch to the fake engine.
+    pub fn faults(&self, patch: &str) {
+        let url = format!("http://127.0.0.1:{}/fake/faults", self.control_port);
+        let (code, body) = http("POST", &url, Some(patch)).expect("control endpoint answers");
+        assert_eq!(code, 200, "fault patch {patch} refused: {body}");
+    }
+
+    /// `/fake/stats` of the engine.
+    pub fn engine_stats(&self) -> serde_json::Value {
+        let url = format!("http://127.0.0.1:{}/fake/stats", self.control_port);
+        serde_json::from_str(&http("GET", &url, None).expect("stats").1).expect("stats JSON")
+    }
+
+    /// `/status/detail` of the engine.
+    pub fn detail(&self) -> serde_json::Value {
+        let url = format!("http://127.0.0.1:{}/status/detail", self.mgmt_port);
+        serde_json::from_str(&self.get(&url).expect("detail").1).expect("detail JSON")
+    }
+
+    /// Waits until `/status` says `want`; panics with the agent log otherwise.
+    pub fn wait_for_status(&self, want: &str, limit: Duration) {
+        let end = Instant::now() + limit;
+        let mut last = None;
+        while Instant::now() < end {
+            last = self.get(&self.status_url());
+            if last
+                .as_ref()
+                .is_some_and(|(_, b)| b == &format!("{{\"status\":\"{want}\"}}"))
+            {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!(
+            "/status never became {want} (last {last:?})\nagent log:\n{}",
+            self.agent_log()
+        );
+    }
+
+    /// Kills the fake engine process (what Node Manager's daemon does on self-termination).
+    pub fn kill_engine(&mut self) {
+        if let Some(mut e) = self.engine.take() {
+            let _ = e.kill();
+            let _ = e.wait();
+        }
+    }
+
+    /// Path of a file in the stack's directory.
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        self.kill_engine();
+        let _ = self.agent.kill();
+        let _ = self.agent.wait();
+    }
+}
+
+/// Minimal blocking HTTP/1.1 client over a real socket (keeps the tests free of an async
+/// runtime where they do not need one).
+pub fn http(method: &str, url: &str, body: Option<&str>) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let rest = url.strip_prefix("http://")?;
+    let (authority, path) = rest
+        .split_once('/')
+        .map_or((rest, "/".to_owned()), |(a, p)| (a, format!("/{p}")));
+    let mut s = std::net::TcpStream::connect(authority).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    let body = body.unwrap_or("");
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .ok()?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).ok()?;
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, payload) = text.split_once("\r\n\r\n")?;
+    let code = head.split_whitespace().nth(1)?.parse().ok()?;
+    let payload = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(payload)
+    } else {
+        payload.to_owned()
+    };
+    Some((code, payload))
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = s.split_once("\r\n") {
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
+            break;
+        };
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
