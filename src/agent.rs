@@ -70,6 +70,7 @@ pub async fn start(cfg: AgentConfig) -> Result<Running, AgentError> {
     let sampler_cfg = SamplerConfig {
         period: cfg.agent.sample_period,
         retention: (longest_window + Duration::from_secs(5)).max(Duration::from_secs(30)),
+        realtime: cfg.agent.sampler_realtime,
         ..SamplerConfig::default()
     };
     let driver = cfg.agent.driver();

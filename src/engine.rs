@@ -494,6 +494,9 @@ mod tests {
         assert_eq!(failures, 2, "two warm-ups");
         cancel.cancel();
         vi.await.unwrap();
+        // Stopping keeps abnormal (reference: stop does not reset it).
+        assert!(st.vi.abnormal());
+        assert_eq!(st.status(), Status::Abnormal);
     }
 
     #[tokio::test(start_paused = true)]

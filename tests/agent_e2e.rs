@@ -75,6 +75,7 @@ fn healthy_idle_engine_is_never_abnormal() {
         s["last_body"],
         serde_json::json!({"model": "m", "prompt": "1", "max_tokens": 1})
     );
+    assert_eq!(s["last_content_type"], "application/json");
     assert!(s["virtual_completions"].as_u64().unwrap() >= 5, "{s}");
 }
 

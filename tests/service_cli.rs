@@ -524,3 +524,38 @@ fn sigterm_stops_the_agent_promptly() {
     assert_eq!(code, Some(0));
     assert!(status(mgmt).is_none(), "listener closed");
 }
+
+// The agent.toml shown in the README stays valid.
+#[test]
+fn readme_agent_toml_example_is_valid() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let start = readme
+        .find("```toml\n[agent]")
+        .expect("README has the agent.toml example")
+        + "```toml\n".len();
+    let end = start + readme[start..].find("```").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let uc = user_config(dir.path(), "");
+    let text =
+        readme[start..end].replace("/home/mindie/user_config.json", &uc.display().to_string());
+    let toml = dir.path().join("agent.toml");
+    std::fs::write(&toml, text).unwrap();
+    let out = agent()
+        .args(["check-config", "--config"])
+        .arg(&toml)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["engines"].as_array().unwrap().len(), 2);
+    assert_eq!(v["engines"][1]["dispatch_profile"], "trigger");
+    assert_eq!(
+        v["engines"][1]["devices"]["value"],
+        serde_json::json!([4, 5, 6, 7])
+    );
+}

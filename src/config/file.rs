@@ -72,6 +72,7 @@ struct AgentTable {
     admin_listen: Option<String>,
     env_config_path: Option<PathBuf>,
     worker_threads: Option<usize>,
+    sampler_realtime: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -275,6 +276,7 @@ fn agent_settings(t: &AgentTable, base: &Path) -> Result<AgentSettings, KeyError
         npu_smi_delay,
         admin_listen,
         worker_threads,
+        sampler_realtime: t.sampler_realtime.unwrap_or(d.sampler_realtime),
     })
 }
 

@@ -203,6 +203,8 @@ pub struct AgentSettings {
     pub admin_listen: Option<SocketAddr>,
     /// Tokio worker threads.
     pub worker_threads: usize,
+    /// Run the DCMI sampler thread under `SCHED_FIFO` when permitted.
+    pub sampler_realtime: bool,
 }
 
 impl Default for AgentSettings {
@@ -216,6 +218,7 @@ impl Default for AgentSettings {
             npu_smi_delay: 1,
             admin_listen: None,
             worker_threads: 2,
+            sampler_realtime: true,
         }
     }
 }

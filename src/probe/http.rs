@@ -215,6 +215,181 @@ mod tests {
         assert_eq!(request_id(t), "1234567890123456_virtual");
     }
 
+    fn prober_for(port: u16) -> HttpProber {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let text = format!(
+            "[[engine]]\nengine_type = \"vllm\"\nserved_model_name = \"m\"\nhost = \"127.0.0.1\"\nport = {port}\nmgmt_port = 9001\n"
+        );
+        let spec = crate::config::file::parse(&text, std::path::Path::new("/x/a.toml"))
+            .unwrap()
+            .engines
+            .remove(0);
+        EngineClient::new(&spec).unwrap().prober(&spec)
+    }
+
+    /// Serves one connection with `response` (raw HTTP; empty: never answer) and returns
+    /// what the client sent.
+    async fn one_shot(response: &'static str) -> (u16, tokio::task::JoinHandle<String>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        let h = tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut buf = vec![0u8; 4096];
+            let n = s.read(&mut buf).await.unwrap();
+            if response.is_empty() {
+                tokio::time::sleep(Duration::from_secs(30)).await;
+            } else {
+                s.write_all(response.as_bytes()).await.unwrap();
+            }
+            String::from_utf8_lossy(&buf[..n]).into_owned()
+        });
+        (port, h)
+    }
+
+    // Success needs a 2xx and a JSON body; the request carries the reference's headers.
+    #[tokio::test]
+    async fn outcomes_of_the_real_request() {
+        let (port, h) =
+            one_shot("HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}").await;
+        let r = prober_for(port).send(Duration::from_secs(5)).await;
+        assert_eq!(r.outcome, Ok(()));
+        let sent = h.await.unwrap().to_ascii_lowercase();
+        assert!(sent.starts_with("post /v1/completions http/1.1"), "{sent}");
+        assert!(sent.contains("content-type: application/json"), "{sent}");
+        assert!(
+            sent.contains("x-request-id: ") && sent.contains("_virtual"),
+            "{sent}"
+        );
+        assert!(
+            sent.contains(r#"{"max_tokens":1,"model":"m","prompt":"1"}"#),
+            "{sent}"
+        );
+        let (port, _) =
+            one_shot("HTTP/1.1 200 OK\r\nContent-Length: 4\r\nConnection: close\r\n\r\noops").await;
+        assert!(matches!(
+            prober_for(port).send(Duration::from_secs(5)).await.outcome,
+            Err(Failure::BadBody(_))
+        ));
+        let (port, _) =
+            one_shot("HTTP/1.1 503 Busy\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}").await;
+        assert_eq!(
+            prober_for(port).send(Duration::from_secs(5)).await.outcome,
+            Err(Failure::Status(503))
+        );
+        let (port, _) = one_shot("").await;
+        let r = prober_for(port).send(Duration::from_millis(200)).await;
+        assert_eq!(r.outcome, Err(Failure::Timeout));
+        // Nothing listening: a transport error, reported, not a panic.
+        let free = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let r = prober_for(free).send(Duration::from_secs(5)).await;
+        assert!(
+            matches!(r.outcome, Err(Failure::Transport(ref e)) if e.contains("onnect")),
+            "{r:?}"
+        );
+    }
+
+    // A timed-out probe closes its connection, so the engine sees the client go and aborts
+    // the request instead of keeping it queued.
+    #[tokio::test]
+    async fn a_timed_out_probe_closes_its_connection() {
+        use tokio::io::AsyncReadExt;
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut buf = vec![0u8; 4096];
+            let _ = s.read(&mut buf).await.unwrap();
+            // Never answer; wait for the client to hang up.
+            tokio::time::timeout(Duration::from_secs(10), async {
+                loop {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => return true,
+                        Ok(_) => {}
+                    }
+                }
+            })
+            .await
+            .unwrap_or(false)
+        });
+        let r = prober_for(port).send(Duration::from_millis(200)).await;
+        assert_eq!(r.outcome, Err(Failure::Timeout));
+        assert!(
+            server.await.unwrap(),
+            "the connection stayed open after the timeout"
+        );
+    }
+
+    // infer_tls_config enabled: the client verifies the engine against ca_file, presents
+    // its certificate, and both requests go over HTTPS.
+    #[tokio::test]
+    async fn https_when_the_inference_tls_config_is_enabled() {
+        use crate::probe::health::HealthTransport;
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let dir = tempfile::tempdir().unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        std::fs::write(dir.path().join("ca.crt"), cert.pem()).unwrap();
+        std::fs::write(dir.path().join("server.key"), key.serialize_pem()).unwrap();
+        let tls = crate::config::mindie::TlsConfig {
+            enable_tls: true,
+            ca_file: dir.path().join("ca.crt"),
+            cert_file: dir.path().join("ca.crt"),
+            key_file: dir.path().join("server.key"),
+            ..Default::default()
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let router = axum::Router::new()
+            .route("/health", axum::routing::get(|| async { "true" }))
+            .route(
+                "/v1/completions",
+                axum::routing::post(|| async { axum::Json(json!({"choices": []})) }),
+            );
+        let cancel = tokio_util::sync::CancellationToken::new();
+        let server = tokio::spawn(crate::server::serve(
+            listener,
+            router,
+            Some(crate::tls::server_config(&tls).unwrap()),
+            cancel.clone(),
+        ));
+        let text = format!(
+            "[[engine]]\nengine_type = \"vllm\"\nserved_model_name = \"m\"\nhost = \"127.0.0.1\"\nport = {port}\nmgmt_port = 9001\n"
+        );
+        let mut spec = crate::config::file::parse(&text, std::path::Path::new("/x/a.toml"))
+            .unwrap()
+            .engines
+            .remove(0);
+        spec.infer_tls_config = tls;
+        let client = EngineClient::new(&spec).unwrap();
+        assert!(client.base().starts_with("https://"));
+        let health = client.health().get(Duration::from_secs(5)).await;
+        assert_eq!(
+            health,
+            Fetch::Response {
+                status: 200,
+                body: "true".into()
+            }
+        );
+        assert_eq!(
+            client
+                .prober(&spec)
+                .send(Duration::from_secs(5))
+                .await
+                .outcome,
+            Ok(())
+        );
+        cancel.cancel();
+        server.await.unwrap();
+    }
+
     #[test]
     fn layerwise_decode_body_is_exact() {
         assert_eq!(

@@ -106,7 +106,7 @@ pub fn run(
         // Sleep until the next pass with park_timeout rather than a blocking channel receive:
         // channel receives spin and yield before they park, which costs more CPU per pass
         // than reading 16 devices. Senders unpark the thread (see `ControlTx`).
-        loop {
+        let lateness = loop {
             loop {
                 match ctl.try_recv() {
                     Ok(Control::Period(p)) => {
@@ -120,10 +120,11 @@ pub fn run(
             }
             let now = Instant::now();
             if now >= next {
-                break;
+                break now - next;
             }
             std::thread::park_timeout(next - now);
-        }
+        };
+        shared.sampler.record_lateness(lateness);
         // One clock read per call: the time an answer arrived is the next call's start.
         let mut clock = shared.ring.now_ns();
         for (slot, (idx, chip)) in chips.iter().enumerate() {

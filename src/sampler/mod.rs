@@ -6,6 +6,7 @@
 //! the atomics in [`status`]. Control (period change, shutdown) goes through channels.
 
 mod dcmi_thread;
+pub mod priority;
 pub mod status;
 mod watchdog;
 
@@ -54,6 +55,9 @@ pub struct SamplerConfig {
     pub watch_stale_after: Option<Duration>,
     /// Logic ids to monitor; `None` monitors every NPU found.
     pub devices: Option<Vec<u32>>,
+    /// Run the DCMI thread under `SCHED_FIFO` when permitted (root or `CAP_SYS_NICE`).
+    /// Default true.
+    pub realtime: bool,
 }
 
 impl Default for SamplerConfig {
@@ -67,6 +71,7 @@ impl Default for SamplerConfig {
             init_timeout: Duration::from_secs(10),
             watch_stale_after: None,
             devices: None,
+            realtime: true,
         }
     }
 }
@@ -487,11 +492,18 @@ fn start_dcmi_thread(driver: &DriverConfig, cfg: &SamplerConfig) -> Result<DcmiS
         hbm_period: cfg.hbm_period,
         call_deadline: cfg.call_deadline,
     };
+    let realtime = cfg.realtime;
     let thread_path = path.clone();
     let handle = std::thread::Builder::new()
         .name("npu-sampler".to_owned())
         .spawn(move || {
             let _done = done_tx;
+            if realtime {
+                match priority::make_current_thread_realtime() {
+                    Ok(()) => tracing::debug!("sampler thread runs under SCHED_FIFO"),
+                    Err(e) => tracing::info!("sampler thread stays at normal priority (SCHED_FIFO refused: {e}); its ticks can be late while the CPU is saturated"),
+                }
+            }
             let dcmi = Dcmi::open(&thread_path);
             dcmi_thread::run(dcmi, init_tx, ctl_rx, timing);
         })

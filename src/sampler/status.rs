@@ -343,7 +343,15 @@ pub struct SamplerStatus {
     call_telemetry: AtomicBool,
     /// Passes that started later than one period after they were due.
     overruns: AtomicU64,
+    /// How late each pass started, per bucket of [`LATENESS_BUCKETS_US`] (+Inf last).
+    lateness: [AtomicU64; LATENESS_BUCKETS_US.len() + 1],
+    lateness_sum_ns: AtomicU64,
 }
+
+/// Upper bounds (µs) of the pass-lateness histogram.
+pub const LATENESS_BUCKETS_US: [u64; 12] = [
+    10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 100_000,
+];
 
 impl SamplerStatus {
     /// The thread is about to call into DCMI for `device`.
@@ -394,5 +402,34 @@ impl SamplerStatus {
     /// Late passes since start.
     pub fn overruns(&self) -> u64 {
         self.overruns.load(Ordering::Relaxed)
+    }
+
+    /// Records how late a pass started (its tick jitter).
+    pub fn record_lateness(&self, late: std::time::Duration) {
+        let us = late.as_micros() as u64;
+        let i = LATENESS_BUCKETS_US
+            .iter()
+            .position(|b| us <= *b)
+            .unwrap_or(LATENESS_BUCKETS_US.len());
+        self.lateness[i].fetch_add(1, Ordering::Relaxed);
+        self.lateness_sum_ns
+            .fetch_add(late.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// Lateness histogram: per-bucket counts in seconds (+Inf last), count, sum in seconds.
+    pub fn lateness_histogram(&self) -> (Vec<(f64, u64)>, u64, f64) {
+        let buckets: Vec<(f64, u64)> = LATENESS_BUCKETS_US
+            .iter()
+            .map(|us| *us as f64 / 1e6)
+            .chain(std::iter::once(f64::INFINITY))
+            .zip(&self.lateness)
+            .map(|(le, c)| (le, c.load(Ordering::Relaxed)))
+            .collect();
+        let count = buckets.iter().map(|b| b.1).sum();
+        (
+            buckets,
+            count,
+            self.lateness_sum_ns.load(Ordering::Relaxed) as f64 / 1e9,
+        )
     }
 }

@@ -205,6 +205,14 @@ impl Scope {
             MetricType::Counter,
             [(Labels::new(), self.shared.ring.written() as f64)],
         )?;
+        let (buckets, count, sum) = s.lateness_histogram();
+        enc.encode_descriptor(
+            "npu_health_agent_sampler_tick_lateness_seconds",
+            "How late each sampling pass started after its deadline (tick jitter)",
+            None,
+            MetricType::Histogram,
+        )?
+        .encode_histogram::<NoLabelSet>(sum, count, &buckets, None)?;
         let stale = self.shared.devices.iter().filter(|d| d.is_stale()).count();
         family(
             enc,

@@ -121,6 +121,7 @@ struct Stats {
     virtual_completions: u64,
     health: u64,
     last_request_id: Option<String>,
+    last_content_type: Option<String>,
     last_body: Option<Value>,
 }
 
@@ -347,6 +348,10 @@ async fn completions(
             s.virtual_completions += 1;
         }
         s.last_request_id = id.clone();
+        s.last_content_type = headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
         s.last_body = serde_json::from_slice(&body).ok();
     }
     let req = match parsed {
@@ -582,6 +587,7 @@ async fn stats(State(e): State<Arc<Engine>>) -> Response {
         "virtual_completions": s.virtual_completions,
         "health": s.health,
         "last_request_id": s.last_request_id,
+        "last_content_type": s.last_content_type,
         "last_body": s.last_body,
         "running": e.running.load(Ordering::Acquire),
         "waiting": e.waiting.load(Ordering::Acquire),

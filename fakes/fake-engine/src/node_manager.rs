@@ -211,6 +211,75 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicU8, Ordering};
+
+    /// Serves `/status` with whatever `status` holds: 0 normal, 1 abnormal.
+    async fn endpoint(status: Arc<AtomicU8>) -> String {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/status", l.local_addr().unwrap());
+        let app = axum::Router::new().route(
+            "/status",
+            axum::routing::get(move || {
+                let s = status.clone();
+                async move {
+                    if s.load(Ordering::Relaxed) == 1 {
+                        r#"{"status":"abnormal"}"#
+                    } else {
+                        r#"{"status":"normal"}"#
+                    }
+                }
+            }),
+        );
+        tokio::spawn(async move { axum::serve(l, app).await });
+        url
+    }
+
+    fn fast(urls: Vec<String>) -> NmOptions {
+        let mut o = NmOptions::reference(urls, 0.02);
+        o.grace_period = Duration::ZERO;
+        o
+    }
+
+    // test_heartbeat_manager.py: 5 consecutive abnormal heartbeats → the flag, exactly at 5.
+    #[tokio::test]
+    async fn kill_after_exactly_five_abnormal_heartbeats() {
+        let url = endpoint(Arc::new(AtomicU8::new(1))).await;
+        let killed = Arc::new(AtomicU8::new(0));
+        let k = killed.clone();
+        let r = run(fast(vec![url]), CancellationToken::new(), move || {
+            k.store(1, Ordering::Relaxed)
+        })
+        .await;
+        assert_eq!(killed.load(Ordering::Relaxed), 1);
+        assert!(r.killed_at_ms.is_some());
+        assert_eq!(r.max_consecutive_abnormal, 5);
+        assert!(r.heartbeats == 5 || r.heartbeats == 6, "{}", r.heartbeats);
+    }
+
+    // Any one abnormal endpoint counts; a normal heartbeat resets the count.
+    #[tokio::test]
+    async fn one_abnormal_endpoint_counts_and_normal_resets() {
+        let a = Arc::new(AtomicU8::new(0));
+        let b = Arc::new(AtomicU8::new(1));
+        let urls = vec![endpoint(a.clone()).await, endpoint(b.clone()).await];
+        let cancel = CancellationToken::new();
+        let stop = cancel.clone();
+        let flip = b.clone();
+        tokio::spawn(async move {
+            // Abnormal for about 3 heartbeats (60 ms each), then normal, then stop.
+            tokio::time::sleep(Duration::from_millis(190)).await;
+            flip.store(0, Ordering::Relaxed);
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            stop.cancel();
+        });
+        let r = run(fast(urls), cancel, || panic!("must not kill")).await;
+        assert_eq!(r.killed_at_ms, None);
+        assert!(
+            (1..5).contains(&r.max_consecutive_abnormal),
+            "{}",
+            r.max_consecutive_abnormal
+        );
+    }
 
     #[test]
     fn parsing_is_strict() {
