@@ -39,6 +39,9 @@ pub struct Running {
 
 /// Ring indices of an engine's NPUs (all NPUs when none are named).
 fn engine_devices(spec: &EngineSpec, sampler: &Sampler) -> Result<Vec<u16>, AgentError> {
+    if sampler.devices().is_empty() {
+        return Ok(Vec::new());
+    }
     let Some(ids) = &spec.devices.value else {
         return Ok((0..sampler.devices().len() as u16).collect());
     };
@@ -74,9 +77,17 @@ pub async fn start(cfg: AgentConfig) -> Result<Running, AgentError> {
         ..SamplerConfig::default()
     };
     let driver = cfg.agent.driver();
-    let sampler = tokio::task::spawn_blocking(move || Sampler::start(&driver, &sampler_cfg))
+    let started = tokio::task::spawn_blocking(move || Sampler::start(&driver, &sampler_cfg))
         .await
-        .map_err(|e| AgentError::Runtime(format!("sampler start-up panicked: {e}")))??;
+        .map_err(|e| AgentError::Runtime(format!("sampler start-up panicked: {e}")))?;
+    // Without NPU figures the agent still serves /status from /health (virtual inference is
+    // disabled by its AI Cube condition): a crash loop would make Node Manager see refused
+    // polls, i.e. abnormal, and kill a healthy engine. Bad settings are still fatal.
+    let sampler = match started {
+        Ok(s) => s,
+        Err(e @ StartError::NoBackend { .. }) => Sampler::without_backend(&e.to_string()),
+        Err(e) => return Err(e.into()),
+    };
     let shared = sampler.shared().clone();
     let cancel = CancellationToken::new();
     let mut tasks = JoinSet::new();

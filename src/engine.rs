@@ -10,9 +10,12 @@
 //! - healthy: the first such `/status` starts virtual inference (one-shot, as the reference);
 //!   `abnormal` if virtual inference is, else `normal`.
 //!
-//! Re-arm (not in the reference, which dies with its engine): after `abnormal`, once
-//! `/health` goes down and then answers again — the engine restarted — virtual inference goes
-//! back to its initial state and the next healthy `/status` starts a new warm-up.
+//! Re-arm (not in the reference, which dies with its engine): after virtual inference went
+//! `abnormal`, once `/health` cannot be reached at all (connection refused: the engine process
+//! is gone) and then answers again — the engine restarted — virtual inference goes back to its
+//! initial state and the next healthy `/status` starts a new warm-up. Timeouts and HTTP errors
+//! are not a restart. While the engine is down `/status` stays `abnormal` (it answered
+//! before), so a crashed engine that never comes back is still reported.
 
 use crate::config::EngineSpec;
 use crate::probe::gates::{self, Condition};
@@ -85,8 +88,10 @@ pub struct EngineState {
     /// The one-shot start latch of the reference's `/status`.
     started: AtomicBool,
     start: Notify,
-    /// `/health` failed after virtual inference went abnormal (restart detection).
+    /// `/health` could not be reached after virtual inference went abnormal (restart detection).
     down_after_abnormal: AtomicBool,
+    /// Bumped at every re-arm; a loop still running from before stops.
+    rearm_tx: tokio::sync::watch::Sender<u64>,
     pub vi: ViState,
     conditions: Mutex<Vec<Condition>>,
     rearms: AtomicU64,
@@ -96,6 +101,7 @@ impl EngineState {
     /// A fresh engine: `/health` never answered, virtual inference not started.
     pub fn new(spec: EngineSpec, devices: Vec<u16>) -> EngineState {
         let conditions = gates::static_conditions(&spec);
+        let vi = ViState::new(spec.timing.interval);
         EngineState {
             spec,
             devices,
@@ -107,7 +113,8 @@ impl EngineState {
             started: AtomicBool::new(false),
             start: Notify::new(),
             down_after_abnormal: AtomicBool::new(false),
-            vi: ViState::default(),
+            rearm_tx: tokio::sync::watch::Sender::new(0),
+            vi,
             conditions: Mutex::new(conditions),
             rearms: AtomicU64::new(0),
         }
@@ -216,10 +223,10 @@ impl EngineState {
                 d.last_error = None;
                 HEALTHY
             }
-            HealthOutcome::Unhealthy(e) => {
+            HealthOutcome::Unhealthy { reason, .. } => {
                 d.state = "unhealthy";
                 d.consecutive_failures += 1;
-                d.last_error = Some(e.clone());
+                d.last_error = Some(reason.clone());
                 UNHEALTHY
             }
             HealthOutcome::NeverConnected(e) => {
@@ -243,7 +250,14 @@ impl EngineState {
                 _ => {}
             }
         }
-        if after == UNHEALTHY && self.vi.abnormal() {
+        if matches!(
+            outcome,
+            HealthOutcome::Unhealthy {
+                unreachable: true,
+                ..
+            }
+        ) && self.vi.abnormal()
+        {
             self.down_after_abnormal.store(true, Ordering::Release);
         }
         if after == HEALTHY
@@ -253,6 +267,7 @@ impl EngineState {
             tracing::warn!(engine = %name, "the engine restarted (/health down, then up); virtual inference is re-armed");
             self.vi.rearm();
             self.rearms.fetch_add(1, Ordering::Relaxed);
+            self.rearm_tx.send_modify(|g| *g += 1);
             self.started.store(false, Ordering::Release);
         }
     }
@@ -260,6 +275,11 @@ impl EngineState {
     /// Evaluates the start gates when the first healthy `/status` arrives; true if virtual
     /// inference may run. `cube` lists (logic id, backend) of the engine's NPUs.
     pub fn decide_start(&self, cube: &[(u32, &'static str)]) -> bool {
+        // Evaluated now, as the reference does at start (the agent's own environment may
+        // have changed since the configuration was read).
+        for c in gates::static_conditions(&self.spec) {
+            self.set_condition(c);
+        }
         self.set_condition(gates::cube_condition(cube));
         let conditions = self.conditions();
         let blocking: Vec<&Condition> = conditions
@@ -350,9 +370,13 @@ pub async fn virtual_inference_task<P: Prober, S: PeakSource>(
             continue;
         }
         tracing::info!(engine = %spec.name, "virtual inference starts (warm-up request)");
+        let mut rearmed = state.rearm_tx.subscribe();
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = virtual_inference::run(&cfg, &prober, &peaks, &state.vi) => {}
+            // A loop that went abnormal is still in its last sleep: it must not go on after
+            // the state was re-armed under it.
+            _ = rearmed.changed() => {}
         }
     }
 }
@@ -379,7 +403,14 @@ mod tests {
     fn outcome(o: &str) -> HealthOutcome {
         match o {
             "ok" => HealthOutcome::Healthy,
-            "down" => HealthOutcome::Unhealthy("refused".into()),
+            "down" => HealthOutcome::Unhealthy {
+                reason: "refused".into(),
+                unreachable: true,
+            },
+            "slow" => HealthOutcome::Unhealthy {
+                reason: "timed out".into(),
+                unreachable: false,
+            },
             _ => HealthOutcome::NeverConnected("refused".into()),
         }
     }
@@ -497,6 +528,104 @@ mod tests {
         // Stopping keeps abnormal (reference: stop does not reset it).
         assert!(st.vi.abnormal());
         assert_eq!(st.status(), Status::Abnormal);
+    }
+
+    /// Warm-up succeeds, the first periodic probe fails, everything after succeeds.
+    struct FailSecond(std::sync::atomic::AtomicU32);
+    impl Prober for FailSecond {
+        async fn send(&self, _t: Duration) -> ProbeResult {
+            let n = self.0.fetch_add(1, Ordering::SeqCst);
+            ProbeResult {
+                outcome: if n == 1 {
+                    Err(Failure::Timeout)
+                } else {
+                    Ok(())
+                },
+                latency: Duration::from_millis(1),
+            }
+        }
+    }
+
+    // Timeouts and HTTP errors after abnormal are not a restart: no re-arm.
+    #[tokio::test(start_paused = true)]
+    async fn slow_health_after_abnormal_does_not_rearm() {
+        let st = Arc::new(EngineState::new(
+            spec("enable_virtual_inference = true"),
+            vec![0],
+        ));
+        let cancel = CancellationToken::new();
+        let vi = tokio::spawn(virtual_inference_task(
+            st.clone(),
+            AlwaysFail,
+            Idle,
+            || vec![(0, "dcmi")],
+            cancel.clone(),
+        ));
+        st.record_health(&outcome("ok"), true);
+        st.status();
+        advance(Duration::from_secs(1)).await;
+        assert!(st.vi.abnormal());
+        st.record_health(&outcome("slow"), true);
+        st.record_health(&outcome("ok"), true);
+        assert_eq!(st.rearms(), 0);
+        assert_eq!(st.status(), Status::Abnormal);
+        cancel.cancel();
+        vi.await.unwrap();
+    }
+
+    // A loop that went abnormal is still sleeping when the engine restarts: it must stop, and
+    // only the next /status starts a new warm-up.
+    #[tokio::test(start_paused = true)]
+    async fn a_rearm_stops_the_loop_still_sleeping_from_before() {
+        let st = Arc::new(EngineState::new(
+            spec("enable_virtual_inference = true\nmax_failure_count = 1"),
+            vec![0],
+        ));
+        let prober = Arc::new(FailSecond(std::sync::atomic::AtomicU32::new(0)));
+        struct Shared(Arc<FailSecond>);
+        impl Prober for Shared {
+            async fn send(&self, t: Duration) -> ProbeResult {
+                self.0.send(t).await
+            }
+        }
+        let cancel = CancellationToken::new();
+        let vi = tokio::spawn(virtual_inference_task(
+            st.clone(),
+            Shared(prober.clone()),
+            Idle,
+            || vec![(0, "dcmi")],
+            cancel.clone(),
+        ));
+        st.record_health(&outcome("ok"), true);
+        st.status();
+        advance(Duration::from_millis(100)).await;
+        assert!(
+            st.vi.abnormal(),
+            "warm-up ok, then one idle failure with max 1"
+        );
+        assert_eq!(prober.0.load(Ordering::SeqCst), 2);
+        // Restart while the loop sleeps its 5 s interval.
+        st.record_health(&outcome("down"), true);
+        st.record_health(&outcome("ok"), true);
+        assert_eq!(st.rearms(), 1);
+        advance(Duration::from_secs(30)).await;
+        assert_eq!(
+            prober.0.load(Ordering::SeqCst),
+            2,
+            "the old loop sent nothing after the re-arm"
+        );
+        assert_eq!(st.vi.phase(), Phase::NotStarted);
+        assert_eq!(st.status(), Status::Normal);
+        advance(Duration::from_millis(100)).await;
+        assert_eq!(
+            prober.0.load(Ordering::SeqCst),
+            4,
+            "a new warm-up and its first probe"
+        );
+        assert_eq!(st.vi.phase(), Phase::Running);
+        assert!(st.vi.warmup_done());
+        cancel.cancel();
+        vi.await.unwrap();
     }
 
     #[tokio::test(start_paused = true)]

@@ -5,13 +5,16 @@
 //! - `infer_tls_config` → the client side of `/health` and the virtual request: the server is
 //!   verified against `ca_file`, and the client presents `cert_file`/`key_file` when present.
 //!
+//! A `crl_file` is read and checked in both; the client uses it to reject a revoked engine
+//! certificate, the server has no use for it (it asks for no client certificate).
+//!
 //! Keys must be unencrypted PEM (PKCS#8, PKCS#1 or SEC1). MindIE deployments often ship keys
 //! encrypted with a password in `passwd_file`; those are refused at start with an error that
 //! says how to convert them, rather than failing later.
 
 use crate::config::mindie::TlsConfig;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -40,6 +43,21 @@ pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
     Ok(certs)
 }
 
+/// Reads the CRLs of `crl_file` (none when the path is empty).
+pub fn load_crls(path: &Path) -> Result<Vec<CertificateRevocationListDer<'static>>, String> {
+    if path.as_os_str().is_empty() {
+        return Ok(Vec::new());
+    }
+    let crls: Vec<_> = CertificateRevocationListDer::pem_file_iter(path)
+        .map_err(|e| format!("cannot read crl_file {}: {e}", path.display()))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("crl_file {}: bad PEM: {e}", path.display()))?;
+    if crls.is_empty() {
+        return Err(format!("crl_file {}: no CRL in the file", path.display()));
+    }
+    Ok(crls)
+}
+
 /// Reads an unencrypted private key; an encrypted one is refused with a clear message.
 pub fn load_key(path: &Path, passwd_file: &Path) -> Result<PrivateKeyDer<'static>, String> {
     let text =
@@ -66,6 +84,11 @@ pub fn server_config(tls: &TlsConfig) -> Result<Arc<rustls::ServerConfig>, TlsEr
     };
     let certs = load_certs(&tls.cert_file).map_err(err)?;
     let key = load_key(&tls.key_file, &tls.passwd_file).map_err(err)?;
+    if !load_crls(&tls.crl_file).map_err(err)?.is_empty() {
+        tracing::info!(
+            "mgmt_tls_config.crl_file is valid; it has no effect: the listener asks for no client certificate"
+        );
+    }
     let mut cfg = rustls::ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| err(e.to_string()))?
@@ -92,10 +115,16 @@ pub fn client_config(tls: &TlsConfig) -> Result<rustls::ClientConfig, TlsError> 
             .add(cert)
             .map_err(|e| err(format!("ca_file {}: {e}", tls.ca_file.display())))?;
     }
+    let crls = load_crls(&tls.crl_file).map_err(err)?;
+    let verifier =
+        rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider())
+            .with_crls(crls)
+            .build()
+            .map_err(|e| err(format!("cannot build the certificate verifier: {e}")))?;
     let builder = rustls::ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| err(e.to_string()))?
-        .with_root_certificates(roots);
+        .with_webpki_verifier(verifier);
     let cfg = if tls.cert_file.exists() {
         let certs = load_certs(&tls.cert_file).map_err(err)?;
         let key = load_key(&tls.key_file, &tls.passwd_file).map_err(err)?;
@@ -154,6 +183,23 @@ mod tests {
         assert!(
             e.contains("encrypted") && e.contains("openssl pkey") && e.contains("key_pwd.txt"),
             "{e}"
+        );
+    }
+
+    #[test]
+    fn crl_files_are_read_and_checked() {
+        let d = tempfile::tempdir().unwrap();
+        let mut tls = write_pair(d.path());
+        tls.crl_file = d.path().join("missing.crl");
+        let e = client_config(&tls).unwrap_err().to_string();
+        assert!(e.contains("crl_file") && e.contains("missing.crl"), "{e}");
+        assert!(server_config(&tls).is_err());
+        std::fs::write(&tls.crl_file, "not a crl").unwrap();
+        assert!(
+            client_config(&tls)
+                .unwrap_err()
+                .to_string()
+                .contains("no CRL")
         );
     }
 

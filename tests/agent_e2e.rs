@@ -110,8 +110,41 @@ fn hung_engine_with_idle_npu_is_detected_and_killed() {
             .all(|p| p.error.is_none())
     );
     eprintln!("killed {killed} ms after the hang was injected");
-    // The engine process is gone.
-    assert!(stack.engine.is_none());
+    // The emulator's kill reached the engine: it no longer answers.
+    let health = format!("http://127.0.0.1:{}/health", stack.engine_port);
+    assert!(
+        stack.get(&health).is_none(),
+        "the engine still answers after the kill"
+    );
+    // Metrics tell the same story.
+    let (_, m) = stack
+        .get(&format!("http://127.0.0.1:{}/metrics", stack.mgmt_port))
+        .unwrap();
+    let value = |prefix: &str| -> f64 {
+        m.lines()
+            .find(|l| l.starts_with(prefix))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or_else(|| panic!("{prefix} missing from\n{m}"))
+    };
+    assert_eq!(value("npu_health_agent_failure_count{engine=\"e2e\"}"), 3.0);
+    assert!(
+        value("npu_health_agent_virtual_probes_total{engine=\"e2e\",outcome=\"failure\"}") >= 3.0
+    );
+    assert!(
+        value("npu_health_agent_virtual_probes_total{engine=\"e2e\",outcome=\"success\"}") >= 1.0
+    );
+    assert_eq!(
+        value("npu_health_agent_status{engine=\"e2e\",status=\"abnormal\"}"),
+        1.0
+    );
+    assert!(value("npu_health_agent_virtual_probe_duration_seconds_count{engine=\"e2e\"}") >= 4.0);
+    // The three failed probes timed out at 500 ms: all three are above the 0.25 s bucket.
+    let count = value("npu_health_agent_virtual_probe_duration_seconds_count{engine=\"e2e\"}");
+    let fast =
+        value("npu_health_agent_virtual_probe_duration_seconds_bucket{engine=\"e2e\",le=\"0.25\"}");
+    assert!(count - fast >= 3.0, "count {count}, at most 0.25 s: {fast}");
+    assert_eq!(value("npu_chip_info_cube_utilization{id=\"0\""), 0.0);
+    assert_eq!(value("npu_health_agent_device_stale{id=\"0\""), 0.0);
 }
 
 // (c) A busy engine whose probes fail is never abnormal: a failure while the NPU is busy
@@ -140,7 +173,33 @@ fn slow_health_does_not_slow_status() {
         "max_failure_count = 3\nhealth_collector_timeout = 5\nhealth_collector_timeout_retry_attempts = 1",
     );
     stack.faults(r#"{"slow_health_ms": 3000}"#);
+    // Load: streaming requests keep the engine (and the fake NPU) busy throughout.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let url = format!("http://127.0.0.1:{}/v1/completions", stack.engine_port);
+    let load: Vec<_> = (0..4)
+        .map(|_| {
+            let (stop, url) = (stop.clone(), url.clone());
+            std::thread::spawn(move || {
+                let mut done = 0u32;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let body = r#"{"model": "m", "prompt": "a long prompt", "max_tokens": 100, "stream": true}"#;
+                    if support::stack::http("POST", &url, Some(body)).is_some_and(|(c, b)| c == 200 && b.contains("[DONE]")) {
+                        done += 1;
+                    }
+                }
+                done
+            })
+        })
+        .collect();
     let report = runtime().block_on(node_manager(&mut stack, Duration::from_secs(8)));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let streams: u32 = load.into_iter().map(|h| h.join().unwrap()).sum();
+    assert!(streams >= 4, "the load ran: {streams} streams completed");
+    let d = stack.detail();
+    assert!(
+        d["window"]["peak"].as_f64().unwrap_or(0.0) >= 60.0,
+        "the NPU was busy: {d}"
+    );
     assert_eq!(report.failed_polls(), 0, "{report:?}");
     assert_eq!(report.killed_at_ms, None);
     let stats = stack.engine_stats();
@@ -156,6 +215,19 @@ fn slow_health_does_not_slow_status() {
         .map(|p| p.latency_ms)
         .fold(0.0, f64::max);
     assert!(slowest < 500.0, "slowest /status {slowest} ms");
+}
+
+// /status says `initial` until the engine's /health answers, then `normal` (the agent starts
+// before the engine, as when a model is still loading).
+#[test]
+fn status_is_initial_until_the_engine_answers() {
+    let stack = support::stack::Stack::start_ordered("max_failure_count = 3", false);
+    assert_eq!(
+        stack.get(&stack.status_url()).unwrap(),
+        (200, r#"{"status":"normal"}"#.to_owned())
+    );
+    let log = stack.agent_log();
+    assert!(log.find("/health answers").is_some(), "{log}");
 }
 
 // After abnormal, the agent re-arms when the engine restarts (/health down, then up).

@@ -147,6 +147,73 @@ fn single_engine_mode_mirrors_the_engine_server_flags() {
     let _ = engine.control;
 }
 
+// No driver backend at all: `run` keeps serving /status from /health, with virtual inference
+// disabled by its AI Cube condition (a crash loop would read as abnormal to Node Manager).
+#[test]
+fn run_without_any_driver_backend_follows_health() {
+    let engine = Engine::start();
+    let dir = tempfile::tempdir().unwrap();
+    let uc = user_config(dir.path(), "");
+    let mgmt = free_port();
+    let child = Command::new(support::agent())
+        .env_remove("ASCEND_GLOBAL_LOG_LEVEL")
+        .args([
+            "--dcmi-lib",
+            "/nonexistent/libdcmi.so",
+            "--npu-smi",
+            "/nonexistent/npu-smi",
+        ])
+        .args(["run", "--config-path"])
+        .arg(&uc)
+        .args([
+            "--role",
+            "prefill",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &engine.port.to_string(),
+        ])
+        .args(["--mgmt-port", &mgmt.to_string()])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _agent = Agent(child);
+    wait_until(Duration::from_secs(20), || {
+        status(mgmt).as_deref() == Some(r#"{"status":"normal"}"#)
+    });
+    let get = || -> serde_json::Value {
+        serde_json::from_str(
+            &http(
+                "GET",
+                &format!("http://127.0.0.1:{mgmt}/status/detail"),
+                None,
+            )
+            .unwrap()
+            .1,
+        )
+        .unwrap()
+    };
+    wait_until(Duration::from_secs(10), || {
+        get()["virtual_inference"]["phase"] == "disabled"
+    });
+    let d = get();
+    let cube = d["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "ai_cube")
+        .unwrap()
+        .clone();
+    assert_eq!(cube["ok"], false, "{d}");
+    assert!(
+        cube["value"]
+            .as_str()
+            .unwrap()
+            .contains("no driver backend"),
+        "{d}"
+    );
+}
+
 #[test]
 fn host_mode_serves_one_listener_per_engine() {
     let (e1, e2) = (Engine::start(), Engine::start());

@@ -1,9 +1,10 @@
 //! `demo` (fake-driver builds): the agent on its embedded default, end to end.
 //!
 //! Starts, as real processes on loopback, the agent (`--fake run`, so the fake `libdcmi.so`
-//! is dlopen'd through the production path) and, 1.5 s later, the fake engine (whose load
-//! drives the fake NPU usage through small files); prints the URLs and shows `/status` going
-//! `initial` → `normal`. Ctrl-C (or `--duration`) stops both.
+//! is dlopen'd through the production path) and, once it answers `initial`, the fake engine
+//! (whose load drives the fake NPU usage through small files); prints the URLs and shows
+//! `/status` going `initial` → `normal`. Ctrl-C (or `--duration`) stops both; the demo fails
+//! if the agent dies or `/status` never goes `initial` → `normal`.
 
 use super::Failure;
 use anyhow::Context;
@@ -145,7 +146,7 @@ pub async fn demo(args: DemoArgs) -> Result<(), Failure> {
         (free_port()?, free_port()?, free_port()?, free_port()?);
     let (scenario, agent_toml) =
         write_files(&dir, engine_port, mgmt_port, admin_port).context("writing demo files")?;
-    let agent = Command::new(&exe)
+    let mut agent = Command::new(&exe)
         .args(["--fake", "run", "--config"])
         .arg(&agent_toml)
         .env("FAKE_NPU_SCENARIO", &scenario)
@@ -156,21 +157,6 @@ pub async fn demo(args: DemoArgs) -> Result<(), Failure> {
         .kill_on_drop(true)
         .spawn()
         .context("starting the agent")?;
-    // The engine comes up after the agent, as a model load would: /status shows `initial`
-    // until the engine's /health answers, then `normal`.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let engine = Command::new(&exe)
-        .args(["fake-engine", "--model", "demo-model"])
-        .args(["--listen", &format!("127.0.0.1:{engine_port}")])
-        .args(["--control", &format!("127.0.0.1:{control_port}")])
-        .arg("--npu-file")
-        .arg(dir.join("npu0"))
-        .arg("--npu-file")
-        .arg(dir.join("npu1"))
-        .env("RUST_LOG", "warn")
-        .kill_on_drop(true)
-        .spawn()
-        .context("starting the fake engine")?;
     println!("demo: files in {}", dir.display());
     println!(
         "demo: fake engine   http://127.0.0.1:{engine_port}  (faults: http://127.0.0.1:{control_port}/fake/faults)"
@@ -190,26 +176,20 @@ pub async fn demo(args: DemoArgs) -> Result<(), Failure> {
     let started = Instant::now();
     let deadline = args.duration.map(|d| started + d);
     let mut last = String::new();
-    let mut reached_normal = false;
+    let (mut seen_initial, mut seen_normal) = (false, false);
+    // The engine comes up only once the agent answers `initial`, as after a model load.
+    let mut engine: Option<Child> = None;
     let load = CancellationToken::new();
-    for _ in 0..args.load {
-        let client = client.clone();
-        let url = format!("http://127.0.0.1:{engine_port}/v1/completions");
-        let stop = load.clone();
-        tokio::spawn(async move {
-            while !stop.is_cancelled() {
-                let body = serde_json::json!({"model": "demo-model", "prompt": "hello", "max_tokens": 200, "stream": true});
-                if let Ok(r) = client.post(&url).json(&body).send().await {
-                    let _ = r.bytes().await;
-                } else {
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-            }
-        });
-    }
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
-    loop {
+    let outcome = loop {
+        if let Ok(Some(status)) = agent.try_wait() {
+            break Err(anyhow::anyhow!(
+                "the agent exited ({status}); run it alone to see why: RUST_LOG=info {} --fake run --config {}",
+                exe.display(),
+                agent_toml.display()
+            ));
+        }
         let status = match client
             .get(format!("http://127.0.0.1:{mgmt_port}/status"))
             .timeout(Duration::from_secs(5))
@@ -233,25 +213,68 @@ pub async fn demo(args: DemoArgs) -> Result<(), Failure> {
                 started.elapsed().as_secs_f64(),
                 detail["reason"].as_str().unwrap_or("")
             );
-            reached_normal |= status.contains("\"normal\"");
+            seen_initial |= status == r#"{"status":"initial"}"#;
+            seen_normal |= status == r#"{"status":"normal"}"#;
             last = status;
         }
+        if engine.is_none() && seen_initial {
+            println!("demo: starting the fake engine");
+            engine = Some(
+                Command::new(&exe)
+                    .args(["fake-engine", "--model", "demo-model"])
+                    .args(["--listen", &format!("127.0.0.1:{engine_port}")])
+                    .args(["--control", &format!("127.0.0.1:{control_port}")])
+                    .arg("--npu-file")
+                    .arg(dir.join("npu0"))
+                    .arg("--npu-file")
+                    .arg(dir.join("npu1"))
+                    .env("RUST_LOG", "warn")
+                    .kill_on_drop(true)
+                    .spawn()
+                    .context("starting the fake engine")?,
+            );
+            for _ in 0..args.load {
+                spawn_load(
+                    client.clone(),
+                    format!("http://127.0.0.1:{engine_port}/v1/completions"),
+                    load.clone(),
+                );
+            }
+        }
         if deadline.is_some_and(|d| Instant::now() >= d) {
-            break;
+            break Ok(());
         }
         tokio::select! {
-            _ = &mut ctrl_c => break,
-            _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+            _ = &mut ctrl_c => break Ok(()),
+            _ = tokio::time::sleep(Duration::from_millis(100)) => {}
         }
-    }
+    };
     load.cancel();
     stop(agent, "agent").await;
-    stop(engine, "fake engine").await;
+    if let Some(e) = engine {
+        stop(e, "fake engine").await;
+    }
     let _ = std::fs::remove_dir_all(&dir);
-    if !reached_normal {
+    outcome?;
+    if !(seen_initial && seen_normal) {
         return Err(Failure::from(anyhow::anyhow!(
-            "/status never became normal"
+            "/status did not go initial → normal (initial seen: {seen_initial}, normal seen: {seen_normal})"
         )));
     }
     Ok(())
+}
+
+/// Streams completions to the engine until `stop`, to show the NPU figure rise.
+fn spawn_load(client: reqwest::Client, url: String, stop: CancellationToken) {
+    tokio::spawn(async move {
+        while !stop.is_cancelled() {
+            let body = serde_json::json!({"model": "demo-model", "prompt": "hello", "max_tokens": 200, "stream": true});
+            match client.post(&url).json(&body).send().await {
+                Ok(r) => {
+                    let _ = r.bytes().await;
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+    });
 }

@@ -63,7 +63,7 @@ pub struct DriverArgs {
 #[derive(Debug, Args, Clone)]
 pub struct ConfigArgs {
     /// Host mode: the agent's TOML config with [agent] and [[engine]] tables.
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["config_path", "role", "host", "port", "mgmt_port"])]
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["config_path", "role", "host", "port", "mgmt_port", "dp_rank", "devices", "env_config_path"])]
     pub config: Option<PathBuf>,
     /// Single-engine mode: MindIE's user_config.json.
     #[arg(long, value_name = "FILE")]

@@ -189,6 +189,21 @@ pub fn parse(text: &str, path: &Path) -> Result<AgentConfig, ConfigError> {
             }
         }
     }
+    if let Some(admin) = agent.admin_listen
+        && let Some(e) = engines
+            .iter()
+            .find(|e| e.mgmt_listen.port() == admin.port())
+    {
+        return Err(ConfigError::new(
+            &file,
+            "[agent] admin_listen",
+            format!(
+                "port {} is also the mgmt_port of engine {:?}",
+                admin.port(),
+                e.name
+            ),
+        ));
+    }
     Ok(AgentConfig {
         source: file,
         agent,
@@ -585,6 +600,17 @@ interval = "100ms"
         );
         let err = parse_str(&two).unwrap_err().to_string();
         assert!(err.contains("[[engine]] #2 mgmt_port"), "{err}");
+    }
+
+    #[test]
+    fn admin_port_must_differ_from_the_mgmt_ports() {
+        let err = parse_str(&INLINE.replace("127.0.0.1:9400", "127.0.0.1:9001"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("[agent] admin_listen") && err.contains("9001"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -181,23 +181,32 @@ impl HealthCheckConfig {
                 ));
             }
         }
+        // The reference validates none of these three at load and uses them as Python values.
+        // Booleans and numbers mean what they mean there (a non-zero number is true; True is
+        // 1); strings, null and containers are refused here, because the reference would read
+        // any non-empty string as true (even "false") or fail at its first comparison.
         if let Some(v) = obj.get("enable_virtual_inference") {
-            cfg.enable_virtual_inference = v.as_bool().ok_or_else(|| {
-                format!(
-                    "enable_virtual_inference must be true or false, got {}",
-                    py_repr(v)
-                )
-            })?;
+            cfg.enable_virtual_inference = match v {
+                Value::Bool(b) => *b,
+                Value::Number(n) => n.as_f64().is_some_and(|f| f != 0.0),
+                _ => {
+                    return Err(format!(
+                        "enable_virtual_inference must be true or false, got {}",
+                        py_repr(v)
+                    ));
+                }
+            };
         }
         if let Some(v) = obj.get("npu_usage_threshold") {
-            cfg.npu_usage_threshold = v.as_f64().ok_or_else(|| {
+            cfg.npu_usage_threshold = python_number(v).ok_or_else(|| {
                 format!("npu_usage_threshold must be a number, got {}", py_repr(v))
             })?;
         }
         if let Some(v) = obj.get("max_failure_count") {
-            cfg.max_failure_count = v.as_i64().ok_or_else(|| {
-                format!("max_failure_count must be an integer, got {}", py_repr(v))
-            })?;
+            // `count >= max` with integer counts: a fractional max acts as its ceiling.
+            cfg.max_failure_count = python_number(v)
+                .map(|f| f.ceil().clamp(i64::MIN as f64, i64::MAX as f64) as i64)
+                .ok_or_else(|| format!("max_failure_count must be a number, got {}", py_repr(v)))?;
         }
         if let Some(v) = obj.get("health_collector_timeout") {
             cfg.health_collector_timeout = positive_int("health_collector_timeout", v)?;
@@ -212,6 +221,15 @@ impl HealthCheckConfig {
     /// Whether the threshold is in the range that lets virtual inference run.
     pub fn threshold_ok(&self) -> bool {
         self.npu_usage_threshold > 0.0 && self.npu_usage_threshold <= 100.0
+    }
+}
+
+/// A JSON value as a Python number: numbers, and booleans as 1/0.
+fn python_number(v: &Value) -> Option<f64> {
+    match v {
+        Value::Number(n) => n.as_f64(),
+        Value::Bool(b) => Some(if *b { 1.0 } else { 0.0 }),
+        _ => None,
     }
 }
 
@@ -403,7 +421,7 @@ impl EngineSection {
 
 /// Reads and parses a JSON file, naming the file in errors.
 pub fn read_json(path: &Path) -> Result<Value, String> {
-    let meta = std::fs::symlink_metadata(path).map_err(|e| format!("cannot read: {e}"))?;
+    let meta = std::fs::metadata(path).map_err(|e| format!("cannot read: {e}"))?;
     if meta.len() > 16 * 1024 * 1024 {
         return Err(format!(
             "{} bytes is too large for a config file",
@@ -490,6 +508,33 @@ mod tests {
                 let err = HealthCheckConfig::from_value(Some(&json!({ field: bad }))).unwrap_err();
                 assert_eq!(err, text);
             }
+        }
+    }
+
+    // No validation at load in the reference: booleans and numbers keep their Python meaning;
+    // what the reference would misread or crash on is refused with the field named.
+    #[test]
+    fn the_three_unvalidated_fields_take_python_values() {
+        let c = HealthCheckConfig::from_value(Some(&json!({
+            "enable_virtual_inference": 1, "npu_usage_threshold": true, "max_failure_count": 2.5
+        })))
+        .unwrap();
+        assert!(c.enable_virtual_inference);
+        assert_eq!(c.npu_usage_threshold, 1.0);
+        assert_eq!(c.max_failure_count, 3);
+        let c = HealthCheckConfig::from_value(Some(
+            &json!({"enable_virtual_inference": 0, "max_failure_count": 0}),
+        ))
+        .unwrap();
+        assert!(!c.enable_virtual_inference);
+        assert_eq!(c.max_failure_count, 0);
+        for (k, v) in [
+            ("enable_virtual_inference", json!("false")),
+            ("npu_usage_threshold", json!("3")),
+            ("max_failure_count", json!(null)),
+        ] {
+            let err = HealthCheckConfig::from_value(Some(&json!({ k: v }))).unwrap_err();
+            assert!(err.starts_with(k), "{err}");
         }
     }
 

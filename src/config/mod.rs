@@ -263,6 +263,14 @@ impl AgentConfig {
     /// Single-engine mode: one engine from `user_config.json` and flags.
     pub fn single(flags: &SingleEngine, agent: AgentSettings) -> Result<AgentConfig, ConfigError> {
         let file = flags.config_path.display().to_string();
+        // MindIE's engine server refuses a symlinked --config-path; so does this mode.
+        if std::fs::symlink_metadata(&flags.config_path).is_ok_and(|m| m.file_type().is_symlink()) {
+            return Err(ConfigError::new(
+                &file,
+                "",
+                "is a symlink; --config-path must name the file itself (as MindIE's engine server requires)",
+            ));
+        }
         let doc =
             mindie::read_json(&flags.config_path).map_err(|e| ConfigError::new(&file, "", e))?;
         let base = flags.config_path.parent().unwrap_or(Path::new("."));

@@ -137,6 +137,11 @@ pub fn cube_condition(sources: &[(u32, &'static str)]) -> Condition {
         .collect::<Vec<_>>()
         .join(",");
     let ok = sources.iter().any(|(_, b)| *b != "none");
+    let value = if sources.is_empty() {
+        "no NPU data (no driver backend)".to_owned()
+    } else {
+        value
+    };
     Condition::new(
         "ai_cube",
         value,
@@ -232,6 +237,14 @@ mod tests {
         );
         assert!(!verdict(&s, "dp_rank"));
         assert!(verdict(&s, LOG_LEVEL_VAR));
+        let s0 = spec(
+            "",
+            "dp_rank = 0\nengine_env = { ASCEND_GLOBAL_LOG_LEVEL = \"3\" }",
+        );
+        assert!(
+            static_conditions(&s0).iter().all(|c| c.ok == Some(true)),
+            "DP rank 0 runs"
+        );
         let s = spec("", "headless = true");
         assert!(!verdict(&s, "headless"));
         let s = spec("", "engine_env = { ASCEND_GLOBAL_LOG_LEVEL = \"1\" }");

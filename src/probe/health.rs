@@ -2,7 +2,7 @@
 //!
 //! Up to `health_collector_timeout_retry_attempts` attempts, each bounded by
 //! `health_collector_timeout`; only timeouts are retried. Healthy ⇔ 2xx and a body that is not
-//! exactly `false` (case-insensitive). A failure after the engine has once answered is
+//! exactly `false` after lower-casing (not trimmed). A failure after the engine has once answered is
 //! *unhealthy* (→ `abnormal`); a failure before that means the engine was never reached
 //! (→ `initial`).
 
@@ -28,8 +28,13 @@ pub trait HealthTransport {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HealthOutcome {
     Healthy,
-    /// Connected before, failing now (or answering `false`).
-    Unhealthy(String),
+    /// Connected before, failing now (or answering `false`). `unreachable` when the last
+    /// attempt could not connect at all (the engine is down or restarting), as opposed to a
+    /// timeout, an HTTP error or a `false` body.
+    Unhealthy {
+        reason: String,
+        unreachable: bool,
+    },
     /// Never reached: the reference re-raises, and `/status` says `initial`.
     NeverConnected(String),
 }
@@ -62,12 +67,17 @@ impl<T: HealthTransport> HealthCollector<T> {
     /// Probes once (with retries on timeout).
     pub async fn probe(&mut self) -> HealthOutcome {
         let mut last = String::new();
+        let mut unreachable = false;
         for attempt in 1..=self.attempts {
             match self.transport.get(self.timeout).await {
                 Fetch::Response { status, body } if (200..300).contains(&status) => {
                     self.has_connected = true;
-                    if body.trim().eq_ignore_ascii_case("false") {
-                        return HealthOutcome::Unhealthy("/health answered false".to_owned());
+                    // Exactly `false` after lower-casing, as the reference (no trimming).
+                    if body.to_lowercase() == "false" {
+                        return HealthOutcome::Unhealthy {
+                            reason: "/health answered false".to_owned(),
+                            unreachable: false,
+                        };
                     }
                     return HealthOutcome::Healthy;
                 }
@@ -86,12 +96,16 @@ impl<T: HealthTransport> HealthCollector<T> {
                 }
                 Fetch::Error(e) => {
                     last = format!("/health: {e}");
+                    unreachable = true;
                     break;
                 }
             }
         }
         if self.has_connected {
-            HealthOutcome::Unhealthy(last)
+            HealthOutcome::Unhealthy {
+                reason: last,
+                unreachable,
+            }
         } else {
             HealthOutcome::NeverConnected(last)
         }
@@ -164,7 +178,7 @@ mod tests {
         ]);
         let mut c = HealthCollector::new(&s, Duration::from_secs(5), 3);
         assert_eq!(c.probe().await, HealthOutcome::Healthy);
-        assert!(matches!(c.probe().await, HealthOutcome::Unhealthy(_)));
+        assert!(matches!(c.probe().await, HealthOutcome::Unhealthy { .. }));
         assert_eq!(s.calls(), 4);
     }
 
@@ -183,11 +197,12 @@ mod tests {
         let s = Script::new(vec![ok(""), Fetch::Error("connection refused".into())]);
         let mut c = HealthCollector::new(&s, Duration::from_secs(5), 3);
         assert_eq!(c.probe().await, HealthOutcome::Healthy);
-        assert!(matches!(c.probe().await, HealthOutcome::Unhealthy(_)));
+        assert!(matches!(c.probe().await, HealthOutcome::Unhealthy { .. }));
         assert_eq!(s.calls(), 2);
     }
 
-    // Body `false` → False; only exactly false (any case) counts.
+    // Body `false` → False; only exactly false after lower-casing counts (the reference does
+    // not trim, so `false\n` is healthy there and here).
     #[tokio::test]
     async fn body_false_is_unhealthy_and_other_bodies_healthy() {
         let s = Script::new(vec![
@@ -196,13 +211,44 @@ mod tests {
             ok("true"),
             ok(""),
             ok("{\"ok\":false}"),
+            ok("false\n"),
         ]);
         let mut c = HealthCollector::new(&s, Duration::from_secs(5), 3);
-        assert!(matches!(c.probe().await, HealthOutcome::Unhealthy(_)));
-        assert!(matches!(c.probe().await, HealthOutcome::Unhealthy(_)));
+        assert!(matches!(c.probe().await, HealthOutcome::Unhealthy { .. }));
+        assert!(matches!(c.probe().await, HealthOutcome::Unhealthy { .. }));
         assert_eq!(c.probe().await, HealthOutcome::Healthy);
         assert_eq!(c.probe().await, HealthOutcome::Healthy);
         assert_eq!(c.probe().await, HealthOutcome::Healthy);
+        assert_eq!(c.probe().await, HealthOutcome::Healthy);
+    }
+
+    // A restart shows as "cannot connect"; timeouts and HTTP errors are something else.
+    #[tokio::test]
+    async fn unreachable_only_when_the_connection_fails() {
+        let s = Script::new(vec![
+            ok("true"),
+            Fetch::Error("connection refused".into()),
+            Fetch::Timeout,
+            Fetch::Response {
+                status: 503,
+                body: String::new(),
+            },
+        ]);
+        let mut c = HealthCollector::new(&s, Duration::from_secs(5), 1);
+        c.probe().await;
+        let flags: Vec<bool> = [c.probe().await, c.probe().await, c.probe().await]
+            .into_iter()
+            .map(|o| {
+                matches!(
+                    o,
+                    HealthOutcome::Unhealthy {
+                        unreachable: true,
+                        ..
+                    }
+                )
+            })
+            .collect();
+        assert_eq!(flags, [true, false, false]);
     }
 
     // HTTP errors (non-2xx) are not retried.
@@ -217,7 +263,7 @@ mod tests {
         ]);
         let mut c = HealthCollector::new(&s, Duration::from_secs(5), 3);
         c.probe().await;
-        let HealthOutcome::Unhealthy(why) = c.probe().await else {
+        let HealthOutcome::Unhealthy { reason: why, .. } = c.probe().await else {
             panic!("must be unhealthy")
         };
         assert!(why.contains("503"), "{why}");

@@ -142,6 +142,15 @@ pub struct ViState {
 }
 
 impl ViState {
+    /// A loop state before any start, with the interval it will begin with (the reference
+    /// starts at 5 s).
+    pub fn new(interval: Duration) -> ViState {
+        let s = ViState::default();
+        s.set_interval(interval);
+        s
+    }
+
+    /// What the loop is doing.
     pub fn phase(&self) -> Phase {
         Phase::from_u8(self.phase.load(Ordering::Acquire))
     }
@@ -432,13 +441,14 @@ mod tests {
             .is_ok()
     }
 
-    // test_sim_inference.py: init state.
+    // test_sim_inference.py: init state (initial, not abnormal, count 0, interval 5 s).
     #[test]
     fn initial_state() {
-        let st = ViState::default();
+        let st = ViState::new(Timing::default().interval);
         assert_eq!(st.phase(), Phase::NotStarted);
         assert!(!st.abnormal() && !st.warmup_done());
         assert_eq!(st.failure_count(), 0);
+        assert_eq!(st.interval(), Duration::from_secs(5));
     }
 
     // Warm-up uses 180 s; failure → abnormal, loop never starts, no sampling.
@@ -547,34 +557,38 @@ mod tests {
         assert_eq!(st.last_probe().unwrap().accounting, Accounting::Unchanged);
     }
 
-    // A failure while the NPU is busy resets the count (reference rule 3).
+    // A failure while the NPU is busy resets the count, and so does a success (rule 3).
     #[tokio::test(start_paused = true)]
     async fn busy_failure_resets_and_success_resets() {
+        // fail idle (1), fail idle (2), fail at the threshold → reset (0).
         let p = FakeProber::new(vec![
             (MS, FakeProber::ok()),
             (MS, FakeProber::fail()),
             (MS, FakeProber::fail()),
             (MS, FakeProber::fail()),
-            (MS, FakeProber::ok()),
         ]);
         // 0 % is an available reading and counts as idle.
-        let peaks = Peaks::new(vec![Some(0.0), Some(0.0), Some(3.0), Some(0.0)]);
+        let peaks = Peaks::new(vec![Some(0.0), Some(0.0), Some(3.0)]);
         let st = ViState::default();
         run_for(&cfg(6), &p, &peaks, &st, Duration::from_secs(9)).await;
-        assert_eq!(st.failure_count(), 2);
         assert_eq!(p.calls().len(), 3);
-        let st2 = ViState::default();
+        assert_eq!(st.failure_count(), 2, "two idle failures counted");
+        run_for(&cfg(6), &p, &peaks, &st, Duration::from_secs(30)).await;
+        assert_eq!(st.failure_count(), 0, "a busy failure resets");
+        assert_eq!(st.last_probe().unwrap().accounting, Accounting::Reset);
+        // fail idle (1), fail idle (2), success while idle → reset (0).
         let p2 = FakeProber::new(vec![
             (MS, FakeProber::ok()),
             (MS, FakeProber::fail()),
             (MS, FakeProber::fail()),
-            (MS, FakeProber::fail()),
             (MS, FakeProber::ok()),
         ]);
-        let peaks2 = Peaks::new(vec![Some(0.0), Some(0.0), Some(3.0), Some(0.0)]);
+        let peaks2 = Peaks::new(vec![Some(0.0), Some(0.0), Some(0.0)]);
+        let st2 = ViState::default();
+        run_for(&cfg(6), &p2, &peaks2, &st2, Duration::from_secs(9)).await;
+        assert_eq!(st2.failure_count(), 2);
         run_for(&cfg(6), &p2, &peaks2, &st2, Duration::from_secs(30)).await;
-        // fail idle (1), fail idle (2), fail at threshold → reset (0), success → reset (0).
-        assert_eq!(st2.failure_count(), 0);
+        assert_eq!(st2.failure_count(), 0, "a success resets");
         assert_eq!(st2.last_probe().unwrap().accounting, Accounting::Reset);
     }
 

@@ -213,6 +213,25 @@ impl Sampler {
         Ok(sampler)
     }
 
+    /// A sampler without devices or threads, for an agent that must keep serving `/status`
+    /// from `/health` alone when no driver backend works (`reason` says why).
+    pub fn without_backend(reason: &str) -> Sampler {
+        tracing::error!(
+            "no NPU figures: {reason}; virtual inference is disabled, /status follows /health only"
+        );
+        Sampler {
+            shared: Arc::new(Shared {
+                ring: Ring::new(64),
+                devices: Vec::new(),
+                sampler: SamplerStatus::default(),
+            }),
+            ctl: None,
+            dcmi_thread: None,
+            watchdog: None,
+            period: SamplerConfig::default().period,
+        }
+    }
+
     /// State shared with readers.
     pub fn shared(&self) -> &Arc<Shared> {
         &self.shared

@@ -40,6 +40,12 @@ impl Stack {
     /// Starts the fake engine and the agent; `health_check` goes into
     /// `[engine.health_check_config]` after `enable_virtual_inference = true`.
     pub fn start(health_check: &str) -> Stack {
+        Stack::start_ordered(health_check, true)
+    }
+
+    /// As [`Stack::start`]; with `engine_first` false the agent starts alone, `/status` must
+    /// answer `initial`, and only then the engine starts.
+    pub fn start_ordered(health_check: &str, engine_first: bool) -> Stack {
         let dir = tempfile::tempdir().expect("temp dir");
         for f in ["npu0", "npu1"] {
             std::fs::write(dir.path().join(f), "0\n").unwrap();
@@ -59,20 +65,24 @@ impl Stack {
             ),
         )
         .unwrap();
-        let engine = Some(
-            Command::new(super::agent())
-                .args(["fake-engine", "--model", "m"])
-                .args(["--listen", &format!("127.0.0.1:{engine_port}")])
-                .args(["--control", &format!("127.0.0.1:{control_port}")])
-                .arg("--npu-file")
-                .arg(dir.path().join("npu0"))
-                .arg("--npu-file")
-                .arg(dir.path().join("npu1"))
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("start fake engine"),
-        );
+        let engine_dir = dir.path().to_owned();
+        let spawn_engine = move || {
+            Some(
+                Command::new(super::agent())
+                    .args(["fake-engine", "--model", "m"])
+                    .args(["--listen", &format!("127.0.0.1:{engine_port}")])
+                    .args(["--control", &format!("127.0.0.1:{control_port}")])
+                    .arg("--npu-file")
+                    .arg(engine_dir.join("npu0"))
+                    .arg("--npu-file")
+                    .arg(engine_dir.join("npu1"))
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .expect("start fake engine"),
+            )
+        };
+        let engine = if engine_first { spawn_engine() } else { None };
         let agent = Command::new(super::agent())
             .args(["--fake", "run", "--config"])
             .arg(&agent_toml)
@@ -84,7 +94,7 @@ impl Stack {
             ))
             .spawn()
             .expect("start agent");
-        let stack = Stack {
+        let mut stack = Stack {
             dir,
             engine,
             agent,
@@ -93,6 +103,10 @@ impl Stack {
             mgmt_port,
             health_check: health_check.to_owned(),
         };
+        if !engine_first {
+            stack.wait_for_status("initial", Duration::from_secs(30));
+            stack.engine = spawn_engine();
+        }
         stack.wait_for_status("normal", Duration::from_secs(30));
         // Faults are injected after the warm-up: a failed warm-up is abnormal at once.
         stack.wait_for_phase("running", Duration::from_secs(30));

@@ -247,7 +247,6 @@ async fn serve_inference(engine: Arc<Engine>, cancel: CancellationToken) -> std:
             continue;
         }
         let listener = TcpListener::bind(engine.opts.listen).await?;
-        let server = tokio::spawn(axum::serve(listener, router.clone()).into_future());
         let stop = async {
             loop {
                 if rx.changed().await.is_err() || !*rx.borrow() {
@@ -256,17 +255,39 @@ async fn serve_inference(engine: Arc<Engine>, cancel: CancellationToken) -> std:
             }
         };
         tokio::select! {
-            _ = cancel.cancelled() => {
-                server.abort();
-                return Ok(());
-            }
-            _ = stop => {
-                // Closing the listener and every connection, like a dead process.
-                server.abort();
-                let _ = server.await;
-            }
+            _ = cancel.cancelled() => return Ok(()),
+            _ = serve_until(listener, router.clone(), stop) => {}
         }
     }
+}
+
+/// Serves until `stop`, then drops the listener and every open connection (in-flight requests
+/// included), as a process that dies would.
+async fn serve_until(
+    listener: TcpListener,
+    router: Router,
+    stop: impl std::future::Future<Output = ()>,
+) {
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use hyper_util::server::conn::auto::Builder;
+    use hyper_util::service::TowerToHyperService;
+    let mut conns = tokio::task::JoinSet::new();
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            _ = &mut stop => break,
+            accepted = listener.accept() => {
+                let Ok((stream, _)) = accepted else { continue };
+                let service = TowerToHyperService::new(router.clone());
+                conns.spawn(async move {
+                    let _ = Builder::new(TokioExecutor::new()).serve_connection(TokioIo::new(stream), service).await;
+                });
+            }
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+        }
+    }
+    conns.abort_all();
+    while conns.join_next().await.is_some() {}
 }
 
 async fn write_usage(engine: Arc<Engine>, cancel: CancellationToken) {
@@ -594,4 +615,294 @@ async fn stats(State(e): State<Arc<Engine>>) -> Response {
         "npu_usage": e.usage(),
     }))
     .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn free_port() -> u16 {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    }
+
+    struct Running {
+        base: String,
+        control: String,
+        npu: PathBuf,
+        client: reqwest::Client,
+        cancel: CancellationToken,
+        _dir: std::path::PathBuf,
+    }
+
+    impl Drop for Running {
+        fn drop(&mut self) {
+            self.cancel.cancel();
+            let _ = std::fs::remove_dir_all(&self._dir);
+        }
+    }
+
+    async fn start() -> Running {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let (p, c) = (free_port(), free_port());
+        let dir = std::env::temp_dir().join(format!("fake-engine-test-{p}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let npu = dir.join("npu0");
+        let opts = EngineOptions {
+            listen: format!("127.0.0.1:{p}").parse().unwrap(),
+            control: format!("127.0.0.1:{c}").parse().unwrap(),
+            model: "m".into(),
+            npu_files: vec![npu.clone()],
+            ttft: Duration::from_millis(5),
+            tpot: Duration::from_millis(1),
+            ..EngineOptions::default()
+        };
+        let cancel = CancellationToken::new();
+        tokio::spawn(run(opts, cancel.clone()));
+        let r = Running {
+            base: format!("http://127.0.0.1:{p}"),
+            control: format!("http://127.0.0.1:{c}"),
+            npu,
+            client: reqwest::Client::builder().no_proxy().build().unwrap(),
+            cancel,
+            _dir: dir,
+        };
+        for _ in 0..200 {
+            if r.client
+                .get(format!("{}/health", r.base))
+                .send()
+                .await
+                .is_ok()
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        r
+    }
+
+    impl Running {
+        async fn faults(&self, patch: Value) {
+            let r = self
+                .client
+                .post(format!("{}/fake/faults", self.control))
+                .json(&patch)
+                .send()
+                .await
+                .unwrap();
+            assert!(r.status().is_success(), "{patch}");
+        }
+        async fn complete(&self, body: Value) -> reqwest::Response {
+            self.client
+                .post(format!("{}/v1/completions", self.base))
+                .json(&body)
+                .send()
+                .await
+                .unwrap()
+        }
+        async fn npu(&self) -> String {
+            tokio::time::sleep(Duration::from_millis(80)).await;
+            std::fs::read_to_string(&self.npu)
+                .unwrap_or_default()
+                .trim()
+                .to_owned()
+        }
+        async fn metric(&self, name: &str) -> f64 {
+            let text = self
+                .client
+                .get(format!("{}/metrics", self.base))
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            text.lines()
+                .find(|l| l.starts_with(&format!("{name}{{")))
+                .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+                .unwrap_or_else(|| panic!("{name} missing from\n{text}"))
+        }
+    }
+
+    #[tokio::test]
+    async fn plain_and_streaming_completions_and_vllm_metrics() {
+        let e = start().await;
+        let r = e
+            .complete(json!({"model": "m", "prompt": "hello world", "max_tokens": 3}))
+            .await;
+        assert_eq!(r.status(), 200);
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["usage"]["completion_tokens"], 3);
+        let r = e
+            .complete(json!({"model": "m", "prompt": "x", "max_tokens": 4, "stream": true}))
+            .await;
+        assert_eq!(r.headers()["content-type"], "text/event-stream");
+        let body = r.text().await.unwrap();
+        let chunks: Vec<&str> = body.split("\n\n").filter(|c| !c.is_empty()).collect();
+        assert_eq!(chunks.len(), 5, "{body}");
+        assert!(
+            chunks[..4].iter().all(|c| c.starts_with("data: {")),
+            "{body}"
+        );
+        assert_eq!(chunks[4], "data: [DONE]");
+        assert_eq!(e.metric("vllm:generation_tokens_total").await, 7.0);
+        assert!(e.metric("vllm:prompt_tokens_total").await >= 2.0);
+        assert_eq!(e.metric("vllm:num_requests_running").await, 0.0);
+        assert_eq!(e.metric("vllm:num_requests_waiting_by_reason").await, 0.0);
+        assert_eq!(e.metric("vllm:kv_cache_usage_perc").await, 0.0);
+        let r = e.complete(json!({"model": "other", "prompt": "x"})).await;
+        assert_eq!(r.status(), 404, "unknown model, as vLLM");
+    }
+
+    #[tokio::test]
+    async fn faults_change_what_the_engine_answers() {
+        let e = start().await;
+        let body = json!({"model": "m", "prompt": "1", "max_tokens": 1});
+        e.faults(json!({"garbage_body": true})).await;
+        let r = e.complete(body.clone()).await;
+        assert_eq!(r.status(), 200);
+        assert!(serde_json::from_str::<Value>(&r.text().await.unwrap()).is_err());
+        e.faults(json!({"garbage_body": false, "http_5xx": true}))
+            .await;
+        assert_eq!(e.complete(body.clone()).await.status(), 500);
+        e.faults(json!({"http_5xx": false, "latency_ms": 150}))
+            .await;
+        let t = Instant::now();
+        assert_eq!(e.complete(body.clone()).await.status(), 200);
+        assert!(t.elapsed() >= Duration::from_millis(150));
+        e.faults(json!({"latency_ms": 0, "health_false": true}))
+            .await;
+        let h = e
+            .client
+            .get(format!("{}/health", e.base))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            (h.status().as_u16(), h.text().await.unwrap()),
+            (200, "false".to_owned())
+        );
+        e.faults(json!({"health_false": false, "pause_ms": 300}))
+            .await;
+        assert_eq!(
+            e.client
+                .get(format!("{}/health", e.base))
+                .send()
+                .await
+                .unwrap()
+                .status(),
+            503
+        );
+        let t = Instant::now();
+        assert_eq!(
+            e.complete(body.clone()).await.status(),
+            200,
+            "completions wait out the pause"
+        );
+        assert!(t.elapsed() >= Duration::from_millis(200));
+        assert_eq!(
+            e.client
+                .get(format!("{}/health", e.base))
+                .send()
+                .await
+                .unwrap()
+                .status(),
+            200
+        );
+        let r = e
+            .client
+            .post(format!("{}/fake/faults", e.control))
+            .body("{\"nope\": 1}")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400, "unknown fault keys are refused");
+    }
+
+    #[tokio::test]
+    async fn hang_keeps_the_npu_idle_and_busy_stuck_spins_it() {
+        let e = start().await;
+        let body = json!({"model": "m", "prompt": "1", "max_tokens": 1});
+        assert_eq!(e.npu().await, "0");
+        e.faults(json!({"hang": true})).await;
+        let c = e.client.clone();
+        let url = format!("{}/v1/completions", e.base);
+        let b = body.clone();
+        let hung = tokio::spawn(async move {
+            c.post(&url)
+                .json(&b)
+                .timeout(Duration::from_millis(500))
+                .send()
+                .await
+        });
+        assert_eq!(e.npu().await, "0", "a hung request does not run on the NPU");
+        assert!(hung.await.unwrap().is_err(), "never answered");
+        e.faults(json!({"hang": false, "npu_busy_stuck": true}))
+            .await;
+        let c = e.client.clone();
+        let url = format!("{}/v1/completions", e.base);
+        let stuck = tokio::spawn(async move {
+            c.post(&url)
+                .json(&body)
+                .timeout(Duration::from_millis(500))
+                .send()
+                .await
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(e.metric("vllm:num_requests_running").await, 1.0);
+        assert_eq!(e.npu().await, "95");
+        assert!(stuck.await.unwrap().is_err());
+        e.faults(json!({"npu_busy_stuck": false, "npu_na": true}))
+            .await;
+        assert_eq!(e.npu().await, "NA");
+    }
+
+    #[tokio::test]
+    async fn stop_listening_refuses_and_drops_open_connections() {
+        let e = start().await;
+        e.faults(json!({"hang": true})).await;
+        let c = e.client.clone();
+        let url = format!("{}/v1/completions", e.base);
+        let t = Instant::now();
+        let hung = tokio::spawn(async move {
+            c.post(&url)
+                .json(&json!({"model": "m", "prompt": "1"}))
+                .timeout(Duration::from_secs(20))
+                .send()
+                .await
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        e.faults(json!({"listening": false})).await;
+        let r = hung.await.unwrap();
+        assert!(
+            r.is_err() && t.elapsed() < Duration::from_secs(15),
+            "the open connection was dropped"
+        );
+        assert!(
+            e.client
+                .get(format!("{}/health", e.base))
+                .send()
+                .await
+                .is_err(),
+            "refused"
+        );
+        e.faults(json!({"listening": true, "hang": false})).await;
+        let mut ok = false;
+        for _ in 0..100 {
+            if e.client
+                .get(format!("{}/health", e.base))
+                .send()
+                .await
+                .is_ok()
+            {
+                ok = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(ok, "listening again");
+    }
 }

@@ -256,6 +256,34 @@ mod tests {
         assert!(r.heartbeats == 5 || r.heartbeats == 6, "{}", r.heartbeats);
     }
 
+    // Inside the grace period a detected abnormal keeps the old status (initial here), so no
+    // heartbeat counts; after it, they do.
+    #[tokio::test]
+    async fn grace_period_keeps_the_old_status() {
+        let url = endpoint(Arc::new(AtomicU8::new(1))).await;
+        let mut o = fast(vec![url]);
+        o.grace_period = Duration::from_millis(300);
+        let r = run(o, CancellationToken::new(), || {}).await;
+        let early: Vec<&Poll> = r.polls.iter().filter(|p| p.at_ms < 250).collect();
+        assert!(!early.is_empty());
+        assert!(
+            early
+                .iter()
+                .all(|p| p.detected == NmStatus::Abnormal && p.kept == NmStatus::Initial)
+        );
+        assert!(
+            r.polls
+                .iter()
+                .any(|p| p.at_ms > 350 && p.kept == NmStatus::Abnormal)
+        );
+        // Five heartbeats after the grace period ended: the kill comes later than without it.
+        assert!(
+            r.killed_at_ms.unwrap() >= 300 + 4 * 60,
+            "{:?}",
+            r.killed_at_ms
+        );
+    }
+
     // Any one abnormal endpoint counts; a normal heartbeat resets the count.
     #[tokio::test]
     async fn one_abnormal_endpoint_counts_and_normal_resets() {
