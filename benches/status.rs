@@ -171,12 +171,7 @@ struct FakeEngine {
 impl FakeEngine {
     fn start(agent: &Path) -> FakeEngine {
         let (port, control) = (free_port(), free_port());
-        let child = Command::new(agent)
-            .args(["fake-engine", "--model", "m"])
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .args(["--control", &format!("127.0.0.1:{control}")])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
+        let child = npu_health_agent::fake::engine_command(agent, port, control, "m", &[])
             .spawn()
             .unwrap();
         wait_for(

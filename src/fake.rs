@@ -48,6 +48,29 @@ pub fn lib_path(name: &str) -> Result<PathBuf, String> {
         })
 }
 
+/// The command that runs the fake engine (`exe fake-engine …`) on loopback: inference on
+/// `port`, fault control on `control`, serving `model`, writing its NPU figure to `npu_files`.
+/// Output is discarded; callers spawn it.
+pub fn engine_command(
+    exe: &Path,
+    port: u16,
+    control: u16,
+    model: &str,
+    npu_files: &[PathBuf],
+) -> std::process::Command {
+    let mut c = std::process::Command::new(exe);
+    c.args(["fake-engine", "--model", model])
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--control", &format!("127.0.0.1:{control}")])
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    for f in npu_files {
+        c.arg("--npu-file").arg(f);
+    }
+    c
+}
+
 /// Points `driver` at the fakes (unless the caller gave explicit paths).
 pub fn apply(
     driver: &mut DriverConfig,

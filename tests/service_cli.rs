@@ -19,14 +19,10 @@ struct Engine {
 impl Engine {
     fn start() -> Engine {
         let (port, control) = (free_port(), free_port());
-        let child = Command::new(support::agent())
-            .args(["fake-engine", "--model", "m"])
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .args(["--control", &format!("127.0.0.1:{control}")])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+        let child =
+            npu_health_agent::fake::engine_command(support::agent(), port, control, "m", &[])
+                .spawn()
+                .unwrap();
         let e = Engine {
             child,
             port,
@@ -56,6 +52,18 @@ fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) {
     }
     panic!("condition not met within {limit:?}");
 }
+
+/// The engine-server flags of single-engine mode, for commands that do not reach the engine.
+const SINGLE_ENGINE_FLAGS: [&str; 8] = [
+    "--role",
+    "prefill",
+    "--host",
+    "127.0.0.1",
+    "--port",
+    "8000",
+    "--mgmt-port",
+    "9001",
+];
 
 fn user_config(dir: &std::path::Path, extra_hc: &str) -> std::path::PathBuf {
     let p = dir.join("user_config.json");
@@ -405,16 +413,7 @@ fn check_config_prints_defaults_and_rejects_bad_keys() {
     let out = agent()
         .args(["check-config", "--config-path"])
         .arg(&uc)
-        .args([
-            "--role",
-            "prefill",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "8000",
-            "--mgmt-port",
-            "9001",
-        ])
+        .args(SINGLE_ENGINE_FLAGS)
         .output()
         .unwrap();
     assert!(
@@ -440,16 +439,7 @@ fn check_config_prints_defaults_and_rejects_bad_keys() {
     let out = agent()
         .args(["check-config", "--config-path"])
         .arg(&bad)
-        .args([
-            "--role",
-            "prefill",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "8000",
-            "--mgmt-port",
-            "9001",
-        ])
+        .args(SINGLE_ENGINE_FLAGS)
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));

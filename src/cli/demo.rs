@@ -219,17 +219,16 @@ pub async fn demo(args: DemoArgs) -> Result<(), Failure> {
         }
         if engine.is_none() && seen_initial {
             println!("demo: starting the fake engine");
+            let npu_files = [dir.join("npu0"), dir.join("npu1")];
+            let mut cmd = Command::from(crate::fake::engine_command(
+                &exe,
+                engine_port,
+                control_port,
+                "demo-model",
+                &npu_files,
+            ));
             engine = Some(
-                Command::new(&exe)
-                    .args(["fake-engine", "--model", "demo-model"])
-                    .args(["--listen", &format!("127.0.0.1:{engine_port}")])
-                    .args(["--control", &format!("127.0.0.1:{control_port}")])
-                    .arg("--npu-file")
-                    .arg(dir.join("npu0"))
-                    .arg("--npu-file")
-                    .arg(dir.join("npu1"))
-                    .env("RUST_LOG", "warn")
-                    .kill_on_drop(true)
+                cmd.kill_on_drop(true)
                     .spawn()
                     .context("starting the fake engine")?,
             );

@@ -65,21 +65,18 @@ impl Stack {
             ),
         )
         .unwrap();
-        let engine_dir = dir.path().to_owned();
+        let npu_files = [dir.path().join("npu0"), dir.path().join("npu1")];
         let spawn_engine = move || {
             Some(
-                Command::new(super::agent())
-                    .args(["fake-engine", "--model", "m"])
-                    .args(["--listen", &format!("127.0.0.1:{engine_port}")])
-                    .args(["--control", &format!("127.0.0.1:{control_port}")])
-                    .arg("--npu-file")
-                    .arg(engine_dir.join("npu0"))
-                    .arg("--npu-file")
-                    .arg(engine_dir.join("npu1"))
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .spawn()
-                    .expect("start fake engine"),
+                npu_health_agent::fake::engine_command(
+                    super::agent(),
+                    engine_port,
+                    control_port,
+                    "m",
+                    &npu_files,
+                )
+                .spawn()
+                .expect("start fake engine"),
             )
         };
         let engine = if engine_first { spawn_engine() } else { None };
