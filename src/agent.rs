@@ -147,7 +147,16 @@ pub async fn start(cfg: AgentConfig) -> Result<Running, AgentError> {
             state.clone(),
             client.prober(spec),
             peaks,
+            engine::Signals {
+                state: state.clone(),
+                metrics: client.metrics(),
+            },
             cube,
+            cancel.clone(),
+        ));
+        tasks.spawn(engine::qos_task(
+            state.clone(),
+            client.metrics(),
             cancel.clone(),
         ));
         let scheme = if tls.is_some() { "https" } else { "http" };

@@ -16,11 +16,19 @@
 //! initial state and the next healthy `/status` starts a new warm-up. Timeouts and HTTP errors
 //! are not a restart. While the engine is down `/status` stays `abnormal` (it answered
 //! before), so a crashed engine that never comes back is still reported.
+//!
+//! QoS ([`crate::qos`]): a background task scrapes the engine's `/metrics` and evaluates the
+//! score and level; `/status` is unchanged by it unless `qos.eviction` is on, in which case
+//! a held `evict` level answers `abnormal` too.
 
 use crate::config::EngineSpec;
 use crate::probe::gates::{self, Condition};
 use crate::probe::health::{HealthCollector, HealthOutcome, HealthTransport};
-use crate::probe::virtual_inference::{self, LoopConfig, PeakSource, Phase, Prober, ViState};
+use crate::probe::virtual_inference::{
+    self, EngineSignals, LoopConfig, PeakSource, Phase, Prober, ViState,
+};
+use crate::qos::score::Level;
+use crate::qos::{MetricsSource, QosState};
 use crate::ring::Ring;
 use crate::sampler::Shared;
 use crate::window;
@@ -93,6 +101,7 @@ pub struct EngineState {
     /// Bumped at every re-arm; a loop still running from before stops.
     rearm_tx: tokio::sync::watch::Sender<u64>,
     pub vi: ViState,
+    pub qos: QosState,
     conditions: Mutex<Vec<Condition>>,
     rearms: AtomicU64,
 }
@@ -102,6 +111,7 @@ impl EngineState {
     pub fn new(spec: EngineSpec, devices: Vec<u16>) -> EngineState {
         let conditions = gates::static_conditions(&spec);
         let vi = ViState::new(spec.timing.interval);
+        let qos = QosState::new(&spec.qos);
         EngineState {
             spec,
             devices,
@@ -115,6 +125,7 @@ impl EngineState {
             down_after_abnormal: AtomicBool::new(false),
             rearm_tx: tokio::sync::watch::Sender::new(0),
             vi,
+            qos,
             conditions: Mutex::new(conditions),
             rearms: AtomicU64::new(0),
         }
@@ -129,7 +140,7 @@ impl EngineState {
                 if !self.started.swap(true, Ordering::AcqRel) {
                     self.start.notify_one();
                 }
-                if self.vi.abnormal() {
+                if self.vi.abnormal() || self.qos_evicts() {
                     Status::Abnormal
                 } else {
                     Status::Normal
@@ -138,12 +149,18 @@ impl EngineState {
         }
     }
 
+    /// `qos.eviction` is on and the QoS level is a held `evict`.
+    pub fn qos_evicts(&self) -> bool {
+        let q = &self.spec.qos;
+        q.enabled && q.eviction && self.qos.level() == Level::Evict
+    }
+
     /// The verdict without side effects (for `/status/detail`, logs and metrics).
     pub fn peek_status(&self) -> Status {
         match self.health.load(Ordering::Acquire) {
             NEVER => Status::Initial,
             UNHEALTHY => Status::Abnormal,
-            _ if self.vi.abnormal() => Status::Abnormal,
+            _ if self.vi.abnormal() || self.qos_evicts() => Status::Abnormal,
             _ => Status::Normal,
         }
     }
@@ -160,9 +177,16 @@ impl EngineState {
                 "/health answered before and fails now: {}",
                 h.last_error.unwrap_or_default()
             ),
-            Status::Abnormal => format!(
+            Status::Abnormal if self.vi.abnormal() => format!(
                 "virtual inference is abnormal: {}",
                 self.vi.abnormal_reason().unwrap_or_default()
+            ),
+            Status::Abnormal => format!(
+                "the QoS level is evict (score {}, below 0.3 for {} evaluations) and qos.eviction is on",
+                self.qos
+                    .score()
+                    .map_or_else(|| "none".to_owned(), |s| format!("{s:.3}")),
+                self.qos.below_evict()
             ),
             Status::Normal => match self.vi.phase() {
                 Phase::Disabled => {
@@ -346,10 +370,11 @@ pub async fn health_task<T: HealthTransport>(
 
 /// Waits for the start latch, checks the gates, runs virtual inference; repeats after a
 /// re-arm. `cube` reports the NPUs' backends at start time.
-pub async fn virtual_inference_task<P: Prober, S: PeakSource>(
+pub async fn virtual_inference_task<P: Prober, S: PeakSource, G: EngineSignals>(
     state: Arc<EngineState>,
     prober: P,
     peaks: S,
+    signals: G,
     cube: impl Fn() -> Vec<(u32, &'static str)>,
     cancel: CancellationToken,
 ) {
@@ -359,6 +384,8 @@ pub async fn virtual_inference_task<P: Prober, S: PeakSource>(
         npu_usage_threshold: spec.health_check_config.npu_usage_threshold,
         max_failure_count: spec.health_check_config.max_failure_count,
         timing: spec.timing.clone(),
+        stall_window: spec.qos.stall_detection.then_some(spec.qos.stall_window),
+        skip_when_capacity_waiting: spec.qos.skip_when_capacity_waiting,
     };
     loop {
         tokio::select! {
@@ -373,10 +400,92 @@ pub async fn virtual_inference_task<P: Prober, S: PeakSource>(
         let mut rearmed = state.rearm_tx.subscribe();
         tokio::select! {
             _ = cancel.cancelled() => return,
-            _ = virtual_inference::run(&cfg, &prober, &peaks, &state.vi) => {}
+            _ = virtual_inference::run(&cfg, &prober, &peaks, &signals, &state.vi) => {}
             // A loop that went abnormal is still in its last sleep: it must not go on after
             // the state was re-armed under it.
             _ = rearmed.changed() => {}
+        }
+    }
+}
+
+/// The engine signals of the opt-in accounting rules: progress from the QoS scrapes, and a
+/// fresh `/metrics` read for the V6 capacity rule.
+#[derive(Debug, Clone)]
+pub struct Signals<M> {
+    pub state: Arc<EngineState>,
+    pub metrics: M,
+}
+
+impl<M: MetricsSource + Sync> EngineSignals for Signals<M> {
+    fn stalled_for(&self) -> Option<Duration> {
+        self.state.qos.stalled_for()
+    }
+
+    async fn waiting_for_capacity(&self) -> Option<f64> {
+        let timeout = self.state.spec.timing.request_timeout;
+        match self.metrics.scrape(timeout).await {
+            Ok(m) => m.waiting_for_capacity,
+            Err(e) => {
+                tracing::info!(engine = %self.state.spec.name, "cannot read requests waiting for capacity: {e}");
+                None
+            }
+        }
+    }
+}
+
+/// Scrapes the engine's `/metrics` every `qos.metrics_period` and evaluates the QoS score
+/// every `qos.period`, logging each level change, until cancelled. Does nothing when
+/// neither the score nor stall detection is on.
+pub async fn qos_task<M: MetricsSource>(
+    state: Arc<EngineState>,
+    metrics: M,
+    cancel: CancellationToken,
+) {
+    let q = &state.spec.qos;
+    if !q.scrapes() {
+        return;
+    }
+    let name = &state.spec.name;
+    let timeout = q.metrics_period.min(Duration::from_secs(5));
+    let mut scrape = tokio::time::interval(q.metrics_period);
+    scrape.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut evaluate = tokio::time::interval(q.period);
+    evaluate.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Evaluations start one period in, once there is a scrape to read.
+    evaluate.reset();
+    let mut failing = false;
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = scrape.tick() => {
+                let r = tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    r = metrics.scrape(timeout) => r,
+                };
+                match (&r, failing) {
+                    (Err(e), false) => tracing::info!(engine = %name, "cannot scrape the engine's /metrics (QoS inputs unknown until it answers): {e}"),
+                    (Ok(_), true) => tracing::info!(engine = %name, "the engine's /metrics answers again"),
+                    _ => {}
+                }
+                failing = r.is_err();
+                state.qos.record_scrape(r);
+            }
+            _ = evaluate.tick(), if q.enabled => {
+                let probe = state.vi.last_probe().filter(|p| !p.warmup);
+                let (score, _, transition) = state.qos.evaluate(q, probe.as_ref());
+                if let Some(t) = transition {
+                    let score = score.map_or_else(|| "none".to_owned(), |s| format!("{s:.3}"));
+                    let msg = format!("QoS level {} -> {} (score {score})", t.from.as_str(), t.to.as_str());
+                    if t.to > t.from {
+                        tracing::warn!(engine = %name, "{msg}");
+                    } else {
+                        tracing::info!(engine = %name, "{msg}");
+                    }
+                    if t.to == Level::Evict && q.eviction {
+                        tracing::error!(engine = %name, "QoS level evict is held and qos.eviction is on: /status answers abnormal");
+                    }
+                }
+            }
         }
     }
 }
@@ -469,10 +578,10 @@ mod tests {
     struct AlwaysFail;
     impl Prober for AlwaysFail {
         async fn send(&self, _t: Duration) -> ProbeResult {
-            ProbeResult {
-                outcome: Err(Failure::Transport("refused".into())),
-                latency: Duration::from_millis(1),
-            }
+            ProbeResult::new(
+                Err(Failure::Transport("refused".into())),
+                Duration::from_millis(1),
+            )
         }
     }
 
@@ -501,6 +610,7 @@ mod tests {
             st.clone(),
             AlwaysFail,
             Idle,
+            crate::probe::virtual_inference::NoSignals,
             || vec![(0, "dcmi")],
             cancel.clone(),
         ));
@@ -535,14 +645,14 @@ mod tests {
     impl Prober for FailSecond {
         async fn send(&self, _t: Duration) -> ProbeResult {
             let n = self.0.fetch_add(1, Ordering::SeqCst);
-            ProbeResult {
-                outcome: if n == 1 {
+            ProbeResult::new(
+                if n == 1 {
                     Err(Failure::Timeout)
                 } else {
                     Ok(())
                 },
-                latency: Duration::from_millis(1),
-            }
+                Duration::from_millis(1),
+            )
         }
     }
 
@@ -558,6 +668,7 @@ mod tests {
             st.clone(),
             AlwaysFail,
             Idle,
+            crate::probe::virtual_inference::NoSignals,
             || vec![(0, "dcmi")],
             cancel.clone(),
         ));
@@ -593,6 +704,7 @@ mod tests {
             st.clone(),
             Shared(prober.clone()),
             Idle,
+            crate::probe::virtual_inference::NoSignals,
             || vec![(0, "dcmi")],
             cancel.clone(),
         ));

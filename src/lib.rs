@@ -17,6 +17,7 @@ pub mod engine;
 #[cfg(feature = "fake-driver")]
 pub mod fake;
 pub mod probe;
+pub mod qos;
 pub mod ring;
 pub mod sampler;
 pub mod server;

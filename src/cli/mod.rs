@@ -63,7 +63,7 @@ pub struct DriverArgs {
 #[derive(Debug, Args, Clone)]
 pub struct ConfigArgs {
     /// Host mode: the agent's TOML config with [agent] and [[engine]] tables.
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["config_path", "role", "host", "port", "mgmt_port", "dp_rank", "devices", "env_config_path"])]
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["config_path", "role", "host", "port", "mgmt_port", "dp_rank", "devices", "env_config_path", "stall_detection", "stall_window", "skip_when_capacity_waiting", "qos_eviction", "qos_probe_max_tokens"])]
     pub config: Option<PathBuf>,
     /// Single-engine mode: MindIE's user_config.json.
     #[arg(long, value_name = "FILE")]
@@ -95,6 +95,22 @@ pub struct ConfigArgs {
     /// Admin listener for /metrics of all engines and /healthz (single-engine mode).
     #[arg(long, value_name = "ADDR")]
     pub admin_listen: Option<SocketAddr>,
+    /// Count a failed probe on a busy NPU once the engine made no progress for
+    /// --stall-window (single-engine mode; host mode: [engine.qos]).
+    #[arg(long)]
+    pub stall_detection: bool,
+    /// Stall detection window [default: 60s].
+    #[arg(long, value_parser = parse_duration, requires = "stall_detection")]
+    pub stall_window: Option<Duration>,
+    /// MindIE V6 rule: do not count an idle failure while requests wait for capacity.
+    #[arg(long)]
+    pub skip_when_capacity_waiting: bool,
+    /// A held QoS `evict` level answers `abnormal` on /status.
+    #[arg(long)]
+    pub qos_eviction: bool,
+    /// max_tokens of the virtual probe; above 1 it streams and measures time per token.
+    #[arg(long, value_name = "N")]
+    pub qos_probe_max_tokens: Option<u32>,
 }
 
 /// Commands.
@@ -254,6 +270,23 @@ fn apply_driver_args(args: &DriverArgs, agent: &mut AgentSettings) -> Result<(),
 }
 
 impl ConfigArgs {
+    /// The QoS settings of single-engine mode.
+    fn qos_flags(&self) -> Result<crate::qos::QosConfig, Failure> {
+        let d = crate::qos::QosConfig::default();
+        let q = crate::qos::QosConfig {
+            stall_detection: self.stall_detection,
+            stall_window: self.stall_window.unwrap_or(d.stall_window),
+            skip_when_capacity_waiting: self.skip_when_capacity_waiting,
+            eviction: self.qos_eviction,
+            probe_max_tokens: self.qos_probe_max_tokens.unwrap_or(d.probe_max_tokens),
+            ..d
+        };
+        q.validate().map_err(|(k, m)| {
+            Failure::usage(anyhow::anyhow!("--{}: {m}", k.replace(['_', '.'], "-")))
+        })?;
+        Ok(q)
+    }
+
     /// Loads the configuration from either mode and applies the driver flags.
     pub fn load(&self, driver: &DriverArgs) -> Result<AgentConfig, Failure> {
         let mut cfg = match (&self.config, &self.config_path) {
@@ -283,6 +316,7 @@ impl ConfigArgs {
                     dp_rank: self.dp_rank,
                     devices: self.devices.clone(),
                     env_config_path: self.env_config_path.clone(),
+                    qos: self.qos_flags()?,
                 };
                 AgentConfig::single(&flags, AgentSettings::default()).map_err(Failure::usage)?
             }

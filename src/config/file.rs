@@ -32,6 +32,8 @@ use super::{
     listen_addr,
 };
 use crate::driver::BackendChoice;
+use crate::qos::QosConfig;
+use crate::qos::score::Weights;
 use serde::Deserialize;
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -103,6 +105,62 @@ struct EngineTable {
     env_config_path: Option<PathBuf>,
     #[serde(default)]
     timing: TimingTable,
+    #[serde(default)]
+    qos: QosTable,
+}
+
+/// `[engine.qos]`; `qos_eviction` and `qos_probe_max_tokens` are accepted as the names the
+/// issue tracker and operators use.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct QosTable {
+    enabled: Option<bool>,
+    #[serde(default, deserialize_with = "de_duration")]
+    ttft_budget: Option<Duration>,
+    weights: Option<Weights>,
+    kv_headroom_full: Option<f64>,
+    hysteresis: Option<f64>,
+    evict_after: Option<u32>,
+    #[serde(alias = "qos_eviction")]
+    eviction: Option<bool>,
+    #[serde(default, deserialize_with = "de_duration")]
+    period: Option<Duration>,
+    #[serde(default, deserialize_with = "de_duration")]
+    metrics_period: Option<Duration>,
+    #[serde(default, deserialize_with = "de_duration")]
+    max_input_age: Option<Duration>,
+    #[serde(alias = "qos_probe_max_tokens")]
+    probe_max_tokens: Option<u32>,
+    stall_detection: Option<bool>,
+    #[serde(default, deserialize_with = "de_duration")]
+    stall_window: Option<Duration>,
+    skip_when_capacity_waiting: Option<bool>,
+}
+
+impl QosTable {
+    fn resolve(&self) -> Result<QosConfig, KeyError> {
+        let d = QosConfig::default();
+        let q = QosConfig {
+            enabled: self.enabled.unwrap_or(d.enabled),
+            ttft_budget: self.ttft_budget.unwrap_or(d.ttft_budget),
+            weights: self.weights.unwrap_or(d.weights),
+            kv_headroom_full: self.kv_headroom_full.unwrap_or(d.kv_headroom_full),
+            hysteresis: self.hysteresis.unwrap_or(d.hysteresis),
+            evict_after: self.evict_after.unwrap_or(d.evict_after),
+            eviction: self.eviction.unwrap_or(d.eviction),
+            period: self.period.unwrap_or(d.period),
+            metrics_period: self.metrics_period.unwrap_or(d.metrics_period),
+            max_input_age: self.max_input_age.unwrap_or(d.max_input_age),
+            probe_max_tokens: self.probe_max_tokens.unwrap_or(d.probe_max_tokens),
+            stall_detection: self.stall_detection.unwrap_or(d.stall_detection),
+            stall_window: self.stall_window.unwrap_or(d.stall_window),
+            skip_when_capacity_waiting: self
+                .skip_when_capacity_waiting
+                .unwrap_or(d.skip_when_capacity_waiting),
+        };
+        q.validate().map_err(|(k, m)| (format!("qos.{k}"), m))?;
+        Ok(q)
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -460,6 +518,7 @@ fn engine(
         t.devices.clone(),
         engine_env,
         timing,
+        t.qos.resolve()?,
         origin,
     )
     .map_err(|e| (String::new(), e))

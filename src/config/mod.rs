@@ -13,6 +13,7 @@ pub mod file;
 pub mod mindie;
 
 use crate::driver::{BackendChoice, DriverConfig};
+use crate::qos::QosConfig;
 use mindie::{DispatchProfile, EngineSection, EngineType, HealthCheckConfig, Role, TlsConfig};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -174,6 +175,8 @@ pub struct EngineSpec {
     pub devices: Sourced<Option<Vec<u32>>>,
     pub engine_env: EngineEnv,
     pub timing: Timing,
+    /// QoS score, levels and stall detection (`[engine.qos]`).
+    pub qos: QosConfig,
     /// The file (and role) the engine section came from, or `inline`.
     pub origin: String,
 }
@@ -257,6 +260,8 @@ pub struct SingleEngine {
     pub dp_rank: u32,
     pub devices: Option<Vec<u32>>,
     pub env_config_path: Option<PathBuf>,
+    /// QoS settings (defaults, or the `--qos-*`/`--stall-*` flags).
+    pub qos: QosConfig,
 }
 
 impl AgentConfig {
@@ -299,6 +304,7 @@ impl AgentConfig {
             flags.devices.clone(),
             engine_env,
             Timing::default(),
+            flags.qos.clone(),
             format!("{file} ({})", flags.role.section()),
         )
         .map_err(|e| ConfigError::new(&file, "", e))?;
@@ -356,6 +362,7 @@ fn build_engine(
     devices: Option<Vec<u32>>,
     engine_env: EngineEnv,
     timing: Timing,
+    qos: QosConfig,
     origin: String,
 ) -> Result<EngineSpec, String> {
     if at.port == 0 {
@@ -409,6 +416,7 @@ fn build_engine(
         devices,
         engine_env,
         timing,
+        qos,
         origin,
     })
 }

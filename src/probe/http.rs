@@ -1,11 +1,16 @@
-//! HTTP to the engine's inference surface: `GET /health` for the HealthCollector and the
-//! virtual `POST /v1/completions`.
+//! HTTP to the engine's inference surface: `GET /health` for the HealthCollector, the
+//! virtual `POST /v1/completions`, and `GET /metrics` for the QoS score.
 //!
 //! The virtual request is the reference's (§1.8): `Content-Type: application/json`,
 //! `X-Request-Id: <unix µs>_virtual`, body `{"model", "prompt": "1", "max_tokens": 1}`, plus
 //! `kv_transfer_params` for a layerwise (trigger) decode engine. Success is a 2xx status and
-//! a JSON body. Every request runs under a timeout; a request that times out is dropped,
-//! which closes its connection, so the engine aborts it instead of keeping it queued.
+//! a JSON body; with one token the answer is the first token, so its latency is the time to
+//! first token. With `qos.probe_max_tokens` N > 1 the body asks for N tokens with
+//! `"stream": true`, and the server-sent events are timed: the first event carrying a choice
+//! is the first token, the spacing of the rest gives the time per output token; success is
+//! a 2xx status and every event JSON (or `[DONE]`). Every request runs under a timeout; a
+//! request that times out is dropped, which closes its connection, so the engine aborts it
+//! instead of keeping it queued.
 
 use super::health::{Fetch, HealthTransport};
 use super::virtual_inference::{Failure, ProbeResult, Prober};
@@ -17,6 +22,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Largest response body read (a broken engine must not make the agent buffer without limit).
 const MAX_BODY: usize = 1 << 20;
+/// Largest `/metrics` body read (vLLM's histograms per model and LoRA can be large).
+const MAX_METRICS_BODY: usize = 16 << 20;
 
 /// The body of the virtual request for `role`/`profile`.
 pub fn request_body(role: Role, profile: DispatchProfile, model: &str) -> Value {
@@ -90,10 +97,25 @@ impl EngineClient {
     /// The virtual request sender for `spec`'s role and model.
     pub fn prober(&self, spec: &EngineSpec) -> HttpProber {
         let model = spec.model.clone().unwrap_or_default();
+        let mut body = request_body(spec.role, spec.dispatch_profile, &model);
+        let tokens = spec.qos.probe_max_tokens;
+        if tokens > 1 {
+            body["max_tokens"] = json!(tokens);
+            body["stream"] = json!(true);
+        }
         HttpProber {
             client: self.client.clone(),
             url: format!("{}/v1/completions", self.base),
-            body: request_body(spec.role, spec.dispatch_profile, &model).to_string(),
+            body: body.to_string(),
+            stream: tokens > 1,
+        }
+    }
+
+    /// `GET /metrics` of the engine.
+    pub fn metrics(&self) -> HttpMetrics {
+        HttpMetrics {
+            client: self.client.clone(),
+            url: format!("{}/metrics", self.base),
         }
     }
 
@@ -114,11 +136,15 @@ fn describe(e: &reqwest::Error) -> String {
     s
 }
 
-async fn read_limited(mut resp: reqwest::Response) -> Result<Vec<u8>, String> {
+async fn read_limited(resp: reqwest::Response) -> Result<Vec<u8>, String> {
+    read_up_to(resp, MAX_BODY).await
+}
+
+async fn read_up_to(mut resp: reqwest::Response, limit: usize) -> Result<Vec<u8>, String> {
     let mut body = Vec::new();
     while let Some(chunk) = resp.chunk().await.map_err(|e| describe(&e))? {
-        if body.len() + chunk.len() > MAX_BODY {
-            return Err(format!("body larger than {MAX_BODY} bytes"));
+        if body.len() + chunk.len() > limit {
+            return Err(format!("body larger than {limit} bytes"));
         }
         body.extend_from_slice(&chunk);
     }
@@ -156,18 +182,153 @@ impl HealthTransport for HttpHealth {
     }
 }
 
+/// `GET /metrics` of the engine, parsed into the series the QoS score reads.
+#[derive(Debug, Clone)]
+pub struct HttpMetrics {
+    client: reqwest::Client,
+    url: String,
+}
+
+impl crate::qos::MetricsSource for HttpMetrics {
+    async fn scrape(
+        &self,
+        timeout: Duration,
+    ) -> Result<crate::qos::vllm_metrics::EngineMetrics, String> {
+        let fut = async {
+            let resp = self
+                .client
+                .get(&self.url)
+                .send()
+                .await
+                .map_err(|e| describe(&e))?;
+            let status = resp.status();
+            if !status.is_success() {
+                return Err(format!("GET /metrics answered HTTP {}", status.as_u16()));
+            }
+            let body = read_up_to(resp, MAX_METRICS_BODY).await?;
+            Ok(crate::qos::vllm_metrics::parse(&String::from_utf8_lossy(
+                &body,
+            )))
+        };
+        match tokio::time::timeout(timeout, fut).await {
+            Err(_) => Err(format!("GET /metrics timed out after {timeout:?}")),
+            Ok(r) => r,
+        }
+    }
+}
+
 /// The virtual `POST /v1/completions`.
 #[derive(Debug, Clone)]
 pub struct HttpProber {
     client: reqwest::Client,
     url: String,
     body: String,
+    /// Stream the answer and time the tokens (`probe_max_tokens` > 1).
+    stream: bool,
+}
+
+/// Token timing of a streamed answer.
+#[derive(Debug, Default)]
+struct Stream {
+    buf: Vec<u8>,
+    first: Option<Instant>,
+    last: Option<Instant>,
+    tokens: u32,
+    done: bool,
+}
+
+impl Stream {
+    /// Takes one chunk of the body received at `now`; `Err` on an event that is not JSON.
+    fn feed(&mut self, chunk: &[u8], now: Instant) -> Result<(), String> {
+        self.buf.extend_from_slice(chunk);
+        // Events end with a blank line (LF or CRLF).
+        while let Some(end) = find_event_end(&self.buf) {
+            let event: Vec<u8> = self.buf.drain(..end.1).collect();
+            self.event(&event[..end.0], now)?;
+        }
+        if self.buf.len() > MAX_BODY {
+            return Err(format!("event larger than {MAX_BODY} bytes"));
+        }
+        Ok(())
+    }
+
+    fn event(&mut self, event: &[u8], now: Instant) -> Result<(), String> {
+        let text = String::from_utf8_lossy(event);
+        for line in text.lines() {
+            let Some(data) = line.strip_prefix("data:") else {
+                continue;
+            };
+            let data = data.trim();
+            if data == "[DONE]" {
+                self.done = true;
+                continue;
+            }
+            let v: Value =
+                serde_json::from_str(data).map_err(|e| format!("event is not JSON: {e}"))?;
+            if v.get("choices")
+                .and_then(Value::as_array)
+                .is_some_and(|c| !c.is_empty())
+            {
+                self.first.get_or_insert(now);
+                self.last = Some(now);
+                self.tokens += 1;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// (end of the event's text, end of its terminating blank line) of the first complete event.
+fn find_event_end(buf: &[u8]) -> Option<(usize, usize)> {
+    let lf = buf
+        .windows(2)
+        .position(|w| w == b"\n\n")
+        .map(|i| (i, i + 2));
+    let crlf = buf
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map(|i| (i, i + 4));
+    match (lf, crlf) {
+        (Some(a), Some(b)) => Some(if a.0 <= b.0 { a } else { b }),
+        (a, b) => a.or(b),
+    }
 }
 
 impl HttpProber {
     /// The JSON body sent.
     pub fn body(&self) -> &str {
         &self.body
+    }
+}
+
+impl HttpProber {
+    async fn streamed(
+        &self,
+        mut resp: reqwest::Response,
+        started: Instant,
+    ) -> Result<(Duration, Option<Duration>), Failure> {
+        let mut st = Stream::default();
+        while let Some(chunk) = resp
+            .chunk()
+            .await
+            .map_err(|e| Failure::Transport(describe(&e)))?
+        {
+            st.feed(&chunk, Instant::now()).map_err(Failure::BadBody)?;
+        }
+        // A last event without its blank line.
+        if !st.buf.is_empty() {
+            let rest = std::mem::take(&mut st.buf);
+            st.event(&rest, Instant::now()).map_err(Failure::BadBody)?;
+        }
+        let Some(first) = st.first else {
+            return Err(Failure::BadBody("the stream carried no token".to_owned()));
+        };
+        let ttft = first - started;
+        let tpot = match st.last {
+            Some(last) if st.tokens > 1 => Some((last - first) / (st.tokens - 1)),
+            _ => None,
+        };
+        Ok((ttft, tpot))
     }
 }
 
@@ -185,22 +346,28 @@ impl Prober for HttpProber {
                 .await
                 .map_err(|e| Failure::Transport(describe(&e)))?;
             let status = resp.status();
+            if self.stream && status.is_success() {
+                return self.streamed(resp, started).await.map(Some);
+            }
             let body = read_limited(resp).await.map_err(Failure::Transport)?;
             if !status.is_success() {
                 return Err(Failure::Status(status.as_u16()));
             }
             serde_json::from_slice::<serde::de::IgnoredAny>(&body)
                 .map_err(|e| Failure::BadBody(e.to_string()))?;
-            Ok(())
+            Ok(None)
         };
-        let outcome = match tokio::time::timeout(timeout, fut).await {
-            Err(_) => Err(Failure::Timeout),
-            Ok(r) => r,
+        let (outcome, timing) = match tokio::time::timeout(timeout, fut).await {
+            Err(_) => (Err(Failure::Timeout), None),
+            Ok(Ok(t)) => (Ok(()), t),
+            Ok(Err(e)) => (Err(e), None),
         };
-        ProbeResult {
-            outcome,
-            latency: started.elapsed(),
+        let mut r = ProbeResult::new(outcome, started.elapsed());
+        if let Some((ttft, tpot)) = timing {
+            r.ttft = Some(ttft);
+            r.tpot = tpot;
         }
+        r
     }
 }
 

@@ -10,6 +10,15 @@
 //! 2. request failed, peak unavailable → unchanged;
 //! 3. request succeeded, or peak at or above the threshold → reset to 0.
 //!
+//! Two opt-in rules change that accounting (off by default, for V5 parity):
+//! - stall detection (`stall_window`): in case 3, a *failed* request on a busy NPU counts
+//!   (+ 1) when the engine has shown no forward progress for `stall_window` — requests
+//!   running and neither the prompt nor the generation token counter advancing
+//!   ([`EngineSignals::stalled_for`]). Unknown progress (no scrape) never counts;
+//! - the reference V6 rule (`skip_when_capacity_waiting`): in case 1, the engine's `/metrics`
+//!   is read at once; the failure is not counted while requests wait for KV-cache capacity,
+//!   or when that figure cannot be read (the reference skips then too).
+//!
 //! Abnormal is never cleared by the loop; the loop stops at the next check.
 
 use crate::config::Timing;
@@ -45,7 +54,32 @@ impl std::fmt::Display for Failure {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProbeResult {
     pub outcome: Result<(), Failure>,
+    /// Time to the complete answer (or to the failure).
     pub latency: Duration,
+    /// Time to the first token when the probe streamed (`probe_max_tokens` > 1); for the
+    /// reference's 1-token request the answer is the first token, so `latency` is the TTFT.
+    pub ttft: Option<Duration>,
+    /// Time per output token after the first, when the probe streamed.
+    pub tpot: Option<Duration>,
+}
+
+impl ProbeResult {
+    /// A result of a non-streamed request.
+    pub fn new(outcome: Result<(), Failure>, latency: Duration) -> ProbeResult {
+        ProbeResult {
+            outcome,
+            latency,
+            ttft: None,
+            tpot: None,
+        }
+    }
+
+    /// Time to first token of a successful probe.
+    pub fn first_token(&self) -> Option<Duration> {
+        self.outcome
+            .is_ok()
+            .then(|| self.ttft.unwrap_or(self.latency))
+    }
 }
 
 /// Sends the virtual request (the real HTTP client, or a test double).
@@ -56,6 +90,30 @@ pub trait Prober {
 /// Peak AI Cube usage of the engine's NPUs over the last `window`; `None` when unavailable.
 pub trait PeakSource {
     fn peak(&self, window: Duration) -> Option<f64>;
+}
+
+/// Engine-side signals for the opt-in accounting rules.
+pub trait EngineSignals {
+    /// How long the engine has made no forward progress (requests running, no token counter
+    /// advancing), from the latest `/metrics` scrapes; `None` when it is not stalled or that
+    /// is unknown.
+    fn stalled_for(&self) -> Option<Duration>;
+    /// Requests waiting for KV-cache capacity, read from the engine now (V6 rule); `None`
+    /// when the figure cannot be read.
+    fn waiting_for_capacity(&self) -> impl Future<Output = Option<f64>> + Send;
+}
+
+/// No engine signals: only the reference's rules apply (the opt-in rules must be off).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoSignals;
+
+impl EngineSignals for NoSignals {
+    fn stalled_for(&self) -> Option<Duration> {
+        None
+    }
+    async fn waiting_for_capacity(&self) -> Option<f64> {
+        None
+    }
 }
 
 /// What the loop is doing.
@@ -97,8 +155,15 @@ impl Phase {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Accounting {
+    /// Failed with the NPU idle (reference rule 1).
     Incremented,
+    /// Failed with the NPU busy and the engine stalled for `stall_window` (stall detection).
+    IncrementedStalled,
+    /// Failed with AI Cube usage unavailable (reference rule 2).
     Unchanged,
+    /// Failed with the NPU idle while requests wait for capacity, or that figure is unknown
+    /// (V6 rule, `skip_when_capacity_waiting`).
+    UnchangedCapacityWaiting,
     Reset,
     /// Warm-up requests are not counted; a failed warm-up is abnormal at once.
     WarmUp,
@@ -113,6 +178,11 @@ pub struct ProbeRecord {
     pub latency_ms: f64,
     /// `success` or the failure.
     pub outcome: String,
+    pub success: bool,
+    /// Time to first token of a successful probe, milliseconds.
+    pub ttft_ms: Option<f64>,
+    /// Time per output token when the probe streamed more than one token, milliseconds.
+    pub tpot_ms: Option<f64>,
     /// Window peak read after the probe (`null`: unavailable or warm-up).
     pub peak: Option<f64>,
     pub accounting: Accounting,
@@ -251,6 +321,9 @@ impl ViState {
                 Ok(()) => "success".to_owned(),
                 Err(e) => format!("failed: {e}"),
             },
+            success: r.outcome.is_ok(),
+            ttft_ms: r.first_token().map(|d| d.as_secs_f64() * 1e3),
+            tpot_ms: r.tpot.map(|d| d.as_secs_f64() * 1e3),
             peak,
             accounting,
             failure_count: self.failure_count(),
@@ -266,10 +339,20 @@ pub struct LoopConfig {
     pub npu_usage_threshold: f64,
     pub max_failure_count: i64,
     pub timing: Timing,
+    /// Stall detection: count a busy failure once the engine is stalled this long.
+    pub stall_window: Option<Duration>,
+    /// The V6 rule: do not count an idle failure while requests wait for capacity.
+    pub skip_when_capacity_waiting: bool,
 }
 
 /// Runs warm-up and the periodic loop until abnormal (or the task is dropped).
-pub async fn run(cfg: &LoopConfig, prober: &impl Prober, peaks: &impl PeakSource, state: &ViState) {
+pub async fn run(
+    cfg: &LoopConfig,
+    prober: &impl Prober,
+    peaks: &impl PeakSource,
+    signals: &impl EngineSignals,
+    state: &ViState,
+) {
     let engine = cfg.engine.as_str();
     let t = &cfg.timing;
     if !state.warmup_done() {
@@ -305,24 +388,40 @@ pub async fn run(cfg: &LoopConfig, prober: &impl Prober, peaks: &impl PeakSource
         let failed = r.outcome.is_err();
         let accounting = match peak {
             Some(p) if p < cfg.npu_usage_threshold && failed => {
-                let n = state.failure_count.fetch_add(1, Ordering::AcqRel) + 1;
-                tracing::warn!(
-                    engine,
-                    peak = p,
-                    "virtual inference failed while the NPU is idle. Current failure count: {n}/{}",
-                    cfg.max_failure_count
-                );
-                if n >= cfg.max_failure_count {
-                    tracing::error!(
-                        engine,
-                        "Reach maximum failure count ({n}); status is abnormal"
-                    );
-                    state.set_abnormal(&format!(
-                        "{n} virtual requests failed while AI Cube peak stayed below {}",
-                        cfg.npu_usage_threshold
-                    ));
+                let waiting = if cfg.skip_when_capacity_waiting {
+                    Some(signals.waiting_for_capacity().await)
+                } else {
+                    None
+                };
+                match waiting {
+                    Some(w) if w.is_none_or(|w| w > 0.0) => {
+                        tracing::info!(
+                            engine,
+                            peak = p,
+                            "virtual inference failed while the NPU is idle, but {}; skip failure count",
+                            match w {
+                                Some(w) => format!("{w} requests wait for KV-cache capacity"),
+                                None => "requests waiting for capacity are unknown".to_owned(),
+                            }
+                        );
+                        Accounting::UnchangedCapacityWaiting
+                    }
+                    _ => {
+                        tracing::warn!(
+                            engine,
+                            peak = p,
+                            "virtual inference failed while the NPU is idle. Current failure count: {}/{}",
+                            state.failure_count() + 1,
+                            cfg.max_failure_count
+                        );
+                        count_failure(
+                            cfg,
+                            state,
+                            &format!("AI Cube peak {p} below {}", cfg.npu_usage_threshold),
+                        );
+                        Accounting::Incremented
+                    }
                 }
-                Accounting::Incremented
             }
             None if failed => {
                 tracing::info!(
@@ -330,6 +429,32 @@ pub async fn run(cfg: &LoopConfig, prober: &impl Prober, peaks: &impl PeakSource
                     "virtual inference failed but AI Cube usage unavailable, skip failure count"
                 );
                 Accounting::Unchanged
+            }
+            Some(p)
+                if failed
+                    && cfg.stall_window.is_some_and(|w| {
+                        signals.stalled_for().is_some_and(|stalled| stalled >= w)
+                    }) =>
+            {
+                let stalled = signals.stalled_for().unwrap_or_default();
+                tracing::warn!(
+                    engine,
+                    peak = p,
+                    stalled_s = stalled.as_secs_f64(),
+                    "virtual inference failed while the NPU is busy and the engine has made no progress for {:.0} s (stall detection). Current failure count: {}/{}",
+                    stalled.as_secs_f64(),
+                    state.failure_count() + 1,
+                    cfg.max_failure_count
+                );
+                count_failure(
+                    cfg,
+                    state,
+                    &format!(
+                        "AI Cube peak {p} (busy) but no token advanced for {:.0} s with requests running",
+                        stalled.as_secs_f64()
+                    ),
+                );
+                Accounting::IncrementedStalled
             }
             _ => {
                 let before = state.failure_count.swap(0, Ordering::AcqRel);
@@ -343,6 +468,21 @@ pub async fn run(cfg: &LoopConfig, prober: &impl Prober, peaks: &impl PeakSource
         tokio::time::sleep(state.interval()).await;
     }
     state.set_phase(Phase::Stopped);
+}
+
+/// Adds one to the failure count; abnormal at `max_failure_count`. `why` describes the
+/// counted failure.
+fn count_failure(cfg: &LoopConfig, state: &ViState, why: &str) {
+    let n = state.failure_count.fetch_add(1, Ordering::AcqRel) + 1;
+    if n >= cfg.max_failure_count {
+        tracing::error!(
+            engine = cfg.engine.as_str(),
+            "Reach maximum failure count ({n}); status is abnormal"
+        );
+        state.set_abnormal(&format!(
+            "{n} consecutive virtual requests failed and were counted (last: {why})"
+        ));
+    }
 }
 
 #[cfg(test)]
@@ -386,16 +526,10 @@ mod tests {
             };
             if delay > timeout {
                 tokio::time::sleep(timeout).await;
-                return ProbeResult {
-                    outcome: Err(Failure::Timeout),
-                    latency: timeout,
-                };
+                return ProbeResult::new(Err(Failure::Timeout), timeout);
             }
             tokio::time::sleep(delay).await;
-            ProbeResult {
-                outcome,
-                latency: delay,
-            }
+            ProbeResult::new(outcome, delay)
         }
     }
 
@@ -423,6 +557,8 @@ mod tests {
             npu_usage_threshold: 3.0,
             max_failure_count: max,
             timing: Timing::default(),
+            stall_window: None,
+            skip_when_capacity_waiting: false,
         }
     }
 
@@ -436,7 +572,18 @@ mod tests {
         st: &ViState,
         limit: Duration,
     ) -> bool {
-        tokio::time::timeout(limit, run(cfg, p, peaks, st))
+        run_with(cfg, p, peaks, &NoSignals, st, limit).await
+    }
+
+    async fn run_with(
+        cfg: &LoopConfig,
+        p: &FakeProber,
+        peaks: &Peaks,
+        signals: &impl EngineSignals,
+        st: &ViState,
+        limit: Duration,
+    ) -> bool {
+        tokio::time::timeout(limit, run(cfg, p, peaks, signals, st))
             .await
             .is_ok()
     }
@@ -684,5 +831,246 @@ mod tests {
         assert_eq!(st.failure_count(), 0);
         assert_eq!(st.phase(), Phase::NotStarted);
         assert_eq!(st.abnormal_reason(), None);
+    }
+
+    /// Engine signals under paused time: the engine stalls from `stalled_from` on (requests
+    /// running, no counter advancing), unless it is a long prefill (the prompt counter
+    /// advances, so it is never stalled); `capacity` is what the V6 read returns.
+    struct Signals {
+        stalled_from: Option<Instant>,
+        capacity: Mutex<VecDeque<Option<f64>>>,
+        capacity_reads: Mutex<u32>,
+    }
+
+    impl Signals {
+        fn stalled_from(at: Option<Instant>) -> Signals {
+            Signals {
+                stalled_from: at,
+                capacity: Mutex::new(VecDeque::new()),
+                capacity_reads: Mutex::new(0),
+            }
+        }
+        fn capacity(v: Vec<Option<f64>>) -> Signals {
+            Signals {
+                stalled_from: None,
+                capacity: Mutex::new(v.into()),
+                capacity_reads: Mutex::new(0),
+            }
+        }
+    }
+
+    impl EngineSignals for Signals {
+        fn stalled_for(&self) -> Option<Duration> {
+            self.stalled_from
+                .map(|t| Instant::now().saturating_duration_since(t))
+        }
+        async fn waiting_for_capacity(&self) -> Option<f64> {
+            *self.capacity_reads.lock().unwrap() += 1;
+            self.capacity.lock().unwrap().pop_front().flatten()
+        }
+    }
+
+    fn stall_cfg(max: i64, window: Duration) -> LoopConfig {
+        LoopConfig {
+            stall_window: Some(window),
+            ..cfg(max)
+        }
+    }
+
+    /// Warm-up, then `n` failed probes of 5 s each on a busy NPU (95 %).
+    fn busy_failures(n: usize) -> (FakeProber, Peaks) {
+        let mut script = vec![(MS, FakeProber::ok())];
+        script.extend((0..n).map(|_| (Duration::from_secs(10), FakeProber::fail())));
+        (FakeProber::new(script), Peaks::new(vec![Some(95.0); n]))
+    }
+
+    // Stall detection off (the reference): a busy NPU resets the count however long the
+    // engine is stuck.
+    #[tokio::test(start_paused = true)]
+    async fn busy_failures_never_count_without_stall_detection() {
+        let (p, peaks) = busy_failures(50);
+        let st = ViState::default();
+        let stalled = Signals::stalled_from(Some(Instant::now()));
+        assert!(
+            !run_with(
+                &cfg(6),
+                &p,
+                &peaks,
+                &stalled,
+                &st,
+                Duration::from_secs(3600)
+            )
+            .await
+        );
+        assert_eq!(
+            st.outcomes(),
+            (1, 50),
+            "50 busy failures at 5 s + 20 s, no verdict"
+        );
+        assert!(!st.abnormal());
+        assert_eq!(st.failure_count(), 0);
+        assert_eq!(st.last_probe().unwrap().accounting, Accounting::Reset);
+    }
+
+    // Stall detection on: busy failures reset until the engine has been stalled for the
+    // window, then count; abnormal after max_failure_count counted probes.
+    #[tokio::test(start_paused = true)]
+    async fn stalled_busy_failures_count_after_the_stall_window() {
+        let (p, peaks) = busy_failures(20);
+        let st = ViState::default();
+        let start = Instant::now();
+        let stalled = Signals::stalled_from(Some(start));
+        let window = Duration::from_secs(60);
+        assert!(
+            run_with(
+                &stall_cfg(3, window),
+                &p,
+                &peaks,
+                &stalled,
+                &st,
+                Duration::from_secs(3600)
+            )
+            .await
+        );
+        assert!(st.abnormal());
+        let calls = p.calls();
+        // Probe k (1-based) ends at 1 ms + k·5 s + (k−1)·20 s: probes ending before 60 s of
+        // stall reset (k = 1, 2: 5 s, 30 s), k = 3 ends at 55 s (reset), k = 4 at 80 s counts.
+        assert_eq!(calls.len(), 1 + 3 + 3, "3 resetting probes, then 3 counted");
+        let reason = st.abnormal_reason().unwrap();
+        assert!(reason.contains("no token advanced"), "{reason}");
+        assert_eq!(
+            st.last_probe().unwrap().accounting,
+            Accounting::IncrementedStalled
+        );
+        // Within stall_window + max_failure_count probes (each 5 s + 20 s busy interval).
+        assert!(start.elapsed() <= window + 3 * Duration::from_secs(25) + Duration::from_secs(25));
+    }
+
+    // Long chunked prefill of a huge prompt: the prompt counter advances, so the engine is
+    // not stalled and busy failures keep resetting even with stall detection on.
+    #[tokio::test(start_paused = true)]
+    async fn long_prefill_is_not_a_stall() {
+        use crate::qos::progress::Progress;
+        use crate::qos::vllm_metrics::EngineMetrics;
+        // Progress fed like the scraper does: one request running, generation flat, prompt
+        // advancing by one chunk per scrape.
+        struct Prefill(Mutex<(Progress, f64)>);
+        impl EngineSignals for Prefill {
+            fn stalled_for(&self) -> Option<Duration> {
+                let mut g = self.0.lock().unwrap();
+                g.1 += 8192.0;
+                let m = EngineMetrics {
+                    running: Some(1.0),
+                    prompt_tokens: Some(g.1),
+                    generation_tokens: Some(0.0),
+                    ..EngineMetrics::default()
+                };
+                g.0.observe(Some(&m), Instant::now());
+                g.0.stalled_for(Instant::now())
+            }
+            async fn waiting_for_capacity(&self) -> Option<f64> {
+                None
+            }
+        }
+        let (p, peaks) = busy_failures(30);
+        let st = ViState::default();
+        let prefill = Prefill(Mutex::new((Progress::default(), 0.0)));
+        assert!(
+            !run_with(
+                &stall_cfg(3, Duration::from_secs(60)),
+                &p,
+                &peaks,
+                &prefill,
+                &st,
+                Duration::from_secs(3600)
+            )
+            .await
+        );
+        assert!(!st.abnormal());
+        assert_eq!(st.failure_count(), 0);
+        // The same engine with the prompt counter flat is a stall and does count.
+        struct Flat(Mutex<Progress>);
+        impl EngineSignals for Flat {
+            fn stalled_for(&self) -> Option<Duration> {
+                let mut g = self.0.lock().unwrap();
+                let m = EngineMetrics {
+                    running: Some(1.0),
+                    prompt_tokens: Some(8192.0),
+                    generation_tokens: Some(0.0),
+                    ..EngineMetrics::default()
+                };
+                g.observe(Some(&m), Instant::now());
+                g.stalled_for(Instant::now())
+            }
+            async fn waiting_for_capacity(&self) -> Option<f64> {
+                None
+            }
+        }
+        let (p, peaks) = busy_failures(30);
+        let st = ViState::default();
+        let flat = Flat(Mutex::new(Progress::default()));
+        assert!(
+            run_with(
+                &stall_cfg(3, Duration::from_secs(60)),
+                &p,
+                &peaks,
+                &flat,
+                &st,
+                Duration::from_secs(3600)
+            )
+            .await
+        );
+        assert!(st.abnormal());
+    }
+
+    // Unknown progress (no scrape) never counts, even with stall detection on.
+    #[tokio::test(start_paused = true)]
+    async fn unknown_progress_never_counts() {
+        let (p, peaks) = busy_failures(20);
+        let st = ViState::default();
+        let unknown = Signals::stalled_from(None);
+        assert!(
+            !run_with(
+                &stall_cfg(3, Duration::from_secs(60)),
+                &p,
+                &peaks,
+                &unknown,
+                &st,
+                Duration::from_secs(3600)
+            )
+            .await
+        );
+        assert_eq!(st.failure_count(), 0);
+    }
+
+    // V6 rule: an idle failure is skipped while requests wait for capacity or the figure is
+    // unknown; counted at 0. Off by default: never read.
+    #[tokio::test(start_paused = true)]
+    async fn capacity_waiting_rule() {
+        let mut script = vec![(MS, FakeProber::ok())];
+        script.extend((0..4).map(|_| (MS, FakeProber::fail())));
+        let p = FakeProber::new(script);
+        let peaks = Peaks::new(vec![Some(0.0); 4]);
+        let st = ViState::default();
+        let signals = Signals::capacity(vec![Some(2.0), None, Some(0.0), Some(0.0)]);
+        let v6 = LoopConfig {
+            skip_when_capacity_waiting: true,
+            ..cfg(6)
+        };
+        run_with(&v6, &p, &peaks, &signals, &st, Duration::from_secs(30)).await;
+        assert_eq!(*signals.capacity_reads.lock().unwrap(), 4);
+        assert_eq!(
+            st.failure_count(),
+            2,
+            "2 waiting, unknown: skipped; 0, 0: counted"
+        );
+        let p = FakeProber::new(vec![(MS, FakeProber::ok()), (MS, FakeProber::fail())]);
+        let peaks = Peaks::new(vec![Some(0.0)]);
+        let st = ViState::default();
+        let signals = Signals::capacity(vec![Some(2.0)]);
+        run_with(&cfg(6), &p, &peaks, &signals, &st, Duration::from_secs(4)).await;
+        assert_eq!(*signals.capacity_reads.lock().unwrap(), 0, "V5: not read");
+        assert_eq!(st.failure_count(), 1);
     }
 }

@@ -1,0 +1,496 @@
+//! Inference-semantic QoS: a score in [0, 1] per engine from time to first token, KV-cache
+//! headroom and forward progress; graded levels a router can act on before anything is
+//! killed; and the inputs of stall detection.
+//!
+//! Inputs: the virtual probe's latency ([`crate::probe::virtual_inference`]), the engine's
+//! `/metrics` scraped every `metrics_period` ([`vllm_metrics`], [`progress`]). The formula
+//! and the level rules are in [`score`] and `docs/qos.md`. `/status` is unchanged unless
+//! `eviction` is on, in which case a held `evict` level answers `abnormal`.
+
+pub mod progress;
+pub mod score;
+pub mod vllm_metrics;
+
+use crate::probe::virtual_inference::ProbeRecord;
+use progress::Progress;
+use score::{Level, Levels, Weights};
+use serde::Serialize;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::time::Instant;
+use vllm_metrics::EngineMetrics;
+
+/// Reads the engine's `/metrics` (HTTP in production, scripted in tests).
+pub trait MetricsSource {
+    /// One scrape; `Err` says why it failed (a failure is "unknown", never "bad").
+    fn scrape(
+        &self,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<EngineMetrics, String>> + Send;
+}
+
+fn ser_duration<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&humantime::format_duration(*d).to_string())
+}
+
+/// QoS settings of one engine (`[engine.qos]`); defaults documented per field.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct QosConfig {
+    /// Compute the score at all. Default true.
+    pub enabled: bool,
+    /// Time to first token that scores 0. Default 2 s (the seed's).
+    #[serde(serialize_with = "ser_duration")]
+    pub ttft_budget: Duration,
+    /// Default 0.5 / 0.3 / 0.2.
+    pub weights: Weights,
+    /// KV-cache headroom at and above which memory scores 1. Default 0.10.
+    pub kv_headroom_full: f64,
+    /// Margin above a boundary needed to return to a better level. Default 0.05.
+    pub hysteresis: f64,
+    /// Consecutive scores below 0.3 before `evict`. Default 3.
+    pub evict_after: u32,
+    /// A held `evict` makes `/status` answer `abnormal` (`qos_eviction`). Default false.
+    pub eviction: bool,
+    /// Time between score evaluations. Default 5 s.
+    #[serde(serialize_with = "ser_duration")]
+    pub period: Duration,
+    /// Time between scrapes of the engine's `/metrics`. Default 5 s.
+    #[serde(serialize_with = "ser_duration")]
+    pub metrics_period: Duration,
+    /// Inputs older than this are missing. Default 60 s.
+    #[serde(serialize_with = "ser_duration")]
+    pub max_input_age: Duration,
+    /// `max_tokens` of the virtual probe; above 1 the probe streams and also measures time
+    /// per output token. Default 1 (the reference's request, unchanged).
+    pub probe_max_tokens: u32,
+    /// Count a failed probe on a busy NPU when the engine made no progress for
+    /// `stall_window` (requests running, no token advancing). Default false (reference).
+    pub stall_detection: bool,
+    /// Default 60 s.
+    #[serde(serialize_with = "ser_duration")]
+    pub stall_window: Duration,
+    /// MindIE V6's rule: a low-usage failure is not counted while requests wait for KV-cache
+    /// capacity (or while that metric is unknown). Default false (V5 parity).
+    pub skip_when_capacity_waiting: bool,
+}
+
+impl Default for QosConfig {
+    fn default() -> Self {
+        QosConfig {
+            enabled: true,
+            ttft_budget: Duration::from_secs(2),
+            weights: Weights::default(),
+            kv_headroom_full: 0.10,
+            hysteresis: 0.05,
+            evict_after: 3,
+            eviction: false,
+            period: Duration::from_secs(5),
+            metrics_period: Duration::from_secs(5),
+            max_input_age: Duration::from_secs(60),
+            probe_max_tokens: 1,
+            stall_detection: false,
+            stall_window: Duration::from_secs(60),
+            skip_when_capacity_waiting: false,
+        }
+    }
+}
+
+impl QosConfig {
+    /// Checks the values; `Err((key, message))`.
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        let err = |k: &str, m: &str| Err((k.to_owned(), m.to_owned()));
+        let w = self.weights;
+        for (k, v) in [
+            ("weights.latency", w.latency),
+            ("weights.memory", w.memory),
+            ("weights.progress", w.progress),
+        ] {
+            if !v.is_finite() || v < 0.0 {
+                return err(k, "must be a finite number >= 0");
+            }
+        }
+        if w.latency + w.memory + w.progress <= 0.0 {
+            return err("weights", "at least one weight must be above 0");
+        }
+        if !(self.kv_headroom_full > 0.0 && self.kv_headroom_full <= 1.0) {
+            return err("kv_headroom_full", "must be in (0, 1]");
+        }
+        if !(0.0..0.3).contains(&self.hysteresis) {
+            return err("hysteresis", "must be in [0, 0.3)");
+        }
+        if self.evict_after == 0 {
+            return err("evict_after", "must be at least 1");
+        }
+        if !(1..=4096).contains(&self.probe_max_tokens) {
+            return err("probe_max_tokens", "must be in 1..=4096");
+        }
+        for (k, v) in [
+            ("ttft_budget", self.ttft_budget),
+            ("period", self.period),
+            ("metrics_period", self.metrics_period),
+            ("max_input_age", self.max_input_age),
+            ("stall_window", self.stall_window),
+        ] {
+            if v.is_zero() {
+                return err(k, "must be above zero");
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the engine's `/metrics` is scraped at all.
+    pub fn scrapes(&self) -> bool {
+        self.enabled || self.stall_detection
+    }
+}
+
+/// One component of the score, for `/qos`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Component {
+    pub name: &'static str,
+    pub weight: f64,
+    /// `null` when the input is missing (the other weights then carry the score).
+    pub score: Option<f64>,
+    /// The input, in words.
+    pub input: String,
+    /// Age of the input, milliseconds.
+    pub age_ms: Option<u64>,
+}
+
+/// A level change.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Transition {
+    pub from: Level,
+    pub to: Level,
+    pub score: Option<f64>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    metrics: Option<(EngineMetrics, Instant)>,
+    scrape_error: Option<String>,
+    scrapes: u64,
+    scrape_failures: u64,
+    progress: Progress,
+    levels: Levels,
+    score: Option<f64>,
+    components: Vec<Component>,
+    level_since_unix_ms: u64,
+    evaluations: u64,
+}
+
+/// QoS state of one engine.
+#[derive(Debug)]
+pub struct QosState {
+    inner: Mutex<Inner>,
+    level: AtomicU8,
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl QosState {
+    /// Fresh state: level `normal`, no score.
+    pub fn new(cfg: &QosConfig) -> QosState {
+        QosState {
+            inner: Mutex::new(Inner {
+                metrics: None,
+                scrape_error: None,
+                scrapes: 0,
+                scrape_failures: 0,
+                progress: Progress::default(),
+                levels: Levels::new(cfg.evict_after, cfg.hysteresis),
+                score: None,
+                components: Vec::new(),
+                level_since_unix_ms: unix_ms(),
+                evaluations: 0,
+            }),
+            level: AtomicU8::new(Level::Normal as u8),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The current level (lock-free, for `/status`).
+    pub fn level(&self) -> Level {
+        Level::ALL[usize::from(self.level.load(Ordering::Acquire)).min(3)]
+    }
+
+    /// Records one scrape of `/metrics` (`Err`: why it failed).
+    pub fn record_scrape(&self, result: Result<EngineMetrics, String>) {
+        let now = Instant::now();
+        let mut i = self.lock();
+        i.scrapes += 1;
+        match result {
+            Ok(m) => {
+                i.progress.observe(Some(&m), now);
+                i.metrics = Some((m, now));
+                i.scrape_error = None;
+            }
+            Err(e) => {
+                i.progress.observe(None, now);
+                i.scrape_failures += 1;
+                i.scrape_error = Some(e);
+            }
+        }
+    }
+
+    /// The latest scrape if it is younger than `max_age`.
+    pub fn fresh_metrics(&self, max_age: Duration) -> Option<EngineMetrics> {
+        let i = self.lock();
+        i.metrics
+            .filter(|(_, at)| at.elapsed() <= max_age)
+            .map(|(m, _)| m)
+    }
+
+    /// How long the engine has been stalled (requests running, no token advancing).
+    pub fn stalled_for(&self) -> Option<Duration> {
+        self.lock().progress.stalled_for(Instant::now())
+    }
+
+    /// Computes the score and the level from the last probe and the last scrape.
+    pub fn evaluate(
+        &self,
+        cfg: &QosConfig,
+        probe: Option<&ProbeRecord>,
+    ) -> (Option<f64>, Level, Option<Transition>) {
+        let now_ms = unix_ms();
+        let mut i = self.lock();
+        let w = cfg.weights;
+        let mut components = Vec::with_capacity(3);
+        // Latency: the last virtual probe (a failure scores 0).
+        let probe = probe.filter(|p| {
+            now_ms.saturating_sub(p.at_unix_ms) <= cfg.max_input_age.as_millis() as u64
+        });
+        let budget = cfg.ttft_budget.as_secs_f64();
+        components.push(match probe {
+            Some(p) => {
+                let ttft = p.ttft_ms.map(|t| t / 1e3);
+                let mut input = match ttft {
+                    Some(t) => format!("time to first token {t:.3} s (budget {budget} s)"),
+                    None => format!("probe {}", p.outcome),
+                };
+                if let Some(tpot) = p.tpot_ms {
+                    input.push_str(&format!(", {tpot:.1} ms per output token"));
+                }
+                Component {
+                    name: "latency",
+                    weight: w.latency,
+                    score: Some(score::latency_score(ttft, budget)),
+                    input,
+                    age_ms: Some(now_ms.saturating_sub(p.at_unix_ms)),
+                }
+            }
+            None => Component {
+                name: "latency",
+                weight: w.latency,
+                score: None,
+                input: "no recent virtual probe".to_owned(),
+                age_ms: None,
+            },
+        });
+        let max_scrape_age = cfg.max_input_age.min(cfg.metrics_period * 3);
+        let metrics = i.metrics.filter(|(_, at)| at.elapsed() <= max_scrape_age);
+        let scrape_age = metrics.map(|(_, at)| at.elapsed().as_millis() as u64);
+        components.push(match metrics.and_then(|(m, _)| m.kv_cache_usage) {
+            Some(kv) => Component {
+                name: "memory",
+                weight: w.memory,
+                score: Some(score::memory_score(kv, cfg.kv_headroom_full)),
+                input: format!(
+                    "KV-cache usage {:.1} %{}",
+                    kv * 100.0,
+                    match metrics.and_then(|(m, _)| m.waiting_for_capacity) {
+                        Some(c) if c > 0.0 => format!(", {c} requests waiting for capacity"),
+                        _ => String::new(),
+                    }
+                ),
+                age_ms: scrape_age,
+            },
+            None => Component {
+                name: "memory",
+                weight: w.memory,
+                score: None,
+                input: i.scrape_error.clone().map_or_else(
+                    || "no KV-cache figure".to_owned(),
+                    |e| format!("scrape failed: {e}"),
+                ),
+                age_ms: scrape_age,
+            },
+        });
+        let progress = if metrics.is_some() {
+            i.progress.score()
+        } else {
+            None
+        };
+        components.push(Component {
+            name: "progress",
+            weight: w.progress,
+            score: progress,
+            input: match (metrics.is_some(), i.progress.state()) {
+                (false, _) => "no recent /metrics scrape".to_owned(),
+                (true, s) => format!("{s:?}").to_lowercase(),
+            },
+            age_ms: scrape_age,
+        });
+        let parts: Vec<(Option<f64>, f64)> =
+            components.iter().map(|c| (c.score, c.weight)).collect();
+        let score = score::combine(&parts).map(|(s, _)| s);
+        let before = i.levels.level;
+        let evictable = !(metrics.is_some() && i.progress.state() == progress::State::Advancing);
+        let after = i.levels.update(score, evictable);
+        i.score = score;
+        i.components = components;
+        i.evaluations += 1;
+        let transition = (before != after).then(|| {
+            i.level_since_unix_ms = now_ms;
+            Transition {
+                from: before,
+                to: after,
+                score,
+            }
+        });
+        self.level.store(after as u8, Ordering::Release);
+        (score, after, transition)
+    }
+
+    /// The object `GET /qos` and `/status/detail` show.
+    pub fn report(&self, cfg: &QosConfig) -> serde_json::Value {
+        let i = self.lock();
+        serde_json::json!({
+            "enabled": cfg.enabled,
+            "score": i.score.map(|s| (s * 1000.0).round() / 1000.0),
+            "level": i.levels.level,
+            "level_since_unix_ms": i.level_since_unix_ms,
+            "consecutive_below_evict": i.levels.below_evict,
+            "evaluations": i.evaluations,
+            "components": i.components,
+            "progress": i.progress.state(),
+            "stalled_for_s": i.progress.stalled_for(Instant::now()).map(|d| d.as_secs_f64()),
+            "scrapes": i.scrapes,
+            "scrape_failures": i.scrape_failures,
+            "eviction_answers_abnormal": cfg.eviction,
+        })
+    }
+
+    /// The last score.
+    pub fn score(&self) -> Option<f64> {
+        self.lock().score
+    }
+
+    /// Consecutive evaluations below the eviction boundary.
+    pub fn below_evict(&self) -> u32 {
+        self.lock().levels.below_evict
+    }
+
+    /// The components of the last evaluation.
+    pub fn components(&self) -> Vec<Component> {
+        self.lock().components.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::probe::virtual_inference::Accounting;
+
+    fn probe(ok: bool, ttft_ms: f64) -> ProbeRecord {
+        ProbeRecord {
+            at_unix_ms: unix_ms(),
+            warmup: false,
+            latency_ms: ttft_ms,
+            outcome: if ok {
+                "success".into()
+            } else {
+                "failed: timed out".into()
+            },
+            success: ok,
+            ttft_ms: ok.then_some(ttft_ms),
+            tpot_ms: None,
+            peak: Some(0.0),
+            accounting: Accounting::Reset,
+            failure_count: 0,
+        }
+    }
+
+    fn scrape(running: f64, gen_tokens: f64, kv: f64) -> EngineMetrics {
+        EngineMetrics {
+            running: Some(running),
+            prompt_tokens: Some(1.0),
+            generation_tokens: Some(gen_tokens),
+            kv_cache_usage: Some(kv),
+            ..EngineMetrics::default()
+        }
+    }
+
+    // KV cache at 95 % (HBM near full is not an input) on an otherwise healthy engine: not
+    // below throttle.
+    #[tokio::test(start_paused = true)]
+    async fn full_kv_cache_on_a_healthy_engine_is_not_below_throttle() {
+        let cfg = QosConfig::default();
+        let q = QosState::new(&cfg);
+        q.record_scrape(Ok(scrape(8.0, 100.0, 0.95)));
+        q.record_scrape(Ok(scrape(8.0, 200.0, 0.95)));
+        let (s, level, _) = q.evaluate(&cfg, Some(&probe(true, 50.0)));
+        let s = s.unwrap();
+        assert!(
+            (s - (0.5 * 0.975 + 0.3 * 0.5 + 0.2 * 1.0)).abs() < 1e-9,
+            "{s}"
+        );
+        assert!(level <= Level::Throttle, "{level:?}");
+        assert_eq!(level, Level::Normal);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn stuck_engine_is_evicted_after_three_evaluations() {
+        let cfg = QosConfig::default();
+        let q = QosState::new(&cfg);
+        q.record_scrape(Ok(scrape(4.0, 100.0, 0.5)));
+        let mut levels = Vec::new();
+        for _ in 0..3 {
+            tokio::time::advance(Duration::from_secs(5)).await;
+            q.record_scrape(Ok(scrape(4.0, 100.0, 0.5)));
+            let (s, level, _) = q.evaluate(&cfg, Some(&probe(false, 5000.0)));
+            // latency 0, memory 1, progress 0: 0.3.
+            assert!((s.unwrap() - 0.3).abs() < 1e-9);
+            levels.push(level);
+        }
+        assert_eq!(levels, [Level::Degrade; 3], "0.3 is degrade, not evict");
+        let cfg_kv = QosConfig::default();
+        let q = QosState::new(&cfg_kv);
+        q.record_scrape(Ok(scrape(4.0, 100.0, 0.99)));
+        let mut last = None;
+        for _ in 0..3 {
+            tokio::time::advance(Duration::from_secs(5)).await;
+            q.record_scrape(Ok(scrape(4.0, 100.0, 0.99)));
+            last = Some(q.evaluate(&cfg_kv, Some(&probe(false, 5000.0))));
+        }
+        let (s, level, t) = last.unwrap();
+        assert!(s.unwrap() < 0.3);
+        assert_eq!(level, Level::Evict);
+        assert_eq!(t.unwrap().from, Level::Degrade);
+        assert_eq!(q.level(), Level::Evict);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn stale_inputs_are_missing() {
+        let cfg = QosConfig::default();
+        let q = QosState::new(&cfg);
+        q.record_scrape(Ok(scrape(0.0, 1.0, 0.2)));
+        tokio::time::advance(Duration::from_secs(16)).await;
+        let (s, _, _) = q.evaluate(&cfg, None);
+        assert_eq!(s, None, "scrape older than 3 periods, no probe: no score");
+        let r = q.report(&cfg);
+        assert_eq!(r["score"], serde_json::Value::Null);
+        assert_eq!(r["components"][0]["input"], "no recent virtual probe");
+        q.record_scrape(Err("connection refused".into()));
+        let r = q.report(&cfg);
+        assert_eq!(r["scrape_failures"], 1);
+    }
+}

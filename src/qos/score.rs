@@ -1,0 +1,306 @@
+//! The QoS score and the degradation levels (pure functions, no I/O).
+//!
+//! `score = Σ wᵢ·sᵢ / Σ wᵢ` over the components that have an input (missing inputs re-weight
+//! the rest):
+//! - latency `s = max(0, 1 − ttft / budget)` (budget 2 s; a failed probe scores 0);
+//! - memory `s = min(1, (1 − kv_cache_usage) / kv_headroom_full)` (full score down to 10 %
+//!   KV-cache headroom); the raw HBM ratio is not used, because vLLM preallocates the KV cache
+//!   and HBM sits near 90 % on a healthy node;
+//! - progress `s = 1` if prompt or generation tokens advanced since the previous scrape while
+//!   requests were running, `0` if they did not; no input while nothing runs.
+//!
+//! Levels: `normal` ≥ 0.7, `throttle` [0.5, 0.7), `degrade` [0.3, 0.5), `evict` < 0.3 held for 3
+//! consecutive evaluations. A level is entered as soon as the score falls below its upper
+//! boundary (evict: after the 3rd consecutive score below 0.3; before that the level is at
+//! most `degrade`); a better level is entered only when the score reaches its lower boundary
+//! plus the hysteresis (0.05). The band `[boundary, boundary + 0.05)` is a dead band both
+//! ways: a score falling into it from above keeps the better level, a score rising into it
+//! from below keeps the worse one, so a score hovering at a boundary changes level at most
+//! once. An engine whose tokens are advancing is never evicted (it is held at `degrade`).
+//! See `docs/qos.md`.
+
+use serde::Serialize;
+
+/// Degradation levels, best first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Level {
+    /// Serve normally.
+    Normal,
+    /// Stop admitting new requests, finish in-flight ones.
+    Throttle,
+    /// Route to a smaller draft model.
+    Degrade,
+    /// Take the node out.
+    Evict,
+}
+
+impl Level {
+    /// Name as shown in JSON and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Level::Normal => "normal",
+            Level::Throttle => "throttle",
+            Level::Degrade => "degrade",
+            Level::Evict => "evict",
+        }
+    }
+
+    /// Every level, best first.
+    pub const ALL: [Level; 4] = [Level::Normal, Level::Throttle, Level::Degrade, Level::Evict];
+
+    /// Lowest score of the level (its boundary with the next worse one).
+    fn floor(self) -> f64 {
+        match self {
+            Level::Normal => 0.7,
+            Level::Throttle => 0.5,
+            Level::Degrade => 0.3,
+            Level::Evict => 0.0,
+        }
+    }
+}
+
+/// The nominal level of a score, before hysteresis and the eviction hold.
+pub fn nominal(score: f64) -> Level {
+    Level::ALL
+        .into_iter()
+        .find(|l| score >= l.floor())
+        .unwrap_or(Level::Evict)
+}
+
+/// Component weights (defaults 0.5 / 0.3 / 0.2, as in the seed).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Weights {
+    pub latency: f64,
+    pub memory: f64,
+    pub progress: f64,
+}
+
+impl Default for Weights {
+    fn default() -> Self {
+        Weights {
+            latency: 0.5,
+            memory: 0.3,
+            progress: 0.2,
+        }
+    }
+}
+
+/// Latency component: `max(0, 1 − ttft / budget)`; `None` (failed probe) scores 0.
+pub fn latency_score(ttft_s: Option<f64>, budget_s: f64) -> f64 {
+    match ttft_s {
+        Some(t) if budget_s > 0.0 => (1.0 - t / budget_s).clamp(0.0, 1.0),
+        _ => 0.0,
+    }
+}
+
+/// Memory component from KV-cache usage (0..1).
+pub fn memory_score(kv_cache_usage: f64, headroom_full: f64) -> f64 {
+    let headroom = (1.0 - kv_cache_usage).clamp(0.0, 1.0);
+    if headroom_full <= 0.0 {
+        return if headroom > 0.0 { 1.0 } else { 0.0 };
+    }
+    // Tolerate rounding: 1 − 0.9 is a hair below 0.1.
+    if headroom + 1e-9 >= headroom_full {
+        return 1.0;
+    }
+    headroom / headroom_full
+}
+
+/// Weighted mean over the components present: `(score, weight used)`; `None` if none is.
+pub fn combine(parts: &[(Option<f64>, f64)]) -> Option<(f64, f64)> {
+    let (num, den) = parts
+        .iter()
+        .filter_map(|(s, w)| s.map(|s| (s * w, *w)))
+        .fold((0.0, 0.0), |(n, d), (sw, w)| (n + sw, d + w));
+    (den > 0.0).then(|| ((num / den).clamp(0.0, 1.0), den))
+}
+
+/// The level state machine: hysteresis on the way back, a hold before eviction.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Levels {
+    pub level: Level,
+    /// Consecutive evaluations with a score below the eviction boundary.
+    pub below_evict: u32,
+    /// Evaluations needed below the boundary before `evict` (default 3).
+    pub evict_after: u32,
+    /// Margin above a boundary needed to move to a better level (default 0.05).
+    pub hysteresis: f64,
+}
+
+impl Levels {
+    /// Starts at `normal`.
+    pub fn new(evict_after: u32, hysteresis: f64) -> Levels {
+        Levels {
+            level: Level::Normal,
+            below_evict: 0,
+            evict_after: evict_after.max(1),
+            hysteresis,
+        }
+    }
+
+    /// Applies one score; returns the new level. A missing score changes nothing. While
+    /// `evictable` is false (the engine is making forward progress) the level stops at
+    /// `degrade` and the eviction hold does not advance: an engine producing tokens is slow,
+    /// not broken, and is never evicted.
+    pub fn update(&mut self, score: Option<f64>, evictable: bool) -> Level {
+        let Some(s) = score else { return self.level };
+        let target = nominal(s);
+        self.below_evict = if target == Level::Evict && evictable {
+            self.below_evict + 1
+        } else {
+            0
+        };
+        // Worse: enter at once, but evict only after the hold.
+        let worse = if target == Level::Evict && self.below_evict < self.evict_after {
+            Level::Degrade
+        } else {
+            target
+        };
+        if worse > self.level {
+            self.level = worse;
+            return self.level;
+        }
+        // Better: climb only as far as the score clears each boundary by the hysteresis.
+        while self.level > Level::Normal {
+            let better = Level::ALL[self.level as usize - 1];
+            if s >= better.floor() + self.hysteresis {
+                self.level = better;
+            } else {
+                break;
+            }
+        }
+        self.level
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nominal_boundaries() {
+        for (s, l) in [
+            (1.0, Level::Normal),
+            (0.7, Level::Normal),
+            (0.6999, Level::Throttle),
+            (0.5, Level::Throttle),
+            (0.4999, Level::Degrade),
+            (0.3, Level::Degrade),
+            (0.2999, Level::Evict),
+            (0.0, Level::Evict),
+        ] {
+            assert_eq!(nominal(s), l, "{s}");
+        }
+    }
+
+    // The seed's latency score and our memory score.
+    #[test]
+    fn component_scores() {
+        assert_eq!(latency_score(Some(0.0), 2.0), 1.0);
+        assert_eq!(latency_score(Some(1.0), 2.0), 0.5);
+        assert_eq!(latency_score(Some(3.0), 2.0), 0.0);
+        assert_eq!(latency_score(None, 2.0), 0.0, "a failed probe");
+        assert_eq!(memory_score(0.5, 0.1), 1.0);
+        assert_eq!(memory_score(0.9, 0.1), 1.0);
+        assert!((memory_score(0.95, 0.1) - 0.5).abs() < 1e-9);
+        assert_eq!(memory_score(1.0, 0.1), 0.0);
+        assert_eq!(memory_score(1.3, 0.1), 0.0, "clamped");
+    }
+
+    #[test]
+    fn missing_inputs_reweight_the_rest() {
+        let w = Weights::default();
+        // All present.
+        let (s, used) = combine(&[
+            (Some(1.0), w.latency),
+            (Some(0.5), w.memory),
+            (Some(0.0), w.progress),
+        ])
+        .unwrap();
+        assert!((s - 0.65).abs() < 1e-9);
+        assert!((used - 1.0).abs() < 1e-9);
+        // Idle engine: no progress input; latency and memory carry 0.5 / 0.3 of 0.8.
+        let (s, used) = combine(&[
+            (Some(1.0), w.latency),
+            (Some(0.5), w.memory),
+            (None, w.progress),
+        ])
+        .unwrap();
+        assert!((s - (0.5 + 0.15) / 0.8).abs() < 1e-9);
+        assert!((used - 0.8).abs() < 1e-9);
+        assert_eq!(combine(&[(None, 0.5), (None, 0.3)]), None);
+    }
+
+    #[test]
+    fn down_at_the_boundary_up_with_hysteresis() {
+        let mut l = Levels::new(3, 0.05);
+        assert_eq!(l.update(Some(0.69), true), Level::Throttle);
+        // Hovering around 0.7 does not flap.
+        for s in [0.71, 0.69, 0.72, 0.7, 0.74] {
+            assert_eq!(l.update(Some(s), true), Level::Throttle, "{s}");
+        }
+        assert_eq!(l.update(Some(0.75), true), Level::Normal);
+        assert_eq!(l.update(Some(0.45), true), Level::Degrade);
+        // From degrade, 0.6 clears 0.5 + 0.05 but not 0.7 + 0.05: throttle.
+        assert_eq!(l.update(Some(0.6), true), Level::Throttle);
+        assert_eq!(
+            l.update(Some(0.9), true),
+            Level::Normal,
+            "a big recovery climbs several levels"
+        );
+        assert_eq!(l.update(None, true), Level::Normal, "no score, no change");
+    }
+
+    #[test]
+    fn evict_only_after_three_consecutive_scores_below_03() {
+        let mut l = Levels::new(3, 0.05);
+        assert_eq!(l.update(Some(0.1), true), Level::Degrade);
+        assert_eq!(l.update(Some(0.1), true), Level::Degrade);
+        // An interruption resets the hold.
+        assert_eq!(l.update(Some(0.31), true), Level::Degrade);
+        assert_eq!(l.update(Some(0.2), true), Level::Degrade);
+        assert_eq!(l.update(Some(0.2), true), Level::Degrade);
+        assert_eq!(l.update(Some(0.2), true), Level::Evict);
+        assert_eq!(l.below_evict, 3);
+        // Leaving evict needs 0.35.
+        assert_eq!(l.update(Some(0.32), true), Level::Evict);
+        assert_eq!(l.update(Some(0.36), true), Level::Degrade);
+        assert_eq!(l.update(Some(0.56), true), Level::Throttle);
+    }
+
+    #[test]
+    fn every_boundary_entered_from_normal() {
+        for (s, want) in [
+            (0.7, Level::Normal),
+            (0.5, Level::Throttle),
+            (0.3, Level::Degrade),
+            (0.29, Level::Degrade),
+        ] {
+            let mut l = Levels::new(3, 0.05);
+            assert_eq!(l.update(Some(s), true), want, "{s}");
+        }
+    }
+
+    // An engine whose token counters advance is slow, not broken: never evicted, and the
+    // hold starts over once it stops advancing.
+    #[test]
+    fn an_engine_making_progress_is_never_evicted() {
+        let mut l = Levels::new(3, 0.05);
+        for _ in 0..10 {
+            assert_eq!(l.update(Some(0.1), false), Level::Degrade);
+        }
+        assert_eq!(l.below_evict, 0);
+        assert_eq!(l.update(Some(0.1), true), Level::Degrade);
+        assert_eq!(l.update(Some(0.1), true), Level::Degrade);
+        assert_eq!(
+            l.update(Some(0.1), false),
+            Level::Degrade,
+            "progress resets the hold"
+        );
+        assert_eq!(l.update(Some(0.1), true), Level::Degrade);
+        assert_eq!(l.update(Some(0.1), true), Level::Degrade);
+        assert_eq!(l.update(Some(0.1), true), Level::Evict);
+    }
+}

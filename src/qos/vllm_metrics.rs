@@ -1,0 +1,190 @@
+//! Reading the engine's `/metrics` (vLLM's Prometheus names) for the QoS score and stall
+//! detection.
+//!
+//! Only the few series the agent uses are read; each is summed over its label sets (one
+//! vLLM process can expose several engines). A series that is absent stays unknown, and a
+//! value that is not a finite, non-negative number makes the series unknown rather than
+//! wrong. The parser never panics on any text (property test).
+
+use serde::Serialize;
+
+/// Series read from vLLM, with the names of current and older releases.
+const RUNNING: &[&str] = &["vllm:num_requests_running"];
+const WAITING: &[&str] = &["vllm:num_requests_waiting"];
+const WAITING_BY_REASON: &[&str] = &["vllm:num_requests_waiting_by_reason"];
+const PROMPT_TOKENS: &[&str] = &["vllm:prompt_tokens_total", "vllm:prompt_tokens"];
+const GENERATION_TOKENS: &[&str] = &["vllm:generation_tokens_total", "vllm:generation_tokens"];
+const KV_CACHE: &[&str] = &["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"];
+
+/// One scrape of the engine's metrics; `None` is unknown.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct EngineMetrics {
+    /// Requests in the running batch.
+    pub running: Option<f64>,
+    /// Requests waiting to be scheduled.
+    pub waiting: Option<f64>,
+    /// Requests waiting because KV-cache capacity is short (`reason="capacity"`).
+    pub waiting_for_capacity: Option<f64>,
+    /// Prefill tokens processed since start.
+    pub prompt_tokens: Option<f64>,
+    /// Generated tokens since start.
+    pub generation_tokens: Option<f64>,
+    /// KV-cache usage, 0..1.
+    pub kv_cache_usage: Option<f64>,
+}
+
+#[derive(Default)]
+struct Sum {
+    total: f64,
+    seen: bool,
+    bad: bool,
+}
+
+impl Sum {
+    fn add(&mut self, v: f64) {
+        if v.is_finite() && v >= 0.0 {
+            self.total += v;
+            self.seen = true;
+        } else {
+            self.bad = true;
+        }
+    }
+    fn get(&self) -> Option<f64> {
+        (self.seen && !self.bad).then_some(self.total)
+    }
+}
+
+/// Splits a sample line into (name, labels, value text). `None` for comments and garbage.
+fn split_sample(line: &str) -> Option<(&str, &str, &str)> {
+    let line = line.trim();
+    if line.is_empty() || line.starts_with('#') {
+        return None;
+    }
+    let (name_labels, rest) = match line.find('{') {
+        Some(open) => {
+            let close = line[open..].find('}')? + open;
+            (&line[..=close], line[close + 1..].trim_start())
+        }
+        None => {
+            let sp = line.find(char::is_whitespace)?;
+            (&line[..sp], line[sp..].trim_start())
+        }
+    };
+    let (name, labels) = match name_labels.find('{') {
+        Some(open) => (
+            &name_labels[..open],
+            &name_labels[open + 1..name_labels.len() - 1],
+        ),
+        None => (name_labels, ""),
+    };
+    let value = rest.split_whitespace().next()?;
+    Some((name, labels, value))
+}
+
+fn label<'a>(labels: &'a str, key: &str) -> Option<&'a str> {
+    labels.split(',').find_map(|kv| {
+        let (k, v) = kv.split_once('=')?;
+        (k.trim() == key).then(|| v.trim().trim_matches('"'))
+    })
+}
+
+/// Parses Prometheus text exposition into the series the agent reads.
+pub fn parse(text: &str) -> EngineMetrics {
+    let mut sums: [Sum; 6] = Default::default();
+    for line in text.lines() {
+        let Some((name, labels, value)) = split_sample(line) else {
+            continue;
+        };
+        let slot = if RUNNING.contains(&name) {
+            0
+        } else if WAITING.contains(&name) {
+            1
+        } else if WAITING_BY_REASON.contains(&name) {
+            if label(labels, "reason") != Some("capacity") {
+                continue;
+            }
+            2
+        } else if PROMPT_TOKENS.contains(&name) {
+            3
+        } else if GENERATION_TOKENS.contains(&name) {
+            4
+        } else if KV_CACHE.contains(&name) {
+            5
+        } else {
+            continue;
+        };
+        match value.parse::<f64>() {
+            Ok(v) => sums[slot].add(v),
+            Err(_) => sums[slot].bad = true,
+        }
+    }
+    EngineMetrics {
+        running: sums[0].get(),
+        waiting: sums[1].get(),
+        waiting_for_capacity: sums[2].get(),
+        prompt_tokens: sums[3].get(),
+        generation_tokens: sums[4].get(),
+        kv_cache_usage: sums[5].get().map(|v| v.min(1.0)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const VLLM: &str = r#"
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="qwen"} 3.0
+vllm:num_requests_running{engine="1",model_name="qwen"} 2.0
+vllm:num_requests_waiting{engine="0",model_name="qwen"} 4.0
+vllm:num_requests_waiting_by_reason{engine="0",model_name="qwen",reason="capacity"} 1.0
+vllm:num_requests_waiting_by_reason{engine="0",model_name="qwen",reason="deferred"} 3.0
+vllm:kv_cache_usage_perc{engine="0",model_name="qwen"} 0.95
+vllm:prompt_tokens_total{engine="0",model_name="qwen"} 12345.0
+vllm:generation_tokens_total{engine="0",model_name="qwen"} 678.0
+vllm:request_success_total{finished_reason="stop"} 9.0
+"#;
+
+    #[test]
+    fn reads_the_vllm_series_and_sums_engines() {
+        let m = parse(VLLM);
+        assert_eq!(m.running, Some(5.0));
+        assert_eq!(m.waiting, Some(4.0));
+        assert_eq!(m.waiting_for_capacity, Some(1.0));
+        assert_eq!(m.kv_cache_usage, Some(0.95));
+        assert_eq!(m.prompt_tokens, Some(12345.0));
+        assert_eq!(m.generation_tokens, Some(678.0));
+    }
+
+    #[test]
+    fn older_names_and_missing_series() {
+        let m = parse("vllm:gpu_cache_usage_perc 0.5\nvllm:prompt_tokens 10\n");
+        assert_eq!(m.kv_cache_usage, Some(0.5));
+        assert_eq!(m.prompt_tokens, Some(10.0));
+        assert_eq!(m.running, None);
+        assert_eq!(m.waiting_for_capacity, None, "absent, not 0");
+    }
+
+    #[test]
+    fn bad_values_make_the_series_unknown() {
+        for v in ["NaN", "-1", "+Inf", "abc"] {
+            let m = parse(&format!("vllm:num_requests_running{{a=\"b\"}} {v}\n"));
+            assert_eq!(m.running, None, "{v}");
+        }
+        assert_eq!(parse("garbage {{{ \n}}} 1\n"), EngineMetrics::default());
+    }
+
+    proptest! {
+        #[test]
+        fn parse_never_panics(s in "\\PC*") {
+            let _ = parse(&s);
+        }
+
+        #[test]
+        fn parse_never_panics_on_metric_like_lines(lines in proptest::collection::vec("vllm:[a-z_]{0,30}(\\{[a-z=\",]{0,30}\\}?)? ?[-0-9.eE+a-zA-Z]{0,12}", 0..20)) {
+            let _ = parse(&lines.join("\n"));
+        }
+    }
+}
