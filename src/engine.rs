@@ -456,6 +456,8 @@ pub async fn qos_task<M: MetricsSource>(
     let mut failing = false;
     loop {
         tokio::select! {
+            // A scrape due at the same time as an evaluation goes first: evaluate fresh data.
+            biased;
             _ = cancel.cancelled() => return,
             _ = scrape.tick() => {
                 let r = tokio::select! {
@@ -773,6 +775,118 @@ mod tests {
             "body false after connecting"
         );
         assert_eq!(st.health_detail().probes, 3);
+        cancel.cancel();
+        task.await.unwrap();
+    }
+
+    /// Scripted `/metrics`: the same answer every time, settable.
+    #[derive(Clone)]
+    struct ScriptedMetrics(Arc<Mutex<Result<crate::qos::vllm_metrics::EngineMetrics, String>>>);
+    impl MetricsSource for ScriptedMetrics {
+        async fn scrape(
+            &self,
+            _t: Duration,
+        ) -> Result<crate::qos::vllm_metrics::EngineMetrics, String> {
+            self.0.lock().unwrap().clone()
+        }
+    }
+
+    fn stuck_metrics(kv: f64) -> crate::qos::vllm_metrics::EngineMetrics {
+        crate::qos::vllm_metrics::EngineMetrics {
+            running: Some(4.0),
+            prompt_tokens: Some(100.0),
+            generation_tokens: Some(10.0),
+            kv_cache_usage: Some(kv),
+            ..Default::default()
+        }
+    }
+
+    fn qos_spec(eviction: bool) -> EngineSpec {
+        let mut s = spec("enable_virtual_inference = true");
+        s.qos.eviction = eviction;
+        s
+    }
+
+    // The QoS task scrapes and evaluates on its periods; a stuck engine (no progress, KV
+    // full, failed probe) goes to evict after 3 evaluations below 0.3. /status follows only
+    // with qos.eviction on.
+    #[tokio::test(start_paused = true)]
+    async fn held_evict_answers_abnormal_only_with_qos_eviction() {
+        for eviction in [false, true] {
+            let st = Arc::new(EngineState::new(qos_spec(eviction), vec![0]));
+            st.record_health(&outcome("ok"), true);
+            // A failed periodic probe is the latency input.
+            st.vi.record(
+                &ProbeResult::new(Err(Failure::Timeout), Duration::from_secs(5)),
+                false,
+                Some(95.0),
+                virtual_inference::Accounting::Reset,
+            );
+            let metrics = ScriptedMetrics(Arc::new(Mutex::new(Ok(stuck_metrics(1.0)))));
+            let cancel = CancellationToken::new();
+            let task = tokio::spawn(qos_task(st.clone(), metrics.clone(), cancel.clone()));
+            // Scrapes at 0 s, 5 s, …; evaluations at 5 s, 10 s, 15 s, … (score 0: latency 0,
+            // memory 0, progress 0 from the second scrape on).
+            advance(Duration::from_millis(10_100)).await;
+            assert_eq!(st.qos.level(), Level::Degrade, "2 evaluations below 0.3");
+            assert_eq!(st.peek_status(), Status::Normal);
+            advance(Duration::from_secs(5)).await;
+            assert_eq!(st.qos.level(), Level::Evict);
+            assert_eq!(st.qos_evicts(), eviction);
+            let want = if eviction {
+                Status::Abnormal
+            } else {
+                Status::Normal
+            };
+            assert_eq!(st.status(), want, "eviction {eviction}");
+            if eviction {
+                assert!(
+                    st.reason().contains("QoS level is evict"),
+                    "{}",
+                    st.reason()
+                );
+            }
+            // Recovery: tokens advance again, KV frees up; the level climbs back and /status
+            // with it.
+            *metrics.0.lock().unwrap() = Ok(crate::qos::vllm_metrics::EngineMetrics {
+                generation_tokens: Some(1e6),
+                ..stuck_metrics(0.2)
+            });
+            st.vi.record(
+                &ProbeResult::new(Ok(()), Duration::from_millis(100)),
+                false,
+                Some(95.0),
+                virtual_inference::Accounting::Reset,
+            );
+            advance(Duration::from_secs(5)).await;
+            assert_eq!(st.qos.level(), Level::Normal);
+            assert_eq!(st.status(), Status::Normal);
+            cancel.cancel();
+            task.await.unwrap();
+        }
+    }
+
+    // A failed scrape is unknown: no score from missing inputs, no level change.
+    #[tokio::test(start_paused = true)]
+    async fn failed_scrapes_are_unknown_not_bad() {
+        let st = Arc::new(EngineState::new(qos_spec(true), vec![0]));
+        st.record_health(&outcome("ok"), true);
+        let metrics = ScriptedMetrics(Arc::new(Mutex::new(Err("connection refused".into()))));
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(qos_task(st.clone(), metrics, cancel.clone()));
+        advance(Duration::from_secs(60)).await;
+        assert_eq!(st.qos.score(), None);
+        assert_eq!(st.qos.level(), Level::Normal);
+        assert_eq!(st.status(), Status::Normal);
+        let r = st.qos.report(&st.spec.qos);
+        assert!(r["scrape_failures"].as_u64().unwrap() >= 10, "{r}");
+        assert!(
+            r["components"][1]["input"]
+                .as_str()
+                .unwrap()
+                .contains("connection refused"),
+            "{r}"
+        );
         cancel.cancel();
         task.await.unwrap();
     }

@@ -745,4 +745,42 @@ mgmt_port = 9001
         );
         assert_eq!(table_at(text, text.find("d=4").unwrap()), "[[engine]] #2");
     }
+
+    #[test]
+    fn qos_table_defaults_aliases_and_errors() {
+        let c = parse_str(INLINE).unwrap();
+        assert_eq!(c.engines[0].qos, QosConfig::default(), "no table: defaults");
+        let with = |t: &str| parse_str(&format!("{INLINE}[engine.qos]\n{t}\n"));
+        let q = with("stall_detection = true\nstall_window = \"30s\"\nqos_eviction = true\nqos_probe_max_tokens = 4\nweights = { latency = 0.6, memory = 0.2, progress = 0.2 }")
+            .unwrap()
+            .engines[0]
+            .qos
+            .clone();
+        assert!(q.stall_detection && q.eviction);
+        assert_eq!(q.stall_window, Duration::from_secs(30));
+        assert_eq!(q.probe_max_tokens, 4);
+        assert_eq!(q.weights.latency, 0.6);
+        assert!(!q.skip_when_capacity_waiting, "V5 parity by default");
+        let err = with("stall_windw = \"30s\"").unwrap_err().to_string();
+        assert!(
+            err.contains("[engine.qos]") && err.contains("stall_windw"),
+            "{err}"
+        );
+        let err = with("weights = { latency = 0, memory = 0, progress = 0 }")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("qos.weights") && err.contains("above 0"),
+            "{err}"
+        );
+        let err = with("probe_max_tokens = 0").unwrap_err().to_string();
+        assert!(err.contains("qos.probe_max_tokens"), "{err}");
+        let err = with("stall_window = \"0s\"").unwrap_err().to_string();
+        assert!(
+            err.contains("qos.stall_window") && err.contains("above zero"),
+            "{err}"
+        );
+        let err = with("weights = { latency = 1 }").unwrap_err().to_string();
+        assert!(err.contains("memory"), "missing weights are named: {err}");
+    }
 }

@@ -582,4 +582,136 @@ mod tests {
             );
         }
     }
+
+    // Server-sent events split anywhere, LF or CRLF: the first event with a choice is the
+    // first token, the spacing of the rest gives the time per output token.
+    #[test]
+    fn stream_timing_from_events() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let ev =
+            |i: u32| format!("data: {{\"choices\": [{{\"index\": 0, \"text\": \"t{i}\"}}]}}\n\n");
+        let mut st = Stream::default();
+        // Role/keep-alive lines without choices are not tokens.
+        st.feed(b": keep-alive\n\ndata: {\"choices\": []}\n\n", at(5))
+            .unwrap();
+        assert_eq!(st.tokens, 0);
+        let first = ev(0);
+        let (a, b) = first.split_at(10);
+        st.feed(a.as_bytes(), at(10)).unwrap();
+        assert_eq!(st.tokens, 0, "half an event");
+        st.feed(b.as_bytes(), at(20)).unwrap();
+        assert_eq!(st.first, Some(at(20)));
+        st.feed(ev(1).replace("\n\n", "\r\n\r\n").as_bytes(), at(30))
+            .unwrap();
+        st.feed(
+            format!("{}{}data: [DONE]\n\n", ev(2), ev(3)).as_bytes(),
+            at(50),
+        )
+        .unwrap();
+        assert_eq!(st.tokens, 4);
+        assert!(st.done);
+        assert_eq!(st.last, Some(at(50)));
+        let mut bad = Stream::default();
+        assert!(
+            bad.feed(b"data: <html>\n\n", at(1))
+                .unwrap_err()
+                .contains("not JSON")
+        );
+    }
+
+    fn streaming_prober(port: u16) -> HttpProber {
+        let mut p = prober_for(port);
+        p.stream = true;
+        p
+    }
+
+    #[tokio::test]
+    async fn streamed_probe_outcomes() {
+        let (port, h) = one_shot(
+            "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\ndata: {\"choices\": [{\"text\": \"a\"}]}\n\ndata: {\"choices\": [{\"text\": \"b\"}]}\n\ndata: [DONE]\n\n",
+        )
+        .await;
+        let r = streaming_prober(port).send(Duration::from_secs(5)).await;
+        assert_eq!(r.outcome, Ok(()));
+        assert!(r.ttft.is_some() && r.tpot.is_some(), "{r:?}");
+        assert!(r.ttft.unwrap() <= r.latency);
+        h.await.unwrap();
+        let (port, _) =
+            one_shot("HTTP/1.1 200 OK\r\nConnection: close\r\n\r\ndata: not json\n\n").await;
+        let r = streaming_prober(port).send(Duration::from_secs(5)).await;
+        assert!(matches!(r.outcome, Err(Failure::BadBody(_))), "{r:?}");
+        assert_eq!(r.ttft, None);
+        let (port, _) =
+            one_shot("HTTP/1.1 200 OK\r\nConnection: close\r\n\r\ndata: [DONE]\n\n").await;
+        let r = streaming_prober(port).send(Duration::from_secs(5)).await;
+        assert_eq!(
+            r.outcome,
+            Err(Failure::BadBody("the stream carried no token".into()))
+        );
+        let (port, _) =
+            one_shot("HTTP/1.1 500 Oops\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}").await;
+        let r = streaming_prober(port).send(Duration::from_secs(5)).await;
+        assert_eq!(r.outcome, Err(Failure::Status(500)));
+    }
+
+    // probe_max_tokens > 1 asks for that many tokens, streamed; 1 keeps the reference body.
+    #[test]
+    fn probe_body_follows_probe_max_tokens() {
+        let p = prober_for(1);
+        assert!(!p.stream);
+        assert_eq!(
+            serde_json::from_str::<Value>(p.body()).unwrap(),
+            json!({"model": "m", "prompt": "1", "max_tokens": 1})
+        );
+        let text = "[[engine]]\nengine_type = \"vllm\"\nserved_model_name = \"m\"\nhost = \"127.0.0.1\"\nport = 1\nmgmt_port = 9001\n[engine.qos]\nprobe_max_tokens = 8\n";
+        let spec = crate::config::file::parse(text, std::path::Path::new("/x/a.toml"))
+            .unwrap()
+            .engines
+            .remove(0);
+        let p = EngineClient::new(&spec).unwrap().prober(&spec);
+        assert!(p.stream);
+        assert_eq!(
+            serde_json::from_str::<Value>(p.body()).unwrap(),
+            json!({"model": "m", "prompt": "1", "max_tokens": 8, "stream": true})
+        );
+    }
+
+    // /metrics: parsed on 2xx; an HTTP error or a dead engine is an error (unknown), never
+    // a figure.
+    #[tokio::test]
+    async fn metrics_scrape() {
+        use crate::qos::MetricsSource;
+        let client = |port: u16| {
+            let text = format!(
+                "[[engine]]\nengine_type = \"vllm\"\nserved_model_name = \"m\"\nhost = \"127.0.0.1\"\nport = {port}\nmgmt_port = 9001\n"
+            );
+            let spec = crate::config::file::parse(&text, std::path::Path::new("/x/a.toml"))
+                .unwrap()
+                .engines
+                .remove(0);
+            EngineClient::new(&spec).unwrap().metrics()
+        };
+        let (port, h) = one_shot(
+            "HTTP/1.1 200 OK\r\nContent-Length: 31\r\nConnection: close\r\n\r\nvllm:num_requests_running 3.0\n\n",
+        )
+        .await;
+        let m = client(port).scrape(Duration::from_secs(5)).await.unwrap();
+        assert_eq!(m.running, Some(3.0));
+        assert!(h.await.unwrap().starts_with("GET /metrics "));
+        let (port, _) =
+            one_shot("HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                .await;
+        let e = client(port)
+            .scrape(Duration::from_secs(5))
+            .await
+            .unwrap_err();
+        assert!(e.contains("404"), "{e}");
+        let (port, _) = one_shot("").await;
+        let e = client(port)
+            .scrape(Duration::from_millis(200))
+            .await
+            .unwrap_err();
+        assert!(e.contains("timed out"), "{e}");
+    }
 }

@@ -298,7 +298,13 @@ impl ViState {
         self.set_phase(Phase::NotStarted);
     }
 
-    fn record(&self, r: &ProbeResult, warmup: bool, peak: Option<f64>, accounting: Accounting) {
+    pub(crate) fn record(
+        &self,
+        r: &ProbeResult,
+        warmup: bool,
+        peak: Option<f64>,
+        accounting: Accounting,
+    ) {
         match r.outcome {
             Ok(()) => self.successes.fetch_add(1, Ordering::Relaxed),
             Err(_) => self.failures.fetch_add(1, Ordering::Relaxed),

@@ -30,6 +30,15 @@ pub trait MetricsSource {
     ) -> impl Future<Output = Result<EngineMetrics, String>> + Send;
 }
 
+/// Scores are shown to 3 decimals.
+fn round3(v: f64) -> f64 {
+    (v * 1000.0).round() / 1000.0
+}
+
+fn ser_rounded<S: serde::Serializer>(v: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
+    v.map(round3).serialize(s)
+}
+
 fn ser_duration<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(&humantime::format_duration(*d).to_string())
 }
@@ -151,6 +160,7 @@ pub struct Component {
     pub name: &'static str,
     pub weight: f64,
     /// `null` when the input is missing (the other weights then carry the score).
+    #[serde(serialize_with = "ser_rounded")]
     pub score: Option<f64>,
     /// The input, in words.
     pub input: String,
@@ -365,7 +375,7 @@ impl QosState {
         let i = self.lock();
         serde_json::json!({
             "enabled": cfg.enabled,
-            "score": i.score.map(|s| (s * 1000.0).round() / 1000.0),
+            "score": i.score.map(round3),
             "level": i.levels.level,
             "level_since_unix_ms": i.level_since_unix_ms,
             "consecutive_below_evict": i.levels.below_evict,

@@ -7,6 +7,7 @@
 //! `npu_health_agent_`.
 
 use crate::engine::{EngineState, Status};
+use crate::qos::score::Level;
 use crate::sampler::Shared;
 use crate::window;
 use prometheus_client::collector::Collector;
@@ -277,6 +278,65 @@ impl Scope {
             self.engines
                 .iter()
                 .map(|e| (name(e), e.vi.failure_count() as f64)),
+        )?;
+        family(
+            enc,
+            "inference_node_health",
+            "QoS score of the engine in [0, 1] (absent until there is one); see docs/qos.md",
+            MetricType::Gauge,
+            self.engines.iter().filter_map(|e| {
+                let score = e.qos.score()?;
+                let l: Labels = vec![
+                    ("model", e.spec.model.clone().unwrap_or_default()),
+                    ("engine", e.spec.name.clone()),
+                ];
+                Some((l, score))
+            }),
+        )?;
+        family(
+            enc,
+            "npu_health_agent_qos_level",
+            "1 for the engine's QoS level (normal, throttle, degrade, evict)",
+            MetricType::Gauge,
+            self.engines
+                .iter()
+                .filter(|e| e.spec.qos.enabled)
+                .flat_map(|e| {
+                    let current = e.qos.level();
+                    Level::ALL.map(|lv| {
+                        let mut l = name(e);
+                        l.push(("level", lv.as_str().to_owned()));
+                        (l, if lv == current { 1.0 } else { 0.0 })
+                    })
+                }),
+        )?;
+        family(
+            enc,
+            "npu_health_agent_qos_component",
+            "Score of each QoS component in [0, 1] (absent when its input is missing)",
+            MetricType::Gauge,
+            self.engines.iter().flat_map(|e| {
+                e.qos.components().into_iter().filter_map(|c| {
+                    let mut l = name(e);
+                    l.push(("component", c.name.to_owned()));
+                    Some((l, c.score?))
+                })
+            }),
+        )?;
+        family(
+            enc,
+            "npu_health_agent_engine_stalled_seconds",
+            "How long the engine has had requests running and no token advancing (0 when not stalled)",
+            MetricType::Gauge,
+            self.engines
+                .iter()
+                .filter(|e| e.spec.qos.scrapes())
+                .map(|e| {
+                    (
+                        name(e),
+                        e.qos.stalled_for().map_or(0.0, |d| d.as_secs_f64()),
+                    )
+                }),
         )?;
         if !self.engines.is_empty() {
             let mut m = enc.encode_descriptor(

@@ -3,8 +3,9 @@
 //!
 //! Per engine: `GET /status` (always 200, body exactly `{"status":"initial"|"normal"|
 //! "abnormal"}`, as MindIE's engine server), `GET /status/detail` (why, conditions, last probe,
-//! current window per NPU), `GET /metrics` (this engine and its NPUs). Admin: `GET /metrics`
-//! (everything), `GET /status/detail` (every engine), `GET /healthz` (the agent itself).
+//! current window per NPU, QoS), `GET /qos` (the QoS object alone, for routers), `GET /metrics`
+//! (this engine and its NPUs). Admin: `GET /metrics` (everything), `GET /status/detail` (every
+//! engine), `GET /qos` (every engine), `GET /healthz` (the agent itself).
 //! Handlers only read shared state; none waits on the engine or the driver.
 
 pub mod metrics;
@@ -42,6 +43,7 @@ pub fn engine_router(view: EngineView) -> Router {
     Router::new()
         .route("/status", get(status))
         .route("/status/detail", get(engine_detail))
+        .route("/qos", get(engine_qos))
         .route("/metrics", get(engine_metrics))
         .with_state(view)
 }
@@ -51,6 +53,7 @@ pub fn admin_router(view: AdminView) -> Router {
     Router::new()
         .route("/metrics", get(admin_metrics))
         .route("/status/detail", get(admin_detail))
+        .route("/qos", get(admin_qos))
         .route("/healthz", get(healthz))
         .with_state(view)
 }
@@ -62,6 +65,20 @@ async fn status(State(v): State<EngineView>) -> Response {
 
 async fn engine_detail(State(v): State<EngineView>) -> Response {
     axum::Json(detail(&v.engine, &v.metrics.shared, v.metrics.window)).into_response()
+}
+
+async fn engine_qos(State(v): State<EngineView>) -> Response {
+    axum::Json(qos(&v.engine, &v.metrics.shared, v.metrics.window)).into_response()
+}
+
+async fn admin_qos(State(v): State<AdminView>) -> Response {
+    let engines: Vec<Value> = v
+        .metrics
+        .engines
+        .iter()
+        .map(|e| qos(e, &v.metrics.shared, v.metrics.window))
+        .collect();
+    axum::Json(json!({ "engines": engines })).into_response()
 }
 
 async fn engine_metrics(State(v): State<EngineView>) -> Response {
@@ -105,6 +122,54 @@ async fn healthz(State(v): State<AdminView>) -> Response {
     } else {
         (StatusCode::OK, "ok\n").into_response()
     }
+}
+
+/// The QoS object of one engine (`GET /qos`, and `qos` in `/status/detail`): score, level,
+/// components with their inputs and ages, stall detection, and the device signals (AI Cube
+/// peak and mean over the window, HBM over the engine's NPUs). HBM is shown, not scored: vLLM
+/// preallocates the KV cache, so HBM near 90 % is normal (see `docs/qos.md`).
+pub fn qos(e: &EngineState, shared: &Shared, win: Duration) -> Value {
+    let q = &e.spec.qos;
+    let mut v = e.qos.report(q);
+    let now = shared.ring.now_ns();
+    let report = window::query(&shared.ring, &e.devices, win);
+    let (mut used, mut total, mut hbm_devices) = (0u64, 0u64, 0usize);
+    for &i in &e.devices {
+        let s = shared.devices[usize::from(i)].snapshot(now);
+        if let (Some(u), Some(t)) = (s.hbm_used_mb, s.hbm_total_mb) {
+            used += u;
+            total += t;
+            hbm_devices += 1;
+        }
+    }
+    let means: Vec<f64> = report.devices.iter().filter_map(|d| d.mean).collect();
+    let mean = (!means.is_empty()).then(|| means.iter().sum::<f64>() / means.len() as f64);
+    if let Some(o) = v.as_object_mut() {
+        o.insert("engine".into(), json!(e.spec.name));
+        o.insert("model".into(), json!(e.spec.model));
+        o.insert("evicting".into(), json!(e.qos_evicts()));
+        o.insert(
+            "stall_detection".into(),
+            json!({
+                "enabled": q.stall_detection,
+                "window_s": q.stall_window.as_secs_f64(),
+                "skip_when_capacity_waiting": q.skip_when_capacity_waiting,
+            }),
+        );
+        o.insert(
+            "device".into(),
+            json!({
+                "window_s": win.as_secs_f64(),
+                "ai_cube_peak": report.combined.peak,
+                "ai_cube_mean": mean.map(|m| (m * 100.0).round() / 100.0),
+                "hbm_used_mb": (hbm_devices > 0).then_some(used),
+                "hbm_total_mb": (hbm_devices > 0).then_some(total),
+                "hbm_ratio": (hbm_devices > 0 && total > 0).then(|| ((used as f64 / total as f64) * 1000.0).round() / 1000.0),
+                "scored": false,
+            }),
+        );
+    }
+    v
 }
 
 /// `/status/detail` of one engine.
@@ -156,6 +221,7 @@ pub fn detail(e: &EngineState, shared: &Shared, win: Duration) -> Value {
             "last_probe": e.vi.last_probe(),
             "rearms": e.rearms(),
         },
+        "qos": qos(e, shared, win),
         "window": {
             "seconds": win.as_secs_f64(),
             "peak": report.combined.peak,

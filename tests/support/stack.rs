@@ -46,6 +46,22 @@ impl Stack {
     /// As [`Stack::start`]; with `engine_first` false the agent starts alone, `/status` must
     /// answer `initial`, and only then the engine starts.
     pub fn start_ordered(health_check: &str, engine_first: bool) -> Stack {
+        Stack::launch(health_check, "", "", engine_first)
+    }
+
+    /// As [`Stack::start`], with `engine_extra` appended to the `[[engine]]` (e.g. an
+    /// `[engine.qos]` table) and `device_extra` keys added to each fake NPU of the scenario
+    /// (e.g. `hbm_used_mb = 60293`).
+    pub fn start_with(health_check: &str, engine_extra: &str, device_extra: &str) -> Stack {
+        Stack::launch(health_check, engine_extra, device_extra, true)
+    }
+
+    fn launch(
+        health_check: &str,
+        engine_extra: &str,
+        device_extra: &str,
+        engine_first: bool,
+    ) -> Stack {
         let dir = tempfile::tempdir().expect("temp dir");
         for f in ["npu0", "npu1"] {
             std::fs::write(dir.path().join(f), "0\n").unwrap();
@@ -53,7 +69,7 @@ impl Stack {
         let scenario = dir.path().join("scenario.toml");
         std::fs::write(
             &scenario,
-            "model = \"910B\"\ncards = 2\n[[device]]\nid = 0\naicube = { file = \"npu0\" }\n[[device]]\nid = 1\naicube = { file = \"npu1\" }\n",
+            format!("model = \"910B\"\ncards = 2\n[[device]]\nid = 0\naicube = {{ file = \"npu0\" }}\n{device_extra}\n[[device]]\nid = 1\naicube = {{ file = \"npu1\" }}\n{device_extra}\n"),
         )
         .unwrap();
         let (engine_port, control_port, mgmt_port) = (free_port(), free_port(), free_port());
@@ -61,7 +77,7 @@ impl Stack {
         std::fs::write(
             &agent_toml,
             format!(
-                "[agent]\nsample_period = \"20ms\"\n\n[[engine]]\nname = \"e2e\"\nengine_type = \"vllm\"\nserved_model_name = \"m\"\nhost = \"127.0.0.1\"\nport = {engine_port}\nmgmt_port = {mgmt_port}\ndevices = [0, 1]\nengine_env = {{ ASCEND_GLOBAL_LOG_LEVEL = \"3\" }}\n{FAST_TIMING}\n[engine.health_check_config]\nenable_virtual_inference = true\n{health_check}\n"
+                "[agent]\nsample_period = \"20ms\"\n\n[[engine]]\nname = \"e2e\"\nengine_type = \"vllm\"\nserved_model_name = \"m\"\nhost = \"127.0.0.1\"\nport = {engine_port}\nmgmt_port = {mgmt_port}\ndevices = [0, 1]\nengine_env = {{ ASCEND_GLOBAL_LOG_LEVEL = \"3\" }}\n{FAST_TIMING}\n[engine.health_check_config]\nenable_virtual_inference = true\n{health_check}\n{engine_extra}\n"
             ),
         )
         .unwrap();
@@ -152,6 +168,38 @@ impl Stack {
     pub fn engine_stats(&self) -> serde_json::Value {
         let url = format!("http://127.0.0.1:{}/fake/stats", self.control_port);
         serde_json::from_str(&http("GET", &url, None).expect("stats").1).expect("stats JSON")
+    }
+
+    /// `GET /qos` of the engine.
+    pub fn qos(&self) -> serde_json::Value {
+        let url = format!("http://127.0.0.1:{}/qos", self.mgmt_port);
+        serde_json::from_str(&self.get(&url).expect("qos").1).expect("qos JSON")
+    }
+
+    /// The agent's `/metrics` text for the engine.
+    pub fn metrics(&self) -> String {
+        self.get(&format!("http://127.0.0.1:{}/metrics", self.mgmt_port))
+            .expect("metrics")
+            .1
+    }
+
+    /// Opens `n` completion requests on the engine and keeps them open (not read) until the
+    /// returned sockets are dropped: requests running as long as the engine holds them.
+    pub fn hold_requests(&self, n: usize, body: &str) -> Vec<std::net::TcpStream> {
+        use std::io::Write;
+        (0..n)
+            .map(|_| {
+                let mut s = std::net::TcpStream::connect(("127.0.0.1", self.engine_port))
+                    .expect("connect to the engine");
+                write!(
+                    s,
+                    "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                    body.len()
+                )
+                .expect("send");
+                s
+            })
+            .collect()
     }
 
     /// `/status/detail` of the engine.

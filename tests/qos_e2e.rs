@@ -1,0 +1,315 @@
+//! QoS score, levels and stall detection end to end: the fake engine and the agent binary on
+//! the fake driver as real processes, the engine's real `/metrics` scraped over HTTP, the
+//! agent's `/qos`, `/status` and `/metrics` read over real sockets. Timing is compressed as
+//! in `agent_e2e` (`support::stack::FAST_TIMING`: 500 ms requests, 2 s busy interval).
+#![cfg(feature = "fake-driver")]
+
+mod support;
+
+use serde_json::Value;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+use support::stack::{Stack, http};
+
+/// QoS evaluated every 200 ms from scrapes every 200 ms (defaults: 5 s and 5 s).
+const FAST_QOS: &str = "[engine.qos]\nperiod = \"200ms\"\nmetrics_period = \"200ms\"\n";
+
+/// Streaming load on the engine: `threads` clients, each sending `tokens`-token streams back
+/// to back, started `stagger` apart so their phases stay spread out.
+struct Load {
+    stop: Arc<AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<u32>>,
+}
+
+impl Load {
+    fn start(stack: &Stack, threads: usize, tokens: u32, stagger: Duration) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let url = format!("http://127.0.0.1:{}/v1/completions", stack.engine_port);
+        let handles = (0..threads)
+            .map(|i| {
+                let (stop, url) = (stop.clone(), url.clone());
+                std::thread::spawn(move || {
+                    std::thread::sleep(stagger * i as u32);
+                    let body = format!(
+                        r#"{{"model": "m", "prompt": "a long prompt for the load", "max_tokens": {tokens}, "stream": true}}"#
+                    );
+                    let mut done = 0;
+                    while !stop.load(Ordering::Relaxed) {
+                        if http("POST", &url, Some(&body))
+                            .is_some_and(|(c, b)| c == 200 && b.contains("[DONE]"))
+                        {
+                            done += 1;
+                        }
+                    }
+                    done
+                })
+            })
+            .collect();
+        Load {
+            stop,
+            threads: handles,
+        }
+    }
+
+    /// Stops the clients; streams completed.
+    fn stop(self) -> u32 {
+        self.stop.store(true, Ordering::Relaxed);
+        self.threads.into_iter().map(|h| h.join().unwrap()).sum()
+    }
+}
+
+/// Polls `/qos` and `/status` every 100 ms for `d`; returns the `/qos` objects and bodies.
+fn watch(stack: &Stack, d: Duration) -> (Vec<Value>, Vec<String>) {
+    let end = Instant::now() + d;
+    let (mut qos, mut status) = (Vec::new(), Vec::new());
+    while Instant::now() < end {
+        qos.push(stack.qos());
+        status.push(stack.get(&stack.status_url()).expect("/status").1);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    (qos, status)
+}
+
+fn levels(qos: &[Value]) -> Vec<&str> {
+    qos.iter().filter_map(|q| q["level"].as_str()).collect()
+}
+
+fn metric(text: &str, prefix: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+// Load with high but healthy latency: time to first token over the budget, tokens flowing,
+// KV cache far from full. The score falls to `throttle` and never below; /status stays
+// normal throughout.
+#[test]
+fn high_latency_under_load_is_throttle_at_worst() {
+    let stack = Stack::start_with(
+        "max_failure_count = 3",
+        &format!("{FAST_QOS}ttft_budget = \"250ms\"\n"),
+        "",
+    );
+    // Every completion (the virtual probe included) waits 300 ms before it is scheduled.
+    stack.faults(r#"{"latency_ms": 300}"#);
+    // 16 clients of 2 s streams (400 tokens × 5 ms), spread over one cycle: requests are
+    // always running and tokens always advancing.
+    let load = Load::start(&stack, 16, 400, Duration::from_millis(150));
+    let (qos, status) = watch(&stack, Duration::from_secs(8));
+    let streams = load.stop();
+    assert!(streams >= 16, "the load ran: {streams} streams");
+    let seen = levels(&qos);
+    let log = stack.agent_log();
+    assert!(
+        seen.iter().all(|l| *l == "normal" || *l == "throttle"),
+        "levels {seen:?}\nlast /qos {}\n{log}",
+        qos.last().unwrap()
+    );
+    assert!(
+        seen.contains(&"throttle"),
+        "the latency was high enough to matter: levels {seen:?}\n{}",
+        qos.last().unwrap()
+    );
+    assert!(
+        !log.contains("-> degrade") && !log.contains("-> evict"),
+        "{log}"
+    );
+    assert!(log.contains("QoS level normal -> throttle"), "{log}");
+    assert!(
+        status.iter().all(|s| s == r#"{"status":"normal"}"#),
+        "{status:?}"
+    );
+    // The inputs were what the test meant: slow first token, tokens advancing.
+    let last = stack.qos();
+    let latency = &last["components"][0];
+    assert_eq!(latency["name"], "latency");
+    assert_eq!(latency["score"], 0.0, "{last}");
+    assert!(
+        qos.iter().any(|q| q["progress"] == "advancing"),
+        "{:?}",
+        qos.iter().map(|q| &q["progress"]).collect::<Vec<_>>()
+    );
+    let d = stack.detail();
+    assert!(
+        d["virtual_inference"]["last_probe"]["ttft_ms"]
+            .as_f64()
+            .unwrap_or(0.0)
+            > 250.0,
+        "{d}"
+    );
+    assert_eq!(d["virtual_inference"]["failure_count"], 0);
+}
+
+// KV cache at 95 % with HBM at 92 % on an otherwise healthy engine: memory pressure shows,
+// but the engine is not below `throttle` (HBM near full is normal: vLLM preallocates the
+// KV cache, so it is shown and not scored). The probe streams 8 tokens here, so the latency
+// component also carries the time per output token.
+#[test]
+fn full_kv_cache_and_hbm_on_a_healthy_engine_is_not_below_throttle() {
+    let stack = Stack::start_with(
+        "max_failure_count = 3",
+        &format!("{FAST_QOS}probe_max_tokens = 8\n"),
+        "hbm_total_mb = 65536\nhbm_used_mb = 60293",
+    );
+    stack.faults(r#"{"kv_cache_usage": 0.95}"#);
+    let load = Load::start(&stack, 2, 100, Duration::from_millis(100));
+    let (qos, status) = watch(&stack, Duration::from_secs(4));
+    load.stop();
+    let seen = levels(&qos);
+    assert!(
+        seen.iter().all(|l| *l == "normal" || *l == "throttle"),
+        "levels {seen:?}\n{}",
+        qos.last().unwrap()
+    );
+    assert!(
+        status.iter().all(|s| s == r#"{"status":"normal"}"#),
+        "{status:?}"
+    );
+    let q = stack.qos();
+    let score = q["score"].as_f64().expect("a score");
+    assert!(score >= 0.5, "{q}");
+    let memory = &q["components"][1];
+    assert_eq!(memory["name"], "memory");
+    assert_eq!(
+        memory["score"], 0.5,
+        "95 % KV cache is half the headroom: {q}"
+    );
+    assert!(
+        memory["input"]
+            .as_str()
+            .unwrap()
+            .contains("KV-cache usage 95.0 %"),
+        "{q}"
+    );
+    // HBM is read from the driver and shown, not scored.
+    let ratio = q["device"]["hbm_ratio"].as_f64().expect("HBM ratio");
+    assert!((ratio - 0.92).abs() < 0.005, "{q}");
+    assert_eq!(q["device"]["hbm_used_mb"], 2 * 60293);
+    assert_eq!(q["device"]["scored"], false);
+    // The streamed probe: 8 tokens, time to first token and per output token measured.
+    let s = stack.engine_stats();
+    assert_eq!(s["last_body"]["max_tokens"], 8, "{s}");
+    assert_eq!(s["last_body"]["stream"], true, "{s}");
+    let d = stack.detail();
+    let probe = &d["virtual_inference"]["last_probe"];
+    assert_eq!(probe["success"], true, "{d}");
+    assert!(probe["ttft_ms"].as_f64().unwrap() > 0.0, "{d}");
+    let tpot = probe["tpot_ms"].as_f64().expect("time per output token");
+    // The fake decodes at 5 ms per token; arrival times are what is measured.
+    assert!((1.0..50.0).contains(&tpot), "{tpot} ms per output token");
+    assert!(
+        q["components"][0]["input"]
+            .as_str()
+            .unwrap()
+            .contains("ms per output token"),
+        "{q}"
+    );
+    // /status/detail carries the same object, and the gauges are exported.
+    assert_eq!(d["qos"]["level"], q["level"]);
+    let m = stack.metrics();
+    let health = metric(&m, "inference_node_health{model=\"m\",engine=\"e2e\"}")
+        .unwrap_or_else(|| panic!("inference_node_health missing\n{m}"));
+    assert!((0.5..=1.0).contains(&health), "{health}");
+    let level = q["level"].as_str().unwrap();
+    assert_eq!(
+        metric(
+            &m,
+            &format!("npu_health_agent_qos_level{{engine=\"e2e\",level=\"{level}\"}}")
+        ),
+        Some(1.0),
+        "{m}"
+    );
+}
+
+/// Cycle of a failing probe on a busy NPU: request timeout + busy interval (FAST_TIMING).
+const BUSY_CYCLE: Duration = Duration::from_millis(2500);
+const STALL_WINDOW: Duration = Duration::from_secs(2);
+const MAX_FAILURES: u64 = 3;
+
+/// Makes the engine busy but stuck: AI Cube at 95 %, four requests running, no token.
+fn wedge(stack: &Stack) -> (Vec<std::net::TcpStream>, u64, Instant) {
+    stack.faults(r#"{"npu_busy_stuck": true}"#);
+    let held = stack.hold_requests(4, r#"{"model": "m", "prompt": "stuck", "max_tokens": 100}"#);
+    let probes = stack.engine_stats()["virtual_completions"]
+        .as_u64()
+        .unwrap();
+    (held, probes, Instant::now())
+}
+
+// A busy-but-stuck engine with stall detection on: once it has made no progress for
+// stall_window, each failed probe counts, and /status is abnormal after max_failure_count of
+// them.
+#[test]
+fn busy_but_stuck_engine_is_abnormal_with_stall_detection() {
+    let stack = Stack::start_with(
+        &format!("max_failure_count = {MAX_FAILURES}"),
+        &format!("{FAST_QOS}stall_detection = true\nstall_window = \"2s\"\n"),
+        "",
+    );
+    let (_held, probes_before, t0) = wedge(&stack);
+    stack.wait_for_status("abnormal", Duration::from_secs(60));
+    let elapsed = t0.elapsed();
+    let probes = stack.engine_stats()["virtual_completions"]
+        .as_u64()
+        .unwrap()
+        - probes_before;
+    let d = stack.detail();
+    eprintln!("abnormal {elapsed:?} after the wedge, {probes} probes");
+    let vi = &d["virtual_inference"];
+    assert_eq!(vi["failure_count"], MAX_FAILURES, "{d}");
+    assert_eq!(vi["last_probe"]["accounting"], "incremented_stalled", "{d}");
+    assert!(vi["last_probe"]["peak"].as_f64().unwrap() >= 90.0, "{d}");
+    assert!(
+        vi["abnormal_reason"]
+            .as_str()
+            .unwrap()
+            .contains("no token advanced"),
+        "{d}"
+    );
+    // Within stall_window + max_failure_count probes: probes are at least BUSY_CYCLE apart,
+    // so at most ceil(window / cycle) of them fall inside the window (+1 in flight at the
+    // wedge). Counted, not timed, so a slow machine cannot fail it.
+    let in_window = STALL_WINDOW.as_millis().div_ceil(BUSY_CYCLE.as_millis()) as u64;
+    assert!(
+        probes <= in_window + 1 + MAX_FAILURES,
+        "{probes} probes before abnormal\n{}",
+        stack.agent_log()
+    );
+    let q = stack.qos();
+    assert_eq!(q["progress"], "stalled", "{q}");
+    assert!(
+        q["stalled_for_s"].as_f64().unwrap() >= STALL_WINDOW.as_secs_f64(),
+        "{q}"
+    );
+    assert!(stack.agent_log().contains("stall detection"));
+}
+
+// The same engine with stall detection off (the reference): busy failures reset the count
+// and the engine is never reported, however long it stays stuck.
+#[test]
+fn busy_but_stuck_engine_is_never_abnormal_without_stall_detection() {
+    let stack = Stack::start_with(&format!("max_failure_count = {MAX_FAILURES}"), FAST_QOS, "");
+    let (_held, probes_before, _) = wedge(&stack);
+    // Long enough for the stall-detection run above to be abnormal twice over.
+    let budget = STALL_WINDOW + BUSY_CYCLE * (MAX_FAILURES as u32 + 2);
+    let (_, status) = watch(&stack, budget);
+    assert!(
+        status.iter().all(|s| s == r#"{"status":"normal"}"#),
+        "{status:?}"
+    );
+    let probes = stack.engine_stats()["virtual_completions"]
+        .as_u64()
+        .unwrap()
+        - probes_before;
+    assert!(probes > MAX_FAILURES, "enough failing probes ran: {probes}");
+    let d = stack.detail();
+    let vi = &d["virtual_inference"];
+    assert_eq!(vi["failure_count"], 0, "{d}");
+    assert_eq!(vi["last_probe"]["accounting"], "reset", "{d}");
+    assert_eq!(vi["last_probe"]["success"], false, "{d}");
+    // The stall is seen (and scored), it just does not count without the option.
+    let q = stack.qos();
+    assert_eq!(q["progress"], "stalled", "{q}");
+    assert_eq!(q["stall_detection"]["enabled"], false);
+}
