@@ -163,6 +163,7 @@ pub async fn demo(args: DemoArgs) -> Result<(), Failure> {
     );
     println!("demo: /status       http://127.0.0.1:{mgmt_port}/status");
     println!("demo: detail        http://127.0.0.1:{mgmt_port}/status/detail");
+    println!("demo: QoS           http://127.0.0.1:{mgmt_port}/qos");
     println!(
         "demo: metrics       http://127.0.0.1:{mgmt_port}/metrics  (all: http://127.0.0.1:{admin_port}/metrics)"
     );
@@ -176,6 +177,7 @@ pub async fn demo(args: DemoArgs) -> Result<(), Failure> {
     let started = Instant::now();
     let deadline = args.duration.map(|d| started + d);
     let mut last = String::new();
+    let mut last_level = String::new();
     let (mut seen_initial, mut seen_normal) = (false, false);
     // The engine comes up only once the agent answers `initial`, as after a model load.
     let mut engine: Option<Child> = None;
@@ -216,6 +218,22 @@ pub async fn demo(args: DemoArgs) -> Result<(), Failure> {
             seen_initial |= status == r#"{"status":"initial"}"#;
             seen_normal |= status == r#"{"status":"normal"}"#;
             last = status;
+        }
+        if let Ok(r) = client
+            .get(format!("http://127.0.0.1:{mgmt_port}/qos"))
+            .send()
+            .await
+        {
+            let q: serde_json::Value = r.json().await.unwrap_or_default();
+            if let (Some(level), Some(score)) = (q["level"].as_str(), q["score"].as_f64())
+                && level != last_level
+            {
+                println!(
+                    "demo: {:>6.1}s  QoS level {level} (score {score:.3})",
+                    started.elapsed().as_secs_f64()
+                );
+                last_level = level.to_owned();
+            }
         }
         if engine.is_none() && seen_initial {
             println!("demo: starting the fake engine");

@@ -303,4 +303,51 @@ mod tests {
         assert_eq!(l.update(Some(0.1), true), Level::Degrade);
         assert_eq!(l.update(Some(0.1), true), Level::Evict);
     }
+
+    // The table of docs/qos.md, row by row: (ttft s or None for a failed probe, KV usage or
+    // None, progress or None, expected score, level after 3 evaluations, evictable).
+    #[test]
+    fn worked_examples_in_docs() {
+        let w = Weights::default();
+        #[allow(clippy::type_complexity)]
+        let rows: [(Option<Option<f64>>, Option<f64>, Option<f64>, f64, Level); 10] = [
+            (Some(Some(0.2)), Some(0.4), Some(1.0), 0.95, Level::Normal),
+            (Some(Some(0.05)), Some(0.0), None, 0.984375, Level::Normal),
+            (
+                Some(Some(1.5)),
+                Some(0.6),
+                Some(1.0),
+                0.625,
+                Level::Throttle,
+            ),
+            (Some(None), Some(0.8), Some(1.0), 0.5, Level::Throttle),
+            (
+                Some(Some(0.05)),
+                Some(0.95),
+                Some(1.0),
+                0.8375,
+                Level::Normal,
+            ),
+            (Some(None), Some(0.95), Some(1.0), 0.35, Level::Degrade),
+            (Some(None), Some(1.0), Some(1.0), 0.2, Level::Degrade),
+            (Some(None), Some(0.5), Some(0.0), 0.3, Level::Degrade),
+            (Some(None), Some(0.99), Some(0.0), 0.03, Level::Evict),
+            (Some(Some(0.1)), None, None, 0.95, Level::Normal),
+        ];
+        for (i, (ttft, kv, progress, want, level)) in rows.into_iter().enumerate() {
+            let parts = [
+                (ttft.map(|t| latency_score(t, 2.0)), w.latency),
+                (kv.map(|k| memory_score(k, 0.1)), w.memory),
+                (progress, w.progress),
+            ];
+            let (s, _) = combine(&parts).unwrap();
+            assert!((s - want).abs() < 1e-9, "row {}: {s} != {want}", i + 1);
+            let mut l = Levels::new(3, 0.05);
+            let evictable = progress != Some(1.0);
+            for _ in 0..3 {
+                l.update(Some(s), evictable);
+            }
+            assert_eq!(l.level, level, "row {}", i + 1);
+        }
+    }
 }
