@@ -468,6 +468,60 @@ fn check_config_prints_defaults_and_rejects_bad_keys() {
     assert_eq!(out.status.code(), Some(2));
 }
 
+// Single-engine mode: QoS defaults are V5 parity (stall detection, V6 rule and eviction off),
+// the flags turn them on, and a bad value names its flag.
+#[test]
+fn single_engine_qos_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let uc = user_config(dir.path(), "");
+    let run = |extra: &[&str]| {
+        agent()
+            .args(["check-config", "--config-path"])
+            .arg(&uc)
+            .args(SINGLE_ENGINE_FLAGS)
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let out = run(&[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let q = &v["engines"][0]["qos"];
+    assert_eq!(q["stall_detection"], false);
+    assert_eq!(q["skip_when_capacity_waiting"], false);
+    assert_eq!(q["eviction"], false);
+    assert_eq!(q["probe_max_tokens"], 1);
+    let out = run(&[
+        "--stall-detection",
+        "--stall-window",
+        "30s",
+        "--skip-when-capacity-waiting",
+        "--qos-eviction",
+        "--qos-probe-max-tokens",
+        "4",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let q = &v["engines"][0]["qos"];
+    assert_eq!(q["stall_detection"], true);
+    assert_eq!(q["stall_window"], "30s");
+    assert_eq!(q["skip_when_capacity_waiting"], true);
+    assert_eq!(q["eviction"], true);
+    assert_eq!(q["probe_max_tokens"], 4);
+    let out = run(&["--qos-probe-max-tokens", "0"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--qos-probe-max-tokens"), "{err}");
+}
+
 #[test]
 fn doctor_reports_each_condition_and_the_verdict() {
     let engine = Engine::start();

@@ -282,7 +282,12 @@ impl ConfigArgs {
             ..d
         };
         q.validate().map_err(|(k, m)| {
-            Failure::usage(anyhow::anyhow!("--{}: {m}", k.replace(['_', '.'], "-")))
+            let flag = match k.as_str() {
+                "probe_max_tokens" => "--qos-probe-max-tokens",
+                "stall_window" => "--stall-window",
+                other => other,
+            };
+            Failure::usage(anyhow::anyhow!("{flag}: {m}"))
         })?;
         Ok(q)
     }

@@ -54,38 +54,70 @@ impl Sum {
     }
 }
 
+/// Byte offset of the `}` closing a label set that starts after `{`, skipping quoted
+/// values (which may hold `}`, `,` and escaped quotes).
+fn label_set_end(s: &str) -> Option<usize> {
+    let (mut quoted, mut escaped) = (false, false);
+    for (i, c) in s.char_indices() {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' if quoted => escaped = true,
+            '"' => quoted = !quoted,
+            '}' if !quoted => return Some(i),
+            _ => {}
+        }
+    }
+    None
+}
+
 /// Splits a sample line into (name, labels, value text). `None` for comments and garbage.
 fn split_sample(line: &str) -> Option<(&str, &str, &str)> {
     let line = line.trim();
     if line.is_empty() || line.starts_with('#') {
         return None;
     }
-    let (name_labels, rest) = match line.find('{') {
-        Some(open) => {
-            let close = line[open..].find('}')? + open;
-            (&line[..=close], line[close + 1..].trim_start())
-        }
-        None => {
-            let sp = line.find(char::is_whitespace)?;
-            (&line[..sp], line[sp..].trim_start())
-        }
-    };
-    let (name, labels) = match name_labels.find('{') {
-        Some(open) => (
-            &name_labels[..open],
-            &name_labels[open + 1..name_labels.len() - 1],
-        ),
-        None => (name_labels, ""),
+    let name_end = line.find(|c: char| c == '{' || c.is_whitespace())?;
+    let name = &line[..name_end];
+    let (labels, rest) = if line[name_end..].starts_with('{') {
+        let body = &line[name_end + 1..];
+        let close = label_set_end(body)?;
+        (&body[..close], &body[close + 1..])
+    } else {
+        ("", &line[name_end..])
     };
     let value = rest.split_whitespace().next()?;
     Some((name, labels, value))
 }
 
+/// The value of label `key` (quoted, escapes kept as written; the agent compares it only
+/// with plain words such as `capacity`).
 fn label<'a>(labels: &'a str, key: &str) -> Option<&'a str> {
-    labels.split(',').find_map(|kv| {
-        let (k, v) = kv.split_once('=')?;
-        (k.trim() == key).then(|| v.trim().trim_matches('"'))
-    })
+    let mut rest = labels;
+    loop {
+        rest = rest.trim_start_matches([',', ' ', '\t']);
+        let eq = rest.find('=')?;
+        let k = rest[..eq].trim();
+        let after = rest[eq + 1..].trim_start();
+        let body = after.strip_prefix('"')?;
+        // End of the quoted value: the first unescaped quote.
+        let (mut escaped, mut end) = (false, None);
+        for (i, c) in body.char_indices() {
+            match c {
+                _ if escaped => escaped = false,
+                '\\' => escaped = true,
+                '"' => {
+                    end = Some(i);
+                    break;
+                }
+                _ => {}
+            }
+        }
+        let end = end?;
+        if k == key {
+            return Some(&body[..end]);
+        }
+        rest = &body[end + 1..];
+    }
 }
 
 /// Parses Prometheus text exposition into the series the agent reads.
@@ -174,6 +206,21 @@ vllm:request_success_total{finished_reason="stop"} 9.0
             assert_eq!(m.running, None, "{v}");
         }
         assert_eq!(parse("garbage {{{ \n}}} 1\n"), EngineMetrics::default());
+    }
+
+    // Label values may hold commas, braces and escaped quotes (model names do).
+    #[test]
+    fn quoted_label_values() {
+        let m = parse(concat!(
+            "vllm:num_requests_waiting_by_reason{model_name=\"a,reason=\\\"capacity\\\"}\",reason=\"deferred\"} 7\n",
+            "vllm:num_requests_waiting_by_reason{model_name=\"x}y\",reason=\"capacity\"} 2\n",
+            "vllm:num_requests_running{model_name=\"q{1}\"} 3 1700000000000\n",
+        ));
+        assert_eq!(m.waiting_for_capacity, Some(2.0));
+        assert_eq!(m.running, Some(3.0), "a timestamp after the value is ignored");
+        assert_eq!(label(r#"a="1", b="2""#, "b"), Some("2"));
+        assert_eq!(label(r#"a="1"#, "a"), None, "unterminated");
+        assert_eq!(label("a=1", "a"), None, "unquoted");
     }
 
     proptest! {
