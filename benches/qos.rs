@@ -216,6 +216,7 @@ fn main() {
         let cfg = QosConfig::default();
         let q = QosState::new(&cfg);
         let probe = ProbeRecord {
+            at: tokio::time::Instant::now(),
             at_unix_ms: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .unwrap()

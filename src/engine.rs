@@ -446,7 +446,10 @@ pub async fn qos_task<M: MetricsSource>(
         return;
     }
     let name = &state.spec.name;
-    let timeout = q.metrics_period.min(Duration::from_secs(5));
+    // At least 1 s even with a short period (tests), at most 5 s.
+    let timeout = q
+        .metrics_period
+        .clamp(Duration::from_secs(1), Duration::from_secs(5));
     let mut scrape = tokio::time::interval(q.metrics_period);
     scrape.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut evaluate = tokio::time::interval(q.period);
@@ -889,5 +892,33 @@ mod tests {
         );
         cancel.cancel();
         task.await.unwrap();
+    }
+
+    // The V6 rule reads /metrics at the moment of the failure: the capacity figure when the
+    // scrape works, unknown (None) when it fails or the series is absent.
+    #[tokio::test(start_paused = true)]
+    async fn signals_read_capacity_now_and_progress_from_the_qos_scrapes() {
+        let st = Arc::new(EngineState::new(qos_spec(false), vec![0]));
+        let metrics = ScriptedMetrics(Arc::new(Mutex::new(Ok(
+            crate::qos::vllm_metrics::EngineMetrics {
+                waiting_for_capacity: Some(2.0),
+                ..stuck_metrics(0.5)
+            },
+        ))));
+        let signals = Signals {
+            state: st.clone(),
+            metrics: metrics.clone(),
+        };
+        assert_eq!(signals.waiting_for_capacity().await, Some(2.0));
+        *metrics.0.lock().unwrap() = Ok(stuck_metrics(0.5));
+        assert_eq!(signals.waiting_for_capacity().await, None, "series absent");
+        *metrics.0.lock().unwrap() = Err("refused".into());
+        assert_eq!(signals.waiting_for_capacity().await, None, "scrape failed");
+        // Progress comes from the QoS task's scrapes.
+        assert_eq!(signals.stalled_for(), None);
+        st.qos.record_scrape(Ok(stuck_metrics(0.5)));
+        advance(Duration::from_secs(5)).await;
+        st.qos.record_scrape(Ok(stuck_metrics(0.5)));
+        assert_eq!(signals.stalled_for(), Some(Duration::from_secs(5)));
     }
 }

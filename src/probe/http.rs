@@ -7,8 +7,9 @@
 //! a JSON body; with one token the answer is the first token, so its latency is the time to
 //! first token. With `qos.probe_max_tokens` N > 1 the body asks for N tokens with
 //! `"stream": true`, and the server-sent events are timed: the first event carrying a choice
-//! is the first token, the spacing of the rest gives the time per output token; success is
-//! a 2xx status and every event JSON (or `[DONE]`). Every request runs under a timeout; a
+//! is the first token, the spacing of the rest gives the time per output token (arrival
+//! times: events that arrive in one read share a time); success is a 2xx status, every event
+//! JSON and none an error, at least one token, and the closing `[DONE]`. Every request runs under a timeout; a
 //! request that times out is dropped, which closes its connection, so the engine aborts it
 //! instead of keeping it queued.
 
@@ -263,8 +264,22 @@ impl Stream {
                 self.done = true;
                 continue;
             }
+            if self.done {
+                return Err("data after [DONE]".to_owned());
+            }
             let v: Value =
                 serde_json::from_str(data).map_err(|e| format!("event is not JSON: {e}"))?;
+            // vLLM reports an error inside a started stream as an event with `error` (or
+            // `object: "error"`) and then ends it.
+            if v.get("error").is_some() || v.get("object").and_then(Value::as_str) == Some("error")
+            {
+                let msg = v
+                    .pointer("/error/message")
+                    .or_else(|| v.get("message"))
+                    .and_then(Value::as_str)
+                    .unwrap_or("no message");
+                return Err(format!("the engine reported an error: {msg}"));
+            }
             if v.get("choices")
                 .and_then(Value::as_array)
                 .is_some_and(|c| !c.is_empty())
@@ -313,16 +328,23 @@ impl HttpProber {
             .await
             .map_err(|e| Failure::Transport(describe(&e)))?
         {
-            st.feed(&chunk, Instant::now()).map_err(Failure::BadBody)?;
+            st.feed(&chunk, Instant::now())
+                .map_err(Failure::BadStream)?;
         }
         // A last event without its blank line.
         if !st.buf.is_empty() {
             let rest = std::mem::take(&mut st.buf);
-            st.event(&rest, Instant::now()).map_err(Failure::BadBody)?;
+            st.event(&rest, Instant::now())
+                .map_err(Failure::BadStream)?;
         }
         let Some(first) = st.first else {
-            return Err(Failure::BadBody("the stream carried no token".to_owned()));
+            return Err(Failure::BadStream("the stream carried no token".to_owned()));
         };
+        if !st.done {
+            return Err(Failure::BadStream(
+                "the stream ended without [DONE] (truncated)".to_owned(),
+            ));
+        }
         let ttft = first - started;
         let tpot = match st.last {
             Some(last) if st.tokens > 1 => Some((last - first) / (st.tokens - 1)),
@@ -640,14 +662,26 @@ mod tests {
         let (port, _) =
             one_shot("HTTP/1.1 200 OK\r\nConnection: close\r\n\r\ndata: not json\n\n").await;
         let r = streaming_prober(port).send(Duration::from_secs(5)).await;
-        assert!(matches!(r.outcome, Err(Failure::BadBody(_))), "{r:?}");
+        assert!(matches!(r.outcome, Err(Failure::BadStream(_))), "{r:?}");
         assert_eq!(r.ttft, None);
+        // Truncated: tokens but the connection closed before [DONE].
+        let (port, _) = one_shot(
+            "HTTP/1.1 200 OK\r\nConnection: close\r\n\r\ndata: {\"choices\": [{\"text\": \"a\"}]}\n\n",
+        )
+        .await;
+        let r = streaming_prober(port).send(Duration::from_secs(5)).await;
+        assert_eq!(
+            r.outcome,
+            Err(Failure::BadStream(
+                "the stream ended without [DONE] (truncated)".into()
+            ))
+        );
         let (port, _) =
             one_shot("HTTP/1.1 200 OK\r\nConnection: close\r\n\r\ndata: [DONE]\n\n").await;
         let r = streaming_prober(port).send(Duration::from_secs(5)).await;
         assert_eq!(
             r.outcome,
-            Err(Failure::BadBody("the stream carried no token".into()))
+            Err(Failure::BadStream("the stream carried no token".into()))
         );
         let (port, _) =
             one_shot("HTTP/1.1 500 Oops\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}").await;

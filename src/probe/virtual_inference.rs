@@ -37,6 +37,9 @@ pub enum Failure {
     Status(u16),
     /// 2xx but the body is not JSON.
     BadBody(String),
+    /// A streamed probe (`probe_max_tokens` > 1) whose stream was not a complete answer: an
+    /// event not JSON, an error event, no token, or no `[DONE]`.
+    BadStream(String),
 }
 
 impl std::fmt::Display for Failure {
@@ -46,6 +49,7 @@ impl std::fmt::Display for Failure {
             Failure::Transport(e) => write!(f, "transport error: {e}"),
             Failure::Status(s) => write!(f, "HTTP {s}"),
             Failure::BadBody(e) => write!(f, "body is not JSON: {e}"),
+            Failure::BadStream(e) => write!(f, "bad stream: {e}"),
         }
     }
 }
@@ -172,6 +176,9 @@ pub enum Accounting {
 /// One probe, for `/status/detail`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ProbeRecord {
+    /// When it completed, on the monotonic clock (ages are computed from this).
+    #[serde(skip)]
+    pub at: tokio::time::Instant,
     /// Unix time in milliseconds.
     pub at_unix_ms: u64,
     pub warmup: bool,
@@ -320,6 +327,7 @@ impl ViState {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
         *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(ProbeRecord {
+            at: tokio::time::Instant::now(),
             at_unix_ms,
             warmup,
             latency_ms: secs * 1e3,
@@ -392,6 +400,14 @@ pub async fn run(
             }
         }
         let failed = r.outcome.is_err();
+        // Stall detection: how long the engine has been stalled, read once, only when it
+        // matters (a failure on a busy NPU).
+        let stalled = match (cfg.stall_window, peak) {
+            (Some(w), Some(p)) if failed && p >= cfg.npu_usage_threshold => {
+                signals.stalled_for().filter(|s| *s >= w)
+            }
+            _ => None,
+        };
         let accounting = match peak {
             Some(p) if p < cfg.npu_usage_threshold && failed => {
                 let waiting = if cfg.skip_when_capacity_waiting {
@@ -436,13 +452,8 @@ pub async fn run(
                 );
                 Accounting::Unchanged
             }
-            Some(p)
-                if failed
-                    && cfg.stall_window.is_some_and(|w| {
-                        signals.stalled_for().is_some_and(|stalled| stalled >= w)
-                    }) =>
-            {
-                let stalled = signals.stalled_for().unwrap_or_default();
+            Some(p) if stalled.is_some() => {
+                let stalled = stalled.unwrap_or_default();
                 tracing::warn!(
                     engine,
                     peak = p,
@@ -973,7 +984,7 @@ mod tests {
                     ..EngineMetrics::default()
                 };
                 g.0.observe(Some(&m), Instant::now());
-                g.0.stalled_for(Instant::now())
+                g.0.stalled_for(Instant::now(), Duration::from_secs(15))
             }
             async fn waiting_for_capacity(&self) -> Option<f64> {
                 None
@@ -1007,7 +1018,7 @@ mod tests {
                     ..EngineMetrics::default()
                 };
                 g.observe(Some(&m), Instant::now());
-                g.stalled_for(Instant::now())
+                g.stalled_for(Instant::now(), Duration::from_secs(15))
             }
             async fn waiting_for_capacity(&self) -> Option<f64> {
                 None

@@ -131,8 +131,11 @@ impl QosConfig {
         if self.evict_after == 0 {
             return err("evict_after", "must be at least 1");
         }
-        if !(1..=4096).contains(&self.probe_max_tokens) {
-            return err("probe_max_tokens", "must be in 1..=4096");
+        if !(1..=256).contains(&self.probe_max_tokens) {
+            return err(
+                "probe_max_tokens",
+                "must be in 1..=256 (the streamed probe must finish within the request timeout)",
+            );
         }
         for (k, v) in [
             ("ttft_budget", self.ttft_budget),
@@ -146,6 +149,11 @@ impl QosConfig {
             }
         }
         Ok(())
+    }
+
+    /// Age beyond which a scrape is missing: 3 scrape periods, at most `max_input_age`.
+    pub fn scrape_max_age(&self) -> Duration {
+        self.max_input_age.min(self.metrics_period * 3)
     }
 
     /// Whether the engine's `/metrics` is scraped at all.
@@ -195,6 +203,8 @@ struct Inner {
 pub struct QosState {
     inner: Mutex<Inner>,
     level: AtomicU8,
+    /// Age beyond which a scrape (and the progress it showed) is missing.
+    scrape_max_age: Duration,
 }
 
 fn unix_ms() -> u64 {
@@ -220,6 +230,7 @@ impl QosState {
                 evaluations: 0,
             }),
             level: AtomicU8::new(Level::Normal as u8),
+            scrape_max_age: cfg.scrape_max_age(),
         }
     }
 
@@ -244,6 +255,7 @@ impl QosState {
                 i.scrape_error = None;
             }
             Err(e) => {
+                // No news: the last scrape and the progress it showed stand until too old.
                 i.progress.observe(None, now);
                 i.scrape_failures += 1;
                 i.scrape_error = Some(e);
@@ -251,17 +263,11 @@ impl QosState {
         }
     }
 
-    /// The latest scrape if it is younger than `max_age`.
-    pub fn fresh_metrics(&self, max_age: Duration) -> Option<EngineMetrics> {
-        let i = self.lock();
-        i.metrics
-            .filter(|(_, at)| at.elapsed() <= max_age)
-            .map(|(m, _)| m)
-    }
-
     /// How long the engine has been stalled (requests running, no token advancing).
     pub fn stalled_for(&self) -> Option<Duration> {
-        self.lock().progress.stalled_for(Instant::now())
+        self.lock()
+            .progress
+            .stalled_for(Instant::now(), self.scrape_max_age)
     }
 
     /// Computes the score and the level from the last probe and the last scrape.
@@ -271,13 +277,12 @@ impl QosState {
         probe: Option<&ProbeRecord>,
     ) -> (Option<f64>, Level, Option<Transition>) {
         let now_ms = unix_ms();
+        let now = Instant::now();
         let mut i = self.lock();
         let w = cfg.weights;
         let mut components = Vec::with_capacity(3);
-        // Latency: the last virtual probe (a failure scores 0).
-        let probe = probe.filter(|p| {
-            now_ms.saturating_sub(p.at_unix_ms) <= cfg.max_input_age.as_millis() as u64
-        });
+        // Latency: the last virtual probe (a failure scores 0). Ages on the monotonic clock.
+        let probe = probe.filter(|p| now.saturating_duration_since(p.at) <= cfg.max_input_age);
         let budget = cfg.ttft_budget.as_secs_f64();
         components.push(match probe {
             Some(p) => {
@@ -294,7 +299,7 @@ impl QosState {
                     weight: w.latency,
                     score: Some(score::latency_score(ttft, budget)),
                     input,
-                    age_ms: Some(now_ms.saturating_sub(p.at_unix_ms)),
+                    age_ms: Some(now.saturating_duration_since(p.at).as_millis() as u64),
                 }
             }
             None => Component {
@@ -305,9 +310,11 @@ impl QosState {
                 age_ms: None,
             },
         });
-        let max_scrape_age = cfg.max_input_age.min(cfg.metrics_period * 3);
-        let metrics = i.metrics.filter(|(_, at)| at.elapsed() <= max_scrape_age);
-        let scrape_age = metrics.map(|(_, at)| at.elapsed().as_millis() as u64);
+        let metrics = i
+            .metrics
+            .filter(|(_, at)| now.saturating_duration_since(*at) <= self.scrape_max_age);
+        let scrape_age =
+            metrics.map(|(_, at)| now.saturating_duration_since(at).as_millis() as u64);
         components.push(match metrics.and_then(|(m, _)| m.kv_cache_usage) {
             Some(kv) => Component {
                 name: "memory",
@@ -334,18 +341,28 @@ impl QosState {
                 age_ms: scrape_age,
             },
         });
-        let progress = if metrics.is_some() {
-            i.progress.score()
-        } else {
-            None
-        };
+        let state = i.progress.state_at(now, self.scrape_max_age);
         components.push(Component {
             name: "progress",
             weight: w.progress,
-            score: progress,
-            input: match (metrics.is_some(), i.progress.state()) {
+            score: Progress::score(state),
+            input: match (metrics.is_some(), state) {
                 (false, _) => "no recent /metrics scrape".to_owned(),
-                (true, s) => format!("{s:?}").to_lowercase(),
+                (true, progress::State::Unknown) => {
+                    "unknown (needs two scrapes with the running gauge and both token counters)"
+                        .to_owned()
+                }
+                (true, progress::State::Idle) => "idle: no request running".to_owned(),
+                (true, progress::State::Advancing) => {
+                    "requests running, token counters advancing".to_owned()
+                }
+                (true, progress::State::Stalled) => format!(
+                    "requests running, no token advanced for {:.1} s",
+                    i.progress
+                        .stalled_for(now, self.scrape_max_age)
+                        .unwrap_or_default()
+                        .as_secs_f64()
+                ),
             },
             age_ms: scrape_age,
         });
@@ -353,7 +370,8 @@ impl QosState {
             components.iter().map(|c| (c.score, c.weight)).collect();
         let score = score::combine(&parts).map(|(s, _)| s);
         let before = i.levels.level;
-        let evictable = !(metrics.is_some() && i.progress.state() == progress::State::Advancing);
+        // Eviction needs positive evidence that the engine is stuck.
+        let evictable = state == progress::State::Stalled;
         let after = i.levels.update(score, evictable);
         i.score = score;
         i.components = components;
@@ -381,8 +399,11 @@ impl QosState {
             "consecutive_below_evict": i.levels.below_evict,
             "evaluations": i.evaluations,
             "components": i.components,
-            "progress": i.progress.state(),
-            "stalled_for_s": i.progress.stalled_for(Instant::now()).map(|d| d.as_secs_f64()),
+            "progress": i.progress.state_at(Instant::now(), self.scrape_max_age),
+            "stalled_for_s": i
+                .progress
+                .stalled_for(Instant::now(), self.scrape_max_age)
+                .map(|d| d.as_secs_f64()),
             "scrapes": i.scrapes,
             "scrape_failures": i.scrape_failures,
             "eviction_answers_abnormal": cfg.eviction,
@@ -412,6 +433,7 @@ mod tests {
 
     fn probe(ok: bool, ttft_ms: f64) -> ProbeRecord {
         ProbeRecord {
+            at: Instant::now(),
             at_unix_ms: unix_ms(),
             warmup: false,
             latency_ms: ttft_ms,

@@ -1,20 +1,26 @@
 //! Forward progress of the engine, from successive `/metrics` scrapes.
 //!
 //! The engine is making progress when requests are running and the prompt or the generation
-//! token counter advanced since the previous scrape; it is *stalled* when requests are
-//! running and neither advanced. A long chunked prefill of a huge prompt advances the prompt
-//! counter while generating nothing: that is progress, not a stall. Nothing running is idle,
-//! neither progress nor stall. Unknown counters are unknown, never "stalled".
+//! token counter advanced since the previous successful scrape; it is *stalled* when requests
+//! are running and neither advanced. A long chunked prefill of a huge prompt advances the
+//! prompt counter while generating nothing: that is progress, not a stall. Nothing running is
+//! idle: nothing is owed, which scores like progress. Unknown counters are unknown, never
+//! "stalled"; a counter that went down (the engine restarted) is unknown too.
+//!
+//! A failed scrape brings no news: it leaves the last state and the stall start as they were,
+//! and the next successful scrape is compared with the last successful one. Readers decide
+//! how old a state may be ([`Progress::state_at`], [`Progress::stalled_for`]).
 
 use super::vllm_metrics::EngineMetrics;
 use serde::Serialize;
+use std::time::Duration;
 use tokio::time::Instant;
 
 /// What the last scrapes say about progress.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum State {
-    /// Not enough data (no scrape yet, a failed scrape, or counters missing).
+    /// Not enough data (no scrape yet, counters missing or reset, or too old).
     Unknown,
     /// Nothing running.
     Idle,
@@ -27,11 +33,13 @@ pub enum State {
 /// Tracks the token counters across scrapes.
 #[derive(Debug, Clone)]
 pub struct Progress {
-    last: Option<(f64, f64)>,
+    /// Counters of the last successful scrape, and whether requests were running then.
+    last: Option<(f64, f64, bool)>,
     state: State,
-    /// Since when the engine has been stalled (first stalled scrape's previous scrape time).
+    /// Since when no token has advanced with requests running.
     stalled_since: Option<Instant>,
-    last_scrape: Option<Instant>,
+    /// Time of the last successful scrape.
+    last_ok: Option<Instant>,
 }
 
 impl Default for Progress {
@@ -40,24 +48,27 @@ impl Default for Progress {
             last: None,
             state: State::Unknown,
             stalled_since: None,
-            last_scrape: None,
+            last_ok: None,
         }
     }
 }
 
 impl Progress {
-    /// Takes one scrape made at `now` (`None`: the scrape failed).
+    /// Takes one scrape made at `now` (`None`: the scrape failed, which changes nothing).
     pub fn observe(&mut self, m: Option<&EngineMetrics>, now: Instant) {
-        let counters = m.and_then(|m| Some((m.prompt_tokens?, m.generation_tokens?)));
-        let running = m.and_then(|m| m.running);
+        let Some(m) = m else { return };
+        let running = m.running;
+        let counters = m.prompt_tokens.zip(m.generation_tokens);
         let previous = self.last;
-        let since = self.last_scrape;
-        self.last = counters;
-        self.last_scrape = Some(now);
+        let previous_at = self.last_ok;
+        self.last = counters.map(|(p, g)| (p, g, running.is_some_and(|r| r > 0.0)));
+        self.last_ok = Some(now);
         self.state = match (running, counters, previous) {
             (Some(r), _, _) if r <= 0.0 => State::Idle,
-            (Some(_), Some((p, g)), Some((p0, g0))) => {
-                if p > p0 || g > g0 {
+            (Some(_), Some((p, g)), Some((p0, g0, _))) => {
+                if p < p0 || g < g0 {
+                    State::Unknown
+                } else if p > p0 || g > g0 {
                     State::Advancing
                 } else {
                     State::Stalled
@@ -65,33 +76,43 @@ impl Progress {
             }
             _ => State::Unknown,
         };
-        match self.state {
-            // The stall began no later than the previous scrape, which saw the same counters.
-            State::Stalled => {
-                self.stalled_since.get_or_insert(since.unwrap_or(now));
-            }
-            _ => self.stalled_since = None,
+        if self.state != State::Stalled {
+            self.stalled_since = None;
+        } else if self.stalled_since.is_none() {
+            // The counters have not moved since the previous scrape. If requests were
+            // running then, the stall began no later than that scrape; if not, they arrived
+            // in between and the stall is counted from now.
+            let ran_before = previous.is_some_and(|(_, _, r)| r);
+            self.stalled_since = Some(match previous_at {
+                Some(t) if ran_before => t,
+                _ => now,
+            });
         }
     }
 
-    /// The state after the last scrape.
-    pub fn state(&self) -> State {
-        self.state
+    /// The state, or `Unknown` when the last successful scrape is older than `max_age`.
+    pub fn state_at(&self, now: Instant, max_age: Duration) -> State {
+        match self.last_ok {
+            Some(t) if now.saturating_duration_since(t) <= max_age => self.state,
+            _ => State::Unknown,
+        }
     }
 
-    /// How long the engine has been stalled at `now`; `None` unless stalled.
-    pub fn stalled_for(&self, now: Instant) -> Option<std::time::Duration> {
-        (self.state == State::Stalled)
-            .then(|| self.stalled_since.map(|s| now.saturating_duration_since(s)))
-            .flatten()
+    /// How long the engine has been stalled at `now`; `None` unless the last successful
+    /// scrape (no older than `max_age`) says it is stalled.
+    pub fn stalled_for(&self, now: Instant, max_age: Duration) -> Option<Duration> {
+        if self.state_at(now, max_age) != State::Stalled {
+            return None;
+        }
+        self.stalled_since.map(|s| now.saturating_duration_since(s))
     }
 
-    /// Progress component of the QoS score: 1 advancing, 0 stalled, none otherwise.
-    pub fn score(&self) -> Option<f64> {
-        match self.state {
-            State::Advancing => Some(1.0),
+    /// Progress component of the QoS score: 1 advancing or idle, 0 stalled, none unknown.
+    pub fn score(state: State) -> Option<f64> {
+        match state {
+            State::Advancing | State::Idle => Some(1.0),
             State::Stalled => Some(0.0),
-            State::Idle | State::Unknown => None,
+            State::Unknown => None,
         }
     }
 }
@@ -99,7 +120,8 @@ impl Progress {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
+
+    const AGE: Duration = Duration::from_secs(15);
 
     fn m(running: f64, prompt: f64, gen_: f64) -> EngineMetrics {
         EngineMetrics {
@@ -110,23 +132,41 @@ mod tests {
         }
     }
 
+    fn stalled(p: &Progress) -> Option<Duration> {
+        p.stalled_for(Instant::now(), AGE)
+    }
+
     #[tokio::test(start_paused = true)]
     async fn stall_measured_from_the_last_scrape_that_saw_the_counters() {
         let mut p = Progress::default();
         p.observe(Some(&m(2.0, 100.0, 10.0)), Instant::now());
         assert_eq!(
-            p.state(),
+            p.state,
             State::Unknown,
             "one scrape says nothing about progress"
         );
         tokio::time::advance(Duration::from_secs(5)).await;
         p.observe(Some(&m(2.0, 100.0, 10.0)), Instant::now());
-        assert_eq!(p.state(), State::Stalled);
-        assert_eq!(p.stalled_for(Instant::now()), Some(Duration::from_secs(5)));
+        assert_eq!(p.state, State::Stalled);
+        assert_eq!(stalled(&p), Some(Duration::from_secs(5)));
         tokio::time::advance(Duration::from_secs(5)).await;
         p.observe(Some(&m(2.0, 100.0, 10.0)), Instant::now());
-        assert_eq!(p.stalled_for(Instant::now()), Some(Duration::from_secs(10)));
-        assert_eq!(p.score(), Some(0.0));
+        assert_eq!(stalled(&p), Some(Duration::from_secs(10)));
+        assert_eq!(Progress::score(p.state), Some(0.0));
+    }
+
+    // Requests that arrive on an idle engine are not stalled since before they arrived.
+    #[tokio::test(start_paused = true)]
+    async fn a_stall_after_idle_starts_now() {
+        let mut p = Progress::default();
+        p.observe(Some(&m(0.0, 100.0, 10.0)), Instant::now());
+        tokio::time::advance(Duration::from_secs(5)).await;
+        p.observe(Some(&m(3.0, 100.0, 10.0)), Instant::now());
+        assert_eq!(p.state, State::Stalled);
+        assert_eq!(stalled(&p), Some(Duration::ZERO));
+        tokio::time::advance(Duration::from_secs(5)).await;
+        p.observe(Some(&m(3.0, 100.0, 10.0)), Instant::now());
+        assert_eq!(stalled(&p), Some(Duration::from_secs(5)));
     }
 
     // Long chunked prefill: the generation counter is flat for a long time while the prompt
@@ -138,39 +178,56 @@ mod tests {
             p.observe(Some(&m(1.0, 1000.0 * f64::from(i), 0.0)), Instant::now());
             tokio::time::advance(Duration::from_secs(5)).await;
         }
-        assert_eq!(p.state(), State::Advancing);
-        assert_eq!(p.stalled_for(Instant::now()), None);
-        assert_eq!(p.score(), Some(1.0));
+        assert_eq!(p.state_at(Instant::now(), AGE), State::Advancing);
+        assert_eq!(stalled(&p), None);
+        assert_eq!(Progress::score(p.state), Some(1.0));
+    }
+
+    // A failed scrape is no news: the stall goes on being measured; a state older than the
+    // freshness limit is unknown.
+    #[tokio::test(start_paused = true)]
+    async fn failed_scrapes_keep_the_last_state_until_it_is_too_old() {
+        let mut p = Progress::default();
+        p.observe(Some(&m(1.0, 5.0, 5.0)), Instant::now());
+        tokio::time::advance(Duration::from_secs(5)).await;
+        p.observe(Some(&m(1.0, 5.0, 5.0)), Instant::now());
+        assert_eq!(p.state, State::Stalled);
+        tokio::time::advance(Duration::from_secs(5)).await;
+        p.observe(None, Instant::now());
+        assert_eq!(stalled(&p), Some(Duration::from_secs(10)));
+        tokio::time::advance(Duration::from_secs(5)).await;
+        p.observe(Some(&m(1.0, 5.0, 5.0)), Instant::now());
+        assert_eq!(
+            stalled(&p),
+            Some(Duration::from_secs(15)),
+            "compared with the last good scrape"
+        );
+        tokio::time::advance(Duration::from_secs(16)).await;
+        p.observe(None, Instant::now());
+        assert_eq!(p.state_at(Instant::now(), AGE), State::Unknown, "16 s old");
+        assert_eq!(stalled(&p), None);
     }
 
     #[tokio::test(start_paused = true)]
-    async fn idle_unknown_and_recovery() {
+    async fn idle_unknown_resets_and_recovery() {
         let mut p = Progress::default();
         p.observe(Some(&m(0.0, 5.0, 5.0)), Instant::now());
-        assert_eq!(p.state(), State::Idle);
-        assert_eq!(p.score(), None, "idle has no progress input");
+        assert_eq!(p.state, State::Idle);
+        assert_eq!(Progress::score(State::Idle), Some(1.0), "idle owes nothing");
         p.observe(Some(&m(1.0, 5.0, 5.0)), Instant::now());
-        assert_eq!(p.state(), State::Stalled);
-        p.observe(None, Instant::now());
-        assert_eq!(
-            p.state(),
-            State::Unknown,
-            "a failed scrape is unknown, not stalled"
-        );
-        assert_eq!(p.stalled_for(Instant::now()), None);
-        p.observe(Some(&m(1.0, 5.0, 6.0)), Instant::now());
-        assert_eq!(
-            p.state(),
-            State::Unknown,
-            "no previous counters after the failed scrape"
-        );
-        p.observe(Some(&m(1.0, 5.0, 7.0)), Instant::now());
-        assert_eq!(p.state(), State::Advancing);
+        assert_eq!(p.state, State::Stalled);
+        // The engine restarted: counters went down. Unknown, not advancing, not stalled.
+        p.observe(Some(&m(1.0, 0.0, 0.0)), Instant::now());
+        assert_eq!(p.state, State::Unknown);
+        assert_eq!(stalled(&p), None);
+        p.observe(Some(&m(1.0, 0.0, 1.0)), Instant::now());
+        assert_eq!(p.state, State::Advancing);
         let missing = EngineMetrics {
             running: Some(1.0),
             ..EngineMetrics::default()
         };
         p.observe(Some(&missing), Instant::now());
-        assert_eq!(p.state(), State::Unknown, "counters missing");
+        assert_eq!(p.state, State::Unknown, "counters missing");
+        assert_eq!(Progress::score(State::Unknown), None);
     }
 }

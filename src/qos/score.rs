@@ -16,7 +16,8 @@
 //! plus the hysteresis (0.05). The band `[boundary, boundary + 0.05)` is a dead band both
 //! ways: a score falling into it from above keeps the better level, a score rising into it
 //! from below keeps the worse one, so a score hovering at a boundary changes level at most
-//! once. An engine whose tokens are advancing is never evicted (it is held at `degrade`).
+//! once. Eviction also needs positive evidence that the engine is stuck (progress stalled):
+//! otherwise the level stops at `degrade`.
 //! See `docs/qos.md`.
 
 use serde::Serialize;
@@ -140,10 +141,11 @@ impl Levels {
         }
     }
 
-    /// Applies one score; returns the new level. A missing score changes nothing. While
-    /// `evictable` is false (the engine is making forward progress) the level stops at
-    /// `degrade` and the eviction hold does not advance: an engine producing tokens is slow,
-    /// not broken, and is never evicted.
+    /// Applies one score; returns the new level. A missing score changes nothing.
+    /// `evictable` is the positive evidence eviction needs: the engine is stalled (requests
+    /// running, no token advancing). Without it the level stops at `degrade`, the hold does not
+    /// advance, and an engine already at `evict` drops to `degrade`: an engine producing
+    /// tokens, idle, or whose progress is unknown is never evicted.
     pub fn update(&mut self, score: Option<f64>, evictable: bool) -> Level {
         let Some(s) = score else { return self.level };
         let target = nominal(s);
@@ -152,6 +154,9 @@ impl Levels {
         } else {
             0
         };
+        if !evictable && self.level == Level::Evict {
+            self.level = Level::Degrade;
+        }
         // Worse: enter at once, but evict only after the hold.
         let worse = if target == Level::Evict && self.below_evict < self.evict_after {
             Level::Degrade
@@ -283,10 +288,11 @@ mod tests {
         }
     }
 
-    // An engine whose token counters advance is slow, not broken: never evicted, and the
-    // hold starts over once it stops advancing.
+    // Without evidence of a stall (tokens advancing, idle, or progress unknown) the engine is
+    // never evicted, the hold starts over, and an evicted engine that resumes drops to
+    // degrade at once.
     #[test]
-    fn an_engine_making_progress_is_never_evicted() {
+    fn eviction_needs_a_stall() {
         let mut l = Levels::new(3, 0.05);
         for _ in 0..10 {
             assert_eq!(l.update(Some(0.1), false), Level::Degrade);
@@ -302,6 +308,16 @@ mod tests {
         assert_eq!(l.update(Some(0.1), true), Level::Degrade);
         assert_eq!(l.update(Some(0.1), true), Level::Degrade);
         assert_eq!(l.update(Some(0.1), true), Level::Evict);
+        assert_eq!(
+            l.update(Some(0.2), false),
+            Level::Degrade,
+            "tokens advance again"
+        );
+        assert_eq!(
+            l.update(Some(0.2), true),
+            Level::Degrade,
+            "the hold starts over"
+        );
     }
 
     // The table of docs/qos.md, row by row: (ttft s or None for a failed probe, KV usage or
@@ -312,7 +328,13 @@ mod tests {
         #[allow(clippy::type_complexity)]
         let rows: [(Option<Option<f64>>, Option<f64>, Option<f64>, f64, Level); 10] = [
             (Some(Some(0.2)), Some(0.4), Some(1.0), 0.95, Level::Normal),
-            (Some(Some(0.05)), Some(0.0), None, 0.984375, Level::Normal),
+            (
+                Some(Some(0.05)),
+                Some(0.0),
+                Some(1.0),
+                0.9875,
+                Level::Normal,
+            ),
             (
                 Some(Some(1.5)),
                 Some(0.6),
@@ -343,7 +365,7 @@ mod tests {
             let (s, _) = combine(&parts).unwrap();
             assert!((s - want).abs() < 1e-9, "row {}: {s} != {want}", i + 1);
             let mut l = Levels::new(3, 0.05);
-            let evictable = progress != Some(1.0);
+            let evictable = progress == Some(0.0);
             for _ in 0..3 {
                 l.update(Some(s), evictable);
             }

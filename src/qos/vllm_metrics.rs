@@ -1,10 +1,12 @@
 //! Reading the engine's `/metrics` (vLLM's Prometheus names) for the QoS score and stall
 //! detection.
 //!
-//! Only the few series the agent uses are read; each is summed over its label sets (one
-//! vLLM process can expose several engines). A series that is absent stays unknown, and a
-//! value that is not a finite, non-negative number makes the series unknown rather than
-//! wrong. The parser never panics on any text (property test).
+//! Only the few series the agent uses are read. Counts (requests, tokens) are summed over
+//! their label sets (one vLLM process can expose several data-parallel engines); KV-cache
+//! usage is a ratio, so the fullest engine's is taken. Where a series has an older name too,
+//! the first name present wins (a release exposing both is not counted twice). A series that
+//! is absent stays unknown, and a value that is not a finite, non-negative number makes the
+//! series unknown rather than wrong. The parser never panics on any text (property test).
 
 use serde::Serialize;
 
@@ -33,26 +35,40 @@ pub struct EngineMetrics {
     pub kv_cache_usage: Option<f64>,
 }
 
-#[derive(Default)]
-struct Sum {
+/// Samples of one metric name: their sum and their maximum.
+#[derive(Default, Clone, Copy)]
+struct Agg {
     total: f64,
+    max: f64,
     seen: bool,
     bad: bool,
 }
 
-impl Sum {
+impl Agg {
     fn add(&mut self, v: f64) {
         if v.is_finite() && v >= 0.0 {
             self.total += v;
+            self.max = self.max.max(v);
             self.seen = true;
         } else {
             self.bad = true;
         }
     }
-    fn get(&self) -> Option<f64> {
-        (self.seen && !self.bad).then_some(self.total)
+    fn present(&self) -> bool {
+        self.seen || self.bad
     }
 }
+
+/// The series the agent reads, in `EngineMetrics` order, each with its names (current first).
+const SERIES: [&[&str]; 6] = [
+    RUNNING,
+    WAITING,
+    WAITING_BY_REASON,
+    PROMPT_TOKENS,
+    GENERATION_TOKENS,
+    KV_CACHE,
+];
+const MAX_NAMES: usize = 2;
 
 /// Byte offset of the `}` closing a label set that starts after `{`, skipping quoted
 /// values (which may hold `}`, `,` and escaped quotes).
@@ -70,23 +86,27 @@ fn label_set_end(s: &str) -> Option<usize> {
     None
 }
 
-/// Splits a sample line into (name, labels, value text). `None` for comments and garbage.
-fn split_sample(line: &str) -> Option<(&str, &str, &str)> {
+/// The metric name of a sample line and the rest of it. `None` for comments and blanks.
+fn sample_name(line: &str) -> Option<(&str, &str)> {
     let line = line.trim();
     if line.is_empty() || line.starts_with('#') {
         return None;
     }
     let name_end = line.find(|c: char| c == '{' || c.is_whitespace())?;
-    let name = &line[..name_end];
-    let (labels, rest) = if line[name_end..].starts_with('{') {
-        let body = &line[name_end + 1..];
-        let close = label_set_end(body)?;
-        (&body[..close], &body[close + 1..])
-    } else {
-        ("", &line[name_end..])
+    Some((&line[..name_end], &line[name_end..]))
+}
+
+/// Splits what follows the name into (labels, value text).
+fn labels_and_value(rest: &str) -> Option<(&str, &str)> {
+    let (labels, rest) = match rest.strip_prefix('{') {
+        Some(body) => {
+            let close = label_set_end(body)?;
+            (&body[..close], &body[close + 1..])
+        }
+        None => ("", rest),
     };
     let value = rest.split_whitespace().next()?;
-    Some((name, labels, value))
+    Some((labels, value))
 }
 
 /// The value of label `key` (quoted, escapes kept as written; the agent compares it only
@@ -122,41 +142,50 @@ fn label<'a>(labels: &'a str, key: &str) -> Option<&'a str> {
 
 /// Parses Prometheus text exposition into the series the agent reads.
 pub fn parse(text: &str) -> EngineMetrics {
-    let mut sums: [Sum; 6] = Default::default();
+    let mut aggs = [[Agg::default(); MAX_NAMES]; SERIES.len()];
     for line in text.lines() {
-        let Some((name, labels, value)) = split_sample(line) else {
+        let Some((name, rest)) = sample_name(line) else {
             continue;
         };
-        let slot = if RUNNING.contains(&name) {
-            0
-        } else if WAITING.contains(&name) {
-            1
-        } else if WAITING_BY_REASON.contains(&name) {
-            if label(labels, "reason") != Some("capacity") {
-                continue;
-            }
-            2
-        } else if PROMPT_TOKENS.contains(&name) {
-            3
-        } else if GENERATION_TOKENS.contains(&name) {
-            4
-        } else if KV_CACHE.contains(&name) {
-            5
-        } else {
+        // Most lines are other series: decided on the name alone.
+        if !name.starts_with("vllm:") {
+            continue;
+        }
+        let Some((series, alias)) = SERIES
+            .iter()
+            .enumerate()
+            .find_map(|(i, names)| names.iter().position(|n| *n == name).map(|a| (i, a)))
+        else {
             continue;
         };
+        let Some((labels, value)) = labels_and_value(rest) else {
+            continue;
+        };
+        if SERIES[series] == WAITING_BY_REASON && label(labels, "reason") != Some("capacity") {
+            continue;
+        }
+        let agg = &mut aggs[series][alias];
         match value.parse::<f64>() {
-            Ok(v) => sums[slot].add(v),
-            Err(_) => sums[slot].bad = true,
+            Ok(v) => agg.add(v),
+            Err(_) => agg.bad = true,
         }
     }
+    // The first name present wins; a bad sample makes the series unknown.
+    let pick = |series: usize| -> Option<Agg> {
+        aggs[series]
+            .iter()
+            .find(|a| a.present())
+            .filter(|a| !a.bad)
+            .copied()
+    };
+    let sum = |series: usize| pick(series).map(|a| a.total);
     EngineMetrics {
-        running: sums[0].get(),
-        waiting: sums[1].get(),
-        waiting_for_capacity: sums[2].get(),
-        prompt_tokens: sums[3].get(),
-        generation_tokens: sums[4].get(),
-        kv_cache_usage: sums[5].get().map(|v| v.min(1.0)),
+        running: sum(0),
+        waiting: sum(1),
+        waiting_for_capacity: sum(2),
+        prompt_tokens: sum(3),
+        generation_tokens: sum(4),
+        kv_cache_usage: pick(5).map(|a| a.max.min(1.0)),
     }
 }
 
@@ -190,6 +219,26 @@ vllm:request_success_total{finished_reason="stop"} 9.0
         assert_eq!(m.generation_tokens, Some(678.0));
     }
 
+    // KV-cache usage is a ratio: two data-parallel engines at 60 % are 60 %, not 120 %; a
+    // release exposing the old name next to the new one is read once.
+    #[test]
+    fn kv_cache_is_the_fullest_engine_and_names_are_not_doubled() {
+        let m = parse(concat!(
+            "vllm:kv_cache_usage_perc{engine=\"0\"} 0.6\n",
+            "vllm:kv_cache_usage_perc{engine=\"1\"} 0.7\n",
+            "vllm:gpu_cache_usage_perc{engine=\"0\"} 0.6\n",
+            "vllm:prompt_tokens_total{engine=\"0\"} 10\n",
+            "vllm:prompt_tokens_total{engine=\"1\"} 5\n",
+            "vllm:prompt_tokens{engine=\"0\"} 10\n",
+        ));
+        assert_eq!(m.kv_cache_usage, Some(0.7));
+        assert_eq!(
+            m.prompt_tokens,
+            Some(15.0),
+            "summed over engines, old name ignored"
+        );
+    }
+
     #[test]
     fn older_names_and_missing_series() {
         let m = parse("vllm:gpu_cache_usage_perc 0.5\nvllm:prompt_tokens 10\n");
@@ -217,7 +266,11 @@ vllm:request_success_total{finished_reason="stop"} 9.0
             "vllm:num_requests_running{model_name=\"q{1}\"} 3 1700000000000\n",
         ));
         assert_eq!(m.waiting_for_capacity, Some(2.0));
-        assert_eq!(m.running, Some(3.0), "a timestamp after the value is ignored");
+        assert_eq!(
+            m.running,
+            Some(3.0),
+            "a timestamp after the value is ignored"
+        );
         assert_eq!(label(r#"a="1", b="2""#, "b"), Some("2"));
         assert_eq!(label(r#"a="1"#, "a"), None, "unterminated");
         assert_eq!(label("a=1", "a"), None, "unquoted");
