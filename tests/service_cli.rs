@@ -483,19 +483,23 @@ fn single_engine_qos_flags() {
             .output()
             .unwrap()
     };
-    let out = run(&[]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let q = &v["engines"][0]["qos"];
+    // The effective `qos` table printed by check-config.
+    let qos = |extra: &[&str]| -> serde_json::Value {
+        let out = run(extra);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["engines"][0]["qos"].clone()
+    };
+    let q = qos(&[]);
     assert_eq!(q["stall_detection"], false);
     assert_eq!(q["skip_when_capacity_waiting"], false);
     assert_eq!(q["eviction"], false);
     assert_eq!(q["probe_max_tokens"], 1);
-    let out = run(&[
+    let q = qos(&[
         "--stall-detection",
         "--stall-window",
         "30s",
@@ -504,13 +508,6 @@ fn single_engine_qos_flags() {
         "--qos-probe-max-tokens",
         "4",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let q = &v["engines"][0]["qos"];
     assert_eq!(q["stall_detection"], true);
     assert_eq!(q["stall_window"], "30s");
     assert_eq!(q["skip_when_capacity_waiting"], true);

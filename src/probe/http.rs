@@ -152,6 +152,25 @@ async fn read_up_to(mut resp: reqwest::Response, limit: usize) -> Result<Vec<u8>
     Ok(body)
 }
 
+/// `GET url` under `timeout`: `Ok(None)` when it timed out, else the status and at most
+/// `limit` bytes of body (`Err`: transport error or a larger body).
+async fn get(
+    client: &reqwest::Client,
+    url: &str,
+    timeout: Duration,
+    limit: usize,
+) -> Result<Option<(u16, Vec<u8>)>, String> {
+    let fut = async {
+        let resp = client.get(url).send().await.map_err(|e| describe(&e))?;
+        let status = resp.status().as_u16();
+        Ok((status, read_up_to(resp, limit).await?))
+    };
+    match tokio::time::timeout(timeout, fut).await {
+        Err(_) => Ok(None),
+        Ok(r) => r.map(Some),
+    }
+}
+
 /// `GET /health` over HTTP.
 #[derive(Debug, Clone)]
 pub struct HttpHealth {
@@ -161,24 +180,13 @@ pub struct HttpHealth {
 
 impl HealthTransport for HttpHealth {
     async fn get(&self, timeout: Duration) -> Fetch {
-        let fut = async {
-            let resp = self
-                .client
-                .get(&self.url)
-                .send()
-                .await
-                .map_err(|e| describe(&e))?;
-            let status = resp.status().as_u16();
-            let body = read_limited(resp).await?;
-            Ok::<_, String>(Fetch::Response {
+        match get(&self.client, &self.url, timeout, MAX_BODY).await {
+            Ok(None) => Fetch::Timeout,
+            Err(e) => Fetch::Error(e),
+            Ok(Some((status, body))) => Fetch::Response {
                 status,
                 body: String::from_utf8_lossy(&body).into_owned(),
-            })
-        };
-        match tokio::time::timeout(timeout, fut).await {
-            Err(_) => Fetch::Timeout,
-            Ok(Err(e)) => Fetch::Error(e),
-            Ok(Ok(f)) => f,
+            },
         }
     }
 }
@@ -195,25 +203,14 @@ impl crate::qos::MetricsSource for HttpMetrics {
         &self,
         timeout: Duration,
     ) -> Result<crate::qos::vllm_metrics::EngineMetrics, String> {
-        let fut = async {
-            let resp = self
-                .client
-                .get(&self.url)
-                .send()
-                .await
-                .map_err(|e| describe(&e))?;
-            let status = resp.status();
-            if !status.is_success() {
-                return Err(format!("GET /metrics answered HTTP {}", status.as_u16()));
+        match get(&self.client, &self.url, timeout, MAX_METRICS_BODY).await? {
+            None => Err(format!("GET /metrics timed out after {timeout:?}")),
+            Some((status, _)) if !(200..300).contains(&status) => {
+                Err(format!("GET /metrics answered HTTP {status}"))
             }
-            let body = read_up_to(resp, MAX_METRICS_BODY).await?;
-            Ok(crate::qos::vllm_metrics::parse(&String::from_utf8_lossy(
+            Some((_, body)) => Ok(crate::qos::vllm_metrics::parse(&String::from_utf8_lossy(
                 &body,
-            )))
-        };
-        match tokio::time::timeout(timeout, fut).await {
-            Err(_) => Err(format!("GET /metrics timed out after {timeout:?}")),
-            Ok(r) => r,
+            ))),
         }
     }
 }
@@ -404,15 +401,20 @@ mod tests {
         assert_eq!(request_id(t), "1234567890123456_virtual");
     }
 
-    fn prober_for(port: u16) -> HttpProber {
+    /// An inline engine serving model `m` on `port`; `extra` is appended to its table.
+    fn spec_for(port: u16, extra: &str) -> EngineSpec {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let text = format!(
-            "[[engine]]\nengine_type = \"vllm\"\nserved_model_name = \"m\"\nhost = \"127.0.0.1\"\nport = {port}\nmgmt_port = 9001\n"
+            "[[engine]]\nengine_type = \"vllm\"\nserved_model_name = \"m\"\nhost = \"127.0.0.1\"\nport = {port}\nmgmt_port = 9001\n{extra}"
         );
-        let spec = crate::config::file::parse(&text, std::path::Path::new("/x/a.toml"))
+        crate::config::file::parse(&text, std::path::Path::new("/x/a.toml"))
             .unwrap()
             .engines
-            .remove(0);
+            .remove(0)
+    }
+
+    fn prober_for(port: u16) -> HttpProber {
+        let spec = spec_for(port, "");
         EngineClient::new(&spec).unwrap().prober(&spec)
     }
 
@@ -549,13 +551,7 @@ mod tests {
             Some(crate::tls::server_config(&tls).unwrap()),
             cancel.clone(),
         ));
-        let text = format!(
-            "[[engine]]\nengine_type = \"vllm\"\nserved_model_name = \"m\"\nhost = \"127.0.0.1\"\nport = {port}\nmgmt_port = 9001\n"
-        );
-        let mut spec = crate::config::file::parse(&text, std::path::Path::new("/x/a.toml"))
-            .unwrap()
-            .engines
-            .remove(0);
+        let mut spec = spec_for(port, "");
         spec.infer_tls_config = tls;
         let client = EngineClient::new(&spec).unwrap();
         assert!(client.base().starts_with("https://"));
@@ -698,11 +694,7 @@ mod tests {
             serde_json::from_str::<Value>(p.body()).unwrap(),
             json!({"model": "m", "prompt": "1", "max_tokens": 1})
         );
-        let text = "[[engine]]\nengine_type = \"vllm\"\nserved_model_name = \"m\"\nhost = \"127.0.0.1\"\nport = 1\nmgmt_port = 9001\n[engine.qos]\nprobe_max_tokens = 8\n";
-        let spec = crate::config::file::parse(text, std::path::Path::new("/x/a.toml"))
-            .unwrap()
-            .engines
-            .remove(0);
+        let spec = spec_for(1, "[engine.qos]\nprobe_max_tokens = 8\n");
         let p = EngineClient::new(&spec).unwrap().prober(&spec);
         assert!(p.stream);
         assert_eq!(
@@ -716,16 +708,7 @@ mod tests {
     #[tokio::test]
     async fn metrics_scrape() {
         use crate::qos::MetricsSource;
-        let client = |port: u16| {
-            let text = format!(
-                "[[engine]]\nengine_type = \"vllm\"\nserved_model_name = \"m\"\nhost = \"127.0.0.1\"\nport = {port}\nmgmt_port = 9001\n"
-            );
-            let spec = crate::config::file::parse(&text, std::path::Path::new("/x/a.toml"))
-                .unwrap()
-                .engines
-                .remove(0);
-            EngineClient::new(&spec).unwrap().metrics()
-        };
+        let client = |port: u16| EngineClient::new(&spec_for(port, "")).unwrap().metrics();
         let (port, h) = one_shot(
             "HTTP/1.1 200 OK\r\nContent-Length: 31\r\nConnection: close\r\n\r\nvllm:num_requests_running 3.0\n\n",
         )

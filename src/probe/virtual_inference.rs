@@ -894,31 +894,28 @@ mod tests {
         }
     }
 
-    /// Warm-up, then `n` failed probes of 5 s each on a busy NPU (95 %).
-    fn busy_failures(n: usize) -> (FakeProber, Peaks) {
+    /// Warm-up, then `n` failed probes (timing out at 5 s) on a busy NPU (95 %), for at most
+    /// an hour of paused time: (prober, state, whether the loop ended, i.e. went abnormal).
+    async fn busy_run(
+        cfg: &LoopConfig,
+        n: usize,
+        signals: &impl EngineSignals,
+    ) -> (FakeProber, ViState, bool) {
         let mut script = vec![(MS, FakeProber::ok())];
         script.extend((0..n).map(|_| (Duration::from_secs(10), FakeProber::fail())));
-        (FakeProber::new(script), Peaks::new(vec![Some(95.0); n]))
+        let (p, peaks) = (FakeProber::new(script), Peaks::new(vec![Some(95.0); n]));
+        let st = ViState::default();
+        let ended = run_with(cfg, &p, &peaks, signals, &st, Duration::from_secs(3600)).await;
+        (p, st, ended)
     }
 
     // Stall detection off (the reference): a busy NPU resets the count however long the
     // engine is stuck.
     #[tokio::test(start_paused = true)]
     async fn busy_failures_never_count_without_stall_detection() {
-        let (p, peaks) = busy_failures(50);
-        let st = ViState::default();
         let stalled = Signals::stalled_from(Some(Instant::now()));
-        assert!(
-            !run_with(
-                &cfg(6),
-                &p,
-                &peaks,
-                &stalled,
-                &st,
-                Duration::from_secs(3600)
-            )
-            .await
-        );
+        let (_, st, ended) = busy_run(&cfg(6), 50, &stalled).await;
+        assert!(!ended);
         assert_eq!(
             st.outcomes(),
             (1, 50),
@@ -933,131 +930,82 @@ mod tests {
     // window, then count; abnormal after max_failure_count counted probes.
     #[tokio::test(start_paused = true)]
     async fn stalled_busy_failures_count_after_the_stall_window() {
-        let (p, peaks) = busy_failures(20);
-        let st = ViState::default();
         let start = Instant::now();
         let stalled = Signals::stalled_from(Some(start));
         let window = Duration::from_secs(60);
-        assert!(
-            run_with(
-                &stall_cfg(3, window),
-                &p,
-                &peaks,
-                &stalled,
-                &st,
-                Duration::from_secs(3600)
-            )
-            .await
-        );
-        assert!(st.abnormal());
-        let calls = p.calls();
+        let (p, st, ended) = busy_run(&stall_cfg(3, window), 20, &stalled).await;
+        assert!(ended && st.abnormal());
         // Probe k (1-based) ends at 1 ms + k·5 s + (k−1)·20 s: probes ending before 60 s of
         // stall reset (k = 1, 2: 5 s, 30 s), k = 3 ends at 55 s (reset), k = 4 at 80 s counts.
-        assert_eq!(calls.len(), 1 + 3 + 3, "3 resetting probes, then 3 counted");
+        assert_eq!(
+            p.calls().len(),
+            1 + 3 + 3,
+            "3 resetting probes, then 3 counted"
+        );
         let reason = st.abnormal_reason().unwrap();
         assert!(reason.contains("no token advanced"), "{reason}");
         assert_eq!(
             st.last_probe().unwrap().accounting,
             Accounting::IncrementedStalled
         );
-        // Within stall_window + max_failure_count probes (each 5 s + 20 s busy interval).
+        // Within stall_window + max_failure_count probes (each 5 s + 20 s busy interval), on
+        // the paused clock.
         assert!(start.elapsed() <= window + 3 * Duration::from_secs(25) + Duration::from_secs(25));
     }
 
+    /// Progress fed as the scraper would, one scrape per failed busy probe: one request
+    /// running, generation flat, the prompt counter advancing by `prompt_step` per scrape.
+    struct Scraped {
+        progress: Mutex<(crate::qos::progress::Progress, f64)>,
+        prompt_step: f64,
+    }
+
+    impl Scraped {
+        fn new(prompt_step: f64) -> Scraped {
+            Scraped {
+                progress: Mutex::new((Default::default(), 0.0)),
+                prompt_step,
+            }
+        }
+    }
+
+    impl EngineSignals for Scraped {
+        fn stalled_for(&self) -> Option<Duration> {
+            let mut g = self.progress.lock().unwrap();
+            g.1 += self.prompt_step;
+            let m = crate::qos::vllm_metrics::EngineMetrics {
+                running: Some(1.0),
+                prompt_tokens: Some(g.1),
+                generation_tokens: Some(0.0),
+                ..Default::default()
+            };
+            g.0.observe(Some(&m), Instant::now());
+            g.0.stalled_for(Instant::now(), Duration::from_secs(60))
+        }
+        async fn waiting_for_capacity(&self) -> Option<f64> {
+            None
+        }
+    }
+
     // Long chunked prefill of a huge prompt: the prompt counter advances, so the engine is
-    // not stalled and busy failures keep resetting even with stall detection on.
+    // not stalled and busy failures keep resetting even with stall detection on; the same
+    // engine with the prompt counter flat is stalled and does count.
     #[tokio::test(start_paused = true)]
     async fn long_prefill_is_not_a_stall() {
-        use crate::qos::progress::Progress;
-        use crate::qos::vllm_metrics::EngineMetrics;
-        // Progress fed like the scraper does: one request running, generation flat, prompt
-        // advancing by one chunk per scrape.
-        struct Prefill(Mutex<(Progress, f64)>);
-        impl EngineSignals for Prefill {
-            fn stalled_for(&self) -> Option<Duration> {
-                let mut g = self.0.lock().unwrap();
-                g.1 += 8192.0;
-                let m = EngineMetrics {
-                    running: Some(1.0),
-                    prompt_tokens: Some(g.1),
-                    generation_tokens: Some(0.0),
-                    ..EngineMetrics::default()
-                };
-                g.0.observe(Some(&m), Instant::now());
-                g.0.stalled_for(Instant::now(), Duration::from_secs(15))
-            }
-            async fn waiting_for_capacity(&self) -> Option<f64> {
-                None
-            }
-        }
-        let (p, peaks) = busy_failures(30);
-        let st = ViState::default();
-        let prefill = Prefill(Mutex::new((Progress::default(), 0.0)));
-        assert!(
-            !run_with(
-                &stall_cfg(3, Duration::from_secs(60)),
-                &p,
-                &peaks,
-                &prefill,
-                &st,
-                Duration::from_secs(3600)
-            )
-            .await
-        );
-        assert!(!st.abnormal());
+        let cfg = stall_cfg(3, Duration::from_secs(60));
+        let (_, st, ended) = busy_run(&cfg, 30, &Scraped::new(8192.0)).await;
+        assert!(!ended && !st.abnormal());
         assert_eq!(st.failure_count(), 0);
-        // The same engine with the prompt counter flat is a stall and does count.
-        struct Flat(Mutex<Progress>);
-        impl EngineSignals for Flat {
-            fn stalled_for(&self) -> Option<Duration> {
-                let mut g = self.0.lock().unwrap();
-                let m = EngineMetrics {
-                    running: Some(1.0),
-                    prompt_tokens: Some(8192.0),
-                    generation_tokens: Some(0.0),
-                    ..EngineMetrics::default()
-                };
-                g.observe(Some(&m), Instant::now());
-                g.stalled_for(Instant::now(), Duration::from_secs(15))
-            }
-            async fn waiting_for_capacity(&self) -> Option<f64> {
-                None
-            }
-        }
-        let (p, peaks) = busy_failures(30);
-        let st = ViState::default();
-        let flat = Flat(Mutex::new(Progress::default()));
-        assert!(
-            run_with(
-                &stall_cfg(3, Duration::from_secs(60)),
-                &p,
-                &peaks,
-                &flat,
-                &st,
-                Duration::from_secs(3600)
-            )
-            .await
-        );
-        assert!(st.abnormal());
+        let (_, st, ended) = busy_run(&cfg, 30, &Scraped::new(0.0)).await;
+        assert!(ended && st.abnormal());
     }
 
     // Unknown progress (no scrape) never counts, even with stall detection on.
     #[tokio::test(start_paused = true)]
     async fn unknown_progress_never_counts() {
-        let (p, peaks) = busy_failures(20);
-        let st = ViState::default();
         let unknown = Signals::stalled_from(None);
-        assert!(
-            !run_with(
-                &stall_cfg(3, Duration::from_secs(60)),
-                &p,
-                &peaks,
-                &unknown,
-                &st,
-                Duration::from_secs(3600)
-            )
-            .await
-        );
+        let (_, st, ended) = busy_run(&stall_cfg(3, Duration::from_secs(60)), 20, &unknown).await;
+        assert!(!ended);
         assert_eq!(st.failure_count(), 0);
     }
 

@@ -72,11 +72,16 @@ async fn engine_qos(State(v): State<EngineView>) -> Response {
 }
 
 async fn admin_qos(State(v): State<AdminView>) -> Response {
+    every_engine(&v, qos)
+}
+
+/// `{"engines": [...]}` with `f` of every engine.
+fn every_engine(v: &AdminView, f: fn(&EngineState, &Shared, Duration) -> Value) -> Response {
     let engines: Vec<Value> = v
         .metrics
         .engines
         .iter()
-        .map(|e| qos(e, &v.metrics.shared, v.metrics.window))
+        .map(|e| f(e, &v.metrics.shared, v.metrics.window))
         .collect();
     axum::Json(json!({ "engines": engines })).into_response()
 }
@@ -98,13 +103,7 @@ async fn admin_metrics(State(v): State<AdminView>) -> Response {
 }
 
 async fn admin_detail(State(v): State<AdminView>) -> Response {
-    let engines: Vec<Value> = v
-        .metrics
-        .engines
-        .iter()
-        .map(|e| detail(e, &v.metrics.shared, v.metrics.window))
-        .collect();
-    axum::Json(json!({ "engines": engines })).into_response()
+    every_engine(&v, detail)
 }
 
 /// The agent is alive if the sampler completed a pass recently or serves no DCMI device.
