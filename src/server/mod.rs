@@ -128,10 +128,24 @@ async fn healthz(State(v): State<AdminView>) -> Response {
 /// peak and mean over the window, HBM over the engine's NPUs). HBM is shown, not scored: vLLM
 /// preallocates the KV cache, so HBM near 90 % is normal (see `docs/qos.md`).
 pub fn qos(e: &EngineState, shared: &Shared, win: Duration) -> Value {
+    qos_from(
+        e,
+        shared,
+        &window::query(&shared.ring, &e.devices, win),
+        win,
+    )
+}
+
+/// [`qos`] with the window already read.
+fn qos_from(
+    e: &EngineState,
+    shared: &Shared,
+    report: &window::WindowReport,
+    win: Duration,
+) -> Value {
     let q = &e.spec.qos;
     let mut v = e.qos.report(q);
     let now = shared.ring.now_ns();
-    let report = window::query(&shared.ring, &e.devices, win);
     let (mut used, mut total, mut hbm_devices) = (0u64, 0u64, 0usize);
     for &i in &e.devices {
         let s = shared.devices[usize::from(i)].snapshot(now);
@@ -220,7 +234,7 @@ pub fn detail(e: &EngineState, shared: &Shared, win: Duration) -> Value {
             "last_probe": e.vi.last_probe(),
             "rearms": e.rearms(),
         },
-        "qos": qos(e, shared, win),
+        "qos": qos_from(e, shared, &report, win),
         "window": {
             "seconds": win.as_secs_f64(),
             "peak": report.combined.peak,
