@@ -82,6 +82,7 @@ impl Stack {
         )
         .unwrap();
         let npu_files = [dir.path().join("npu0"), dir.path().join("npu1")];
+        let engine_log = dir.path().join("engine.log");
         let spawn_engine = move || {
             Some(
                 npu_health_agent::fake::engine_command(
@@ -91,6 +92,7 @@ impl Stack {
                     "m",
                     &npu_files,
                 )
+                .stderr(Stdio::from(std::fs::File::create(&engine_log).unwrap()))
                 .spawn()
                 .expect("start fake engine"),
             )
@@ -223,8 +225,9 @@ impl Stack {
             std::thread::sleep(Duration::from_millis(50));
         }
         panic!(
-            "/status never became {want} (last {last:?})\nagent log:\n{}",
-            self.agent_log()
+            "/status never became {want} (last {last:?})\nagent log:\n{}\nengine log:\n{}",
+            self.agent_log(),
+            std::fs::read_to_string(self.path("engine.log")).unwrap_or_default()
         );
     }
 
