@@ -10,6 +10,8 @@
 #![deny(unsafe_code)]
 
 pub mod agent;
+#[cfg(feature = "fake-driver")]
+pub mod chaos;
 pub mod cli;
 pub mod config;
 pub mod driver;

@@ -1,0 +1,581 @@
+//! The experiment file of the chaos suite: YAML, a list of experiments (at the top level or
+//! under `experiments:`, as in the seed), each naming a fault to inject into a stack of real
+//! processes, the load to run meanwhile, optional guards, and what the agent must conclude.
+//! Parsing validates everything up front and names the experiment and the key of any error;
+//! the format is documented in `docs/chaos.md`.
+
+use serde::Deserialize;
+use std::fmt;
+use std::time::Duration;
+
+/// What part of the inference path an experiment aims at (documentation and reporting; the
+/// fault decides what is injected).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Target {
+    #[serde(alias = "prefill_stage")]
+    Prefill,
+    #[serde(alias = "decode_stage")]
+    Decode,
+    #[serde(alias = "kv_cache_manager")]
+    KvCache,
+    Engine,
+    Driver,
+    Network,
+    Host,
+}
+
+/// A fault, parsed from its name (`network_latency_50ms`, `cpu_stress_30pct`, …).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Fault {
+    /// A TCP proxy between every client (load, agent) and the engine delays each chunk.
+    NetworkLatency(Duration),
+    /// Busy threads on this machine, `pct` of every core (the agent's included).
+    CpuStress(u8),
+    /// The engine reports this much more KV-cache usage (percentage points).
+    MemoryPressure(u8),
+    /// The engine pauses (completions wait, `/health` answers 503) this long.
+    HotReload(Duration),
+    /// This many extra SSE streams held open for the whole fault window.
+    LongStreams(u32),
+    /// Random extra latency per decoded token, up to this.
+    BatchJitter(Duration),
+    /// `/health` answers after this long.
+    SlowHealth(Duration),
+    /// Completions accepted and never answered, the NPU idle.
+    EngineHang,
+    /// The engine process is killed.
+    EngineCrash,
+    /// Requests hang, AI Cube at 0 %, HBM full.
+    NpuHangIdle,
+    /// AI Cube ≥ 90 %, requests running, no token produced.
+    NpuBusyStuck,
+    /// Every DCMI AI Cube read returns an error code.
+    DriverError,
+    /// DCMI AI Cube reads block.
+    DriverHang,
+    /// Completions answer HTTP 500.
+    Http5xx,
+}
+
+impl Fault {
+    /// Parses a fault name; the error lists the known forms.
+    pub fn parse(s: &str) -> Result<Fault, String> {
+        let known = "known: network_latency_<N>ms, cpu_stress_<N>pct, memory_pressure_<N>pct, hot_reload_<N>s, long_streams_<N>, batch_jitter_<N>ms, slow_health_<N>s, engine_hang, engine_crash, npu_hang_idle, npu_busy_stuck, driver_error, driver_hang, http_5xx";
+        let fixed = match s {
+            "engine_hang" => Some(Fault::EngineHang),
+            "engine_crash" => Some(Fault::EngineCrash),
+            "npu_hang_idle" => Some(Fault::NpuHangIdle),
+            "npu_busy_stuck" => Some(Fault::NpuBusyStuck),
+            "driver_error" => Some(Fault::DriverError),
+            "driver_hang" => Some(Fault::DriverHang),
+            "http_5xx" => Some(Fault::Http5xx),
+            _ => None,
+        };
+        if let Some(f) = fixed {
+            return Ok(f);
+        }
+        let number = |prefix: &str, unit: &str| -> Option<Result<u64, String>> {
+            let n = s.strip_prefix(prefix)?.strip_suffix(unit)?;
+            Some(
+                n.parse::<u64>()
+                    .map_err(|_| format!("{s:?}: {n:?} is not a whole number")),
+            )
+        };
+        let pct = |n: u64| -> Result<u8, String> {
+            if (1..=100).contains(&n) {
+                Ok(n as u8)
+            } else {
+                Err(format!("{s:?}: the percentage must be 1..=100"))
+            }
+        };
+        let ms = |n: u64| Duration::from_millis(n);
+        let secs = |n: u64| Duration::from_secs(n);
+        if let Some(n) = number("network_latency_", "ms") {
+            return Ok(Fault::NetworkLatency(ms(n?)));
+        }
+        if let Some(n) = number("cpu_stress_", "pct") {
+            return Ok(Fault::CpuStress(pct(n?)?));
+        }
+        if let Some(n) = number("memory_pressure_", "pct") {
+            return Ok(Fault::MemoryPressure(pct(n?)?));
+        }
+        if let Some(n) = number("hot_reload_", "s") {
+            return Ok(Fault::HotReload(secs(n?)));
+        }
+        if let Some(n) = number("long_streams_", "") {
+            let n = n?;
+            if n == 0 || n > 10_000 {
+                return Err(format!("{s:?}: the stream count must be 1..=10000"));
+            }
+            return Ok(Fault::LongStreams(n as u32));
+        }
+        if let Some(n) = number("batch_jitter_", "ms") {
+            return Ok(Fault::BatchJitter(ms(n?)));
+        }
+        if let Some(n) = number("slow_health_", "s") {
+            return Ok(Fault::SlowHealth(secs(n?)));
+        }
+        Err(format!("unknown fault {s:?} ({known})"))
+    }
+}
+
+impl fmt::Display for Fault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Fault::NetworkLatency(d) => write!(f, "network_latency_{}ms", d.as_millis()),
+            Fault::CpuStress(p) => write!(f, "cpu_stress_{p}pct"),
+            Fault::MemoryPressure(p) => write!(f, "memory_pressure_{p}pct"),
+            Fault::HotReload(d) => write!(f, "hot_reload_{}s", d.as_secs()),
+            Fault::LongStreams(n) => write!(f, "long_streams_{n}"),
+            Fault::BatchJitter(d) => write!(f, "batch_jitter_{}ms", d.as_millis()),
+            Fault::SlowHealth(d) => write!(f, "slow_health_{}s", d.as_secs()),
+            Fault::EngineHang => f.write_str("engine_hang"),
+            Fault::EngineCrash => f.write_str("engine_crash"),
+            Fault::NpuHangIdle => f.write_str("npu_hang_idle"),
+            Fault::NpuBusyStuck => f.write_str("npu_busy_stuck"),
+            Fault::DriverError => f.write_str("driver_error"),
+            Fault::DriverHang => f.write_str("driver_hang"),
+            Fault::Http5xx => f.write_str("http_5xx"),
+        }
+    }
+}
+
+/// A guard, evaluated continuously while the experiment runs. A tripped guard stops (or
+/// holds back) the injection and is reported.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Guard {
+    /// Do not inject (or stop injecting) while the engine's queue is deeper than this
+    /// (`vllm:num_requests_waiting`).
+    SkipIfQueueDepth(u64),
+    /// Stop injecting once the agent's QoS score falls below this.
+    AbortIfHealth(f64),
+    /// Stop injecting once the load has produced this many tokens under the fault.
+    LimitAffectedTokens(u64),
+}
+
+impl Guard {
+    /// Parses `skip_if_queue_depth > 10`, `abort_if_health < 0.5`, `limit_affected_tokens
+    /// 4096` (the comparison may be left out; when given it must be the one shown).
+    pub fn parse(s: &str) -> Result<Guard, String> {
+        let words: Vec<&str> = s.split_whitespace().collect();
+        let (name, op, value) = match words.as_slice() {
+            [name, value] => (*name, None, *value),
+            [name, op, value] => (*name, Some(*op), *value),
+            _ => {
+                return Err(format!(
+                    "guard {s:?}: expected `<name> [<comparison>] <value>`, e.g. `skip_if_queue_depth > 10`"
+                ));
+            }
+        };
+        let check_op = |want: &str| -> Result<(), String> {
+            match op {
+                None => Ok(()),
+                Some(o) if o == want => Ok(()),
+                Some(o) => Err(format!("guard {s:?}: {name} takes `{want}`, not `{o}`")),
+            }
+        };
+        let whole = |v: &str| {
+            v.parse::<u64>()
+                .map_err(|_| format!("guard {s:?}: {v:?} is not a whole number"))
+        };
+        match name {
+            "skip_if_queue_depth" => {
+                check_op(">")?;
+                Ok(Guard::SkipIfQueueDepth(whole(value)?))
+            }
+            "abort_if_health" => {
+                check_op("<")?;
+                let x: f64 = value
+                    .parse()
+                    .map_err(|_| format!("guard {s:?}: {value:?} is not a number"))?;
+                if !(0.0..=1.0).contains(&x) {
+                    return Err(format!("guard {s:?}: the health score is in [0, 1]"));
+                }
+                Ok(Guard::AbortIfHealth(x))
+            }
+            "limit_affected_tokens" => {
+                check_op("<=")?;
+                Ok(Guard::LimitAffectedTokens(whole(value)?))
+            }
+            other => Err(format!(
+                "guard {s:?}: unknown guard {other:?} (known: skip_if_queue_depth, abort_if_health, limit_affected_tokens)"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for Guard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Guard::SkipIfQueueDepth(n) => write!(f, "skip_if_queue_depth > {n}"),
+            Guard::AbortIfHealth(x) => write!(f, "abort_if_health < {x}"),
+            Guard::LimitAffectedTokens(n) => write!(f, "limit_affected_tokens {n}"),
+        }
+    }
+}
+
+/// What the agent must conclude.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Expect {
+    /// No kill, ever (a benign experiment).
+    Healthy,
+    /// The fault is detected within this long after the injection starts.
+    DetectWithin(Duration),
+}
+
+/// Load run for the whole experiment.
+#[derive(Debug, Clone, PartialEq, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Load {
+    /// Concurrent streaming clients, each sending streams back to back.
+    #[serde(default = "Load::default_streams")]
+    pub streams: u32,
+    /// Plain (non-streamed) completions per second, spread evenly.
+    #[serde(default = "Load::default_rate")]
+    pub rate: f64,
+    /// Prompt size of each request, in tokens (the fake engine counts 4 characters a token).
+    #[serde(default = "Load::default_prompt_tokens")]
+    pub prompt_tokens: u32,
+    /// Tokens asked for per request.
+    #[serde(default = "Load::default_max_tokens")]
+    pub max_tokens: u32,
+}
+
+impl Load {
+    fn default_streams() -> u32 {
+        4
+    }
+    fn default_rate() -> f64 {
+        2.0
+    }
+    fn default_prompt_tokens() -> u32 {
+        256
+    }
+    fn default_max_tokens() -> u32 {
+        64
+    }
+}
+
+impl Default for Load {
+    fn default() -> Self {
+        Load {
+            streams: Load::default_streams(),
+            rate: Load::default_rate(),
+            prompt_tokens: Load::default_prompt_tokens(),
+            max_tokens: Load::default_max_tokens(),
+        }
+    }
+}
+
+/// One validated experiment.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Experiment {
+    pub name: String,
+    pub target: Target,
+    pub fault: Fault,
+    /// How long the fault is injected.
+    pub duration: Duration,
+    pub load: Load,
+    pub guards: Vec<Guard>,
+    pub expect: Expect,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum File {
+    Wrapped {
+        experiments: Vec<serde_yaml_ng::Value>,
+    },
+    List(Vec<serde_yaml_ng::Value>),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawExperiment {
+    name: String,
+    target: Target,
+    fault: String,
+    duration: String,
+    #[serde(default)]
+    load: Load,
+    #[serde(default)]
+    guard: Option<OneOrMany>,
+    expect: RawExpect,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum RawExpect {
+    Word(String),
+    Detect { detect_within: String },
+}
+
+fn parse_duration(key: &str, s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s)
+        .map_err(|e| format!("{key}: {s:?} is not a duration like \"30s\": {e}"))?;
+    if d.is_zero() {
+        return Err(format!("{key}: must be above zero"));
+    }
+    Ok(d)
+}
+
+/// Parses and validates an experiment file; `file` names it in errors.
+pub fn parse(text: &str, file: &str) -> Result<Vec<Experiment>, String> {
+    let doc: File = serde_yaml_ng::from_str(text).map_err(|e| {
+        format!("{file}: expected a list of experiments (or `experiments:` with one): {e}")
+    })?;
+    let raws = match doc {
+        File::Wrapped { experiments } | File::List(experiments) => experiments,
+    };
+    if raws.is_empty() {
+        return Err(format!("{file}: no experiment"));
+    }
+    let mut out: Vec<Experiment> = Vec::with_capacity(raws.len());
+    for (i, v) in raws.into_iter().enumerate() {
+        let label = v
+            .get("name")
+            .and_then(|n| n.as_str())
+            .map_or_else(|| format!("#{}", i + 1), |n| format!("#{} ({n})", i + 1));
+        let at = |e: String| format!("{file}: experiment {label}: {e}");
+        let raw: RawExperiment = serde_yaml_ng::from_value(v).map_err(|e| at(e.to_string()))?;
+        if raw.name.trim().is_empty() {
+            return Err(at("name: must not be empty".to_owned()));
+        }
+        if out.iter().any(|e| e.name == raw.name) {
+            return Err(at("name: used twice in the file".to_owned()));
+        }
+        let fault = Fault::parse(&raw.fault).map_err(|e| at(format!("fault: {e}")))?;
+        let duration = parse_duration("duration", &raw.duration).map_err(at)?;
+        let guards = match raw.guard {
+            None => Vec::new(),
+            Some(OneOrMany::One(g)) => vec![g],
+            Some(OneOrMany::Many(g)) => g,
+        }
+        .iter()
+        .map(|g| Guard::parse(g).map_err(|e| at(format!("guard: {e}"))))
+        .collect::<Result<Vec<_>, _>>()?;
+        let expect = match raw.expect {
+            RawExpect::Word(w) if w == "healthy" => Expect::Healthy,
+            RawExpect::Word(w) => {
+                return Err(at(format!(
+                    "expect: {w:?}: expected `healthy` or `detect_within: <duration>`"
+                )));
+            }
+            RawExpect::Detect { detect_within } => Expect::DetectWithin(
+                parse_duration("expect.detect_within", &detect_within).map_err(at)?,
+            ),
+        };
+        let l = &raw.load;
+        if !(l.rate.is_finite() && l.rate >= 0.0 && l.rate <= 1000.0) {
+            return Err(at(
+                "load.rate: must be 0..=1000 requests per second".to_owned()
+            ));
+        }
+        if l.streams > 2000 {
+            return Err(at("load.streams: at most 2000".to_owned()));
+        }
+        if l.max_tokens == 0 || l.max_tokens > 4096 {
+            return Err(at("load.max_tokens: must be 1..=4096".to_owned()));
+        }
+        if l.prompt_tokens > 100_000 {
+            return Err(at("load.prompt_tokens: at most 100000".to_owned()));
+        }
+        out.push(Experiment {
+            name: raw.name,
+            target: raw.target,
+            fault,
+            duration,
+            load: raw.load,
+            guards,
+            expect,
+        });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // The seed's three experiments, as its file writes them (under `experiments:`).
+    const SEED: &str = r#"
+experiments:
+  - name: prefill_delay
+    target: prefill_stage
+    fault: network_latency_50ms
+    duration: 60s
+    guard: skip_if_queue_depth > 10
+    expect: healthy
+  - name: decode_cpu_contention
+    target: decode_stage
+    fault: cpu_stress_30pct
+    duration: 60s
+    guard: abort_if_health < 0.5
+    expect: healthy
+  - name: kv_cache_eviction
+    target: kv_cache_manager
+    fault: memory_pressure_20pct
+    duration: 60s
+    guard: limit_affected_tokens 4096
+    load: { streams: 8, rate: 4, prompt_tokens: 1024 }
+    expect: healthy
+"#;
+
+    #[test]
+    fn the_seeds_experiments() {
+        let e = parse(SEED, "seed.yaml").unwrap();
+        assert_eq!(e.len(), 3);
+        assert_eq!(e[0].target, Target::Prefill);
+        assert_eq!(e[0].fault, Fault::NetworkLatency(Duration::from_millis(50)));
+        assert_eq!(e[0].guards, vec![Guard::SkipIfQueueDepth(10)]);
+        assert_eq!(e[1].fault, Fault::CpuStress(30));
+        assert_eq!(e[1].guards, vec![Guard::AbortIfHealth(0.5)]);
+        assert_eq!(e[2].target, Target::KvCache);
+        assert_eq!(e[2].fault, Fault::MemoryPressure(20));
+        assert_eq!(e[2].guards, vec![Guard::LimitAffectedTokens(4096)]);
+        assert_eq!(e[2].load.streams, 8);
+        assert_eq!(e[2].load.max_tokens, 64, "default filled in");
+        assert_eq!(e[0].load, Load::default());
+        assert!(e.iter().all(|x| x.expect == Expect::Healthy));
+    }
+
+    #[test]
+    fn a_bare_list_and_detection() {
+        let e = parse(
+            "- name: hang\n  target: engine\n  fault: engine_hang\n  duration: 30s\n  expect: { detect_within: 45s }\n  guard: [\"abort_if_health 0.1\"]\n",
+            "f.yaml",
+        )
+        .unwrap();
+        assert_eq!(e[0].expect, Expect::DetectWithin(Duration::from_secs(45)));
+        assert_eq!(e[0].guards, vec![Guard::AbortIfHealth(0.1)]);
+    }
+
+    #[test]
+    fn every_fault_name_round_trips() {
+        for s in [
+            "network_latency_100ms",
+            "cpu_stress_100pct",
+            "memory_pressure_20pct",
+            "hot_reload_5s",
+            "long_streams_200",
+            "batch_jitter_20ms",
+            "slow_health_30s",
+            "engine_hang",
+            "engine_crash",
+            "npu_hang_idle",
+            "npu_busy_stuck",
+            "driver_error",
+            "driver_hang",
+            "http_5xx",
+        ] {
+            assert_eq!(Fault::parse(s).unwrap().to_string(), s);
+        }
+        for bad in [
+            "cpu_stress_0pct",
+            "cpu_stress_101pct",
+            "network_latency_fastms",
+            "long_streams_0",
+            "explode",
+        ] {
+            assert!(Fault::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn guards() {
+        assert_eq!(
+            Guard::parse("skip_if_queue_depth 10").unwrap(),
+            Guard::SkipIfQueueDepth(10)
+        );
+        assert!(
+            Guard::parse("skip_if_queue_depth < 10")
+                .unwrap_err()
+                .contains("takes `>`")
+        );
+        assert!(
+            Guard::parse("abort_if_health < 1.5")
+                .unwrap_err()
+                .contains("[0, 1]")
+        );
+        assert!(
+            Guard::parse("retry_if_sad > 1")
+                .unwrap_err()
+                .contains("unknown guard")
+        );
+        assert!(Guard::parse("limit_affected_tokens").is_err());
+        assert_eq!(
+            Guard::parse(&Guard::AbortIfHealth(0.5).to_string()).unwrap(),
+            Guard::AbortIfHealth(0.5)
+        );
+    }
+
+    // Errors name the file, the experiment and the key.
+    #[test]
+    fn errors_name_the_experiment_and_the_key() {
+        let cases = [
+            (
+                SEED.replace("network_latency_50ms", "network_lag_50ms"),
+                "prefill_delay",
+                "fault",
+            ),
+            (
+                SEED.replace(
+                    "duration: 60s\n    guard: abort",
+                    "duration: soon\n    guard: abort",
+                ),
+                "decode_cpu_contention",
+                "duration",
+            ),
+            (
+                SEED.replace("target: kv_cache_manager", "target: gpu"),
+                "kv_cache_eviction",
+                "unknown variant",
+            ),
+            (
+                SEED.replace(
+                    "expect: healthy\n  - name: decode",
+                    "expect: fine\n  - name: decode",
+                ),
+                "prefill_delay",
+                "expect",
+            ),
+            (
+                SEED.replace("rate: 4", "rate: -1"),
+                "kv_cache_eviction",
+                "load.rate",
+            ),
+            (
+                SEED.replace("prompt_tokens: 1024", "prompt_tokns: 1024"),
+                "kv_cache_eviction",
+                "prompt_tokns",
+            ),
+            (
+                SEED.replace("name: decode_cpu_contention", "name: prefill_delay"),
+                "prefill_delay",
+                "used twice",
+            ),
+        ];
+        for (text, experiment, key) in cases {
+            let err = parse(&text, "x.yaml").unwrap_err();
+            assert!(err.starts_with("x.yaml: experiment #"), "{err}");
+            assert!(
+                err.contains(experiment) && err.contains(key),
+                "{key}: {err}"
+            );
+        }
+        assert!(parse("[]", "x.yaml").unwrap_err().contains("no experiment"));
+        assert!(
+            parse("{a: 1}", "x.yaml")
+                .unwrap_err()
+                .contains("list of experiments")
+        );
+    }
+}
