@@ -56,6 +56,14 @@ pub struct Faults {
     pub npu_na: bool,
     /// Forces the KV-cache usage reported in `/metrics` (0..1).
     pub kv_cache_usage: Option<f64>,
+    /// Added to the KV-cache usage reported in `/metrics` (memory pressure, 0..1).
+    pub kv_cache_pressure: f64,
+    /// The fake driver answers this DCMI return code for the NPUs' AI Cube reads.
+    pub driver_error: Option<i32>,
+    /// The fake driver's AI Cube reads block for as long as this is set.
+    pub driver_hang: bool,
+    /// HBM in use the fake driver reports for the NPUs, MB.
+    pub hbm_used_mb: Option<u64>,
 }
 
 impl Default for Faults {
@@ -74,6 +82,10 @@ impl Default for Faults {
             npu_usage: None,
             npu_na: false,
             kv_cache_usage: None,
+            kv_cache_pressure: 0.0,
+            driver_error: None,
+            driver_hang: false,
+            hbm_used_mb: None,
         }
     }
 }
@@ -293,11 +305,7 @@ async fn serve_until(
 async fn write_usage(engine: Arc<Engine>, cancel: CancellationToken) {
     let mut last = None;
     loop {
-        let text = if engine.faults().npu_na {
-            "NA\n".to_owned()
-        } else {
-            format!("{}\n", engine.usage())
-        };
+        let text = npu_file_text(&engine.faults(), engine.usage());
         if last.as_ref() != Some(&text) {
             for f in &engine.opts.npu_files {
                 let tmp = f.with_extension("tmp");
@@ -311,6 +319,24 @@ async fn write_usage(engine: Arc<Engine>, cancel: CancellationToken) {
             _ = cancel.cancelled() => return,
             _ = tokio::time::sleep(Duration::from_millis(20)) => {}
         }
+    }
+}
+
+/// What the fake driver reads for the NPUs (`npu_fake::scenario::file_reading`): the AI Cube
+/// figure, `NA`, `error:<code>` or `hang`, then `hbm_used_mb=<n>` when set.
+fn npu_file_text(f: &Faults, usage: u8) -> String {
+    let reading = if f.driver_hang {
+        "hang".to_owned()
+    } else if let Some(code) = f.driver_error {
+        format!("error:{code}")
+    } else if f.npu_na {
+        "NA".to_owned()
+    } else {
+        usage.to_string()
+    };
+    match f.hbm_used_mb {
+        Some(mb) => format!("{reading} hbm_used_mb={mb}\n"),
+        None => format!("{reading}\n"),
     }
 }
 
@@ -522,9 +548,11 @@ async fn metrics(State(e): State<Arc<Engine>>) -> Response {
     let f = e.faults();
     let running = e.running.load(Ordering::Acquire);
     let waiting = e.waiting.load(Ordering::Acquire);
-    let kv = f
+    let kv = (f
         .kv_cache_usage
-        .unwrap_or_else(|| (running as f64 / e.opts.max_running.max(1) as f64).min(1.0));
+        .unwrap_or_else(|| running as f64 / e.opts.max_running.max(1) as f64)
+        + f.kv_cache_pressure)
+        .clamp(0.0, 1.0);
     let m = &e.opts.model;
     let text = format!(
         "# HELP vllm:num_requests_running Number of requests in model execution batches.\n\
@@ -904,5 +932,28 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         assert!(ok, "listening again");
+    }
+
+    #[test]
+    fn npu_file_text_carries_driver_faults() {
+        let f = Faults::default();
+        assert_eq!(npu_file_text(&f, 60), "60\n");
+        let hang = Faults {
+            driver_hang: true,
+            driver_error: Some(-8005),
+            ..Faults::default()
+        };
+        assert_eq!(npu_file_text(&hang, 60), "hang\n", "a hang wins");
+        let err = Faults {
+            driver_error: Some(-8005),
+            hbm_used_mb: Some(65536),
+            ..Faults::default()
+        };
+        assert_eq!(npu_file_text(&err, 0), "error:-8005 hbm_used_mb=65536\n");
+        let na = Faults {
+            npu_na: true,
+            ..Faults::default()
+        };
+        assert_eq!(npu_file_text(&na, 0), "NA\n");
     }
 }

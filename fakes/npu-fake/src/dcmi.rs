@@ -278,7 +278,13 @@ fn read_aicube(d: &Driver, dev: &Device) -> Reading {
     if dev.hang_ms > 0 && hanging {
         std::thread::sleep(Duration::from_millis(dev.hang_ms));
     }
-    d.scenario.aicube_at(dev, now_ms())
+    // A programme that says `hang` blocks the call until it says something else.
+    loop {
+        match d.scenario.aicube_at(dev, now_ms()) {
+            Reading::Hang => std::thread::sleep(Duration::from_millis(20)),
+            r => return r,
+        }
+    }
 }
 
 fn reading_to_rc(r: Reading) -> Result<u32, i32> {
@@ -286,6 +292,7 @@ fn reading_to_rc(r: Reading) -> Result<u32, i32> {
         Reading::Value(v) => Ok(v),
         Reading::Na => Err(ERR_INNER),
         Reading::Error(code) => Err(code),
+        Reading::Hang => Err(ERR_INNER),
     }
 }
 
@@ -408,7 +415,11 @@ fn hbm(dev: &Device, out: &mut HbmInfo) -> i32 {
     *out = HbmInfo {
         memory_size: dev.hbm_total_mb,
         freq: 1600,
-        memory_usage: dev.hbm_used_mb,
+        memory_usage: dev
+            .aicube
+            .file_hbm_used_mb()
+            .unwrap_or(dev.hbm_used_mb)
+            .min(dev.hbm_total_mb),
         temp: 40,
         bandwith_util_rate: 0,
     };

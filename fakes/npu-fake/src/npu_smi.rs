@@ -164,7 +164,7 @@ fn header(s: &Scenario, letters: &str) -> String {
 fn cell(r: Reading) -> String {
     match r {
         Reading::Value(v) => v.to_string(),
-        Reading::Na | Reading::Error(_) => "NA".to_owned(),
+        Reading::Na | Reading::Error(_) | Reading::Hang => "NA".to_owned(),
     }
 }
 

@@ -78,6 +78,8 @@ pub enum Reading {
     Na,
     /// A DCMI return code (`npu-smi` prints `NA`).
     Error(i32),
+    /// The DCMI read blocks (for as long as the programme says so; `npu-smi` prints `NA`).
+    Hang,
 }
 
 /// Square-wave parameters.
@@ -120,7 +122,8 @@ pub enum ProgrammeSpec {
     Trace(TraceSpec),
     Na,
     Error(i32),
-    /// Read the value from a file at every call (integer text; anything else reads as `NA`).
+    /// Read the value from a file at every call: see [`file_reading`] (and
+    /// [`Programme::file_hbm_used_mb`]).
     File(PathBuf),
 }
 
@@ -165,15 +168,35 @@ impl Programme {
             }
             Programme::Na => Reading::Na,
             Programme::Error(code) => Reading::Error(*code),
-            Programme::File(path) => match std::fs::read_to_string(path) {
-                Ok(text) => text
-                    .trim()
-                    .parse::<u32>()
-                    .map(Reading::Value)
-                    .unwrap_or(Reading::Na),
-                Err(_) => Reading::Na,
-            },
+            Programme::File(path) => std::fs::read_to_string(path)
+                .map(|t| file_reading(&t))
+                .unwrap_or(Reading::Na),
         }
+    }
+
+    /// HBM in use set by a `file` programme (`hbm_used_mb=<n>` after the reading).
+    pub fn file_hbm_used_mb(&self) -> Option<u64> {
+        let Programme::File(path) = self else {
+            return None;
+        };
+        let text = std::fs::read_to_string(path).ok()?;
+        text.split_whitespace()
+            .find_map(|t| t.strip_prefix("hbm_used_mb="))
+            .and_then(|v| v.parse().ok())
+    }
+}
+
+/// The reading a `file` programme's text gives: its first word is a percentage, `NA`,
+/// `error:<code>` (DCMI answers that code) or `hang` (DCMI reads block while it says so);
+/// anything else reads as `NA`.
+pub fn file_reading(text: &str) -> Reading {
+    match text.split_whitespace().next() {
+        Some("hang") => Reading::Hang,
+        Some(t) => match t.strip_prefix("error:") {
+            Some(code) => code.parse().map(Reading::Error).unwrap_or(Reading::Na),
+            None => t.parse().map(Reading::Value).unwrap_or(Reading::Na),
+        },
+        None => Reading::Na,
     }
 }
 
@@ -551,5 +574,26 @@ mod tests {
         assert_eq!(s.devices[0].health, 1);
         assert_eq!(s.devices[3].health, 2);
         assert_eq!((s.devices[3].card, s.devices[3].chip), (1, 1));
+    }
+
+    // The file protocol the fake engine writes for the chaos suite.
+    #[test]
+    fn file_readings() {
+        assert_eq!(file_reading("42\n"), Reading::Value(42));
+        assert_eq!(file_reading("NA"), Reading::Na);
+        assert_eq!(
+            file_reading("error:-8005 hbm_used_mb=1"),
+            Reading::Error(-8005)
+        );
+        assert_eq!(file_reading("hang"), Reading::Hang);
+        assert_eq!(file_reading(""), Reading::Na);
+        assert_eq!(file_reading("error:x"), Reading::Na);
+        let dir = std::env::temp_dir().join(format!("npu-fake-file-{}", std::process::id()));
+        std::fs::write(&dir, "0 hbm_used_mb=65000\n").unwrap();
+        let p = Programme::File(dir.clone());
+        assert_eq!(p.at(0), Reading::Value(0));
+        assert_eq!(p.file_hbm_used_mb(), Some(65000));
+        assert_eq!(Programme::Constant(1).file_hbm_used_mb(), None);
+        let _ = std::fs::remove_file(dir);
     }
 }
