@@ -279,6 +279,9 @@ pub struct Experiment {
     pub load: Load,
     pub guards: Vec<Guard>,
     pub expect: Expect,
+    /// Only the full policy (QoS + stall detection) is expected to detect the fault; the
+    /// reference-compatible policy cannot by design (`expect: {detect_within: …, policy: full}`).
+    pub full_policy_only: bool,
 }
 
 #[derive(Deserialize)]
@@ -315,7 +318,15 @@ enum OneOrMany {
 #[serde(untagged)]
 enum RawExpect {
     Word(String),
-    Detect { detect_within: String },
+    Detect(RawDetect),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDetect {
+    detect_within: String,
+    #[serde(default)]
+    policy: Option<String>,
 }
 
 fn parse_duration(key: &str, s: &str) -> Result<Duration, String> {
@@ -362,15 +373,29 @@ pub fn parse(text: &str, file: &str) -> Result<Vec<Experiment>, String> {
         .iter()
         .map(|g| Guard::parse(g).map_err(|e| at(format!("guard: {e}"))))
         .collect::<Result<Vec<_>, _>>()?;
-        let expect = match raw.expect {
-            RawExpect::Word(w) if w == "healthy" => Expect::Healthy,
+        let (expect, full_policy_only) = match raw.expect {
+            RawExpect::Word(w) if w == "healthy" => (Expect::Healthy, false),
             RawExpect::Word(w) => {
                 return Err(at(format!(
                     "expect: {w:?}: expected `healthy` or `detect_within: <duration>`"
                 )));
             }
-            RawExpect::Detect { detect_within } => Expect::DetectWithin(
-                parse_duration("expect.detect_within", &detect_within).map_err(at)?,
+            RawExpect::Detect(RawDetect {
+                detect_within,
+                policy,
+            }) => (
+                Expect::DetectWithin(
+                    parse_duration("expect.detect_within", &detect_within).map_err(at)?,
+                ),
+                match policy.as_deref() {
+                    None | Some("any") => false,
+                    Some("full") => true,
+                    Some(other) => {
+                        return Err(at(format!(
+                            "expect.policy: {other:?}: expected `any` (default) or `full`"
+                        )));
+                    }
+                },
             ),
         };
         let l = &raw.load;
@@ -396,6 +421,7 @@ pub fn parse(text: &str, file: &str) -> Result<Vec<Experiment>, String> {
             load: raw.load,
             guards,
             expect,
+            full_policy_only,
         });
     }
     Ok(out)
@@ -456,6 +482,25 @@ experiments:
         .unwrap();
         assert_eq!(e[0].expect, Expect::DetectWithin(Duration::from_secs(45)));
         assert_eq!(e[0].guards, vec![Guard::AbortIfHealth(0.1)]);
+        assert!(!e[0].full_policy_only);
+        let e = parse(
+            "- name: stuck\n  target: engine\n  fault: npu_busy_stuck\n  duration: 90s\n  expect: { detect_within: 150s, policy: full }\n",
+            "f.yaml",
+        )
+        .unwrap();
+        assert!(e[0].full_policy_only);
+        let err = parse(
+            "- name: stuck\n  target: engine\n  fault: npu_busy_stuck\n  duration: 90s\n  expect: { detect_within: 150s, policy: best }\n",
+            "f.yaml",
+        )
+        .unwrap_err();
+        assert!(err.contains("expect.policy"), "{err}");
+        let err = parse(
+            "- name: stuck\n  target: engine\n  fault: npu_busy_stuck\n  duration: 90s\n  expect: { detect_within: 150s, polcy: full }\n",
+            "f.yaml",
+        )
+        .unwrap_err();
+        assert!(err.contains("stuck"), "a misspelt key is an error: {err}");
     }
 
     #[test]

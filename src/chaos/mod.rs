@@ -4,3 +4,94 @@
 //! engine killed and real faults are always detected. See `docs/chaos.md`.
 
 pub mod experiment;
+pub mod load;
+pub mod proxy;
+pub mod report;
+pub mod run;
+pub mod stress;
+
+use experiment::Experiment;
+use run::{Outcome, Policy, RunOptions};
+use std::path::{Path, PathBuf};
+
+/// The agent binary next to this one (cargo builds both into the same directory).
+pub fn agent_exe() -> Result<PathBuf, String> {
+    let me = std::env::current_exe().map_err(|e| format!("cannot locate this binary: {e}"))?;
+    let agent = me.with_file_name("npu-health-agent");
+    if agent.is_file() {
+        Ok(agent)
+    } else {
+        Err(format!(
+            "{} not found: build it with the same profile and `--features fake-driver`",
+            agent.display()
+        ))
+    }
+}
+
+/// Runs every experiment under every policy, one at a time (CPU stress must not overlap
+/// another experiment), writing `<out>/<policy>/<name>.json`, `summary.md` and
+/// `summary.json`. True when nothing failed (no false kill, no missed detection, no error).
+pub async fn run_all(
+    experiments: &[Experiment],
+    policies: &[Policy],
+    time_scale: f64,
+    out: &Path,
+) -> Result<bool, String> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let opts = RunOptions {
+        agent_exe: agent_exe()?,
+        time_scale,
+        out_dir: out.to_owned(),
+    };
+    std::fs::create_dir_all(out).map_err(|e| format!("{}: {e}", out.display()))?;
+    let mut outcomes: Vec<Outcome> = Vec::new();
+    for e in experiments {
+        for &p in policies {
+            eprintln!(
+                "npu-chaos: {} ({}) under the {} policy ...",
+                e.name,
+                e.fault,
+                p.as_str()
+            );
+            let run = run::run(e, p, &opts);
+            let o = tokio::select! {
+                o = run => o,
+                _ = tokio::signal::ctrl_c() => {
+                    // Dropping the experiment kills and reaps its processes.
+                    return Err("interrupted".to_owned());
+                }
+            };
+            eprintln!(
+                "npu-chaos:   {:?}{}",
+                o.verdict,
+                o.detected_after_ms
+                    .map(|t| format!(", detected after {:.1} s (scaled)", t as f64 / 1000.0))
+                    .unwrap_or_default()
+            );
+            let path = out.join(p.as_str()).join(format!("{}.json", e.name));
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            }
+            std::fs::write(&path, serde_json::to_string_pretty(&o).unwrap_or_default())
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            outcomes.push(o);
+        }
+    }
+    let md = report::markdown(&outcomes, policies, time_scale);
+    print!("{md}");
+    std::fs::write(out.join("summary.md"), &md).map_err(|e| e.to_string())?;
+    let summaries: Vec<report::PolicySummary> = policies
+        .iter()
+        .map(|&p| report::summarize(p, &outcomes))
+        .collect();
+    std::fs::write(
+        out.join("summary.json"),
+        serde_json::to_string_pretty(&serde_json::json!({
+            "time_scale": time_scale,
+            "policies": summaries,
+        }))
+        .unwrap_or_default(),
+    )
+    .map_err(|e| e.to_string())?;
+    Ok(!report::failed(&outcomes))
+}

@@ -1,0 +1,139 @@
+//! `npu-chaos`: runs experiment files against real processes (fake engine, agent on the fake
+//! driver, load, Node Manager emulator) and reports false kills and detections. Thin: parse
+//! flags, load the files, call `npu_health_agent::chaos`. Exit 0 all good, 1 a false kill, a
+//! missed detection or an experiment that could not run, 2 bad usage or a bad file.
+
+use clap::{Parser, Subcommand};
+use npu_health_agent::chaos::{self, experiment, run::Policy};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "npu-chaos", version = npu_health_agent::VERSION, about = "Chaos experiments against the agent and fake engine (see docs/chaos.md)")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run every experiment of the files under each policy.
+    Run {
+        /// Experiment files (YAML).
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// Multiplies every interval (agent, Node Manager, engine speed, faults).
+        #[arg(long, default_value_t = 1.0)]
+        time_scale: f64,
+        /// Where timelines, charts, logs and the summary go.
+        #[arg(long, default_value = "chaos-out")]
+        out: PathBuf,
+        /// Policies to run (default both).
+        #[arg(long, value_enum)]
+        policy: Vec<Policy>,
+        /// Only the experiments with these names.
+        #[arg(long)]
+        only: Vec<String>,
+    },
+    /// Validate experiment files and print them.
+    Check {
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
+}
+
+fn load(files: &[PathBuf]) -> Result<Vec<experiment::Experiment>, String> {
+    let mut all = Vec::new();
+    for f in files {
+        let text = std::fs::read_to_string(f).map_err(|e| format!("{}: {e}", f.display()))?;
+        all.extend(experiment::parse(&text, &f.display().to_string())?);
+    }
+    Ok(all)
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Cmd::Check { files } => match load(&files) {
+            Ok(es) => {
+                for e in es {
+                    println!(
+                        "{}: {} on {:?} for {}, expect {:?}{}",
+                        e.name,
+                        e.fault,
+                        e.target,
+                        humantime::format_duration(e.duration),
+                        e.expect,
+                        if e.guards.is_empty() {
+                            String::new()
+                        } else {
+                            format!(
+                                ", guards: {}",
+                                e.guards
+                                    .iter()
+                                    .map(|g| g.to_string())
+                                    .collect::<Vec<_>>()
+                                    .join(", ")
+                            )
+                        }
+                    );
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("npu-chaos: {e}");
+                ExitCode::from(2)
+            }
+        },
+        Cmd::Run {
+            files,
+            time_scale,
+            out,
+            policy,
+            only,
+        } => {
+            if !(time_scale.is_finite() && time_scale > 0.0 && time_scale <= 10.0) {
+                eprintln!("npu-chaos: --time-scale must be in (0, 10]");
+                return ExitCode::from(2);
+            }
+            let mut es = match load(&files) {
+                Ok(es) => es,
+                Err(e) => {
+                    eprintln!("npu-chaos: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            if !only.is_empty() {
+                if let Some(missing) = only.iter().find(|n| !es.iter().any(|e| &e.name == *n)) {
+                    eprintln!("npu-chaos: --only {missing}: no such experiment");
+                    return ExitCode::from(2);
+                }
+                es.retain(|e| only.contains(&e.name));
+            }
+            let policies = if policy.is_empty() {
+                vec![Policy::Reference, Policy::Full]
+            } else {
+                policy
+            };
+            let rt = match tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("npu-chaos: cannot start the runtime: {e}");
+                    return ExitCode::from(1);
+                }
+            };
+            match rt.block_on(chaos::run_all(&es, &policies, time_scale, &out)) {
+                Ok(true) => ExitCode::SUCCESS,
+                Ok(false) => ExitCode::from(1),
+                Err(e) => {
+                    eprintln!("npu-chaos: {e}");
+                    ExitCode::from(1)
+                }
+            }
+        }
+    }
+}

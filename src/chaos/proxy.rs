@@ -1,0 +1,178 @@
+//! A TCP proxy that adds latency: every client of the engine (the load and the agent)
+//! connects through it, and during a `network_latency_<N>ms` fault each chunk read from either
+//! side is delivered N later. Chunks are pipelined (a chunk read while another waits is not
+//! delayed twice), as a slow link would. The latency can change at any time.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// Handle to a running proxy.
+#[derive(Debug, Clone)]
+pub struct Proxy {
+    latency_us: Arc<AtomicU64>,
+    /// Where clients connect.
+    pub addr: SocketAddr,
+}
+
+impl Proxy {
+    /// Listens on `listen` and forwards to `upstream` until `cancel`.
+    pub async fn start(
+        listen: SocketAddr,
+        upstream: SocketAddr,
+        cancel: CancellationToken,
+    ) -> std::io::Result<Proxy> {
+        let listener = TcpListener::bind(listen).await?;
+        let addr = listener.local_addr()?;
+        let latency_us = Arc::new(AtomicU64::new(0));
+        let lat = latency_us.clone();
+        tokio::spawn(async move {
+            loop {
+                let (client, _) = tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    r = listener.accept() => match r {
+                        Ok(c) => c,
+                        Err(_) => continue,
+                    },
+                };
+                let (lat, cancel) = (lat.clone(), cancel.clone());
+                tokio::spawn(async move {
+                    // The engine is down (crash fault): the client sees the connection close.
+                    let Ok(server) = TcpStream::connect(upstream).await else {
+                        return;
+                    };
+                    let _ = client.set_nodelay(true);
+                    let _ = server.set_nodelay(true);
+                    let (cr, cw) = client.into_split();
+                    let (sr, sw) = server.into_split();
+                    tokio::select! {
+                        _ = cancel.cancelled() => {}
+                        _ = pipe(cr, sw, lat.clone()) => {}
+                        _ = pipe(sr, cw, lat) => {}
+                    }
+                });
+            }
+        });
+        Ok(Proxy { latency_us, addr })
+    }
+
+    /// Sets the added one-way latency (zero: none).
+    pub fn set_latency(&self, d: Duration) {
+        self.latency_us
+            .store(d.as_micros() as u64, Ordering::Relaxed);
+    }
+}
+
+/// Copies `from` to `to`, each chunk delivered `latency` after it was read.
+async fn pipe(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    latency_us: Arc<AtomicU64>,
+) {
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<(Instant, Vec<u8>)>(256);
+    let reader = async move {
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            match from.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => {
+                    let due =
+                        Instant::now() + Duration::from_micros(latency_us.load(Ordering::Relaxed));
+                    if tx.send((due, buf[..n].to_vec())).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    };
+    let writer = async move {
+        while let Some((due, chunk)) = rx.recv().await {
+            tokio::time::sleep_until(due).await;
+            if to.write_all(&chunk).await.is_err() {
+                return;
+            }
+        }
+        let _ = to.shutdown().await;
+    };
+    tokio::join!(reader, writer);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn echo_server() -> SocketAddr {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 1024];
+                    while let Ok(n) = s.read(&mut buf).await {
+                        if n == 0 || s.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    async fn round_trip(addr: SocketAddr) -> Duration {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        let t = Instant::now();
+        s.write_all(b"ping").await.unwrap();
+        let mut buf = [0u8; 4];
+        s.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"ping");
+        t.elapsed()
+    }
+
+    // Bytes pass through unchanged; with latency L each direction adds L (paused clock: exact).
+    #[tokio::test(start_paused = true)]
+    async fn forwards_and_delays_both_directions() {
+        let upstream = echo_server().await;
+        let cancel = CancellationToken::new();
+        let p = Proxy::start("127.0.0.1:0".parse().unwrap(), upstream, cancel.clone())
+            .await
+            .unwrap();
+        assert!(round_trip(p.addr).await < Duration::from_millis(5));
+        p.set_latency(Duration::from_millis(100));
+        let rt = round_trip(p.addr).await;
+        assert!(
+            rt >= Duration::from_millis(200) && rt < Duration::from_millis(210),
+            "{rt:?}"
+        );
+        p.set_latency(Duration::ZERO);
+        assert!(round_trip(p.addr).await < Duration::from_millis(5));
+        cancel.cancel();
+    }
+
+    // Upstream down: the client's connection is closed, nothing hangs.
+    #[tokio::test]
+    async fn upstream_down_closes_the_client() {
+        let free = TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let cancel = CancellationToken::new();
+        let p = Proxy::start("127.0.0.1:0".parse().unwrap(), free, cancel.clone())
+            .await
+            .unwrap();
+        let mut s = TcpStream::connect(p.addr).await.unwrap();
+        let mut buf = [0u8; 1];
+        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+            .await
+            .expect("closed promptly")
+            .unwrap_or(0);
+        assert_eq!(n, 0);
+        cancel.cancel();
+    }
+}

@@ -1,0 +1,674 @@
+//! One experiment, end to end, as real processes on loopback: the fake engine (the agent
+//! binary's `fake-engine` command), a latency proxy in front of it, the agent release binary
+//! on the fake `libdcmi.so` (real dlopen) reaching the engine through the proxy, the load
+//! generator, and the Node Manager emulator polling the agent's `/status`. Every interval —
+//! the agent's, the emulator's, the engine's speed, the fault's — is multiplied by
+//! `time_scale`. Processes are killed and reaped when the experiment ends, however it ends
+//! (they are `kill_on_drop`).
+//!
+//! Phases: start, warm-up (until virtual inference runs), baseline (10 s with load), the fault
+//! for `duration` (guards evaluated at every sample), then observation: until detection or
+//! `detect_within` for a fault, 30 s after the fault for a benign experiment, so that a late
+//! kill is still seen.
+
+use super::experiment::{Expect, Experiment, Fault, Guard};
+use super::load::LoadGen;
+use super::proxy::Proxy;
+use super::stress::CpuStress;
+use crate::qos::vllm_metrics;
+use fake_engine::node_manager::{self, NmOptions};
+use serde::Serialize;
+use serde_json::{Value, json};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tokio::process::{Child, Command};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// Which detection policy the agent runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum Policy {
+    /// The reference-compatible defaults (MindIE V5 accounting; QoS only reported).
+    Reference,
+    /// QoS with `qos_eviction`, and stall detection.
+    Full,
+}
+
+impl Policy {
+    /// Name in reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Policy::Reference => "reference",
+            Policy::Full => "full",
+        }
+    }
+}
+
+/// How to run experiments.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// The agent binary built with `fake-driver` (it is also the fake engine).
+    pub agent_exe: PathBuf,
+    pub time_scale: f64,
+    /// Where each experiment's files and logs go.
+    pub out_dir: PathBuf,
+}
+
+/// One sample of the timeline.
+#[derive(Debug, Clone, Serialize)]
+pub struct Sample {
+    /// Milliseconds since the fault was (or would have been) injected; negative before.
+    pub t_ms: i64,
+    /// `/status` as the agent answers it (`down` when it does not answer).
+    pub status: String,
+    pub qos_score: Option<f64>,
+    pub qos_level: Option<String>,
+    pub ai_cube_peak: Option<f64>,
+    pub fault_active: bool,
+    /// The agent reports an NPU as failing (stale, hung or erroring reads).
+    pub driver_flagged: bool,
+    /// `vllm:num_requests_waiting` of the engine.
+    pub queue_depth: Option<f64>,
+}
+
+/// A guard that tripped (or cleared).
+#[derive(Debug, Clone, Serialize)]
+pub struct GuardEvent {
+    pub t_ms: i64,
+    pub guard: String,
+    /// `skipped` (injection held back), `resumed`, or `aborted` (injection stopped for good).
+    pub action: &'static str,
+    pub detail: String,
+}
+
+/// What an experiment concluded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// Benign and no kill; or a fault detected in time (and, for a driver fault, no kill).
+    Pass,
+    /// A healthy engine was killed.
+    FalseKill,
+    /// The fault was not detected within `detect_within`.
+    Missed,
+    /// The policy cannot detect this fault by design (declared in the experiment file).
+    NotDetectableByDesign,
+    /// The experiment could not run (the stack did not come up).
+    Error,
+}
+
+/// The result of one experiment under one policy.
+#[derive(Debug, Clone, Serialize)]
+pub struct Outcome {
+    pub experiment: String,
+    pub target: super::experiment::Target,
+    pub fault: String,
+    pub policy: Policy,
+    pub expect: String,
+    pub verdict: Verdict,
+    /// Milliseconds from injection to detection.
+    pub detected_after_ms: Option<u64>,
+    /// Milliseconds from injection to the emulator's kill (negative: before the injection).
+    pub killed_at_ms: Option<i64>,
+    /// How long the fault was actually injected.
+    pub injected_ms: u64,
+    pub guard_events: Vec<GuardEvent>,
+    pub load: Value,
+    pub error: Option<String>,
+    pub timeline: Vec<Sample>,
+}
+
+fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+fn loopback(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+/// The scaled duration.
+fn scaled(d: Duration, s: f64) -> Duration {
+    Duration::from_secs_f64(d.as_secs_f64() * s)
+}
+
+fn fmt_duration(d: Duration) -> String {
+    format!("{}ms", d.as_millis().max(1))
+}
+
+/// The agent's config for one experiment.
+fn agent_toml(engine_port: u16, mgmt_port: u16, devices: usize, policy: Policy, s: f64) -> String {
+    let d = |secs: f64| fmt_duration(Duration::from_secs_f64(secs * s));
+    let full = policy == Policy::Full;
+    let ids: Vec<String> = (0..devices).map(|i| i.to_string()).collect();
+    format!(
+        r#"[agent]
+sample_period = "{sample}"
+
+[[engine]]
+name = "chaos"
+engine_type = "vllm"
+served_model_name = "m"
+host = "127.0.0.1"
+port = {engine_port}
+mgmt_port = {mgmt_port}
+devices = [{ids}]
+engine_env = {{ ASCEND_GLOBAL_LOG_LEVEL = "3" }}
+[engine.health_check_config]
+enable_virtual_inference = true
+[engine.timing]
+warmup_timeout = "{warmup}"
+request_timeout = "{request}"
+window = "{window}"
+interval = "{interval}"
+high_load_interval = "{high}"
+health_period = "{health}"
+[engine.qos]
+period = "{qos_period}"
+metrics_period = "{qos_period}"
+max_input_age = "{max_age}"
+stall_detection = {full}
+stall_window = "{stall}"
+eviction = {full}
+"#,
+        sample = fmt_duration(scaled(Duration::from_millis(50), s).max(Duration::from_millis(10))),
+        ids = ids.join(", "),
+        warmup = d(180.0),
+        request = d(5.0),
+        window = d(5.0),
+        interval = d(5.0),
+        high = d(20.0),
+        health = d(1.0),
+        qos_period = d(5.0),
+        max_age = d(60.0),
+        stall = d(60.0),
+    )
+}
+
+/// Running processes and in-process parts of one experiment.
+struct Stack {
+    dir: PathBuf,
+    engine: Option<Child>,
+    agent: Child,
+    engine_port: u16,
+    control: String,
+    mgmt: String,
+    proxy: Proxy,
+    http: reqwest::Client,
+}
+
+impl Stack {
+    async fn start(
+        opts: &RunOptions,
+        dir: &Path,
+        policy: Policy,
+        cancel: &CancellationToken,
+    ) -> Result<Stack, String> {
+        let s = opts.time_scale;
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let npu_files: Vec<PathBuf> = (0..2).map(|i| dir.join(format!("npu{i}"))).collect();
+        for f in &npu_files {
+            std::fs::write(f, "0\n").map_err(|e| format!("{}: {e}", f.display()))?;
+        }
+        let scenario = dir.join("scenario.toml");
+        let mut text = "model = \"910B\"\ncards = 2\n".to_owned();
+        for (i, f) in npu_files.iter().enumerate() {
+            text.push_str(&format!(
+                "[[device]]\nid = {i}\naicube = {{ file = {:?} }}\nhbm_total_mb = 65536\nhbm_used_mb = 58000\n",
+                f.display().to_string()
+            ));
+        }
+        std::fs::write(&scenario, text).map_err(|e| e.to_string())?;
+        let port = || free_port().map_err(|e| format!("no free port: {e}"));
+        let (engine_port, control_port, proxy_port, mgmt_port) =
+            (port()?, port()?, port()?, port()?);
+        let log = |name: &str| -> Result<std::process::Stdio, String> {
+            std::fs::File::create(dir.join(name))
+                .map(std::process::Stdio::from)
+                .map_err(|e| e.to_string())
+        };
+        let mut engine_cmd = Command::from(crate::fake::engine_command(
+            &opts.agent_exe,
+            engine_port,
+            control_port,
+            "m",
+            &npu_files,
+        ));
+        engine_cmd
+            .args([
+                "--ttft",
+                &fmt_duration(scaled(Duration::from_millis(20), s)),
+            ])
+            .args(["--tpot", &fmt_duration(scaled(Duration::from_millis(5), s))])
+            .stderr(log("engine.log")?)
+            .kill_on_drop(true);
+        let engine = engine_cmd
+            .spawn()
+            .map_err(|e| format!("starting the fake engine: {e}"))?;
+        let proxy = Proxy::start(loopback(proxy_port), loopback(engine_port), cancel.clone())
+            .await
+            .map_err(|e| format!("starting the proxy: {e}"))?;
+        let toml = dir.join("agent.toml");
+        std::fs::write(
+            &toml,
+            agent_toml(proxy_port, mgmt_port, npu_files.len(), policy, s),
+        )
+        .map_err(|e| e.to_string())?;
+        let agent = Command::new(&opts.agent_exe)
+            .args(["--fake", "run", "--config"])
+            .arg(&toml)
+            .env("FAKE_NPU_SCENARIO", &scenario)
+            .env("RUST_LOG", "info")
+            .stdout(std::process::Stdio::null())
+            .stderr(log("agent.log")?)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("starting the agent: {e}"))?;
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .timeout(Duration::from_secs(5))
+            .build()
+            .map_err(|e| e.to_string())?;
+        Ok(Stack {
+            dir: dir.to_owned(),
+            engine: Some(engine),
+            agent,
+            engine_port,
+            control: format!("http://127.0.0.1:{control_port}"),
+            mgmt: format!("http://127.0.0.1:{mgmt_port}"),
+            proxy,
+            http,
+        })
+    }
+
+    async fn get_json(&self, url: &str) -> Option<Value> {
+        self.http.get(url).send().await.ok()?.json().await.ok()
+    }
+
+    async fn status(&self) -> String {
+        match self.http.get(format!("{}/status", self.mgmt)).send().await {
+            Ok(r) => match r.json::<Value>().await {
+                Ok(v) => v["status"].as_str().unwrap_or("garbled").to_owned(),
+                Err(_) => "garbled".to_owned(),
+            },
+            Err(_) => "down".to_owned(),
+        }
+    }
+
+    /// Applies a fault patch on the fake engine's control surface.
+    async fn faults(&self, patch: Value) -> Result<(), String> {
+        let r = self
+            .http
+            .post(format!("{}/fake/faults", self.control))
+            .json(&patch)
+            .send()
+            .await
+            .map_err(|e| format!("fault control: {e}"))?;
+        if r.status().is_success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "fault patch {patch} refused: {}",
+                r.text().await.unwrap_or_default()
+            ))
+        }
+    }
+
+    async fn queue_depth(&self) -> Option<f64> {
+        let text = self
+            .http
+            .get(format!("http://127.0.0.1:{}/metrics", self.engine_port))
+            .send()
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()?;
+        vllm_metrics::parse(&text).waiting
+    }
+
+    async fn kill_engine(&mut self) {
+        if let Some(mut e) = self.engine.take() {
+            let _ = e.kill().await;
+        }
+    }
+
+    /// Waits until virtual inference runs (the warm-up succeeded).
+    async fn wait_ready(&mut self, limit: Duration) -> Result<(), String> {
+        let end = Instant::now() + limit;
+        while Instant::now() < end {
+            if let Ok(Some(st)) = self.agent.try_wait() {
+                return Err(format!(
+                    "the agent exited ({st}); see {}",
+                    self.dir.join("agent.log").display()
+                ));
+            }
+            if let Some(d) = self.get_json(&format!("{}/status/detail", self.mgmt)).await
+                && d["status"] == "normal"
+                && d["virtual_inference"]["phase"] == "running"
+            {
+                return Ok(());
+            }
+            // The first healthy /status starts virtual inference (as Node Manager's would).
+            let _ = self.status().await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Err(format!(
+            "virtual inference did not start within {limit:?}; see {}",
+            self.dir.join("agent.log").display()
+        ))
+    }
+}
+
+/// What applying a fault needs to undo it.
+#[derive(Default)]
+struct Injected {
+    stress: Option<CpuStress>,
+    long_streams: Option<CancellationToken>,
+}
+
+async fn inject(
+    stack: &mut Stack,
+    load: &LoadGen,
+    fault: Fault,
+    s: f64,
+    held: &mut Injected,
+) -> Result<(), String> {
+    let ms = |d: Duration| scaled(d, s).as_millis() as u64;
+    match fault {
+        Fault::NetworkLatency(d) => stack.proxy.set_latency(scaled(d, s)),
+        Fault::CpuStress(p) => {
+            let st = CpuStress::start();
+            st.set(p);
+            held.stress = Some(st);
+        }
+        Fault::MemoryPressure(p) => {
+            stack
+                .faults(json!({"kv_cache_pressure": f64::from(p) / 100.0}))
+                .await?
+        }
+        Fault::HotReload(d) => stack.faults(json!({"pause_ms": ms(d)})).await?,
+        Fault::LongStreams(n) => held.long_streams = Some(load.long_streams(n, 4096)),
+        Fault::BatchJitter(d) => stack.faults(json!({"jitter_ms": ms(d)})).await?,
+        Fault::SlowHealth(d) => stack.faults(json!({"slow_health_ms": ms(d)})).await?,
+        Fault::EngineHang => stack.faults(json!({"hang": true})).await?,
+        Fault::EngineCrash => stack.kill_engine().await,
+        Fault::NpuHangIdle => {
+            stack
+                .faults(json!({"hang": true, "hbm_used_mb": 65536}))
+                .await?
+        }
+        Fault::NpuBusyStuck => stack.faults(json!({"npu_busy_stuck": true})).await?,
+        Fault::DriverError => stack.faults(json!({"driver_error": -8005})).await?,
+        Fault::DriverHang => stack.faults(json!({"driver_hang": true})).await?,
+        Fault::Http5xx => stack.faults(json!({"http_5xx": true})).await?,
+    }
+    load.set_under_fault(true);
+    Ok(())
+}
+
+async fn remove(stack: &mut Stack, load: &LoadGen, fault: Fault, held: &mut Injected) {
+    load.set_under_fault(false);
+    stack.proxy.set_latency(Duration::ZERO);
+    if let Some(st) = held.stress.take() {
+        tokio::task::spawn_blocking(move || st.stop()).await.ok();
+    }
+    if let Some(t) = held.long_streams.take() {
+        t.cancel();
+    }
+    if fault != Fault::EngineCrash {
+        let _ = stack
+            .http
+            .post(format!("{}/fake/reset", stack.control))
+            .send()
+            .await;
+    }
+}
+
+/// Whether the agent reports one of the engine's NPUs as failing.
+fn driver_flagged(detail: &Value) -> bool {
+    detail["window"]["devices"].as_array().is_some_and(|ds| {
+        ds.iter()
+            .any(|d| d["stale"] == true || d["hung"] == true || !d["last_error"].is_null())
+    })
+}
+
+fn is_driver_fault(f: Fault) -> bool {
+    matches!(f, Fault::DriverError | Fault::DriverHang)
+}
+
+/// Runs one experiment under one policy. Never panics on a broken stack: the outcome says
+/// `error` with the reason.
+pub async fn run(e: &Experiment, policy: Policy, opts: &RunOptions) -> Outcome {
+    let not_by_design = e.full_policy_only && policy == Policy::Reference;
+    let mut out = Outcome {
+        experiment: e.name.clone(),
+        target: e.target,
+        fault: e.fault.to_string(),
+        policy,
+        expect: match e.expect {
+            Expect::Healthy => "healthy".to_owned(),
+            Expect::DetectWithin(d) => format!("detect_within {}", humantime::format_duration(d)),
+        },
+        verdict: Verdict::Error,
+        detected_after_ms: None,
+        killed_at_ms: None,
+        injected_ms: 0,
+        guard_events: Vec::new(),
+        load: Value::Null,
+        error: None,
+        timeline: Vec::new(),
+    };
+    let cancel = CancellationToken::new();
+    let dir = opts.out_dir.join(policy.as_str()).join(&e.name);
+    let result = run_inner(e, policy, opts, &dir, &cancel, &mut out).await;
+    cancel.cancel();
+    match result {
+        Err(err) => {
+            out.verdict = Verdict::Error;
+            out.error = Some(err);
+        }
+        Ok(()) => {
+            out.verdict = match e.expect {
+                Expect::Healthy if out.killed_at_ms.is_some() => Verdict::FalseKill,
+                Expect::Healthy => Verdict::Pass,
+                // A driver fault must be reported without killing the (healthy) engine.
+                Expect::DetectWithin(_)
+                    if is_driver_fault(e.fault) && out.killed_at_ms.is_some() =>
+                {
+                    Verdict::FalseKill
+                }
+                Expect::DetectWithin(_) if out.detected_after_ms.is_some() => Verdict::Pass,
+                Expect::DetectWithin(_) if not_by_design => Verdict::NotDetectableByDesign,
+                Expect::DetectWithin(_) => Verdict::Missed,
+            };
+        }
+    }
+    out
+}
+
+async fn run_inner(
+    e: &Experiment,
+    policy: Policy,
+    opts: &RunOptions,
+    dir: &Path,
+    cancel: &CancellationToken,
+    out: &mut Outcome,
+) -> Result<(), String> {
+    let s = opts.time_scale;
+    let sc = |d: Duration| scaled(d, s);
+    let mut stack = Stack::start(opts, dir, policy, cancel).await?;
+    // The warm-up timeout (180 s scaled) plus start-up.
+    stack
+        .wait_ready(sc(Duration::from_secs(180)) + Duration::from_secs(10))
+        .await?;
+    let load = LoadGen::start(
+        &format!("http://{}", stack.proxy.addr),
+        "m",
+        &e.load,
+        s,
+        cancel.child_token(),
+    );
+    // The node has been up past Node Manager's grace period.
+    let mut nm = NmOptions::reference(vec![format!("{}/status", stack.mgmt)], s);
+    nm.grace_period = Duration::ZERO;
+    let sample_every = nm.poll_interval.max(Duration::from_millis(20));
+    let (kill_tx, mut kill_rx) = tokio::sync::oneshot::channel::<Instant>();
+    let nm_cancel = cancel.child_token();
+    let nm_task = tokio::spawn(node_manager::run(nm, nm_cancel.clone(), move || {
+        let _ = kill_tx.send(Instant::now());
+    }));
+    let baseline = sc(Duration::from_secs(10));
+    let t0 = Instant::now() + baseline;
+    let fault_end = t0 + sc(e.duration);
+    let observe_end = match e.expect {
+        Expect::Healthy => fault_end + sc(Duration::from_secs(30)),
+        Expect::DetectWithin(d) => t0 + sc(d).max(sc(e.duration)),
+    };
+    let rel = |t: Instant| -> i64 {
+        if t >= t0 {
+            (t - t0).as_millis() as i64
+        } else {
+            -((t0 - t).as_millis() as i64)
+        }
+    };
+    let mut held = Injected::default();
+    let mut active = false;
+    let mut aborted = false;
+    let mut skipping = false;
+    let mut injected_since: Option<Instant> = None;
+    let mut injected = Duration::ZERO;
+    let mut killed: Option<Instant> = None;
+    loop {
+        let now = Instant::now();
+        if now >= observe_end {
+            break;
+        }
+        if killed.is_none()
+            && let Ok(at) = kill_rx.try_recv()
+        {
+            killed = Some(at);
+            out.killed_at_ms = Some(rel(at));
+            // What Node Manager's daemon does: the engine process goes.
+            stack.kill_engine().await;
+        }
+        let in_window = now >= t0 && now < fault_end;
+        // Samples.
+        let status = stack.status().await;
+        let qos = stack.get_json(&format!("{}/qos", stack.mgmt)).await;
+        let detail = stack
+            .get_json(&format!("{}/status/detail", stack.mgmt))
+            .await;
+        let depth = stack.queue_depth().await;
+        let flagged = detail.as_ref().is_some_and(driver_flagged);
+        let score = qos.as_ref().and_then(|q| q["score"].as_f64());
+        // Guards, evaluated continuously.
+        let mut want = in_window && !aborted;
+        for g in &e.guards {
+            match *g {
+                Guard::SkipIfQueueDepth(n) => {
+                    let deep = depth.is_some_and(|d| d > n as f64);
+                    if deep && !skipping {
+                        skipping = true;
+                        out.guard_events.push(GuardEvent {
+                            t_ms: rel(now),
+                            guard: g.to_string(),
+                            action: "skipped",
+                            detail: format!("queue depth {} > {n}", depth.unwrap_or_default()),
+                        });
+                    } else if !deep && skipping {
+                        skipping = false;
+                        out.guard_events.push(GuardEvent {
+                            t_ms: rel(now),
+                            guard: g.to_string(),
+                            action: "resumed",
+                            detail: format!("queue depth {} <= {n}", depth.unwrap_or_default()),
+                        });
+                    }
+                    if skipping {
+                        want = false;
+                    }
+                }
+                Guard::AbortIfHealth(x) if active && !aborted => {
+                    if let Some(sc) = score.filter(|sc| *sc < x) {
+                        aborted = true;
+                        want = false;
+                        out.guard_events.push(GuardEvent {
+                            t_ms: rel(now),
+                            guard: g.to_string(),
+                            action: "aborted",
+                            detail: format!("QoS score {sc:.3} < {x}"),
+                        });
+                    }
+                }
+                Guard::LimitAffectedTokens(n) if active && !aborted => {
+                    let affected = load.stats.snapshot().3;
+                    if affected > n {
+                        aborted = true;
+                        want = false;
+                        out.guard_events.push(GuardEvent {
+                            t_ms: rel(now),
+                            guard: g.to_string(),
+                            action: "aborted",
+                            detail: format!("{affected} tokens produced under the fault > {n}"),
+                        });
+                    }
+                }
+                _ => {}
+            }
+        }
+        if want && !active && killed.is_none() {
+            inject(&mut stack, &load, e.fault, s, &mut held).await?;
+            active = true;
+            injected_since = Some(now);
+        } else if !want && active {
+            remove(&mut stack, &load, e.fault, &mut held).await;
+            active = false;
+            injected += injected_since.take().map_or(Duration::ZERO, |t| now - t);
+        }
+        // Detection.
+        if out.detected_after_ms.is_none() && now >= t0 {
+            let detected = if is_driver_fault(e.fault) {
+                flagged && injected_since.is_some()
+            } else {
+                killed.is_some_and(|k| k >= t0)
+            };
+            if detected {
+                out.detected_after_ms = Some(rel(killed.unwrap_or(now)).max(0) as u64);
+            }
+        }
+        out.timeline.push(Sample {
+            t_ms: rel(now),
+            status,
+            qos_score: score,
+            qos_level: qos
+                .as_ref()
+                .and_then(|q| q["level"].as_str().map(str::to_owned)),
+            ai_cube_peak: qos
+                .as_ref()
+                .and_then(|q| q["device"]["ai_cube_peak"].as_f64()),
+            fault_active: active,
+            driver_flagged: flagged,
+            queue_depth: depth,
+        });
+        // A detected fault ends the experiment (after one more heartbeat for the record).
+        if out.detected_after_ms.is_some() && matches!(e.expect, Expect::DetectWithin(_)) {
+            break;
+        }
+        tokio::time::sleep(sample_every).await;
+    }
+    if active {
+        let now = Instant::now();
+        remove(&mut stack, &load, e.fault, &mut held).await;
+        injected += injected_since.map_or(Duration::ZERO, |t| now - t);
+    }
+    out.injected_ms = injected.as_millis() as u64;
+    let (ok, failed, tokens, under) = load.stats.snapshot();
+    out.load = json!({"ok": ok, "failed": failed, "tokens": tokens, "tokens_under_fault": under});
+    nm_cancel.cancel();
+    let _ = nm_task.await;
+    Ok(())
+}
