@@ -74,6 +74,7 @@ pub async fn start(cfg: AgentConfig) -> Result<Running, AgentError> {
         period: cfg.agent.sample_period,
         retention: (longest_window + Duration::from_secs(5)).max(Duration::from_secs(30)),
         realtime: cfg.agent.sampler_realtime,
+        call_deadline: cfg.agent.driver_call_deadline,
         ..SamplerConfig::default()
     };
     let driver = cfg.agent.driver();

@@ -147,6 +147,7 @@ fn agent_toml(engine_port: u16, mgmt_port: u16, devices: usize, policy: Policy, 
     format!(
         r#"[agent]
 sample_period = "{sample}"
+driver_call_deadline = "{deadline}"
 
 [[engine]]
 name = "chaos"
@@ -175,6 +176,7 @@ stall_window = "{stall}"
 eviction = {full}
 "#,
         sample = fmt_duration(scaled(Duration::from_millis(50), s).max(Duration::from_millis(10))),
+        deadline = fmt_duration(scaled(Duration::from_secs(1), s).max(Duration::from_millis(20))),
         ids = ids.join(", "),
         warmup = d(180.0),
         request = d(5.0),
@@ -526,6 +528,8 @@ async fn run_inner(
     let fault_end = t0 + sc(e.duration);
     let observe_end = match e.expect {
         Expect::Healthy => fault_end + sc(Duration::from_secs(30)),
+        // Detection counts within `detect_within`; a driver fault is watched for its whole
+        // duration, so a kill of the healthy engine is still seen.
         Expect::DetectWithin(d) => t0 + sc(d).max(sc(e.duration)),
     };
     let rel = |t: Instant| -> i64 {
@@ -636,7 +640,11 @@ async fn run_inner(
             } else {
                 killed.is_some_and(|k| k >= t0)
             };
-            if detected {
+            let within = match e.expect {
+                Expect::DetectWithin(d) => now <= t0 + sc(d),
+                Expect::Healthy => true,
+            };
+            if detected && within {
                 out.detected_after_ms = Some(rel(killed.unwrap_or(now)).max(0) as u64);
             }
         }
@@ -654,8 +662,12 @@ async fn run_inner(
             driver_flagged: flagged,
             queue_depth: depth,
         });
-        // A detected fault ends the experiment (after one more heartbeat for the record).
-        if out.detected_after_ms.is_some() && matches!(e.expect, Expect::DetectWithin(_)) {
+        // A detected engine fault ends the experiment; a driver fault is watched to the end
+        // of its window, since killing the healthy engine for it would be a false kill.
+        if out.detected_after_ms.is_some()
+            && matches!(e.expect, Expect::DetectWithin(_))
+            && !is_driver_fault(e.fault)
+        {
             break;
         }
         tokio::time::sleep(sample_every).await;

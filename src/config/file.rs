@@ -75,6 +75,8 @@ struct AgentTable {
     env_config_path: Option<PathBuf>,
     worker_threads: Option<usize>,
     sampler_realtime: Option<bool>,
+    #[serde(default, deserialize_with = "de_duration")]
+    driver_call_deadline: Option<Duration>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -333,6 +335,15 @@ fn agent_settings(t: &AgentTable, base: &Path) -> Result<AgentSettings, KeyError
             format!("{sample_period:?} is outside 10µs..=60s"),
         ));
     }
+    let driver_call_deadline = t.driver_call_deadline.unwrap_or(d.driver_call_deadline);
+    if driver_call_deadline < Duration::from_millis(10)
+        || driver_call_deadline > Duration::from_secs(60)
+    {
+        return Err((
+            "driver_call_deadline".to_owned(),
+            format!("{driver_call_deadline:?} is outside 10ms..=60s"),
+        ));
+    }
     let rel = |p: &PathBuf| {
         if p.is_relative() && p.components().count() > 1 {
             base.join(p)
@@ -350,6 +361,7 @@ fn agent_settings(t: &AgentTable, base: &Path) -> Result<AgentSettings, KeyError
         admin_listen,
         worker_threads,
         sampler_realtime: t.sampler_realtime.unwrap_or(d.sampler_realtime),
+        driver_call_deadline,
     })
 }
 

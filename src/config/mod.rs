@@ -208,6 +208,9 @@ pub struct AgentSettings {
     pub worker_threads: usize,
     /// Run the DCMI sampler thread under `SCHED_FIFO` when permitted.
     pub sampler_realtime: bool,
+    /// A DCMI call blocking longer marks its NPU stale (hung). Default 1 s.
+    #[serde(serialize_with = "ser_duration")]
+    pub driver_call_deadline: Duration,
 }
 
 impl Default for AgentSettings {
@@ -222,6 +225,7 @@ impl Default for AgentSettings {
             admin_listen: None,
             worker_threads: 2,
             sampler_realtime: true,
+            driver_call_deadline: Duration::from_secs(1),
         }
     }
 }
