@@ -75,7 +75,8 @@ const UNHEALTHY: u8 = 2;
 /// `/health` as last seen.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct HealthDetail {
-    /// `never_answered`, `healthy` or `unhealthy`.
+    /// `never_answered`, `healthy`, `slow` (timing out while the engine demonstrably
+    /// serves: not abnormal) or `unhealthy`.
     pub state: &'static str,
     pub has_connected: bool,
     /// Unix milliseconds of the last healthy probe.
@@ -83,6 +84,8 @@ pub struct HealthDetail {
     pub last_error: Option<String>,
     pub consecutive_failures: u64,
     pub probes: u64,
+    /// `/health` timeouts not taken as abnormal because the engine was serving.
+    pub excused_timeouts: u64,
 }
 
 /// Shared state of one engine.
@@ -229,10 +232,39 @@ impl EngineState {
         }
     }
 
-    /// Applies one `/health` outcome.
+    /// Evidence that the engine serves requests right now: a periodic virtual probe that
+    /// succeeded within the last two busy intervals (40 s by default), or token counters
+    /// advancing in the latest `/metrics` scrape.
+    pub fn serving_evidence(&self) -> Option<String> {
+        let fresh = self.spec.timing.high_load_interval * 2;
+        if let Some(p) = self.vi.last_probe()
+            && p.success
+            && !p.warmup
+        {
+            let age = tokio::time::Instant::now().saturating_duration_since(p.at);
+            if age <= fresh {
+                return Some(format!(
+                    "a virtual request succeeded {:.1} s ago",
+                    age.as_secs_f64()
+                ));
+            }
+        }
+        (self.qos.progress() == crate::qos::progress::State::Advancing)
+            .then(|| "its token counters advance".to_owned())
+    }
+
+    /// Applies one `/health` outcome. A `/health` that only timed out while the engine
+    /// demonstrably serves ([`EngineState::serving_evidence`]) is slow, not broken: it is not
+    /// abnormal (the reference would say abnormal; that is how a busy engine gets killed).
     pub fn record_health(&self, outcome: &HealthOutcome, has_connected: bool) {
         let name = &self.spec.name;
         let before = self.health.load(Ordering::Acquire);
+        let excuse = match outcome {
+            HealthOutcome::Unhealthy {
+                timed_out: true, ..
+            } => self.serving_evidence(),
+            _ => None,
+        };
         let now_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
@@ -247,12 +279,24 @@ impl EngineState {
                 d.last_error = None;
                 HEALTHY
             }
-            HealthOutcome::Unhealthy { reason, .. } => {
-                d.state = "unhealthy";
-                d.consecutive_failures += 1;
-                d.last_error = Some(reason.clone());
-                UNHEALTHY
-            }
+            HealthOutcome::Unhealthy { reason, .. } => match &excuse {
+                Some(why) => {
+                    if d.state != "slow" {
+                        tracing::warn!(engine = %name, "{reason}, but {why}: /health is slow, not abnormal");
+                    }
+                    d.state = "slow";
+                    d.consecutive_failures += 1;
+                    d.excused_timeouts += 1;
+                    d.last_error = Some(format!("{reason} (not abnormal: {why})"));
+                    HEALTHY
+                }
+                None => {
+                    d.state = "unhealthy";
+                    d.consecutive_failures += 1;
+                    d.last_error = Some(reason.clone());
+                    UNHEALTHY
+                }
+            },
             HealthOutcome::NeverConnected(e) => {
                 d.consecutive_failures += 1;
                 d.last_error = Some(e.clone());
@@ -349,9 +393,14 @@ pub async fn health_task<T: HealthTransport>(
     cancel: CancellationToken,
 ) {
     let hc = &state.spec.health_check_config;
+    let timeout = state
+        .spec
+        .timing
+        .health_timeout
+        .unwrap_or(Duration::from_secs(hc.health_collector_timeout));
     let mut collector = HealthCollector::new(
         transport,
-        Duration::from_secs(hc.health_collector_timeout),
+        timeout,
         hc.health_collector_timeout_retry_attempts,
     );
     let period = state.spec.timing.health_period;
@@ -520,10 +569,17 @@ mod tests {
             "down" => HealthOutcome::Unhealthy {
                 reason: "refused".into(),
                 unreachable: true,
+                timed_out: false,
             },
             "slow" => HealthOutcome::Unhealthy {
                 reason: "timed out".into(),
                 unreachable: false,
+                timed_out: true,
+            },
+            "503" => HealthOutcome::Unhealthy {
+                reason: "/health answered HTTP 503".into(),
+                unreachable: false,
+                timed_out: false,
             },
             _ => HealthOutcome::NeverConnected("refused".into()),
         }
@@ -920,5 +976,55 @@ mod tests {
         advance(Duration::from_secs(5)).await;
         st.qos.record_scrape(Ok(stuck_metrics(0.5)));
         assert_eq!(signals.stalled_for(), Some(Duration::from_secs(5)));
+    }
+
+    // A /health that times out while the engine demonstrably serves (a periodic virtual
+    // request succeeded recently, or tokens advance) is slow, not abnormal; without that
+    // evidence, or for an HTTP error, it is abnormal as in the reference.
+    #[tokio::test(start_paused = true)]
+    async fn slow_health_is_excused_only_while_the_engine_serves() {
+        let st = EngineState::new(spec("enable_virtual_inference = true"), vec![0]);
+        st.record_health(&outcome("ok"), true);
+        st.record_health(&outcome("slow"), true);
+        assert_eq!(
+            st.status(),
+            Status::Abnormal,
+            "no evidence yet: the reference's verdict"
+        );
+        st.record_health(&outcome("ok"), true);
+        st.vi.record(
+            &ProbeResult::new(Ok(()), Duration::from_millis(100)),
+            false,
+            Some(90.0),
+            virtual_inference::Accounting::Reset,
+        );
+        st.record_health(&outcome("slow"), true);
+        assert_eq!(st.status(), Status::Normal);
+        let h = st.health_detail();
+        assert_eq!((h.state, h.excused_timeouts), ("slow", 1));
+        assert!(h.last_error.unwrap().contains("virtual request succeeded"));
+        st.record_health(&outcome("503"), true);
+        assert_eq!(st.status(), Status::Abnormal, "only timeouts are excused");
+        st.record_health(&outcome("ok"), true);
+        // The evidence goes stale after two busy intervals (40 s).
+        advance(Duration::from_secs(41)).await;
+        st.record_health(&outcome("slow"), true);
+        assert_eq!(st.status(), Status::Abnormal);
+        // Tokens advancing are evidence too.
+        st.record_health(&outcome("ok"), true);
+        st.qos.record_scrape(Ok(stuck_metrics(0.5)));
+        st.qos
+            .record_scrape(Ok(crate::qos::vllm_metrics::EngineMetrics {
+                generation_tokens: Some(11.0),
+                ..stuck_metrics(0.5)
+            }));
+        st.record_health(&outcome("slow"), true);
+        assert_eq!(st.status(), Status::Normal);
+        assert!(
+            st.health_detail()
+                .last_error
+                .unwrap()
+                .contains("token counters")
+        );
     }
 }

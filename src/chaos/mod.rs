@@ -9,6 +9,7 @@ pub mod proxy;
 pub mod report;
 pub mod run;
 pub mod stress;
+pub mod svg;
 
 use experiment::Experiment;
 use run::{Outcome, Policy, RunOptions};
@@ -29,7 +30,7 @@ pub fn agent_exe() -> Result<PathBuf, String> {
 }
 
 /// Runs every experiment under every policy, one at a time (CPU stress must not overlap
-/// another experiment), writing `<out>/<policy>/<name>.json`, `summary.md` and
+/// another experiment), writing `<out>/<policy>/<name>.json` and `.svg`, `summary.md` and
 /// `summary.json`. True when nothing failed (no false kill, no missed detection, no error).
 pub async fn run_all(
     experiments: &[Experiment],
@@ -74,6 +75,9 @@ pub async fn run_all(
             }
             std::fs::write(&path, serde_json::to_string_pretty(&o).unwrap_or_default())
                 .map_err(|e| format!("{}: {e}", path.display()))?;
+            let chart = path.with_extension("svg");
+            std::fs::write(&chart, svg::chart(&o, time_scale))
+                .map_err(|e| format!("{}: {e}", chart.display()))?;
             outcomes.push(o);
         }
     }

@@ -167,6 +167,7 @@ window = "{window}"
 interval = "{interval}"
 high_load_interval = "{high}"
 health_period = "{health}"
+health_timeout = "{health_timeout}"
 [engine.qos]
 period = "{qos_period}"
 metrics_period = "{qos_period}"
@@ -184,6 +185,7 @@ eviction = {full}
         interval = d(5.0),
         high = d(20.0),
         health = d(1.0),
+        health_timeout = d(5.0),
         qos_period = d(5.0),
         max_age = d(60.0),
         stall = d(60.0),
@@ -634,7 +636,10 @@ async fn run_inner(
             injected += injected_since.take().map_or(Duration::ZERO, |t| now - t);
         }
         // Detection.
-        if out.detected_after_ms.is_none() && now >= t0 {
+        if out.detected_after_ms.is_none()
+            && now >= t0
+            && matches!(e.expect, Expect::DetectWithin(_))
+        {
             let detected = if is_driver_fault(e.fault) {
                 flagged && injected_since.is_some()
             } else {

@@ -181,6 +181,8 @@ struct TimingTable {
     high_load_threshold: Option<f64>,
     #[serde(default, deserialize_with = "de_duration")]
     health_period: Option<Duration>,
+    #[serde(default, deserialize_with = "de_duration")]
+    health_timeout: Option<Duration>,
 }
 
 /// Reads and validates `agent.toml`.
@@ -500,6 +502,7 @@ fn engine(
         high_load_interval: tt.high_load_interval.unwrap_or(d.high_load_interval),
         high_load_threshold: tt.high_load_threshold.unwrap_or(d.high_load_threshold),
         health_period: tt.health_period.unwrap_or(d.health_period),
+        health_timeout: tt.health_timeout,
     };
     for (key, v) in [
         ("timing.warmup_timeout", timing.warmup_timeout),
@@ -508,6 +511,10 @@ fn engine(
         ("timing.interval", timing.interval),
         ("timing.high_load_interval", timing.high_load_interval),
         ("timing.health_period", timing.health_period),
+        (
+            "timing.health_timeout",
+            timing.health_timeout.unwrap_or(Duration::from_secs(1)),
+        ),
     ] {
         if v.is_zero() {
             return Err((key.to_owned(), "must be above zero".to_owned()));

@@ -54,6 +54,13 @@ fn ser_duration<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Er
     s.serialize_str(&humantime::format_duration(*d).to_string())
 }
 
+fn ser_opt_duration<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+    match d {
+        Some(d) => ser_duration(d, s),
+        None => s.serialize_none(),
+    }
+}
+
 /// Virtual-inference timing. Defaults equal the reference's constants (V5); every value is
 /// configurable so tests can compress time.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -79,6 +86,10 @@ pub struct Timing {
     /// reference (it probes on every `/status`); default 1 s.
     #[serde(serialize_with = "ser_duration")]
     pub health_period: Duration,
+    /// Overrides `health_check_config.health_collector_timeout` (whole seconds there) with
+    /// any duration, so tests and the chaos suite can compress it. Default: not set.
+    #[serde(serialize_with = "ser_opt_duration")]
+    pub health_timeout: Option<Duration>,
 }
 
 impl Default for Timing {
@@ -91,6 +102,7 @@ impl Default for Timing {
             high_load_interval: Duration::from_secs(20),
             high_load_threshold: 80.0,
             health_period: Duration::from_secs(1),
+            health_timeout: None,
         }
     }
 }

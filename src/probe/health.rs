@@ -30,10 +30,11 @@ pub enum HealthOutcome {
     Healthy,
     /// Connected before, failing now (or answering `false`). `unreachable` when the last
     /// attempt could not connect at all (the engine is down or restarting), as opposed to a
-    /// timeout, an HTTP error or a `false` body.
+    /// timeout, an HTTP error or a `false` body; `timed_out` when every attempt timed out.
     Unhealthy {
         reason: String,
         unreachable: bool,
+        timed_out: bool,
     },
     /// Never reached: the reference re-raises, and `/status` says `initial`.
     NeverConnected(String),
@@ -68,6 +69,7 @@ impl<T: HealthTransport> HealthCollector<T> {
     pub async fn probe(&mut self) -> HealthOutcome {
         let mut last = String::new();
         let mut unreachable = false;
+        let mut timed_out = false;
         for attempt in 1..=self.attempts {
             match self.transport.get(self.timeout).await {
                 Fetch::Response { status, body } if (200..300).contains(&status) => {
@@ -77,15 +79,18 @@ impl<T: HealthTransport> HealthCollector<T> {
                         return HealthOutcome::Unhealthy {
                             reason: "/health answered false".to_owned(),
                             unreachable: false,
+                            timed_out: false,
                         };
                     }
                     return HealthOutcome::Healthy;
                 }
                 Fetch::Response { status, .. } => {
+                    timed_out = false;
                     last = format!("/health answered HTTP {status}");
                     break;
                 }
                 Fetch::Timeout => {
+                    timed_out = true;
                     last = format!("/health timed out after {:?}", self.timeout);
                     if attempt < self.attempts {
                         tracing::info!(
@@ -95,6 +100,7 @@ impl<T: HealthTransport> HealthCollector<T> {
                     }
                 }
                 Fetch::Error(e) => {
+                    timed_out = false;
                     last = format!("/health: {e}");
                     unreachable = true;
                     break;
@@ -105,6 +111,7 @@ impl<T: HealthTransport> HealthCollector<T> {
             HealthOutcome::Unhealthy {
                 reason: last,
                 unreachable,
+                timed_out,
             }
         } else {
             HealthOutcome::NeverConnected(last)
@@ -236,19 +243,19 @@ mod tests {
         ]);
         let mut c = HealthCollector::new(&s, Duration::from_secs(5), 1);
         c.probe().await;
-        let flags: Vec<bool> = [c.probe().await, c.probe().await, c.probe().await]
+        let flags: Vec<(bool, bool)> = [c.probe().await, c.probe().await, c.probe().await]
             .into_iter()
-            .map(|o| {
-                matches!(
-                    o,
-                    HealthOutcome::Unhealthy {
-                        unreachable: true,
-                        ..
-                    }
-                )
+            .map(|o| match o {
+                HealthOutcome::Unhealthy {
+                    unreachable,
+                    timed_out,
+                    ..
+                } => (unreachable, timed_out),
+                other => panic!("{other:?}"),
             })
             .collect();
-        assert_eq!(flags, [true, false, false]);
+        // (unreachable, timed out): refused, timed out, HTTP 503.
+        assert_eq!(flags, [(true, false), (false, true), (false, false)]);
     }
 
     // HTTP errors (non-2xx) are not retried.

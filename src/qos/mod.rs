@@ -415,6 +415,13 @@ impl QosState {
         self.lock().score
     }
 
+    /// Progress as the latest fresh scrape shows it.
+    pub fn progress(&self) -> progress::State {
+        self.lock()
+            .progress
+            .state_at(Instant::now(), self.scrape_max_age)
+    }
+
     /// Consecutive evaluations below the eviction boundary.
     pub fn below_evict(&self) -> u32 {
         self.lock().levels.below_evict

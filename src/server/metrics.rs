@@ -243,12 +243,12 @@ impl Scope {
         family(
             enc,
             "npu_health_agent_engine_reachable",
-            "1 while the engine's /health answers healthy",
+            "1 while the engine's /health answers healthy (or is slow while the engine serves)",
             MetricType::Gauge,
             self.engines.iter().map(|e| {
                 (
                     name(e),
-                    if e.health_detail().state == "healthy" {
+                    if matches!(e.health_detail().state, "healthy" | "slow") {
                         1.0
                     } else {
                         0.0
