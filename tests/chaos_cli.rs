@@ -1,0 +1,137 @@
+//! `npu-chaos` through its binary: the shipped experiment files validate, a bad file is
+//! refused with a located error, and a run against real processes reports a detection and a
+//! false kill — and fails on the false kill.
+#![cfg(feature = "fake-driver")]
+
+use std::process::Command;
+
+fn chaos() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_npu-chaos"))
+}
+
+#[test]
+fn shipped_files_validate() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let out = chaos()
+        .arg("check")
+        .arg(format!("{root}/experiments/benign.yaml"))
+        .arg(format!("{root}/experiments/faults.yaml"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(text.lines().count(), 16, "{text}");
+    for name in [
+        "prefill_delay",
+        "decode_cpu_contention",
+        "kv_cache_eviction",
+        "npu_busy_stuck",
+    ] {
+        assert!(text.contains(name), "{name}: {text}");
+    }
+}
+
+#[test]
+fn a_bad_file_is_refused_with_its_location() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("bad.yaml");
+    std::fs::write(
+        &f,
+        "- name: a\n  target: engine\n  fault: engine_hang\n  duration: 10s\n  expect: healthy\n- name: b\n  target: engine\n  fault: meteor_strike\n  duration: 10s\n  expect: healthy\n",
+    )
+    .unwrap();
+    let out = chaos().arg("run").arg(&f).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("bad.yaml") && err.contains("#2 (b)") && err.contains("meteor_strike"),
+        "{err}"
+    );
+}
+
+// A crash expected to be detected is; the same crash in an experiment that expects a healthy
+// engine is a false kill, and the run exits 1. Outputs: JSON with the timeline, the SVG
+// chart, the summary.
+#[test]
+fn a_run_reports_detections_and_fails_on_a_false_kill() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("mixed.yaml");
+    std::fs::write(
+        &f,
+        r#"experiments:
+  - name: crash_detected
+    target: engine
+    fault: engine_crash
+    duration: 30s
+    load: { streams: 2, rate: 1 }
+    expect: { detect_within: 60s }
+  - name: crash_but_expected_healthy
+    target: engine
+    fault: engine_crash
+    duration: 10s
+    load: { streams: 2, rate: 1 }
+    expect: healthy
+"#,
+    )
+    .unwrap();
+    let out_dir = dir.path().join("out");
+    let out = chaos()
+        .args([
+            "run",
+            "--time-scale",
+            "0.05",
+            "--policy",
+            "reference",
+            "--out",
+        ])
+        .arg(&out_dir)
+        .arg(&f)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    let read = |name: &str| -> serde_json::Value {
+        let p = out_dir.join("reference").join(format!("{name}.json"));
+        serde_json::from_str(
+            &std::fs::read_to_string(&p)
+                .unwrap_or_else(|e| panic!("{}: {e}\n{stderr}", p.display())),
+        )
+        .unwrap()
+    };
+    let detected = read("crash_detected");
+    assert_eq!(detected["verdict"], "pass", "{detected}");
+    let after = detected["detected_after_ms"]
+        .as_u64()
+        .expect("a detection time");
+    assert_eq!(detected["killed_at_ms"].as_i64(), Some(after as i64));
+    let timeline = detected["timeline"].as_array().unwrap();
+    assert!(timeline.iter().any(|s| s["fault_active"] == true));
+    assert!(
+        timeline.iter().any(|s| s["status"] == "abnormal"),
+        "the agent said abnormal before the kill"
+    );
+    let false_kill = read("crash_but_expected_healthy");
+    assert_eq!(false_kill["verdict"], "false_kill", "{false_kill}");
+    assert!(out_dir.join("reference/crash_detected.svg").is_file());
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out_dir.join("summary.json")).unwrap())
+            .unwrap();
+    let p = &summary["policies"][0];
+    assert_eq!(p["false_kills"], 1, "{summary}");
+    assert_eq!(p["detected"], 1);
+    assert!(stdout.contains("| reference | 1 / 1 | 1 / 1 |"), "{stdout}");
+    // No process of the run is left: none has the run's directory in its command line.
+    let marker = out_dir.display().to_string();
+    let stray: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| std::fs::read(e.ok()?.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains(&marker))
+        .collect();
+    assert!(stray.is_empty(), "stray processes: {stray:?}");
+}
