@@ -125,13 +125,73 @@ fn a_run_reports_detections_and_fails_on_a_false_kill() {
     assert_eq!(p["false_kills"], 1, "{summary}");
     assert_eq!(p["detected"], 1);
     assert!(stdout.contains("| reference | 1 / 1 | 1 / 1 |"), "{stdout}");
-    // No process of the run is left: none has the run's directory in its command line.
-    let marker = out_dir.display().to_string();
-    let stray: Vec<String> = std::fs::read_dir("/proc")
+    // No process of the run is left.
+    let stray = processes_mentioning(&out_dir.display().to_string());
+    assert!(stray.is_empty(), "stray processes: {stray:?}");
+}
+
+/// Command lines of live processes that mention `marker` (zombies have none).
+fn processes_mentioning(marker: &str) -> Vec<String> {
+    std::fs::read_dir("/proc")
         .unwrap()
         .filter_map(|e| std::fs::read(e.ok()?.path().join("cmdline")).ok())
         .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
-        .filter(|c| c.contains(&marker))
-        .collect();
-    assert!(stray.is_empty(), "stray processes: {stray:?}");
+        .filter(|c| c.contains(marker))
+        .collect()
+}
+
+// Ctrl-C in the middle of an experiment: the run stops promptly, says so, and leaves no
+// process behind.
+#[test]
+fn ctrl_c_tears_the_stack_down() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("long.yaml");
+    std::fs::write(
+        &f,
+        "- name: long\n  target: network\n  fault: network_latency_10ms\n  duration: 3600s\n  expect: healthy\n",
+    )
+    .unwrap();
+    let out_dir = dir.path().join("out");
+    let marker = out_dir.display().to_string();
+    let mut child = chaos()
+        .args(["run", "--time-scale", "0.05", "--policy", "full", "--out"])
+        .arg(&out_dir)
+        .arg(&f)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until the agent and the engine of the experiment run (with npu-chaos itself, three
+    // processes mention the run's directory).
+    let start = std::time::Instant::now();
+    while processes_mentioning(&marker).len() < 3 {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(30),
+            "the stack never came up"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let pid = child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-INT", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let status = child.wait().unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(err.contains("interrupted"), "{err}");
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !processes_mentioning(&marker).is_empty() && std::time::Instant::now() < end {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(
+        processes_mentioning(&marker).is_empty(),
+        "stray processes: {:?}",
+        processes_mentioning(&marker)
+    );
 }
