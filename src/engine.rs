@@ -233,10 +233,14 @@ impl EngineState {
     }
 
     /// Evidence that the engine serves requests right now: a periodic virtual probe that
-    /// succeeded within the last two busy intervals (40 s by default), or token counters
-    /// advancing in the latest `/metrics` scrape.
+    /// succeeded within `timing.serving_evidence_max_age` (two busy intervals, 40 s, by
+    /// default), or token counters advancing in the latest `/metrics` scrape. `None` when the
+    /// rule is off (max age zero).
     pub fn serving_evidence(&self) -> Option<String> {
-        let fresh = self.spec.timing.high_load_interval * 2;
+        let fresh = self.spec.timing.serving_evidence_max_age();
+        if fresh.is_zero() {
+            return None;
+        }
         if let Some(p) = self.vi.last_probe()
             && p.success
             && !p.warmup
@@ -328,7 +332,8 @@ impl EngineState {
         {
             self.down_after_abnormal.store(true, Ordering::Release);
         }
-        if after == HEALTHY
+        // A restart shows as a real answer: an excused timeout is not one.
+        if matches!(outcome, HealthOutcome::Healthy)
             && self.down_after_abnormal.swap(false, Ordering::AcqRel)
             && self.vi.abnormal()
         {
@@ -1010,6 +1015,20 @@ mod tests {
         advance(Duration::from_secs(41)).await;
         st.record_health(&outcome("slow"), true);
         assert_eq!(st.status(), Status::Abnormal);
+        // An excused timeout after the engine was down is not a restart: no re-arm.
+        st.vi.set_abnormal("test");
+        st.record_health(&outcome("down"), true);
+        st.vi.record(
+            &ProbeResult::new(Ok(()), Duration::from_millis(100)),
+            false,
+            Some(90.0),
+            virtual_inference::Accounting::Reset,
+        );
+        st.record_health(&outcome("slow"), true);
+        assert_eq!(st.rearms(), 0, "an excused timeout does not re-arm");
+        st.record_health(&outcome("ok"), true);
+        assert_eq!(st.rearms(), 1, "a real answer does");
+        advance(Duration::from_secs(41)).await;
         // Tokens advancing are evidence too.
         st.record_health(&outcome("ok"), true);
         st.qos.record_scrape(Ok(stuck_metrics(0.5)));

@@ -357,8 +357,17 @@ pub fn parse(text: &str, file: &str) -> Result<Vec<Experiment>, String> {
             .map_or_else(|| format!("#{}", i + 1), |n| format!("#{} ({n})", i + 1));
         let at = |e: String| format!("{file}: experiment {label}: {e}");
         let raw: RawExperiment = serde_yaml_ng::from_value(v).map_err(|e| at(e.to_string()))?;
-        if raw.name.trim().is_empty() {
-            return Err(at("name: must not be empty".to_owned()));
+        // Names become file names and table cells.
+        if raw.name.is_empty()
+            || !raw
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+            || raw.name.starts_with('.')
+        {
+            return Err(at(
+                "name: letters, digits, `_`, `-` and `.` only, not starting with `.`".to_owned(),
+            ));
         }
         if out.iter().any(|e| e.name == raw.name) {
             return Err(at("name: used twice in the file".to_owned()));
@@ -606,6 +615,11 @@ experiments:
                 SEED.replace("name: decode_cpu_contention", "name: prefill_delay"),
                 "prefill_delay",
                 "used twice",
+            ),
+            (
+                SEED.replace("name: decode_cpu_contention", "name: ../escape"),
+                "../escape",
+                "letters, digits",
             ),
         ];
         for (text, experiment, key) in cases {

@@ -44,6 +44,8 @@ pub struct LoadGen {
     url: String,
     model: String,
     prompt: String,
+    /// Pause before retrying after a failed stream (scaled).
+    retry: Duration,
     cancel: CancellationToken,
 }
 
@@ -57,9 +59,12 @@ impl LoadGen {
         time_scale: f64,
         cancel: CancellationToken,
     ) -> LoadGen {
+        // A request held by a hung engine gives up after 60 s (scaled) and is counted failed,
+        // so the load does not stay wedged once the fault is gone.
         let client = reqwest::Client::builder()
             .no_proxy()
             .pool_max_idle_per_host(0)
+            .timeout(Duration::from_secs_f64(60.0 * time_scale))
             .build()
             .expect("HTTP client");
         let g = LoadGen {
@@ -70,6 +75,7 @@ impl LoadGen {
             model: model.to_owned(),
             // The fake engine counts 4 characters a token.
             prompt: "tok ".repeat(load.prompt_tokens.max(1) as usize),
+            retry: Duration::from_secs_f64(0.1 * time_scale).max(Duration::from_millis(1)),
             cancel,
         };
         for _ in 0..load.streams {
@@ -80,7 +86,7 @@ impl LoadGen {
                         // A failing engine: do not spin.
                         tokio::select! {
                             _ = g.cancel.cancelled() => return,
-                            _ = tokio::time::sleep(Duration::from_secs_f64(0.1 * time_scale.max(0.01))) => {}
+                            _ = tokio::time::sleep(g.retry) => {}
                         }
                     }
                 }
@@ -131,7 +137,7 @@ impl LoadGen {
                     if !g.stream(max_tokens, &stop).await {
                         tokio::select! {
                             _ = stop.cancelled() => return,
-                            _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+                            _ = tokio::time::sleep(g.retry) => {}
                         }
                     }
                 }
@@ -173,20 +179,23 @@ impl LoadGen {
         };
         let ok = match resp {
             Ok(mut r) if r.status().is_success() => {
+                // Events are counted by line, so one split across reads counts once.
+                let mut buf: Vec<u8> = Vec::new();
                 let mut done = false;
                 loop {
                     let chunk = tokio::select! {
                         _ = cancel.cancelled() => break,
                         c = r.chunk() => c,
                     };
-                    match chunk {
-                        Ok(Some(c)) => {
-                            let text = String::from_utf8_lossy(&c);
-                            let events = text.matches("data: {").count() as u64;
-                            self.count_tokens(events);
-                            done |= text.contains("[DONE]");
+                    let Ok(Some(c)) = chunk else { break };
+                    buf.extend_from_slice(&c);
+                    while let Some(nl) = buf.iter().position(|b| *b == b'\n') {
+                        let line: Vec<u8> = buf.drain(..=nl).collect();
+                        if line.starts_with(b"data: {") {
+                            self.count_tokens(1);
+                        } else if line.starts_with(b"data: [DONE]") {
+                            done = true;
                         }
-                        _ => break,
                     }
                 }
                 done
@@ -211,15 +220,23 @@ impl LoadGen {
             .body(self.body(max_tokens, false))
             .send()
             .await;
-        let ok = match r {
-            Ok(r) if r.status().is_success() => r.bytes().await.is_ok(),
-            _ => false,
+        // Tokens as the answer reports them (`usage.completion_tokens`).
+        let tokens = match r {
+            Ok(r) if r.status().is_success() => r
+                .json::<serde_json::Value>()
+                .await
+                .ok()
+                .map(|v| v["usage"]["completion_tokens"].as_u64().unwrap_or(0)),
+            _ => None,
         };
-        if ok {
-            self.stats.ok.fetch_add(1, Ordering::Relaxed);
-            self.count_tokens(u64::from(max_tokens));
-        } else {
-            self.stats.failed.fetch_add(1, Ordering::Relaxed);
+        match tokens {
+            Some(n) => {
+                self.stats.ok.fetch_add(1, Ordering::Relaxed);
+                self.count_tokens(n);
+            }
+            None => {
+                self.stats.failed.fetch_add(1, Ordering::Relaxed);
+            }
         }
     }
 }

@@ -15,17 +15,42 @@ use experiment::Experiment;
 use run::{Outcome, Policy, RunOptions};
 use std::path::{Path, PathBuf};
 
-/// The agent binary next to this one (cargo builds both into the same directory).
+/// The agent binary next to this one (cargo builds both into the same directory). Refused
+/// when it is clearly older than this binary: `cargo run --bin npu-chaos` rebuilds only
+/// `npu-chaos`, and an old agent would be tested without anyone noticing.
 pub fn agent_exe() -> Result<PathBuf, String> {
     let me = std::env::current_exe().map_err(|e| format!("cannot locate this binary: {e}"))?;
     let agent = me.with_file_name("npu-health-agent");
-    if agent.is_file() {
-        Ok(agent)
-    } else {
-        Err(format!(
-            "{} not found: build it with the same profile and `--features fake-driver`",
-            agent.display()
-        ))
+    let build = "build both with `cargo build --release --features fake-driver` (same profile)";
+    let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let Some(agent_time) = modified(&agent) else {
+        return Err(format!("{} not found: {build}", agent.display()));
+    };
+    if let Some(me_time) = modified(&me)
+        && me_time
+            .duration_since(agent_time)
+            .is_ok_and(|d| d > std::time::Duration::from_secs(120))
+    {
+        return Err(format!(
+            "{} is older than {}: {build}",
+            agent.display(),
+            me.display()
+        ));
+    }
+    Ok(agent)
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+async fn interrupted() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        },
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }
 
@@ -39,12 +64,15 @@ pub async fn run_all(
     out: &Path,
 ) -> Result<bool, String> {
     let _ = rustls::crypto::ring::default_provider().install_default();
+    std::fs::create_dir_all(out).map_err(|e| format!("{}: {e}", out.display()))?;
+    // Absolute: the scenario names the NPU files, and the fake driver resolves relative names
+    // against the scenario's own directory.
+    let out = &std::fs::canonicalize(out).map_err(|e| format!("{}: {e}", out.display()))?;
     let opts = RunOptions {
         agent_exe: agent_exe()?,
         time_scale,
         out_dir: out.to_owned(),
     };
-    std::fs::create_dir_all(out).map_err(|e| format!("{}: {e}", out.display()))?;
     let mut outcomes: Vec<Outcome> = Vec::new();
     for e in experiments {
         for &p in policies {
@@ -57,8 +85,8 @@ pub async fn run_all(
             let run = run::run(e, p, &opts);
             let o = tokio::select! {
                 o = run => o,
-                _ = tokio::signal::ctrl_c() => {
-                    // Dropping the experiment kills and reaps its processes.
+                _ = interrupted() => {
+                    // Dropping the experiment kills its processes.
                     return Err("interrupted".to_owned());
                 }
             };

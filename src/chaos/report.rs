@@ -87,9 +87,9 @@ pub fn markdown(outcomes: &[Outcome], policies: &[Policy], time_scale: f64) -> S
     );
     let _ = writeln!(
         s,
-        "| Experiment | Fault | Expect | Policy | Verdict | Detected after | Killed at | Guard events |"
+        "| Experiment | Fault | Expect | Policy | Verdict | Injected | Detected after | Killed at | Guard events |"
     );
-    let _ = writeln!(s, "|---|---|---|---|---|---:|---:|---|");
+    let _ = writeln!(s, "|---|---|---|---|---|---:|---:|---:|---|");
     for o in outcomes {
         let unscale = |t: i64| format!("{:.1} s", t as f64 / time_scale / 1000.0);
         let verdict = serde_json::to_value(o.verdict)
@@ -103,7 +103,7 @@ pub fn markdown(outcomes: &[Outcome], policies: &[Policy], time_scale: f64) -> S
             .collect();
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {}{} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {}{} | {} | {} | {} | {} |",
             o.experiment,
             o.fault,
             o.expect,
@@ -113,6 +113,7 @@ pub fn markdown(outcomes: &[Outcome], policies: &[Policy], time_scale: f64) -> S
                 .as_ref()
                 .map(|e| format!(": {e}"))
                 .unwrap_or_default(),
+            unscale(o.injected_ms as i64),
             o.detected_after_ms
                 .map_or_else(|| "—".to_owned(), |t| unscale(t as i64)),
             o.killed_at_ms.map_or_else(|| "—".to_owned(), unscale),
@@ -124,4 +125,62 @@ pub fn markdown(outcomes: &[Outcome], policies: &[Policy], time_scale: f64) -> S
         );
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chaos::experiment::Target;
+
+    fn outcome(name: &str, expect: &str, verdict: Verdict, detected: Option<u64>) -> Outcome {
+        Outcome {
+            experiment: name.into(),
+            target: Target::Engine,
+            fault: "engine_hang".into(),
+            policy: Policy::Full,
+            expect: expect.into(),
+            verdict,
+            detected_after_ms: detected,
+            killed_at_ms: detected.map(|d| d as i64),
+            first_injected_ms: Some(0),
+            injected_ms: 5000,
+            guard_events: Vec::new(),
+            load: serde_json::Value::Null,
+            error: None,
+            timeline: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn summary_counts_and_table_shape() {
+        let os = vec![
+            outcome("a", "healthy", Verdict::Pass, None),
+            outcome("b", "healthy", Verdict::FalseKill, None),
+            outcome("c", "detect_within 1m", Verdict::Pass, Some(2000)),
+            outcome("d", "detect_within 1m", Verdict::Pass, Some(6000)),
+            outcome("e", "detect_within 1m", Verdict::Pass, Some(4000)),
+            outcome("f", "detect_within 1m", Verdict::Missed, None),
+        ];
+        let m = summarize(Policy::Full, &os);
+        assert_eq!((m.benign, m.false_kills), (2, 1));
+        assert_eq!((m.faults, m.detected, m.missed), (4, 3, 1));
+        assert_eq!(m.median_detect_ms, Some(4000));
+        assert_eq!(m.worst_detect_ms, Some(6000));
+        assert!(failed(&os));
+        assert!(!failed(&os[..1]));
+        let md = markdown(&os, &[Policy::Full], 0.1);
+        assert!(
+            md.contains("| full | 1 / 2 | 3 / 4 | 0 | 40.0 s | 60.0 s |"),
+            "{md}"
+        );
+        // Every row of the per-experiment table has as many cells as its header.
+        let rows: Vec<&str> = md.lines().filter(|l| l.starts_with("| ")).collect();
+        let header = rows.iter().find(|l| l.contains("Experiment")).unwrap();
+        for r in rows
+            .iter()
+            .filter(|l| l.starts_with("| a ") || l.starts_with("| f "))
+        {
+            assert_eq!(r.matches('|').count(), header.matches('|').count(), "{r}");
+        }
+    }
 }

@@ -112,6 +112,9 @@ pub struct Outcome {
     pub detected_after_ms: Option<u64>,
     /// Milliseconds from injection to the emulator's kill (negative: before the injection).
     pub killed_at_ms: Option<i64>,
+    /// Milliseconds from the scheduled injection to the first actual one (guards may hold it
+    /// back); `null` when the fault was never injected.
+    pub first_injected_ms: Option<i64>,
     /// How long the fault was actually injected.
     pub injected_ms: u64,
     pub guard_events: Vec<GuardEvent>,
@@ -135,9 +138,14 @@ fn scaled(d: Duration, s: f64) -> Duration {
     Duration::from_secs_f64(d.as_secs_f64() * s)
 }
 
+/// A duration as configs and flags take it, to the microsecond (at least 1 µs).
 fn fmt_duration(d: Duration) -> String {
-    format!("{}ms", d.as_millis().max(1))
+    format!("{}us", d.as_micros().max(1))
 }
+
+/// How long after a fault a late kill is still watched for: a busy probe cycle (20 s + 5 s),
+/// three QoS evaluations (15 s) and Node Manager's five heartbeats (15 s).
+const LATE_KILL_TAIL: Duration = Duration::from_secs(55);
 
 /// The agent's config for one experiment.
 fn agent_toml(engine_port: u16, mgmt_port: u16, devices: usize, policy: Policy, s: f64) -> String {
@@ -247,6 +255,8 @@ impl Stack {
                 &fmt_duration(scaled(Duration::from_millis(20), s)),
             ])
             .args(["--tpot", &fmt_duration(scaled(Duration::from_millis(5), s))])
+            // vLLM's default max_num_seqs: long streams run instead of queueing.
+            .args(["--max-running", "256"])
             .stderr(log("engine.log")?)
             .kill_on_drop(true);
         let engine = engine_cmd
@@ -271,9 +281,10 @@ impl Stack {
             .kill_on_drop(true)
             .spawn()
             .map_err(|e| format!("starting the agent: {e}"))?;
+        // The emulator's poll timeout, scaled: one slow answer must not stall the sampling.
         let http = reqwest::Client::builder()
             .no_proxy()
-            .timeout(Duration::from_secs(5))
+            .timeout(scaled(Duration::from_secs(5), s).max(Duration::from_millis(100)))
             .build()
             .map_err(|e| e.to_string())?;
         Ok(Stack {
@@ -374,6 +385,44 @@ struct Injected {
     long_streams: Option<CancellationToken>,
 }
 
+/// Fault-API patches that set and clear a fault on the fake engine (`None`: not an engine
+/// fault). Clearing sends the inverse patch, never a reset, so nothing else is touched.
+fn engine_patches(fault: Fault, s: f64) -> Option<(Value, Value)> {
+    // Tokio timers have millisecond granularity: a scaled time is at least 1 ms.
+    let ms = |d: Duration| (scaled(d, s).as_millis() as u64).max(1);
+    Some(match fault {
+        Fault::MemoryPressure(p) => (
+            json!({"kv_cache_pressure": f64::from(p) / 100.0}),
+            json!({"kv_cache_pressure": 0.0}),
+        ),
+        Fault::HotReload(d) => (json!({"pause_ms": ms(d)}), json!({"pause_ms": 0})),
+        Fault::BatchJitter(d) => (json!({"jitter_ms": ms(d)}), json!({"jitter_ms": 0})),
+        Fault::SlowHealth(d) => (
+            json!({"slow_health_ms": ms(d)}),
+            json!({"slow_health_ms": 0}),
+        ),
+        Fault::EngineHang => (json!({"hang": true}), json!({"hang": false})),
+        Fault::NpuHangIdle => (
+            json!({"hang": true, "hbm_used_mb": 65536}),
+            json!({"hang": false, "hbm_used_mb": null}),
+        ),
+        Fault::NpuBusyStuck => (
+            json!({"npu_busy_stuck": true}),
+            json!({"npu_busy_stuck": false}),
+        ),
+        Fault::DriverError => (
+            json!({"driver_error": -8005}),
+            json!({"driver_error": null}),
+        ),
+        Fault::DriverHang => (json!({"driver_hang": true}), json!({"driver_hang": false})),
+        Fault::Http5xx => (json!({"http_5xx": true}), json!({"http_5xx": false})),
+        Fault::NetworkLatency(_)
+        | Fault::CpuStress(_)
+        | Fault::LongStreams(_)
+        | Fault::EngineCrash => return None,
+    })
+}
+
 async fn inject(
     stack: &mut Stack,
     load: &LoadGen,
@@ -381,7 +430,6 @@ async fn inject(
     s: f64,
     held: &mut Injected,
 ) -> Result<(), String> {
-    let ms = |d: Duration| scaled(d, s).as_millis() as u64;
     match fault {
         Fault::NetworkLatency(d) => stack.proxy.set_latency(scaled(d, s)),
         Fault::CpuStress(p) => {
@@ -389,32 +437,19 @@ async fn inject(
             st.set(p);
             held.stress = Some(st);
         }
-        Fault::MemoryPressure(p) => {
-            stack
-                .faults(json!({"kv_cache_pressure": f64::from(p) / 100.0}))
-                .await?
-        }
-        Fault::HotReload(d) => stack.faults(json!({"pause_ms": ms(d)})).await?,
         Fault::LongStreams(n) => held.long_streams = Some(load.long_streams(n, 4096)),
-        Fault::BatchJitter(d) => stack.faults(json!({"jitter_ms": ms(d)})).await?,
-        Fault::SlowHealth(d) => stack.faults(json!({"slow_health_ms": ms(d)})).await?,
-        Fault::EngineHang => stack.faults(json!({"hang": true})).await?,
         Fault::EngineCrash => stack.kill_engine().await,
-        Fault::NpuHangIdle => {
-            stack
-                .faults(json!({"hang": true, "hbm_used_mb": 65536}))
-                .await?
+        other => {
+            if let Some((on, _)) = engine_patches(other, s) {
+                stack.faults(on).await?;
+            }
         }
-        Fault::NpuBusyStuck => stack.faults(json!({"npu_busy_stuck": true})).await?,
-        Fault::DriverError => stack.faults(json!({"driver_error": -8005})).await?,
-        Fault::DriverHang => stack.faults(json!({"driver_hang": true})).await?,
-        Fault::Http5xx => stack.faults(json!({"http_5xx": true})).await?,
     }
     load.set_under_fault(true);
     Ok(())
 }
 
-async fn remove(stack: &mut Stack, load: &LoadGen, fault: Fault, held: &mut Injected) {
+async fn remove(stack: &mut Stack, load: &LoadGen, fault: Fault, s: f64, held: &mut Injected) {
     load.set_under_fault(false);
     stack.proxy.set_latency(Duration::ZERO);
     if let Some(st) = held.stress.take() {
@@ -423,25 +458,48 @@ async fn remove(stack: &mut Stack, load: &LoadGen, fault: Fault, held: &mut Inje
     if let Some(t) = held.long_streams.take() {
         t.cancel();
     }
-    if fault != Fault::EngineCrash {
-        let _ = stack
-            .http
-            .post(format!("{}/fake/reset", stack.control))
-            .send()
-            .await;
+    if let Some((_, off)) = engine_patches(fault, s) {
+        // The engine may be gone (killed by Node Manager): nothing to clear then.
+        let _ = stack.faults(off).await;
     }
 }
 
-/// Whether the agent reports one of the engine's NPUs as failing.
+/// Whether the agent reports one of the engine's NPUs as failing right now: a hung or stale
+/// reading, or failed reads in the current window.
 fn driver_flagged(detail: &Value) -> bool {
     detail["window"]["devices"].as_array().is_some_and(|ds| {
-        ds.iter()
-            .any(|d| d["stale"] == true || d["hung"] == true || !d["last_error"].is_null())
+        ds.iter().any(|d| {
+            d["stale"] == true || d["hung"] == true || d["invalid"].as_u64().unwrap_or(0) > 0
+        })
     })
 }
 
 fn is_driver_fault(f: Fault) -> bool {
     matches!(f, Fault::DriverError | Fault::DriverHang)
+}
+
+/// Runs the Node Manager emulator on its own thread and runtime, at real-time priority when
+/// permitted: it stands for a process on another machine, so it must not be starved by the
+/// CPU stress of this one. Sends the kill time.
+fn start_node_manager(
+    nm: NmOptions,
+    cancel: CancellationToken,
+    kill_tx: tokio::sync::oneshot::Sender<Instant>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("node-manager".to_owned())
+        .spawn(move || {
+            let _ = crate::sampler::priority::make_current_thread_realtime();
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            rt.block_on(node_manager::run(nm, cancel, move || {
+                let _ = kill_tx.send(Instant::now());
+            }));
+        })
 }
 
 /// Runs one experiment under one policy. Never panics on a broken stack: the outcome says
@@ -460,6 +518,7 @@ pub async fn run(e: &Experiment, policy: Policy, opts: &RunOptions) -> Outcome {
         verdict: Verdict::Error,
         detected_after_ms: None,
         killed_at_ms: None,
+        first_injected_ms: None,
         injected_ms: 0,
         guard_events: Vec::new(),
         load: Value::Null,
@@ -470,27 +529,29 @@ pub async fn run(e: &Experiment, policy: Policy, opts: &RunOptions) -> Outcome {
     let dir = opts.out_dir.join(policy.as_str()).join(&e.name);
     let result = run_inner(e, policy, opts, &dir, &cancel, &mut out).await;
     cancel.cancel();
-    match result {
+    // A kill before the fault was injected (or with no injection at all) is a false kill,
+    // whatever the experiment expects.
+    let killed_before_fault = out
+        .killed_at_ms
+        .is_some_and(|k| out.first_injected_ms.is_none_or(|f| k < f));
+    out.verdict = match result {
         Err(err) => {
-            out.verdict = Verdict::Error;
             out.error = Some(err);
+            Verdict::Error
         }
-        Ok(()) => {
-            out.verdict = match e.expect {
-                Expect::Healthy if out.killed_at_ms.is_some() => Verdict::FalseKill,
-                Expect::Healthy => Verdict::Pass,
-                // A driver fault must be reported without killing the (healthy) engine.
-                Expect::DetectWithin(_)
-                    if is_driver_fault(e.fault) && out.killed_at_ms.is_some() =>
-                {
-                    Verdict::FalseKill
-                }
-                Expect::DetectWithin(_) if out.detected_after_ms.is_some() => Verdict::Pass,
-                Expect::DetectWithin(_) if not_by_design => Verdict::NotDetectableByDesign,
-                Expect::DetectWithin(_) => Verdict::Missed,
-            };
-        }
-    }
+        Ok(()) => match e.expect {
+            _ if killed_before_fault => Verdict::FalseKill,
+            Expect::Healthy if out.killed_at_ms.is_some() => Verdict::FalseKill,
+            Expect::Healthy => Verdict::Pass,
+            // A driver fault must be reported without killing the (healthy) engine.
+            Expect::DetectWithin(_) if is_driver_fault(e.fault) && out.killed_at_ms.is_some() => {
+                Verdict::FalseKill
+            }
+            Expect::DetectWithin(_) if out.detected_after_ms.is_some() => Verdict::Pass,
+            Expect::DetectWithin(_) if not_by_design => Verdict::NotDetectableByDesign,
+            Expect::DetectWithin(_) => Verdict::Missed,
+        },
+    };
     out
 }
 
@@ -522,17 +583,36 @@ async fn run_inner(
     let sample_every = nm.poll_interval.max(Duration::from_millis(20));
     let (kill_tx, mut kill_rx) = tokio::sync::oneshot::channel::<Instant>();
     let nm_cancel = cancel.child_token();
-    let nm_task = tokio::spawn(node_manager::run(nm, nm_cancel.clone(), move || {
-        let _ = kill_tx.send(Instant::now());
-    }));
-    let baseline = sc(Duration::from_secs(10));
-    let t0 = Instant::now() + baseline;
+    let nm_thread = start_node_manager(nm, nm_cancel.clone(), kill_tx)
+        .map_err(|e| format!("starting the Node Manager emulator: {e}"))?;
+    let result = observe(e, &mut stack, &load, &mut kill_rx, sample_every, s, out).await;
+    nm_cancel.cancel();
+    let _ = tokio::task::spawn_blocking(move || nm_thread.join()).await;
+    let (ok, failed, tokens, under) = load.stats.snapshot();
+    out.load = json!({"ok": ok, "failed": failed, "tokens": tokens, "tokens_under_fault": under});
+    result
+}
+
+/// The experiment's timeline: baseline, fault (with guards), observation.
+async fn observe(
+    e: &Experiment,
+    stack: &mut Stack,
+    load: &LoadGen,
+    kill_rx: &mut tokio::sync::oneshot::Receiver<Instant>,
+    sample_every: Duration,
+    s: f64,
+    out: &mut Outcome,
+) -> Result<(), String> {
+    let sc = |d: Duration| scaled(d, s);
+    let t0 = Instant::now() + sc(Duration::from_secs(10));
     let fault_end = t0 + sc(e.duration);
     let observe_end = match e.expect {
-        Expect::Healthy => fault_end + sc(Duration::from_secs(30)),
-        // Detection counts within `detect_within`; a driver fault is watched for its whole
-        // duration, so a kill of the healthy engine is still seen.
-        Expect::DetectWithin(d) => t0 + sc(d).max(sc(e.duration)),
+        // Detection counts within `detect_within` of the first injection (guards may delay
+        // it); a driver fault is watched longer, since killing the healthy engine for it
+        // would be a false kill.
+        // (The loop stops earlier, at the deadline counted from the first injection.)
+        Expect::DetectWithin(d) if !is_driver_fault(e.fault) => fault_end + sc(d),
+        _ => fault_end + sc(LATE_KILL_TAIL),
     };
     let rel = |t: Instant| -> i64 {
         if t >= t0 {
@@ -545,13 +625,14 @@ async fn run_inner(
     let mut active = false;
     let mut aborted = false;
     let mut skipping = false;
+    let mut first_injected: Option<Instant> = None;
     let mut injected_since: Option<Instant> = None;
     let mut injected = Duration::ZERO;
     let mut killed: Option<Instant> = None;
-    loop {
+    let result = loop {
         let now = Instant::now();
         if now >= observe_end {
-            break;
+            break Ok(());
         }
         if killed.is_none()
             && let Ok(at) = kill_rx.try_recv()
@@ -562,7 +643,6 @@ async fn run_inner(
             stack.kill_engine().await;
         }
         let in_window = now >= t0 && now < fault_end;
-        // Samples.
         let status = stack.status().await;
         let qos = stack.get_json(&format!("{}/qos", stack.mgmt)).await;
         let detail = stack
@@ -570,29 +650,34 @@ async fn run_inner(
             .await;
         let depth = stack.queue_depth().await;
         let flagged = detail.as_ref().is_some_and(driver_flagged);
+        if flagged && first_injected.is_none() && is_driver_fault(e.fault) {
+            break Err(
+                "an NPU was already reported failing before the driver fault was injected"
+                    .to_owned(),
+            );
+        }
         let score = qos.as_ref().and_then(|q| q["score"].as_f64());
-        // Guards, evaluated continuously.
+        // Guards, evaluated at every sample.
         let mut want = in_window && !aborted;
         for g in &e.guards {
+            let mut event = |action: &'static str, detail: String| {
+                out.guard_events.push(GuardEvent {
+                    t_ms: rel(now),
+                    guard: g.to_string(),
+                    action,
+                    detail,
+                })
+            };
             match *g {
                 Guard::SkipIfQueueDepth(n) => {
                     let deep = depth.is_some_and(|d| d > n as f64);
+                    let d = depth.unwrap_or_default();
                     if deep && !skipping {
                         skipping = true;
-                        out.guard_events.push(GuardEvent {
-                            t_ms: rel(now),
-                            guard: g.to_string(),
-                            action: "skipped",
-                            detail: format!("queue depth {} > {n}", depth.unwrap_or_default()),
-                        });
+                        event("skipped", format!("queue depth {d} > {n}"));
                     } else if !deep && skipping {
                         skipping = false;
-                        out.guard_events.push(GuardEvent {
-                            t_ms: rel(now),
-                            guard: g.to_string(),
-                            action: "resumed",
-                            detail: format!("queue depth {} <= {n}", depth.unwrap_or_default()),
-                        });
+                        event("resumed", format!("queue depth {d} <= {n}"));
                     }
                     if skipping {
                         want = false;
@@ -602,12 +687,7 @@ async fn run_inner(
                     if let Some(sc) = score.filter(|sc| *sc < x) {
                         aborted = true;
                         want = false;
-                        out.guard_events.push(GuardEvent {
-                            t_ms: rel(now),
-                            guard: g.to_string(),
-                            action: "aborted",
-                            detail: format!("QoS score {sc:.3} < {x}"),
-                        });
+                        event("aborted", format!("QoS score {sc:.3} < {x}"));
                     }
                 }
                 Guard::LimitAffectedTokens(n) if active && !aborted => {
@@ -615,42 +695,42 @@ async fn run_inner(
                     if affected > n {
                         aborted = true;
                         want = false;
-                        out.guard_events.push(GuardEvent {
-                            t_ms: rel(now),
-                            guard: g.to_string(),
-                            action: "aborted",
-                            detail: format!("{affected} tokens produced under the fault > {n}"),
-                        });
+                        event(
+                            "aborted",
+                            format!("{affected} tokens produced under the fault > {n}"),
+                        );
                     }
                 }
                 _ => {}
             }
         }
         if want && !active && killed.is_none() {
-            inject(&mut stack, &load, e.fault, s, &mut held).await?;
+            if let Err(err) = inject(stack, load, e.fault, s, &mut held).await {
+                break Err(err);
+            }
             active = true;
             injected_since = Some(now);
+            if first_injected.is_none() {
+                first_injected = Some(now);
+                out.first_injected_ms = Some(rel(now));
+            }
         } else if !want && active {
-            remove(&mut stack, &load, e.fault, &mut held).await;
+            remove(stack, load, e.fault, s, &mut held).await;
             active = false;
             injected += injected_since.take().map_or(Duration::ZERO, |t| now - t);
         }
-        // Detection.
-        if out.detected_after_ms.is_none()
-            && now >= t0
-            && matches!(e.expect, Expect::DetectWithin(_))
+        // Detection, within `detect_within` of the first injection.
+        if let (Expect::DetectWithin(d), Some(first), None) =
+            (e.expect, first_injected, out.detected_after_ms)
         {
-            let detected = if is_driver_fault(e.fault) {
-                flagged && injected_since.is_some()
+            let deadline = first + sc(d);
+            let at = if is_driver_fault(e.fault) {
+                (flagged && active).then_some(now)
             } else {
-                killed.is_some_and(|k| k >= t0)
+                killed.filter(|k| *k >= first)
             };
-            let within = match e.expect {
-                Expect::DetectWithin(d) => now <= t0 + sc(d),
-                Expect::Healthy => true,
-            };
-            if detected && within {
-                out.detected_after_ms = Some(rel(killed.unwrap_or(now)).max(0) as u64);
+            if let Some(at) = at.filter(|at| *at <= deadline) {
+                out.detected_after_ms = Some((at - first).as_millis() as u64);
             }
         }
         out.timeline.push(Sample {
@@ -667,25 +747,24 @@ async fn run_inner(
             driver_flagged: flagged,
             queue_depth: depth,
         });
-        // A detected engine fault ends the experiment; a driver fault is watched to the end
-        // of its window, since killing the healthy engine for it would be a false kill.
-        if out.detected_after_ms.is_some()
-            && matches!(e.expect, Expect::DetectWithin(_))
+        // A detected engine fault ends the experiment; a driver fault is watched on.
+        if out.detected_after_ms.is_some() && !is_driver_fault(e.fault) {
+            break Ok(());
+        }
+        // An engine fault that can no longer be detected in time ends it too.
+        if let (Expect::DetectWithin(d), Some(first)) = (e.expect, first_injected)
             && !is_driver_fault(e.fault)
+            && now > first + sc(d)
         {
-            break;
+            break Ok(());
         }
         tokio::time::sleep(sample_every).await;
-    }
+    };
     if active {
         let now = Instant::now();
-        remove(&mut stack, &load, e.fault, &mut held).await;
+        remove(stack, load, e.fault, s, &mut held).await;
         injected += injected_since.map_or(Duration::ZERO, |t| now - t);
     }
     out.injected_ms = injected.as_millis() as u64;
-    let (ok, failed, tokens, under) = load.stats.snapshot();
-    out.load = json!({"ok": ok, "failed": failed, "tokens": tokens, "tokens_under_fault": under});
-    nm_cancel.cancel();
-    let _ = nm_task.await;
-    Ok(())
+    result
 }

@@ -41,12 +41,19 @@ impl CpuStress {
     }
 
     /// Stops and joins the threads; the number of busy slices they ran.
-    pub fn stop(self) -> u64 {
+    pub fn stop(mut self) -> u64 {
         self.stop.store(true, Ordering::Relaxed);
-        self.threads
+        std::mem::take(&mut self.threads)
             .into_iter()
             .map(|t| t.join().unwrap_or(0))
             .sum()
+    }
+}
+
+/// Dropped without `stop` (an early return): the threads stop at their next slice.
+impl Drop for CpuStress {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
     }
 }
 

@@ -213,6 +213,7 @@ mod tests {
             verdict: Verdict::FalseKill,
             detected_after_ms: None,
             killed_at_ms: Some(300),
+            first_injected_ms: Some(0),
             injected_ms: 200,
             guard_events: vec![GuardEvent {
                 t_ms: 150,

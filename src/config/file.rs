@@ -183,6 +183,8 @@ struct TimingTable {
     health_period: Option<Duration>,
     #[serde(default, deserialize_with = "de_duration")]
     health_timeout: Option<Duration>,
+    #[serde(default, deserialize_with = "de_duration")]
+    serving_evidence_max_age: Option<Duration>,
 }
 
 /// Reads and validates `agent.toml`.
@@ -503,6 +505,7 @@ fn engine(
         high_load_threshold: tt.high_load_threshold.unwrap_or(d.high_load_threshold),
         health_period: tt.health_period.unwrap_or(d.health_period),
         health_timeout: tt.health_timeout,
+        serving_evidence_max_age: tt.serving_evidence_max_age,
     };
     for (key, v) in [
         ("timing.warmup_timeout", timing.warmup_timeout),

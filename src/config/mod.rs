@@ -90,6 +90,19 @@ pub struct Timing {
     /// any duration, so tests and the chaos suite can compress it. Default: not set.
     #[serde(serialize_with = "ser_opt_duration")]
     pub health_timeout: Option<Duration>,
+    /// A `/health` that only times out is not abnormal while the engine shows it serves
+    /// within this long (a periodic virtual request succeeded, or tokens advance). Default:
+    /// twice `high_load_interval`; `"0s"` turns the rule off (the reference's verdict).
+    #[serde(serialize_with = "ser_opt_duration")]
+    pub serving_evidence_max_age: Option<Duration>,
+}
+
+impl Timing {
+    /// How old evidence of serving may be to excuse a `/health` timeout (zero: never).
+    pub fn serving_evidence_max_age(&self) -> Duration {
+        self.serving_evidence_max_age
+            .unwrap_or(self.high_load_interval * 2)
+    }
 }
 
 impl Default for Timing {
@@ -103,6 +116,7 @@ impl Default for Timing {
             high_load_threshold: 80.0,
             health_period: Duration::from_secs(1),
             health_timeout: None,
+            serving_evidence_max_age: None,
         }
     }
 }

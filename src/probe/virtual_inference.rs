@@ -243,7 +243,7 @@ impl ViState {
             .unwrap_or_else(|p| p.into_inner())
             .clone()
     }
-    fn set_abnormal(&self, reason: &str) {
+    pub(crate) fn set_abnormal(&self, reason: &str) {
         *self
             .abnormal_reason
             .lock()
