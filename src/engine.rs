@@ -315,9 +315,18 @@ impl EngineState {
         self.health.store(after, Ordering::Release);
         if after != before {
             match after {
-                HEALTHY => tracing::info!(engine = %name, "/health answers"),
+                HEALTHY => tracing::info!(
+                    engine = %name,
+                    verdict = self.peek_status().as_str(),
+                    "/health answers"
+                ),
                 UNHEALTHY => {
-                    tracing::warn!(engine = %name, "/health fails: {}", self.health_detail().last_error.unwrap_or_default())
+                    tracing::warn!(
+                        engine = %name,
+                        verdict = "abnormal",
+                        "/health fails: {}",
+                        self.health_detail().last_error.unwrap_or_default()
+                    )
                 }
                 _ => {}
             }

@@ -18,11 +18,13 @@ pub mod driver;
 pub mod engine;
 #[cfg(feature = "fake-driver")]
 pub mod fake;
+pub mod logging;
 pub mod probe;
 pub mod qos;
 pub mod ring;
 pub mod sampler;
 pub mod server;
+pub mod service;
 pub mod tls;
 pub mod window;
 

@@ -11,6 +11,7 @@ mod service;
 use crate::config::mindie::Role;
 use crate::config::{AgentConfig, AgentSettings, SingleEngine, file};
 use crate::driver::BackendChoice;
+use crate::logging::LogFormat;
 use crate::sampler::StartError;
 use clap::{Args, Parser, Subcommand};
 use std::net::SocketAddr;
@@ -57,6 +58,10 @@ pub struct DriverArgs {
     #[cfg(feature = "fake-driver")]
     #[arg(long, global = true)]
     pub fake: bool,
+    /// Log output: journald when systemd connected stderr to the journal, else text
+    /// (`auto`); or force text, json or journald.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Auto)]
+    pub log_format: LogFormat,
 }
 
 /// What to monitor: `--config agent.toml`, or MindIE's engine-server flags for one engine.
@@ -204,8 +209,13 @@ impl<E: Into<anyhow::Error>> From<E> for Failure {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let service = matches!(cli.command, Command::Run(_)) || is_demo(&cli.command);
-    init_logging(if service { "info" } else { "warn" });
-    match run(cli) {
+    let default = if service { "info" } else { "warn" };
+    crate::logging::set_global(crate::logging::init(cli.driver.log_format, default));
+    let result = run(cli);
+    if let Some(l) = crate::logging::global() {
+        l.flush();
+    }
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(f) => {
             let chain: Vec<String> = f.error.chain().map(ToString::to_string).collect();
@@ -223,17 +233,6 @@ fn is_demo(c: &Command) -> bool {
 #[cfg(not(feature = "fake-driver"))]
 fn is_demo(_: &Command) -> bool {
     false
-}
-
-fn init_logging(default: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_target(false)
-        .init();
 }
 
 /// Applies the global driver flags (and `--fake`) over `agent`.
@@ -360,7 +359,19 @@ fn run(cli: Cli) -> Result<(), Failure> {
     match cli.command {
         Command::Run(c) => {
             let cfg = c.load(&cli.driver)?;
-            runtime(cfg.agent.worker_threads)?.block_on(crate::agent::run(cfg))?;
+            if let Some(l) = crate::logging::global() {
+                l.apply_config_level(cfg.agent.log_level.as_deref(), "info")
+                    .map_err(|e| Failure::usage(anyhow::anyhow!(e)))?;
+            }
+            // SIGHUP re-reads the same sources with the same flags.
+            let driver = cli.driver;
+            let reload: crate::agent::Reloader = Box::new(move || {
+                c.load(&driver).map_err(|f| {
+                    let chain: Vec<String> = f.error.chain().map(ToString::to_string).collect();
+                    chain.join(": ")
+                })
+            });
+            runtime(cfg.agent.worker_threads)?.block_on(crate::agent::run(cfg, reload))?;
             Ok(())
         }
         Command::CheckConfig(c) => service::check_config(&c.load(&cli.driver)?),

@@ -77,6 +77,9 @@ struct AgentTable {
     sampler_realtime: Option<bool>,
     #[serde(default, deserialize_with = "de_duration")]
     driver_call_deadline: Option<Duration>,
+    #[serde(default, deserialize_with = "de_duration")]
+    sampler_stuck_after: Option<Duration>,
+    log_level: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -348,6 +351,26 @@ fn agent_settings(t: &AgentTable, base: &Path) -> Result<AgentSettings, KeyError
             format!("{driver_call_deadline:?} is outside 10ms..=60s"),
         ));
     }
+    let sampler_stuck_after = t.sampler_stuck_after.unwrap_or(d.sampler_stuck_after);
+    if sampler_stuck_after < Duration::from_secs(1)
+        || sampler_stuck_after > Duration::from_secs(600)
+    {
+        return Err((
+            "sampler_stuck_after".to_owned(),
+            format!("{sampler_stuck_after:?} is outside 1s..=600s"),
+        ));
+    }
+    if sampler_stuck_after <= driver_call_deadline {
+        return Err((
+            "sampler_stuck_after".to_owned(),
+            format!(
+                "{sampler_stuck_after:?} must be longer than driver_call_deadline ({driver_call_deadline:?})"
+            ),
+        ));
+    }
+    if let Some(l) = &t.log_level {
+        crate::logging::check_filter(l).map_err(|m| ("log_level".to_owned(), m))?;
+    }
     let rel = |p: &PathBuf| {
         if p.is_relative() && p.components().count() > 1 {
             base.join(p)
@@ -366,6 +389,8 @@ fn agent_settings(t: &AgentTable, base: &Path) -> Result<AgentSettings, KeyError
         worker_threads,
         sampler_realtime: t.sampler_realtime.unwrap_or(d.sampler_realtime),
         driver_call_deadline,
+        sampler_stuck_after,
+        log_level: t.log_level.clone(),
     })
 }
 

@@ -237,6 +237,12 @@ pub struct AgentSettings {
     /// A DCMI call blocking longer marks its NPU stale (hung). Default 1 s.
     #[serde(serialize_with = "ser_duration")]
     pub driver_call_deadline: Duration,
+    /// A DCMI call blocked this long, or no sampling pass for this long, makes the agent
+    /// unhealthy: `/healthz` answers 503 and the systemd watchdog pings stop. Default 10 s.
+    #[serde(serialize_with = "ser_duration")]
+    pub sampler_stuck_after: Duration,
+    /// Level filter (`RUST_LOG` syntax) when `RUST_LOG` is not set; default `info`.
+    pub log_level: Option<String>,
 }
 
 impl Default for AgentSettings {
@@ -252,6 +258,8 @@ impl Default for AgentSettings {
             worker_threads: 2,
             sampler_realtime: true,
             driver_call_deadline: Duration::from_secs(1),
+            sampler_stuck_after: crate::sampler::DEFAULT_STUCK_AFTER,
+            log_level: None,
         }
     }
 }

@@ -494,6 +494,7 @@ fn count_failure(cfg: &LoopConfig, state: &ViState, why: &str) {
     if n >= cfg.max_failure_count {
         tracing::error!(
             engine = cfg.engine.as_str(),
+            verdict = "abnormal",
             "Reach maximum failure count ({n}); status is abnormal"
         );
         state.set_abnormal(&format!(

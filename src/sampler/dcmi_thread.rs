@@ -146,7 +146,7 @@ pub fn run(
             }
             next_hbm = now + timing.hbm_period;
         }
-        shared.sampler.pass_done();
+        shared.sampler.pass_done(shared.ring.now_ns());
         next += timing.period;
         let now = Instant::now();
         if next < now {
@@ -197,9 +197,15 @@ fn read_cube(
         // An answer slower than the deadline describes the past: not a current reading.
         if ts.saturating_sub(started) > deadline.as_nanos() as u64 {
             invalid(ts);
+            // Identical text each time (the elapsed time is a debug line), so a driver that
+            // is always late is one rate-limited warning, not one line per pass.
             tracing::warn!(
                 device = dev.info.id,
-                "AI Cube read returned after {:?} (deadline {deadline:?}); reading discarded",
+                "AI Cube read answered later than the {deadline:?} deadline; reading discarded"
+            );
+            tracing::debug!(
+                device = dev.info.id,
+                "late AI Cube read took {:?}",
                 Duration::from_nanos(ts - started)
             );
             return now;

@@ -97,6 +97,48 @@ pub struct Shared {
     pub sampler: SamplerStatus,
 }
 
+/// Default for how long a blocked DCMI call or a silent sampler thread is tolerated before
+/// the agent calls itself unhealthy (`/healthz` 503, systemd watchdog pings stop).
+pub const DEFAULT_STUCK_AFTER: Duration = Duration::from_secs(10);
+
+impl Shared {
+    /// Whether the sampler threads are alive and ticking: no DCMI call blocked longer than
+    /// `stuck_after`, a DCMI pass completed within `max(stuck_after, 3 × period)` (once the
+    /// thread has run), and the watchdog thread checked within `stuck_after`. A sampler
+    /// without devices has nothing to wedge.
+    pub fn liveness(&self, period: Duration, stuck_after: Duration) -> Result<(), String> {
+        if self.devices.is_empty() {
+            return Ok(());
+        }
+        let now = self.ring.now_ns();
+        let age = |t: u64| Duration::from_nanos(now.saturating_sub(t));
+        if let Some((dev, _, started)) = self.sampler.in_call()
+            && age(started) > stuck_after
+        {
+            let id = self.devices.get(dev).map_or(0, |d| d.info.id);
+            return Err(format!(
+                "a DCMI call on NPU {id} has been blocked for more than {stuck_after:?}"
+            ));
+        }
+        let pass_limit = stuck_after.max(period * 3);
+        if let Some(last) = self.sampler.last_pass()
+            && age(last) > pass_limit
+        {
+            return Err(format!(
+                "the DCMI sampler thread completed no pass in {pass_limit:?}"
+            ));
+        }
+        if let Some(last) = self.sampler.last_watchdog_tick()
+            && age(last) > stuck_after
+        {
+            return Err(format!(
+                "the sampler's watchdog thread has not run in {stuck_after:?}"
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// A running sampler. Dropping it shuts it down.
 pub struct Sampler {
     shared: Arc<Shared>,

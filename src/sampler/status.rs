@@ -341,6 +341,10 @@ pub struct SamplerStatus {
     call_device: AtomicU32,
     /// Whether the call in progress is a telemetry read.
     call_telemetry: AtomicBool,
+    /// Ring time of the last completed pass, plus one; 0 before the first.
+    last_pass: AtomicU64,
+    /// Ring time of the watchdog thread's last check, plus one; 0 before the first.
+    watchdog_tick: AtomicU64,
     /// Passes that started later than one period after they were due.
     overruns: AtomicU64,
     /// How late each pass started, per bucket of [`LATENESS_BUCKETS_US`] (+Inf last).
@@ -384,9 +388,25 @@ impl SamplerStatus {
         })
     }
 
-    /// One pass over all devices is complete.
-    pub fn pass_done(&self) {
+    /// One pass over all devices completed at ring time `now_ns`.
+    pub fn pass_done(&self, now_ns: u64) {
+        self.last_pass.store(now_ns + 1, Ordering::Release);
         self.passes.fetch_add(1, Ordering::Release);
+    }
+
+    /// Ring time of the last completed pass.
+    pub fn last_pass(&self) -> Option<u64> {
+        self.last_pass.load(Ordering::Acquire).checked_sub(1)
+    }
+
+    /// The watchdog thread ran its periodic check at ring time `now_ns`.
+    pub fn watchdog_ticked(&self, now_ns: u64) {
+        self.watchdog_tick.store(now_ns + 1, Ordering::Release);
+    }
+
+    /// Ring time of the watchdog thread's last check.
+    pub fn last_watchdog_tick(&self) -> Option<u64> {
+        self.watchdog_tick.load(Ordering::Acquire).checked_sub(1)
     }
 
     /// Completed passes since start.

@@ -97,6 +97,7 @@ pub fn run(
         fb.hand_over(idx, Reason::NoDcmiCube);
     }
     let tick = crossbeam_channel::tick(fb.cfg.interval);
+    fb.shared.sampler.watchdog_ticked(fb.shared.ring.now_ns());
     loop {
         let probe = match &fb.support {
             Support::Probing(rx) => rx.clone(),
@@ -118,7 +119,10 @@ pub fn run(
                     fb.hand_over(idx, reason);
                 }
             },
-            recv(tick) -> _ => fb.check(),
+            recv(tick) -> _ => {
+                fb.check();
+                fb.shared.sampler.watchdog_ticked(fb.shared.ring.now_ns());
+            }
         }
     }
     for (w, _) in fb.watches.into_iter().flatten() {

@@ -36,6 +36,8 @@ pub struct EngineView {
 #[derive(Debug, Clone)]
 pub struct AdminView {
     pub metrics: Arc<metrics::Scope>,
+    /// `/healthz` fails when the sampler is stuck this long (see `Shared::liveness`).
+    pub stuck_after: Duration,
 }
 
 /// Router of one engine's mgmt listener.
@@ -106,20 +108,12 @@ async fn admin_detail(State(v): State<AdminView>) -> Response {
     every_engine(&v, detail)
 }
 
-/// The agent is alive if the sampler completed a pass recently or serves no DCMI device.
+/// The agent is alive if its sampler threads are alive and ticking (`Shared::liveness`, the
+/// same test that gates the systemd watchdog pings).
 async fn healthz(State(v): State<AdminView>) -> Response {
-    let shared = &v.metrics.shared;
-    let stuck = shared.sampler.in_call().is_some_and(|(_, _, started)| {
-        shared.ring.now_ns().saturating_sub(started) > 10_000_000_000
-    });
-    if stuck {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "sampler stuck in a driver call\n",
-        )
-            .into_response()
-    } else {
-        (StatusCode::OK, "ok\n").into_response()
+    match v.metrics.shared.liveness(v.metrics.period, v.stuck_after) {
+        Ok(()) => (StatusCode::OK, "ok\n").into_response(),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")).into_response(),
     }
 }
 
@@ -313,9 +307,20 @@ async fn serve_tls(
     }
 }
 
-/// Binds a listener, naming the address on failure.
-pub async fn bind(addr: SocketAddr) -> Result<TcpListener, String> {
-    TcpListener::bind(addr)
-        .await
-        .map_err(|e| format!("cannot listen on {addr}: {e}"))
+/// Binds a listener, naming the address on failure. A std socket, so the agent can keep a
+/// duplicate of it and hand the same socket to a new server on reload (no refused polls).
+pub fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, String> {
+    let l =
+        std::net::TcpListener::bind(addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    l.set_nonblocking(true)
+        .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    Ok(l)
+}
+
+/// A tokio listener on a duplicate of `socket`'s descriptor (the same listening socket).
+pub fn listener_on(socket: &std::net::TcpListener) -> Result<TcpListener, String> {
+    let dup = socket
+        .try_clone()
+        .map_err(|e| format!("cannot duplicate the listening socket: {e}"))?;
+    TcpListener::from_std(dup).map_err(|e| format!("cannot register the listening socket: {e}"))
 }

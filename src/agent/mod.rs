@@ -1,0 +1,533 @@
+//! `run`: wires the sampler, one monitor per engine and the listeners together, tells systemd
+//! when it is ready, and runs until SIGTERM or SIGINT; SIGHUP re-reads the config
+//! ([`reload`]).
+//!
+//! Each engine runs as a unit of its own (probe tasks, listener, cancellation), so a reload can
+//! add, remove or restart one engine without touching the others' verdict state.
+
+mod reload;
+
+pub use reload::ReloadSummary;
+
+use crate::config::{AgentConfig, EngineSpec};
+use crate::engine::{self, EngineState, RingPeaks};
+use crate::probe::http::EngineClient;
+use crate::sampler::{Sampler, SamplerConfig, Shared, StartError};
+use crate::server::{self, AdminView, EngineView, metrics};
+use crate::service::signals::{Request, Signals};
+use crate::service::systemd::{Probe, Systemd};
+use std::net::SocketAddr;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+/// Longest wait for an engine's tasks (in-flight requests included) to finish on stop.
+const DRAIN: Duration = Duration::from_secs(5);
+
+/// Why `run` stopped with an error, with the exit code it maps to.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// Bad configuration (exit 2).
+    #[error("{0}")]
+    Config(String),
+    /// The sampler could not start (exit 3 when no backend, else 2).
+    #[error(transparent)]
+    Sampler(#[from] StartError),
+    /// Anything else at run time (exit 1).
+    #[error("{0}")]
+    Runtime(String),
+}
+
+/// The engines being monitored now, shared with the systemd status line.
+pub type Roster = Arc<RwLock<Vec<Arc<EngineState>>>>;
+
+/// A listening socket and the server task on it.
+struct ListenerRun {
+    /// Address from the config (reused on reload when unchanged).
+    configured: SocketAddr,
+    /// Address actually bound.
+    bound: SocketAddr,
+    /// A duplicate of the socket, so a new server can take it over on reload.
+    socket: std::net::TcpListener,
+    cancel: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ListenerRun {
+    fn start(
+        configured: SocketAddr,
+        socket: std::net::TcpListener,
+        router: axum::Router,
+        tls: Option<Arc<rustls::ServerConfig>>,
+    ) -> Result<ListenerRun, String> {
+        let listener = server::listener_on(&socket)?;
+        let bound = socket.local_addr().unwrap_or(configured);
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(server::serve(listener, router, tls, cancel.clone()));
+        Ok(ListenerRun {
+            configured,
+            bound,
+            socket,
+            cancel,
+            task,
+        })
+    }
+
+    /// Stops accepting and lets in-flight requests finish, for at most [`DRAIN`].
+    async fn stop(self) {
+        self.cancel.cancel();
+        let mut task = self.task;
+        if tokio::time::timeout(DRAIN, &mut task).await.is_err() {
+            task.abort();
+        }
+    }
+}
+
+/// Everything an engine needs before it starts, built without side effects so a reload can
+/// be rejected before anything changes.
+struct Prepared {
+    spec: EngineSpec,
+    devices: Vec<u16>,
+    client: EngineClient,
+    tls: Option<Arc<rustls::ServerConfig>>,
+}
+
+/// One monitored engine.
+struct EngineRun {
+    state: Arc<EngineState>,
+    listener: ListenerRun,
+    tasks: JoinSet<()>,
+    cancel: CancellationToken,
+}
+
+impl EngineRun {
+    async fn stop(mut self) {
+        self.cancel.cancel();
+        let name = self.state.spec.name.clone();
+        let drain = async { while self.tasks.join_next().await.is_some() {} };
+        let (listener, tasks) =
+            tokio::join!(self.listener.stop(), tokio::time::timeout(DRAIN, drain));
+        let () = listener;
+        if tasks.is_err() {
+            tracing::warn!(engine = %name, "some probe tasks did not stop within {DRAIN:?}");
+            self.tasks.abort_all();
+        }
+    }
+}
+
+/// A started agent: listeners bound, tasks running.
+pub struct Running {
+    sampler: Sampler,
+    shared: Arc<Shared>,
+    cfg: AgentConfig,
+    /// Ring history kept (fixed at start).
+    retention: Duration,
+    engines: Vec<EngineRun>,
+    admin: Option<ListenerRun>,
+    roster: Roster,
+    liveness_cfg: Arc<LivenessCfg>,
+}
+
+/// Sampling period and stuck threshold for the liveness test (both change on reload).
+#[derive(Debug)]
+struct LivenessCfg(std::sync::Mutex<(Duration, Duration)>);
+
+impl LivenessCfg {
+    fn set(&self, period: Duration, stuck_after: Duration) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = (period, stuck_after);
+    }
+
+    fn get(&self) -> (Duration, Duration) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Ring indices of an engine's NPUs (all NPUs when none are named).
+fn engine_devices(spec: &EngineSpec, sampler: &Sampler) -> Result<Vec<u16>, AgentError> {
+    if sampler.devices().is_empty() {
+        return Ok(Vec::new());
+    }
+    let Some(ids) = &spec.devices.value else {
+        return Ok((0..sampler.devices().len() as u16).collect());
+    };
+    let mut out = Vec::new();
+    for id in ids {
+        match sampler.index_of(*id) {
+            Some(i) => out.push(i),
+            None => {
+                let found: Vec<u32> = sampler.devices().iter().map(|d| d.info.id).collect();
+                return Err(AgentError::Config(format!(
+                    "engine {}: NPU {id} ({}) not found; NPUs found: {found:?}",
+                    spec.name, spec.devices.source
+                )));
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn longest_window(cfg: &AgentConfig) -> Duration {
+    cfg.engines
+        .iter()
+        .map(|e| e.timing.window)
+        .max()
+        .unwrap_or(Duration::from_secs(5))
+}
+
+impl Running {
+    fn prepare(&self, spec: &EngineSpec) -> Result<Prepared, AgentError> {
+        let devices = engine_devices(spec, &self.sampler)?;
+        let client = EngineClient::new(spec)
+            .map_err(|e| AgentError::Config(format!("engine {}: {e}", spec.name)))?;
+        let tls = if spec.mgmt_tls_config.enable_tls {
+            Some(
+                crate::tls::server_config(&spec.mgmt_tls_config)
+                    .map_err(|e| AgentError::Config(format!("engine {}: {e}", spec.name)))?,
+            )
+        } else {
+            None
+        };
+        Ok(Prepared {
+            spec: spec.clone(),
+            devices,
+            client,
+            tls,
+        })
+    }
+
+    /// Starts an engine's probes and its server on `socket`.
+    fn launch(&self, p: Prepared, socket: std::net::TcpListener) -> Result<EngineRun, AgentError> {
+        let spec = &p.spec;
+        let shared = &self.shared;
+        let state = Arc::new(EngineState::new(spec.clone(), p.devices.clone()));
+        let cancel = CancellationToken::new();
+        let mut tasks = JoinSet::new();
+        tasks.spawn(engine::health_task(
+            state.clone(),
+            p.client.health(),
+            cancel.clone(),
+        ));
+        let peaks = RingPeaks {
+            shared: shared.clone(),
+            devices: p.devices.clone(),
+        };
+        let cube_shared = shared.clone();
+        let cube_devices = p.devices.clone();
+        let cube = move || {
+            cube_devices
+                .iter()
+                .map(|&i| {
+                    let d = &cube_shared.devices[usize::from(i)];
+                    (d.info.id, d.source().backend())
+                })
+                .collect()
+        };
+        tasks.spawn(engine::virtual_inference_task(
+            state.clone(),
+            p.client.prober(spec),
+            peaks,
+            engine::Signals {
+                state: state.clone(),
+                metrics: p.client.metrics(),
+            },
+            cube,
+            cancel.clone(),
+        ));
+        tasks.spawn(engine::qos_task(
+            state.clone(),
+            p.client.metrics(),
+            cancel.clone(),
+        ));
+        let scope = Arc::new(metrics::Scope {
+            shared: shared.clone(),
+            engines: vec![state.clone()],
+            devices: p.devices.clone(),
+            window: spec.timing.window,
+            period: self.sampler.period(),
+        });
+        let router = server::engine_router(EngineView {
+            engine: state.clone(),
+            metrics: scope,
+        });
+        let scheme = if p.tls.is_some() { "https" } else { "http" };
+        let listener = ListenerRun::start(spec.mgmt_listen, socket, router, p.tls)
+            .map_err(|e| AgentError::Runtime(format!("engine {}: {e}", spec.name)))?;
+        tracing::info!(
+            engine = %spec.name,
+            "serving {scheme}://{}/status for the engine at {}",
+            listener.bound,
+            p.client.base()
+        );
+        Ok(EngineRun {
+            state,
+            listener,
+            tasks,
+            cancel,
+        })
+    }
+
+    /// The admin server over the current engines, on `socket`.
+    fn launch_admin(
+        &self,
+        configured: SocketAddr,
+        socket: std::net::TcpListener,
+        engines: Vec<Arc<EngineState>>,
+    ) -> Result<ListenerRun, AgentError> {
+        let scope = Arc::new(metrics::Scope {
+            shared: self.shared.clone(),
+            engines,
+            devices: (0..self.shared.devices.len() as u16).collect(),
+            window: longest_window(&self.cfg),
+            period: self.sampler.period(),
+        });
+        let router = server::admin_router(AdminView {
+            metrics: scope,
+            stuck_after: self.cfg.agent.sampler_stuck_after,
+        });
+        ListenerRun::start(configured, socket, router, None)
+            .map_err(|e| AgentError::Runtime(format!("admin listener: {e}")))
+    }
+
+    /// Addresses actually bound: engine mgmt listeners in config order, then the admin one.
+    pub fn bound(&self) -> Vec<SocketAddr> {
+        self.engines
+            .iter()
+            .map(|e| e.listener.bound)
+            .chain(self.admin.as_ref().map(|a| a.bound))
+            .collect()
+    }
+
+    /// The engines monitored now.
+    pub fn roster(&self) -> Roster {
+        self.roster.clone()
+    }
+
+    /// State shared with the sampler threads.
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// Whether the sampler threads are alive and ticking.
+    pub fn liveness(&self) -> Result<(), String> {
+        let (period, stuck_after) = self.liveness_cfg.get();
+        self.shared.liveness(period, stuck_after)
+    }
+
+    /// The one-line summary for systemd's `STATUS=`.
+    pub fn summary(&self) -> String {
+        summary(&self.roster, &self.shared)
+    }
+
+    fn publish_roster(&self) {
+        let list: Vec<Arc<EngineState>> = self.engines.iter().map(|e| e.state.clone()).collect();
+        *self.roster.write().unwrap_or_else(|p| p.into_inner()) = list;
+    }
+
+    /// Stops the listeners and probes (in-flight requests get [`DRAIN`]), then the sampler
+    /// (watch children killed and reaped).
+    pub async fn stop(self) {
+        let Running {
+            sampler,
+            engines,
+            admin,
+            ..
+        } = self;
+        let mut stops: Vec<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>> =
+            engines
+                .into_iter()
+                .map(|e| Box::pin(e.stop()) as _)
+                .collect();
+        if let Some(a) = admin {
+            stops.push(Box::pin(a.stop()));
+        }
+        futures_util::future::join_all(stops).await;
+        let _ = tokio::task::spawn_blocking(move || sampler.shutdown()).await;
+    }
+}
+
+/// `2 engines: prefill-0 normal, decode-0 initial; 8 NPUs: 8 dcmi` (the systemd status line).
+pub fn summary(roster: &Roster, shared: &Shared) -> String {
+    let engines = roster.read().unwrap_or_else(|p| p.into_inner());
+    let verdicts: Vec<String> = engines
+        .iter()
+        .map(|e| format!("{} {}", e.spec.name, e.peek_status().as_str()))
+        .collect();
+    let mut backends: Vec<(&'static str, usize)> = Vec::new();
+    for d in &shared.devices {
+        let b = d.source().backend();
+        match backends.iter_mut().find(|(n, _)| *n == b) {
+            Some((_, c)) => *c += 1,
+            None => backends.push((b, 1)),
+        }
+    }
+    let npus = if shared.devices.is_empty() {
+        "no NPU backend (/status follows /health)".to_owned()
+    } else {
+        let by: Vec<String> = backends.iter().map(|(b, c)| format!("{c} {b}")).collect();
+        format!("{} NPUs: {}", shared.devices.len(), by.join(", "))
+    };
+    format!(
+        "{} engine{}: {}; {npus}",
+        engines.len(),
+        if engines.len() == 1 { "" } else { "s" },
+        if verdicts.is_empty() {
+            "none".to_owned()
+        } else {
+            verdicts.join(", ")
+        }
+    )
+}
+
+/// Starts everything inside the current tokio runtime.
+pub async fn start(cfg: AgentConfig) -> Result<Running, AgentError> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let retention = (longest_window(&cfg) + Duration::from_secs(5)).max(Duration::from_secs(30));
+    let sampler_cfg = SamplerConfig {
+        period: cfg.agent.sample_period,
+        retention,
+        realtime: cfg.agent.sampler_realtime,
+        call_deadline: cfg.agent.driver_call_deadline,
+        ..SamplerConfig::default()
+    };
+    let driver = cfg.agent.driver();
+    let started = tokio::task::spawn_blocking(move || Sampler::start(&driver, &sampler_cfg))
+        .await
+        .map_err(|e| AgentError::Runtime(format!("sampler start-up panicked: {e}")))?;
+    // Without NPU figures the agent still serves /status from /health (virtual inference is
+    // disabled by its AI Cube condition): a crash loop would make Node Manager see refused
+    // polls, i.e. abnormal, and kill a healthy engine. Bad settings are still fatal.
+    let sampler = match started {
+        Ok(s) => s,
+        Err(e @ StartError::NoBackend { .. }) => Sampler::without_backend(&e.to_string()),
+        Err(e) => return Err(e.into()),
+    };
+    let mut running = Running {
+        shared: sampler.shared().clone(),
+        sampler,
+        cfg: cfg.clone(),
+        retention,
+        engines: Vec::new(),
+        admin: None,
+        roster: Roster::default(),
+        liveness_cfg: Arc::new(LivenessCfg(std::sync::Mutex::new((
+            cfg.agent.sample_period,
+            cfg.agent.sampler_stuck_after,
+        )))),
+    };
+    // Everything fallible (devices, clients, TLS, binding) before anything is spawned.
+    let mut ready = Vec::new();
+    for spec in &cfg.engines {
+        let p = running.prepare(spec)?;
+        let socket = server::bind(spec.mgmt_listen)
+            .map_err(|e| AgentError::Runtime(format!("engine {}: {e}", spec.name)))?;
+        ready.push((p, socket));
+    }
+    let admin_socket = match cfg.agent.admin_listen {
+        Some(addr) => Some((
+            addr,
+            server::bind(addr).map_err(|e| AgentError::Runtime(format!("admin listener: {e}")))?,
+        )),
+        None => None,
+    };
+    for (p, socket) in ready {
+        let run = running.launch(p, socket)?;
+        running.engines.push(run);
+    }
+    running.publish_roster();
+    if let Some((addr, socket)) = admin_socket {
+        let engines = running.engines.iter().map(|e| e.state.clone()).collect();
+        let admin = running.launch_admin(addr, socket, engines)?;
+        tracing::info!(
+            "admin listener on http://{} (/metrics, /status/detail, /qos, /healthz)",
+            admin.bound
+        );
+        running.admin = Some(admin);
+    }
+    Ok(running)
+}
+
+/// Re-reads the configuration for a reload.
+pub type Reloader = Box<dyn Fn() -> Result<AgentConfig, String> + Send + Sync>;
+
+/// Runs until SIGTERM or SIGINT; SIGHUP applies `reload()`'s config. systemd is told when
+/// the agent is ready, reloading and stopping, and its watchdog is pinged while the sampler
+/// lives.
+pub async fn run(cfg: AgentConfig, reload: Reloader) -> Result<(), AgentError> {
+    // Handlers first: a SIGHUP during start-up must not kill the agent.
+    let mut signals = Signals::install()
+        .map_err(|e| AgentError::Runtime(format!("cannot install signal handlers: {e}")))?;
+    let mut systemd = Systemd::from_env();
+    let mut running = start(cfg).await?;
+    let (roster, shared) = (running.roster(), running.shared().clone());
+    let status = {
+        let (roster, shared) = (roster.clone(), shared.clone());
+        Box::new(move || summary(&roster, &shared))
+    };
+    let liveness = running.liveness_probe();
+    systemd.ready(Probe {
+        status,
+        alive: liveness,
+        runtime: tokio::runtime::Handle::current(),
+    });
+    tracing::info!("ready: {}", running.summary());
+    loop {
+        match signals.next().await {
+            Request::Stop(name) => {
+                tracing::info!("received {name}; shutting down");
+                break;
+            }
+            Request::Reload => {
+                tracing::info!("received SIGHUP; reloading the configuration");
+                systemd.reloading();
+                let outcome = match reload() {
+                    Err(e) => Err(e),
+                    Ok(new) => running.reload(new).await,
+                };
+                match outcome {
+                    Ok(s) => {
+                        tracing::info!("configuration reloaded: {s}");
+                        systemd.reloaded(&running.summary());
+                    }
+                    Err(e) => {
+                        tracing::error!(
+                            "configuration rejected, the previous one keeps running: {e}"
+                        );
+                        systemd.reloaded(&format!(
+                            "{} (last reload rejected: {e})",
+                            running.summary()
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    systemd.stopping();
+    let stopping = running.stop();
+    // A second SIGTERM/SIGINT while stopping ends the wait.
+    tokio::select! {
+        _ = stopping => {}
+        r = signals.next() => {
+            if let Request::Stop(name) = r {
+                tracing::warn!("received {name} again while stopping; exiting now");
+            }
+        }
+    }
+    tracing::info!("stopped");
+    if let Some(l) = crate::logging::global() {
+        l.flush();
+    }
+    Ok(())
+}
+
+impl Running {
+    /// A liveness check that outlives `self` (for the systemd thread).
+    fn liveness_probe(&self) -> Box<dyn Fn() -> Result<(), String> + Send> {
+        let shared = self.shared.clone();
+        let cfg = self.liveness_cfg.clone();
+        Box::new(move || {
+            let (period, stuck_after) = cfg.get();
+            shared.liveness(period, stuck_after)
+        })
+    }
+}

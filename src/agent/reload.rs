@@ -1,0 +1,348 @@
+//! SIGHUP: apply a new configuration to the running agent.
+//!
+//! Engines are matched by name. An engine whose settings are unchanged keeps running
+//! untouched: its verdict, failure counts and QoS history survive. A new engine starts; a
+//! removed one stops; a changed one restarts from `initial` with its new settings. When a
+//! new or changed engine keeps the mgmt address of an engine it replaces, the listening
+//! socket itself is handed over, so Node Manager's polls are never refused.
+//!
+//! Everything that can fail (NPU lookup, clients, TLS, binding) is done before anything
+//! changes; if any of it fails the reload is rejected and the old configuration keeps
+//! running. Driver settings, worker threads and the sampler's scheduling are fixed at
+//! start: a change is reported and takes effect at the next restart. The sampling period
+//! and the log level apply at once.
+
+use super::{AgentError, EngineRun, Prepared, Running};
+use crate::config::{AgentConfig, AgentSettings, EngineSpec};
+use crate::server;
+use std::fmt;
+use std::net::SocketAddr;
+
+/// What a reload did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ReloadSummary {
+    pub added: Vec<String>,
+    pub removed: Vec<String>,
+    pub changed: Vec<String>,
+    pub unchanged: Vec<String>,
+    /// `[agent]` keys whose new value waits for a restart.
+    pub needs_restart: Vec<&'static str>,
+}
+
+impl fmt::Display for ReloadSummary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let list = |v: &[String]| {
+            if v.is_empty() {
+                "none".to_owned()
+            } else {
+                v.join(", ")
+            }
+        };
+        write!(
+            f,
+            "added {}; removed {}; restarted {}; untouched {}",
+            list(&self.added),
+            list(&self.removed),
+            list(&self.changed),
+            list(&self.unchanged)
+        )?;
+        if !self.needs_restart.is_empty() {
+            write!(
+                f,
+                "; [agent] {} change(s) take effect at the next restart",
+                self.needs_restart.join(", ")
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// `[agent]` keys that cannot change while running.
+fn restart_only(old: &AgentSettings, new: &AgentSettings) -> Vec<&'static str> {
+    let mut out = Vec::new();
+    let mut check = |name, differs: bool| {
+        if differs {
+            out.push(name);
+        }
+    };
+    check("dcmi_lib", old.dcmi_lib != new.dcmi_lib);
+    check("npu_smi", old.npu_smi != new.npu_smi);
+    check("backend", old.backend != new.backend);
+    check(
+        "dcmi_no_owner_check",
+        old.dcmi_no_owner_check != new.dcmi_no_owner_check,
+    );
+    check("npu_smi_delay", old.npu_smi_delay != new.npu_smi_delay);
+    check("worker_threads", old.worker_threads != new.worker_threads);
+    check(
+        "sampler_realtime",
+        old.sampler_realtime != new.sampler_realtime,
+    );
+    check(
+        "driver_call_deadline",
+        old.driver_call_deadline != new.driver_call_deadline,
+    );
+    out
+}
+
+/// Whether two engine specs are the same settings (compared as their effective JSON).
+fn same(a: &EngineSpec, b: &EngineSpec) -> bool {
+    match (serde_json::to_value(a), serde_json::to_value(b)) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => false,
+    }
+}
+
+impl Running {
+    /// Applies `new`; on error nothing changed.
+    pub async fn reload(&mut self, new: AgentConfig) -> Result<ReloadSummary, String> {
+        let mut summary = ReloadSummary {
+            needs_restart: restart_only(&self.cfg.agent, &new.agent),
+            ..ReloadSummary::default()
+        };
+        if let Some(level) = &new.agent.log_level {
+            crate::logging::check_filter(level).map_err(|e| format!("[agent] log_level: {e}"))?;
+        }
+        // Classify by name; the old index of each kept or replaced engine.
+        let mut plan: Vec<(EngineSpec, Option<usize>, bool)> = Vec::new(); // (spec, old, restart)
+        for spec in &new.engines {
+            let old = self
+                .engines
+                .iter()
+                .position(|e| e.state.spec.name == spec.name);
+            let restart = old.is_none_or(|i| !same(&self.engines[i].state.spec, spec));
+            plan.push((spec.clone(), old, restart));
+        }
+        let kept: Vec<usize> = plan
+            .iter()
+            .filter(|(_, old, restart)| !restart && old.is_some())
+            .filter_map(|(_, old, _)| *old)
+            .collect();
+        // Prepare every new or changed engine and get its socket.
+        let mut prepared: Vec<Option<(Prepared, std::net::TcpListener)>> = Vec::new();
+        for (spec, _, restart) in &plan {
+            if !restart {
+                prepared.push(None);
+                continue;
+            }
+            let p = self.prepare(spec).map_err(|e| match e {
+                AgentError::Config(m) | AgentError::Runtime(m) => m,
+                other => other.to_string(),
+            })?;
+            let socket = self.socket_for(spec.mgmt_listen, &kept, &spec.name)?;
+            prepared.push(Some((p, socket)));
+        }
+        let admin_socket = match new.agent.admin_listen {
+            None => None,
+            Some(addr) => Some((addr, self.admin_socket_for(addr, &kept)?)),
+        };
+        // Commit: nothing below fails for a configuration reason.
+        let mut old_runs: Vec<Option<EngineRun>> = std::mem::take(&mut self.engines)
+            .into_iter()
+            .map(Some)
+            .collect();
+        let mut retired: Vec<EngineRun> = Vec::new();
+        let mut next: Vec<EngineRun> = Vec::new();
+        let mut launches: Vec<(Prepared, std::net::TcpListener)> = Vec::new();
+        for ((spec, old, restart), prep) in plan.into_iter().zip(prepared) {
+            match (old, restart, prep) {
+                (Some(o), false, _) => {
+                    if let Some(run) = old_runs[o].take() {
+                        next.push(run);
+                        summary.unchanged.push(spec.name.clone());
+                    }
+                }
+                (old, _, Some((p, socket))) => {
+                    if let Some(o) = old
+                        && let Some(run) = old_runs[o].take()
+                    {
+                        retired.push(run);
+                        summary.changed.push(spec.name.clone());
+                    } else {
+                        summary.added.push(spec.name.clone());
+                    }
+                    launches.push((p, socket));
+                }
+                _ => {}
+            }
+        }
+        for run in old_runs.into_iter().flatten() {
+            summary.removed.push(run.state.spec.name.clone());
+            retired.push(run);
+        }
+        // Stop what goes away first, so a restarted engine does not probe twice.
+        let stops: Vec<_> = retired.into_iter().map(EngineRun::stop).collect();
+        futures_util::future::join_all(stops).await;
+        let old_admin = self.admin.take();
+        let old_agent = std::mem::replace(&mut self.cfg.agent, new.agent.clone());
+        // Keep the start-only settings as they run.
+        for key in &summary.needs_restart {
+            match *key {
+                "dcmi_lib" => self.cfg.agent.dcmi_lib = old_agent.dcmi_lib.clone(),
+                "npu_smi" => self.cfg.agent.npu_smi = old_agent.npu_smi.clone(),
+                "backend" => self.cfg.agent.backend = old_agent.backend,
+                "dcmi_no_owner_check" => {
+                    self.cfg.agent.dcmi_no_owner_check = old_agent.dcmi_no_owner_check
+                }
+                "npu_smi_delay" => self.cfg.agent.npu_smi_delay = old_agent.npu_smi_delay,
+                "worker_threads" => self.cfg.agent.worker_threads = old_agent.worker_threads,
+                "sampler_realtime" => self.cfg.agent.sampler_realtime = old_agent.sampler_realtime,
+                "driver_call_deadline" => {
+                    self.cfg.agent.driver_call_deadline = old_agent.driver_call_deadline
+                }
+                _ => {}
+            }
+        }
+        self.cfg.source = new.source.clone();
+        if new.agent.sample_period != self.sampler.period() {
+            if let Err(e) = self.sampler.set_period(new.agent.sample_period) {
+                tracing::warn!("sample_period not changed: {e}");
+                self.cfg.agent.sample_period = self.sampler.period();
+            } else {
+                tracing::info!("sampling period is now {:?}", new.agent.sample_period);
+            }
+        }
+        self.liveness_cfg
+            .set(self.sampler.period(), self.cfg.agent.sampler_stuck_after);
+        let mut by_name: std::collections::HashMap<String, EngineRun> = next
+            .into_iter()
+            .map(|r| (r.state.spec.name.clone(), r))
+            .collect();
+        for p in launches {
+            let name = p.0.spec.name.clone();
+            match self.launch(p.0, p.1) {
+                Ok(run) => {
+                    by_name.insert(name, run);
+                }
+                Err(e) => tracing::error!(engine = %name, "cannot start the engine: {e}"),
+            }
+        }
+        // Config order.
+        self.engines = new
+            .engines
+            .iter()
+            .filter_map(|e| by_name.remove(&e.name))
+            .collect();
+        self.cfg.engines = self.engines.iter().map(|e| e.state.spec.clone()).collect();
+        self.publish_roster();
+        let longest = super::longest_window(&self.cfg);
+        if longest + std::time::Duration::from_secs(5) > self.retention {
+            tracing::warn!(
+                "the longest window is now {longest:?} but the ring keeps {:?} of history; restart the agent for full windows",
+                self.retention
+            );
+        }
+        // The admin server lists the engines: restart it on the same socket (or a new one).
+        if let Some(a) = old_admin {
+            a.stop().await;
+        }
+        if let Some((addr, socket)) = admin_socket {
+            let engines = self.engines.iter().map(|e| e.state.clone()).collect();
+            match self.launch_admin(addr, socket, engines) {
+                Ok(a) => self.admin = Some(a),
+                Err(e) => tracing::error!("{e}"),
+            }
+        }
+        if let Some(l) = crate::logging::global()
+            && let Err(e) = l.apply_config_level(self.cfg.agent.log_level.as_deref(), "info")
+        {
+            tracing::warn!("{e}");
+        }
+        Ok(summary)
+    }
+
+    /// The socket for a new or changed engine at `addr`: the socket of a replaced or removed
+    /// engine with the same address, else a new one.
+    fn socket_for(
+        &self,
+        addr: SocketAddr,
+        kept: &[usize],
+        name: &str,
+    ) -> Result<std::net::TcpListener, String> {
+        if addr.port() != 0 {
+            if let Some(i) = self
+                .engines
+                .iter()
+                .position(|e| e.listener.configured == addr)
+            {
+                if kept.contains(&i) {
+                    return Err(format!(
+                        "engine {name}: mgmt address {addr} is still used by engine {}",
+                        self.engines[i].state.spec.name
+                    ));
+                }
+                return self.engines[i]
+                    .listener
+                    .socket
+                    .try_clone()
+                    .map_err(|e| format!("engine {name}: cannot reuse {addr}: {e}"));
+            }
+            if let Some(a) = &self.admin
+                && a.configured == addr
+            {
+                return Err(format!(
+                    "engine {name}: mgmt address {addr} is the admin listener's"
+                ));
+            }
+        }
+        server::bind(addr).map_err(|e| format!("engine {name}: {e}"))
+    }
+
+    /// The admin socket at `addr`: the current one when the address is unchanged.
+    fn admin_socket_for(
+        &self,
+        addr: SocketAddr,
+        kept: &[usize],
+    ) -> Result<std::net::TcpListener, String> {
+        if let Some(a) = &self.admin
+            && a.configured == addr
+            && addr.port() != 0
+        {
+            return a
+                .socket
+                .try_clone()
+                .map_err(|e| format!("admin listener: cannot reuse {addr}: {e}"));
+        }
+        if let Some(i) = self
+            .engines
+            .iter()
+            .position(|e| e.listener.configured == addr && addr.port() != 0)
+            && kept.contains(&i)
+        {
+            return Err(format!(
+                "admin_listen {addr} is engine {}'s mgmt address",
+                self.engines[i].state.spec.name
+            ));
+        }
+        server::bind(addr).map_err(|e| format!("admin listener: {e}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn start_only_keys_are_named() {
+        let a = AgentSettings::default();
+        let mut b = a.clone();
+        b.backend = crate::driver::BackendChoice::NpuSmi;
+        b.sample_period = std::time::Duration::from_millis(20);
+        b.worker_threads = 4;
+        assert_eq!(restart_only(&a, &b), vec!["backend", "worker_threads"]);
+    }
+
+    #[test]
+    fn summary_line() {
+        let s = ReloadSummary {
+            added: vec!["b".into()],
+            unchanged: vec!["a".into()],
+            needs_restart: vec!["backend"],
+            ..ReloadSummary::default()
+        };
+        assert_eq!(
+            s.to_string(),
+            "added b; removed none; restarted none; untouched a; [agent] backend change(s) take effect at the next restart"
+        );
+    }
+}

@@ -1,0 +1,255 @@
+//! journald's native protocol: one datagram per event on `/run/systemd/journal/socket`, each
+//! field a `NAME=value` line (values with a newline use the length-prefixed form).
+//!
+//! Event fields become journal fields in upper case (`engine` → `ENGINE=`, `device` →
+//! `DEVICE=`, `verdict` → `VERDICT=`), so `journalctl -u npu-health-agent ENGINE=prefill-0`
+//! selects one engine's lines.
+
+use super::format::Record;
+use std::os::unix::net::UnixDatagram;
+use tracing::Level;
+
+/// journald's socket.
+pub const DEFAULT_SOCKET: &str = "/run/systemd/journal/socket";
+/// Overrides the socket path (tests; a journald in a container at another path).
+pub const SOCKET_ENV: &str = "NPU_HEALTH_AGENT_JOURNAL_SOCKET";
+/// `SYSLOG_IDENTIFIER=` of every entry.
+pub const IDENTIFIER: &str = "npu-health-agent";
+/// A message longer than this is cut when the datagram is too large for the socket.
+const TRUNCATE_AT: usize = 8 * 1024;
+
+/// A connected journald socket.
+#[derive(Debug)]
+pub struct Journal {
+    sock: UnixDatagram,
+}
+
+impl Journal {
+    /// Connects to journald's socket (or the one named by [`SOCKET_ENV`]).
+    pub fn connect() -> Result<Journal, String> {
+        let path = std::env::var_os(SOCKET_ENV)
+            .filter(|p| !p.is_empty())
+            .unwrap_or_else(|| DEFAULT_SOCKET.into());
+        let sock = UnixDatagram::unbound().map_err(|e| format!("cannot make a socket: {e}"))?;
+        sock.connect(&path).map_err(|e| {
+            format!(
+                "journald is not reachable at {}: {e}",
+                std::path::Path::new(&path).display()
+            )
+        })?;
+        Ok(Journal { sock })
+    }
+
+    /// Sends one entry; a message too large for a datagram is cut and sent again.
+    pub fn send(&self, r: &Record) -> std::io::Result<()> {
+        match self.sock.send(&encode(r, usize::MAX)) {
+            Err(e) if e.raw_os_error() == Some(libc_emsgsize()) => {
+                self.sock.send(&encode(r, TRUNCATE_AT)).map(|_| ())
+            }
+            other => other.map(|_| ()),
+        }
+    }
+}
+
+fn libc_emsgsize() -> i32 {
+    rustix::io::Errno::MSGSIZE.raw_os_error()
+}
+
+/// syslog priority of a level.
+fn priority(l: Level) -> u8 {
+    match l {
+        Level::ERROR => 3,
+        Level::WARN => 4,
+        Level::INFO => 6,
+        _ => 7,
+    }
+}
+
+/// A journal field name from an event field name: upper case, `[A-Z0-9_]`, not starting
+/// with `_` or a digit, at most 64 bytes; names journald or we set are prefixed `FIELD_`.
+pub fn field_name(name: &str) -> String {
+    let mut n: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_uppercase()
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let reserved = [
+        "MESSAGE",
+        "PRIORITY",
+        "SYSLOG_IDENTIFIER",
+        "TARGET",
+        "CODE_FILE",
+        "CODE_LINE",
+        "MESSAGE_ID",
+        "ERRNO",
+        "SYSLOG_FACILITY",
+        "SYSLOG_PID",
+        "CODE_FUNC",
+    ];
+    if n.is_empty()
+        || n.starts_with('_')
+        || n.starts_with(|c: char| c.is_ascii_digit())
+        || reserved.contains(&n.as_str())
+    {
+        n = format!("FIELD_{}", n.trim_start_matches('_'));
+    }
+    n.truncate(64);
+    n
+}
+
+fn put(out: &mut Vec<u8>, name: &str, value: &str) {
+    out.extend_from_slice(name.as_bytes());
+    if value.contains('\n') {
+        out.push(b'\n');
+        out.extend_from_slice(&(value.len() as u64).to_le_bytes());
+        out.extend_from_slice(value.as_bytes());
+    } else {
+        out.push(b'=');
+        out.extend_from_slice(value.as_bytes());
+    }
+    out.push(b'\n');
+}
+
+/// The datagram of one entry, the message cut to `max_message` bytes.
+pub fn encode(r: &Record, max_message: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(256);
+    let mut message = r.message.as_str();
+    if message.len() > max_message {
+        let mut end = max_message;
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        message = &message[..end];
+    }
+    put(&mut out, "MESSAGE", message);
+    put(&mut out, "PRIORITY", &priority(r.level).to_string());
+    put(&mut out, "SYSLOG_IDENTIFIER", IDENTIFIER);
+    put(&mut out, "TARGET", &r.target);
+    if let Some(f) = r.file {
+        put(&mut out, "CODE_FILE", f);
+    }
+    if let Some(l) = r.line {
+        put(&mut out, "CODE_LINE", &l.to_string());
+    }
+    for (k, v) in &r.fields {
+        put(&mut out, &field_name(k), v);
+    }
+    out
+}
+
+/// Parses a datagram back into fields (tests, and the `journald` test sink).
+pub fn decode(mut b: &[u8]) -> Result<Vec<(String, String)>, String> {
+    let mut out = Vec::new();
+    while !b.is_empty() {
+        let nl = b
+            .iter()
+            .position(|&c| c == b'\n')
+            .ok_or("entry without a final newline")?;
+        let line = &b[..nl];
+        if let Some(eq) = line.iter().position(|&c| c == b'=') {
+            out.push((
+                String::from_utf8_lossy(&line[..eq]).into_owned(),
+                String::from_utf8_lossy(&line[eq + 1..]).into_owned(),
+            ));
+            b = &b[nl + 1..];
+        } else {
+            let name = String::from_utf8_lossy(line).into_owned();
+            let rest = &b[nl + 1..];
+            if rest.len() < 8 {
+                return Err(format!("field {name}: length missing"));
+            }
+            let len = u64::from_le_bytes(rest[..8].try_into().unwrap_or_default()) as usize;
+            let value = rest
+                .get(8..8 + len)
+                .ok_or_else(|| format!("field {name}: value shorter than {len}"))?;
+            if rest.get(8 + len) != Some(&b'\n') {
+                return Err(format!("field {name}: no newline after the value"));
+            }
+            out.push((name, String::from_utf8_lossy(value).into_owned()));
+            b = &rest[8 + len + 1..];
+        }
+    }
+    Ok(out)
+}
+
+/// Whether stderr is connected to the journal: systemd sets `JOURNAL_STREAM=<dev>:<inode>`
+/// of the stream it gave the service; a child whose stderr was redirected does not match.
+pub fn stderr_is_journal() -> bool {
+    let Some(v) = std::env::var_os("JOURNAL_STREAM") else {
+        return false;
+    };
+    let Some((dev, ino)) = v.to_str().and_then(|s| s.split_once(':')) else {
+        return false;
+    };
+    let (Ok(dev), Ok(ino)) = (dev.parse::<u64>(), ino.parse::<u64>()) else {
+        return false;
+    };
+    match rustix::fs::fstat(std::io::stderr()) {
+        Ok(st) => st.st_dev == dev && st.st_ino == ino,
+        Err(_) => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::SystemTime;
+
+    fn rec(message: &str) -> Record {
+        Record {
+            time: SystemTime::now(),
+            level: Level::WARN,
+            target: "npu_health_agent::engine".into(),
+            file: Some("src/engine.rs"),
+            line: Some(42),
+            message: message.into(),
+            fields: vec![
+                ("engine", "prefill-0".into()),
+                ("verdict", "abnormal".into()),
+                ("message", "clash".into()),
+                ("_private", "x".into()),
+            ],
+        }
+    }
+
+    #[test]
+    fn fields_round_trip_including_multi_line_values() {
+        let d = decode(&encode(&rec("line one\nline two"), usize::MAX)).unwrap();
+        let get = |k: &str| d.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        assert_eq!(get("MESSAGE"), Some("line one\nline two"));
+        assert_eq!(get("PRIORITY"), Some("4"));
+        assert_eq!(get("SYSLOG_IDENTIFIER"), Some("npu-health-agent"));
+        assert_eq!(get("ENGINE"), Some("prefill-0"));
+        assert_eq!(get("VERDICT"), Some("abnormal"));
+        assert_eq!(get("FIELD_MESSAGE"), Some("clash"));
+        assert_eq!(get("FIELD_PRIVATE"), Some("x"));
+        assert_eq!(get("CODE_LINE"), Some("42"));
+    }
+
+    #[test]
+    fn long_messages_are_cut_on_a_character_boundary() {
+        let m = "é".repeat(10);
+        let d = decode(&encode(&rec(&m), 5)).unwrap();
+        assert_eq!(d[0].1, "éé");
+    }
+
+    #[test]
+    fn names_are_valid_journal_fields() {
+        assert_eq!(field_name("device"), "DEVICE");
+        assert_eq!(field_name("a.b-c"), "A_B_C");
+        assert_eq!(field_name("9x"), "FIELD_9X");
+        assert_eq!(field_name("priority"), "FIELD_PRIORITY");
+        assert!(field_name(&"x".repeat(100)).len() <= 64);
+    }
+
+    #[test]
+    fn truncated_datagrams_are_rejected() {
+        assert!(decode(b"MESSAGE=x").is_err());
+        assert!(decode(b"MESSAGE\n\x05\0\0\0\0\0\0\0ab\n").is_err());
+    }
+}

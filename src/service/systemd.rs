@@ -1,0 +1,212 @@
+//! The agent's side of `Type=notify`: `READY=1` once everything is up, `STATUS=` whenever
+//! the one-line summary changes, `RELOADING=1`/`READY=1` around a reload, `STOPPING=1` at
+//! shutdown, and `WATCHDOG=1` at half of `WATCHDOG_USEC`, sent only while the sampler is
+//! alive and ticking and the async runtime answers. A wedged sampler or runtime stops the
+//! pings, so systemd restarts the agent.
+//!
+//! The pings come from a dedicated OS thread, not from the runtime: a ping sent by a task
+//! would prove only that one worker runs. Without `NOTIFY_SOCKET` everything here is a no-op.
+
+use super::notify::{self, Notifier};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Longest wait for the runtime to run a trivial task before a ping is withheld.
+const RUNTIME_ANSWER: Duration = Duration::from_secs(2);
+/// How often `STATUS=` is recomputed.
+const STATUS_EVERY: Duration = Duration::from_secs(1);
+
+/// What the supervision thread asks of the agent.
+pub struct Probe {
+    /// One-line summary for `STATUS=`.
+    pub status: Box<dyn Fn() -> String + Send>,
+    /// `Ok` while the sampler threads are alive and ticking.
+    pub alive: Box<dyn Fn() -> Result<(), String> + Send>,
+    /// The runtime that must answer for a ping to be sent.
+    pub runtime: tokio::runtime::Handle,
+}
+
+/// The connection to systemd (inert without `NOTIFY_SOCKET`).
+pub struct Systemd {
+    notifier: Option<Arc<Notifier>>,
+    watchdog: Option<Duration>,
+    thread: Option<(JoinHandle<()>, Sender<()>)>,
+}
+
+impl Systemd {
+    /// Reads `NOTIFY_SOCKET`, `WATCHDOG_USEC` and `WATCHDOG_PID`; a bad value is logged and
+    /// that part disabled.
+    pub fn from_env() -> Systemd {
+        let notifier = match Notifier::from_env() {
+            Ok(n) => n.map(Arc::new),
+            Err(e) => {
+                tracing::error!("{e}; not notifying systemd");
+                None
+            }
+        };
+        let watchdog = match notify::watchdog_timeout() {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::error!("{e}; no watchdog pings");
+                None
+            }
+        };
+        if notifier.is_none() && watchdog.is_some() {
+            tracing::warn!("WATCHDOG_USEC is set without NOTIFY_SOCKET; no watchdog pings");
+        }
+        Systemd {
+            notifier,
+            watchdog,
+            thread: None,
+        }
+    }
+
+    /// Whether systemd listens.
+    pub fn active(&self) -> bool {
+        self.notifier.is_some()
+    }
+
+    /// The watchdog timeout systemd asked for.
+    pub fn watchdog(&self) -> Option<Duration> {
+        self.watchdog
+    }
+
+    fn send(&self, msg: &str) {
+        if let Some(n) = &self.notifier
+            && let Err(e) = n.send(msg)
+        {
+            tracing::warn!("cannot notify systemd ({msg:?}): {e}");
+        }
+    }
+
+    /// Everything is up: `READY=1` with the first status line, then supervision starts.
+    pub fn ready(&mut self, probe: Probe) {
+        let Some(n) = self.notifier.clone() else {
+            return;
+        };
+        let first = (probe.status)();
+        self.send(&format!("READY=1\n{}", notify::status_line(&first)));
+        let (stop_tx, stop_rx) = crossbeam_channel::bounded(1);
+        let watchdog = self.watchdog;
+        if let Some(w) = watchdog {
+            tracing::info!(
+                "systemd watchdog: {w:?}; pinging every {:?} while the sampler is alive",
+                w / 2
+            );
+        }
+        match std::thread::Builder::new()
+            .name("npu-systemd".to_owned())
+            .spawn(move || supervise(&n, watchdog, &probe, first, &stop_rx))
+        {
+            Ok(h) => self.thread = Some((h, stop_tx)),
+            Err(e) => tracing::error!("cannot start the systemd supervision thread: {e}"),
+        }
+    }
+
+    /// A reload starts (`RELOADING=1` with `MONOTONIC_USEC=`, as `Type=notify-reload` wants).
+    pub fn reloading(&self) {
+        self.send(&format!(
+            "RELOADING=1\nMONOTONIC_USEC={}\n{}",
+            notify::monotonic_usec(),
+            notify::status_line("reloading the configuration")
+        ));
+    }
+
+    /// The reload finished (applied or rejected): `READY=1` and a status line.
+    pub fn reloaded(&self, status: &str) {
+        self.send(&format!("READY=1\n{}", notify::status_line(status)));
+    }
+
+    /// Shutdown starts: `STOPPING=1`; supervision (and so the pings) ends.
+    pub fn stopping(&mut self) {
+        self.send(&format!("STOPPING=1\n{}", notify::status_line("stopping")));
+        if let Some((h, stop)) = self.thread.take() {
+            drop(stop);
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for Systemd {
+    fn drop(&mut self) {
+        if let Some((h, stop)) = self.thread.take() {
+            drop(stop);
+            let _ = h.join();
+        }
+    }
+}
+
+/// Whether the runtime runs a trivial task within `limit`.
+fn runtime_answers(rt: &tokio::runtime::Handle, limit: Duration) -> bool {
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    rt.spawn(async move {
+        let _ = tx.send(());
+    });
+    rx.recv_timeout(limit).is_ok()
+}
+
+fn supervise(
+    n: &Notifier,
+    watchdog: Option<Duration>,
+    probe: &Probe,
+    mut last_status: String,
+    stop: &Receiver<()>,
+) {
+    let ping_every = watchdog.map(|w| w / 2);
+    let step = ping_every.map_or(STATUS_EVERY, |p| p.min(STATUS_EVERY));
+    let mut next_ping = Instant::now();
+    let mut withheld: Option<String> = None;
+    loop {
+        let mut status = (probe.status)();
+        if let Some(every) = ping_every
+            && Instant::now() >= next_ping
+        {
+            let verdict = (probe.alive)().and_then(|()| {
+                if runtime_answers(&probe.runtime, RUNTIME_ANSWER.min(every / 2)) {
+                    Ok(())
+                } else {
+                    Err("the async runtime does not answer".to_owned())
+                }
+            });
+            match verdict {
+                Ok(()) => {
+                    if let Err(e) = n.send("WATCHDOG=1") {
+                        tracing::warn!("cannot ping the systemd watchdog: {e}");
+                    }
+                    if withheld.take().is_some() {
+                        tracing::warn!("watchdog pings resume: the sampler is alive again");
+                    }
+                    next_ping = Instant::now() + every;
+                }
+                Err(why) => {
+                    if withheld.as_deref() != Some(why.as_str()) {
+                        tracing::error!(
+                            "watchdog pings withheld: {why}; systemd restarts the agent when its watchdog expires"
+                        );
+                    }
+                    status = format!("unhealthy, watchdog pings withheld: {why}");
+                    withheld = Some(why);
+                    next_ping = Instant::now() + step;
+                }
+            }
+        }
+        if status != last_status {
+            if let Err(e) = n.send(&notify::status_line(&status)) {
+                tracing::warn!("cannot send the status to systemd: {e}");
+            }
+            last_status = status;
+        }
+        let wait = match ping_every {
+            Some(_) => step
+                .min(next_ping.saturating_duration_since(Instant::now()))
+                .max(Duration::from_millis(10)),
+            None => step,
+        };
+        match stop.recv_timeout(wait) {
+            Err(RecvTimeoutError::Timeout) => {}
+            _ => return,
+        }
+    }
+}
