@@ -5,8 +5,10 @@
 //! every driver call) → [`ring`] (lock-free sample ring) → [`window`] (peak-window readers)
 //! → [`probe`] (`/health`, virtual inference) → [`engine`] (one engine's verdict) →
 //! [`server`] (`/status`, `/status/detail`, `/metrics`). [`config`] says what to monitor,
-//! [`agent`] wires it together, and the binary's commands live in [`cli`]. `unsafe` is
-//! denied everywhere except the DCMI binding (`driver::dcmi`).
+//! [`agent`] wires it together (and reloads it on SIGHUP), [`service`] speaks systemd's
+//! notify protocol and handles signals, [`logging`] writes text, JSON or journald, and the
+//! binary's commands live in [`cli`]. `unsafe` is denied everywhere except the DCMI binding
+//! (`driver::dcmi`).
 #![deny(unsafe_code)]
 
 pub mod agent;

@@ -652,3 +652,82 @@ fn json_logs_and_repeated_warnings_are_rate_limited() {
     assert!(suppressed >= 5, "suppressed count {suppressed}:\n{text}");
     drop(engine);
 }
+
+/// Processes whose parent is `pid` (from /proc/<n>/stat).
+fn children_of(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(n) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{n}/stat")) else {
+            continue;
+        };
+        // "pid (comm) state ppid ...": comm may hold spaces, so split after the last ')'.
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        if ppid == Some(pid) {
+            out.push(n);
+        }
+    }
+    out
+}
+
+/// Whether `pid` is alive (not gone, not a zombie).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, r)| r.trim_start().starts_with('Z'))
+        })
+        .is_some_and(|zombie| !zombie)
+}
+
+// SIGTERM with the npu-smi backend: the agent exits 0 promptly and its `npu-smi info watch`
+// children are killed and reaped, not left running (or reparented) behind it.
+#[test]
+fn sigterm_kills_and_reaps_the_npu_smi_children() {
+    let dir = tempfile::tempdir().unwrap();
+    let (scenario, files) = npus(dir.path(), "");
+    let engine = Engine::start(dir.path(), &files);
+    let mgmt = free_port();
+    let config = dir.path().join("agent.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[agent]\nsample_period = \"20ms\"\nbackend = \"npu-smi\"\n\n{}",
+            engine_table("n0", engine.port, mgmt, 10)
+        ),
+    )
+    .unwrap();
+    show_log_on_timeout(&dir.path().join("agent.log"));
+    let mut agent = agent_cmd(&scenario, &config)
+        .stderr(Stdio::from(
+            std::fs::File::create(dir.path().join("agent.log")).unwrap(),
+        ))
+        .spawn()
+        .unwrap();
+    let pid = agent.id();
+    wait_until(Duration::from_secs(30), "a watch child per NPU", || {
+        children_of(pid).len() >= 2
+    });
+    let kids = children_of(pid);
+    let started = Instant::now();
+    signal(&agent, rustix::process::Signal::TERM);
+    assert_eq!(wait_exit(&mut agent, Duration::from_secs(15)), Some(0));
+    let took = started.elapsed();
+    // Gone at once: killed and reaped before the agent exited (a child left behind would
+    // live on until its next write hits the closed pipe).
+    let left: Vec<u32> = kids.iter().copied().filter(|&k| alive(k)).collect();
+    assert!(left.is_empty(), "watch children left behind: {left:?}");
+    let log = std::fs::read_to_string(dir.path().join("agent.log")).unwrap();
+    assert!(
+        log.contains("received SIGTERM") && log.contains("stopped"),
+        "{log}"
+    );
+    eprintln!("SIGTERM to exit: {took:?} ({} watch children)", kids.len());
+    drop(engine);
+}
