@@ -87,6 +87,41 @@ fn engine_on(name: &str, port: u16, mgmt: u16, threshold: u32, devices: &str) ->
     )
 }
 
+/// One fake engine on two fake NPUs and an agent.toml watching it: `[agent]` holds
+/// `sample_period = "20ms"` plus `agent_extra`; each NPU gets `device_extra`.
+struct OneEngine {
+    dir: tempfile::TempDir,
+    scenario: PathBuf,
+    engine: Engine,
+    mgmt: u16,
+    config: PathBuf,
+}
+
+impl OneEngine {
+    fn new(name: &str, agent_extra: &str, device_extra: &str) -> OneEngine {
+        let dir = tempfile::tempdir().unwrap();
+        let (scenario, files) = npus(dir.path(), device_extra);
+        let engine = Engine::start(dir.path(), &files);
+        let mgmt = free_port();
+        let config = dir.path().join("agent.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[agent]\nsample_period = \"20ms\"\n{agent_extra}\n{}",
+                engine_table(name, engine.port, mgmt, 10)
+            ),
+        )
+        .unwrap();
+        OneEngine {
+            dir,
+            scenario,
+            engine,
+            mgmt,
+            config,
+        }
+    }
+}
+
 fn agent_cmd(scenario: &Path, config: &Path) -> Command {
     let mut c = Command::new(support::agent());
     c.args(["--fake", "run", "--config"])
@@ -220,19 +255,20 @@ impl Notify {
 // hangs for good (systemd would restart the agent); STOPPING=1 and exit 0 on SIGTERM.
 #[test]
 fn systemd_readiness_status_and_watchdog_that_stops_when_the_sampler_wedges() {
-    let dir = tempfile::tempdir().unwrap();
-    let (scenario, files) = npus(dir.path(), "");
-    let engine = Engine::start(dir.path(), &files);
-    let (mgmt, admin) = (free_port(), free_port());
-    let config = dir.path().join("agent.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[agent]\nsample_period = \"20ms\"\nadmin_listen = \"127.0.0.1:{admin}\"\ndriver_call_deadline = \"200ms\"\nsampler_stuck_after = \"2s\"\n\n{}",
-            engine_table("e0", engine.port, mgmt, 10)
+    let admin = free_port();
+    let OneEngine {
+        dir,
+        scenario,
+        engine,
+        mgmt,
+        config,
+    } = OneEngine::new(
+        "e0",
+        &format!(
+            "admin_listen = \"127.0.0.1:{admin}\"\ndriver_call_deadline = \"200ms\"\nsampler_stuck_after = \"2s\""
         ),
-    )
-    .unwrap();
+        "",
+    );
     let notify_path = dir.path().join("notify");
     let mut notify = Notify::bind(&notify_path);
     let watchdog = Duration::from_secs(2);
@@ -493,21 +529,15 @@ fn sighup_reload_keeps_untouched_engines_and_rejects_a_bad_file() {
 // structured fields; with a JOURNAL_STREAM that is not its stderr it writes text.
 #[test]
 fn journald_native_logging_with_structured_fields() {
-    let dir = tempfile::tempdir().unwrap();
-    let (scenario, files) = npus(dir.path(), "");
-    let engine = Engine::start(dir.path(), &files);
+    let OneEngine {
+        dir,
+        scenario,
+        engine,
+        mgmt,
+        config,
+    } = OneEngine::new("j0", "", "");
     // The NPUs fail their reads: warnings with the device field.
     engine.faults(r#"{"driver_error":-8005}"#);
-    let mgmt = free_port();
-    let config = dir.path().join("agent.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[agent]\nsample_period = \"20ms\"\n\n{}",
-            engine_table("j0", engine.port, mgmt, 10)
-        ),
-    )
-    .unwrap();
     let journal_path = dir.path().join("journal");
     let journal = UnixDatagram::bind(&journal_path).unwrap();
     journal
@@ -594,19 +624,17 @@ fn journald_native_logging_with_structured_fields() {
 // per pass.
 #[test]
 fn json_logs_and_repeated_warnings_are_rate_limited() {
-    let dir = tempfile::tempdir().unwrap();
-    let (scenario, files) = npus(dir.path(), "hang_ms = 80");
-    let engine = Engine::start(dir.path(), &files);
-    let mgmt = free_port();
-    let config = dir.path().join("agent.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[agent]\nsample_period = \"20ms\"\nbackend = \"dcmi\"\ndriver_call_deadline = \"40ms\"\n\n{}",
-            engine_table("r0", engine.port, mgmt, 10)
-        ),
-    )
-    .unwrap();
+    let OneEngine {
+        dir,
+        scenario,
+        engine,
+        mgmt,
+        config,
+    } = OneEngine::new(
+        "r0",
+        "backend = \"dcmi\"\ndriver_call_deadline = \"40ms\"",
+        "hang_ms = 80",
+    );
     let stderr_path = dir.path().join("stderr");
     show_log_on_timeout(&stderr_path);
     let mut agent = agent_cmd(&scenario, &config)
@@ -690,19 +718,13 @@ fn alive(pid: u32) -> bool {
 // children are killed and reaped, not left running (or reparented) behind it.
 #[test]
 fn sigterm_kills_and_reaps_the_npu_smi_children() {
-    let dir = tempfile::tempdir().unwrap();
-    let (scenario, files) = npus(dir.path(), "");
-    let engine = Engine::start(dir.path(), &files);
-    let mgmt = free_port();
-    let config = dir.path().join("agent.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[agent]\nsample_period = \"20ms\"\nbackend = \"npu-smi\"\n\n{}",
-            engine_table("n0", engine.port, mgmt, 10)
-        ),
-    )
-    .unwrap();
+    let OneEngine {
+        dir,
+        scenario,
+        engine,
+        config,
+        ..
+    } = OneEngine::new("n0", "backend = \"npu-smi\"", "");
     show_log_on_timeout(&dir.path().join("agent.log"));
     let mut agent = agent_cmd(&scenario, &config)
         .stderr(Stdio::from(

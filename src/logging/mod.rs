@@ -25,8 +25,7 @@ use tracing_subscriber::{EnvFilter, Layer, Registry, reload};
 pub const RATE_LIMIT_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Where and how log lines go.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum LogFormat {
     /// journald when stderr is the journal (systemd's `JOURNAL_STREAM`), else text.
     Auto,
@@ -67,7 +66,10 @@ pub fn init(format: LogFormat, default: &str) -> LogHandle {
     let (filter_layer, handle) = reload::Layer::new(filter);
     let output = Arc::new(Output {
         sink,
-        limiter: Mutex::new(RateLimiter::new(RATE_LIMIT_INTERVAL)),
+        limiter: Mutex::new(Limiter {
+            lines: RateLimiter::new(RATE_LIMIT_INTERVAL),
+            swept: Instant::now(),
+        }),
     });
     let installed = tracing_subscriber::registry()
         .with(filter_layer)
@@ -149,8 +151,17 @@ pub fn check_filter(directives: &str) -> Result<(), String> {
 
 struct Output {
     sink: Sink,
-    limiter: Mutex<RateLimiter<Record>>,
+    limiter: Mutex<Limiter>,
 }
+
+/// The rate limiter and when it was last swept for counts no later line will carry.
+struct Limiter {
+    lines: RateLimiter<Record>,
+    swept: Instant,
+}
+
+/// How often the suppressed counts are swept (not on every event: the sweep walks them all).
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
 impl Output {
     fn handle(&self, record: Record) {
@@ -159,11 +170,17 @@ impl Output {
         let (verdict, pending) = {
             let mut l = self.limiter.lock().unwrap_or_else(|p| p.into_inner());
             let v = if limited {
-                l.check(&record, now)
+                l.lines.check(&record, now)
             } else {
                 Verdict::Write { suppressed: 0 }
             };
-            (v, l.expired(now, false))
+            let pending = if now.saturating_duration_since(l.swept) >= SWEEP_EVERY {
+                l.swept = now;
+                l.lines.expired(now, false)
+            } else {
+                Vec::new()
+            };
+            (v, pending)
         };
         for p in pending {
             self.write(&p.key.summary(p.suppressed, p.over));
@@ -180,7 +197,7 @@ impl Output {
     fn flush(&self, all: bool) {
         let pending = {
             let mut l = self.limiter.lock().unwrap_or_else(|p| p.into_inner());
-            l.expired(Instant::now(), all)
+            l.lines.expired(Instant::now(), all)
         };
         for p in pending {
             self.write(&p.key.summary(p.suppressed, p.over));

@@ -4,8 +4,8 @@
 //! period. The first line is written; identical ones (same level, place in the code, message
 //! and fields) within `interval` after it are only counted; the first one after the interval
 //! is written again with the count of what was suppressed. Counts that no later line carries
-//! are written as a summary line when the interval has passed (checked on every event) and at
-//! shutdown. Info and below are never suppressed: they are transitions, not floods.
+//! are written as a summary line once the interval has passed (the caller sweeps them, see
+//! [`RateLimiter::expired`]) and at shutdown. Info and below are never suppressed: they are transitions, not floods.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
