@@ -121,8 +121,6 @@ pub struct Running {
     sampler: Sampler,
     shared: Arc<Shared>,
     cfg: AgentConfig,
-    /// Ring history kept (fixed at start).
-    retention: Duration,
     engines: Vec<EngineRun>,
     admin: Option<ListenerRun>,
     roster: Roster,
@@ -298,6 +296,16 @@ impl Running {
             .collect()
     }
 
+    /// How much history the ring holds at the current period (its size is fixed at start);
+    /// `None` without NPUs.
+    fn ring_covers(&self) -> Option<Duration> {
+        let devices = u32::try_from(self.shared.devices.len())
+            .ok()
+            .filter(|&d| d > 0)?;
+        let slots = u32::try_from(self.shared.ring.capacity()).unwrap_or(u32::MAX);
+        self.sampler.period().checked_mul(slots / devices)
+    }
+
     /// The engines monitored now.
     pub fn roster(&self) -> Roster {
         self.roster.clone()
@@ -406,7 +414,6 @@ pub async fn start(cfg: AgentConfig) -> Result<Running, AgentError> {
         shared: sampler.shared().clone(),
         sampler,
         cfg: cfg.clone(),
-        retention,
         engines: Vec::new(),
         admin: None,
         roster: Roster::default(),
@@ -458,7 +465,22 @@ pub async fn run(cfg: AgentConfig, reload: Reloader) -> Result<(), AgentError> {
     let mut signals = Signals::install()
         .map_err(|e| AgentError::Runtime(format!("cannot install signal handlers: {e}")))?;
     let mut systemd = Systemd::from_env();
-    let mut running = start(cfg).await?;
+    // A stop during start-up stops at once; a reload is applied right after start.
+    let mut reload_pending = false;
+    let starting = start(cfg);
+    tokio::pin!(starting);
+    let mut running = loop {
+        tokio::select! {
+            r = &mut starting => break r?,
+            req = signals.next() => match req {
+                Request::Stop(name) => {
+                    tracing::info!("received {name} while starting; not starting");
+                    return Ok(());
+                }
+                Request::Reload => reload_pending = true,
+            },
+        }
+    };
     let (roster, shared) = (running.roster(), running.shared().clone());
     let status = {
         let (roster, shared) = (roster.clone(), shared.clone());
@@ -472,7 +494,12 @@ pub async fn run(cfg: AgentConfig, reload: Reloader) -> Result<(), AgentError> {
     });
     tracing::info!("ready: {}", running.summary());
     loop {
-        match signals.next().await {
+        let req = if std::mem::take(&mut reload_pending) {
+            Request::Reload
+        } else {
+            signals.next().await
+        };
+        match req {
             Request::Stop(name) => {
                 tracing::info!("received {name}; shutting down");
                 break;
@@ -485,9 +512,17 @@ pub async fn run(cfg: AgentConfig, reload: Reloader) -> Result<(), AgentError> {
                     Ok(new) => running.reload(new).await,
                 };
                 match outcome {
-                    Ok(s) => {
+                    Ok(s) if s.failed.is_empty() => {
                         tracing::info!("configuration reloaded: {s}");
                         systemd.reloaded(&running.summary());
+                    }
+                    Ok(s) => {
+                        tracing::error!("configuration reloaded in part: {s}");
+                        systemd.reloaded(&format!(
+                            "{} (last reload in part: {} did not start)",
+                            running.summary(),
+                            s.failed.join(", ")
+                        ));
                     }
                     Err(e) => {
                         tracing::error!(
@@ -504,13 +539,21 @@ pub async fn run(cfg: AgentConfig, reload: Reloader) -> Result<(), AgentError> {
     }
     systemd.stopping();
     let stopping = running.stop();
-    // A second SIGTERM/SIGINT while stopping ends the wait.
-    tokio::select! {
-        _ = stopping => {}
-        r = signals.next() => {
-            if let Request::Stop(name) = r {
-                tracing::warn!("received {name} again while stopping; exiting now");
-            }
+    tokio::pin!(stopping);
+    loop {
+        tokio::select! {
+            _ = &mut stopping => break,
+            req = signals.next() => match req {
+                // A second stop request: the operator wants out now.
+                Request::Stop(name) => {
+                    tracing::warn!("received {name} again while stopping; exiting now");
+                    if let Some(l) = crate::logging::global() {
+                        l.flush();
+                    }
+                    std::process::exit(0);
+                }
+                Request::Reload => tracing::info!("received SIGHUP while stopping; ignored"),
+            },
         }
     }
     tracing::info!("stopped");

@@ -27,6 +27,8 @@ pub struct ReloadSummary {
     pub unchanged: Vec<String>,
     /// `[agent]` keys whose new value waits for a restart.
     pub needs_restart: Vec<&'static str>,
+    /// Engines (or `admin listener`) that could not start after the old ones stopped, with why.
+    pub failed: Vec<String>,
 }
 
 impl fmt::Display for ReloadSummary {
@@ -46,6 +48,9 @@ impl fmt::Display for ReloadSummary {
             list(&self.changed),
             list(&self.unchanged)
         )?;
+        if !self.failed.is_empty() {
+            write!(f, "; FAILED to start: {}", self.failed.join("; "))?;
+        }
         if !self.needs_restart.is_empty() {
             write!(
                 f,
@@ -85,12 +90,10 @@ fn restart_only(old: &AgentSettings, new: &AgentSettings) -> Vec<&'static str> {
     out
 }
 
-/// Whether two engine specs are the same settings (compared as their effective JSON).
+/// Whether two engine specs are the same settings, including what was read from the files
+/// they name (`env.json`'s document).
 fn same(a: &EngineSpec, b: &EngineSpec) -> bool {
-    match (serde_json::to_value(a), serde_json::to_value(b)) {
-        (Ok(x), Ok(y)) => x == y,
-        _ => false,
-    }
+    a == b
 }
 
 impl Running {
@@ -214,7 +217,10 @@ impl Running {
                 Ok(run) => {
                     by_name.insert(name, run);
                 }
-                Err(e) => tracing::error!(engine = %name, "cannot start the engine: {e}"),
+                Err(e) => {
+                    tracing::error!(engine = %name, "cannot start the engine: {e}");
+                    summary.failed.push(format!("{name} ({e})"));
+                }
             }
         }
         // Config order.
@@ -225,11 +231,13 @@ impl Running {
             .collect();
         self.cfg.engines = self.engines.iter().map(|e| e.state.spec.clone()).collect();
         self.publish_roster();
+        // The ring was sized at start: a longer window or a shorter period can outgrow it.
         let longest = super::longest_window(&self.cfg);
-        if longest + std::time::Duration::from_secs(5) > self.retention {
+        if let Some(covers) = self.ring_covers()
+            && longest + std::time::Duration::from_secs(5) > covers
+        {
             tracing::warn!(
-                "the longest window is now {longest:?} but the ring keeps {:?} of history; restart the agent for full windows",
-                self.retention
+                "the ring now holds {covers:?} of history but the longest window is {longest:?}; windows are cut short until the agent restarts"
             );
         }
         // The admin server lists the engines: restart it on the same socket (or a new one).
@@ -240,7 +248,10 @@ impl Running {
             let engines = self.engines.iter().map(|e| e.state.clone()).collect();
             match self.launch_admin(addr, socket, engines) {
                 Ok(a) => self.admin = Some(a),
-                Err(e) => tracing::error!("{e}"),
+                Err(e) => {
+                    tracing::error!("{e}");
+                    summary.failed.push(format!("admin listener ({e})"));
+                }
             }
         }
         if let Some(l) = crate::logging::global()

@@ -219,7 +219,15 @@ pub fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(f) => {
             let chain: Vec<String> = f.error.chain().map(ToString::to_string).collect();
-            eprintln!("npu-health-agent: {}", chain.join(": "));
+            // Under journald or with JSON logs, why the agent stopped is an error-priority
+            // log line (journalctl -p err finds it); in text mode the plain line suffices.
+            match crate::logging::global() {
+                Some(l) if l.structured() => {
+                    tracing::error!(exit_code = f.code, "{}", chain.join(": "));
+                    l.flush();
+                }
+                _ => eprintln!("npu-health-agent: {}", chain.join(": ")),
+            }
             ExitCode::from(f.code)
         }
     }

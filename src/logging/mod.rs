@@ -59,10 +59,11 @@ pub fn init(format: LogFormat, default: &str) -> LogHandle {
     let env = std::env::var("RUST_LOG")
         .ok()
         .filter(|v| !v.trim().is_empty());
-    let filter = env
-        .as_deref()
-        .and_then(|v| EnvFilter::try_new(v).ok())
-        .unwrap_or_else(|| EnvFilter::new(default));
+    // An invalid RUST_LOG is reported and ignored (the config's level then applies).
+    let env_filter = env.as_deref().and_then(|v| EnvFilter::try_new(v).ok());
+    let env_invalid = env.is_some() && env_filter.is_none();
+    let from_env = env_filter.is_some();
+    let filter = env_filter.unwrap_or_else(|| EnvFilter::new(default));
     let (filter_layer, handle) = reload::Layer::new(filter);
     let output = Arc::new(Output {
         sink,
@@ -79,13 +80,13 @@ pub fn init(format: LogFormat, default: &str) -> LogHandle {
     if let Some(note) = note {
         tracing::warn!("{note}");
     }
-    if env.is_some() && EnvFilter::try_new(env.as_deref().unwrap_or_default()).is_err() {
-        tracing::warn!("RUST_LOG is not a valid filter; using {default:?}");
+    if env_invalid {
+        tracing::warn!("RUST_LOG is not a valid filter; ignored");
     }
     LogHandle {
         filter: installed.then_some(handle),
         output,
-        env_filter: env.is_some(),
+        env_filter: from_env,
     }
 }
 
@@ -139,6 +140,12 @@ impl LogHandle {
     /// Writes the counts of suppressed lines not yet reported (at shutdown).
     pub fn flush(&self) {
         self.output.flush(true);
+    }
+
+    /// Whether lines go to journald or as JSON (a fatal error must then be a log line too,
+    /// not only plain text on stderr).
+    pub fn structured(&self) -> bool {
+        !matches!(self.output.sink, Sink::Text)
     }
 }
 

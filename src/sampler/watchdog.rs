@@ -125,9 +125,7 @@ pub fn run(
             }
         }
     }
-    for (w, _) in fb.watches.into_iter().flatten() {
-        w.stop();
-    }
+    Watch::stop_all(fb.watches.into_iter().flatten().map(|(w, _)| w).collect());
 }
 
 /// Runs `npu-smi info watch -h` on a helper thread; the answer arrives on the channel.

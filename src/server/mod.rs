@@ -271,9 +271,13 @@ async fn serve_tls(
     use hyper_util::server::conn::auto::Builder;
     use hyper_util::service::TowerToHyperService;
     let acceptor = tokio_rustls::TlsAcceptor::from(cfg);
+    // Connection tasks are tracked so that a stop waits for in-flight requests (the caller
+    // bounds the wait) instead of dropping them.
+    let mut conns = tokio::task::JoinSet::new();
     loop {
         let (stream, peer) = tokio::select! {
-            _ = cancel.cancelled() => return,
+            _ = cancel.cancelled() => break,
+            Some(_) = conns.join_next(), if !conns.is_empty() => continue,
             r = listener.accept() => match r {
                 Ok(x) => x,
                 Err(e) => {
@@ -286,25 +290,33 @@ async fn serve_tls(
         let acceptor = acceptor.clone();
         let service = TowerToHyperService::new(router.clone());
         let cancel = cancel.clone();
-        tokio::spawn(async move {
-            let tls = match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream))
-                .await
-            {
-                Ok(Ok(s)) => s,
-                Ok(Err(e)) => {
-                    tracing::debug!(%peer, "TLS handshake failed: {e}");
-                    return;
-                }
-                Err(_) => return,
+        conns.spawn(async move {
+            let tls = tokio::select! {
+                _ = cancel.cancelled() => return,
+                r = tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream)) => match r {
+                    Ok(Ok(s)) => s,
+                    Ok(Err(e)) => {
+                        tracing::debug!(%peer, "TLS handshake failed: {e}");
+                        return;
+                    }
+                    Err(_) => return,
+                },
             };
             let builder = Builder::new(TokioExecutor::new());
             let conn = builder.serve_connection(TokioIo::new(tls), service);
+            tokio::pin!(conn);
             tokio::select! {
-                _ = conn => {}
-                _ = cancel.cancelled() => {}
+                _ = conn.as_mut() => {}
+                _ = cancel.cancelled() => {
+                    // Finish the request in flight, then close (keep-alive ends).
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.await;
+                }
             }
         });
     }
+    drop(listener);
+    while conns.join_next().await.is_some() {}
 }
 
 /// Binds a listener, naming the address on failure. A std socket, so the agent can keep a

@@ -77,12 +77,24 @@ pub fn watchdog_timeout() -> Result<Option<Duration>, String> {
     Ok(Some(Duration::from_micros(usec)))
 }
 
-/// `STATUS=` text: one line, no control characters.
+/// Longest `STATUS=` text sent: systemd drops a whole notify datagram of 4096 bytes or more
+/// (a rejected reload's error chain can be long).
+pub const STATUS_MAX: usize = 1024;
+
+/// `STATUS=` text: one line, no control characters, at most [`STATUS_MAX`] bytes.
 pub fn status_line(s: &str) -> String {
-    let clean: String = s
+    let mut clean: String = s
         .chars()
         .map(|c| if c.is_control() { ' ' } else { c })
         .collect();
+    if clean.len() > STATUS_MAX {
+        let mut end = STATUS_MAX - 3;
+        while !clean.is_char_boundary(end) {
+            end -= 1;
+        }
+        clean.truncate(end);
+        clean.push_str("...");
+    }
     format!("STATUS={clean}")
 }
 
@@ -97,8 +109,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn status_is_one_line() {
+    fn status_is_one_short_line() {
         assert_eq!(status_line("a\nb\tc"), "STATUS=a b c");
+        let long = status_line(&"é".repeat(5000));
+        assert!(long.len() <= "STATUS=".len() + STATUS_MAX, "{}", long.len());
+        assert!(long.ends_with("..."));
     }
 
     #[test]

@@ -188,7 +188,8 @@ fn supervise(
                     }
                     status = format!("unhealthy, watchdog pings withheld: {why}");
                     withheld = Some(why);
-                    next_ping = Instant::now() + step;
+                    // Look again soon: one slow answer must not cost a whole step.
+                    next_ping = Instant::now() + (every / 8).min(step);
                 }
             }
         }

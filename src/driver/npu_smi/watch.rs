@@ -135,7 +135,27 @@ impl Watch {
         self.stop_inner();
     }
 
+    /// Stops many watches at once: every child is killed first, then the supervisors are
+    /// awaited against one 3 s deadline, so shutdown does not take 3 s per NPU when
+    /// `npu-smi` is stuck in the driver.
+    pub fn stop_all(watches: Vec<Watch>) {
+        let mut watches = watches;
+        for w in &mut watches {
+            w.signal_stop();
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(3);
+        for mut w in watches {
+            w.finish(deadline);
+        }
+    }
+
     fn stop_inner(&mut self) {
+        self.signal_stop();
+        self.finish(std::time::Instant::now() + Duration::from_secs(3));
+    }
+
+    /// Marks the watch stopping, kills the child's process group and wakes the supervisor.
+    fn signal_stop(&mut self) {
         {
             let mut slot = self.shared.child.lock().unwrap_or_else(|p| p.into_inner());
             slot.stopping = true;
@@ -144,13 +164,16 @@ impl Watch {
             }
         }
         drop(self.stop_tx.take());
+    }
+
+    /// Waits until `deadline` for the supervisor to reap the child, then joins it.
+    fn finish(&mut self, deadline: std::time::Instant) {
         if let Some(t) = self.thread.take() {
             // Bounded: a pipe held open by a process outside the group must not hang shutdown.
-            match self.done.recv_timeout(Duration::from_secs(3)) {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.done.recv_timeout(left) {
                 Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
-                    tracing::warn!(
-                        "npu-smi watch reader did not stop within 3s; leaving it behind"
-                    );
+                    tracing::warn!("npu-smi watch reader did not stop in time; leaving it behind");
                 }
                 _ => {
                     let _ = t.join();
