@@ -127,16 +127,16 @@ pub struct Running {
     liveness_cfg: Arc<LivenessCfg>,
 }
 
-/// Sampling period and stuck threshold for the liveness test (both change on reload).
+/// The stuck threshold of the liveness test (changes on reload).
 #[derive(Debug)]
-struct LivenessCfg(std::sync::Mutex<(Duration, Duration)>);
+struct LivenessCfg(std::sync::Mutex<Duration>);
 
 impl LivenessCfg {
-    fn set(&self, period: Duration, stuck_after: Duration) {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = (period, stuck_after);
+    fn set(&self, stuck_after: Duration) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = stuck_after;
     }
 
-    fn get(&self) -> (Duration, Duration) {
+    fn get(&self) -> Duration {
         *self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
@@ -242,7 +242,6 @@ impl Running {
             engines: vec![state.clone()],
             devices: p.devices.clone(),
             window: spec.timing.window,
-            period: self.sampler.period(),
         });
         let router = server::engine_router(EngineView {
             engine: state.clone(),
@@ -277,7 +276,6 @@ impl Running {
             engines,
             devices: (0..self.shared.devices.len() as u16).collect(),
             window: longest_window(&self.cfg),
-            period: self.sampler.period(),
         });
         let router = server::admin_router(AdminView {
             metrics: scope,
@@ -318,8 +316,7 @@ impl Running {
 
     /// Whether the sampler threads are alive and ticking.
     pub fn liveness(&self) -> Result<(), String> {
-        let (period, stuck_after) = self.liveness_cfg.get();
-        self.shared.liveness(period, stuck_after)
+        self.shared.liveness(self.liveness_cfg.get())
     }
 
     /// The one-line summary for systemd's `STATUS=`.
@@ -417,10 +414,9 @@ pub async fn start(cfg: AgentConfig) -> Result<Running, AgentError> {
         engines: Vec::new(),
         admin: None,
         roster: Roster::default(),
-        liveness_cfg: Arc::new(LivenessCfg(std::sync::Mutex::new((
-            cfg.agent.sample_period,
+        liveness_cfg: Arc::new(LivenessCfg(std::sync::Mutex::new(
             cfg.agent.sampler_stuck_after,
-        )))),
+        ))),
     };
     // Everything fallible (devices, clients, TLS, binding) before anything is spawned.
     let mut ready = Vec::new();
@@ -568,9 +564,6 @@ impl Running {
     fn liveness_probe(&self) -> Box<dyn Fn() -> Result<(), String> + Send> {
         let shared = self.shared.clone();
         let cfg = self.liveness_cfg.clone();
-        Box::new(move || {
-            let (period, stuck_after) = cfg.get();
-            shared.liveness(period, stuck_after)
-        })
+        Box::new(move || shared.liveness(cfg.get()))
     }
 }

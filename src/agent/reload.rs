@@ -205,8 +205,7 @@ impl Running {
                 tracing::info!("sampling period is now {:?}", new.agent.sample_period);
             }
         }
-        self.liveness_cfg
-            .set(self.sampler.period(), self.cfg.agent.sampler_stuck_after);
+        self.liveness_cfg.set(self.cfg.agent.sampler_stuck_after);
         let mut by_name: std::collections::HashMap<String, EngineRun> = next
             .into_iter()
             .map(|r| (r.state.spec.name.clone(), r))

@@ -103,10 +103,12 @@ pub const DEFAULT_STUCK_AFTER: Duration = Duration::from_secs(10);
 
 impl Shared {
     /// Whether the sampler threads are alive and ticking: no DCMI call blocked longer than
-    /// `stuck_after`, a DCMI pass completed within `max(stuck_after, 3 × period)` (once the
-    /// thread has run), and the watchdog thread checked within `stuck_after`. A sampler
+    /// `stuck_after`, a DCMI pass completed within `max(stuck_after, 3 × period)` (the period
+    /// in force; once the thread has run), and the watchdog thread checked within
+    /// `stuck_after`. A sampler
     /// without devices has nothing to wedge.
-    pub fn liveness(&self, period: Duration, stuck_after: Duration) -> Result<(), String> {
+    pub fn liveness(&self, stuck_after: Duration) -> Result<(), String> {
+        let period = self.sampler.period();
         if self.devices.is_empty() {
             return Ok(());
         }
@@ -202,6 +204,7 @@ impl Sampler {
             devices,
             sampler: SamplerStatus::default(),
         });
+        shared.sampler.set_period(cfg.period);
         let (fallback_tx, fallback_rx) = crossbeam_channel::unbounded();
         let mut sampler = Sampler {
             shared: shared.clone(),
@@ -261,12 +264,14 @@ impl Sampler {
         tracing::error!(
             "no NPU figures: {reason}; virtual inference is disabled, /status follows /health only"
         );
+        let shared = Arc::new(Shared {
+            ring: Ring::new(64),
+            devices: Vec::new(),
+            sampler: SamplerStatus::default(),
+        });
+        shared.sampler.set_period(SamplerConfig::default().period);
         Sampler {
-            shared: Arc::new(Shared {
-                ring: Ring::new(64),
-                devices: Vec::new(),
-                sampler: SamplerStatus::default(),
-            }),
+            shared,
             ctl: None,
             dcmi_thread: None,
             watchdog: None,
@@ -332,6 +337,7 @@ impl Sampler {
             ctl.send(Control::Period(period));
         }
         self.period = period;
+        self.shared.sampler.set_period(period);
         Ok(())
     }
 

@@ -341,6 +341,8 @@ pub struct SamplerStatus {
     call_device: AtomicU32,
     /// Whether the call in progress is a telemetry read.
     call_telemetry: AtomicBool,
+    /// Current sampling period in nanoseconds (changes on reload).
+    period_ns: AtomicU64,
     /// Ring time of the last completed pass, plus one; 0 before the first.
     last_pass: AtomicU64,
     /// Ring time of the watchdog thread's last check, plus one; 0 before the first.
@@ -386,6 +388,17 @@ impl SamplerStatus {
                 started - 1,
             )
         })
+    }
+
+    /// Records the sampling period in force.
+    pub fn set_period(&self, period: std::time::Duration) {
+        let ns = u64::try_from(period.as_nanos()).unwrap_or(u64::MAX);
+        self.period_ns.store(ns, Ordering::Relaxed);
+    }
+
+    /// The sampling period in force.
+    pub fn period(&self) -> std::time::Duration {
+        std::time::Duration::from_nanos(self.period_ns.load(Ordering::Relaxed))
     }
 
     /// One pass over all devices completed at ring time `now_ns`.

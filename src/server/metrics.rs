@@ -29,8 +29,6 @@ pub struct Scope {
     pub devices: Vec<u16>,
     /// Window of the peak gauge.
     pub window: Duration,
-    /// Sampling period (for the rate gauge).
-    pub period: Duration,
 }
 
 impl Collector for Scope {
@@ -197,7 +195,7 @@ impl Scope {
             "npu_health_agent_sampler_period_seconds",
             "Configured sampling period",
             MetricType::Gauge,
-            [(Labels::new(), self.period.as_secs_f64())],
+            [(Labels::new(), self.shared.sampler.period().as_secs_f64())],
         )?;
         family(
             enc,

@@ -111,7 +111,7 @@ async fn admin_detail(State(v): State<AdminView>) -> Response {
 /// The agent is alive if its sampler threads are alive and ticking (`Shared::liveness`, the
 /// same test that gates the systemd watchdog pings).
 async fn healthz(State(v): State<AdminView>) -> Response {
-    match v.metrics.shared.liveness(v.metrics.period, v.stuck_after) {
+    match v.metrics.shared.liveness(v.stuck_after) {
         Ok(()) => (StatusCode::OK, "ok\n").into_response(),
         Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")).into_response(),
     }
