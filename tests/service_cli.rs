@@ -5,6 +5,7 @@
 
 mod support;
 
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use support::stack::{free_port, http};
@@ -99,6 +100,25 @@ fn status(port: u16) -> Option<String> {
     http("GET", &format!("http://127.0.0.1:{port}/status"), None).map(|(_, b)| b)
 }
 
+/// `run` in single-engine mode, as MindIE starts its engine server: prefill role on
+/// 127.0.0.1, the engine at `port`, `/status` on `mgmt`.
+fn single_engine_run(uc: &Path, port: u16, mgmt: u16) -> Vec<std::ffi::OsString> {
+    let mut a: Vec<std::ffi::OsString> = vec!["run".into(), "--config-path".into(), uc.into()];
+    for s in [
+        "--role".to_owned(),
+        "prefill".to_owned(),
+        "--host".to_owned(),
+        "127.0.0.1".to_owned(),
+        "--port".to_owned(),
+        port.to_string(),
+        "--mgmt-port".to_owned(),
+        mgmt.to_string(),
+    ] {
+        a.push(s.into());
+    }
+    a
+}
+
 #[test]
 fn single_engine_mode_mirrors_the_engine_server_flags() {
     let engine = Engine::start();
@@ -106,24 +126,8 @@ fn single_engine_mode_mirrors_the_engine_server_flags() {
     let uc = user_config(dir.path(), "");
     let mgmt = free_port();
     let child = agent()
-        .args(["run", "--config-path"])
-        .arg(&uc)
-        .args([
-            "--role",
-            "prefill",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            &engine.port.to_string(),
-        ])
-        .args([
-            "--mgmt-port",
-            &mgmt.to_string(),
-            "--dp-rank",
-            "0",
-            "--devices",
-            "0,1",
-        ])
+        .args(single_engine_run(&uc, engine.port, mgmt))
+        .args(["--dp-rank", "0", "--devices", "0,1"])
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
@@ -171,17 +175,7 @@ fn run_without_any_driver_backend_follows_health() {
             "--npu-smi",
             "/nonexistent/npu-smi",
         ])
-        .args(["run", "--config-path"])
-        .arg(&uc)
-        .args([
-            "--role",
-            "prefill",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            &engine.port.to_string(),
-        ])
-        .args(["--mgmt-port", &mgmt.to_string()])
+        .args(single_engine_run(&uc, engine.port, mgmt))
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
@@ -603,18 +597,7 @@ fn sigterm_stops_the_agent_promptly() {
     let uc = user_config(dir.path(), "");
     let mgmt = free_port();
     let mut child = agent()
-        .args(["run", "--config-path"])
-        .arg(&uc)
-        .args([
-            "--role",
-            "prefill",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            &engine.port.to_string(),
-            "--mgmt-port",
-            &mgmt.to_string(),
-        ])
+        .args(single_engine_run(&uc, engine.port, mgmt))
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
