@@ -672,6 +672,24 @@ mod tests {
         tokio::time::sleep(d).await;
     }
 
+    /// Starts `st`'s virtual inference loop with `prober`, an idle NPU and no engine
+    /// signals; returns the task and its cancellation.
+    fn spawn_idle_vi<P: Prober + Send + Sync + 'static>(
+        st: &Arc<EngineState>,
+        prober: P,
+    ) -> (tokio::task::JoinHandle<()>, CancellationToken) {
+        let cancel = CancellationToken::new();
+        let vi = tokio::spawn(virtual_inference_task(
+            st.clone(),
+            prober,
+            Idle,
+            crate::probe::virtual_inference::NoSignals,
+            || vec![(0, "dcmi")],
+            cancel.clone(),
+        ));
+        (vi, cancel)
+    }
+
     // Warm-up fails → abnormal; the engine restarts (/health down then up) → re-armed →
     // initial state, and the next healthy /status starts a new warm-up.
     #[tokio::test(start_paused = true)]
@@ -680,15 +698,7 @@ mod tests {
             spec("enable_virtual_inference = true"),
             vec![0],
         ));
-        let cancel = CancellationToken::new();
-        let vi = tokio::spawn(virtual_inference_task(
-            st.clone(),
-            AlwaysFail,
-            Idle,
-            crate::probe::virtual_inference::NoSignals,
-            || vec![(0, "dcmi")],
-            cancel.clone(),
-        ));
+        let (vi, cancel) = spawn_idle_vi(&st, AlwaysFail);
         st.record_health(&outcome("ok"), true);
         assert_eq!(st.status(), Status::Normal);
         advance(Duration::from_secs(1)).await;
@@ -738,15 +748,7 @@ mod tests {
             spec("enable_virtual_inference = true"),
             vec![0],
         ));
-        let cancel = CancellationToken::new();
-        let vi = tokio::spawn(virtual_inference_task(
-            st.clone(),
-            AlwaysFail,
-            Idle,
-            crate::probe::virtual_inference::NoSignals,
-            || vec![(0, "dcmi")],
-            cancel.clone(),
-        ));
+        let (vi, cancel) = spawn_idle_vi(&st, AlwaysFail);
         st.record_health(&outcome("ok"), true);
         st.status();
         advance(Duration::from_secs(1)).await;
@@ -774,15 +776,7 @@ mod tests {
                 self.0.send(t).await
             }
         }
-        let cancel = CancellationToken::new();
-        let vi = tokio::spawn(virtual_inference_task(
-            st.clone(),
-            Shared(prober.clone()),
-            Idle,
-            crate::probe::virtual_inference::NoSignals,
-            || vec![(0, "dcmi")],
-            cancel.clone(),
-        ));
+        let (vi, cancel) = spawn_idle_vi(&st, Shared(prober.clone()));
         st.record_health(&outcome("ok"), true);
         st.status();
         advance(Duration::from_millis(100)).await;

@@ -5,7 +5,6 @@
 
 mod support;
 
-use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use support::stack::{free_port, http};
@@ -55,16 +54,20 @@ fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) {
 }
 
 /// The engine-server flags of single-engine mode, for commands that do not reach the engine.
-const SINGLE_ENGINE_FLAGS: [&str; 8] = [
-    "--role",
-    "prefill",
-    "--host",
-    "127.0.0.1",
-    "--port",
-    "8000",
-    "--mgmt-port",
-    "9001",
-];
+/// MindIE's engine-server flags of single-engine mode: prefill role on 127.0.0.1, the
+/// engine at `port`, `/status` on `mgmt`.
+fn single_engine_flags(port: u16, mgmt: u16) -> [String; 8] {
+    [
+        "--role".to_owned(),
+        "prefill".to_owned(),
+        "--host".to_owned(),
+        "127.0.0.1".to_owned(),
+        "--port".to_owned(),
+        port.to_string(),
+        "--mgmt-port".to_owned(),
+        mgmt.to_string(),
+    ]
+}
 
 fn user_config(dir: &std::path::Path, extra_hc: &str) -> std::path::PathBuf {
     let p = dir.join("user_config.json");
@@ -100,25 +103,6 @@ fn status(port: u16) -> Option<String> {
     http("GET", &format!("http://127.0.0.1:{port}/status"), None).map(|(_, b)| b)
 }
 
-/// `run` in single-engine mode, as MindIE starts its engine server: prefill role on
-/// 127.0.0.1, the engine at `port`, `/status` on `mgmt`.
-fn single_engine_run(uc: &Path, port: u16, mgmt: u16) -> Vec<std::ffi::OsString> {
-    let mut a: Vec<std::ffi::OsString> = vec!["run".into(), "--config-path".into(), uc.into()];
-    for s in [
-        "--role".to_owned(),
-        "prefill".to_owned(),
-        "--host".to_owned(),
-        "127.0.0.1".to_owned(),
-        "--port".to_owned(),
-        port.to_string(),
-        "--mgmt-port".to_owned(),
-        mgmt.to_string(),
-    ] {
-        a.push(s.into());
-    }
-    a
-}
-
 #[test]
 fn single_engine_mode_mirrors_the_engine_server_flags() {
     let engine = Engine::start();
@@ -126,7 +110,9 @@ fn single_engine_mode_mirrors_the_engine_server_flags() {
     let uc = user_config(dir.path(), "");
     let mgmt = free_port();
     let child = agent()
-        .args(single_engine_run(&uc, engine.port, mgmt))
+        .args(["run", "--config-path"])
+        .arg(&uc)
+        .args(single_engine_flags(engine.port, mgmt))
         .args(["--dp-rank", "0", "--devices", "0,1"])
         .stderr(Stdio::null())
         .spawn()
@@ -175,7 +161,9 @@ fn run_without_any_driver_backend_follows_health() {
             "--npu-smi",
             "/nonexistent/npu-smi",
         ])
-        .args(single_engine_run(&uc, engine.port, mgmt))
+        .args(["run", "--config-path"])
+        .arg(&uc)
+        .args(single_engine_flags(engine.port, mgmt))
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
@@ -407,7 +395,7 @@ fn check_config_prints_defaults_and_rejects_bad_keys() {
     let out = agent()
         .args(["check-config", "--config-path"])
         .arg(&uc)
-        .args(SINGLE_ENGINE_FLAGS)
+        .args(single_engine_flags(8000, 9001))
         .output()
         .unwrap();
     assert!(
@@ -433,7 +421,7 @@ fn check_config_prints_defaults_and_rejects_bad_keys() {
     let out = agent()
         .args(["check-config", "--config-path"])
         .arg(&bad)
-        .args(SINGLE_ENGINE_FLAGS)
+        .args(single_engine_flags(8000, 9001))
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
@@ -472,7 +460,7 @@ fn single_engine_qos_flags() {
         agent()
             .args(["check-config", "--config-path"])
             .arg(&uc)
-            .args(SINGLE_ENGINE_FLAGS)
+            .args(single_engine_flags(8000, 9001))
             .args(extra)
             .output()
             .unwrap()
@@ -597,7 +585,9 @@ fn sigterm_stops_the_agent_promptly() {
     let uc = user_config(dir.path(), "");
     let mgmt = free_port();
     let mut child = agent()
-        .args(single_engine_run(&uc, engine.port, mgmt))
+        .args(["run", "--config-path"])
+        .arg(&uc)
+        .args(single_engine_flags(engine.port, mgmt))
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
