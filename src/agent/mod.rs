@@ -285,15 +285,6 @@ impl Running {
             .map_err(|e| AgentError::Runtime(format!("admin listener: {e}")))
     }
 
-    /// Addresses actually bound: engine mgmt listeners in config order, then the admin one.
-    pub fn bound(&self) -> Vec<SocketAddr> {
-        self.engines
-            .iter()
-            .map(|e| e.listener.bound)
-            .chain(self.admin.as_ref().map(|a| a.bound))
-            .collect()
-    }
-
     /// How much history the ring holds at the current period (its size is fixed at start);
     /// `None` without NPUs.
     fn ring_covers(&self) -> Option<Duration> {
@@ -312,11 +303,6 @@ impl Running {
     /// State shared with the sampler threads.
     pub fn shared(&self) -> &Arc<Shared> {
         &self.shared
-    }
-
-    /// Whether the sampler threads are alive and ticking.
-    pub fn liveness(&self) -> Result<(), String> {
-        self.shared.liveness(self.liveness_cfg.get())
     }
 
     /// The one-line summary for systemd's `STATUS=`.

@@ -90,6 +90,21 @@ fn restart_only(old: &AgentSettings, new: &AgentSettings) -> Vec<&'static str> {
     out
 }
 
+/// `new` with the start-only settings of `running` (those [`restart_only`] names).
+fn keep_start_only(running: &AgentSettings, new: &AgentSettings) -> AgentSettings {
+    AgentSettings {
+        dcmi_lib: running.dcmi_lib.clone(),
+        npu_smi: running.npu_smi.clone(),
+        backend: running.backend,
+        dcmi_no_owner_check: running.dcmi_no_owner_check,
+        npu_smi_delay: running.npu_smi_delay,
+        worker_threads: running.worker_threads,
+        sampler_realtime: running.sampler_realtime,
+        driver_call_deadline: running.driver_call_deadline,
+        ..new.clone()
+    }
+}
+
 /// Whether two engine specs are the same settings, including what was read from the files
 /// they name (`env.json`'s document).
 fn same(a: &EngineSpec, b: &EngineSpec) -> bool {
@@ -177,25 +192,8 @@ impl Running {
         let stops: Vec<_> = retired.into_iter().map(EngineRun::stop).collect();
         futures_util::future::join_all(stops).await;
         let old_admin = self.admin.take();
-        let old_agent = std::mem::replace(&mut self.cfg.agent, new.agent.clone());
-        // Keep the start-only settings as they run.
-        for key in &summary.needs_restart {
-            match *key {
-                "dcmi_lib" => self.cfg.agent.dcmi_lib = old_agent.dcmi_lib.clone(),
-                "npu_smi" => self.cfg.agent.npu_smi = old_agent.npu_smi.clone(),
-                "backend" => self.cfg.agent.backend = old_agent.backend,
-                "dcmi_no_owner_check" => {
-                    self.cfg.agent.dcmi_no_owner_check = old_agent.dcmi_no_owner_check
-                }
-                "npu_smi_delay" => self.cfg.agent.npu_smi_delay = old_agent.npu_smi_delay,
-                "worker_threads" => self.cfg.agent.worker_threads = old_agent.worker_threads,
-                "sampler_realtime" => self.cfg.agent.sampler_realtime = old_agent.sampler_realtime,
-                "driver_call_deadline" => {
-                    self.cfg.agent.driver_call_deadline = old_agent.driver_call_deadline
-                }
-                _ => {}
-            }
-        }
+        // The start-only settings stay as they run.
+        self.cfg.agent = keep_start_only(&self.cfg.agent, &new.agent);
         self.cfg.source = new.source.clone();
         if new.agent.sample_period != self.sampler.period() {
             if let Err(e) = self.sampler.set_period(new.agent.sample_period) {
@@ -340,6 +338,27 @@ mod tests {
         b.sample_period = std::time::Duration::from_millis(20);
         b.worker_threads = 4;
         assert_eq!(restart_only(&a, &b), vec!["backend", "worker_threads"]);
+        // What is kept is exactly what restart_only names; the rest is taken.
+        let c = AgentSettings {
+            dcmi_lib: Some("/x/libdcmi.so".into()),
+            npu_smi: "/x/npu-smi".into(),
+            backend: crate::driver::BackendChoice::Dcmi,
+            dcmi_no_owner_check: true,
+            npu_smi_delay: 7,
+            worker_threads: 9,
+            sampler_realtime: false,
+            driver_call_deadline: std::time::Duration::from_millis(300),
+            sample_period: std::time::Duration::from_millis(20),
+            ..AgentSettings::default()
+        };
+        assert_eq!(
+            restart_only(&a, &c).len(),
+            8,
+            "every start-only key differs"
+        );
+        let kept = keep_start_only(&a, &c);
+        assert!(restart_only(&a, &kept).is_empty());
+        assert_eq!(kept.sample_period, c.sample_period);
     }
 
     #[test]
