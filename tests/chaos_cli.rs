@@ -113,8 +113,18 @@ fn a_run_reports_detections_and_fails_on_a_false_kill() {
         )
         .unwrap()
     };
+    // On a mismatch, the experiment's agent log says why (the temp dir is gone afterwards).
+    let log = |name: &str| {
+        std::fs::read_to_string(out_dir.join("reference").join(name).join("agent.log"))
+            .unwrap_or_default()
+    };
     let detected = read("crash_detected");
-    assert_eq!(detected["verdict"], "pass", "{detected}");
+    assert_eq!(
+        detected["verdict"],
+        "pass",
+        "{detected}\nagent log:\n{}",
+        log("crash_detected")
+    );
     let after = detected["detected_after_ms"]
         .as_u64()
         .expect("a detection time");
@@ -130,7 +140,12 @@ fn a_run_reports_detections_and_fails_on_a_false_kill() {
         "the agent said abnormal before the kill"
     );
     let false_kill = read("crash_but_expected_healthy");
-    assert_eq!(false_kill["verdict"], "false_kill", "{false_kill}");
+    assert_eq!(
+        false_kill["verdict"],
+        "false_kill",
+        "{false_kill}\nagent log:\n{}",
+        log("crash_but_expected_healthy")
+    );
     assert!(out_dir.join("reference/crash_detected.svg").is_file());
     let summary: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out_dir.join("summary.json")).unwrap())
