@@ -48,6 +48,20 @@ pub fn lib_path(name: &str) -> Result<PathBuf, String> {
         })
 }
 
+/// `N` distinct free loopback ports. The listeners are held until all are picked, so the
+/// ports differ from each other; another process may still take one before its user binds
+/// it, which a caller must expect (the chaos runner detects it and starts again).
+pub fn free_ports<const N: usize>() -> std::io::Result<[u16; N]> {
+    let mut held = Vec::with_capacity(N);
+    let mut ports = [0; N];
+    for p in &mut ports {
+        let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+        *p = l.local_addr()?.port();
+        held.push(l);
+    }
+    Ok(ports)
+}
+
 /// The command that runs the fake engine (`exe fake-engine …`) on loopback: inference on
 /// `port`, fault control on `control`, serving `model`, writing its NPU figure to `npu_files`.
 /// Output is discarded; callers spawn it.
@@ -86,4 +100,19 @@ pub fn apply(
     }
     driver.check_owner = false;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn picked_ports_differ() {
+        let ports: [u16; 8] = free_ports().unwrap();
+        let mut sorted = ports.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), ports.len(), "{ports:?}");
+        assert!(!ports.contains(&0));
+    }
 }

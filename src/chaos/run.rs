@@ -123,11 +123,16 @@ pub struct Outcome {
     pub timeline: Vec<Sample>,
 }
 
-fn free_port() -> std::io::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+/// Whether the engine's or the agent's log in an experiment's `dir` says a port was taken.
+fn port_was_taken(dir: &Path) -> bool {
+    ["engine.log", "agent.log"].iter().any(|f| {
+        std::fs::read_to_string(dir.join(f)).is_ok_and(|t| t.contains("Address already in use"))
+    })
 }
+
+/// How often a stack is started afresh, on new ports, when a process of it could not bind
+/// its port ("Address already in use": taken between the pick and the bind).
+const START_ATTEMPTS: usize = 3;
 
 fn loopback(port: u16) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], port))
@@ -209,6 +214,8 @@ struct Stack {
     control: String,
     mgmt: String,
     proxy: Proxy,
+    /// Stops the proxy (a child of the experiment's token).
+    proxy_cancel: CancellationToken,
     http: reqwest::Client,
 }
 
@@ -234,9 +241,8 @@ impl Stack {
             ));
         }
         std::fs::write(&scenario, text).map_err(|e| e.to_string())?;
-        let port = || free_port().map_err(|e| format!("no free port: {e}"));
-        let (engine_port, control_port, proxy_port, mgmt_port) =
-            (port()?, port()?, port()?, port()?);
+        let [engine_port, control_port, mgmt_port] =
+            crate::fake::free_ports().map_err(|e| format!("no free port: {e}"))?;
         let log = |name: &str| -> Result<std::process::Stdio, String> {
             std::fs::File::create(dir.join(name))
                 .map(std::process::Stdio::from)
@@ -262,13 +268,15 @@ impl Stack {
         let engine = engine_cmd
             .spawn()
             .map_err(|e| format!("starting the fake engine: {e}"))?;
-        let proxy = Proxy::start(loopback(proxy_port), loopback(engine_port), cancel.clone())
+        // In process, so it binds port 0 and there is no pick-then-bind race.
+        let proxy_cancel = cancel.child_token();
+        let proxy = Proxy::start(loopback(0), loopback(engine_port), proxy_cancel.clone())
             .await
             .map_err(|e| format!("starting the proxy: {e}"))?;
         let toml = dir.join("agent.toml");
         std::fs::write(
             &toml,
-            agent_toml(proxy_port, mgmt_port, npu_files.len(), policy, s),
+            agent_toml(proxy.addr.port(), mgmt_port, npu_files.len(), policy, s),
         )
         .map_err(|e| e.to_string())?;
         let agent = Command::new(&opts.agent_exe)
@@ -295,6 +303,7 @@ impl Stack {
             control: format!("http://127.0.0.1:{control_port}"),
             mgmt: format!("http://127.0.0.1:{mgmt_port}"),
             proxy,
+            proxy_cancel,
             http,
         })
     }
@@ -351,6 +360,49 @@ impl Stack {
         }
     }
 
+    /// Starts a stack and waits until virtual inference runs (the warm-up succeeded), within
+    /// `limit` per attempt. A stack whose engine or agent could not bind its port is started
+    /// again on new ports, up to [`START_ATTEMPTS`] times; any other failure is final.
+    async fn start_ready(
+        opts: &RunOptions,
+        dir: &Path,
+        policy: Policy,
+        cancel: &CancellationToken,
+        limit: Duration,
+    ) -> Result<Stack, String> {
+        let mut attempt = 1;
+        loop {
+            let mut stack = Stack::start(opts, dir, policy, cancel).await?;
+            match stack.wait_ready(limit).await {
+                Ok(()) => return Ok(stack),
+                Err(_) if attempt < START_ATTEMPTS && port_was_taken(&stack.dir) => {
+                    eprintln!(
+                        "npu-chaos:   a port was taken; starting again on new ports (attempt {} \
+                         of {START_ATTEMPTS}; the failed one's logs are kept as attempt{attempt}-*.log)",
+                        attempt + 1
+                    );
+                    stack.stop().await;
+                    // Kept for a look: the next attempt writes new logs.
+                    for log in ["engine.log", "agent.log"] {
+                        let _ = std::fs::rename(
+                            dir.join(log),
+                            dir.join(format!("attempt{attempt}-{log}")),
+                        );
+                    }
+                    attempt += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Kills and reaps the stack's processes and stops its proxy.
+    async fn stop(mut self) {
+        self.kill_engine().await;
+        let _ = self.agent.kill().await;
+        self.proxy_cancel.cancel();
+    }
+
     /// Waits until virtual inference runs (the warm-up succeeded).
     async fn wait_ready(&mut self, limit: Duration) -> Result<(), String> {
         let end = Instant::now() + limit;
@@ -359,6 +411,12 @@ impl Stack {
                 return Err(format!(
                     "the agent exited ({st}); see {}",
                     self.dir.join("agent.log").display()
+                ));
+            }
+            if let Some(Ok(Some(st))) = self.engine.as_mut().map(|e| e.try_wait()) {
+                return Err(format!(
+                    "the fake engine exited ({st}); see {}",
+                    self.dir.join("engine.log").display()
                 ));
             }
             if let Some(d) = self.get_json(&format!("{}/status/detail", self.mgmt)).await
@@ -565,11 +623,9 @@ async fn run_inner(
 ) -> Result<(), String> {
     let s = opts.time_scale;
     let sc = |d: Duration| scaled(d, s);
-    let mut stack = Stack::start(opts, dir, policy, cancel).await?;
     // The warm-up timeout (180 s scaled) plus start-up.
-    stack
-        .wait_ready(sc(Duration::from_secs(180)) + Duration::from_secs(10))
-        .await?;
+    let limit = sc(Duration::from_secs(180)) + Duration::from_secs(10);
+    let mut stack = Stack::start_ready(opts, dir, policy, cancel, limit).await?;
     let load = LoadGen::start(
         &format!("http://{}", stack.proxy.addr),
         "m",
@@ -767,4 +823,27 @@ async fn observe(
     }
     out.injected_ms = injected.as_millis() as u64;
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bind_failure_in_a_log_is_seen_as_a_taken_port() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(!port_was_taken(dir.path()), "no logs yet");
+        std::fs::write(dir.path().join("agent.log"), "INFO started\n").unwrap();
+        assert!(!port_was_taken(dir.path()));
+        // The text a process prints for the real error (as `fake-engine` does).
+        let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let err = std::net::TcpListener::bind(held.local_addr().unwrap()).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::AddrInUse);
+        std::fs::write(
+            dir.path().join("engine.log"),
+            format!("npu-health-agent: fake engine: {err}\n"),
+        )
+        .unwrap();
+        assert!(port_was_taken(dir.path()));
+    }
 }

@@ -83,12 +83,6 @@ pub async fn fake_engine(a: FakeEngineArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-fn free_port() -> std::io::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
 fn write_files(
     dir: &Path,
     engine: u16,
@@ -142,8 +136,7 @@ pub async fn demo(args: DemoArgs) -> Result<(), Failure> {
     let exe = std::env::current_exe().context("locating this binary")?;
     let dir = std::env::temp_dir().join(format!("npu-health-agent-demo-{}", std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let (engine_port, control_port, mgmt_port, admin_port) =
-        (free_port()?, free_port()?, free_port()?, free_port()?);
+    let [engine_port, control_port, mgmt_port, admin_port] = crate::fake::free_ports()?;
     let (scenario, agent_toml) =
         write_files(&dir, engine_port, mgmt_port, admin_port).context("writing demo files")?;
     let mut agent = Command::new(&exe)
