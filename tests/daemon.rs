@@ -10,7 +10,7 @@ use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use support::stack::{FAST_TIMING, free_port, http};
+use support::stack::{FAST_TIMING, free_ports, http};
 
 /// A fake engine (real process) with its NPU files.
 struct Engine {
@@ -21,7 +21,7 @@ struct Engine {
 
 impl Engine {
     fn start(dir: &Path, npu_files: &[PathBuf]) -> Engine {
-        let (port, control) = (free_port(), free_port());
+        let [port, control] = free_ports();
         let child =
             npu_health_agent::fake::engine_command(support::agent(), port, control, "m", npu_files)
                 .stderr(Stdio::from(
@@ -102,7 +102,7 @@ impl OneEngine {
         let dir = tempfile::tempdir().unwrap();
         let (scenario, files) = npus(dir.path(), device_extra);
         let engine = Engine::start(dir.path(), &files);
-        let mgmt = free_port();
+        let [mgmt] = free_ports();
         let config = dir.path().join("agent.toml");
         std::fs::write(
             &config,
@@ -255,7 +255,7 @@ impl Notify {
 // hangs for good (systemd would restart the agent); STOPPING=1 and exit 0 on SIGTERM.
 #[test]
 fn systemd_readiness_status_and_watchdog_that_stops_when_the_sampler_wedges() {
-    let admin = free_port();
+    let [admin] = free_ports();
     let OneEngine {
         dir,
         scenario,
@@ -375,7 +375,7 @@ fn sighup_reload_keeps_untouched_engines_and_rejects_a_bad_file() {
     // Each engine drives its own NPU, as on a real host.
     let a = Engine::start(dir.path(), &files[..1]);
     let b = Engine::start(dir.path(), &files[1..]);
-    let (ma, mb, mc) = (free_port(), free_port(), free_port());
+    let [ma, mb, mc] = free_ports();
     let config = dir.path().join("agent.toml");
     let write = |body: &str| std::fs::write(&config, body).unwrap();
     let head = "[agent]\nsample_period = \"20ms\"\n\n";

@@ -7,7 +7,7 @@ mod support;
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use support::stack::{free_port, http};
+use support::stack::{free_ports, http};
 
 /// A fake engine process serving model `m` on a free port.
 struct Engine {
@@ -18,7 +18,7 @@ struct Engine {
 
 impl Engine {
     fn start() -> Engine {
-        let (port, control) = (free_port(), free_port());
+        let [port, control] = free_ports();
         let child =
             npu_health_agent::fake::engine_command(support::agent(), port, control, "m", &[])
                 .spawn()
@@ -108,7 +108,7 @@ fn single_engine_mode_mirrors_the_engine_server_flags() {
     let engine = Engine::start();
     let dir = tempfile::tempdir().unwrap();
     let uc = user_config(dir.path(), "");
-    let mgmt = free_port();
+    let [mgmt] = free_ports();
     let child = agent()
         .args(["run", "--config-path"])
         .arg(&uc)
@@ -152,7 +152,7 @@ fn run_without_any_driver_backend_follows_health() {
     let engine = Engine::start();
     let dir = tempfile::tempdir().unwrap();
     let uc = user_config(dir.path(), "");
-    let mgmt = free_port();
+    let [mgmt] = free_ports();
     let child = Command::new(support::agent())
         .env_remove("ASCEND_GLOBAL_LOG_LEVEL")
         .args([
@@ -208,7 +208,7 @@ fn run_without_any_driver_backend_follows_health() {
 fn host_mode_serves_one_listener_per_engine() {
     let (e1, e2) = (Engine::start(), Engine::start());
     let dir = tempfile::tempdir().unwrap();
-    let (m1, m2, admin) = (free_port(), free_port(), free_port());
+    let [m1, m2, admin] = free_ports();
     let toml = dir.path().join("agent.toml");
     std::fs::write(
         &toml,
@@ -294,7 +294,7 @@ fn mgmt_tls_serves_status_over_https() {
         .unwrap();
     std::fs::write(dir.path().join("server.crt"), cert.pem()).unwrap();
     std::fs::write(dir.path().join("server.key"), key.serialize_pem()).unwrap();
-    let mgmt = free_port();
+    let [mgmt] = free_ports();
     let toml = dir.path().join("agent.toml");
     std::fs::write(
         &toml,
@@ -369,7 +369,7 @@ fn encrypted_mgmt_key_fails_at_start_with_a_clear_error() {
         &toml,
         format!(
             "[[engine]]\nengine_type = \"vllm\"\nserved_model_name = \"m\"\nhost = \"127.0.0.1\"\nport = 1\nmgmt_port = {}\nmgmt_tls_config = {{ enable_tls = true, cert_file = \"server.crt\", key_file = \"server.key\", passwd_file = \"key_pwd.txt\" }}\n",
-            free_port()
+            free_ports::<1>()[0]
         ),
     )
     .unwrap();
@@ -569,7 +569,7 @@ fn doctor_reports_each_condition_and_the_verdict() {
         "--host",
         "127.0.0.1",
         "--port",
-        &free_port().to_string(),
+        &free_ports::<1>()[0].to_string(),
         "--mgmt-port",
         "9001",
         "--json",
@@ -583,7 +583,7 @@ fn sigterm_stops_the_agent_promptly() {
     let engine = Engine::start();
     let dir = tempfile::tempdir().unwrap();
     let uc = user_config(dir.path(), "");
-    let mgmt = free_port();
+    let [mgmt] = free_ports();
     let mut child = agent()
         .args(["run", "--config-path"])
         .arg(&uc)

@@ -5,12 +5,9 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// A free TCP port on 127.0.0.1 (bound and released; good enough for tests).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
+/// `N` distinct free TCP ports on 127.0.0.1 (bound and released; good enough for tests).
+pub fn free_ports<const N: usize>() -> [u16; N] {
+    npu_health_agent::fake::free_ports().expect("free ports")
 }
 
 /// Timing of the agent under test: the reference's constants divided by ten.
@@ -72,7 +69,7 @@ impl Stack {
             format!("model = \"910B\"\ncards = 2\n[[device]]\nid = 0\naicube = {{ file = \"npu0\" }}\n{device_extra}\n[[device]]\nid = 1\naicube = {{ file = \"npu1\" }}\n{device_extra}\n"),
         )
         .unwrap();
-        let (engine_port, control_port, mgmt_port) = (free_port(), free_port(), free_port());
+        let [engine_port, control_port, mgmt_port] = free_ports();
         let agent_toml = dir.path().join("agent.toml");
         std::fs::write(
             &agent_toml,
