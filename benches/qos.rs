@@ -13,7 +13,7 @@
 
 use npu_health_agent::probe::http::EngineClient;
 use npu_health_agent::probe::virtual_inference::{Accounting, ProbeRecord};
-use npu_health_agent::qos::{MetricsSource, QosConfig, QosState, vllm_metrics};
+use npu_health_agent::qos::{MetricsSource, QosConfig, QosState, engine_metrics};
 use std::time::{Duration, Instant};
 
 const SCRAPES: u32 = 2000;
@@ -186,12 +186,12 @@ fn main() {
         .unwrap();
 
     // Parse alone.
-    let m = vllm_metrics::parse(&body);
+    let m = engine_metrics::parse(&body);
     assert_eq!(m.running, Some(12.0));
     assert_eq!(m.waiting_for_capacity, Some(2.0));
     let c0 = thread_cpu();
     for _ in 0..PARSES {
-        std::hint::black_box(vllm_metrics::parse(std::hint::black_box(&body)));
+        std::hint::black_box(engine_metrics::parse(std::hint::black_box(&body)));
     }
     let parse_us = (thread_cpu() - c0).as_secs_f64() * 1e6 / f64::from(PARSES);
 

@@ -25,7 +25,7 @@ use crate::config::EngineSpec;
 use crate::probe::gates::{self, Condition};
 use crate::probe::health::{HealthCollector, HealthOutcome, HealthTransport};
 use crate::probe::virtual_inference::{
-    self, EngineSignals, LoopConfig, PeakSource, Phase, Prober, ViState,
+    self, CapacityWaiting, EngineSignals, LoopConfig, PeakSource, Phase, Prober, ViState,
 };
 use crate::qos::score::Level;
 use crate::qos::{MetricsSource, QosState};
@@ -484,13 +484,17 @@ impl<M: MetricsSource + Sync> EngineSignals for Signals<M> {
         self.state.qos.stalled_for()
     }
 
-    async fn waiting_for_capacity(&self) -> Option<f64> {
+    async fn waiting_for_capacity(&self) -> CapacityWaiting {
         let timeout = self.state.spec.timing.request_timeout;
         match self.metrics.scrape(timeout).await {
-            Ok(m) => m.waiting_for_capacity,
+            Ok(m) => match (m.waiting_for_capacity, m.sources.waiting_for_capacity) {
+                (Some(w), _) => CapacityWaiting::Waiting(w),
+                (None, None) => CapacityWaiting::NotExported,
+                (None, Some(name)) => CapacityWaiting::Unknown(format!("{name} is not a number")),
+            },
             Err(e) => {
                 tracing::info!(engine = %self.state.spec.name, "cannot read requests waiting for capacity: {e}");
-                None
+                CapacityWaiting::Unknown(e)
             }
         }
     }
@@ -848,18 +852,18 @@ mod tests {
 
     /// Scripted `/metrics`: the same answer every time, settable.
     #[derive(Clone)]
-    struct ScriptedMetrics(Arc<Mutex<Result<crate::qos::vllm_metrics::EngineMetrics, String>>>);
+    struct ScriptedMetrics(Arc<Mutex<Result<crate::qos::engine_metrics::EngineMetrics, String>>>);
     impl MetricsSource for ScriptedMetrics {
         async fn scrape(
             &self,
             _t: Duration,
-        ) -> Result<crate::qos::vllm_metrics::EngineMetrics, String> {
+        ) -> Result<crate::qos::engine_metrics::EngineMetrics, String> {
             self.0.lock().unwrap().clone()
         }
     }
 
-    fn stuck_metrics(kv: f64) -> crate::qos::vllm_metrics::EngineMetrics {
-        crate::qos::vllm_metrics::EngineMetrics {
+    fn stuck_metrics(kv: f64) -> crate::qos::engine_metrics::EngineMetrics {
+        crate::qos::engine_metrics::EngineMetrics {
             running: Some(4.0),
             prompt_tokens: Some(100.0),
             generation_tokens: Some(10.0),
@@ -915,7 +919,7 @@ mod tests {
             }
             // Recovery: tokens advance again, KV frees up; the level climbs back and /status
             // with it.
-            *metrics.0.lock().unwrap() = Ok(crate::qos::vllm_metrics::EngineMetrics {
+            *metrics.0.lock().unwrap() = Ok(crate::qos::engine_metrics::EngineMetrics {
                 generation_tokens: Some(1e6),
                 ..stuck_metrics(0.2)
             });
@@ -959,12 +963,13 @@ mod tests {
     }
 
     // The V6 rule reads /metrics at the moment of the failure: the capacity figure when the
-    // scrape works, unknown (None) when it fails or the series is absent.
+    // scrape works, "not exported" when the scrape has no such series (vLLM 0.18), unknown
+    // when the scrape fails or the value is not a number.
     #[tokio::test(start_paused = true)]
     async fn signals_read_capacity_now_and_progress_from_the_qos_scrapes() {
         let st = Arc::new(EngineState::new(qos_spec(false), vec![0]));
         let metrics = ScriptedMetrics(Arc::new(Mutex::new(Ok(
-            crate::qos::vllm_metrics::EngineMetrics {
+            crate::qos::engine_metrics::EngineMetrics {
                 waiting_for_capacity: Some(2.0),
                 ..stuck_metrics(0.5)
             },
@@ -973,11 +978,29 @@ mod tests {
             state: st.clone(),
             metrics: metrics.clone(),
         };
-        assert_eq!(signals.waiting_for_capacity().await, Some(2.0));
+        assert_eq!(
+            signals.waiting_for_capacity().await,
+            CapacityWaiting::Waiting(2.0)
+        );
         *metrics.0.lock().unwrap() = Ok(stuck_metrics(0.5));
-        assert_eq!(signals.waiting_for_capacity().await, None, "series absent");
+        assert_eq!(
+            signals.waiting_for_capacity().await,
+            CapacityWaiting::NotExported,
+            "series absent"
+        );
+        *metrics.0.lock().unwrap() = Ok(crate::qos::engine_metrics::parse(
+            "vllm:num_requests_waiting_by_reason{reason=\"capacity\"} NaN\n",
+        ));
+        assert!(matches!(
+            signals.waiting_for_capacity().await,
+            CapacityWaiting::Unknown(why) if why.contains("not a number")
+        ));
         *metrics.0.lock().unwrap() = Err("refused".into());
-        assert_eq!(signals.waiting_for_capacity().await, None, "scrape failed");
+        assert_eq!(
+            signals.waiting_for_capacity().await,
+            CapacityWaiting::Unknown("refused".into()),
+            "scrape failed"
+        );
         // Progress comes from the QoS task's scrapes.
         assert_eq!(signals.stalled_for(), None);
         st.qos.record_scrape(Ok(stuck_metrics(0.5)));
@@ -1036,7 +1059,7 @@ mod tests {
         st.record_health(&outcome("ok"), true);
         st.qos.record_scrape(Ok(stuck_metrics(0.5)));
         st.qos
-            .record_scrape(Ok(crate::qos::vllm_metrics::EngineMetrics {
+            .record_scrape(Ok(crate::qos::engine_metrics::EngineMetrics {
                 generation_tokens: Some(11.0),
                 ..stuck_metrics(0.5)
             }));

@@ -15,7 +15,7 @@ use super::experiment::{Expect, Experiment, Fault, Guard};
 use super::load::LoadGen;
 use super::proxy::Proxy;
 use super::stress::CpuStress;
-use crate::qos::vllm_metrics;
+use crate::qos::engine_metrics;
 use fake_engine::node_manager::{self, NmOptions};
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -351,7 +351,7 @@ impl Stack {
             .text()
             .await
             .ok()?;
-        vllm_metrics::parse(&text).waiting
+        engine_metrics::parse(&text).waiting
     }
 
     async fn kill_engine(&mut self) {

@@ -53,6 +53,15 @@ pub struct FakeEngineArgs {
     /// Requests decoded at once.
     #[arg(long, default_value_t = 64)]
     pub max_running: usize,
+    /// The engine imitated: vLLM 0.8, 0.10, 0.18, 0.33, or mindie (MindIE's engine server).
+    #[arg(long, default_value = "0.33")]
+    pub profile: fake_engine::profile::Profile,
+    /// Data-parallel engines (one `engine` label value each in /metrics).
+    #[arg(long, default_value_t = 1)]
+    pub data_parallel: u32,
+    /// Close a keep-alive connection idle this long (uvicorn's 5 s).
+    #[arg(long, default_value = "5s", value_parser = super::parse_duration)]
+    pub keep_alive: Duration,
 }
 
 /// Runs the fake engine until SIGTERM/SIGINT.
@@ -78,6 +87,9 @@ pub async fn fake_engine(a: FakeEngineArgs) -> Result<(), Failure> {
         ttft: a.ttft,
         tpot: a.tpot,
         max_running: a.max_running,
+        profile: a.profile,
+        data_parallel: a.data_parallel,
+        keep_alive: a.keep_alive,
     };
     run_engine(opts, cancel).await.context("fake engine")?;
     Ok(())

@@ -12,6 +12,15 @@
 //! JSON and none an error, at least one token, and the closing `[DONE]`. Every request runs under a timeout; a
 //! request that times out is dropped, which closes its connection, so the engine aborts it
 //! instead of keeping it queued.
+//!
+//! Pooled connections and the server's idle timeout: uvicorn (vLLM, MindIE's engine server)
+//! closes a keep-alive connection after 5 s without a request, the same as the probe
+//! interval. A request written on a connection the server is closing at that moment fails
+//! before any response byte, although the engine is fine. Two defences, at the transport:
+//! idle pooled connections are dropped after [`POOL_IDLE`] (below uvicorn's 5 s), and the
+//! virtual request is sent once more, within its own timeout, when the connection closed or
+//! reset before any response byte arrived ([`closed_before_response`]). A refused connection
+//! is not retried (nothing listens: the engine is down).
 
 use super::health::{Fetch, HealthTransport};
 use super::virtual_inference::{Failure, ProbeResult, Prober};
@@ -25,6 +34,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 const MAX_BODY: usize = 1 << 20;
 /// Largest `/metrics` body read (vLLM's histograms per model and LoRA can be large).
 const MAX_METRICS_BODY: usize = 16 << 20;
+/// Idle pooled connections older than this are not reused: below uvicorn's 5 s keep-alive
+/// timeout, so the pool does not hand out a connection the server is about to close.
+pub const POOL_IDLE: Duration = Duration::from_secs(2);
 
 /// The body of the virtual request for `role`/`profile`.
 pub fn request_body(role: Role, profile: DispatchProfile, model: &str) -> Value {
@@ -74,7 +86,7 @@ impl EngineClient {
         let client = reqwest::Client::builder()
             .use_preconfigured_tls(cfg)
             .no_proxy()
-            .pool_idle_timeout(Duration::from_secs(60))
+            .pool_idle_timeout(POOL_IDLE)
             .build()
             .map_err(|e| TlsError {
                 config: "infer_tls_config",
@@ -124,6 +136,35 @@ impl EngineClient {
     pub fn base(&self) -> &str {
         &self.base
     }
+}
+
+/// Whether a request failed because its connection closed or reset before any response
+/// byte: the server's idle close racing our write, never a refused connection or a timeout.
+fn closed_before_response(e: &reqwest::Error) -> bool {
+    if e.is_connect() || e.is_timeout() {
+        return false;
+    }
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cur {
+        if let Some(h) = c.downcast_ref::<hyper::Error>()
+            && (h.is_incomplete_message() || h.is_canceled())
+        {
+            return true;
+        }
+        if let Some(io) = c.downcast_ref::<std::io::Error>()
+            && matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::ConnectionAborted
+                    | std::io::ErrorKind::BrokenPipe
+                    | std::io::ErrorKind::UnexpectedEof
+            )
+        {
+            return true;
+        }
+        cur = c.source();
+    }
+    false
 }
 
 fn describe(e: &reqwest::Error) -> String {
@@ -202,13 +243,13 @@ impl crate::qos::MetricsSource for HttpMetrics {
     async fn scrape(
         &self,
         timeout: Duration,
-    ) -> Result<crate::qos::vllm_metrics::EngineMetrics, String> {
+    ) -> Result<crate::qos::engine_metrics::EngineMetrics, String> {
         match get(&self.client, &self.url, timeout, MAX_METRICS_BODY).await? {
             None => Err(format!("GET /metrics timed out after {timeout:?}")),
             Some((status, _)) if !(200..300).contains(&status) => {
                 Err(format!("GET /metrics answered HTTP {status}"))
             }
-            Some((_, body)) => Ok(crate::qos::vllm_metrics::parse(&String::from_utf8_lossy(
+            Some((_, body)) => Ok(crate::qos::engine_metrics::parse(&String::from_utf8_lossy(
                 &body,
             ))),
         }
@@ -351,17 +392,39 @@ impl HttpProber {
     }
 }
 
+impl HttpProber {
+    /// Posts the request; once more if the first connection closed before any response
+    /// byte (the server's idle close, see the module doc). Same request id both times.
+    async fn post(&self) -> Result<reqwest::Response, reqwest::Error> {
+        let id = request_id(SystemTime::now());
+        let attempt = || {
+            self.client
+                .post(&self.url)
+                .header("Content-Type", "application/json")
+                .header("X-Request-Id", &id)
+                .body(self.body.clone())
+                .send()
+        };
+        match attempt().await {
+            Ok(r) => Ok(r),
+            Err(e) if closed_before_response(&e) => {
+                tracing::debug!(
+                    "virtual request: the connection closed before any response byte ({}); sending it again",
+                    describe(&e)
+                );
+                attempt().await
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
 impl Prober for HttpProber {
     async fn send(&self, timeout: Duration) -> ProbeResult {
         let started = Instant::now();
         let fut = async {
             let resp = self
-                .client
-                .post(&self.url)
-                .header("Content-Type", "application/json")
-                .header("X-Request-Id", request_id(SystemTime::now()))
-                .body(self.body.clone())
-                .send()
+                .post()
                 .await
                 .map_err(|e| Failure::Transport(describe(&e)))?;
             let status = resp.status();

@@ -12,12 +12,20 @@
 //!
 //! Two opt-in rules change that accounting (off by default, for V5 parity):
 //! - stall detection (`stall_window`): in case 3, a *failed* request on a busy NPU counts
-//!   (+ 1) when the engine has shown no forward progress for `stall_window` — requests
-//!   running and neither the prompt nor the generation token counter advancing
-//!   ([`EngineSignals::stalled_for`]). Unknown progress (no scrape) never counts;
+//!   (+ 1) when the engine has shown no sign of life for `stall_window`: requests running
+//!   and neither the prompt nor the generation token counter advancing
+//!   ([`EngineSignals::stalled_for`]), *and* no virtual request served in that time. vLLM
+//!   adds a prompt to its counter only when the request's first token comes out, so a long
+//!   prefill with nothing else decoding leaves both counters flat; but chunked prefill
+//!   schedules the 1-token probe beside the prefill's chunks, and a served probe is
+//!   evidence of life. Unknown progress (no scrape) never counts;
 //! - the reference V6 rule (`skip_when_capacity_waiting`): in case 1, the engine's `/metrics`
 //!   is read at once; the failure is not counted while requests wait for KV-cache capacity,
-//!   or when that figure cannot be read (the reference skips then too).
+//!   or when that figure cannot be read (the scrape failed, or the value is not a number: the
+//!   reference skips then too). An engine that does not export the series at all (vLLM
+//!   0.18.0, SGLang) is counted as V5 counts: the rule cannot apply to it, and skipping
+//!   would never count an idle failure again. (The reference skips there too, so on vLLM
+//!   0.18 it never detects an idle hang; docs/qos.md.)
 //!
 //! Abnormal is never cleared by the loop; the loop stops at the next check.
 
@@ -102,9 +110,19 @@ pub trait EngineSignals {
     /// advancing), from the latest `/metrics` scrapes; `None` when it is not stalled or that
     /// is unknown.
     fn stalled_for(&self) -> Option<Duration>;
-    /// Requests waiting for KV-cache capacity, read from the engine now (V6 rule); `None`
-    /// when the figure cannot be read.
-    fn waiting_for_capacity(&self) -> impl Future<Output = Option<f64>> + Send;
+    /// Requests waiting for KV-cache capacity, read from the engine now (V6 rule).
+    fn waiting_for_capacity(&self) -> impl Future<Output = CapacityWaiting> + Send;
+}
+
+/// What a fresh read of the engine's waiting-for-capacity figure said (V6 rule).
+#[derive(Debug, Clone, PartialEq)]
+pub enum CapacityWaiting {
+    /// This many requests wait for KV-cache capacity.
+    Waiting(f64),
+    /// The scrape succeeded and has no such series: the engine does not export it.
+    NotExported,
+    /// The figure could not be read (scrape failed, value not a number): why.
+    Unknown(String),
 }
 
 /// No engine signals: only the reference's rules apply (the opt-in rules must be off).
@@ -115,8 +133,8 @@ impl EngineSignals for NoSignals {
     fn stalled_for(&self) -> Option<Duration> {
         None
     }
-    async fn waiting_for_capacity(&self) -> Option<f64> {
-        None
+    async fn waiting_for_capacity(&self) -> CapacityWaiting {
+        CapacityWaiting::Unknown("no engine signals".to_owned())
     }
 }
 
@@ -389,6 +407,8 @@ pub async fn run(
     }
     state.set_interval(t.interval);
     state.set_phase(Phase::Running);
+    // When a virtual request was last served (stall detection's evidence of life).
+    let mut last_served = tokio::time::Instant::now();
     while !state.abnormal() {
         let r = prober.send(t.request_timeout).await;
         let peak = peaks.peak(t.window);
@@ -403,11 +423,15 @@ pub async fn run(
         // Stall detection: how long the engine has been stalled, read once, only when it
         // matters (a failure on a busy NPU).
         let stalled = match (cfg.stall_window, peak) {
-            (Some(w), Some(p)) if failed && p >= cfg.npu_usage_threshold => {
-                signals.stalled_for().filter(|s| *s >= w)
-            }
+            (Some(w), Some(p)) if failed && p >= cfg.npu_usage_threshold => signals
+                .stalled_for()
+                .map(|s| s.min(last_served.elapsed()))
+                .filter(|s| *s >= w),
             _ => None,
         };
+        if !failed {
+            last_served = tokio::time::Instant::now();
+        }
         let accounting = match peak {
             Some(p) if p < cfg.npu_usage_threshold && failed => {
                 let waiting = if cfg.skip_when_capacity_waiting {
@@ -415,34 +439,42 @@ pub async fn run(
                 } else {
                     None
                 };
-                match waiting {
-                    Some(w) if w.is_none_or(|w| w > 0.0) => {
+                let skip = match &waiting {
+                    Some(CapacityWaiting::Waiting(w)) if *w > 0.0 => {
+                        Some(format!("{w} requests wait for KV-cache capacity"))
+                    }
+                    Some(CapacityWaiting::Unknown(why)) => {
+                        Some(format!("requests waiting for capacity are unknown ({why})"))
+                    }
+                    _ => None,
+                };
+                if let Some(why) = skip {
+                    tracing::info!(
+                        engine,
+                        peak = p,
+                        "virtual inference failed while the NPU is idle, but {why}; skip failure count"
+                    );
+                    Accounting::UnchangedCapacityWaiting
+                } else {
+                    if waiting == Some(CapacityWaiting::NotExported) {
                         tracing::info!(
                             engine,
-                            peak = p,
-                            "virtual inference failed while the NPU is idle, but {}; skip failure count",
-                            match w {
-                                Some(w) => format!("{w} requests wait for KV-cache capacity"),
-                                None => "requests waiting for capacity are unknown".to_owned(),
-                            }
+                            "skip_when_capacity_waiting: the engine does not export vllm:num_requests_waiting_by_reason; counting as V5 does"
                         );
-                        Accounting::UnchangedCapacityWaiting
                     }
-                    _ => {
-                        tracing::warn!(
-                            engine,
-                            peak = p,
-                            "virtual inference failed while the NPU is idle. Current failure count: {}/{}",
-                            state.failure_count() + 1,
-                            cfg.max_failure_count
-                        );
-                        count_failure(
-                            cfg,
-                            state,
-                            &format!("AI Cube peak {p} below {}", cfg.npu_usage_threshold),
-                        );
-                        Accounting::Incremented
-                    }
+                    tracing::warn!(
+                        engine,
+                        peak = p,
+                        "virtual inference failed while the NPU is idle. Current failure count: {}/{}",
+                        state.failure_count() + 1,
+                        cfg.max_failure_count
+                    );
+                    count_failure(
+                        cfg,
+                        state,
+                        &format!("AI Cube peak {p} below {}", cfg.npu_usage_threshold),
+                    );
+                    Accounting::Incremented
                 }
             }
             None if failed => {
@@ -856,7 +888,7 @@ mod tests {
     /// advances, so it is never stalled); `capacity` is what the V6 read returns.
     struct Signals {
         stalled_from: Option<Instant>,
-        capacity: Mutex<VecDeque<Option<f64>>>,
+        capacity: Mutex<VecDeque<CapacityWaiting>>,
         capacity_reads: Mutex<u32>,
     }
 
@@ -868,7 +900,7 @@ mod tests {
                 capacity_reads: Mutex::new(0),
             }
         }
-        fn capacity(v: Vec<Option<f64>>) -> Signals {
+        fn capacity(v: Vec<CapacityWaiting>) -> Signals {
             Signals {
                 stalled_from: None,
                 capacity: Mutex::new(v.into()),
@@ -882,9 +914,13 @@ mod tests {
             self.stalled_from
                 .map(|t| Instant::now().saturating_duration_since(t))
         }
-        async fn waiting_for_capacity(&self) -> Option<f64> {
+        async fn waiting_for_capacity(&self) -> CapacityWaiting {
             *self.capacity_reads.lock().unwrap() += 1;
-            self.capacity.lock().unwrap().pop_front().flatten()
+            self.capacity
+                .lock()
+                .unwrap()
+                .pop_front()
+                .unwrap_or(CapacityWaiting::Unknown("script ended".into()))
         }
     }
 
@@ -955,49 +991,55 @@ mod tests {
     }
 
     /// Progress fed as the scraper would, one scrape per failed busy probe: one request
-    /// running, generation flat, the prompt counter advancing by `prompt_step` per scrape.
-    struct Scraped {
-        progress: Mutex<(crate::qos::progress::Progress, f64)>,
-        prompt_step: f64,
-    }
+    /// running and both token counters flat, as vLLM shows a long prefill (it reports a
+    /// prompt only when its first token comes out) and a stuck engine alike.
+    #[derive(Default)]
+    struct FlatCounters(Mutex<crate::qos::progress::Progress>);
 
-    impl Scraped {
-        fn new(prompt_step: f64) -> Scraped {
-            Scraped {
-                progress: Mutex::new((Default::default(), 0.0)),
-                prompt_step,
-            }
-        }
-    }
-
-    impl EngineSignals for Scraped {
+    impl EngineSignals for FlatCounters {
         fn stalled_for(&self) -> Option<Duration> {
-            let mut g = self.progress.lock().unwrap();
-            g.1 += self.prompt_step;
-            let m = crate::qos::vllm_metrics::EngineMetrics {
+            let mut g = self.0.lock().unwrap();
+            let m = crate::qos::engine_metrics::EngineMetrics {
                 running: Some(1.0),
-                prompt_tokens: Some(g.1),
+                prompt_tokens: Some(0.0),
                 generation_tokens: Some(0.0),
                 ..Default::default()
             };
-            g.0.observe(Some(&m), Instant::now());
-            g.0.stalled_for(Instant::now(), Duration::from_secs(60))
+            g.observe(Some(&m), Instant::now());
+            g.stalled_for(Instant::now(), Duration::from_secs(60))
         }
-        async fn waiting_for_capacity(&self) -> Option<f64> {
-            None
+        async fn waiting_for_capacity(&self) -> CapacityWaiting {
+            CapacityWaiting::NotExported
         }
     }
 
-    // Long chunked prefill of a huge prompt: the prompt counter advances, so the engine is
-    // not stalled and busy failures keep resetting even with stall detection on; the same
-    // engine with the prompt counter flat is stalled and does count.
+    // A long prefill with nothing else decoding, on vLLM: the counters are flat, but chunked
+    // prefill still serves some probes beside the prefill's chunks (here one in four; the
+    // rest time out on the busy NPU). A served probe is evidence of life, so with stall
+    // detection on the engine is never abnormal. The same counters with no probe served (a
+    // stuck engine) are abnormal.
     #[tokio::test(start_paused = true)]
     async fn long_prefill_is_not_a_stall() {
         let cfg = stall_cfg(3, Duration::from_secs(60));
-        let (_, st, ended) = busy_run(&cfg, 30, &Scraped::new(8192.0)).await;
-        assert!(!ended && !st.abnormal());
-        assert_eq!(st.failure_count(), 0);
-        let (_, st, ended) = busy_run(&cfg, 30, &Scraped::new(0.0)).await;
+        let mut script = vec![(MS, FakeProber::ok())];
+        for i in 0..40 {
+            script.push(if i % 4 == 0 {
+                (Duration::from_secs(2), FakeProber::ok())
+            } else {
+                (Duration::from_secs(10), FakeProber::fail())
+            });
+        }
+        let (p, peaks) = (FakeProber::new(script), Peaks::new(vec![Some(95.0); 40]));
+        let st = ViState::default();
+        let signals = FlatCounters::default();
+        let ended = run_with(&cfg, &p, &peaks, &signals, &st, Duration::from_secs(3600)).await;
+        assert!(!ended && !st.abnormal(), "{:?}", st.abnormal_reason());
+        assert!(st.failure_count() <= 1, "{}", st.failure_count());
+        assert!(
+            signals.stalled_for().unwrap() >= Duration::from_secs(600),
+            "the counters alone say stalled"
+        );
+        let (_, st, ended) = busy_run(&cfg, 30, &FlatCounters::default()).await;
         assert!(ended && st.abnormal());
     }
 
@@ -1011,7 +1053,8 @@ mod tests {
     }
 
     // V6 rule: an idle failure is skipped while requests wait for capacity or the figure is
-    // unknown; counted at 0. Off by default: never read.
+    // unknown; counted at 0 and when the engine does not export the series. Off by default:
+    // never read.
     #[tokio::test(start_paused = true)]
     async fn capacity_waiting_rule() {
         let mut script = vec![(MS, FakeProber::ok())];
@@ -1019,7 +1062,12 @@ mod tests {
         let p = FakeProber::new(script);
         let peaks = Peaks::new(vec![Some(0.0); 4]);
         let st = ViState::default();
-        let signals = Signals::capacity(vec![Some(2.0), None, Some(0.0), Some(0.0)]);
+        let signals = Signals::capacity(vec![
+            CapacityWaiting::Waiting(2.0),
+            CapacityWaiting::Unknown("scrape failed".into()),
+            CapacityWaiting::Waiting(0.0),
+            CapacityWaiting::NotExported,
+        ]);
         let v6 = LoopConfig {
             skip_when_capacity_waiting: true,
             ..cfg(6)
@@ -1029,12 +1077,12 @@ mod tests {
         assert_eq!(
             st.failure_count(),
             2,
-            "2 waiting, unknown: skipped; 0, 0: counted"
+            "2 waiting, unknown: skipped; 0 waiting, series not exported (vLLM 0.18): counted"
         );
         let p = FakeProber::new(vec![(MS, FakeProber::ok()), (MS, FakeProber::fail())]);
         let peaks = Peaks::new(vec![Some(0.0)]);
         let st = ViState::default();
-        let signals = Signals::capacity(vec![Some(2.0)]);
+        let signals = Signals::capacity(vec![CapacityWaiting::Waiting(2.0)]);
         run_with(&cfg(6), &p, &peaks, &signals, &st, Duration::from_secs(4)).await;
         assert_eq!(*signals.capacity_reads.lock().unwrap(), 0, "V5: not read");
         assert_eq!(st.failure_count(), 1);

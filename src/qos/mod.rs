@@ -3,15 +3,16 @@
 //! killed; and the inputs of stall detection.
 //!
 //! Inputs: the virtual probe's latency ([`crate::probe::virtual_inference`]), the engine's
-//! `/metrics` scraped every `metrics_period` ([`vllm_metrics`], [`progress`]). The formula
+//! `/metrics` scraped every `metrics_period` ([`engine_metrics`], [`progress`]). The formula
 //! and the level rules are in [`score`] and `docs/qos.md`. `/status` is unchanged unless
 //! `eviction` is on, in which case a held `evict` level answers `abnormal`.
 
+pub mod engine_metrics;
 pub mod progress;
 pub mod score;
-pub mod vllm_metrics;
 
 use crate::probe::virtual_inference::ProbeRecord;
+use engine_metrics::EngineMetrics;
 use progress::Progress;
 use score::{Level, Levels, Weights};
 use serde::Serialize;
@@ -19,7 +20,6 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::time::Instant;
-use vllm_metrics::EngineMetrics;
 
 /// Reads the engine's `/metrics` (HTTP in production, scripted in tests).
 pub trait MetricsSource {
@@ -174,6 +174,9 @@ pub struct Component {
     pub input: String,
     /// Age of the input, milliseconds.
     pub age_ms: Option<u64>,
+    /// The engine's metric names the input was read from, as found in the last scrape
+    /// (vLLM's name of that release, or SGLang's); empty for the probe.
+    pub series: Vec<&'static str>,
 }
 
 /// A level change.
@@ -300,6 +303,7 @@ impl QosState {
                     score: Some(score::latency_score(ttft, budget)),
                     input,
                     age_ms: Some(now.saturating_duration_since(p.at).as_millis() as u64),
+                    series: Vec::new(),
                 }
             }
             None => Component {
@@ -308,6 +312,7 @@ impl QosState {
                 score: None,
                 input: "no recent virtual probe".to_owned(),
                 age_ms: None,
+                series: Vec::new(),
             },
         });
         let metrics = i
@@ -315,6 +320,20 @@ impl QosState {
             .filter(|(_, at)| now.saturating_duration_since(*at) <= self.scrape_max_age);
         let scrape_age =
             metrics.map(|(_, at)| now.saturating_duration_since(at).as_millis() as u64);
+        let sources = metrics.map(|(m, _)| m.sources).unwrap_or_default();
+        let memory_series: Vec<&'static str> =
+            [sources.kv_cache_usage, sources.waiting_for_capacity]
+                .into_iter()
+                .flatten()
+                .collect();
+        let progress_series: Vec<&'static str> = [
+            sources.running,
+            sources.prompt_tokens,
+            sources.generation_tokens,
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
         components.push(match metrics.and_then(|(m, _)| m.kv_cache_usage) {
             Some(kv) => Component {
                 name: "memory",
@@ -329,6 +348,7 @@ impl QosState {
                     }
                 ),
                 age_ms: scrape_age,
+                series: memory_series,
             },
             None => Component {
                 name: "memory",
@@ -339,6 +359,7 @@ impl QosState {
                     |e| format!("scrape failed: {e}"),
                 ),
                 age_ms: scrape_age,
+                series: memory_series,
             },
         });
         let state = i.progress.state_at(now, self.scrape_max_age);
@@ -365,6 +386,7 @@ impl QosState {
                 ),
             },
             age_ms: scrape_age,
+            series: progress_series,
         });
         let parts: Vec<(Option<f64>, f64)> =
             components.iter().map(|c| (c.score, c.weight)).collect();
@@ -484,6 +506,55 @@ mod tests {
         );
         assert!(level <= Level::Throttle, "{level:?}");
         assert_eq!(level, Level::Normal);
+    }
+
+    // The components name the series actually read: vLLM 0.8's old KV-cache name, SGLang's
+    // names; nothing for the probe.
+    #[tokio::test(start_paused = true)]
+    async fn components_name_the_series_read() {
+        let cfg = QosConfig::default();
+        let names = |text: &str| {
+            let q = QosState::new(&cfg);
+            q.record_scrape(Ok(engine_metrics::parse(text)));
+            q.evaluate(&cfg, Some(&probe(true, 50.0)));
+            q.components()
+                .into_iter()
+                .map(|c| (c.name, c.series))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            names(
+                "vllm:gpu_cache_usage_perc 0.5\nvllm:num_requests_running 1\nvllm:prompt_tokens_total 3\nvllm:generation_tokens_total 4\n"
+            ),
+            vec![
+                ("latency", vec![]),
+                ("memory", vec!["vllm:gpu_cache_usage_perc"]),
+                (
+                    "progress",
+                    vec![
+                        "vllm:num_requests_running",
+                        "vllm:prompt_tokens_total",
+                        "vllm:generation_tokens_total"
+                    ]
+                ),
+            ]
+        );
+        assert_eq!(
+            names(
+                "sglang:token_usage 0.1\nsglang:num_running_reqs 0\nsglang:prompt_tokens_total 1\nsglang:generation_tokens_total 1\n"
+            )[1..],
+            [
+                ("memory", vec!["sglang:token_usage"]),
+                (
+                    "progress",
+                    vec![
+                        "sglang:num_running_reqs",
+                        "sglang:prompt_tokens_total",
+                        "sglang:generation_tokens_total"
+                    ]
+                ),
+            ]
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -2,16 +2,23 @@
 //!
 //! The engine is making progress when requests are running and the prompt or the generation
 //! token counter advanced since the previous successful scrape; it is *stalled* when requests
-//! are running and neither advanced. A long chunked prefill of a huge prompt advances the
-//! prompt counter while generating nothing: that is progress, not a stall. Nothing running is
-//! idle: nothing is owed, which scores like progress. Unknown counters are unknown, never
-//! "stalled"; a counter that went down (the engine restarted) is unknown too.
+//! are running and neither advanced. Nothing running is idle: nothing is owed, which scores
+//! like progress. Unknown counters are unknown, never "stalled"; a counter that went down (the
+//! engine restarted) is unknown too.
+//!
+//! What vLLM reports (every release from 0.8.5 to 0.33, docs/real-vllm.md): a prompt is added
+//! to `prompt_tokens_total` whole, when the request's first output token comes out; a prefill
+//! in progress is never reported. So a long prefill with nothing else decoding reads here as
+//! *stalled* until it completes, and the counters alone cannot tell it from a stuck engine.
+//! Stall detection therefore also asks for the absence of the other sign of life, a virtual
+//! request served (`probe::virtual_inference`), and `stall_window` must exceed the longest
+//! prefill the engine is expected to run (docs/qos.md).
 //!
 //! A failed scrape brings no news: it leaves the last state and the stall start as they were,
 //! and the next successful scrape is compared with the last successful one. Readers decide
 //! how old a state may be ([`Progress::state_at`], [`Progress::stalled_for`]).
 
-use super::vllm_metrics::EngineMetrics;
+use super::engine_metrics::EngineMetrics;
 use serde::Serialize;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -169,16 +176,21 @@ mod tests {
         assert_eq!(stalled(&p), Some(Duration::from_secs(5)));
     }
 
-    // Long chunked prefill: the generation counter is flat for a long time while the prompt
-    // counter advances. That is progress.
+    // A long prefill as vLLM reports it: one request running, both counters flat until its
+    // first token comes out, then the whole prompt at once. The counters alone say stalled
+    // for the whole prefill (stall detection adds the served-probe rule on top), and the
+    // prompt's arrival is progress.
     #[tokio::test(start_paused = true)]
-    async fn long_prefill_is_progress_not_a_stall() {
+    async fn long_prefill_reads_as_stalled_until_the_prompt_lands() {
         let mut p = Progress::default();
-        for i in 0..20 {
-            p.observe(Some(&m(1.0, 1000.0 * f64::from(i), 0.0)), Instant::now());
+        for _ in 0..12 {
+            p.observe(Some(&m(1.0, 10.0, 5.0)), Instant::now());
             tokio::time::advance(Duration::from_secs(5)).await;
         }
-        assert_eq!(p.state_at(Instant::now(), AGE), State::Advancing);
+        assert_eq!(p.state_at(Instant::now(), AGE), State::Stalled);
+        assert_eq!(stalled(&p), Some(Duration::from_secs(60)));
+        p.observe(Some(&m(1.0, 10.0 + 100_000.0, 6.0)), Instant::now());
+        assert_eq!(p.state, State::Advancing);
         assert_eq!(stalled(&p), None);
         assert_eq!(Progress::score(p.state), Some(1.0));
     }

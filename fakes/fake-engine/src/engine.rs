@@ -1,6 +1,7 @@
-//! A fake OpenAI-compatible inference engine that behaves like vLLM where the agent looks:
-//! `GET /health` (`true`/`false`, 200/503), `POST /v1/completions` (plain and streaming SSE),
-//! `GET /metrics` with vLLM's metric names. While it serves requests it writes an AI Cube
+//! A fake OpenAI-compatible inference engine that behaves like vLLM where the agent looks, per
+//! [`Profile`] (a vLLM release, or MindIE's engine server in front of vLLM): `GET /health`,
+//! `POST /v1/completions` (plain and streaming SSE), `GET /metrics` with that release's metric
+//! names and labels, and uvicorn's 5 s keep-alive idle close. While it serves requests it writes an AI Cube
 //! figure into files the fake `libdcmi.so` reads (`aicube = { file = … }` in the scenario), so
 //! load raises NPU usage and idle reads 0 %.
 //!
@@ -8,6 +9,7 @@
 //! engine stops listening): `GET /fake/faults`, `POST /fake/faults` (a JSON patch of
 //! [`Faults`]), `POST /fake/reset`, `GET /fake/stats`. See `docs/fake-driver.md`.
 
+use crate::profile::Profile;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
@@ -36,8 +38,15 @@ pub struct Faults {
     pub http_5xx: bool,
     /// `/health` answers after this long.
     pub slow_health_ms: u64,
-    /// `/health` answers 200 with body `false`.
+    /// `/health` answers 200 with body `false`: MindIE's engine server only (profile
+    /// `mindie`); plain vLLM has no such answer, and the patch is refused there.
     pub health_false: bool,
+    /// The engine core is dead (vLLM's `EngineDeadError`): `/health` answers the profile's
+    /// dead answer (500 or 503 with an empty body; 200 on 0.8), completions answer 500.
+    pub engine_dead: bool,
+    /// A streamed completion sends one token, then an error event and `[DONE]`, as vLLM does
+    /// when a request fails after its stream started.
+    pub stream_error: bool,
     /// `/health` answers this status (e.g. 503).
     pub health_status: Option<u16>,
     /// Completions answer 200 with a body that is not JSON.
@@ -73,6 +82,8 @@ impl Default for Faults {
             http_5xx: false,
             slow_health_ms: 0,
             health_false: false,
+            engine_dead: false,
+            stream_error: false,
             health_status: None,
             garbage_body: false,
             latency_ms: 0,
@@ -109,6 +120,13 @@ pub struct EngineOptions {
     pub tpot: Duration,
     /// Requests decoded at once; more wait (vLLM's `max_num_seqs`).
     pub max_running: usize,
+    /// The engine imitated.
+    pub profile: Profile,
+    /// Data-parallel engines in the process: `/metrics` has one `engine` label value each.
+    pub data_parallel: u32,
+    /// A keep-alive connection with no request for this long is closed (uvicorn's
+    /// `timeout_keep_alive`, 5 s in vLLM and MindIE's engine server).
+    pub keep_alive: Duration,
 }
 
 impl Default for EngineOptions {
@@ -122,6 +140,9 @@ impl Default for EngineOptions {
             ttft: Duration::from_millis(20),
             tpot: Duration::from_millis(5),
             max_running: 64,
+            profile: Profile::default(),
+            data_parallel: 1,
+            keep_alive: Duration::from_secs(5),
         }
     }
 }
@@ -146,6 +167,10 @@ struct Engine {
     waiting: AtomicU64,
     prompt_tokens: AtomicU64,
     generation_tokens: AtomicU64,
+    /// Finished requests (`vllm:request_success_total{finished_reason="length"}`).
+    finished: AtomicU64,
+    /// Unix time the counters were created (their `_created` lines).
+    created: f64,
     slots: Arc<Semaphore>,
     stats: Mutex<Stats>,
     listening: watch::Sender<bool>,
@@ -183,13 +208,17 @@ impl Engine {
         if max_ms == 0 {
             return Duration::ZERO;
         }
-        // xorshift: deterministic enough for a fake.
+        Duration::from_millis(self.rng_u64() % (max_ms + 1))
+    }
+
+    /// xorshift: deterministic enough for a fake.
+    fn rng_u64(&self) -> u64 {
         let mut x = self.rng.load(Ordering::Relaxed) | 1;
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
         self.rng.store(x, Ordering::Relaxed);
-        Duration::from_millis(x % (max_ms + 1))
+        x
     }
 }
 
@@ -219,6 +248,10 @@ pub async fn run(opts: EngineOptions, cancel: CancellationToken) -> std::io::Res
         waiting: AtomicU64::new(0),
         prompt_tokens: AtomicU64::new(0),
         generation_tokens: AtomicU64::new(0),
+        finished: AtomicU64::new(0),
+        created: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64()),
         stats: Mutex::new(Stats::default()),
         listening,
         rng: AtomicU64::new(0x9e37_79b9),
@@ -268,7 +301,7 @@ async fn serve_inference(engine: Arc<Engine>, cancel: CancellationToken) -> std:
         };
         tokio::select! {
             _ = cancel.cancelled() => return Ok(()),
-            _ = serve_until(listener, router.clone(), stop) => {}
+            _ = serve_until(listener, router.clone(), engine.opts.keep_alive, stop) => {}
         }
     }
 }
@@ -278,10 +311,10 @@ async fn serve_inference(engine: Arc<Engine>, cancel: CancellationToken) -> std:
 async fn serve_until(
     listener: TcpListener,
     router: Router,
+    keep_alive: Duration,
     stop: impl std::future::Future<Output = ()>,
 ) {
-    use hyper_util::rt::{TokioExecutor, TokioIo};
-    use hyper_util::server::conn::auto::Builder;
+    use hyper_util::rt::{TokioIo, TokioTimer};
     use hyper_util::service::TowerToHyperService;
     let mut conns = tokio::task::JoinSet::new();
     tokio::pin!(stop);
@@ -292,7 +325,14 @@ async fn serve_until(
                 let Ok((stream, _)) = accepted else { continue };
                 let service = TowerToHyperService::new(router.clone());
                 conns.spawn(async move {
-                    let _ = Builder::new(TokioExecutor::new()).serve_connection(TokioIo::new(stream), service).await;
+                    // HTTP/1.1 only, as uvicorn. hyper's header-read timer starts when the
+                    // connection waits for its next request, so it is uvicorn's keep-alive
+                    // idle close (tests: keep_alive_idle_close_as_uvicorn).
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .timer(TokioTimer::new())
+                        .header_read_timeout(keep_alive)
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
                 });
             }
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
@@ -340,23 +380,42 @@ fn npu_file_text(f: &Faults, usage: u8) -> String {
     }
 }
 
+/// A response with `status`, `body` and, if given, its content type (vLLM's empty `/health`
+/// has none).
+fn raw(status: u16, body: &'static str, content_type: Option<&'static str>) -> Response {
+    let code = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut r = (code, body).into_response();
+    match content_type {
+        Some(ct) => {
+            r.headers_mut()
+                .insert(header::CONTENT_TYPE, header::HeaderValue::from_static(ct));
+        }
+        None => {
+            r.headers_mut().remove(header::CONTENT_TYPE);
+        }
+    }
+    r
+}
+
 async fn health(State(e): State<Arc<Engine>>) -> Response {
     e.stats.lock().unwrap_or_else(|p| p.into_inner()).health += 1;
     let f = e.faults();
+    let profile = e.opts.profile;
     if e.paused().is_some() {
-        return (StatusCode::SERVICE_UNAVAILABLE, "").into_response();
+        return raw(503, "", None);
     }
     if f.slow_health_ms > 0 {
         tokio::time::sleep(Duration::from_millis(f.slow_health_ms)).await;
     }
     if let Some(s) = f.health_status {
-        let code = StatusCode::from_u16(s).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        return (code, "").into_response();
+        return raw(s, "", None);
     }
-    if f.health_false {
-        return (StatusCode::OK, "false").into_response();
+    if f.engine_dead || f.health_false {
+        let (status, body, ct) = profile.health_dead();
+        return raw(status, body, ct);
     }
-    (StatusCode::OK, "true").into_response()
+    let (status, body, ct) = profile.health_ok();
+    raw(status, body, ct)
 }
 
 #[derive(Debug, Deserialize)]
@@ -411,7 +470,12 @@ async fn completions(
                 .into_response();
         }
     };
-    if req.model.as_deref() != Some(e.opts.model.as_str()) {
+    // vLLM accepts a missing or empty model and answers for the served one.
+    if req
+        .model
+        .as_deref()
+        .is_some_and(|m| !m.is_empty() && m != e.opts.model)
+    {
         return (
             StatusCode::NOT_FOUND,
             axum::Json(json!({"object": "error", "message": format!("The model `{}` does not exist.", req.model.unwrap_or_default())})),
@@ -441,6 +505,15 @@ async fn completions(
         )
             .into_response();
     }
+    if f.engine_dead {
+        return (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            axum::Json(json!({"error": {"message": "The server had an error while processing your request.", "type": "InternalServerError", "param": null, "code": 500}})),
+        )
+            .into_response();
+    }
+    // vLLM echoes the caller's id; without one it makes a random one.
+    let id = id.unwrap_or_else(|| format!("{:016x}", e.rng_u64()));
     let waiting = Gauge::enter(&e.waiting);
     let Ok(permit) = e.slots.clone().acquire_owned().await else {
         return StatusCode::SERVICE_UNAVAILABLE.into_response();
@@ -450,33 +523,28 @@ async fn completions(
     let max_tokens = req.max_tokens.unwrap_or(16).clamp(1, 4096);
     let engine = e.clone();
     if req.stream {
-        let stream = async_stream(
-            engine,
-            permit,
-            n_prompt,
-            max_tokens,
-            f.garbage_body,
-            f.jitter_ms,
-        );
+        let stream = async_stream(engine, permit, n_prompt, max_tokens, &f, id);
         return Response::builder()
-            .header(header::CONTENT_TYPE, "text/event-stream")
+            .header(header::CONTENT_TYPE, "text/event-stream; charset=utf-8")
             .body(Body::from_stream(stream))
             .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response());
     }
     let _running = Gauge::enter(&e.running);
-    e.prompt_tokens.fetch_add(n_prompt, Ordering::Relaxed);
     tokio::time::sleep(e.opts.ttft).await;
+    // vLLM reports no partial prefill: the prompt counts when its first token comes out.
+    e.prompt_tokens.fetch_add(n_prompt, Ordering::Relaxed);
+    e.generation_tokens.fetch_add(1, Ordering::Relaxed);
     for _ in 1..max_tokens {
         tokio::time::sleep(e.opts.tpot + e.jitter(f.jitter_ms)).await;
         e.generation_tokens.fetch_add(1, Ordering::Relaxed);
     }
-    e.generation_tokens.fetch_add(1, Ordering::Relaxed);
+    e.finished.fetch_add(1, Ordering::Relaxed);
     drop(permit);
     if f.garbage_body {
         return (StatusCode::OK, "<html>upstream error</html>").into_response();
     }
     axum::Json(json!({
-        "id": format!("cmpl-{}", id.unwrap_or_default()),
+        "id": format!("cmpl-{id}"),
         "object": "text_completion",
         "model": e.opts.model,
         "choices": [{"index": 0, "text": " x".repeat(max_tokens as usize), "finish_reason": "length"}],
@@ -490,21 +558,32 @@ fn async_stream(
     permit: tokio::sync::OwnedSemaphorePermit,
     n_prompt: u64,
     max_tokens: u64,
-    garbage: bool,
-    jitter_ms: u64,
+    f: &Faults,
+    id: String,
 ) -> impl futures_util::Stream<Item = Result<String, std::convert::Infallible>> + Send + 'static {
     let model = e.opts.model.clone();
+    let (garbage, jitter_ms, error_after_first) = (f.garbage_body, f.jitter_ms, f.stream_error);
     let (tx, rx) = tokio::sync::mpsc::channel::<String>(4);
     tokio::spawn(async move {
         let _permit = permit;
         let _running = RunningOwned::enter(e.clone());
-        e.prompt_tokens.fetch_add(n_prompt, Ordering::Relaxed);
         tokio::time::sleep(e.opts.ttft).await;
+        // vLLM reports no partial prefill: the prompt counts when its first token comes out.
+        e.prompt_tokens.fetch_add(n_prompt, Ordering::Relaxed);
         for i in 0..max_tokens {
             if i > 0 {
                 tokio::time::sleep(e.opts.tpot + e.jitter(jitter_ms)).await;
             }
             e.generation_tokens.fetch_add(1, Ordering::Relaxed);
+            if i == 1 && error_after_first {
+                let err = e
+                    .opts
+                    .profile
+                    .stream_error("injected failure after the first token");
+                let _ = tx.send(format!("data: {err}\n\n")).await;
+                let _ = tx.send("data: [DONE]\n\n".to_owned()).await;
+                return;
+            }
             let chunk = if garbage {
                 "data: not json\n\n".to_owned()
             } else {
@@ -515,13 +594,14 @@ fn async_stream(
                 };
                 format!(
                     "data: {}\n\n",
-                    json!({"object": "text_completion", "model": model, "choices": [{"index": 0, "text": " x", "finish_reason": finish}]})
+                    json!({"id": format!("cmpl-{id}"), "object": "text_completion", "model": model, "choices": [{"index": 0, "text": " x", "finish_reason": finish}]})
                 )
             };
             if tx.send(chunk).await.is_err() {
                 return; // client gone: vLLM aborts the request
             }
         }
+        e.finished.fetch_add(1, Ordering::Relaxed);
         let _ = tx.send("data: [DONE]\n\n".to_owned()).await;
     });
     futures_util::stream::unfold(
@@ -545,46 +625,155 @@ impl Drop for RunningOwned {
 }
 
 async fn metrics(State(e): State<Arc<Engine>>) -> Response {
-    let f = e.faults();
-    let running = e.running.load(Ordering::Acquire);
-    let waiting = e.waiting.load(Ordering::Acquire);
-    let kv = (f
-        .kv_cache_usage
-        .unwrap_or_else(|| running as f64 / e.opts.max_running.max(1) as f64)
-        + f.kv_cache_pressure)
-        .clamp(0.0, 1.0);
-    let m = &e.opts.model;
-    let text = format!(
-        "# HELP vllm:num_requests_running Number of requests in model execution batches.\n\
-         # TYPE vllm:num_requests_running gauge\n\
-         vllm:num_requests_running{{engine=\"0\",model_name=\"{m}\"}} {running}\n\
-         # HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n\
-         # TYPE vllm:num_requests_waiting gauge\n\
-         vllm:num_requests_waiting{{engine=\"0\",model_name=\"{m}\"}} {waiting}\n\
-         # HELP vllm:num_requests_waiting_by_reason Number of requests waiting, by reason.\n\
-         # TYPE vllm:num_requests_waiting_by_reason gauge\n\
-         vllm:num_requests_waiting_by_reason{{engine=\"0\",model_name=\"{m}\",reason=\"capacity\"}} {waiting}\n\
-         vllm:num_requests_waiting_by_reason{{engine=\"0\",model_name=\"{m}\",reason=\"deferred\"}} 0\n\
-         # HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n\
-         # TYPE vllm:kv_cache_usage_perc gauge\n\
-         vllm:kv_cache_usage_perc{{engine=\"0\",model_name=\"{m}\"}} {kv}\n\
-         # HELP vllm:prompt_tokens_total Number of prefill tokens processed.\n\
-         # TYPE vllm:prompt_tokens_total counter\n\
-         vllm:prompt_tokens_total{{engine=\"0\",model_name=\"{m}\"}} {}\n\
-         # HELP vllm:generation_tokens_total Number of generation tokens processed.\n\
-         # TYPE vllm:generation_tokens_total counter\n\
-         vllm:generation_tokens_total{{engine=\"0\",model_name=\"{m}\"}} {}\n",
-        e.prompt_tokens.load(Ordering::Relaxed),
-        e.generation_tokens.load(Ordering::Relaxed),
-    );
+    if !e.opts.profile.serves_metrics() {
+        return (
+            StatusCode::NOT_FOUND,
+            axum::Json(json!({"detail": "Not Found"})),
+        )
+            .into_response();
+    }
     (
         [(
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        text,
+        metrics_text(&e),
     )
         .into_response()
+}
+
+/// `/metrics` as the profile's vLLM writes it: the series the agent reads, with that
+/// release's names, HELP texts, labels (`engine` per data-parallel engine, `model_name`) and
+/// the `_created` line of every counter. The queue, the tokens and the KV cache live on
+/// engine 0; the other engines read 0.
+fn metrics_text(e: &Engine) -> String {
+    use std::fmt::Write;
+    let f = e.faults();
+    let p = e.opts.profile;
+    let running = e.running.load(Ordering::Acquire) as f64;
+    let waiting = e.waiting.load(Ordering::Acquire) as f64;
+    let kv = (f
+        .kv_cache_usage
+        .unwrap_or_else(|| running / e.opts.max_running.max(1) as f64)
+        + f.kv_cache_pressure)
+        .clamp(0.0, 1.0);
+    let m = &e.opts.model;
+    let engines = e.opts.data_parallel.max(1);
+    let mut out = String::new();
+    // One series for every engine: `value` on engine 0, 0 elsewhere; `extra` labels after
+    // model_name (or before it, for request_success's finished_reason).
+    let mut series = |name: &str, kind: &str, help: &str, rows: &[(&str, f64)], before: bool| {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        // `_created` timestamps are the same on every engine.
+        let everywhere = name.ends_with("_created");
+        for i in 0..engines {
+            for (extra, v) in rows {
+                let v = if i == 0 || everywhere { *v } else { 0.0 };
+                let labels = match (extra.is_empty(), before) {
+                    (true, _) => format!("engine=\"{i}\",model_name=\"{m}\""),
+                    (false, true) => format!("engine=\"{i}\",{extra},model_name=\"{m}\""),
+                    (false, false) => format!("engine=\"{i}\",model_name=\"{m}\",{extra}"),
+                };
+                let _ = writeln!(out, "{name}{{{labels}}} {v:?}");
+            }
+        }
+    };
+    series(
+        "vllm:num_requests_running",
+        "gauge",
+        "Number of requests in model execution batches.",
+        &[("", running)],
+        false,
+    );
+    series(
+        "vllm:num_requests_waiting",
+        "gauge",
+        "Number of requests waiting to be processed.",
+        &[("", waiting)],
+        false,
+    );
+    if p.waiting_by_reason() {
+        series(
+            "vllm:num_requests_waiting_by_reason",
+            "gauge",
+            "Number of requests waiting, by reason. The reasons sum to vllm:num_requests_waiting.",
+            &[
+                ("reason=\"capacity\"", waiting),
+                ("reason=\"deferred\"", 0.0),
+            ],
+            false,
+        );
+    }
+    if p.sleep_state() {
+        series(
+            "vllm:engine_sleep_state",
+            "gauge",
+            "Engine sleep state; awake = 0 means engine is sleeping.",
+            &[
+                ("sleep_state=\"awake\"", 1.0),
+                ("sleep_state=\"weights_offloaded\"", 0.0),
+                ("sleep_state=\"discard_all\"", 0.0),
+            ],
+            false,
+        );
+    }
+    for name in p.kv_cache_names() {
+        let help = if *name == "vllm:gpu_cache_usage_perc" {
+            "GPU KV-cache usage. 1 means 100 percent usage."
+        } else {
+            "KV-cache usage. 1 means 100 percent usage."
+        };
+        series(name, "gauge", help, &[("", kv)], false);
+    }
+    let created = e.created;
+    let prompt = e.prompt_tokens.load(Ordering::Relaxed) as f64;
+    let generation = e.generation_tokens.load(Ordering::Relaxed) as f64;
+    let finished = e.finished.load(Ordering::Relaxed) as f64;
+    for (base, help, rows, before) in [
+        (
+            "vllm:prompt_tokens",
+            "Number of prefill tokens processed.",
+            vec![("", prompt)],
+            false,
+        ),
+        (
+            "vllm:generation_tokens",
+            "Number of generation tokens processed.",
+            vec![("", generation)],
+            false,
+        ),
+        (
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            ["stop", "length", "abort", "error", "repetition"]
+                .map(|r| (r, if r == "length" { finished } else { 0.0 }))
+                .to_vec(),
+            true,
+        ),
+    ] {
+        let labelled: Vec<(String, f64)> = rows
+            .iter()
+            .map(|(r, v)| {
+                let extra = if r.is_empty() {
+                    String::new()
+                } else {
+                    format!("finished_reason=\"{r}\"")
+                };
+                (extra, *v)
+            })
+            .collect();
+        let rows: Vec<(&str, f64)> = labelled.iter().map(|(l, v)| (l.as_str(), *v)).collect();
+        series(&format!("{base}_total"), "counter", help, &rows, before);
+        let created_rows: Vec<(&str, f64)> = rows.iter().map(|(l, _)| (*l, created)).collect();
+        series(
+            &format!("{base}_created"),
+            "gauge",
+            help,
+            &created_rows,
+            before,
+        );
+    }
+    out
 }
 
 async fn get_faults(State(e): State<Arc<Engine>>) -> Response {
@@ -616,6 +805,16 @@ async fn patch_faults(State(e): State<Arc<Engine>>, body: axum::body::Bytes) -> 
         Ok(f) => f,
         Err(err) => return (StatusCode::BAD_REQUEST, format!("{err}\n")).into_response(),
     };
+    if next.health_false && e.opts.profile.is_vllm() {
+        return (
+            StatusCode::BAD_REQUEST,
+            format!(
+                "health_false: vLLM {} never answers /health with false (only MindIE's engine server does: profile mindie); use engine_dead or health_status\n",
+                e.opts.profile
+            ),
+        )
+            .into_response();
+    }
     let listening = next.listening;
     *e.faults.lock().unwrap_or_else(|p| p.into_inner()) = next.clone();
     e.listening.send_replace(listening);
@@ -674,6 +873,10 @@ mod tests {
     }
 
     async fn start() -> Running {
+        start_with(Profile::default()).await
+    }
+
+    async fn start_with(profile: Profile) -> Running {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let (p, c) = (free_port(), free_port());
         let dir = std::env::temp_dir().join(format!("fake-engine-test-{p}"));
@@ -686,6 +889,7 @@ mod tests {
             npu_files: vec![npu.clone()],
             ttft: Duration::from_millis(5),
             tpot: Duration::from_millis(1),
+            profile,
             ..EngineOptions::default()
         };
         let cancel = CancellationToken::new();
@@ -767,7 +971,10 @@ mod tests {
         let r = e
             .complete(json!({"model": "m", "prompt": "x", "max_tokens": 4, "stream": true}))
             .await;
-        assert_eq!(r.headers()["content-type"], "text/event-stream");
+        assert_eq!(
+            r.headers()["content-type"],
+            "text/event-stream; charset=utf-8"
+        );
         let body = r.text().await.unwrap();
         let chunks: Vec<&str> = body.split("\n\n").filter(|c| !c.is_empty()).collect();
         assert_eq!(chunks.len(), 5, "{body}");
@@ -801,7 +1008,16 @@ mod tests {
         let t = Instant::now();
         assert_eq!(e.complete(body.clone()).await.status(), 200);
         assert!(t.elapsed() >= Duration::from_millis(150));
-        e.faults(json!({"latency_ms": 0, "health_false": true}))
+        let refused = e
+            .client
+            .post(format!("{}/fake/faults", e.control))
+            .json(&json!({"latency_ms": 0, "health_false": true}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(refused.status(), 400, "plain vLLM never answers false");
+        assert!(refused.text().await.unwrap().contains("mindie"));
+        e.faults(json!({"latency_ms": 0, "engine_dead": true}))
             .await;
         let h = e
             .client
@@ -811,9 +1027,23 @@ mod tests {
             .unwrap();
         assert_eq!(
             (h.status().as_u16(), h.text().await.unwrap()),
+            (503, String::new()),
+            "vLLM 0.33's dead engine"
+        );
+        assert_eq!(e.complete(body.clone()).await.status(), 500);
+        let mindie = start_with(Profile::Mindie).await;
+        mindie.faults(json!({"health_false": true})).await;
+        let h = mindie
+            .client
+            .get(format!("{}/health", mindie.base))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            (h.status().as_u16(), h.text().await.unwrap()),
             (200, "false".to_owned())
         );
-        e.faults(json!({"health_false": false, "pause_ms": 300}))
+        e.faults(json!({"engine_dead": false, "pause_ms": 300}))
             .await;
         assert_eq!(
             e.client

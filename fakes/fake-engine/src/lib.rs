@@ -4,3 +4,4 @@
 
 pub mod engine;
 pub mod node_manager;
+pub mod profile;

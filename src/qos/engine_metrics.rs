@@ -1,22 +1,48 @@
-//! Reading the engine's `/metrics` (vLLM's Prometheus names) for the QoS score and stall
-//! detection.
+//! Reading the engine's `/metrics` for the QoS score and stall detection: vLLM's names
+//! (every release from 0.8.5) and SGLang's.
 //!
 //! Only the few series the agent uses are read. Counts (requests, tokens) are summed over
-//! their label sets (one vLLM process can expose several data-parallel engines); KV-cache
-//! usage is a ratio, so the fullest engine's is taken. Where a series has an older name too,
-//! the first name present wins (a release exposing both is not counted twice). A series that
-//! is absent stays unknown, and a value that is not a finite, non-negative number makes the
-//! series unknown rather than wrong. The parser never panics on any text (property test).
+//! their label sets (one vLLM process exposes one `engine` label value per data-parallel
+//! engine; SGLang splits its token counters by `is_streaming`); KV-cache usage is a ratio, so
+//! the fullest engine's is taken. Where a series has several names, the first name present
+//! wins (a release exposing both vLLM names is not counted twice), and [`Sources`] records
+//! which one was read, so `/qos` and `/status/detail` name the series actually read. A
+//! series that is absent stays unknown, and a value that is not a finite, non-negative
+//! number makes the series unknown rather than wrong. `_created` lines (prometheus_client
+//! exports one per counter) are other names and never read. The parser never panics on any
+//! text (property test).
+//!
+//! Names, and where they come from:
+//! - vLLM: `vllm:kv_cache_usage_perc` from 0.11 (0.9.2–0.10.2 export it beside
+//!   `vllm:gpu_cache_usage_perc`, 0.8.5 only the old name); `vllm:num_requests_waiting_by_reason`
+//!   from 0.20.2 (absent in 0.18.0); docs/real-vllm.md has the table.
+//! - SGLang (`python/sglang/srt/observability/metrics_collector.py`, v0.5.23; older releases
+//!   in `srt/metrics/collector.py`): gauges `sglang:num_running_reqs`, `sglang:num_queue_reqs`,
+//!   `sglang:token_usage` (a 0..1 fraction of the KV pool, the fullest pool); counters
+//!   `sglang:prompt_tokens_total`, `sglang:generation_tokens_total`. SGLang has no
+//!   waiting-for-capacity series.
 
 use serde::Serialize;
 
-/// Series read from vLLM, with the names of current and older releases.
-const RUNNING: &[&str] = &["vllm:num_requests_running"];
-const WAITING: &[&str] = &["vllm:num_requests_waiting"];
+/// Series read, each with its names (current vLLM first, then older vLLM, then SGLang).
+const RUNNING: &[&str] = &["vllm:num_requests_running", "sglang:num_running_reqs"];
+const WAITING: &[&str] = &["vllm:num_requests_waiting", "sglang:num_queue_reqs"];
 const WAITING_BY_REASON: &[&str] = &["vllm:num_requests_waiting_by_reason"];
-const PROMPT_TOKENS: &[&str] = &["vllm:prompt_tokens_total", "vllm:prompt_tokens"];
-const GENERATION_TOKENS: &[&str] = &["vllm:generation_tokens_total", "vllm:generation_tokens"];
-const KV_CACHE: &[&str] = &["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"];
+const PROMPT_TOKENS: &[&str] = &[
+    "vllm:prompt_tokens_total",
+    "vllm:prompt_tokens",
+    "sglang:prompt_tokens_total",
+];
+const GENERATION_TOKENS: &[&str] = &[
+    "vllm:generation_tokens_total",
+    "vllm:generation_tokens",
+    "sglang:generation_tokens_total",
+];
+const KV_CACHE: &[&str] = &[
+    "vllm:kv_cache_usage_perc",
+    "vllm:gpu_cache_usage_perc",
+    "sglang:token_usage",
+];
 
 /// One scrape of the engine's metrics; `None` is unknown.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
@@ -33,6 +59,19 @@ pub struct EngineMetrics {
     pub generation_tokens: Option<f64>,
     /// KV-cache usage, 0..1.
     pub kv_cache_usage: Option<f64>,
+    /// The metric name each figure was read from (`None`: no sample of any of its names).
+    pub sources: Sources,
+}
+
+/// The metric name each [`EngineMetrics`] figure was read from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Sources {
+    pub running: Option<&'static str>,
+    pub waiting: Option<&'static str>,
+    pub waiting_for_capacity: Option<&'static str>,
+    pub prompt_tokens: Option<&'static str>,
+    pub generation_tokens: Option<&'static str>,
+    pub kv_cache_usage: Option<&'static str>,
 }
 
 /// Samples of one metric name: their sum and their maximum.
@@ -68,7 +107,7 @@ const SERIES: [&[&str]; 6] = [
     GENERATION_TOKENS,
     KV_CACHE,
 ];
-const MAX_NAMES: usize = 2;
+const MAX_NAMES: usize = 3;
 
 /// Byte offset of the `}` closing a label set that starts after `{`, skipping quoted
 /// values (which may hold `}`, `,` and escaped quotes).
@@ -148,7 +187,7 @@ pub fn parse(text: &str) -> EngineMetrics {
             continue;
         };
         // Most lines are other series: decided on the name alone.
-        if !name.starts_with("vllm:") {
+        if !name.starts_with("vllm:") && !name.starts_with("sglang:") {
             continue;
         }
         let Some((series, alias)) = SERIES
@@ -170,22 +209,33 @@ pub fn parse(text: &str) -> EngineMetrics {
             Err(_) => agg.bad = true,
         }
     }
-    // The first name present wins; a bad sample makes the series unknown.
-    let pick = |series: usize| -> Option<Agg> {
+    // The first name present wins; a bad sample makes the series unknown (its name is
+    // still the one read).
+    let first = |series: usize| -> Option<(Agg, &'static str)> {
         aggs[series]
             .iter()
-            .find(|a| a.present())
-            .filter(|a| !a.bad)
-            .copied()
+            .zip(SERIES[series])
+            .find(|(a, _)| a.present())
+            .map(|(a, n)| (*a, *n))
     };
-    let sum = |series: usize| pick(series).map(|a| a.total);
+    let good = |series: usize| first(series).map(|(a, _)| a).filter(|a| !a.bad);
+    let sum = |series: usize| good(series).map(|a| a.total);
+    let name = |series: usize| first(series).map(|(_, n)| n);
     EngineMetrics {
         running: sum(0),
         waiting: sum(1),
         waiting_for_capacity: sum(2),
         prompt_tokens: sum(3),
         generation_tokens: sum(4),
-        kv_cache_usage: pick(5).map(|a| a.max.min(1.0)),
+        kv_cache_usage: good(5).map(|a| a.max.min(1.0)),
+        sources: Sources {
+            running: name(0),
+            waiting: name(1),
+            waiting_for_capacity: name(2),
+            prompt_tokens: name(3),
+            generation_tokens: name(4),
+            kv_cache_usage: name(5),
+        },
     }
 }
 
@@ -253,8 +303,84 @@ vllm:request_success_total{finished_reason="stop"} 9.0
         for v in ["NaN", "-1", "+Inf", "abc"] {
             let m = parse(&format!("vllm:num_requests_running{{a=\"b\"}} {v}\n"));
             assert_eq!(m.running, None, "{v}");
+            assert_eq!(
+                m.sources.running,
+                Some("vllm:num_requests_running"),
+                "present but unreadable: {v}"
+            );
         }
         assert_eq!(parse("garbage {{{ \n}}} 1\n"), EngineMetrics::default());
+    }
+
+    // SGLang v0.5.23's names and labels (shape from its metrics_collector.py, served through
+    // prometheus_client's multiprocess collector: labels sorted, no `_created` lines); the
+    // token counters are split by `is_streaming` and summed.
+    const SGLANG: &str = r#"
+# HELP sglang:num_running_reqs The number of running requests.
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{engine_type="unified",model_name="m",moe_ep_rank="0",pp_rank="0",tp_rank="0"} 3.0
+# HELP sglang:num_queue_reqs The number of requests in the waiting queue.
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{engine_type="unified",model_name="m",moe_ep_rank="0",pp_rank="0",tp_rank="0"} 1.0
+# HELP sglang:token_usage The token usage.
+# TYPE sglang:token_usage gauge
+sglang:token_usage{engine_type="unified",model_name="m",moe_ep_rank="0",pp_rank="0",tp_rank="0"} 0.12
+# HELP sglang:prompt_tokens_total Number of prefill tokens processed.
+# TYPE sglang:prompt_tokens_total counter
+sglang:prompt_tokens_total{engine_type="unified",is_streaming="false",model_name="m"} 1234.0
+sglang:prompt_tokens_total{engine_type="unified",is_streaming="true",model_name="m"} 66.0
+# HELP sglang:generation_tokens_total Number of generation tokens processed.
+# TYPE sglang:generation_tokens_total counter
+sglang:generation_tokens_total{engine_type="unified",is_streaming="true",model_name="m"} 56.0
+sglang:time_to_first_token_seconds_count{engine_type="unified",is_streaming="true",model_name="m"} 1.0
+"#;
+
+    #[test]
+    fn reads_sglang_names() {
+        let m = parse(SGLANG);
+        assert_eq!(m.running, Some(3.0));
+        assert_eq!(m.waiting, Some(1.0));
+        assert_eq!(m.kv_cache_usage, Some(0.12));
+        assert_eq!(m.prompt_tokens, Some(1300.0), "both is_streaming values");
+        assert_eq!(m.generation_tokens, Some(56.0));
+        assert_eq!(m.waiting_for_capacity, None, "SGLang has no such series");
+        assert_eq!(
+            m.sources,
+            Sources {
+                running: Some("sglang:num_running_reqs"),
+                waiting: Some("sglang:num_queue_reqs"),
+                waiting_for_capacity: None,
+                prompt_tokens: Some("sglang:prompt_tokens_total"),
+                generation_tokens: Some("sglang:generation_tokens_total"),
+                kv_cache_usage: Some("sglang:token_usage"),
+            }
+        );
+    }
+
+    // What vLLM 0.32 exports beside the counters: `_created` lines, which must not be read
+    // as the counter; the sources name what was read, per release.
+    #[test]
+    fn created_lines_are_not_counters_and_sources_name_the_series_read() {
+        let m = parse(concat!(
+            "vllm:prompt_tokens_total{engine=\"0\",model_name=\"tiny\"} 42.0\n",
+            "vllm:prompt_tokens_created{engine=\"0\",model_name=\"tiny\"} 1.7330000000e+09\n",
+            "vllm:generation_tokens_created{engine=\"0\",model_name=\"tiny\"} 1.7330000000e+09\n",
+            "vllm:gpu_cache_usage_perc{engine=\"0\",model_name=\"tiny\"} 0.25\n",
+        ));
+        assert_eq!(m.prompt_tokens, Some(42.0));
+        assert_eq!(m.generation_tokens, None, "only its _created line: absent");
+        assert_eq!(m.sources.prompt_tokens, Some("vllm:prompt_tokens_total"));
+        assert_eq!(m.sources.generation_tokens, None);
+        assert_eq!(m.sources.kv_cache_usage, Some("vllm:gpu_cache_usage_perc"));
+        let both = parse(VLLM);
+        assert_eq!(
+            both.sources.kv_cache_usage,
+            Some("vllm:kv_cache_usage_perc")
+        );
+        assert_eq!(
+            both.sources.waiting_for_capacity,
+            Some("vllm:num_requests_waiting_by_reason")
+        );
     }
 
     // Label values may hold commas, braces and escaped quotes (model names do).
@@ -283,7 +409,7 @@ vllm:request_success_total{finished_reason="stop"} 9.0
         }
 
         #[test]
-        fn parse_never_panics_on_metric_like_lines(lines in proptest::collection::vec("vllm:[a-z_]{0,30}(\\{[a-z=\",]{0,30}\\}?)? ?[-0-9.eE+a-zA-Z]{0,12}", 0..20)) {
+        fn parse_never_panics_on_metric_like_lines(lines in proptest::collection::vec("(vllm|sglang):[a-z_]{0,30}(\\{[a-z=\",]{0,30}\\}?)? ?[-0-9.eE+a-zA-Z]{0,12}", 0..20)) {
             let _ = parse(&lines.join("\n"));
         }
     }

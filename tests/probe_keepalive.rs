@@ -1,0 +1,71 @@
+//! The keep-alive race: uvicorn (vLLM, MindIE's engine server) closes a keep-alive connection
+//! idle for 5 s, the same as the probe interval, so a probe can be written on a connection
+//! the server is closing. The agent's real probe client against the fake engine's uvicorn-like
+//! idle close, at the probe interval equal to the idle timeout (scaled: 100 ms for 5 s, with
+//! a sweep of a few milliseconds either side so the send lands on the close): no probe fails.
+#![cfg(feature = "fake-driver")]
+
+use fake_engine::engine::{EngineOptions, run};
+use npu_health_agent::probe::http::EngineClient;
+use npu_health_agent::probe::virtual_inference::Prober;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+mod support;
+
+/// 5 s scaled by 0.02.
+const IDLE: Duration = Duration::from_millis(100);
+/// Probes sent: 300 at a 5 s interval is 25 minutes of unscaled time.
+const PROBES: u32 = 300;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probes_at_the_idle_timeout_never_fail_on_a_closed_keep_alive_connection() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let [port, control] = support::stack::free_ports::<2>();
+    let cancel = CancellationToken::new();
+    let opts = EngineOptions {
+        listen: format!("127.0.0.1:{port}").parse().unwrap(),
+        control: format!("127.0.0.1:{control}").parse().unwrap(),
+        model: "m".into(),
+        ttft: Duration::from_millis(1),
+        keep_alive: IDLE,
+        ..EngineOptions::default()
+    };
+    let engine = tokio::spawn(run(opts, cancel.clone()));
+    let text = format!(
+        "[[engine]]\nengine_type = \"vllm\"\nserved_model_name = \"m\"\nhost = \"127.0.0.1\"\nport = {port}\nmgmt_port = 9001\n"
+    );
+    let spec = npu_health_agent::config::file::parse(&text, std::path::Path::new("/x/a.toml"))
+        .unwrap()
+        .engines
+        .remove(0);
+    let client = EngineClient::new(&spec).unwrap();
+    let prober = client.prober(&spec);
+    // Wait for the engine.
+    for _ in 0..200 {
+        if prober.send(Duration::from_secs(1)).await.outcome.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut failures = Vec::new();
+    for i in 0..PROBES {
+        // The probe loop sleeps the interval after each answer; the server's idle timer
+        // starts at the same moment. Sweep -3..=+3 ms around it.
+        let offset = i64::from(i % 7) - 3;
+        let pause = IDLE.as_millis() as i64 + offset;
+        tokio::time::sleep(Duration::from_millis(pause as u64)).await;
+        let r = prober.send(Duration::from_secs(2)).await;
+        if let Err(e) = r.outcome {
+            failures.push(format!("probe {i} (+{offset} ms): {e}"));
+        }
+    }
+    cancel.cancel();
+    let _ = engine.await;
+    assert!(
+        failures.is_empty(),
+        "{} of {PROBES} probes failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
