@@ -3,6 +3,7 @@
 //! its own scenario through the environment, as production gives the real one its config).
 #![allow(dead_code)]
 
+pub mod real_vllm;
 pub mod stack;
 
 use std::path::{Path, PathBuf};

@@ -696,7 +696,7 @@ fn metrics_text(e: &Engine) -> String {
         series(
             "vllm:num_requests_waiting_by_reason",
             "gauge",
-            "Number of requests waiting, by reason. The reasons sum to vllm:num_requests_waiting.",
+            "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for scheduling capacity; 'deferred' = deferred by transient constraints (LoRA budget, KV transfer, blocked status). Sum of all reasons equals vllm:num_requests_waiting.",
             &[
                 ("reason=\"capacity\"", waiting),
                 ("reason=\"deferred\"", 0.0),
@@ -708,7 +708,7 @@ fn metrics_text(e: &Engine) -> String {
         series(
             "vllm:engine_sleep_state",
             "gauge",
-            "Engine sleep state; awake = 0 means engine is sleeping.",
+            "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.",
             &[
                 ("sleep_state=\"awake\"", 1.0),
                 ("sleep_state=\"weights_offloaded\"", 0.0),

@@ -3,6 +3,7 @@
 //! fake `npu-smi` ([`npu_smi::run`]). Used only by tests, benchmarks and fake-driver builds.
 
 pub mod dcmi;
+pub mod follow;
 pub mod npu_smi;
 pub mod scenario;
 

