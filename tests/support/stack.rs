@@ -253,6 +253,16 @@ impl Drop for Stack {
 /// Minimal blocking HTTP/1.1 client over a real socket (keeps the tests free of an async
 /// runtime where they do not need one).
 pub fn http(method: &str, url: &str, body: Option<&str>) -> Option<(u16, String)> {
+    http_with(method, url, body, &[])
+}
+
+/// [`http`] with extra request headers.
+pub fn http_with(
+    method: &str,
+    url: &str,
+    body: Option<&str>,
+    headers: &[(&str, &str)],
+) -> Option<(u16, String)> {
     use std::io::{Read, Write};
     let rest = url.strip_prefix("http://")?;
     let (authority, path) = rest
@@ -261,9 +271,13 @@ pub fn http(method: &str, url: &str, body: Option<&str>) -> Option<(u16, String)
     let mut s = std::net::TcpStream::connect(authority).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
     let body = body.unwrap_or("");
+    let extra: String = headers
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}\r\n"))
+        .collect();
     write!(
         s,
-        "{method} {path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\nContent-Type: application/json\r\n{extra}Content-Length: {}\r\n\r\n{body}",
         body.len()
     )
     .ok()?;

