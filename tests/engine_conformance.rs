@@ -452,3 +452,77 @@ async fn every_profile_is_read_by_the_agent_as_its_release_writes() {
         cancel.cancel();
     }
 }
+
+// Two facts only the fake can be asked for on demand, each checked with the agent's own
+// readers: several data-parallel engines in one /metrics (summed, one `engine` label value
+// each), and an error event inside a started stream (the streamed probe fails on it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_parallel_engines_and_mid_stream_errors() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let [port, control] = support::stack::free_ports::<2>();
+    let cancel = CancellationToken::new();
+    let opts = EngineOptions {
+        listen: format!("127.0.0.1:{port}").parse().unwrap(),
+        control: format!("127.0.0.1:{control}").parse().unwrap(),
+        model: "tiny".into(),
+        data_parallel: 2,
+        ..EngineOptions::default()
+    };
+    tokio::spawn(run(opts, cancel.clone()));
+    let base = format!("http://127.0.0.1:{port}");
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let mut text = String::new();
+    for _ in 0..200 {
+        if let Ok(r) = client.get(format!("{base}/metrics")).send().await {
+            text = r.text().await.unwrap();
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let engines: BTreeSet<String> = samples(&text)
+        .into_iter()
+        .filter(|(n, _)| n == "vllm:num_requests_running")
+        .map(|(_, l)| l["engine"].clone())
+        .collect();
+    assert_eq!(engines, ["0".to_owned(), "1".to_owned()].into());
+    let r = call(
+        &client,
+        "POST",
+        &format!("{base}/v1/completions"),
+        Some(json!({"model": "tiny", "prompt": "1", "max_tokens": 2})),
+        &[],
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let m = call(&client, "GET", &format!("{base}/metrics"), None, &[]).await;
+    assert_eq!(engine_metrics::parse(&m.body).generation_tokens, Some(2.0));
+    let r = call(
+        &client,
+        "POST",
+        &format!("http://127.0.0.1:{control}/fake/faults"),
+        Some(json!({"stream_error": true})),
+        &[],
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let text = format!(
+        "[[engine]]\nengine_type = \"vllm\"\nserved_model_name = \"tiny\"\nhost = \"127.0.0.1\"\nport = {port}\nmgmt_port = 9001\n[engine.qos]\nprobe_max_tokens = 4\n"
+    );
+    let spec = npu_health_agent::config::file::parse(&text, std::path::Path::new("/x/a.toml"))
+        .unwrap()
+        .engines
+        .remove(0);
+    let client = npu_health_agent::probe::http::EngineClient::new(&spec).unwrap();
+    let r = npu_health_agent::probe::virtual_inference::Prober::send(
+        &client.prober(&spec),
+        Duration::from_secs(5),
+    )
+    .await;
+    match r.outcome {
+        Err(npu_health_agent::probe::virtual_inference::Failure::BadStream(e)) => {
+            assert!(e.contains("error"), "{e}")
+        }
+        other => panic!("a mid-stream error event must fail the probe: {other:?}"),
+    }
+    cancel.cancel();
+}

@@ -4,7 +4,10 @@
 //! missed detection or an experiment that could not run, 2 bad usage or a bad file.
 
 use clap::{Parser, Subcommand};
-use npu_health_agent::chaos::{self, experiment, run::Policy};
+use npu_health_agent::chaos::{
+    self, experiment,
+    run::{EngineKind, Policy},
+};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -34,6 +37,13 @@ enum Cmd {
         /// Only the experiments with these names.
         #[arg(long)]
         only: Vec<String>,
+        /// The engine: the fake engine, or a real vLLM started by scripts/real-vllm (faults
+        /// it cannot take are reported not_applicable).
+        #[arg(long, value_enum, default_value = "fake")]
+        engine: EngineKind,
+        /// scripts/real-vllm, for --engine vllm.
+        #[arg(long, default_value = "scripts/real-vllm")]
+        real_vllm: PathBuf,
     },
     /// Validate experiment files and print them.
     Check {
@@ -91,6 +101,8 @@ fn main() -> ExitCode {
             out,
             policy,
             only,
+            engine,
+            real_vllm,
         } => {
             if !(time_scale.is_finite() && time_scale > 0.0 && time_scale <= 10.0) {
                 eprintln!("npu-chaos: --time-scale must be in (0, 10]");
@@ -126,7 +138,9 @@ fn main() -> ExitCode {
                     return ExitCode::from(1);
                 }
             };
-            match rt.block_on(chaos::run_all(&es, &policies, time_scale, &out)) {
+            match rt.block_on(chaos::run_all(
+                &es, &policies, time_scale, &out, engine, &real_vllm,
+            )) {
                 Ok(true) => ExitCode::SUCCESS,
                 Ok(false) => ExitCode::from(1),
                 Err(e) => {

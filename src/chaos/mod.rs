@@ -6,13 +6,14 @@
 pub mod experiment;
 pub mod load;
 pub mod proxy;
+pub mod real_engine;
 pub mod report;
 pub mod run;
 pub mod stress;
 pub mod svg;
 
 use experiment::Experiment;
-use run::{Outcome, Policy, RunOptions};
+use run::{EngineKind, Outcome, Policy, RunOptions};
 use std::path::{Path, PathBuf};
 
 /// The agent binary next to this one (cargo builds both into the same directory). Refused
@@ -62,17 +63,61 @@ pub async fn run_all(
     policies: &[Policy],
     time_scale: f64,
     out: &Path,
+    engine: EngineKind,
+    real_vllm_script: &Path,
 ) -> Result<bool, String> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     std::fs::create_dir_all(out).map_err(|e| format!("{}: {e}", out.display()))?;
     // Absolute: the scenario names the NPU files, and the fake driver resolves relative names
     // against the scenario's own directory.
     let out = &std::fs::canonicalize(out).map_err(|e| format!("{}: {e}", out.display()))?;
+    if engine == EngineKind::Vllm && !real_vllm_script.is_file() {
+        return Err(format!(
+            "{} not found: --engine vllm needs the project's scripts/real-vllm (--real-vllm PATH), after `scripts/real-vllm install`",
+            real_vllm_script.display()
+        ));
+    }
     let opts = RunOptions {
         agent_exe: agent_exe()?,
         time_scale,
         out_dir: out.to_owned(),
+        engine,
+        real_vllm_script: real_vllm_script.to_owned(),
+        real: Default::default(),
     };
+    let outcomes = run_each(experiments, policies, &opts).await;
+    // The real engine is kept between experiments: stop it, however the run ended.
+    if let Some(r) = opts.real.lock().await.take() {
+        r.down().await;
+    }
+    let outcomes = outcomes?;
+    let md = report::markdown(&outcomes, policies, time_scale);
+    print!("{md}");
+    std::fs::write(out.join("summary.md"), &md).map_err(|e| e.to_string())?;
+    let summaries: Vec<report::PolicySummary> = policies
+        .iter()
+        .map(|&p| report::summarize(p, &outcomes))
+        .collect();
+    std::fs::write(
+        out.join("summary.json"),
+        serde_json::to_string_pretty(&serde_json::json!({
+            "time_scale": time_scale,
+            "engine": engine,
+            "policies": summaries,
+        }))
+        .unwrap_or_default(),
+    )
+    .map_err(|e| e.to_string())?;
+    Ok(!report::failed(&outcomes))
+}
+
+/// Runs the experiments one at a time, writing each one's timeline and chart.
+async fn run_each(
+    experiments: &[Experiment],
+    policies: &[Policy],
+    opts: &RunOptions,
+) -> Result<Vec<Outcome>, String> {
+    let (out, time_scale) = (&opts.out_dir, opts.time_scale);
     let mut outcomes: Vec<Outcome> = Vec::new();
     for e in experiments {
         for &p in policies {
@@ -82,7 +127,7 @@ pub async fn run_all(
                 e.fault,
                 p.as_str()
             );
-            let run = run::run(e, p, &opts);
+            let run = run::run(e, p, opts);
             let o = tokio::select! {
                 o = run => o,
                 _ = interrupted() => {
@@ -109,21 +154,5 @@ pub async fn run_all(
             outcomes.push(o);
         }
     }
-    let md = report::markdown(&outcomes, policies, time_scale);
-    print!("{md}");
-    std::fs::write(out.join("summary.md"), &md).map_err(|e| e.to_string())?;
-    let summaries: Vec<report::PolicySummary> = policies
-        .iter()
-        .map(|&p| report::summarize(p, &outcomes))
-        .collect();
-    std::fs::write(
-        out.join("summary.json"),
-        serde_json::to_string_pretty(&serde_json::json!({
-            "time_scale": time_scale,
-            "policies": summaries,
-        }))
-        .unwrap_or_default(),
-    )
-    .map_err(|e| e.to_string())?;
-    Ok(!report::failed(&outcomes))
+    Ok(outcomes)
 }

@@ -1,7 +1,9 @@
 //! A TCP proxy that adds latency: every client of the engine (the load and the agent)
 //! connects through it, and during a `network_latency_<N>ms` fault each chunk read from either
 //! side is delivered N later. Chunks are pipelined (a chunk read while another waits is not
-//! delayed twice), as a slow link would. The latency can change at any time.
+//! delayed twice), as a slow link would. The latency can change at any time. A jitter adds a
+//! random delay, up to its value, to each chunk from the engine (`batch_jitter_<N>ms` on a
+//! real engine: token events arrive unevenly, in order).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -16,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 #[derive(Debug, Clone)]
 pub struct Proxy {
     latency_us: Arc<AtomicU64>,
+    jitter_us: Arc<AtomicU64>,
     /// Where clients connect.
     pub addr: SocketAddr,
 }
@@ -30,7 +33,8 @@ impl Proxy {
         let listener = TcpListener::bind(listen).await?;
         let addr = listener.local_addr()?;
         let latency_us = Arc::new(AtomicU64::new(0));
-        let lat = latency_us.clone();
+        let jitter_us = Arc::new(AtomicU64::new(0));
+        let (lat, jit) = (latency_us.clone(), jitter_us.clone());
         tokio::spawn(async move {
             loop {
                 let (client, _) = tokio::select! {
@@ -40,7 +44,7 @@ impl Proxy {
                         Err(_) => continue,
                     },
                 };
-                let (lat, cancel) = (lat.clone(), cancel.clone());
+                let (lat, jit, cancel) = (lat.clone(), jit.clone(), cancel.clone());
                 tokio::spawn(async move {
                     // The engine is down (crash fault): the client sees the connection close.
                     let Ok(server) = TcpStream::connect(upstream).await else {
@@ -52,13 +56,17 @@ impl Proxy {
                     let (sr, sw) = server.into_split();
                     tokio::select! {
                         _ = cancel.cancelled() => {}
-                        _ = pipe(cr, sw, lat.clone()) => {}
-                        _ = pipe(sr, cw, lat) => {}
+                        _ = pipe(cr, sw, lat.clone(), None) => {}
+                        _ = pipe(sr, cw, lat, Some(jit)) => {}
                     }
                 });
             }
         });
-        Ok(Proxy { latency_us, addr })
+        Ok(Proxy {
+            latency_us,
+            jitter_us,
+            addr,
+        })
     }
 
     /// Sets the added one-way latency (zero: none).
@@ -66,23 +74,41 @@ impl Proxy {
         self.latency_us
             .store(d.as_micros() as u64, Ordering::Relaxed);
     }
+
+    /// Sets the largest random delay added to each chunk from the engine (zero: none).
+    pub fn set_jitter(&self, d: Duration) {
+        self.jitter_us
+            .store(d.as_micros() as u64, Ordering::Relaxed);
+    }
 }
 
-/// Copies `from` to `to`, each chunk delivered `latency` after it was read.
+/// Copies `from` to `to`, each chunk delivered `latency` (plus up to `jitter`) after it was
+/// read, in order.
 async fn pipe(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     latency_us: Arc<AtomicU64>,
+    jitter_us: Option<Arc<AtomicU64>>,
 ) {
     let (tx, mut rx) = tokio::sync::mpsc::channel::<(Instant, Vec<u8>)>(256);
     let reader = async move {
         let mut buf = vec![0u8; 16 * 1024];
+        // xorshift: enough randomness for a jitter.
+        let mut rng: u64 = 0x2545_f491_4f6c_dd1d;
         loop {
             match from.read(&mut buf).await {
                 Ok(0) | Err(_) => return,
                 Ok(n) => {
-                    let due =
-                        Instant::now() + Duration::from_micros(latency_us.load(Ordering::Relaxed));
+                    let mut delay = latency_us.load(Ordering::Relaxed);
+                    if let Some(j) = jitter_us.as_ref().map(|j| j.load(Ordering::Relaxed))
+                        && j > 0
+                    {
+                        rng ^= rng << 13;
+                        rng ^= rng >> 7;
+                        rng ^= rng << 17;
+                        delay += rng % (j + 1);
+                    }
+                    let due = Instant::now() + Duration::from_micros(delay);
                     if tx.send((due, buf[..n].to_vec())).await.is_err() {
                         return;
                     }

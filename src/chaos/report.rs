@@ -16,13 +16,20 @@ pub struct PolicySummary {
     pub by_design: usize,
     pub missed: usize,
     pub errors: usize,
+    /// Experiments whose fault this engine cannot take (`--engine vllm`); in neither count.
+    pub not_applicable: usize,
     pub median_detect_ms: Option<u64>,
     pub worst_detect_ms: Option<u64>,
 }
 
 /// Sums up the outcomes of one policy.
 pub fn summarize(policy: Policy, outcomes: &[Outcome]) -> PolicySummary {
-    let mine: Vec<&Outcome> = outcomes.iter().filter(|o| o.policy == policy).collect();
+    let all: Vec<&Outcome> = outcomes.iter().filter(|o| o.policy == policy).collect();
+    let mine: Vec<&Outcome> = all
+        .iter()
+        .copied()
+        .filter(|o| o.verdict != Verdict::NotApplicable)
+        .collect();
     let benign: Vec<&&Outcome> = mine.iter().filter(|o| o.expect == "healthy").collect();
     let faults: Vec<&&Outcome> = mine.iter().filter(|o| o.expect != "healthy").collect();
     let mut times: Vec<u64> = faults.iter().filter_map(|o| o.detected_after_ms).collect();
@@ -37,6 +44,7 @@ pub fn summarize(policy: Policy, outcomes: &[Outcome]) -> PolicySummary {
         by_design: count(Verdict::NotDetectableByDesign),
         missed: count(Verdict::Missed),
         errors: count(Verdict::Error),
+        not_applicable: all.len() - mine.len(),
         median_detect_ms: (!times.is_empty()).then(|| times[(times.len() - 1) / 2]),
         worst_detect_ms: times.last().copied(),
     }
@@ -63,20 +71,21 @@ pub fn markdown(outcomes: &[Outcome], policies: &[Policy], time_scale: f64) -> S
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "| Policy | False kills (benign) | Detected (faults) | Not detectable by design | Median time to detect | Worst time to detect |"
+        "| Policy | False kills (benign) | Detected (faults) | Not detectable by design | Not applicable | Median time to detect | Worst time to detect |"
     );
-    let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|");
+    let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|");
     for &p in policies {
         let m = summarize(p, outcomes);
         let _ = writeln!(
             s,
-            "| {} | {} / {} | {} / {} | {} | {} | {} |",
+            "| {} | {} / {} | {} / {} | {} | {} | {} | {} |",
             p.as_str(),
             m.false_kills,
             m.benign,
             m.detected,
             m.faults - m.by_design,
             m.by_design,
+            m.not_applicable,
             secs(m.median_detect_ms.map(|t| (t as f64 / time_scale) as u64)),
             secs(m.worst_detect_ms.map(|t| (t as f64 / time_scale) as u64)),
         );
@@ -160,17 +169,21 @@ mod tests {
             outcome("d", "detect_within 1m", Verdict::Pass, Some(6000)),
             outcome("e", "detect_within 1m", Verdict::Pass, Some(4000)),
             outcome("f", "detect_within 1m", Verdict::Missed, None),
+            outcome("g", "detect_within 1m", Verdict::NotApplicable, None),
+            outcome("h", "healthy", Verdict::NotApplicable, None),
         ];
         let m = summarize(Policy::Full, &os);
         assert_eq!((m.benign, m.false_kills), (2, 1));
         assert_eq!((m.faults, m.detected, m.missed), (4, 3, 1));
+        assert_eq!(m.not_applicable, 2, "neither a pass nor a failure");
+        assert!(!failed(&os[6..]), "not applicable does not fail the run");
         assert_eq!(m.median_detect_ms, Some(4000));
         assert_eq!(m.worst_detect_ms, Some(6000));
         assert!(failed(&os));
         assert!(!failed(&os[..1]));
         let md = markdown(&os, &[Policy::Full], 0.1);
         assert!(
-            md.contains("| full | 1 / 2 | 3 / 4 | 0 | 40.0 s | 60.0 s |"),
+            md.contains("| full | 1 / 2 | 3 / 4 | 0 | 2 | 40.0 s | 60.0 s |"),
             "{md}"
         );
         // Every row of the per-experiment table has as many cells as its header.

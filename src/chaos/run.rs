@@ -10,10 +10,15 @@
 //! for `duration` (guards evaluated at every sample), then observation: until detection or
 //! `detect_within` for a fault, 30 s after the fault for a benign experiment, so that a late
 //! kill is still seen.
+//!
+//! With `--engine vllm` the engine is a real vLLM ([`super::real_engine`]): the agent's and
+//! Node Manager's intervals are still scaled, the engine runs at its own speed, and a fault
+//! that cannot be injected into it ends as `not_applicable`, never as a pass.
 
 use super::experiment::{Expect, Experiment, Fault, Guard};
 use super::load::LoadGen;
 use super::proxy::Proxy;
+use super::real_engine::{self, RealEngine};
 use super::stress::CpuStress;
 use crate::qos::engine_metrics;
 use fake_engine::node_manager::{self, NmOptions};
@@ -46,6 +51,16 @@ impl Policy {
     }
 }
 
+/// Which engine the experiments run against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum EngineKind {
+    /// The fake engine (the agent binary's `fake-engine`), faults through its control API.
+    Fake,
+    /// A real vLLM started by `scripts/real-vllm`, faults injected for real.
+    Vllm,
+}
+
 /// How to run experiments.
 #[derive(Debug, Clone)]
 pub struct RunOptions {
@@ -54,6 +69,21 @@ pub struct RunOptions {
     pub time_scale: f64,
     /// Where each experiment's files and logs go.
     pub out_dir: PathBuf,
+    pub engine: EngineKind,
+    /// `scripts/real-vllm` (for `EngineKind::Vllm`).
+    pub real_vllm_script: PathBuf,
+    /// The real engine, kept between experiments (`None` inside: not started, or killed).
+    pub real: std::sync::Arc<tokio::sync::Mutex<Option<RealEngine>>>,
+}
+
+impl RunOptions {
+    /// The model the engine serves.
+    fn model(&self) -> &'static str {
+        match self.engine {
+            EngineKind::Fake => "m",
+            EngineKind::Vllm => "tiny",
+        }
+    }
 }
 
 /// One sample of the timeline.
@@ -97,6 +127,9 @@ pub enum Verdict {
     NotDetectableByDesign,
     /// The experiment could not run (the stack did not come up).
     Error,
+    /// The fault cannot be injected into this engine (the reason is in `error`); neither a
+    /// pass nor a failure.
+    NotApplicable,
 }
 
 /// The result of one experiment under one policy.
@@ -153,7 +186,14 @@ fn fmt_duration(d: Duration) -> String {
 const LATE_KILL_TAIL: Duration = Duration::from_secs(55);
 
 /// The agent's config for one experiment.
-fn agent_toml(engine_port: u16, mgmt_port: u16, devices: usize, policy: Policy, s: f64) -> String {
+fn agent_toml(
+    engine_port: u16,
+    mgmt_port: u16,
+    devices: usize,
+    policy: Policy,
+    s: f64,
+    model: &str,
+) -> String {
     let d = |secs: f64| fmt_duration(Duration::from_secs_f64(secs * s));
     let full = policy == Policy::Full;
     let ids: Vec<String> = (0..devices).map(|i| i.to_string()).collect();
@@ -165,7 +205,7 @@ driver_call_deadline = "{deadline}"
 [[engine]]
 name = "chaos"
 engine_type = "vllm"
-served_model_name = "m"
+served_model_name = "{model}"
 host = "127.0.0.1"
 port = {engine_port}
 mgmt_port = {mgmt_port}
@@ -209,6 +249,10 @@ eviction = {full}
 struct Stack {
     dir: PathBuf,
     engine: Option<Child>,
+    /// The real engine (`--engine vllm`) and the follower writing its Worker's CPU use as
+    /// the NPUs' AI Cube figure.
+    real: Option<(RealEngine, npu_fake::follow::CpuFollower)>,
+    real_slot: std::sync::Arc<tokio::sync::Mutex<Option<RealEngine>>>,
     agent: Child,
     engine_port: u16,
     control: String,
@@ -241,33 +285,60 @@ impl Stack {
             ));
         }
         std::fs::write(&scenario, text).map_err(|e| e.to_string())?;
-        let [engine_port, control_port, mgmt_port] =
+        let [fake_port, control_port, mgmt_port] =
             crate::fake::free_ports().map_err(|e| format!("no free port: {e}"))?;
         let log = |name: &str| -> Result<std::process::Stdio, String> {
             std::fs::File::create(dir.join(name))
                 .map(std::process::Stdio::from)
                 .map_err(|e| e.to_string())
         };
-        let mut engine_cmd = Command::from(crate::fake::engine_command(
-            &opts.agent_exe,
-            engine_port,
-            control_port,
-            "m",
-            &npu_files,
-        ));
-        engine_cmd
-            .args([
-                "--ttft",
-                &fmt_duration(scaled(Duration::from_millis(20), s)),
-            ])
-            .args(["--tpot", &fmt_duration(scaled(Duration::from_millis(5), s))])
-            // vLLM's default max_num_seqs: long streams run instead of queueing.
-            .args(["--max-running", "256"])
-            .stderr(log("engine.log")?)
-            .kill_on_drop(true);
-        let engine = engine_cmd
-            .spawn()
-            .map_err(|e| format!("starting the fake engine: {e}"))?;
+        let (engine, real, engine_port) = match opts.engine {
+            EngineKind::Fake => {
+                let mut engine_cmd = Command::from(crate::fake::engine_command(
+                    &opts.agent_exe,
+                    fake_port,
+                    control_port,
+                    "m",
+                    &npu_files,
+                ));
+                engine_cmd
+                    .args([
+                        "--ttft",
+                        &fmt_duration(scaled(Duration::from_millis(20), s)),
+                    ])
+                    .args(["--tpot", &fmt_duration(scaled(Duration::from_millis(5), s))])
+                    // vLLM's default max_num_seqs: long streams run instead of queueing.
+                    .args(["--max-running", "256"])
+                    .stderr(log("engine.log")?)
+                    .kill_on_drop(true);
+                let engine = engine_cmd
+                    .spawn()
+                    .map_err(|e| format!("starting the fake engine: {e}"))?;
+                (Some(engine), None, fake_port)
+            }
+            EngineKind::Vllm => {
+                let mut slot = opts.real.lock().await;
+                let reuse = slot.as_ref().filter(|r| r.alive()).cloned();
+                let r = match reuse {
+                    Some(r) => r,
+                    None => {
+                        if let Some(old) = slot.take() {
+                            old.down().await;
+                        }
+                        eprintln!("npu-chaos:   starting a real vLLM (scripts/real-vllm up) ...");
+                        RealEngine::up(&opts.real_vllm_script).await?
+                    }
+                };
+                *slot = Some(r.clone());
+                let follower = npu_fake::follow::CpuFollower::spawn(
+                    r.worker_pid_file(),
+                    npu_files.clone(),
+                    Duration::from_millis(100),
+                );
+                let port = r.port;
+                (None, Some((r, follower)), port)
+            }
+        };
         // In process, so it binds port 0 and there is no pick-then-bind race.
         let proxy_cancel = cancel.child_token();
         let proxy = Proxy::start(loopback(0), loopback(engine_port), proxy_cancel.clone())
@@ -276,7 +347,14 @@ impl Stack {
         let toml = dir.join("agent.toml");
         std::fs::write(
             &toml,
-            agent_toml(proxy.addr.port(), mgmt_port, npu_files.len(), policy, s),
+            agent_toml(
+                proxy.addr.port(),
+                mgmt_port,
+                npu_files.len(),
+                policy,
+                s,
+                opts.model(),
+            ),
         )
         .map_err(|e| e.to_string())?;
         let agent = Command::new(&opts.agent_exe)
@@ -297,7 +375,9 @@ impl Stack {
             .map_err(|e| e.to_string())?;
         Ok(Stack {
             dir: dir.to_owned(),
-            engine: Some(engine),
+            engine,
+            real,
+            real_slot: opts.real.clone(),
             agent,
             engine_port,
             control: format!("http://127.0.0.1:{control_port}"),
@@ -306,6 +386,14 @@ impl Stack {
             proxy_cancel,
             http,
         })
+    }
+
+    /// Sends `sig` to the real engine's EngineCore.
+    async fn signal_real(&self, sig: &str) -> Result<(), String> {
+        match &self.real {
+            Some((r, _)) => r.signal_core(sig).await,
+            None => Err("no real engine".to_owned()),
+        }
     }
 
     async fn get_json(&self, url: &str) -> Option<Value> {
@@ -354,9 +442,21 @@ impl Stack {
         engine_metrics::parse(&text).waiting
     }
 
+    /// Kills the engine, as Node Manager's daemon does (a real one: every process of it).
     async fn kill_engine(&mut self) {
         if let Some(mut e) = self.engine.take() {
             let _ = e.kill().await;
+        }
+        if let Some((r, _)) = self.real.take() {
+            r.down().await;
+            *self.real_slot.lock().await = None;
+        }
+    }
+
+    /// Points the NPUs at `text` instead of the real Worker's CPU (`None`: follow it again).
+    fn npu_override(&self, text: Option<&str>) {
+        if let Some((_, f)) = &self.real {
+            f.set_override(text.map(str::to_owned));
         }
     }
 
@@ -396,8 +496,13 @@ impl Stack {
         }
     }
 
-    /// Kills and reaps the stack's processes and stops its proxy.
+    /// Kills and reaps the stack's processes and stops its proxy. A real engine that is
+    /// still healthy is kept for the next experiment (only its stop signal is undone).
     async fn stop(mut self) {
+        if let Some((r, f)) = self.real.take() {
+            drop(f);
+            let _ = r.signal_core("CONT").await;
+        }
         self.kill_engine().await;
         let _ = self.agent.kill().await;
         self.proxy_cancel.cancel();
@@ -495,8 +600,12 @@ async fn inject(
             st.set(p);
             held.stress = Some(st);
         }
-        Fault::LongStreams(n) => held.long_streams = Some(load.long_streams(n, 4096)),
+        Fault::LongStreams(n) => {
+            held.long_streams = Some(load.long_streams(n, long_stream_tokens(stack)))
+        }
+        Fault::EngineCrash if stack.real.is_some() => stack.signal_real("KILL").await?,
         Fault::EngineCrash => stack.kill_engine().await,
+        other if stack.real.is_some() => inject_real(stack, other, s).await?,
         other => {
             if let Some((on, _)) = engine_patches(other, s) {
                 stack.faults(on).await?;
@@ -507,9 +616,52 @@ async fn inject(
     Ok(())
 }
 
+/// Tokens asked for by each `long_streams_<N>` stream: 4096, or what a real engine's
+/// context (1024 tokens for the test model) leaves after the prompt.
+fn long_stream_tokens(stack: &Stack) -> u32 {
+    if stack.real.is_some() { 512 } else { 4096 }
+}
+
+/// The faults of a real engine: signals to its EngineCore, the fake NPUs' figure, the proxy.
+async fn inject_real(stack: &mut Stack, fault: Fault, s: f64) -> Result<(), String> {
+    match fault {
+        Fault::EngineHang => stack.signal_real("STOP").await?,
+        // The engine stopped, the NPU spinning on a stuck kernel.
+        Fault::NpuBusyStuck => {
+            stack.npu_override(Some("95"));
+            stack.signal_real("STOP").await?;
+        }
+        // The engine stopped, the NPU idle with its memory full.
+        Fault::NpuHangIdle => {
+            stack.npu_override(Some("0 hbm_used_mb=65536"));
+            stack.signal_real("STOP").await?;
+        }
+        Fault::DriverError => stack.npu_override(Some("error:-8005")),
+        Fault::DriverHang => stack.npu_override(Some("hang")),
+        Fault::BatchJitter(d) => stack.proxy.set_jitter(scaled(d, s)),
+        other => {
+            return Err(format!(
+                "{other} cannot be injected into a real engine: {}",
+                real_engine::not_applicable(other).unwrap_or("no injection defined")
+            ));
+        }
+    }
+    Ok(())
+}
+
 async fn remove(stack: &mut Stack, load: &LoadGen, fault: Fault, s: f64, held: &mut Injected) {
     load.set_under_fault(false);
     stack.proxy.set_latency(Duration::ZERO);
+    stack.proxy.set_jitter(Duration::ZERO);
+    if stack.real.is_some() {
+        stack.npu_override(None);
+        if matches!(
+            fault,
+            Fault::EngineHang | Fault::NpuBusyStuck | Fault::NpuHangIdle
+        ) {
+            let _ = stack.signal_real("CONT").await;
+        }
+    }
     if let Some(st) = held.stress.take() {
         tokio::task::spawn_blocking(move || st.stop()).await.ok();
     }
@@ -583,6 +735,13 @@ pub async fn run(e: &Experiment, policy: Policy, opts: &RunOptions) -> Outcome {
         error: None,
         timeline: Vec::new(),
     };
+    if opts.engine == EngineKind::Vllm
+        && let Some(why) = real_engine::not_applicable(e.fault)
+    {
+        out.verdict = Verdict::NotApplicable;
+        out.error = Some(why.to_owned());
+        return out;
+    }
     let cancel = CancellationToken::new();
     let dir = opts.out_dir.join(policy.as_str()).join(&e.name);
     let result = run_inner(e, policy, opts, &dir, &cancel, &mut out).await;
@@ -628,8 +787,8 @@ async fn run_inner(
     let mut stack = Stack::start_ready(opts, dir, policy, cancel, limit).await?;
     let load = LoadGen::start(
         &format!("http://{}", stack.proxy.addr),
-        "m",
-        &e.load,
+        opts.model(),
+        &fit_load(&e.load, opts.engine),
         s,
         cancel.child_token(),
     );
@@ -647,6 +806,18 @@ async fn run_inner(
     let (ok, failed, tokens, under) = load.stats.snapshot();
     out.load = json!({"ok": ok, "failed": failed, "tokens": tokens, "tokens_under_fault": under});
     result
+}
+
+/// The experiment's load as the engine can take it: a real engine's test model has a
+/// 1024-token context, so prompts are cut to 128 words ("tok ", up to 2 tokens each) and
+/// answers to 512 tokens.
+fn fit_load(load: &super::experiment::Load, engine: EngineKind) -> super::experiment::Load {
+    let mut l = load.clone();
+    if engine == EngineKind::Vllm {
+        l.prompt_tokens = l.prompt_tokens.min(128);
+        l.max_tokens = l.max_tokens.min(512);
+    }
+    l
 }
 
 /// The experiment's timeline: baseline, fault (with guards), observation.

@@ -189,6 +189,30 @@ mod tests {
         assert_eq!(s.calls(), 4);
     }
 
+    // Both engines the agent serves: plain vLLM answers 200 with an empty body, and 503 with
+    // an empty body once its engine core is dead (500 up to 0.10); MindIE's engine server
+    // answers JSON `true` / `false`.
+    #[tokio::test]
+    async fn vllm_empty_bodies_and_mindie_booleans() {
+        let s = Script::new(vec![
+            ok(""),
+            Fetch::Response {
+                status: 503,
+                body: String::new(),
+            },
+            ok("true"),
+            ok("false"),
+        ]);
+        let mut c = HealthCollector::new(&s, Duration::from_secs(5), 3);
+        assert_eq!(c.probe().await, HealthOutcome::Healthy, "vLLM's empty 200");
+        assert!(matches!(
+            c.probe().await,
+            HealthOutcome::Unhealthy { ref reason, unreachable: false, .. } if reason.contains("503")
+        ));
+        assert_eq!(c.probe().await, HealthOutcome::Healthy, "MindIE's true");
+        assert!(matches!(c.probe().await, HealthOutcome::Unhealthy { .. }));
+    }
+
     // ConnectError, never connected → raises after 1 get (no retry).
     #[tokio::test]
     async fn connect_error_is_not_retried() {

@@ -15,10 +15,12 @@
 //! (docs/real-vllm.md).
 //! The process is named by a PID file, read every period, so a restarted engine is followed;
 //! while the file names no live process the figure is 0 (a dead engine computes nothing).
+//! [`CpuFollower::set_override`] writes a fixed text instead (a driver fault such as
+//! `error:-8005` or `hang`, or a stuck kernel's `95`), until cleared.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -60,6 +62,7 @@ fn read_pid(file: &Path) -> Option<u32> {
 /// A thread writing a process's CPU use into fake NPU files until dropped.
 pub struct CpuFollower {
     stop: Arc<AtomicBool>,
+    fixed: Arc<Mutex<Option<String>>>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -68,7 +71,8 @@ impl CpuFollower {
     /// every `period` (atomically: a temporary file renamed over the output).
     pub fn spawn(pid_file: PathBuf, outputs: Vec<PathBuf>, period: Duration) -> CpuFollower {
         let stop = Arc::new(AtomicBool::new(false));
-        let s = stop.clone();
+        let fixed: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
+        let (s, f) = (stop.clone(), fixed.clone());
         let thread = std::thread::Builder::new()
             .name("cpu-follower".into())
             .spawn(move || {
@@ -83,9 +87,14 @@ impl CpuFollower {
                         _ => 0,
                     };
                     last = sample.map(|(p, c)| (p, c, now));
+                    let text = f
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .clone()
+                        .unwrap_or_else(|| pct.to_string());
                     for out in &outputs {
                         let tmp = out.with_extension("follow-tmp");
-                        if std::fs::write(&tmp, format!("{pct}\n")).is_ok() {
+                        if std::fs::write(&tmp, format!("{text}\n")).is_ok() {
                             let _ = std::fs::rename(&tmp, out);
                         }
                     }
@@ -95,8 +104,14 @@ impl CpuFollower {
             .expect("spawn the cpu follower thread");
         CpuFollower {
             stop,
+            fixed,
             thread: Some(thread),
         }
+    }
+
+    /// Writes `text` instead of the CPU figure (`None`: follow the process again).
+    pub fn set_override(&self, text: Option<String>) {
+        *self.fixed.lock().unwrap_or_else(|p| p.into_inner()) = text;
     }
 }
 
@@ -152,6 +167,10 @@ mod tests {
             .trim()
             .parse()
             .unwrap();
+        f.set_override(Some("error:-8005".into()));
+        std::thread::sleep(Duration::from_millis(200));
+        let fixed = std::fs::read_to_string(&out).unwrap();
+        f.set_override(None);
         spin.store(false, Ordering::Relaxed);
         spinner.join().unwrap();
         std::fs::write(&pid_file, "999999999").unwrap();
@@ -164,6 +183,7 @@ mod tests {
         drop(f);
         let _ = std::fs::remove_dir_all(&dir);
         assert!(busy >= 50, "a spinning thread: {busy}");
+        assert_eq!(fixed, "error:-8005\n");
         assert_eq!(gone, 0);
     }
 }
