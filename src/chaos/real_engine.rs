@@ -55,8 +55,13 @@ pub struct RealEngine {
 }
 
 impl RealEngine {
-    /// Starts one with `script` (`scripts/real-vllm`).
+    /// Starts one with `script` (`scripts/real-vllm`), after stopping whatever an earlier
+    /// run left of the runner's instance (a run that was killed cannot have stopped it).
     pub async fn up(script: &Path) -> Result<RealEngine, String> {
+        let _ = Command::new(script)
+            .args(["down", "--name", INSTANCE])
+            .output()
+            .await;
         let out = Command::new(script)
             .args(["up", "--name", INSTANCE])
             .output()
@@ -85,6 +90,13 @@ impl RealEngine {
             engine_core_pid: num("engine_core_pid")?,
             state: PathBuf::from(kv.get("state").copied().unwrap_or_default()),
         })
+    }
+
+    /// Copies the engine's log, as it is now, to `to` (the experiment's directory keeps the
+    /// log of the engine that served it; the instance's own log is rewritten by the next
+    /// start).
+    pub fn save_log(&self, to: &Path) {
+        let _ = std::fs::copy(self.state.join("vllm.log"), to);
     }
 
     /// The file holding the Worker's PID.

@@ -449,6 +449,7 @@ impl Stack {
         }
         if let Some((r, _)) = self.real.take() {
             r.down().await;
+            r.save_log(&self.dir.join("vllm.log"));
             *self.real_slot.lock().await = None;
         }
     }
@@ -502,6 +503,7 @@ impl Stack {
         if let Some((r, f)) = self.real.take() {
             drop(f);
             let _ = r.signal_core("CONT").await;
+            r.save_log(&self.dir.join("vllm.log"));
         }
         self.kill_engine().await;
         let _ = self.agent.kill().await;
@@ -801,6 +803,9 @@ async fn run_inner(
     let nm_thread = start_node_manager(nm, nm_cancel.clone(), kill_tx)
         .map_err(|e| format!("starting the Node Manager emulator: {e}"))?;
     let result = observe(e, &mut stack, &load, &mut kill_rx, sample_every, s, out).await;
+    if let Some((r, _)) = &stack.real {
+        r.save_log(&dir.join("vllm.log"));
+    }
     nm_cancel.cancel();
     let _ = tokio::task::spawn_blocking(move || nm_thread.join()).await;
     let (ok, failed, tokens, under) = load.stats.snapshot();
@@ -868,6 +873,21 @@ async fn observe(
             out.killed_at_ms = Some(rel(at));
             // What Node Manager's daemon does: the engine process goes.
             stack.kill_engine().await;
+        }
+        // A real engine that died by itself (not by a crash fault, not by Node Manager's
+        // kill) ends the experiment as an error: whatever the agent concluded after that is
+        // about a dead engine, so it is neither a false kill nor a detection.
+        if let Some((r, _)) = &stack.real
+            && killed.is_none()
+            && !(e.fault == Fault::EngineCrash && first_injected.is_some())
+            && !r.alive()
+        {
+            r.save_log(&stack.dir.join("vllm.log"));
+            break Err(format!(
+                "the real vLLM died by itself {:.1} s into the experiment (unscaled), not killed by the fault or Node Manager; its log: {}",
+                rel(now) as f64 / 1000.0 / s,
+                stack.dir.join("vllm.log").display()
+            ));
         }
         let in_window = now >= t0 && now < fault_end;
         let status = stack.status().await;
