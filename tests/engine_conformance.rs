@@ -12,6 +12,7 @@ mod support;
 
 use fake_engine::engine::{EngineOptions, run};
 use fake_engine::profile::Profile;
+use npu_health_agent::probe::virtual_inference::Prober;
 use npu_health_agent::qos::engine_metrics::{self, EngineMetrics};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
@@ -278,19 +279,15 @@ async fn conform(base: &str, model: &str) -> Vec<String> {
         .and_then(|a| a.rsplit_once(':'))
         .unwrap();
     for tokens in [1, 4] {
-        let text = format!(
-            "[[engine]]\nengine_type = \"vllm\"\nserved_model_name = \"{model}\"\nhost = \"{host}\"\nport = {port}\nmgmt_port = 9001\n[engine.qos]\nprobe_max_tokens = {tokens}\n"
+        let spec = support::engine_spec(
+            host,
+            port.parse().unwrap(),
+            model,
+            &format!("[engine.qos]\nprobe_max_tokens = {tokens}\n"),
         );
-        let spec = npu_health_agent::config::file::parse(&text, std::path::Path::new("/x/a.toml"))
-            .unwrap()
-            .engines
-            .remove(0);
-        let client = npu_health_agent::probe::http::EngineClient::new(&spec).unwrap();
-        let r = npu_health_agent::probe::virtual_inference::Prober::send(
-            &client.prober(&spec),
-            Duration::from_secs(5),
-        )
-        .await;
+        let r = support::agent_prober(&spec)
+            .send(Duration::from_secs(5))
+            .await;
         assert_eq!(r.outcome, Ok(()), "probe of {tokens} token(s)");
         if tokens > 1 {
             assert!(r.ttft.is_some() && r.tpot.is_some(), "{r:?}");
@@ -330,6 +327,15 @@ async fn keep_alive_close(base: &str) -> String {
 
 /// The fake engine at `profile`: (base URL, control URL, its cancellation).
 async fn fake(profile: Profile) -> (String, String, CancellationToken) {
+    fake_with(EngineOptions {
+        profile,
+        ..EngineOptions::default()
+    })
+    .await
+}
+
+/// The fake engine serving `tiny` with `opts` on free ports, once it answers.
+async fn fake_with(opts: EngineOptions) -> (String, String, CancellationToken) {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let [port, control] = support::stack::free_ports::<2>();
     let cancel = CancellationToken::new();
@@ -337,8 +343,7 @@ async fn fake(profile: Profile) -> (String, String, CancellationToken) {
         listen: format!("127.0.0.1:{port}").parse().unwrap(),
         control: format!("127.0.0.1:{control}").parse().unwrap(),
         model: "tiny".into(),
-        profile,
-        ..EngineOptions::default()
+        ..opts
     };
     tokio::spawn(run(opts, cancel.clone()));
     let base = format!("http://127.0.0.1:{port}");
@@ -458,27 +463,16 @@ async fn every_profile_is_read_by_the_agent_as_its_release_writes() {
 // each), and an error event inside a started stream (the streamed probe fails on it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn data_parallel_engines_and_mid_stream_errors() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let [port, control] = support::stack::free_ports::<2>();
-    let cancel = CancellationToken::new();
-    let opts = EngineOptions {
-        listen: format!("127.0.0.1:{port}").parse().unwrap(),
-        control: format!("127.0.0.1:{control}").parse().unwrap(),
-        model: "tiny".into(),
+    let (base, control, cancel) = fake_with(EngineOptions {
         data_parallel: 2,
         ..EngineOptions::default()
-    };
-    tokio::spawn(run(opts, cancel.clone()));
-    let base = format!("http://127.0.0.1:{port}");
+    })
+    .await;
+    let port: u16 = base.rsplit(':').next().unwrap().parse().unwrap();
     let client = reqwest::Client::builder().no_proxy().build().unwrap();
-    let mut text = String::new();
-    for _ in 0..200 {
-        if let Ok(r) = client.get(format!("{base}/metrics")).send().await {
-            text = r.text().await.unwrap();
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let text = call(&client, "GET", &format!("{base}/metrics"), None, &[])
+        .await
+        .body;
     let engines: BTreeSet<String> = samples(&text)
         .into_iter()
         .filter(|(n, _)| n == "vllm:num_requests_running")
@@ -499,25 +493,21 @@ async fn data_parallel_engines_and_mid_stream_errors() {
     let r = call(
         &client,
         "POST",
-        &format!("http://127.0.0.1:{control}/fake/faults"),
+        &format!("{control}/fake/faults"),
         Some(json!({"stream_error": true})),
         &[],
     )
     .await;
     assert_eq!(r.status, 200);
-    let text = format!(
-        "[[engine]]\nengine_type = \"vllm\"\nserved_model_name = \"tiny\"\nhost = \"127.0.0.1\"\nport = {port}\nmgmt_port = 9001\n[engine.qos]\nprobe_max_tokens = 4\n"
+    let spec = support::engine_spec(
+        "127.0.0.1",
+        port,
+        "tiny",
+        "[engine.qos]\nprobe_max_tokens = 4\n",
     );
-    let spec = npu_health_agent::config::file::parse(&text, std::path::Path::new("/x/a.toml"))
-        .unwrap()
-        .engines
-        .remove(0);
-    let client = npu_health_agent::probe::http::EngineClient::new(&spec).unwrap();
-    let r = npu_health_agent::probe::virtual_inference::Prober::send(
-        &client.prober(&spec),
-        Duration::from_secs(5),
-    )
-    .await;
+    let r = support::agent_prober(&spec)
+        .send(Duration::from_secs(5))
+        .await;
     match r.outcome {
         Err(npu_health_agent::probe::virtual_inference::Failure::BadStream(e)) => {
             assert!(e.contains("error"), "{e}")

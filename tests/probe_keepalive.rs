@@ -6,7 +6,6 @@
 #![cfg(feature = "fake-driver")]
 
 use fake_engine::engine::{EngineOptions, run};
-use npu_health_agent::probe::http::EngineClient;
 use npu_health_agent::probe::virtual_inference::Prober;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -32,15 +31,7 @@ async fn probes_at_the_idle_timeout_never_fail_on_a_closed_keep_alive_connection
         ..EngineOptions::default()
     };
     let engine = tokio::spawn(run(opts, cancel.clone()));
-    let text = format!(
-        "[[engine]]\nengine_type = \"vllm\"\nserved_model_name = \"m\"\nhost = \"127.0.0.1\"\nport = {port}\nmgmt_port = 9001\n"
-    );
-    let spec = npu_health_agent::config::file::parse(&text, std::path::Path::new("/x/a.toml"))
-        .unwrap()
-        .engines
-        .remove(0);
-    let client = EngineClient::new(&spec).unwrap();
-    let prober = client.prober(&spec);
+    let prober = support::agent_prober(&support::engine_spec("127.0.0.1", port, "m", ""));
     // Wait for the engine.
     for _ in 0..200 {
         if prober.send(Duration::from_secs(1)).await.outcome.is_ok() {

@@ -7,56 +7,15 @@
 mod support;
 
 use serde_json::Value;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
-use support::stack::{Stack, http};
+use support::load::Load;
+use support::stack::Stack;
 
 /// QoS evaluated every 500 ms from scrapes every 500 ms (defaults: 5 s and 5 s).
 const FAST_QOS: &str = "[engine.qos]\nperiod = \"500ms\"\nmetrics_period = \"500ms\"\n";
 
-/// Streaming load on the engine: `threads` clients, each sending `tokens`-token streams back
-/// to back, started `stagger` apart so their phases stay spread out.
-struct Load {
-    stop: Arc<AtomicBool>,
-    threads: Vec<std::thread::JoinHandle<u32>>,
-}
-
-impl Load {
-    fn start(stack: &Stack, threads: usize, tokens: u32, stagger: Duration) -> Load {
-        let stop = Arc::new(AtomicBool::new(false));
-        let url = format!("http://127.0.0.1:{}/v1/completions", stack.engine_port);
-        let handles = (0..threads)
-            .map(|i| {
-                let (stop, url) = (stop.clone(), url.clone());
-                std::thread::spawn(move || {
-                    std::thread::sleep(stagger * i as u32);
-                    let body = format!(
-                        r#"{{"model": "m", "prompt": "a long prompt for the load", "max_tokens": {tokens}, "stream": true}}"#
-                    );
-                    let mut done = 0;
-                    while !stop.load(Ordering::Relaxed) {
-                        if http("POST", &url, Some(&body))
-                            .is_some_and(|(c, b)| c == 200 && b.contains("[DONE]"))
-                        {
-                            done += 1;
-                        }
-                    }
-                    done
-                })
-            })
-            .collect();
-        Load {
-            stop,
-            threads: handles,
-        }
-    }
-
-    /// Stops the clients; streams completed.
-    fn stop(self) -> u32 {
-        self.stop.store(true, Ordering::Relaxed);
-        self.threads.into_iter().map(|h| h.join().unwrap()).sum()
-    }
+fn engine_base(stack: &Stack) -> String {
+    format!("http://127.0.0.1:{}", stack.engine_port)
 }
 
 /// Polls `/qos` and `/status` every 100 ms for `d`; returns the `/qos` objects and bodies.
@@ -96,7 +55,13 @@ fn high_latency_under_load_is_throttle_at_worst() {
     stack.faults(r#"{"latency_ms": 300}"#);
     // 16 clients of 2 s streams (400 tokens × 5 ms), spread over one cycle: requests are
     // always running and tokens always advancing.
-    let load = Load::start(&stack, 16, 400, Duration::from_millis(150));
+    let load = Load::start(
+        &engine_base(&stack),
+        "m",
+        16,
+        400,
+        Duration::from_millis(150),
+    );
     let (mut qos, mut status) = watch(&stack, Duration::from_secs(8));
     let streams = load.stop();
     assert!(streams >= 16, "the load ran: {streams} streams");
@@ -163,7 +128,13 @@ fn full_kv_cache_and_hbm_on_a_healthy_engine_is_not_below_throttle() {
         "hbm_total_mb = 65536\nhbm_used_mb = 60293",
     );
     stack.faults(r#"{"kv_cache_usage": 0.95}"#);
-    let load = Load::start(&stack, 2, 100, Duration::from_millis(100));
+    let load = Load::start(
+        &engine_base(&stack),
+        "m",
+        2,
+        100,
+        Duration::from_millis(100),
+    );
     let (qos, status) = watch(&stack, Duration::from_secs(4));
     load.stop();
     let seen = levels(&qos);

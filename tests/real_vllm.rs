@@ -14,11 +14,12 @@ mod support;
 
 use npu_fake::follow::CpuFollower;
 use serde_json::Value;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, Instant};
+use support::load::Load;
 use support::real_vllm::{self, RealVllm, signal};
 use support::stack::{free_ports, http, http_with};
 
@@ -66,17 +67,7 @@ impl Agent {
             ),
         )
         .unwrap();
-        let child = Command::new(support::agent())
-            .args(["--fake", "run", "--config"])
-            .arg(&toml)
-            .env("FAKE_NPU_SCENARIO", &scenario)
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(
-                std::fs::File::create(dir.path().join("agent.log")).unwrap(),
-            ))
-            .spawn()
-            .expect("start the agent");
+        let child = support::spawn_agent(dir.path(), &toml, &scenario);
         Agent {
             dir,
             child,
@@ -155,45 +146,6 @@ impl Drop for Agent {
     }
 }
 
-/// Streaming load: `threads` clients sending `tokens`-token streams back to back.
-struct Load {
-    stop: Arc<AtomicBool>,
-    threads: Vec<std::thread::JoinHandle<u32>>,
-}
-
-impl Load {
-    fn start(v: &RealVllm, threads: usize, tokens: u32) -> Load {
-        let stop = Arc::new(AtomicBool::new(false));
-        let url = format!("{}/v1/completions", v.url());
-        let threads = (0..threads)
-            .map(|_| {
-                let (stop, url) = (stop.clone(), url.clone());
-                std::thread::spawn(move || {
-                    let body = format!(
-                        r#"{{"model": "tiny", "prompt": "the npu engine token cache probe", "max_tokens": {tokens}, "ignore_eos": true, "stream": true}}"#
-                    );
-                    let mut done = 0;
-                    while !stop.load(Ordering::Relaxed) {
-                        if http("POST", &url, Some(&body))
-                            .is_some_and(|(c, b)| c == 200 && b.contains("[DONE]"))
-                        {
-                            done += 1;
-                        }
-                    }
-                    done
-                })
-            })
-            .collect();
-        Load { stop, threads }
-    }
-
-    /// Stops the load; the streams completed.
-    fn stop(self) -> u32 {
-        self.stop.store(true, Ordering::Relaxed);
-        self.threads.into_iter().map(|t| t.join().unwrap()).sum()
-    }
-}
-
 /// Lines of the agent's log at WARN or ERROR.
 fn warnings_and_errors(log: &str) -> Vec<&str> {
     log.lines()
@@ -256,7 +208,7 @@ fn healthy_engine_is_normal_and_scores_well_under_load_with_a_clean_log() {
     println!("(a) id round trip: {}", echoed["id"]);
 
     // (d) Load: 2 streams of 64 tokens, back to back, for 40 s.
-    let load = Load::start(&v, 2, 64);
+    let load = Load::start(&v.url(), "tiny", 2, 64, Duration::ZERO);
     let start = Instant::now();
     let (mut min_score, mut scores, mut busy_peak) = (f64::MAX, 0, 0.0f64);
     let mut memory_series = Vec::new();
@@ -449,7 +401,7 @@ fn slow_but_progressing_engine_is_never_a_stall() {
         "[engine.timing]\nrequest_timeout = \"300ms\"\ninterval = \"1s\"\nwindow = \"1s\"\nhigh_load_interval = \"2s\"\n[engine.qos]\nstall_detection = true\nstall_window = \"20s\"\nmetrics_period = \"1s\"\nperiod = \"1s\"\n",
     );
     agent.wait_for("normal", Duration::from_secs(60));
-    let load = Load::start(&v, 2, 32);
+    let load = Load::start(&v.url(), "tiny", 2, 32, Duration::ZERO);
     let stop = Arc::new(AtomicBool::new(false));
     let worker = v.worker_pid;
     let s = stop.clone();

@@ -3,6 +3,7 @@
 //! its own scenario through the environment, as production gives the real one its config).
 #![allow(dead_code)]
 
+pub mod load;
 pub mod real_vllm;
 pub mod stack;
 
@@ -61,6 +62,49 @@ pub fn run_agent(sc: &Scenario, lib: Option<&Path>, args: &[&str]) -> Output {
         }
     }
     cmd.args(args).output().expect("run agent")
+}
+
+/// An inline engine (`engine_type = "vllm"`) serving `model` at `host:port`, with `extra`
+/// appended to its table (e.g. an `[engine.qos]` table), as the agent parses it.
+pub fn engine_spec(
+    host: &str,
+    port: u16,
+    model: &str,
+    extra: &str,
+) -> npu_health_agent::config::EngineSpec {
+    let text = format!(
+        "[[engine]]\nengine_type = \"vllm\"\nserved_model_name = \"{model}\"\nhost = \"{host}\"\nport = {port}\nmgmt_port = 9001\n{extra}"
+    );
+    npu_health_agent::config::file::parse(&text, Path::new("/x/a.toml"))
+        .expect("engine spec")
+        .engines
+        .remove(0)
+}
+
+/// The agent's own virtual-request sender for `spec` (the production HTTP client).
+pub fn agent_prober(
+    spec: &npu_health_agent::config::EngineSpec,
+) -> npu_health_agent::probe::http::HttpProber {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    npu_health_agent::probe::http::EngineClient::new(spec)
+        .expect("engine client")
+        .prober(spec)
+}
+
+/// Starts `npu-health-agent --fake run --config <toml>` on the fake driver with `scenario`,
+/// its log (RUST_LOG=info) in `<dir>/agent.log`.
+pub fn spawn_agent(dir: &Path, toml: &Path, scenario: &Path) -> std::process::Child {
+    Command::new(agent())
+        .args(["--fake", "run", "--config"])
+        .arg(toml)
+        .env("FAKE_NPU_SCENARIO", scenario)
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::from(
+            std::fs::File::create(dir.join("agent.log")).expect("agent log"),
+        ))
+        .spawn()
+        .expect("start the agent")
 }
 
 /// Parses the agent's stdout as JSON, with its stderr in the panic message.

@@ -2,7 +2,7 @@
 //! fake driver (whose NPU figures the engine writes), both killed when the stack is dropped.
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 /// `N` distinct free TCP ports on 127.0.0.1 (bound and released; good enough for tests).
@@ -95,17 +95,7 @@ impl Stack {
             )
         };
         let engine = if engine_first { spawn_engine() } else { None };
-        let agent = Command::new(super::agent())
-            .args(["--fake", "run", "--config"])
-            .arg(&agent_toml)
-            .env("FAKE_NPU_SCENARIO", &scenario)
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(
-                std::fs::File::create(dir.path().join("agent.log")).unwrap(),
-            ))
-            .spawn()
-            .expect("start agent");
+        let agent = super::spawn_agent(dir.path(), &agent_toml, &scenario);
         let mut stack = Stack {
             dir,
             engine,
