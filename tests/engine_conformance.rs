@@ -10,7 +10,7 @@
 
 mod support;
 
-use fake_engine::engine::{EngineOptions, run};
+use fake_engine::engine::EngineOptions;
 use fake_engine::profile::Profile;
 use npu_health_agent::probe::virtual_inference::Prober;
 use npu_health_agent::qos::engine_metrics::{self, EngineMetrics};
@@ -18,8 +18,8 @@ use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
+use support::fake_engine::FakeEngine;
 use support::real_vllm::{self, RealVllm};
-use tokio_util::sync::CancellationToken;
 
 /// One sample line of `/metrics`: name, labels.
 fn samples(text: &str) -> Vec<(String, BTreeMap<String, String>)> {
@@ -325,8 +325,8 @@ async fn keep_alive_close(base: &str) -> String {
     .unwrap()
 }
 
-/// The fake engine at `profile`: (base URL, control URL, its cancellation).
-async fn fake(profile: Profile) -> (String, String, CancellationToken) {
+/// The fake engine at `profile`, serving `tiny`.
+async fn fake(profile: Profile) -> FakeEngine {
     fake_with(EngineOptions {
         profile,
         ..EngineOptions::default()
@@ -334,35 +334,21 @@ async fn fake(profile: Profile) -> (String, String, CancellationToken) {
     .await
 }
 
-/// The fake engine serving `tiny` with `opts` on free ports, once it answers.
-async fn fake_with(opts: EngineOptions) -> (String, String, CancellationToken) {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let [port, control] = support::stack::free_ports::<2>();
-    let cancel = CancellationToken::new();
-    let opts = EngineOptions {
-        listen: format!("127.0.0.1:{port}").parse().unwrap(),
-        control: format!("127.0.0.1:{control}").parse().unwrap(),
+/// The fake engine serving `tiny` with `opts`.
+async fn fake_with(opts: EngineOptions) -> FakeEngine {
+    FakeEngine::start(EngineOptions {
         model: "tiny".into(),
         ..opts
-    };
-    tokio::spawn(run(opts, cancel.clone()));
-    let base = format!("http://127.0.0.1:{port}");
-    for _ in 0..200 {
-        if reqwest::get(format!("{base}/health")).await.is_ok() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    (base, format!("http://127.0.0.1:{control}"), cancel)
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_fake_at_profile_0_33_conforms() {
-    let (base, _, cancel) = fake(Profile::V0_33).await;
-    for line in conform(&base, "tiny").await {
+    let f = fake(Profile::V0_33).await;
+    for line in conform(&f.base, "tiny").await {
         println!("fake 0.33: {line}");
     }
-    cancel.cancel();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -413,7 +399,8 @@ async fn every_profile_is_read_by_the_agent_as_its_release_writes() {
         ),
         (Profile::Mindie, None, false, (200, "false")),
     ] {
-        let (base, control, cancel) = fake(profile).await;
+        let f = fake(profile).await;
+        let (base, control) = (&f.base, &f.control);
         let h = call(&client, "GET", &format!("{base}/health"), None, &[]).await;
         let ok = profile.health_ok();
         assert_eq!((h.status, h.body.as_str()), (ok.0, ok.1), "{profile}");
@@ -454,7 +441,6 @@ async fn every_profile_is_read_by_the_agent_as_its_release_writes() {
         assert_eq!(r.status, 200, "{}", r.body);
         let h = call(&client, "GET", &format!("{base}/health"), None, &[]).await;
         assert_eq!((h.status, h.body.as_str()), dead, "{profile}: dead engine");
-        cancel.cancel();
     }
 }
 
@@ -463,12 +449,12 @@ async fn every_profile_is_read_by_the_agent_as_its_release_writes() {
 // each), and an error event inside a started stream (the streamed probe fails on it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn data_parallel_engines_and_mid_stream_errors() {
-    let (base, control, cancel) = fake_with(EngineOptions {
+    let f = fake_with(EngineOptions {
         data_parallel: 2,
         ..EngineOptions::default()
     })
     .await;
-    let port: u16 = base.rsplit(':').next().unwrap().parse().unwrap();
+    let (base, control, port) = (&f.base, &f.control, f.port);
     let client = reqwest::Client::builder().no_proxy().build().unwrap();
     let text = call(&client, "GET", &format!("{base}/metrics"), None, &[])
         .await
@@ -514,5 +500,4 @@ async fn data_parallel_engines_and_mid_stream_errors() {
         }
         other => panic!("a mid-stream error event must fail the probe: {other:?}"),
     }
-    cancel.cancel();
 }

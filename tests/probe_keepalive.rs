@@ -5,10 +5,10 @@
 //! a sweep of a few milliseconds either side so the send lands on the close): no probe fails.
 #![cfg(feature = "fake-driver")]
 
-use fake_engine::engine::{EngineOptions, run};
+use fake_engine::engine::EngineOptions;
 use npu_health_agent::probe::virtual_inference::Prober;
 use std::time::Duration;
-use tokio_util::sync::CancellationToken;
+use support::fake_engine::FakeEngine;
 
 mod support;
 
@@ -19,19 +19,14 @@ const PROBES: u32 = 300;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn probes_at_the_idle_timeout_never_fail_on_a_closed_keep_alive_connection() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let [port, control] = support::stack::free_ports::<2>();
-    let cancel = CancellationToken::new();
-    let opts = EngineOptions {
-        listen: format!("127.0.0.1:{port}").parse().unwrap(),
-        control: format!("127.0.0.1:{control}").parse().unwrap(),
+    let engine = FakeEngine::start(EngineOptions {
         model: "m".into(),
         ttft: Duration::from_millis(1),
         keep_alive: IDLE,
         ..EngineOptions::default()
-    };
-    let engine = tokio::spawn(run(opts, cancel.clone()));
-    let prober = support::agent_prober(&support::engine_spec("127.0.0.1", port, "m", ""));
+    })
+    .await;
+    let prober = support::agent_prober(&support::engine_spec("127.0.0.1", engine.port, "m", ""));
     // Wait for the engine.
     for _ in 0..200 {
         if prober.send(Duration::from_secs(1)).await.outcome.is_ok() {
@@ -51,8 +46,7 @@ async fn probes_at_the_idle_timeout_never_fail_on_a_closed_keep_alive_connection
             failures.push(format!("probe {i} (+{offset} ms): {e}"));
         }
     }
-    cancel.cancel();
-    let _ = engine.await;
+    drop(engine);
     assert!(
         failures.is_empty(),
         "{} of {PROBES} probes failed:\n{}",

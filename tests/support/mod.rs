@@ -3,6 +3,8 @@
 //! its own scenario through the environment, as production gives the real one its config).
 #![allow(dead_code)]
 
+#[cfg(feature = "fake-driver")]
+pub mod fake_engine;
 pub mod load;
 pub mod real_vllm;
 pub mod stack;
