@@ -364,6 +364,19 @@ fn crash_is_abnormal_and_a_restart_on_the_same_port_is_normal_again() {
     agent.wait_for("normal", Duration::from_secs(60));
     signal(v.engine_core_pid, "KILL");
     let killed = Instant::now();
+    // vLLM's own answer for a dead engine core, before its API server exits: 503, empty.
+    let mut dead = None;
+    while killed.elapsed() < Duration::from_secs(10) && dead.is_none() {
+        match http("GET", &format!("{}/health", v.url()), None) {
+            Some((200, _)) => std::thread::sleep(Duration::from_millis(20)),
+            other => dead = Some(other),
+        }
+    }
+    println!("(c) /health after the kill: {dead:?}");
+    assert!(
+        matches!(&dead, Some(Some((503, body))) if body.is_empty()),
+        "a dead engine core: 503 with an empty body: {dead:?}"
+    );
     let took = agent.wait_for("abnormal", Duration::from_secs(60));
     assert!(
         v.wait_exit(Duration::from_secs(30)),
