@@ -660,19 +660,19 @@ fn metrics_text(e: &Engine) -> String {
     let m = &e.opts.model;
     let engines = e.opts.data_parallel.max(1);
     let mut out = String::new();
-    // One series for every engine: `value` on engine 0, 0 elsewhere; `extra` labels after
-    // model_name (or before it, for request_success's finished_reason).
-    let mut series = |name: &str, kind: &str, help: &str, rows: &[(&str, f64)], before: bool| {
+    // One series for every engine: `value` on engine 0, 0 elsewhere (a `_created` timestamp
+    // on all). `extra` is one `key="value"` label, placed in name order among `engine` and
+    // `model_name` as prometheus_client writes vLLM's labels.
+    let mut series = |name: &str, kind: &str, help: &str, rows: &[(&str, f64)]| {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        // `_created` timestamps are the same on every engine.
         let everywhere = name.ends_with("_created");
         for i in 0..engines {
             for (extra, v) in rows {
                 let v = if i == 0 || everywhere { *v } else { 0.0 };
-                let labels = match (extra.is_empty(), before) {
-                    (true, _) => format!("engine=\"{i}\",model_name=\"{m}\""),
-                    (false, true) => format!("engine=\"{i}\",{extra},model_name=\"{m}\""),
-                    (false, false) => format!("engine=\"{i}\",model_name=\"{m}\",{extra}"),
+                let labels = match *extra {
+                    "" => format!("engine=\"{i}\",model_name=\"{m}\""),
+                    x if x < "model_name" => format!("engine=\"{i}\",{x},model_name=\"{m}\""),
+                    x => format!("engine=\"{i}\",model_name=\"{m}\",{x}"),
                 };
                 let _ = writeln!(out, "{name}{{{labels}}} {v:?}");
             }
@@ -683,14 +683,12 @@ fn metrics_text(e: &Engine) -> String {
         "gauge",
         "Number of requests in model execution batches.",
         &[("", running)],
-        false,
     );
     series(
         "vllm:num_requests_waiting",
         "gauge",
         "Number of requests waiting to be processed.",
         &[("", waiting)],
-        false,
     );
     if p.waiting_by_reason() {
         series(
@@ -701,7 +699,6 @@ fn metrics_text(e: &Engine) -> String {
                 ("reason=\"capacity\"", waiting),
                 ("reason=\"deferred\"", 0.0),
             ],
-            false,
         );
     }
     if p.sleep_state() {
@@ -714,7 +711,6 @@ fn metrics_text(e: &Engine) -> String {
                 ("sleep_state=\"weights_offloaded\"", 0.0),
                 ("sleep_state=\"discard_all\"", 0.0),
             ],
-            false,
         );
     }
     for name in p.kv_cache_names() {
@@ -723,55 +719,40 @@ fn metrics_text(e: &Engine) -> String {
         } else {
             "KV-cache usage. 1 means 100 percent usage."
         };
-        series(name, "gauge", help, &[("", kv)], false);
+        series(name, "gauge", help, &[("", kv)]);
     }
     let created = e.created;
     let prompt = e.prompt_tokens.load(Ordering::Relaxed) as f64;
     let generation = e.generation_tokens.load(Ordering::Relaxed) as f64;
     let finished = e.finished.load(Ordering::Relaxed) as f64;
-    for (base, help, rows, before) in [
+    let success: Vec<(&str, f64)> = [
+        ("finished_reason=\"stop\"", 0.0),
+        ("finished_reason=\"length\"", finished),
+        ("finished_reason=\"abort\"", 0.0),
+        ("finished_reason=\"error\"", 0.0),
+        ("finished_reason=\"repetition\"", 0.0),
+    ]
+    .to_vec();
+    for (base, help, rows) in [
         (
             "vllm:prompt_tokens",
             "Number of prefill tokens processed.",
             vec![("", prompt)],
-            false,
         ),
         (
             "vllm:generation_tokens",
             "Number of generation tokens processed.",
             vec![("", generation)],
-            false,
         ),
         (
             "vllm:request_success",
             "Count of successfully processed requests.",
-            ["stop", "length", "abort", "error", "repetition"]
-                .map(|r| (r, if r == "length" { finished } else { 0.0 }))
-                .to_vec(),
-            true,
+            success,
         ),
     ] {
-        let labelled: Vec<(String, f64)> = rows
-            .iter()
-            .map(|(r, v)| {
-                let extra = if r.is_empty() {
-                    String::new()
-                } else {
-                    format!("finished_reason=\"{r}\"")
-                };
-                (extra, *v)
-            })
-            .collect();
-        let rows: Vec<(&str, f64)> = labelled.iter().map(|(l, v)| (l.as_str(), *v)).collect();
-        series(&format!("{base}_total"), "counter", help, &rows, before);
+        series(&format!("{base}_total"), "counter", help, &rows);
         let created_rows: Vec<(&str, f64)> = rows.iter().map(|(l, _)| (*l, created)).collect();
-        series(
-            &format!("{base}_created"),
-            "gauge",
-            help,
-            &created_rows,
-            before,
-        );
+        series(&format!("{base}_created"), "gauge", help, &created_rows);
     }
     out
 }
