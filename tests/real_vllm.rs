@@ -502,7 +502,7 @@ fn virtual_filter_plugin_keeps_probes_out_of_request_success() {
         assert_eq!(ds, want_success, "plugin {plugin}");
         assert_eq!(dg, 4.0, "iteration counters count every request");
         if plugin {
-            let log = std::fs::read_to_string(&v.log).unwrap_or_default();
+            let log = std::fs::read_to_string(v.log()).unwrap_or_default();
             assert!(
                 log.contains("vllm-virtual-filter"),
                 "the plugin logged that it is active"

@@ -47,16 +47,19 @@ pub fn not_applicable(fault: Fault) -> Option<&'static str> {
 #[derive(Debug, Clone)]
 pub struct RealEngine {
     script: PathBuf,
+    /// The `scripts/real-vllm` instance name.
+    pub name: String,
     pub port: u16,
     pub api_pid: u32,
     pub engine_core_pid: u32,
+    pub worker_pid: u32,
     /// The instance's directory (its `worker_pid` file follows restarts).
     pub state: PathBuf,
 }
 
 impl RealEngine {
-    /// Starts one with `script` (`scripts/real-vllm`), after stopping whatever an earlier
-    /// run left of the runner's instance (a run that was killed cannot have stopped it).
+    /// Starts the runner's instance with `script` (`scripts/real-vllm`), after stopping
+    /// whatever an earlier run left of it (a run that was killed cannot have stopped it).
     pub async fn up(script: &Path) -> Result<RealEngine, String> {
         let _ = Command::new(script)
             .args(["down", "--name", INSTANCE])
@@ -67,6 +70,16 @@ impl RealEngine {
             .output()
             .await
             .map_err(|e| format!("running {}: {e}", script.display()))?;
+        RealEngine::from_up(script, INSTANCE, &out)
+    }
+
+    /// The engine `script up --name <name>` reported in `out` (its `key=value` lines), or why
+    /// it did not start.
+    pub fn from_up(
+        script: &Path,
+        name: &str,
+        out: &std::process::Output,
+    ) -> Result<RealEngine, String> {
         let stdout = String::from_utf8_lossy(&out.stdout);
         if !out.status.success() {
             return Err(format!(
@@ -85,18 +98,25 @@ impl RealEngine {
         };
         Ok(RealEngine {
             script: script.to_owned(),
+            name: name.to_owned(),
             port: u16::try_from(num("port")?).map_err(|e| e.to_string())?,
             api_pid: num("api_pid")?,
             engine_core_pid: num("engine_core_pid")?,
+            worker_pid: num("worker_pid")?,
             state: PathBuf::from(kv.get("state").copied().unwrap_or_default()),
         })
+    }
+
+    /// The engine's log (rewritten by the instance's next start).
+    pub fn log(&self) -> PathBuf {
+        self.state.join("vllm.log")
     }
 
     /// Copies the engine's log, as it is now, to `to` (the experiment's directory keeps the
     /// log of the engine that served it; the instance's own log is rewritten by the next
     /// start).
     pub fn save_log(&self, to: &Path) {
-        let _ = std::fs::copy(self.state.join("vllm.log"), to);
+        let _ = std::fs::copy(self.log(), to);
     }
 
     /// The file holding the Worker's PID.
@@ -127,14 +147,15 @@ impl RealEngine {
     /// Stops every process of the instance (`scripts/real-vllm down`).
     pub async fn down(&self) {
         let _ = Command::new(&self.script)
-            .args(["down", "--name", INSTANCE])
+            .args(["down", "--name", &self.name])
             .output()
             .await;
     }
 }
 
-/// Alive and not a zombie.
-fn running(pid: u32) -> bool {
+/// Whether process `pid` is alive and not a zombie (an exited API server can stay a zombie
+/// until its reaper gets to it).
+pub fn running(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
         s.rsplit_once(") ")
             .and_then(|(_, rest)| rest.split_whitespace().next())

@@ -6,6 +6,7 @@
 #[cfg(feature = "fake-driver")]
 pub mod fake_engine;
 pub mod load;
+#[cfg(feature = "fake-driver")]
 pub mod real_vllm;
 pub mod stack;
 

@@ -3,7 +3,7 @@
 //! by PID when dropped. Tests using it run only with `NPU_HEALTH_REAL_VLLM=1` (after
 //! `scripts/real-vllm install`) and otherwise print why they skipped.
 
-use std::collections::HashMap;
+use npu_health_agent::chaos::real_engine::{self, RealEngine};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -26,14 +26,16 @@ fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/real-vllm")
 }
 
-/// A running `vllm serve` started by `scripts/real-vllm up`.
-pub struct RealVllm {
-    pub name: String,
-    pub port: u16,
-    pub api_pid: u32,
-    pub engine_core_pid: u32,
-    pub worker_pid: u32,
-    pub log: PathBuf,
+/// A running `vllm serve` started by `scripts/real-vllm up`, stopped when dropped. Its
+/// figures (port, PIDs, state directory) are the chaos runner's [`RealEngine`], read from the
+/// script's output the same way.
+pub struct RealVllm(RealEngine);
+
+impl std::ops::Deref for RealVllm {
+    type Target = RealEngine;
+    fn deref(&self) -> &RealEngine {
+        &self.0
+    }
 }
 
 impl RealVllm {
@@ -45,27 +47,7 @@ impl RealVllm {
             .args(args)
             .output()
             .expect("run scripts/real-vllm");
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "scripts/real-vllm up failed ({}):\n{stdout}\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let kv: HashMap<&str, &str> = stdout.lines().filter_map(|l| l.split_once('=')).collect();
-        let num = |k: &str| -> u32 {
-            kv.get(k)
-                .and_then(|v| v.parse().ok())
-                .unwrap_or_else(|| panic!("{k} missing from scripts/real-vllm up:\n{stdout}"))
-        };
-        RealVllm {
-            name: name.to_owned(),
-            port: num("port") as u16,
-            api_pid: num("api_pid"),
-            engine_core_pid: num("engine_core_pid"),
-            worker_pid: num("worker_pid"),
-            log: PathBuf::from(kv.get("log").copied().unwrap_or_default()),
-        }
+        RealVllm(RealEngine::from_up(&script(), name, &out).unwrap_or_else(|e| panic!("{e}")))
     }
 
     /// Base URL of its OpenAI server.
@@ -73,16 +55,9 @@ impl RealVllm {
         format!("http://127.0.0.1:{}", self.port)
     }
 
-    /// The file `scripts/real-vllm` keeps the Worker's PID in (rewritten by a new `up`).
-    pub fn worker_pid_file(&self) -> PathBuf {
-        state_dir().join("run").join(&self.name).join("worker_pid")
-    }
-
     /// Whether the API server process is still alive.
     pub fn api_alive(&self) -> bool {
-        Path::new(&format!("/proc/{}", self.api_pid)).exists()
-            && !std::fs::read_to_string(format!("/proc/{}/stat", self.api_pid))
-                .is_ok_and(|s| s.split_whitespace().nth(2) == Some("Z"))
+        real_engine::running(self.api_pid)
     }
 
     /// Stops it (`scripts/real-vllm down`).
@@ -109,14 +84,6 @@ impl Drop for RealVllm {
     fn drop(&mut self) {
         self.down();
     }
-}
-
-/// `REAL_VLLM_HOME`, else `target/real-vllm`.
-fn state_dir() -> PathBuf {
-    std::env::var_os("REAL_VLLM_HOME").map_or_else(
-        || Path::new(env!("CARGO_MANIFEST_DIR")).join("target/real-vllm"),
-        PathBuf::from,
-    )
 }
 
 /// Sends `sig` to `pid` (`kill -<sig>`).
