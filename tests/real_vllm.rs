@@ -365,18 +365,25 @@ fn crash_is_abnormal_and_a_restart_on_the_same_port_is_normal_again() {
     signal(v.engine_core_pid, "KILL");
     let killed = Instant::now();
     // vLLM's own answer for a dead engine core, before its API server exits: 503, empty.
+    // The API server may exit before a poll lands in that window (seen once in CI: the
+    // first answer after 200 was a refused connection), so a transport failure ends the
+    // watch without a verdict on the body; any HTTP answer other than 200 must be that 503.
     let mut dead = None;
     while killed.elapsed() < Duration::from_secs(10) && dead.is_none() {
         match http("GET", &format!("{}/health", v.url()), None) {
-            Some((200, _)) => std::thread::sleep(Duration::from_millis(20)),
+            Some((200, _)) => std::thread::sleep(Duration::from_millis(5)),
             other => dead = Some(other),
         }
     }
     println!("(c) /health after the kill: {dead:?}");
-    assert!(
-        matches!(&dead, Some(Some((503, body))) if body.is_empty()),
-        "a dead engine core: 503 with an empty body: {dead:?}"
-    );
+    match &dead {
+        Some(Some((code, body))) => assert!(
+            *code == 503 && body.is_empty(),
+            "a dead engine core: 503 with an empty body, got {code} {body:?}"
+        ),
+        Some(None) => println!("(c) the API server was gone before a poll caught its 503"),
+        None => panic!("/health still 200 10 s after SIGKILL of the engine core"),
+    }
     let took = agent.wait_for("abnormal", Duration::from_secs(60));
     assert!(
         v.wait_exit(Duration::from_secs(30)),

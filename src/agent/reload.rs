@@ -87,6 +87,18 @@ fn restart_only(old: &AgentSettings, new: &AgentSettings) -> Vec<&'static str> {
         "driver_call_deadline",
         old.driver_call_deadline != new.driver_call_deadline,
     );
+    check(
+        "max_connections",
+        old.listeners.max_connections != new.listeners.max_connections,
+    );
+    check(
+        "header_read_timeout",
+        old.listeners.header_read_timeout != new.listeners.header_read_timeout,
+    );
+    check(
+        "idle_timeout",
+        old.listeners.idle_timeout != new.listeners.idle_timeout,
+    );
     out
 }
 
@@ -101,6 +113,7 @@ fn keep_start_only(running: &AgentSettings, new: &AgentSettings) -> AgentSetting
         worker_threads: running.worker_threads,
         sampler_realtime: running.sampler_realtime,
         driver_call_deadline: running.driver_call_deadline,
+        listeners: running.listeners,
         ..new.clone()
     }
 }
@@ -349,11 +362,16 @@ mod tests {
             sampler_realtime: false,
             driver_call_deadline: std::time::Duration::from_millis(300),
             sample_period: std::time::Duration::from_millis(20),
+            listeners: crate::config::ListenerLimits {
+                max_connections: 9,
+                header_read_timeout: std::time::Duration::from_secs(3),
+                idle_timeout: std::time::Duration::from_secs(4),
+            },
             ..AgentSettings::default()
         };
         assert_eq!(
             restart_only(&a, &c).len(),
-            8,
+            11,
             "every start-only key differs"
         );
         let kept = keep_start_only(&a, &c);

@@ -80,6 +80,11 @@ struct AgentTable {
     #[serde(default, deserialize_with = "de_duration")]
     sampler_stuck_after: Option<Duration>,
     log_level: Option<String>,
+    max_connections: Option<usize>,
+    #[serde(default, deserialize_with = "de_duration")]
+    header_read_timeout: Option<Duration>,
+    #[serde(default, deserialize_with = "de_duration")]
+    idle_timeout: Option<Duration>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -371,6 +376,30 @@ fn agent_settings(t: &AgentTable, base: &Path) -> Result<AgentSettings, KeyError
     if let Some(l) = &t.log_level {
         crate::logging::check_filter(l).map_err(|m| ("log_level".to_owned(), m))?;
     }
+    let dl = d.listeners;
+    let max_connections = t.max_connections.unwrap_or(dl.max_connections);
+    if !(4..=65536).contains(&max_connections) {
+        return Err((
+            "max_connections".to_owned(),
+            format!("{max_connections} is outside 4..=65536"),
+        ));
+    }
+    let header_read_timeout = t.header_read_timeout.unwrap_or(dl.header_read_timeout);
+    if header_read_timeout < Duration::from_millis(100)
+        || header_read_timeout > Duration::from_secs(120)
+    {
+        return Err((
+            "header_read_timeout".to_owned(),
+            format!("{header_read_timeout:?} is outside 100ms..=120s"),
+        ));
+    }
+    let idle_timeout = t.idle_timeout.unwrap_or(dl.idle_timeout);
+    if idle_timeout < Duration::from_secs(1) || idle_timeout > Duration::from_secs(3600) {
+        return Err((
+            "idle_timeout".to_owned(),
+            format!("{idle_timeout:?} is outside 1s..=3600s"),
+        ));
+    }
     let rel = |p: &PathBuf| {
         if p.is_relative() && p.components().count() > 1 {
             base.join(p)
@@ -391,6 +420,11 @@ fn agent_settings(t: &AgentTable, base: &Path) -> Result<AgentSettings, KeyError
         driver_call_deadline,
         sampler_stuck_after,
         log_level: t.log_level.clone(),
+        listeners: crate::config::ListenerLimits {
+            max_connections,
+            header_read_timeout,
+            idle_timeout,
+        },
     })
 }
 

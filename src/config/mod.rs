@@ -243,6 +243,33 @@ pub struct AgentSettings {
     pub sampler_stuck_after: Duration,
     /// Level filter (`RUST_LOG` syntax) when `RUST_LOG` is not set; default `info`.
     pub log_level: Option<String>,
+    /// Connection limits of every listener the agent serves (mgmt, admin, TLS).
+    pub listeners: ListenerLimits,
+}
+
+/// Connection limits of one listener (`[agent] max_connections`, `header_read_timeout`,
+/// `idle_timeout`; see `server::conn`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct ListenerLimits {
+    /// Concurrent connections per listener; past it the least recently active idle
+    /// connection is closed to make room.
+    pub max_connections: usize,
+    /// A request's headers must arrive within this (also bounds a TLS handshake).
+    #[serde(serialize_with = "ser_duration")]
+    pub header_read_timeout: Duration,
+    /// A connection with no byte read or written for this long is closed.
+    #[serde(serialize_with = "ser_duration")]
+    pub idle_timeout: Duration,
+}
+
+impl Default for ListenerLimits {
+    fn default() -> Self {
+        ListenerLimits {
+            max_connections: 256,
+            header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+        }
+    }
 }
 
 impl Default for AgentSettings {
@@ -260,6 +287,7 @@ impl Default for AgentSettings {
             driver_call_deadline: Duration::from_secs(1),
             sampler_stuck_after: crate::sampler::DEFAULT_STUCK_AFTER,
             log_level: None,
+            listeners: ListenerLimits::default(),
         }
     }
 }
