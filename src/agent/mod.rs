@@ -9,7 +9,7 @@ mod reload;
 
 pub use reload::ReloadSummary;
 
-use crate::config::{AgentConfig, EngineSpec};
+use crate::config::{AgentConfig, EngineSpec, ListenerLimits};
 use crate::engine::{self, EngineState, RingPeaks};
 use crate::probe::http::EngineClient;
 use crate::sampler::{Sampler, SamplerConfig, Shared, StartError};
@@ -60,11 +60,20 @@ impl ListenerRun {
         socket: std::net::TcpListener,
         router: axum::Router,
         tls: Option<Arc<rustls::ServerConfig>>,
+        limits: ListenerLimits,
+        name: String,
     ) -> Result<ListenerRun, String> {
         let listener = server::listener_on(&socket)?;
         let bound = socket.local_addr().unwrap_or(configured);
         let cancel = CancellationToken::new();
-        let task = tokio::spawn(server::serve(listener, router, tls, cancel.clone()));
+        let task = tokio::spawn(server::serve(
+            listener,
+            router,
+            tls,
+            limits,
+            name,
+            cancel.clone(),
+        ));
         Ok(ListenerRun {
             configured,
             bound,
@@ -125,6 +134,8 @@ pub struct Running {
     admin: Option<ListenerRun>,
     roster: Roster,
     liveness_cfg: Arc<LivenessCfg>,
+    /// Connection limits of every listener, the cap sized at start ([`server::conn::fd_budget`]).
+    limits: ListenerLimits,
 }
 
 /// The stuck threshold of the liveness test (changes on reload).
@@ -248,8 +259,15 @@ impl Running {
             metrics: scope,
         });
         let scheme = if p.tls.is_some() { "https" } else { "http" };
-        let listener = ListenerRun::start(spec.mgmt_listen, socket, router, p.tls)
-            .map_err(|e| AgentError::Runtime(format!("engine {}: {e}", spec.name)))?;
+        let listener = ListenerRun::start(
+            spec.mgmt_listen,
+            socket,
+            router,
+            p.tls,
+            self.limits,
+            format!("engine {}", spec.name),
+        )
+        .map_err(|e| AgentError::Runtime(format!("engine {}: {e}", spec.name)))?;
         tracing::info!(
             engine = %spec.name,
             "serving {scheme}://{}/status for the engine at {}",
@@ -281,8 +299,15 @@ impl Running {
             metrics: scope,
             stuck_after: self.cfg.agent.sampler_stuck_after,
         });
-        ListenerRun::start(configured, socket, router, None)
-            .map_err(|e| AgentError::Runtime(format!("admin listener: {e}")))
+        ListenerRun::start(
+            configured,
+            socket,
+            router,
+            None,
+            self.limits,
+            "admin".to_owned(),
+        )
+        .map_err(|e| AgentError::Runtime(format!("admin listener: {e}")))
     }
 
     /// How much history the ring holds at the current period (its size is fixed at start);
@@ -393,7 +418,23 @@ pub async fn start(cfg: AgentConfig) -> Result<Running, AgentError> {
         Err(e @ StartError::NoBackend { .. }) => Sampler::without_backend(&e.to_string()),
         Err(e) => return Err(e.into()),
     };
+    let listeners = cfg.engines.len() + usize::from(cfg.agent.admin_listen.is_some());
+    let budget = server::conn::fd_budget(
+        cfg.agent.listeners.max_connections,
+        listeners,
+        cfg.engines.len(),
+    );
+    if budget.lowered_from.is_some() {
+        tracing::warn!("{budget}");
+    } else {
+        tracing::info!("{budget}");
+    }
+    let limits = ListenerLimits {
+        max_connections: budget.max_connections,
+        ..cfg.agent.listeners
+    };
     let mut running = Running {
+        limits,
         shared: sampler.shared().clone(),
         sampler,
         cfg: cfg.clone(),

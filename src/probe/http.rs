@@ -612,6 +612,8 @@ mod tests {
             listener,
             router,
             Some(crate::tls::server_config(&tls).unwrap()),
+            crate::config::ListenerLimits::default(),
+            "test".to_owned(),
             cancel.clone(),
         ));
         let mut spec = spec_for(port, "");

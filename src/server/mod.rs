@@ -8,7 +8,10 @@
 //! engine), `GET /qos` (every engine), `GET /healthz` (the agent itself).
 //! Handlers only read shared state; none waits on the engine or the driver.
 
+pub mod conn;
 pub mod metrics;
+
+pub use conn::serve;
 
 use crate::engine::EngineState;
 use crate::sampler::Shared;
@@ -23,7 +26,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
 
 /// State of an engine's listener.
 #[derive(Debug, Clone)]
@@ -238,85 +240,6 @@ pub fn detail(e: &EngineState, shared: &Shared, win: Duration) -> Value {
             "devices": devices,
         },
     })
-}
-
-/// Serves `router` on `listener` (TLS when `tls` is set) until `cancel`.
-pub async fn serve(
-    listener: TcpListener,
-    router: Router,
-    tls: Option<Arc<rustls::ServerConfig>>,
-    cancel: CancellationToken,
-) {
-    match tls {
-        None => {
-            let shutdown = cancel.clone();
-            if let Err(e) = axum::serve(listener, router)
-                .with_graceful_shutdown(async move { shutdown.cancelled().await })
-                .await
-            {
-                tracing::error!("mgmt listener failed: {e}");
-            }
-        }
-        Some(cfg) => serve_tls(listener, router, cfg, cancel).await,
-    }
-}
-
-async fn serve_tls(
-    listener: TcpListener,
-    router: Router,
-    cfg: Arc<rustls::ServerConfig>,
-    cancel: CancellationToken,
-) {
-    use hyper_util::rt::{TokioExecutor, TokioIo};
-    use hyper_util::server::conn::auto::Builder;
-    use hyper_util::service::TowerToHyperService;
-    let acceptor = tokio_rustls::TlsAcceptor::from(cfg);
-    // Connection tasks are tracked so that a stop waits for in-flight requests (the caller
-    // bounds the wait) instead of dropping them.
-    let mut conns = tokio::task::JoinSet::new();
-    loop {
-        let (stream, peer) = tokio::select! {
-            _ = cancel.cancelled() => break,
-            Some(_) = conns.join_next(), if !conns.is_empty() => continue,
-            r = listener.accept() => match r {
-                Ok(x) => x,
-                Err(e) => {
-                    tracing::warn!("accept failed: {e}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
-        let acceptor = acceptor.clone();
-        let service = TowerToHyperService::new(router.clone());
-        let cancel = cancel.clone();
-        conns.spawn(async move {
-            let tls = tokio::select! {
-                _ = cancel.cancelled() => return,
-                r = tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream)) => match r {
-                    Ok(Ok(s)) => s,
-                    Ok(Err(e)) => {
-                        tracing::debug!(%peer, "TLS handshake failed: {e}");
-                        return;
-                    }
-                    Err(_) => return,
-                },
-            };
-            let builder = Builder::new(TokioExecutor::new());
-            let conn = builder.serve_connection(TokioIo::new(tls), service);
-            tokio::pin!(conn);
-            tokio::select! {
-                _ = conn.as_mut() => {}
-                _ = cancel.cancelled() => {
-                    // Finish the request in flight, then close (keep-alive ends).
-                    conn.as_mut().graceful_shutdown();
-                    let _ = conn.await;
-                }
-            }
-        });
-    }
-    drop(listener);
-    while conns.join_next().await.is_some() {}
 }
 
 /// Binds a listener, naming the address on failure. A std socket, so the agent can keep a

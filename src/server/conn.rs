@@ -1,0 +1,591 @@
+//! Serving one listener with bounded connections: every listener the agent has (an engine's
+//! mgmt listener, the admin listener, cleartext or TLS) goes through [`serve`].
+//!
+//! - **HTTP/1.1 only.** Node Manager, Prometheus and the kubelet all poll over HTTP/1.1, so
+//!   the agent does not speak HTTP/2 (neither h2c nor h2 over TLS): one protocol, whose limits
+//!   are the ones below.
+//! - **Header-read timeout.** A request's head must arrive within `header_read_timeout`
+//!   (hyper's timer; it also runs while a keep-alive connection waits for its next request, so
+//!   it closes idle keep-alive connections too). A TLS handshake has the same bound.
+//! - **Idle timeout.** A connection on which no byte was read or written for `idle_timeout` is
+//!   closed, whatever it is doing (a client that stops reading its answer, a body that drips).
+//! - **A cap.** At most `max_connections` at once. When a new connection arrives at the cap,
+//!   the least recently active connection with no request in its handler is closed to make
+//!   room, so a fresh `/status` poll is always answered; if every connection is inside a
+//!   handler (none of ours waits on anything), the new one is closed instead.
+//! - **Accept errors** (EMFILE: out of file descriptors) close the least recently active idle
+//!   connection too, and are logged; identical warnings are rate-limited by the log layer.
+
+use crate::config::ListenerLimits;
+use axum::Router;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use std::collections::HashMap;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
+
+/// Milliseconds since the first call (a process-wide monotonic clock for activity stamps).
+fn now_ms() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    let start = *START.get_or_init(Instant::now);
+    u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// What a connection is doing, read by the accept loop when it must make room.
+#[derive(Debug, Default)]
+struct Activity {
+    /// [`now_ms`] of the last byte read or written.
+    last_ms: AtomicU64,
+    /// Requests inside the handler now.
+    busy: AtomicU32,
+}
+
+impl Activity {
+    fn touch(&self) {
+        self.last_ms.store(now_ms(), Ordering::Relaxed);
+    }
+}
+
+/// One connection as the registry sees it.
+#[derive(Debug)]
+struct Entry {
+    activity: Arc<Activity>,
+    shed: CancellationToken,
+}
+
+/// The connections of one listener.
+#[derive(Debug, Default)]
+struct Registry {
+    next: u64,
+    conns: HashMap<u64, Entry>,
+}
+
+/// The connection to close to make room: the least recently active one with no request in
+/// its handler (ties: the older id). `None` when every connection is busy.
+fn victim(conns: impl Iterator<Item = (u64, u64, u32)>) -> Option<u64> {
+    conns
+        .filter(|&(_, _, busy)| busy == 0)
+        .min_by_key(|&(id, last, _)| (last, id))
+        .map(|(id, _, _)| id)
+}
+
+impl Registry {
+    /// Closes the least recently active idle connection; false when there is none.
+    fn shed_one(&mut self) -> bool {
+        let pick = victim(self.conns.iter().map(|(&id, e)| {
+            (
+                id,
+                e.activity.last_ms.load(Ordering::Relaxed),
+                e.activity.busy.load(Ordering::Relaxed),
+            )
+        }));
+        match pick.and_then(|id| self.conns.remove(&id)) {
+            Some(e) => {
+                e.shed.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// A stream that stamps its [`Activity`] on every byte moved.
+struct Tracked<S> {
+    inner: S,
+    activity: Arc<Activity>,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Tracked<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.activity.touch();
+        }
+        r
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write(cx, data);
+        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
+            self.activity.touch();
+        }
+        r
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// Decrements `busy` when the handler's future ends (or is dropped).
+struct BusyGuard(Arc<Activity>);
+
+impl BusyGuard {
+    fn enter(a: &Arc<Activity>) -> BusyGuard {
+        a.busy.fetch_add(1, Ordering::Relaxed);
+        BusyGuard(Arc::clone(a))
+    }
+}
+
+impl Drop for BusyGuard {
+    fn drop(&mut self) {
+        self.0.busy.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Whether an accept error means the process is out of descriptors.
+fn out_of_descriptors(e: &io::Error) -> bool {
+    use rustix::io::Errno;
+    Errno::from_io_error(e).is_some_and(|x| x == Errno::MFILE || x == Errno::NFILE)
+}
+
+/// Serves `router` on `listener` (TLS when `tls` is set) under `limits` until `cancel`; then
+/// lets every connection finish its request in flight (the caller bounds the wait). `name`
+/// names the listener in log lines.
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    limits: ListenerLimits,
+    name: String,
+    cancel: CancellationToken,
+) {
+    let registry = Arc::new(Mutex::new(Registry::default()));
+    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
+    let mut conns = tokio::task::JoinSet::new();
+    loop {
+        let (stream, peer) = tokio::select! {
+            _ = cancel.cancelled() => break,
+            Some(_) = conns.join_next(), if !conns.is_empty() => continue,
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    let freed = out_of_descriptors(&e) && lock(&registry).shed_one();
+                    tracing::warn!(
+                        listener = %name,
+                        "accept failed: {e}{}",
+                        if freed { "; closed the least recently active idle connection" } else { "" }
+                    );
+                    tokio::time::sleep(Duration::from_millis(if freed { 1 } else { 50 })).await;
+                    continue;
+                }
+            },
+        };
+        let activity = Arc::new(Activity::default());
+        activity.touch();
+        let shed = CancellationToken::new();
+        let id = {
+            let mut reg = lock(&registry);
+            if reg.conns.len() >= limits.max_connections {
+                if reg.shed_one() {
+                    tracing::warn!(
+                        listener = %name,
+                        "{} connections (the cap): closed the least recently active idle one",
+                        limits.max_connections
+                    );
+                } else {
+                    tracing::warn!(
+                        listener = %name,
+                        "{} connections (the cap), all inside a handler: closed the new one",
+                        limits.max_connections
+                    );
+                    drop(stream);
+                    continue;
+                }
+            }
+            let id = reg.next;
+            reg.next += 1;
+            reg.conns.insert(
+                id,
+                Entry {
+                    activity: Arc::clone(&activity),
+                    shed: shed.clone(),
+                },
+            );
+            id
+        };
+        let conn = Connection {
+            router: router.clone(),
+            acceptor: acceptor.clone(),
+            limits,
+            activity,
+            shed,
+            cancel: cancel.clone(),
+        };
+        let registry = Arc::clone(&registry);
+        conns.spawn(async move {
+            conn.run(stream, peer).await;
+            lock(&registry).conns.remove(&id);
+        });
+    }
+    drop(listener);
+    while conns.join_next().await.is_some() {}
+}
+
+fn lock(r: &Mutex<Registry>) -> std::sync::MutexGuard<'_, Registry> {
+    r.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// One accepted connection and what bounds it.
+struct Connection {
+    router: Router,
+    acceptor: Option<tokio_rustls::TlsAcceptor>,
+    limits: ListenerLimits,
+    activity: Arc<Activity>,
+    shed: CancellationToken,
+    cancel: CancellationToken,
+}
+
+impl Connection {
+    async fn run(self, stream: TcpStream, peer: std::net::SocketAddr) {
+        let io = Tracked {
+            inner: stream,
+            activity: Arc::clone(&self.activity),
+        };
+        match self.acceptor.clone() {
+            None => self.http(io).await,
+            Some(acceptor) => {
+                let handshake = tokio::select! {
+                    _ = self.cancel.cancelled() => return,
+                    _ = self.shed.cancelled() => return,
+                    r = tokio::time::timeout(self.limits.header_read_timeout, acceptor.accept(io)) => r,
+                };
+                match handshake {
+                    Ok(Ok(tls)) => self.http(tls).await,
+                    Ok(Err(e)) => tracing::debug!(%peer, "TLS handshake failed: {e}"),
+                    Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                }
+            }
+        }
+    }
+
+    /// HTTP/1.1 on `io` until the client closes, a limit closes it, or the listener stops.
+    async fn http<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(self, io: S) {
+        let router = self.router.clone();
+        let activity = Arc::clone(&self.activity);
+        let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
+            let busy = BusyGuard::enter(&activity);
+            let router = router.clone();
+            async move {
+                let answer = router.oneshot(req).await;
+                drop(busy);
+                answer
+            }
+        });
+        let mut builder = hyper::server::conn::http1::Builder::new();
+        builder
+            .timer(TokioTimer::new())
+            .header_read_timeout(self.limits.header_read_timeout);
+        let conn = builder.serve_connection(TokioIo::new(io), service);
+        tokio::pin!(conn);
+        let idle = self.limits.idle_timeout;
+        loop {
+            let last = Duration::from_millis(self.activity.last_ms.load(Ordering::Relaxed));
+            let quiet = Duration::from_millis(now_ms()).saturating_sub(last);
+            if quiet >= idle {
+                tracing::debug!("closed a connection idle for {quiet:?}");
+                return;
+            }
+            tokio::select! {
+                _ = conn.as_mut() => return,
+                _ = self.shed.cancelled() => return,
+                _ = tokio::time::sleep(idle - quiet) => {}
+                _ = self.cancel.cancelled() => {
+                    // Finish the request in flight, then close (keep-alive ends).
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.await;
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Descriptors kept for the agent's own use whatever clients hold: the engines' HTTP
+/// clients (`/health`, probes, `/metrics`), `npu-smi` pipes, the driver, logs, the listening
+/// sockets themselves.
+pub fn reserved_fds(engines: usize) -> u64 {
+    256 + 16 * engines as u64
+}
+
+/// How the per-listener cap was sized against the file-descriptor limit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FdBudget {
+    /// Soft limit after raising it (when the hard limit allowed).
+    pub soft: Option<u64>,
+    pub hard: Option<u64>,
+    /// The cap each listener gets.
+    pub max_connections: usize,
+    /// The cap from the config, when the limit forced a lower one.
+    pub lowered_from: Option<usize>,
+    pub reserved: u64,
+}
+
+/// The cap per listener so that `listeners` full listeners plus [`reserved_fds`] fit in
+/// `soft` (no limit: the configured cap). Never below 4.
+pub fn size_cap(
+    configured: usize,
+    soft: Option<u64>,
+    listeners: usize,
+    engines: usize,
+) -> FdBudget {
+    let reserved = reserved_fds(engines);
+    let fit = soft.map(|s| s.saturating_sub(reserved) / (listeners.max(1) as u64));
+    let max_connections = match fit {
+        Some(f) if f < configured as u64 => usize::try_from(f).unwrap_or(usize::MAX).max(4),
+        _ => configured,
+    };
+    FdBudget {
+        soft,
+        hard: None,
+        max_connections,
+        lowered_from: (max_connections != configured).then_some(configured),
+        reserved,
+    }
+}
+
+/// Raises the soft descriptor limit to the hard one (at most 65,536), then sizes the cap.
+pub fn fd_budget(configured: usize, listeners: usize, engines: usize) -> FdBudget {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let mut lim = getrlimit(Resource::Nofile);
+    if let (Some(cur), max) = (lim.current, lim.maximum) {
+        let want = max.unwrap_or(u64::MAX).min(65_536);
+        if want > cur {
+            let raised = rustix::process::Rlimit {
+                current: Some(want),
+                maximum: lim.maximum,
+            };
+            if setrlimit(Resource::Nofile, raised).is_ok() {
+                lim = raised;
+            }
+        }
+    }
+    FdBudget {
+        hard: lim.maximum,
+        ..size_cap(configured, lim.current, listeners, engines)
+    }
+}
+
+impl std::fmt::Display for FdBudget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let show = |v: Option<u64>| v.map_or("unlimited".to_owned(), |v| v.to_string());
+        write!(
+            f,
+            "file descriptors: limit {} (hard {}); {} connections per listener",
+            show(self.soft),
+            show(self.hard),
+            self.max_connections
+        )?;
+        if let Some(c) = self.lowered_from {
+            write!(f, " (max_connections = {c} lowered to fit the limit)")?;
+        }
+        write!(
+            f,
+            ", {} kept for the agent's own connections",
+            self.reserved
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_victim_is_the_least_recently_active_idle_connection() {
+        // (id, last activity, busy)
+        assert_eq!(
+            victim([(1, 50, 0), (2, 10, 0), (3, 5, 1)].into_iter()),
+            Some(2)
+        );
+        assert_eq!(victim([(7, 10, 0), (3, 10, 0)].into_iter()), Some(3));
+        assert_eq!(victim([(1, 5, 1), (2, 1, 2)].into_iter()), None);
+        assert_eq!(victim(std::iter::empty()), None);
+    }
+
+    #[test]
+    fn the_cap_fits_the_descriptor_limit() {
+        // One engine and the admin listener under systemd's default soft limit: fits.
+        let b = size_cap(256, Some(1024), 2, 1);
+        assert_eq!(
+            (b.max_connections, b.lowered_from, b.reserved),
+            (256, None, 272)
+        );
+        // Sixteen engines and the admin listener: (1024 - 512) / 17.
+        let b = size_cap(256, Some(1024), 17, 16);
+        assert_eq!((b.max_connections, b.lowered_from), (30, Some(256)));
+        assert!(b.to_string().contains("lowered"), "{b}");
+        // Never below 4, and no limit keeps the configured cap.
+        assert_eq!(size_cap(256, Some(100), 2, 1).max_connections, 4);
+        assert_eq!(size_cap(256, None, 2, 1).max_connections, 256);
+    }
+
+    #[test]
+    fn shedding_cancels_and_forgets_the_victim() {
+        let mut reg = Registry::default();
+        let mut tokens = Vec::new();
+        for (id, last, busy) in [(0u64, 30u64, 0u32), (1, 10, 0), (2, 1, 1)] {
+            let activity = Arc::new(Activity::default());
+            activity.last_ms.store(last, Ordering::Relaxed);
+            activity.busy.store(busy, Ordering::Relaxed);
+            let shed = CancellationToken::new();
+            tokens.push(shed.clone());
+            reg.conns.insert(id, Entry { activity, shed });
+        }
+        assert!(reg.shed_one());
+        assert!(tokens[1].is_cancelled() && !tokens[0].is_cancelled());
+        assert!(reg.shed_one());
+        assert!(tokens[0].is_cancelled());
+        assert!(!reg.shed_one(), "the busy one stays");
+        assert!(!tokens[2].is_cancelled());
+    }
+
+    /// A listener on a free port serving `/status` under `limits`.
+    async fn listen(limits: ListenerLimits) -> (std::net::SocketAddr, CancellationToken) {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let router = Router::new()
+            .route("/status", axum::routing::get(|| async { "ok" }))
+            .route("/big", axum::routing::get(|| async { vec![b'x'; BIG] }));
+        let cancel = CancellationToken::new();
+        tokio::spawn(serve(
+            l,
+            router,
+            None,
+            limits,
+            "test".into(),
+            cancel.clone(),
+        ));
+        (addr, cancel)
+    }
+
+    /// Reads until EOF or error (true), or `limit` passes (false).
+    async fn closed_within(s: &mut TcpStream, limit: Duration) -> bool {
+        use tokio::io::AsyncReadExt;
+        let mut buf = [0u8; 1024];
+        let end = tokio::time::Instant::now() + limit;
+        loop {
+            match tokio::time::timeout_at(end, s.read(&mut buf)).await {
+                Err(_) => return false,
+                Ok(Ok(0)) | Ok(Err(_)) => return true,
+                Ok(Ok(_)) => {}
+            }
+        }
+    }
+
+    async fn get_status(addr: std::net::SocketAddr) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET /status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut out = String::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_string(&mut out)).await;
+        out
+    }
+
+    #[tokio::test]
+    async fn a_dripping_request_head_is_cut_at_the_header_read_timeout() {
+        use tokio::io::AsyncWriteExt;
+        let (addr, _cancel) = listen(ListenerLimits {
+            max_connections: 8,
+            header_read_timeout: Duration::from_millis(300),
+            idle_timeout: Duration::from_secs(3600),
+        })
+        .await;
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET /status HTTP/1.1\r\nHo").await.unwrap();
+        assert!(closed_within(&mut s, Duration::from_secs(10)).await);
+        // An idle keep-alive connection (no request yet) is cut the same way.
+        let mut idle = TcpStream::connect(addr).await.unwrap();
+        assert!(closed_within(&mut idle, Duration::from_secs(10)).await);
+    }
+
+    /// Larger than any socket buffer pair on loopback.
+    const BIG: usize = 64 << 20;
+
+    #[tokio::test]
+    async fn a_client_that_stops_reading_is_cut_at_the_idle_timeout() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (addr, _cancel) = listen(ListenerLimits {
+            max_connections: 8,
+            header_read_timeout: Duration::from_secs(3600),
+            idle_timeout: Duration::from_secs(1),
+        })
+        .await;
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        // Not reading: the agent's writes stall once the buffers are full, nothing moves.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let mut got = 0usize;
+        let mut buf = vec![0u8; 1 << 16];
+        let end = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            match tokio::time::timeout_at(end, s.read(&mut buf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => break,
+                Ok(Ok(n)) => got += n,
+                Err(_) => panic!("still open after 20 s, {got} bytes read"),
+            }
+        }
+        assert!(
+            got < BIG,
+            "closed before the whole answer: {got} of {BIG} bytes"
+        );
+    }
+
+    #[tokio::test]
+    async fn at_the_cap_the_oldest_idle_connection_makes_room_for_a_fresh_poll() {
+        let (addr, _cancel) = listen(ListenerLimits {
+            max_connections: 4,
+            header_read_timeout: Duration::from_secs(3600),
+            idle_timeout: Duration::from_secs(3600),
+        })
+        .await;
+        let mut held = Vec::new();
+        for _ in 0..4 {
+            held.push(TcpStream::connect(addr).await.unwrap());
+            // Distinct activity stamps, so "oldest" is well defined.
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let answer = get_status(addr).await;
+        assert!(
+            answer.starts_with("HTTP/1.1 200") && answer.ends_with("ok"),
+            "{answer:?}"
+        );
+        assert!(
+            closed_within(&mut held[0], Duration::from_secs(10)).await,
+            "the oldest idle connection was closed"
+        );
+        for s in &mut held[1..] {
+            assert!(
+                !closed_within(s, Duration::from_millis(50)).await,
+                "the others stay"
+            );
+        }
+    }
+}
