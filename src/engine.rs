@@ -23,7 +23,7 @@
 
 use crate::config::EngineSpec;
 use crate::probe::gates::{self, Condition};
-use crate::probe::health::{HealthCollector, HealthOutcome, HealthTransport};
+use crate::probe::health::{HealthCollector, HealthOutcome, HealthTransport, Transport};
 use crate::probe::virtual_inference::{
     self, CapacityWaiting, EngineSignals, LoopConfig, PeakSource, Phase, Prober, ViState,
 };
@@ -76,12 +76,17 @@ const UNHEALTHY: u8 = 2;
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct HealthDetail {
     /// `never_answered`, `healthy`, `slow` (timing out while the engine demonstrably
-    /// serves: not abnormal) or `unhealthy`.
+    /// serves: not abnormal), `agent_error` (the agent could not make the request, e.g. out
+    /// of file descriptors: not abnormal) or `unhealthy`.
     pub state: &'static str,
     pub has_connected: bool,
     /// Unix milliseconds of the last healthy probe.
     pub last_ok_unix_ms: Option<u64>,
     pub last_error: Option<String>,
+    /// Class of the last failure without a usable answer (`refused`, `reset`, `protocol`,
+    /// `body_too_large`, `tls`, `local`, `connect`, `other`); only `refused` can be the
+    /// "down" half of a restart.
+    pub last_transport_error: Option<&'static str>,
     pub consecutive_failures: u64,
     pub probes: u64,
     /// `/health` timeouts not taken as abnormal because the engine was serving.
@@ -267,6 +272,14 @@ impl EngineState {
             HealthOutcome::Unhealthy {
                 timed_out: true, ..
             } => self.serving_evidence(),
+            // The agent's own shortage (out of file descriptors) says nothing about the
+            // engine; the reference policy (no serving evidence) still counts it, as MindIE would.
+            HealthOutcome::Unhealthy {
+                transport: Some(Transport::Local),
+                ..
+            } if !self.spec.timing.serving_evidence_max_age().is_zero() => Some(
+                "the agent itself could not make the request (out of file descriptors)".to_owned(),
+            ),
             _ => None,
         };
         let now_ms = SystemTime::now()
@@ -275,6 +288,12 @@ impl EngineState {
         let mut d = self.health_detail.lock().unwrap_or_else(|p| p.into_inner());
         d.probes += 1;
         d.has_connected = has_connected;
+        d.last_transport_error = match outcome {
+            HealthOutcome::Unhealthy {
+                transport: Some(t), ..
+            } => Some(t.as_str()),
+            _ => None,
+        };
         let after = match outcome {
             HealthOutcome::Healthy => {
                 d.state = "healthy";
@@ -283,12 +302,16 @@ impl EngineState {
                 d.last_error = None;
                 HEALTHY
             }
-            HealthOutcome::Unhealthy { reason, .. } => match &excuse {
+            HealthOutcome::Unhealthy {
+                reason, timed_out, ..
+            } => match &excuse {
                 Some(why) => {
-                    if d.state != "slow" {
-                        tracing::warn!(engine = %name, "{reason}, but {why}: /health is slow, not abnormal");
+                    // `slow`: timing out while serving; `agent_error`: the agent's own failure.
+                    let state = if *timed_out { "slow" } else { "agent_error" };
+                    if d.state != state {
+                        tracing::warn!(engine = %name, "{reason}, but {why}: not abnormal");
                     }
-                    d.state = "slow";
+                    d.state = state;
                     d.consecutive_failures += 1;
                     d.excused_timeouts += 1;
                     d.last_error = Some(format!("{reason} (not abnormal: {why})"));
@@ -588,16 +611,19 @@ mod tests {
                 reason: "refused".into(),
                 unreachable: true,
                 timed_out: false,
+                transport: Some(Transport::Refused),
             },
             "slow" => HealthOutcome::Unhealthy {
                 reason: "timed out".into(),
                 unreachable: false,
                 timed_out: true,
+                transport: None,
             },
             "503" => HealthOutcome::Unhealthy {
                 reason: "/health answered HTTP 503".into(),
                 unreachable: false,
                 timed_out: false,
+                transport: None,
             },
             _ => HealthOutcome::NeverConnected("refused".into()),
         }
@@ -650,7 +676,7 @@ mod tests {
                 .lock()
                 .unwrap()
                 .pop_front()
-                .unwrap_or(Fetch::Error("script over".into()))
+                .unwrap_or(Fetch::Error(Transport::Other, "script over".into()))
         }
     }
 
@@ -727,6 +753,68 @@ mod tests {
         // Stopping keeps abnormal (reference: stop does not reset it).
         assert!(st.vi.abnormal());
         assert_eq!(st.status(), Status::Abnormal);
+    }
+
+    // Issue 11, defect 2: on a wedged engine already abnormal, a garbled /health answer (or
+    // the agent's own EMFILE) followed by a normal one is not a restart: only a refused
+    // connection is the "down" half. The class is named in /status/detail.
+    #[tokio::test(start_paused = true)]
+    async fn garbled_health_answer_is_not_an_engine_restart() {
+        for class in [
+            Transport::Reset,
+            Transport::Protocol,
+            Transport::BodyTooLarge,
+            Transport::Tls,
+            Transport::Local,
+            Transport::Connect,
+            Transport::Other,
+        ] {
+            let st = Arc::new(EngineState::new(
+                spec("enable_virtual_inference = true"),
+                vec![0],
+            ));
+            let (vi, cancel) = spawn_idle_vi(&st, AlwaysFail);
+            st.record_health(&outcome("ok"), true);
+            assert_eq!(st.status(), Status::Normal);
+            advance(Duration::from_secs(1)).await;
+            assert_eq!(st.status(), Status::Abnormal);
+            st.record_health(
+                &HealthOutcome::Unhealthy {
+                    reason: format!("/health: {}", class.as_str()),
+                    unreachable: false,
+                    timed_out: false,
+                    transport: Some(class),
+                },
+                true,
+            );
+            assert_eq!(
+                st.health_detail().last_transport_error,
+                Some(class.as_str())
+            );
+            st.record_health(&outcome("ok"), true);
+            assert_eq!(st.rearms(), 0, "{class:?} is not a restart");
+            assert_eq!(st.status(), Status::Abnormal, "{class:?}");
+            assert_eq!(st.health_detail().last_transport_error, None);
+            cancel.cancel();
+            vi.await.unwrap();
+        }
+    }
+
+    // The agent's own EMFILE says nothing about the engine: not unhealthy under the agent's
+    // policy; the reference policy counts it as MindIE would.
+    #[test]
+    fn the_agents_own_shortage_is_not_an_unhealthy_engine() {
+        let local = HealthOutcome::Unhealthy {
+            reason: "/health: local (Too many open files)".into(),
+            unreachable: false,
+            timed_out: false,
+            transport: Some(Transport::Local),
+        };
+        let st = EngineState::new(spec("enable_virtual_inference = true"), vec![0]);
+        st.record_health(&outcome("ok"), true);
+        st.record_health(&local, true);
+        assert_eq!(st.health_detail().state, "agent_error");
+        assert_eq!(st.status(), Status::Normal);
     }
 
     /// Warm-up succeeds, the first periodic probe fails, everything after succeeds.
@@ -821,7 +909,7 @@ mod tests {
         ));
         let script = Arc::new(Scripted(Mutex::new(
             vec![
-                Fetch::Error("refused".into()),
+                Fetch::Error(Transport::Refused, "refused".into()),
                 Fetch::Response {
                     status: 200,
                     body: "true".into(),

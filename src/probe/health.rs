@@ -15,8 +15,48 @@ pub enum Fetch {
     Response { status: u16, body: String },
     /// No answer within the timeout.
     Timeout,
-    /// Connection refused, reset, TLS failure, …
-    Error(String),
+    /// No usable answer: the class, and the error as the client described it.
+    Error(Transport, String),
+}
+
+/// Why a request got no usable answer. Only [`Transport::Refused`] is evidence that the
+/// engine process went away (nothing listens on its port), so only it can be the "down" half
+/// of a restart; a garbled answer came from a process that is still there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Transport {
+    /// Connection refused: nothing listens on the engine's port.
+    Refused,
+    /// The connection was reset or closed before a whole answer.
+    Reset,
+    /// The answer was not HTTP: a bad status line, garbage bytes, bad framing.
+    Protocol,
+    /// The answer's body was larger than the agent reads.
+    BodyTooLarge,
+    /// TLS failed (handshake, certificate).
+    Tls,
+    /// The agent itself ran out of something (file descriptors): says nothing about the engine.
+    Local,
+    /// Any other connect failure (unreachable host, name resolution).
+    Connect,
+    /// Anything else.
+    Other,
+}
+
+impl Transport {
+    /// The class's name in `/status/detail`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Transport::Refused => "refused",
+            Transport::Reset => "reset",
+            Transport::Protocol => "protocol",
+            Transport::BodyTooLarge => "body_too_large",
+            Transport::Tls => "tls",
+            Transport::Local => "local",
+            Transport::Connect => "connect",
+            Transport::Other => "other",
+        }
+    }
 }
 
 /// Something that can `GET /health` once with a timeout (the real client or a test double).
@@ -29,12 +69,14 @@ pub trait HealthTransport {
 pub enum HealthOutcome {
     Healthy,
     /// Connected before, failing now (or answering `false`). `unreachable` when the last
-    /// attempt could not connect at all (the engine is down or restarting), as opposed to a
-    /// timeout, an HTTP error or a `false` body; `timed_out` when every attempt timed out.
+    /// attempt was refused (nothing listens: the engine is down or restarting), as opposed to
+    /// a timeout, an HTTP error, a garbled answer or a `false` body; `timed_out` when every
+    /// attempt timed out; `transport` the class of a failure without a usable answer.
     Unhealthy {
         reason: String,
         unreachable: bool,
         timed_out: bool,
+        transport: Option<Transport>,
     },
     /// Never reached: the reference re-raises, and `/status` says `initial`.
     NeverConnected(String),
@@ -68,7 +110,7 @@ impl<T: HealthTransport> HealthCollector<T> {
     /// Probes once (with retries on timeout).
     pub async fn probe(&mut self) -> HealthOutcome {
         let mut last = String::new();
-        let mut unreachable = false;
+        let mut failed = None;
         let mut timed_out = false;
         for attempt in 1..=self.attempts {
             match self.transport.get(self.timeout).await {
@@ -80,6 +122,7 @@ impl<T: HealthTransport> HealthCollector<T> {
                             reason: "/health answered false".to_owned(),
                             unreachable: false,
                             timed_out: false,
+                            transport: None,
                         };
                     }
                     return HealthOutcome::Healthy;
@@ -99,10 +142,10 @@ impl<T: HealthTransport> HealthCollector<T> {
                         );
                     }
                 }
-                Fetch::Error(e) => {
+                Fetch::Error(class, e) => {
                     timed_out = false;
-                    last = format!("/health: {e}");
-                    unreachable = true;
+                    last = format!("/health: {} ({e})", class.as_str());
+                    failed = Some(class);
                     break;
                 }
             }
@@ -110,8 +153,9 @@ impl<T: HealthTransport> HealthCollector<T> {
         if self.has_connected {
             HealthOutcome::Unhealthy {
                 reason: last,
-                unreachable,
+                unreachable: failed == Some(Transport::Refused),
                 timed_out,
+                transport: failed,
             }
         } else {
             HealthOutcome::NeverConnected(last)
@@ -216,7 +260,10 @@ mod tests {
     // ConnectError, never connected → raises after 1 get (no retry).
     #[tokio::test]
     async fn connect_error_is_not_retried() {
-        let s = Script::new(vec![Fetch::Error("connection refused".into())]);
+        let s = Script::new(vec![Fetch::Error(
+            Transport::Refused,
+            "connection refused".into(),
+        )]);
         let mut c = HealthCollector::new(&s, Duration::from_secs(5), 3);
         assert!(matches!(c.probe().await, HealthOutcome::NeverConnected(_)));
         assert_eq!(s.calls(), 1);
@@ -225,7 +272,10 @@ mod tests {
     // Success then ConnectError → False.
     #[tokio::test]
     async fn success_then_connect_error_is_unhealthy() {
-        let s = Script::new(vec![ok(""), Fetch::Error("connection refused".into())]);
+        let s = Script::new(vec![
+            ok(""),
+            Fetch::Error(Transport::Refused, "connection refused".into()),
+        ]);
         let mut c = HealthCollector::new(&s, Duration::from_secs(5), 3);
         assert_eq!(c.probe().await, HealthOutcome::Healthy);
         assert!(matches!(c.probe().await, HealthOutcome::Unhealthy { .. }));
@@ -258,7 +308,7 @@ mod tests {
     async fn unreachable_only_when_the_connection_fails() {
         let s = Script::new(vec![
             ok("true"),
-            Fetch::Error("connection refused".into()),
+            Fetch::Error(Transport::Refused, "connection refused".into()),
             Fetch::Timeout,
             Fetch::Response {
                 status: 503,
@@ -280,6 +330,43 @@ mod tests {
             .collect();
         // (unreachable, timed out): refused, timed out, HTTP 503.
         assert_eq!(flags, [(true, false), (false, true), (false, false)]);
+    }
+
+    // Issue 11, defect 2: a garbled answer (or the agent's own EMFILE) came from a process
+    // that is still there, or says nothing about it: not "unreachable", so never the down
+    // half of a restart; its class is carried.
+    #[tokio::test]
+    async fn garbled_health_answer_is_not_unreachable() {
+        let classes = [
+            Transport::Reset,
+            Transport::Protocol,
+            Transport::BodyTooLarge,
+            Transport::Tls,
+            Transport::Local,
+            Transport::Connect,
+            Transport::Other,
+        ];
+        let mut script = vec![ok("true")];
+        script.extend(classes.iter().map(|&c| Fetch::Error(c, "x".into())));
+        let s = Script::new(script);
+        let mut c = HealthCollector::new(&s, Duration::from_secs(5), 3);
+        c.probe().await;
+        for class in classes {
+            match c.probe().await {
+                HealthOutcome::Unhealthy {
+                    unreachable,
+                    transport,
+                    reason,
+                    ..
+                } => {
+                    assert!(!unreachable, "{class:?}");
+                    assert_eq!(transport, Some(class));
+                    assert!(reason.contains(class.as_str()), "{reason}");
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(s.calls(), 8, "none of them is retried");
     }
 
     // HTTP errors (non-2xx) are not retried.

@@ -22,7 +22,7 @@
 //! reset before any response byte arrived ([`closed_before_response`]). A refused connection
 //! is not retried (nothing listens: the engine is down).
 
-use super::health::{Fetch, HealthTransport};
+use super::health::{Fetch, HealthTransport, Transport};
 use super::virtual_inference::{Failure, ProbeResult, Prober};
 use crate::config::EngineSpec;
 use crate::config::mindie::{DispatchProfile, Role};
@@ -167,6 +167,54 @@ fn closed_before_response(e: &reqwest::Error) -> bool {
     false
 }
 
+/// The class of a transport error, from its source chain: the first I/O error, hyper error
+/// or TLS error found decides.
+pub fn classify(e: &(dyn std::error::Error + 'static)) -> Transport {
+    let mut cur = Some(e);
+    while let Some(c) = cur {
+        if let Some(io) = c.downcast_ref::<std::io::Error>() {
+            use rustix::io::Errno;
+            // An io::Error's source() skips the error it wraps: look at it here.
+            if io
+                .get_ref()
+                .is_some_and(|i| i.downcast_ref::<rustls::Error>().is_some())
+            {
+                return Transport::Tls;
+            }
+            if Errno::from_io_error(io).is_some_and(|x| x == Errno::MFILE || x == Errno::NFILE) {
+                return Transport::Local;
+            }
+            match io.kind() {
+                std::io::ErrorKind::ConnectionRefused => return Transport::Refused,
+                std::io::ErrorKind::ConnectionReset
+                | std::io::ErrorKind::ConnectionAborted
+                | std::io::ErrorKind::BrokenPipe
+                | std::io::ErrorKind::UnexpectedEof => return Transport::Reset,
+                std::io::ErrorKind::InvalidData => return Transport::Protocol,
+                _ => {}
+            }
+        }
+        if c.downcast_ref::<rustls::Error>().is_some() {
+            return Transport::Tls;
+        }
+        if let Some(h) = c.downcast_ref::<hyper::Error>() {
+            if h.is_parse() || h.is_parse_status() || h.is_parse_too_large() {
+                return Transport::Protocol;
+            }
+            if h.is_incomplete_message() || h.is_closed() || h.is_canceled() {
+                return Transport::Reset;
+            }
+        }
+        cur = c.source();
+    }
+    match e.downcast_ref::<reqwest::Error>() {
+        Some(r) if r.is_connect() => Transport::Connect,
+        Some(r) if r.is_decode() => Transport::Protocol,
+        Some(r) if r.is_body() => Transport::Reset,
+        _ => Transport::Other,
+    }
+}
+
 fn describe(e: &reqwest::Error) -> String {
     let mut s = e.to_string();
     let mut cur = std::error::Error::source(e);
@@ -178,15 +226,34 @@ fn describe(e: &reqwest::Error) -> String {
     s
 }
 
-async fn read_limited(resp: reqwest::Response) -> Result<Vec<u8>, String> {
-    read_up_to(resp, MAX_BODY).await
+/// A request without a usable answer: its class and the client's description.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct FetchError(Transport, String);
+
+impl FetchError {
+    fn of(e: &reqwest::Error) -> FetchError {
+        FetchError(classify(e), describe(e))
+    }
 }
 
-async fn read_up_to(mut resp: reqwest::Response, limit: usize) -> Result<Vec<u8>, String> {
+impl std::fmt::Display for FetchError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({})", self.1, self.0.as_str())
+    }
+}
+
+async fn read_limited(resp: reqwest::Response) -> Result<Vec<u8>, String> {
+    read_up_to(resp, MAX_BODY).await.map_err(|e| e.to_string())
+}
+
+async fn read_up_to(mut resp: reqwest::Response, limit: usize) -> Result<Vec<u8>, FetchError> {
     let mut body = Vec::new();
-    while let Some(chunk) = resp.chunk().await.map_err(|e| describe(&e))? {
+    while let Some(chunk) = resp.chunk().await.map_err(|e| FetchError::of(&e))? {
         if body.len() + chunk.len() > limit {
-            return Err(format!("body larger than {limit} bytes"));
+            return Err(FetchError(
+                Transport::BodyTooLarge,
+                format!("body larger than {limit} bytes"),
+            ));
         }
         body.extend_from_slice(&chunk);
     }
@@ -200,9 +267,13 @@ async fn get(
     url: &str,
     timeout: Duration,
     limit: usize,
-) -> Result<Option<(u16, Vec<u8>)>, String> {
+) -> Result<Option<(u16, Vec<u8>)>, FetchError> {
     let fut = async {
-        let resp = client.get(url).send().await.map_err(|e| describe(&e))?;
+        let resp = client
+            .get(url)
+            .send()
+            .await
+            .map_err(|e| FetchError::of(&e))?;
         let status = resp.status().as_u16();
         Ok((status, read_up_to(resp, limit).await?))
     };
@@ -223,7 +294,7 @@ impl HealthTransport for HttpHealth {
     async fn get(&self, timeout: Duration) -> Fetch {
         match get(&self.client, &self.url, timeout, MAX_BODY).await {
             Ok(None) => Fetch::Timeout,
-            Err(e) => Fetch::Error(e),
+            Err(FetchError(class, e)) => Fetch::Error(class, e),
             Ok(Some((status, body))) => Fetch::Response {
                 status,
                 body: String::from_utf8_lossy(&body).into_owned(),
@@ -244,7 +315,10 @@ impl crate::qos::MetricsSource for HttpMetrics {
         &self,
         timeout: Duration,
     ) -> Result<crate::qos::engine_metrics::EngineMetrics, String> {
-        match get(&self.client, &self.url, timeout, MAX_METRICS_BODY).await? {
+        match get(&self.client, &self.url, timeout, MAX_METRICS_BODY)
+            .await
+            .map_err(|e| e.to_string())?
+        {
             None => Err(format!("GET /metrics timed out after {timeout:?}")),
             Some((status, _)) if !(200..300).contains(&status) => {
                 Err(format!("GET /metrics answered HTTP {status}"))
@@ -479,6 +553,87 @@ mod tests {
     fn prober_for(port: u16) -> HttpProber {
         let spec = spec_for(port, "");
         EngineClient::new(&spec).unwrap().prober(&spec)
+    }
+
+    /// One `GET /health` against a server that answers every connection with `raw` bytes
+    /// (then closes); `None`: nothing listens.
+    async fn health_against(raw: Option<Vec<u8>>) -> Fetch {
+        use crate::probe::health::HealthTransport;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        match raw {
+            None => drop(l),
+            Some(raw) => {
+                tokio::spawn(async move {
+                    while let Ok((mut s, _)) = l.accept().await {
+                        let mut buf = vec![0u8; 4096];
+                        let _ = s.read(&mut buf).await;
+                        let _ = s.write_all(&raw).await;
+                        let _ = s.shutdown().await;
+                    }
+                });
+            }
+        }
+        let spec = spec_for(port, "");
+        EngineClient::new(&spec)
+            .unwrap()
+            .health()
+            .get(Duration::from_secs(5))
+            .await
+    }
+
+    // Issue 11, defect 2: each way /health can fail without a usable answer has a class of
+    // its own; only a refused connection says the engine went away.
+    #[tokio::test]
+    async fn every_transport_error_class_of_health_is_named() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let mut big = b"HTTP/1.1 200 OK\r\nContent-Length: 2000000\r\n\r\n".to_vec();
+        big.extend(std::iter::repeat_n(b'x', 2_000_000));
+        let cases: Vec<(&str, Option<Vec<u8>>, Transport)> = vec![
+            ("nothing listens", None, Transport::Refused),
+            (
+                "closed without an answer",
+                Some(Vec::new()),
+                Transport::Reset,
+            ),
+            (
+                "garbage bytes",
+                Some(b"\x00\x01\x02 not http at all\r\n\r\n".to_vec()),
+                Transport::Protocol,
+            ),
+            (
+                "an invalid status line",
+                Some(b"HTTP/1.1 abc OK\r\nContent-Length: 0\r\n\r\n".to_vec()),
+                Transport::Protocol,
+            ),
+            (
+                "a truncated body",
+                Some(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nshort".to_vec()),
+                Transport::Reset,
+            ),
+            ("a body over 1 MiB", Some(big), Transport::BodyTooLarge),
+        ];
+        for (what, raw, want) in cases {
+            match health_against(raw).await {
+                Fetch::Error(class, e) => assert_eq!(class, want, "{what}: {e}"),
+                other => panic!("{what}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn local_and_tls_errors_are_classed_by_their_source() {
+        let emfile = std::io::Error::from_raw_os_error(24);
+        assert_eq!(classify(&emfile), Transport::Local);
+        let tls = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            rustls::Error::General("bad certificate".into()),
+        );
+        assert_eq!(classify(&tls), Transport::Tls);
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert_eq!(classify(&refused), Transport::Refused);
+        assert_eq!(classify(&std::fmt::Error), Transport::Other);
     }
 
     /// Serves one connection with `response` (raw HTTP; empty: never answer) and returns
