@@ -5,16 +5,33 @@
 //! buffer ([`WatchParser`]), restart it with back-off when it dies, and kill and reap it on
 //! shutdown. argv only, no shell. Each child leads its own process group and the whole group
 //! is killed, so a wrapper script's children cannot keep the pipe (and our reader) alive.
+//!
+//! Supervision follows the child's exit, not the end of its pipe: a wrapper's background
+//! process inherits the write end, so after the child dies the pipe may never reach EOF. The
+//! pipe is polled with a timeout and the child checked for exit (without reaping it, so its
+//! group id stays ours) at least every 100 ms; on exit its group is killed, the pipe
+//! closed, the child reaped and restarted.
 
 use super::parse::{Cube, WatchEvent, WatchParser};
 use crossbeam_channel::{Receiver, Sender};
+use rustix::event::{PollFd, PollFlags, Timespec};
+use rustix::io::Errno;
+use rustix::process::{Pid, WaitId, WaitIdOptions};
 use std::io::Read;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ChildStdout, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+/// How often a child is checked for exit while its pipe is quiet: the longest a dead child
+/// stays a zombie when a grandchild keeps its pipe open.
+const EXIT_CHECK: Duration = Duration::from_millis(100);
+
+/// Output still read once the child is dead: its last lines are reported, but a grandchild
+/// outside its group that keeps writing cannot hold the supervisor.
+const DRAIN_LIMIT: usize = 64 * 1024;
 
 /// Which device a watch child follows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,7 +113,7 @@ pub struct Watch {
 
 /// Kills `child` and every process in its group (it was started as a group leader).
 fn kill_group(child: &mut Child) {
-    let pid = rustix::process::Pid::from_child(child);
+    let pid = Pid::from_child(child);
     let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
     let _ = child.kill();
 }
@@ -128,6 +145,13 @@ impl Watch {
             thread: Some(thread),
             done,
         })
+    }
+
+    /// The running child's PID (also its process group), if one runs.
+    #[cfg(test)]
+    fn pid(&self) -> Option<u32> {
+        let slot = self.shared.child.lock().unwrap_or_else(|p| p.into_inner());
+        slot.child.as_ref().map(Child::id)
     }
 
     /// Kills the child, waits for the supervisor to reap it, and joins the thread.
@@ -169,11 +193,11 @@ impl Watch {
     /// Waits until `deadline` for the supervisor to reap the child, then joins it.
     fn finish(&mut self, deadline: std::time::Instant) {
         if let Some(t) = self.thread.take() {
-            // Bounded: a pipe held open by a process outside the group must not hang shutdown.
+            // Bounded: a child stuck in the driver (uninterruptible) must not hang shutdown.
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             match self.done.recv_timeout(left) {
                 Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
-                    tracing::warn!("npu-smi watch reader did not stop in time; leaving it behind");
+                    tracing::warn!("npu-smi watch child did not exit in time; leaving it behind");
                 }
                 _ => {
                     let _ = t.join();
@@ -212,8 +236,9 @@ fn supervise(
                 .spawn()
                 .map(|mut child| {
                     let out = child.stdout.take();
+                    let pid = Pid::from_child(&child);
                     slot.child = Some(child);
-                    out
+                    (out, pid)
                 })
         };
         let mut rows = 0u64;
@@ -223,12 +248,13 @@ fn supervise(
                 "cannot run {}: {e}",
                 cfg.npu_smi.display()
             ))),
-            Ok(stdout) => {
+            Ok((stdout, pid)) => {
                 let started = Instant::now();
                 if let Some(stdout) = stdout {
-                    rows = pump(stdout, target, &mut on_update);
+                    rows = follow(stdout, pid, target, &mut on_update);
                 }
-                // EOF: the child exited or was killed; reap it.
+                // The child exited, was killed, or closed its stdout: kill what is left of its
+                // group (a grandchild holding the pipe), then reap it.
                 let child = shared
                     .child
                     .lock()
@@ -265,37 +291,128 @@ fn supervise(
     }
 }
 
-/// Reads the pipe until EOF, reporting rows for `target`; returns the number of rows.
-fn pump(
-    mut stdout: impl Read,
+/// Reads the child's pipe, reporting rows for `target`, until EOF or until the child exits,
+/// whichever comes first (then reads what it left, up to [`DRAIN_LIMIT`]). The pipe is closed
+/// on return. Returns the number of rows.
+fn follow(
+    mut stdout: ChildStdout,
+    pid: Pid,
     target: WatchTarget,
     on_update: &mut impl FnMut(WatchUpdate),
 ) -> u64 {
-    let mut parser = WatchParser::new();
+    let mut rows = Rows::new(target);
     let mut buf = [0u8; 4096];
-    let mut rows = 0u64;
-    let mut handle = |ev: WatchEvent| match ev {
+    loop {
+        match read_ready(&mut stdout, &mut buf, EXIT_CHECK) {
+            Chunk::Data(n) => rows.push(&buf[..n], on_update),
+            Chunk::Quiet => {}
+            Chunk::End => return rows.finish(on_update),
+        }
+        if has_exited(pid) {
+            break;
+        }
+    }
+    let mut left = DRAIN_LIMIT;
+    while left > 0 {
+        let want = left.min(buf.len());
+        match read_ready(&mut stdout, &mut buf[..want], Duration::ZERO) {
+            Chunk::Data(n) => {
+                rows.push(&buf[..n], on_update);
+                left -= n;
+            }
+            Chunk::Quiet | Chunk::End => break,
+        }
+    }
+    rows.finish(on_update)
+}
+
+/// What one wait on the pipe gave.
+enum Chunk {
+    /// This many bytes were read.
+    Data(usize),
+    /// Nothing to read within the wait.
+    Quiet,
+    /// EOF, or the pipe cannot be read.
+    End,
+}
+
+/// Reads once from `stdout` if it becomes readable within `wait`.
+fn read_ready(stdout: &mut ChildStdout, buf: &mut [u8], wait: Duration) -> Chunk {
+    let timeout = Timespec::try_from(wait).unwrap_or_default();
+    match rustix::event::poll(&mut [PollFd::new(&*stdout, PollFlags::IN)], Some(&timeout)) {
+        Ok(0) | Err(Errno::INTR) => return Chunk::Quiet,
+        Ok(_) => {}
+        Err(_) => return Chunk::End,
+    }
+    match stdout.read(buf) {
+        Ok(0) => Chunk::End,
+        Ok(n) => Chunk::Data(n),
+        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => Chunk::Quiet,
+        Err(_) => Chunk::End,
+    }
+}
+
+/// Whether the child has exited. It is not reaped here: until it is, its PID cannot be
+/// reused, so killing its group afterwards cannot hit a stranger.
+fn has_exited(pid: Pid) -> bool {
+    let exited = rustix::process::waitid(
+        WaitId::Pid(pid),
+        WaitIdOptions::EXITED | WaitIdOptions::NOHANG | WaitIdOptions::NOWAIT,
+    );
+    // ECHILD (or any other error) would never clear: stop following rather than spin.
+    !matches!(exited, Ok(None) | Err(Errno::INTR))
+}
+
+/// Turns the child's output into updates for `target`, counting the target's rows.
+struct Rows {
+    parser: WatchParser,
+    target: WatchTarget,
+    count: u64,
+}
+
+impl Rows {
+    fn new(target: WatchTarget) -> Rows {
+        Rows {
+            parser: WatchParser::new(),
+            target,
+            count: 0,
+        }
+    }
+
+    fn push(&mut self, bytes: &[u8], on_update: &mut impl FnMut(WatchUpdate)) {
+        let (target, count) = (self.target, &mut self.count);
+        self.parser
+            .push(bytes, |ev| report(ev, target, count, on_update));
+    }
+
+    /// Reports a last line without a newline; returns the row count.
+    fn finish(mut self, on_update: &mut impl FnMut(WatchUpdate)) -> u64 {
+        let (target, count) = (self.target, &mut self.count);
+        self.parser
+            .finish(|ev| report(ev, target, count, on_update));
+        self.count
+    }
+}
+
+/// Reports one parsed line; a row of another device is skipped.
+fn report(
+    ev: WatchEvent,
+    target: WatchTarget,
+    count: &mut u64,
+    on_update: &mut impl FnMut(WatchUpdate),
+) {
+    match ev {
         WatchEvent::Row(r)
             if r.npu == target.npu && (target.chip.is_none() || r.chip == target.chip) =>
         {
-            rows += 1;
+            *count += 1;
             on_update(WatchUpdate::Reading(r.cube));
         }
         WatchEvent::Row(_) => {}
         WatchEvent::RowWithoutCube => on_update(WatchUpdate::NoCubeColumn),
         WatchEvent::Text(t) => on_update(WatchUpdate::Message(t)),
         WatchEvent::Overlong => on_update(WatchUpdate::Message("overlong line dropped".to_owned())),
-    };
-    loop {
-        match stdout.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => parser.push(&buf[..n], &mut handle),
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(_) => break,
-        }
     }
-    parser.finish(&mut handle);
-    rows
 }
 
 #[cfg(test)]
@@ -364,17 +481,18 @@ mod tests {
     }
 
     #[test]
-    fn pump_reports_only_the_target_and_counts_rows() {
+    fn rows_report_only_the_target_and_are_counted() {
         let out = b"NpuID(Idx)  ChipId(Idx)  AI Cube(%)\n0 0 10\n0 1 20\n0 1 NA\nerror: x\n0 1 3";
         let mut got = Vec::new();
-        let rows = pump(
-            &out[..],
-            WatchTarget {
-                npu: 0,
-                chip: Some(1),
-            },
-            &mut |u| got.push(u),
-        );
+        let mut parsed = Rows::new(WatchTarget {
+            npu: 0,
+            chip: Some(1),
+        });
+        let mut on_update = |u| got.push(u);
+        // Split mid-line: the parser joins chunks.
+        parsed.push(&out[..40], &mut on_update);
+        parsed.push(&out[40..], &mut on_update);
+        let rows = parsed.finish(&mut on_update);
         assert_eq!(rows, 3);
         assert_eq!(
             got,
@@ -385,5 +503,116 @@ mod tests {
                 WatchUpdate::Reading(Cube::Percent(3)),
             ]
         );
+    }
+
+    /// `/proc/<pid>/stat` after the command name: state, ppid, pgrp, ...; `None` once gone.
+    fn stat_fields(pid: u32) -> Option<Vec<String>> {
+        let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let (_, rest) = s.rsplit_once(')')?;
+        Some(rest.split_whitespace().map(str::to_owned).collect())
+    }
+
+    /// Whether `pid` is gone or a zombie (dead, whoever has to reap it).
+    fn dead(pid: u32) -> bool {
+        stat_fields(pid).is_none_or(|f| f[0] == "Z")
+    }
+
+    fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !done() {
+            assert!(Instant::now() < deadline, "not within 20 s: {what}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Kills, by their process group, the stand-in's background helpers the watch left alive.
+    struct Helpers(PathBuf);
+
+    impl Drop for Helpers {
+        fn drop(&mut self) {
+            let pids = std::fs::read_to_string(&self.0).unwrap_or_default();
+            for pid in pids.lines().filter_map(|l| l.trim().parse::<u32>().ok()) {
+                let Some(f) = stat_fields(pid).filter(|f| f[0] != "Z") else {
+                    continue;
+                };
+                // The helper is still in the group its watch child led.
+                if let Some(pgrp) = f[2].parse().ok().and_then(rustix::process::Pid::from_raw) {
+                    let _ =
+                        rustix::process::kill_process_group(pgrp, rustix::process::Signal::KILL);
+                }
+            }
+        }
+    }
+
+    // Issue 11 §3: a wrapper `npu-smi` whose background process kept the pipe open left the
+    // killed child a zombie, never restarted, because supervision waited for the pipe's EOF.
+    #[test]
+    fn dead_watch_child_is_reaped_and_restarted_even_when_a_forked_grandchild_holds_the_pipe() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let helpers = d.path().join("helpers");
+        let _cleanup = Helpers(helpers.clone());
+        let npu_smi = d.path().join("npu-smi");
+        std::fs::write(
+            &npu_smi,
+            format!(
+                "#!/bin/sh\n\
+                 sleep 1000 &\n\
+                 echo $! >> '{}'\n\
+                 echo 'NpuID(Idx)  ChipId(Idx)  AI Cube(%)'\n\
+                 while :; do echo '0           0           42'; sleep 0.1; done\n",
+                helpers.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&npu_smi, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let cfg = WatchConfig {
+            npu_smi,
+            delay_s: 1,
+            backoff_initial: Duration::from_millis(50),
+            backoff_max: Duration::from_secs(1),
+        };
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let w = Watch::start(
+            cfg,
+            WatchTarget {
+                npu: 0,
+                chip: Some(0),
+            },
+            "t".into(),
+            move |u| {
+                let _ = tx.send(u);
+            },
+        )
+        .unwrap();
+        let reading = |u: &WatchUpdate| *u == WatchUpdate::Reading(Cube::Percent(42));
+        wait_until("a first row", || rx.try_iter().any(|u| reading(&u)));
+        let first = w.pid().expect("a child runs");
+        let helper = || {
+            std::fs::read_to_string(&helpers)
+                .unwrap_or_default()
+                .lines()
+                .next()
+                .and_then(|l| l.trim().parse::<u32>().ok())
+        };
+        let grandchild = helper().expect("the stand-in started its helper");
+        assert!(!dead(grandchild), "the helper holds the pipe");
+
+        rustix::process::kill_process(
+            rustix::process::Pid::from_raw(first as i32).unwrap(),
+            rustix::process::Signal::KILL,
+        )
+        .unwrap();
+        wait_until("the killed child reaped", || stat_fields(first).is_none());
+        wait_until("its helper killed with its group", || dead(grandchild));
+        wait_until("a new child", || w.pid().is_some_and(|p| p != first));
+        let mut exited = false;
+        wait_until("rows again after the restart", || {
+            rx.try_iter().any(|u| {
+                exited |= matches!(u, WatchUpdate::Exited { .. });
+                exited && reading(&u)
+            })
+        });
+        w.stop();
     }
 }
