@@ -488,8 +488,17 @@ pub async fn run(cfg: AgentConfig, reload: Reloader) -> Result<(), AgentError> {
     let mut signals = Signals::install()
         .map_err(|e| AgentError::Runtime(format!("cannot install signal handlers: {e}")))?;
     let mut systemd = Systemd::from_env();
-    // A stop during start-up stops at once; a reload is applied right after start.
+    // A stop during start-up stops at once; a reload is applied right after start. Signals
+    // from before this point (caught since the first line of main) count the same.
     let mut reload_pending = false;
+    match signals.early() {
+        Some(Request::Stop(name)) => {
+            tracing::info!("received {name} while starting; not starting");
+            return Ok(());
+        }
+        Some(Request::Reload) => reload_pending = true,
+        None => {}
+    }
     let starting = start(cfg);
     tokio::pin!(starting);
     let mut running = loop {

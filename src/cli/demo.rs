@@ -145,6 +145,10 @@ async fn stop(mut child: Child, name: &str) {
 /// Runs the demo.
 pub async fn demo(args: DemoArgs) -> Result<(), Failure> {
     let _ = rustls::crypto::ring::default_provider().install_default();
+    // SIGTERM, SIGINT and SIGHUP all end the demo, and it stops what it started.
+    let mut signals =
+        crate::service::signals::Signals::install().context("installing signal handlers")?;
+    let stopped_early = signals.early().is_some();
     let exe = std::env::current_exe().context("locating this binary")?;
     let dir = std::env::temp_dir().join(format!("npu-health-agent-demo-{}", std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -187,9 +191,11 @@ pub async fn demo(args: DemoArgs) -> Result<(), Failure> {
     // The engine comes up only once the agent answers `initial`, as after a model load.
     let mut engine: Option<Child> = None;
     let load = CancellationToken::new();
-    let ctrl_c = tokio::signal::ctrl_c();
-    tokio::pin!(ctrl_c);
+    // Ok(true): stopped by a signal (no verdict expected then).
     let outcome = loop {
+        if stopped_early {
+            break Ok(true);
+        }
         if let Ok(Some(status)) = agent.try_wait() {
             break Err(anyhow::anyhow!(
                 "the agent exited ({status}); run it alone to see why: RUST_LOG=info {} --fake run --config {}",
@@ -264,10 +270,16 @@ pub async fn demo(args: DemoArgs) -> Result<(), Failure> {
             }
         }
         if deadline.is_some_and(|d| Instant::now() >= d) {
-            break Ok(());
+            break Ok(false);
         }
         tokio::select! {
-            _ = &mut ctrl_c => break Ok(()),
+            req = signals.next() => {
+                println!("demo: {}; stopping the agent and the fake engine", match req {
+                    crate::service::signals::Request::Stop(name) => name,
+                    crate::service::signals::Request::Reload => "SIGHUP",
+                });
+                break Ok(true);
+            }
             _ = tokio::time::sleep(Duration::from_millis(100)) => {}
         }
     };
@@ -277,7 +289,9 @@ pub async fn demo(args: DemoArgs) -> Result<(), Failure> {
         stop(e, "fake engine").await;
     }
     let _ = std::fs::remove_dir_all(&dir);
-    outcome?;
+    if outcome? {
+        return Ok(());
+    }
     if !(seen_initial && seen_normal) {
         return Err(Failure::from(anyhow::anyhow!(
             "/status did not go initial → normal (initial seen: {seen_initial}, normal seen: {seen_normal})"

@@ -207,8 +207,13 @@ impl<E: Into<anyhow::Error>> From<E> for Failure {
 
 /// Parses the command line, runs the command, prints a one-line error on failure.
 pub fn main() -> ExitCode {
+    // Before anything else: a signal during start-up is remembered, not fatal.
+    crate::service::signals::install_early();
     let cli = Cli::parse();
     let service = matches!(cli.command, Command::Run(_)) || is_demo(&cli.command);
+    if !service {
+        crate::service::signals::default_actions();
+    }
     let default = if service { "info" } else { "warn" };
     crate::logging::set_global(crate::logging::init(cli.driver.log_format, default));
     let result = run(cli);

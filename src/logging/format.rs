@@ -97,16 +97,55 @@ impl Visit for Visitor {
     }
 }
 
-/// `2026-11-30T00:23:05.123456Z  WARN message key=value ...`
+/// Longest text copied from outside (tool output, an engine's answer) into an error.
+pub const QUOTE_MAX: usize = 512;
+
+/// `s` with every control character escaped (`\n`, `\t`, `\u{1b}`, …), so one event is
+/// one line and copied bytes cannot drive a terminal.
+pub fn escape_controls(s: &str) -> std::borrow::Cow<'_, str> {
+    if !s.contains(char::is_control) {
+        return s.into();
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if c.is_control() {
+            out.extend(c.escape_debug());
+        } else {
+            out.push(c);
+        }
+    }
+    out.into()
+}
+
+/// `s` as quoted in an error: in double quotes, control characters and quotes escaped, cut
+/// at [`QUOTE_MAX`] bytes with how much was left out.
+pub fn quote(s: &str) -> String {
+    let mut cut = s.len().min(QUOTE_MAX);
+    while !s.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let head = format!("{:?}", &s[..cut]);
+    if cut == s.len() {
+        head
+    } else {
+        format!("{head}… ({} more bytes)", s.len() - cut)
+    }
+}
+
+/// `2026-11-30T00:23:05.123456Z  WARN message key=value ...`, control characters escaped.
 pub fn text(r: &Record) -> String {
     let mut s = format!(
         "{} {:>5} {}",
         humantime::format_rfc3339_micros(r.time),
         r.level.as_str(),
-        r.message
+        escape_controls(&r.message)
     );
     for (k, v) in &r.fields {
-        if v.is_empty() || v.contains(char::is_whitespace) || v.contains('"') {
+        if v.is_empty()
+            || v.contains(char::is_whitespace)
+            || v.contains('"')
+            || v.contains(char::is_control)
+        {
             let _ = write!(s, " {k}={v:?}");
         } else {
             let _ = write!(s, " {k}={v}");
@@ -164,6 +203,37 @@ mod tests {
             text(&rec()),
             "2023-11-14T22:13:20.000000Z  WARN /health fails engine=prefill-0 error=\"connection refused\"\n"
         );
+    }
+
+    #[test]
+    fn text_lines_escape_control_bytes_from_outside() {
+        let mut r = rec();
+        r.message = "npu-smi said: ok\n2026-01-01T00:00:00Z ERROR forged\x1b[2J".into();
+        r.fields = vec![("output", "a\x07b".into())];
+        let line = text(&r);
+        assert_eq!(
+            line.matches('\n').count(),
+            1,
+            "one event, one line: {line:?}"
+        );
+        assert!(!line.contains('\x1b') && !line.contains('\x07'), "{line:?}");
+        assert!(
+            line.contains("ok\\n2026") && line.contains("\\u{1b}[2J"),
+            "{line:?}"
+        );
+        assert!(line.contains(r#"output="a\u{7}b""#), "{line:?}");
+    }
+
+    #[test]
+    fn quoted_output_is_cut_at_a_stated_size() {
+        assert_eq!(quote("short\n"), "\"short\\n\"");
+        let long = "é".repeat(QUOTE_MAX);
+        let q = quote(&long);
+        assert!(
+            q.ends_with(&format!("… ({} more bytes)", long.len() - QUOTE_MAX)),
+            "{q}"
+        );
+        assert!(q.len() < QUOTE_MAX + 40);
     }
 
     #[test]

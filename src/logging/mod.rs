@@ -8,6 +8,8 @@
 //! else `[agent] log_level`, else `info` for services; a reload re-applies the config's level.
 
 mod format;
+
+pub use format::{QUOTE_MAX, escape_controls, quote};
 pub mod journald;
 pub mod ratelimit;
 

@@ -390,7 +390,10 @@ impl Stream {
                     .or_else(|| v.get("message"))
                     .and_then(Value::as_str)
                     .unwrap_or("no message");
-                return Err(format!("the engine reported an error: {msg}"));
+                return Err(format!(
+                    "the engine reported an error: {}",
+                    crate::logging::quote(msg)
+                ));
             }
             if v.get("choices")
                 .and_then(Value::as_array)

@@ -25,6 +25,7 @@ pub enum NpuSmiError {
     Exit {
         command: &'static str,
         status: std::process::ExitStatus,
+        /// The tool's output, quoted and cut at `logging::QUOTE_MAX` bytes.
         output: String,
     },
     #[error("npu-smi info -m: {0}")]
@@ -40,7 +41,7 @@ pub fn enumerate(npu_smi: &Path, timeout: Duration) -> Result<Vec<MappedChip>, N
         return Err(NpuSmiError::Exit {
             command,
             status: out.status,
-            output: out.text.trim().to_owned(),
+            output: crate::logging::quote(out.text.trim()),
         });
     }
     Ok(parse::parse_mapping(&out.text)?)

@@ -207,12 +207,15 @@ fn parse_mapping_inner(text: &str) -> Result<Vec<MappedChip>, String> {
         .collect();
     let col = |n: &str| names.iter().position(|h| h == n);
     let (Some(npu_col), Some(name_col)) = (col("NPU ID"), col("Chip Name")) else {
-        return Err(format!("unexpected header {:?}", header.trim()));
+        return Err(format!(
+            "unexpected header {}",
+            crate::logging::quote(header.trim())
+        ));
     };
     if name_col + 1 != names.len() {
         return Err(format!(
-            "Chip Name is not the last column in {:?}",
-            header.trim()
+            "Chip Name is not the last column in {}",
+            crate::logging::quote(header.trim())
         ));
     }
     let chip_col = col("Chip ID");
@@ -221,16 +224,20 @@ fn parse_mapping_inner(text: &str) -> Result<Vec<MappedChip>, String> {
     for line in lines {
         let tokens: Vec<&str> = line.split_whitespace().collect();
         if tokens.len() < names.len() {
-            return Err(format!("short row {:?}", line.trim()));
+            return Err(format!("short row {}", crate::logging::quote(line.trim())));
         }
         let name = tokens[name_col..].join(" ");
         if name.eq_ignore_ascii_case("mcu") {
             continue;
         }
         let num = |i: usize| {
-            tokens[i]
-                .parse::<u32>()
-                .map_err(|_| format!("bad number {:?} in {:?}", tokens[i], line.trim()))
+            tokens[i].parse::<u32>().map_err(|_| {
+                format!(
+                    "bad number {} in {}",
+                    crate::logging::quote(tokens[i]),
+                    crate::logging::quote(line.trim())
+                )
+            })
         };
         let npu = num(npu_col)?;
         // Without a logic id column (950 layout) the NPU id is the logical id and there is
