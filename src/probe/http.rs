@@ -625,6 +625,32 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        // An engine's streamed answer, arbitrary bytes in arbitrary chunks (and SSE-shaped
+        // ones): never a panic; an error says why.
+        #[test]
+        fn stream_parser_never_panics(
+            chunks in proptest::collection::vec(proptest::collection::vec(proptest::prelude::any::<u8>(), 0..200), 0..12),
+            events in proptest::collection::vec("(data: ?(\\[DONE\\]|\\{[ -~]{0,40}\\}|[ -~]{0,20})|event: x|: c|)(\n\n|\r\n\r\n|\n)", 0..12),
+        ) {
+            let now = Instant::now();
+            let mut s = Stream::default();
+            for c in &chunks {
+                if let Err(e) = s.feed(c, now) {
+                    proptest::prop_assert!(!e.is_empty());
+                    break;
+                }
+            }
+            let mut s = Stream::default();
+            for e in &events {
+                if let Err(e) = s.feed(e.as_bytes(), now) {
+                    proptest::prop_assert!(!e.is_empty());
+                    break;
+                }
+            }
+        }
+    }
+
     #[test]
     fn local_and_tls_errors_are_classed_by_their_source() {
         let emfile = std::io::Error::from_raw_os_error(24);
