@@ -103,6 +103,49 @@ pub fn server_config(tls: &TlsConfig) -> Result<Arc<rustls::ServerConfig>, TlsEr
     Ok(Arc::new(cfg))
 }
 
+/// Server configuration of the admin listener (`[agent] admin_tls`). With a client CA, a
+/// client certificate is verified against it when presented; whether a route requires one is
+/// the admin router's decision (`/healthz` stays open for probes that present none).
+pub fn admin_server_config(
+    tls: &crate::config::AdminTls,
+) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+    let err = |message| TlsError {
+        config: "admin_tls",
+        message,
+    };
+    let certs = load_certs(&tls.cert_file).map_err(err)?;
+    let key = load_key(&tls.key_file, Path::new("")).map_err(err)?;
+    let builder = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| err(e.to_string()))?;
+    let builder = match &tls.client_ca_file {
+        None => builder.with_no_client_auth(),
+        Some(ca) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for cert in load_certs(ca).map_err(err)? {
+                roots
+                    .add(cert)
+                    .map_err(|e| err(format!("client_ca_file {}: {e}", ca.display())))?;
+            }
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                Arc::new(roots),
+                provider(),
+            )
+            .allow_unauthenticated()
+            .build()
+            .map_err(|e| err(format!("client_ca_file {}: {e}", ca.display())))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let mut cfg = builder.with_single_cert(certs, key).map_err(|e| {
+        err(format!(
+            "certificate and key do not form a usable pair: {e}"
+        ))
+    })?;
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(cfg))
+}
+
 /// Client configuration for the inference surface.
 pub fn client_config(tls: &TlsConfig) -> Result<rustls::ClientConfig, TlsError> {
     let err = |message| TlsError {

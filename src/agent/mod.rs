@@ -288,6 +288,7 @@ impl Running {
         configured: SocketAddr,
         socket: std::net::TcpListener,
         engines: Vec<Arc<EngineState>>,
+        access: Arc<server::auth::AdminAccess>,
     ) -> Result<ListenerRun, AgentError> {
         let scope = Arc::new(metrics::Scope {
             shared: self.shared.clone(),
@@ -295,15 +296,19 @@ impl Running {
             devices: (0..self.shared.devices.len() as u16).collect(),
             window: longest_window(&self.cfg),
         });
-        let router = server::admin_router(AdminView {
-            metrics: scope,
-            stuck_after: self.cfg.agent.sampler_stuck_after,
-        });
+        let tls = access.tls.clone();
+        let router = server::admin_router(
+            AdminView {
+                metrics: scope,
+                stuck_after: self.cfg.agent.sampler_stuck_after,
+            },
+            access,
+        );
         ListenerRun::start(
             configured,
             socket,
             router,
-            None,
+            tls,
             self.limits,
             "admin".to_owned(),
         )
@@ -457,6 +462,10 @@ pub async fn start(cfg: AgentConfig) -> Result<Running, AgentError> {
         Some(addr) => Some((
             addr,
             server::bind(addr).map_err(|e| AgentError::Runtime(format!("admin listener: {e}")))?,
+            Arc::new(
+                server::auth::AdminAccess::load(&cfg.agent.admin_auth)
+                    .map_err(AgentError::Config)?,
+            ),
         )),
         None => None,
     };
@@ -465,11 +474,19 @@ pub async fn start(cfg: AgentConfig) -> Result<Running, AgentError> {
         running.engines.push(run);
     }
     running.publish_roster();
-    if let Some((addr, socket)) = admin_socket {
+    if let Some((addr, socket, access)) = admin_socket {
         let engines = running.engines.iter().map(|e| e.state.clone()).collect();
-        let admin = running.launch_admin(addr, socket, engines)?;
+        let (scheme, auth) = (
+            if access.tls.is_some() {
+                "https"
+            } else {
+                "http"
+            },
+            access.describe(),
+        );
+        let admin = running.launch_admin(addr, socket, engines, access)?;
         tracing::info!(
-            "admin listener on http://{} (/metrics, /status/detail, /qos, /healthz)",
+            "admin listener on {scheme}://{} (/metrics, /status/detail, /qos: {auth}; /healthz: open)",
             admin.bound
         );
         running.admin = Some(admin);

@@ -165,7 +165,14 @@ impl Running {
         }
         let admin_socket = match new.agent.admin_listen {
             None => None,
-            Some(addr) => Some((addr, self.admin_socket_for(addr, &kept)?)),
+            Some(addr) => Some((
+                addr,
+                self.admin_socket_for(addr, &kept)?,
+                // Re-read on every reload: a rotated token takes effect with SIGHUP.
+                std::sync::Arc::new(crate::server::auth::AdminAccess::load(
+                    &new.agent.admin_auth,
+                )?),
+            )),
         };
         // Commit: nothing below fails for a configuration reason.
         let mut old_runs: Vec<Option<EngineRun>> = std::mem::take(&mut self.engines)
@@ -254,9 +261,9 @@ impl Running {
         if let Some(a) = old_admin {
             a.stop().await;
         }
-        if let Some((addr, socket)) = admin_socket {
+        if let Some((addr, socket, access)) = admin_socket {
             let engines = self.engines.iter().map(|e| e.state.clone()).collect();
-            match self.launch_admin(addr, socket, engines) {
+            match self.launch_admin(addr, socket, engines, access) {
                 Ok(a) => self.admin = Some(a),
                 Err(e) => {
                     tracing::error!("{e}");

@@ -81,10 +81,20 @@ struct AgentTable {
     sampler_stuck_after: Option<Duration>,
     log_level: Option<String>,
     max_connections: Option<usize>,
+    admin_token_file: Option<PathBuf>,
+    admin_tls: Option<AdminTlsTable>,
     #[serde(default, deserialize_with = "de_duration")]
     header_read_timeout: Option<Duration>,
     #[serde(default, deserialize_with = "de_duration")]
     idle_timeout: Option<Duration>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AdminTlsTable {
+    cert_file: PathBuf,
+    key_file: PathBuf,
+    client_ca_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -376,6 +386,19 @@ fn agent_settings(t: &AgentTable, base: &Path) -> Result<AgentSettings, KeyError
     if let Some(l) = &t.log_level {
         crate::logging::check_filter(l).map_err(|m| ("log_level".to_owned(), m))?;
     }
+    if admin_listen.is_none() {
+        for (key, set) in [
+            ("admin_token_file", t.admin_token_file.is_some()),
+            ("admin_tls", t.admin_tls.is_some()),
+        ] {
+            if set {
+                return Err((
+                    key.to_owned(),
+                    "is set, but there is no admin listener (admin_listen)".to_owned(),
+                ));
+            }
+        }
+    }
     let dl = d.listeners;
     let max_connections = t.max_connections.unwrap_or(dl.max_connections);
     if !(4..=65536).contains(&max_connections) {
@@ -425,7 +448,24 @@ fn agent_settings(t: &AgentTable, base: &Path) -> Result<AgentSettings, KeyError
             header_read_timeout,
             idle_timeout,
         },
+        admin_auth: crate::config::AdminAuthConfig {
+            token_file: t.admin_token_file.as_ref().map(|p| base_rel(base, p)),
+            tls: t.admin_tls.as_ref().map(|x| crate::config::AdminTls {
+                cert_file: base_rel(base, &x.cert_file),
+                key_file: base_rel(base, &x.key_file),
+                client_ca_file: x.client_ca_file.as_ref().map(|p| base_rel(base, p)),
+            }),
+        },
     })
+}
+
+/// A file named in the config: relative paths are relative to the config's directory.
+fn base_rel(base: &Path, p: &Path) -> PathBuf {
+    if p.is_relative() {
+        base.join(p)
+    } else {
+        p.to_path_buf()
+    }
 }
 
 fn to_json(v: &Option<toml::Value>) -> Option<Value> {

@@ -245,6 +245,27 @@ pub struct AgentSettings {
     pub log_level: Option<String>,
     /// Connection limits of every listener the agent serves (mgmt, admin, TLS).
     pub listeners: ListenerLimits,
+    /// Who may call the admin listener (`admin_token_file`, `admin_tls`).
+    pub admin_auth: AdminAuthConfig,
+}
+
+/// Access to the admin listener. With neither key it is open (bind it to loopback then);
+/// `/healthz` always stays open, for liveness probes.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct AdminAuthConfig {
+    /// A file holding the bearer token every other route requires.
+    pub token_file: Option<PathBuf>,
+    /// HTTPS on the admin listener; with `client_ca_file`, a client certificate signed by it.
+    pub tls: Option<AdminTls>,
+}
+
+/// `[agent] admin_tls`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AdminTls {
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+    /// Routes other than `/healthz` require a client certificate signed by this CA.
+    pub client_ca_file: Option<PathBuf>,
 }
 
 /// Connection limits of one listener (`[agent] max_connections`, `header_read_timeout`,
@@ -288,6 +309,7 @@ impl Default for AgentSettings {
             sampler_stuck_after: crate::sampler::DEFAULT_STUCK_AFTER,
             log_level: None,
             listeners: ListenerLimits::default(),
+            admin_auth: AdminAuthConfig::default(),
         }
     }
 }

@@ -266,7 +266,7 @@ impl Connection {
             activity: Arc::clone(&self.activity),
         };
         match self.acceptor.clone() {
-            None => self.http(io).await,
+            None => self.http(io, false).await,
             Some(acceptor) => {
                 let handshake = tokio::select! {
                     _ = self.cancel.cancelled() => return,
@@ -274,7 +274,14 @@ impl Connection {
                     r = tokio::time::timeout(self.limits.header_read_timeout, acceptor.accept(io)) => r,
                 };
                 match handshake {
-                    Ok(Ok(tls)) => self.http(tls).await,
+                    Ok(Ok(tls)) => {
+                        let cert = tls
+                            .get_ref()
+                            .1
+                            .peer_certificates()
+                            .is_some_and(|c| !c.is_empty());
+                        self.http(tls, cert).await
+                    }
                     Ok(Err(e)) => tracing::debug!(%peer, "TLS handshake failed: {e}"),
                     Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
                 }
@@ -283,10 +290,17 @@ impl Connection {
     }
 
     /// HTTP/1.1 on `io` until the client closes, a limit closes it, or the listener stops.
-    async fn http<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(self, io: S) {
+    /// `client_cert`: the TLS layer verified a client certificate (told to every request).
+    async fn http<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
+        self,
+        io: S,
+        client_cert: bool,
+    ) {
         let router = self.router.clone();
         let activity = Arc::clone(&self.activity);
-        let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
+        let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
+            req.extensions_mut()
+                .insert(super::auth::ClientCert(client_cert));
             let busy = BusyGuard::enter(&activity);
             let router = router.clone();
             async move {

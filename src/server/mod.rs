@@ -8,6 +8,7 @@
 //! engine), `GET /qos` (every engine), `GET /healthz` (the agent itself).
 //! Handlers only read shared state; none waits on the engine or the driver.
 
+pub mod auth;
 pub mod conn;
 pub mod metrics;
 
@@ -52,14 +53,18 @@ pub fn engine_router(view: EngineView) -> Router {
         .with_state(view)
 }
 
-/// Router of the admin listener.
-pub fn admin_router(view: AdminView) -> Router {
-    Router::new()
+/// Router of the admin listener; every route but `/healthz` behind `access`.
+pub fn admin_router(view: AdminView, access: Arc<auth::AdminAccess>) -> Router {
+    let guarded = Router::new()
         .route("/metrics", get(admin_metrics))
         .route("/status/detail", get(admin_detail))
-        .route("/qos", get(admin_qos))
-        .route("/healthz", get(healthz))
-        .with_state(view)
+        .route("/qos", get(admin_qos));
+    let guarded = if access.required() {
+        guarded.route_layer(axum::middleware::from_fn_with_state(access, auth::require))
+    } else {
+        guarded
+    };
+    guarded.route("/healthz", get(healthz)).with_state(view)
 }
 
 async fn status(State(v): State<EngineView>) -> Response {

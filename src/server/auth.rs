@@ -1,0 +1,223 @@
+//! Who may call the admin listener: optionally a bearer token, a client certificate (mTLS),
+//! or both (`[agent] admin_token_file`, `admin_tls`). `/healthz` stays open whatever is set,
+//! so the kubelet's liveness probe needs no credentials. The mgmt listeners stay open:
+//! Node Manager polls them without credentials.
+
+use crate::config::AdminAuthConfig;
+use axum::extract::{Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use std::io::Read;
+use std::sync::Arc;
+
+/// Longest token file read.
+const MAX_TOKEN_FILE: u64 = 4096;
+/// Shortest token accepted.
+const MIN_TOKEN: usize = 16;
+
+/// Whether the connection a request came on presented a client certificate that the TLS
+/// layer verified (set by `server::conn` on every request).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientCert(pub bool);
+
+/// What the admin listener requires, loaded from [`AdminAuthConfig`].
+#[derive(Debug, Clone, Default)]
+pub struct AdminAccess {
+    token: Option<Vec<u8>>,
+    client_cert: bool,
+    /// Its TLS configuration (`admin_tls`).
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+}
+
+impl AdminAccess {
+    /// Reads the token file and the TLS files; errors name the key and the file.
+    pub fn load(cfg: &AdminAuthConfig) -> Result<AdminAccess, String> {
+        let token = match &cfg.token_file {
+            None => None,
+            Some(p) => Some(read_token(p).map_err(|e| format!("[agent] admin_token_file: {e}"))?),
+        };
+        let tls = match &cfg.tls {
+            None => None,
+            Some(t) => Some(crate::tls::admin_server_config(t).map_err(|e| e.to_string())?),
+        };
+        Ok(AdminAccess {
+            token,
+            client_cert: cfg.tls.as_ref().is_some_and(|t| t.client_ca_file.is_some()),
+            tls,
+        })
+    }
+
+    /// Whether anything is required.
+    pub fn required(&self) -> bool {
+        self.token.is_some() || self.client_cert
+    }
+
+    /// For the start-up log line: `open`, `bearer token`, `client certificate`, or both.
+    pub fn describe(&self) -> &'static str {
+        match (self.token.is_some(), self.client_cert) {
+            (false, false) => "open",
+            (true, false) => "bearer token",
+            (false, true) => "client certificate",
+            (true, true) => "bearer token and client certificate",
+        }
+    }
+}
+
+/// The token: the file's content without surrounding whitespace; a regular file of at most
+/// [`MAX_TOKEN_FILE`] bytes, the token at least [`MIN_TOKEN`] bytes.
+fn read_token(path: &std::path::Path) -> Result<Vec<u8>, String> {
+    let f =
+        std::fs::File::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    let meta = f
+        .metadata()
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    if !meta.is_file() {
+        return Err(format!("{} is not a regular file", path.display()));
+    }
+    let mut raw = Vec::new();
+    f.take(MAX_TOKEN_FILE + 1)
+        .read_to_end(&mut raw)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    if raw.len() as u64 > MAX_TOKEN_FILE {
+        return Err(format!(
+            "{} is larger than {MAX_TOKEN_FILE} bytes",
+            path.display()
+        ));
+    }
+    let token = raw.trim_ascii().to_vec();
+    if token.len() < MIN_TOKEN || token.iter().any(|b| !b.is_ascii_graphic()) {
+        return Err(format!(
+            "{} must hold one token of at least {MIN_TOKEN} printable characters, without spaces",
+            path.display()
+        ));
+    }
+    Ok(token)
+}
+
+/// Equal without an early exit on the first differing byte.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Why `req` may not pass, if it may not.
+fn refusal(access: &AdminAccess, req: &Request) -> Option<Response> {
+    if access.client_cert && req.extensions().get::<ClientCert>() != Some(&ClientCert(true)) {
+        return Some(
+            (
+                StatusCode::FORBIDDEN,
+                "a client certificate signed by admin_tls.client_ca_file is required\n",
+            )
+                .into_response(),
+        );
+    }
+    if let Some(token) = &access.token {
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
+        if !given.is_some_and(|g| same(g.trim_ascii(), token)) {
+            return Some(
+                (
+                    StatusCode::UNAUTHORIZED,
+                    [(
+                        header::WWW_AUTHENTICATE,
+                        "Bearer realm=\"npu-health-agent\"",
+                    )],
+                    "a bearer token is required (Authorization: Bearer <admin_token_file>)\n",
+                )
+                    .into_response(),
+            );
+        }
+    }
+    None
+}
+
+/// The middleware in front of every admin route but `/healthz`.
+pub async fn require(State(access): State<Arc<AdminAccess>>, req: Request, next: Next) -> Response {
+    match refusal(&access, &req) {
+        Some(r) => r,
+        None => next.run(req).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(auth: Option<&str>, cert: Option<bool>) -> Request {
+        let mut b = axum::http::Request::builder().uri("/metrics");
+        if let Some(a) = auth {
+            b = b.header(header::AUTHORIZATION, a);
+        }
+        let mut r = b.body(axum::body::Body::empty()).unwrap();
+        if let Some(c) = cert {
+            r.extensions_mut().insert(ClientCert(c));
+        }
+        r
+    }
+
+    fn access(token: Option<&str>, client_cert: bool) -> AdminAccess {
+        AdminAccess {
+            token: token.map(|t| t.as_bytes().to_vec()),
+            client_cert,
+            tls: None,
+        }
+    }
+
+    #[test]
+    fn each_requirement_is_checked_on_its_own_and_together() {
+        let t = "0123456789abcdef0123";
+        let bearer = format!("Bearer {t}");
+        let code = |a: &AdminAccess, r: Request| refusal(a, &r).map(|r| r.status().as_u16());
+        let open = access(None, false);
+        assert_eq!(code(&open, req(None, None)), None);
+        let tok = access(Some(t), false);
+        assert_eq!(code(&tok, req(None, None)), Some(401));
+        assert_eq!(
+            code(&tok, req(Some("Bearer wrong-token-wrong-token"), None)),
+            Some(401)
+        );
+        assert_eq!(
+            code(&tok, req(Some(&format!("Basic {t}")), None)),
+            Some(401)
+        );
+        assert_eq!(code(&tok, req(Some(&bearer), None)), None);
+        let cert = access(None, true);
+        assert_eq!(code(&cert, req(None, None)), Some(403));
+        assert_eq!(code(&cert, req(None, Some(false))), Some(403));
+        assert_eq!(code(&cert, req(None, Some(true))), None);
+        let both = access(Some(t), true);
+        assert_eq!(code(&both, req(Some(&bearer), Some(false))), Some(403));
+        assert_eq!(code(&both, req(None, Some(true))), Some(401));
+        assert_eq!(code(&both, req(Some(&bearer), Some(true))), None);
+    }
+
+    #[test]
+    fn token_files_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("token");
+        std::fs::write(&p, "  0123456789abcdef\n").unwrap();
+        assert_eq!(read_token(&p).unwrap(), b"0123456789abcdef");
+        for (text, why) in [
+            ("short", "at least 16"),
+            ("0123456789 abcdef", "without spaces"),
+        ] {
+            std::fs::write(&p, text).unwrap();
+            let e = read_token(&p).unwrap_err();
+            assert!(e.contains(why), "{e}");
+        }
+        std::fs::write(&p, "x".repeat(5000)).unwrap();
+        assert!(read_token(&p).unwrap_err().contains("larger than 4096"));
+        assert!(
+            read_token(dir.path())
+                .unwrap_err()
+                .contains("not a regular file")
+        );
+        assert!(
+            read_token(&dir.path().join("absent"))
+                .unwrap_err()
+                .contains("cannot open")
+        );
+    }
+}

@@ -1,0 +1,262 @@
+//! Issue 11 §6: who may call the admin listener. A bearer token, a client certificate
+//! (mTLS), or both; `/healthz` stays open for the kubelet's probes. The real agent binary,
+//! real TLS.
+
+#![cfg(feature = "fake-driver")]
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use support::stack::{free_ports, http_with};
+
+const TOKEN: &str = "s3cr3t-admin-token-0123456789";
+
+struct Agent(std::process::Child);
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The agent with `agent_extra` in `[agent]` and its admin listener on the returned port.
+fn start(dir: &Path, agent_extra: &str) -> (Agent, u16) {
+    std::fs::write(dir.join("npu0"), "0\n").unwrap();
+    let scenario = dir.join("scenario.toml");
+    std::fs::write(
+        &scenario,
+        "model = \"910B\"\ncards = 1\n[[device]]\nid = 0\naicube = { file = \"npu0\" }\n",
+    )
+    .unwrap();
+    let [engine, mgmt, admin] = free_ports();
+    let toml = dir.join("agent.toml");
+    std::fs::write(
+        &toml,
+        format!(
+            "[agent]\nadmin_listen = \"127.0.0.1:{admin}\"\n{agent_extra}\n\n[[engine]]\nname = \"a\"\nengine_type = \"vllm\"\nserved_model_name = \"m\"\nhost = \"127.0.0.1\"\nport = {engine}\nmgmt_port = {mgmt}\ndevices = [0]\nengine_env = {{}}\n"
+        ),
+    )
+    .unwrap();
+    (Agent(support::spawn_agent(dir, &toml, &scenario)), admin)
+}
+
+fn log(dir: &Path) -> String {
+    std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default()
+}
+
+/// Status code of `GET path` over TLS, presenting `client` (cert, key) if given.
+fn https_get(
+    port: u16,
+    path: &str,
+    ca: &rcgen::Certificate,
+    client: Option<&(rcgen::Certificate, rcgen::KeyPair)>,
+    token: Option<&str>,
+) -> Option<u16> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.der().clone()).unwrap();
+    let b = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots);
+    let cfg = match client {
+        None => b.with_no_client_auth(),
+        Some((cert, key)) => b
+            .with_client_auth_cert(
+                vec![cert.der().clone()],
+                rustls::pki_types::PrivateKeyDer::try_from(key.serialize_der()).unwrap(),
+            )
+            .unwrap(),
+    };
+    let tcp = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    tcp.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    let conn = rustls::ClientConnection::new(
+        Arc::new(cfg),
+        rustls::pki_types::ServerName::try_from("localhost").unwrap(),
+    )
+    .ok()?;
+    let mut s = rustls::StreamOwned::new(conn, tcp);
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n{auth}Connection: close\r\n\r\n")
+            .as_bytes(),
+    )
+    .ok()?;
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    String::from_utf8_lossy(&raw)
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+fn wait_for(what: &str, dir: &Path, mut f: impl FnMut() -> bool) {
+    let end = Instant::now() + Duration::from_secs(20);
+    while !f() {
+        assert!(Instant::now() < end, "{what}\n{}", log(dir));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn admin_token_guards_everything_but_healthz() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("admin.token"), format!("{TOKEN}\n")).unwrap();
+    let (_agent, admin) = start(dir.path(), "admin_token_file = \"admin.token\"");
+    let get = |path: &str, token: Option<&str>| {
+        let auth = token.map(|t| format!("Bearer {t}"));
+        let headers: Vec<(&str, &str)> = auth
+            .as_deref()
+            .map(|a| vec![("Authorization", a)])
+            .unwrap_or_default();
+        http_with(
+            "GET",
+            &format!("http://127.0.0.1:{admin}{path}"),
+            None,
+            &headers,
+        )
+        .map(|(c, _)| c)
+    };
+    wait_for("admin listener up", dir.path(), || {
+        get("/healthz", None).is_some()
+    });
+    assert_eq!(get("/healthz", None), Some(200), "/healthz stays open");
+    for path in ["/metrics", "/status/detail", "/qos"] {
+        assert_eq!(get(path, None), Some(401), "{path} without a token");
+        assert_eq!(
+            get(path, Some("wrong-token-wrong-token")),
+            Some(401),
+            "{path}"
+        );
+        assert_eq!(get(path, Some(TOKEN)), Some(200), "{path} with the token");
+    }
+    assert!(
+        log(dir.path()).contains("/qos: bearer token; /healthz: open"),
+        "{}",
+        log(dir.path())
+    );
+}
+
+#[test]
+fn admin_mtls_and_token_together() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let dir = tempfile::tempdir().unwrap();
+    // A CA, the server's certificate and a client's, both signed by it.
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = rcgen::Issuer::from_params(&ca_params, &ca_key);
+    let server_key = rcgen::KeyPair::generate().unwrap();
+    let server = rcgen::CertificateParams::new(vec!["localhost".to_owned()])
+        .unwrap()
+        .signed_by(&server_key, &issuer)
+        .unwrap();
+    let client_key = rcgen::KeyPair::generate().unwrap();
+    let client = rcgen::CertificateParams::new(vec!["prometheus".to_owned()])
+        .unwrap()
+        .signed_by(&client_key, &issuer)
+        .unwrap();
+    // A client certificate from another CA.
+    let stranger_key = rcgen::KeyPair::generate().unwrap();
+    let stranger = rcgen::CertificateParams::new(vec!["x".to_owned()])
+        .unwrap()
+        .self_signed(&stranger_key)
+        .unwrap();
+    for (name, pem) in [
+        ("ca.crt", ca.pem()),
+        ("server.crt", server.pem()),
+        ("server.key", server_key.serialize_pem()),
+        ("admin.token", TOKEN.to_owned()),
+    ] {
+        std::fs::write(dir.path().join(name), pem).unwrap();
+    }
+    let (_agent, admin) = start(
+        dir.path(),
+        "admin_token_file = \"admin.token\"\nadmin_tls = { cert_file = \"server.crt\", key_file = \"server.key\", client_ca_file = \"ca.crt\" }",
+    );
+    let good = (client, client_key);
+    let bad = (stranger, stranger_key);
+    wait_for("admin listener up", dir.path(), || {
+        https_get(admin, "/healthz", &ca, None, None).is_some()
+    });
+    assert_eq!(
+        https_get(admin, "/healthz", &ca, None, None),
+        Some(200),
+        "/healthz open without a certificate or token"
+    );
+    assert_eq!(
+        https_get(admin, "/metrics", &ca, None, Some(TOKEN)),
+        Some(403)
+    );
+    assert_eq!(
+        https_get(admin, "/metrics", &ca, Some(&good), None),
+        Some(401)
+    );
+    assert_eq!(
+        https_get(admin, "/metrics", &ca, Some(&good), Some(TOKEN)),
+        Some(200)
+    );
+    assert_eq!(
+        https_get(admin, "/metrics", &ca, Some(&bad), Some(TOKEN)),
+        None,
+        "a certificate from another CA fails the handshake"
+    );
+    // Plain HTTP on the TLS port gets nothing.
+    assert!(
+        http_with(
+            "GET",
+            &format!("http://127.0.0.1:{admin}/healthz"),
+            None,
+            &[]
+        )
+        .is_none_or(|(c, _)| c != 200)
+    );
+    assert!(
+        log(dir.path()).contains("https://")
+            && log(dir.path()).contains("bearer token and client certificate"),
+        "{}",
+        log(dir.path())
+    );
+}
+
+#[test]
+fn admin_auth_errors_name_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("short.token"), "abc").unwrap();
+    for (extra, want) in [
+        (
+            "admin_token_file = \"absent.token\"",
+            "[agent] admin_token_file",
+        ),
+        ("admin_token_file = \"short.token\"", "at least 16"),
+        (
+            "admin_tls = { cert_file = \"absent.crt\", key_file = \"absent.key\" }",
+            "admin_tls",
+        ),
+    ] {
+        let (mut agent, _) = start(dir.path(), extra);
+        let end = Instant::now() + Duration::from_secs(20);
+        let status = loop {
+            if let Some(s) = agent.0.try_wait().unwrap() {
+                break s;
+            }
+            assert!(
+                Instant::now() < end,
+                "{extra}: still running\n{}",
+                log(dir.path())
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert_eq!(status.code(), Some(2), "{extra}: a configuration error");
+        let text = log(dir.path());
+        assert!(text.contains(want), "{extra}: {text}");
+    }
+}
