@@ -299,7 +299,9 @@ impl ConfigArgs {
         Ok(q)
     }
 
-    /// Loads the configuration from either mode and applies the driver flags.
+    /// Loads the configuration from either mode, applies the flags and checks the result
+    /// ([`crate::config::validate`]; what needs the host is checked by `check-config` and
+    /// `run` after this).
     pub fn load(&self, driver: &DriverArgs) -> Result<AgentConfig, Failure> {
         let mut cfg = match (&self.config, &self.config_path) {
             (Some(path), _) => file::load(path).map_err(Failure::usage)?,
@@ -349,6 +351,7 @@ impl ConfigArgs {
         if let Some(a) = self.admin_listen {
             cfg.agent.admin_listen = Some(a);
         }
+        crate::config::validate::across(&cfg).map_err(Failure::usage)?;
         apply_driver_args(driver, &mut cfg.agent)?;
         Ok(cfg)
     }
