@@ -341,11 +341,9 @@ impl ConfigArgs {
             }
         };
         if let Some(p) = self.sample_period {
-            if p < crate::sampler::MIN_PERIOD || p > crate::sampler::MAX_PERIOD {
-                return Err(Failure::usage(anyhow::anyhow!(
-                    "--sample-period {p:?} is outside 10µs..=60s"
-                )));
-            }
+            crate::config::validate::agent_bounds::SAMPLE_PERIOD
+                .check("--sample-period", p)
+                .map_err(|(k, m)| Failure::usage(anyhow::anyhow!("{k}: {m}")))?;
             cfg.agent.sample_period = p;
         }
         if let Some(a) = self.admin_listen {
