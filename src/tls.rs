@@ -11,6 +11,9 @@
 //! Keys must be unencrypted PEM (PKCS#8, PKCS#1 or SEC1). MindIE deployments often ship keys
 //! encrypted with a password in `passwd_file`; those are refused at start with an error that
 //! says how to convert them, rather than failing later.
+//!
+//! Files are read as every config file is ([`crate::config::read`]): regular files of at
+//! most 4 MiB, so a FIFO named as a certificate cannot block the start.
 
 use crate::config::mindie::TlsConfig;
 use rustls::pki_types::pem::PemObject;
@@ -31,10 +34,13 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
+fn read(path: &Path) -> Result<Vec<u8>, String> {
+    crate::config::read::bytes(path).map_err(|e| format!("{} {e}", path.display()))
+}
+
 /// Reads every certificate of a PEM file.
 pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
-    let certs: Vec<_> = CertificateDer::pem_file_iter(path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?
+    let certs: Vec<_> = CertificateDer::pem_slice_iter(&read(path)?)
         .collect::<Result<_, _>>()
         .map_err(|e| format!("{}: bad PEM: {e}", path.display()))?;
     if certs.is_empty() {
@@ -48,10 +54,11 @@ pub fn load_crls(path: &Path) -> Result<Vec<CertificateRevocationListDer<'static
     if path.as_os_str().is_empty() {
         return Ok(Vec::new());
     }
-    let crls: Vec<_> = CertificateRevocationListDer::pem_file_iter(path)
-        .map_err(|e| format!("cannot read crl_file {}: {e}", path.display()))?
-        .collect::<Result<_, _>>()
-        .map_err(|e| format!("crl_file {}: bad PEM: {e}", path.display()))?;
+    let crls: Vec<_> = CertificateRevocationListDer::pem_slice_iter(
+        &read(path).map_err(|e| format!("crl_file {e}"))?,
+    )
+    .collect::<Result<_, _>>()
+    .map_err(|e| format!("crl_file {}: bad PEM: {e}", path.display()))?;
     if crls.is_empty() {
         return Err(format!("crl_file {}: no CRL in the file", path.display()));
     }
@@ -60,8 +67,7 @@ pub fn load_crls(path: &Path) -> Result<Vec<CertificateRevocationListDer<'static
 
 /// Reads an unencrypted private key; an encrypted one is refused with a clear message.
 pub fn load_key(path: &Path, passwd_file: &Path) -> Result<PrivateKeyDer<'static>, String> {
-    let text =
-        std::fs::read(path).map_err(|e| format!("cannot read key_file {}: {e}", path.display()))?;
+    let text = read(path).map_err(|e| format!("key_file {e}"))?;
     let s = String::from_utf8_lossy(&text);
     if s.contains("ENCRYPTED PRIVATE KEY") || s.contains("Proc-Type: 4,ENCRYPTED") {
         return Err(format!(

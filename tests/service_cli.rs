@@ -622,7 +622,11 @@ fn readme_agent_toml_example_is_valid() {
         readme[start..end].replace("/home/mindie/user_config.json", &uc.display().to_string());
     let toml = dir.path().join("agent.toml");
     std::fs::write(&toml, text).unwrap();
+    // check-config checks the NPUs named (0-3 and 4-7) against the driver: an 8-NPU host.
+    let scenario = dir.path().join("scenario.toml");
+    std::fs::write(&scenario, "cards = 8\n").unwrap();
     let out = agent()
+        .env("FAKE_NPU_SCENARIO", &scenario)
         .args(["check-config", "--config"])
         .arg(&toml)
         .output()

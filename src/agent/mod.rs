@@ -400,17 +400,29 @@ pub fn summary(roster: &Roster, shared: &Shared) -> String {
     )
 }
 
-/// Starts everything inside the current tokio runtime.
-pub async fn start(cfg: AgentConfig) -> Result<Running, AgentError> {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let retention = (longest_window(&cfg) + Duration::from_secs(5)).max(Duration::from_secs(30));
-    let sampler_cfg = SamplerConfig {
+/// The sampler `run` starts for `cfg` (`check-config` starts the same to find the NPUs).
+pub fn sampler_config(cfg: &AgentConfig) -> SamplerConfig {
+    let retention = (longest_window(cfg) + Duration::from_secs(5)).max(Duration::from_secs(30));
+    SamplerConfig {
         period: cfg.agent.sample_period,
         retention,
         realtime: cfg.agent.sampler_realtime,
         call_deadline: cfg.agent.driver_call_deadline,
         ..SamplerConfig::default()
-    };
+    }
+}
+
+/// The logic ids of the NPUs a sampler monitors; `None` without a backend (nothing to check
+/// an engine's NPUs against).
+pub fn npu_ids(sampler: &Sampler) -> Option<Vec<u32>> {
+    let ids: Vec<u32> = sampler.devices().iter().map(|d| d.info.id).collect();
+    (!ids.is_empty()).then_some(ids)
+}
+
+/// Starts everything inside the current tokio runtime.
+pub async fn start(cfg: AgentConfig) -> Result<Running, AgentError> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let sampler_cfg = sampler_config(&cfg);
     let driver = cfg.agent.driver();
     let started = tokio::task::spawn_blocking(move || Sampler::start(&driver, &sampler_cfg))
         .await
@@ -423,6 +435,9 @@ pub async fn start(cfg: AgentConfig) -> Result<Running, AgentError> {
         Err(e @ StartError::NoBackend { .. }) => Sampler::without_backend(&e.to_string()),
         Err(e) => return Err(e.into()),
     };
+    // The checks check-config makes too, so both give the same error.
+    crate::config::validate::host(&cfg, npu_ids(&sampler).as_deref())
+        .map_err(|e| AgentError::Config(e.to_string()))?;
     let listeners = cfg.engines.len() + usize::from(cfg.agent.admin_listen.is_some());
     let budget = server::conn::fd_budget(
         cfg.agent.listeners.max_connections,

@@ -194,7 +194,11 @@ fn agent_toml(
     s: f64,
     model: &str,
 ) -> String {
-    let d = |secs: f64| fmt_duration(Duration::from_secs_f64(secs * s));
+    use crate::config::validate::{engine_bounds as e, qos_bounds as q};
+    // Scaled, and kept within the agent's bounds (a very small scale would leave them).
+    let d = |secs: f64, within: crate::config::validate::Within<Duration>| {
+        fmt_duration(within.clamp(Duration::from_secs_f64(secs * s)))
+    };
     let full = policy == Policy::Full;
     let ids: Vec<String> = (0..devices).map(|i| i.to_string()).collect();
     format!(
@@ -232,16 +236,16 @@ eviction = {full}
         sample = fmt_duration(scaled(Duration::from_millis(50), s).max(Duration::from_millis(10))),
         deadline = fmt_duration(scaled(Duration::from_secs(1), s).max(Duration::from_millis(20))),
         ids = ids.join(", "),
-        warmup = d(180.0),
-        request = d(5.0),
-        window = d(5.0),
-        interval = d(5.0),
-        high = d(20.0),
-        health = d(1.0),
-        health_timeout = d(5.0),
-        qos_period = d(5.0),
-        max_age = d(60.0),
-        stall = d(60.0),
+        warmup = d(180.0, e::WARMUP_TIMEOUT),
+        request = d(5.0, e::REQUEST_TIMEOUT),
+        window = d(5.0, e::WINDOW),
+        interval = d(5.0, e::INTERVAL),
+        high = d(20.0, e::HIGH_LOAD_INTERVAL),
+        health = d(1.0, e::HEALTH_PERIOD),
+        health_timeout = d(5.0, e::HEALTH_TIMEOUT),
+        qos_period = d(5.0, q::PERIOD),
+        max_age = d(60.0, q::MAX_INPUT_AGE),
+        stall = d(60.0, q::STALL_WINDOW),
     )
 }
 

@@ -304,7 +304,9 @@ impl ConfigArgs {
         Ok(q)
     }
 
-    /// Loads the configuration from either mode and applies the driver flags.
+    /// Loads the configuration from either mode, applies the flags and checks the result
+    /// ([`crate::config::validate`]; what needs the host is checked by `check-config` and
+    /// `run` after this).
     pub fn load(&self, driver: &DriverArgs) -> Result<AgentConfig, Failure> {
         let mut cfg = match (&self.config, &self.config_path) {
             (Some(path), _) => file::load(path).map_err(Failure::usage)?,
@@ -344,16 +346,15 @@ impl ConfigArgs {
             }
         };
         if let Some(p) = self.sample_period {
-            if p < crate::sampler::MIN_PERIOD || p > crate::sampler::MAX_PERIOD {
-                return Err(Failure::usage(anyhow::anyhow!(
-                    "--sample-period {p:?} is outside 10µs..=60s"
-                )));
-            }
+            crate::config::validate::agent_bounds::SAMPLE_PERIOD
+                .check("--sample-period", p)
+                .map_err(|(k, m)| Failure::usage(anyhow::anyhow!("{k}: {m}")))?;
             cfg.agent.sample_period = p;
         }
         if let Some(a) = self.admin_listen {
             cfg.agent.admin_listen = Some(a);
         }
+        crate::config::validate::across(&cfg).map_err(Failure::usage)?;
         apply_driver_args(driver, &mut cfg.agent)?;
         Ok(cfg)
     }

@@ -6,13 +6,32 @@ use crate::engine::EngineState;
 use crate::probe::gates::{self, Condition};
 use crate::probe::health::HealthCollector;
 use crate::probe::http::EngineClient;
-use crate::sampler::{Sampler, SamplerConfig};
+use crate::sampler::{Sampler, SamplerConfig, StartError};
 use anyhow::Context;
 use serde_json::json;
 use std::time::Duration;
 
-/// Prints the effective configuration (defaults filled in) as JSON.
+/// Checks what `run` checks before it serves, then prints the effective configuration
+/// (defaults filled in) as JSON.
+///
+/// `run` starts the sampler and checks the TLS files and every engine's NPUs against those
+/// the driver reports ([`crate::config::validate::host`]); this starts the same sampler for
+/// that, and stops it. Without a driver backend `run` starts anyway (without NPU figures),
+/// so this does not fail either: it says on stderr that the NPUs were not checked.
 pub fn check_config(cfg: &AgentConfig) -> Result<(), Failure> {
+    let sampler = match Sampler::start(&cfg.agent.driver(), &crate::agent::sampler_config(cfg)) {
+        Ok(s) => Some(s),
+        Err(e @ StartError::NoBackend { .. }) => {
+            eprintln!("{}: NPUs not checked: {e}", cfg.source);
+            None
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let npus = sampler.as_ref().and_then(crate::agent::npu_ids);
+    if let Some(s) = sampler {
+        s.shutdown();
+    }
+    crate::config::validate::host(cfg, npus.as_deref())?;
     let text = serde_json::to_string_pretty(cfg).context("rendering the configuration")?;
     println!("{text}");
     eprintln!(

@@ -24,12 +24,13 @@
 //! enable_virtual_inference = true
 //! ```
 //!
-//! Unknown keys are rejected; every error names the file, the table and the key.
+//! Unknown keys are rejected; every error names the file, the table and the key, type
+//! errors included (the place is found from the parser's span, [`place_at`]).
 
 use super::mindie::{self, EngineSection, Role};
 use super::{
-    AgentConfig, AgentSettings, ConfigError, EngineEnv, EngineLocation, Timing, build_engine,
-    listen_addr,
+    AgentConfig, AgentSettings, ConfigError, EngineEnv, EngineLocation, KeyError, Mode, Timing,
+    build_engine, engine_place, listen_addr,
 };
 use crate::driver::BackendChoice;
 use crate::qos::QosConfig;
@@ -158,9 +159,10 @@ struct QosTable {
 }
 
 impl QosTable {
-    fn resolve(&self) -> Result<QosConfig, KeyError> {
+    /// The settings with defaults filled in (checked with the rest of the engine).
+    fn resolve(&self) -> QosConfig {
         let d = QosConfig::default();
-        let q = QosConfig {
+        QosConfig {
             enabled: self.enabled.unwrap_or(d.enabled),
             ttft_budget: self.ttft_budget.unwrap_or(d.ttft_budget),
             weights: self.weights.unwrap_or(d.weights),
@@ -177,9 +179,7 @@ impl QosTable {
             skip_when_capacity_waiting: self
                 .skip_when_capacity_waiting
                 .unwrap_or(d.skip_when_capacity_waiting),
-        };
-        q.validate().map_err(|(k, m)| (format!("qos.{k}"), m))?;
-        Ok(q)
+        }
     }
 }
 
@@ -205,11 +205,10 @@ struct TimingTable {
     serving_evidence_max_age: Option<Duration>,
 }
 
-/// Reads and validates `agent.toml`.
+/// Reads and validates `agent.toml` (a regular file of at most 4 MiB, [`super::read`]).
 pub fn load(path: &Path) -> Result<AgentConfig, ConfigError> {
     let file = path.display().to_string();
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| ConfigError::new(&file, "", format!("cannot read: {e}")))?;
+    let text = super::read::text(path).map_err(|e| ConfigError::new(&file, "", e))?;
     parse(&text, path)
 }
 
@@ -220,7 +219,7 @@ pub fn parse(text: &str, path: &Path) -> Result<AgentConfig, ConfigError> {
     let parsed: FileConfig = toml::from_str(text).map_err(|e| {
         let place = e
             .span()
-            .map(|s| table_at(text, s.start))
+            .map(|s| place_at(text, s, e.message()))
             .unwrap_or_default();
         ConfigError::new(&file, place, e.message().to_owned())
     })?;
@@ -235,95 +234,155 @@ pub fn parse(text: &str, path: &Path) -> Result<AgentConfig, ConfigError> {
     }
     let mut engines = Vec::new();
     for (i, t) in parsed.engine.iter().enumerate() {
-        let place = format!(
-            "[[engine]] #{}{}",
-            i + 1,
-            t.name
-                .as_ref()
-                .map(|n| format!(" ({n})"))
-                .unwrap_or_default()
-        );
         let spec =
             engine(t, i, base, parsed.agent.env_config_path.as_deref()).map_err(|(key, msg)| {
-                ConfigError::new(&file, format!("{place} {key}").trim_end().to_owned(), msg)
+                ConfigError::new(&file, engine_place(i, t.name.as_deref(), &key), msg)
             })?;
         engines.push(spec);
     }
-    for (i, a) in engines.iter().enumerate() {
-        for b in &engines[..i] {
-            if a.name == b.name {
-                return Err(ConfigError::new(
-                    &file,
-                    format!("[[engine]] #{}", i + 1),
-                    format!("name {:?} is used twice", a.name),
-                ));
-            }
-            if a.mgmt_listen.port() == b.mgmt_listen.port() {
-                return Err(ConfigError::new(
-                    &file,
-                    format!("[[engine]] #{} mgmt_port", i + 1),
-                    format!(
-                        "{} is also the mgmt_port of engine {:?}",
-                        a.mgmt_listen.port(),
-                        b.name
-                    ),
-                ));
-            }
-        }
-    }
-    if let Some(admin) = agent.admin_listen
-        && let Some(e) = engines
-            .iter()
-            .find(|e| e.mgmt_listen.port() == admin.port())
-    {
-        return Err(ConfigError::new(
-            &file,
-            "[agent] admin_listen",
-            format!(
-                "port {} is also the mgmt_port of engine {:?}",
-                admin.port(),
-                e.name
-            ),
-        ));
-    }
-    Ok(AgentConfig {
+    let cfg = AgentConfig {
         source: file,
+        mode: Mode::Host,
         agent,
         engines,
-    })
+    };
+    super::validate::across(&cfg)?;
+    Ok(cfg)
 }
 
-/// Names the table that holds byte `offset` of `text` (`[agent]`, `[[engine]] #2`, …).
-fn table_at(text: &str, offset: usize) -> String {
-    let mut current = String::new();
-    let mut engine_count = 0;
+/// One step of a key path: a key, or an index into an array.
+#[derive(Debug, Clone, PartialEq)]
+enum Step {
+    Key(String),
+    Index(usize),
+}
+
+/// Names the place of a parse or type error at `span` of `text`, the way every other error
+/// names it: `[agent] backend`, `[[engine]] #2 (decode-0) timing.interval`,
+/// `[[engine]] #1 (p0) devices[0]`.
+///
+/// toml's errors carry a span but no key, so the document is parsed once more into its
+/// spanned form and the key or value holding the span is looked up. A syntax error can leave
+/// that lookup short (a key defined twice is not in the recovered table): the headers above
+/// the span then give the table, and the text at the span the key.
+fn place_at(text: &str, span: std::ops::Range<usize>, message: &str) -> String {
+    let (doc, _) = toml::de::DeTable::parse_recoverable(text);
+    let mut path = Vec::new();
+    if !find_in_table(doc.get_ref(), span.start, &mut path) || message.starts_with("duplicate") {
+        path = header_path(text, span.start);
+        let key = text.get(span.clone()).unwrap_or_default().trim();
+        let key = key.trim_matches(|c| c == '"' || c == '\'');
+        if !key.is_empty() && !key.contains(['=', '[', ']', '\n', ' ']) {
+            path.extend(key.split('.').map(|k| Step::Key(k.to_owned())));
+        }
+    }
+    format_path(doc.get_ref(), &path)
+}
+
+/// Whether `offset` lies in a key or value of `table` (deepest first); the path to it in
+/// `path`.
+fn find_in_table(table: &toml::de::DeTable<'_>, offset: usize, path: &mut Vec<Step>) -> bool {
+    for (k, v) in table.iter() {
+        path.push(Step::Key(k.get_ref().to_string()));
+        if k.span().contains(&offset) || find_in_value(v, offset, path) {
+            return true;
+        }
+        path.pop();
+    }
+    false
+}
+
+fn find_in_value(
+    v: &toml::Spanned<toml::de::DeValue<'_>>,
+    offset: usize,
+    path: &mut Vec<Step>,
+) -> bool {
+    match v.get_ref() {
+        toml::de::DeValue::Table(t) if find_in_table(t, offset, path) => return true,
+        toml::de::DeValue::Array(a) => {
+            for (i, item) in a.iter().enumerate() {
+                path.push(Step::Index(i));
+                if find_in_value(item, offset, path) {
+                    return true;
+                }
+                path.pop();
+            }
+        }
+        _ => {}
+    }
+    v.span().contains(&offset)
+}
+
+/// The table headers in force at byte `offset` (`[[engine]]` counted), as a path.
+fn header_path(text: &str, offset: usize) -> Vec<Step> {
+    let mut path = Vec::new();
+    let mut engines = 0;
     let mut pos = 0;
     for line in text.split_inclusive('\n') {
         if pos > offset {
             break;
         }
-        let t = line.trim();
-        if t.starts_with("[[engine]]") {
-            engine_count += 1;
-            current = format!("[[engine]] #{engine_count}");
-        } else if let Some(sub) = t.strip_prefix("[engine.") {
-            current = format!(
-                "[[engine]] #{engine_count} [engine.{}",
-                sub.trim_end_matches(|c| c != ']')
-            );
-        } else if t.starts_with('[') {
-            current = t
-                .split(']')
-                .next()
-                .map(|h| format!("{h}]"))
-                .unwrap_or_default();
-        }
         pos += line.len();
+        let t = line.trim();
+        let Some(header) = t.strip_prefix('[') else {
+            continue;
+        };
+        let array = header.starts_with('[');
+        let name = header
+            .trim_start_matches('[')
+            .split(']')
+            .next()
+            .unwrap_or_default();
+        path = name
+            .split('.')
+            .map(|k| Step::Key(k.trim().trim_matches('"').to_owned()))
+            .collect();
+        if array && name.trim() == "engine" {
+            engines += 1;
+        }
+        if path.first() == Some(&Step::Key("engine".to_owned())) {
+            path.insert(1, Step::Index(engines.max(1) - 1));
+        }
     }
-    current
+    path
 }
 
-type KeyError = (String, String);
+/// `[agent] key`, `[[engine]] #N (name) key.path`, or the dotted path elsewhere.
+fn format_path(doc: &toml::de::DeTable<'_>, path: &[Step]) -> String {
+    let rest = |steps: &[Step]| {
+        let mut out = String::new();
+        for s in steps {
+            match s {
+                Step::Key(k) if out.is_empty() => out.push_str(k),
+                Step::Key(k) => {
+                    out.push('.');
+                    out.push_str(k);
+                }
+                Step::Index(i) => out.push_str(&format!("[{i}]")),
+            }
+        }
+        out
+    };
+    match path {
+        [Step::Key(t), Step::Index(i), tail @ ..] if t == "engine" => {
+            let name = doc
+                .get("engine")
+                .and_then(|e| e.get_ref().as_array())
+                .and_then(|a| a.get(*i))
+                .and_then(|e| e.get_ref().as_table())
+                .and_then(|e| e.get("name"))
+                .and_then(|n| n.get_ref().as_str());
+            engine_place(*i, name, &rest(tail))
+        }
+        [Step::Key(t), tail @ ..] if t == "agent" => {
+            format!("[agent] {}", rest(tail)).trim_end().to_owned()
+        }
+        [Step::Key(t)] if doc.get(t.as_str()).is_some_and(|v| v.get_ref().is_table()) => {
+            format!("[{t}]")
+        }
+        other => rest(other),
+    }
+}
 
 fn agent_settings(t: &AgentTable, base: &Path) -> Result<AgentSettings, KeyError> {
     let d = AgentSettings::default();
@@ -336,53 +395,6 @@ fn agent_settings(t: &AgentTable, base: &Path) -> Result<AgentSettings, KeyError
             )
         })?),
     };
-    let npu_smi_delay = t.npu_smi_delay.unwrap_or(d.npu_smi_delay);
-    if !(1..=100).contains(&npu_smi_delay) {
-        return Err((
-            "npu_smi_delay".to_owned(),
-            format!("{npu_smi_delay} is outside 1..=100 seconds"),
-        ));
-    }
-    let worker_threads = t.worker_threads.unwrap_or(d.worker_threads);
-    if worker_threads == 0 || worker_threads > 64 {
-        return Err((
-            "worker_threads".to_owned(),
-            format!("{worker_threads} is outside 1..=64"),
-        ));
-    }
-    let sample_period = t.sample_period.unwrap_or(d.sample_period);
-    if sample_period < crate::sampler::MIN_PERIOD || sample_period > crate::sampler::MAX_PERIOD {
-        return Err((
-            "sample_period".to_owned(),
-            format!("{sample_period:?} is outside 10µs..=60s"),
-        ));
-    }
-    let driver_call_deadline = t.driver_call_deadline.unwrap_or(d.driver_call_deadline);
-    if driver_call_deadline < Duration::from_millis(10)
-        || driver_call_deadline > Duration::from_secs(60)
-    {
-        return Err((
-            "driver_call_deadline".to_owned(),
-            format!("{driver_call_deadline:?} is outside 10ms..=60s"),
-        ));
-    }
-    let sampler_stuck_after = t.sampler_stuck_after.unwrap_or(d.sampler_stuck_after);
-    if sampler_stuck_after < Duration::from_secs(1)
-        || sampler_stuck_after > Duration::from_secs(600)
-    {
-        return Err((
-            "sampler_stuck_after".to_owned(),
-            format!("{sampler_stuck_after:?} is outside 1s..=600s"),
-        ));
-    }
-    if sampler_stuck_after <= driver_call_deadline {
-        return Err((
-            "sampler_stuck_after".to_owned(),
-            format!(
-                "{sampler_stuck_after:?} must be longer than driver_call_deadline ({driver_call_deadline:?})"
-            ),
-        ));
-    }
     if let Some(l) = &t.log_level {
         crate::logging::check_filter(l).map_err(|m| ("log_level".to_owned(), m))?;
     }
@@ -400,29 +412,6 @@ fn agent_settings(t: &AgentTable, base: &Path) -> Result<AgentSettings, KeyError
         }
     }
     let dl = d.listeners;
-    let max_connections = t.max_connections.unwrap_or(dl.max_connections);
-    if !(4..=65536).contains(&max_connections) {
-        return Err((
-            "max_connections".to_owned(),
-            format!("{max_connections} is outside 4..=65536"),
-        ));
-    }
-    let header_read_timeout = t.header_read_timeout.unwrap_or(dl.header_read_timeout);
-    if header_read_timeout < Duration::from_millis(100)
-        || header_read_timeout > Duration::from_secs(120)
-    {
-        return Err((
-            "header_read_timeout".to_owned(),
-            format!("{header_read_timeout:?} is outside 100ms..=120s"),
-        ));
-    }
-    let idle_timeout = t.idle_timeout.unwrap_or(dl.idle_timeout);
-    if idle_timeout < Duration::from_secs(1) || idle_timeout > Duration::from_secs(3600) {
-        return Err((
-            "idle_timeout".to_owned(),
-            format!("{idle_timeout:?} is outside 1s..=3600s"),
-        ));
-    }
     let rel = |p: &PathBuf| {
         if p.is_relative() && p.components().count() > 1 {
             base.join(p)
@@ -430,23 +419,23 @@ fn agent_settings(t: &AgentTable, base: &Path) -> Result<AgentSettings, KeyError
             p.clone()
         }
     };
-    Ok(AgentSettings {
-        sample_period,
+    let s = AgentSettings {
+        sample_period: t.sample_period.unwrap_or(d.sample_period),
         dcmi_lib: t.dcmi_lib.as_ref().map(rel),
         npu_smi: t.npu_smi.as_ref().map(rel).unwrap_or(d.npu_smi),
         backend: t.backend.unwrap_or(d.backend),
         dcmi_no_owner_check: t.dcmi_no_owner_check.unwrap_or(false),
-        npu_smi_delay,
+        npu_smi_delay: t.npu_smi_delay.unwrap_or(d.npu_smi_delay),
         admin_listen,
-        worker_threads,
+        worker_threads: t.worker_threads.unwrap_or(d.worker_threads),
         sampler_realtime: t.sampler_realtime.unwrap_or(d.sampler_realtime),
-        driver_call_deadline,
-        sampler_stuck_after,
+        driver_call_deadline: t.driver_call_deadline.unwrap_or(d.driver_call_deadline),
+        sampler_stuck_after: t.sampler_stuck_after.unwrap_or(d.sampler_stuck_after),
         log_level: t.log_level.clone(),
         listeners: crate::config::ListenerLimits {
-            max_connections,
-            header_read_timeout,
-            idle_timeout,
+            max_connections: t.max_connections.unwrap_or(dl.max_connections),
+            header_read_timeout: t.header_read_timeout.unwrap_or(dl.header_read_timeout),
+            idle_timeout: t.idle_timeout.unwrap_or(dl.idle_timeout),
         },
         admin_auth: crate::config::AdminAuthConfig {
             token_file: t.admin_token_file.as_ref().map(|p| base_rel(base, p)),
@@ -456,7 +445,35 @@ fn agent_settings(t: &AgentTable, base: &Path) -> Result<AgentSettings, KeyError
                 client_ca_file: x.client_ca_file.as_ref().map(|p| base_rel(base, p)),
             }),
         },
-    })
+    };
+    super::validate::agent(&s)?;
+    Ok(s)
+}
+
+/// An inline value for the MindIE section parser, as JSON. A float JSON cannot carry (`nan`,
+/// `inf`) is refused here, naming its key: JSON would turn it into `null`, and the message
+/// into "got None".
+fn to_json(key: &str, v: &Option<toml::Value>) -> Result<Option<Value>, KeyError> {
+    fn finite(path: &str, v: &toml::Value) -> Result<(), KeyError> {
+        match v {
+            toml::Value::Float(f) if !f.is_finite() => {
+                Err((path.to_owned(), format!("`{f}` is not a finite number")))
+            }
+            toml::Value::Array(a) => a
+                .iter()
+                .enumerate()
+                .try_for_each(|(i, v)| finite(&format!("{path}[{i}]"), v)),
+            toml::Value::Table(t) => t
+                .iter()
+                .try_for_each(|(k, v)| finite(&format!("{path}.{k}"), v)),
+            _ => Ok(()),
+        }
+    }
+    let Some(v) = v else { return Ok(None) };
+    finite(key, v)?;
+    serde_json::to_value(v)
+        .map(Some)
+        .map_err(|e| (key.to_owned(), e.to_string()))
 }
 
 /// A file named in the config: relative paths are relative to the config's directory.
@@ -466,11 +483,6 @@ fn base_rel(base: &Path, p: &Path) -> PathBuf {
     } else {
         p.to_path_buf()
     }
-}
-
-fn to_json(v: &Option<toml::Value>) -> Option<Value> {
-    v.as_ref()
-        .map(|v| serde_json::to_value(v).unwrap_or(Value::Null))
 }
 
 fn engine(
@@ -525,30 +537,30 @@ fn engine(
         }
         (None, role) => {
             let mut engine_config = serde_json::Map::new();
-            if let Some(v) = to_json(&t.served_model_name) {
+            if let Some(v) = to_json("served_model_name", &t.served_model_name)? {
                 engine_config.insert("served_model_name".into(), v);
             }
             if let Some(h) = t.headless {
                 engine_config.insert("headless".into(), Value::Bool(h));
             }
-            if let Some(v) = to_json(&t.kv_transfer_config) {
+            if let Some(v) = to_json("kv_transfer_config", &t.kv_transfer_config)? {
                 engine_config.insert("kv_transfer_config".into(), v);
             }
             let mut sec = serde_json::Map::new();
-            if let Some(v) = to_json(&t.engine_type) {
+            if let Some(v) = to_json("engine_type", &t.engine_type)? {
                 sec.insert("engine_type".into(), v);
             }
-            if let Some(v) = to_json(&t.dispatch_profile) {
+            if let Some(v) = to_json("dispatch_profile", &t.dispatch_profile)? {
                 sec.insert("dispatch_profile".into(), v);
             }
-            if let Some(v) = to_json(&t.health_check_config) {
+            if let Some(v) = to_json("health_check_config", &t.health_check_config)? {
                 sec.insert("health_check_config".into(), v);
             }
             sec.insert("engine_config".into(), Value::Object(engine_config));
             let section = EngineSection::from_parts(
                 &Value::Object(sec),
-                to_json(&t.mgmt_tls_config).as_ref(),
-                to_json(&t.infer_tls_config).as_ref(),
+                to_json("mgmt_tls_config", &t.mgmt_tls_config)?.as_ref(),
+                to_json("infer_tls_config", &t.infer_tls_config)?.as_ref(),
                 base,
             )
             .map_err(|e| (String::new(), e))?;
@@ -579,12 +591,13 @@ fn engine(
         } else {
             p.to_owned()
         };
-        let doc = mindie::read_json(&path).map_err(|e| {
-            (
-                "env_config_path".to_owned(),
-                format!("{}: {e}", path.display()),
-            )
-        })?;
+        let key = if t.env_config_path.is_some() {
+            "env_config_path"
+        } else {
+            "env_config_path (from [agent])"
+        };
+        let doc = mindie::read_json(&path)
+            .map_err(|e| (key.to_owned(), format!("{}: {e}", path.display())))?;
         EngineEnv::EnvJson { path, doc }
     } else {
         EngineEnv::AgentProcess
@@ -606,22 +619,6 @@ fn engine(
         health_timeout: tt.health_timeout,
         serving_evidence_max_age: tt.serving_evidence_max_age,
     };
-    for (key, v) in [
-        ("timing.warmup_timeout", timing.warmup_timeout),
-        ("timing.request_timeout", timing.request_timeout),
-        ("timing.window", timing.window),
-        ("timing.interval", timing.interval),
-        ("timing.high_load_interval", timing.high_load_interval),
-        ("timing.health_period", timing.health_period),
-        (
-            "timing.health_timeout",
-            timing.health_timeout.unwrap_or(Duration::from_secs(1)),
-        ),
-    ] {
-        if v.is_zero() {
-            return Err((key.to_owned(), "must be above zero".to_owned()));
-        }
-    }
     let name = t
         .name
         .clone()
@@ -639,10 +636,9 @@ fn engine(
         t.devices.clone(),
         engine_env,
         timing,
-        t.qos.resolve()?,
+        t.qos.resolve(),
         origin,
     )
-    .map_err(|e| (String::new(), e))
 }
 
 #[cfg(test)]
@@ -718,7 +714,7 @@ interval = "100ms"
             .unwrap_err()
             .to_string();
         assert!(
-            err.contains("[engine.timing]") && err.contains("intervall"),
+            err.contains("[[engine]] #1 (p0) timing.intervall: unknown field"),
             "{err}"
         );
     }
@@ -779,7 +775,7 @@ interval = "100ms"
             &INLINE[INLINE.find("[[engine]]").unwrap()..].replace("\"p0\"", "\"p1\"")
         );
         let err = parse_str(&two).unwrap_err().to_string();
-        assert!(err.contains("[[engine]] #2 mgmt_port"), "{err}");
+        assert!(err.contains("[[engine]] #2 (p1) mgmt_port"), "{err}");
     }
 
     #[test]
@@ -856,15 +852,21 @@ mgmt_port = 9001
     }
 
     #[test]
-    fn table_locator() {
-        let text = "[agent]\na=1\n[[engine]]\nb=2\n[engine.timing]\nc=3\n[[engine]]\nd=4\n";
-        assert_eq!(table_at(text, text.find("a=1").unwrap()), "[agent]");
-        assert_eq!(table_at(text, text.find("b=2").unwrap()), "[[engine]] #1");
-        assert_eq!(
-            table_at(text, text.find("c=3").unwrap()),
-            "[[engine]] #1 [engine.timing]"
-        );
-        assert_eq!(table_at(text, text.find("d=4").unwrap()), "[[engine]] #2");
+    fn places_from_spans_name_the_table_and_the_key() {
+        let text = "[agent]\na = 1\n[[engine]]\nname = \"p0\"\nb = [1, 2]\nd = { e = 3 }\n[engine.timing]\nc = 3\n[[engine]]\nd = 4\nd = 5\n";
+        // The first byte of the first match of `needle`, with toml's message.
+        let at = |needle: &str, message: &str| {
+            let start = text.find(needle).unwrap();
+            place_at(text, start..start + 1, message)
+        };
+        assert_eq!(at("a = 1", ""), "[agent] a");
+        assert_eq!(at("1", ""), "[agent] a", "a value names its key");
+        assert_eq!(at("2", ""), "[[engine]] #1 (p0) b[1]");
+        assert_eq!(at("3 }", ""), "[[engine]] #1 (p0) d.e");
+        assert_eq!(at("c = 3", ""), "[[engine]] #1 (p0) timing.c");
+        assert_eq!(at("4", ""), "[[engine]] #2 d");
+        // A key defined twice is not in the recovered document: the headers name the table.
+        assert_eq!(at("d = 5", "duplicate key"), "[[engine]] #2 d");
     }
 
     #[test]
@@ -884,7 +886,7 @@ mgmt_port = 9001
         assert!(!q.skip_when_capacity_waiting, "V5 parity by default");
         let err = with("stall_windw = \"30s\"").unwrap_err().to_string();
         assert!(
-            err.contains("[engine.qos]") && err.contains("stall_windw"),
+            err.contains("[[engine]] #1 (p0) qos.stall_windw: unknown field"),
             "{err}"
         );
         let err = with("weights = { latency = 0, memory = 0, progress = 0 }")
@@ -898,7 +900,7 @@ mgmt_port = 9001
         assert!(err.contains("qos.probe_max_tokens"), "{err}");
         let err = with("stall_window = \"0s\"").unwrap_err().to_string();
         assert!(
-            err.contains("qos.stall_window") && err.contains("above zero"),
+            err.contains("qos.stall_window: `0s` is outside 100ms..=1h"),
             "{err}"
         );
         let err = with("weights = { latency = 1 }").unwrap_err().to_string();

@@ -5,8 +5,11 @@
 //! integers (not booleans, not strings) and at least 1, and an unknown key is an error, as it
 //! is for MindIE's dataclass. Error texts carry the reference's wording
 //! (`<name> must be an integer, got <repr>`, `<name> must be >= 1, got <n>`), with values shown
-//! the way Python prints them.
+//! the way Python prints them. Beyond the reference, the two collector fields have an upper
+//! bound (`<name> must be <= <max>, got <n>`): an hour-long `/health` timeout or a hundred
+//! retries are never meant.
 
+use super::validate::health_check_bounds::{HEALTH_COLLECTOR_TIMEOUT_MAX, RETRY_ATTEMPTS_MAX};
 use serde::Serialize;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -209,11 +212,15 @@ impl HealthCheckConfig {
                 .ok_or_else(|| format!("max_failure_count must be a number, got {}", py_repr(v)))?;
         }
         if let Some(v) = obj.get("health_collector_timeout") {
-            cfg.health_collector_timeout = positive_int("health_collector_timeout", v)?;
+            cfg.health_collector_timeout =
+                positive_int("health_collector_timeout", v, HEALTH_COLLECTOR_TIMEOUT_MAX)?;
         }
         if let Some(v) = obj.get("health_collector_timeout_retry_attempts") {
-            cfg.health_collector_timeout_retry_attempts =
-                positive_int("health_collector_timeout_retry_attempts", v)?;
+            cfg.health_collector_timeout_retry_attempts = positive_int(
+                "health_collector_timeout_retry_attempts",
+                v,
+                RETRY_ATTEMPTS_MAX,
+            )?;
         }
         Ok(cfg)
     }
@@ -233,14 +240,18 @@ fn python_number(v: &Value) -> Option<f64> {
     }
 }
 
-/// The reference's check for the two collector fields: an int, not a bool, at least 1.
-fn positive_int(name: &str, v: &Value) -> Result<u64, String> {
+/// The reference's check for the two collector fields: an int, not a bool, at least 1; and
+/// the agent's upper bound `max`.
+fn positive_int(name: &str, v: &Value, max: u64) -> Result<u64, String> {
     let n = match v {
         Value::Number(n) if n.is_i64() || n.is_u64() => n.as_i64().unwrap_or(i64::MAX),
         _ => return Err(format!("{name} must be an integer, got {}", py_repr(v))),
     };
     if n < 1 {
         return Err(format!("{name} must be >= 1, got {n}"));
+    }
+    if n as u64 > max {
+        return Err(format!("{name} must be <= {max}, got {v}"));
     }
     Ok(n as u64)
 }
@@ -419,16 +430,10 @@ impl EngineSection {
     }
 }
 
-/// Reads and parses a JSON file, naming the file in errors.
+/// Reads and parses a JSON file (a regular file of at most 4 MiB, [`super::read`]); the
+/// caller names the file in errors.
 pub fn read_json(path: &Path) -> Result<Value, String> {
-    let meta = std::fs::metadata(path).map_err(|e| format!("cannot read: {e}"))?;
-    if meta.len() > 16 * 1024 * 1024 {
-        return Err(format!(
-            "{} bytes is too large for a config file",
-            meta.len()
-        ));
-    }
-    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read: {e}"))?;
+    let text = super::read::text(path)?;
     serde_json::from_str(&text).map_err(|e| format!("invalid JSON: {e}"))
 }
 

@@ -7,10 +7,13 @@
 //!   `[[engine]]` tables, each pointing at a `user_config.json` + role or carrying the keys
 //!   inline.
 //!
-//! Every error names the file, the table and the key.
+//! Every error names the file, the table and the key; [`validate`] holds the checks both
+//! `check-config` and `run` apply, [`read`] how every file named is read.
 
 pub mod file;
 pub mod mindie;
+pub mod read;
+pub mod validate;
 
 use crate::driver::{BackendChoice, DriverConfig};
 use crate::qos::QosConfig;
@@ -47,6 +50,45 @@ impl ConfigError {
             message: message.into(),
         }
     }
+}
+
+/// A key (a path inside its table, such as `timing.window`) and what is wrong with it.
+pub type KeyError = (String, String);
+
+/// The place of an engine's `key` in host mode: `[[engine]] #2 (decode-0) timing.window`.
+pub fn engine_place(index: usize, name: Option<&str>, key: &str) -> String {
+    let name = name
+        .map(|n| format!(" ({})", n.escape_debug()))
+        .unwrap_or_default();
+    format!("[[engine]] #{}{name} {key}", index + 1)
+        .trim_end()
+        .to_owned()
+}
+
+/// The place of an engine's `key` in single-engine mode: the flag that sets it, else the key
+/// (set in `user_config.json`).
+fn single_place(key: &str) -> String {
+    match key {
+        "port" => "--port",
+        "mgmt_port" => "--mgmt-port",
+        "host" | "mgmt_host" => "--host",
+        "dp_rank" => "--dp-rank",
+        "qos.stall_window" => "--stall-window",
+        "qos.probe_max_tokens" => "--qos-probe-max-tokens",
+        k if k == "devices" || k.starts_with("devices[") => "--devices",
+        other => other,
+    }
+    .to_owned()
+}
+
+/// How the configuration was given (errors name its places accordingly).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// `agent.toml`: places are tables and keys.
+    #[default]
+    Host,
+    /// MindIE's engine-server flags: places are flags, or keys of `user_config.json`.
+    Single,
 }
 
 /// Serialises a duration the way configs write it (`5s`, `50ms`).
@@ -333,8 +375,23 @@ impl AgentSettings {
 pub struct AgentConfig {
     /// File the configuration was read from (for messages).
     pub source: String,
+    #[serde(skip)]
+    pub mode: Mode,
     pub agent: AgentSettings,
     pub engines: Vec<EngineSpec>,
+}
+
+impl AgentConfig {
+    /// An error about `key` of engine `index` (a path inside its table: `timing.window`).
+    pub fn engine_error(&self, index: usize, key: &str, message: impl Into<String>) -> ConfigError {
+        let place = match self.mode {
+            Mode::Host => {
+                engine_place(index, self.engines.get(index).map(|e| e.name.as_str()), key)
+            }
+            Mode::Single => single_place(key),
+        };
+        ConfigError::new(&self.source, place, message)
+    }
 }
 
 /// Flags of single-engine mode (mirroring MindIE's engine server).
@@ -356,6 +413,7 @@ impl AgentConfig {
     /// Single-engine mode: one engine from `user_config.json` and flags.
     pub fn single(flags: &SingleEngine, agent: AgentSettings) -> Result<AgentConfig, ConfigError> {
         let file = flags.config_path.display().to_string();
+        let key_error = |(k, m): KeyError| ConfigError::new(&file, single_place(&k), m);
         // MindIE's engine server refuses a symlinked --config-path; so does this mode.
         if std::fs::symlink_metadata(&flags.config_path).is_ok_and(|m| m.file_type().is_symlink()) {
             return Err(ConfigError::new(
@@ -378,7 +436,7 @@ impl AgentConfig {
             None => EngineEnv::AgentProcess,
         };
         let mgmt_listen = listen_addr(&flags.host, flags.mgmt_port)
-            .map_err(|e| ConfigError::new("--host", "", e))?;
+            .map_err(|e| ConfigError::new(&file, "--host", e))?;
         let spec = build_engine(
             format!("{}-{}", flags.role.as_str(), flags.dp_rank),
             flags.role,
@@ -395,12 +453,15 @@ impl AgentConfig {
             flags.qos.clone(),
             format!("{file} ({})", flags.role.section()),
         )
-        .map_err(|e| ConfigError::new(&file, "", e))?;
-        Ok(AgentConfig {
-            source: file,
+        .map_err(key_error)?;
+        let cfg = AgentConfig {
+            source: file.clone(),
+            mode: Mode::Single,
             agent,
             engines: vec![spec],
-        })
+        };
+        validate::across(&cfg)?;
+        Ok(cfg)
     }
 }
 
@@ -452,13 +513,7 @@ fn build_engine(
     timing: Timing,
     qos: QosConfig,
     origin: String,
-) -> Result<EngineSpec, String> {
-    if at.port == 0 {
-        return Err("port must be 1..=65535".to_owned());
-    }
-    if at.mgmt_listen.port() == 0 {
-        return Err("mgmt_port must be 1..=65535".to_owned());
-    }
+) -> Result<EngineSpec, KeyError> {
     let devices = match devices {
         Some(d) => Sourced {
             value: Some(d),
@@ -466,10 +521,12 @@ fn build_engine(
         },
         None => match engine_env.lookup(role, "ASCEND_RT_VISIBLE_DEVICES") {
             Some(v) => Sourced {
-                value: Some(
-                    parse_visible_devices(&v.value)
-                        .map_err(|e| format!("ASCEND_RT_VISIBLE_DEVICES from {}: {e}", v.source))?,
-                ),
+                value: Some(parse_visible_devices(&v.value).map_err(|e| {
+                    (
+                        "devices".to_owned(),
+                        format!("ASCEND_RT_VISIBLE_DEVICES from {}: {e}", v.source),
+                    )
+                })?),
                 source: format!("ASCEND_RT_VISIBLE_DEVICES from {}", v.source),
             },
             None => Sourced {
@@ -483,11 +540,12 @@ fn build_engine(
         && section.engine_type == EngineType::Vllm
         && section.model.is_none()
     {
-        return Err(
+        return Err((
+            String::new(),
             "engine_config.served_model_name (or model) is needed: the virtual request names the model".to_owned(),
-        );
+        ));
     }
-    Ok(EngineSpec {
+    let spec = EngineSpec {
         name,
         role,
         engine_type: section.engine_type,
@@ -506,7 +564,9 @@ fn build_engine(
         timing,
         qos,
         origin,
-    })
+    };
+    validate::engine(&spec)?;
+    Ok(spec)
 }
 
 #[cfg(test)]

@@ -106,48 +106,47 @@ impl Default for QosConfig {
 }
 
 impl QosConfig {
-    /// Checks the values; `Err((key, message))`.
+    /// Checks every value against its bound ([`crate::config::validate::qos_bounds`]);
+    /// `Err((key, message))`, the message stating the bound.
     pub fn validate(&self) -> Result<(), (String, String)> {
-        let err = |k: &str, m: &str| Err((k.to_owned(), m.to_owned()));
+        use crate::config::validate::Shown;
+        use crate::config::validate::qos_bounds::*;
         let w = self.weights;
         for (k, v) in [
             ("weights.latency", w.latency),
             ("weights.memory", w.memory),
             ("weights.progress", w.progress),
         ] {
-            if !v.is_finite() || v < 0.0 {
-                return err(k, "must be a finite number >= 0");
-            }
+            WEIGHT.check(k, v)?;
         }
         if w.latency + w.memory + w.progress <= 0.0 {
-            return err("weights", "at least one weight must be above 0");
+            return Err((
+                "weights".to_owned(),
+                "at least one weight must be above 0".to_owned(),
+            ));
         }
-        if !(self.kv_headroom_full > 0.0 && self.kv_headroom_full <= 1.0) {
-            return err("kv_headroom_full", "must be in (0, 1]");
+        // Half-open ranges, in the interval notation of docs/qos.md.
+        let v = self.kv_headroom_full;
+        if !(v > 0.0 && v <= 1.0) {
+            return Err((
+                "kv_headroom_full".to_owned(),
+                format!("`{}` is outside (0, 1]", v.shown()),
+            ));
         }
-        if !(0.0..0.3).contains(&self.hysteresis) {
-            return err("hysteresis", "must be in [0, 0.3)");
+        let v = self.hysteresis;
+        if !(0.0..0.3).contains(&v) {
+            return Err((
+                "hysteresis".to_owned(),
+                format!("`{}` is outside [0, 0.3)", v.shown()),
+            ));
         }
-        if self.evict_after == 0 {
-            return err("evict_after", "must be at least 1");
-        }
-        if !(1..=256).contains(&self.probe_max_tokens) {
-            return err(
-                "probe_max_tokens",
-                "must be in 1..=256 (the streamed probe must finish within the request timeout)",
-            );
-        }
-        for (k, v) in [
-            ("ttft_budget", self.ttft_budget),
-            ("period", self.period),
-            ("metrics_period", self.metrics_period),
-            ("max_input_age", self.max_input_age),
-            ("stall_window", self.stall_window),
-        ] {
-            if v.is_zero() {
-                return err(k, "must be above zero");
-            }
-        }
+        EVICT_AFTER.check("evict_after", self.evict_after)?;
+        PROBE_MAX_TOKENS.check("probe_max_tokens", self.probe_max_tokens)?;
+        TTFT_BUDGET.check("ttft_budget", self.ttft_budget)?;
+        PERIOD.check("period", self.period)?;
+        METRICS_PERIOD.check("metrics_period", self.metrics_period)?;
+        MAX_INPUT_AGE.check("max_input_age", self.max_input_age)?;
+        STALL_WINDOW.check("stall_window", self.stall_window)?;
         Ok(())
     }
 

@@ -8,7 +8,6 @@ use axum::extract::{Request, State};
 use axum::http::{StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use std::io::Read;
 use std::sync::Arc;
 
 /// Longest token file read.
@@ -64,21 +63,10 @@ impl AdminAccess {
     }
 }
 
-/// The token: the file's content without surrounding whitespace; a regular file of at most
-/// [`MAX_TOKEN_FILE`] bytes, the token at least [`MIN_TOKEN`] bytes.
+/// The token: the file's content without surrounding whitespace; a regular file
+/// (`config::read`) of at most [`MAX_TOKEN_FILE`] bytes, the token at least [`MIN_TOKEN`].
 fn read_token(path: &std::path::Path) -> Result<Vec<u8>, String> {
-    let f =
-        std::fs::File::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
-    let meta = f
-        .metadata()
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    if !meta.is_file() {
-        return Err(format!("{} is not a regular file", path.display()));
-    }
-    let mut raw = Vec::new();
-    f.take(MAX_TOKEN_FILE + 1)
-        .read_to_end(&mut raw)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let raw = crate::config::read::bytes(path).map_err(|e| format!("{} {e}", path.display()))?;
     if raw.len() as u64 > MAX_TOKEN_FILE {
         return Err(format!(
             "{} is larger than {MAX_TOKEN_FILE} bytes",
@@ -217,7 +205,7 @@ mod tests {
         assert!(
             read_token(&dir.path().join("absent"))
                 .unwrap_err()
-                .contains("cannot open")
+                .contains("cannot read")
         );
     }
 }

@@ -1,0 +1,122 @@
+//! Reading the files a configuration names: `agent.toml`, MindIE's `user_config.json` and
+//! `env.json`, and the TLS material. Regular files only (a symlink to one is fine), at most
+//! [`MAX_BYTES`].
+//!
+//! Why not `std::fs::read`: opening a FIFO blocks until a writer appears, so a FIFO named as
+//! the config wedged a SIGHUP reload and with it the signal loop (SIGTERM was never seen);
+//! `/dev/zero` never ends. The file is opened with `O_NONBLOCK` (no wait for a FIFO's writer),
+//! its type is checked on the opened handle (no window between a check and the open), and at
+//! most `MAX_BYTES + 1` bytes are read whatever the metadata claims (`/proc` files say 0).
+
+use std::io::Read;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::path::Path;
+
+/// Largest file the configuration layer reads: 4 MiB, far above any real config or
+/// certificate chain.
+pub const MAX_BYTES: u64 = 4 << 20;
+
+/// The bytes of the regular file at `path`; the error says why not (without the path: the
+/// caller names it).
+pub fn bytes(path: &Path) -> Result<Vec<u8>, String> {
+    let flags = (rustix::fs::OFlags::NONBLOCK | rustix::fs::OFlags::NOCTTY).bits();
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(flags as i32)
+        .open(path)
+        .map_err(|e| format!("cannot read: {e}"))?;
+    let kind = file
+        .metadata()
+        .map_err(|e| format!("cannot read: {e}"))?
+        .file_type();
+    if !kind.is_file() {
+        return Err(format!(
+            "is {}, not a regular file; config files must be regular files (or symlinks to one)",
+            describe(kind)
+        ));
+    }
+    let mut data = Vec::new();
+    file.take(MAX_BYTES + 1)
+        .read_to_end(&mut data)
+        .map_err(|e| format!("cannot read: {e}"))?;
+    if data.len() as u64 > MAX_BYTES {
+        return Err(format!(
+            "is larger than {} MiB, the limit for a config file",
+            MAX_BYTES >> 20
+        ));
+    }
+    Ok(data)
+}
+
+/// The file at `path` as UTF-8 text (see [`bytes`]).
+pub fn text(path: &Path) -> Result<String, String> {
+    String::from_utf8(bytes(path)?).map_err(|e| format!("is not UTF-8 text: {e}"))
+}
+
+fn describe(kind: std::fs::FileType) -> &'static str {
+    if kind.is_dir() {
+        "a directory"
+    } else if kind.is_fifo() {
+        "a FIFO"
+    } else if kind.is_char_device() {
+        "a character device"
+    } else if kind.is_block_device() {
+        "a block device"
+    } else if kind.is_socket() {
+        "a socket"
+    } else {
+        "not a regular file"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_regular_file_and_a_symlink_to_one_are_read() {
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("a.toml");
+        std::fs::write(&f, "x = 1\n").unwrap();
+        std::os::unix::fs::symlink(&f, d.path().join("link.toml")).unwrap();
+        assert_eq!(text(&f).unwrap(), "x = 1\n");
+        assert_eq!(text(&d.path().join("link.toml")).unwrap(), "x = 1\n");
+    }
+
+    #[test]
+    fn devices_fifos_and_directories_are_refused_without_reading() {
+        let d = tempfile::tempdir().unwrap();
+        let fifo = d.path().join("fifo");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::RUSR | rustix::fs::Mode::WUSR,
+            0,
+        )
+        .unwrap();
+        // No writer: a blocking open would never return.
+        assert!(text(&fifo).unwrap_err().contains("is a FIFO"));
+        assert!(
+            text(Path::new("/dev/zero"))
+                .unwrap_err()
+                .contains("is a character device")
+        );
+        assert!(text(d.path()).unwrap_err().contains("is a directory"));
+        assert!(
+            text(&d.path().join("absent"))
+                .unwrap_err()
+                .contains("cannot read")
+        );
+    }
+
+    #[test]
+    fn the_cap_holds_whatever_the_size() {
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("big");
+        std::fs::write(&f, vec![b'#'; MAX_BYTES as usize]).unwrap();
+        assert_eq!(bytes(&f).unwrap().len() as u64, MAX_BYTES);
+        std::fs::write(&f, vec![b'#'; MAX_BYTES as usize + 1]).unwrap();
+        assert!(bytes(&f).unwrap_err().contains("larger than 4 MiB"));
+    }
+}

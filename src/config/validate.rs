@@ -1,0 +1,802 @@
+//! The checks every configuration passes, whichever way it came in and whoever asks:
+//! `check-config`, `run` and a SIGHUP reload all go through these functions.
+//!
+//! - [`agent`] and [`engine`]: a bound on every number and duration, stated in the message
+//!   (`` `1ns` is outside 50ms..=1m ``), engine names that print on one line, NPU lists that
+//!   name something;
+//! - [`across`]: what only shows between engines: names used twice, and addresses that point
+//!   the agent at itself (an engine's inference port that is its own or another engine's
+//!   mgmt port, or the admin listener's);
+//! - [`host`]: what needs the host: the TLS files an engine uses, and its NPUs among those
+//!   the driver reports.
+
+use super::{AgentConfig, AgentSettings, ConfigError, EngineSpec, KeyError, Mode, listen_addr};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// An inclusive range a setting must lie in.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Within<T> {
+    pub min: T,
+    pub max: T,
+}
+
+/// How a value of a bounded setting is shown in messages.
+pub trait Shown: Copy + PartialOrd {
+    fn shown(self) -> String;
+}
+
+impl Shown for Duration {
+    fn shown(self) -> String {
+        humantime::format_duration(self).to_string()
+    }
+}
+
+impl Shown for f64 {
+    fn shown(self) -> String {
+        // Whole numbers without a fraction (`100`, not `100.0`); the rest as Rust writes them
+        // shortest (`1e300`, `NaN`, `-0.5`).
+        if self.is_finite() && self.fract() == 0.0 && self.abs() < 1e15 {
+            format!("{}", self as i64)
+        } else {
+            format!("{self:?}")
+        }
+    }
+}
+
+macro_rules! shown_int {
+    ($($t:ty),*) => {$(
+        impl Shown for $t {
+            fn shown(self) -> String {
+                self.to_string()
+            }
+        }
+    )*};
+}
+shown_int!(u16, u32, u64, usize, i64);
+
+impl<T: Shown> Within<T> {
+    /// The range `min..=max`.
+    pub const fn new(min: T, max: T) -> Within<T> {
+        Within { min, max }
+    }
+
+    /// Whether `v` lies in the range (never for NaN).
+    pub fn contains(self, v: T) -> bool {
+        v >= self.min && v <= self.max
+    }
+
+    /// `Err((key, "`v` is outside min..=max"))` unless `v` lies in the range.
+    pub fn check(self, key: &str, v: T) -> Result<(), KeyError> {
+        if self.contains(v) {
+            Ok(())
+        } else {
+            Err((key.to_owned(), format!("`{}` is outside {self}", v.shown())))
+        }
+    }
+
+    /// `v` moved into the range (for generated configs, such as the chaos runner's).
+    pub fn clamp(self, v: T) -> T {
+        if v < self.min {
+            self.min
+        } else if v > self.max {
+            self.max
+        } else {
+            v
+        }
+    }
+}
+
+impl<T: Shown> std::fmt::Display for Within<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}..={}", self.min.shown(), self.max.shown())
+    }
+}
+
+const fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+const fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+/// `[agent]` bounds.
+pub mod agent_bounds {
+    use super::{Duration, Within, ms, secs};
+
+    pub const SAMPLE_PERIOD: Within<Duration> =
+        Within::new(crate::sampler::MIN_PERIOD, crate::sampler::MAX_PERIOD);
+    pub const NPU_SMI_DELAY: Within<u32> = Within::new(1, 100);
+    pub const WORKER_THREADS: Within<usize> = Within::new(1, 64);
+    pub const DRIVER_CALL_DEADLINE: Within<Duration> = Within::new(ms(10), secs(60));
+    pub const SAMPLER_STUCK_AFTER: Within<Duration> = Within::new(secs(1), secs(600));
+    pub const MAX_CONNECTIONS: Within<usize> = Within::new(4, 65536);
+    pub const HEADER_READ_TIMEOUT: Within<Duration> = Within::new(ms(100), secs(120));
+    pub const IDLE_TIMEOUT: Within<Duration> = Within::new(secs(1), secs(3600));
+}
+
+/// `[[engine]]` and `[engine.timing]` bounds.
+pub mod engine_bounds {
+    use super::{Duration, Within, ms, secs};
+
+    pub const PORT: Within<u16> = Within::new(1, 65535);
+    pub const DP_RANK: Within<u32> = Within::new(0, 65535);
+    /// How many NPUs one engine may name (the ring tells this many apart).
+    pub const DEVICES: Within<usize> = Within::new(1, crate::ring::MAX_DEVICES);
+    /// Characters of an engine name (it appears in logs, metric labels and `/status/detail`).
+    pub const NAME_CHARS: Within<usize> = Within::new(1, 128);
+    pub const WARMUP_TIMEOUT: Within<Duration> = Within::new(secs(1), secs(3600));
+    pub const REQUEST_TIMEOUT: Within<Duration> = Within::new(ms(50), secs(600));
+    /// At most 10 minutes: the ring is sized at start for the longest window plus 5 s, and
+    /// holds at most an hour.
+    pub const WINDOW: Within<Duration> = Within::new(ms(50), secs(600));
+    pub const INTERVAL: Within<Duration> = Within::new(ms(50), secs(3600));
+    pub const HIGH_LOAD_INTERVAL: Within<Duration> = Within::new(ms(50), secs(3600));
+    pub const HIGH_LOAD_THRESHOLD: Within<f64> = Within::new(0.0, 100.0);
+    /// At least 50 ms: each period is one `GET /health` to the engine.
+    pub const HEALTH_PERIOD: Within<Duration> = Within::new(ms(50), secs(60));
+    pub const HEALTH_TIMEOUT: Within<Duration> = Within::new(ms(50), secs(600));
+    /// Besides `0s`, which turns the rule off.
+    pub const SERVING_EVIDENCE_MAX_AGE: Within<Duration> = Within::new(ms(50), secs(7200));
+}
+
+/// `[engine.qos]` bounds (checked by [`crate::qos::QosConfig::validate`]).
+pub mod qos_bounds {
+    use super::{Duration, Within, ms, secs};
+
+    pub const TTFT_BUDGET: Within<Duration> = Within::new(ms(10), secs(600));
+    pub const WEIGHT: Within<f64> = Within::new(0.0, 100.0);
+    pub const EVICT_AFTER: Within<u32> = Within::new(1, 1000);
+    /// The streamed probe must finish within the request timeout.
+    pub const PROBE_MAX_TOKENS: Within<u32> = Within::new(1, 256);
+    pub const PERIOD: Within<Duration> = Within::new(ms(50), secs(600));
+    pub const METRICS_PERIOD: Within<Duration> = Within::new(ms(50), secs(600));
+    pub const MAX_INPUT_AGE: Within<Duration> = Within::new(ms(100), secs(3600));
+    pub const STALL_WINDOW: Within<Duration> = Within::new(ms(100), secs(3600));
+}
+
+/// `health_check_config` bounds beyond the reference's `>= 1` (see [`super::mindie`]).
+pub mod health_check_bounds {
+    /// Seconds.
+    pub const HEALTH_COLLECTOR_TIMEOUT_MAX: u64 = 3600;
+    pub const RETRY_ATTEMPTS_MAX: u64 = 100;
+}
+
+/// Bounds of `[agent]` (host mode; single-engine mode takes the defaults and the flags).
+pub fn agent(s: &AgentSettings) -> Result<(), KeyError> {
+    use agent_bounds::*;
+    SAMPLE_PERIOD.check("sample_period", s.sample_period)?;
+    NPU_SMI_DELAY.check("npu_smi_delay", s.npu_smi_delay)?;
+    WORKER_THREADS.check("worker_threads", s.worker_threads)?;
+    DRIVER_CALL_DEADLINE.check("driver_call_deadline", s.driver_call_deadline)?;
+    SAMPLER_STUCK_AFTER.check("sampler_stuck_after", s.sampler_stuck_after)?;
+    if s.sampler_stuck_after <= s.driver_call_deadline {
+        return Err((
+            "sampler_stuck_after".to_owned(),
+            format!(
+                "`{}` must be longer than driver_call_deadline (`{}`)",
+                s.sampler_stuck_after.shown(),
+                s.driver_call_deadline.shown()
+            ),
+        ));
+    }
+    let l = &s.listeners;
+    MAX_CONNECTIONS.check("max_connections", l.max_connections)?;
+    HEADER_READ_TIMEOUT.check("header_read_timeout", l.header_read_timeout)?;
+    IDLE_TIMEOUT.check("idle_timeout", l.idle_timeout)?;
+    Ok(())
+}
+
+/// Bounds of one engine; keys are paths inside its table (`timing.window`, `qos.period`).
+pub fn engine(spec: &EngineSpec) -> Result<(), KeyError> {
+    use engine_bounds::*;
+    let key = |k: &str, m: String| Err((k.to_owned(), m));
+    let chars = spec.name.chars().count();
+    if !NAME_CHARS.contains(chars) {
+        return key(
+            "name",
+            format!(
+                "{:?} has {chars} characters, outside {NAME_CHARS}",
+                spec.name
+            ),
+        );
+    }
+    if let Some(c) = spec.name.chars().find(|c| c.is_control()) {
+        return key(
+            "name",
+            format!(
+                "{:?} contains the control character U+{:04X}; names appear in log lines and metric labels",
+                spec.name, c as u32
+            ),
+        );
+    }
+    PORT.check("port", spec.port)?;
+    PORT.check("mgmt_port", spec.mgmt_listen.port())?;
+    DP_RANK.check("dp_rank", spec.dp_rank)?;
+    if let Some(ids) = &spec.devices.value {
+        let from = devices_from(spec);
+        if !DEVICES.contains(ids.len()) {
+            let hint = if ids.is_empty() {
+                "; leave devices out to monitor every NPU of the host"
+            } else {
+                ""
+            };
+            return key(
+                "devices",
+                format!("{} NPUs{from} is outside {DEVICES}{hint}", ids.len()),
+            );
+        }
+        if let Some((i, id)) = ids
+            .iter()
+            .enumerate()
+            .find(|(i, id)| ids[..*i].contains(id))
+        {
+            return key(
+                &format!("devices[{i}]"),
+                format!("NPU {id}{from} is listed twice"),
+            );
+        }
+    }
+    let t = &spec.timing;
+    WARMUP_TIMEOUT.check("timing.warmup_timeout", t.warmup_timeout)?;
+    REQUEST_TIMEOUT.check("timing.request_timeout", t.request_timeout)?;
+    WINDOW.check("timing.window", t.window)?;
+    INTERVAL.check("timing.interval", t.interval)?;
+    HIGH_LOAD_INTERVAL.check("timing.high_load_interval", t.high_load_interval)?;
+    HIGH_LOAD_THRESHOLD.check("timing.high_load_threshold", t.high_load_threshold)?;
+    HEALTH_PERIOD.check("timing.health_period", t.health_period)?;
+    if let Some(d) = t.health_timeout {
+        HEALTH_TIMEOUT.check("timing.health_timeout", d)?;
+    }
+    if let Some(d) = t.serving_evidence_max_age
+        && !d.is_zero()
+        && !SERVING_EVIDENCE_MAX_AGE.contains(d)
+    {
+        return key(
+            "timing.serving_evidence_max_age",
+            format!(
+                "`{}` is outside {SERVING_EVIDENCE_MAX_AGE} (or `0s`, which turns the rule off)",
+                d.shown()
+            ),
+        );
+    }
+    spec.qos
+        .validate()
+        .map_err(|(k, m)| (format!("qos.{k}"), m))?;
+    Ok(())
+}
+
+/// ` (from ASCEND_RT_VISIBLE_DEVICES from …)` when the NPU list is not the `devices` key.
+fn devices_from(spec: &EngineSpec) -> String {
+    if spec.devices.source == "devices" {
+        String::new()
+    } else {
+        format!(" (from {})", spec.devices.source)
+    }
+}
+
+/// Whether two listen addresses would take the same socket: the same port, and the same IP
+/// or either unspecified (`0.0.0.0`, `::`). Port 0 (any free port) never clashes.
+fn same_socket(a: SocketAddr, b: SocketAddr) -> bool {
+    a.port() != 0
+        && a.port() == b.port()
+        && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
+}
+
+/// Checks between engines and the agent: names used once, mgmt ports used once and not the
+/// admin listener's, and no inference address that is a listener of the agent's own.
+pub fn across(cfg: &AgentConfig) -> Result<(), ConfigError> {
+    let admin_place = match cfg.mode {
+        Mode::Host => "[agent] admin_listen",
+        Mode::Single => "--admin-listen",
+    };
+    let infer: Vec<Option<SocketAddr>> = cfg
+        .engines
+        .iter()
+        .map(|e| listen_addr(&e.host, e.port).ok())
+        .collect();
+    for (i, a) in cfg.engines.iter().enumerate() {
+        for b in &cfg.engines[..i] {
+            if a.name == b.name {
+                return Err(cfg.engine_error(i, "name", format!("{:?} is used twice", a.name)));
+            }
+            if a.mgmt_listen.port() == b.mgmt_listen.port() {
+                return Err(cfg.engine_error(
+                    i,
+                    "mgmt_port",
+                    format!(
+                        "`{}` is also the mgmt_port of engine {:?}",
+                        a.mgmt_listen.port(),
+                        b.name
+                    ),
+                ));
+            }
+        }
+        let Some(at) = infer[i] else { continue };
+        if same_socket(at, a.mgmt_listen) {
+            return Err(cfg.engine_error(
+                i,
+                "port",
+                format!(
+                    "`{}` is also this engine's mgmt_port on {}: the agent would probe its own listener",
+                    a.port,
+                    a.mgmt_listen.ip()
+                ),
+            ));
+        }
+        if let Some(b) = cfg
+            .engines
+            .iter()
+            .find(|b| b.name != a.name && same_socket(at, b.mgmt_listen))
+        {
+            return Err(cfg.engine_error(
+                i,
+                "port",
+                format!(
+                    "`{}` is the mgmt_port of engine {:?} ({}): the agent would probe its own listener",
+                    a.port, b.name, b.mgmt_listen
+                ),
+            ));
+        }
+    }
+    if let Some(admin) = cfg.agent.admin_listen {
+        if let Some(e) = cfg
+            .engines
+            .iter()
+            .find(|e| admin.port() != 0 && e.mgmt_listen.port() == admin.port())
+        {
+            return Err(ConfigError::new(
+                &cfg.source,
+                admin_place,
+                format!(
+                    "port `{}` is also the mgmt_port of engine {:?}",
+                    admin.port(),
+                    e.name
+                ),
+            ));
+        }
+        if let Some((e, _)) = cfg
+            .engines
+            .iter()
+            .zip(&infer)
+            .find(|(_, at)| at.is_some_and(|at| same_socket(admin, at)))
+        {
+            return Err(ConfigError::new(
+                &cfg.source,
+                admin_place,
+                format!(
+                    "`{admin}` is the inference address of engine {:?}: the agent would probe its own listener",
+                    e.name
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// What needs the host: every TLS file an engine uses must be a readable regular file with
+/// usable contents, and every NPU an engine names must be among `npus`, the logic ids the
+/// driver reports. `npus` is `None` without a driver backend: the NPUs are not checked (the
+/// agent then starts without NPU figures and virtual inference stays off).
+pub fn host(cfg: &AgentConfig, npus: Option<&[u32]>) -> Result<(), ConfigError> {
+    if cfg.agent.admin_listen.is_some() {
+        // The token file and the TLS files, read as the listener will read them.
+        crate::server::auth::AdminAccess::load(&cfg.agent.admin_auth)
+            .map_err(|e| ConfigError::new(&cfg.source, "", e))?;
+    }
+    for (i, spec) in cfg.engines.iter().enumerate() {
+        tls(spec).map_err(|(k, m)| cfg.engine_error(i, &k, m))?;
+        if let (Some(found), Some(ids)) = (npus, &spec.devices.value)
+            && let Some(id) = ids.iter().find(|id| !found.contains(id))
+        {
+            let from = devices_from(spec);
+            return Err(cfg.engine_error(
+                i,
+                "devices",
+                format!("NPU {id}{from} is not one the driver reports; NPUs found: {found:?}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The TLS files of an engine: each named file readable (key `mgmt_tls_config.cert_file`,
+/// …), then the material usable together.
+fn tls(spec: &EngineSpec) -> Result<(), KeyError> {
+    let origin = if spec.origin == "inline" {
+        String::new()
+    } else {
+        format!(" (set in {})", spec.origin)
+    };
+    let file = |config: &str, key: &str, path: &std::path::Path| -> Result<(), KeyError> {
+        super::read::bytes(path).map(drop).map_err(|e| {
+            (
+                format!("{config}.{key}"),
+                format!("{} {e}{origin}", path.display()),
+            )
+        })
+    };
+    let m = &spec.mgmt_tls_config;
+    if m.enable_tls {
+        file("mgmt_tls_config", "cert_file", &m.cert_file)?;
+        file("mgmt_tls_config", "key_file", &m.key_file)?;
+        if !m.crl_file.as_os_str().is_empty() {
+            file("mgmt_tls_config", "crl_file", &m.crl_file)?;
+        }
+        crate::tls::server_config(m).map_err(|e| {
+            (
+                "mgmt_tls_config".to_owned(),
+                format!("{}{origin}", e.message),
+            )
+        })?;
+    }
+    let c = &spec.infer_tls_config;
+    if c.enable_tls {
+        file("infer_tls_config", "ca_file", &c.ca_file)?;
+        if !c.crl_file.as_os_str().is_empty() {
+            file("infer_tls_config", "crl_file", &c.crl_file)?;
+        }
+        // The client certificate is optional (as for the reference's client context).
+        if c.cert_file.exists() {
+            file("infer_tls_config", "cert_file", &c.cert_file)?;
+            file("infer_tls_config", "key_file", &c.key_file)?;
+        }
+        crate::tls::client_config(c).map_err(|e| {
+            (
+                "infer_tls_config".to_owned(),
+                format!("{}{origin}", e.message),
+            )
+        })?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    //! One case per rule: the config text (and the files it names), the place the error
+    //! names, and a fragment of the message (the bound, where there is one).
+
+    use super::*;
+    use std::path::{Path, PathBuf};
+
+    const BASE: &str = r#"[agent]
+admin_listen = "127.0.0.1:9400"
+
+[[engine]]
+name = "a"
+engine_type = "vllm"
+served_model_name = "m"
+host = "127.0.0.1"
+port = 8000
+mgmt_port = 9001
+devices = [0, 1]
+"#;
+
+    /// A second engine, on its own ports.
+    const B: &str = "[[engine]]\nname = \"b\"\nengine_type = \"vllm\"\nserved_model_name = \"m\"\nhost = \"127.0.0.1\"\nport = 8001\nmgmt_port = 9002\n";
+
+    /// The NPUs the (pretend) driver reports.
+    const NPUS: &[u32] = &[0, 1];
+
+    /// What a case feeds the loader.
+    enum Input {
+        /// `agent.toml` text; `{dir}` stands for the directory holding the fixtures.
+        Text(String),
+        /// A path given as the config file (`{dir}` as above).
+        File(&'static str),
+    }
+
+    struct Case {
+        rule: &'static str,
+        input: Input,
+        place: &'static str,
+        says: &'static str,
+    }
+
+    /// BASE with `line` added to `[agent]`.
+    fn agent(line: &str) -> Input {
+        Input::Text(BASE.replace("[agent]\n", &format!("[agent]\n{line}\n")))
+    }
+
+    /// BASE with `line` added to the engine's table.
+    fn top(line: &str) -> Input {
+        Input::Text(BASE.replace("name = \"a\"\n", &format!("name = \"a\"\n{line}\n")))
+    }
+
+    /// BASE with `from` replaced by `to`.
+    fn set(from: &str, to: &str) -> Input {
+        assert!(BASE.contains(from), "{from}");
+        Input::Text(BASE.replacen(from, to, 1))
+    }
+
+    /// BASE followed by `text` (a sub-table of the engine, or another engine).
+    fn then(text: &str) -> Input {
+        Input::Text(format!("{BASE}{text}\n"))
+    }
+
+    fn case(rule: &'static str, input: Input, place: &'static str, says: &'static str) -> Case {
+        Case {
+            rule,
+            input,
+            place,
+            says,
+        }
+    }
+
+    #[rustfmt::skip]
+    fn cases() -> Vec<Case> {
+        vec![
+            // [agent]: every number and duration (max_connections, header_read_timeout and
+            // idle_timeout included), and the type errors.
+            case("agent sample_period", agent("sample_period = \"1ns\""), "[agent] sample_period", "`1ns` is outside 10us..=1m"),
+            case("agent npu_smi_delay", agent("npu_smi_delay = 0"), "[agent] npu_smi_delay", "`0` is outside 1..=100"),
+            case("agent worker_threads", agent("worker_threads = 65"), "[agent] worker_threads", "`65` is outside 1..=64"),
+            case("agent driver_call_deadline", agent("driver_call_deadline = \"1ms\""), "[agent] driver_call_deadline", "`1ms` is outside 10ms..=1m"),
+            case("agent sampler_stuck_after", agent("sampler_stuck_after = \"1h\""), "[agent] sampler_stuck_after", "`1h` is outside 1s..=10m"),
+            case("agent sampler_stuck_after above the deadline", agent("sampler_stuck_after = \"2s\"\ndriver_call_deadline = \"5s\""), "[agent] sampler_stuck_after", "must be longer than driver_call_deadline (`5s`)"),
+            case("agent max_connections", agent("max_connections = 1"), "[agent] max_connections", "`1` is outside 4..=65536"),
+            case("agent header_read_timeout", agent("header_read_timeout = \"10ms\""), "[agent] header_read_timeout", "`10ms` is outside 100ms..=2m"),
+            case("agent idle_timeout", agent("idle_timeout = \"2h\""), "[agent] idle_timeout", "`2h` is outside 1s..=1h"),
+            case("agent backend type", agent("backend = \"gpu\""), "[agent] backend", "unknown variant `gpu`"),
+            case("agent number type", agent("npu_smi_delay = \"1\""), "[agent] npu_smi_delay", "invalid type: string \"1\", expected u32"),
+            case("unknown table", Input::Text(format!("[agnt]\nx = 1\n{BASE}")), "[agnt]", "unknown field `agnt`"),
+            case("unknown top-level key", Input::Text(format!("bogus = 1\n{BASE}")), "bogus", "unknown field `bogus`"),
+            case("agent unknown key", agent("sample_periood = \"5s\""), "[agent] sample_periood", "unknown field `sample_periood`"),
+            // [[engine]]: type errors name the table and key.
+            case("engine port type", set("port = 8000", "port = \"abc\""), "[[engine]] #1 (a) port", "invalid type: string \"abc\", expected u16"),
+            case("engine duplicate key", set("port = 8000", "port = 8000\nport = 8002"), "[[engine]] #1 (a) port", "duplicate key"),
+            case("engine port range (type)", set("port = 8000", "port = 70000"), "[[engine]] #1 (a) port", "invalid value: integer `70000`, expected u16"),
+            case("engine devices type", set("devices = [0, 1]", "devices = [-1]"), "[[engine]] #1 (a) devices[0]", "invalid value: integer `-1`, expected u32"),
+            case("engine unknown key", top("device = [0]"), "[[engine]] #1 (a) device", "unknown field `device`"),
+            case("engine missing key", set("port = 8000\n", ""), "[[engine]] #1 (a)", "missing field `port`"),
+            // [[engine]]: bounds.
+            case("engine port zero", set("port = 8000", "port = 0"), "[[engine]] #1 (a) port", "`0` is outside 1..=65535"),
+            case("engine mgmt_port zero", set("mgmt_port = 9001", "mgmt_port = 0"), "[[engine]] #1 (a) mgmt_port", "`0` is outside 1..=65535"),
+            case("engine dp_rank", top("dp_rank = 70000"), "[[engine]] #1 (a) dp_rank", "`70000` is outside 0..=65535"),
+            case("engine devices empty", set("devices = [0, 1]", "devices = []"), "[[engine]] #1 (a) devices", "0 NPUs is outside 1..=256"),
+            case("engine devices twice", set("devices = [0, 1]", "devices = [1, 1]"), "[[engine]] #1 (a) devices[1]", "NPU 1 is listed twice"),
+            case("engine visible devices twice", set("devices = [0, 1]", "engine_env = { ASCEND_RT_VISIBLE_DEVICES = \"1,1\" }"), "[[engine]] #1 (a) devices[1]", "NPU 1 (from ASCEND_RT_VISIBLE_DEVICES from engine_env) is listed twice"),
+            case("engine name newline", set("name = \"a\"", "name = \"a\\nb\""), "[[engine]] #1 (a\\nb) name", "contains the control character U+000A"),
+            case("engine name control character", set("name = \"a\"", "name = \"a\\u001b[31m\""), "[[engine]] #1 (a\\u{1b}[31m) name", "control character U+001B"),
+            case("engine name empty", set("name = \"a\"", "name = \"\""), "[[engine]] #1 () name", "has 0 characters, outside 1..=128"),
+            // Between engines, and addresses that point the agent at itself.
+            case("engine name twice", then(&B.replace("\"b\"", "\"a\"")), "[[engine]] #2 (a) name", "\"a\" is used twice"),
+            case("engine mgmt address twice", then(&B.replace("9002", "9001")), "[[engine]] #2 (b) mgmt_port", "`9001` is also the mgmt_port of engine \"a\""),
+            case("engine port is its mgmt_port", set("mgmt_port = 9001", "mgmt_port = 8000"), "[[engine]] #1 (a) port", "`8000` is also this engine's mgmt_port on 127.0.0.1"),
+            case("engine port is its mgmt_port on 0.0.0.0", set("mgmt_port = 9001", "mgmt_port = 8000\nmgmt_host = \"0.0.0.0\""), "[[engine]] #1 (a) port", "this engine's mgmt_port on 0.0.0.0"),
+            case("engine port is another's mgmt_port", then(&B.replace("8001", "9001")), "[[engine]] #2 (b) port", "`9001` is the mgmt_port of engine \"a\""),
+            case("admin_listen type", agent("").replace_admin("here"), "[agent] admin_listen", "\"here\" is not an address"),
+            case("admin_listen is an engine's port", agent("").replace_admin("127.0.0.1:8000"), "[agent] admin_listen", "`127.0.0.1:8000` is the inference address of engine \"a\""),
+            case("admin_listen is a mgmt_port", agent("").replace_admin("127.0.0.1:9001"), "[agent] admin_listen", "port `9001` is also the mgmt_port of engine \"a\""),
+            // [engine.timing]
+            case("timing type", then("[engine.timing]\ninterval = \"five seconds\""), "[[engine]] #1 (a) timing.interval", "\"five seconds\" is not a duration"),
+            case("timing warmup_timeout", then("[engine.timing]\nwarmup_timeout = \"0s\""), "[[engine]] #1 (a) timing.warmup_timeout", "`0s` is outside 1s..=1h"),
+            case("timing request_timeout", then("[engine.timing]\nrequest_timeout = \"1h\""), "[[engine]] #1 (a) timing.request_timeout", "`1h` is outside 50ms..=10m"),
+            case("timing window", then("[engine.timing]\nwindow = \"2h\""), "[[engine]] #1 (a) timing.window", "`2h` is outside 50ms..=10m"),
+            case("timing interval", then("[engine.timing]\ninterval = \"1ms\""), "[[engine]] #1 (a) timing.interval", "`1ms` is outside 50ms..=1h"),
+            case("timing high_load_interval", then("[engine.timing]\nhigh_load_interval = \"2h\""), "[[engine]] #1 (a) timing.high_load_interval", "`2h` is outside 50ms..=1h"),
+            case("timing high_load_threshold NaN", then("[engine.timing]\nhigh_load_threshold = nan"), "[[engine]] #1 (a) timing.high_load_threshold", "`NaN` is outside 0..=100"),
+            case("timing high_load_threshold -1", then("[engine.timing]\nhigh_load_threshold = -1.0"), "[[engine]] #1 (a) timing.high_load_threshold", "`-1` is outside 0..=100"),
+            case("timing high_load_threshold 1e300", then("[engine.timing]\nhigh_load_threshold = 1e300"), "[[engine]] #1 (a) timing.high_load_threshold", "`1e300` is outside 0..=100"),
+            case("timing health_period", then("[engine.timing]\nhealth_period = \"1ns\""), "[[engine]] #1 (a) timing.health_period", "`1ns` is outside 50ms..=1m"),
+            case("timing health_timeout", then("[engine.timing]\nhealth_timeout = \"1ms\""), "[[engine]] #1 (a) timing.health_timeout", "`1ms` is outside 50ms..=10m"),
+            case("timing serving_evidence_max_age", then("[engine.timing]\nserving_evidence_max_age = \"1ms\""), "[[engine]] #1 (a) timing.serving_evidence_max_age", "`1ms` is outside 50ms..=2h (or `0s`"),
+            // [engine.qos]
+            case("qos ttft_budget", then("[engine.qos]\nttft_budget = \"0s\""), "[[engine]] #1 (a) qos.ttft_budget", "`0s` is outside 10ms..=10m"),
+            case("qos weight NaN", then("[engine.qos]\nweights = { latency = nan, memory = 0.3, progress = 0.2 }"), "[[engine]] #1 (a) qos.weights.latency", "`NaN` is outside 0..=100"),
+            case("qos weights all zero", then("[engine.qos]\nweights = { latency = 0.0, memory = 0.0, progress = 0.0 }"), "[[engine]] #1 (a) qos.weights", "at least one weight must be above 0"),
+            case("qos weights type", then("[engine.qos]\nweights = { latency = \"x\", memory = 0.3, progress = 0.2 }"), "[[engine]] #1 (a) qos.weights.latency", "invalid type"),
+            case("qos kv_headroom_full", then("[engine.qos]\nkv_headroom_full = 0.0"), "[[engine]] #1 (a) qos.kv_headroom_full", "`0` is outside (0, 1]"),
+            case("qos hysteresis", then("[engine.qos]\nhysteresis = 0.5"), "[[engine]] #1 (a) qos.hysteresis", "`0.5` is outside [0, 0.3)"),
+            case("qos evict_after", then("[engine.qos]\nevict_after = 0"), "[[engine]] #1 (a) qos.evict_after", "`0` is outside 1..=1000"),
+            case("qos probe_max_tokens", then("[engine.qos]\nprobe_max_tokens = 1000"), "[[engine]] #1 (a) qos.probe_max_tokens", "`1000` is outside 1..=256"),
+            case("qos period", then("[engine.qos]\nperiod = \"1ms\""), "[[engine]] #1 (a) qos.period", "`1ms` is outside 50ms..=10m"),
+            case("qos metrics_period", then("[engine.qos]\nmetrics_period = \"1h\""), "[[engine]] #1 (a) qos.metrics_period", "`1h` is outside 50ms..=10m"),
+            case("qos max_input_age", then("[engine.qos]\nmax_input_age = \"2h\""), "[[engine]] #1 (a) qos.max_input_age", "`2h` is outside 100ms..=1h"),
+            case("qos stall_window", then("[engine.qos]\nstall_window = \"0s\""), "[[engine]] #1 (a) qos.stall_window", "`0s` is outside 100ms..=1h"),
+            // [engine.health_check_config] inline, and MindIE's user_config.json.
+            case("health_collector_timeout >= 1", then("[engine.health_check_config]\nhealth_collector_timeout = 0"), "[[engine]] #1 (a)", "health_collector_timeout must be >= 1, got 0"),
+            case("health_collector_timeout <= 3600", then("[engine.health_check_config]\nhealth_collector_timeout = 7200"), "[[engine]] #1 (a)", "health_collector_timeout must be <= 3600, got 7200"),
+            case("retry_attempts <= 100", then("[engine.health_check_config]\nhealth_collector_timeout_retry_attempts = 1000"), "[[engine]] #1 (a)", "health_collector_timeout_retry_attempts must be <= 100, got 1000"),
+            case("npu_usage_threshold NaN", then("[engine.health_check_config]\nnpu_usage_threshold = nan"), "[[engine]] #1 (a) health_check_config.npu_usage_threshold", "`NaN` is not a finite number"),
+            case("max_failure_count inf", then("[engine.health_check_config]\nmax_failure_count = inf"), "[[engine]] #1 (a) health_check_config.max_failure_count", "`inf` is not a finite number"),
+            case("user_config.json health_collector_timeout", Input::Text(uc_engine("{dir}/slow.json")), "[[engine]] #1 (a) config_path", "health_collector_timeout must be <= 3600, got 86400"),
+            // Files that are not regular files, or too large.
+            case("config is a FIFO", Input::File("{dir}/fifo"), "", "is a FIFO, not a regular file"),
+            case("config is /dev/zero", Input::File("/dev/zero"), "", "is a character device, not a regular file"),
+            case("config is a directory", Input::File("{dir}"), "", "is a directory, not a regular file"),
+            case("config too large", Input::File("{dir}/big"), "", "is larger than 4 MiB"),
+            case("user_config.json is a FIFO", Input::Text(uc_engine("{dir}/fifo")), "[[engine]] #1 (a) config_path", "is a FIFO"),
+            case("env.json is a FIFO", top("env_config_path = \"{dir}/fifo\""), "[[engine]] #1 (a) env_config_path", "is a FIFO"),
+            case("env.json is /dev/zero", agent("env_config_path = \"/dev/zero\""), "[[engine]] #1 (a) env_config_path (from [agent])", "is a character device"),
+            // What needs the host: NPUs and TLS files.
+            case("NPU the driver does not report", set("devices = [0, 1]", "devices = [0, 7]"), "[[engine]] #1 (a) devices", "NPU 7 is not one the driver reports; NPUs found: [0, 1]"),
+            case("mgmt TLS cert missing", top("mgmt_tls_config = { enable_tls = true, cert_file = \"{dir}/absent.crt\", key_file = \"{dir}/server.key\" }"), "[[engine]] #1 (a) mgmt_tls_config.cert_file", "absent.crt cannot read"),
+            case("mgmt TLS key missing", top("mgmt_tls_config = { enable_tls = true, cert_file = \"{dir}/server.crt\", key_file = \"{dir}/absent.key\" }"), "[[engine]] #1 (a) mgmt_tls_config.key_file", "absent.key cannot read"),
+            case("mgmt TLS cert a FIFO", top("mgmt_tls_config = { enable_tls = true, cert_file = \"{dir}/fifo\", key_file = \"{dir}/server.key\" }"), "[[engine]] #1 (a) mgmt_tls_config.cert_file", "is a FIFO"),
+            case("mgmt TLS cert not PEM", top("mgmt_tls_config = { enable_tls = true, cert_file = \"{dir}/garbage.crt\", key_file = \"{dir}/server.key\" }"), "[[engine]] #1 (a) mgmt_tls_config", "no certificate in the file"),
+            case("infer TLS ca missing", top("infer_tls_config = { enable_tls = true, ca_file = \"{dir}/absent-ca.crt\" }"), "[[engine]] #1 (a) infer_tls_config.ca_file", "absent-ca.crt cannot read"),
+            case("mgmt TLS in user_config.json", Input::Text(uc_engine("{dir}/tls.json")), "[[engine]] #1 (a) mgmt_tls_config.cert_file", "(set in {dir}/tls.json (motor_engine_prefill_config))"),
+        ]
+    }
+
+    /// BASE with the engine read from a user_config.json at `path`.
+    fn uc_engine(path: &str) -> String {
+        BASE.replace(
+            "engine_type = \"vllm\"\nserved_model_name = \"m\"\n",
+            &format!("config_path = \"{path}\"\nrole = \"prefill\"\n"),
+        )
+    }
+
+    trait ReplaceAdmin {
+        fn replace_admin(self, addr: &str) -> Input;
+    }
+
+    impl ReplaceAdmin for Input {
+        fn replace_admin(self, addr: &str) -> Input {
+            match self {
+                Input::Text(t) => Input::Text(t.replace("127.0.0.1:9400", addr)),
+                other => other,
+            }
+        }
+    }
+
+    /// The fixtures cases name: a FIFO, a file over the cap, TLS material, user_config.json.
+    fn fixtures(dir: &Path) {
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            dir.join("fifo"),
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::RUSR | rustix::fs::Mode::WUSR,
+            0,
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("big"),
+            vec![b'#'; super::super::read::MAX_BYTES as usize + 1],
+        )
+        .unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["localhost".to_owned()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        std::fs::write(dir.join("server.crt"), cert.pem()).unwrap();
+        std::fs::write(dir.join("server.key"), key.serialize_pem()).unwrap();
+        std::fs::write(dir.join("garbage.crt"), "not a certificate\n").unwrap();
+        let section = |extra: &str| {
+            format!(
+                r#"{{"motor_engine_prefill_config": {{"engine_type": "vllm", "engine_config": {{"served_model_name": "m"}}{extra}}}}}"#
+            )
+        };
+        std::fs::write(
+            dir.join("slow.json"),
+            section(r#", "health_check_config": {"health_collector_timeout": 86400}"#),
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("tls.json"),
+            section(r#", "mgmt_tls_config": {"enable_tls": true, "cert_file": "absent.crt", "key_file": "server.key"}"#),
+        )
+        .unwrap();
+    }
+
+    /// The error the loader and the host checks give for `input` (what `check-config` and
+    /// `run` report).
+    fn error_for(input: &Input, dir: &Path) -> (PathBuf, ConfigError) {
+        let fill = |s: &str| s.replace("{dir}", &dir.display().to_string());
+        let path = match input {
+            Input::Text(t) => {
+                let p = dir.join("agent.toml");
+                std::fs::write(&p, fill(t)).unwrap();
+                p
+            }
+            Input::File(p) => PathBuf::from(fill(p)),
+        };
+        let result = super::super::file::load(&path).and_then(|cfg| host(&cfg, Some(NPUS)));
+        match result {
+            Ok(()) => panic!(
+                "accepted: {}",
+                std::fs::read_to_string(&path).unwrap_or_default()
+            ),
+            Err(e) => (path, e),
+        }
+    }
+
+    #[test]
+    fn every_rule_names_the_file_the_place_and_the_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        fixtures(dir.path());
+        let mut failures = Vec::new();
+        for c in cases() {
+            let (path, e) = error_for(&c.input, dir.path());
+            let says = c.says.replace("{dir}", &dir.path().display().to_string());
+            let ok = e.file == path.display().to_string()
+                && e.place.trim_end_matches(": ") == c.place
+                && e.message.contains(&says)
+                && !e.message.contains("got None");
+            if !ok {
+                failures.push(format!(
+                    "{}: want `{}` … {says:?}; got `{}` … {:?} (file {})",
+                    c.rule, c.place, e.place, e.message, e.file
+                ));
+            }
+        }
+        assert!(failures.is_empty(), "\n{}", failures.join("\n"));
+    }
+
+    #[test]
+    fn the_base_config_and_every_default_are_valid() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("agent.toml");
+        std::fs::write(&p, format!("{BASE}{B}")).unwrap();
+        let cfg = super::super::file::load(&p).unwrap();
+        host(&cfg, Some(NPUS)).unwrap();
+        assert_eq!(cfg.engines[0].timing, crate::config::Timing::default());
+        // Without a driver backend the NPUs are not checked (run starts without figures).
+        let p2 = dir.path().join("other.toml");
+        std::fs::write(&p2, BASE.replace("[0, 1]", "[0, 7]")).unwrap();
+        host(&super::super::file::load(&p2).unwrap(), None).unwrap();
+    }
+
+    #[test]
+    fn single_engine_mode_names_the_flag() {
+        let dir = tempfile::tempdir().unwrap();
+        let uc = dir.path().join("user_config.json");
+        std::fs::write(
+            &uc,
+            r#"{"motor_engine_prefill_config": {"engine_type": "vllm", "engine_config": {"served_model_name": "m"}}}"#,
+        )
+        .unwrap();
+        let flags = |port: u16, mgmt: u16, devices: Option<Vec<u32>>| crate::config::SingleEngine {
+            config_path: uc.clone(),
+            role: crate::config::mindie::Role::Prefill,
+            host: "127.0.0.1".to_owned(),
+            port,
+            mgmt_port: mgmt,
+            dp_rank: 0,
+            devices,
+            env_config_path: None,
+            qos: crate::qos::QosConfig::default(),
+        };
+        let single = |f| AgentConfig::single(&f, AgentSettings::default());
+        let e = single(flags(8000, 8000, None)).unwrap_err();
+        assert_eq!(
+            (e.place.as_str(), e.file.clone()),
+            ("--port: ", uc.display().to_string())
+        );
+        assert!(e.message.contains("also this engine's mgmt_port"), "{e}");
+        let e = single(flags(8000, 9001, Some(vec![]))).unwrap_err();
+        assert_eq!(e.place, "--devices: ");
+        let cfg = single(flags(8000, 9001, Some(vec![0, 7]))).unwrap();
+        let e = host(&cfg, Some(NPUS)).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("--devices: NPU 7 is not one the driver reports"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn bounds_show_values_the_way_configs_write_them() {
+        assert_eq!(
+            engine_bounds::HEALTH_PERIOD.check("k", Duration::from_nanos(1)),
+            Err(("k".to_owned(), "`1ns` is outside 50ms..=1m".to_owned()))
+        );
+        assert!(
+            engine_bounds::HIGH_LOAD_THRESHOLD
+                .check("k", f64::NAN)
+                .unwrap_err()
+                .1
+                .starts_with("`NaN`")
+        );
+        assert_eq!(f64::INFINITY.shown(), "inf");
+        assert_eq!(80.0_f64.shown(), "80");
+        assert_eq!(0.05_f64.shown(), "0.05");
+        assert_eq!(
+            engine_bounds::WINDOW.clamp(Duration::ZERO),
+            Duration::from_millis(50)
+        );
+    }
+}

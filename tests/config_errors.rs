@@ -1,0 +1,340 @@
+//! Configuration errors through the binary: `check-config` rejects what `run` rejects, with
+//! the same line, and neither blocks on a config file that is not a regular file. The full
+//! table of rules is `config::validate::tests`; these cases show the binary takes the same
+//! path. Every run has a time limit, so a regression fails instead of hanging.
+#![cfg(feature = "fake-driver")]
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use support::stack::{free_ports, http};
+
+/// The agent on the fake driver (its embedded default: NPUs 0 and 1).
+fn agent() -> Command {
+    let mut c = Command::new(support::agent());
+    c.env_remove("FAKE_NPU_SCENARIO")
+        .env_remove("NOTIFY_SOCKET")
+        .env_remove("ASCEND_GLOBAL_LOG_LEVEL")
+        .arg("--fake");
+    c
+}
+
+/// How a finished command ended.
+struct Ended {
+    code: Option<i32>,
+    stderr: String,
+}
+
+impl Ended {
+    /// The last line on stderr: the error, when the command failed.
+    fn last_line(&self) -> &str {
+        self.stderr.lines().last().unwrap_or_default()
+    }
+}
+
+/// Runs `cmd` (stderr to a file in `dir`, so a chatty child never blocks on a pipe); kills it
+/// and fails the test if it has not exited within `limit`.
+fn run_within(mut cmd: Command, dir: &Path, limit: Duration) -> Ended {
+    let log = dir.join(format!(
+        "stderr-{}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    ));
+    let mut child = cmd
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let code = wait_exit(&mut child, limit);
+    Ended {
+        code,
+        stderr: std::fs::read_to_string(&log).unwrap_or_default(),
+    }
+}
+
+fn wait_exit(child: &mut Child, limit: Duration) -> Option<i32> {
+    let end = Instant::now() + limit;
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s.code();
+        }
+        if Instant::now() > end {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the agent did not exit within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `check-config` and `run` on `config`.
+fn both(config: &Path, dir: &Path) -> (Ended, Ended) {
+    let mut check = agent();
+    check.args(["check-config", "--config"]).arg(config);
+    let mut run = agent();
+    run.args(["run", "--config"]).arg(config);
+    (
+        run_within(check, dir, Duration::from_secs(20)),
+        run_within(run, dir, Duration::from_secs(20)),
+    )
+}
+
+/// An agent.toml with one engine on free ports, and `extra` appended to its table.
+fn write_config(dir: &Path, extra: &str) -> PathBuf {
+    let [port, mgmt] = free_ports();
+    let p = dir.join("agent.toml");
+    std::fs::write(
+        &p,
+        format!(
+            "[[engine]]\nname = \"a\"\nengine_type = \"vllm\"\nserved_model_name = \"m\"\nhost = \"127.0.0.1\"\nport = {port}\nmgmt_port = {mgmt}\ndevices = [0, 1]\n{extra}\n"
+        ),
+    )
+    .unwrap();
+    p
+}
+
+fn mkfifo(p: &Path) {
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        p,
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::RUSR | rustix::fs::Mode::WUSR,
+        0,
+    )
+    .unwrap();
+}
+
+// The three the issue found `check-config` accepting and `run` refusing with an error that
+// named neither file nor key: the same line from both now, exit 2, and `run` exits at once.
+#[test]
+fn check_config_and_run_refuse_the_same_configs_with_the_same_line() {
+    let dir = tempfile::tempdir().unwrap();
+    for (extra, from, to, want) in [
+        (
+            "[engine.timing]\nwindow = \"2h\"",
+            "",
+            "",
+            "[[engine]] #1 (a) timing.window: `2h` is outside 50ms..=10m",
+        ),
+        (
+            "mgmt_tls_config = { enable_tls = true, cert_file = \"/nonexistent/server.crt\", key_file = \"/nonexistent/server.key\" }",
+            "",
+            "",
+            "[[engine]] #1 (a) mgmt_tls_config.cert_file: /nonexistent/server.crt cannot read",
+        ),
+        (
+            "",
+            "devices = [0, 1]",
+            "devices = [0, 7]",
+            "[[engine]] #1 (a) devices: NPU 7 is not one the driver reports; NPUs found: [0, 1]",
+        ),
+    ] {
+        let config = write_config(dir.path(), extra);
+        let text = std::fs::read_to_string(&config).unwrap();
+        std::fs::write(&config, text.replace(from, to)).unwrap();
+        let started = Instant::now();
+        let (check, run) = both(&config, dir.path());
+        assert_eq!(check.code, Some(2), "check-config: {}", check.stderr);
+        assert_eq!(run.code, Some(2), "run: {}", run.stderr);
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "both exit promptly"
+        );
+        assert!(check.last_line().contains(want), "{want}\n{}", check.stderr);
+        assert_eq!(check.last_line(), run.last_line(), "{}", run.stderr);
+        assert!(
+            check
+                .last_line()
+                .starts_with(&format!("npu-health-agent: {}: ", config.display())),
+            "{}",
+            check.last_line()
+        );
+    }
+}
+
+// A few rules of the table through the binary, one per kind: a type error, a key set twice,
+// a bound, an address that points at the agent, a control character in a name, an empty
+// NPU list.
+#[test]
+fn check_config_names_the_table_the_key_and_the_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = write_config(dir.path(), "");
+    let text = std::fs::read_to_string(&base).unwrap();
+    let mgmt_line = text.lines().find(|l| l.starts_with("mgmt_port")).unwrap();
+    let mgmt = mgmt_line.trim_start_matches("mgmt_port = ").to_owned();
+    let port_line = text.lines().find(|l| l.starts_with("port")).unwrap();
+    for (from, to, want) in [
+        (
+            port_line,
+            "port = \"abc\"".to_owned(),
+            "[[engine]] #1 (a) port: invalid type: string \"abc\", expected u16",
+        ),
+        (
+            port_line,
+            format!("{port_line}\n{port_line}"),
+            "[[engine]] #1 (a) port: duplicate key",
+        ),
+        (
+            "devices = [0, 1]",
+            "devices = [0, 1]\n[engine.timing]\nhealth_period = \"1ns\"".to_owned(),
+            "[[engine]] #1 (a) timing.health_period: `1ns` is outside 50ms..=1m",
+        ),
+        (
+            port_line,
+            format!("port = {mgmt}"),
+            "[[engine]] #1 (a) port: ",
+        ),
+        (
+            "name = \"a\"",
+            "name = \"a\\nb\"".to_owned(),
+            "[[engine]] #1 (a\\nb) name: \"a\\nb\" contains the control character U+000A",
+        ),
+        (
+            "devices = [0, 1]",
+            "devices = []".to_owned(),
+            "[[engine]] #1 (a) devices: 0 NPUs is outside 1..=256",
+        ),
+    ] {
+        std::fs::write(&base, text.replacen(from, &to, 1)).unwrap();
+        let mut check = agent();
+        check.args(["check-config", "--config"]).arg(&base);
+        let out = run_within(check, dir.path(), Duration::from_secs(20));
+        assert_eq!(out.code, Some(2), "{}", out.stderr);
+        assert!(out.last_line().contains(want), "{want}\n{}", out.stderr);
+    }
+}
+
+// A FIFO as the config wedged the loader (open blocks until a writer appears); /dev/zero was
+// read without end. Both, and a FIFO or /dev/zero as MindIE's files, are refused at once.
+#[test]
+fn fifos_and_dev_zero_are_refused_without_blocking() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("agent.toml");
+    mkfifo(&fifo);
+    for config in [fifo.as_path(), Path::new("/dev/zero")] {
+        let (check, run) = both(config, dir.path());
+        for (what, e) in [("check-config", &check), ("run", &run)] {
+            assert_eq!(e.code, Some(2), "{what}: {}", e.stderr);
+            assert!(
+                e.last_line().contains("not a regular file"),
+                "{what}: {}",
+                e.stderr
+            );
+        }
+    }
+    // Single-engine mode: user_config.json a FIFO, then env.json /dev/zero.
+    let uc = dir.path().join("user_config.json");
+    let flags = [
+        "--role",
+        "prefill",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8000",
+        "--mgmt-port",
+        "9001",
+    ];
+    let mut cmd = agent();
+    cmd.args(["check-config", "--config-path"])
+        .arg(&fifo)
+        .args(flags);
+    let e = run_within(cmd, dir.path(), Duration::from_secs(20));
+    assert_eq!(e.code, Some(2), "{}", e.stderr);
+    assert!(e.last_line().contains("is a FIFO"), "{}", e.stderr);
+    std::fs::write(
+        &uc,
+        r#"{"motor_engine_prefill_config": {"engine_type": "vllm", "engine_config": {"served_model_name": "m"}}}"#,
+    )
+    .unwrap();
+    let mut cmd = agent();
+    cmd.args(["run", "--config-path"])
+        .arg(&uc)
+        .args(flags)
+        .args(["--env-config-path", "/dev/zero"]);
+    let e = run_within(cmd, dir.path(), Duration::from_secs(20));
+    assert_eq!(e.code, Some(2), "{}", e.stderr);
+    assert!(
+        e.last_line().contains("/dev/zero: is a character device"),
+        "{}",
+        e.stderr
+    );
+}
+
+// The reload the issue saw wedge: the config replaced by a FIFO, then SIGHUP. The reload is
+// rejected (the previous configuration keeps serving), and SIGTERM still stops the agent.
+#[test]
+fn sighup_with_a_fifo_as_the_config_is_rejected_and_sigterm_still_stops() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "");
+    let text = std::fs::read_to_string(&config).unwrap();
+    let mgmt: u16 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("mgmt_port = "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let log = dir.path().join("agent.log");
+    let mut child = agent()
+        .args(["run", "--config"])
+        .arg(&config)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    let status = || http("GET", &format!("http://127.0.0.1:{mgmt}/status"), None);
+    let wait = |what: &str, f: &dyn Fn() -> bool| {
+        let end = Instant::now() + Duration::from_secs(20);
+        while !f() {
+            assert!(Instant::now() < end, "{what}\n{}", read_log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    wait("serving", &|| status().is_some());
+    std::fs::remove_file(&config).unwrap();
+    mkfifo(&config);
+    let pid = rustix::process::Pid::from_child(&child);
+    rustix::process::kill_process(pid, rustix::process::Signal::HUP).unwrap();
+    wait("the rejection", &|| {
+        read_log().contains("configuration rejected")
+    });
+    assert!(read_log().contains("is a FIFO"), "{}", read_log());
+    assert!(
+        status().is_some(),
+        "the previous configuration still serves"
+    );
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    let code = wait_exit(&mut child, Duration::from_secs(15));
+    assert_eq!(code, Some(0), "{}", read_log());
+}
+
+// With no driver backend `run` starts anyway (without NPU figures), so check-config does not
+// fail on the NPUs it cannot check; it says so.
+#[test]
+fn without_a_driver_check_config_says_the_npus_were_not_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(&config, text.replace("[0, 1]", "[0, 7]")).unwrap();
+    let mut cmd = Command::new(support::agent());
+    cmd.env_remove("LD_LIBRARY_PATH")
+        .arg("--dcmi-lib")
+        .arg(dir.path().join("absent-libdcmi.so"))
+        .arg("--npu-smi")
+        .arg(dir.path().join("absent-npu-smi"))
+        .args(["check-config", "--config"])
+        .arg(&config);
+    let e = run_within(cmd, dir.path(), Duration::from_secs(30));
+    assert_eq!(e.code, Some(0), "{}", e.stderr);
+    assert!(
+        e.stderr
+            .contains("NPUs not checked: no usable driver backend"),
+        "{}",
+        e.stderr
+    );
+}
