@@ -760,15 +760,7 @@ mod tests {
     // connection is the "down" half. The class is named in /status/detail.
     #[tokio::test(start_paused = true)]
     async fn garbled_health_answer_is_not_an_engine_restart() {
-        for class in [
-            Transport::Reset,
-            Transport::Protocol,
-            Transport::BodyTooLarge,
-            Transport::Tls,
-            Transport::Local,
-            Transport::Connect,
-            Transport::Other,
-        ] {
+        for class in Transport::NOT_DOWN {
             let st = Arc::new(EngineState::new(
                 spec("enable_virtual_inference = true"),
                 vec![0],

@@ -26,13 +26,7 @@ impl Drop for Agent {
 
 /// The agent with `agent_extra` in `[agent]` and its admin listener on the returned port.
 fn start(dir: &Path, agent_extra: &str) -> (Agent, u16) {
-    std::fs::write(dir.join("npu0"), "0\n").unwrap();
-    let scenario = dir.join("scenario.toml");
-    std::fs::write(
-        &scenario,
-        "model = \"910B\"\ncards = 1\n[[device]]\nid = 0\naicube = { file = \"npu0\" }\n",
-    )
-    .unwrap();
+    let scenario = support::one_npu_scenario(dir);
     let [engine, mgmt, admin] = free_ports();
     let toml = dir.join("agent.toml");
     std::fs::write(

@@ -5,7 +5,8 @@
 //! listener than the cap. Throughout, a fresh `/status` (a new connection each time, as Node
 //! Manager's pool does after an error) must be answered, and say `normal`: the agent's own
 //! probes of the engine keep working. Once over cleartext, once over TLS. The figures printed
-//! are in BENCHMARKS.md.
+//! are in BENCHMARKS.md; `FLOOD_AGENT=target/release/npu-health-agent` runs them against a
+//! release build of the agent (built with `--features fake-driver`).
 
 #![cfg(feature = "fake-driver")]
 
@@ -111,13 +112,7 @@ fn raise_own_limit() {
 /// Starts the fake engine and the agent (under `ulimit -n 1024`); `mgmt_tls` goes into the
 /// engine's table.
 fn start(dir: &Path, mgmt_tls: &str) -> (Procs, u16, u32) {
-    std::fs::write(dir.join("npu0"), "0\n").unwrap();
-    let scenario = dir.join("scenario.toml");
-    std::fs::write(
-        &scenario,
-        "model = \"910B\"\ncards = 1\n[[device]]\nid = 0\naicube = { file = \"npu0\" }\n",
-    )
-    .unwrap();
+    let scenario = support::one_npu_scenario(dir);
     let [engine_port, control_port, mgmt_port] = free_ports();
     let engine = npu_health_agent::fake::engine_command(
         support::agent(),
@@ -136,9 +131,11 @@ fn start(dir: &Path, mgmt_tls: &str) -> (Procs, u16, u32) {
         ),
     )
     .unwrap();
+    let exe = std::env::var_os("FLOOD_AGENT")
+        .map_or_else(|| support::agent().to_path_buf(), std::path::PathBuf::from);
     let agent = Command::new("sh")
         .args(["-c", "ulimit -n 1024 && exec \"$0\" \"$@\""])
-        .arg(support::agent())
+        .arg(&exe)
         .args(["--fake", "run", "--config"])
         .arg(&toml)
         .env("FAKE_NPU_SCENARIO", &scenario)

@@ -182,13 +182,7 @@ fn http_request_bytes_never_panic_the_agent() {
     use std::io::{Read, Write};
     use support::stack::{FAST_TIMING, free_ports, http};
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("npu0"), "0\n").unwrap();
-    let scenario = dir.path().join("scenario.toml");
-    std::fs::write(
-        &scenario,
-        "model = \"910B\"\ncards = 1\n[[device]]\nid = 0\naicube = { file = \"npu0\" }\n",
-    )
-    .unwrap();
+    let scenario = support::one_npu_scenario(dir.path());
     let [engine_port, mgmt, admin] = free_ports();
     let toml = dir.path().join("agent.toml");
     std::fs::write(

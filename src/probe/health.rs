@@ -44,6 +44,17 @@ pub enum Transport {
 }
 
 impl Transport {
+    /// Every class that is not evidence the engine went away (all but `Refused`).
+    pub const NOT_DOWN: [Transport; 7] = [
+        Transport::Reset,
+        Transport::Protocol,
+        Transport::BodyTooLarge,
+        Transport::Tls,
+        Transport::Local,
+        Transport::Connect,
+        Transport::Other,
+    ];
+
     /// The class's name in `/status/detail`.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -337,15 +348,7 @@ mod tests {
     // half of a restart; its class is carried.
     #[tokio::test]
     async fn garbled_health_answer_is_not_unreachable() {
-        let classes = [
-            Transport::Reset,
-            Transport::Protocol,
-            Transport::BodyTooLarge,
-            Transport::Tls,
-            Transport::Local,
-            Transport::Connect,
-            Transport::Other,
-        ];
+        let classes = Transport::NOT_DOWN;
         let mut script = vec![ok("true")];
         script.extend(classes.iter().map(|&c| Fetch::Error(c, "x".into())));
         let s = Script::new(script);

@@ -13,6 +13,19 @@ pub mod stack;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+/// A fake-driver scenario with one 910B NPU whose AI Cube figure is the file `npu0` in
+/// `dir` (written as 0); returns the scenario's path.
+pub fn one_npu_scenario(dir: &Path) -> PathBuf {
+    std::fs::write(dir.join("npu0"), "0\n").expect("npu0");
+    let scenario = dir.join("scenario.toml");
+    std::fs::write(
+        &scenario,
+        "model = \"910B\"\ncards = 1\n[[device]]\nid = 0\naicube = { file = \"npu0\" }\n",
+    )
+    .expect("scenario");
+    scenario
+}
+
 /// The agent binary under test (a fake-driver build also acts as the fake npu-smi).
 pub fn agent() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_npu-health-agent"))

@@ -441,14 +441,8 @@ mod tests {
         );
     }
 
-    #[test]
-    fn restarts_back_off_doubling_up_to_the_maximum() {
-        let cfg = WatchConfig {
-            npu_smi: "/nonexistent/npu-smi".into(),
-            delay_s: 1,
-            backoff_initial: Duration::from_millis(10),
-            backoff_max: Duration::from_millis(40),
-        };
+    /// A watch of NPU 0 chip 0 under `cfg`, its updates on the channel.
+    fn watch_npu0(cfg: WatchConfig) -> (Watch, crossbeam_channel::Receiver<WatchUpdate>) {
         let (tx, rx) = crossbeam_channel::unbounded();
         let w = Watch::start(
             cfg,
@@ -462,6 +456,18 @@ mod tests {
             },
         )
         .unwrap();
+        (w, rx)
+    }
+
+    #[test]
+    fn restarts_back_off_doubling_up_to_the_maximum() {
+        let cfg = WatchConfig {
+            npu_smi: "/nonexistent/npu-smi".into(),
+            delay_s: 1,
+            backoff_initial: Duration::from_millis(10),
+            backoff_max: Duration::from_millis(40),
+        };
+        let (w, rx) = watch_npu0(cfg);
         let mut waits = Vec::new();
         while waits.len() < 5 {
             match rx
@@ -572,19 +578,7 @@ mod tests {
             backoff_initial: Duration::from_millis(50),
             backoff_max: Duration::from_secs(1),
         };
-        let (tx, rx) = crossbeam_channel::unbounded();
-        let w = Watch::start(
-            cfg,
-            WatchTarget {
-                npu: 0,
-                chip: Some(0),
-            },
-            "t".into(),
-            move |u| {
-                let _ = tx.send(u);
-            },
-        )
-        .unwrap();
+        let (w, rx) = watch_npu0(cfg);
         let reading = |u: &WatchUpdate| *u == WatchUpdate::Reading(Cube::Percent(42));
         wait_until("a first row", || rx.try_iter().any(|u| reading(&u)));
         let first = w.pid().expect("a child runs");
