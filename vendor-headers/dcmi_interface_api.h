@@ -50,6 +50,7 @@
 #define DCMI_MAX_CARD_NUM 64
 #define DCMI_MAX_CHIP_NAME_LEN 32
 #define DCMI_UTIL_RESERVED_LEN 8
+/* Health word of a device that does not exist; dcmi_get_device_health answers it with rc 0. */
 #define DCMI_HEALTH_DEVICE_NOT_EXIST 0xFFFFFFFF
 
 /* ---- types ---- */
@@ -107,7 +108,9 @@ int dcmi_get_device_utilization_rate(int card_id, int device_id, int input_type,
                                      unsigned int *utilization_rate);
 int dcmi_get_device_multi_utilization_rate(int card_id, int device_id,
                                            struct dcmi_multi_utilization_info *util_info);
-/* Pre-release name of dcmi_get_device_multi_utilization_rate exported by some drivers. */
+/* Pre-release name of dcmi_get_device_multi_utilization_rate, in no released header. Its first
+ * declaration (MindCluster 83a5b2ea, 2026-02-11) took a 4-byte struct of four unsigned char;
+ * the agent passes the 48-byte struct and checks the figures (src/sampler/plausibility.rs). */
 int dcmi_get_device_utilization_rate_v2(int card_id, int device_id,
                                         struct dcmi_multi_utilization_info *util_info);
 int dcmi_get_device_hbm_info(int card_id, int device_id, struct dcmi_hbm_info *hbm_info);

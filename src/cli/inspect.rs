@@ -37,8 +37,8 @@ pub fn devices(driver: &DriverConfig, json: bool) -> Result<(), Failure> {
         return no_source_is_fatal(usable);
     }
     println!(
-        "{:<4} {:<5} {:<5} {:<14} {:<8} {:<28} {:<14} HEALTH",
-        "ID", "CARD", "CHIP", "NAME", "BACKEND", "AI CUBE", "HBM MB"
+        "{:<4} {:<5} {:<5} {:<14} {:<8} {:<28} {:<14} {:<15} WHY",
+        "ID", "CARD", "CHIP", "NAME", "BACKEND", "AI CUBE", "HBM MB", "HEALTH"
     );
     for s in &snaps {
         let chip = s.chip.map_or_else(|| "-".to_owned(), |c| c.to_string());
@@ -47,6 +47,7 @@ pub fn devices(driver: &DriverConfig, json: bool) -> Result<(), Failure> {
             _ => "n/a".to_owned(),
         };
         let health = match s.health {
+            _ if s.device_gone => "device gone".to_owned(),
             Some(0) => "ok".to_owned(),
             Some(1) => "minor alarm".to_owned(),
             Some(2) => "major alarm".to_owned(),
@@ -56,8 +57,8 @@ pub fn devices(driver: &DriverConfig, json: bool) -> Result<(), Failure> {
         };
         let name = if s.name.is_empty() { "-" } else { &s.name };
         println!(
-            "{:<4} {:<5} {:<5} {:<14} {:<8} {:<28} {:<14} {}",
-            s.id, s.card, chip, name, s.backend, s.method, hbm, health
+            "{:<4} {:<5} {:<5} {:<14} {:<8} {:<28} {:<14} {:<15} {}",
+            s.id, s.card, chip, name, s.backend, s.method, hbm, health, s.source_note
         );
     }
     no_source_is_fatal(usable)

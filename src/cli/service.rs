@@ -55,6 +55,30 @@ pub async fn doctor(cfg: AgentConfig, json_out: bool) -> Result<(), Failure> {
     })
     .await
     .context("sampler start-up")?;
+    // Every NPU's source and why, as `devices --json` shows it.
+    let devices: Vec<serde_json::Value> = match &sampler_result {
+        Ok(sampler) => {
+            let now = sampler.shared().ring.now_ns();
+            sampler
+                .devices()
+                .iter()
+                .map(|d| {
+                    let s = d.snapshot(now);
+                    json!({
+                        "id": s.id,
+                        "backend": s.backend,
+                        "method": s.method,
+                        "source": s.source,
+                        "source_reason": s.source_reason,
+                        "source_note": s.source_note,
+                        "device_gone": s.device_gone,
+                        "health": s.health,
+                    })
+                })
+                .collect()
+        }
+        Err(_) => Vec::new(),
+    };
     let mut reports = Vec::new();
     for spec in &cfg.engines {
         let mut conditions = gates::static_conditions(spec);
@@ -141,8 +165,26 @@ pub async fn doctor(cfg: AgentConfig, json_out: bool) -> Result<(), Failure> {
                 })
             })
             .collect();
-        println!("{}", json!({ "engines": engines }));
+        println!("{}", json!({ "engines": engines, "devices": devices }));
         return Ok(());
+    }
+    if !devices.is_empty() {
+        println!("NPUs");
+        for d in &devices {
+            let gone = if d["device_gone"] == true {
+                " (device gone: the driver reports it does not exist)"
+            } else {
+                ""
+            };
+            println!(
+                "  {:<4} {:<8} {:<28} {}{gone}",
+                d["id"],
+                d["backend"].as_str().unwrap_or(""),
+                d["method"].as_str().unwrap_or(""),
+                d["source_note"].as_str().unwrap_or("")
+            );
+        }
+        println!();
     }
     for (spec, conditions, will_run) in &reports {
         println!(

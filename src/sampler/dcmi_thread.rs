@@ -3,11 +3,17 @@
 //! It opens the library, enumerates the NPUs, then reads every DCMI-served device's AI Cube
 //! usage each period and writes the results to the ring; HBM and health less often. Before
 //! every call it publishes which device it is calling and since when, so the watchdog can see
-//! a call that hangs without this thread's help.
+//! a call that hangs without this thread's help. Whether an answer is a reading is decided
+//! by [`plausibility`](super::plausibility); this file only calls and stores.
 
 use super::Shared;
-use super::status::{CallKind, Source};
-use crate::driver::dcmi::{Api, CubeCall, Dcmi, DcmiError, LoadError, NpuChip};
+use super::codes;
+use super::plausibility::{CubeJudge, MultiStep, MultiTrust, SingleStep, Unreal};
+use super::status::{CallKind, Source, SourceReason};
+use super::watchdog::Request;
+use crate::driver::dcmi::{
+    Api, CubeCall, Dcmi, DcmiError, Health, LoadError, MultiUtil, NpuChip, UtilType,
+};
 use crate::ring::Sample;
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use std::sync::Arc;
@@ -16,12 +22,12 @@ use std::time::{Duration, Instant};
 /// Messages to the DCMI thread.
 #[derive(Debug)]
 pub enum Control {
-    /// Start sampling `chips` (ring device index, chip); devices DCMI cannot serve are sent
-    /// to `fallback`.
+    /// Start sampling `chips` (ring device index, chip); devices DCMI cannot serve, and
+    /// devices that need an `npu-smi` cross-check, are sent to the watchdog on `fallback`.
     Start {
         shared: Arc<Shared>,
         chips: Vec<(usize, NpuChip)>,
-        fallback: Sender<usize>,
+        fallback: Sender<Request>,
     },
     /// Change the sampling period (applies from the next pass).
     Period(Duration),
@@ -57,6 +63,29 @@ pub struct Timing {
     pub hbm_period: Duration,
     /// Answers slower than this are discarded (the watchdog uses the same deadline).
     pub call_deadline: Duration,
+    /// Time between re-checks of a judged multi-utilization call.
+    pub recheck: Duration,
+    /// A cross-check `npu-smi` row older than this no longer vouches against a type-14 zero.
+    pub npu_smi_opinion_max_age: Duration,
+}
+
+/// One DCMI-served device as the thread sees it.
+struct Slot {
+    /// Ring device index.
+    idx: usize,
+    chip: NpuChip,
+    call: CubeCall,
+    judge: CubeJudge,
+    /// The watchdog was asked for an `npu-smi` cross-check watch (the device reads type 14).
+    cross_check: bool,
+}
+
+/// What every read needs.
+struct Ctx<'a> {
+    dcmi: &'a Dcmi,
+    shared: &'a Shared,
+    fallback: &'a Sender<Request>,
+    timing: &'a Timing,
 }
 
 /// Thread body: open, report the chips on `init`, then sample until shut down.
@@ -99,7 +128,16 @@ pub fn run(
             Ok(Control::Shutdown) | Err(_) => return,
         }
     };
-    let mut calls: Vec<CubeCall> = chips.iter().map(|_| CubeCall::Multi).collect();
+    let mut slots: Vec<Slot> = chips
+        .into_iter()
+        .map(|(idx, chip)| Slot {
+            idx,
+            chip,
+            call: CubeCall::Multi,
+            judge: CubeJudge::new(timing.recheck),
+            cross_check: false,
+        })
+        .collect();
     let mut next = Instant::now();
     let mut next_hbm = next;
     loop {
@@ -125,26 +163,24 @@ pub fn run(
             std::thread::park_timeout(next - now);
         };
         shared.sampler.record_lateness(lateness);
-        // One clock read per call: the time an answer arrived is the next call's start.
-        let mut clock = shared.ring.now_ns();
-        for (slot, (idx, chip)) in chips.iter().enumerate() {
-            clock = read_cube(
-                &dcmi,
-                &shared,
-                *idx,
-                chip,
-                &mut calls[slot],
-                &fallback,
-                timing.call_deadline,
-                clock,
-            );
-        }
+        let ctx = Ctx {
+            dcmi: &dcmi,
+            shared: &shared,
+            fallback: &fallback,
+            timing: &timing,
+        };
+        // Health first, so that a device the driver reports gone is not read as present.
         let now = Instant::now();
         if now >= next_hbm {
-            for (idx, chip) in &chips {
-                read_hbm_and_health(&dcmi, &shared, *idx, chip);
+            for slot in &slots {
+                read_hbm_and_health(&dcmi, &shared, slot.idx, &slot.chip);
             }
             next_hbm = now + timing.hbm_period;
+        }
+        // One clock read per call: the time an answer arrived is the next call's start.
+        let mut clock = shared.ring.now_ns();
+        for slot in &mut slots {
+            clock = read_cube(&ctx, slot, clock);
         }
         shared.sampler.pass_done(shared.ring.now_ns());
         next += timing.period;
@@ -156,47 +192,49 @@ pub fn run(
     }
 }
 
-/// One AI Cube read with the fallback chain: multi → single type 14 → hand to npu-smi.
-/// `now` is the ring time before the call; returns the ring time after it.
-#[allow(clippy::too_many_arguments)]
-fn read_cube(
-    dcmi: &Dcmi,
-    shared: &Shared,
-    idx: usize,
-    chip: &NpuChip,
-    call: &mut CubeCall,
-    fallback: &Sender<usize>,
-    deadline: Duration,
-    mut now: u64,
-) -> u64 {
+/// What one pass decided for a device.
+enum Outcome {
+    Reading(u8),
+    Invalid(i32),
+    /// Read again this pass with the call now in `slot.call`.
+    Again,
+    /// Nothing to store (the device left DCMI, or the answer was discarded).
+    Done,
+}
+
+/// One AI Cube read with the fallback chain: multi (judged) → single type 14 (judged) → hand
+/// to npu-smi. `now` is the ring time before the call; returns the ring time after it.
+fn read_cube(ctx: &Ctx<'_>, slot: &mut Slot, mut now: u64) -> u64 {
+    let shared = ctx.shared;
+    let idx = slot.idx;
     let dev = &shared.devices[idx];
+    if !dev.source().is_dcmi() {
+        return now;
+    }
+    // The driver says the device does not exist: no call, and no reading.
+    if dev.is_gone() {
+        push(shared, idx, now, None);
+        dev.record_error(now, codes::DEVICE_GONE);
+        return now;
+    }
     loop {
         let before = dev.source();
         if !before.is_dcmi() {
             return now;
         }
         let started = now;
-        shared.sampler.enter_call(idx, CallKind::Cube, started);
-        let result = dcmi.aicube(chip, *call);
-        shared.sampler.leave_call();
-        // Stamped when the answer arrived, so ring order and time order agree.
-        let ts = shared.ring.now_ns();
-        now = ts;
-        // The watchdog may have moved the device while the call hung: drop the late answer.
+        let outcome = match slot.call {
+            CubeCall::Multi => read_multi(ctx, slot, &mut now),
+            CubeCall::Single => read_single(ctx, slot, &mut now),
+        };
+        // The watchdog may have moved the device while a call hung: drop the late answer.
         if !dev.source().is_dcmi() {
             return now;
         }
-        let invalid = |ts_ns| {
-            shared.ring.push(Sample {
-                device: idx as u16,
-                ts_ns,
-                value: 0,
-                valid: false,
-            })
-        };
         // An answer slower than the deadline describes the past: not a current reading.
-        if ts.saturating_sub(started) > deadline.as_nanos() as u64 {
-            invalid(ts);
+        let deadline = ctx.timing.call_deadline;
+        if now.saturating_sub(started) > deadline.as_nanos() as u64 {
+            push(shared, idx, now, None);
             // Identical text each time (the elapsed time is a debug line), so a driver that
             // is always late is one rate-limited warning, not one line per pass.
             tracing::warn!(
@@ -206,22 +244,20 @@ fn read_cube(
             tracing::debug!(
                 device = dev.info.id,
                 "late AI Cube read took {:?}",
-                Duration::from_nanos(ts - started)
+                Duration::from_nanos(now - started)
             );
             return now;
         }
-        match result {
-            Ok(v) => {
-                if before != Source::of_call(*call) {
-                    dev.replace_source(before, Source::of_call(*call));
+        match outcome {
+            Outcome::Again => continue,
+            Outcome::Done => return now,
+            Outcome::Reading(v) => {
+                let source = Source::of_call(slot.call);
+                if before != source {
+                    dev.replace_source(before, source);
                 }
-                shared.ring.push(Sample {
-                    device: idx as u16,
-                    ts_ns: ts,
-                    value: v,
-                    valid: true,
-                });
-                let ended = dev.record_value(ts, v);
+                push(shared, idx, now, Some(v));
+                let ended = dev.record_value(now, v);
                 if ended != 0 {
                     tracing::info!(
                         device = dev.info.id,
@@ -236,23 +272,28 @@ fn read_cube(
                 }
                 return now;
             }
-            Err(DcmiError::NotSupport | DcmiError::SymbolMissing { .. })
-                if *call == CubeCall::Multi =>
-            {
-                *call = CubeCall::Single;
-            }
-            Err(e @ (DcmiError::NotSupport | DcmiError::SymbolMissing { .. })) => {
-                dev.record_error(ts, e.code());
-                if dev.replace_source(before, Source::NpuSmiPending) {
-                    tracing::warn!(device = dev.info.id, error = %e, "AI Cube is not available through DCMI (multi-utilization and type 14)");
-                    let _ = fallback.send(idx);
+            Outcome::Invalid(code) => {
+                if before == Source::DcmiProbing && code == codes::SUSPECT {
+                    dev.replace_source(before, Source::of_call(slot.call));
                 }
-                return now;
-            }
-            Err(e) => {
-                invalid(ts);
-                if dev.record_error(ts, e.code()) {
-                    tracing::warn!(device = dev.info.id, error = %e, "AI Cube read failed; samples are invalid until it recovers");
+                push(shared, idx, now, None);
+                if dev.record_error(now, code) {
+                    if code == codes::SUSPECT {
+                        let why = match slot.call {
+                            CubeCall::Multi => dev.reason().note(0, UtilType::AiCube),
+                            CubeCall::Single => "utilization type 14 read 0 while a second source reads non-zero (npu-smi, or the multi-utilization call before)".to_owned(),
+                        };
+                        tracing::warn!(
+                            device = dev.info.id,
+                            "AI Cube figure answered OK is suspect: {why}; samples are invalid"
+                        );
+                    } else {
+                        tracing::warn!(
+                            device = dev.info.id,
+                            error = code,
+                            "AI Cube read failed; samples are invalid until it recovers"
+                        );
+                    }
                 }
                 return now;
             }
@@ -260,8 +301,170 @@ fn read_cube(
     }
 }
 
+/// Calls `f` as a tracked AI Cube call on device `idx`; `now` moves to the answer's time.
+fn tracked<T>(shared: &Shared, idx: usize, now: &mut u64, f: impl FnOnce() -> T) -> T {
+    shared.sampler.enter_call(idx, CallKind::Cube, *now);
+    let r = f();
+    shared.sampler.leave_call();
+    // Stamped when the answer arrived, so ring order and time order agree.
+    *now = shared.ring.now_ns();
+    r
+}
+
+/// Stores a sample: `Some(v)` a reading, `None` an invalid one.
+fn push(shared: &Shared, idx: usize, ts_ns: u64, value: Option<u8>) {
+    shared.ring.push(Sample {
+        device: idx as u16,
+        ts_ns,
+        value: value.unwrap_or(0),
+        valid: value.is_some(),
+    });
+}
+
+fn read_multi(ctx: &Ctx<'_>, slot: &mut Slot, now: &mut u64) -> Outcome {
+    let (shared, idx) = (ctx.shared, slot.idx);
+    let dev = &shared.devices[idx];
+    let answer = tracked(shared, idx, now, || ctx.dcmi.multi_utilization(&slot.chip));
+    let m = match answer {
+        Ok(m) => m,
+        Err(e @ (DcmiError::NotSupport | DcmiError::SymbolMissing { .. })) => {
+            let reason = if matches!(e, DcmiError::NotSupport) {
+                SourceReason::MultiUnsupported
+            } else {
+                SourceReason::MultiMissing
+            };
+            dev.set_reason(reason, 0, UtilType::AiCube);
+            slot.call = CubeCall::Single;
+            return Outcome::Again;
+        }
+        Err(e) => return Outcome::Invalid(e.code()),
+    };
+    let step = match slot.judge.multi_answer(*now, &m) {
+        MultiStep::Ask => {
+            let single = corroborate(ctx, slot, now);
+            if !dev.source().is_dcmi() {
+                return Outcome::Done;
+            }
+            slot.judge.pair(*now, &m, single)
+        }
+        step => step,
+    };
+    publish_multi_reason(dev, &slot.judge);
+    match step {
+        MultiStep::Reading(v) => Outcome::Reading(v),
+        MultiStep::Invalid(code) => Outcome::Invalid(code),
+        MultiStep::Ask => Outcome::Invalid(codes::SUSPECT),
+        MultiStep::Abandon(why) => {
+            let (reason, figure, kind) = match why {
+                Unreal::Zeroed { kind, single } => (SourceReason::MultiZeroed, single, kind),
+                Unreal::Layout { value } => {
+                    (SourceReason::MultiPrereleaseLayout, value, UtilType::AiCube)
+                }
+            };
+            dev.set_reason(reason, figure, kind);
+            tracing::warn!(
+                device = dev.info.id,
+                "{}; AI Cube is read through utilization type 14 instead",
+                reason.note(figure, kind)
+            );
+            slot.call = CubeCall::Single;
+            Outcome::Again
+        }
+    }
+}
+
+/// Reads the single call that checks a multi answer (type 14, else type 2); `None` when
+/// none answers.
+fn corroborate(ctx: &Ctx<'_>, slot: &mut Slot, now: &mut u64) -> Option<(UtilType, u32)> {
+    let (shared, idx) = (ctx.shared, slot.idx);
+    while let Some(kind) = slot.judge.corroborator() {
+        match tracked(shared, idx, now, || ctx.dcmi.utilization(&slot.chip, kind)) {
+            Ok(v) => {
+                if kind == UtilType::AiCube {
+                    shared.devices[idx].record_type14(*now, v);
+                }
+                return Some((kind, v));
+            }
+            Err(DcmiError::NotSupport | DcmiError::SymbolMissing { .. }) => {
+                slot.judge.corroborator_missing(kind);
+            }
+            Err(_) => return None,
+        }
+    }
+    None
+}
+
+/// The reason of a device on the multi call, from its judge.
+fn publish_multi_reason(dev: &super::DeviceStatus, judge: &CubeJudge) {
+    let reason = match judge.multi() {
+        MultiTrust::Verified => SourceReason::MultiVerified,
+        MultiTrust::Unreal(_) => return,
+        MultiTrust::Unverified if judge.disputed() => SourceReason::MultiDisputed,
+        MultiTrust::Unverified if judge.corroborator().is_none() => {
+            SourceReason::MultiUncorroborated
+        }
+        MultiTrust::Unverified => SourceReason::MultiUnverified,
+    };
+    if dev.reason() != reason {
+        dev.set_reason(reason, 0, UtilType::AiCube);
+    }
+}
+
+fn read_single(ctx: &Ctx<'_>, slot: &mut Slot, now: &mut u64) -> Outcome {
+    let (shared, idx) = (ctx.shared, slot.idx);
+    let dev = &shared.devices[idx];
+    let answer = tracked(shared, idx, now, || {
+        ctx.dcmi.utilization(&slot.chip, UtilType::AiCube)
+    });
+    let value = match answer {
+        Ok(v) => v,
+        Err(e @ (DcmiError::NotSupport | DcmiError::SymbolMissing { .. })) => {
+            let before = dev.source();
+            dev.record_error(*now, e.code());
+            if dev.replace_source(before, Source::NpuSmiPending) {
+                dev.set_reason(SourceReason::Type14Unsupported, 0, UtilType::AiCube);
+                tracing::warn!(device = dev.info.id, error = %e, "AI Cube is not available through DCMI (multi-utilization and type 14)");
+                let _ = ctx.fallback.send(Request::HandOver(idx));
+            }
+            return Outcome::Done;
+        }
+        Err(e) => return Outcome::Invalid(e.code()),
+    };
+    dev.record_type14(*now, value);
+    // The device reads type 14: ask for a cross-check watch, whose first row is awaited
+    // before a zero counts.
+    if !slot.cross_check {
+        slot.cross_check = true;
+        dev.expect_npu_smi_opinion(*now);
+        let _ = ctx.fallback.send(Request::CrossCheck(idx));
+    }
+    // An abandoned zeroed multi call is tried again now and then (a firmware upgrade).
+    if slot.judge.multi_recheck_due(*now) {
+        let m: Option<MultiUtil> =
+            tracked(shared, idx, now, || ctx.dcmi.multi_utilization(&slot.chip)).ok();
+        if slot.judge.multi_recheck(*now, m.as_ref()) {
+            tracing::info!(
+                device = dev.info.id,
+                "the multi-utilization call answers non-zero figures again; AI Cube is read through it"
+            );
+            dev.set_reason(SourceReason::MultiVerified, 0, UtilType::AiCube);
+            slot.call = CubeCall::Multi;
+            if std::mem::take(&mut slot.cross_check) {
+                dev.clear_npu_smi_opinion();
+                let _ = ctx.fallback.send(Request::EndCrossCheck(idx));
+            }
+        }
+    }
+    let opinion = dev.npu_smi_opinion(*now, ctx.timing.npu_smi_opinion_max_age);
+    match slot.judge.single_answer(value, opinion) {
+        SingleStep::Reading(v) => Outcome::Reading(v),
+        SingleStep::Invalid(code) => Outcome::Invalid(code),
+    }
+}
+
 /// HBM and health of one device. Skipped once a call on the device hung, so a broken device
-/// does not stall the thread every second; the snapshot shows the figures' age.
+/// does not stall the thread every second; the snapshot shows the figures' age. Health
+/// `0xFFFFFFFF` marks the device gone (logged once); its HBM figures are not kept then.
 fn read_hbm_and_health(dcmi: &Dcmi, shared: &Shared, idx: usize, chip: &NpuChip) {
     let dev = &shared.devices[idx];
     if dev.is_hung() {
@@ -270,14 +473,33 @@ fn read_hbm_and_health(dcmi: &Dcmi, shared: &Shared, idx: usize, chip: &NpuChip)
     shared
         .sampler
         .enter_call(idx, CallKind::Telemetry, shared.ring.now_ns());
-    let hbm = dcmi.hbm(chip);
     let health = dcmi.health(chip);
+    let hbm = dcmi.hbm(chip);
     shared.sampler.leave_call();
     let ts = shared.ring.now_ns();
+    match health {
+        Ok(Health::DeviceGone) => {
+            if dev.set_gone(true) {
+                tracing::warn!(
+                    device = dev.info.id,
+                    "the driver reports the NPU does not exist (health 0xFFFFFFFF); its AI Cube windows are unavailable until it is back"
+                );
+            }
+            return;
+        }
+        Ok(Health::Code(h)) => {
+            if dev.set_gone(false) {
+                tracing::info!(
+                    device = dev.info.id,
+                    health = h,
+                    "the driver reports the NPU again"
+                );
+            }
+            dev.record_health(ts, u32::from(h));
+        }
+        Err(_) => {}
+    }
     if let Ok(h) = hbm {
         dev.record_hbm(ts, h.used_mb, h.total_mb);
-    }
-    if let Ok(h) = health {
-        dev.record_health(ts, h);
     }
 }

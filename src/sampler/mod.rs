@@ -6,11 +6,12 @@
 //! the atomics in [`status`]. Control (period change, shutdown) goes through channels.
 
 mod dcmi_thread;
+pub mod plausibility;
 pub mod priority;
 pub mod status;
 mod watchdog;
 
-pub use status::{DeviceSnapshot, DeviceStatus, SamplerStatus, Source};
+pub use status::{DeviceSnapshot, DeviceStatus, SamplerStatus, Source, SourceReason};
 pub use watchdog::codes;
 
 use crate::driver::dcmi::{Api, Dcmi, LoadError, NpuChip, discovery};
@@ -58,6 +59,9 @@ pub struct SamplerConfig {
     /// Run the DCMI thread under `SCHED_FIFO` when permitted (root or `CAP_SYS_NICE`).
     /// Default true.
     pub realtime: bool,
+    /// Time between re-checks of a judged multi-utilization call (see
+    /// [`plausibility`]). Default 10 s.
+    pub plausibility_recheck: Duration,
 }
 
 impl Default for SamplerConfig {
@@ -72,6 +76,7 @@ impl Default for SamplerConfig {
             watch_stale_after: None,
             devices: None,
             realtime: true,
+            plausibility_recheck: plausibility::DEFAULT_RECHECK,
         }
     }
 }
@@ -341,17 +346,18 @@ impl Sampler {
         Ok(())
     }
 
-    /// Waits until every device has a decided source and, if DCMI serves any, one pass ran.
+    /// Waits until every device has a decided source (no first read or disagreement pending)
+    /// and, if DCMI serves any, one pass ran.
     pub fn wait_settled(&self, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         let start = self.shared.sampler.passes();
         loop {
             let dcmi_pass = self.ctl.is_none() || self.shared.sampler.passes() > start;
-            let pending = self
-                .shared
-                .devices
-                .iter()
-                .any(|d| matches!(d.source(), Source::NpuSmiPending));
+            // A device whose calls disagree is still being judged (at most a second or two).
+            let pending = self.shared.devices.iter().any(|d| {
+                matches!(d.source(), Source::NpuSmiPending)
+                    || (d.source().is_dcmi() && d.reason().pending())
+            });
             if dcmi_pass && !pending {
                 return true;
             }
@@ -423,6 +429,7 @@ fn validate(cfg: &SamplerConfig) -> Result<(), StartError> {
         ("hbm_period", cfg.hbm_period),
         ("watchdog_interval", cfg.watchdog_interval),
         ("init_timeout", cfg.init_timeout),
+        ("plausibility_recheck", cfg.plausibility_recheck),
     ] {
         if d.is_zero() {
             return Err(StartError::Invalid(format!("{name} must be above zero")));
@@ -558,6 +565,10 @@ fn start_dcmi_thread(driver: &DriverConfig, cfg: &SamplerConfig) -> Result<DcmiS
         period: cfg.period,
         hbm_period: cfg.hbm_period,
         call_deadline: cfg.call_deadline,
+        recheck: cfg.plausibility_recheck,
+        // Rows come every `-d` seconds; one missed row is tolerated.
+        npu_smi_opinion_max_age: Duration::from_secs(2 * u64::from(driver.watch_delay_s.max(1)))
+            + Duration::from_millis(500),
     };
     let realtime = cfg.realtime;
     let thread_path = path.clone();

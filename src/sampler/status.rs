@@ -4,7 +4,7 @@
 //! (HTTP handlers, the CLI) without locks; [`DeviceStatus::snapshot`] gives a plain copy.
 
 use crate::driver::DeviceInfo;
-use crate::driver::dcmi::CubeCall;
+use crate::driver::dcmi::{CubeCall, UtilType};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, AtomicU32, AtomicU64, Ordering};
 
 /// Where a device's AI Cube figures come from now.
@@ -91,13 +91,121 @@ impl Source {
     }
 }
 
+/// Why a device's AI Cube figures come from where they come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SourceReason {
+    /// The first DCMI read is pending.
+    Probing,
+    /// The multi-utilization call answered a non-zero field: the firmware has the
+    /// sub-command, its figures are readings.
+    MultiVerified,
+    /// The multi-utilization call answered only zeros so far; each zero is checked against a
+    /// single call (type 14, else type 2).
+    MultiUnverified,
+    /// As `MultiUnverified`, but no single call answers: its zeros are suspect.
+    MultiUncorroborated,
+    /// The multi-utilization call answers zeros while a single call reads non-zero; its
+    /// figures are suspect until the disagreement ends or lasts a second.
+    MultiDisputed,
+    /// The multi-utilization call answered OK with an all-zero struct while a single call
+    /// read non-zero, for a second: the firmware lacks the sub-command.
+    MultiZeroed,
+    /// The pre-release name answered a figure above 100: the library writes the early
+    /// 4-byte struct.
+    MultiPrereleaseLayout,
+    /// The multi-utilization call answered -8255.
+    MultiUnsupported,
+    /// No multi-utilization symbol in the library.
+    MultiMissing,
+    /// Utilization type 14 answered -8255 or is missing.
+    Type14Unsupported,
+    /// Type 14 read 0 while `npu-smi` read non-zero, three rows in a row.
+    Type14Zero,
+    /// A DCMI call on the device blocked past the deadline.
+    Hung,
+    /// The library is not loaded (or did not enumerate the device).
+    NoDcmi,
+}
+
+impl SourceReason {
+    fn from_u8(v: u8) -> SourceReason {
+        use SourceReason::*;
+        [
+            Probing,
+            MultiVerified,
+            MultiUnverified,
+            MultiUncorroborated,
+            MultiDisputed,
+            MultiZeroed,
+            MultiPrereleaseLayout,
+            MultiUnsupported,
+            MultiMissing,
+            Type14Unsupported,
+            Type14Zero,
+            Hung,
+            NoDcmi,
+        ]
+        .get(usize::from(v))
+        .copied()
+        .unwrap_or(NoDcmi)
+    }
+
+    fn to_u8(self) -> u8 {
+        self as u8
+    }
+
+    /// Whether a verdict is pending (two calls disagree; settled within a second or two).
+    pub fn pending(self) -> bool {
+        self == SourceReason::MultiDisputed
+    }
+
+    /// One sentence for humans; `figure` is the single call's reading behind
+    /// `MultiZeroed`, or the bad figure behind `MultiPrereleaseLayout`.
+    pub fn note(self, figure: u32, kind: UtilType) -> String {
+        use SourceReason::*;
+        match self {
+            Probing => "first read pending".to_owned(),
+            MultiVerified => "the multi-utilization call answered non-zero figures: the firmware has the sub-command".to_owned(),
+            MultiUnverified => "the multi-utilization call has answered only zeros so far; each zero is checked against a single utilization call".to_owned(),
+            MultiUncorroborated => "the multi-utilization call has answered only zeros so far and no single utilization call answers to check them: its zeros are suspect, not readings".to_owned(),
+            MultiDisputed => "the multi-utilization call answers zeros while a single utilization call reads non-zero: figures are suspect while this lasts".to_owned(),
+            MultiZeroed => format!(
+                "the multi-utilization call answers OK with every field 0 while {} read {figure} %: the firmware lacks the sub-command",
+                kind.describe()
+            ),
+            MultiPrereleaseLayout => format!(
+                "the pre-release name dcmi_get_device_utilization_rate_v2 answered a figure of {figure}: the library writes the early 4-byte struct"
+            ),
+            MultiUnsupported => "the multi-utilization call answered -8255 (not supported)".to_owned(),
+            MultiMissing => "libdcmi.so has no multi-utilization symbol".to_owned(),
+            Type14Unsupported => "DCMI has no AI Cube call for the device (multi-utilization unusable, type 14 not supported)".to_owned(),
+            Type14Zero => "type 14 read 0 while npu-smi read non-zero, three rows in a row".to_owned(),
+            Hung => "a DCMI call on the device blocked past the deadline".to_owned(),
+            NoDcmi => "libdcmi.so is not loaded or did not enumerate the device".to_owned(),
+        }
+    }
+}
+
+/// What a device's cross-check `npu-smi` watch says about its AI Cube right now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Opinion {
+    /// No watch, or its rows are too old.
+    None,
+    /// The watch was asked for and its first row is awaited.
+    Pending,
+    /// Its latest row, percent.
+    Row(u8),
+}
+
 const UNKNOWN: u64 = u64::MAX;
 
 /// Error codes counted one by one (DCMI return codes, then the agent's pseudo codes); any
 /// other code is counted as "other".
-pub const COUNTED_CODES: [i32; 25] = [
+pub const COUNTED_CODES: [i32; 27] = [
     -8001, -8002, -8003, -8004, -8005, -8006, -8007, -8008, -8009, -8010, -8011, -8012, -8013,
-    -8014, -8015, -8016, -8017, -8020, -8022, -8023, -8255, -99995, -99996, -99997, -99998,
+    -8014, -8015, -8016, -8017, -8020, -8022, -8023, -8255, -99993, -99994, -99995, -99996, -99997,
+    -99998,
 ];
 
 /// Live state of one device.
@@ -107,6 +215,21 @@ pub struct DeviceStatus {
     /// Whether the library enumerated this device (HBM and health readable through DCMI).
     pub dcmi_known: bool,
     source: AtomicU8,
+    reason: AtomicU8,
+    /// The figure behind the reason (see [`SourceReason::note`]).
+    reason_figure: AtomicU32,
+    /// The single call behind `MultiZeroed`: 0 type 14, 1 type 2.
+    reason_kind: AtomicU8,
+    /// The driver reports the device does not exist (health `0xFFFFFFFF`).
+    gone: AtomicBool,
+    /// Latest raw type-14 answer (OK) and its ring time (0 = none).
+    type14_raw: AtomicU32,
+    type14_ns: AtomicU64,
+    /// Latest row of the device's cross-check `npu-smi` watch and its ring time (0 = none).
+    npu_smi_opinion: AtomicU8,
+    npu_smi_opinion_ns: AtomicU64,
+    /// Ring time a cross-check watch was asked for (0 = none expected).
+    npu_smi_expected_ns: AtomicU64,
     stale: AtomicBool,
     hung: AtomicBool,
     last_seen_ns: AtomicU64,
@@ -135,6 +258,13 @@ pub struct DeviceSnapshot {
     pub backend: &'static str,
     pub method: &'static str,
     pub source: Source,
+    /// Why the figures come from `source`.
+    pub source_reason: SourceReason,
+    /// The same, for humans.
+    pub source_note: String,
+    /// The driver reports the device does not exist (health `0xFFFFFFFF`): its windows are
+    /// unavailable, and `health` and the HBM figures are `None` (not the last ones read).
+    pub device_gone: bool,
     /// No fresh reading: a hung call or a silent watch child.
     pub stale: bool,
     /// A DCMI call on this device blocked past the deadline.
@@ -143,12 +273,13 @@ pub struct DeviceSnapshot {
     pub last_value: Option<u8>,
     /// Age of the last valid reading, milliseconds.
     pub last_valid_age_ms: Option<u64>,
-    /// Code of the last failed read (DCMI code, or -99997 for a bad figure).
+    /// Code of the last failed read (DCMI code, or a pseudo code: -99997 bad figure, -99994
+    /// suspect figure, -99993 device gone).
     pub last_error: Option<i32>,
     pub errors: u64,
     pub hbm_used_mb: Option<u64>,
     pub hbm_total_mb: Option<u64>,
-    /// 0 normal, 1 minor, 2 major, 3 critical alarm.
+    /// 0 normal, 1 minor, 2 major, 3 critical alarm (`None` when unknown or gone).
     pub health: Option<u32>,
     /// Age of the HBM/health figures, milliseconds (they stop updating once a DCMI call on
     /// the device hung, so that the stuck call is not repeated).
@@ -158,10 +289,24 @@ pub struct DeviceSnapshot {
 impl DeviceStatus {
     /// A device that starts on `source`.
     pub fn new(info: DeviceInfo, dcmi_known: bool, source: Source) -> DeviceStatus {
+        let reason = if source.is_dcmi() {
+            SourceReason::Probing
+        } else {
+            SourceReason::NoDcmi
+        };
         DeviceStatus {
             info,
             dcmi_known,
             source: AtomicU8::new(source.to_u8()),
+            reason: AtomicU8::new(reason.to_u8()),
+            reason_figure: AtomicU32::new(0),
+            reason_kind: AtomicU8::new(0),
+            gone: AtomicBool::new(false),
+            type14_raw: AtomicU32::new(0),
+            type14_ns: AtomicU64::new(0),
+            npu_smi_opinion: AtomicU8::new(0),
+            npu_smi_opinion_ns: AtomicU64::new(0),
+            npu_smi_expected_ns: AtomicU64::new(0),
             stale: AtomicBool::new(false),
             hung: AtomicBool::new(false),
             last_seen_ns: AtomicU64::new(0),
@@ -198,6 +343,82 @@ impl DeviceStatus {
                 Ordering::Acquire,
             )
             .is_ok()
+    }
+
+    /// Why the figures come from the current source.
+    pub fn reason(&self) -> SourceReason {
+        SourceReason::from_u8(self.reason.load(Ordering::Acquire))
+    }
+
+    /// Sets the reason; `figure` and `kind` feed its note. True when it changed.
+    pub fn set_reason(&self, reason: SourceReason, figure: u32, kind: UtilType) -> bool {
+        self.reason_figure.store(figure, Ordering::Relaxed);
+        self.reason_kind.store(
+            match kind {
+                UtilType::AiCube => 0,
+                UtilType::AiCore => 1,
+            },
+            Ordering::Relaxed,
+        );
+        self.reason.swap(reason.to_u8(), Ordering::AcqRel) != reason.to_u8()
+    }
+
+    /// The driver reports the device does not exist.
+    pub fn is_gone(&self) -> bool {
+        self.gone.load(Ordering::Acquire)
+    }
+
+    /// Records whether the device is gone; true when that changed.
+    pub fn set_gone(&self, gone: bool) -> bool {
+        self.gone.swap(gone, Ordering::AcqRel) != gone
+    }
+
+    /// Records a raw type-14 answer (rc OK) at `ts_ns`.
+    pub fn record_type14(&self, ts_ns: u64, raw: u32) {
+        self.type14_raw.store(raw, Ordering::Relaxed);
+        self.type14_ns.store(ts_ns.max(1), Ordering::Release);
+    }
+
+    /// The latest raw type-14 answer if it is at most `max_age` old at `now_ns`.
+    pub fn type14_latest(&self, now_ns: u64, max_age: std::time::Duration) -> Option<u32> {
+        let ts = self.type14_ns.load(Ordering::Acquire);
+        (ts != 0 && now_ns.saturating_sub(ts) <= max_age.as_nanos() as u64)
+            .then(|| self.type14_raw.load(Ordering::Relaxed))
+    }
+
+    /// Records a row of the device's cross-check `npu-smi` watch at `ts_ns`.
+    pub fn record_npu_smi_opinion(&self, ts_ns: u64, value: u8) {
+        self.npu_smi_opinion.store(value, Ordering::Relaxed);
+        self.npu_smi_opinion_ns
+            .store(ts_ns.max(1), Ordering::Release);
+    }
+
+    /// A cross-check watch was asked for at `ts_ns`: its first row is awaited.
+    pub fn expect_npu_smi_opinion(&self, ts_ns: u64) {
+        self.npu_smi_expected_ns
+            .store(ts_ns.max(1), Ordering::Release);
+    }
+
+    /// Forgets the cross-check rows and any awaited one (its watch cannot run, stopped or
+    /// took over).
+    pub fn clear_npu_smi_opinion(&self) {
+        self.npu_smi_expected_ns.store(0, Ordering::Release);
+        self.npu_smi_opinion_ns.store(0, Ordering::Release);
+    }
+
+    /// What the cross-check `npu-smi` watch says at `now_ns`: its latest row if at most
+    /// `max_age` old; `Pending` while its first row is awaited (for at most `max_age`).
+    pub fn npu_smi_opinion(&self, now_ns: u64, max_age: std::time::Duration) -> Opinion {
+        let max = max_age.as_nanos() as u64;
+        let ts = self.npu_smi_opinion_ns.load(Ordering::Acquire);
+        if ts != 0 && now_ns.saturating_sub(ts) <= max {
+            return Opinion::Row(self.npu_smi_opinion.load(Ordering::Relaxed));
+        }
+        let asked = self.npu_smi_expected_ns.load(Ordering::Acquire);
+        if ts == 0 && asked != 0 && now_ns.saturating_sub(asked) <= max {
+            return Opinion::Pending;
+        }
+        Opinion::None
     }
 
     /// No fresh reading (a hung call, a silent watch child).
@@ -285,6 +506,12 @@ impl DeviceStatus {
         let known = |v: u64| (v != UNKNOWN).then_some(v);
         let last_valid = self.last_valid_ns.load(Ordering::Acquire);
         let err = self.last_error.load(Ordering::Relaxed);
+        let reason = self.reason();
+        let kind = match self.reason_kind.load(Ordering::Relaxed) {
+            1 => UtilType::AiCore,
+            _ => UtilType::AiCube,
+        };
+        let gone = self.is_gone();
         DeviceSnapshot {
             id: self.info.id,
             card: self.info.card,
@@ -293,6 +520,9 @@ impl DeviceStatus {
             backend: source.backend(),
             method: source.method(),
             source,
+            source_reason: reason,
+            source_note: reason.note(self.reason_figure.load(Ordering::Relaxed), kind),
+            device_gone: gone,
             stale: self.is_stale(),
             hung: self.is_hung(),
             last_value: (last_valid != 0).then(|| self.last_value.load(Ordering::Relaxed)),
@@ -300,9 +530,11 @@ impl DeviceStatus {
                 .then(|| now_ns.saturating_sub(last_valid) / 1_000_000),
             last_error: (err != 0).then_some(err),
             errors: self.errors.load(Ordering::Relaxed),
-            hbm_used_mb: known(self.hbm_used_mb.load(Ordering::Relaxed)),
-            hbm_total_mb: known(self.hbm_total_mb.load(Ordering::Relaxed)),
-            health: known(self.health.load(Ordering::Relaxed)).map(|h| h as u32),
+            hbm_used_mb: known(self.hbm_used_mb.load(Ordering::Relaxed)).filter(|_| !gone),
+            hbm_total_mb: known(self.hbm_total_mb.load(Ordering::Relaxed)).filter(|_| !gone),
+            health: known(self.health.load(Ordering::Relaxed))
+                .filter(|_| !gone)
+                .map(|h| h as u32),
             telemetry_age_ms: match self.telemetry_ns.load(Ordering::Acquire) {
                 0 => None,
                 t => Some(now_ns.saturating_sub(t) / 1_000_000),
@@ -464,5 +696,84 @@ impl SamplerStatus {
             count,
             self.lateness_sum_ns.load(Ordering::Relaxed) as f64 / 1e9,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn device() -> DeviceStatus {
+        DeviceStatus::new(
+            DeviceInfo {
+                id: 0,
+                card: 0,
+                chip: Some(0),
+                name: "910B3".to_owned(),
+            },
+            true,
+            Source::DcmiProbing,
+        )
+    }
+
+    #[test]
+    fn every_reason_survives_its_atomic() {
+        use SourceReason::*;
+        for r in [
+            Probing,
+            MultiVerified,
+            MultiUnverified,
+            MultiUncorroborated,
+            MultiDisputed,
+            MultiZeroed,
+            MultiPrereleaseLayout,
+            MultiUnsupported,
+            MultiMissing,
+            Type14Unsupported,
+            Type14Zero,
+            Hung,
+            NoDcmi,
+        ] {
+            assert_eq!(SourceReason::from_u8(r.to_u8()), r);
+            assert!(!r.note(40, UtilType::AiCube).is_empty());
+        }
+    }
+
+    #[test]
+    fn a_gone_device_shows_no_health_or_hbm_and_reports_the_change_once() {
+        let d = device();
+        d.record_health(1, 0);
+        d.record_hbm(1, 3072, 65536);
+        assert!(d.set_gone(true));
+        assert!(!d.set_gone(true), "no change, no second log line");
+        let s = d.snapshot(2);
+        assert!(s.device_gone);
+        assert_eq!(
+            (s.health, s.hbm_used_mb, s.hbm_total_mb),
+            (None, None, None)
+        );
+        assert!(d.set_gone(false));
+        assert_eq!(d.snapshot(3).health, Some(0));
+    }
+
+    #[test]
+    fn the_npu_smi_opinion_is_awaited_for_a_while_then_ages_out() {
+        let d = device();
+        let max = Duration::from_millis(100);
+        const MS: u64 = 1_000_000;
+        assert_eq!(d.npu_smi_opinion(0, max), Opinion::None);
+        d.expect_npu_smi_opinion(10 * MS);
+        assert_eq!(d.npu_smi_opinion(50 * MS, max), Opinion::Pending);
+        assert_eq!(
+            d.npu_smi_opinion(200 * MS, max),
+            Opinion::None,
+            "never came"
+        );
+        d.record_npu_smi_opinion(210 * MS, 45);
+        assert_eq!(d.npu_smi_opinion(250 * MS, max), Opinion::Row(45));
+        assert_eq!(d.npu_smi_opinion(400 * MS, max), Opinion::None, "too old");
+        d.clear_npu_smi_opinion();
+        assert_eq!(d.npu_smi_opinion(250 * MS, max), Opinion::None);
     }
 }

@@ -7,13 +7,20 @@
 //! is marked stale (readers see it), invalid samples are written for every device the stuck
 //! thread cannot serve, and the hung device moves to an `npu-smi` watch child where the HDK
 //! supports it. If the thread stays stuck for three deadlines, every DCMI device moves.
+//!
+//! A device that reads utilization type 14 gets a *cross-check* watch: its rows are not
+//! stored as readings but vouch against type 14's zeros (the driver turns a bad type-14 figure
+//! into 0), and when type 14 keeps reading 0 against busy rows the watch takes the device over.
 
 use super::Shared;
-use super::status::Source;
+use super::plausibility::NpuSmiCheck;
+use super::status::{Source, SourceReason};
+use crate::driver::dcmi::UtilType;
 use crate::driver::npu_smi::{self, Cube, Watch, WatchConfig, WatchSupport, WatchUpdate};
 use crate::ring::Sample;
 use crossbeam_channel::{Receiver, select};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 /// Pseudo error codes for readings that did not come from a DCMI return code.
@@ -24,6 +31,11 @@ pub mod codes {
     pub const BAD_VALUE: i32 = -99997;
     /// The `npu-smi` header has no AI Cube column.
     pub const NO_CUBE_COLUMN: i32 = -99995;
+    /// A figure answered with `DCMI_OK` that a second source contradicts, or a zero no
+    /// second source can vouch for (see `sampler::plausibility`).
+    pub const SUSPECT: i32 = -99994;
+    /// The driver reports the device does not exist (health `0xFFFFFFFF`).
+    pub const DEVICE_GONE: i32 = -99993;
 }
 
 /// Settings of the watchdog.
@@ -43,13 +55,35 @@ pub struct WatchdogConfig {
     pub probe_timeout: Duration,
 }
 
-/// Why a device is handed to `npu-smi`.
+/// What the DCMI thread asks of the watchdog.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Request {
+    /// DCMI has no AI Cube call for the device: serve it from `npu-smi`.
+    HandOver(usize),
+    /// The device reads type 14: run a cross-check watch for it.
+    CrossCheck(usize),
+    /// The device no longer reads type 14: stop its cross-check watch.
+    EndCrossCheck(usize),
+}
+
+/// Why a device gets an `npu-smi` watch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Reason {
     /// DCMI has no AI Cube call for it (or DCMI is not loaded at all).
     NoDcmiCube,
     /// Its DCMI calls hang.
     Hung,
+    /// It reads type 14; the watch only vouches against type 14's zeros.
+    CrossCheck,
+}
+
+/// A running watch child for a device.
+struct Running {
+    watch: Watch,
+    /// Ring time it started.
+    started: u64,
+    /// Its rows are the device's readings (else they only cross-check type 14).
+    serving: Arc<AtomicBool>,
 }
 
 enum Support {
@@ -63,7 +97,7 @@ struct Fallback {
     support: Support,
     /// Hand-overs waiting for the probe.
     queued: Vec<(usize, Reason)>,
-    watches: Vec<Option<(Watch, u64)>>,
+    watches: Vec<Option<Running>>,
     moved_all: bool,
 }
 
@@ -74,7 +108,7 @@ pub fn run(
     cfg: WatchdogConfig,
     support: Option<WatchSupport>,
     npu_smi_devices: Vec<usize>,
-    mut requests: Receiver<usize>,
+    mut requests: Receiver<Request>,
     stop: Receiver<()>,
 ) {
     let n = shared.devices.len();
@@ -106,7 +140,9 @@ pub fn run(
         select! {
             recv(stop) -> _ => break,
             recv(requests) -> msg => match msg {
-                Ok(idx) => fb.hand_over(idx, Reason::NoDcmiCube),
+                Ok(Request::HandOver(idx)) => fb.hand_over(idx, Reason::NoDcmiCube),
+                Ok(Request::CrossCheck(idx)) => fb.hand_over(idx, Reason::CrossCheck),
+                Ok(Request::EndCrossCheck(idx)) => fb.end_cross_check(idx),
                 // No DCMI thread (or it ended): no more requests, keep watching.
                 Err(_) => requests = crossbeam_channel::never(),
             },
@@ -125,7 +161,7 @@ pub fn run(
             }
         }
     }
-    Watch::stop_all(fb.watches.into_iter().flatten().map(|(w, _)| w).collect());
+    Watch::stop_all(fb.watches.into_iter().flatten().map(|r| r.watch).collect());
 }
 
 /// Runs `npu-smi info watch -h` on a helper thread; the answer arrives on the channel.
@@ -149,12 +185,9 @@ fn start_probe(cfg: &WatchdogConfig) -> Receiver<WatchSupport> {
 }
 
 impl Fallback {
-    /// Moves device `idx` to a watch child if the HDK supports it (queued until the probe
-    /// has answered).
+    /// Moves device `idx` to a watch child if the HDK supports it, or (`CrossCheck`) starts
+    /// a cross-check watch for it; queued until the probe has answered.
     fn hand_over(&mut self, idx: usize, reason: Reason) {
-        if self.watches[idx].is_some() {
-            return;
-        }
         let support = match &self.support {
             Support::Probing(_) => {
                 self.queued.push((idx, reason));
@@ -164,6 +197,25 @@ impl Fallback {
         };
         let dev = &self.shared.devices[idx];
         let before = dev.source();
+        if let Some(running) = &self.watches[idx] {
+            // A cross-check watch already runs: it takes the device over.
+            if reason != Reason::CrossCheck
+                && !running.serving.load(Ordering::Acquire)
+                && (reason == Reason::NoDcmiCube || before.is_dcmi())
+            {
+                if reason == Reason::Hung {
+                    dev.set_reason(SourceReason::Hung, 0, UtilType::AiCube);
+                }
+                running.serving.store(true, Ordering::Release);
+                dev.clear_npu_smi_opinion();
+                dev.set_source(Source::NpuSmi);
+                tracing::info!(
+                    device = dev.info.id,
+                    "AI Cube now read from npu-smi info watch -s u"
+                );
+            }
+            return;
+        }
         if let WatchSupport::Unsupported(why) = support {
             if reason == Reason::NoDcmiCube
                 && dev.replace_source(Source::NpuSmiPending, Source::Unavailable)
@@ -171,6 +223,13 @@ impl Fallback {
                 tracing::warn!(
                     device = dev.info.id,
                     "no AI Cube source for this device: {why}"
+                );
+            }
+            if reason == Reason::CrossCheck {
+                dev.clear_npu_smi_opinion();
+                tracing::info!(
+                    device = dev.info.id,
+                    "no npu-smi cross-check of type 14's zeros: {why}"
                 );
             }
             return;
@@ -181,13 +240,75 @@ impl Fallback {
             {
                 return;
             }
+            Reason::Hung => {
+                dev.set_reason(SourceReason::Hung, 0, UtilType::AiCube);
+            }
+            // The device may have left type 14 while the probe ran.
+            Reason::CrossCheck if before != Source::DcmiSingle => {
+                dev.clear_npu_smi_opinion();
+                return;
+            }
             _ => {}
         }
-        let shared = self.shared.clone();
-        let target = dev.info.watch_target();
+        let serving = Arc::new(AtomicBool::new(reason != Reason::CrossCheck));
+        let on_update = self.on_update(idx, serving.clone());
         let id = dev.info.id;
+        match Watch::start(
+            self.cfg.watch.clone(),
+            dev.info.watch_target(),
+            format!("npu-smi-{id}"),
+            on_update,
+        ) {
+            Ok(watch) => {
+                let now = self.shared.ring.now_ns();
+                self.watches[idx] = Some(Running {
+                    watch,
+                    started: now,
+                    serving,
+                });
+                if reason == Reason::CrossCheck {
+                    tracing::info!(
+                        device = id,
+                        "npu-smi info watch -s u cross-checks type 14's zeros"
+                    );
+                } else {
+                    dev.set_source(Source::NpuSmi);
+                    tracing::info!(device = id, "AI Cube now read from npu-smi info watch -s u");
+                }
+            }
+            Err(e) => {
+                if reason == Reason::CrossCheck {
+                    dev.clear_npu_smi_opinion();
+                }
+                tracing::warn!(device = id, "cannot start the npu-smi watch thread: {e}")
+            }
+        }
+    }
+
+    /// Stops the cross-check watch of `idx` (the device reads the multi call again).
+    fn end_cross_check(&mut self, idx: usize) {
+        self.queued
+            .retain(|(i, r)| !(*i == idx && *r == Reason::CrossCheck));
+        let serving = self.watches[idx]
+            .as_ref()
+            .is_some_and(|r| r.serving.load(Ordering::Acquire));
+        if !serving && let Some(r) = self.watches[idx].take() {
+            r.watch.stop();
+            self.shared.devices[idx].clear_npu_smi_opinion();
+        }
+    }
+
+    /// The watch callback of device `idx`: readings while `serving`, else cross-check rows.
+    fn on_update(
+        &self,
+        idx: usize,
+        serving: Arc<AtomicBool>,
+    ) -> impl FnMut(WatchUpdate) + Send + 'static {
+        let shared = self.shared.clone();
+        let id = shared.devices[idx].info.id;
         let mut last_message = String::new();
-        let on_update = move |u: WatchUpdate| {
+        let mut check = NpuSmiCheck::default();
+        move |u: WatchUpdate| {
             let dev = &shared.devices[idx];
             let ts = shared.ring.now_ns();
             let push = |value: u8, valid: bool| {
@@ -198,6 +319,34 @@ impl Fallback {
                     valid,
                 })
             };
+            if !serving.load(Ordering::Acquire) {
+                let WatchUpdate::Reading(Cube::Percent(v)) = u else {
+                    return;
+                };
+                dev.record_npu_smi_opinion(ts, v);
+                // The latest type-14 answer at most a few passes old.
+                let age = (shared.sampler.period() * 3).max(Duration::from_millis(250));
+                let type14 = dev
+                    .type14_latest(ts, age)
+                    .map(|t| u8::try_from(t).unwrap_or(u8::MAX));
+                if check.row(v, type14) && dev.replace_source(Source::DcmiSingle, Source::NpuSmi) {
+                    serving.store(true, Ordering::Release);
+                    dev.clear_npu_smi_opinion();
+                    dev.set_reason(SourceReason::Type14Zero, u32::from(v), UtilType::AiCube);
+                    tracing::warn!(
+                        device = id,
+                        "utilization type 14 keeps reading 0 while npu-smi reads {v} %; AI Cube now read from npu-smi info watch -s u"
+                    );
+                } else {
+                    return;
+                }
+            }
+            // The driver says the device does not exist: its rows are no readings.
+            if dev.is_gone() && matches!(u, WatchUpdate::Reading(_) | WatchUpdate::NoCubeColumn) {
+                push(0, false);
+                dev.record_error(ts, codes::DEVICE_GONE);
+                return;
+            }
             match u {
                 WatchUpdate::Reading(Cube::Percent(v)) => {
                     push(v, true);
@@ -248,20 +397,6 @@ impl Fallback {
                     );
                 }
             }
-        };
-        match Watch::start(
-            self.cfg.watch.clone(),
-            target,
-            format!("npu-smi-{id}"),
-            on_update,
-        ) {
-            Ok(w) => {
-                let now = self.shared.ring.now_ns();
-                self.watches[idx] = Some((w, now));
-                dev.set_source(Source::NpuSmi);
-                tracing::info!(device = id, "AI Cube now read from npu-smi info watch -s u");
-            }
-            Err(e) => tracing::warn!(device = id, "cannot start the npu-smi watch thread: {e}"),
         }
     }
 
@@ -276,13 +411,13 @@ impl Fallback {
         }
         let stale_after = self.cfg.watch_stale_after.as_nanos() as u64;
         for (idx, dev) in self.shared.devices.iter().enumerate() {
-            let Some((_, started)) = &self.watches[idx] else {
+            let Some(running) = &self.watches[idx] else {
                 continue;
             };
             if dev.source() != Source::NpuSmi {
                 continue;
             }
-            let last = dev.last_seen_ns().max(*started);
+            let last = dev.last_seen_ns().max(running.started);
             if now.saturating_sub(last) > stale_after {
                 if !dev.is_stale() {
                     tracing::warn!(

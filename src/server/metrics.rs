@@ -20,6 +20,19 @@ use std::time::Duration;
 /// Prometheus text content type.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
+/// `npu_chip_info_health_status` of a device the driver reports gone: npu-exporter's
+/// `FailedValue` (`math.MaxInt32`), which it exports when MindCluster's `DcGetDeviceHealth`
+/// rejects a health word at or above `MaxInt32`, as `0xFFFFFFFF` is.
+pub const HEALTH_GONE: f64 = 2_147_483_647.0;
+
+/// The serde (kebab-case) name of a unit enum.
+fn kebab<T: serde::Serialize>(v: &T) -> String {
+    match serde_json::to_value(v) {
+        Ok(serde_json::Value::String(s)) => s,
+        _ => String::new(),
+    }
+}
+
 /// What one `/metrics` endpoint exposes.
 #[derive(Debug, Clone)]
 pub struct Scope {
@@ -104,11 +117,23 @@ impl Scope {
         family(
             enc,
             "npu_chip_info_health_status",
-            "1 when the driver reports the chip healthy (health code 0), else 0",
+            "1 when the driver reports the chip healthy (health code 0), 0 for an alarm (1-3), 2147483647 when the driver reports the device does not exist (npu-exporter's value for a health it cannot read)",
+            MetricType::Gauge,
+            snaps.iter().filter_map(|s| {
+                if s.device_gone {
+                    return Some((id(s), HEALTH_GONE));
+                }
+                s.health.map(|h| (id(s), if h == 0 { 1.0 } else { 0.0 }))
+            }),
+        )?;
+        family(
+            enc,
+            "npu_health_agent_device_gone",
+            "1 while the driver reports the NPU does not exist (health 0xFFFFFFFF); its AI Cube windows are unavailable",
             MetricType::Gauge,
             snaps
                 .iter()
-                .filter_map(|s| s.health.map(|h| (id(s), if h == 0 { 1.0 } else { 0.0 }))),
+                .map(|s| (id(s), if s.device_gone { 1.0 } else { 0.0 })),
         )?;
         let report = window::query(&self.shared.ring, &self.devices, self.window);
         family(
@@ -142,6 +167,18 @@ impl Scope {
             snaps.iter().map(|s| {
                 let mut l = id(s);
                 l.push(("backend", s.backend.to_owned()));
+                (l, 1.0)
+            }),
+        )?;
+        family(
+            enc,
+            "npu_health_agent_device_source",
+            "1 for the call serving the NPU's AI Cube figures (source) and why (reason); see docs/fake-driver.md and the README's driver fallback chain",
+            MetricType::Gauge,
+            snaps.iter().map(|s| {
+                let mut l = id(s);
+                l.push(("source", kebab(&s.source)));
+                l.push(("reason", kebab(&s.source_reason)));
                 (l, 1.0)
             }),
         )?;

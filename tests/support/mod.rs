@@ -110,8 +110,20 @@ pub fn agent_prober(
 /// Starts `npu-health-agent --fake run --config <toml>` on the fake driver with `scenario`,
 /// its log (RUST_LOG=info) in `<dir>/agent.log`.
 pub fn spawn_agent(dir: &Path, toml: &Path, scenario: &Path) -> std::process::Child {
+    spawn_agent_with(dir, toml, scenario, &[])
+}
+
+/// As [`spawn_agent`], with `global` flags (e.g. `--dcmi-lib <path>`) before `run`.
+pub fn spawn_agent_with(
+    dir: &Path,
+    toml: &Path,
+    scenario: &Path,
+    global: &[std::ffi::OsString],
+) -> std::process::Child {
     Command::new(agent())
-        .args(["--fake", "run", "--config"])
+        .arg("--fake")
+        .args(global)
+        .args(["run", "--config"])
         .arg(toml)
         .env("FAKE_NPU_SCENARIO", scenario)
         .env("RUST_LOG", "info")

@@ -21,6 +21,21 @@ high_load_interval = "2s"
 health_period = "100ms"
 "#;
 
+/// How a stack is started, beyond the defaults.
+#[derive(Debug, Default)]
+pub struct Launch<'a> {
+    /// `[engine.health_check_config]` lines after `enable_virtual_inference = true`.
+    pub health_check: &'a str,
+    /// Appended to the `[[engine]]`.
+    pub engine_extra: &'a str,
+    /// Keys added to each fake NPU of the scenario.
+    pub device_extra: &'a str,
+    /// Top-level scenario keys (e.g. `prerelease_layout = "4-byte"`).
+    pub scenario_top: &'a str,
+    /// Global agent flags before `run` (e.g. `--dcmi-lib <path>`).
+    pub agent_args: Vec<std::ffi::OsString>,
+}
+
 /// Running processes and their addresses.
 pub struct Stack {
     pub dir: tempfile::TempDir,
@@ -53,12 +68,36 @@ impl Stack {
         Stack::launch(health_check, engine_extra, device_extra, true)
     }
 
+    /// As [`Stack::start_with`], plus top-level scenario keys and global agent flags.
+    pub fn start_launch(l: Launch<'_>) -> Stack {
+        Stack::launch_with(l, true)
+    }
+
     fn launch(
         health_check: &str,
         engine_extra: &str,
         device_extra: &str,
         engine_first: bool,
     ) -> Stack {
+        Stack::launch_with(
+            Launch {
+                health_check,
+                engine_extra,
+                device_extra,
+                ..Launch::default()
+            },
+            engine_first,
+        )
+    }
+
+    fn launch_with(l: Launch<'_>, engine_first: bool) -> Stack {
+        let Launch {
+            health_check,
+            engine_extra,
+            device_extra,
+            scenario_top,
+            agent_args,
+        } = l;
         let dir = tempfile::tempdir().expect("temp dir");
         for f in ["npu0", "npu1"] {
             std::fs::write(dir.path().join(f), "0\n").unwrap();
@@ -66,7 +105,7 @@ impl Stack {
         let scenario = dir.path().join("scenario.toml");
         std::fs::write(
             &scenario,
-            format!("model = \"910B\"\ncards = 2\n[[device]]\nid = 0\naicube = {{ file = \"npu0\" }}\n{device_extra}\n[[device]]\nid = 1\naicube = {{ file = \"npu1\" }}\n{device_extra}\n"),
+            format!("model = \"910B\"\ncards = 2\n{scenario_top}\n[[device]]\nid = 0\naicube = {{ file = \"npu0\" }}\n{device_extra}\n[[device]]\nid = 1\naicube = {{ file = \"npu1\" }}\n{device_extra}\n"),
         )
         .unwrap();
         let [engine_port, control_port, mgmt_port] = free_ports();
@@ -95,7 +134,7 @@ impl Stack {
             )
         };
         let engine = if engine_first { spawn_engine() } else { None };
-        let agent = super::spawn_agent(dir.path(), &agent_toml, &scenario);
+        let agent = super::spawn_agent_with(dir.path(), &agent_toml, &scenario, &agent_args);
         let mut stack = Stack {
             dir,
             engine,

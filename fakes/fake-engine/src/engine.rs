@@ -73,6 +73,9 @@ pub struct Faults {
     pub driver_hang: bool,
     /// HBM in use the fake driver reports for the NPUs, MB.
     pub hbm_used_mb: Option<u64>,
+    /// Health word the fake driver reports for the NPUs (e.g. 4294967295, `0xFFFFFFFF`:
+    /// the device does not exist).
+    pub npu_health: Option<u32>,
 }
 
 impl Default for Faults {
@@ -97,6 +100,7 @@ impl Default for Faults {
             driver_error: None,
             driver_hang: false,
             hbm_used_mb: None,
+            npu_health: None,
         }
     }
 }
@@ -363,7 +367,7 @@ async fn write_usage(engine: Arc<Engine>, cancel: CancellationToken) {
 }
 
 /// What the fake driver reads for the NPUs (`npu_fake::scenario::file_reading`): the AI Cube
-/// figure, `NA`, `error:<code>` or `hang`, then `hbm_used_mb=<n>` when set.
+/// figure, `NA`, `error:<code>` or `hang`, then `hbm_used_mb=<n>` and `health=<n>` when set.
 fn npu_file_text(f: &Faults, usage: u8) -> String {
     let reading = if f.driver_hang {
         "hang".to_owned()
@@ -374,10 +378,15 @@ fn npu_file_text(f: &Faults, usage: u8) -> String {
     } else {
         usage.to_string()
     };
-    match f.hbm_used_mb {
-        Some(mb) => format!("{reading} hbm_used_mb={mb}\n"),
-        None => format!("{reading}\n"),
+    let mut text = reading;
+    if let Some(mb) = f.hbm_used_mb {
+        text.push_str(&format!(" hbm_used_mb={mb}"));
     }
+    if let Some(h) = f.npu_health {
+        text.push_str(&format!(" health={h}"));
+    }
+    text.push('\n');
+    text
 }
 
 /// A response with `status`, `body` and, if given, its content type (vLLM's empty `/health`
@@ -1166,5 +1175,10 @@ mod tests {
             ..Faults::default()
         };
         assert_eq!(npu_file_text(&na, 0), "NA\n");
+        let gone = Faults {
+            npu_health: Some(u32::MAX),
+            ..Faults::default()
+        };
+        assert_eq!(npu_file_text(&gone, 0), "0 health=4294967295\n");
     }
 }

@@ -6,7 +6,9 @@
 //! still writes [`BOGUS_VALUE`] into the out-parameter (the real driver writes 0 on -8255), so
 //! an agent that used a value despite rc != 0 would report it.
 
-use crate::scenario::{Device, Model, Reading, Scenario, now_ms};
+use crate::scenario::{
+    Device, Model, MultiUtilMode, Over100, PrereleaseLayout, Programme, Reading, Scenario, now_ms,
+};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -272,6 +274,11 @@ pub fn chip_info_v2(dev: i32, info: &mut ChipInfoV2) -> i32 {
 
 /// Reads AI Cube for a device, honouring the scenario's hang settings.
 fn read_aicube(d: &Driver, dev: &Device) -> Reading {
+    read_programme(d, dev, None)
+}
+
+/// As [`read_aicube`], through `programme` when given (type 14's own programme).
+fn read_programme(d: &Driver, dev: &Device, programme: Option<&Programme>) -> Reading {
     let n = d.calls[dev.logic_id as usize].fetch_add(1, Ordering::Relaxed);
     let hanging =
         n >= dev.hang_after_calls && dev.hang_count.is_none_or(|c| n < dev.hang_after_calls + c);
@@ -280,7 +287,12 @@ fn read_aicube(d: &Driver, dev: &Device) -> Reading {
     }
     // A programme that says `hang` blocks the call until it says something else.
     loop {
-        match d.scenario.aicube_at(dev, now_ms()) {
+        let now = now_ms();
+        let r = match programme {
+            Some(_) => d.scenario.type14_at(dev, now),
+            None => d.scenario.aicube_at(dev, now),
+        };
+        match r {
             Reading::Hang => std::thread::sleep(Duration::from_millis(20)),
             r => return r,
         }
@@ -304,8 +316,11 @@ fn multi(d: &Driver, dev: &Device, out: &mut MultiUtil) -> i32 {
         npu_util: 0,
         reserved: [0; 8],
     };
-    if !dev.multi_util {
-        return ERR_NOT_SUPPORT;
+    match dev.aicube.file_multi_util().unwrap_or(dev.multi_util) {
+        MultiUtilMode::Unsupported => return ERR_NOT_SUPPORT,
+        // The firmware's "not supported" is swallowed: zeros and OK.
+        MultiUtilMode::Zeroed => return DCMI_OK,
+        MultiUtilMode::Supported => {}
     }
     match reading_to_rc(read_aicube(d, dev)) {
         Ok(v) => {
@@ -330,7 +345,17 @@ fn single(d: &Driver, dev: &Device, kind: i32, build: Build, out: &mut u32) -> i
             if kind == 14 && (build == Build::Legacy || !dev.util_type14) {
                 return ERR_NOT_SUPPORT;
             }
-            match reading_to_rc(read_aicube(d, dev)) {
+            let programme = if kind == 14 {
+                dev.type14.as_ref()
+            } else {
+                None
+            };
+            match reading_to_rc(read_programme(d, dev, programme)) {
+                // The real driver writes 0 for a figure above 100 and answers OK.
+                Ok(v) if v > 100 && dev.util_over_100 == Over100::Zero => {
+                    *out = 0;
+                    DCMI_OK
+                }
                 Ok(v) => {
                     *out = v;
                     DCMI_OK
@@ -359,6 +384,39 @@ pub fn multi_util(card: i32, chip: i32, out: &mut MultiUtil) -> i32 {
     }) {
         Ok((d, dev)) => multi(d, dev, out),
         Err(e) => e,
+    }
+}
+
+/// What the pre-release name writes: the 48-byte struct or the early 4 bytes.
+pub enum PrereleaseOut {
+    Full(MultiUtil),
+    /// `aic_avg_util`, `aiv_avg_util`, `aicore_util`, `npu_util`.
+    Early([u8; 4]),
+}
+
+/// `dcmi_get_device_utilization_rate_v2`: the multi call in the scenario's
+/// `prerelease_layout`.
+pub fn multi_util_prerelease(card: i32, chip: i32) -> (i32, PrereleaseOut) {
+    let mut full = MultiUtil {
+        aic_util: 0,
+        aiv_util: 0,
+        aicore_util: 0,
+        npu_util: 0,
+        reserved: [0; 8],
+    };
+    let rc = multi_util(card, chip, &mut full);
+    match driver().map(|d| d.scenario.prerelease_layout) {
+        Some(PrereleaseLayout::Early) => {
+            let b = |v: u32| u8::try_from(v).unwrap_or(u8::MAX);
+            let bytes = [
+                b(full.aic_util),
+                b(full.aiv_util),
+                b(full.aicore_util),
+                b(full.npu_util),
+            ];
+            (rc, PrereleaseOut::Early(bytes))
+        }
+        _ => (rc, PrereleaseOut::Full(full)),
     }
 }
 
@@ -449,7 +507,10 @@ fn health_of(dev: &Device, out: &mut u32) -> i32 {
             code
         }
         None => {
-            *out = dev.health;
+            *out = match driver() {
+                Some(d) => d.scenario.health_of(dev),
+                None => dev.health,
+            };
             DCMI_OK
         }
     }
@@ -495,15 +556,7 @@ macro_rules! export_dcmi {
             }
         }
 
-        /// # Safety
-        /// `out` must be null or point to a writable `dcmi_multi_utilization_info`.
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn dcmi_get_device_utilization_rate_v2(
-            card: i32, chip: i32, out: *mut $crate::dcmi::MultiUtil,
-        ) -> i32 {
-            // SAFETY: same contract as the current name.
-            unsafe { dcmi_get_device_multi_utilization_rate(card, chip, out) }
-        }
+        $crate::export_dcmi!(@prerelease_name);
 
         /// # Safety
         /// `out` must be null or point to a writable `dcmi_multi_utilization_info`.
@@ -523,18 +576,29 @@ macro_rules! export_dcmi {
     };
     (prerelease) => {
         $crate::export_dcmi!(@base $crate::dcmi::Build::Current);
-
+        $crate::export_dcmi!(@prerelease_name);
+    };
+    (@prerelease_name) => {
         /// # Safety
-        /// `out` must be null or point to a writable `dcmi_multi_utilization_info`.
+        /// `out` must be null or point to writable memory of the layout the scenario's
+        /// `prerelease_layout` names (48 bytes, or 4 for the early form).
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn dcmi_get_device_utilization_rate_v2(
             card: i32, chip: i32, out: *mut $crate::dcmi::MultiUtil,
         ) -> i32 {
-            // SAFETY: the caller passes a valid out-struct or null (rejected).
-            match unsafe { out.as_mut() } {
-                Some(out) => $crate::dcmi::multi_util(card, chip, out),
-                None => $crate::dcmi::ERR_INVALID_PARAMETER,
+            if out.is_null() {
+                return $crate::dcmi::ERR_INVALID_PARAMETER;
             }
+            let (rc, written) = $crate::dcmi::multi_util_prerelease(card, chip);
+            match written {
+                // SAFETY: non-null, and the caller guarantees the 48-byte struct.
+                $crate::dcmi::PrereleaseOut::Full(m) => unsafe { out.write(m) },
+                // SAFETY: non-null; the early form writes its 4 bytes only, at the start.
+                $crate::dcmi::PrereleaseOut::Early(b) => unsafe {
+                    std::ptr::copy_nonoverlapping(b.as_ptr(), out.cast::<u8>(), b.len())
+                },
+            }
+            rc
         }
     };
     (@base $build:expr) => {

@@ -176,13 +176,38 @@ impl Programme {
 
     /// HBM in use set by a `file` programme (`hbm_used_mb=<n>` after the reading).
     pub fn file_hbm_used_mb(&self) -> Option<u64> {
+        self.file_word("hbm_used_mb=").and_then(|v| v.parse().ok())
+    }
+
+    /// Health word set by a `file` programme (`health=<n>` after the reading; decimal or
+    /// `0x` hex, e.g. `health=0xFFFFFFFF` for a device that no longer exists).
+    pub fn file_health(&self) -> Option<u32> {
+        let v = self.file_word("health=")?;
+        match v.strip_prefix("0x").or_else(|| v.strip_prefix("0X")) {
+            Some(hex) => u32::from_str_radix(hex, 16).ok(),
+            None => v.parse().ok(),
+        }
+    }
+
+    /// Multi-utilization mode set by a `file` programme (`multi_util=zeroed` after the
+    /// reading; also `supported`, `unsupported`): a firmware change while running.
+    pub fn file_multi_util(&self) -> Option<MultiUtilMode> {
+        match self.file_word("multi_util=")?.as_str() {
+            "supported" => Some(MultiUtilMode::Supported),
+            "unsupported" => Some(MultiUtilMode::Unsupported),
+            "zeroed" => Some(MultiUtilMode::Zeroed),
+            _ => None,
+        }
+    }
+
+    fn file_word(&self, key: &str) -> Option<String> {
         let Programme::File(path) = self else {
             return None;
         };
         let text = std::fs::read_to_string(path).ok()?;
         text.split_whitespace()
-            .find_map(|t| t.strip_prefix("hbm_used_mb="))
-            .and_then(|v| v.parse().ok())
+            .find_map(|t| t.strip_prefix(key))
+            .map(str::to_owned)
     }
 }
 
@@ -200,6 +225,62 @@ pub fn file_reading(text: &str) -> Reading {
     }
 }
 
+/// How the multi-utilization call answers (`multi_util`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MultiUtilMode {
+    /// The figures of the programme.
+    Supported,
+    /// -8255.
+    Unsupported,
+    /// OK with every field 0, whatever the NPU does: the real driver on a firmware without
+    /// the sub-command (hicann/driver `dcmi_get_npu_device_utilization_rate_v2` lets the
+    /// firmware's "not supported" through and copies out the zeroed struct).
+    Zeroed,
+}
+
+/// `multi_util = true | false | "supported" | "unsupported" | "zeroed"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum MultiUtilSpec {
+    Flag(bool),
+    Mode(MultiUtilMode),
+}
+
+impl MultiUtilSpec {
+    fn mode(self) -> MultiUtilMode {
+        match self {
+            MultiUtilSpec::Flag(true) => MultiUtilMode::Supported,
+            MultiUtilSpec::Flag(false) => MultiUtilMode::Unsupported,
+            MultiUtilSpec::Mode(m) => m,
+        }
+    }
+}
+
+/// What the single utilization call does with a figure above 100 (`util_over_100`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Over100 {
+    /// Writes 0 and answers OK, as the real driver does (hicann/driver
+    /// `dcmi_get_npu_device_utilization_rate`, `DCMI_USAGE_MAX`).
+    Zero,
+    /// Passes the figure through (tests the agent's own range check).
+    Pass,
+}
+
+/// What the pre-release name `dcmi_get_device_utilization_rate_v2` writes
+/// (`prerelease_layout`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub enum PrereleaseLayout {
+    /// The 48-byte `dcmi_multi_utilization_info` (MindCluster's declaration from 2026-02-14).
+    #[serde(rename = "48-byte")]
+    Full,
+    /// The first declaration (MindCluster `83a5b2ea`, 2026-02-11): four `unsigned char`
+    /// (`aic_avg_util`, `aiv_avg_util`, `aicore_util`, `npu_util`), 4 bytes written.
+    #[serde(rename = "4-byte")]
+    Early,
+}
+
 /// Device settings; every field optional so `[default]` and `[[device]]` can be layered.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -210,10 +291,17 @@ pub struct DeviceSpec {
     pub hbm_total_mb: Option<u64>,
     pub hbm_used_mb: Option<u64>,
     pub health: Option<u32>,
-    /// `dcmi_get_device_multi_utilization_rate` supported (else -8255).
-    pub multi_util: Option<bool>,
+    /// How `dcmi_get_device_multi_utilization_rate` answers (`true`/`"supported"`,
+    /// `false`/`"unsupported"`: -8255, `"zeroed"`: OK with every field 0).
+    pub multi_util: Option<MultiUtilSpec>,
     /// `dcmi_get_device_utilization_rate(…, 14, …)` supported (else -8255).
     pub util_type14: Option<bool>,
+    /// The programme utilization type 14 reads in the agent's process (default: `aicube`,
+    /// which the multi call and the fake `npu-smi` read).
+    pub type14: Option<ProgrammeSpec>,
+    /// What the single call does with a figure above 100: `"zero"` (default, the real
+    /// driver) or `"pass"`.
+    pub util_over_100: Option<Over100>,
     /// Every DCMI AI Cube read of this device blocks this long before answering (the fake
     /// npu-smi is not affected).
     pub hang_ms: Option<u64>,
@@ -285,6 +373,8 @@ struct ScenarioFile {
     refresh_ms: u64,
     #[serde(default)]
     npu_smi: NpuSmiSpec,
+    #[serde(default = "default_prerelease")]
+    prerelease_layout: PrereleaseLayout,
     #[serde(default)]
     default: DeviceSpec,
     #[serde(default)]
@@ -300,6 +390,9 @@ fn default_cards() -> u32 {
 fn default_refresh() -> u64 {
     100
 }
+fn default_prerelease() -> PrereleaseLayout {
+    PrereleaseLayout::Full
+}
 
 /// One fake NPU chip with every setting resolved.
 #[derive(Debug, Clone)]
@@ -311,8 +404,11 @@ pub struct Device {
     pub hbm_total_mb: u64,
     pub hbm_used_mb: u64,
     pub health: u32,
-    pub multi_util: bool,
+    pub multi_util: MultiUtilMode,
     pub util_type14: bool,
+    /// Programme of utilization type 14 when it differs from `aicube`.
+    pub type14: Option<Programme>,
+    pub util_over_100: Over100,
     pub hang_ms: u64,
     pub hang_after_calls: u64,
     pub hang_count: Option<u64>,
@@ -327,6 +423,8 @@ pub struct Scenario {
     pub cards: u32,
     pub refresh_ms: u64,
     pub npu_smi: NpuSmiSpec,
+    /// What the pre-release multi-utilization name writes.
+    pub prerelease_layout: PrereleaseLayout,
     pub devices: Vec<Device>,
 }
 
@@ -386,6 +484,11 @@ impl Scenario {
                 .and_then(|d| d.aicube.clone())
                 .or_else(|| file.default.aicube.clone())
                 .unwrap_or(ProgrammeSpec::Constant(0));
+            let type14 = over
+                .and_then(|d| d.type14.clone())
+                .or_else(|| file.default.type14.clone())
+                .map(|p| resolve(p, base))
+                .transpose()?;
             devices.push(Device {
                 logic_id,
                 card: logic_id / chips,
@@ -394,8 +497,16 @@ impl Scenario {
                 hbm_total_mb: pick(|d| d.hbm_total_mb, 65536),
                 hbm_used_mb: pick(|d| d.hbm_used_mb, 3072),
                 health: pick(|d| d.health.map(u64::from), 0) as u32,
-                multi_util: pick_bool(|d| d.multi_util),
+                multi_util: over
+                    .and_then(|d| d.multi_util)
+                    .or(file.default.multi_util)
+                    .map_or(MultiUtilMode::Supported, MultiUtilSpec::mode),
                 util_type14: pick_bool(|d| d.util_type14),
+                type14,
+                util_over_100: over
+                    .and_then(|d| d.util_over_100)
+                    .or(file.default.util_over_100)
+                    .unwrap_or(Over100::Zero),
                 hang_ms: pick(|d| d.hang_ms, 0),
                 hang_after_calls: pick(|d| d.hang_after_calls, 0),
                 hang_count: over.and_then(|d| d.hang_count).or(file.default.hang_count),
@@ -410,6 +521,7 @@ impl Scenario {
             cards: file.cards,
             refresh_ms: file.refresh_ms,
             npu_smi: file.npu_smi,
+            prerelease_layout: file.prerelease_layout,
             devices,
         })
     }
@@ -431,6 +543,19 @@ impl Scenario {
     /// AI Cube reading of `dev` at Unix time `t_ms`, quantised to the driver refresh.
     pub fn aicube_at(&self, dev: &Device, t_ms: u64) -> Reading {
         dev.aicube.at(t_ms - t_ms % self.refresh_ms)
+    }
+
+    /// What utilization type 14 reads for `dev` at `t_ms` (its own programme if set).
+    pub fn type14_at(&self, dev: &Device, t_ms: u64) -> Reading {
+        dev.type14
+            .as_ref()
+            .unwrap_or(&dev.aicube)
+            .at(t_ms - t_ms % self.refresh_ms)
+    }
+
+    /// The health word of `dev`: a `file` programme's `health=` word, else `health`.
+    pub fn health_of(&self, dev: &Device) -> u32 {
+        dev.aicube.file_health().unwrap_or(dev.health)
     }
 }
 
@@ -576,6 +701,26 @@ mod tests {
         assert_eq!((s.devices[3].card, s.devices[3].chip), (1, 1));
     }
 
+    #[test]
+    fn multi_util_takes_a_flag_or_a_mode_and_health_takes_hex() {
+        let s = Scenario::parse(
+            "cards = 4\nprerelease_layout = \"4-byte\"\n[[device]]\nid = 0\nmulti_util = false\n[[device]]\nid = 1\nmulti_util = \"zeroed\"\nhealth = 0xFFFFFFFF\n[[device]]\nid = 2\ntype14 = { constant = 150 }\nutil_over_100 = \"pass\"\n",
+            Path::new("."),
+        )
+        .unwrap();
+        assert_eq!(s.devices[0].multi_util, MultiUtilMode::Unsupported);
+        assert_eq!(s.devices[1].multi_util, MultiUtilMode::Zeroed);
+        assert_eq!(s.devices[1].health, u32::MAX);
+        assert_eq!(s.devices[3].multi_util, MultiUtilMode::Supported);
+        assert_eq!(s.devices[2].type14, Some(Programme::Constant(150)));
+        assert_eq!(s.devices[2].util_over_100, Over100::Pass);
+        assert_eq!(s.devices[0].util_over_100, Over100::Zero);
+        assert_eq!(s.type14_at(&s.devices[2], 0), Reading::Value(150));
+        assert_eq!(s.type14_at(&s.devices[0], 0), Reading::Value(0));
+        assert_eq!(s.prerelease_layout, PrereleaseLayout::Early);
+        assert!(Scenario::parse("multi_util = \"sometimes\"", Path::new(".")).is_err());
+    }
+
     // The file protocol the fake engine writes for the chaos suite.
     #[test]
     fn file_readings() {
@@ -593,7 +738,15 @@ mod tests {
         let p = Programme::File(dir.clone());
         assert_eq!(p.at(0), Reading::Value(0));
         assert_eq!(p.file_hbm_used_mb(), Some(65000));
+        assert_eq!(p.file_health(), None);
         assert_eq!(Programme::Constant(1).file_hbm_used_mb(), None);
+        std::fs::write(&dir, "0 health=0xFFFFFFFF hbm_used_mb=1\n").unwrap();
+        assert_eq!(p.file_health(), Some(u32::MAX));
+        std::fs::write(&dir, "0 health=2\n").unwrap();
+        assert_eq!(p.file_health(), Some(2));
+        assert_eq!(p.file_multi_util(), None);
+        std::fs::write(&dir, "40 multi_util=zeroed\n").unwrap();
+        assert_eq!(p.file_multi_util(), Some(MultiUtilMode::Zeroed));
         let _ = std::fs::remove_file(dir);
     }
 }

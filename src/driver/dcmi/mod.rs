@@ -88,6 +88,84 @@ pub enum CubeCall {
     Single,
 }
 
+/// Which exported name answered the multi-utilization call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MultiSymbol {
+    /// `dcmi_get_device_multi_utilization_rate` or `dcmiv2_get_device_multi_utilization_rate`.
+    Released,
+    /// `dcmi_get_device_utilization_rate_v2`, a name no released header declares; its first
+    /// declaration had a 4-byte struct (see `sampler::plausibility`).
+    PreRelease,
+}
+
+/// The figures of `dcmi_multi_utilization_info` as the driver wrote them. No range check
+/// here: whether they are readings is the sampler's decision (`sampler::plausibility`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MultiUtil {
+    /// `aic_util`: AI Cube, percent.
+    pub aic: u32,
+    /// `aiv_util`: AI Vector, percent.
+    pub aiv: u32,
+    /// `aicore_util`: AI Core, percent.
+    pub aicore: u32,
+    /// `npu_util`: the whole NPU, percent.
+    pub npu: u32,
+    /// Some `reserved` word is not zero.
+    pub reserved_set: bool,
+    /// The name that answered.
+    pub symbol: MultiSymbol,
+}
+
+impl MultiUtil {
+    /// Every byte of the struct is zero: what the driver copies out when the firmware lacks
+    /// the sub-command, and also what an idle chip may read.
+    pub fn all_zero(&self) -> bool {
+        self.aic == 0 && self.aiv == 0 && self.aicore == 0 && self.npu == 0 && !self.reserved_set
+    }
+
+    /// The largest of the four figures.
+    pub fn max_figure(&self) -> u32 {
+        self.aic.max(self.aiv).max(self.aicore).max(self.npu)
+    }
+}
+
+/// `input_type` of the single utilization call used by the agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum UtilType {
+    /// 2: AI Core (documented on every chip).
+    AiCore,
+    /// 14: AI Cube.
+    AiCube,
+}
+
+impl UtilType {
+    fn code(self) -> i32 {
+        match self {
+            UtilType::AiCore => sys::DCMI_UTILIZATION_RATE_AICORE,
+            UtilType::AiCube => sys::DCMI_UTILIZATION_RATE_AICUBE,
+        }
+    }
+
+    /// How logs name it.
+    pub fn describe(self) -> &'static str {
+        match self {
+            UtilType::AiCore => "utilization type 2 (AI Core)",
+            UtilType::AiCube => "utilization type 14 (AI Cube)",
+        }
+    }
+}
+
+/// What `dcmi_get_device_health` reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Health {
+    /// 0 normal, 1 minor, 2 major, 3 critical alarm.
+    Code(u8),
+    /// `0xFFFFFFFF` (`DCMI_HEALTH_DEVICE_NOT_EXIST`): the device does not exist, answered with
+    /// rc 0.
+    DeviceGone,
+}
+
 struct Loaded {
     lib: sys::DcmiLib,
     api: Api,
@@ -336,73 +414,85 @@ impl Dcmi {
         Ok(chips)
     }
 
-    /// AI Cube usage through the multi-utilization call (`aic_util`), percent.
+    /// The multi-utilization figures, as written by the driver (released name first, then
+    /// the pre-release name on v1).
     #[doc(alias = "dcmi_get_device_multi_utilization_rate")]
     #[doc(alias = "dcmiv2_get_device_multi_utilization_rate")]
-    pub fn aicube_multi(&self, chip: &NpuChip) -> Result<u8, DcmiError> {
-        // SAFETY: plain old data; all-zero is valid.
+    #[doc(alias = "dcmi_get_device_utilization_rate_v2")]
+    pub fn multi_utilization(&self, chip: &NpuChip) -> Result<MultiUtil, DcmiError> {
+        // SAFETY: plain old data; all-zero is valid. Zeroed so that a library writing less
+        // than 48 bytes (the pre-release 4-byte form) leaves zeros, not garbage, behind.
         let mut info: sys::dcmi_multi_utilization_info = unsafe { std::mem::zeroed() };
-        let rc = match self.api() {
+        let (rc, symbol) = match self.api() {
             Api::V1 => {
                 let l = &self.loaded.lib;
-                let f = match (
+                let (f, symbol) = match (
                     &l.dcmi_get_device_multi_utilization_rate,
                     &l.dcmi_get_device_utilization_rate_v2,
                 ) {
-                    (Ok(f), _) | (Err(_), Ok(f)) => *f,
+                    (Ok(f), _) => (*f, MultiSymbol::Released),
+                    (Err(_), Ok(f)) => (*f, MultiSymbol::PreRelease),
                     (Err(_), Err(_)) => {
                         return Err(DcmiError::SymbolMissing {
                             symbol: "dcmi_get_device_multi_utilization_rate",
                         });
                     }
                 };
-                // SAFETY: `info` is a valid out-struct of the declared layout.
-                unsafe { f(chip.card, chip.chip, &mut info) }
+                // SAFETY: `info` is a valid out-struct of the declared (48-byte) layout; the
+                // pre-release 4-byte form writes less, never more.
+                (unsafe { f(chip.card, chip.chip, &mut info) }, symbol)
             }
             Api::V2 => {
                 let f = sym!(self, dcmiv2_get_device_multi_utilization_rate);
                 // SAFETY: `info` is a valid out-struct of the declared layout.
-                unsafe { f(chip.card, &mut info) }
+                (unsafe { f(chip.card, &mut info) }, MultiSymbol::Released)
             }
         };
         DcmiError::check(rc)?;
-        percent("dcmi_get_device_multi_utilization_rate", info.aic_util)
+        Ok(MultiUtil {
+            aic: info.aic_util,
+            aiv: info.aiv_util,
+            aicore: info.aicore_util,
+            npu: info.npu_util,
+            reserved_set: info.reserved.iter().any(|w| *w != 0),
+            symbol,
+        })
     }
 
-    /// AI Cube usage through the single utilization call with input type 14, percent.
+    /// AI Cube usage through the multi-utilization call (`aic_util`), percent; values above
+    /// 100 are rejected. The raw figures are [`Dcmi::multi_utilization`].
+    pub fn aicube_multi(&self, chip: &NpuChip) -> Result<u8, DcmiError> {
+        let m = self.multi_utilization(chip)?;
+        percent("dcmi_get_device_multi_utilization_rate", m.aic)
+    }
+
+    /// The single utilization call with input type `kind`, as written by the driver (the
+    /// driver itself turns a figure above 100 into 0 and answers OK).
     #[doc(alias = "dcmi_get_device_utilization_rate")]
     #[doc(alias = "dcmiv2_get_device_utilization_rate")]
-    pub fn aicube_single(&self, chip: &NpuChip) -> Result<u8, DcmiError> {
+    pub fn utilization(&self, chip: &NpuChip, kind: UtilType) -> Result<u32, DcmiError> {
         let mut rate: u32 = 0;
         let rc = match self.api() {
             Api::V1 => {
                 let f = sym!(self, dcmi_get_device_utilization_rate);
                 // SAFETY: `rate` is a valid out-pointer.
-                unsafe {
-                    f(
-                        chip.card,
-                        chip.chip,
-                        sys::DCMI_UTILIZATION_RATE_AICUBE,
-                        &mut rate,
-                    )
-                }
+                unsafe { f(chip.card, chip.chip, kind.code(), &mut rate) }
             }
             Api::V2 => {
                 let f = sym!(self, dcmiv2_get_device_utilization_rate);
                 // SAFETY: `rate` is a valid out-pointer.
-                unsafe { f(chip.card, sys::DCMI_UTILIZATION_RATE_AICUBE, &mut rate) }
+                unsafe { f(chip.card, kind.code(), &mut rate) }
             }
         };
         DcmiError::check(rc)?;
-        percent("dcmi_get_device_utilization_rate", rate)
+        Ok(rate)
     }
 
-    /// AI Cube usage through `call`.
-    pub fn aicube(&self, chip: &NpuChip, call: CubeCall) -> Result<u8, DcmiError> {
-        match call {
-            CubeCall::Multi => self.aicube_multi(chip),
-            CubeCall::Single => self.aicube_single(chip),
-        }
+    /// AI Cube usage through the single utilization call with input type 14, percent;
+    /// values above 100 are rejected.
+    pub fn aicube_single(&self, chip: &NpuChip) -> Result<u8, DcmiError> {
+        let rate = self.utilization(chip, UtilType::AiCube)?;
+        percent("dcmi_get_device_utilization_rate", rate)
     }
 
     /// HBM used and total, in MB.
@@ -437,10 +527,11 @@ impl Dcmi {
         })
     }
 
-    /// Device health code: 0 normal, 1 minor, 2 major, 3 critical alarm.
+    /// Device health: a code 0..=3, or the device-gone marker `0xFFFFFFFF` (answered with
+    /// rc 0); any other value is out of range.
     #[doc(alias = "dcmi_get_device_health")]
     #[doc(alias = "dcmiv2_get_device_health")]
-    pub fn health(&self, chip: &NpuChip) -> Result<u32, DcmiError> {
+    pub fn health(&self, chip: &NpuChip) -> Result<Health, DcmiError> {
         let mut health: u32 = 0;
         let rc = match self.api() {
             Api::V1 => {
@@ -455,14 +546,24 @@ impl Dcmi {
             }
         };
         DcmiError::check(rc)?;
-        if health > 3 {
-            return Err(DcmiError::OutOfRange {
-                call: "dcmi_get_device_health",
-                value: health.into(),
-                limit: "0..=3",
-            });
-        }
-        Ok(health)
+        health_of(health)
+    }
+}
+
+/// `DCMI_HEALTH_DEVICE_NOT_EXIST` as the `unsigned int` the call writes (bindgen types the
+/// macro as a wider integer).
+const HEALTH_DEVICE_NOT_EXIST: u32 = sys::DCMI_HEALTH_DEVICE_NOT_EXIST as u32;
+
+/// Maps the health word of `dcmi_get_device_health`.
+fn health_of(value: u32) -> Result<Health, DcmiError> {
+    match value {
+        0..=3 => Ok(Health::Code(value as u8)),
+        HEALTH_DEVICE_NOT_EXIST => Ok(Health::DeviceGone),
+        _ => Err(DcmiError::OutOfRange {
+            call: "dcmi_get_device_health",
+            value: value.into(),
+            limit: "0..=3 or 0xFFFFFFFF (device does not exist)",
+        }),
     }
 }
 
@@ -552,6 +653,19 @@ mod tests {
             percent("x", 101),
             Err(DcmiError::OutOfRange { value: 101, .. })
         ));
+    }
+
+    #[test]
+    fn health_word_ffffffff_is_a_gone_device_and_4_is_out_of_range() {
+        assert_eq!(health_of(0), Ok(Health::Code(0)));
+        assert_eq!(health_of(3), Ok(Health::Code(3)));
+        assert_eq!(health_of(0xFFFF_FFFF), Ok(Health::DeviceGone));
+        for bad in [4, 7, 0xFFFF_FFFE] {
+            assert!(
+                matches!(health_of(bad), Err(DcmiError::OutOfRange { .. })),
+                "{bad}"
+            );
+        }
     }
 
     #[test]
