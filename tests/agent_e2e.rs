@@ -94,11 +94,13 @@ fn hung_engine_with_idle_npu_is_detected_and_killed() {
     assert_eq!(d["virtual_inference"]["abnormal"], true, "{d}");
     assert_eq!(d["virtual_inference"]["failure_count"], 3);
     assert_eq!(d["virtual_inference"]["phase"], "stopped");
+    // The verdict's reason, not the top-level one: the emulator has killed the engine by
+    // now, so a /health probe after the kill may already say it is gone (seen once under load).
     assert!(
-        d["reason"]
+        d["virtual_inference"]["abnormal_reason"]
             .as_str()
             .unwrap()
-            .contains("virtual inference is abnormal"),
+            .contains("consecutive virtual requests failed"),
         "{d}"
     );
     // The engine stayed "healthy" on /health all along: only virtual inference caught it.
