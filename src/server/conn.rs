@@ -226,7 +226,6 @@ pub async fn serve(
             },
         };
         let activity = Arc::new(Activity::default());
-        activity.touch();
         let shed = CancellationToken::new();
         let id = {
             let mut reg = lock(&registry);
