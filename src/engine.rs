@@ -720,10 +720,13 @@ mod tests {
         (vi, cancel)
     }
 
-    // Warm-up fails → abnormal; the engine restarts (/health down then up) → re-armed →
-    // initial state, and the next healthy /status starts a new warm-up.
-    #[tokio::test(start_paused = true)]
-    async fn abnormal_then_engine_restart_rearms() {
+    /// An engine whose /health answers and whose warm-up fails: abnormal, with its virtual
+    /// inference loop (every probe fails, the NPU idle).
+    async fn abnormal_after_a_failed_warmup() -> (
+        Arc<EngineState>,
+        tokio::task::JoinHandle<()>,
+        CancellationToken,
+    ) {
         let st = Arc::new(EngineState::new(
             spec("enable_virtual_inference = true"),
             vec![0],
@@ -734,6 +737,14 @@ mod tests {
         advance(Duration::from_secs(1)).await;
         assert!(st.vi.abnormal(), "the failed warm-up is abnormal");
         assert_eq!(st.status(), Status::Abnormal);
+        (st, vi, cancel)
+    }
+
+    // Warm-up fails → abnormal; the engine restarts (/health down then up) → re-armed →
+    // initial state, and the next healthy /status starts a new warm-up.
+    #[tokio::test(start_paused = true)]
+    async fn abnormal_then_engine_restart_rearms() {
+        let (st, vi, cancel) = abnormal_after_a_failed_warmup().await;
         // Without a restart, abnormal stays.
         st.record_health(&outcome("ok"), true);
         assert_eq!(st.status(), Status::Abnormal);
@@ -761,15 +772,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn garbled_health_answer_is_not_an_engine_restart() {
         for class in Transport::NOT_DOWN {
-            let st = Arc::new(EngineState::new(
-                spec("enable_virtual_inference = true"),
-                vec![0],
-            ));
-            let (vi, cancel) = spawn_idle_vi(&st, AlwaysFail);
-            st.record_health(&outcome("ok"), true);
-            assert_eq!(st.status(), Status::Normal);
-            advance(Duration::from_secs(1)).await;
-            assert_eq!(st.status(), Status::Abnormal);
+            let (st, vi, cancel) = abnormal_after_a_failed_warmup().await;
             st.record_health(
                 &HealthOutcome::Unhealthy {
                     reason: format!("/health: {}", class.as_str()),

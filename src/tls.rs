@@ -189,10 +189,12 @@ pub fn client_config(tls: &TlsConfig) -> Result<rustls::ClientConfig, TlsError> 
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn write_pair(dir: &Path) -> TlsConfig {
+    /// Writes a self-signed `server.crt` and `server.key` for `localhost` into `dir` (also
+    /// used by the config validation's tests).
+    pub(crate) fn write_pair(dir: &Path) -> TlsConfig {
         let key = rcgen::KeyPair::generate().unwrap();
         let cert = rcgen::CertificateParams::new(vec!["localhost".to_owned()])
             .unwrap()

@@ -657,13 +657,8 @@ devices = [0, 1]
             vec![b'#'; super::super::read::MAX_BYTES as usize + 1],
         )
         .unwrap();
-        let key = rcgen::KeyPair::generate().unwrap();
-        let cert = rcgen::CertificateParams::new(vec!["localhost".to_owned()])
-            .unwrap()
-            .self_signed(&key)
-            .unwrap();
-        std::fs::write(dir.join("server.crt"), cert.pem()).unwrap();
-        std::fs::write(dir.join("server.key"), key.serialize_pem()).unwrap();
+        // server.crt and server.key, a usable pair.
+        crate::tls::tests::write_pair(dir);
         std::fs::write(dir.join("garbage.crt"), "not a certificate\n").unwrap();
         let section = |extra: &str| {
             format!(

@@ -226,7 +226,6 @@ pub async fn serve(
             },
         };
         let activity = Arc::new(Activity::default());
-        activity.touch();
         let shed = CancellationToken::new();
         let id = {
             let mut reg = lock(&registry);
@@ -520,6 +519,14 @@ mod tests {
         assert!(!tokens[2].is_cancelled());
     }
 
+    fn limits(max_connections: usize, header: Duration, idle: Duration) -> ListenerLimits {
+        ListenerLimits {
+            max_connections,
+            header_read_timeout: header,
+            idle_timeout: idle,
+        }
+    }
+
     /// A listener on a free port serving `/status` under `limits`.
     async fn listen(limits: ListenerLimits) -> (std::net::SocketAddr, CancellationToken) {
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -567,11 +574,11 @@ mod tests {
     #[tokio::test]
     async fn a_dripping_request_head_is_cut_at_the_header_read_timeout() {
         use tokio::io::AsyncWriteExt;
-        let (addr, _cancel) = listen(ListenerLimits {
-            max_connections: 8,
-            header_read_timeout: Duration::from_millis(300),
-            idle_timeout: Duration::from_secs(3600),
-        })
+        let (addr, _cancel) = listen(limits(
+            8,
+            Duration::from_millis(300),
+            Duration::from_secs(3600),
+        ))
         .await;
         let mut s = TcpStream::connect(addr).await.unwrap();
         s.write_all(b"GET /status HTTP/1.1\r\nHo").await.unwrap();
@@ -589,11 +596,11 @@ mod tests {
     #[tokio::test]
     async fn a_keep_alive_client_polling_within_the_timeout_stays_connected() {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let (addr, _cancel) = listen(ListenerLimits {
-            max_connections: 8,
-            header_read_timeout: Duration::from_millis(300),
-            idle_timeout: Duration::from_secs(3600),
-        })
+        let (addr, _cancel) = listen(limits(
+            8,
+            Duration::from_millis(300),
+            Duration::from_secs(3600),
+        ))
         .await;
         let mut s = TcpStream::connect(addr).await.unwrap();
         let mut buf = [0u8; 1024];
@@ -619,12 +626,8 @@ mod tests {
     #[tokio::test]
     async fn a_client_that_stops_reading_is_cut_at_the_idle_timeout() {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let (addr, _cancel) = listen(ListenerLimits {
-            max_connections: 8,
-            header_read_timeout: Duration::from_secs(3600),
-            idle_timeout: Duration::from_secs(1),
-        })
-        .await;
+        let (addr, _cancel) =
+            listen(limits(8, Duration::from_secs(3600), Duration::from_secs(1))).await;
         let mut s = TcpStream::connect(addr).await.unwrap();
         s.write_all(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
             .await
@@ -649,11 +652,11 @@ mod tests {
 
     #[tokio::test]
     async fn at_the_cap_the_oldest_idle_connection_makes_room_for_a_fresh_poll() {
-        let (addr, _cancel) = listen(ListenerLimits {
-            max_connections: 4,
-            header_read_timeout: Duration::from_secs(3600),
-            idle_timeout: Duration::from_secs(3600),
-        })
+        let (addr, _cancel) = listen(limits(
+            4,
+            Duration::from_secs(3600),
+            Duration::from_secs(3600),
+        ))
         .await;
         let mut held = Vec::new();
         for _ in 0..4 {
