@@ -12,7 +12,7 @@
 //! on the measured thread. Prints a Markdown report (copied into BENCHMARKS.md).
 
 use npu_health_agent::probe::http::EngineClient;
-use npu_health_agent::probe::virtual_inference::{Accounting, ProbeRecord};
+use npu_health_agent::probe::outcome::{Accounting, ProbeRecord};
 use npu_health_agent::qos::{MetricsSource, QosConfig, QosState, engine_metrics};
 use std::time::{Duration, Instant};
 

@@ -3,8 +3,8 @@
 //! Data flows one way through the modules:
 //! [`driver`] (dlopen'd `libdcmi.so`, `npu-smi` fallback) → [`sampler`] (one OS thread owns
 //! every driver call) → [`ring`] (lock-free sample ring) → [`window`] (peak-window readers)
-//! → [`probe`] (`/health`, virtual inference) → [`engine`] (one engine's verdict) →
-//! [`server`] (`/status`, `/status/detail`, `/metrics`). [`config`] says what to monitor,
+//! → [`monitor`] (one engine's loops, rules and verdict, fed by [`probe`]: `/health`, the
+//! virtual request, `/metrics`) and [`qos`] (its score) → [`server`] (`/status`, `/status/detail`, `/metrics`). [`config`] says what to monitor,
 //! [`agent`] wires it together (and reloads it on SIGHUP), [`service`] speaks systemd's
 //! notify protocol and handles signals, [`logging`] writes text, JSON or journald, and the
 //! binary's commands live in [`cli`]. `unsafe` is denied everywhere except the DCMI binding
@@ -17,10 +17,10 @@ pub mod chaos;
 pub mod cli;
 pub mod config;
 pub mod driver;
-pub mod engine;
 #[cfg(feature = "fake-driver")]
 pub mod fake;
 pub mod logging;
+pub mod monitor;
 pub mod probe;
 pub mod qos;
 pub mod ring;

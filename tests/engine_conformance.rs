@@ -12,7 +12,7 @@ mod support;
 
 use fake_engine::engine::EngineOptions;
 use fake_engine::profile::Profile;
-use npu_health_agent::probe::virtual_inference::Prober;
+use npu_health_agent::probe::Prober;
 use npu_health_agent::qos::engine_metrics::{self, EngineMetrics};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
@@ -495,7 +495,7 @@ async fn data_parallel_engines_and_mid_stream_errors() {
         .send(Duration::from_secs(5))
         .await;
     match r.outcome {
-        Err(npu_health_agent::probe::virtual_inference::Failure::BadStream(e)) => {
+        Err(npu_health_agent::probe::outcome::ProbeFailure::BadStream(e)) => {
             assert!(e.contains("error"), "{e}")
         }
         other => panic!("a mid-stream error event must fail the probe: {other:?}"),

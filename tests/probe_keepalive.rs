@@ -6,7 +6,7 @@
 #![cfg(feature = "fake-driver")]
 
 use fake_engine::engine::EngineOptions;
-use npu_health_agent::probe::virtual_inference::Prober;
+use npu_health_agent::probe::Prober;
 use std::time::Duration;
 use support::fake_engine::FakeEngine;
 

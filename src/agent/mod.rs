@@ -10,7 +10,7 @@ mod reload;
 pub use reload::ReloadSummary;
 
 use crate::config::{AgentConfig, EngineSpec, ListenerLimits};
-use crate::engine::{self, EngineState, RingPeaks};
+use crate::monitor::{self, Monitor};
 use crate::probe::http::EngineClient;
 use crate::sampler::{Sampler, SamplerConfig, Shared, StartError};
 use crate::server::{self, AdminView, EngineView, metrics};
@@ -40,7 +40,7 @@ pub enum AgentError {
 }
 
 /// The engines being monitored now, shared with the systemd status line.
-pub type Roster = Arc<RwLock<Vec<Arc<EngineState>>>>;
+pub type Roster = Arc<RwLock<Vec<Arc<Monitor>>>>;
 
 /// A listening socket and the server task on it.
 struct ListenerRun {
@@ -104,7 +104,7 @@ struct Prepared {
 
 /// One monitored engine.
 struct EngineRun {
-    state: Arc<EngineState>,
+    state: Arc<Monitor>,
     listener: ListenerRun,
     tasks: JoinSet<()>,
     cancel: CancellationToken,
@@ -209,15 +209,15 @@ impl Running {
     fn launch(&self, p: Prepared, socket: std::net::TcpListener) -> Result<EngineRun, AgentError> {
         let spec = &p.spec;
         let shared = &self.shared;
-        let state = Arc::new(EngineState::new(spec.clone(), p.devices.clone()));
+        let state = Arc::new(Monitor::new(spec.clone(), p.devices.clone()));
         let cancel = CancellationToken::new();
         let mut tasks = JoinSet::new();
-        tasks.spawn(engine::health_task(
+        tasks.spawn(monitor::tasks::health_task(
             state.clone(),
             p.client.health(),
             cancel.clone(),
         ));
-        let peaks = RingPeaks {
+        let peaks = monitor::inputs::RingPeaks {
             shared: shared.clone(),
             devices: p.devices.clone(),
         };
@@ -232,18 +232,18 @@ impl Running {
                 })
                 .collect()
         };
-        tasks.spawn(engine::virtual_inference_task(
+        tasks.spawn(monitor::tasks::virtual_inference_task(
             state.clone(),
             p.client.prober(spec),
             peaks,
-            engine::Signals {
+            monitor::inputs::ScrapeSignals {
                 state: state.clone(),
                 metrics: p.client.metrics(),
             },
             cube,
             cancel.clone(),
         ));
-        tasks.spawn(engine::qos_task(
+        tasks.spawn(monitor::tasks::qos_task(
             state.clone(),
             p.client.metrics(),
             cancel.clone(),
@@ -287,7 +287,7 @@ impl Running {
         &self,
         configured: SocketAddr,
         socket: std::net::TcpListener,
-        engines: Vec<Arc<EngineState>>,
+        engines: Vec<Arc<Monitor>>,
         access: Arc<server::auth::AdminAccess>,
     ) -> Result<ListenerRun, AgentError> {
         let scope = Arc::new(metrics::Scope {
@@ -341,7 +341,7 @@ impl Running {
     }
 
     fn publish_roster(&self) {
-        let list: Vec<Arc<EngineState>> = self.engines.iter().map(|e| e.state.clone()).collect();
+        let list: Vec<Arc<Monitor>> = self.engines.iter().map(|e| e.state.clone()).collect();
         *self.roster.write().unwrap_or_else(|p| p.into_inner()) = list;
     }
 

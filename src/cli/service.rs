@@ -2,8 +2,8 @@
 
 use super::Failure;
 use crate::config::AgentConfig;
-use crate::engine::EngineState;
-use crate::probe::gates::{self, Condition};
+use crate::monitor::Monitor;
+use crate::monitor::gates::{self, Condition};
 use crate::probe::health::HealthCollector;
 use crate::probe::http::EngineClient;
 use crate::sampler::{Sampler, SamplerConfig, StartError};
@@ -126,12 +126,12 @@ pub async fn doctor(cfg: AgentConfig, json_out: bool) -> Result<(), Failure> {
                     hc.health_collector_timeout_retry_attempts,
                 );
                 let outcome = collector.probe().await;
-                let state = EngineState::new(spec.clone(), Vec::new());
+                let state = Monitor::new(spec.clone(), Vec::new());
                 state.record_health(&outcome, collector.has_connected());
                 let d = state.health_detail();
                 let mut c =
                     gates::health_condition(collector.has_connected(), d.last_error.as_deref());
-                if d.state == "unhealthy" {
+                if d.state == crate::monitor::verdict::HealthState::Unhealthy {
                     c.ok = Some(false);
                     c.value = "answers unhealthy".to_owned();
                     c.note = d.last_error.unwrap_or_default();

@@ -22,8 +22,10 @@
 //! reset before any response byte arrived ([`closed_before_response`]). A refused connection
 //! is not retried (nothing listens: the engine is down).
 
+use super::Prober;
 use super::health::{Fetch, HealthTransport, Transport};
-use super::virtual_inference::{Failure, ProbeResult, Prober};
+use super::outcome::{ProbeFailure, ProbeResult};
+use super::sse::Stream;
 use crate::config::EngineSpec;
 use crate::config::mindie::{DispatchProfile, Role};
 use crate::tls::{TlsError, client_config};
@@ -340,90 +342,6 @@ pub struct HttpProber {
     stream: bool,
 }
 
-/// Token timing of a streamed answer.
-#[derive(Debug, Default)]
-struct Stream {
-    buf: Vec<u8>,
-    first: Option<Instant>,
-    last: Option<Instant>,
-    tokens: u32,
-    done: bool,
-}
-
-impl Stream {
-    /// Takes one chunk of the body received at `now`; `Err` on an event that is not JSON.
-    fn feed(&mut self, chunk: &[u8], now: Instant) -> Result<(), String> {
-        self.buf.extend_from_slice(chunk);
-        // Events end with a blank line (LF or CRLF).
-        while let Some(end) = find_event_end(&self.buf) {
-            let event: Vec<u8> = self.buf.drain(..end.1).collect();
-            self.event(&event[..end.0], now)?;
-        }
-        if self.buf.len() > MAX_BODY {
-            return Err(format!("event larger than {MAX_BODY} bytes"));
-        }
-        Ok(())
-    }
-
-    fn event(&mut self, event: &[u8], now: Instant) -> Result<(), String> {
-        let text = String::from_utf8_lossy(event);
-        for line in text.lines() {
-            let Some(data) = line.strip_prefix("data:") else {
-                continue;
-            };
-            let data = data.trim();
-            if data == "[DONE]" {
-                self.done = true;
-                continue;
-            }
-            if self.done {
-                return Err("data after [DONE]".to_owned());
-            }
-            let v: Value =
-                serde_json::from_str(data).map_err(|e| format!("event is not JSON: {e}"))?;
-            // vLLM reports an error inside a started stream as an event with `error` (or
-            // `object: "error"`) and then ends it.
-            if v.get("error").is_some() || v.get("object").and_then(Value::as_str) == Some("error")
-            {
-                let msg = v
-                    .pointer("/error/message")
-                    .or_else(|| v.get("message"))
-                    .and_then(Value::as_str)
-                    .unwrap_or("no message");
-                return Err(format!(
-                    "the engine reported an error: {}",
-                    crate::logging::quote(msg)
-                ));
-            }
-            if v.get("choices")
-                .and_then(Value::as_array)
-                .is_some_and(|c| !c.is_empty())
-            {
-                self.first.get_or_insert(now);
-                self.last = Some(now);
-                self.tokens += 1;
-            }
-        }
-        Ok(())
-    }
-}
-
-/// (end of the event's text, end of its terminating blank line) of the first complete event.
-fn find_event_end(buf: &[u8]) -> Option<(usize, usize)> {
-    let lf = buf
-        .windows(2)
-        .position(|w| w == b"\n\n")
-        .map(|i| (i, i + 2));
-    let crlf = buf
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .map(|i| (i, i + 4));
-    match (lf, crlf) {
-        (Some(a), Some(b)) => Some(if a.0 <= b.0 { a } else { b }),
-        (a, b) => a.or(b),
-    }
-}
-
 impl HttpProber {
     /// The JSON body sent.
     pub fn body(&self) -> &str {
@@ -436,36 +354,18 @@ impl HttpProber {
         &self,
         mut resp: reqwest::Response,
         started: Instant,
-    ) -> Result<(Duration, Option<Duration>), Failure> {
+    ) -> Result<(Duration, Option<Duration>), ProbeFailure> {
         let mut st = Stream::default();
         while let Some(chunk) = resp
             .chunk()
             .await
-            .map_err(|e| Failure::Transport(describe(&e)))?
+            .map_err(|e| ProbeFailure::Transport(describe(&e)))?
         {
             st.feed(&chunk, Instant::now())
-                .map_err(Failure::BadStream)?;
+                .map_err(ProbeFailure::BadStream)?;
         }
-        // A last event without its blank line.
-        if !st.buf.is_empty() {
-            let rest = std::mem::take(&mut st.buf);
-            st.event(&rest, Instant::now())
-                .map_err(Failure::BadStream)?;
-        }
-        let Some(first) = st.first else {
-            return Err(Failure::BadStream("the stream carried no token".to_owned()));
-        };
-        if !st.done {
-            return Err(Failure::BadStream(
-                "the stream ended without [DONE] (truncated)".to_owned(),
-            ));
-        }
-        let ttft = first - started;
-        let tpot = match st.last {
-            Some(last) if st.tokens > 1 => Some((last - first) / (st.tokens - 1)),
-            _ => None,
-        };
-        Ok((ttft, tpot))
+        st.finish(started, Instant::now())
+            .map_err(ProbeFailure::BadStream)
     }
 }
 
@@ -503,21 +403,21 @@ impl Prober for HttpProber {
             let resp = self
                 .post()
                 .await
-                .map_err(|e| Failure::Transport(describe(&e)))?;
+                .map_err(|e| ProbeFailure::Transport(describe(&e)))?;
             let status = resp.status();
             if self.stream && status.is_success() {
                 return self.streamed(resp, started).await.map(Some);
             }
-            let body = read_limited(resp).await.map_err(Failure::Transport)?;
+            let body = read_limited(resp).await.map_err(ProbeFailure::Transport)?;
             if !status.is_success() {
-                return Err(Failure::Status(status.as_u16()));
+                return Err(ProbeFailure::Status(status.as_u16()));
             }
             serde_json::from_slice::<serde::de::IgnoredAny>(&body)
-                .map_err(|e| Failure::BadBody(e.to_string()))?;
+                .map_err(|e| ProbeFailure::BadBody(e.to_string()))?;
             Ok(None)
         };
         let (outcome, timing) = match tokio::time::timeout(timeout, fut).await {
-            Err(_) => (Err(Failure::Timeout), None),
+            Err(_) => (Err(ProbeFailure::Timeout), None),
             Ok(Ok(t)) => (Ok(()), t),
             Ok(Err(e)) => (Err(e), None),
         };
@@ -625,32 +525,6 @@ mod tests {
         }
     }
 
-    proptest::proptest! {
-        // An engine's streamed answer, arbitrary bytes in arbitrary chunks (and SSE-shaped
-        // ones): never a panic; an error says why.
-        #[test]
-        fn stream_parser_never_panics(
-            chunks in proptest::collection::vec(proptest::collection::vec(proptest::prelude::any::<u8>(), 0..200), 0..12),
-            events in proptest::collection::vec("(data: ?(\\[DONE\\]|\\{[ -~]{0,40}\\}|[ -~]{0,20})|event: x|: c|)(\n\n|\r\n\r\n|\n)", 0..12),
-        ) {
-            let now = Instant::now();
-            let mut s = Stream::default();
-            for c in &chunks {
-                if let Err(e) = s.feed(c, now) {
-                    proptest::prop_assert!(!e.is_empty());
-                    break;
-                }
-            }
-            let mut s = Stream::default();
-            for e in &events {
-                if let Err(e) = s.feed(e.as_bytes(), now) {
-                    proptest::prop_assert!(!e.is_empty());
-                    break;
-                }
-            }
-        }
-    }
-
     #[test]
     fn local_and_tls_errors_are_classed_by_their_source() {
         let emfile = std::io::Error::from_raw_os_error(24);
@@ -707,17 +581,17 @@ mod tests {
             one_shot("HTTP/1.1 200 OK\r\nContent-Length: 4\r\nConnection: close\r\n\r\noops").await;
         assert!(matches!(
             prober_for(port).send(Duration::from_secs(5)).await.outcome,
-            Err(Failure::BadBody(_))
+            Err(ProbeFailure::BadBody(_))
         ));
         let (port, _) =
             one_shot("HTTP/1.1 503 Busy\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}").await;
         assert_eq!(
             prober_for(port).send(Duration::from_secs(5)).await.outcome,
-            Err(Failure::Status(503))
+            Err(ProbeFailure::Status(503))
         );
         let (port, _) = one_shot("").await;
         let r = prober_for(port).send(Duration::from_millis(200)).await;
-        assert_eq!(r.outcome, Err(Failure::Timeout));
+        assert_eq!(r.outcome, Err(ProbeFailure::Timeout));
         // Nothing listening: a transport error, reported, not a panic.
         let free = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
@@ -726,7 +600,7 @@ mod tests {
             .port();
         let r = prober_for(free).send(Duration::from_secs(5)).await;
         assert!(
-            matches!(r.outcome, Err(Failure::Transport(ref e)) if e.contains("onnect")),
+            matches!(r.outcome, Err(ProbeFailure::Transport(ref e)) if e.contains("onnect")),
             "{r:?}"
         );
     }
@@ -755,7 +629,7 @@ mod tests {
             .unwrap_or(false)
         });
         let r = prober_for(port).send(Duration::from_millis(200)).await;
-        assert_eq!(r.outcome, Err(Failure::Timeout));
+        assert_eq!(r.outcome, Err(ProbeFailure::Timeout));
         assert!(
             server.await.unwrap(),
             "the connection stayed open after the timeout"
@@ -850,43 +724,6 @@ mod tests {
         }
     }
 
-    // Server-sent events split anywhere, LF or CRLF: the first event with a choice is the
-    // first token, the spacing of the rest gives the time per output token.
-    #[test]
-    fn stream_timing_from_events() {
-        let t0 = Instant::now();
-        let at = |ms: u64| t0 + Duration::from_millis(ms);
-        let ev =
-            |i: u32| format!("data: {{\"choices\": [{{\"index\": 0, \"text\": \"t{i}\"}}]}}\n\n");
-        let mut st = Stream::default();
-        // Role/keep-alive lines without choices are not tokens.
-        st.feed(b": keep-alive\n\ndata: {\"choices\": []}\n\n", at(5))
-            .unwrap();
-        assert_eq!(st.tokens, 0);
-        let first = ev(0);
-        let (a, b) = first.split_at(10);
-        st.feed(a.as_bytes(), at(10)).unwrap();
-        assert_eq!(st.tokens, 0, "half an event");
-        st.feed(b.as_bytes(), at(20)).unwrap();
-        assert_eq!(st.first, Some(at(20)));
-        st.feed(ev(1).replace("\n\n", "\r\n\r\n").as_bytes(), at(30))
-            .unwrap();
-        st.feed(
-            format!("{}{}data: [DONE]\n\n", ev(2), ev(3)).as_bytes(),
-            at(50),
-        )
-        .unwrap();
-        assert_eq!(st.tokens, 4);
-        assert!(st.done);
-        assert_eq!(st.last, Some(at(50)));
-        let mut bad = Stream::default();
-        assert!(
-            bad.feed(b"data: <html>\n\n", at(1))
-                .unwrap_err()
-                .contains("not JSON")
-        );
-    }
-
     fn streaming_prober(port: u16) -> HttpProber {
         let mut p = prober_for(port);
         p.stream = true;
@@ -907,7 +744,10 @@ mod tests {
         let (port, _) =
             one_shot("HTTP/1.1 200 OK\r\nConnection: close\r\n\r\ndata: not json\n\n").await;
         let r = streaming_prober(port).send(Duration::from_secs(5)).await;
-        assert!(matches!(r.outcome, Err(Failure::BadStream(_))), "{r:?}");
+        assert!(
+            matches!(r.outcome, Err(ProbeFailure::BadStream(_))),
+            "{r:?}"
+        );
         assert_eq!(r.ttft, None);
         // Truncated: tokens but the connection closed before [DONE].
         let (port, _) = one_shot(
@@ -917,7 +757,7 @@ mod tests {
         let r = streaming_prober(port).send(Duration::from_secs(5)).await;
         assert_eq!(
             r.outcome,
-            Err(Failure::BadStream(
+            Err(ProbeFailure::BadStream(
                 "the stream ended without [DONE] (truncated)".into()
             ))
         );
@@ -926,12 +766,14 @@ mod tests {
         let r = streaming_prober(port).send(Duration::from_secs(5)).await;
         assert_eq!(
             r.outcome,
-            Err(Failure::BadStream("the stream carried no token".into()))
+            Err(ProbeFailure::BadStream(
+                "the stream carried no token".into()
+            ))
         );
         let (port, _) =
             one_shot("HTTP/1.1 500 Oops\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}").await;
         let r = streaming_prober(port).send(Duration::from_secs(5)).await;
-        assert_eq!(r.outcome, Err(Failure::Status(500)));
+        assert_eq!(r.outcome, Err(ProbeFailure::Status(500)));
     }
 
     // probe_max_tokens > 1 asks for that many tokens, streamed; 1 keeps the reference body.

@@ -11,7 +11,7 @@ pub mod engine_metrics;
 pub mod progress;
 pub mod score;
 
-use crate::probe::virtual_inference::ProbeRecord;
+use crate::probe::outcome::ProbeRecord;
 use engine_metrics::EngineMetrics;
 use progress::Progress;
 use score::{Level, Levels, Weights};
@@ -457,7 +457,7 @@ impl QosState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::probe::virtual_inference::Accounting;
+    use crate::probe::outcome::Accounting;
 
     fn probe(ok: bool, ttft_ms: f64) -> ProbeRecord {
         ProbeRecord {

@@ -6,7 +6,8 @@
 //! `npu_chip_info_hbm_total_memory`, `npu_chip_info_health_status`. The rest is prefixed
 //! `npu_health_agent_`.
 
-use crate::engine::{EngineState, Status};
+use crate::monitor::verdict::HealthState;
+use crate::monitor::{Monitor, Status};
 use crate::qos::score::Level;
 use crate::sampler::Shared;
 use crate::window;
@@ -37,7 +38,7 @@ fn kebab<T: serde::Serialize>(v: &T) -> String {
 #[derive(Debug, Clone)]
 pub struct Scope {
     pub shared: Arc<Shared>,
-    pub engines: Vec<Arc<EngineState>>,
+    pub engines: Vec<Arc<Monitor>>,
     /// Ring indices of the NPUs to expose.
     pub devices: Vec<u16>,
     /// Window of the peak gauge.
@@ -260,7 +261,7 @@ impl Scope {
     }
 
     fn encode_engines(&self, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let name = |e: &EngineState| -> Labels { vec![("engine", e.spec.name.clone())] };
+        let name = |e: &Monitor| -> Labels { vec![("engine", e.spec.name.clone())] };
         family(
             enc,
             "npu_health_agent_status",
@@ -283,7 +284,10 @@ impl Scope {
             self.engines.iter().map(|e| {
                 (
                     name(e),
-                    if matches!(e.health_detail().state, "healthy" | "slow") {
+                    if matches!(
+                        e.health_detail().state,
+                        HealthState::Healthy | HealthState::Slow
+                    ) {
                         1.0
                     } else {
                         0.0

@@ -14,7 +14,7 @@ pub mod metrics;
 
 pub use conn::serve;
 
-use crate::engine::EngineState;
+use crate::monitor::Monitor;
 use crate::sampler::Shared;
 use crate::window;
 use axum::Router;
@@ -31,7 +31,7 @@ use tokio::net::TcpListener;
 /// State of an engine's listener.
 #[derive(Debug, Clone)]
 pub struct EngineView {
-    pub engine: Arc<EngineState>,
+    pub engine: Arc<Monitor>,
     pub metrics: Arc<metrics::Scope>,
 }
 
@@ -85,7 +85,7 @@ async fn admin_qos(State(v): State<AdminView>) -> Response {
 }
 
 /// `{"engines": [...]}` with `f` of every engine.
-fn every_engine(v: &AdminView, f: fn(&EngineState, &Shared, Duration) -> Value) -> Response {
+fn every_engine(v: &AdminView, f: fn(&Monitor, &Shared, Duration) -> Value) -> Response {
     let engines: Vec<Value> = v
         .metrics
         .engines
@@ -128,7 +128,7 @@ async fn healthz(State(v): State<AdminView>) -> Response {
 /// components with their inputs and ages, stall detection, and the device signals (AI Cube
 /// peak and mean over the window, HBM over the engine's NPUs). HBM is shown, not scored: vLLM
 /// preallocates the KV cache, so HBM near 90 % is normal (see `docs/qos.md`).
-pub fn qos(e: &EngineState, shared: &Shared, win: Duration) -> Value {
+pub fn qos(e: &Monitor, shared: &Shared, win: Duration) -> Value {
     qos_from(
         e,
         shared,
@@ -138,12 +138,7 @@ pub fn qos(e: &EngineState, shared: &Shared, win: Duration) -> Value {
 }
 
 /// [`qos`] with the window already read.
-fn qos_from(
-    e: &EngineState,
-    shared: &Shared,
-    report: &window::WindowReport,
-    win: Duration,
-) -> Value {
+fn qos_from(e: &Monitor, shared: &Shared, report: &window::WindowReport, win: Duration) -> Value {
     let q = &e.spec.qos;
     let mut v = e.qos.report(q);
     let now = shared.ring.now_ns();
@@ -187,7 +182,7 @@ fn qos_from(
 }
 
 /// `/status/detail` of one engine.
-pub fn detail(e: &EngineState, shared: &Shared, win: Duration) -> Value {
+pub fn detail(e: &Monitor, shared: &Shared, win: Duration) -> Value {
     let now = shared.ring.now_ns();
     let report = window::query(&shared.ring, &e.devices, win);
     let devices: Vec<Value> = e

@@ -1,384 +1,55 @@
-//! The virtual inference loop, MindIE V5 semantics (virtual-inference-reference §1.4–§1.5).
+//! The background loops of one engine: `/health` every `health_period`, virtual inference
+//! (the reference's warm-up and periodic requests), and the QoS scrapes and evaluations.
+//! They do the I/O, gather what they saw, and hand it to the pure rules
+//! ([`super::account`], [`super::verdict`], [`crate::qos`]); they hold no policy of their own.
 //!
-//! One warm-up request (180 s timeout; failure → abnormal, the loop never starts), then
-//! periodic requests (5 s timeout). After each request the AI Cube peak of the last 5 s is
-//! read from the ring — instantly, instead of the reference's 4 `npu-smi` spawns that run
-//! while the request is in flight; the window covers the request itself. Interval: 20 s after
-//! a peak ≥ 80, back to 5 s only after a peak below the threshold. Failure accounting, in
-//! the reference's order:
-//! 1. peak available, below the threshold, request failed → count + 1; abnormal at max;
-//! 2. request failed, peak unavailable → unchanged;
-//! 3. request succeeded, or peak at or above the threshold → reset to 0.
-//!
-//! Two opt-in rules change that accounting (off by default, for V5 parity):
-//! - stall detection (`stall_window`): in case 3, a *failed* request on a busy NPU counts
-//!   (+ 1) when the engine has shown no sign of life for `stall_window`: requests running
-//!   and neither the prompt nor the generation token counter advancing
-//!   ([`EngineSignals::stalled_for`]), *and* no virtual request served in that time. vLLM
-//!   adds a prompt to its counter only when the request's first token comes out, so a long
-//!   prefill with nothing else decoding leaves both counters flat; but chunked prefill
-//!   schedules the 1-token probe beside the prefill's chunks, and a served probe is
-//!   evidence of life. Unknown progress (no scrape) never counts;
-//! - the reference V6 rule (`skip_when_capacity_waiting`): in case 1, the engine's `/metrics`
-//!   is read at once; the failure is not counted while requests wait for KV-cache capacity,
-//!   or when that figure cannot be read (the scrape failed, or the value is not a number: the
-//!   reference skips then too). An engine that does not export the series at all (vLLM
-//!   0.18.0, SGLang) is counted as V5 counts: the rule cannot apply to it, and skipping
-//!   would never count an idle failure again. (The reference skips there too, so on vLLM
-//!   0.18 it never detects an idle hang; docs/qos.md.)
-//!
-//! Abnormal is never cleared by the loop; the loop stops at the next check.
+//! After each periodic request the AI Cube peak of the last 5 s is read from the ring,
+//! instantly, instead of the reference's 4 `npu-smi` spawns that run while the request is in
+//! flight; the window covers the request itself. Abnormal is never cleared by the loop; the
+//! loop stops at the next check.
 
+use super::Monitor;
+use super::account::{self, Observation, Rules, Stage};
+use super::inputs::{CapacityWaiting, EngineSignals, PeakSource};
+use super::vi_state::{Phase, ViState};
 use crate::config::Timing;
-use serde::Serialize;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use crate::probe::Prober;
+use crate::probe::health::{HealthCollector, HealthTransport};
+use crate::probe::outcome::Accounting;
+use crate::qos::MetricsSource;
+use crate::qos::score::Level;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
 
-/// Why a virtual request failed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Failure {
-    Timeout,
-    /// Connection refused, reset, TLS error.
-    Transport(String),
-    /// Non-2xx status.
-    Status(u16),
-    /// 2xx but the body is not JSON.
-    BadBody(String),
-    /// A streamed probe (`probe_max_tokens` > 1) whose stream was not a complete answer: an
-    /// event not JSON, an error event, no token, or no `[DONE]`.
-    BadStream(String),
-}
-
-impl std::fmt::Display for Failure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Failure::Timeout => write!(f, "timed out"),
-            Failure::Transport(e) => write!(f, "transport error: {e}"),
-            Failure::Status(s) => write!(f, "HTTP {s}"),
-            Failure::BadBody(e) => write!(f, "body is not JSON: {e}"),
-            Failure::BadStream(e) => write!(f, "bad stream: {e}"),
-        }
-    }
-}
-
-/// Result of one virtual request.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ProbeResult {
-    pub outcome: Result<(), Failure>,
-    /// Time to the complete answer (or to the failure).
-    pub latency: Duration,
-    /// Time to the first token when the probe streamed (`probe_max_tokens` > 1); for the
-    /// reference's 1-token request the answer is the first token, so `latency` is the TTFT.
-    pub ttft: Option<Duration>,
-    /// Time per output token after the first, when the probe streamed.
-    pub tpot: Option<Duration>,
-}
-
-impl ProbeResult {
-    /// A result of a non-streamed request.
-    pub fn new(outcome: Result<(), Failure>, latency: Duration) -> ProbeResult {
-        ProbeResult {
-            outcome,
-            latency,
-            ttft: None,
-            tpot: None,
-        }
-    }
-
-    /// Time to first token of a successful probe.
-    pub fn first_token(&self) -> Option<Duration> {
-        self.outcome
-            .is_ok()
-            .then(|| self.ttft.unwrap_or(self.latency))
-    }
-}
-
-/// Sends the virtual request (the real HTTP client, or a test double).
-pub trait Prober {
-    fn send(&self, timeout: Duration) -> impl Future<Output = ProbeResult> + Send;
-}
-
-/// Peak AI Cube usage of the engine's NPUs over the last `window`; `None` when unavailable.
-pub trait PeakSource {
-    fn peak(&self, window: Duration) -> Option<f64>;
-}
-
-/// Engine-side signals for the opt-in accounting rules.
-pub trait EngineSignals {
-    /// How long the engine has made no forward progress (requests running, no token counter
-    /// advancing), from the latest `/metrics` scrapes; `None` when it is not stalled or that
-    /// is unknown.
-    fn stalled_for(&self) -> Option<Duration>;
-    /// Requests waiting for KV-cache capacity, read from the engine now (V6 rule).
-    fn waiting_for_capacity(&self) -> impl Future<Output = CapacityWaiting> + Send;
-}
-
-/// What a fresh read of the engine's waiting-for-capacity figure said (V6 rule).
-#[derive(Debug, Clone, PartialEq)]
-pub enum CapacityWaiting {
-    /// This many requests wait for KV-cache capacity.
-    Waiting(f64),
-    /// The scrape succeeded and has no such series: the engine does not export it.
-    NotExported,
-    /// The figure could not be read (scrape failed, value not a number): why.
-    Unknown(String),
-}
-
-/// No engine signals: only the reference's rules apply (the opt-in rules must be off).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct NoSignals;
-
-impl EngineSignals for NoSignals {
-    fn stalled_for(&self) -> Option<Duration> {
-        None
-    }
-    async fn waiting_for_capacity(&self) -> CapacityWaiting {
-        CapacityWaiting::Unknown("no engine signals".to_owned())
-    }
-}
-
-/// What the loop is doing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Phase {
-    /// Waiting for the first `/status` with a healthy engine.
-    NotStarted,
-    /// Disabled by a gate (see the conditions).
-    Disabled,
-    WarmingUp,
-    Running,
-    /// Stopped after `abnormal` (or shut down).
-    Stopped,
-}
-
-impl Phase {
-    fn from_u8(v: u8) -> Phase {
-        match v {
-            0 => Phase::NotStarted,
-            1 => Phase::Disabled,
-            2 => Phase::WarmingUp,
-            3 => Phase::Running,
-            _ => Phase::Stopped,
-        }
-    }
-    fn to_u8(self) -> u8 {
-        match self {
-            Phase::NotStarted => 0,
-            Phase::Disabled => 1,
-            Phase::WarmingUp => 2,
-            Phase::Running => 3,
-            Phase::Stopped => 4,
-        }
-    }
-}
-
-/// How a probe changed the failure count.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Accounting {
-    /// Failed with the NPU idle (reference rule 1).
-    Incremented,
-    /// Failed with the NPU busy and the engine stalled for `stall_window` (stall detection).
-    IncrementedStalled,
-    /// Failed with AI Cube usage unavailable (reference rule 2).
-    Unchanged,
-    /// Failed with the NPU idle while requests wait for capacity, or that figure is unknown
-    /// (V6 rule, `skip_when_capacity_waiting`).
-    UnchangedCapacityWaiting,
-    Reset,
-    /// Warm-up requests are not counted; a failed warm-up is abnormal at once.
-    WarmUp,
-}
-
-/// One probe, for `/status/detail`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct ProbeRecord {
-    /// When it completed, on the monotonic clock (ages are computed from this).
-    #[serde(skip)]
-    pub at: tokio::time::Instant,
-    /// Unix time in milliseconds.
-    pub at_unix_ms: u64,
-    pub warmup: bool,
-    pub latency_ms: f64,
-    /// `success` or the failure.
-    pub outcome: String,
-    pub success: bool,
-    /// Time to first token of a successful probe, milliseconds.
-    pub ttft_ms: Option<f64>,
-    /// Time per output token when the probe streamed more than one token, milliseconds.
-    pub tpot_ms: Option<f64>,
-    /// Window peak read after the probe (`null`: unavailable or warm-up).
-    pub peak: Option<f64>,
-    pub accounting: Accounting,
-    pub failure_count: i64,
-}
-
-/// Upper bounds (seconds) of the probe latency histogram.
-pub const LATENCY_BUCKETS: [f64; 12] = [
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-];
-
-/// Loop state shared with `/status` (atomics) and `/status/detail` and metrics.
-#[derive(Debug, Default)]
-pub struct ViState {
-    phase: AtomicU8,
-    abnormal: AtomicBool,
-    warmup_done: AtomicBool,
-    failure_count: AtomicI64,
-    interval_ms: AtomicU64,
-    successes: AtomicU64,
-    failures: AtomicU64,
-    latency_buckets: [AtomicU64; LATENCY_BUCKETS.len()],
-    latency_count: AtomicU64,
-    latency_sum_us: AtomicU64,
-    last: Mutex<Option<ProbeRecord>>,
-    abnormal_reason: Mutex<Option<String>>,
-}
-
-impl ViState {
-    /// A loop state before any start, with the interval it will begin with (the reference
-    /// starts at 5 s).
-    pub fn new(interval: Duration) -> ViState {
-        let s = ViState::default();
-        s.set_interval(interval);
-        s
-    }
-
-    /// What the loop is doing.
-    pub fn phase(&self) -> Phase {
-        Phase::from_u8(self.phase.load(Ordering::Acquire))
-    }
-    pub fn set_phase(&self, p: Phase) {
-        self.phase.store(p.to_u8(), Ordering::Release);
-    }
-    pub fn abnormal(&self) -> bool {
-        self.abnormal.load(Ordering::Acquire)
-    }
-    pub fn abnormal_reason(&self) -> Option<String> {
-        self.abnormal_reason
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-    pub(crate) fn set_abnormal(&self, reason: &str) {
-        *self
-            .abnormal_reason
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = Some(reason.to_owned());
-        self.abnormal.store(true, Ordering::Release);
-    }
-    pub fn warmup_done(&self) -> bool {
-        self.warmup_done.load(Ordering::Acquire)
-    }
-    pub fn failure_count(&self) -> i64 {
-        self.failure_count.load(Ordering::Acquire)
-    }
-    /// Current sleep between probes.
-    pub fn interval(&self) -> Duration {
-        Duration::from_millis(self.interval_ms.load(Ordering::Acquire))
-    }
-    fn set_interval(&self, d: Duration) {
-        self.interval_ms
-            .store(d.as_millis() as u64, Ordering::Release);
-    }
-    pub fn last_probe(&self) -> Option<ProbeRecord> {
-        self.last.lock().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-    /// (successes, failures) since start.
-    pub fn outcomes(&self) -> (u64, u64) {
-        (
-            self.successes.load(Ordering::Relaxed),
-            self.failures.load(Ordering::Relaxed),
-        )
-    }
-    /// Latency histogram: per-bucket counts (not cumulative; the last bucket is +Inf), count,
-    /// sum in seconds.
-    pub fn latency_histogram(&self) -> (Vec<(f64, u64)>, u64, f64) {
-        let count = self.latency_count.load(Ordering::Relaxed);
-        let mut buckets: Vec<(f64, u64)> = LATENCY_BUCKETS
-            .iter()
-            .zip(&self.latency_buckets)
-            .map(|(le, c)| (*le, c.load(Ordering::Relaxed)))
-            .collect();
-        let in_buckets: u64 = buckets.iter().map(|b| b.1).sum();
-        buckets.push((f64::INFINITY, count.saturating_sub(in_buckets)));
-        (
-            buckets,
-            count,
-            self.latency_sum_us.load(Ordering::Relaxed) as f64 / 1e6,
-        )
-    }
-
-    /// Back to the initial state (the engine restarted): not started, not abnormal, count 0,
-    /// warm-up pending. Counters and histograms are kept.
-    pub fn rearm(&self) {
-        self.abnormal.store(false, Ordering::Release);
-        *self
-            .abnormal_reason
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = None;
-        self.warmup_done.store(false, Ordering::Release);
-        self.failure_count.store(0, Ordering::Release);
-        self.set_phase(Phase::NotStarted);
-    }
-
-    pub(crate) fn record(
-        &self,
-        r: &ProbeResult,
-        warmup: bool,
-        peak: Option<f64>,
-        accounting: Accounting,
-    ) {
-        match r.outcome {
-            Ok(()) => self.successes.fetch_add(1, Ordering::Relaxed),
-            Err(_) => self.failures.fetch_add(1, Ordering::Relaxed),
-        };
-        let secs = r.latency.as_secs_f64();
-        if let Some(i) = LATENCY_BUCKETS.iter().position(|le| secs <= *le) {
-            self.latency_buckets[i].fetch_add(1, Ordering::Relaxed);
-        }
-        self.latency_count.fetch_add(1, Ordering::Relaxed);
-        self.latency_sum_us
-            .fetch_add(r.latency.as_micros() as u64, Ordering::Relaxed);
-        let at_unix_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
-        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(ProbeRecord {
-            at: tokio::time::Instant::now(),
-            at_unix_ms,
-            warmup,
-            latency_ms: secs * 1e3,
-            outcome: match &r.outcome {
-                Ok(()) => "success".to_owned(),
-                Err(e) => format!("failed: {e}"),
-            },
-            success: r.outcome.is_ok(),
-            ttft_ms: r.first_token().map(|d| d.as_secs_f64() * 1e3),
-            tpot_ms: r.tpot.map(|d| d.as_secs_f64() * 1e3),
-            peak,
-            accounting,
-            failure_count: self.failure_count(),
-        });
-    }
-}
-
-/// The loop's settings.
+/// The virtual inference loop's settings.
 #[derive(Debug, Clone)]
 pub struct LoopConfig {
     /// Engine name for logs.
     pub engine: String,
-    pub npu_usage_threshold: f64,
-    pub max_failure_count: i64,
+    pub rules: Rules,
     pub timing: Timing,
-    /// Stall detection: count a busy failure once the engine is stalled this long.
-    pub stall_window: Option<Duration>,
-    /// The V6 rule: do not count an idle failure while requests wait for capacity.
-    pub skip_when_capacity_waiting: bool,
+}
+
+impl LoopConfig {
+    /// The settings of `monitor`'s engine.
+    pub fn of(monitor: &Monitor) -> LoopConfig {
+        let spec = &monitor.spec;
+        LoopConfig {
+            engine: spec.name.clone(),
+            rules: Rules {
+                npu_usage_threshold: spec.health_check_config.npu_usage_threshold,
+                max_failure_count: spec.health_check_config.max_failure_count,
+                stall_window: spec.qos.stall_detection.then_some(spec.qos.stall_window),
+                skip_when_capacity_waiting: spec.qos.skip_when_capacity_waiting,
+            },
+            timing: spec.timing.clone(),
+        }
+    }
 }
 
 /// Runs warm-up and the periodic loop until abnormal (or the task is dropped).
-pub async fn run(
+pub async fn run_virtual_inference(
     cfg: &LoopConfig,
     prober: &impl Prober,
     peaks: &impl PeakSource,
@@ -386,24 +57,35 @@ pub async fn run(
     state: &ViState,
 ) {
     let engine = cfg.engine.as_str();
-    let t = &cfg.timing;
+    let (t, rules) = (&cfg.timing, &cfg.rules);
     if !state.warmup_done() {
         state.set_phase(Phase::WarmingUp);
         // No AI Cube reading during warm-up (reference): only the request.
         let r = prober.send(t.warmup_timeout).await;
-        state.warmup_done.store(true, Ordering::Release);
+        state.set_warmup_done();
+        let a = account::account(
+            rules,
+            &Observation {
+                stage: Stage::WarmUp,
+                failure: r.outcome.clone().err(),
+                peak: None,
+                stalled_for: None,
+                since_served: Duration::ZERO,
+                capacity: None,
+                count: 0,
+            },
+        );
+        state.apply(&a);
+        state.record(&r, true, None, a.accounting);
         if let Err(e) = &r.outcome {
             tracing::warn!(
                 engine,
                 "warmup request failed ({e}), set abnormal status and stop health check"
             );
-            state.set_abnormal(&format!("warm-up request failed: {e}"));
-            state.record(&r, true, None, Accounting::WarmUp);
             state.set_phase(Phase::Stopped);
             return;
         }
         tracing::info!(engine, latency = ?r.latency, "warm-up request succeeded, virtual inference starts");
-        state.record(&r, true, None, Accounting::WarmUp);
     }
     state.set_interval(t.interval);
     state.set_phase(Phase::Running);
@@ -412,153 +94,253 @@ pub async fn run(
     while !state.abnormal() {
         let r = prober.send(t.request_timeout).await;
         let peak = peaks.peak(t.window);
-        if let Some(p) = peak {
-            if p >= t.high_load_threshold {
-                state.set_interval(t.high_load_interval);
-            } else if p < cfg.npu_usage_threshold {
-                state.set_interval(t.interval);
-            }
-        }
+        state.set_interval(account::next_interval(
+            t,
+            rules.npu_usage_threshold,
+            state.interval(),
+            peak,
+        ));
         let failed = r.outcome.is_err();
-        // Stall detection: how long the engine has been stalled, read once, only when it
-        // matters (a failure on a busy NPU).
-        let stalled = match (cfg.stall_window, peak) {
-            (Some(w), Some(p)) if failed && p >= cfg.npu_usage_threshold => signals
-                .stalled_for()
-                .map(|s| s.min(last_served.elapsed()))
-                .filter(|s| *s >= w),
-            _ => None,
+        let capacity = if account::needs_capacity(rules, failed, peak) {
+            Some(signals.waiting_for_capacity().await)
+        } else {
+            None
+        };
+        let obs = Observation {
+            stage: Stage::Periodic,
+            failure: r.outcome.clone().err(),
+            peak,
+            // Read only when it matters: a failure on a busy NPU.
+            stalled_for: (rules.stall_window.is_some()
+                && failed
+                && peak.is_some_and(|p| p >= rules.npu_usage_threshold))
+            .then(|| signals.stalled_for())
+            .flatten(),
+            since_served: last_served.elapsed(),
+            capacity,
+            count: state.failure_count(),
         };
         if !failed {
             last_served = tokio::time::Instant::now();
         }
-        let accounting = match peak {
-            Some(p) if p < cfg.npu_usage_threshold && failed => {
-                let waiting = if cfg.skip_when_capacity_waiting {
-                    Some(signals.waiting_for_capacity().await)
-                } else {
-                    None
-                };
-                let skip = match &waiting {
-                    Some(CapacityWaiting::Waiting(w)) if *w > 0.0 => {
-                        Some(format!("{w} requests wait for KV-cache capacity"))
-                    }
-                    Some(CapacityWaiting::Unknown(why)) => {
-                        Some(format!("requests waiting for capacity are unknown ({why})"))
-                    }
-                    _ => None,
-                };
-                if let Some(why) = skip {
-                    tracing::info!(
-                        engine,
-                        peak = p,
-                        "virtual inference failed while the NPU is idle, but {why}; skip failure count"
-                    );
-                    Accounting::UnchangedCapacityWaiting
-                } else {
-                    if waiting == Some(CapacityWaiting::NotExported) {
-                        tracing::info!(
-                            engine,
-                            "skip_when_capacity_waiting: the engine does not export vllm:num_requests_waiting_by_reason; counting as V5 does"
-                        );
-                    }
-                    tracing::warn!(
-                        engine,
-                        peak = p,
-                        "virtual inference failed while the NPU is idle. Current failure count: {}/{}",
-                        state.failure_count() + 1,
-                        cfg.max_failure_count
-                    );
-                    count_failure(
-                        cfg,
-                        state,
-                        &format!("AI Cube peak {p} below {}", cfg.npu_usage_threshold),
-                    );
-                    Accounting::Incremented
-                }
-            }
-            None if failed => {
-                tracing::info!(
-                    engine,
-                    "virtual inference failed but AI Cube usage unavailable, skip failure count"
-                );
-                Accounting::Unchanged
-            }
-            Some(p) if stalled.is_some() => {
-                let stalled = stalled.unwrap_or_default();
-                tracing::warn!(
-                    engine,
-                    peak = p,
-                    stalled_s = stalled.as_secs_f64(),
-                    "virtual inference failed while the NPU is busy and the engine has made no progress for {:.0} s (stall detection). Current failure count: {}/{}",
-                    stalled.as_secs_f64(),
-                    state.failure_count() + 1,
-                    cfg.max_failure_count
-                );
-                count_failure(
-                    cfg,
-                    state,
-                    &format!(
-                        "AI Cube peak {p} (busy) but no token advanced for {:.0} s with requests running",
-                        stalled.as_secs_f64()
-                    ),
-                );
-                Accounting::IncrementedStalled
-            }
-            _ => {
-                let before = state.failure_count.swap(0, Ordering::AcqRel);
-                if before > 0 {
-                    tracing::info!(engine, "failure count reset from {before}");
-                }
-                Accounting::Reset
-            }
-        };
-        state.record(&r, false, peak, accounting);
+        let a = account::account(rules, &obs);
+        log_accounting(cfg, &obs, &a);
+        state.apply(&a);
+        state.record(&r, false, peak, a.accounting);
         tokio::time::sleep(state.interval()).await;
     }
     state.set_phase(Phase::Stopped);
 }
 
-/// Adds one to the failure count; abnormal at `max_failure_count`. `why` describes the
-/// counted failure.
-fn count_failure(cfg: &LoopConfig, state: &ViState, why: &str) {
-    let n = state.failure_count.fetch_add(1, Ordering::AcqRel) + 1;
-    if n >= cfg.max_failure_count {
+/// The reference's log line for each accounting outcome (its wording, for operators who
+/// grep for it).
+fn log_accounting(cfg: &LoopConfig, obs: &Observation, a: &account::Accounted) {
+    let engine = cfg.engine.as_str();
+    let max = cfg.rules.max_failure_count;
+    let peak = obs.peak.unwrap_or_default();
+    let why = a.why.as_deref().unwrap_or_default();
+    match a.accounting {
+        Accounting::Incremented => {
+            if obs.capacity == Some(CapacityWaiting::NotExported) {
+                tracing::info!(
+                    engine,
+                    "skip_when_capacity_waiting: the engine does not export vllm:num_requests_waiting_by_reason; counting as V5 does"
+                );
+            }
+            tracing::warn!(
+                engine,
+                peak,
+                "virtual inference failed while the NPU is idle. Current failure count: {}/{max}",
+                a.count
+            );
+        }
+        Accounting::IncrementedStalled => {
+            let stalled = a.stalled.unwrap_or_default().as_secs_f64();
+            tracing::warn!(
+                engine,
+                peak,
+                stalled_s = stalled,
+                "virtual inference failed while the NPU is busy and the engine has made no progress for {stalled:.0} s (stall detection). Current failure count: {}/{max}",
+                a.count
+            );
+        }
+        Accounting::UnchangedCapacityWaiting => tracing::info!(
+            engine,
+            peak,
+            "virtual inference failed while the NPU is idle, but {why}; skip failure count"
+        ),
+        Accounting::Unchanged => tracing::info!(
+            engine,
+            "virtual inference failed but AI Cube usage unavailable, skip failure count"
+        ),
+        Accounting::Reset if obs.count > 0 => {
+            tracing::info!(engine, "failure count reset from {}", obs.count)
+        }
+        Accounting::Reset | Accounting::WarmUp => {}
+    }
+    if a.abnormal.is_some() {
         tracing::error!(
-            engine = cfg.engine.as_str(),
+            engine,
             verdict = "abnormal",
-            "Reach maximum failure count ({n}); status is abnormal"
+            "Reach maximum failure count ({}); status is abnormal",
+            a.count
         );
-        state.set_abnormal(&format!(
-            "{n} consecutive virtual requests failed and were counted (last: {why})"
-        ));
+    }
+}
+
+/// Probes `/health` every `health_period` until cancelled.
+pub async fn health_task<T: HealthTransport>(
+    state: Arc<Monitor>,
+    transport: T,
+    cancel: CancellationToken,
+) {
+    let hc = &state.spec.health_check_config;
+    let timeout = state
+        .spec
+        .timing
+        .health_timeout
+        .unwrap_or(Duration::from_secs(hc.health_collector_timeout));
+    let mut collector = HealthCollector::new(
+        transport,
+        timeout,
+        hc.health_collector_timeout_retry_attempts,
+    );
+    let period = state.spec.timing.health_period;
+    loop {
+        let outcome = tokio::select! {
+            _ = cancel.cancelled() => return,
+            o = collector.probe() => o,
+        };
+        state.record_health(&outcome, collector.has_connected());
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(period) => {}
+        }
+    }
+}
+
+/// Waits for the start latch, checks the gates, runs virtual inference; repeats after a
+/// re-arm. `cube` reports the NPUs' backends at start time.
+pub async fn virtual_inference_task<P: Prober, S: PeakSource, G: EngineSignals>(
+    state: Arc<Monitor>,
+    prober: P,
+    peaks: S,
+    signals: G,
+    cube: impl Fn() -> Vec<(u32, &'static str)>,
+    cancel: CancellationToken,
+) {
+    let spec = &state.spec;
+    let cfg = LoopConfig::of(&state);
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = state.start.notified() => {}
+        }
+        if !state.decide_start(&cube()) {
+            // One-shot as in the reference: a refused start is not retried until a re-arm.
+            continue;
+        }
+        tracing::info!(engine = %spec.name, "virtual inference starts (warm-up request)");
+        let mut rearmed = state.rearm_tx.subscribe();
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = run_virtual_inference(&cfg, &prober, &peaks, &signals, &state.vi) => {}
+            // A loop that went abnormal is still in its last sleep: it must not go on after
+            // the state was re-armed under it.
+            _ = rearmed.changed() => {}
+        }
+    }
+}
+
+/// Scrapes the engine's `/metrics` every `qos.metrics_period` and evaluates the QoS score
+/// every `qos.period`, logging each level change, until cancelled. Does nothing when
+/// neither the score nor stall detection is on.
+pub async fn qos_task<M: MetricsSource>(
+    state: Arc<Monitor>,
+    metrics: M,
+    cancel: CancellationToken,
+) {
+    let q = &state.spec.qos;
+    if !q.scrapes() {
+        return;
+    }
+    let name = &state.spec.name;
+    // At least 1 s even with a short period (tests), at most 5 s.
+    let timeout = q
+        .metrics_period
+        .clamp(Duration::from_secs(1), Duration::from_secs(5));
+    let mut scrape = tokio::time::interval(q.metrics_period);
+    scrape.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut evaluate = tokio::time::interval(q.period);
+    evaluate.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Evaluations start one period in, once there is a scrape to read.
+    evaluate.reset();
+    let mut failing = false;
+    loop {
+        tokio::select! {
+            // A scrape due at the same time as an evaluation goes first: evaluate fresh data.
+            biased;
+            _ = cancel.cancelled() => return,
+            _ = scrape.tick() => {
+                let r = tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    r = metrics.scrape(timeout) => r,
+                };
+                match (&r, failing) {
+                    (Err(e), false) => tracing::info!(engine = %name, "cannot scrape the engine's /metrics (QoS inputs unknown until it answers): {e}"),
+                    (Ok(_), true) => tracing::info!(engine = %name, "the engine's /metrics answers again"),
+                    _ => {}
+                }
+                failing = r.is_err();
+                state.qos.record_scrape(r);
+            }
+            _ = evaluate.tick(), if q.enabled => {
+                let probe = state.vi.last_probe().filter(|p| !p.warmup);
+                let (score, _, transition) = state.qos.evaluate(q, probe.as_ref());
+                if let Some(t) = transition {
+                    let score = score.map_or_else(|| "none".to_owned(), |s| format!("{s:.3}"));
+                    let msg = format!("QoS level {} -> {} (score {score})", t.from.as_str(), t.to.as_str());
+                    if t.to > t.from {
+                        tracing::warn!(engine = %name, "{msg}");
+                    } else {
+                        tracing::info!(engine = %name, "{msg}");
+                    }
+                    if t.to == Level::Evict && q.eviction {
+                        tracing::error!(engine = %name, "QoS level evict is held and qos.eviction is on: /status answers abnormal");
+                    }
+                }
+            }
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::monitor::inputs::NoSignals;
+    use crate::probe::outcome::{ProbeFailure, ProbeResult};
     use std::collections::VecDeque;
+    use std::sync::Mutex;
     use tokio::time::Instant;
 
     /// Scripted prober: each call takes `delay` of (paused) time and returns the next outcome.
     struct FakeProber {
-        script: Mutex<VecDeque<(Duration, Result<(), Failure>)>>,
+        script: Mutex<VecDeque<(Duration, Result<(), ProbeFailure>)>>,
         calls: Mutex<Vec<(Instant, Duration)>>,
     }
 
     impl FakeProber {
-        fn new(script: Vec<(Duration, Result<(), Failure>)>) -> FakeProber {
+        fn new(script: Vec<(Duration, Result<(), ProbeFailure>)>) -> FakeProber {
             FakeProber {
                 script: Mutex::new(script.into()),
                 calls: Mutex::new(Vec::new()),
             }
         }
-        fn ok() -> Result<(), Failure> {
+        fn ok() -> Result<(), ProbeFailure> {
             Ok(())
         }
-        fn fail() -> Result<(), Failure> {
-            Err(Failure::Timeout)
+        fn fail() -> Result<(), ProbeFailure> {
+            Err(ProbeFailure::Timeout)
         }
         fn calls(&self) -> Vec<(Instant, Duration)> {
             self.calls.lock().unwrap().clone()
@@ -576,7 +358,7 @@ mod tests {
             };
             if delay > timeout {
                 tokio::time::sleep(timeout).await;
-                return ProbeResult::new(Err(Failure::Timeout), timeout);
+                return ProbeResult::new(Err(ProbeFailure::Timeout), timeout);
             }
             tokio::time::sleep(delay).await;
             ProbeResult::new(outcome, delay)
@@ -604,11 +386,13 @@ mod tests {
     fn cfg(max: i64) -> LoopConfig {
         LoopConfig {
             engine: "test".into(),
-            npu_usage_threshold: 3.0,
-            max_failure_count: max,
+            rules: Rules {
+                npu_usage_threshold: 3.0,
+                max_failure_count: max,
+                stall_window: None,
+                skip_when_capacity_waiting: false,
+            },
             timing: Timing::default(),
-            stall_window: None,
-            skip_when_capacity_waiting: false,
         }
     }
 
@@ -633,19 +417,9 @@ mod tests {
         st: &ViState,
         limit: Duration,
     ) -> bool {
-        tokio::time::timeout(limit, run(cfg, p, peaks, signals, st))
+        tokio::time::timeout(limit, run_virtual_inference(cfg, p, peaks, signals, st))
             .await
             .is_ok()
-    }
-
-    // test_sim_inference.py: init state (initial, not abnormal, count 0, interval 5 s).
-    #[test]
-    fn initial_state() {
-        let st = ViState::new(Timing::default().interval);
-        assert_eq!(st.phase(), Phase::NotStarted);
-        assert!(!st.abnormal() && !st.warmup_done());
-        assert_eq!(st.failure_count(), 0);
-        assert_eq!(st.interval(), Duration::from_secs(5));
     }
 
     // Warm-up uses 180 s; failure → abnormal, loop never starts, no sampling.
@@ -728,7 +502,7 @@ mod tests {
         let p = FakeProber::new(vec![]);
         let peaks = Peaks::new(vec![]);
         let st = ViState::default();
-        st.warmup_done.store(true, Ordering::Release);
+        st.set_warmup_done();
         st.set_abnormal("before");
         let start = Instant::now();
         assert!(run_for(&cfg(6), &p, &peaks, &st, Duration::from_secs(60)).await);
@@ -869,39 +643,25 @@ mod tests {
         assert_eq!(st.failure_count(), 1);
     }
 
-    #[test]
-    fn rearm_returns_to_the_initial_state() {
-        let st = ViState::default();
-        st.warmup_done.store(true, Ordering::Release);
-        st.failure_count.store(4, Ordering::Release);
-        st.set_abnormal("x");
-        st.set_phase(Phase::Stopped);
-        st.rearm();
-        assert!(!st.abnormal() && !st.warmup_done());
-        assert_eq!(st.failure_count(), 0);
-        assert_eq!(st.phase(), Phase::NotStarted);
-        assert_eq!(st.abnormal_reason(), None);
-    }
-
     /// Engine signals under paused time: the engine stalls from `stalled_from` on (requests
     /// running, no counter advancing), unless it is a long prefill (the prompt counter
     /// advances, so it is never stalled); `capacity` is what the V6 read returns.
-    struct Signals {
+    struct ScriptedSignals {
         stalled_from: Option<Instant>,
         capacity: Mutex<VecDeque<CapacityWaiting>>,
         capacity_reads: Mutex<u32>,
     }
 
-    impl Signals {
-        fn stalled_from(at: Option<Instant>) -> Signals {
-            Signals {
+    impl ScriptedSignals {
+        fn stalled_from(at: Option<Instant>) -> ScriptedSignals {
+            ScriptedSignals {
                 stalled_from: at,
                 capacity: Mutex::new(VecDeque::new()),
                 capacity_reads: Mutex::new(0),
             }
         }
-        fn capacity(v: Vec<CapacityWaiting>) -> Signals {
-            Signals {
+        fn capacity(v: Vec<CapacityWaiting>) -> ScriptedSignals {
+            ScriptedSignals {
                 stalled_from: None,
                 capacity: Mutex::new(v.into()),
                 capacity_reads: Mutex::new(0),
@@ -909,7 +669,7 @@ mod tests {
         }
     }
 
-    impl EngineSignals for Signals {
+    impl EngineSignals for ScriptedSignals {
         fn stalled_for(&self) -> Option<Duration> {
             self.stalled_from
                 .map(|t| Instant::now().saturating_duration_since(t))
@@ -925,10 +685,9 @@ mod tests {
     }
 
     fn stall_cfg(max: i64, window: Duration) -> LoopConfig {
-        LoopConfig {
-            stall_window: Some(window),
-            ..cfg(max)
-        }
+        let mut c = cfg(max);
+        c.rules.stall_window = Some(window);
+        c
     }
 
     /// Warm-up, then `n` failed probes (timing out at 5 s) on a busy NPU (95 %), for at most
@@ -950,7 +709,7 @@ mod tests {
     // engine is stuck.
     #[tokio::test(start_paused = true)]
     async fn busy_failures_never_count_without_stall_detection() {
-        let stalled = Signals::stalled_from(Some(Instant::now()));
+        let stalled = ScriptedSignals::stalled_from(Some(Instant::now()));
         let (_, st, ended) = busy_run(&cfg(6), 50, &stalled).await;
         assert!(!ended);
         assert_eq!(
@@ -968,7 +727,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn stalled_busy_failures_count_after_the_stall_window() {
         let start = Instant::now();
-        let stalled = Signals::stalled_from(Some(start));
+        let stalled = ScriptedSignals::stalled_from(Some(start));
         let window = Duration::from_secs(60);
         let (p, st, ended) = busy_run(&stall_cfg(3, window), 20, &stalled).await;
         assert!(ended && st.abnormal());
@@ -1046,7 +805,7 @@ mod tests {
     // Unknown progress (no scrape) never counts, even with stall detection on.
     #[tokio::test(start_paused = true)]
     async fn unknown_progress_never_counts() {
-        let unknown = Signals::stalled_from(None);
+        let unknown = ScriptedSignals::stalled_from(None);
         let (_, st, ended) = busy_run(&stall_cfg(3, Duration::from_secs(60)), 20, &unknown).await;
         assert!(!ended);
         assert_eq!(st.failure_count(), 0);
@@ -1062,16 +821,14 @@ mod tests {
         let p = FakeProber::new(script);
         let peaks = Peaks::new(vec![Some(0.0); 4]);
         let st = ViState::default();
-        let signals = Signals::capacity(vec![
+        let signals = ScriptedSignals::capacity(vec![
             CapacityWaiting::Waiting(2.0),
             CapacityWaiting::Unknown("scrape failed".into()),
             CapacityWaiting::Waiting(0.0),
             CapacityWaiting::NotExported,
         ]);
-        let v6 = LoopConfig {
-            skip_when_capacity_waiting: true,
-            ..cfg(6)
-        };
+        let mut v6 = cfg(6);
+        v6.rules.skip_when_capacity_waiting = true;
         run_with(&v6, &p, &peaks, &signals, &st, Duration::from_secs(30)).await;
         assert_eq!(*signals.capacity_reads.lock().unwrap(), 4);
         assert_eq!(
@@ -1082,7 +839,7 @@ mod tests {
         let p = FakeProber::new(vec![(MS, FakeProber::ok()), (MS, FakeProber::fail())]);
         let peaks = Peaks::new(vec![Some(0.0)]);
         let st = ViState::default();
-        let signals = Signals::capacity(vec![CapacityWaiting::Waiting(2.0)]);
+        let signals = ScriptedSignals::capacity(vec![CapacityWaiting::Waiting(2.0)]);
         run_with(&cfg(6), &p, &peaks, &signals, &st, Duration::from_secs(4)).await;
         assert_eq!(*signals.capacity_reads.lock().unwrap(), 0, "V5: not read");
         assert_eq!(st.failure_count(), 1);

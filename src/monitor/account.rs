@@ -1,0 +1,595 @@
+//! The rules of virtual inference as plain functions (virtual-inference-reference §1.4–§1.5):
+//! what one probe does to the failure count, and how long to sleep before the next. The
+//! loop in [`super::tasks`] gathers an [`Observation`], calls [`account`] and
+//! [`next_interval`], and applies what they return; every rule is a row of the tables below.
+//!
+//! Failure accounting, in the reference's order:
+//! 1. peak available, below the threshold, request failed → count + 1; abnormal at max;
+//! 2. request failed, peak unavailable → unchanged;
+//! 3. request succeeded, or peak at or above the threshold → reset to 0.
+//!
+//! Two opt-in rules change that accounting (off by default, for V5 parity):
+//! - stall detection (`stall_window`): in case 3, a *failed* request on a busy NPU counts
+//!   (+ 1) when the engine has shown no sign of life for `stall_window`: requests running
+//!   and neither the prompt nor the generation token counter advancing, *and* no virtual
+//!   request served in that time. vLLM adds a prompt to its counter only when the request's
+//!   first token comes out, so a long prefill with nothing else decoding leaves both
+//!   counters flat; but chunked prefill schedules the 1-token probe beside the prefill's
+//!   chunks, and a served probe is evidence of life. Unknown progress (no scrape) never
+//!   counts;
+//! - the reference V6 rule (`skip_when_capacity_waiting`): in case 1, the engine's `/metrics`
+//!   is read at once; the failure is not counted while requests wait for KV-cache capacity,
+//!   or when that figure cannot be read (the scrape failed, or the value is not a number: the
+//!   reference skips then too). An engine that does not export the series at all (vLLM
+//!   0.18.0, SGLang) is counted as V5 counts: the rule cannot apply to it, and skipping
+//!   would never count an idle failure again. (The reference skips there too, so on vLLM
+//!   0.18 it never detects an idle hang; docs/qos.md.)
+//!
+//! Interval: the busy interval (20 s) after a peak at or above `high_load_threshold` (80),
+//! back to the base interval (5 s) only after a peak below the usage threshold; otherwise,
+//! and when the peak is unavailable, unchanged.
+
+use super::inputs::CapacityWaiting;
+use crate::config::Timing;
+use crate::probe::outcome::{Accounting, ProbeFailure};
+use std::time::Duration;
+
+/// The accounting rules of one engine.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rules {
+    /// AI Cube peak (percent) below which the NPU is idle. Reference: 3.
+    pub npu_usage_threshold: f64,
+    /// Counted failures that make the engine abnormal. Reference: 6.
+    pub max_failure_count: i64,
+    /// Stall detection: count a busy failure once the engine is stalled this long.
+    pub stall_window: Option<Duration>,
+    /// The V6 rule: do not count an idle failure while requests wait for capacity.
+    pub skip_when_capacity_waiting: bool,
+}
+
+/// Which request of the loop a probe was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// The one warm-up request (180 s timeout; no AI Cube reading).
+    WarmUp,
+    /// A periodic request.
+    Periodic,
+}
+
+/// What the loop saw for one probe.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Observation {
+    pub stage: Stage,
+    /// Why the request failed; `None` when it succeeded.
+    pub failure: Option<ProbeFailure>,
+    /// AI Cube peak of the engine's NPUs over the window; `None` when unavailable.
+    pub peak: Option<f64>,
+    /// How long the engine has made no progress by its `/metrics` (`None`: not stalled, or
+    /// unknown). Read only when stall detection is on.
+    pub stalled_for: Option<Duration>,
+    /// Time since a virtual request was last served.
+    pub since_served: Duration,
+    /// The V6 read of requests waiting for capacity; `None` when not read
+    /// ([`needs_capacity`] said no).
+    pub capacity: Option<CapacityWaiting>,
+    /// The failure count before this probe.
+    pub count: i64,
+}
+
+/// What one probe did to the failure count.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Accounted {
+    pub accounting: Accounting,
+    /// The failure count after this probe.
+    pub count: i64,
+    /// Set when this probe made the engine abnormal: why.
+    pub abnormal: Option<String>,
+    /// For a counted failure, what was counted; for a skipped one, why it was skipped.
+    pub why: Option<String>,
+    /// How long the engine had been stalled, for a failure counted by stall detection.
+    pub stalled: Option<Duration>,
+}
+
+/// Whether the V6 rule needs a fresh read of requests waiting for capacity for this probe:
+/// only for a failure on an idle NPU, with the rule on.
+pub fn needs_capacity(rules: &Rules, failed: bool, peak: Option<f64>) -> bool {
+    rules.skip_when_capacity_waiting
+        && failed
+        && peak.is_some_and(|p| p < rules.npu_usage_threshold)
+}
+
+/// Applies the accounting rules to one probe.
+pub fn account(rules: &Rules, obs: &Observation) -> Accounted {
+    let keep = |accounting, why: Option<String>| Accounted {
+        accounting,
+        count: obs.count,
+        abnormal: None,
+        why,
+        stalled: None,
+    };
+    if obs.stage == Stage::WarmUp {
+        // Not counted; a failed warm-up is abnormal at once and the loop never starts.
+        return Accounted {
+            abnormal: obs
+                .failure
+                .as_ref()
+                .map(|e| format!("warm-up request failed: {e}")),
+            ..keep(Accounting::WarmUp, None)
+        };
+    }
+    let failed = obs.failure.is_some();
+    let threshold = rules.npu_usage_threshold;
+    match obs.peak {
+        Some(p) if p < threshold && failed => {
+            let skip = match &obs.capacity {
+                Some(CapacityWaiting::Waiting(w)) if *w > 0.0 => {
+                    Some(format!("{w} requests wait for KV-cache capacity"))
+                }
+                Some(CapacityWaiting::Unknown(why)) => {
+                    Some(format!("requests waiting for capacity are unknown ({why})"))
+                }
+                _ => None,
+            };
+            match skip {
+                Some(why) => keep(Accounting::UnchangedCapacityWaiting, Some(why)),
+                None => counted(
+                    rules,
+                    obs.count,
+                    Accounting::Incremented,
+                    format!("AI Cube peak {p} below {threshold}"),
+                    None,
+                ),
+            }
+        }
+        None if failed => keep(Accounting::Unchanged, None),
+        Some(p) => match stalled(rules, obs, p) {
+            Some(s) => counted(
+                rules,
+                obs.count,
+                Accounting::IncrementedStalled,
+                format!(
+                    "AI Cube peak {p} (busy) but no token advanced for {:.0} s with requests running",
+                    s.as_secs_f64()
+                ),
+                Some(s),
+            ),
+            None => reset(),
+        },
+        None => reset(),
+    }
+}
+
+fn reset() -> Accounted {
+    Accounted {
+        accounting: Accounting::Reset,
+        count: 0,
+        abnormal: None,
+        why: None,
+        stalled: None,
+    }
+}
+
+/// Stall detection: how long a busy, failed probe's engine has shown no sign of life, when
+/// that reaches the window; the stall ends at the last served probe.
+fn stalled(rules: &Rules, obs: &Observation, peak: f64) -> Option<Duration> {
+    let window = rules.stall_window?;
+    if obs.failure.is_none() || peak < rules.npu_usage_threshold {
+        return None;
+    }
+    obs.stalled_for
+        .map(|s| s.min(obs.since_served))
+        .filter(|s| *s >= window)
+}
+
+/// One more counted failure; abnormal at `max_failure_count`.
+fn counted(
+    rules: &Rules,
+    before: i64,
+    accounting: Accounting,
+    why: String,
+    stalled: Option<Duration>,
+) -> Accounted {
+    let count = before + 1;
+    Accounted {
+        accounting,
+        count,
+        abnormal: (count >= rules.max_failure_count).then(|| {
+            format!("{count} consecutive virtual requests failed and were counted (last: {why})")
+        }),
+        why: Some(why),
+        stalled,
+    }
+}
+
+/// The sleep before the next probe, after a probe whose window peak was `peak`.
+pub fn next_interval(
+    timing: &Timing,
+    npu_usage_threshold: f64,
+    current: Duration,
+    peak: Option<f64>,
+) -> Duration {
+    match peak {
+        Some(p) if p >= timing.high_load_threshold => timing.high_load_interval,
+        Some(p) if p < npu_usage_threshold => timing.interval,
+        _ => current,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: fn(u64) -> Duration = Duration::from_secs;
+
+    fn v5() -> Rules {
+        Rules {
+            npu_usage_threshold: 3.0,
+            max_failure_count: 6,
+            stall_window: None,
+            skip_when_capacity_waiting: false,
+        }
+    }
+    fn stall() -> Rules {
+        Rules {
+            stall_window: Some(S(60)),
+            ..v5()
+        }
+    }
+    fn v6() -> Rules {
+        Rules {
+            skip_when_capacity_waiting: true,
+            ..v5()
+        }
+    }
+
+    /// A periodic probe: failed or not, at `peak`, with the count before it.
+    fn probe(failed: bool, peak: Option<f64>, count: i64) -> Observation {
+        Observation {
+            stage: Stage::Periodic,
+            failure: failed.then_some(ProbeFailure::Timeout),
+            peak,
+            stalled_for: None,
+            since_served: S(3600),
+            capacity: None,
+            count,
+        }
+    }
+    fn stalled_for(o: Observation, stalled: Option<u64>, since_served: u64) -> Observation {
+        Observation {
+            stalled_for: stalled.map(S),
+            since_served: S(since_served),
+            ..o
+        }
+    }
+    fn capacity(o: Observation, c: CapacityWaiting) -> Observation {
+        Observation {
+            capacity: Some(c),
+            ..o
+        }
+    }
+
+    use Accounting::*;
+
+    // Every rule of the reference and of the two options, one row each: (what, rules,
+    // observation) → (accounting, count after, abnormal).
+    #[test]
+    fn accounting_table() {
+        let waiting = |w| CapacityWaiting::Waiting(w);
+        let unknown = || CapacityWaiting::Unknown("scrape failed".into());
+        let rows: Vec<(&str, Rules, Observation, Accounting, i64, bool)> = vec![
+            // V5 rule 1: idle failure counts; abnormal at max.
+            (
+                "idle failure counts",
+                v5(),
+                probe(true, Some(0.0), 0),
+                Incremented,
+                1,
+                false,
+            ),
+            (
+                "idle failure below the threshold",
+                v5(),
+                probe(true, Some(2.9), 2),
+                Incremented,
+                3,
+                false,
+            ),
+            (
+                "the sixth idle failure is abnormal",
+                v5(),
+                probe(true, Some(0.0), 5),
+                Incremented,
+                6,
+                true,
+            ),
+            (
+                "max 1: the first idle failure is abnormal",
+                Rules {
+                    max_failure_count: 1,
+                    ..v5()
+                },
+                probe(true, Some(0.0), 0),
+                Incremented,
+                1,
+                true,
+            ),
+            // V5 rule 2: usage unavailable leaves the count as it was.
+            (
+                "failure with usage unavailable",
+                v5(),
+                probe(true, None, 4),
+                Unchanged,
+                4,
+                false,
+            ),
+            // V5 rule 3: success, or a busy NPU, resets.
+            (
+                "success while idle resets",
+                v5(),
+                probe(false, Some(0.0), 5),
+                Reset,
+                0,
+                false,
+            ),
+            (
+                "success with usage unavailable resets",
+                v5(),
+                probe(false, None, 5),
+                Reset,
+                0,
+                false,
+            ),
+            (
+                "busy failure resets",
+                v5(),
+                probe(true, Some(95.0), 5),
+                Reset,
+                0,
+                false,
+            ),
+            (
+                "a failure at the threshold is busy",
+                v5(),
+                probe(true, Some(3.0), 5),
+                Reset,
+                0,
+                false,
+            ),
+            // Stall detection.
+            (
+                "stall off: a stalled busy failure still resets",
+                v5(),
+                stalled_for(probe(true, Some(95.0), 2), Some(600), 600),
+                Reset,
+                0,
+                false,
+            ),
+            (
+                "stalled for the window, nothing served: counts",
+                stall(),
+                stalled_for(probe(true, Some(95.0), 2), Some(60), 600),
+                IncrementedStalled,
+                3,
+                false,
+            ),
+            (
+                "stalled: abnormal at max",
+                stall(),
+                stalled_for(probe(true, Some(95.0), 5), Some(600), 600),
+                IncrementedStalled,
+                6,
+                true,
+            ),
+            (
+                "stalled, but a probe was served within the window",
+                stall(),
+                stalled_for(probe(true, Some(95.0), 2), Some(600), 59),
+                Reset,
+                0,
+                false,
+            ),
+            (
+                "stalled for less than the window",
+                stall(),
+                stalled_for(probe(true, Some(95.0), 2), Some(59), 600),
+                Reset,
+                0,
+                false,
+            ),
+            (
+                "progress unknown never counts",
+                stall(),
+                stalled_for(probe(true, Some(95.0), 2), None, 600),
+                Reset,
+                0,
+                false,
+            ),
+            (
+                "a served probe on a stalled engine resets",
+                stall(),
+                stalled_for(probe(false, Some(95.0), 2), Some(600), 600),
+                Reset,
+                0,
+                false,
+            ),
+            (
+                "stall on: an idle failure counts as V5",
+                stall(),
+                stalled_for(probe(true, Some(0.0), 2), Some(600), 600),
+                Incremented,
+                3,
+                false,
+            ),
+            (
+                "stall on: usage unavailable is unchanged",
+                stall(),
+                stalled_for(probe(true, None, 2), Some(600), 600),
+                Unchanged,
+                2,
+                false,
+            ),
+            // The V6 capacity rule.
+            (
+                "V6: requests wait for capacity, skipped",
+                v6(),
+                capacity(probe(true, Some(0.0), 2), waiting(2.0)),
+                UnchangedCapacityWaiting,
+                2,
+                false,
+            ),
+            (
+                "V6: the figure unknown, skipped",
+                v6(),
+                capacity(probe(true, Some(0.0), 2), unknown()),
+                UnchangedCapacityWaiting,
+                2,
+                false,
+            ),
+            (
+                "V6: nothing waits, counted",
+                v6(),
+                capacity(probe(true, Some(0.0), 2), waiting(0.0)),
+                Incremented,
+                3,
+                false,
+            ),
+            (
+                "V6: not exported (vLLM 0.18), counted as V5",
+                v6(),
+                capacity(probe(true, Some(0.0), 5), CapacityWaiting::NotExported),
+                Incremented,
+                6,
+                true,
+            ),
+            (
+                "V6: usage unavailable is unchanged",
+                v6(),
+                probe(true, None, 2),
+                Unchanged,
+                2,
+                false,
+            ),
+            (
+                "V6: a busy failure resets",
+                v6(),
+                probe(true, Some(95.0), 2),
+                Reset,
+                0,
+                false,
+            ),
+        ];
+        for (what, rules, obs, accounting, count, abnormal) in rows {
+            let a = account(&rules, &obs);
+            assert_eq!(
+                (a.accounting, a.count, a.abnormal.is_some()),
+                (accounting, count, abnormal),
+                "{what}: {a:?}"
+            );
+            assert_eq!(
+                a.stalled.is_some(),
+                accounting == IncrementedStalled,
+                "{what}: the stall is reported with the stall rule only"
+            );
+        }
+    }
+
+    // The warm-up is never counted; a failed one is abnormal at once, whatever the count
+    // and the usage.
+    #[test]
+    fn warm_up_table() {
+        for (failed, abnormal) in [(false, false), (true, true)] {
+            let obs = Observation {
+                stage: Stage::WarmUp,
+                ..probe(failed, Some(0.0), 0)
+            };
+            let a = account(&v5(), &obs);
+            assert_eq!((a.accounting, a.count), (WarmUp, 0));
+            assert_eq!(a.abnormal.is_some(), abnormal, "{a:?}");
+        }
+        let a = account(
+            &v5(),
+            &Observation {
+                stage: Stage::WarmUp,
+                ..probe(true, None, 0)
+            },
+        );
+        assert_eq!(
+            a.abnormal.as_deref(),
+            Some("warm-up request failed: timed out")
+        );
+    }
+
+    // What a counted failure says: the peak and threshold for an idle one, the stall for a
+    // stalled one; abnormal names the count and the last counted failure.
+    #[test]
+    fn counted_failures_say_why() {
+        let a = account(&v5(), &probe(true, Some(1.5), 5));
+        assert_eq!(a.why.as_deref(), Some("AI Cube peak 1.5 below 3"));
+        assert_eq!(
+            a.abnormal.as_deref(),
+            Some(
+                "6 consecutive virtual requests failed and were counted (last: AI Cube peak 1.5 below 3)"
+            )
+        );
+        let a = account(
+            &stall(),
+            &stalled_for(probe(true, Some(95.0), 0), Some(90), 75),
+        );
+        assert_eq!(
+            a.stalled,
+            Some(S(75)),
+            "the stall ends at the last served probe"
+        );
+        assert!(a.why.unwrap().contains("no token advanced for 75 s"));
+        let a = account(
+            &v6(),
+            &capacity(probe(true, Some(0.0), 0), CapacityWaiting::Waiting(2.0)),
+        );
+        assert_eq!(
+            a.why.as_deref(),
+            Some("2 requests wait for KV-cache capacity")
+        );
+    }
+
+    // The capacity figure is read only for an idle failure with the rule on.
+    #[test]
+    fn capacity_is_read_only_for_an_idle_failure_under_v6() {
+        let rows = [
+            (v6(), true, Some(0.0), true),
+            (v6(), true, Some(3.0), false),
+            (v6(), true, None, false),
+            (v6(), false, Some(0.0), false),
+            (v5(), true, Some(0.0), false),
+        ];
+        for (rules, failed, peak, want) in rows {
+            assert_eq!(
+                needs_capacity(&rules, failed, peak),
+                want,
+                "{failed} {peak:?}"
+            );
+        }
+    }
+
+    // The interval: 20 s at or above 80, 5 s below the usage threshold, else unchanged.
+    #[test]
+    fn interval_table() {
+        let t = Timing::default();
+        let rows = [
+            (S(5), Some(85.0), S(20)),
+            (S(5), Some(80.0), S(20)),
+            (S(5), Some(50.0), S(5)),
+            (S(20), Some(50.0), S(20)),
+            (S(20), Some(2.9), S(5)),
+            (S(20), Some(3.0), S(20)),
+            (S(20), None, S(20)),
+            (S(5), None, S(5)),
+        ];
+        for (current, peak, want) in rows {
+            assert_eq!(
+                next_interval(&t, 3.0, current, peak),
+                want,
+                "{current:?} {peak:?}"
+            );
+        }
+    }
+}

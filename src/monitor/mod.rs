@@ -1,0 +1,326 @@
+//! One monitored engine: what the agent knows of it, and the verdict `/status` serves.
+//!
+//! The verdict is computed from atomics, so `/status` never waits on the engine: a background
+//! task probes `/health` every `health_period` (the reference probes inside every `/status`
+//! request, so a `/health` that takes 30 s under load makes Node Manager's 5 s poll time out).
+//! The first healthy `/status` starts virtual inference (one-shot, as the reference).
+//!
+//! Re-arm (not in the reference, which dies with its engine): after virtual inference went
+//! `abnormal`, once `/health` cannot be reached at all (connection refused: the engine process
+//! is gone) and then answers again — the engine restarted — virtual inference goes back to its
+//! initial state and the next healthy `/status` starts a new warm-up. While the engine is down
+//! `/status` stays `abnormal` (it answered before), so a crashed engine that never comes back
+//! is still reported.
+//!
+//! QoS ([`crate::qos`]): a background task scrapes the engine's `/metrics` and evaluates the
+//! score and level; `/status` is unchanged by it unless `qos.eviction` is on, in which case
+//! a held `evict` level answers `abnormal` too.
+//!
+//! The parts: [`tasks`] (the loops: I/O only), [`account`] and [`verdict`] (the rules, as
+//! plain functions), [`vi_state`] (virtual inference's shared state), [`inputs`] (what the
+//! loops read besides the probe), [`gates`] (the conditions for virtual inference to run).
+
+pub mod account;
+pub mod gates;
+pub mod inputs;
+pub mod tasks;
+pub mod verdict;
+pub mod vi_state;
+
+use crate::config::EngineSpec;
+use crate::probe::health::HealthOutcome;
+use crate::qos::QosState;
+use crate::qos::score::Level;
+use gates::Condition;
+use serde::Serialize;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+use tokio::sync::Notify;
+use verdict::HealthState;
+pub use verdict::Status;
+use vi_state::{Phase, ViState};
+
+/// `/health` as last seen.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct HealthDetail {
+    pub state: HealthState,
+    pub has_connected: bool,
+    /// Unix milliseconds of the last healthy probe.
+    pub last_ok_unix_ms: Option<u64>,
+    pub last_error: Option<String>,
+    /// Class of the last failure without a usable answer (`refused`, `reset`, `protocol`,
+    /// `body_too_large`, `tls`, `local`, `connect`, `other`); only `refused` can be the
+    /// "down" half of a restart.
+    pub last_transport_error: Option<&'static str>,
+    pub consecutive_failures: u64,
+    pub probes: u64,
+    /// `/health` timeouts not taken as abnormal because the engine was serving.
+    pub excused_timeouts: u64,
+}
+
+/// Shared state of one engine.
+#[derive(Debug)]
+pub struct Monitor {
+    pub spec: EngineSpec,
+    /// Ring indices of the engine's NPUs.
+    pub devices: Vec<u16>,
+    /// [`HealthState`] as a `u8`, read by every `/status`.
+    health: AtomicU8,
+    health_detail: Mutex<HealthDetail>,
+    /// The one-shot start latch of the reference's `/status`.
+    started: AtomicBool,
+    start: Notify,
+    /// `/health` could not be reached after virtual inference went abnormal (restart detection).
+    down_after_abnormal: AtomicBool,
+    /// Bumped at every re-arm; a loop still running from before stops.
+    rearm_tx: tokio::sync::watch::Sender<u64>,
+    pub vi: ViState,
+    pub qos: QosState,
+    conditions: Mutex<Vec<Condition>>,
+    rearms: AtomicU64,
+}
+
+impl Monitor {
+    /// A fresh engine: `/health` never answered, virtual inference not started.
+    pub fn new(spec: EngineSpec, devices: Vec<u16>) -> Monitor {
+        let conditions = gates::static_conditions(&spec);
+        let vi = ViState::new(spec.timing.interval);
+        let qos = QosState::new(&spec.qos);
+        Monitor {
+            spec,
+            devices,
+            health: AtomicU8::new(HealthState::NeverAnswered.to_u8()),
+            health_detail: Mutex::new(HealthDetail::default()),
+            started: AtomicBool::new(false),
+            start: Notify::new(),
+            down_after_abnormal: AtomicBool::new(false),
+            rearm_tx: tokio::sync::watch::Sender::new(0),
+            vi,
+            qos,
+            conditions: Mutex::new(conditions),
+            rearms: AtomicU64::new(0),
+        }
+    }
+
+    fn health(&self) -> HealthState {
+        HealthState::from_u8(self.health.load(Ordering::Acquire))
+    }
+
+    /// The verdict for `/status`; the first healthy call starts virtual inference.
+    pub fn status(&self) -> Status {
+        if self.health().answers() && !self.started.swap(true, Ordering::AcqRel) {
+            self.start.notify_one();
+        }
+        self.peek_status()
+    }
+
+    /// `qos.eviction` is on and the QoS level is a held `evict`.
+    pub fn qos_evicts(&self) -> bool {
+        let q = &self.spec.qos;
+        q.enabled && q.eviction && self.qos.level() == Level::Evict
+    }
+
+    /// The verdict without side effects (for `/status/detail`, logs and metrics).
+    pub fn peek_status(&self) -> Status {
+        verdict::status(self.health(), self.vi.abnormal(), self.qos_evicts())
+    }
+
+    /// Why the verdict is what it is.
+    pub fn reason(&self) -> String {
+        let h = self.health_detail();
+        match self.peek_status() {
+            Status::Initial => format!(
+                "the engine's /health has not answered yet{}",
+                h.last_error.map(|e| format!(" ({e})")).unwrap_or_default()
+            ),
+            Status::Abnormal if h.state == HealthState::Unhealthy => format!(
+                "/health answered before and fails now: {}",
+                h.last_error.unwrap_or_default()
+            ),
+            Status::Abnormal if self.vi.abnormal() => format!(
+                "virtual inference is abnormal: {}",
+                self.vi.abnormal_reason().unwrap_or_default()
+            ),
+            Status::Abnormal => format!(
+                "the QoS level is evict (score {}, below 0.3 for {} evaluations) and qos.eviction is on",
+                self.qos
+                    .score()
+                    .map_or_else(|| "none".to_owned(), |s| format!("{s:.3}")),
+                self.qos.below_evict()
+            ),
+            Status::Normal => match self.vi.phase() {
+                Phase::Disabled => {
+                    "/health answers; virtual inference is disabled (see conditions)".to_owned()
+                }
+                Phase::NotStarted => {
+                    "/health answers; virtual inference starts at the next /status".to_owned()
+                }
+                _ => "/health answers and virtual inference is not abnormal".to_owned(),
+            },
+        }
+    }
+
+    /// Copy of the `/health` details.
+    pub fn health_detail(&self) -> HealthDetail {
+        self.health_detail
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// The enabling conditions as last evaluated.
+    pub fn conditions(&self) -> Vec<Condition> {
+        self.conditions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// How many times virtual inference was re-armed after an engine restart.
+    pub fn rearms(&self) -> u64 {
+        self.rearms.load(Ordering::Relaxed)
+    }
+
+    fn set_condition(&self, c: Condition) {
+        let mut all = self.conditions.lock().unwrap_or_else(|p| p.into_inner());
+        match all.iter_mut().find(|x| x.name == c.name) {
+            Some(slot) => *slot = c,
+            None => all.push(c),
+        }
+    }
+
+    /// Evidence that the engine serves requests right now: a periodic virtual probe that
+    /// succeeded within `timing.serving_evidence_max_age` (two busy intervals, 40 s, by
+    /// default), or token counters advancing in the latest `/metrics` scrape. `None` when the
+    /// rule is off (max age zero).
+    pub fn serving_evidence(&self) -> Option<String> {
+        let fresh = self.spec.timing.serving_evidence_max_age();
+        if fresh.is_zero() {
+            return None;
+        }
+        if let Some(p) = self.vi.last_probe()
+            && p.success
+            && !p.warmup
+        {
+            let age = tokio::time::Instant::now().saturating_duration_since(p.at);
+            if age <= fresh {
+                return Some(format!(
+                    "a virtual request succeeded {:.1} s ago",
+                    age.as_secs_f64()
+                ));
+            }
+        }
+        (self.qos.progress() == crate::qos::progress::State::Advancing)
+            .then(|| "its token counters advance".to_owned())
+    }
+
+    /// Applies one `/health` outcome ([`verdict`] has the rules).
+    pub fn record_health(&self, outcome: &HealthOutcome, has_connected: bool) {
+        let name = &self.spec.name;
+        let before = self.health();
+        let evidence_rule = !self.spec.timing.serving_evidence_max_age().is_zero();
+        let excuse = verdict::excuse(outcome, evidence_rule, || self.serving_evidence());
+        let after = verdict::judge(outcome, excuse.is_some());
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let mut d = self.health_detail.lock().unwrap_or_else(|p| p.into_inner());
+        d.probes += 1;
+        d.has_connected = has_connected;
+        d.last_transport_error = match outcome {
+            HealthOutcome::Unhealthy {
+                transport: Some(t), ..
+            } => Some(t.as_str()),
+            _ => None,
+        };
+        match outcome {
+            HealthOutcome::Healthy => {
+                d.last_ok_unix_ms = Some(now_ms);
+                d.consecutive_failures = 0;
+                d.last_error = None;
+            }
+            HealthOutcome::Unhealthy { reason, .. } => {
+                d.consecutive_failures += 1;
+                match &excuse {
+                    Some(why) => {
+                        if d.state != after {
+                            tracing::warn!(engine = %name, "{reason}, but {why}: not abnormal");
+                        }
+                        d.excused_timeouts += 1;
+                        d.last_error = Some(format!("{reason} (not abnormal: {why})"));
+                    }
+                    None => d.last_error = Some(reason.clone()),
+                }
+            }
+            HealthOutcome::NeverConnected(e) => {
+                d.consecutive_failures += 1;
+                d.last_error = Some(e.clone());
+            }
+        }
+        d.state = after;
+        let last_error = d.last_error.clone();
+        drop(d);
+        self.set_condition(gates::health_condition(
+            has_connected,
+            last_error.as_deref(),
+        ));
+        self.health.store(after.to_u8(), Ordering::Release);
+        // Logged when the verdict's view of /health changes (an excused failure still answers).
+        let class = |h: HealthState| (h.answers(), h == HealthState::Unhealthy);
+        if class(after) != class(before) {
+            if after.answers() {
+                tracing::info!(
+                    engine = %name,
+                    verdict = self.peek_status().as_str(),
+                    "/health answers"
+                );
+            } else if after == HealthState::Unhealthy {
+                tracing::warn!(
+                    engine = %name,
+                    verdict = "abnormal",
+                    "/health fails: {}",
+                    last_error.unwrap_or_default()
+                );
+            }
+        }
+        let (down, rearm) = verdict::restart(
+            self.down_after_abnormal.load(Ordering::Acquire),
+            outcome,
+            self.vi.abnormal(),
+        );
+        self.down_after_abnormal.store(down, Ordering::Release);
+        if rearm {
+            tracing::warn!(engine = %name, "the engine restarted (/health down, then up); virtual inference is re-armed");
+            self.vi.rearm();
+            self.rearms.fetch_add(1, Ordering::Relaxed);
+            self.rearm_tx.send_modify(|g| *g += 1);
+            self.started.store(false, Ordering::Release);
+        }
+    }
+
+    /// Evaluates the start gates when the first healthy `/status` arrives; true if virtual
+    /// inference may run. `cube` lists (logic id, backend) of the engine's NPUs.
+    pub fn decide_start(&self, cube: &[(u32, &'static str)]) -> bool {
+        // Evaluated now, as the reference does at start (the agent's own environment may
+        // have changed since the configuration was read).
+        for c in gates::static_conditions(&self.spec) {
+            self.set_condition(c);
+        }
+        self.set_condition(gates::cube_condition(cube));
+        let conditions = self.conditions();
+        let blocking: Vec<&Condition> = conditions
+            .iter()
+            .filter(|c| c.name != "health" && c.ok == Some(false))
+            .collect();
+        if let Some(first) = blocking.first() {
+            tracing::warn!(engine = %self.spec.name, condition = first.name, "virtual inference does not run: {}", first.note);
+            self.vi.set_phase(Phase::Disabled);
+            return false;
+        }
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,230 @@
+//! The state of one engine's virtual inference, shared by its loop (the writer) with
+//! `/status` (atomics, never a lock on the verdict path), `/status/detail` and the metrics.
+
+use super::account::Accounted;
+use crate::probe::outcome::{Accounting, LATENCY_BUCKETS, ProbeRecord, ProbeResult};
+use serde::Serialize;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// What the loop is doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Waiting for the first `/status` with a healthy engine.
+    NotStarted,
+    /// Disabled by a gate (see the conditions).
+    Disabled,
+    WarmingUp,
+    Running,
+    /// Stopped after `abnormal` (or shut down).
+    Stopped,
+}
+
+impl Phase {
+    fn from_u8(v: u8) -> Phase {
+        match v {
+            0 => Phase::NotStarted,
+            1 => Phase::Disabled,
+            2 => Phase::WarmingUp,
+            3 => Phase::Running,
+            _ => Phase::Stopped,
+        }
+    }
+    fn to_u8(self) -> u8 {
+        match self {
+            Phase::NotStarted => 0,
+            Phase::Disabled => 1,
+            Phase::WarmingUp => 2,
+            Phase::Running => 3,
+            Phase::Stopped => 4,
+        }
+    }
+}
+
+/// Loop state shared with `/status` (atomics) and `/status/detail` and metrics.
+#[derive(Debug, Default)]
+pub struct ViState {
+    phase: AtomicU8,
+    abnormal: AtomicBool,
+    warmup_done: AtomicBool,
+    failure_count: AtomicI64,
+    interval_ms: AtomicU64,
+    successes: AtomicU64,
+    failures: AtomicU64,
+    latency_buckets: [AtomicU64; LATENCY_BUCKETS.len()],
+    latency_count: AtomicU64,
+    latency_sum_us: AtomicU64,
+    last: Mutex<Option<ProbeRecord>>,
+    abnormal_reason: Mutex<Option<String>>,
+}
+
+impl ViState {
+    /// A loop state before any start, with the interval it will begin with (the reference
+    /// starts at 5 s).
+    pub fn new(interval: Duration) -> ViState {
+        let s = ViState::default();
+        s.set_interval(interval);
+        s
+    }
+
+    /// What the loop is doing.
+    pub fn phase(&self) -> Phase {
+        Phase::from_u8(self.phase.load(Ordering::Acquire))
+    }
+    pub fn set_phase(&self, p: Phase) {
+        self.phase.store(p.to_u8(), Ordering::Release);
+    }
+    pub fn abnormal(&self) -> bool {
+        self.abnormal.load(Ordering::Acquire)
+    }
+    pub fn abnormal_reason(&self) -> Option<String> {
+        self.abnormal_reason
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+    pub(crate) fn set_abnormal(&self, reason: &str) {
+        *self
+            .abnormal_reason
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(reason.to_owned());
+        self.abnormal.store(true, Ordering::Release);
+    }
+    pub fn warmup_done(&self) -> bool {
+        self.warmup_done.load(Ordering::Acquire)
+    }
+    pub fn failure_count(&self) -> i64 {
+        self.failure_count.load(Ordering::Acquire)
+    }
+    /// Current sleep between probes.
+    pub fn interval(&self) -> Duration {
+        Duration::from_millis(self.interval_ms.load(Ordering::Acquire))
+    }
+    pub(super) fn set_interval(&self, d: Duration) {
+        self.interval_ms
+            .store(d.as_millis() as u64, Ordering::Release);
+    }
+    pub fn last_probe(&self) -> Option<ProbeRecord> {
+        self.last.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+    /// (successes, failures) since start.
+    pub fn outcomes(&self) -> (u64, u64) {
+        (
+            self.successes.load(Ordering::Relaxed),
+            self.failures.load(Ordering::Relaxed),
+        )
+    }
+    /// Latency histogram: per-bucket counts (not cumulative; the last bucket is +Inf), count,
+    /// sum in seconds.
+    pub fn latency_histogram(&self) -> (Vec<(f64, u64)>, u64, f64) {
+        let count = self.latency_count.load(Ordering::Relaxed);
+        let mut buckets: Vec<(f64, u64)> = LATENCY_BUCKETS
+            .iter()
+            .zip(&self.latency_buckets)
+            .map(|(le, c)| (*le, c.load(Ordering::Relaxed)))
+            .collect();
+        let in_buckets: u64 = buckets.iter().map(|b| b.1).sum();
+        buckets.push((f64::INFINITY, count.saturating_sub(in_buckets)));
+        (
+            buckets,
+            count,
+            self.latency_sum_us.load(Ordering::Relaxed) as f64 / 1e6,
+        )
+    }
+
+    /// The warm-up request has been sent (whatever its outcome).
+    pub(super) fn set_warmup_done(&self) {
+        self.warmup_done.store(true, Ordering::Release);
+    }
+
+    /// Applies one probe's accounting: the new count, and abnormal when it says so.
+    pub(super) fn apply(&self, a: &Accounted) {
+        self.failure_count.store(a.count, Ordering::Release);
+        if let Some(why) = &a.abnormal {
+            self.set_abnormal(why);
+        }
+    }
+
+    /// Back to the initial state (the engine restarted): not started, not abnormal, count 0,
+    /// warm-up pending. Counters and histograms are kept.
+    pub fn rearm(&self) {
+        self.abnormal.store(false, Ordering::Release);
+        *self
+            .abnormal_reason
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = None;
+        self.warmup_done.store(false, Ordering::Release);
+        self.failure_count.store(0, Ordering::Release);
+        self.set_phase(Phase::NotStarted);
+    }
+
+    pub(crate) fn record(
+        &self,
+        r: &ProbeResult,
+        warmup: bool,
+        peak: Option<f64>,
+        accounting: Accounting,
+    ) {
+        match r.outcome {
+            Ok(()) => self.successes.fetch_add(1, Ordering::Relaxed),
+            Err(_) => self.failures.fetch_add(1, Ordering::Relaxed),
+        };
+        let secs = r.latency.as_secs_f64();
+        if let Some(i) = LATENCY_BUCKETS.iter().position(|le| secs <= *le) {
+            self.latency_buckets[i].fetch_add(1, Ordering::Relaxed);
+        }
+        self.latency_count.fetch_add(1, Ordering::Relaxed);
+        self.latency_sum_us
+            .fetch_add(r.latency.as_micros() as u64, Ordering::Relaxed);
+        let at_unix_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(ProbeRecord {
+            at: tokio::time::Instant::now(),
+            at_unix_ms,
+            warmup,
+            latency_ms: secs * 1e3,
+            outcome: match &r.outcome {
+                Ok(()) => "success".to_owned(),
+                Err(e) => format!("failed: {e}"),
+            },
+            success: r.outcome.is_ok(),
+            ttft_ms: r.first_token().map(|d| d.as_secs_f64() * 1e3),
+            tpot_ms: r.tpot.map(|d| d.as_secs_f64() * 1e3),
+            peak,
+            accounting,
+            failure_count: self.failure_count(),
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // test_sim_inference.py: init state (initial, not abnormal, count 0, interval 5 s).
+    #[test]
+    fn initial_state() {
+        let st = ViState::new(Duration::from_secs(5));
+        assert_eq!(st.phase(), Phase::NotStarted);
+        assert!(!st.abnormal() && !st.warmup_done());
+        assert_eq!(st.failure_count(), 0);
+        assert_eq!(st.interval(), Duration::from_secs(5));
+    }
+
+    #[test]
+    fn rearm_returns_to_the_initial_state() {
+        let st = ViState::default();
+        st.warmup_done.store(true, Ordering::Release);
+        st.failure_count.store(4, Ordering::Release);
+        st.set_abnormal("x");
+        st.set_phase(Phase::Stopped);
+        st.rearm();
+        assert!(!st.abnormal() && !st.warmup_done());
+        assert_eq!(st.failure_count(), 0);
+        assert_eq!(st.phase(), Phase::NotStarted);
+        assert_eq!(st.abnormal_reason(), None);
+    }
+}

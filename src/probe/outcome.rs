@@ -1,0 +1,111 @@
+//! What one virtual request returned, and what the monitor keeps of it: shared by the probe
+//! client ([`super::http`]), the virtual inference loop ([`crate::monitor`]) and QoS
+//! ([`crate::qos`]), so none of them reaches into another for these types.
+
+use serde::Serialize;
+use std::time::Duration;
+
+/// Why a virtual request failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProbeFailure {
+    Timeout,
+    /// Connection refused, reset, TLS error.
+    Transport(String),
+    /// Non-2xx status.
+    Status(u16),
+    /// 2xx but the body is not JSON.
+    BadBody(String),
+    /// A streamed probe (`probe_max_tokens` > 1) whose stream was not a complete answer: an
+    /// event not JSON, an error event, no token, or no `[DONE]`.
+    BadStream(String),
+}
+
+impl std::fmt::Display for ProbeFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ProbeFailure::Timeout => write!(f, "timed out"),
+            ProbeFailure::Transport(e) => write!(f, "transport error: {e}"),
+            ProbeFailure::Status(s) => write!(f, "HTTP {s}"),
+            ProbeFailure::BadBody(e) => write!(f, "body is not JSON: {e}"),
+            ProbeFailure::BadStream(e) => write!(f, "bad stream: {e}"),
+        }
+    }
+}
+
+/// Result of one virtual request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProbeResult {
+    pub outcome: Result<(), ProbeFailure>,
+    /// Time to the complete answer (or to the failure).
+    pub latency: Duration,
+    /// Time to the first token when the probe streamed (`probe_max_tokens` > 1); for the
+    /// reference's 1-token request the answer is the first token, so `latency` is the TTFT.
+    pub ttft: Option<Duration>,
+    /// Time per output token after the first, when the probe streamed.
+    pub tpot: Option<Duration>,
+}
+
+impl ProbeResult {
+    /// A result of a non-streamed request.
+    pub fn new(outcome: Result<(), ProbeFailure>, latency: Duration) -> ProbeResult {
+        ProbeResult {
+            outcome,
+            latency,
+            ttft: None,
+            tpot: None,
+        }
+    }
+
+    /// Time to first token of a successful probe.
+    pub fn first_token(&self) -> Option<Duration> {
+        self.outcome
+            .is_ok()
+            .then(|| self.ttft.unwrap_or(self.latency))
+    }
+}
+
+/// How a probe changed the failure count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Accounting {
+    /// Failed with the NPU idle (reference rule 1).
+    Incremented,
+    /// Failed with the NPU busy and the engine stalled for `stall_window` (stall detection).
+    IncrementedStalled,
+    /// Failed with AI Cube usage unavailable (reference rule 2).
+    Unchanged,
+    /// Failed with the NPU idle while requests wait for capacity, or that figure is unknown
+    /// (V6 rule, `skip_when_capacity_waiting`).
+    UnchangedCapacityWaiting,
+    Reset,
+    /// Warm-up requests are not counted; a failed warm-up is abnormal at once.
+    WarmUp,
+}
+
+/// One probe, for `/status/detail`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ProbeRecord {
+    /// When it completed, on the monotonic clock (ages are computed from this).
+    #[serde(skip)]
+    pub at: tokio::time::Instant,
+    /// Unix time in milliseconds.
+    pub at_unix_ms: u64,
+    pub warmup: bool,
+    pub latency_ms: f64,
+    /// `success` or the failure.
+    pub outcome: String,
+    pub success: bool,
+    /// Time to first token of a successful probe, milliseconds.
+    pub ttft_ms: Option<f64>,
+    /// Time per output token when the probe streamed more than one token, milliseconds.
+    pub tpot_ms: Option<f64>,
+    /// Window peak read after the probe (`null`: unavailable or warm-up).
+    pub peak: Option<f64>,
+    pub accounting: Accounting,
+    pub failure_count: i64,
+}
+
+/// Upper bounds (seconds) of the probe latency histogram.
+pub const LATENCY_BUCKETS: [f64; 12] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
