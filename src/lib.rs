@@ -12,8 +12,6 @@
 #![deny(unsafe_code)]
 
 pub mod agent;
-#[cfg(feature = "fake-driver")]
-pub mod chaos;
 pub mod cli;
 pub mod config;
 pub mod driver;

@@ -3,7 +3,7 @@
 //! by PID when dropped. Tests using it run only with `NPU_HEALTH_REAL_VLLM=1` (after
 //! `scripts/real-vllm install`) and otherwise print why they skipped.
 
-use npu_health_agent::chaos::real_engine::{self, RealEngine};
+use npu_chaos::real_engine::{self, RealEngine};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;

@@ -3,5 +3,6 @@
 //! the chaos suite and `npu-health-agent demo` (feature `fake-driver`).
 
 pub mod engine;
+pub mod launch;
 pub mod node_manager;
 pub mod profile;

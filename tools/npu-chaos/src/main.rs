@@ -1,11 +1,11 @@
 //! `npu-chaos`: runs experiment files against real processes (fake engine, agent on the fake
 //! driver, load, Node Manager emulator) and reports false kills and detections. Thin: parse
-//! flags, load the files, call `npu_health_agent::chaos`. Exit 0 all good, 1 a false kill, a
+//! flags, load the files, call the `npu_chaos` library. Exit 0 all good, 1 a false kill, a
 //! missed detection or an experiment that could not run, 2 bad usage or a bad file.
 
 use clap::{Parser, Subcommand};
-use npu_health_agent::chaos::{
-    self, experiment,
+use npu_chaos::{
+    self as chaos, experiment,
     run::{EngineKind, Policy},
 };
 use std::path::PathBuf;

@@ -139,7 +139,7 @@ pub fn markdown(outcomes: &[Outcome], policies: &[Policy], time_scale: f64) -> S
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::chaos::experiment::Target;
+    use crate::experiment::Target;
 
     fn outcome(name: &str, expect: &str, verdict: Verdict, detected: Option<u64>) -> Outcome {
         Outcome {

@@ -186,8 +186,8 @@ pub fn chart(o: &Outcome, time_scale: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::chaos::experiment::Target;
-    use crate::chaos::run::{GuardEvent, Policy, Sample, Verdict};
+    use crate::experiment::Target;
+    use crate::run::{GuardEvent, Policy, Sample, Verdict};
 
     fn sample(t_ms: i64, status: &str, active: bool) -> Sample {
         Sample {

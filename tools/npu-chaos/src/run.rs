@@ -20,7 +20,7 @@ use super::load::LoadGen;
 use super::proxy::Proxy;
 use super::real_engine::{self, RealEngine};
 use super::stress::CpuStress;
-use crate::qos::engine_metrics;
+use npu_health_agent::qos::engine_metrics;
 use fake_engine::node_manager::{self, NmOptions};
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -194,9 +194,9 @@ fn agent_toml(
     s: f64,
     model: &str,
 ) -> String {
-    use crate::config::validate::{engine_bounds as e, qos_bounds as q};
+    use npu_health_agent::config::validate::{engine_bounds as e, qos_bounds as q};
     // Scaled, and kept within the agent's bounds (a very small scale would leave them).
-    let d = |secs: f64, within: crate::config::validate::Within<Duration>| {
+    let d = |secs: f64, within: npu_health_agent::config::validate::Within<Duration>| {
         fmt_duration(within.clamp(Duration::from_secs_f64(secs * s)))
     };
     let full = policy == Policy::Full;
@@ -290,7 +290,7 @@ impl Stack {
         }
         std::fs::write(&scenario, text).map_err(|e| e.to_string())?;
         let [fake_port, control_port, mgmt_port] =
-            crate::fake::free_ports().map_err(|e| format!("no free port: {e}"))?;
+            fake_engine::launch::free_ports().map_err(|e| format!("no free port: {e}"))?;
         let log = |name: &str| -> Result<std::process::Stdio, String> {
             std::fs::File::create(dir.join(name))
                 .map(std::process::Stdio::from)
@@ -298,7 +298,7 @@ impl Stack {
         };
         let (engine, real, engine_port) = match opts.engine {
             EngineKind::Fake => {
-                let mut engine_cmd = Command::from(crate::fake::engine_command(
+                let mut engine_cmd = Command::from(fake_engine::launch::command(
                     &opts.agent_exe,
                     fake_port,
                     control_port,
@@ -705,7 +705,7 @@ fn start_node_manager(
     std::thread::Builder::new()
         .name("node-manager".to_owned())
         .spawn(move || {
-            let _ = crate::sampler::priority::make_current_thread_realtime();
+            let _ = npu_health_agent::sampler::priority::make_current_thread_realtime();
             let Ok(rt) = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()

@@ -1,7 +1,8 @@
 //! `npu-chaos` through its binary: the shipped experiment files validate, a bad file is
 //! refused with a located error, and a run against real processes reports a detection and a
-//! false kill — and fails on the false kill.
-#![cfg(feature = "fake-driver")]
+//! false kill — and fails on the false kill. The runs need the agent binary next to
+//! `npu-chaos`, built with `fake-driver`: `cargo test --workspace --features fake-driver`
+//! (what `scripts/test-all` runs) builds both.
 
 use std::process::Command;
 
@@ -18,7 +19,7 @@ fn one_stack_at_a_time() -> std::sync::MutexGuard<'static, ()> {
 
 #[test]
 fn shipped_files_validate() {
-    let root = env!("CARGO_MANIFEST_DIR");
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
     let out = chaos()
         .arg("check")
         .arg(format!("{root}/experiments/benign.yaml"))

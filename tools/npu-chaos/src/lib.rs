@@ -1,7 +1,8 @@
-//! The chaos suite (`npu-chaos`, feature `fake-driver`): experiments that inject faults into a
+//! The chaos suite (`npu-chaos`, a crate of its own: the agent does not compile it): experiments that inject faults into a
 //! stack of real processes — the fake engine, the agent release binary on the fake driver, a
 //! load generator, a Node Manager emulator — and check that benign faults never get a healthy
 //! engine killed and real faults are always detected. See `docs/chaos.md`.
+#![forbid(unsafe_code)]
 
 pub mod experiment;
 pub mod load;
@@ -17,28 +18,48 @@ use run::{EngineKind, Outcome, Policy, RunOptions};
 use std::path::{Path, PathBuf};
 
 /// The agent binary next to this one (cargo builds both into the same directory). Refused
-/// when it is clearly older than this binary: `cargo run --bin npu-chaos` rebuilds only
-/// `npu-chaos`, and an old agent would be tested without anyone noticing.
+/// when it is clearly older than the agent library this binary was last built against:
+/// `cargo build -p npu-chaos` after a change to the agent rebuilds the library and this
+/// binary, not the agent's, and an old agent would be tested without anyone noticing. (A
+/// change to the runner alone rebuilds only the runner; that agent is still current.)
 pub fn agent_exe() -> Result<PathBuf, String> {
     let me = std::env::current_exe().map_err(|e| format!("cannot locate this binary: {e}"))?;
     let agent = me.with_file_name("npu-health-agent");
     let build = "build both with `cargo build --release --features fake-driver` (same profile)";
-    let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
     let Some(agent_time) = modified(&agent) else {
         return Err(format!("{} not found: {build}", agent.display()));
     };
-    if let Some(me_time) = modified(&me)
-        && me_time
+    if let Some((lib, lib_time)) = newest_agent_library(&me)
+        && lib_time
             .duration_since(agent_time)
             .is_ok_and(|d| d > std::time::Duration::from_secs(120))
     {
         return Err(format!(
-            "{} is older than {}: {build}",
+            "{} is older than the agent library {}: {build}",
             agent.display(),
-            me.display()
+            lib.display()
         ));
     }
     Ok(agent)
+}
+
+fn modified(p: &Path) -> Option<std::time::SystemTime> {
+    std::fs::metadata(p).and_then(|m| m.modified()).ok()
+}
+
+/// The newest `deps/libnpu_health_agent-*.rlib` beside `exe`, with its time.
+fn newest_agent_library(exe: &Path) -> Option<(PathBuf, std::time::SystemTime)> {
+    let deps = exe.parent()?.join("deps");
+    std::fs::read_dir(deps)
+        .ok()?
+        .filter_map(|e| {
+            let path = e.ok()?.path();
+            let name = path.file_name()?.to_str()?;
+            (name.starts_with("libnpu_health_agent-") && name.ends_with(".rlib"))
+                .then(|| Some((modified(&path)?, path)))?
+        })
+        .max()
+        .map(|(t, p)| (p, t))
 }
 
 /// Resolves on Ctrl-C or SIGTERM.
