@@ -154,6 +154,29 @@ impl Stack {
         stack
     }
 
+    /// Polls `/status/detail` until `done` holds of it; panics after `limit` with `what`, the
+    /// last detail and the agent log.
+    pub fn wait_until(
+        &self,
+        what: &str,
+        limit: Duration,
+        mut done: impl FnMut(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        let end = Instant::now() + limit;
+        loop {
+            let d = self.detail();
+            if done(&d) {
+                return d;
+            }
+            assert!(
+                Instant::now() < end,
+                "not within {limit:?}: {what}\nlast detail: {d}\nagent log:\n{}",
+                self.agent_log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Waits until virtual inference reaches `phase`.
     pub fn wait_for_phase(&self, phase: &str, limit: Duration) {
         let end = Instant::now() + limit;
