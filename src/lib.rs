@@ -7,9 +7,9 @@
 //! virtual request, `/metrics`) and [`qos`] (its score) → [`server`] (`/status`, `/status/detail`, `/metrics`). [`config`] says what to monitor,
 //! [`agent`] wires it together (and reloads it on SIGHUP), [`service`] speaks systemd's
 //! notify protocol and handles signals, [`logging`] writes text, JSON or journald, and the
-//! binary's commands live in [`cli`]. `unsafe` is denied everywhere except the DCMI binding
-//! (`driver::dcmi`).
-#![deny(unsafe_code)]
+//! binary's commands live in [`cli`]. No `unsafe` here: the DCMI binding is the crate
+//! `crates/dcmi` (re-exported as [`driver::dcmi`]).
+#![forbid(unsafe_code)]
 
 pub mod agent;
 pub mod cli;

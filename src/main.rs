@@ -1,5 +1,6 @@
 //! Binary entry point: parse flags, run the command, turn errors into exit codes
 //! (0 ok, 1 runtime failure, 2 bad usage or config, 3 no usable driver backend).
+#![forbid(unsafe_code)]
 
 use std::process::ExitCode;
 

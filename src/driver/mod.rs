@@ -1,11 +1,12 @@
 //! Driver binding: where AI Cube figures come from.
 //!
 //! Two backends, tried in this order per device: `libdcmi.so` loaded at run time
-//! ([`dcmi`]: multi-utilization `aic_util`, then utilization type 14), and long-lived
+//! ([`dcmi`], the crate `crates/dcmi`: multi-utilization `aic_util`, then utilization type
+//! 14), and long-lived
 //! `npu-smi info watch -s u` children ([`npu_smi`]). This layer only talks to the driver; the
 //! sampler decides when to call it and the ring stores what it returns.
 
-pub mod dcmi;
+pub use dcmi;
 pub mod npu_smi;
 
 use std::ffi::OsString;

@@ -5,10 +5,10 @@
 #[test]
 fn committed_bindings_match_a_fresh_generation() {
     let fresh = include_str!(concat!(env!("OUT_DIR"), "/dcmi_bindings.rs"));
-    let committed = include_str!("../src/driver/dcmi/bindings.rs");
+    let committed = include_str!("../src/bindings.rs");
     assert!(
         fresh == committed,
-        "src/driver/dcmi/bindings.rs is out of date with vendor-headers/dcmi_interface_api.h; \
-         regenerate with `DCMI_BINDINGS_UPDATE=1 cargo build --features bindgen`"
+        "crates/dcmi/src/bindings.rs is out of date with vendor-headers/dcmi_interface_api.h; \
+         regenerate with `DCMI_BINDINGS_UPDATE=1 cargo build -p dcmi --features bindgen`"
     );
 }
