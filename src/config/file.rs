@@ -29,73 +29,77 @@
 
 use super::mindie::{self, EngineSection, Role};
 use super::{
-    AgentConfig, AgentSettings, ConfigError, EngineEnv, EngineLocation, KeyError, Mode, Timing,
-    build_engine, engine_place, listen_addr,
+    AdminTls, AgentConfig, AgentSettings, ConfigError, EngineEnv, EngineLocation, KeyError, Mode,
+    Timing, build_engine, duration, engine_place, listen_addr,
 };
 use crate::driver::BackendChoice;
 use crate::qos::QosConfig;
-use crate::qos::score::Weights;
 use serde::Deserialize;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-fn de_duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
-    let s: Option<String> = Option::deserialize(d)?;
-    s.map(|s| {
-        humantime::parse_duration(&s).map_err(|e| {
-            serde::de::Error::custom(format!(
-                "{s:?} is not a duration like \"5s\" or \"50ms\": {e}"
-            ))
-        })
-    })
-    .transpose()
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 struct FileConfig {
-    #[serde(default)]
     agent: AgentTable,
-    #[serde(default)]
     engine: Vec<EngineTable>,
 }
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// `[agent]`: a key left out keeps its default, that of [`AgentSettings::default`].
+#[derive(Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 struct AgentTable {
-    #[serde(default, deserialize_with = "de_duration")]
-    sample_period: Option<Duration>,
+    #[serde(with = "duration")]
+    sample_period: Duration,
     dcmi_lib: Option<PathBuf>,
-    npu_smi: Option<PathBuf>,
-    backend: Option<BackendChoice>,
-    dcmi_no_owner_check: Option<bool>,
-    npu_smi_delay: Option<u32>,
+    npu_smi: PathBuf,
+    backend: BackendChoice,
+    dcmi_no_owner_check: bool,
+    npu_smi_delay: u32,
     admin_listen: Option<String>,
     env_config_path: Option<PathBuf>,
-    worker_threads: Option<usize>,
-    sampler_realtime: Option<bool>,
-    #[serde(default, deserialize_with = "de_duration")]
-    driver_call_deadline: Option<Duration>,
-    #[serde(default, deserialize_with = "de_duration")]
-    sampler_stuck_after: Option<Duration>,
+    worker_threads: usize,
+    sampler_realtime: bool,
+    #[serde(with = "duration")]
+    driver_call_deadline: Duration,
+    #[serde(with = "duration")]
+    sampler_stuck_after: Duration,
     log_level: Option<String>,
-    max_connections: Option<usize>,
+    max_connections: usize,
     admin_token_file: Option<PathBuf>,
-    admin_tls: Option<AdminTlsTable>,
-    #[serde(default, deserialize_with = "de_duration")]
-    header_read_timeout: Option<Duration>,
-    #[serde(default, deserialize_with = "de_duration")]
-    idle_timeout: Option<Duration>,
+    admin_tls: Option<AdminTls>,
+    #[serde(with = "duration")]
+    header_read_timeout: Duration,
+    #[serde(with = "duration")]
+    idle_timeout: Duration,
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct AdminTlsTable {
-    cert_file: PathBuf,
-    key_file: PathBuf,
-    client_ca_file: Option<PathBuf>,
+impl Default for AgentTable {
+    fn default() -> Self {
+        let d = AgentSettings::default();
+        AgentTable {
+            sample_period: d.sample_period,
+            dcmi_lib: d.dcmi_lib,
+            npu_smi: d.npu_smi,
+            backend: d.backend,
+            dcmi_no_owner_check: d.dcmi_no_owner_check,
+            npu_smi_delay: d.npu_smi_delay,
+            admin_listen: None,
+            env_config_path: None,
+            worker_threads: d.worker_threads,
+            sampler_realtime: d.sampler_realtime,
+            driver_call_deadline: d.driver_call_deadline,
+            sampler_stuck_after: d.sampler_stuck_after,
+            log_level: d.log_level,
+            max_connections: d.listeners.max_connections,
+            admin_token_file: d.admin_auth.token_file,
+            admin_tls: d.admin_auth.tls,
+            header_read_timeout: d.listeners.header_read_timeout,
+            idle_timeout: d.listeners.idle_timeout,
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -125,84 +129,9 @@ struct EngineTable {
     engine_env: Option<BTreeMap<String, toml::Value>>,
     env_config_path: Option<PathBuf>,
     #[serde(default)]
-    timing: TimingTable,
+    timing: Timing,
     #[serde(default)]
-    qos: QosTable,
-}
-
-/// `[engine.qos]`; `qos_eviction` and `qos_probe_max_tokens` are accepted as the names the
-/// issue tracker and operators use.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct QosTable {
-    enabled: Option<bool>,
-    #[serde(default, deserialize_with = "de_duration")]
-    ttft_budget: Option<Duration>,
-    weights: Option<Weights>,
-    kv_headroom_full: Option<f64>,
-    hysteresis: Option<f64>,
-    evict_after: Option<u32>,
-    #[serde(alias = "qos_eviction")]
-    eviction: Option<bool>,
-    #[serde(default, deserialize_with = "de_duration")]
-    period: Option<Duration>,
-    #[serde(default, deserialize_with = "de_duration")]
-    metrics_period: Option<Duration>,
-    #[serde(default, deserialize_with = "de_duration")]
-    max_input_age: Option<Duration>,
-    #[serde(alias = "qos_probe_max_tokens")]
-    probe_max_tokens: Option<u32>,
-    stall_detection: Option<bool>,
-    #[serde(default, deserialize_with = "de_duration")]
-    stall_window: Option<Duration>,
-    skip_when_capacity_waiting: Option<bool>,
-}
-
-impl QosTable {
-    /// The settings with defaults filled in (checked with the rest of the engine).
-    fn resolve(&self) -> QosConfig {
-        let d = QosConfig::default();
-        QosConfig {
-            enabled: self.enabled.unwrap_or(d.enabled),
-            ttft_budget: self.ttft_budget.unwrap_or(d.ttft_budget),
-            weights: self.weights.unwrap_or(d.weights),
-            kv_headroom_full: self.kv_headroom_full.unwrap_or(d.kv_headroom_full),
-            hysteresis: self.hysteresis.unwrap_or(d.hysteresis),
-            evict_after: self.evict_after.unwrap_or(d.evict_after),
-            eviction: self.eviction.unwrap_or(d.eviction),
-            period: self.period.unwrap_or(d.period),
-            metrics_period: self.metrics_period.unwrap_or(d.metrics_period),
-            max_input_age: self.max_input_age.unwrap_or(d.max_input_age),
-            probe_max_tokens: self.probe_max_tokens.unwrap_or(d.probe_max_tokens),
-            stall_detection: self.stall_detection.unwrap_or(d.stall_detection),
-            stall_window: self.stall_window.unwrap_or(d.stall_window),
-            skip_when_capacity_waiting: self
-                .skip_when_capacity_waiting
-                .unwrap_or(d.skip_when_capacity_waiting),
-        }
-    }
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct TimingTable {
-    #[serde(default, deserialize_with = "de_duration")]
-    warmup_timeout: Option<Duration>,
-    #[serde(default, deserialize_with = "de_duration")]
-    request_timeout: Option<Duration>,
-    #[serde(default, deserialize_with = "de_duration")]
-    window: Option<Duration>,
-    #[serde(default, deserialize_with = "de_duration")]
-    interval: Option<Duration>,
-    #[serde(default, deserialize_with = "de_duration")]
-    high_load_interval: Option<Duration>,
-    high_load_threshold: Option<f64>,
-    #[serde(default, deserialize_with = "de_duration")]
-    health_period: Option<Duration>,
-    #[serde(default, deserialize_with = "de_duration")]
-    health_timeout: Option<Duration>,
-    #[serde(default, deserialize_with = "de_duration")]
-    serving_evidence_max_age: Option<Duration>,
+    qos: QosConfig,
 }
 
 /// Reads and validates `agent.toml` (a regular file of at most 4 MiB, [`super::read`]).
@@ -385,7 +314,6 @@ fn format_path(doc: &toml::de::DeTable<'_>, path: &[Step]) -> String {
 }
 
 fn agent_settings(t: &AgentTable, base: &Path) -> Result<AgentSettings, KeyError> {
-    let d = AgentSettings::default();
     let admin_listen = match &t.admin_listen {
         None => None,
         Some(s) => Some(s.parse().map_err(|_| {
@@ -411,7 +339,6 @@ fn agent_settings(t: &AgentTable, base: &Path) -> Result<AgentSettings, KeyError
             }
         }
     }
-    let dl = d.listeners;
     let rel = |p: &PathBuf| {
         if p.is_relative() && p.components().count() > 1 {
             base.join(p)
@@ -420,26 +347,26 @@ fn agent_settings(t: &AgentTable, base: &Path) -> Result<AgentSettings, KeyError
         }
     };
     let s = AgentSettings {
-        sample_period: t.sample_period.unwrap_or(d.sample_period),
+        sample_period: t.sample_period,
         dcmi_lib: t.dcmi_lib.as_ref().map(rel),
-        npu_smi: t.npu_smi.as_ref().map(rel).unwrap_or(d.npu_smi),
-        backend: t.backend.unwrap_or(d.backend),
-        dcmi_no_owner_check: t.dcmi_no_owner_check.unwrap_or(false),
-        npu_smi_delay: t.npu_smi_delay.unwrap_or(d.npu_smi_delay),
+        npu_smi: rel(&t.npu_smi),
+        backend: t.backend,
+        dcmi_no_owner_check: t.dcmi_no_owner_check,
+        npu_smi_delay: t.npu_smi_delay,
         admin_listen,
-        worker_threads: t.worker_threads.unwrap_or(d.worker_threads),
-        sampler_realtime: t.sampler_realtime.unwrap_or(d.sampler_realtime),
-        driver_call_deadline: t.driver_call_deadline.unwrap_or(d.driver_call_deadline),
-        sampler_stuck_after: t.sampler_stuck_after.unwrap_or(d.sampler_stuck_after),
+        worker_threads: t.worker_threads,
+        sampler_realtime: t.sampler_realtime,
+        driver_call_deadline: t.driver_call_deadline,
+        sampler_stuck_after: t.sampler_stuck_after,
         log_level: t.log_level.clone(),
         listeners: crate::config::ListenerLimits {
-            max_connections: t.max_connections.unwrap_or(dl.max_connections),
-            header_read_timeout: t.header_read_timeout.unwrap_or(dl.header_read_timeout),
-            idle_timeout: t.idle_timeout.unwrap_or(dl.idle_timeout),
+            max_connections: t.max_connections,
+            header_read_timeout: t.header_read_timeout,
+            idle_timeout: t.idle_timeout,
         },
         admin_auth: crate::config::AdminAuthConfig {
             token_file: t.admin_token_file.as_ref().map(|p| base_rel(base, p)),
-            tls: t.admin_tls.as_ref().map(|x| crate::config::AdminTls {
+            tls: t.admin_tls.as_ref().map(|x| AdminTls {
                 cert_file: base_rel(base, &x.cert_file),
                 key_file: base_rel(base, &x.key_file),
                 client_ca_file: x.client_ca_file.as_ref().map(|p| base_rel(base, p)),
@@ -606,19 +533,6 @@ fn engine(
     let mgmt_listen =
         listen_addr(&mgmt_host, t.mgmt_port).map_err(|e| ("mgmt_host".to_owned(), e))?;
     listen_addr(&t.host, t.port).map_err(|e| ("host".to_owned(), e))?;
-    let d = Timing::default();
-    let tt = &t.timing;
-    let timing = Timing {
-        warmup_timeout: tt.warmup_timeout.unwrap_or(d.warmup_timeout),
-        request_timeout: tt.request_timeout.unwrap_or(d.request_timeout),
-        window: tt.window.unwrap_or(d.window),
-        interval: tt.interval.unwrap_or(d.interval),
-        high_load_interval: tt.high_load_interval.unwrap_or(d.high_load_interval),
-        high_load_threshold: tt.high_load_threshold.unwrap_or(d.high_load_threshold),
-        health_period: tt.health_period.unwrap_or(d.health_period),
-        health_timeout: tt.health_timeout,
-        serving_evidence_max_age: tt.serving_evidence_max_age,
-    };
     let name = t
         .name
         .clone()
@@ -635,8 +549,8 @@ fn engine(
         },
         t.devices.clone(),
         engine_env,
-        timing,
-        t.qos.resolve(),
+        t.timing.clone(),
+        t.qos.clone(),
         origin,
     )
 }

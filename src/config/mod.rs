@@ -10,6 +10,7 @@
 //! Every error names the file, the table and the key; [`validate`] holds the checks both
 //! `check-config` and `run` apply, [`read`] how every file named is read.
 
+pub mod duration;
 pub mod file;
 pub mod mindie;
 pub mod read;
@@ -18,7 +19,7 @@ pub mod validate;
 use crate::driver::{BackendChoice, DriverConfig};
 use crate::qos::QosConfig;
 use mindie::{DispatchProfile, EngineSection, EngineType, HealthCheckConfig, Role, TlsConfig};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -91,51 +92,41 @@ pub enum Mode {
     Single,
 }
 
-/// Serialises a duration the way configs write it (`5s`, `50ms`).
-fn ser_duration<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(&humantime::format_duration(*d).to_string())
-}
-
-fn ser_opt_duration<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
-    match d {
-        Some(d) => ser_duration(d, s),
-        None => s.serialize_none(),
-    }
-}
-
 /// Virtual-inference timing. Defaults equal the reference's constants (V5); every value is
-/// configurable so tests can compress time.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// configurable so tests can compress time. Also `[engine.timing]` as read: a key left out
+/// keeps its default.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct Timing {
     /// Timeout of the warm-up request. Reference: 180 s.
-    #[serde(serialize_with = "ser_duration")]
+    #[serde(with = "duration")]
     pub warmup_timeout: Duration,
     /// Timeout of each periodic request. Reference: 5 s.
-    #[serde(serialize_with = "ser_duration")]
+    #[serde(with = "duration")]
     pub request_timeout: Duration,
     /// AI Cube peak window. Reference: 5 s.
-    #[serde(serialize_with = "ser_duration")]
+    #[serde(with = "duration")]
     pub window: Duration,
     /// Sleep between probes. Reference: 5 s.
-    #[serde(serialize_with = "ser_duration")]
+    #[serde(with = "duration")]
     pub interval: Duration,
     /// Sleep between probes while the NPU is busy. Reference: 20 s.
-    #[serde(serialize_with = "ser_duration")]
+    #[serde(with = "duration")]
     pub high_load_interval: Duration,
     /// Peak (percent) at or above which the busy interval applies. Reference: 80.
     pub high_load_threshold: f64,
     /// How often the agent probes the engine's `/health` in the background. Not in the
     /// reference (it probes on every `/status`); default 1 s.
-    #[serde(serialize_with = "ser_duration")]
+    #[serde(with = "duration")]
     pub health_period: Duration,
     /// Overrides `health_check_config.health_collector_timeout` (whole seconds there) with
     /// any duration, so tests and the chaos suite can compress it. Default: not set.
-    #[serde(serialize_with = "ser_opt_duration")]
+    #[serde(with = "duration::option")]
     pub health_timeout: Option<Duration>,
     /// A `/health` that only times out is not abnormal while the engine shows it serves
     /// within this long (a periodic virtual request succeeded, or tokens advance). Default:
     /// twice `high_load_interval`; `"0s"` turns the rule off (the reference's verdict).
-    #[serde(serialize_with = "ser_opt_duration")]
+    #[serde(with = "duration::option")]
     pub serving_evidence_max_age: Option<Duration>,
 }
 
@@ -263,7 +254,7 @@ impl EngineSpec {
 /// Agent-wide settings (`[agent]` table or global flags).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct AgentSettings {
-    #[serde(serialize_with = "ser_duration")]
+    #[serde(with = "duration")]
     pub sample_period: Duration,
     pub dcmi_lib: Option<PathBuf>,
     pub npu_smi: PathBuf,
@@ -277,11 +268,11 @@ pub struct AgentSettings {
     /// Run the DCMI sampler thread under `SCHED_FIFO` when permitted.
     pub sampler_realtime: bool,
     /// A DCMI call blocking longer marks its NPU stale (hung). Default 1 s.
-    #[serde(serialize_with = "ser_duration")]
+    #[serde(with = "duration")]
     pub driver_call_deadline: Duration,
     /// A DCMI call blocked this long, or no sampling pass for this long, makes the agent
     /// unhealthy: `/healthz` answers 503 and the systemd watchdog pings stop. Default 10 s.
-    #[serde(serialize_with = "ser_duration")]
+    #[serde(with = "duration")]
     pub sampler_stuck_after: Duration,
     /// Level filter (`RUST_LOG` syntax) when `RUST_LOG` is not set; default `info`.
     pub log_level: Option<String>,
@@ -302,7 +293,8 @@ pub struct AdminAuthConfig {
 }
 
 /// `[agent] admin_tls`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct AdminTls {
     pub cert_file: PathBuf,
     pub key_file: PathBuf,
@@ -318,10 +310,10 @@ pub struct ListenerLimits {
     /// connection is closed to make room.
     pub max_connections: usize,
     /// A request's headers must arrive within this (also bounds a TLS handshake).
-    #[serde(serialize_with = "ser_duration")]
+    #[serde(with = "duration")]
     pub header_read_timeout: Duration,
     /// A connection with no byte read or written for this long is closed.
-    #[serde(serialize_with = "ser_duration")]
+    #[serde(with = "duration")]
     pub idle_timeout: Duration,
 }
 

@@ -1,99 +1,159 @@
-//! One log event as plain data, and its text and JSON renderings.
+//! An event's fields as plain data ([`Fields`], also the rate limiter's key and journald's
+//! entry), and the field formatter of the text format ([`TextFields`]).
+//!
+//! The text lines come from `tracing-subscriber`'s fmt layer; the fields in them are written
+//! here because its own formatter escapes only terminal escapes (ESC, BEL, ...) in the
+//! message and nothing in other fields: a newline copied from an engine's answer would start
+//! a forged log line (`tracing_subscribers_own_fields_let_a_newline_through`).
 
-use std::fmt::Write as _;
-use std::time::{Duration, SystemTime};
-use tracing::Level;
-use tracing::field::{Field as TField, Visit};
+use std::fmt;
+use tracing::field::{Field, Visit};
+use tracing_subscriber::field::RecordFields;
+use tracing_subscriber::fmt::FormatFields;
+use tracing_subscriber::fmt::format::Writer;
 
-/// A structured field: name and rendered value.
-pub type Field = (&'static str, String);
-
-/// One event, rendered once; also the rate limiter's key (the time is not part of it).
+/// A field's value as recorded: numbers and booleans kept as such, anything else rendered.
 #[derive(Debug, Clone)]
-pub struct Record {
-    pub time: SystemTime,
-    pub level: Level,
-    pub target: String,
-    pub file: Option<&'static str>,
-    pub line: Option<u32>,
-    pub message: String,
-    pub fields: Vec<Field>,
+pub enum FieldValue {
+    I64(i64),
+    U64(u64),
+    F64(f64),
+    Bool(bool),
+    Text(String),
 }
 
-impl PartialEq for Record {
-    fn eq(&self, o: &Record) -> bool {
-        self.level == o.level
-            && self.file == o.file
-            && self.line == o.line
-            && self.target == o.target
-            && self.message == o.message
-            && self.fields == o.fields
+impl FieldValue {
+    /// The value, to record again (the rate limiter's own lines).
+    pub fn as_value(&self) -> &dyn tracing::Value {
+        match self {
+            FieldValue::I64(v) => v,
+            FieldValue::U64(v) => v,
+            FieldValue::F64(v) => v,
+            FieldValue::Bool(v) => v,
+            FieldValue::Text(v) => v,
+        }
     }
 }
 
-impl Eq for Record {}
+// Compared and hashed by their bits, so a NaN field still makes a rate-limit key equal to
+// itself.
+impl PartialEq for FieldValue {
+    fn eq(&self, o: &FieldValue) -> bool {
+        match (self, o) {
+            (FieldValue::F64(a), FieldValue::F64(b)) => a.to_bits() == b.to_bits(),
+            (FieldValue::I64(a), FieldValue::I64(b)) => a == b,
+            (FieldValue::U64(a), FieldValue::U64(b)) => a == b,
+            (FieldValue::Bool(a), FieldValue::Bool(b)) => a == b,
+            (FieldValue::Text(a), FieldValue::Text(b)) => a == b,
+            _ => false,
+        }
+    }
+}
 
-impl std::hash::Hash for Record {
+impl Eq for FieldValue {}
+
+impl std::hash::Hash for FieldValue {
     fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
-        self.level.as_str().hash(h);
-        self.file.hash(h);
-        self.line.hash(h);
-        self.target.hash(h);
-        self.message.hash(h);
-        self.fields.hash(h);
+        std::mem::discriminant(self).hash(h);
+        match self {
+            FieldValue::I64(v) => v.hash(h),
+            FieldValue::U64(v) => v.hash(h),
+            FieldValue::F64(v) => v.to_bits().hash(h),
+            FieldValue::Bool(v) => v.hash(h),
+            FieldValue::Text(v) => v.hash(h),
+        }
     }
 }
 
-impl Record {
-    /// This record, written after `n` identical ones were suppressed.
-    pub fn with_suppressed(&self, n: u64) -> Record {
-        let mut r = self.clone();
-        r.time = SystemTime::now();
-        r.message = format!(
-            "{} ({n} identical lines suppressed before this one)",
-            r.message
-        );
-        r.fields.push(("suppressed", n.to_string()));
-        r
-    }
-
-    /// The line reporting `n` suppressed copies of this record over `over`.
-    pub fn summary(&self, n: u64, over: Duration) -> Record {
-        let mut r = self.clone();
-        r.time = SystemTime::now();
-        r.message = format!(
-            "{} (repeated {n} more times in {:.0}s, suppressed)",
-            r.message,
-            over.as_secs_f64()
-        );
-        r.fields.push(("suppressed", n.to_string()));
-        r
+impl fmt::Display for FieldValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FieldValue::I64(v) => write!(f, "{v}"),
+            FieldValue::U64(v) => write!(f, "{v}"),
+            // As tracing renders a float it is given (`1.0`, not `1`).
+            FieldValue::F64(v) => write!(f, "{v:?}"),
+            FieldValue::Bool(v) => write!(f, "{v}"),
+            FieldValue::Text(v) => f.write_str(v),
+        }
     }
 }
 
-/// Collects an event's message and fields.
-#[derive(Default)]
-pub struct Visitor {
+/// An event's message and its other fields, in the order recorded.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct Fields {
     pub message: String,
-    pub fields: Vec<Field>,
+    pub fields: Vec<(&'static str, FieldValue)>,
 }
 
-impl Visit for Visitor {
-    fn record_str(&mut self, field: &TField, value: &str) {
+impl Fields {
+    fn put(&mut self, field: &Field, value: FieldValue) {
         if field.name() == "message" {
-            self.message = value.to_owned();
+            self.message = value.to_string();
         } else {
-            self.fields.push((field.name(), value.to_owned()));
+            self.fields.push((field.name(), value));
         }
     }
 
-    fn record_debug(&mut self, field: &TField, value: &dyn std::fmt::Debug) {
-        let v = format!("{value:?}");
-        if field.name() == "message" {
-            self.message = v;
-        } else {
-            self.fields.push((field.name(), v));
+    /// `message key=value ...`: control characters escaped, a value with a space, a quote
+    /// or a control character quoted.
+    pub fn write_text(&self, w: &mut impl fmt::Write) -> fmt::Result {
+        let mut sep = "";
+        if !self.message.is_empty() {
+            w.write_str(&escape_controls(&self.message))?;
+            sep = " ";
         }
+        for (k, v) in &self.fields {
+            let v = v.to_string();
+            if v.is_empty()
+                || v.contains(char::is_whitespace)
+                || v.contains('"')
+                || v.contains(char::is_control)
+            {
+                write!(w, "{sep}{k}={v:?}")?;
+            } else {
+                write!(w, "{sep}{k}={v}")?;
+            }
+            sep = " ";
+        }
+        Ok(())
+    }
+}
+
+impl Visit for Fields {
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.put(field, FieldValue::I64(value));
+    }
+
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.put(field, FieldValue::U64(value));
+    }
+
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        self.put(field, FieldValue::F64(value));
+    }
+
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.put(field, FieldValue::Bool(value));
+    }
+
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.put(field, FieldValue::Text(value.to_owned()));
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        self.put(field, FieldValue::Text(format!("{value:?}")));
+    }
+}
+
+/// The text format's field formatter (see the module doc for why it is ours).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct TextFields;
+
+impl<'w> FormatFields<'w> for TextFields {
+    fn format_fields<R: RecordFields>(&self, mut writer: Writer<'w>, fields: R) -> fmt::Result {
+        let mut f = Fields::default();
+        fields.record(&mut f);
+        f.write_text(&mut writer)
     }
 }
 
@@ -132,85 +192,74 @@ pub fn quote(s: &str) -> String {
     }
 }
 
-/// `2026-11-30T00:23:05.123456Z  WARN message key=value ...`, control characters escaped.
-pub fn text(r: &Record) -> String {
-    let mut s = format!(
-        "{} {:>5} {}",
-        humantime::format_rfc3339_micros(r.time),
-        r.level.as_str(),
-        escape_controls(&r.message)
-    );
-    for (k, v) in &r.fields {
-        if v.is_empty()
-            || v.contains(char::is_whitespace)
-            || v.contains('"')
-            || v.contains(char::is_control)
-        {
-            let _ = write!(s, " {k}={v:?}");
-        } else {
-            let _ = write!(s, " {k}={v}");
-        }
-    }
-    s.push('\n');
-    s
-}
-
-/// One JSON object: `timestamp`, `level`, `target`, `message`, then the fields.
-pub fn json(r: &Record) -> String {
-    let mut m = serde_json::Map::new();
-    m.insert(
-        "timestamp".into(),
-        humantime::format_rfc3339_micros(r.time).to_string().into(),
-    );
-    m.insert("level".into(), r.level.as_str().into());
-    m.insert("target".into(), r.target.clone().into());
-    m.insert("message".into(), r.message.clone().into());
-    for (k, v) in &r.fields {
-        let key = if m.contains_key(*k) {
-            format!("field_{k}")
-        } else {
-            (*k).to_owned()
-        };
-        m.insert(key, v.clone().into());
-    }
-    let mut s = serde_json::Value::Object(m).to_string();
-    s.push('\n');
-    s
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::{Arc, Mutex};
+    use tracing_subscriber::fmt::MakeWriter;
+    use tracing_subscriber::layer::SubscriberExt;
 
-    fn rec() -> Record {
-        Record {
-            time: SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000),
-            level: Level::WARN,
-            target: "npu_health_agent::engine".into(),
-            file: Some("src/engine.rs"),
-            line: Some(1),
-            message: "/health fails".into(),
-            fields: vec![
-                ("engine", "prefill-0".into()),
-                ("error", "connection refused".into()),
-            ],
+    /// Everything a fmt layer writes, kept.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
         }
     }
 
+    impl<'a> MakeWriter<'a> for Captured {
+        type Writer = Captured;
+        fn make_writer(&'a self) -> Captured {
+            self.clone()
+        }
+    }
+
+    impl Captured {
+        fn text(&self) -> String {
+            String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
+        }
+    }
+
+    /// What the agent's text layer writes for `f`.
+    fn text_of(f: impl FnOnce()) -> String {
+        let out = Captured::default();
+        let layer = super::super::text_layer().with_writer(out.clone());
+        tracing::subscriber::with_default(tracing_subscriber::registry().with(layer), f);
+        out.text()
+    }
+
+    const FORGED: &str = "ok\n2026-01-01T00:00:00Z ERROR forged\x1b[2J";
+
     #[test]
-    fn text_line() {
+    fn text_lines_keep_their_shape() {
+        let line = text_of(|| {
+            tracing::warn!(
+                engine = "prefill-0",
+                device = 3,
+                error = %"connection refused",
+                "/health fails"
+            )
+        });
+        let (time, rest) = line.split_once(' ').unwrap();
+        assert!(
+            humantime::parse_rfc3339(time).is_ok() && time.ends_with('Z') && time.len() == 27,
+            "{line:?}"
+        );
         assert_eq!(
-            text(&rec()),
-            "2023-11-14T22:13:20.000000Z  WARN /health fails engine=prefill-0 error=\"connection refused\"\n"
+            rest,
+            " WARN /health fails engine=prefill-0 device=3 error=\"connection refused\"\n"
         );
     }
 
     #[test]
     fn text_lines_escape_control_bytes_from_outside() {
-        let mut r = rec();
-        r.message = "npu-smi said: ok\n2026-01-01T00:00:00Z ERROR forged\x1b[2J".into();
-        r.fields = vec![("output", "a\x07b".into())];
-        let line = text(&r);
+        let line = text_of(|| tracing::error!(output = "a\x07b", "npu-smi said: {FORGED}"));
         assert_eq!(
             line.matches('\n').count(),
             1,
@@ -222,6 +271,26 @@ mod tests {
             "{line:?}"
         );
         assert!(line.contains(r#"output="a\u{7}b""#), "{line:?}");
+    }
+
+    // Why the field formatter is ours: the crate's own escapes ESC but keeps a newline in the
+    // message and anything in a Display field.
+    #[test]
+    fn tracing_subscribers_own_fields_let_a_newline_through() {
+        let out = Captured::default();
+        let layer = tracing_subscriber::fmt::layer()
+            .with_ansi(false)
+            .with_writer(out.clone());
+        tracing::subscriber::with_default(
+            tracing_subscriber::registry().with(layer),
+            || tracing::error!(answer = %"x\ny", "npu-smi said: {FORGED}"),
+        );
+        let text = out.text();
+        assert_eq!(text.matches('\n').count(), 3, "{text:?}");
+        assert!(
+            text.contains("\n2026-01-01T00:00:00Z ERROR forged"),
+            "{text:?}"
+        );
     }
 
     #[test]
@@ -236,25 +305,34 @@ mod tests {
         assert!(q.len() < QUOTE_MAX + 40);
     }
 
-    #[test]
-    fn json_line_keeps_fields_and_never_overwrites_the_envelope() {
-        let mut r = rec();
-        r.fields.push(("message", "clash".into()));
-        let v: serde_json::Value = serde_json::from_str(&json(&r)).unwrap();
-        assert_eq!(v["level"], "WARN");
-        assert_eq!(v["message"], "/health fails");
-        assert_eq!(v["engine"], "prefill-0");
-        assert_eq!(v["field_message"], "clash");
-        assert_eq!(v["timestamp"], "2023-11-14T22:13:20.000000Z");
+    /// The fields of every event, as this module collects them.
+    #[derive(Clone, Default)]
+    struct Keep(Arc<Mutex<Vec<Fields>>>);
+
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Keep {
+        fn on_event(&self, e: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+            let mut f = Fields::default();
+            e.record(&mut f);
+            self.0.lock().unwrap().push(f);
+        }
     }
 
     #[test]
-    fn the_time_is_not_part_of_the_identity() {
-        let a = rec();
-        let mut b = rec();
-        b.time += Duration::from_secs(5);
-        assert_eq!(a, b);
-        b.fields[0].1 = "decode-0".into();
+    fn fields_keep_numbers_and_compare_by_value() {
+        let keep = Keep::default();
+        let subscriber = tracing_subscriber::registry().with(keep.clone());
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::warn!(device = 1u32, peak = f64::NAN, "m");
+            tracing::warn!(device = 2u32, peak = f64::NAN, "m");
+        });
+        let got = keep.0.lock().unwrap().clone();
+        let (a, b) = (&got[0], &got[1]);
+        assert_eq!(a.message, "m");
+        assert_eq!(a.fields[0], ("device", FieldValue::U64(1)));
+        assert_eq!(a, &a.clone(), "a NaN field still equals itself");
         assert_ne!(a, b);
+        let mut s = String::new();
+        a.write_text(&mut s).unwrap();
+        assert_eq!(s, "m device=1 peak=NaN");
     }
 }

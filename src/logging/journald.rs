@@ -4,10 +4,20 @@
 //! Event fields become journal fields in upper case (`engine` → `ENGINE=`, `device` →
 //! `DEVICE=`, `verdict` → `VERDICT=`), so `journalctl -u npu-health-agent ENGINE=prefill-0`
 //! selects one engine's lines.
+//!
+//! This layer is ours rather than `tracing-journald`'s: that crate (0.3) sends to the fixed
+//! `/run/systemd/journal/socket` and cannot be pointed at another ([`SOCKET_ENV`]: the tests'
+//! journal, a journald in a container at another path), as
+//! `tracing_journald_cannot_be_pointed_at_another_socket` shows. Its fields otherwise match
+//! these with `with_field_prefix(None)`, except that it leaves a field named like a journal
+//! field (`priority`, `message`) unprefixed, so it would be sent twice.
 
-use super::format::Record;
+use super::format::Fields;
 use std::os::unix::net::UnixDatagram;
-use tracing::Level;
+use std::path::Path;
+use tracing::{Event, Level, Subscriber};
+use tracing_subscriber::Layer;
+use tracing_subscriber::layer::Context;
 
 /// journald's socket.
 pub const DEFAULT_SOCKET: &str = "/run/systemd/journal/socket";
@@ -18,37 +28,73 @@ pub const IDENTIFIER: &str = "npu-health-agent";
 /// A message longer than this is cut when the datagram is too large for the socket.
 const TRUNCATE_AT: usize = 8 * 1024;
 
-/// A connected journald socket.
+/// The output layer writing to journald.
 #[derive(Debug)]
-pub struct Journal {
+pub struct Journald {
     sock: UnixDatagram,
 }
 
-impl Journal {
+impl Journald {
     /// Connects to journald's socket (or the one named by [`SOCKET_ENV`]).
-    pub fn connect() -> Result<Journal, String> {
+    pub fn connect() -> Result<Journald, String> {
         let path = std::env::var_os(SOCKET_ENV)
             .filter(|p| !p.is_empty())
             .unwrap_or_else(|| DEFAULT_SOCKET.into());
+        Journald::connect_to(Path::new(&path))
+    }
+
+    /// Connects to the journal socket at `path`.
+    pub fn connect_to(path: &Path) -> Result<Journald, String> {
         let sock = UnixDatagram::unbound().map_err(|e| format!("cannot make a socket: {e}"))?;
-        sock.connect(&path).map_err(|e| {
-            format!(
-                "journald is not reachable at {}: {e}",
-                std::path::Path::new(&path).display()
-            )
-        })?;
-        Ok(Journal { sock })
+        sock.connect(path)
+            .map_err(|e| format!("journald is not reachable at {}: {e}", path.display()))?;
+        Ok(Journald { sock })
     }
 
     /// Sends one entry; a message too large for a datagram is cut and sent again.
-    pub fn send(&self, r: &Record) -> std::io::Result<()> {
-        match self.sock.send(&encode(r, usize::MAX)) {
-            Err(e) if e.raw_os_error() == Some(libc_emsgsize()) => {
-                self.sock.send(&encode(r, TRUNCATE_AT)).map(|_| ())
+    pub fn send(&self, e: &Entry<'_>) -> std::io::Result<()> {
+        match self.sock.send(&encode(e, usize::MAX)) {
+            Err(err) if err.raw_os_error() == Some(libc_emsgsize()) => {
+                self.sock.send(&encode(e, TRUNCATE_AT)).map(|_| ())
             }
             other => other.map(|_| ()),
         }
     }
+}
+
+impl<S: Subscriber> Layer<S> for Journald {
+    fn on_event(&self, event: &Event<'_>, _ctx: Context<'_, S>) {
+        let meta = event.metadata();
+        let mut fields = Fields::default();
+        event.record(&mut fields);
+        let entry = Entry {
+            level: *meta.level(),
+            target: meta.target(),
+            file: meta.file(),
+            line: meta.line(),
+            fields: &fields,
+        };
+        if let Err(e) = self.send(&entry) {
+            // journald went away: the line still reaches stderr (the journal stream).
+            let mut line = format!(
+                "{} {:>5} ",
+                humantime::format_rfc3339_micros(std::time::SystemTime::now()),
+                entry.level.as_str()
+            );
+            let _ = fields.write_text(&mut line);
+            eprintln!("{line} (journald: {e})");
+        }
+    }
+}
+
+/// One journal entry: an event's metadata and fields.
+#[derive(Debug, Clone, Copy)]
+pub struct Entry<'a> {
+    pub level: Level,
+    pub target: &'a str,
+    pub file: Option<&'a str>,
+    pub line: Option<u32>,
+    pub fields: &'a Fields,
 }
 
 fn libc_emsgsize() -> i32 {
@@ -116,9 +162,9 @@ fn put(out: &mut Vec<u8>, name: &str, value: &str) {
 }
 
 /// The datagram of one entry, the message cut to `max_message` bytes.
-pub fn encode(r: &Record, max_message: usize) -> Vec<u8> {
+pub fn encode(e: &Entry<'_>, max_message: usize) -> Vec<u8> {
     let mut out = Vec::with_capacity(256);
-    let mut message = r.message.as_str();
+    let mut message = e.fields.message.as_str();
     if message.len() > max_message {
         let mut end = max_message;
         while !message.is_char_boundary(end) {
@@ -127,17 +173,17 @@ pub fn encode(r: &Record, max_message: usize) -> Vec<u8> {
         message = &message[..end];
     }
     put(&mut out, "MESSAGE", message);
-    put(&mut out, "PRIORITY", &priority(r.level).to_string());
+    put(&mut out, "PRIORITY", &priority(e.level).to_string());
     put(&mut out, "SYSLOG_IDENTIFIER", IDENTIFIER);
-    put(&mut out, "TARGET", &r.target);
-    if let Some(f) = r.file {
+    put(&mut out, "TARGET", e.target);
+    if let Some(f) = e.file {
         put(&mut out, "CODE_FILE", f);
     }
-    if let Some(l) = r.line {
+    if let Some(l) = e.line {
         put(&mut out, "CODE_LINE", &l.to_string());
     }
-    for (k, v) in &r.fields {
-        put(&mut out, &field_name(k), v);
+    for (k, v) in &e.fields.fields {
+        put(&mut out, &field_name(k), &v.to_string());
     }
     out
 }
@@ -198,43 +244,53 @@ pub fn stderr_is_journal() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::SystemTime;
+    use crate::logging::format::FieldValue;
+    use std::time::Duration;
 
-    fn rec(message: &str) -> Record {
-        Record {
-            time: SystemTime::now(),
-            level: Level::WARN,
-            target: "npu_health_agent::engine".into(),
-            file: Some("src/engine.rs"),
-            line: Some(42),
+    fn fields(message: &str) -> Fields {
+        Fields {
             message: message.into(),
             fields: vec![
-                ("engine", "prefill-0".into()),
-                ("verdict", "abnormal".into()),
-                ("message", "clash".into()),
-                ("_private", "x".into()),
+                ("engine", FieldValue::Text("prefill-0".into())),
+                ("verdict", FieldValue::Text("abnormal".into())),
+                ("device", FieldValue::U64(3)),
+                ("message", FieldValue::Text("clash".into())),
+                ("_private", FieldValue::Text("x".into())),
             ],
+        }
+    }
+
+    fn entry(fields: &Fields) -> Entry<'_> {
+        Entry {
+            level: Level::WARN,
+            target: "npu_health_agent::engine",
+            file: Some("src/engine.rs"),
+            line: Some(42),
+            fields,
         }
     }
 
     #[test]
     fn fields_round_trip_including_multi_line_values() {
-        let d = decode(&encode(&rec("line one\nline two"), usize::MAX)).unwrap();
+        let f = fields("line one\nline two");
+        let d = decode(&encode(&entry(&f), usize::MAX)).unwrap();
         let get = |k: &str| d.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
         assert_eq!(get("MESSAGE"), Some("line one\nline two"));
         assert_eq!(get("PRIORITY"), Some("4"));
         assert_eq!(get("SYSLOG_IDENTIFIER"), Some("npu-health-agent"));
         assert_eq!(get("ENGINE"), Some("prefill-0"));
         assert_eq!(get("VERDICT"), Some("abnormal"));
+        assert_eq!(get("DEVICE"), Some("3"));
         assert_eq!(get("FIELD_MESSAGE"), Some("clash"));
         assert_eq!(get("FIELD_PRIVATE"), Some("x"));
+        assert_eq!(get("CODE_FILE"), Some("src/engine.rs"));
         assert_eq!(get("CODE_LINE"), Some("42"));
     }
 
     #[test]
     fn long_messages_are_cut_on_a_character_boundary() {
-        let m = "é".repeat(10);
-        let d = decode(&encode(&rec(&m), 5)).unwrap();
+        let f = fields(&"é".repeat(10));
+        let d = decode(&encode(&entry(&f), 5)).unwrap();
         assert_eq!(d[0].1, "éé");
     }
 
@@ -251,5 +307,46 @@ mod tests {
     fn truncated_datagrams_are_rejected() {
         assert!(decode(b"MESSAGE=x").is_err());
         assert!(decode(b"MESSAGE\n\x05\0\0\0\0\0\0\0ab\n").is_err());
+    }
+
+    // Why this layer is ours: tracing-journald has no way to name the socket. With no journald
+    // at its fixed path (here, in CI) it gives up although a journal listens at the path we
+    // name; with one, the entry goes there. Ours reaches the path named.
+    #[test]
+    fn tracing_journald_cannot_be_pointed_at_another_socket() {
+        use tracing_subscriber::layer::SubscriberExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("journal");
+        let journal = UnixDatagram::bind(&path).unwrap();
+        journal
+            .set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        let mut buf = vec![0u8; 4096];
+        match tracing_journald::Layer::new() {
+            Err(e) => assert!(
+                matches!(
+                    e.kind(),
+                    std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+                ),
+                "{e}"
+            ),
+            Ok(layer) => {
+                let subscriber = tracing_subscriber::registry().with(layer.with_field_prefix(None));
+                tracing::subscriber::with_default(subscriber, || {
+                    tracing::info!(
+                        "npu-health-agent test: tracing-journald writes to the host journal"
+                    )
+                });
+                assert!(
+                    journal.recv(&mut buf).is_err(),
+                    "the crate reached {path:?}"
+                );
+            }
+        }
+        let subscriber = tracing_subscriber::registry().with(Journald::connect_to(&path).unwrap());
+        tracing::subscriber::with_default(subscriber, || tracing::warn!(engine = "e0", "ours"));
+        let n = journal.recv(&mut buf).unwrap();
+        let d = decode(&buf[..n]).unwrap();
+        assert!(d.contains(&("ENGINE".to_owned(), "e0".to_owned())), "{d:?}");
     }
 }

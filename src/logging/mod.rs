@@ -1,6 +1,6 @@
-//! Logging: one `tracing` layer that writes every event as human text or JSON on stderr, or
-//! natively to journald with structured fields, with repeated identical warnings and errors
-//! rate-limited (see [`ratelimit`]).
+//! Logging: `tracing-subscriber`'s fmt layer for human text or JSON on stderr, or our
+//! [`journald`] layer writing natively to the journal with structured fields; whichever it
+//! is, [`ratelimit::RateLimited`] around it holds back repeated identical warnings and errors.
 //!
 //! The format is chosen once at start-up: `--log-format` (`auto` by default). `auto` logs to
 //! journald when systemd connected stderr to the journal (`JOURNAL_STREAM` names stderr's
@@ -13,13 +13,10 @@ pub use format::{QUOTE_MAX, escape_controls, quote};
 pub mod journald;
 pub mod ratelimit;
 
-use format::Record;
-use ratelimit::{RateLimiter, Verdict};
-use std::io::Write;
-use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant, SystemTime};
-use tracing::{Event, Level, Subscriber};
-use tracing_subscriber::layer::{Context, SubscriberExt};
+use ratelimit::RateLimited;
+use std::sync::OnceLock;
+use std::time::Duration;
+use tracing_subscriber::layer::{Layered, SubscriberExt};
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer, Registry, reload};
 
@@ -39,25 +36,24 @@ pub enum LogFormat {
     Journald,
 }
 
-/// The sink chosen at start-up.
-enum Sink {
-    Text,
-    Json,
-    Journald(journald::Journal),
-}
+/// The subscriber the output layer sits on: the registry and the reloadable level filter.
+type Filtered = Layered<reload::Layer<EnvFilter, Registry>, Registry>;
+
+/// The output layer chosen at start-up.
+type Output = Box<dyn Layer<Filtered> + Send + Sync>;
 
 /// Handle to the running logger: changes the level filter and flushes suppressed counts.
 #[derive(Clone)]
 pub struct LogHandle {
     filter: Option<reload::Handle<EnvFilter, Registry>>,
-    output: Arc<Output>,
+    structured: bool,
     env_filter: bool,
 }
 
 /// Installs the global logger. `default` is the level filter when neither `RUST_LOG` nor
 /// the config sets one. Falls back to text (and says why) when journald cannot be reached.
 pub fn init(format: LogFormat, default: &str) -> LogHandle {
-    let (sink, note) = choose_sink(format);
+    let (output, structured, note) = choose_output(format);
     let env = std::env::var("RUST_LOG")
         .ok()
         .filter(|v| !v.trim().is_empty());
@@ -67,16 +63,9 @@ pub fn init(format: LogFormat, default: &str) -> LogHandle {
     let from_env = env_filter.is_some();
     let filter = env_filter.unwrap_or_else(|| EnvFilter::new(default));
     let (filter_layer, handle) = reload::Layer::new(filter);
-    let output = Arc::new(Output {
-        sink,
-        limiter: Mutex::new(Limiter {
-            lines: RateLimiter::new(RATE_LIMIT_INTERVAL),
-            swept: Instant::now(),
-        }),
-    });
     let installed = tracing_subscriber::registry()
         .with(filter_layer)
-        .with(OutputLayer(output.clone()))
+        .with(RateLimited::new(output, RATE_LIMIT_INTERVAL))
         .try_init()
         .is_ok();
     if let Some(note) = note {
@@ -87,38 +76,48 @@ pub fn init(format: LogFormat, default: &str) -> LogHandle {
     }
     LogHandle {
         filter: installed.then_some(handle),
-        output,
+        structured,
         env_filter: from_env,
     }
 }
 
-fn choose_sink(format: LogFormat) -> (Sink, Option<String>) {
+/// The text format: `2026-11-30T00:23:05.123456Z  WARN message key=value ...`.
+fn text_layer<S>() -> tracing_subscriber::fmt::Layer<S, format::TextFields>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    tracing_subscriber::fmt::layer()
+        .with_ansi(false)
+        .with_target(false)
+        .fmt_fields(format::TextFields)
+}
+
+/// The output layer, whether it is structured (JSON, journald), and a note when the format
+/// asked for could not be had.
+fn choose_output(format: LogFormat) -> (Output, bool, Option<String>) {
+    let text = || -> Output { text_layer().with_writer(std::io::stderr).boxed() };
+    let journal = |why: &dyn Fn(String) -> String| match journald::Journald::connect() {
+        Ok(j) => (j.boxed(), true, None),
+        Err(e) => (text(), false, Some(why(e))),
+    };
     match format {
-        LogFormat::Text => (Sink::Text, None),
-        LogFormat::Json => (Sink::Json, None),
-        LogFormat::Journald => match journald::Journal::connect() {
-            Ok(j) => (Sink::Journald(j), None),
-            Err(e) => (
-                Sink::Text,
-                Some(format!(
-                    "--log-format journald: {e}; logging text on stderr"
-                )),
-            ),
-        },
-        LogFormat::Auto => {
-            if !journald::stderr_is_journal() {
-                return (Sink::Text, None);
-            }
-            match journald::Journal::connect() {
-                Ok(j) => (Sink::Journald(j), None),
-                Err(e) => (
-                    Sink::Text,
-                    Some(format!(
-                        "stderr is the journal but {e}; logging text on stderr"
-                    )),
-                ),
-            }
+        LogFormat::Text => (text(), false, None),
+        LogFormat::Json => {
+            let json = tracing_subscriber::fmt::layer()
+                .json()
+                .flatten_event(true)
+                .with_current_span(false)
+                .with_span_list(false)
+                .with_writer(std::io::stderr);
+            (json.boxed(), true, None)
         }
+        LogFormat::Journald => {
+            journal(&|e| format!("--log-format journald: {e}; logging text on stderr"))
+        }
+        LogFormat::Auto if journald::stderr_is_journal() => {
+            journal(&|e| format!("stderr is the journal but {e}; logging text on stderr"))
+        }
+        LogFormat::Auto => (text(), false, None),
     }
 }
 
@@ -141,13 +140,13 @@ impl LogHandle {
 
     /// Writes the counts of suppressed lines not yet reported (at shutdown).
     pub fn flush(&self) {
-        self.output.flush(true);
+        ratelimit::flush();
     }
 
     /// Whether lines go to journald or as JSON (a fatal error must then be a log line too,
     /// not only plain text on stderr).
     pub fn structured(&self) -> bool {
-        !matches!(self.output.sink, Sink::Text)
+        self.structured
     }
 }
 
@@ -156,102 +155,6 @@ pub fn check_filter(directives: &str) -> Result<(), String> {
     EnvFilter::try_new(directives)
         .map(|_| ())
         .map_err(|e| format!("{directives:?} is not a valid filter like \"info\" or \"warn,npu_health_agent=debug\": {e}"))
-}
-
-struct Output {
-    sink: Sink,
-    limiter: Mutex<Limiter>,
-}
-
-/// The rate limiter and when it was last swept for counts no later line will carry.
-struct Limiter {
-    lines: RateLimiter<Record>,
-    swept: Instant,
-}
-
-/// How often the suppressed counts are swept (not on every event: the sweep walks them all).
-const SWEEP_EVERY: Duration = Duration::from_secs(1);
-
-impl Output {
-    fn handle(&self, record: Record) {
-        let now = Instant::now();
-        let limited = record.level <= Level::WARN;
-        let (verdict, pending) = {
-            let mut l = self.limiter.lock().unwrap_or_else(|p| p.into_inner());
-            let v = if limited {
-                l.lines.check(&record, now)
-            } else {
-                Verdict::Write { suppressed: 0 }
-            };
-            let pending = if now.saturating_duration_since(l.swept) >= SWEEP_EVERY {
-                l.swept = now;
-                l.lines.expired(now, false)
-            } else {
-                Vec::new()
-            };
-            (v, pending)
-        };
-        for p in pending {
-            self.write(&p.key.summary(p.suppressed, p.over));
-        }
-        if let Verdict::Write { suppressed } = verdict {
-            if suppressed > 0 {
-                self.write(&record.with_suppressed(suppressed));
-            } else {
-                self.write(&record);
-            }
-        }
-    }
-
-    fn flush(&self, all: bool) {
-        let pending = {
-            let mut l = self.limiter.lock().unwrap_or_else(|p| p.into_inner());
-            l.lines.expired(Instant::now(), all)
-        };
-        for p in pending {
-            self.write(&p.key.summary(p.suppressed, p.over));
-        }
-    }
-
-    fn write(&self, r: &Record) {
-        match &self.sink {
-            Sink::Text => write_stderr(&format::text(r)),
-            Sink::Json => write_stderr(&format::json(r)),
-            Sink::Journald(j) => {
-                if let Err(e) = j.send(r) {
-                    // journald went away: the line still reaches stderr (the journal stream).
-                    write_stderr(&format!("{} (journald: {e})", format::text(r).trim_end()));
-                }
-            }
-        }
-    }
-}
-
-fn write_stderr(line: &str) {
-    let mut err = std::io::stderr().lock();
-    let _ = err.write_all(line.as_bytes());
-    if !line.ends_with('\n') {
-        let _ = err.write_all(b"\n");
-    }
-}
-
-struct OutputLayer(Arc<Output>);
-
-impl<S: Subscriber> Layer<S> for OutputLayer {
-    fn on_event(&self, event: &Event<'_>, _ctx: Context<'_, S>) {
-        let meta = event.metadata();
-        let mut v = format::Visitor::default();
-        event.record(&mut v);
-        self.0.handle(Record {
-            time: SystemTime::now(),
-            level: *meta.level(),
-            target: meta.target().to_owned(),
-            file: meta.file(),
-            line: meta.line(),
-            message: v.message,
-            fields: v.fields,
-        });
-    }
 }
 
 /// The process-wide handle, for code that has no handle passed to it (reload, shutdown).

@@ -39,17 +39,16 @@ fn ser_rounded<S: serde::Serializer>(v: &Option<f64>, s: S) -> Result<S::Ok, S::
     v.map(round3).serialize(s)
 }
 
-fn ser_duration<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(&humantime::format_duration(*d).to_string())
-}
-
-/// QoS settings of one engine (`[engine.qos]`); defaults documented per field.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// QoS settings of one engine (`[engine.qos]`, a key left out keeps its default); defaults
+/// documented per field. `qos_eviction` and `qos_probe_max_tokens` are accepted as the names
+/// the issue tracker and operators use.
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct QosConfig {
     /// Compute the score at all. Default true.
     pub enabled: bool,
     /// Time to first token that scores 0. Default 2 s (the seed's).
-    #[serde(serialize_with = "ser_duration")]
+    #[serde(with = "crate::config::duration")]
     pub ttft_budget: Duration,
     /// Default 0.5 / 0.3 / 0.2.
     pub weights: Weights,
@@ -60,24 +59,26 @@ pub struct QosConfig {
     /// Consecutive scores below 0.3 before `evict`. Default 3.
     pub evict_after: u32,
     /// A held `evict` makes `/status` answer `abnormal` (`qos_eviction`). Default false.
+    #[serde(alias = "qos_eviction")]
     pub eviction: bool,
     /// Time between score evaluations. Default 5 s.
-    #[serde(serialize_with = "ser_duration")]
+    #[serde(with = "crate::config::duration")]
     pub period: Duration,
     /// Time between scrapes of the engine's `/metrics`. Default 5 s.
-    #[serde(serialize_with = "ser_duration")]
+    #[serde(with = "crate::config::duration")]
     pub metrics_period: Duration,
     /// Inputs older than this are missing. Default 60 s.
-    #[serde(serialize_with = "ser_duration")]
+    #[serde(with = "crate::config::duration")]
     pub max_input_age: Duration,
     /// `max_tokens` of the virtual probe; above 1 the probe streams and also measures time
     /// per output token. Default 1 (the reference's request, unchanged).
+    #[serde(alias = "qos_probe_max_tokens")]
     pub probe_max_tokens: u32,
     /// Count a failed probe on a busy NPU when the engine made no progress for
     /// `stall_window` (requests running, no token advancing). Default false (reference).
     pub stall_detection: bool,
     /// Default 60 s.
-    #[serde(serialize_with = "ser_duration")]
+    #[serde(with = "crate::config::duration")]
     pub stall_window: Duration,
     /// MindIE V6's rule: a low-usage failure is not counted while requests wait for KV-cache
     /// capacity (or while that metric is unknown). Default false (V5 parity).

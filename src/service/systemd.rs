@@ -7,7 +7,7 @@
 //! The pings come from a dedicated OS thread, not from the runtime: a ping sent by a task
 //! would prove only that one worker runs. Without `NOTIFY_SOCKET` everything here is a no-op.
 
-use super::notify::{self, Notifier};
+use super::notify::{self, Notifier, NotifyState};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -73,11 +73,11 @@ impl Systemd {
         self.watchdog
     }
 
-    fn send(&self, msg: &str) {
+    fn send(&self, states: &[NotifyState<'_>]) {
         if let Some(n) = &self.notifier
-            && let Err(e) = n.send(msg)
+            && let Err(e) = n.send(states)
         {
-            tracing::warn!("cannot notify systemd ({msg:?}): {e}");
+            tracing::warn!("cannot notify systemd ({states:?}): {e}");
         }
     }
 
@@ -87,7 +87,10 @@ impl Systemd {
             return;
         };
         let first = (probe.status)();
-        self.send(&format!("READY=1\n{}", notify::status_line(&first)));
+        self.send(&[
+            NotifyState::Ready,
+            NotifyState::Status(&notify::status_text(&first)),
+        ]);
         let (stop_tx, stop_rx) = crossbeam_channel::bounded(1);
         let watchdog = self.watchdog;
         if let Some(w) = watchdog {
@@ -107,21 +110,27 @@ impl Systemd {
 
     /// A reload starts (`RELOADING=1` with `MONOTONIC_USEC=`, as `Type=notify-reload` wants).
     pub fn reloading(&self) {
-        self.send(&format!(
-            "RELOADING=1\nMONOTONIC_USEC={}\n{}",
-            notify::monotonic_usec(),
-            notify::status_line("reloading the configuration")
-        ));
+        let status = NotifyState::Status("reloading the configuration");
+        match NotifyState::monotonic_usec_now() {
+            Ok(now) => self.send(&[NotifyState::Reloading, now, status]),
+            Err(e) => {
+                tracing::warn!("cannot read CLOCK_MONOTONIC for systemd's reload message: {e}");
+                self.send(&[NotifyState::Reloading, status]);
+            }
+        }
     }
 
     /// The reload finished (applied or rejected): `READY=1` and a status line.
     pub fn reloaded(&self, status: &str) {
-        self.send(&format!("READY=1\n{}", notify::status_line(status)));
+        self.send(&[
+            NotifyState::Ready,
+            NotifyState::Status(&notify::status_text(status)),
+        ]);
     }
 
     /// Shutdown starts: `STOPPING=1`; supervision (and so the pings) ends.
     pub fn stopping(&mut self) {
-        self.send(&format!("STOPPING=1\n{}", notify::status_line("stopping")));
+        self.send(&[NotifyState::Stopping, NotifyState::Status("stopping")]);
         if let Some((h, stop)) = self.thread.take() {
             drop(stop);
             let _ = h.join();
@@ -172,7 +181,7 @@ fn supervise(
             });
             match verdict {
                 Ok(()) => {
-                    if let Err(e) = n.send("WATCHDOG=1") {
+                    if let Err(e) = n.send(&[NotifyState::Watchdog]) {
                         tracing::warn!("cannot ping the systemd watchdog: {e}");
                     }
                     if withheld.take().is_some() {
@@ -194,7 +203,7 @@ fn supervise(
             }
         }
         if status != last_status {
-            if let Err(e) = n.send(&notify::status_line(&status)) {
+            if let Err(e) = n.send(&[NotifyState::Status(&notify::status_text(&status))]) {
                 tracing::warn!("cannot send the status to systemd: {e}");
             }
             last_status = status;
