@@ -6,7 +6,7 @@
 //! `/status` going `initial` → `normal`. Ctrl-C (or `--duration`) stops both; the demo fails
 //! if the agent dies or `/status` never goes `initial` → `normal`.
 
-use super::Failure;
+use super::CliError;
 use anyhow::Context;
 use fake_engine::engine::{EngineOptions, run as run_engine};
 use std::net::SocketAddr;
@@ -65,7 +65,7 @@ pub struct FakeEngineArgs {
 }
 
 /// Runs the fake engine until SIGTERM/SIGINT.
-pub async fn fake_engine(a: FakeEngineArgs) -> Result<(), Failure> {
+pub async fn fake_engine(a: FakeEngineArgs) -> Result<(), CliError> {
     let cancel = CancellationToken::new();
     let c = cancel.clone();
     tokio::spawn(async move {
@@ -143,7 +143,7 @@ async fn stop(mut child: Child, name: &str) {
 }
 
 /// Runs the demo.
-pub async fn demo(args: DemoArgs) -> Result<(), Failure> {
+pub async fn demo(args: DemoArgs) -> Result<(), CliError> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     // SIGTERM, SIGINT and SIGHUP all end the demo, and it stops what it started.
     let mut signals =
@@ -293,7 +293,7 @@ pub async fn demo(args: DemoArgs) -> Result<(), Failure> {
         return Ok(());
     }
     if !(seen_initial && seen_normal) {
-        return Err(Failure::from(anyhow::anyhow!(
+        return Err(CliError::from(anyhow::anyhow!(
             "/status did not go initial → normal (initial seen: {seen_initial}, normal seen: {seen_normal})"
         )));
     }

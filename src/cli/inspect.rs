@@ -1,6 +1,6 @@
 //! `devices` and `sample`: look at the NPUs and the driver backends without an engine.
 
-use super::{EXIT_USAGE, Failure};
+use super::{CliError, EXIT_USAGE};
 use crate::driver::DriverConfig;
 use crate::sampler::{DeviceSnapshot, Sampler, SamplerConfig, StartError};
 use anyhow::Context;
@@ -10,7 +10,7 @@ use std::time::Duration;
 const MAX_WINDOW: Duration = Duration::from_secs(600);
 
 /// `devices [--json]`.
-pub fn devices(driver: &DriverConfig, json: bool) -> Result<(), Failure> {
+pub fn devices(driver: &DriverConfig, json: bool) -> Result<(), CliError> {
     let sampler =
         Sampler::start(driver, &SamplerConfig::default()).context("starting the sampler")?;
     if !sampler.wait_settled(Duration::from_secs(10)) {
@@ -65,11 +65,11 @@ pub fn devices(driver: &DriverConfig, json: bool) -> Result<(), Failure> {
 }
 
 /// Exit 3 when the NPUs were found but none has a source of AI Cube figures.
-fn no_source_is_fatal(usable: bool) -> Result<(), Failure> {
+fn no_source_is_fatal(usable: bool) -> Result<(), CliError> {
     if usable {
         return Ok(());
     }
-    Err(Failure::from(StartError::NoBackend {
+    Err(CliError::from(StartError::NoBackend {
         dcmi: "no AI Cube call (multi-utilization or type 14) on any device".to_owned(),
         npu_smi: "not usable (see the warnings above)".to_owned(),
     }))
@@ -82,9 +82,9 @@ pub fn sample(
     period: Duration,
     ids: Option<Vec<u32>>,
     json: bool,
-) -> Result<(), Failure> {
+) -> Result<(), CliError> {
     if window.is_zero() || window > MAX_WINDOW {
-        return Err(Failure {
+        return Err(CliError {
             code: EXIT_USAGE,
             error: anyhow::anyhow!("--window {window:?} is outside 1ns..=10m"),
         });

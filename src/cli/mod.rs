@@ -170,23 +170,23 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 
 /// An error with the exit code it should produce.
 #[derive(Debug)]
-pub struct Failure {
+pub struct CliError {
     code: u8,
     error: anyhow::Error,
 }
 
-impl Failure {
+impl CliError {
     /// A usage or configuration error (exit 2).
-    fn usage(error: impl Into<anyhow::Error>) -> Failure {
-        Failure {
+    fn usage(error: impl Into<anyhow::Error>) -> CliError {
+        CliError {
             code: EXIT_USAGE,
             error: error.into(),
         }
     }
 }
 
-impl<E: Into<anyhow::Error>> From<E> for Failure {
-    fn from(e: E) -> Failure {
+impl<E: Into<anyhow::Error>> From<E> for CliError {
+    fn from(e: E) -> CliError {
         let error = e.into();
         let code = match error.downcast_ref::<StartError>() {
             Some(StartError::NoBackend { .. }) => EXIT_NO_BACKEND,
@@ -201,7 +201,7 @@ impl<E: Into<anyhow::Error>> From<E> for Failure {
                 _ => 1,
             },
         };
-        Failure { code, error }
+        CliError { code, error }
     }
 }
 
@@ -249,7 +249,7 @@ fn is_demo(_: &Command) -> bool {
 }
 
 /// Applies the global driver flags (and `--fake`) over `agent`.
-fn apply_driver_args(args: &DriverArgs, agent: &mut AgentSettings) -> Result<(), Failure> {
+fn apply_driver_args(args: &DriverArgs, agent: &mut AgentSettings) -> Result<(), CliError> {
     if let Some(p) = &args.dcmi_lib {
         agent.dcmi_lib = Some(p.clone());
     }
@@ -269,7 +269,7 @@ fn apply_driver_args(args: &DriverArgs, agent: &mut AgentSettings) -> Result<(),
     if args.fake {
         let mut driver = agent.driver();
         crate::fake::apply(&mut driver, args.dcmi_lib.is_some(), args.npu_smi.is_some()).map_err(
-            |e| Failure {
+            |e| CliError {
                 code: 1,
                 error: anyhow::anyhow!(e),
             },
@@ -283,7 +283,7 @@ fn apply_driver_args(args: &DriverArgs, agent: &mut AgentSettings) -> Result<(),
 
 impl ConfigArgs {
     /// The QoS settings of single-engine mode.
-    fn qos_flags(&self) -> Result<crate::qos::QosConfig, Failure> {
+    fn qos_flags(&self) -> Result<crate::qos::QosConfig, CliError> {
         let d = crate::qos::QosConfig::default();
         let q = crate::qos::QosConfig {
             stall_detection: self.stall_detection,
@@ -299,7 +299,7 @@ impl ConfigArgs {
                 "stall_window" => "--stall-window",
                 other => other,
             };
-            Failure::usage(anyhow::anyhow!("{flag}: {m}"))
+            CliError::usage(anyhow::anyhow!("{flag}: {m}"))
         })?;
         Ok(q)
     }
@@ -307,9 +307,9 @@ impl ConfigArgs {
     /// Loads the configuration from either mode, applies the flags and checks the result
     /// ([`crate::config::validate`]; what needs the host is checked by `check-config` and
     /// `run` after this).
-    pub fn load(&self, driver: &DriverArgs) -> Result<AgentConfig, Failure> {
+    pub fn load(&self, driver: &DriverArgs) -> Result<AgentConfig, CliError> {
         let mut cfg = match (&self.config, &self.config_path) {
-            (Some(path), _) => file::load(path).map_err(Failure::usage)?,
+            (Some(path), _) => file::load(path).map_err(CliError::usage)?,
             (None, Some(config_path)) => {
                 let missing: Vec<&str> = [
                     ("--role", self.role.is_none()),
@@ -321,7 +321,7 @@ impl ConfigArgs {
                 .filter_map(|(f, m)| m.then_some(f))
                 .collect();
                 if !missing.is_empty() {
-                    return Err(Failure::usage(anyhow::anyhow!(
+                    return Err(CliError::usage(anyhow::anyhow!(
                         "single-engine mode (--config-path) also needs {}",
                         missing.join(", ")
                     )));
@@ -337,10 +337,10 @@ impl ConfigArgs {
                     env_config_path: self.env_config_path.clone(),
                     qos: self.qos_flags()?,
                 };
-                AgentConfig::single(&flags, AgentSettings::default()).map_err(Failure::usage)?
+                AgentConfig::single(&flags, AgentSettings::default()).map_err(CliError::usage)?
             }
             (None, None) => {
-                return Err(Failure::usage(anyhow::anyhow!(
+                return Err(CliError::usage(anyhow::anyhow!(
                     "nothing to monitor: give --config agent.toml, or --config-path user_config.json with --role, --host, --port and --mgmt-port"
                 )));
             }
@@ -348,34 +348,34 @@ impl ConfigArgs {
         if let Some(p) = self.sample_period {
             crate::config::validate::agent_bounds::SAMPLE_PERIOD
                 .check("--sample-period", p)
-                .map_err(|(k, m)| Failure::usage(anyhow::anyhow!("{k}: {m}")))?;
+                .map_err(|(k, m)| CliError::usage(anyhow::anyhow!("{k}: {m}")))?;
             cfg.agent.sample_period = p;
         }
         if let Some(a) = self.admin_listen {
             cfg.agent.admin_listen = Some(a);
         }
-        crate::config::validate::across(&cfg).map_err(Failure::usage)?;
+        crate::config::validate::across(&cfg).map_err(CliError::usage)?;
         apply_driver_args(driver, &mut cfg.agent)?;
         Ok(cfg)
     }
 }
 
-fn runtime(workers: usize) -> Result<tokio::runtime::Runtime, Failure> {
+fn runtime(workers: usize) -> Result<tokio::runtime::Runtime, CliError> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(workers.max(1))
         .thread_name("npu-agent-rt")
         .enable_all()
         .build()
-        .map_err(|e| Failure::from(anyhow::anyhow!("cannot start the async runtime: {e}")))
+        .map_err(|e| CliError::from(anyhow::anyhow!("cannot start the async runtime: {e}")))
 }
 
-fn run(cli: Cli) -> Result<(), Failure> {
+fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
         Command::Run(c) => {
             let cfg = c.load(&cli.driver)?;
             if let Some(l) = crate::logging::global() {
                 l.apply_config_level(cfg.agent.log_level.as_deref(), "info")
-                    .map_err(|e| Failure::usage(anyhow::anyhow!(e)))?;
+                    .map_err(|e| CliError::usage(anyhow::anyhow!(e)))?;
             }
             // SIGHUP re-reads the same sources with the same flags.
             let driver = cli.driver;

@@ -1,6 +1,6 @@
 //! `check-config` and `doctor`: what the agent will do, before it does it.
 
-use super::Failure;
+use super::CliError;
 use crate::config::AgentConfig;
 use crate::monitor::Monitor;
 use crate::monitor::gates::{self, Condition};
@@ -18,7 +18,7 @@ use std::time::Duration;
 /// the driver reports ([`crate::config::validate::host`]); this starts the same sampler for
 /// that, and stops it. Without a driver backend `run` starts anyway (without NPU figures),
 /// so this does not fail either: it says on stderr that the NPUs were not checked.
-pub fn check_config(cfg: &AgentConfig) -> Result<(), Failure> {
+pub fn check_config(cfg: &AgentConfig) -> Result<(), CliError> {
     let sampler = match Sampler::start(&cfg.agent.driver(), &crate::agent::sampler_config(cfg)) {
         Ok(s) => Some(s),
         Err(e @ StartError::NoBackend { .. }) => {
@@ -43,7 +43,7 @@ pub fn check_config(cfg: &AgentConfig) -> Result<(), Failure> {
 }
 
 /// Evaluates every condition for every engine, probing `/health` once.
-pub async fn doctor(cfg: AgentConfig, json_out: bool) -> Result<(), Failure> {
+pub async fn doctor(cfg: AgentConfig, json_out: bool) -> Result<(), CliError> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let driver = cfg.agent.driver();
     let sampler_result = tokio::task::spawn_blocking(move || {

@@ -27,7 +27,7 @@ const MAX_KEYS: usize = 1024;
 
 /// What to do with one event.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Verdict {
+pub enum Decision {
     /// Write it, saying how many identical lines were suppressed before it.
     Write { suppressed: u64 },
     /// Count it and write nothing.
@@ -65,15 +65,15 @@ impl<K: std::hash::Hash + Eq + Clone> RateLimiter<K> {
     }
 
     /// Decides about an event with `key` seen at `now`.
-    pub fn check(&mut self, key: &K, now: Instant) -> Verdict {
+    pub fn check(&mut self, key: &K, now: Instant) -> Decision {
         if let Some(e) = self.entries.get_mut(key) {
             if now.saturating_duration_since(e.written) < self.interval {
                 e.suppressed += 1;
-                return Verdict::Suppress;
+                return Decision::Suppress;
             }
             let suppressed = std::mem::take(&mut e.suppressed);
             e.written = now;
-            return Verdict::Write { suppressed };
+            return Decision::Write { suppressed };
         }
         if self.entries.len() >= MAX_KEYS {
             self.forget_oldest();
@@ -85,7 +85,7 @@ impl<K: std::hash::Hash + Eq + Clone> RateLimiter<K> {
                 suppressed: 0,
             },
         );
-        Verdict::Write { suppressed: 0 }
+        Decision::Write { suppressed: 0 }
     }
 
     /// Counts whose interval has passed without a line to carry them (all counts when
@@ -265,15 +265,15 @@ impl<S: Subscriber, L: Layer<S>> Layer<S> for RateLimited<L> {
         };
         self.write_pending(now, false, &ctx);
         match held {
-            None | Some((_, Verdict::Write { suppressed: 0 })) => self.inner.on_event(event, ctx),
-            Some((key, Verdict::Write { suppressed })) => {
+            None | Some((_, Decision::Write { suppressed: 0 })) => self.inner.on_event(event, ctx),
+            Some((key, Decision::Write { suppressed })) => {
                 let message = format!(
                     "{} ({suppressed} identical lines suppressed before this one)",
                     key.fields.message
                 );
                 self.write(&key, message, suppressed, &ctx);
             }
-            Some((_, Verdict::Suppress)) => {}
+            Some((_, Decision::Suppress)) => {}
         }
     }
 
@@ -426,26 +426,26 @@ mod tests {
     fn identical_lines_are_counted_and_the_count_rides_on_the_next_written_one() {
         let mut r = RateLimiter::new(Duration::from_secs(10));
         let t0 = Instant::now();
-        assert_eq!(r.check(&"a", t0), Verdict::Write { suppressed: 0 });
+        assert_eq!(r.check(&"a", t0), Decision::Write { suppressed: 0 });
         for i in 1..200u64 {
             // A failing call every 50 ms.
             assert_eq!(
                 r.check(&"a", t0 + Duration::from_millis(50 * i)),
-                Verdict::Suppress
+                Decision::Suppress
             );
         }
         assert_eq!(
             r.check(&"b", t0 + Duration::from_secs(1)),
-            Verdict::Write { suppressed: 0 },
+            Decision::Write { suppressed: 0 },
             "a different line is not held back"
         );
         assert_eq!(
             r.check(&"a", t0 + Duration::from_secs(10)),
-            Verdict::Write { suppressed: 199 }
+            Decision::Write { suppressed: 199 }
         );
         assert_eq!(
             r.check(&"a", t0 + Duration::from_millis(10_050)),
-            Verdict::Suppress
+            Decision::Suppress
         );
     }
 
@@ -471,7 +471,7 @@ mod tests {
         // "q" was quiet: forgotten, so it is written at once next time.
         assert_eq!(
             r.check(&"q", t0 + Duration::from_secs(12)),
-            Verdict::Write { suppressed: 0 }
+            Decision::Write { suppressed: 0 }
         );
     }
 

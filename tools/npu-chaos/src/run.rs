@@ -88,7 +88,7 @@ impl RunOptions {
 
 /// One sample of the timeline.
 #[derive(Debug, Clone, Serialize)]
-pub struct Sample {
+pub struct TimelinePoint {
     /// Milliseconds since the fault was (or would have been) injected; negative before.
     pub t_ms: i64,
     /// `/status` as the agent answers it (`down` when it does not answer).
@@ -153,7 +153,7 @@ pub struct Outcome {
     pub guard_events: Vec<GuardEvent>,
     pub load: Value,
     pub error: Option<String>,
-    pub timeline: Vec<Sample>,
+    pub timeline: Vec<TimelinePoint>,
 }
 
 /// Whether the engine's or the agent's log in an experiment's `dir` says a port was taken.
@@ -984,7 +984,7 @@ async fn observe(
                 out.detected_after_ms = Some((at - first).as_millis() as u64);
             }
         }
-        out.timeline.push(Sample {
+        out.timeline.push(TimelinePoint {
             t_ms: rel(now),
             status,
             qos_score: score,

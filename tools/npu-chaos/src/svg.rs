@@ -187,10 +187,10 @@ pub fn chart(o: &Outcome, time_scale: f64) -> String {
 mod tests {
     use super::*;
     use crate::experiment::Target;
-    use crate::run::{GuardEvent, Policy, Sample, Verdict};
+    use crate::run::{GuardEvent, Policy, TimelinePoint, Verdict};
 
-    fn sample(t_ms: i64, status: &str, active: bool) -> Sample {
-        Sample {
+    fn sample(t_ms: i64, status: &str, active: bool) -> TimelinePoint {
+        TimelinePoint {
             t_ms,
             status: status.into(),
             qos_score: Some(0.9),
