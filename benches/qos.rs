@@ -13,7 +13,8 @@
 
 use npu_health_agent::probe::http::EngineClient;
 use npu_health_agent::probe::outcome::{Accounting, ProbeRecord};
-use npu_health_agent::qos::{MetricsSource, QosConfig, QosState, engine_metrics};
+use npu_health_agent::probe::{MetricsSource, engine_metrics};
+use npu_health_agent::qos::{QosConfig, QosState};
 use std::time::{Duration, Instant};
 
 const SCRAPES: u32 = 2000;

@@ -13,7 +13,7 @@ mod support;
 use fake_engine::engine::EngineOptions;
 use fake_engine::profile::Profile;
 use npu_health_agent::probe::Prober;
-use npu_health_agent::qos::engine_metrics::{self, EngineMetrics};
+use npu_health_agent::probe::engine_metrics::{self, EngineMetrics};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};

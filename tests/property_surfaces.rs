@@ -170,7 +170,7 @@ proptest! {
 
     #[test]
     fn engine_metrics_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {
-        let _ = npu_health_agent::qos::engine_metrics::parse(&String::from_utf8_lossy(&bytes));
+        let _ = npu_health_agent::probe::engine_metrics::parse(&String::from_utf8_lossy(&bytes));
     }
 }
 

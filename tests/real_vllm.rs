@@ -323,8 +323,8 @@ fn silent_hang_is_abnormal_in_reference_time_and_a_short_stop_is_not() {
     let frozen = http("GET", &format!("{}/metrics", v.url()), None)
         .unwrap()
         .1;
-    let m0 = npu_health_agent::qos::engine_metrics::parse(&before);
-    let m1 = npu_health_agent::qos::engine_metrics::parse(&frozen);
+    let m0 = npu_health_agent::probe::engine_metrics::parse(&before);
+    let m1 = npu_health_agent::probe::engine_metrics::parse(&frozen);
     assert_eq!(m1.running, Some(0.0), "frozen at the last value");
     assert_eq!(
         (m1.prompt_tokens, m1.generation_tokens),
@@ -483,7 +483,7 @@ fn virtual_filter_plugin_keeps_probes_out_of_request_success() {
             .sum()
     };
     let generated = |text: &str| {
-        npu_health_agent::qos::engine_metrics::parse(text)
+        npu_health_agent::probe::engine_metrics::parse(text)
             .generation_tokens
             .unwrap()
     };

@@ -5,6 +5,7 @@
 //! Each engine runs as a unit of its own (probe tasks, listener, cancellation), so a reload can
 //! add, remove or restart one engine without touching the others' verdict state.
 
+pub mod preflight;
 mod reload;
 
 pub use reload::ReloadSummary;
@@ -436,7 +437,7 @@ pub async fn start(cfg: AgentConfig) -> Result<Running, AgentError> {
         Err(e) => return Err(e.into()),
     };
     // The checks check-config makes too, so both give the same error.
-    crate::config::validate::host(&cfg, npu_ids(&sampler).as_deref())
+    preflight::host(&cfg, npu_ids(&sampler).as_deref())
         .map_err(|e| AgentError::Config(e.to_string()))?;
     let listeners = cfg.engines.len() + usize::from(cfg.agent.admin_listen.is_some());
     let budget = server::conn::fd_budget(

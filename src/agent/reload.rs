@@ -132,7 +132,7 @@ impl Running {
             ..ReloadSummary::default()
         };
         // The same checks as check-config and start, so a reload names the file and key.
-        crate::config::validate::host(&new, super::npu_ids(&self.sampler).as_deref())
+        super::preflight::host(&new, super::npu_ids(&self.sampler).as_deref())
             .map_err(|e| e.to_string())?;
         if let Some(level) = &new.agent.log_level {
             crate::logging::check_filter(level).map_err(|e| format!("[agent] log_level: {e}"))?;

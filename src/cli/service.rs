@@ -15,7 +15,7 @@ use std::time::Duration;
 /// (defaults filled in) as JSON.
 ///
 /// `run` starts the sampler and checks the TLS files and every engine's NPUs against those
-/// the driver reports ([`crate::config::validate::host`]); this starts the same sampler for
+/// the driver reports ([`crate::agent::preflight::host`]); this starts the same sampler for
 /// that, and stops it. Without a driver backend `run` starts anyway (without NPU figures),
 /// so this does not fail either: it says on stderr that the NPUs were not checked.
 pub fn check_config(cfg: &AgentConfig) -> Result<(), CliError> {
@@ -31,7 +31,7 @@ pub fn check_config(cfg: &AgentConfig) -> Result<(), CliError> {
     if let Some(s) = sampler {
         s.shutdown();
     }
-    crate::config::validate::host(cfg, npus.as_deref())?;
+    crate::agent::preflight::host(cfg, npus.as_deref())?;
     let text = serde_json::to_string_pretty(cfg).context("rendering the configuration")?;
     println!("{text}");
     eprintln!(

@@ -28,12 +28,12 @@
 //! errors included (the place is found from the parser's span, [`place_at`]).
 
 use super::mindie::{self, EngineSection, Role};
+use super::qos::QosConfig;
 use super::{
     AdminTls, AgentConfig, AgentSettings, ConfigError, EngineEnv, EngineLocation, KeyError, Mode,
     Timing, build_engine, duration, engine_place, listen_addr,
 };
 use crate::driver::BackendChoice;
-use crate::qos::QosConfig;
 use serde::Deserialize;
 use serde_json::Value;
 use std::collections::BTreeMap;

@@ -13,12 +13,13 @@
 pub mod duration;
 pub mod file;
 pub mod mindie;
+pub mod qos;
 pub mod read;
 pub mod validate;
 
 use crate::driver::{BackendChoice, DriverConfig};
-use crate::qos::QosConfig;
 use mindie::{DispatchProfile, EngineSection, EngineType, HealthCheckConfig, Role, TlsConfig};
+use qos::QosConfig;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

@@ -141,7 +141,7 @@ pub mod engine_bounds {
     pub const SERVING_EVIDENCE_MAX_AGE: Within<Duration> = Within::new(ms(50), secs(7200));
 }
 
-/// `[engine.qos]` bounds (checked by [`crate::qos::QosConfig::validate`]).
+/// `[engine.qos]` bounds (checked by [`super::qos::QosConfig::validate`]).
 pub mod qos_bounds {
     use super::{Duration, Within, ms, secs};
 
@@ -268,7 +268,7 @@ pub fn engine(spec: &EngineSpec) -> Result<(), KeyError> {
 }
 
 /// ` (from ASCEND_RT_VISIBLE_DEVICES from …)` when the NPU list is not the `devices` key.
-fn devices_from(spec: &EngineSpec) -> String {
+pub(crate) fn devices_from(spec: &EngineSpec) -> String {
     if spec.devices.source == "devices" {
         String::new()
     } else {
@@ -375,89 +375,13 @@ pub fn across(cfg: &AgentConfig) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// What needs the host: every TLS file an engine uses must be a readable regular file with
-/// usable contents, and every NPU an engine names must be among `npus`, the logic ids the
-/// driver reports. `npus` is `None` without a driver backend: the NPUs are not checked (the
-/// agent then starts without NPU figures and virtual inference stays off).
-pub fn host(cfg: &AgentConfig, npus: Option<&[u32]>) -> Result<(), ConfigError> {
-    if cfg.agent.admin_listen.is_some() {
-        // The token file and the TLS files, read as the listener will read them.
-        crate::server::auth::AdminAccess::load(&cfg.agent.admin_auth)
-            .map_err(|e| ConfigError::new(&cfg.source, "", e))?;
-    }
-    for (i, spec) in cfg.engines.iter().enumerate() {
-        tls(spec).map_err(|(k, m)| cfg.engine_error(i, &k, m))?;
-        if let (Some(found), Some(ids)) = (npus, &spec.devices.value)
-            && let Some(id) = ids.iter().find(|id| !found.contains(id))
-        {
-            let from = devices_from(spec);
-            return Err(cfg.engine_error(
-                i,
-                "devices",
-                format!("NPU {id}{from} is not one the driver reports; NPUs found: {found:?}"),
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// The TLS files of an engine: each named file readable (key `mgmt_tls_config.cert_file`,
-/// …), then the material usable together.
-fn tls(spec: &EngineSpec) -> Result<(), KeyError> {
-    let origin = if spec.origin == "inline" {
-        String::new()
-    } else {
-        format!(" (set in {})", spec.origin)
-    };
-    let file = |config: &str, key: &str, path: &std::path::Path| -> Result<(), KeyError> {
-        super::read::bytes(path).map(drop).map_err(|e| {
-            (
-                format!("{config}.{key}"),
-                format!("{} {e}{origin}", path.display()),
-            )
-        })
-    };
-    let m = &spec.mgmt_tls_config;
-    if m.enable_tls {
-        file("mgmt_tls_config", "cert_file", &m.cert_file)?;
-        file("mgmt_tls_config", "key_file", &m.key_file)?;
-        if !m.crl_file.as_os_str().is_empty() {
-            file("mgmt_tls_config", "crl_file", &m.crl_file)?;
-        }
-        crate::tls::server_config(m).map_err(|e| {
-            (
-                "mgmt_tls_config".to_owned(),
-                format!("{}{origin}", e.message),
-            )
-        })?;
-    }
-    let c = &spec.infer_tls_config;
-    if c.enable_tls {
-        file("infer_tls_config", "ca_file", &c.ca_file)?;
-        if !c.crl_file.as_os_str().is_empty() {
-            file("infer_tls_config", "crl_file", &c.crl_file)?;
-        }
-        // The client certificate is optional (as for the reference's client context).
-        if c.cert_file.exists() {
-            file("infer_tls_config", "cert_file", &c.cert_file)?;
-            file("infer_tls_config", "key_file", &c.key_file)?;
-        }
-        crate::tls::client_config(c).map_err(|e| {
-            (
-                "infer_tls_config".to_owned(),
-                format!("{}{origin}", e.message),
-            )
-        })?;
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     //! One case per rule: the config text (and the files it names), the place the error
     //! names, and a fragment of the message (the bound, where there is one).
 
     use super::*;
+    use crate::agent::preflight::host;
     use std::path::{Path, PathBuf};
 
     const BASE: &str = r#"[agent]
@@ -753,7 +677,7 @@ devices = [0, 1]
             dp_rank: 0,
             devices,
             env_config_path: None,
-            qos: crate::qos::QosConfig::default(),
+            qos: crate::config::qos::QosConfig::default(),
         };
         let single = |f| AgentConfig::single(&f, AgentSettings::default());
         let e = single(flags(8000, 8000, None)).unwrap_err();

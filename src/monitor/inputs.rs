@@ -4,7 +4,7 @@
 //! so the loop runs the same against the real sources and the tests' scripts.
 
 use super::Monitor;
-use crate::qos::MetricsSource;
+use crate::probe::MetricsSource;
 use crate::ring::Ring;
 use crate::sampler::Shared;
 use crate::window;

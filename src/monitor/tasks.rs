@@ -13,10 +13,10 @@ use super::account::{self, Observation, Rules, Stage};
 use super::inputs::{CapacityWaiting, EngineSignals, PeakSource};
 use super::vi_state::{Phase, ViState};
 use crate::config::Timing;
+use crate::probe::MetricsSource;
 use crate::probe::Prober;
 use crate::probe::health::{HealthCollector, HealthTransport};
 use crate::probe::outcome::Accounting;
-use crate::qos::MetricsSource;
 use crate::qos::score::Level;
 use std::sync::Arc;
 use std::time::Duration;
@@ -758,7 +758,7 @@ mod tests {
     impl EngineSignals for FlatCounters {
         fn stalled_for(&self) -> Option<Duration> {
             let mut g = self.0.lock().unwrap();
-            let m = crate::qos::engine_metrics::EngineMetrics {
+            let m = crate::probe::engine_metrics::EngineMetrics {
                 running: Some(1.0),
                 prompt_tokens: Some(0.0),
                 generation_tokens: Some(0.0),

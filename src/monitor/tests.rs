@@ -3,11 +3,11 @@
 
 use super::*;
 use crate::config::file;
+use crate::probe::MetricsSource;
 use crate::probe::Prober;
 use crate::probe::health::Fetch;
 use crate::probe::health::{HealthTransport, Transport};
 use crate::probe::outcome::{Accounting, ProbeFailure, ProbeResult};
-use crate::qos::MetricsSource;
 use crate::qos::score::Level;
 use inputs::{CapacityWaiting, EngineSignals, PeakSource, ScrapeSignals};
 use std::collections::VecDeque;
@@ -349,18 +349,18 @@ async fn health_task_probes_periodically_and_stops_on_cancel() {
 
 /// Scripted `/metrics`: the same answer every time, settable.
 #[derive(Clone)]
-struct ScriptedMetrics(Arc<Mutex<Result<crate::qos::engine_metrics::EngineMetrics, String>>>);
+struct ScriptedMetrics(Arc<Mutex<Result<crate::probe::engine_metrics::EngineMetrics, String>>>);
 impl MetricsSource for ScriptedMetrics {
     async fn scrape(
         &self,
         _t: Duration,
-    ) -> Result<crate::qos::engine_metrics::EngineMetrics, String> {
+    ) -> Result<crate::probe::engine_metrics::EngineMetrics, String> {
         self.0.lock().unwrap().clone()
     }
 }
 
-fn stuck_metrics(kv: f64) -> crate::qos::engine_metrics::EngineMetrics {
-    crate::qos::engine_metrics::EngineMetrics {
+fn stuck_metrics(kv: f64) -> crate::probe::engine_metrics::EngineMetrics {
+    crate::probe::engine_metrics::EngineMetrics {
         running: Some(4.0),
         prompt_tokens: Some(100.0),
         generation_tokens: Some(10.0),
@@ -416,7 +416,7 @@ async fn held_evict_answers_abnormal_only_with_qos_eviction() {
         }
         // Recovery: tokens advance again, KV frees up; the level climbs back and /status
         // with it.
-        *metrics.0.lock().unwrap() = Ok(crate::qos::engine_metrics::EngineMetrics {
+        *metrics.0.lock().unwrap() = Ok(crate::probe::engine_metrics::EngineMetrics {
             generation_tokens: Some(1e6),
             ..stuck_metrics(0.2)
         });
@@ -466,7 +466,7 @@ async fn failed_scrapes_are_unknown_not_bad() {
 async fn signals_read_capacity_now_and_progress_from_the_qos_scrapes() {
     let st = Arc::new(Monitor::new(qos_spec(false), vec![0]));
     let metrics = ScriptedMetrics(Arc::new(Mutex::new(Ok(
-        crate::qos::engine_metrics::EngineMetrics {
+        crate::probe::engine_metrics::EngineMetrics {
             waiting_for_capacity: Some(2.0),
             ..stuck_metrics(0.5)
         },
@@ -485,7 +485,7 @@ async fn signals_read_capacity_now_and_progress_from_the_qos_scrapes() {
         CapacityWaiting::NotExported,
         "series absent"
     );
-    *metrics.0.lock().unwrap() = Ok(crate::qos::engine_metrics::parse(
+    *metrics.0.lock().unwrap() = Ok(crate::probe::engine_metrics::parse(
         "vllm:num_requests_waiting_by_reason{reason=\"capacity\"} NaN\n",
     ));
     assert!(matches!(
@@ -556,7 +556,7 @@ async fn slow_health_is_excused_only_while_the_engine_serves() {
     st.record_health(&outcome("ok"), true);
     st.qos.record_scrape(Ok(stuck_metrics(0.5)));
     st.qos
-        .record_scrape(Ok(crate::qos::engine_metrics::EngineMetrics {
+        .record_scrape(Ok(crate::probe::engine_metrics::EngineMetrics {
             generation_tokens: Some(11.0),
             ..stuck_metrics(0.5)
         }));

@@ -312,11 +312,11 @@ pub struct HttpMetrics {
     url: String,
 }
 
-impl crate::qos::MetricsSource for HttpMetrics {
+impl crate::probe::MetricsSource for HttpMetrics {
     async fn scrape(
         &self,
         timeout: Duration,
-    ) -> Result<crate::qos::engine_metrics::EngineMetrics, String> {
+    ) -> Result<crate::probe::engine_metrics::EngineMetrics, String> {
         match get(&self.client, &self.url, timeout, MAX_METRICS_BODY)
             .await
             .map_err(|e| e.to_string())?
@@ -325,9 +325,9 @@ impl crate::qos::MetricsSource for HttpMetrics {
             Some((status, _)) if !(200..300).contains(&status) => {
                 Err(format!("GET /metrics answered HTTP {status}"))
             }
-            Some((_, body)) => Ok(crate::qos::engine_metrics::parse(&String::from_utf8_lossy(
-                &body,
-            ))),
+            Some((_, body)) => Ok(crate::probe::engine_metrics::parse(
+                &String::from_utf8_lossy(&body),
+            )),
         }
     }
 }
@@ -798,7 +798,7 @@ mod tests {
     // a figure.
     #[tokio::test]
     async fn metrics_scrape() {
-        use crate::qos::MetricsSource;
+        use crate::probe::MetricsSource;
         let client = |port: u16| EngineClient::new(&spec_for(port, "")).unwrap().metrics();
         let (port, h) = one_shot(
             "HTTP/1.1 200 OK\r\nContent-Length: 31\r\nConnection: close\r\n\r\nvllm:num_requests_running 3.0\n\n",

@@ -1,17 +1,29 @@
 //! Talking to the engine: the HealthCollector (`/health`), the HTTP client that carries the
-//! virtual request and the scrapes, the server-sent events of a streamed probe, and the
-//! outcome types a probe hands to the monitor. No policy lives here: a probe returns what
+//! virtual request and the scrapes, the parsers of what the engine answers (its `/metrics`,
+//! the server-sent events of a streamed probe), and the outcome types a probe hands to the
+//! monitor. No policy lives here: a probe returns what
 //! happened, and [`crate::monitor`] decides what it means.
 
+pub mod engine_metrics;
 pub mod health;
 pub mod http;
 pub mod outcome;
 pub mod sse;
 
+use engine_metrics::EngineMetrics;
 use outcome::ProbeResult;
 use std::time::Duration;
 
 /// Sends the virtual request (the real HTTP client, or a test double).
 pub trait Prober {
     fn send(&self, timeout: Duration) -> impl Future<Output = ProbeResult> + Send;
+}
+
+/// Reads the engine's `/metrics` (HTTP in production, scripted in tests).
+pub trait MetricsSource {
+    /// One scrape; `Err` says why it failed (a failure is "unknown", never "bad").
+    fn scrape(
+        &self,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<EngineMetrics, String>> + Send;
 }

@@ -2,33 +2,24 @@
 //! headroom and forward progress; graded levels a router can act on before anything is
 //! killed; and the inputs of stall detection.
 //!
-//! Inputs: the virtual probe's latency ([`crate::probe::virtual_inference`]), the engine's
+//! Inputs: the virtual probe's latency ([`crate::probe::outcome`]), the engine's
 //! `/metrics` scraped every `metrics_period` ([`engine_metrics`], [`progress`]). The formula
 //! and the level rules are in [`score`] and `docs/qos.md`. `/status` is unchanged unless
 //! `eviction` is on, in which case a held `evict` level answers `abnormal`.
 
-pub mod engine_metrics;
 pub mod progress;
 pub mod score;
 
+pub use crate::config::qos::{QosConfig, Weights};
+use crate::probe::engine_metrics::EngineMetrics;
 use crate::probe::outcome::ProbeRecord;
-use engine_metrics::EngineMetrics;
 use progress::Progress;
-use score::{Level, Levels, Weights};
+use score::{Level, Levels};
 use serde::Serialize;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::time::Instant;
-
-/// Reads the engine's `/metrics` (HTTP in production, scripted in tests).
-pub trait MetricsSource {
-    /// One scrape; `Err` says why it failed (a failure is "unknown", never "bad").
-    fn scrape(
-        &self,
-        timeout: Duration,
-    ) -> impl Future<Output = Result<EngineMetrics, String>> + Send;
-}
 
 /// Scores are shown to 3 decimals.
 fn round3(v: f64) -> f64 {
@@ -37,129 +28,6 @@ fn round3(v: f64) -> f64 {
 
 fn ser_rounded<S: serde::Serializer>(v: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
     v.map(round3).serialize(s)
-}
-
-/// QoS settings of one engine (`[engine.qos]`, a key left out keeps its default); defaults
-/// documented per field. `qos_eviction` and `qos_probe_max_tokens` are accepted as the names
-/// the issue tracker and operators use.
-#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct QosConfig {
-    /// Compute the score at all. Default true.
-    pub enabled: bool,
-    /// Time to first token that scores 0. Default 2 s (the seed's).
-    #[serde(with = "crate::config::duration")]
-    pub ttft_budget: Duration,
-    /// Default 0.5 / 0.3 / 0.2.
-    pub weights: Weights,
-    /// KV-cache headroom at and above which memory scores 1. Default 0.10.
-    pub kv_headroom_full: f64,
-    /// Margin above a boundary needed to return to a better level. Default 0.05.
-    pub hysteresis: f64,
-    /// Consecutive scores below 0.3 before `evict`. Default 3.
-    pub evict_after: u32,
-    /// A held `evict` makes `/status` answer `abnormal` (`qos_eviction`). Default false.
-    #[serde(alias = "qos_eviction")]
-    pub eviction: bool,
-    /// Time between score evaluations. Default 5 s.
-    #[serde(with = "crate::config::duration")]
-    pub period: Duration,
-    /// Time between scrapes of the engine's `/metrics`. Default 5 s.
-    #[serde(with = "crate::config::duration")]
-    pub metrics_period: Duration,
-    /// Inputs older than this are missing. Default 60 s.
-    #[serde(with = "crate::config::duration")]
-    pub max_input_age: Duration,
-    /// `max_tokens` of the virtual probe; above 1 the probe streams and also measures time
-    /// per output token. Default 1 (the reference's request, unchanged).
-    #[serde(alias = "qos_probe_max_tokens")]
-    pub probe_max_tokens: u32,
-    /// Count a failed probe on a busy NPU when the engine made no progress for
-    /// `stall_window` (requests running, no token advancing). Default false (reference).
-    pub stall_detection: bool,
-    /// Default 60 s.
-    #[serde(with = "crate::config::duration")]
-    pub stall_window: Duration,
-    /// MindIE V6's rule: a low-usage failure is not counted while requests wait for KV-cache
-    /// capacity (or while that metric is unknown). Default false (V5 parity).
-    pub skip_when_capacity_waiting: bool,
-}
-
-impl Default for QosConfig {
-    fn default() -> Self {
-        QosConfig {
-            enabled: true,
-            ttft_budget: Duration::from_secs(2),
-            weights: Weights::default(),
-            kv_headroom_full: 0.10,
-            hysteresis: 0.05,
-            evict_after: 3,
-            eviction: false,
-            period: Duration::from_secs(5),
-            metrics_period: Duration::from_secs(5),
-            max_input_age: Duration::from_secs(60),
-            probe_max_tokens: 1,
-            stall_detection: false,
-            stall_window: Duration::from_secs(60),
-            skip_when_capacity_waiting: false,
-        }
-    }
-}
-
-impl QosConfig {
-    /// Checks every value against its bound ([`crate::config::validate::qos_bounds`]);
-    /// `Err((key, message))`, the message stating the bound.
-    pub fn validate(&self) -> Result<(), (String, String)> {
-        use crate::config::validate::Shown;
-        use crate::config::validate::qos_bounds::*;
-        let w = self.weights;
-        for (k, v) in [
-            ("weights.latency", w.latency),
-            ("weights.memory", w.memory),
-            ("weights.progress", w.progress),
-        ] {
-            WEIGHT.check(k, v)?;
-        }
-        if w.latency + w.memory + w.progress <= 0.0 {
-            return Err((
-                "weights".to_owned(),
-                "at least one weight must be above 0".to_owned(),
-            ));
-        }
-        // Half-open ranges, in the interval notation of docs/qos.md.
-        let v = self.kv_headroom_full;
-        if !(v > 0.0 && v <= 1.0) {
-            return Err((
-                "kv_headroom_full".to_owned(),
-                format!("`{}` is outside (0, 1]", v.shown()),
-            ));
-        }
-        let v = self.hysteresis;
-        if !(0.0..0.3).contains(&v) {
-            return Err((
-                "hysteresis".to_owned(),
-                format!("`{}` is outside [0, 0.3)", v.shown()),
-            ));
-        }
-        EVICT_AFTER.check("evict_after", self.evict_after)?;
-        PROBE_MAX_TOKENS.check("probe_max_tokens", self.probe_max_tokens)?;
-        TTFT_BUDGET.check("ttft_budget", self.ttft_budget)?;
-        PERIOD.check("period", self.period)?;
-        METRICS_PERIOD.check("metrics_period", self.metrics_period)?;
-        MAX_INPUT_AGE.check("max_input_age", self.max_input_age)?;
-        STALL_WINDOW.check("stall_window", self.stall_window)?;
-        Ok(())
-    }
-
-    /// Age beyond which a scrape is missing: 3 scrape periods, at most `max_input_age`.
-    pub fn scrape_max_age(&self) -> Duration {
-        self.max_input_age.min(self.metrics_period * 3)
-    }
-
-    /// Whether the engine's `/metrics` is scraped at all.
-    pub fn scrapes(&self) -> bool {
-        self.enabled || self.stall_detection
-    }
 }
 
 /// One component of the score, for `/qos`.
@@ -515,7 +383,7 @@ mod tests {
         let cfg = QosConfig::default();
         let names = |text: &str| {
             let q = QosState::new(&cfg);
-            q.record_scrape(Ok(engine_metrics::parse(text)));
+            q.record_scrape(Ok(crate::probe::engine_metrics::parse(text)));
             q.evaluate(&cfg, Some(&probe(true, 50.0)));
             q.components()
                 .into_iter()

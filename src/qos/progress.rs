@@ -18,7 +18,7 @@
 //! and the next successful scrape is compared with the last successful one. Readers decide
 //! how old a state may be ([`Progress::state_at`], [`Progress::stalled_for`]).
 
-use super::engine_metrics::EngineMetrics;
+use crate::probe::engine_metrics::EngineMetrics;
 use serde::Serialize;
 use std::time::Duration;
 use tokio::time::Instant;

@@ -69,25 +69,6 @@ pub fn nominal(score: f64) -> Level {
         .unwrap_or(Level::Evict)
 }
 
-/// Component weights (defaults 0.5 / 0.3 / 0.2, as in the seed).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Weights {
-    pub latency: f64,
-    pub memory: f64,
-    pub progress: f64,
-}
-
-impl Default for Weights {
-    fn default() -> Self {
-        Weights {
-            latency: 0.5,
-            memory: 0.3,
-            progress: 0.2,
-        }
-    }
-}
-
 /// Latency component: `max(0, 1 − ttft / budget)`; `None` (failed probe) scores 0.
 pub fn latency_score(ttft_s: Option<f64>, budget_s: f64) -> f64 {
     match ttft_s {
@@ -183,6 +164,7 @@ impl Levels {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::qos::Weights;
 
     #[test]
     fn nominal_boundaries() {

@@ -21,7 +21,7 @@ use super::proxy::Proxy;
 use super::real_engine::{self, RealEngine};
 use super::stress::CpuStress;
 use fake_engine::node_manager::{self, NmOptions};
-use npu_health_agent::qos::engine_metrics;
+use npu_health_agent::probe::engine_metrics;
 use serde::Serialize;
 use serde_json::{Value, json};
 use std::net::SocketAddr;

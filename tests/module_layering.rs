@@ -1,0 +1,122 @@
+//! The agent crate's top-level modules depend on each other without a cycle: data and
+//! configuration flow down (config → driver → sampler → ring → window; probe → monitor →
+//! server; agent and cli wire them), and no module calls back up into its caller. A
+//! dependency is a `crate::<module>` path in shipped code (comments and unit tests ignored).
+//! `cargo test --test module_layering -- --nocapture` prints the graph.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+fn rust_files(p: &Path, out: &mut Vec<PathBuf>) {
+    if p.is_file() {
+        out.push(p.to_owned());
+    } else if let Ok(dir) = std::fs::read_dir(p) {
+        for e in dir.flatten() {
+            let path = e.path();
+            if path.is_dir() || path.extension().is_some_and(|x| x == "rs") {
+                rust_files(&path, out);
+            }
+        }
+    }
+}
+
+/// Module → the modules its shipped code names.
+fn graph() -> BTreeMap<String, BTreeSet<String>> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut mods = BTreeMap::new();
+    for e in std::fs::read_dir(&src).unwrap().flatten() {
+        let path = e.path();
+        let name = path.file_stem().unwrap().to_str().unwrap().to_owned();
+        if name != "lib" && name != "main" {
+            mods.insert(name, path);
+        }
+    }
+    let names: BTreeSet<String> = mods.keys().cloned().collect();
+    let mut edges = BTreeMap::new();
+    for (m, path) in &mods {
+        let mut files = Vec::new();
+        rust_files(path, &mut files);
+        let mut deps = BTreeSet::new();
+        for f in files {
+            let text = std::fs::read_to_string(&f).unwrap();
+            for line in text.lines() {
+                let code = line.split("//").next().unwrap_or_default();
+                // Unit tests may reach anywhere; they sit at the end of their file.
+                if code.trim_start().starts_with("#[cfg(test)]") {
+                    break;
+                }
+                for (i, _) in code.match_indices("crate::") {
+                    let rest = &code[i + "crate::".len()..];
+                    let dep: String = rest
+                        .chars()
+                        .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                        .collect();
+                    if names.contains(&dep) && &dep != m {
+                        deps.insert(dep);
+                    }
+                }
+            }
+        }
+        edges.insert(m.clone(), deps);
+    }
+    edges
+}
+
+/// A cycle through `from`, if any (depth-first).
+fn cycle_from(g: &BTreeMap<String, BTreeSet<String>>, from: &str) -> Option<Vec<String>> {
+    fn walk(
+        g: &BTreeMap<String, BTreeSet<String>>,
+        path: &mut Vec<String>,
+        seen: &mut BTreeSet<String>,
+    ) -> bool {
+        let last = path.last().unwrap().clone();
+        for n in &g[&last] {
+            if *n == path[0] {
+                path.push(n.clone());
+                return true;
+            }
+            if seen.insert(n.clone()) {
+                path.push(n.clone());
+                if walk(g, path, seen) {
+                    return true;
+                }
+                path.pop();
+            }
+        }
+        false
+    }
+    let mut path = vec![from.to_owned()];
+    walk(g, &mut path, &mut BTreeSet::new()).then_some(path)
+}
+
+#[test]
+fn top_level_modules_have_no_dependency_cycle() {
+    let g = graph();
+    for (m, deps) in &g {
+        println!(
+            "{m:10} -> {}",
+            deps.iter().cloned().collect::<Vec<_>>().join(" ")
+        );
+    }
+    let cycles: Vec<String> = g
+        .keys()
+        .filter_map(|m| cycle_from(&g, m))
+        .map(|c| c.join(" -> "))
+        .collect();
+    assert!(cycles.is_empty(), "module cycles: {cycles:#?}");
+}
+
+// The check itself: a graph with a cycle is found out.
+#[test]
+fn a_cycle_is_found() {
+    let mut g = BTreeMap::new();
+    g.insert("a".to_owned(), BTreeSet::from(["b".to_owned()]));
+    g.insert("b".to_owned(), BTreeSet::from(["c".to_owned()]));
+    g.insert("c".to_owned(), BTreeSet::from(["a".to_owned()]));
+    g.insert("d".to_owned(), BTreeSet::from(["a".to_owned()]));
+    assert_eq!(
+        cycle_from(&g, "a").unwrap(),
+        ["a", "b", "c", "a"].map(str::to_owned)
+    );
+    assert_eq!(cycle_from(&g, "d"), None);
+}
