@@ -173,9 +173,18 @@ fn log_accounting(cfg: &LoopConfig, obs: &Observation, a: &account::Accounted) {
             engine,
             "virtual inference failed but AI Cube usage unavailable, skip failure count"
         ),
-        Accounting::Reset if obs.count > 0 => {
-            tracing::info!(engine, "failure count reset from {}", obs.count)
-        }
+        // Why it reset (a success, or a failure on a busy NPU), so a reset can be explained.
+        Accounting::Reset if obs.count > 0 => tracing::info!(
+            engine,
+            peak = obs.peak,
+            "failure count reset from {} ({})",
+            obs.count,
+            if obs.failure.is_none() {
+                "the request succeeded"
+            } else {
+                "the NPU is busy"
+            }
+        ),
         Accounting::Reset | Accounting::WarmUp => {}
     }
     if a.abnormal.is_some() {
