@@ -111,7 +111,7 @@ pub async fn doctor(cfg: AgentConfig, json_out: bool) -> Result<(), CliError> {
                 conditions.push(c);
             }
             Err(e) => conditions.push(Condition {
-                name: "ai_cube",
+                name: "ai_cube".into(),
                 value: "no driver backend".to_owned(),
                 ok: Some(false),
                 note: e.to_string(),
@@ -139,7 +139,7 @@ pub async fn doctor(cfg: AgentConfig, json_out: bool) -> Result<(), CliError> {
                 c
             }
             Err(e) => Condition {
-                name: "health",
+                name: "health".into(),
                 value: "no client".to_owned(),
                 ok: Some(false),
                 note: e.to_string(),

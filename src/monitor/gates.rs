@@ -11,9 +11,9 @@ use crate::config::mindie::EngineType;
 use serde::Serialize;
 
 /// One enabling condition.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 pub struct Condition {
-    pub name: &'static str,
+    pub name: std::borrow::Cow<'static, str>,
     /// The value the agent sees, with its source.
     pub value: String,
     /// Whether it lets virtual inference run (`None`: not known yet).
@@ -30,7 +30,7 @@ impl Condition {
         note: impl Into<String>,
     ) -> Condition {
         Condition {
-            name,
+            name: name.into(),
             value: value.into(),
             ok: Some(ok),
             note: note.into(),
@@ -157,7 +157,7 @@ pub fn cube_condition(sources: &[(u32, &'static str)]) -> Condition {
 /// `/health` answered at least once.
 pub fn health_condition(has_connected: bool, last_error: Option<&str>) -> Condition {
     Condition {
-        name: "health",
+        name: "health".into(),
         value: if has_connected {
             "answered".to_owned()
         } else {

@@ -32,7 +32,7 @@ use crate::probe::health::HealthOutcome;
 use crate::qos::QosState;
 use crate::qos::score::Level;
 use gates::Condition;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -42,7 +42,7 @@ pub use verdict::Status;
 use vi_state::{Phase, ViState};
 
 /// `/health` as last seen.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct HealthDetail {
     pub state: HealthState,
     pub has_connected: bool,
@@ -52,7 +52,7 @@ pub struct HealthDetail {
     /// Class of the last failure without a usable answer (`refused`, `reset`, `protocol`,
     /// `body_too_large`, `tls`, `local`, `connect`, `other`); only `refused` can be the
     /// "down" half of a restart.
-    pub last_transport_error: Option<&'static str>,
+    pub last_transport_error: Option<std::borrow::Cow<'static, str>>,
     pub consecutive_failures: u64,
     pub probes: u64,
     /// `/health` timeouts not taken as abnormal because the engine was serving.
@@ -231,7 +231,7 @@ impl Monitor {
         d.last_transport_error = match outcome {
             HealthOutcome::Unhealthy {
                 transport: Some(t), ..
-            } => Some(t.as_str()),
+            } => Some(t.as_str().into()),
             _ => None,
         };
         match outcome {
@@ -314,7 +314,7 @@ impl Monitor {
             .filter(|c| c.name != "health" && c.ok == Some(false))
             .collect();
         if let Some(first) = blocking.first() {
-            tracing::warn!(engine = %self.spec.name, condition = first.name, "virtual inference does not run: {}", first.note);
+            tracing::warn!(engine = %self.spec.name, condition = first.name.as_ref(), "virtual inference does not run: {}", first.note);
             self.vi.set_phase(Phase::Disabled);
             return false;
         }

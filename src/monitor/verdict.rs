@@ -13,10 +13,10 @@
 //! restart, see [`restart`].
 
 use crate::probe::health::{HealthOutcome, Transport};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// What `/status` answers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Status {
     Initial,
@@ -45,7 +45,7 @@ impl Status {
 }
 
 /// The engine's `/health` as last judged.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum HealthState {
     /// Never reached: `/status` says `initial`.

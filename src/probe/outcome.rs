@@ -2,7 +2,7 @@
 //! client ([`super::http`]), the virtual inference loop ([`crate::monitor`]) and QoS
 //! ([`crate::qos`]), so none of them reaches into another for these types.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
 /// Why a virtual request failed.
@@ -65,7 +65,7 @@ impl ProbeResult {
 }
 
 /// How a probe changed the failure count.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Accounting {
     /// Failed with the NPU idle (reference rule 1).
@@ -83,10 +83,11 @@ pub enum Accounting {
 }
 
 /// One probe, for `/status/detail`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ProbeRecord {
-    /// When it completed, on the monotonic clock (ages are computed from this).
-    #[serde(skip)]
+    /// When it completed, on the monotonic clock (ages are computed from this). Not sent;
+    /// a record read back from JSON has the time it was read.
+    #[serde(skip, default = "tokio::time::Instant::now")]
     pub at: tokio::time::Instant,
     /// Unix time in milliseconds.
     pub at_unix_ms: u64,

@@ -16,6 +16,7 @@ use crate::probe::outcome::ProbeRecord;
 use progress::Progress;
 use score::{Level, Levels};
 use serde::Serialize;
+use std::borrow::Cow;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -31,9 +32,9 @@ fn ser_rounded<S: serde::Serializer>(v: &Option<f64>, s: S) -> Result<S::Ok, S::
 }
 
 /// One component of the score, for `/qos`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 pub struct Component {
-    pub name: &'static str,
+    pub name: Cow<'static, str>,
     pub weight: f64,
     /// `null` when the input is missing (the other weights then carry the score).
     #[serde(serialize_with = "ser_rounded")]
@@ -44,7 +45,26 @@ pub struct Component {
     pub age_ms: Option<u64>,
     /// The engine's metric names the input was read from, as found in the last scrape
     /// (vLLM's name of that release, or SGLang's); empty for the probe.
-    pub series: Vec<&'static str>,
+    pub series: Vec<Cow<'static, str>>,
+}
+
+/// The score and level of one engine as `/qos` shows them (the server adds the engine's
+/// name, the device signals and the settings: `server::wire::EngineQos`).
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+pub struct QosReport {
+    pub enabled: bool,
+    /// Rounded to 3 decimals; `null` before the first evaluation or with no input.
+    pub score: Option<f64>,
+    pub level: Level,
+    pub level_since_unix_ms: u64,
+    pub consecutive_below_evict: u32,
+    pub evaluations: u64,
+    pub components: Vec<Component>,
+    pub progress: progress::State,
+    pub stalled_for_s: Option<f64>,
+    pub scrapes: u64,
+    pub scrape_failures: u64,
+    pub eviction_answers_abnormal: bool,
 }
 
 /// A level change.
@@ -166,7 +186,7 @@ impl QosState {
                     input.push_str(&format!(", {tpot:.1} ms per output token"));
                 }
                 Component {
-                    name: "latency",
+                    name: "latency".into(),
                     weight: w.latency,
                     score: Some(score::latency_score(ttft, budget)),
                     input,
@@ -175,7 +195,7 @@ impl QosState {
                 }
             }
             None => Component {
-                name: "latency",
+                name: "latency".into(),
                 weight: w.latency,
                 score: None,
                 input: "no recent virtual probe".to_owned(),
@@ -189,22 +209,24 @@ impl QosState {
         let scrape_age =
             metrics.map(|(_, at)| now.saturating_duration_since(at).as_millis() as u64);
         let sources = metrics.map(|(m, _)| m.sources).unwrap_or_default();
-        let memory_series: Vec<&'static str> =
+        let memory_series: Vec<Cow<'static, str>> =
             [sources.kv_cache_usage, sources.waiting_for_capacity]
                 .into_iter()
                 .flatten()
+                .map(Cow::Borrowed)
                 .collect();
-        let progress_series: Vec<&'static str> = [
+        let progress_series: Vec<Cow<'static, str>> = [
             sources.running,
             sources.prompt_tokens,
             sources.generation_tokens,
         ]
         .into_iter()
         .flatten()
+        .map(Cow::Borrowed)
         .collect();
         components.push(match metrics.and_then(|(m, _)| m.kv_cache_usage) {
             Some(kv) => Component {
-                name: "memory",
+                name: "memory".into(),
                 weight: w.memory,
                 score: Some(score::memory_score(kv, cfg.kv_headroom_full)),
                 input: format!(
@@ -219,7 +241,7 @@ impl QosState {
                 series: memory_series,
             },
             None => Component {
-                name: "memory",
+                name: "memory".into(),
                 weight: w.memory,
                 score: None,
                 input: i.scrape_error.clone().map_or_else(
@@ -232,7 +254,7 @@ impl QosState {
         });
         let state = i.progress.state_at(now, self.scrape_max_age);
         components.push(Component {
-            name: "progress",
+            name: "progress".into(),
             weight: w.progress,
             score: Progress::score(state),
             input: match (metrics.is_some(), state) {
@@ -278,26 +300,26 @@ impl QosState {
         (score, after, transition)
     }
 
-    /// The object `GET /qos` and `/status/detail` show.
-    pub fn report(&self, cfg: &QosConfig) -> serde_json::Value {
+    /// The score and level part of what `GET /qos` and `/status/detail` show.
+    pub fn report(&self, cfg: &QosConfig) -> QosReport {
         let i = self.lock();
-        serde_json::json!({
-            "enabled": cfg.enabled,
-            "score": i.score.map(round3),
-            "level": i.levels.level,
-            "level_since_unix_ms": i.level_since_unix_ms,
-            "consecutive_below_evict": i.levels.below_evict,
-            "evaluations": i.evaluations,
-            "components": i.components,
-            "progress": i.progress.state_at(Instant::now(), self.scrape_max_age),
-            "stalled_for_s": i
+        QosReport {
+            enabled: cfg.enabled,
+            score: i.score.map(round3),
+            level: i.levels.level,
+            level_since_unix_ms: i.level_since_unix_ms,
+            consecutive_below_evict: i.levels.below_evict,
+            evaluations: i.evaluations,
+            components: i.components.clone(),
+            progress: i.progress.state_at(Instant::now(), self.scrape_max_age),
+            stalled_for_s: i
                 .progress
                 .stalled_for(Instant::now(), self.scrape_max_age)
                 .map(|d| d.as_secs_f64()),
-            "scrapes": i.scrapes,
-            "scrape_failures": i.scrape_failures,
-            "eviction_answers_abnormal": cfg.eviction,
-        })
+            scrapes: i.scrapes,
+            scrape_failures: i.scrape_failures,
+            eviction_answers_abnormal: cfg.eviction,
+        }
     }
 
     /// The last score.
@@ -387,14 +409,22 @@ mod tests {
             q.evaluate(&cfg, Some(&probe(true, 50.0)));
             q.components()
                 .into_iter()
-                .map(|c| (c.name, c.series))
+                .map(|c| {
+                    let series: Vec<String> = c.series.iter().map(|s| s.to_string()).collect();
+                    (c.name.to_string(), series)
+                })
                 .collect::<Vec<_>>()
+        };
+        let own = |v: Vec<(&str, Vec<&str>)>| -> Vec<(String, Vec<String>)> {
+            v.into_iter()
+                .map(|(n, s)| (n.to_owned(), s.into_iter().map(str::to_owned).collect()))
+                .collect()
         };
         assert_eq!(
             names(
                 "vllm:gpu_cache_usage_perc 0.5\nvllm:num_requests_running 1\nvllm:prompt_tokens_total 3\nvllm:generation_tokens_total 4\n"
             ),
-            vec![
+            own(vec![
                 ("latency", vec![]),
                 ("memory", vec!["vllm:gpu_cache_usage_perc"]),
                 (
@@ -405,13 +435,14 @@ mod tests {
                         "vllm:generation_tokens_total"
                     ]
                 ),
-            ]
+            ])
         );
         assert_eq!(
             names(
                 "sglang:token_usage 0.1\nsglang:num_running_reqs 0\nsglang:prompt_tokens_total 1\nsglang:generation_tokens_total 1\n"
-            )[1..],
-            [
+            )[1..]
+                .to_vec(),
+            own(vec![
                 ("memory", vec!["sglang:token_usage"]),
                 (
                     "progress",
@@ -421,7 +452,7 @@ mod tests {
                         "sglang:generation_tokens_total"
                     ]
                 ),
-            ]
+            ])
         );
     }
 
@@ -465,10 +496,10 @@ mod tests {
         let (s, _, _) = q.evaluate(&cfg, None);
         assert_eq!(s, None, "scrape older than 3 periods, no probe: no score");
         let r = q.report(&cfg);
-        assert_eq!(r["score"], serde_json::Value::Null);
-        assert_eq!(r["components"][0]["input"], "no recent virtual probe");
+        assert_eq!(r.score, None);
+        assert_eq!(r.components[0].input, "no recent virtual probe");
         q.record_scrape(Err("connection refused".into()));
         let r = q.report(&cfg);
-        assert_eq!(r["scrape_failures"], 1);
+        assert_eq!(r.scrape_failures, 1);
     }
 }

@@ -24,7 +24,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 /// What the last scrapes say about progress.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum State {
     /// Not enough data (no scrape yet, counters missing or reset, or too old).

@@ -8,7 +8,7 @@ use crate::driver::dcmi::{CubeCall, UtilType};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, AtomicU32, AtomicU64, Ordering};
 
 /// Where a device's AI Cube figures come from now.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Source {
     /// DCMI, method not yet known (first read pending).
@@ -92,7 +92,7 @@ impl Source {
 }
 
 /// Why a device's AI Cube figures come from where they come from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum SourceReason {
     /// The first DCMI read is pending.

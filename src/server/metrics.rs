@@ -357,7 +357,7 @@ impl Scope {
             self.engines.iter().flat_map(|e| {
                 e.qos.components().into_iter().filter_map(|c| {
                     let mut l = name(e);
-                    l.push(("component", c.name.to_owned()));
+                    l.push(("component", c.name.to_string()));
                     Some((l, c.score?))
                 })
             }),

@@ -11,6 +11,7 @@
 pub mod auth;
 pub mod conn;
 pub mod metrics;
+pub mod wire;
 
 pub use conn::serve;
 
@@ -22,7 +23,7 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use serde_json::{Value, json};
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -73,11 +74,21 @@ async fn status(State(v): State<EngineView>) -> Response {
 }
 
 async fn engine_detail(State(v): State<EngineView>) -> Response {
-    axum::Json(detail(&v.engine, &v.metrics.shared, v.metrics.window)).into_response()
+    axum::Json(wire::to_json(&detail(
+        &v.engine,
+        &v.metrics.shared,
+        v.metrics.window,
+    )))
+    .into_response()
 }
 
 async fn engine_qos(State(v): State<EngineView>) -> Response {
-    axum::Json(qos(&v.engine, &v.metrics.shared, v.metrics.window)).into_response()
+    axum::Json(wire::to_json(&qos(
+        &v.engine,
+        &v.metrics.shared,
+        v.metrics.window,
+    )))
+    .into_response()
 }
 
 async fn admin_qos(State(v): State<AdminView>) -> Response {
@@ -85,14 +96,17 @@ async fn admin_qos(State(v): State<AdminView>) -> Response {
 }
 
 /// `{"engines": [...]}` with `f` of every engine.
-fn every_engine(v: &AdminView, f: fn(&Monitor, &Shared, Duration) -> Value) -> Response {
-    let engines: Vec<Value> = v
+fn every_engine<T: serde::Serialize>(
+    v: &AdminView,
+    f: fn(&Monitor, &Shared, Duration) -> T,
+) -> Response {
+    let engines = v
         .metrics
         .engines
         .iter()
         .map(|e| f(e, &v.metrics.shared, v.metrics.window))
         .collect();
-    axum::Json(json!({ "engines": engines })).into_response()
+    axum::Json(wire::to_json(&wire::Engines { engines })).into_response()
 }
 
 async fn engine_metrics(State(v): State<EngineView>) -> Response {
@@ -128,19 +142,18 @@ async fn healthz(State(v): State<AdminView>) -> Response {
 /// components with their inputs and ages, stall detection, and the device signals (AI Cube
 /// peak and mean over the window, HBM over the engine's NPUs). HBM is shown, not scored: vLLM
 /// preallocates the KV cache, so HBM near 90 % is normal (see `docs/qos.md`).
-pub fn qos(e: &Monitor, shared: &Shared, win: Duration) -> Value {
-    qos_from(
-        e,
-        shared,
-        &window::query(&shared.ring, &e.devices, win),
-        win,
-    )
+pub fn qos(e: &Monitor, shared: &Shared, win: Duration) -> wire::EngineQos {
+    let report = window::query(&shared.ring, &e.devices, win);
+    qos_from(e, shared, &report, win)
 }
 
-/// [`qos`] with the window already read.
-fn qos_from(e: &Monitor, shared: &Shared, report: &window::WindowReport, win: Duration) -> Value {
+fn qos_from(
+    e: &Monitor,
+    shared: &Shared,
+    report: &window::WindowReport,
+    win: Duration,
+) -> wire::EngineQos {
     let q = &e.spec.qos;
-    let mut v = e.qos.report(q);
     let now = shared.ring.now_ns();
     let (mut used, mut total, mut hbm_devices) = (0u64, 0u64, 0usize);
     for &i in &e.devices {
@@ -153,97 +166,96 @@ fn qos_from(e: &Monitor, shared: &Shared, report: &window::WindowReport, win: Du
     }
     let means: Vec<f64> = report.devices.iter().filter_map(|d| d.mean).collect();
     let mean = (!means.is_empty()).then(|| means.iter().sum::<f64>() / means.len() as f64);
-    if let Some(o) = v.as_object_mut() {
-        o.insert("engine".into(), json!(e.spec.name));
-        o.insert("model".into(), json!(e.spec.model));
-        o.insert("evicting".into(), json!(e.qos_evicts()));
-        o.insert(
-            "stall_detection".into(),
-            json!({
-                "enabled": q.stall_detection,
-                "window_s": q.stall_window.as_secs_f64(),
-                "skip_when_capacity_waiting": q.skip_when_capacity_waiting,
-            }),
-        );
-        o.insert(
-            "device".into(),
-            json!({
-                "window_s": win.as_secs_f64(),
-                "ai_cube_peak": report.combined.peak,
-                "ai_cube_mean": mean.map(|m| (m * 100.0).round() / 100.0),
-                "hbm_used_mb": (hbm_devices > 0).then_some(used),
-                "hbm_total_mb": (hbm_devices > 0).then_some(total),
-                "hbm_ratio": (hbm_devices > 0 && total > 0).then(|| ((used as f64 / total as f64) * 1000.0).round() / 1000.0),
-                "scored": false,
-            }),
-        );
+    wire::EngineQos {
+        engine: e.spec.name.clone(),
+        model: e.spec.model.clone(),
+        evicting: e.qos_evicts(),
+        stall_detection: wire::StallDetection {
+            enabled: q.stall_detection,
+            window_s: q.stall_window.as_secs_f64(),
+            skip_when_capacity_waiting: q.skip_when_capacity_waiting,
+        },
+        device: wire::QosDevice {
+            window_s: win.as_secs_f64(),
+            ai_cube_peak: report.combined.peak,
+            ai_cube_mean: mean.map(round2),
+            hbm_used_mb: (hbm_devices > 0).then_some(used),
+            hbm_total_mb: (hbm_devices > 0).then_some(total),
+            hbm_ratio: (hbm_devices > 0 && total > 0)
+                .then(|| ((used as f64 / total as f64) * 1000.0).round() / 1000.0),
+            scored: false,
+        },
+        state: e.qos.report(q),
     }
-    v
+}
+
+fn round2(v: f64) -> f64 {
+    (v * 100.0).round() / 100.0
 }
 
 /// `/status/detail` of one engine.
-pub fn detail(e: &Monitor, shared: &Shared, win: Duration) -> Value {
+pub fn detail(e: &Monitor, shared: &Shared, win: Duration) -> wire::EngineDetail {
     let now = shared.ring.now_ns();
     let report = window::query(&shared.ring, &e.devices, win);
-    let devices: Vec<Value> = e
+    let devices = e
         .devices
         .iter()
         .zip(&report.devices)
         .map(|(&i, w)| {
             let s = shared.devices[usize::from(i)].snapshot(now);
-            json!({
-                "id": s.id,
-                "backend": s.backend,
-                "method": s.method,
-                "source": s.source,
-                "source_reason": s.source_reason,
-                "source_note": s.source_note,
-                "device_gone": s.device_gone,
-                "peak": w.peak,
-                "mean": w.mean.map(|m| (m * 100.0).round() / 100.0),
-                "valid": w.valid,
-                "invalid": w.invalid,
-                "stale": s.stale,
-                "hung": s.hung,
-                "last_error": s.last_error,
-                "hbm_used_mb": s.hbm_used_mb,
-                "hbm_total_mb": s.hbm_total_mb,
-                "health": s.health,
-            })
+            wire::WindowDevice {
+                id: s.id,
+                backend: s.backend.into(),
+                method: s.method.into(),
+                source: s.source,
+                source_reason: s.source_reason,
+                source_note: s.source_note,
+                device_gone: s.device_gone,
+                peak: w.peak,
+                mean: w.mean.map(round2),
+                valid: w.valid,
+                invalid: w.invalid,
+                stale: s.stale,
+                hung: s.hung,
+                last_error: s.last_error,
+                hbm_used_mb: s.hbm_used_mb,
+                hbm_total_mb: s.hbm_total_mb,
+                health: s.health,
+            }
         })
         .collect();
     let spec = &e.spec;
     let hc = &spec.health_check_config;
-    json!({
-        "engine": spec.name,
-        "status": e.peek_status(),
-        "reason": e.reason(),
-        "role": spec.role,
-        "inference": spec.infer_authority(),
-        "conditions": e.conditions(),
-        "health": e.health_detail(),
-        "virtual_inference": {
-            "phase": e.vi.phase(),
-            "abnormal": e.vi.abnormal(),
-            "abnormal_reason": e.vi.abnormal_reason(),
-            "warmup_done": e.vi.warmup_done(),
-            "failure_count": e.vi.failure_count(),
-            "max_failure_count": hc.max_failure_count,
-            "npu_usage_threshold": hc.npu_usage_threshold,
-            "interval_s": e.vi.interval().as_secs_f64(),
-            "last_probe": e.vi.last_probe(),
-            "rearms": e.rearms(),
+    wire::EngineDetail {
+        engine: spec.name.clone(),
+        status: e.peek_status(),
+        reason: e.reason(),
+        role: spec.role,
+        inference: spec.infer_authority(),
+        conditions: e.conditions(),
+        health: e.health_detail(),
+        virtual_inference: wire::VirtualInference {
+            phase: e.vi.phase(),
+            abnormal: e.vi.abnormal(),
+            abnormal_reason: e.vi.abnormal_reason(),
+            warmup_done: e.vi.warmup_done(),
+            failure_count: e.vi.failure_count(),
+            max_failure_count: hc.max_failure_count,
+            npu_usage_threshold: hc.npu_usage_threshold,
+            interval_s: e.vi.interval().as_secs_f64(),
+            last_probe: e.vi.last_probe(),
+            rearms: e.rearms(),
         },
-        "qos": qos_from(e, shared, &report, win),
-        "window": {
-            "seconds": win.as_secs_f64(),
-            "peak": report.combined.peak,
-            "valid": report.combined.valid,
-            "invalid": report.combined.invalid,
-            "truncated": report.truncated,
-            "devices": devices,
+        qos: qos_from(e, shared, &report, win),
+        window: wire::Window {
+            seconds: win.as_secs_f64(),
+            peak: report.combined.peak,
+            valid: report.combined.valid,
+            invalid: report.combined.invalid,
+            truncated: report.truncated,
+            devices,
         },
-    })
+    }
 }
 
 /// Binds a listener, naming the address on failure. A std socket, so the agent can keep a

@@ -21,7 +21,10 @@ use super::proxy::Proxy;
 use super::real_engine::{self, RealEngine};
 use super::stress::CpuStress;
 use fake_engine::node_manager::{self, NmOptions};
+use npu_health_agent::monitor::Status;
+use npu_health_agent::monitor::vi_state::Phase;
 use npu_health_agent::probe::engine_metrics;
+use npu_health_agent::server::wire::{EngineDetail, EngineQos};
 use serde::Serialize;
 use serde_json::{Value, json};
 use std::net::SocketAddr;
@@ -400,7 +403,9 @@ impl Stack {
         }
     }
 
-    async fn get_json(&self, url: &str) -> Option<Value> {
+    /// `url`'s JSON as `T` (the agent's typed answers, `server::wire`); `None` when it does
+    /// not answer or the answer is not a `T`.
+    async fn get_json<T: serde::de::DeserializeOwned>(&self, url: &str) -> Option<T> {
         self.http.get(url).send().await.ok()?.json().await.ok()
     }
 
@@ -530,9 +535,11 @@ impl Stack {
                     self.dir.join("engine.log").display()
                 ));
             }
-            if let Some(d) = self.get_json(&format!("{}/status/detail", self.mgmt)).await
-                && d["status"] == "normal"
-                && d["virtual_inference"]["phase"] == "running"
+            if let Some(d) = self
+                .get_json::<EngineDetail>(&format!("{}/status/detail", self.mgmt))
+                .await
+                && d.status == Status::Normal
+                && d.virtual_inference.phase == Phase::Running
             {
                 return Ok(());
             }
@@ -682,12 +689,12 @@ async fn remove(stack: &mut Stack, load: &LoadGen, fault: Fault, s: f64, held: &
 
 /// Whether the agent reports one of the engine's NPUs as failing right now: a hung or stale
 /// reading, or failed reads in the current window.
-fn driver_flagged(detail: &Value) -> bool {
-    detail["window"]["devices"].as_array().is_some_and(|ds| {
-        ds.iter().any(|d| {
-            d["stale"] == true || d["hung"] == true || d["invalid"].as_u64().unwrap_or(0) > 0
-        })
-    })
+fn driver_flagged(detail: &EngineDetail) -> bool {
+    detail
+        .window
+        .devices
+        .iter()
+        .any(|d| d.stale || d.hung || d.invalid > 0)
 }
 
 fn is_driver_fault(f: Fault) -> bool {
@@ -895,8 +902,8 @@ async fn observe(
         }
         let in_window = now >= t0 && now < fault_end;
         let status = stack.status().await;
-        let qos = stack.get_json(&format!("{}/qos", stack.mgmt)).await;
-        let detail = stack
+        let qos: Option<EngineQos> = stack.get_json(&format!("{}/qos", stack.mgmt)).await;
+        let detail: Option<EngineDetail> = stack
             .get_json(&format!("{}/status/detail", stack.mgmt))
             .await;
         let depth = stack.queue_depth().await;
@@ -907,7 +914,7 @@ async fn observe(
                     .to_owned(),
             );
         }
-        let score = qos.as_ref().and_then(|q| q["score"].as_f64());
+        let score = qos.as_ref().and_then(|q| q.state.score);
         // Guards, evaluated at every sample.
         let mut want = in_window && !aborted;
         for g in &e.guards {
@@ -988,12 +995,10 @@ async fn observe(
             t_ms: rel(now),
             status,
             qos_score: score,
-            qos_level: qos
-                .as_ref()
-                .and_then(|q| q["level"].as_str().map(str::to_owned)),
+            qos_level: qos.as_ref().map(|q| q.state.level.as_str().to_owned()),
             ai_cube_peak: qos
                 .as_ref()
-                .and_then(|q| q["device"]["ai_cube_peak"].as_f64()),
+                .and_then(|q| q.device.ai_cube_peak.map(f64::from)),
             fault_active: active,
             driver_flagged: flagged,
             queue_depth: depth,

@@ -1,0 +1,135 @@
+//! The JSON the agent serves on `/status/detail` and `/qos`, as typed structs. The server
+//! builds them; the chaos runner and the tests read them back with `serde_json`, so a field
+//! renamed or moved breaks the build and `tests/wire_shapes.rs`, not a dashboard.
+//!
+//! Objects go out with their keys sorted, at every level (they pass through
+//! `serde_json::Value`, as the hand-built JSON always did), so the bytes on the wire do not
+//! depend on the order fields are declared in.
+
+use crate::config::mindie::Role;
+use crate::monitor::HealthDetail;
+use crate::monitor::gates::Condition;
+use crate::monitor::verdict::Status;
+use crate::monitor::vi_state::Phase;
+use crate::probe::outcome::ProbeRecord;
+use crate::qos::QosReport;
+use crate::sampler::status::{Source, SourceReason};
+use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
+
+/// A name the agent writes from a constant and a client reads into a `String`.
+pub type Text = Cow<'static, str>;
+
+/// `{"engines": [...]}`: every engine, on the admin listener.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Engines<T> {
+    pub engines: Vec<T>,
+}
+
+/// `/status/detail` of one engine: the verdict and everything behind it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EngineDetail {
+    pub engine: String,
+    pub status: Status,
+    pub reason: String,
+    pub role: Role,
+    /// `host:port` of the engine's inference surface.
+    pub inference: String,
+    pub conditions: Vec<Condition>,
+    pub health: HealthDetail,
+    pub virtual_inference: VirtualInference,
+    pub qos: EngineQos,
+    pub window: Window,
+}
+
+/// The virtual inference loop, as `/status/detail` shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VirtualInference {
+    pub phase: Phase,
+    pub abnormal: bool,
+    pub abnormal_reason: Option<String>,
+    pub warmup_done: bool,
+    pub failure_count: i64,
+    pub max_failure_count: i64,
+    pub npu_usage_threshold: f64,
+    pub interval_s: f64,
+    pub last_probe: Option<ProbeRecord>,
+    pub rearms: u64,
+}
+
+/// The AI Cube window over the engine's NPUs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Window {
+    pub seconds: f64,
+    /// `null`: unavailable (no valid sample).
+    pub peak: Option<u8>,
+    pub valid: u32,
+    pub invalid: u32,
+    pub truncated: bool,
+    pub devices: Vec<WindowDevice>,
+}
+
+/// One NPU of the window: its figures and where they come from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WindowDevice {
+    pub id: u32,
+    pub backend: Text,
+    pub method: Text,
+    pub source: Source,
+    pub source_reason: SourceReason,
+    pub source_note: String,
+    pub device_gone: bool,
+    pub peak: Option<u8>,
+    pub mean: Option<f64>,
+    pub valid: u32,
+    pub invalid: u32,
+    pub stale: bool,
+    pub hung: bool,
+    pub last_error: Option<i32>,
+    pub hbm_used_mb: Option<u64>,
+    pub hbm_total_mb: Option<u64>,
+    pub health: Option<u32>,
+}
+
+/// `/qos` of one engine, and `qos` in its detail: the score and level
+/// ([`QosReport`], its fields at this level), with the engine's name and device signals.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EngineQos {
+    pub engine: String,
+    pub model: Option<String>,
+    #[serde(flatten)]
+    pub state: QosReport,
+    /// A held `evict` makes `/status` answer `abnormal` right now.
+    pub evicting: bool,
+    pub stall_detection: StallDetection,
+    pub device: QosDevice,
+}
+
+/// The stall-detection settings `/qos` shows.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StallDetection {
+    pub enabled: bool,
+    pub window_s: f64,
+    pub skip_when_capacity_waiting: bool,
+}
+
+/// The device signals `/qos` shows (not scored: see `docs/qos.md`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QosDevice {
+    pub window_s: f64,
+    pub ai_cube_peak: Option<u8>,
+    pub ai_cube_mean: Option<f64>,
+    pub hbm_used_mb: Option<u64>,
+    pub hbm_total_mb: Option<u64>,
+    pub hbm_ratio: Option<f64>,
+    pub scored: bool,
+}
+
+/// `value` as the JSON the server sends: keys sorted at every level.
+pub fn to_json<T: Serialize>(value: &T) -> serde_json::Value {
+    serde_json::to_value(value).unwrap_or_else(|e| {
+        // Only a map with non-string keys or a failing Serialize impl can fail here; none
+        // of the types above has either.
+        serde_json::json!({ "error": format!("cannot encode: {e}") })
+    })
+}
