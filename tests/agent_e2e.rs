@@ -8,6 +8,8 @@
 mod support;
 
 use fake_engine::node_manager::{self, NmOptions, NmReport, NmStatus};
+use npu_health_agent::monitor::vi_state::Phase;
+use npu_health_agent::probe::outcome::Accounting;
 use std::time::Duration;
 use support::stack::Stack;
 use tokio_util::sync::CancellationToken;
@@ -58,12 +60,14 @@ fn healthy_idle_engine_is_never_abnormal() {
         "{:?}",
         report.polls.iter().find(|p| p.detected != NmStatus::Normal)
     );
-    let d = stack.detail();
-    assert_eq!(d["virtual_inference"]["phase"], "running", "{d}");
-    assert!(
-        d["virtual_inference"]["last_probe"]["outcome"] == "success",
-        "{d}"
-    );
+    let d = stack.typed_detail();
+    assert_eq!(d.virtual_inference.phase, Phase::Running, "{d:?}");
+    let last = d
+        .virtual_inference
+        .last_probe
+        .as_ref()
+        .expect("a probe ran");
+    assert_eq!(last.outcome, "success", "{d:?}");
     // The virtual request is the reference's: `<16-digit µs>_virtual`, the plain body.
     let s = stack.engine_stats();
     let id = s["last_request_id"].as_str().unwrap();
@@ -90,18 +94,18 @@ fn hung_engine_with_idle_npu_is_detected_and_killed() {
         .killed_at_ms
         .unwrap_or_else(|| panic!("not killed: {report:?}\n{}", stack.agent_log()));
     assert!(report.max_consecutive_abnormal >= 5);
-    let d = stack.detail();
-    assert_eq!(d["virtual_inference"]["abnormal"], true, "{d}");
-    assert_eq!(d["virtual_inference"]["failure_count"], 3);
-    assert_eq!(d["virtual_inference"]["phase"], "stopped");
+    let vi = stack.typed_detail().virtual_inference;
+    assert!(vi.abnormal, "{vi:?}");
+    assert_eq!(vi.failure_count, 3);
+    assert_eq!(vi.phase, Phase::Stopped);
     // The verdict's reason, not the top-level one: the emulator has killed the engine by
     // now, so a /health probe after the kill may already say it is gone (seen once under load).
     assert!(
-        d["virtual_inference"]["abnormal_reason"]
-            .as_str()
-            .unwrap()
+        vi.abnormal_reason
+            .as_deref()
+            .unwrap_or_default()
             .contains("consecutive virtual requests failed"),
-        "{d}"
+        "{vi:?}"
     );
     // The engine stayed "healthy" on /health all along: only virtual inference caught it.
     assert!(
@@ -158,13 +162,13 @@ fn busy_engine_with_failing_probes_is_never_abnormal() {
     let report = runtime().block_on(node_manager(&mut stack, Duration::from_secs(6)));
     assert_eq!(report.killed_at_ms, None, "{report:?}");
     assert_eq!(report.max_consecutive_abnormal, 0);
-    let d = stack.detail();
-    let vi = &d["virtual_inference"];
-    assert_eq!(vi["abnormal"], false, "{d}");
-    assert_eq!(vi["failure_count"], 0);
-    assert_eq!(vi["last_probe"]["outcome"], "failed: HTTP 500", "{d}");
-    assert_eq!(vi["last_probe"]["accounting"], "reset");
-    assert!(vi["last_probe"]["peak"].as_f64().unwrap() >= 60.0, "{d}");
+    let vi = stack.typed_detail().virtual_inference;
+    assert!(!vi.abnormal, "{vi:?}");
+    assert_eq!(vi.failure_count, 0);
+    let last = vi.last_probe.as_ref().expect("a probe ran");
+    assert_eq!(last.outcome, "failed: HTTP 500", "{vi:?}");
+    assert_eq!(last.accounting, Accounting::Reset);
+    assert!(last.peak.unwrap_or_default() >= 60.0, "{vi:?}");
 }
 
 // (d) /health slow under load: /status answers from the snapshot, so Node Manager's polls
@@ -197,10 +201,10 @@ fn slow_health_does_not_slow_status() {
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let streams: u32 = load.into_iter().map(|h| h.join().unwrap()).sum();
     assert!(streams >= 4, "the load ran: {streams} streams completed");
-    let d = stack.detail();
+    let window = stack.typed_detail().window;
     assert!(
-        d["window"]["peak"].as_f64().unwrap_or(0.0) >= 60.0,
-        "the NPU was busy: {d}"
+        window.peak.unwrap_or(0) >= 60,
+        "the NPU was busy: {window:?}"
     );
     assert_eq!(report.failed_polls(), 0, "{report:?}");
     assert_eq!(report.killed_at_ms, None);
@@ -241,20 +245,19 @@ fn engine_restart_rearms_virtual_inference() {
     stack.wait_for_status("abnormal", Duration::from_secs(20));
     // Still hung but /health answers: abnormal stays (no restart seen), over several
     // /health probes.
-    let probes = |d: &serde_json::Value| d["health"]["probes"].as_u64().unwrap_or(0);
-    let before = probes(&stack.detail());
-    stack.wait_until("5 more /health probes", Duration::from_secs(20), |d| {
-        probes(d) >= before + 5
+    let before = stack.typed_detail().health.probes;
+    stack.wait_until_typed("5 more /health probes", Duration::from_secs(20), |d| {
+        d.health.probes >= before + 5
     });
     assert_eq!(
         stack.get(&stack.status_url()).unwrap().1,
         r#"{"status":"abnormal"}"#
     );
-    assert_eq!(stack.detail()["virtual_inference"]["rearms"], 0);
+    assert_eq!(stack.typed_detail().virtual_inference.rearms, 0);
     // "Restart": the listener goes away (the agent sees the refusal) and comes back healthy.
     stack.faults(r#"{"listening": false}"#);
-    stack.wait_until("/health refused", Duration::from_secs(20), |d| {
-        d["health"]["last_transport_error"] == "refused"
+    stack.wait_until_typed("/health refused", Duration::from_secs(20), |d| {
+        d.health.last_transport_error.as_deref() == Some("refused")
     });
     let restarted_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -262,21 +265,23 @@ fn engine_restart_rearms_virtual_inference() {
         .as_millis() as u64;
     stack.faults(r#"{"listening": true, "hang": false}"#);
     stack.wait_for_status("normal", Duration::from_secs(20));
-    assert_eq!(stack.detail()["virtual_inference"]["rearms"], 1);
+    assert_eq!(stack.typed_detail().virtual_inference.rearms, 1);
     // A new warm-up ran, then a periodic probe succeeded after the restart.
-    let d = stack.wait_until(
-        "a periodic probe succeeded after the restart",
-        Duration::from_secs(20),
-        |d| {
-            let p = &d["virtual_inference"]["last_probe"];
-            p["warmup"] == false
-                && p["success"] == true
-                && p["at_unix_ms"].as_u64().is_some_and(|t| t > restarted_ms)
-        },
-    );
-    assert_eq!(d["virtual_inference"]["warmup_done"], true, "{d}");
-    assert_eq!(d["virtual_inference"]["abnormal"], false);
-    assert_eq!(d["virtual_inference"]["phase"], "running");
+    let vi = stack
+        .wait_until_typed(
+            "a periodic probe succeeded after the restart",
+            Duration::from_secs(20),
+            |d| {
+                d.virtual_inference
+                    .last_probe
+                    .as_ref()
+                    .is_some_and(|p| !p.warmup && p.success && p.at_unix_ms > restarted_ms)
+            },
+        )
+        .virtual_inference;
+    assert!(vi.warmup_done, "{vi:?}");
+    assert!(!vi.abnormal);
+    assert_eq!(vi.phase, Phase::Running);
     assert!(stack.agent_log().contains("re-armed"));
 }
 
@@ -288,24 +293,23 @@ fn unavailable_usage_does_not_count_failures() {
     let stack = Stack::start("max_failure_count = 2");
     stack.faults(r#"{"hang": true, "npu_na": true}"#);
     let mut failed = std::collections::BTreeSet::new();
-    stack.wait_until(
+    stack.wait_until_typed(
         "3 failed probes with usage unavailable",
         Duration::from_secs(30),
         |d| {
-            let vi = &d["virtual_inference"];
-            assert_eq!(vi["abnormal"], false, "{d}");
-            assert_eq!(vi["failure_count"], 0, "{d}");
-            let p = &vi["last_probe"];
-            if p["success"] == false && p["warmup"] == false {
-                assert_eq!(p["accounting"], "unchanged", "{d}");
-                assert_eq!(p["peak"], serde_json::Value::Null, "{d}");
-                failed.insert(p["at_unix_ms"].as_u64());
+            let vi = &d.virtual_inference;
+            assert!(!vi.abnormal, "{vi:?}");
+            assert_eq!(vi.failure_count, 0, "{vi:?}");
+            if let Some(p) = vi.last_probe.as_ref().filter(|p| !p.success && !p.warmup) {
+                assert_eq!(p.accounting, Accounting::Unchanged, "{vi:?}");
+                assert_eq!(p.peak, None, "{vi:?}");
+                failed.insert(p.at_unix_ms);
             }
             failed.len() >= 3
         },
     );
-    let d = stack.detail();
-    assert_eq!(d["window"]["peak"], serde_json::Value::Null, "{d}");
+    let window = stack.typed_detail().window;
+    assert_eq!(window.peak, None, "{window:?}");
     assert_eq!(
         stack.get(&stack.status_url()).unwrap().1,
         r#"{"status":"normal"}"#

@@ -1,6 +1,7 @@
 //! A whole stack as real processes on loopback: the fake engine, the agent binary on the
 //! fake driver (whose NPU figures the engine writes), both killed when the stack is dropped.
 
+use npu_health_agent::server::wire::{EngineDetail, EngineQos};
 use std::path::PathBuf;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
@@ -254,6 +255,29 @@ impl Stack {
     }
 
     /// `/status/detail` of the engine.
+    /// `/status/detail`, read into the agent's own type.
+    pub fn typed_detail(&self) -> EngineDetail {
+        serde_json::from_value(self.detail()).expect("/status/detail is an EngineDetail")
+    }
+
+    /// `/qos`, read into the agent's own type.
+    pub fn typed_qos(&self) -> EngineQos {
+        serde_json::from_value(self.qos()).expect("/qos is an EngineQos")
+    }
+
+    /// Polls the typed `/status/detail` until `done` holds of it.
+    pub fn wait_until_typed(
+        &self,
+        what: &str,
+        limit: Duration,
+        mut done: impl FnMut(&EngineDetail) -> bool,
+    ) -> EngineDetail {
+        let d = self.wait_until(what, limit, |d| {
+            done(&serde_json::from_value(d.clone()).expect("/status/detail is an EngineDetail"))
+        });
+        serde_json::from_value(d).expect("/status/detail is an EngineDetail")
+    }
+
     pub fn detail(&self) -> serde_json::Value {
         let url = format!("http://127.0.0.1:{}/status/detail", self.mgmt_port);
         serde_json::from_str(&self.get(&url).expect("detail").1).expect("detail JSON")
