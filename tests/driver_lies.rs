@@ -17,7 +17,9 @@ mod support;
 
 use fake_engine::node_manager::{self, NmOptions, NmReport};
 use npu_health_agent::driver::{BackendChoice, DriverConfig};
+use npu_health_agent::probe::outcome::Accounting;
 use npu_health_agent::sampler::{Sampler, SamplerConfig, Source, SourceReason, codes};
+use npu_health_agent::server::wire::EngineDetail;
 use std::ffi::OsString;
 use std::time::{Duration, Instant};
 use support::stack::{Launch, Stack, free_ports};
@@ -109,25 +111,25 @@ fn node_manager(stack: &Stack, limit: Duration) -> NmReport {
 const BUSY_AND_SLOW: &str = r#"{"npu_usage": 70, "latency_ms": 2000}"#;
 
 /// Waits until both of the stack's NPUs have `reason`; panics with the detail otherwise.
-fn wait_for_reason(stack: &Stack, reason: &str, limit: Duration) -> serde_json::Value {
-    let mut last = serde_json::Value::Null;
+fn wait_for_reason(stack: &Stack, reason: SourceReason, limit: Duration) -> EngineDetail {
+    let mut last = None;
     let ok = wait_for(limit, || {
-        last = stack.detail();
-        last["window"]["devices"]
-            .as_array()
-            .is_some_and(|d| d.iter().all(|d| d["source_reason"] == reason))
+        let d = stack.typed_detail();
+        let done = d.window.devices.iter().all(|d| d.source_reason == reason);
+        last = Some(d);
+        done
     });
     assert!(
         ok,
-        "NPUs never reached {reason}: {last}\n{}",
+        "NPUs never reached {reason:?}: {last:?}\n{}",
         stack.agent_log()
     );
-    last
+    last.expect("polled at least once")
 }
 
 /// Asserts a busy, slow engine was never counted against and never killed; returns the
 /// last probe's window peak.
-fn assert_not_counted(stack: &Stack, report: &NmReport) -> serde_json::Value {
+fn assert_not_counted(stack: &Stack, report: &NmReport) -> Option<f64> {
     assert_eq!(
         report.killed_at_ms,
         None,
@@ -135,18 +137,17 @@ fn assert_not_counted(stack: &Stack, report: &NmReport) -> serde_json::Value {
         stack.agent_log()
     );
     assert_eq!(report.max_consecutive_abnormal, 0, "{report:?}");
-    let d = stack.detail();
-    assert_eq!(d["virtual_inference"]["failure_count"], 0, "{d}");
-    assert_eq!(d["virtual_inference"]["abnormal"], false, "{d}");
+    let vi = stack.typed_detail().virtual_inference;
+    assert_eq!(vi.failure_count, 0, "{vi:?}");
+    assert!(!vi.abnormal, "{vi:?}");
+    let last = vi.last_probe.as_ref().expect("a probe ran");
+    assert!(!last.success, "the probes did time out: {vi:?}");
     assert_eq!(
-        d["virtual_inference"]["last_probe"]["success"], false,
-        "the probes did time out: {d}"
+        last.accounting,
+        Accounting::Reset,
+        "a busy peak resets the count: {vi:?}"
     );
-    assert_eq!(
-        d["virtual_inference"]["last_probe"]["accounting"], "reset",
-        "a busy peak resets the count: {d}"
-    );
-    d["virtual_inference"]["last_probe"]["peak"].clone()
+    last.peak
 }
 
 // ---------------------------------------------------------------------------------------
@@ -310,10 +311,10 @@ fn defect1_doctor_says_which_source_each_npu_uses_and_why() {
 fn defect1_busy_engine_with_timing_out_probes_on_zeroed_firmware_is_not_killed() {
     let stack = Stack::start_with("max_failure_count = 3", "", "multi_util = \"zeroed\"");
     stack.faults(BUSY_AND_SLOW);
-    wait_for_reason(&stack, "multi-zeroed", Duration::from_secs(20));
+    wait_for_reason(&stack, SourceReason::MultiZeroed, Duration::from_secs(20));
     let report = node_manager(&stack, Duration::from_secs(8));
     let peak = assert_not_counted(&stack, &report);
-    assert_eq!(peak, 70.0, "the probe saw the real peak");
+    assert_eq!(peak, Some(70.0), "the probe saw the real peak");
 }
 
 // The zeros of an idle NPU are still an idle NPU: a hung engine is still caught.
@@ -327,11 +328,12 @@ fn defect1_hung_engine_with_idle_npu_on_zeroed_firmware_is_still_detected() {
         "not killed: {report:?}\n{}",
         stack.agent_log()
     );
-    let d = stack.detail();
-    assert_eq!(d["virtual_inference"]["failure_count"], 3, "{d}");
+    let d = stack.typed_detail();
+    assert_eq!(d.virtual_inference.failure_count, 3, "{d:?}");
     assert_eq!(
-        d["window"]["devices"][0]["source_reason"], "multi-unverified",
-        "{d}"
+        d.window.devices[0].source_reason,
+        SourceReason::MultiUnverified,
+        "{d:?}"
     );
 }
 
@@ -417,17 +419,10 @@ fn defect2_device_vanishing_while_running_is_unavailable_until_it_is_back() {
 fn defect2_gone_npus_never_make_the_engine_abnormal() {
     let stack = Stack::start("max_failure_count = 3");
     stack.faults(r#"{"npu_health": 4294967295}"#);
-    let mut d = serde_json::Value::Null;
-    assert!(
-        wait_for(Duration::from_secs(20), || {
-            d = stack.detail();
-            d["window"]["devices"]
-                .as_array()
-                .is_some_and(|v| v.iter().all(|x| x["device_gone"] == true))
-        }),
-        "{d}"
-    );
-    assert_eq!(d["window"]["devices"][0]["health"], serde_json::Value::Null);
+    let gone = stack.wait_until_typed("every NPU gone", Duration::from_secs(20), |d| {
+        d.window.devices.iter().all(|x| x.device_gone)
+    });
+    assert_eq!(gone.window.devices[0].health, None);
     // The engine hangs with its NPUs idle: without the gone state this is a kill.
     stack.faults(r#"{"hang": true}"#);
     let report = node_manager(&stack, Duration::from_secs(8));
@@ -437,11 +432,12 @@ fn defect2_gone_npus_never_make_the_engine_abnormal() {
         "{report:?}\n{}",
         stack.agent_log()
     );
-    let d = stack.detail();
-    assert_eq!(d["virtual_inference"]["failure_count"], 0, "{d}");
+    let vi = stack.typed_detail().virtual_inference;
+    assert_eq!(vi.failure_count, 0, "{vi:?}");
     assert_eq!(
-        d["virtual_inference"]["last_probe"]["accounting"], "unchanged",
-        "{d}"
+        vi.last_probe.as_ref().map(|p| p.accounting),
+        Some(Accounting::Unchanged),
+        "{vi:?}"
     );
     let m = stack.metrics();
     for id in ["0", "1"] {
@@ -552,12 +548,16 @@ fn defect3_busy_engine_on_an_early_prerelease_library_is_seen_busy() {
         ..Launch::default()
     });
     stack.faults(BUSY_AND_SLOW);
-    wait_for_reason(&stack, "multi-prerelease-layout", Duration::from_secs(20));
+    wait_for_reason(
+        &stack,
+        SourceReason::MultiPrereleaseLayout,
+        Duration::from_secs(20),
+    );
     let report = node_manager(&stack, Duration::from_secs(8));
     let peak = assert_not_counted(&stack, &report);
     // Read through the packed aic_util, every busy figure is out of range: the window
     // would be unavailable instead of busy.
-    assert_eq!(peak, 70.0);
+    assert_eq!(peak, Some(70.0));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -643,8 +643,8 @@ fn defect4_busy_engine_whose_type14_reads_0_with_timing_out_probes_is_not_killed
         "multi_util = false\ntype14 = { constant = 150 }",
     );
     stack.faults(BUSY_AND_SLOW);
-    wait_for_reason(&stack, "type14-zero", Duration::from_secs(30));
+    wait_for_reason(&stack, SourceReason::Type14Zero, Duration::from_secs(30));
     let report = node_manager(&stack, Duration::from_secs(8));
     let peak = assert_not_counted(&stack, &report);
-    assert_eq!(peak, 70.0);
+    assert_eq!(peak, Some(70.0));
 }

@@ -6,7 +6,10 @@
 
 mod support;
 
-use serde_json::Value;
+use npu_health_agent::probe::outcome::Accounting;
+use npu_health_agent::qos::progress::State as Progress;
+use npu_health_agent::qos::score::Level;
+use npu_health_agent::server::wire::EngineQos;
 use std::time::{Duration, Instant};
 use support::load::Load;
 use support::stack::Stack;
@@ -19,19 +22,19 @@ fn engine_base(stack: &Stack) -> String {
 }
 
 /// Polls `/qos` and `/status` every 100 ms for `d`; returns the `/qos` objects and bodies.
-fn watch(stack: &Stack, d: Duration) -> (Vec<Value>, Vec<String>) {
+fn watch(stack: &Stack, d: Duration) -> (Vec<EngineQos>, Vec<String>) {
     let end = Instant::now() + d;
     let (mut qos, mut status) = (Vec::new(), Vec::new());
     while Instant::now() < end {
-        qos.push(stack.qos());
+        qos.push(stack.typed_qos());
         status.push(stack.get(&stack.status_url()).expect("/status").1);
         std::thread::sleep(Duration::from_millis(100));
     }
     (qos, status)
 }
 
-fn levels(qos: &[Value]) -> Vec<&str> {
-    qos.iter().filter_map(|q| q["level"].as_str()).collect()
+fn levels(qos: &[EngineQos]) -> Vec<Level> {
+    qos.iter().map(|q| q.state.level).collect()
 }
 
 fn metric(text: &str, prefix: &str) -> Option<f64> {
@@ -67,22 +70,25 @@ fn high_latency_under_load_is_throttle_at_worst() {
     assert!(streams >= 16, "the load ran: {streams} streams");
     let (idle_qos, idle_status) = watch(&stack, Duration::from_secs(2));
     assert!(
-        idle_qos.iter().any(|q| q["progress"] == "idle"),
+        idle_qos.iter().any(|q| q.state.progress == Progress::Idle),
         "the engine went idle: {:?}",
-        idle_qos.iter().map(|q| &q["progress"]).collect::<Vec<_>>()
+        idle_qos
+            .iter()
+            .map(|q| q.state.progress)
+            .collect::<Vec<_>>()
     );
     qos.extend(idle_qos);
     status.extend(idle_status);
     let seen = levels(&qos);
     let log = stack.agent_log();
     assert!(
-        seen.iter().all(|l| *l == "normal" || *l == "throttle"),
-        "levels {seen:?}\nlast /qos {}\n{log}",
+        seen.iter().all(|l| *l <= Level::Throttle),
+        "levels {seen:?}\nlast /qos {:?}\n{log}",
         qos.last().unwrap()
     );
     assert!(
-        seen.contains(&"throttle"),
-        "the latency was high enough to matter: levels {seen:?}\n{}",
+        seen.contains(&Level::Throttle),
+        "the latency was high enough to matter: levels {seen:?}\n{:?}",
         qos.last().unwrap()
     );
     assert!(
@@ -96,24 +102,22 @@ fn high_latency_under_load_is_throttle_at_worst() {
     );
     // The inputs were what the test meant: slow first token, tokens advancing.
     assert!(
-        qos.iter()
-            .any(|q| q["components"][0]["name"] == "latency" && q["components"][0]["score"] == 0.0),
+        qos.iter().any(|q| q
+            .state
+            .components
+            .first()
+            .is_some_and(|c| c.name == "latency" && c.score == Some(0.0))),
         "a probe over the budget was scored"
     );
     assert!(
-        qos.iter().any(|q| q["progress"] == "advancing"),
+        qos.iter().any(|q| q.state.progress == Progress::Advancing),
         "{:?}",
-        qos.iter().map(|q| &q["progress"]).collect::<Vec<_>>()
+        qos.iter().map(|q| q.state.progress).collect::<Vec<_>>()
     );
-    let d = stack.detail();
-    assert!(
-        d["virtual_inference"]["last_probe"]["ttft_ms"]
-            .as_f64()
-            .unwrap_or(0.0)
-            > 250.0,
-        "{d}"
-    );
-    assert_eq!(d["virtual_inference"]["failure_count"], 0);
+    let vi = stack.typed_detail().virtual_inference;
+    let ttft = vi.last_probe.as_ref().and_then(|p| p.ttft_ms);
+    assert!(ttft.unwrap_or(0.0) > 250.0, "{vi:?}");
+    assert_eq!(vi.failure_count, 0);
 }
 
 // KV cache at 95 % with HBM at 92 % on an otherwise healthy engine: memory pressure shows,
@@ -139,61 +143,57 @@ fn full_kv_cache_and_hbm_on_a_healthy_engine_is_not_below_throttle() {
     load.stop();
     let seen = levels(&qos);
     assert!(
-        seen.iter().all(|l| *l == "normal" || *l == "throttle"),
-        "levels {seen:?}\n{}",
+        seen.iter().all(|l| *l <= Level::Throttle),
+        "levels {seen:?}\n{:?}",
         qos.last().unwrap()
     );
     assert!(
         status.iter().all(|s| s == r#"{"status":"normal"}"#),
         "{status:?}"
     );
-    let q = stack.qos();
-    let score = q["score"].as_f64().expect("a score");
-    assert!(score >= 0.5, "{q}");
-    let memory = &q["components"][1];
-    assert_eq!(memory["name"], "memory");
+    let q = stack.typed_qos();
+    let score = q.state.score.expect("a score");
+    assert!(score >= 0.5, "{q:?}");
+    let memory = &q.state.components[1];
+    assert_eq!(memory.name, "memory");
     assert_eq!(
-        memory["score"], 0.5,
-        "95 % KV cache is half the headroom: {q}"
+        memory.score,
+        Some(0.5),
+        "95 % KV cache is half the headroom: {q:?}"
     );
-    assert!(
-        memory["input"]
-            .as_str()
-            .unwrap()
-            .contains("KV-cache usage 95.0 %"),
-        "{q}"
-    );
+    assert!(memory.input.contains("KV-cache usage 95.0 %"), "{q:?}");
     // HBM is read from the driver and shown, not scored.
-    let ratio = q["device"]["hbm_ratio"].as_f64().expect("HBM ratio");
-    assert!((ratio - 0.92).abs() < 0.005, "{q}");
-    assert_eq!(q["device"]["hbm_used_mb"], 2 * 60293);
-    assert_eq!(q["device"]["scored"], false);
+    let ratio = q.device.hbm_ratio.expect("HBM ratio");
+    assert!((ratio - 0.92).abs() < 0.005, "{q:?}");
+    assert_eq!(q.device.hbm_used_mb, Some(2 * 60293));
+    assert!(!q.device.scored);
     // The streamed probe: 8 tokens, time to first token and per output token measured.
     let s = stack.engine_stats();
     assert_eq!(s["last_body"]["max_tokens"], 8, "{s}");
     assert_eq!(s["last_body"]["stream"], true, "{s}");
-    let d = stack.detail();
-    let probe = &d["virtual_inference"]["last_probe"];
-    assert_eq!(probe["success"], true, "{d}");
-    assert!(probe["ttft_ms"].as_f64().unwrap() > 0.0, "{d}");
-    let tpot = probe["tpot_ms"].as_f64().expect("time per output token");
+    let d = stack.typed_detail();
+    let probe = d
+        .virtual_inference
+        .last_probe
+        .as_ref()
+        .expect("a probe ran");
+    assert!(probe.success, "{probe:?}");
+    assert!(probe.ttft_ms.unwrap_or(0.0) > 0.0, "{probe:?}");
+    let tpot = probe.tpot_ms.expect("time per output token");
     // Arrival times are measured; events read together share a time, so only its presence
     // and sign are checked here.
     assert!(tpot >= 0.0, "{tpot} ms per output token");
     assert!(
-        q["components"][0]["input"]
-            .as_str()
-            .unwrap()
-            .contains("ms per output token"),
-        "{q}"
+        q.state.components[0].input.contains("ms per output token"),
+        "{q:?}"
     );
     // /status/detail carries the same object, and the gauges are exported.
-    assert_eq!(d["qos"]["level"], q["level"]);
+    assert_eq!(d.qos.state.level, q.state.level);
     let m = stack.metrics();
     let health = metric(&m, "inference_node_health{model=\"m\",engine=\"e2e\"}")
         .unwrap_or_else(|| panic!("inference_node_health missing\n{m}"));
     assert!((0.5..=1.0).contains(&health), "{health}");
-    let level = q["level"].as_str().unwrap();
+    let level = q.state.level.as_str();
     assert_eq!(
         metric(
             &m,
@@ -236,18 +236,18 @@ fn busy_but_stuck_engine_is_abnormal_with_stall_detection() {
         .as_u64()
         .unwrap()
         - probes_before;
-    let d = stack.detail();
+    let vi = stack.typed_detail().virtual_inference;
     eprintln!("abnormal {elapsed:?} after the wedge, {probes} probes");
-    let vi = &d["virtual_inference"];
-    assert_eq!(vi["failure_count"], MAX_FAILURES, "{d}");
-    assert_eq!(vi["last_probe"]["accounting"], "incremented_stalled", "{d}");
-    assert!(vi["last_probe"]["peak"].as_f64().unwrap() >= 90.0, "{d}");
+    assert_eq!(vi.failure_count, MAX_FAILURES as i64, "{vi:?}");
+    let last = vi.last_probe.as_ref().expect("a probe ran");
+    assert_eq!(last.accounting, Accounting::IncrementedStalled, "{vi:?}");
+    assert!(last.peak.unwrap_or_default() >= 90.0, "{vi:?}");
     assert!(
-        vi["abnormal_reason"]
-            .as_str()
-            .unwrap()
+        vi.abnormal_reason
+            .as_deref()
+            .unwrap_or_default()
             .contains("no token advanced"),
-        "{d}"
+        "{vi:?}"
     );
     // Within stall_window + max_failure_count probes: probes are at least BUSY_CYCLE apart,
     // so at most ceil(window / cycle) of them fall inside the window (+1 in flight at the
@@ -258,11 +258,11 @@ fn busy_but_stuck_engine_is_abnormal_with_stall_detection() {
         "{probes} probes before abnormal\n{}",
         stack.agent_log()
     );
-    let q = stack.qos();
-    assert_eq!(q["progress"], "stalled", "{q}");
+    let q = stack.typed_qos().state;
+    assert_eq!(q.progress, Progress::Stalled, "{q:?}");
     assert!(
-        q["stalled_for_s"].as_f64().unwrap() >= STALL_WINDOW.as_secs_f64(),
-        "{q}"
+        q.stalled_for_s.unwrap_or_default() >= STALL_WINDOW.as_secs_f64(),
+        "{q:?}"
     );
     assert!(stack.agent_log().contains("stall detection"));
 }
@@ -285,13 +285,13 @@ fn busy_but_stuck_engine_is_never_abnormal_without_stall_detection() {
         .unwrap()
         - probes_before;
     assert!(probes > MAX_FAILURES, "enough failing probes ran: {probes}");
-    let d = stack.detail();
-    let vi = &d["virtual_inference"];
-    assert_eq!(vi["failure_count"], 0, "{d}");
-    assert_eq!(vi["last_probe"]["accounting"], "reset", "{d}");
-    assert_eq!(vi["last_probe"]["success"], false, "{d}");
+    let vi = stack.typed_detail().virtual_inference;
+    assert_eq!(vi.failure_count, 0, "{vi:?}");
+    let last = vi.last_probe.as_ref().expect("a probe ran");
+    assert_eq!(last.accounting, Accounting::Reset, "{vi:?}");
+    assert!(!last.success, "{vi:?}");
     // The stall is seen (and scored), it just does not count without the option.
-    let q = stack.qos();
-    assert_eq!(q["progress"], "stalled", "{q}");
-    assert_eq!(q["stall_detection"]["enabled"], false);
+    let q = stack.typed_qos();
+    assert_eq!(q.state.progress, Progress::Stalled, "{q:?}");
+    assert!(!q.stall_detection.enabled);
 }
