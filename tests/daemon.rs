@@ -6,6 +6,8 @@
 mod support;
 
 use npu_health_agent::logging::journald;
+use npu_health_agent::monitor::vi_state::Phase;
+use npu_health_agent::server::wire::EngineDetail;
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -176,7 +178,7 @@ fn show_log_on_timeout(p: &Path) {
     LOG.with(|l| *l.borrow_mut() = Some(p.to_owned()));
 }
 
-fn detail(mgmt: u16) -> serde_json::Value {
+fn detail(mgmt: u16) -> EngineDetail {
     let (_, body) = http(
         "GET",
         &format!("http://127.0.0.1:{mgmt}/status/detail"),
@@ -403,21 +405,17 @@ fn sighup_reload_keeps_untouched_engines_and_rejects_a_bad_file() {
     // Engine a hangs with its NPUs idle: counted failures pile up (never abnormal here).
     a.faults(r#"{"hang":true}"#);
     wait_until(Duration::from_secs(30), "failures counted on a", || {
-        detail(ma)["virtual_inference"]["failure_count"]
-            .as_i64()
-            .unwrap_or(0)
-            >= 2
+        detail(ma).virtual_inference.failure_count >= 2
     });
-    let before = detail(ma)["virtual_inference"]["failure_count"]
-        .as_i64()
-        .unwrap();
+    let before = detail(ma).virtual_inference.failure_count;
     let threshold = |m: u16| {
-        detail(m)["conditions"]
-            .as_array()
-            .and_then(|c| c.iter().find(|c| c["name"] == "npu_usage_threshold"))
-            .map(|c| c["value"].clone())
+        detail(m)
+            .conditions
+            .into_iter()
+            .find(|c| c.name == "npu_usage_threshold")
+            .map(|c| c.value)
     };
-    assert_eq!(threshold(mb), Some("10".into()));
+    assert_eq!(threshold(mb).as_deref(), Some("10"));
 
     // Poll b's /status all through the reload: never refused.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -459,21 +457,25 @@ fn sighup_reload_keeps_untouched_engines_and_rejects_a_bad_file() {
         "{}",
         log()
     );
-    let after = detail(ma)["virtual_inference"]["failure_count"]
-        .as_i64()
-        .unwrap();
+    let after = detail(ma).virtual_inference.failure_count;
     assert!(
         after >= before,
         "a's failure count survived: {before} then {after}"
     );
-    assert_eq!(detail(ma)["virtual_inference"]["phase"], "running");
+    assert_eq!(detail(ma).virtual_inference.phase, Phase::Running);
     assert_eq!(
-        threshold(mb),
-        Some("20".into()),
+        threshold(mb).as_deref(),
+        Some("20"),
         "b runs with its new threshold"
     );
     // The agent kept its backend (a start-only key).
-    assert!(detail(ma).to_string().contains("dcmi"));
+    assert!(
+        detail(ma)
+            .window
+            .devices
+            .iter()
+            .all(|d| d.backend == "dcmi")
+    );
 
     // Remove b.
     write(&format!(
@@ -488,9 +490,7 @@ fn sighup_reload_keeps_untouched_engines_and_rejects_a_bad_file() {
     assert!(status(mc).is_some());
 
     // A bad file is rejected, naming the key; nothing changes.
-    let count = detail(ma)["virtual_inference"]["failure_count"]
-        .as_i64()
-        .unwrap();
+    let count = detail(ma).virtual_inference.failure_count;
     write(&format!(
         "{head}bogus_key = 1\n{}",
         engine_on("a", a.port, ma, 10, "0")
@@ -501,12 +501,7 @@ fn sighup_reload_keeps_untouched_engines_and_rejects_a_bad_file() {
     });
     assert!(log().contains("bogus_key"), "{}", log());
     assert!(status(mc).is_some(), "c still served");
-    assert!(
-        detail(ma)["virtual_inference"]["failure_count"]
-            .as_i64()
-            .unwrap()
-            >= count
-    );
+    assert!(detail(ma).virtual_inference.failure_count >= count);
 
     signal(&agent, rustix::process::Signal::TERM);
     assert_eq!(

@@ -5,6 +5,9 @@
 
 mod support;
 
+use npu_health_agent::config::mindie::Role;
+use npu_health_agent::monitor::vi_state::Phase;
+use npu_health_agent::server::wire::EngineDetail;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use support::stack::{free_ports, http};
@@ -130,9 +133,9 @@ fn single_engine_mode_mirrors_the_engine_server_flags() {
         None,
     )
     .unwrap();
-    let d: serde_json::Value = serde_json::from_str(&detail).unwrap();
-    assert_eq!(d["engine"], "prefill-0");
-    assert_eq!(d["role"], "prefill");
+    let d: EngineDetail = serde_json::from_str(&detail).unwrap();
+    assert_eq!(d.engine, "prefill-0");
+    assert_eq!(d.role, Role::Prefill);
     let (_, metrics) = http("GET", &format!("http://127.0.0.1:{mgmt}/metrics"), None).unwrap();
     assert!(
         metrics.contains("npu_chip_info_cube_utilization{id=\"0\""),
@@ -171,7 +174,7 @@ fn run_without_any_driver_backend_follows_health() {
     wait_until(Duration::from_secs(20), || {
         status(mgmt).as_deref() == Some(r#"{"status":"normal"}"#)
     });
-    let get = || -> serde_json::Value {
+    let get = || -> EngineDetail {
         serde_json::from_str(
             &http(
                 "GET",
@@ -184,24 +187,16 @@ fn run_without_any_driver_backend_follows_health() {
         .unwrap()
     };
     wait_until(Duration::from_secs(10), || {
-        get()["virtual_inference"]["phase"] == "disabled"
+        get().virtual_inference.phase == Phase::Disabled
     });
     let d = get();
-    let cube = d["conditions"]
-        .as_array()
-        .unwrap()
+    let cube = d
+        .conditions
         .iter()
-        .find(|c| c["name"] == "ai_cube")
-        .unwrap()
-        .clone();
-    assert_eq!(cube["ok"], false, "{d}");
-    assert!(
-        cube["value"]
-            .as_str()
-            .unwrap()
-            .contains("no driver backend"),
-        "{d}"
-    );
+        .find(|c| c.name == "ai_cube")
+        .expect("the ai_cube condition");
+    assert_eq!(cube.ok, Some(false), "{d:?}");
+    assert!(cube.value.contains("no driver backend"), "{d:?}");
 }
 
 #[test]
@@ -235,7 +230,7 @@ fn host_mode_serves_one_listener_per_engine() {
         status(m2).as_deref() == Some(r#"{"status":"normal"}"#)
     });
     // Engine b's log level disables virtual inference (reference gate), a's runs.
-    let get = |p: u16| -> serde_json::Value {
+    let get = |p: u16| -> EngineDetail {
         serde_json::from_str(
             &http("GET", &format!("http://127.0.0.1:{p}/status/detail"), None)
                 .unwrap()
@@ -244,29 +239,25 @@ fn host_mode_serves_one_listener_per_engine() {
         .unwrap()
     };
     wait_until(Duration::from_secs(10), || {
-        get(m2)["virtual_inference"]["phase"] == "disabled"
+        get(m2).virtual_inference.phase == Phase::Disabled
     });
     let b = get(m2);
-    let lvl = b["conditions"]
-        .as_array()
-        .unwrap()
+    let lvl = b
+        .conditions
         .iter()
-        .find(|c| c["name"] == "ASCEND_GLOBAL_LOG_LEVEL")
-        .unwrap()
-        .clone();
-    assert_eq!(lvl["ok"], false);
+        .find(|c| c.name == "ASCEND_GLOBAL_LOG_LEVEL")
+        .expect("the log-level condition");
+    assert_eq!(lvl.ok, Some(false));
     assert!(
-        lvl["note"]
-            .as_str()
-            .unwrap()
+        lvl.note
             .contains("requires ASCEND_GLOBAL_LOG_LEVEL=3 (ERROR); got '1'")
     );
     wait_until(Duration::from_secs(10), || {
-        get(m1)["virtual_inference"]["phase"] == "running"
+        get(m1).virtual_inference.phase == Phase::Running
     });
     // Each engine's window covers its own NPU only.
-    assert_eq!(get(m1)["window"]["devices"][0]["id"], 0);
-    assert_eq!(get(m2)["window"]["devices"][0]["id"], 1);
+    assert_eq!(get(m1).window.devices[0].id, 0);
+    assert_eq!(get(m2).window.devices[0].id, 1);
     // The admin listener has everything.
     let (code, all) = http("GET", &format!("http://127.0.0.1:{admin}/metrics"), None).unwrap();
     assert_eq!(code, 200);
