@@ -13,6 +13,10 @@
 mod support;
 
 use npu_fake::follow::CpuFollower;
+use npu_health_agent::monitor::vi_state::Phase;
+use npu_health_agent::probe::outcome::Accounting;
+use npu_health_agent::qos::progress::State as Progress;
+use npu_health_agent::server::wire::EngineDetail;
 use serde_json::Value;
 use std::process::Child;
 use std::sync::Mutex;
@@ -90,10 +94,17 @@ impl Agent {
         v["status"].as_str().map(str::to_owned)
     }
 
+    /// `/status/detail` as sent (for the failure messages).
     fn detail(&self) -> Value {
         self.get("/status/detail")
             .and_then(|(_, b)| serde_json::from_str(&b).ok())
             .unwrap_or(Value::Null)
+    }
+
+    /// `/status/detail` read into the agent's own type; `None` when it does not answer.
+    fn typed_detail(&self) -> Option<EngineDetail> {
+        self.get("/status/detail")
+            .map(|(_, b)| serde_json::from_str(&b).expect("/status/detail is an EngineDetail"))
     }
 
     fn log(&self) -> String {
@@ -133,9 +144,8 @@ impl Agent {
     }
 
     fn failure_count(&self) -> i64 {
-        self.detail()["virtual_inference"]["failure_count"]
-            .as_i64()
-            .unwrap_or(-1)
+        self.typed_detail()
+            .map_or(-1, |d| d.virtual_inference.failure_count)
     }
 }
 
@@ -171,15 +181,17 @@ fn healthy_engine_is_normal_and_scores_well_under_load_with_a_clean_log() {
     // Warm-up done: the probe went through vLLM, and vLLM's answer carried its id.
     let end = Instant::now() + Duration::from_secs(30);
     let probe = loop {
-        let d = agent.detail();
-        let p = d["virtual_inference"]["last_probe"].clone();
-        if p["success"] == true && d["virtual_inference"]["phase"] == "running" {
-            break p;
+        let vi = agent.typed_detail().map(|d| d.virtual_inference);
+        if let Some(vi) = &vi
+            && vi.phase == Phase::Running
+            && let Some(p) = vi.last_probe.as_ref().filter(|p| p.success)
+        {
+            break p.clone();
         }
-        assert!(Instant::now() < end, "no successful probe: {d}");
+        assert!(Instant::now() < end, "no successful probe: {vi:?}");
         std::thread::sleep(Duration::from_millis(200));
     };
-    println!("(a) normal after {took:?}; last probe {probe}");
+    println!("(a) normal after {took:?}; last probe {probe:?}");
     let metrics = http("GET", &format!("{}/metrics", v.url()), None)
         .unwrap()
         .1;
@@ -213,28 +225,28 @@ fn healthy_engine_is_normal_and_scores_well_under_load_with_a_clean_log() {
     let (mut min_score, mut scores, mut busy_peak) = (f64::MAX, 0, 0.0f64);
     let mut memory_series = Vec::new();
     let mut advancing = false;
-    let mut worst = Value::Null;
+    let mut worst = None;
     while start.elapsed() < Duration::from_secs(40) {
         std::thread::sleep(Duration::from_secs(1));
-        let d = agent.detail();
-        let q = &d["qos"];
+        let d = agent.typed_detail().expect("the agent answers");
+        let q = &d.qos;
         if start.elapsed() > Duration::from_secs(5)
-            && let Some(s) = q["score"].as_f64()
+            && let Some(s) = q.state.score
         {
             if s < min_score {
-                worst = q.clone();
+                worst = Some(q.clone());
             }
             min_score = min_score.min(s);
             scores += 1;
         }
-        if q["progress"] == "advancing" {
+        if q.state.progress == Progress::Advancing {
             advancing = true;
         }
-        if let Some(c) = q["components"].as_array().and_then(|c| c.get(1)) {
-            memory_series = c["series"].as_array().cloned().unwrap_or_default();
+        if let Some(c) = q.state.components.get(1) {
+            memory_series = c.series.iter().map(|s| s.to_string()).collect();
         }
-        busy_peak = busy_peak.max(d["window"]["peak"].as_f64().unwrap_or(0.0));
-        assert_eq!(agent.status().as_deref(), Some("normal"), "{d}");
+        busy_peak = busy_peak.max(f64::from(d.window.peak.unwrap_or(0)));
+        assert_eq!(agent.status().as_deref(), Some("normal"), "{d:?}");
     }
     let streams = load.stop();
     println!(
@@ -244,14 +256,14 @@ fn healthy_engine_is_normal_and_scores_well_under_load_with_a_clean_log() {
     assert!(scores >= 10);
     assert!(
         min_score >= 0.7,
-        "healthy under load scored {min_score}: {worst:#}"
+        "healthy under load scored {min_score}: {worst:#?}"
     );
     assert!(advancing, "progress seen from the real counters");
     assert_eq!(
         memory_series,
         [
-            Value::from("vllm:kv_cache_usage_perc"),
-            Value::from("vllm:num_requests_waiting_by_reason")
+            "vllm:kv_cache_usage_perc",
+            "vllm:num_requests_waiting_by_reason"
         ]
     );
     assert!(
@@ -332,22 +344,22 @@ fn silent_hang_is_abnormal_in_reference_time_and_a_short_stop_is_not() {
         "counters frozen"
     );
     let took = agent.wait_for("abnormal", Duration::from_secs(100)) + Duration::from_secs(3);
-    let detail = agent.detail();
+    let detail = agent.typed_detail().expect("the agent answers");
     println!(
-        "(b) SIGSTOP EngineCore -> abnormal after {:.1} s: {}",
+        "(b) SIGSTOP EngineCore -> abnormal after {:.1} s: {:?}",
         took.as_secs_f64(),
-        detail["reason"]
+        detail.reason
     );
     println!(
-        "(f) during the hang /metrics answered, frozen; QoS progress {}",
-        detail["qos"]["progress"]
+        "(f) during the hang /metrics answered, frozen; QoS progress {:?}",
+        detail.qos.state.progress
     );
     assert!(
         took <= Duration::from_secs(75),
         "reference timing: 6 × (5 s + 5 s) plus the window; took {took:?}\n{}",
         agent.log()
     );
-    assert_ne!(detail["qos"]["progress"], "advancing", "{detail}");
+    assert_ne!(detail.qos.state.progress, Progress::Advancing, "{detail:?}");
     signal(v.engine_core_pid, "CONT");
 }
 
@@ -434,17 +446,20 @@ fn slow_but_progressing_engine_is_never_a_stall() {
         }
     });
     let start = Instant::now();
-    let (mut busy_failures, mut stalled_counts, mut last_at) = (0, 0, Value::Null);
+    let (mut busy_failures, mut stalled_counts, mut last_at) = (0, 0, None);
     let mut statuses = Vec::new();
     while start.elapsed() < Duration::from_secs(60) {
-        let d = agent.detail();
-        let p = &d["virtual_inference"]["last_probe"];
-        if p["at_unix_ms"] != last_at && !p.is_null() {
-            last_at = p["at_unix_ms"].clone();
-            if p["success"] == false && p["peak"].as_f64().is_some_and(|x| x >= 10.0) {
+        let last = agent
+            .typed_detail()
+            .and_then(|d| d.virtual_inference.last_probe);
+        if let Some(p) = last
+            && Some(p.at_unix_ms) != last_at
+        {
+            last_at = Some(p.at_unix_ms);
+            if !p.success && p.peak.is_some_and(|x| x >= 10.0) {
                 busy_failures += 1;
             }
-            if p["accounting"] == "incremented_stalled" {
+            if p.accounting == Accounting::IncrementedStalled {
                 stalled_counts += 1;
             }
         }

@@ -109,10 +109,11 @@ impl Monitor {
 
     /// The verdict for `/status`; the first healthy call starts virtual inference.
     pub fn status(&self) -> Status {
-        if self.health().answers() && !self.started.swap(true, Ordering::AcqRel) {
+        let health = self.health();
+        if health.answers() && !self.started.swap(true, Ordering::AcqRel) {
             self.start.notify_one();
         }
-        self.peek_status()
+        verdict::status(health, self.vi.abnormal(), self.qos_evicts())
     }
 
     /// `qos.eviction` is on and the QoS level is a held `evict`.
