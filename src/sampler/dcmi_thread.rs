@@ -361,6 +361,12 @@ fn read_multi(ctx: &Ctx<'_>, slot: &mut Slot, now: &mut u64) -> Outcome {
                     (SourceReason::MultiPrereleaseLayout, value, UtilType::AiCube)
                 }
             };
+            // The source first, then the reason: whoever sees the verdict (wait_settled,
+            // `devices`) sees the source it names, not the multi call it abandons.
+            let current = dev.source();
+            if current.is_dcmi() {
+                dev.replace_source(current, Source::of_call(CubeCall::Single));
+            }
             dev.set_reason(reason, figure, kind);
             tracing::warn!(
                 device = dev.info.id,
