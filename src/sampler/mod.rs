@@ -347,18 +347,26 @@ impl Sampler {
     }
 
     /// Waits until every device has a decided source (no first read or disagreement pending)
-    /// and, if DCMI serves any, one pass ran.
+    /// and, if DCMI serves any, one whole pass ran after that.
     pub fn wait_settled(&self, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
-        let start = self.shared.sampler.passes();
+        // The pass count when every device was first seen decided: one more whole pass
+        // after it, so a verdict reached in the middle of a pass has its first reading too.
+        let mut decided_at: Option<u64> = None;
         loop {
-            let dcmi_pass = self.ctl.is_none() || self.shared.sampler.passes() > start;
             // A device whose calls disagree is still being judged (at most a second or two).
             let pending = self.shared.devices.iter().any(|d| {
                 matches!(d.source(), Source::NpuSmiPending)
                     || (d.source().is_dcmi() && d.reason().pending())
             });
-            if dcmi_pass && !pending {
+            if pending {
+                decided_at = None;
+            } else if decided_at.is_none() {
+                decided_at = Some(self.shared.sampler.passes());
+            }
+            if let Some(at) = decided_at
+                && (self.ctl.is_none() || self.shared.sampler.passes() > at)
+            {
                 return true;
             }
             if Instant::now() >= deadline {
