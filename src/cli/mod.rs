@@ -113,6 +113,11 @@ pub struct ConfigArgs {
     /// A held QoS `evict` level answers `abnormal` on /status.
     #[arg(long)]
     pub qos_eviction: bool,
+    /// Detection policy (single-engine mode; host mode: `policy` in [agent] or [[engine]]):
+    /// `reference` is MindIE V5 exactly, `agent` adds the grace, fast confirmation, stall
+    /// detection and QoS eviction (docs/policy.md) [default: reference].
+    #[arg(long, value_enum, conflicts_with = "config")]
+    pub policy: Option<crate::config::policy::Policy>,
     /// max_tokens of the virtual probe; above 1 it streams and measures time per token.
     #[arg(long, value_name = "N")]
     pub qos_probe_max_tokens: Option<u32>,
@@ -336,8 +341,16 @@ impl ConfigArgs {
                     devices: self.devices.clone(),
                     env_config_path: self.env_config_path.clone(),
                     qos: self.qos_flags()?,
+                    qos_set: self
+                        .stall_window
+                        .map(|_| vec!["stall_window".to_owned()])
+                        .unwrap_or_default(),
                 };
-                AgentConfig::single(&flags, AgentSettings::default()).map_err(CliError::usage)?
+                let agent = AgentSettings {
+                    policy: self.policy.unwrap_or_default(),
+                    ..AgentSettings::default()
+                };
+                AgentConfig::single(&flags, agent).map_err(CliError::usage)?
             }
             (None, None) => {
                 return Err(CliError::usage(anyhow::anyhow!(

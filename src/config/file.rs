@@ -28,6 +28,7 @@
 //! errors included (the place is found from the parser's span, [`place_at`]).
 
 use super::mindie::{self, EngineSection, Role};
+use super::policy::{AgentPolicy, Policy};
 use super::qos::QosConfig;
 use super::{
     AdminTls, AgentConfig, AgentSettings, ConfigError, EngineEnv, EngineLocation, KeyError, Mode,
@@ -74,6 +75,7 @@ struct AgentTable {
     header_read_timeout: Duration,
     #[serde(with = "duration")]
     idle_timeout: Duration,
+    policy: Policy,
 }
 
 impl Default for AgentTable {
@@ -98,6 +100,7 @@ impl Default for AgentTable {
             admin_tls: d.admin_auth.tls,
             header_read_timeout: d.listeners.header_read_timeout,
             idle_timeout: d.listeners.idle_timeout,
+            policy: d.policy,
         }
     }
 }
@@ -132,6 +135,9 @@ struct EngineTable {
     timing: Timing,
     #[serde(default)]
     qos: QosConfig,
+    policy: Option<Policy>,
+    #[serde(default)]
+    agent_policy: AgentPolicy,
 }
 
 /// Reads and validates `agent.toml` (a regular file of at most 4 MiB, [`super::read`]).
@@ -161,12 +167,30 @@ pub fn parse(text: &str, path: &Path) -> Result<AgentConfig, ConfigError> {
             "no [[engine]] table: nothing to monitor",
         ));
     }
+    let written = qos_keys_written(text);
     let mut engines = Vec::new();
     for (i, t) in parsed.engine.iter().enumerate() {
-        let spec =
-            engine(t, i, base, parsed.agent.env_config_path.as_deref()).map_err(|(key, msg)| {
-                ConfigError::new(&file, engine_place(i, t.name.as_deref(), &key), msg)
-            })?;
+        let choice = super::PolicyChoice {
+            policy: match t.policy {
+                Some(p) => super::Sourced {
+                    value: p,
+                    source: "[[engine]] policy".to_owned(),
+                },
+                None => super::Sourced {
+                    value: agent.policy,
+                    source: if text_sets_agent_policy(text) {
+                        "[agent] policy".to_owned()
+                    } else {
+                        "default".to_owned()
+                    },
+                },
+            },
+            agent_policy: t.agent_policy.clone(),
+            qos_set: written.get(i).cloned().unwrap_or_default(),
+        };
+        let spec = engine(t, i, base, parsed.agent.env_config_path.as_deref(), choice).map_err(
+            |(key, msg)| ConfigError::new(&file, engine_place(i, t.name.as_deref(), &key), msg),
+        )?;
         engines.push(spec);
     }
     let cfg = AgentConfig {
@@ -177,6 +201,29 @@ pub fn parse(text: &str, path: &Path) -> Result<AgentConfig, ConfigError> {
     };
     super::validate::across(&cfg)?;
     Ok(cfg)
+}
+
+/// The keys each `[engine.qos]` table writes, engine by engine (the text parsed already).
+fn qos_keys_written(text: &str) -> Vec<Vec<String>> {
+    let Ok(doc) = text.parse::<toml::Table>() else {
+        return Vec::new();
+    };
+    let Some(toml::Value::Array(engines)) = doc.get("engine") else {
+        return Vec::new();
+    };
+    engines
+        .iter()
+        .map(|e| match e.get("qos") {
+            Some(toml::Value::Table(q)) => q.keys().cloned().collect(),
+            _ => Vec::new(),
+        })
+        .collect()
+}
+
+/// Whether `[agent]` writes `policy` (for where an engine's policy came from).
+fn text_sets_agent_policy(text: &str) -> bool {
+    text.parse::<toml::Table>()
+        .is_ok_and(|doc| doc.get("agent").and_then(|a| a.get("policy")).is_some())
 }
 
 /// One step of a key path: a key, or an index into an array.
@@ -372,6 +419,7 @@ fn agent_settings(t: &AgentTable, base: &Path) -> Result<AgentSettings, KeyError
                 client_ca_file: x.client_ca_file.as_ref().map(|p| base_rel(base, p)),
             }),
         },
+        policy: t.policy,
     };
     super::validate::agent(&s)?;
     Ok(s)
@@ -417,6 +465,7 @@ fn engine(
     index: usize,
     base: &Path,
     agent_env_json: Option<&Path>,
+    choice: super::PolicyChoice,
 ) -> Result<super::EngineSpec, KeyError> {
     let inline_keys: Vec<&str> = [
         ("engine_type", t.engine_type.is_some()),
@@ -551,6 +600,7 @@ fn engine(
         engine_env,
         t.timing.clone(),
         t.qos.clone(),
+        choice,
         origin,
     )
 }

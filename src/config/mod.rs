@@ -13,6 +13,7 @@
 pub mod duration;
 pub mod file;
 pub mod mindie;
+pub mod policy;
 pub mod qos;
 pub mod read;
 pub mod validate;
@@ -237,6 +238,10 @@ pub struct EngineSpec {
     pub timing: Timing,
     /// QoS score, levels and stall detection (`[engine.qos]`).
     pub qos: QosConfig,
+    /// The detection policy in force, and where that came from.
+    pub policy: Sourced<policy::Policy>,
+    /// The agent policy's settings (`[engine.agent_policy]`; used under `agent` only).
+    pub agent_policy: policy::AgentPolicy,
     /// The file (and role) the engine section came from, or `inline`.
     pub origin: String,
 }
@@ -281,6 +286,8 @@ pub struct AgentSettings {
     pub listeners: ListenerLimits,
     /// Who may call the admin listener (`admin_token_file`, `admin_tls`).
     pub admin_auth: AdminAuthConfig,
+    /// The detection policy of every engine that does not name its own. Default `reference`.
+    pub policy: policy::Policy,
 }
 
 /// Access to the admin listener. With neither key it is open (bind it to loopback then);
@@ -345,6 +352,7 @@ impl Default for AgentSettings {
             log_level: None,
             listeners: ListenerLimits::default(),
             admin_auth: AdminAuthConfig::default(),
+            policy: policy::Policy::default(),
         }
     }
 }
@@ -400,6 +408,8 @@ pub struct SingleEngine {
     pub env_config_path: Option<PathBuf>,
     /// QoS settings (defaults, or the `--qos-*`/`--stall-*` flags).
     pub qos: QosConfig,
+    /// The `[engine.qos]` keys the flags set (the policy's preset leaves them alone).
+    pub qos_set: Vec<String>,
 }
 
 impl AgentConfig {
@@ -444,6 +454,14 @@ impl AgentConfig {
             engine_env,
             Timing::default(),
             flags.qos.clone(),
+            PolicyChoice {
+                policy: Sourced {
+                    value: agent.policy,
+                    source: "--policy".to_owned(),
+                },
+                agent_policy: policy::AgentPolicy::default(),
+                qos_set: flags.qos_set.clone(),
+            },
             format!("{file} ({})", flags.role.section()),
         )
         .map_err(key_error)?;
@@ -495,6 +513,15 @@ pub fn parse_visible_devices(s: &str) -> Result<Vec<u32>, String> {
         })
 }
 
+/// An engine's policy as configured: the policy and where it came from, its settings, and
+/// the `[engine.qos]` keys written (the preset leaves those alone).
+#[derive(Debug, Clone)]
+pub struct PolicyChoice {
+    pub policy: Sourced<policy::Policy>,
+    pub agent_policy: policy::AgentPolicy,
+    pub qos_set: Vec<String>,
+}
+
 #[allow(clippy::too_many_arguments)]
 fn build_engine(
     name: String,
@@ -504,9 +531,15 @@ fn build_engine(
     devices: Option<Vec<u32>>,
     engine_env: EngineEnv,
     timing: Timing,
-    qos: QosConfig,
+    mut qos: QosConfig,
+    choice: PolicyChoice,
     origin: String,
 ) -> Result<EngineSpec, KeyError> {
+    policy::apply_preset(choice.policy.value, &mut qos, &choice.qos_set);
+    choice
+        .agent_policy
+        .validate()
+        .map_err(|(k, m)| (format!("agent_policy.{k}"), m))?;
     let devices = match devices {
         Some(d) => Sourced {
             value: Some(d),
@@ -556,6 +589,8 @@ fn build_engine(
         engine_env,
         timing,
         qos,
+        policy: choice.policy,
+        agent_policy: choice.agent_policy,
         origin,
     };
     validate::engine(&spec)?;

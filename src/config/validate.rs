@@ -156,6 +156,17 @@ pub mod qos_bounds {
     pub const STALL_WINDOW: Within<Duration> = Within::new(ms(100), secs(3600));
 }
 
+/// `[engine.agent_policy]` bounds (checked by [`super::policy::AgentPolicy::validate`]).
+pub mod policy_bounds {
+    use super::{Duration, Within, ms, secs};
+
+    /// `0s` reports every failure at once, as the reference does.
+    pub const HEALTH_FAILURE_GRACE: Within<Duration> = Within::new(ms(0), secs(600));
+    pub const CONFIRM_FAILURES: Within<u32> = Within::new(1, 100);
+    pub const CONFIRM_INTERVAL: Within<Duration> = Within::new(ms(10), secs(600));
+    pub const CONFIRM_TIMEOUT: Within<Duration> = Within::new(ms(50), secs(600));
+}
+
 /// `health_check_config` bounds beyond the reference's `>= 1` (see [`super::mindie`]).
 pub mod health_check_bounds {
     /// Seconds.
@@ -678,6 +689,7 @@ devices = [0, 1]
             devices,
             env_config_path: None,
             qos: crate::config::qos::QosConfig::default(),
+            qos_set: Vec::new(),
         };
         let single = |f| AgentConfig::single(&f, AgentSettings::default());
         let e = single(flags(8000, 8000, None)).unwrap_err();

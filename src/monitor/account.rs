@@ -25,6 +25,18 @@
 //!   would never count an idle failure again. (The reference skips there too, so on vLLM
 //!   0.18 it never detects an idle hang; docs/qos.md.)
 //!
+//! The agent policy (`policy = "agent"`, [`AgentRules`]) adds, in this order:
+//! - a failure while the engine's `/health` failed too is not counted: the `/health` grace
+//!   decides (a hot reload answers 503 and holds completions);
+//! - a failure while the engine reports itself asleep (`vllm:engine_sleep_state`) is not
+//!   counted;
+//! - fast confirmation: a counted failure makes the engine abnormal from `confirm_failures`
+//!   on (instead of `max_failure_count`) when it is confirmed: for an idle failure, the NPU
+//!   stayed idle over the whole streak (the ring, not only each probe's window) and the
+//!   token counters did not advance since its first failure; a stall-detection failure is
+//!   confirmed by the stall itself. The loop re-probes after `confirm_interval` while a
+//!   streak is open ([`next_sleep`]).
+//!
 //! Interval: the busy interval (20 s) after a peak at or above `high_load_threshold` (80),
 //! back to the base interval (5 s) only after a peak below the usage threshold; otherwise,
 //! and when the peak is unavailable, unchanged.
@@ -45,6 +57,19 @@ pub struct Rules {
     pub stall_window: Option<Duration>,
     /// The V6 rule: do not count an idle failure while requests wait for capacity.
     pub skip_when_capacity_waiting: bool,
+    /// The agent policy's rules (`None`: the reference's).
+    pub agent: Option<AgentRules>,
+}
+
+/// The agent policy's accounting settings (`[engine.agent_policy]`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AgentRules {
+    /// Confirmed counted failures that make the engine abnormal.
+    pub confirm_failures: i64,
+    /// Sleep before a confirming re-probe.
+    pub confirm_interval: Duration,
+    /// Timeout of a re-probe after an idle failure.
+    pub confirm_timeout: Duration,
 }
 
 /// Which request of the loop a probe was.
@@ -74,6 +99,16 @@ pub struct Observation {
     pub capacity: Option<CapacityWaiting>,
     /// The failure count before this probe.
     pub count: i64,
+    /// Agent policy: the engine's `/health` failed while this probe ran.
+    pub health_failed: bool,
+    /// Agent policy: the engine reported itself asleep when the failure was checked.
+    pub asleep: bool,
+    /// Agent policy: the NPU stayed below the usage threshold over the whole streak (from
+    /// the start of its first failed probe to now); `None` when unknown.
+    pub idle_throughout: Option<bool>,
+    /// Agent policy: the engine's token counters advanced since the streak's first failure;
+    /// `None` when unknown.
+    pub tokens_advanced: Option<bool>,
 }
 
 /// What one probe did to the failure count.
@@ -119,6 +154,20 @@ pub fn account(rules: &Rules, obs: &Observation) -> Accounted {
     }
     let failed = obs.failure.is_some();
     let threshold = rules.npu_usage_threshold;
+    if failed && rules.agent.is_some() {
+        if obs.health_failed {
+            return keep(
+                Accounting::UnchangedHealthFailing,
+                Some("the engine's /health fails too; its grace decides".to_owned()),
+            );
+        }
+        if obs.asleep {
+            return keep(
+                Accounting::UnchangedAsleep,
+                Some("the engine is asleep (vllm:engine_sleep_state)".to_owned()),
+            );
+        }
+    }
     match obs.peak {
         Some(p) if p < threshold && failed => {
             let skip = match &obs.capacity {
@@ -138,6 +187,7 @@ pub fn account(rules: &Rules, obs: &Observation) -> Accounted {
                     Accounting::Incremented,
                     format!("AI Cube peak {p} below {threshold}"),
                     None,
+                    obs.idle_throughout == Some(true) && obs.tokens_advanced != Some(true),
                 ),
             }
         }
@@ -152,6 +202,7 @@ pub fn account(rules: &Rules, obs: &Observation) -> Accounted {
                     s.as_secs_f64()
                 ),
                 Some(s),
+                true,
             ),
             None => reset(),
         },
@@ -181,23 +232,65 @@ fn stalled(rules: &Rules, obs: &Observation, peak: f64) -> Option<Duration> {
         .filter(|s| *s >= window)
 }
 
-/// One more counted failure; abnormal at `max_failure_count`.
+/// One more counted failure; abnormal at `max_failure_count`, or under the agent policy at
+/// `confirm_failures` when the failure is `confirmed`.
 fn counted(
     rules: &Rules,
     before: i64,
     accounting: Accounting,
     why: String,
     stalled: Option<Duration>,
+    confirmed: bool,
 ) -> Accounted {
     let count = before + 1;
+    let fast = rules.agent.is_some_and(|a| {
+        confirmed && count >= a.confirm_failures && count < rules.max_failure_count
+    });
     Accounted {
         accounting,
         count,
-        abnormal: (count >= rules.max_failure_count).then(|| {
-            format!("{count} consecutive virtual requests failed and were counted (last: {why})")
-        }),
+        abnormal: if fast {
+            Some(format!(
+                "{count} consecutive virtual requests failed and were counted, confirmed (last: {why}{})",
+                if stalled.is_some() {
+                    ""
+                } else {
+                    "; the NPU stayed idle and no token advanced since the first"
+                }
+            ))
+        } else {
+            (count >= rules.max_failure_count).then(|| {
+                format!(
+                    "{count} consecutive virtual requests failed and were counted (last: {why})"
+                )
+            })
+        },
         why: Some(why),
         stalled,
+    }
+}
+
+/// The agent policy's sleep and timeout for the next probe, after `a`: a counted failure
+/// opens (or continues) a streak, confirmed by a re-probe after `confirm_interval` — with
+/// `confirm_timeout` after an idle failure, the request timeout after a stalled one. `None`:
+/// the reference's interval and timeout.
+///
+/// A failure on a busy NPU whose engine is stalled (but not yet for `stall_window`) waits the
+/// base interval, not the busy one: a busy NPU that produces nothing is no load to spare.
+pub fn next_sleep(
+    rules: &Rules,
+    timing: &Timing,
+    obs: &Observation,
+    a: &Accounted,
+) -> Option<(Duration, Option<Duration>)> {
+    let agent = rules.agent?;
+    match a.accounting {
+        Accounting::Incremented => Some((agent.confirm_interval, Some(agent.confirm_timeout))),
+        Accounting::IncrementedStalled => Some((agent.confirm_interval, None)),
+        Accounting::Reset if obs.failure.is_some() && obs.stalled_for.is_some() => {
+            Some((timing.interval, None))
+        }
+        _ => None,
     }
 }
 
@@ -227,6 +320,18 @@ mod tests {
             max_failure_count: 6,
             stall_window: None,
             skip_when_capacity_waiting: false,
+            agent: None,
+        }
+    }
+    fn agent() -> Rules {
+        Rules {
+            stall_window: Some(S(30)),
+            agent: Some(AgentRules {
+                confirm_failures: 2,
+                confirm_interval: S(1),
+                confirm_timeout: S(2),
+            }),
+            ..v5()
         }
     }
     fn stall() -> Rules {
@@ -252,6 +357,10 @@ mod tests {
             since_served: S(3600),
             capacity: None,
             count,
+            health_failed: false,
+            asleep: false,
+            idle_throughout: None,
+            tokens_advanced: None,
         }
     }
     fn stalled_for(o: Observation, stalled: Option<u64>, since_served: u64) -> Observation {
@@ -491,6 +600,164 @@ mod tests {
                 "{what}: the stall is reported with the stall rule only"
             );
         }
+    }
+
+    // The agent policy's rules, one row each (docs/policy.md names the scenario behind each):
+    // (what, observation) → (accounting, count after, abnormal).
+    #[test]
+    fn agent_policy_table() {
+        let with = |o: Observation, f: &dyn Fn(&mut Observation)| {
+            let mut o = o;
+            f(&mut o);
+            o
+        };
+        let idle = |count| probe(true, Some(0.0), count);
+        let rows: Vec<(&str, Observation, Accounting, i64, bool)> = vec![
+            (
+                "hot reload: /health failed beside the probe → not counted",
+                with(idle(1), &|o| o.health_failed = true),
+                UnchangedHealthFailing,
+                1,
+                false,
+            ),
+            (
+                "sleep: the engine is asleep → not counted",
+                with(idle(1), &|o| o.asleep = true),
+                UnchangedAsleep,
+                1,
+                false,
+            ),
+            (
+                "a success while /health fails still resets",
+                with(probe(false, Some(0.0), 1), &|o| o.health_failed = true),
+                Reset,
+                0,
+                false,
+            ),
+            (
+                "hang: the first idle failure opens a streak",
+                with(idle(0), &|o| o.idle_throughout = Some(true)),
+                Incremented,
+                1,
+                false,
+            ),
+            (
+                "hang: the re-probe fails, idle throughout, no token → abnormal at 2",
+                with(idle(1), &|o| {
+                    o.idle_throughout = Some(true);
+                    o.tokens_advanced = Some(false);
+                }),
+                Incremented,
+                2,
+                true,
+            ),
+            (
+                "counters unknown do not block the confirmation",
+                with(idle(1), &|o| o.idle_throughout = Some(true)),
+                Incremented,
+                2,
+                true,
+            ),
+            (
+                "the NPU worked between the two failures → counted, not confirmed",
+                with(idle(1), &|o| o.idle_throughout = Some(false)),
+                Incremented,
+                2,
+                false,
+            ),
+            (
+                "ring unknown over the streak → counted, not confirmed",
+                idle(1),
+                Incremented,
+                2,
+                false,
+            ),
+            (
+                "tokens advanced since the first failure → counted, not confirmed",
+                with(idle(1), &|o| {
+                    o.idle_throughout = Some(true);
+                    o.tokens_advanced = Some(true);
+                }),
+                Incremented,
+                2,
+                false,
+            ),
+            (
+                "unconfirmed failures still reach the reference's maximum",
+                idle(5),
+                Incremented,
+                6,
+                true,
+            ),
+            (
+                "busy but stuck: a stalled failure is confirmed by the stall → abnormal at 2",
+                stalled_for(probe(true, Some(95.0), 1), Some(31), 31),
+                IncrementedStalled,
+                2,
+                true,
+            ),
+            (
+                "busy and stalled below the window → reset, as without the policy",
+                stalled_for(probe(true, Some(95.0), 0), Some(20), 20),
+                Reset,
+                0,
+                false,
+            ),
+        ];
+        for (what, obs, accounting, count, abnormal) in rows {
+            let a = account(&agent(), &obs);
+            assert_eq!(
+                (a.accounting, a.count, a.abnormal.is_some()),
+                (accounting, count, abnormal),
+                "{what}: {a:?}"
+            );
+        }
+        // The same observations under the reference: none of the agent's rules apply.
+        let a = account(&v5(), &with(idle(1), &|o| o.health_failed = true));
+        assert_eq!((a.accounting, a.count), (Incremented, 2));
+        let a = account(&v5(), &with(idle(1), &|o| o.asleep = true));
+        assert_eq!((a.accounting, a.count), (Incremented, 2));
+        let a = account(
+            &v5(),
+            &with(idle(1), &|o| {
+                o.idle_throughout = Some(true);
+                o.tokens_advanced = Some(false);
+            }),
+        );
+        assert_eq!((a.count, a.abnormal), (2, None));
+    }
+
+    // The agent policy re-probes quickly while a streak is open; the reference never does.
+    #[test]
+    fn agent_policy_sleeps() {
+        let t = Timing::default();
+        let rules = agent();
+        let run = |rules: &Rules, obs: Observation| {
+            let a = account(rules, &obs);
+            next_sleep(rules, &t, &obs, &a)
+        };
+        assert_eq!(
+            run(&rules, probe(true, Some(0.0), 0)),
+            Some((S(1), Some(S(2))))
+        );
+        assert_eq!(
+            run(
+                &rules,
+                stalled_for(probe(true, Some(95.0), 0), Some(40), 40)
+            ),
+            Some((S(1), None))
+        );
+        assert_eq!(
+            run(
+                &rules,
+                stalled_for(probe(true, Some(95.0), 0), Some(10), 10)
+            ),
+            Some((t.interval, None)),
+            "stalled below the window: the base interval, not the busy one"
+        );
+        assert_eq!(run(&rules, probe(false, Some(0.0), 0)), None);
+        assert_eq!(run(&rules, probe(true, None, 0)), None);
+        assert_eq!(run(&v5(), probe(true, Some(0.0), 0)), None);
     }
 
     // The warm-up is never counted; a failed one is abnormal at once, whatever the count

@@ -24,6 +24,25 @@ pub trait EngineSignals {
     fn stalled_for(&self) -> Option<Duration>;
     /// Requests waiting for KV-cache capacity, read from the engine now (V6 rule).
     fn waiting_for_capacity(&self) -> impl Future<Output = CapacityWaiting> + Send;
+    /// Whether the engine's `/health` failed at or after `since` (agent policy). Default:
+    /// not known to have failed.
+    fn health_failed_since(&self, _since: tokio::time::Instant) -> bool {
+        false
+    }
+    /// The engine's sleep state and token counters, read from it now (agent policy).
+    /// Default: unknown.
+    fn fresh(&self) -> impl Future<Output = Fresh> + Send {
+        std::future::ready(Fresh::default())
+    }
+}
+
+/// What a fresh read of the engine's `/metrics` says for the agent policy's accounting;
+/// `None` is unknown (the read failed, or the engine does not export the series).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Fresh {
+    pub asleep: Option<bool>,
+    /// Prompt plus generation tokens since the engine started.
+    pub tokens: Option<f64>,
 }
 
 /// What a fresh read of the engine's waiting-for-capacity figure said (V6 rule).
@@ -98,6 +117,30 @@ impl<M: MetricsSource + Sync> EngineSignals for ScrapeSignals<M> {
                 tracing::info!(engine = %self.state.spec.name, "cannot read requests waiting for capacity: {e}");
                 CapacityWaiting::Unknown(e)
             }
+        }
+    }
+
+    fn health_failed_since(&self, since: tokio::time::Instant) -> bool {
+        self.state.health_failed_since(since)
+    }
+
+    async fn fresh(&self) -> Fresh {
+        // Short: the read delays the confirming re-probe.
+        let timeout = self
+            .state
+            .spec
+            .timing
+            .request_timeout
+            .min(Duration::from_secs(2));
+        match self.metrics.scrape(timeout).await {
+            Ok(m) => Fresh {
+                asleep: m.asleep,
+                tokens: match (m.prompt_tokens, m.generation_tokens) {
+                    (None, None) => None,
+                    (p, g) => Some(p.unwrap_or(0.0) + g.unwrap_or(0.0)),
+                },
+            },
+            Err(_) => Fresh::default(),
         }
     }
 }

@@ -57,6 +57,15 @@ pub struct HealthDetail {
     pub probes: u64,
     /// `/health` timeouts not taken as abnormal because the engine was serving.
     pub excused_timeouts: u64,
+    /// How long `/health` has failed without a healthy answer (`None`: it answers).
+    pub failing_for_ms: Option<u64>,
+    /// Since when `/health` fails without a healthy answer (the agent policy's grace).
+    #[serde(skip)]
+    pub failing_since: Option<tokio::time::Instant>,
+    /// When `/health` last failed, excused or not (the agent policy does not count a probe
+    /// failure that `/health` failed beside).
+    #[serde(skip)]
+    pub last_failure_at: Option<tokio::time::Instant>,
 }
 
 /// Shared state of one engine.
@@ -150,6 +159,12 @@ impl Monitor {
                     .map_or_else(|| "none".to_owned(), |s| format!("{s:.3}")),
                 self.qos.below_evict()
             ),
+            Status::Normal if h.state == HealthState::Failing => format!(
+                "/health fails ({}) for {:.1} s, within agent_policy.health_failure_grace ({:?})",
+                h.last_error.unwrap_or_default(),
+                h.failing_for_ms.unwrap_or_default() as f64 / 1e3,
+                self.spec.agent_policy.health_failure_grace
+            ),
             Status::Normal => match self.vi.phase() {
                 Phase::Disabled => {
                     "/health answers; virtual inference is disabled (see conditions)".to_owned()
@@ -160,6 +175,15 @@ impl Monitor {
                 _ => "/health answers and virtual inference is not abnormal".to_owned(),
             },
         }
+    }
+
+    /// Whether `/health` failed at or after `since` (the agent policy's accounting).
+    pub fn health_failed_since(&self, since: tokio::time::Instant) -> bool {
+        self.health_detail
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .last_failure_at
+            .is_some_and(|t| t >= since)
     }
 
     /// Copy of the `/health` details.
@@ -222,11 +246,28 @@ impl Monitor {
         let before = self.health();
         let evidence_rule = !self.spec.timing.serving_evidence_max_age().is_zero();
         let excuse = verdict::excuse(outcome, evidence_rule, || self.serving_evidence());
-        let after = verdict::judge(outcome, excuse.is_some());
+        let now = tokio::time::Instant::now();
+        let mut d = self.health_detail.lock().unwrap_or_else(|p| p.into_inner());
+        let failed = matches!(outcome, HealthOutcome::Unhealthy { .. });
+        d.failing_since = match outcome {
+            HealthOutcome::Unhealthy { .. } => Some(d.failing_since.unwrap_or(now)),
+            _ => None,
+        };
+        if failed {
+            d.last_failure_at = Some(now);
+        }
+        let failing_for = d.failing_since.map(|t| now.saturating_duration_since(t));
+        d.failing_for_ms = failing_for.map(|f| f.as_millis() as u64);
+        let grace = (self.spec.policy.value == crate::config::policy::Policy::Agent).then(|| {
+            verdict::Grace {
+                grace: self.spec.agent_policy.health_failure_grace,
+                failing_for: failing_for.unwrap_or_default(),
+            }
+        });
+        let after = verdict::judge(outcome, excuse.is_some(), grace);
         let now_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
-        let mut d = self.health_detail.lock().unwrap_or_else(|p| p.into_inner());
         d.probes += 1;
         d.has_connected = has_connected;
         d.last_transport_error = match outcome {
@@ -268,21 +309,34 @@ impl Monitor {
         ));
         self.health.store(after.to_u8(), Ordering::Release);
         // Logged when the verdict's view of /health changes (an excused failure still answers).
-        let class = |h: HealthState| (h.answers(), h == HealthState::Unhealthy);
+        let class = |h: HealthState| {
+            (
+                h.answers() && h != HealthState::Failing,
+                h == HealthState::Unhealthy,
+                h == HealthState::Failing,
+            )
+        };
         if class(after) != class(before) {
-            if after.answers() {
-                tracing::info!(
+            match after {
+                HealthState::Failing => tracing::warn!(
                     engine = %name,
                     verdict = self.peek_status().as_str(),
-                    "/health answers"
-                );
-            } else if after == HealthState::Unhealthy {
-                tracing::warn!(
+                    "/health fails ({}); abnormal if it still fails after {:?} (agent_policy.health_failure_grace)",
+                    last_error.unwrap_or_default(),
+                    self.spec.agent_policy.health_failure_grace
+                ),
+                HealthState::Unhealthy => tracing::warn!(
                     engine = %name,
                     verdict = "abnormal",
                     "/health fails: {}",
                     last_error.unwrap_or_default()
-                );
+                ),
+                h if h.answers() => tracing::info!(
+                    engine = %name,
+                    verdict = self.peek_status().as_str(),
+                    "/health answers"
+                ),
+                _ => {}
             }
         }
         let (down, rearm) = verdict::restart(

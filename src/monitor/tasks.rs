@@ -42,6 +42,14 @@ impl LoopConfig {
                 max_failure_count: spec.health_check_config.max_failure_count,
                 stall_window: spec.qos.stall_detection.then_some(spec.qos.stall_window),
                 skip_when_capacity_waiting: spec.qos.skip_when_capacity_waiting,
+                agent: (spec.policy.value == crate::config::policy::Policy::Agent).then(|| {
+                    let a = &spec.agent_policy;
+                    account::AgentRules {
+                        confirm_failures: i64::from(a.confirm_failures),
+                        confirm_interval: a.confirm_interval,
+                        confirm_timeout: a.confirm_timeout,
+                    }
+                }),
             },
             timing: spec.timing.clone(),
         }
@@ -73,6 +81,10 @@ pub async fn run_virtual_inference(
                 since_served: Duration::ZERO,
                 capacity: None,
                 count: 0,
+                health_failed: false,
+                asleep: false,
+                idle_throughout: None,
+                tokens_advanced: None,
             },
         );
         state.apply(&a);
@@ -91,8 +103,13 @@ pub async fn run_virtual_inference(
     state.set_phase(Phase::Running);
     // When a virtual request was last served (stall detection's evidence of life).
     let mut last_served = tokio::time::Instant::now();
+    // Agent policy: the open streak of counted failures (when its first probe started, and
+    // the token counters then), and the next probe's timeout.
+    let mut streak: Option<(tokio::time::Instant, Option<f64>)> = None;
+    let mut timeout = t.request_timeout;
     while !state.abnormal() {
-        let r = prober.send(t.request_timeout).await;
+        let started = tokio::time::Instant::now();
+        let r = prober.send(timeout).await;
         let peak = peaks.peak(t.window);
         state.set_interval(account::next_interval(
             t,
@@ -106,6 +123,14 @@ pub async fn run_virtual_inference(
         } else {
             None
         };
+        // The agent policy's evidence, read for a failure only.
+        let agent_read = rules.agent.is_some() && failed;
+        let fresh = if agent_read {
+            signals.fresh().await
+        } else {
+            Default::default()
+        };
+        let since = streak.map_or(started, |(at, _)| at);
         let obs = Observation {
             stage: Stage::Periodic,
             failure: r.outcome.clone().err(),
@@ -119,6 +144,19 @@ pub async fn run_virtual_inference(
             since_served: last_served.elapsed(),
             capacity,
             count: state.failure_count(),
+            health_failed: agent_read && signals.health_failed_since(started),
+            asleep: fresh.asleep == Some(true),
+            idle_throughout: if agent_read {
+                peaks
+                    .peak(since.elapsed().max(t.window))
+                    .map(|p| p < rules.npu_usage_threshold)
+            } else {
+                None
+            },
+            tokens_advanced: match (streak.and_then(|(_, tokens)| tokens), fresh.tokens) {
+                (Some(before), Some(now)) => Some(now > before),
+                _ => None,
+            },
         };
         if !failed {
             last_served = tokio::time::Instant::now();
@@ -127,7 +165,17 @@ pub async fn run_virtual_inference(
         log_accounting(cfg, &obs, &a);
         state.apply(&a);
         state.record(&r, false, peak, a.accounting);
-        tokio::time::sleep(state.interval()).await;
+        streak = match (a.count, streak) {
+            (0, _) => None,
+            (_, Some(open)) => Some(open),
+            (_, None) => Some((started, fresh.tokens)),
+        };
+        let (sleep, next_timeout) = match account::next_sleep(rules, t, &obs, &a) {
+            Some((sleep, timeout)) => (sleep, timeout.unwrap_or(t.request_timeout)),
+            None => (state.interval(), t.request_timeout),
+        };
+        timeout = next_timeout;
+        tokio::time::sleep(sleep).await;
     }
     state.set_phase(Phase::Stopped);
 }
@@ -168,6 +216,11 @@ fn log_accounting(cfg: &LoopConfig, obs: &Observation, a: &account::Accounted) {
             engine,
             peak,
             "virtual inference failed while the NPU is idle, but {why}; skip failure count"
+        ),
+        Accounting::UnchangedHealthFailing | Accounting::UnchangedAsleep => tracing::info!(
+            engine,
+            peak,
+            "virtual inference failed, but {why}; skip failure count"
         ),
         Accounting::Unchanged => tracing::info!(
             engine,
@@ -400,6 +453,7 @@ mod tests {
                 max_failure_count: max,
                 stall_window: None,
                 skip_when_capacity_waiting: false,
+                agent: None,
             },
             timing: Timing::default(),
         }
@@ -421,7 +475,7 @@ mod tests {
     async fn run_with(
         cfg: &LoopConfig,
         p: &FakeProber,
-        peaks: &Peaks,
+        peaks: &impl PeakSource,
         signals: &impl EngineSignals,
         st: &ViState,
         limit: Duration,
@@ -852,5 +906,186 @@ mod tests {
         run_with(&cfg(6), &p, &peaks, &signals, &st, Duration::from_secs(4)).await;
         assert_eq!(*signals.capacity_reads.lock().unwrap(), 0, "V5: not read");
         assert_eq!(st.failure_count(), 1);
+    }
+
+    /// The same peak over any window.
+    struct ConstPeak(f64);
+    impl PeakSource for ConstPeak {
+        fn peak(&self, _: Duration) -> Option<f64> {
+            Some(self.0)
+        }
+    }
+
+    /// The agent policy's signals, fixed.
+    struct AgentSignals {
+        health_failed: bool,
+        fresh: crate::monitor::inputs::Fresh,
+    }
+    impl EngineSignals for AgentSignals {
+        fn stalled_for(&self) -> Option<Duration> {
+            None
+        }
+        async fn waiting_for_capacity(&self) -> CapacityWaiting {
+            CapacityWaiting::NotExported
+        }
+        fn health_failed_since(&self, _: Instant) -> bool {
+            self.health_failed
+        }
+        async fn fresh(&self) -> crate::monitor::inputs::Fresh {
+            self.fresh
+        }
+    }
+
+    fn agent_cfg() -> LoopConfig {
+        let mut c = cfg(6);
+        c.rules.agent = Some(account::AgentRules {
+            confirm_failures: 2,
+            confirm_interval: Duration::from_secs(1),
+            confirm_timeout: Duration::from_secs(2),
+        });
+        c
+    }
+
+    /// Warm-up, then probes that never answer, on an idle NPU.
+    fn hung() -> FakeProber {
+        let mut script = vec![(MS, FakeProber::ok())];
+        script.extend((0..10).map(|_| (Duration::from_secs(600), FakeProber::ok())));
+        FakeProber::new(script)
+    }
+
+    // Idle hang under the agent policy: the first failure (5 s timeout) is re-probed after
+    // 1 s with a 2 s timeout; idle throughout and no token advancing, it confirms.
+    #[tokio::test(start_paused = true)]
+    async fn agent_policy_confirms_an_idle_hang_with_one_quick_reprobe() {
+        let p = hung();
+        let st = ViState::default();
+        let signals = AgentSignals {
+            health_failed: false,
+            fresh: crate::monitor::inputs::Fresh {
+                asleep: Some(false),
+                tokens: Some(100.0),
+            },
+        };
+        let start = Instant::now();
+        let ended = run_with(
+            &agent_cfg(),
+            &p,
+            &ConstPeak(0.0),
+            &signals,
+            &st,
+            Duration::from_secs(3600),
+        )
+        .await;
+        assert!(ended && st.abnormal());
+        let calls = p.calls();
+        assert_eq!(calls.len(), 3, "warm-up, the failure, one re-probe");
+        assert_eq!(calls[1].1, Duration::from_secs(5));
+        assert_eq!(calls[2].1, Duration::from_secs(2), "the confirming timeout");
+        assert_eq!(calls[2].0 - calls[1].0, Duration::from_secs(5 + 1));
+        assert_eq!(st.failure_count(), 2);
+        assert!(
+            st.abnormal_reason().unwrap().contains("confirmed"),
+            "{:?}",
+            st.abnormal_reason()
+        );
+        // 1 ms warm-up, 5 s, 1 s, 2 s, then the last sleep (1 s) before the loop sees it.
+        assert_eq!(start.elapsed(), Duration::from_secs(9) + MS);
+        // The reference, same engine: six failures 10 s apart.
+        let p = hung();
+        let st = ViState::default();
+        let start = Instant::now();
+        assert!(
+            run_with(
+                &cfg(6),
+                &p,
+                &ConstPeak(0.0),
+                &signals,
+                &st,
+                Duration::from_secs(3600)
+            )
+            .await
+        );
+        assert_eq!(p.calls().len(), 7);
+        assert_eq!(start.elapsed(), Duration::from_secs(60) + MS);
+    }
+
+    // Tokens advancing between the failures: counted, not confirmed; the reference's six
+    // still apply.
+    #[tokio::test(start_paused = true)]
+    async fn agent_policy_does_not_confirm_while_tokens_advance() {
+        struct Advancing(Mutex<f64>);
+        impl EngineSignals for Advancing {
+            fn stalled_for(&self) -> Option<Duration> {
+                None
+            }
+            async fn waiting_for_capacity(&self) -> CapacityWaiting {
+                CapacityWaiting::NotExported
+            }
+            async fn fresh(&self) -> crate::monitor::inputs::Fresh {
+                let mut t = self.0.lock().unwrap();
+                *t += 10.0;
+                crate::monitor::inputs::Fresh {
+                    asleep: Some(false),
+                    tokens: Some(*t),
+                }
+            }
+        }
+        let p = hung();
+        let st = ViState::default();
+        let ended = run_with(
+            &agent_cfg(),
+            &p,
+            &ConstPeak(0.0),
+            &Advancing(Mutex::new(0.0)),
+            &st,
+            Duration::from_secs(3600),
+        )
+        .await;
+        assert!(ended && st.abnormal());
+        assert_eq!(p.calls().len(), 7, "six failures: never confirmed");
+        assert!(!st.abnormal_reason().unwrap().contains("confirmed"));
+    }
+
+    // Hot reload and sleep under the agent policy: failures beside a failing /health, or
+    // while the engine is asleep, are not counted at all.
+    #[tokio::test(start_paused = true)]
+    async fn agent_policy_does_not_count_beside_a_failing_health_or_asleep() {
+        for (health_failed, asleep) in [(true, false), (false, true)] {
+            let p = hung();
+            let st = ViState::default();
+            let signals = AgentSignals {
+                health_failed,
+                fresh: crate::monitor::inputs::Fresh {
+                    asleep: Some(asleep),
+                    tokens: Some(1.0),
+                },
+            };
+            let ended = run_with(
+                &agent_cfg(),
+                &p,
+                &ConstPeak(0.0),
+                &signals,
+                &st,
+                Duration::from_secs(100),
+            )
+            .await;
+            assert!(
+                !ended && !st.abnormal(),
+                "health {health_failed} asleep {asleep}"
+            );
+            assert_eq!(st.failure_count(), 0);
+            let want = if health_failed {
+                Accounting::UnchangedHealthFailing
+            } else {
+                Accounting::UnchangedAsleep
+            };
+            assert_eq!(st.last_probe().unwrap().accounting, want);
+            assert!(
+                p.calls()
+                    .iter()
+                    .skip(1)
+                    .all(|c| c.1 == Duration::from_secs(5))
+            );
+        }
     }
 }

@@ -11,6 +11,10 @@
 //! unhealthy; a failure that is the agent's own (out of file descriptors) is `agent_error`.
 //! And one addition the reference cannot have (it dies with its engine): a re-arm after a
 //! restart, see [`restart`].
+//!
+//! Under `policy = "agent"` one more: a failure that is not a dead engine (anything but a
+//! refused connection) is `failing`, not unhealthy, until it has lasted
+//! `agent_policy.health_failure_grace` ([`judge`]'s `grace`).
 
 use crate::probe::health::{HealthOutcome, Transport};
 use serde::{Deserialize, Serialize};
@@ -58,6 +62,9 @@ pub enum HealthState {
     AgentError,
     /// Answered before and fails now.
     Unhealthy,
+    /// Fails now, for less than the agent policy's `health_failure_grace`, and the engine's
+    /// port is open: not abnormal yet.
+    Failing,
 }
 
 impl HealthState {
@@ -69,6 +76,7 @@ impl HealthState {
             HealthState::Slow => "slow",
             HealthState::AgentError => "agent_error",
             HealthState::Unhealthy => "unhealthy",
+            HealthState::Failing => "failing",
         }
     }
 
@@ -77,7 +85,10 @@ impl HealthState {
     pub fn answers(self) -> bool {
         matches!(
             self,
-            HealthState::Healthy | HealthState::Slow | HealthState::AgentError
+            HealthState::Healthy
+                | HealthState::Slow
+                | HealthState::AgentError
+                | HealthState::Failing
         )
     }
 
@@ -91,6 +102,7 @@ impl HealthState {
             1 => HealthState::Healthy,
             2 => HealthState::Slow,
             3 => HealthState::AgentError,
+            5 => HealthState::Failing,
             _ => HealthState::Unhealthy,
         }
     }
@@ -124,14 +136,32 @@ pub fn excuse(
     }
 }
 
-/// The `/health` state after one outcome, given its [`excuse`].
-pub fn judge(outcome: &HealthOutcome, excused: bool) -> HealthState {
+/// The agent policy's `/health` grace, as it stands at one outcome.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Grace {
+    /// `agent_policy.health_failure_grace`.
+    pub grace: std::time::Duration,
+    /// How long `/health` has failed without a healthy answer, this outcome included.
+    pub failing_for: std::time::Duration,
+}
+
+/// The `/health` state after one outcome, given its [`excuse`] and, under the agent policy,
+/// its [`Grace`] (`None`: the reference's verdict).
+pub fn judge(outcome: &HealthOutcome, excused: bool, grace: Option<Grace>) -> HealthState {
     match outcome {
         HealthOutcome::Healthy => HealthState::Healthy,
         HealthOutcome::Unhealthy {
             timed_out: true, ..
         } if excused => HealthState::Slow,
         HealthOutcome::Unhealthy { .. } if excused => HealthState::AgentError,
+        // Nothing listens: the engine process is gone, which is reported at once.
+        HealthOutcome::Unhealthy {
+            transport: Some(Transport::Refused),
+            ..
+        } => HealthState::Unhealthy,
+        HealthOutcome::Unhealthy { .. } if grace.is_some_and(|g| g.failing_for < g.grace) => {
+            HealthState::Failing
+        }
         HealthOutcome::Unhealthy { .. } => HealthState::Unhealthy,
         HealthOutcome::NeverConnected(_) => HealthState::NeverAnswered,
     }
@@ -214,7 +244,7 @@ mod tests {
                 serving.then(|| "a virtual request succeeded".to_owned())
             });
             assert_eq!(
-                judge(&out, why.is_some()),
+                judge(&out, why.is_some(), None),
                 want,
                 "{o} rule {rule} serving {serving}"
             );
@@ -224,6 +254,46 @@ mod tests {
                 "{o}: the evidence is asked for a timeout only"
             );
         }
+    }
+
+    // The agent policy's grace: every failure but a refusal is `failing` while it has lasted
+    // less than the grace, `unhealthy` from then on; an excuse still applies first.
+    #[test]
+    fn grace_table() {
+        let s = std::time::Duration::from_secs;
+        let g = |failing_for| {
+            Some(Grace {
+                grace: s(15),
+                failing_for: s(failing_for),
+            })
+        };
+        let rows = [
+            ("503", false, g(0), Failing),
+            ("503", false, g(14), Failing),
+            ("503", false, g(15), Unhealthy),
+            ("timeout", false, g(3), Failing),
+            ("timeout", true, g(30), Slow),
+            ("false", false, g(1), Failing),
+            ("reset", false, g(1), Failing),
+            ("refused", false, g(0), Unhealthy),
+            ("ok", false, g(20), Healthy),
+            ("never", false, g(20), NeverAnswered),
+            ("503", false, None, Unhealthy),
+            (
+                "503",
+                false,
+                Some(Grace {
+                    grace: s(0),
+                    failing_for: s(0),
+                }),
+                Unhealthy,
+            ),
+        ];
+        for (o, excused, grace, want) in rows {
+            assert_eq!(judge(&outcome(o), excused, grace), want, "{o} {grace:?}");
+        }
+        assert_eq!(status(Failing, false, false), Status::Normal);
+        assert_eq!(status(Failing, true, false), Status::Abnormal);
     }
 
     // §3.3: the verdict from the /health state, virtual inference and held QoS evict.
@@ -286,7 +356,7 @@ mod tests {
 
     #[test]
     fn health_states_round_trip_through_their_atomic_form() {
-        for h in [NeverAnswered, Healthy, Slow, AgentError, Unhealthy] {
+        for h in [NeverAnswered, Healthy, Slow, AgentError, Unhealthy, Failing] {
             assert_eq!(HealthState::from_u8(h.to_u8()), h);
             assert_eq!(
                 serde_json::to_value(h).unwrap(),

@@ -44,6 +44,10 @@ const KV_CACHE: &[&str] = &[
     "sglang:token_usage",
 ];
 
+/// vLLM's sleep mode gauge (from 0.18): one series per `sleep_state` (`awake`,
+/// `weights_offloaded`, `discard_all`), 1 on the current one.
+const SLEEP_STATE: &str = "vllm:engine_sleep_state";
+
 /// One scrape of the engine's metrics; `None` is unknown.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct EngineMetrics {
@@ -59,6 +63,9 @@ pub struct EngineMetrics {
     pub generation_tokens: Option<f64>,
     /// KV-cache usage, 0..1.
     pub kv_cache_usage: Option<f64>,
+    /// The engine is asleep (`vllm:engine_sleep_state` at 1 for a state other than
+    /// `awake`, on any engine); `None` when the series is not exported (before vLLM 0.18).
+    pub asleep: Option<bool>,
     /// The metric name each figure was read from (`None`: no sample of any of its names).
     pub sources: Sources,
 }
@@ -182,12 +189,21 @@ fn label<'a>(labels: &'a str, key: &str) -> Option<&'a str> {
 /// Parses Prometheus text exposition into the series the agent reads.
 pub fn parse(text: &str) -> EngineMetrics {
     let mut aggs = [[Agg::default(); MAX_NAMES]; SERIES.len()];
+    let mut asleep = None;
     for line in text.lines() {
         let Some((name, rest)) = sample_name(line) else {
             continue;
         };
         // Most lines are other series: decided on the name alone.
         if !name.starts_with("vllm:") && !name.starts_with("sglang:") {
+            continue;
+        }
+        if name == SLEEP_STATE {
+            if let Some((labels, value)) = labels_and_value(rest) {
+                let on = value.parse::<f64>().is_ok_and(|v| v > 0.0);
+                let other = label(labels, "sleep_state").is_some_and(|s| s != "awake");
+                asleep = Some(asleep.unwrap_or(false) || (on && other));
+            }
             continue;
         }
         let Some((series, alias)) = SERIES
@@ -228,6 +244,7 @@ pub fn parse(text: &str) -> EngineMetrics {
         prompt_tokens: sum(3),
         generation_tokens: sum(4),
         kv_cache_usage: good(5).map(|a| a.max.min(1.0)),
+        asleep,
         sources: Sources {
             running: name(0),
             waiting: name(1),
@@ -287,6 +304,20 @@ vllm:request_success_total{finished_reason="stop"} 9.0
             Some(15.0),
             "summed over engines, old name ignored"
         );
+    }
+
+    #[test]
+    fn sleep_state_is_read_from_the_gauge() {
+        let state = |awake: u8, offloaded: u8| {
+            format!(
+                "vllm:engine_sleep_state{{engine=\"0\",sleep_state=\"awake\"}} {awake}.0\n\
+                 vllm:engine_sleep_state{{engine=\"0\",sleep_state=\"weights_offloaded\"}} {offloaded}.0\n\
+                 vllm:engine_sleep_state{{engine=\"0\",sleep_state=\"discard_all\"}} 0.0\n"
+            )
+        };
+        assert_eq!(parse(&state(1, 0)).asleep, Some(false));
+        assert_eq!(parse(&state(0, 1)).asleep, Some(true));
+        assert_eq!(parse(VLLM).asleep, None, "not exported: unknown");
     }
 
     #[test]

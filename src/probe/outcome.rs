@@ -77,6 +77,11 @@ pub enum Accounting {
     /// Failed with the NPU idle while requests wait for capacity, or that figure is unknown
     /// (V6 rule, `skip_when_capacity_waiting`).
     UnchangedCapacityWaiting,
+    /// Failed while the engine's `/health` failed too: the `/health` grace decides (agent
+    /// policy).
+    UnchangedHealthFailing,
+    /// Failed while the engine is asleep by `vllm:engine_sleep_state` (agent policy).
+    UnchangedAsleep,
     Reset,
     /// Warm-up requests are not counted; a failed warm-up is abnormal at once.
     WarmUp,

@@ -1,0 +1,146 @@
+//! The detection policy: `policy = "reference" | "agent"` in `[agent]`, overridable per
+//! `[[engine]]`, and the agent policy's own settings (`[engine.agent_policy]`).
+//!
+//! - `reference` is MindIE V5's virtual inference exactly (the opt-in QoS rules stay as
+//!   configured, off by default).
+//! - `agent` changes the defaults of three `[engine.qos]` keys (`stall_detection = true`,
+//!   `eviction = true`, `stall_window = "30s"`; a key written in the file keeps its value) and
+//!   turns on the rules of [`AgentPolicy`]: a grace for `/health` failures that are not a
+//!   dead engine, and fast confirmation of a failed probe. The rules, the scenario behind
+//!   each and the test that pins it: `docs/policy.md`.
+
+use super::qos::QosConfig;
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// Which detection policy an engine runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Policy {
+    /// MindIE V5 virtual inference, exactly.
+    #[default]
+    Reference,
+    /// Stall detection, QoS eviction, fast confirmation and the `/health` grace.
+    Agent,
+}
+
+impl Policy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Policy::Reference => "reference",
+            Policy::Agent => "agent",
+        }
+    }
+}
+
+/// `stall_window` under `agent` when the file does not set it.
+pub const AGENT_STALL_WINDOW: Duration = Duration::from_secs(30);
+
+/// `[engine.agent_policy]`: used only under `policy = "agent"`. A key left out keeps its
+/// default; the defaults come from the chaos suite's measurements (`docs/policy.md`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AgentPolicy {
+    /// A `/health` that fails without the engine being gone (an HTTP error, `false`, a
+    /// timeout, a reset) is `abnormal` only once it has failed this long without a healthy
+    /// answer. A refused connection (the engine's port is closed) is `abnormal` at once.
+    /// Default 15 s: the 12 s hot reload, plus a 3 s margin for the probe period.
+    #[serde(with = "super::duration")]
+    pub health_failure_grace: Duration,
+    /// Counted probe failures that make the engine abnormal when each was confirmed (the NPU
+    /// idle over the whole time since the first, the token counters not advancing, or the
+    /// engine stalled by stall detection). Default 2: the failure and one re-probe.
+    pub confirm_failures: u32,
+    /// Sleep before a confirming re-probe. Default 1 s.
+    #[serde(with = "super::duration")]
+    pub confirm_interval: Duration,
+    /// Timeout of a re-probe confirming a failure on an idle NPU (an idle engine answers a
+    /// one-token request in milliseconds). Default 2 s.
+    #[serde(with = "super::duration")]
+    pub confirm_timeout: Duration,
+}
+
+impl Default for AgentPolicy {
+    fn default() -> Self {
+        AgentPolicy {
+            health_failure_grace: Duration::from_secs(15),
+            confirm_failures: 2,
+            confirm_interval: Duration::from_secs(1),
+            confirm_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+impl AgentPolicy {
+    /// Checks every value against its bound; `Err((key, message))`.
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        use super::validate::policy_bounds::*;
+        HEALTH_FAILURE_GRACE.check("health_failure_grace", self.health_failure_grace)?;
+        CONFIRM_FAILURES.check("confirm_failures", self.confirm_failures)?;
+        CONFIRM_INTERVAL.check("confirm_interval", self.confirm_interval)?;
+        CONFIRM_TIMEOUT.check("confirm_timeout", self.confirm_timeout)?;
+        Ok(())
+    }
+}
+
+/// The `[engine.qos]` keys a preset may change, by every name the file may use.
+const PRESET_KEYS: [(&str, &[&str]); 3] = [
+    ("stall_detection", &["stall_detection"]),
+    ("eviction", &["eviction", "qos_eviction"]),
+    ("stall_window", &["stall_window"]),
+];
+
+/// Applies `policy`'s defaults to the `[engine.qos]` keys the file did not write (`written`:
+/// the keys of that table as written).
+pub fn apply_preset(policy: Policy, qos: &mut QosConfig, written: &[String]) {
+    if policy != Policy::Agent {
+        return;
+    }
+    let set = |names: &[&str]| names.iter().any(|n| written.iter().any(|w| w == n));
+    for (key, names) in PRESET_KEYS {
+        if set(names) {
+            continue;
+        }
+        match key {
+            "stall_detection" => qos.stall_detection = true,
+            "eviction" => qos.eviction = true,
+            _ => qos.stall_window = AGENT_STALL_WINDOW,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_agent_preset_fills_only_the_keys_left_out() {
+        let mut q = QosConfig::default();
+        apply_preset(Policy::Reference, &mut q, &[]);
+        assert_eq!(q, QosConfig::default(), "reference changes nothing");
+        apply_preset(Policy::Agent, &mut q, &[]);
+        assert!(q.stall_detection && q.eviction);
+        assert_eq!(q.stall_window, AGENT_STALL_WINDOW);
+        let mut q = QosConfig::default();
+        apply_preset(
+            Policy::Agent,
+            &mut q,
+            &["qos_eviction".to_owned(), "stall_window".to_owned()],
+        );
+        assert!(q.stall_detection, "left out: the preset's");
+        assert!(!q.eviction, "written (by its alias): the file's");
+        assert_eq!(q.stall_window, QosConfig::default().stall_window);
+    }
+
+    #[test]
+    fn bounds_name_the_key() {
+        let bad = AgentPolicy {
+            confirm_failures: 0,
+            ..AgentPolicy::default()
+        };
+        let (k, m) = bad.validate().unwrap_err();
+        assert_eq!(k, "confirm_failures");
+        assert!(m.contains("outside"), "{m}");
+        assert!(AgentPolicy::default().validate().is_ok());
+    }
+}
