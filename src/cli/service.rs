@@ -131,7 +131,9 @@ pub async fn doctor(cfg: AgentConfig, json_out: bool) -> Result<(), CliError> {
                 let d = state.health_detail();
                 let mut c =
                     gates::health_condition(collector.has_connected(), d.last_error.as_deref());
-                if d.state == crate::monitor::verdict::HealthState::Unhealthy {
+                use crate::monitor::verdict::HealthState;
+                // One probe: a failure within the agent policy's grace fails here too.
+                if matches!(d.state, HealthState::Unhealthy | HealthState::Failing) {
                     c.ok = Some(false);
                     c.value = "answers unhealthy".to_owned();
                     c.note = d.last_error.unwrap_or_default();
@@ -160,6 +162,8 @@ pub async fn doctor(cfg: AgentConfig, json_out: bool) -> Result<(), CliError> {
                     "engine": spec.name,
                     "inference": spec.infer_authority(),
                     "mgmt_listen": spec.mgmt_listen,
+                    "policy": spec.policy.value,
+                    "policy_source": spec.policy.source,
                     "conditions": conditions,
                     "virtual_inference_will_run": will_run,
                 })
@@ -193,6 +197,17 @@ pub async fn doctor(cfg: AgentConfig, json_out: bool) -> Result<(), CliError> {
             spec.role.as_str(),
             spec.infer_authority(),
             spec.mgmt_listen
+        );
+        println!(
+            "  policy {} (from {}){}",
+            spec.policy.value.as_str(),
+            spec.policy.source,
+            match spec.policy.value {
+                crate::config::policy::Policy::Reference => "",
+                crate::config::policy::Policy::Agent => {
+                    "; `policy = \"reference\"` in [agent] restores MindIE V5's"
+                }
+            }
         );
         println!("  {:<26} {:<44} VERDICT", "CONDITION", "VALUE");
         for c in conditions {

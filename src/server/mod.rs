@@ -231,6 +231,8 @@ pub fn detail(e: &Monitor, shared: &Shared, win: Duration) -> wire::EngineDetail
         status: e.peek_status(),
         reason: e.reason(),
         role: spec.role,
+        policy: spec.policy.value,
+        policy_source: spec.policy.source.clone(),
         inference: spec.infer_authority(),
         conditions: e.conditions(),
         health: e.health_detail(),

@@ -33,6 +33,9 @@ pub struct EngineDetail {
     pub status: Status,
     pub reason: String,
     pub role: Role,
+    /// The detection policy in force (`reference` or `agent`) and where it came from.
+    pub policy: crate::config::policy::Policy,
+    pub policy_source: String,
     /// `host:port` of the engine's inference surface.
     pub inference: String,
     pub conditions: Vec<Condition>,
