@@ -76,6 +76,10 @@ pub struct Faults {
     /// Health word the fake driver reports for the NPUs (e.g. 4294967295, `0xFFFFFFFF`:
     /// the device does not exist).
     pub npu_health: Option<u32>,
+    /// vLLM's sleep mode (level 1, `POST /sleep`): `vllm:engine_sleep_state` says
+    /// `weights_offloaded`, `/health` answers 200, completions wait until it is cleared (the
+    /// wake-up), nothing runs on the NPU.
+    pub asleep: bool,
 }
 
 impl Default for Faults {
@@ -101,6 +105,7 @@ impl Default for Faults {
             driver_hang: false,
             hbm_used_mb: None,
             npu_health: None,
+            asleep: false,
         }
     }
 }
@@ -494,6 +499,9 @@ async fn completions(
     if let Some(until) = e.paused() {
         tokio::time::sleep_until(until.into()).await;
     }
+    while e.faults().asleep {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let f = e.faults();
     if f.latency_ms > 0 {
         tokio::time::sleep(Duration::from_millis(f.latency_ms)).await;
@@ -711,13 +719,17 @@ fn metrics_text(e: &Engine) -> String {
         );
     }
     if p.sleep_state() {
+        let asleep = f.asleep;
         series(
             "vllm:engine_sleep_state",
             "gauge",
             "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.",
             &[
-                ("sleep_state=\"awake\"", 1.0),
-                ("sleep_state=\"weights_offloaded\"", 0.0),
+                ("sleep_state=\"awake\"", f64::from(u8::from(!asleep))),
+                (
+                    "sleep_state=\"weights_offloaded\"",
+                    f64::from(u8::from(asleep)),
+                ),
                 ("sleep_state=\"discard_all\"", 0.0),
             ],
         );
@@ -771,7 +783,11 @@ async fn get_faults(State(e): State<Arc<Engine>>) -> Response {
 }
 
 /// A patch: any subset of [`Faults`], plus `pause_ms` (hot reload: completions wait and
-/// `/health` answers 503 for that long).
+/// `/health` answers 503 for that long), `long_prefill_ms` (one request prefills a long prompt
+/// for that long with nothing else decoding: running, the NPU busy, both token counters flat
+/// until its first token, as vLLM counts them) and `restart_ms` (the engine restarts under its
+/// own supervisor: the listener closes, open connections drop, the counters start again from
+/// 0, and it listens again after that long).
 async fn patch_faults(State(e): State<Arc<Engine>>, body: axum::body::Bytes) -> Response {
     let patch: Value = match serde_json::from_slice(&body) {
         Ok(Value::Object(o)) => Value::Object(o),
@@ -784,6 +800,41 @@ async fn patch_faults(State(e): State<Arc<Engine>>, body: axum::body::Bytes) -> 
         };
         *e.pause_until.lock().unwrap_or_else(|p| p.into_inner()) =
             Some(Instant::now() + Duration::from_millis(ms));
+    }
+    let mut restarting = false;
+    for key in ["long_prefill_ms", "restart_ms"] {
+        let Some(v) = patch.as_object_mut().and_then(|o| o.remove(key)) else {
+            continue;
+        };
+        let Some(ms) = v.as_u64() else {
+            return (
+                StatusCode::BAD_REQUEST,
+                format!("{key} must be an integer\n"),
+            )
+                .into_response();
+        };
+        let d = Duration::from_millis(ms);
+        let engine = e.clone();
+        if key == "long_prefill_ms" {
+            tokio::spawn(async move {
+                let _running = RunningOwned::enter(engine.clone());
+                tokio::time::sleep(d).await;
+                engine.prompt_tokens.fetch_add(32_768, Ordering::Relaxed);
+                engine.generation_tokens.fetch_add(1, Ordering::Relaxed);
+                engine.finished.fetch_add(1, Ordering::Relaxed);
+            });
+        } else {
+            restarting = true;
+            e.listening.send_replace(false);
+            e.prompt_tokens.store(0, Ordering::Relaxed);
+            e.generation_tokens.store(0, Ordering::Relaxed);
+            tokio::spawn(async move {
+                tokio::time::sleep(d).await;
+                if engine.faults().listening {
+                    engine.listening.send_replace(true);
+                }
+            });
+        }
     }
     let mut current = serde_json::to_value(e.faults()).unwrap_or(Value::Null);
     if let (Some(c), Some(p)) = (current.as_object_mut(), patch.as_object()) {
@@ -807,7 +858,9 @@ async fn patch_faults(State(e): State<Arc<Engine>>, body: axum::body::Bytes) -> 
     }
     let listening = next.listening;
     *e.faults.lock().unwrap_or_else(|p| p.into_inner()) = next.clone();
-    e.listening.send_replace(listening);
+    if !restarting {
+        e.listening.send_replace(listening);
+    }
     axum::Json(next).into_response()
 }
 
@@ -1068,6 +1121,71 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(r.status(), 400, "unknown fault keys are refused");
+    }
+
+    // Sleep mode: the gauge says weights_offloaded, /health stays 200, completions wait for
+    // the wake-up.
+    #[tokio::test]
+    async fn asleep_holds_completions_and_says_so_in_the_gauge() {
+        let e = start().await;
+        let body = json!({"model": "m", "prompt": "1", "max_tokens": 1});
+        let text = |e: &Running| {
+            let c = e.client.clone();
+            let url = format!("{}/metrics", e.base);
+            async move { c.get(url).send().await.unwrap().text().await.unwrap() }
+        };
+        assert!(text(&e).await.contains("sleep_state=\"awake\"} 1"));
+        e.faults(json!({"asleep": true})).await;
+        let m = text(&e).await;
+        assert!(m.contains("sleep_state=\"awake\"} 0"), "{m}");
+        assert!(m.contains("sleep_state=\"weights_offloaded\"} 1"), "{m}");
+        let health = e
+            .client
+            .get(format!("{}/health", e.base))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(health.status(), 200);
+        let waiting =
+            tokio::time::timeout(Duration::from_millis(300), e.complete(body.clone())).await;
+        assert!(waiting.is_err(), "a completion waits while asleep");
+        e.faults(json!({"asleep": false})).await;
+        assert_eq!(e.complete(body).await.status(), 200);
+    }
+
+    // A long prefill: running, the NPU busy, both counters flat until its first token.
+    // A restart: refused, counters from 0, listening again after the time given.
+    #[tokio::test]
+    async fn long_prefill_and_supervisor_restart() {
+        let e = start().await;
+        let body = json!({"model": "m", "prompt": "1", "max_tokens": 1});
+        assert_eq!(e.complete(body.clone()).await.status(), 200);
+        let before = e.metric("vllm:prompt_tokens_total").await;
+        e.faults(json!({"long_prefill_ms": 400})).await;
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert_eq!(e.metric("vllm:num_requests_running").await, 1.0);
+        assert_eq!(e.metric("vllm:prompt_tokens_total").await, before);
+        assert_ne!(e.npu().await, "0", "the NPU works on the prefill");
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert_eq!(e.metric("vllm:num_requests_running").await, 0.0);
+        assert_eq!(e.metric("vllm:prompt_tokens_total").await, before + 32768.0);
+        e.faults(json!({"restart_ms": 400})).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let down = e.client.get(format!("{}/health", e.base)).send().await;
+        assert!(down.is_err(), "refused while restarting");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let up = e
+            .client
+            .get(format!("{}/health", e.base))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(up.status(), 200, "back after the restart");
+        assert_eq!(
+            e.metric("vllm:prompt_tokens_total").await,
+            0.0,
+            "counters start again"
+        );
     }
 
     #[tokio::test]
