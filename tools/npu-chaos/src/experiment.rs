@@ -56,12 +56,24 @@ pub enum Fault {
     DriverHang,
     /// Completions answer HTTP 500.
     Http5xx,
+    /// vLLM's sleep mode for the experiment's duration: `engine_sleep_state` says so,
+    /// completions wait, `/health` answers.
+    EngineSleep,
+    /// One request prefills a long prompt this long, with nothing else decoding.
+    LongPrefill(Duration),
+    /// This many extra streams opened within 1 s (0 to saturation), the KV cache near full.
+    Burst(u32),
+    /// `/health` answers after the first duration, and the network adds the second.
+    SlowHealthWithLatency(Duration, Duration),
+    /// The engine restarts under its own supervisor: its port is closed for this long, then
+    /// it serves again with fresh counters.
+    EngineRestart(Duration),
 }
 
 impl Fault {
     /// Parses a fault name; the error lists the known forms.
     pub fn parse(s: &str) -> Result<Fault, String> {
-        let known = "known: network_latency_<N>ms, cpu_stress_<N>pct, memory_pressure_<N>pct, hot_reload_<N>s, long_streams_<N>, batch_jitter_<N>ms, slow_health_<N>s, engine_hang, engine_crash, npu_hang_idle, npu_busy_stuck, driver_error, driver_hang, http_5xx";
+        let known = "known: network_latency_<N>ms, cpu_stress_<N>pct, memory_pressure_<N>pct, hot_reload_<N>s, long_streams_<N>, batch_jitter_<N>ms, slow_health_<N>s, slow_health_<N>s_latency_<M>ms, long_prefill_<N>s, burst_<N>, engine_restart_<N>s, engine_sleep, engine_hang, engine_crash, npu_hang_idle, npu_busy_stuck, driver_error, driver_hang, http_5xx";
         let fixed = match s {
             "engine_hang" => Some(Fault::EngineHang),
             "engine_crash" => Some(Fault::EngineCrash),
@@ -70,6 +82,7 @@ impl Fault {
             "driver_error" => Some(Fault::DriverError),
             "driver_hang" => Some(Fault::DriverHang),
             "http_5xx" => Some(Fault::Http5xx),
+            "engine_sleep" => Some(Fault::EngineSleep),
             _ => None,
         };
         if let Some(f) = fixed {
@@ -113,8 +126,36 @@ impl Fault {
         if let Some(n) = number("batch_jitter_", "ms") {
             return Ok(Fault::BatchJitter(ms(n?)));
         }
+        if let Some(rest) = s.strip_prefix("slow_health_")
+            && let Some((health, latency)) = rest.split_once("s_latency_")
+        {
+            let whole = |n: &str| {
+                n.parse::<u64>()
+                    .map_err(|_| format!("{s:?}: {n:?} is not a whole number"))
+            };
+            let latency = latency
+                .strip_suffix("ms")
+                .ok_or_else(|| format!("{s:?}: the latency ends in ms"))?;
+            return Ok(Fault::SlowHealthWithLatency(
+                secs(whole(health)?),
+                ms(whole(latency)?),
+            ));
+        }
         if let Some(n) = number("slow_health_", "s") {
             return Ok(Fault::SlowHealth(secs(n?)));
+        }
+        if let Some(n) = number("long_prefill_", "s") {
+            return Ok(Fault::LongPrefill(secs(n?)));
+        }
+        if let Some(n) = number("engine_restart_", "s") {
+            return Ok(Fault::EngineRestart(secs(n?)));
+        }
+        if let Some(n) = number("burst_", "") {
+            let n = n?;
+            if n == 0 || n > 10_000 {
+                return Err(format!("{s:?}: the stream count must be 1..=10000"));
+            }
+            return Ok(Fault::Burst(n as u32));
         }
         Err(format!("unknown fault {s:?} ({known})"))
     }
@@ -137,6 +178,18 @@ impl fmt::Display for Fault {
             Fault::DriverError => f.write_str("driver_error"),
             Fault::DriverHang => f.write_str("driver_hang"),
             Fault::Http5xx => f.write_str("http_5xx"),
+            Fault::EngineSleep => f.write_str("engine_sleep"),
+            Fault::LongPrefill(d) => write!(f, "long_prefill_{}s", d.as_secs()),
+            Fault::Burst(n) => write!(f, "burst_{n}"),
+            Fault::SlowHealthWithLatency(h, l) => {
+                write!(
+                    f,
+                    "slow_health_{}s_latency_{}ms",
+                    h.as_secs(),
+                    l.as_millis()
+                )
+            }
+            Fault::EngineRestart(d) => write!(f, "engine_restart_{}s", d.as_secs()),
         }
     }
 }
@@ -279,9 +332,10 @@ pub struct Experiment {
     pub load: Load,
     pub guards: Vec<Guard>,
     pub expect: Expect,
-    /// Only the full policy (QoS + stall detection) is expected to detect the fault; the
-    /// reference-compatible policy cannot by design (`expect: {detect_within: …, policy: full}`).
-    pub full_policy_only: bool,
+    /// Only the agent policy (stall detection, QoS eviction) is expected to detect the
+    /// fault; the reference and MindIE's engine server cannot by design (`expect:
+    /// {detect_within: …, policy: agent}`).
+    pub agent_policy_only: bool,
 }
 
 #[derive(Deserialize)]
@@ -382,7 +436,7 @@ pub fn parse(text: &str, file: &str) -> Result<Vec<Experiment>, String> {
         .iter()
         .map(|g| Guard::parse(g).map_err(|e| at(format!("guard: {e}"))))
         .collect::<Result<Vec<_>, _>>()?;
-        let (expect, full_policy_only) = match raw.expect {
+        let (expect, agent_policy_only) = match raw.expect {
             RawExpect::Word(w) if w == "healthy" => (Expect::Healthy, false),
             RawExpect::Word(w) => {
                 return Err(at(format!(
@@ -398,10 +452,11 @@ pub fn parse(text: &str, file: &str) -> Result<Vec<Experiment>, String> {
                 ),
                 match policy.as_deref() {
                     None | Some("any") => false,
-                    Some("full") => true,
+                    // `full`: this policy's name before it became `agent`.
+                    Some("agent" | "full") => true,
                     Some(other) => {
                         return Err(at(format!(
-                            "expect.policy: {other:?}: expected `any` (default) or `full`"
+                            "expect.policy: {other:?}: expected `any` (default) or `agent`"
                         )));
                     }
                 },
@@ -430,7 +485,7 @@ pub fn parse(text: &str, file: &str) -> Result<Vec<Experiment>, String> {
             load: raw.load,
             guards,
             expect,
-            full_policy_only,
+            agent_policy_only,
         });
     }
     Ok(out)
@@ -491,13 +546,13 @@ experiments:
         .unwrap();
         assert_eq!(e[0].expect, Expect::DetectWithin(Duration::from_secs(45)));
         assert_eq!(e[0].guards, vec![Guard::AbortIfHealth(0.1)]);
-        assert!(!e[0].full_policy_only);
+        assert!(!e[0].agent_policy_only);
         let e = parse(
             "- name: stuck\n  target: engine\n  fault: npu_busy_stuck\n  duration: 90s\n  expect: { detect_within: 150s, policy: full }\n",
             "f.yaml",
         )
         .unwrap();
-        assert!(e[0].full_policy_only);
+        assert!(e[0].agent_policy_only);
         let err = parse(
             "- name: stuck\n  target: engine\n  fault: npu_busy_stuck\n  duration: 90s\n  expect: { detect_within: 150s, policy: best }\n",
             "f.yaml",

@@ -14,7 +14,7 @@ pub mod stress;
 pub mod svg;
 
 use experiment::Experiment;
-use run::{EngineKind, Outcome, Policy, RunOptions};
+use run::{Cadence, EngineKind, Outcome, Policy, RunOptions};
 use std::path::{Path, PathBuf};
 
 /// The agent binary next to this one (cargo builds both into the same directory). Refused
@@ -76,12 +76,14 @@ async fn interrupted() {
     }
 }
 
-/// Runs every experiment under every policy, one at a time (CPU stress must not overlap
-/// another experiment), writing `<out>/<policy>/<name>.json` and `.svg`, `summary.md` and
-/// `summary.json`. True when nothing failed (no false kill, no missed detection, no error).
+/// Runs every experiment under every policy and Node Manager cadence, one at a time (CPU
+/// stress must not overlap another experiment), writing `<out>/<policy>/<cadence>/<name>.json`
+/// and `.svg`, `summary.md` and `summary.json`. True when nothing failed (no false kill, no
+/// missed detection, no error).
 pub async fn run_all(
     experiments: &[Experiment],
     policies: &[Policy],
+    cadences: &[Cadence],
     time_scale: f64,
     out: &Path,
     engine: EngineKind,
@@ -98,26 +100,28 @@ pub async fn run_all(
             real_vllm_script.display()
         ));
     }
-    let opts = RunOptions {
+    let opts = &mut RunOptions {
         agent_exe: agent_exe()?,
         time_scale,
         out_dir: out.to_owned(),
         engine,
         real_vllm_script: real_vllm_script.to_owned(),
         real: Default::default(),
+        cadence: run::Cadence::REFERENCE,
     };
-    let outcomes = run_each(experiments, policies, &opts).await;
+    let outcomes = run_each(experiments, policies, cadences, opts).await;
     // The real engine is kept between experiments: stop it, however the run ended.
     if let Some(r) = opts.real.lock().await.take() {
         r.down().await;
     }
     let outcomes = outcomes?;
-    let md = report::markdown(&outcomes, policies, time_scale);
+    let md = report::markdown(&outcomes, policies, cadences, time_scale);
     print!("{md}");
     std::fs::write(out.join("summary.md"), &md).map_err(|e| e.to_string())?;
     let summaries: Vec<report::PolicySummary> = policies
         .iter()
-        .map(|&p| report::summarize(p, &outcomes))
+        .flat_map(|&p| cadences.iter().map(move |&c| (p, c)))
+        .map(|(p, c)| report::summarize(p, c, &outcomes, time_scale))
         .collect();
     std::fs::write(
         out.join("summary.json"),
@@ -136,17 +140,23 @@ pub async fn run_all(
 async fn run_each(
     experiments: &[Experiment],
     policies: &[Policy],
-    opts: &RunOptions,
+    cadences: &[Cadence],
+    opts: &mut RunOptions,
 ) -> Result<Vec<Outcome>, String> {
-    let (out, time_scale) = (&opts.out_dir, opts.time_scale);
+    let (out, time_scale) = (opts.out_dir.clone(), opts.time_scale);
     let mut outcomes: Vec<Outcome> = Vec::new();
     for e in experiments {
-        for &p in policies {
+        for (&p, &c) in policies
+            .iter()
+            .flat_map(|p| cadences.iter().map(move |c| (p, c)))
+        {
+            opts.cadence = c;
             eprintln!(
-                "npu-chaos: {} ({}) under the {} policy ...",
+                "npu-chaos: {} ({}) under the {} policy, Node Manager heartbeat {} ...",
                 e.name,
                 e.fault,
-                p.as_str()
+                p.as_str(),
+                c.label()
             );
             let run = run::run(e, p, opts);
             let o = tokio::select! {
@@ -163,7 +173,10 @@ async fn run_each(
                     .map(|t| format!(", detected after {:.1} s (scaled)", t as f64 / 1000.0))
                     .unwrap_or_default()
             );
-            let path = out.join(p.as_str()).join(format!("{}.json", e.name));
+            let path = out
+                .join(p.as_str())
+                .join(c.label())
+                .join(format!("{}.json", e.name));
             if let Some(dir) = path.parent() {
                 std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
             }

@@ -12,26 +12,78 @@ use tokio_util::sync::CancellationToken;
 /// Plain requests in flight at most (a hung engine must not make the load pile up sockets).
 const MAX_PLAIN_IN_FLIGHT: u64 = 256;
 
-/// Counters, read at any time.
+/// Counters, read at any time. A request cut off by the end of the experiment is in none of
+/// them.
 #[derive(Debug, Default)]
 pub struct LoadStats {
     pub ok: AtomicU64,
+    /// Answered with an error, or the connection failed.
     pub failed: AtomicU64,
+    /// No answer within the client's timeout (60 s, scaled).
+    pub timed_out: AtomicU64,
     pub tokens: AtomicU64,
     /// Tokens received while the fault was injected.
     pub tokens_under_fault: AtomicU64,
     plain_in_flight: AtomicU64,
 }
 
+/// The counters at one time.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct LoadSnapshot {
+    /// Requests that ended: completed, failed or timed out.
+    pub attempted: u64,
+    pub completed: u64,
+    pub failed: u64,
+    pub timed_out: u64,
+    pub tokens: u64,
+    pub tokens_under_fault: u64,
+    /// Completed over attempted; `None` with nothing attempted.
+    pub availability: Option<f64>,
+}
+
 impl LoadStats {
-    /// `(ok, failed, tokens, tokens under fault)`.
-    pub fn snapshot(&self) -> (u64, u64, u64, u64) {
-        (
-            self.ok.load(Ordering::Relaxed),
-            self.failed.load(Ordering::Relaxed),
-            self.tokens.load(Ordering::Relaxed),
-            self.tokens_under_fault.load(Ordering::Relaxed),
-        )
+    pub fn snapshot(&self) -> LoadSnapshot {
+        let completed = self.ok.load(Ordering::Relaxed);
+        let failed = self.failed.load(Ordering::Relaxed);
+        let timed_out = self.timed_out.load(Ordering::Relaxed);
+        let attempted = completed + failed + timed_out;
+        LoadSnapshot {
+            attempted,
+            completed,
+            failed,
+            timed_out,
+            tokens: self.tokens.load(Ordering::Relaxed),
+            tokens_under_fault: self.tokens_under_fault.load(Ordering::Relaxed),
+            availability: (attempted > 0).then(|| completed as f64 / attempted as f64),
+        }
+    }
+
+    fn count(&self, end: End) {
+        let c = match end {
+            End::Completed => &self.ok,
+            End::Failed => &self.failed,
+            End::TimedOut => &self.timed_out,
+            End::CutOff => return,
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// How one request ended.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum End {
+    Completed,
+    Failed,
+    TimedOut,
+    /// The experiment (or its fault window) ended first: not counted.
+    CutOff,
+}
+
+fn ended_by(e: &reqwest::Error) -> End {
+    if e.is_timeout() {
+        End::TimedOut
+    } else {
+        End::Failed
     }
 }
 
@@ -46,6 +98,8 @@ pub struct LoadGen {
     prompt: String,
     /// Pause before retrying after a failed stream (scaled).
     retry: Duration,
+    /// Tokens asked for per request.
+    max_tokens: u32,
     cancel: CancellationToken,
 }
 
@@ -76,6 +130,7 @@ impl LoadGen {
             // The fake engine counts 4 characters a token.
             prompt: "tok ".repeat(load.prompt_tokens.max(1) as usize),
             retry: Duration::from_secs_f64(0.1 * time_scale).max(Duration::from_millis(1)),
+            max_tokens: load.max_tokens,
             cancel,
         };
         for _ in 0..load.streams {
@@ -146,6 +201,31 @@ impl LoadGen {
         stop
     }
 
+    /// Opens `n` streams (the load's own length) spread over `ramp` — from nothing to
+    /// saturation — each re-opened when it ends, until the returned token is cancelled.
+    pub fn burst(&self, n: u32, ramp: Duration) -> CancellationToken {
+        let stop = self.cancel.child_token();
+        for i in 0..n {
+            let (g, stop) = (self.clone(), stop.clone());
+            let delay = ramp.mul_f64(f64::from(i) / f64::from(n.max(1)));
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(delay) => {}
+                }
+                while !stop.is_cancelled() {
+                    if !g.stream(g.max_tokens, &stop).await {
+                        tokio::select! {
+                            _ = stop.cancelled() => return,
+                            _ = tokio::time::sleep(g.retry) => {}
+                        }
+                    }
+                }
+            });
+        }
+        stop
+    }
+
     fn count_tokens(&self, n: u64) {
         self.stats.tokens.fetch_add(n, Ordering::Relaxed);
         if self.under_fault.load(Ordering::Relaxed) {
@@ -177,38 +257,44 @@ impl LoadGen {
             _ = cancel.cancelled() => return false,
             r = send => r,
         };
-        let ok = match resp {
+        let end = match resp {
             Ok(mut r) if r.status().is_success() => {
                 // Events are counted by line, so one split across reads counts once.
                 let mut buf: Vec<u8> = Vec::new();
-                let mut done = false;
+                let mut end = End::Failed;
                 loop {
                     let chunk = tokio::select! {
-                        _ = cancel.cancelled() => break,
+                        _ = cancel.cancelled() => {
+                            end = End::CutOff;
+                            break;
+                        }
                         c = r.chunk() => c,
                     };
-                    let Ok(Some(c)) = chunk else { break };
+                    let c = match chunk {
+                        Ok(Some(c)) => c,
+                        Ok(None) => break,
+                        Err(e) => {
+                            end = ended_by(&e);
+                            break;
+                        }
+                    };
                     buf.extend_from_slice(&c);
                     while let Some(nl) = buf.iter().position(|b| *b == b'\n') {
                         let line: Vec<u8> = buf.drain(..=nl).collect();
                         if line.starts_with(b"data: {") {
                             self.count_tokens(1);
                         } else if line.starts_with(b"data: [DONE]") {
-                            done = true;
+                            end = End::Completed;
                         }
                     }
                 }
-                done
+                end
             }
-            _ => false,
+            Ok(_) => End::Failed,
+            Err(e) => ended_by(&e),
         };
-        let counter = if ok {
-            &self.stats.ok
-        } else {
-            &self.stats.failed
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
-        ok
+        self.stats.count(end);
+        end == End::Completed
     }
 
     /// One plain completion.
@@ -221,22 +307,17 @@ impl LoadGen {
             .send()
             .await;
         // Tokens as the answer reports them (`usage.completion_tokens`).
-        let tokens = match r {
-            Ok(r) if r.status().is_success() => r
-                .json::<serde_json::Value>()
-                .await
-                .ok()
-                .map(|v| v["usage"]["completion_tokens"].as_u64().unwrap_or(0)),
-            _ => None,
+        let end = match r {
+            Ok(r) if r.status().is_success() => match r.json::<serde_json::Value>().await {
+                Ok(v) => {
+                    self.count_tokens(v["usage"]["completion_tokens"].as_u64().unwrap_or(0));
+                    End::Completed
+                }
+                Err(e) => ended_by(&e),
+            },
+            Ok(_) => End::Failed,
+            Err(e) => ended_by(&e),
         };
-        match tokens {
-            Some(n) => {
-                self.stats.ok.fetch_add(1, Ordering::Relaxed);
-                self.count_tokens(n);
-            }
-            None => {
-                self.stats.failed.fetch_add(1, Ordering::Relaxed);
-            }
-        }
+        self.stats.count(end);
     }
 }

@@ -6,7 +6,7 @@
 use clap::{Parser, Subcommand};
 use npu_chaos::{
     self as chaos, experiment,
-    run::{EngineKind, Policy},
+    run::{Cadence, EngineKind, Policy},
 };
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -34,6 +34,10 @@ enum Cmd {
         /// Policies to run (default both).
         #[arg(long, value_enum)]
         policy: Vec<Policy>,
+        /// Node Manager heartbeat intervals, comma-separated: every experiment runs under
+        /// each (1s: PyMotor 3.0.0b2's, with its 2 s poll timeout; 3s: the reference's).
+        #[arg(long, value_delimiter = ',', value_parser = Cadence::parse, default_value = "1s,3s")]
+        nm_heartbeat: Vec<Cadence>,
         /// Only the experiments with these names.
         #[arg(long)]
         only: Vec<String>,
@@ -100,6 +104,7 @@ fn main() -> ExitCode {
             time_scale,
             out,
             policy,
+            nm_heartbeat,
             only,
             engine,
             real_vllm,
@@ -123,7 +128,7 @@ fn main() -> ExitCode {
                 es.retain(|e| only.contains(&e.name));
             }
             let policies = if policy.is_empty() {
-                vec![Policy::Reference, Policy::Full]
+                vec![Policy::Reference, Policy::Agent]
             } else {
                 policy
             };
@@ -139,7 +144,13 @@ fn main() -> ExitCode {
                 }
             };
             match rt.block_on(chaos::run_all(
-                &es, &policies, time_scale, &out, engine, &real_vllm,
+                &es,
+                &policies,
+                &nm_heartbeat,
+                time_scale,
+                &out,
+                engine,
+                &real_vllm,
             )) {
                 Ok(true) => ExitCode::SUCCESS,
                 Ok(false) => ExitCode::from(1),

@@ -40,6 +40,19 @@ pub fn not_applicable(fault: Fault) -> Option<&'static str> {
         Fault::Http5xx => {
             Some("a real vLLM cannot be made to answer 500 to completions while staying up")
         }
+        Fault::EngineSleep => {
+            Some("vLLM's sleep mode needs its device memory allocator; the CPU build has none")
+        }
+        Fault::LongPrefill(_) => Some(
+            "the test model's 1024-token context prefills in well under a second on the CPU build",
+        ),
+        Fault::SlowHealthWithLatency(..) => Some(
+            "a real vLLM's /health cannot be slowed alone: it answers from the API server, which also serves the load",
+        ),
+        Fault::EngineRestart(_) => Some(
+            "a real vLLM takes longer than the restart's outage to start on the CPU build (scripts/real-vllm up)",
+        ),
+        Fault::Burst(_) => None,
     }
 }
 

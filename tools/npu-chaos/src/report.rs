@@ -1,13 +1,16 @@
-//! The chaos suite's summary: per policy, false kills on the benign experiments, detection
-//! rate and median / worst time to detect on the faults, and a line per experiment.
+//! The chaos suite's summary: per policy and Node Manager cadence, false kills and the
+//! lowest availability on the benign experiments, detection rate and median / worst time to
+//! detect on the faults, and a line per experiment.
 
-use super::run::{Outcome, Policy, Verdict};
+use super::run::{Cadence, Outcome, Policy, Verdict};
 use std::fmt::Write;
 
-/// Figures of one policy.
+/// Figures of one policy at one Node Manager cadence. Times are given both on the run's
+/// scaled clock (`…_ms_scaled`) and unscaled (`…_s_unscaled`, divided by the time scale).
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct PolicySummary {
     pub policy: Policy,
+    pub cadence: Cadence,
     pub benign: usize,
     pub false_kills: usize,
     pub faults: usize,
@@ -18,13 +21,25 @@ pub struct PolicySummary {
     pub errors: usize,
     /// Experiments whose fault this engine cannot take (`--engine vllm`); in neither count.
     pub not_applicable: usize,
-    pub median_detect_ms: Option<u64>,
-    pub worst_detect_ms: Option<u64>,
+    pub median_detect_ms_scaled: Option<u64>,
+    pub worst_detect_ms_scaled: Option<u64>,
+    pub median_detect_s_unscaled: Option<f64>,
+    pub worst_detect_s_unscaled: Option<f64>,
+    /// The lowest availability (completed over attempted requests) of a benign experiment.
+    pub min_benign_availability: Option<f64>,
 }
 
-/// Sums up the outcomes of one policy.
-pub fn summarize(policy: Policy, outcomes: &[Outcome]) -> PolicySummary {
-    let all: Vec<&Outcome> = outcomes.iter().filter(|o| o.policy == policy).collect();
+/// Sums up the outcomes of one policy at one cadence.
+pub fn summarize(
+    policy: Policy,
+    cadence: Cadence,
+    outcomes: &[Outcome],
+    time_scale: f64,
+) -> PolicySummary {
+    let all: Vec<&Outcome> = outcomes
+        .iter()
+        .filter(|o| o.policy == policy && o.cadence == cadence)
+        .collect();
     let mine: Vec<&Outcome> = all
         .iter()
         .copied()
@@ -35,8 +50,12 @@ pub fn summarize(policy: Policy, outcomes: &[Outcome]) -> PolicySummary {
     let mut times: Vec<u64> = faults.iter().filter_map(|o| o.detected_after_ms).collect();
     times.sort_unstable();
     let count = |v: Verdict| mine.iter().filter(|o| o.verdict == v).count();
+    let median = (!times.is_empty()).then(|| times[(times.len() - 1) / 2]);
+    let worst = times.last().copied();
+    let unscaled = |t: Option<u64>| t.map(|t| t as f64 / 1000.0 / time_scale);
     PolicySummary {
         policy,
+        cadence,
         benign: benign.len(),
         false_kills: count(Verdict::FalseKill),
         faults: faults.len(),
@@ -45,8 +64,14 @@ pub fn summarize(policy: Policy, outcomes: &[Outcome]) -> PolicySummary {
         missed: count(Verdict::Missed),
         errors: count(Verdict::Error),
         not_applicable: all.len() - mine.len(),
-        median_detect_ms: (!times.is_empty()).then(|| times[(times.len() - 1) / 2]),
-        worst_detect_ms: times.last().copied(),
+        median_detect_ms_scaled: median,
+        worst_detect_ms_scaled: worst,
+        median_detect_s_unscaled: unscaled(median),
+        worst_detect_s_unscaled: unscaled(worst),
+        min_benign_availability: benign
+            .iter()
+            .filter_map(|o| o.load.availability)
+            .min_by(f64::total_cmp),
     }
 }
 
@@ -61,34 +86,48 @@ pub fn failed(outcomes: &[Outcome]) -> bool {
     })
 }
 
-fn secs(ms: Option<u64>) -> String {
-    ms.map_or_else(|| "—".to_owned(), |m| format!("{:.1} s", m as f64 / 1000.0))
+fn secs(s: Option<f64>) -> String {
+    s.map_or_else(|| "—".to_owned(), |s| format!("{s:.1} s"))
 }
 
-/// The Markdown report: the summary table, then one line per experiment. Times are on the
-/// scaled clock of the run (`time_scale`); divide by it for the unscaled equivalent.
-pub fn markdown(outcomes: &[Outcome], policies: &[Policy], time_scale: f64) -> String {
+/// An availability as a percentage (`—` with nothing attempted).
+pub fn percent(a: Option<f64>) -> String {
+    a.map_or_else(|| "—".to_owned(), |a| format!("{:.2} %", a * 100.0))
+}
+
+/// The Markdown report: the summary table (one row per policy and cadence), then one line
+/// per experiment. Times are unscaled (measured at `time_scale`, divided by it).
+pub fn markdown(
+    outcomes: &[Outcome],
+    policies: &[Policy],
+    cadences: &[Cadence],
+    time_scale: f64,
+) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "| Policy | False kills (benign) | Detected (faults) | Not detectable by design | Not applicable | Median time to detect | Worst time to detect |"
+        "| Policy | NM heartbeat | False kills (benign) | Detected (faults) | Not detectable by design | Not applicable | Median time to detect | Worst time to detect | Lowest benign availability |"
     );
-    let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|---:|---:|");
     for &p in policies {
-        let m = summarize(p, outcomes);
-        let _ = writeln!(
-            s,
-            "| {} | {} / {} | {} / {} | {} | {} | {} | {} |",
-            p.as_str(),
-            m.false_kills,
-            m.benign,
-            m.detected,
-            m.faults - m.by_design,
-            m.by_design,
-            m.not_applicable,
-            secs(m.median_detect_ms.map(|t| (t as f64 / time_scale) as u64)),
-            secs(m.worst_detect_ms.map(|t| (t as f64 / time_scale) as u64)),
-        );
+        for &c in cadences {
+            let m = summarize(p, c, outcomes, time_scale);
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} / {} | {} / {} | {} | {} | {} | {} | {} |",
+                p.as_str(),
+                c.label(),
+                m.false_kills,
+                m.benign,
+                m.detected,
+                m.faults - m.by_design,
+                m.by_design,
+                m.not_applicable,
+                secs(m.median_detect_s_unscaled),
+                secs(m.worst_detect_s_unscaled),
+                percent(m.min_benign_availability),
+            );
+        }
     }
     let _ = writeln!(
         s,
@@ -96,9 +135,9 @@ pub fn markdown(outcomes: &[Outcome], policies: &[Policy], time_scale: f64) -> S
     );
     let _ = writeln!(
         s,
-        "| Experiment | Fault | Expect | Policy | Verdict | Injected | Detected after | Killed at | Guard events |"
+        "| Experiment | Fault | Expect | Policy | NM heartbeat | Verdict | Injected | Detected after | Killed at | Availability | Guard events |"
     );
-    let _ = writeln!(s, "|---|---|---|---|---|---:|---:|---:|---|");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---:|---:|---:|---:|---|");
     for o in outcomes {
         let unscale = |t: i64| format!("{:.1} s", t as f64 / time_scale / 1000.0);
         let verdict = serde_json::to_value(o.verdict)
@@ -112,11 +151,12 @@ pub fn markdown(outcomes: &[Outcome], policies: &[Policy], time_scale: f64) -> S
             .collect();
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {}{} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {}{} | {} | {} | {} | {} | {} |",
             o.experiment,
             o.fault,
             o.expect,
             o.policy.as_str(),
+            o.cadence.label(),
             verdict,
             o.error
                 .as_ref()
@@ -126,6 +166,12 @@ pub fn markdown(outcomes: &[Outcome], policies: &[Policy], time_scale: f64) -> S
             o.detected_after_ms
                 .map_or_else(|| "—".to_owned(), |t| unscale(t as i64)),
             o.killed_at_ms.map_or_else(|| "—".to_owned(), unscale),
+            format!(
+                "{} ({} / {})",
+                percent(o.load.availability),
+                o.load.completed,
+                o.load.attempted
+            ),
             if guards.is_empty() {
                 "—".to_owned()
             } else {
@@ -146,7 +192,8 @@ mod tests {
             experiment: name.into(),
             target: Target::Engine,
             fault: "engine_hang".into(),
-            policy: Policy::Full,
+            policy: Policy::Agent,
+            cadence: Cadence::PYMOTOR,
             expect: expect.into(),
             verdict,
             detected_after_ms: detected,
@@ -154,7 +201,15 @@ mod tests {
             first_injected_ms: Some(0),
             injected_ms: 5000,
             guard_events: Vec::new(),
-            load: serde_json::Value::Null,
+            load: crate::load::LoadSnapshot {
+                attempted: 1000,
+                completed: if verdict == Verdict::FalseKill {
+                    990
+                } else {
+                    1000
+                },
+                ..Default::default()
+            },
             error: None,
             timeline: Vec::new(),
         }
@@ -162,7 +217,7 @@ mod tests {
 
     #[test]
     fn summary_counts_and_table_shape() {
-        let os = vec![
+        let mut os = vec![
             outcome("a", "healthy", Verdict::Pass, None),
             outcome("b", "healthy", Verdict::FalseKill, None),
             outcome("c", "detect_within 1m", Verdict::Pass, Some(2000)),
@@ -172,18 +227,28 @@ mod tests {
             outcome("g", "detect_within 1m", Verdict::NotApplicable, None),
             outcome("h", "healthy", Verdict::NotApplicable, None),
         ];
-        let m = summarize(Policy::Full, &os);
+        for o in &mut os {
+            o.load.availability = Some(o.load.completed as f64 / o.load.attempted as f64);
+        }
+        let m = summarize(Policy::Agent, Cadence::PYMOTOR, &os, 0.1);
+        assert_eq!(
+            summarize(Policy::Agent, Cadence::REFERENCE, &os, 0.1).benign,
+            0,
+            "another cadence's outcomes are not counted"
+        );
+        assert_eq!(m.min_benign_availability, Some(0.99));
+        assert_eq!(m.median_detect_s_unscaled, Some(40.0));
         assert_eq!((m.benign, m.false_kills), (2, 1));
         assert_eq!((m.faults, m.detected, m.missed), (4, 3, 1));
         assert_eq!(m.not_applicable, 2, "neither a pass nor a failure");
         assert!(!failed(&os[6..]), "not applicable does not fail the run");
-        assert_eq!(m.median_detect_ms, Some(4000));
-        assert_eq!(m.worst_detect_ms, Some(6000));
+        assert_eq!(m.median_detect_ms_scaled, Some(4000));
+        assert_eq!(m.worst_detect_ms_scaled, Some(6000));
         assert!(failed(&os));
         assert!(!failed(&os[..1]));
-        let md = markdown(&os, &[Policy::Full], 0.1);
+        let md = markdown(&os, &[Policy::Agent], &[Cadence::PYMOTOR], 0.1);
         assert!(
-            md.contains("| full | 1 / 2 | 3 / 4 | 0 | 2 | 40.0 s | 60.0 s |"),
+            md.contains("| agent | 1s | 1 / 2 | 3 / 4 | 0 | 2 | 40.0 s | 60.0 s | 99.00 % |"),
             "{md}"
         );
         // Every row of the per-experiment table has as many cells as its header.

@@ -34,14 +34,16 @@ use tokio::process::{Child, Command};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-/// Which detection policy the agent runs.
+/// Which detection policy the agent runs (`policy` in its `[agent]` table).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum Policy {
-    /// The reference-compatible defaults (MindIE V5 accounting; QoS only reported).
+    /// `policy = "reference"`: MindIE V5's virtual inference exactly (QoS only reported).
     Reference,
-    /// QoS with `qos_eviction`, and stall detection.
-    Full,
+    /// `policy = "agent"`: the `/health` grace, fast confirmation, stall detection and QoS
+    /// eviction (docs/policy.md).
+    #[value(alias = "full")]
+    Agent,
 }
 
 impl Policy {
@@ -49,8 +51,67 @@ impl Policy {
     pub fn as_str(self) -> &'static str {
         match self {
             Policy::Reference => "reference",
-            Policy::Full => "full",
+            Policy::Agent => "agent",
         }
+    }
+}
+
+/// A Node Manager cadence: its heartbeat interval, and with it the poll timeout of the
+/// release that uses it (`--nm-heartbeat`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Cadence {
+    /// The heartbeat interval in (unscaled) seconds.
+    pub heartbeat_s: u64,
+}
+
+impl Cadence {
+    /// MindIE PyMotor 3.0.0b2 (PyPI): a 1 s heartbeat, a 2 s poll timeout.
+    pub const PYMOTOR: Cadence = Cadence { heartbeat_s: 1 };
+    /// The reference (virtual-inference-reference §5): a 3 s heartbeat, a 5 s poll timeout.
+    pub const REFERENCE: Cadence = Cadence { heartbeat_s: 3 };
+
+    /// Parses `1s`, `3s`, … (whole seconds, 1..=60).
+    pub fn parse(s: &str) -> Result<Cadence, String> {
+        let d = humantime::parse_duration(s.trim())
+            .map_err(|e| format!("{s:?} is not a duration like 1s: {e}"))?;
+        if d.subsec_nanos() != 0 || !(1..=60).contains(&d.as_secs()) {
+            return Err(format!(
+                "{s:?}: a heartbeat is whole seconds, 1s..=60s (Node Manager's is an int)"
+            ));
+        }
+        Ok(Cadence {
+            heartbeat_s: d.as_secs(),
+        })
+    }
+
+    /// The heartbeat interval, unscaled.
+    pub fn heartbeat(self) -> Duration {
+        Duration::from_secs(self.heartbeat_s)
+    }
+
+    /// `1s`, `3s`.
+    pub fn label(self) -> String {
+        format!("{}s", self.heartbeat_s)
+    }
+
+    /// The poll timeout: 2 s below a 3 s heartbeat (3.0.0b2's), 5 s from it (the
+    /// reference's).
+    pub fn poll_timeout(self) -> Duration {
+        if self.heartbeat_s < Cadence::REFERENCE.heartbeat_s {
+            Duration::from_secs(2)
+        } else {
+            Duration::from_secs(5)
+        }
+    }
+
+    /// The emulator's settings at this cadence, scaled; polls every second, 5 consecutive
+    /// abnormal heartbeats kill; the node is past its grace period.
+    pub fn nm_options(self, status_urls: Vec<String>, s: f64) -> NmOptions {
+        let mut nm = NmOptions::reference(status_urls, s);
+        nm.heartbeat_interval = scaled(self.heartbeat(), s);
+        nm.poll_timeout = scaled(self.poll_timeout(), s);
+        nm.grace_period = Duration::ZERO;
+        nm
     }
 }
 
@@ -77,6 +138,8 @@ pub struct RunOptions {
     pub real_vllm_script: PathBuf,
     /// The real engine, kept between experiments (`None` inside: not started, or killed).
     pub real: std::sync::Arc<tokio::sync::Mutex<Option<RealEngine>>>,
+    /// Node Manager's cadence for this run.
+    pub cadence: Cadence,
 }
 
 impl RunOptions {
@@ -142,6 +205,8 @@ pub struct Outcome {
     pub target: super::experiment::Target,
     pub fault: String,
     pub policy: Policy,
+    /// Node Manager's cadence.
+    pub cadence: Cadence,
     pub expect: String,
     pub verdict: Verdict,
     /// Milliseconds from injection to detection.
@@ -154,7 +219,9 @@ pub struct Outcome {
     /// How long the fault was actually injected.
     pub injected_ms: u64,
     pub guard_events: Vec<GuardEvent>,
-    pub load: Value,
+    /// What the load generator saw: requests attempted, completed, failed, timed out, and
+    /// the availability (completed over attempted).
+    pub load: super::load::LoadSnapshot,
     pub error: Option<String>,
     pub timeline: Vec<TimelinePoint>,
 }
@@ -202,12 +269,32 @@ fn agent_toml(
     let d = |secs: f64, within: npu_health_agent::config::validate::Within<Duration>| {
         fmt_duration(within.clamp(Duration::from_secs_f64(secs * s)))
     };
-    let full = policy == Policy::Full;
     let ids: Vec<String> = (0..devices).map(|i| i.to_string()).collect();
+    // Under `agent` the preset turns stall detection and QoS eviction on; its durations are
+    // written here only because they are scaled.
+    let policy_keys = match policy {
+        Policy::Reference => "stall_detection = false\neviction = false\n".to_owned(),
+        Policy::Agent => {
+            use npu_health_agent::config::policy::{AGENT_STALL_WINDOW, AgentPolicy};
+            use npu_health_agent::config::validate::policy_bounds as p;
+            let a = AgentPolicy::default();
+            format!(
+                "stall_window = \"{}\"\n[engine.agent_policy]\nhealth_failure_grace = \"{}\"\nconfirm_interval = \"{}\"\nconfirm_timeout = \"{}\"\n",
+                d(AGENT_STALL_WINDOW.as_secs_f64(), q::STALL_WINDOW),
+                d(
+                    a.health_failure_grace.as_secs_f64(),
+                    p::HEALTH_FAILURE_GRACE
+                ),
+                d(a.confirm_interval.as_secs_f64(), p::CONFIRM_INTERVAL),
+                d(a.confirm_timeout.as_secs_f64(), p::CONFIRM_TIMEOUT),
+            )
+        }
+    };
     format!(
         r#"[agent]
 sample_period = "{sample}"
 driver_call_deadline = "{deadline}"
+policy = "{policy}"
 
 [[engine]]
 name = "chaos"
@@ -232,10 +319,8 @@ health_timeout = "{health_timeout}"
 period = "{qos_period}"
 metrics_period = "{qos_period}"
 max_input_age = "{max_age}"
-stall_detection = {full}
-stall_window = "{stall}"
-eviction = {full}
-"#,
+{policy_keys}"#,
+        policy = policy.as_str(),
         sample = fmt_duration(scaled(Duration::from_millis(50), s).max(Duration::from_millis(10))),
         deadline = fmt_duration(scaled(Duration::from_secs(1), s).max(Duration::from_millis(20))),
         ids = ids.join(", "),
@@ -248,7 +333,6 @@ eviction = {full}
         health_timeout = d(5.0, e::HEALTH_TIMEOUT),
         qos_period = d(5.0, q::PERIOD),
         max_age = d(60.0, q::MAX_INPUT_AGE),
-        stall = d(60.0, q::STALL_WINDOW),
     )
 }
 
@@ -578,6 +662,18 @@ fn engine_patches(fault: Fault, s: f64) -> Option<(Value, Value)> {
             json!({"slow_health_ms": 0}),
         ),
         Fault::EngineHang => (json!({"hang": true}), json!({"hang": false})),
+        Fault::EngineSleep => (json!({"asleep": true}), json!({"asleep": false})),
+        Fault::LongPrefill(d) => (json!({"long_prefill_ms": ms(d)}), json!({})),
+        // The KV cache near full while the burst queues.
+        Fault::Burst(_) => (
+            json!({"kv_cache_usage": 0.95}),
+            json!({"kv_cache_usage": null}),
+        ),
+        Fault::SlowHealthWithLatency(h, _) => (
+            json!({"slow_health_ms": ms(h)}),
+            json!({"slow_health_ms": 0}),
+        ),
+        Fault::EngineRestart(d) => (json!({"restart_ms": ms(d)}), json!({})),
         Fault::NpuHangIdle => (
             json!({"hang": true, "hbm_used_mb": 65536}),
             json!({"hang": false, "hbm_used_mb": null}),
@@ -615,6 +711,20 @@ async fn inject(
         }
         Fault::LongStreams(n) => {
             held.long_streams = Some(load.long_streams(n, long_stream_tokens(stack)))
+        }
+        Fault::Burst(n) => {
+            held.long_streams = Some(load.burst(n, scaled(Duration::from_secs(1), s)));
+            if stack.real.is_none()
+                && let Some((on, _)) = engine_patches(fault, s)
+            {
+                stack.faults(on).await?;
+            }
+        }
+        Fault::SlowHealthWithLatency(_, latency) => {
+            stack.proxy.set_latency(scaled(latency, s));
+            if let Some((on, _)) = engine_patches(fault, s) {
+                stack.faults(on).await?;
+            }
         }
         Fault::EngineCrash if stack.real.is_some() => stack.signal_real("KILL").await?,
         Fault::EngineCrash => stack.kill_engine().await,
@@ -728,12 +838,13 @@ fn start_node_manager(
 /// Runs one experiment under one policy. Never panics on a broken stack: the outcome says
 /// `error` with the reason.
 pub async fn run(e: &Experiment, policy: Policy, opts: &RunOptions) -> Outcome {
-    let not_by_design = e.full_policy_only && policy == Policy::Reference;
+    let not_by_design = e.agent_policy_only && policy == Policy::Reference;
     let mut out = Outcome {
         experiment: e.name.clone(),
         target: e.target,
         fault: e.fault.to_string(),
         policy,
+        cadence: opts.cadence,
         expect: match e.expect {
             Expect::Healthy => "healthy".to_owned(),
             Expect::DetectWithin(d) => format!("detect_within {}", humantime::format_duration(d)),
@@ -744,7 +855,7 @@ pub async fn run(e: &Experiment, policy: Policy, opts: &RunOptions) -> Outcome {
         first_injected_ms: None,
         injected_ms: 0,
         guard_events: Vec::new(),
-        load: Value::Null,
+        load: Default::default(),
         error: None,
         timeline: Vec::new(),
     };
@@ -756,7 +867,11 @@ pub async fn run(e: &Experiment, policy: Policy, opts: &RunOptions) -> Outcome {
         return out;
     }
     let cancel = CancellationToken::new();
-    let dir = opts.out_dir.join(policy.as_str()).join(&e.name);
+    let dir = opts
+        .out_dir
+        .join(policy.as_str())
+        .join(opts.cadence.label())
+        .join(&e.name);
     let result = run_inner(e, policy, opts, &dir, &cancel, &mut out).await;
     cancel.cancel();
     // A kill before the fault was injected (or with no injection at all) is a false kill,
@@ -806,8 +921,9 @@ async fn run_inner(
         cancel.child_token(),
     );
     // The node has been up past Node Manager's grace period.
-    let mut nm = NmOptions::reference(vec![format!("{}/status", stack.mgmt)], s);
-    nm.grace_period = Duration::ZERO;
+    let nm = opts
+        .cadence
+        .nm_options(vec![format!("{}/status", stack.mgmt)], s);
     let sample_every = nm.poll_interval.max(Duration::from_millis(20));
     let (kill_tx, mut kill_rx) = tokio::sync::oneshot::channel::<Instant>();
     let nm_cancel = cancel.child_token();
@@ -819,8 +935,7 @@ async fn run_inner(
     }
     nm_cancel.cancel();
     let _ = tokio::task::spawn_blocking(move || nm_thread.join()).await;
-    let (ok, failed, tokens, under) = load.stats.snapshot();
-    out.load = json!({"ok": ok, "failed": failed, "tokens": tokens, "tokens_under_fault": under});
+    out.load = load.stats.snapshot();
     result
 }
 
@@ -949,7 +1064,7 @@ async fn observe(
                     }
                 }
                 Guard::LimitAffectedTokens(n) if active && !aborted => {
-                    let affected = load.stats.snapshot().3;
+                    let affected = load.stats.snapshot().tokens_under_fault;
                     if affected > n {
                         aborted = true;
                         want = false;
@@ -1028,6 +1143,48 @@ async fn observe(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    // `--nm-heartbeat`: whole seconds; 1 s carries 3.0.0b2's 2 s poll timeout, 3 s the
+    // reference's 5 s; the emulator gets them scaled.
+    #[test]
+    fn cadences_parse_and_carry_their_poll_timeout() {
+        let one = Cadence::parse("1s").unwrap();
+        assert_eq!(one, Cadence::PYMOTOR);
+        assert_eq!(one.poll_timeout(), Duration::from_secs(2));
+        assert_eq!(
+            Cadence::parse(" 3s").unwrap().poll_timeout(),
+            Duration::from_secs(5)
+        );
+        for bad in ["0s", "1500ms", "61s", "soon"] {
+            assert!(Cadence::parse(bad).is_err(), "{bad}");
+        }
+        let nm = one.nm_options(vec!["u".into()], 0.1);
+        assert_eq!(nm.heartbeat_interval, Duration::from_millis(100));
+        assert_eq!(nm.poll_timeout, Duration::from_millis(200));
+        assert_eq!((nm.threshold, nm.grace_period), (5, Duration::ZERO));
+    }
+
+    // The agent's config per policy: `agent` names the policy and writes only the scaled
+    // durations of its preset; `reference` turns the opt-in rules off.
+    #[test]
+    fn agent_configs_per_policy_parse() {
+        for (policy, s) in [(Policy::Agent, 0.1), (Policy::Reference, 1.0)] {
+            let text = agent_toml(8000, 8001, 2, policy, s, "m");
+            let cfg = npu_health_agent::config::file::parse(&text, Path::new("agent.toml"))
+                .unwrap_or_else(|e| panic!("{e}\n{text}"));
+            let e = &cfg.engines[0];
+            assert_eq!(e.policy.value.as_str(), policy.as_str());
+            assert_eq!(e.qos.stall_detection, policy == Policy::Agent);
+            assert_eq!(e.qos.eviction, policy == Policy::Agent);
+            if policy == Policy::Agent {
+                assert_eq!(e.qos.stall_window, Duration::from_secs(3));
+                assert_eq!(
+                    e.agent_policy.health_failure_grace,
+                    Duration::from_millis(1500)
+                );
+            }
+        }
+    }
 
     #[test]
     fn a_bind_failure_in_a_log_is_seen_as_a_taken_port() {

@@ -47,10 +47,11 @@ pub fn chart(o: &Outcome, time_scale: f64) -> String {
     );
     let _ = writeln!(
         s,
-        r#"<text x="{LEFT}" y="18" font-size="13" font-weight="bold">{} — {} — {} policy — {}</text>"#,
+        r#"<text x="{LEFT}" y="18" font-size="13" font-weight="bold">{} — {} — {} policy, Node Manager heartbeat {} — {}</text>"#,
         esc(&o.experiment),
         esc(&o.fault),
         o.policy.as_str(),
+        o.cadence.label(),
         esc(&format!("{:?}", o.verdict).to_lowercase())
     );
     // Fault window(s).
@@ -208,7 +209,8 @@ mod tests {
             experiment: "x<y".into(),
             target: Target::Engine,
             fault: "engine_hang".into(),
-            policy: Policy::Full,
+            policy: Policy::Agent,
+            cadence: crate::run::Cadence::PYMOTOR,
             expect: "healthy".into(),
             verdict: Verdict::FalseKill,
             detected_after_ms: None,
@@ -221,7 +223,7 @@ mod tests {
                 action: "aborted",
                 detail: "QoS score 0.4 < 0.5".into(),
             }],
-            load: serde_json::Value::Null,
+            load: Default::default(),
             error: None,
             timeline: vec![
                 sample(-100, "normal", false),

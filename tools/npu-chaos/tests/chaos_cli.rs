@@ -97,6 +97,8 @@ fn a_run_reports_detections_and_fails_on_a_false_kill() {
             "0.1",
             "--policy",
             "reference",
+            "--nm-heartbeat",
+            "3s",
             "--out",
             "out",
         ])
@@ -107,7 +109,7 @@ fn a_run_reports_detections_and_fails_on_a_false_kill() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
     let read = |name: &str| -> serde_json::Value {
-        let p = out_dir.join("reference").join(format!("{name}.json"));
+        let p = out_dir.join("reference/3s").join(format!("{name}.json"));
         serde_json::from_str(
             &std::fs::read_to_string(&p)
                 .unwrap_or_else(|e| panic!("{}: {e}\n{stderr}", p.display())),
@@ -116,7 +118,7 @@ fn a_run_reports_detections_and_fails_on_a_false_kill() {
     };
     // On a mismatch, the experiment's agent log says why (the temp dir is gone afterwards).
     let log = |name: &str| {
-        std::fs::read_to_string(out_dir.join("reference").join(name).join("agent.log"))
+        std::fs::read_to_string(out_dir.join("reference/3s").join(name).join("agent.log"))
             .unwrap_or_default()
     };
     let detected = read("crash_detected");
@@ -147,14 +149,18 @@ fn a_run_reports_detections_and_fails_on_a_false_kill() {
         "{false_kill}\nagent log:\n{}",
         log("crash_but_expected_healthy")
     );
-    assert!(out_dir.join("reference/crash_detected.svg").is_file());
+    assert!(out_dir.join("reference/3s/crash_detected.svg").is_file());
     let summary: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out_dir.join("summary.json")).unwrap())
             .unwrap();
     let p = &summary["policies"][0];
     assert_eq!(p["false_kills"], 1, "{summary}");
     assert_eq!(p["detected"], 1);
-    assert!(stdout.contains("| reference | 1 / 1 | 1 / 1 |"), "{stdout}");
+    assert_eq!(p["cadence"]["heartbeat_s"], 3);
+    assert!(
+        stdout.contains("| reference | 3s | 1 / 1 | 1 / 1 |"),
+        "{stdout}"
+    );
     // No process of the run is left.
     let stray = processes_mentioning(&out_dir.display().to_string());
     assert!(stray.is_empty(), "stray processes: {stray:?}");
@@ -185,7 +191,7 @@ fn ctrl_c_tears_the_stack_down() {
     let out_dir = dir.path().join("out");
     let marker = out_dir.display().to_string();
     let mut child = chaos()
-        .args(["run", "--time-scale", "0.05", "--policy", "full", "--out"])
+        .args(["run", "--time-scale", "0.05", "--policy", "agent", "--out"])
         .arg(&out_dir)
         .arg(&f)
         .stdout(std::process::Stdio::null())
