@@ -175,9 +175,48 @@ pub async fn run_virtual_inference(
             None => (state.interval(), t.request_timeout),
         };
         timeout = next_timeout;
-        tokio::time::sleep(sleep).await;
+        match rules.agent {
+            // Agent policy: a busy NPU that falls idle (over a whole window) during the busy
+            // interval is probed at once, with the confirming timeout — the load ended, or
+            // the engine stopped.
+            Some(agent) if sleep == t.high_load_interval => {
+                if sleep_until_idle(sleep, peaks, t.window, rules.npu_usage_threshold).await {
+                    tracing::info!(
+                        engine,
+                        "the NPU fell idle during the busy interval; probing now"
+                    );
+                    timeout = agent.confirm_timeout;
+                }
+            }
+            _ => tokio::time::sleep(sleep).await,
+        }
     }
     state.set_phase(Phase::Stopped);
+}
+
+/// Sleeps `sleep`, or less if the NPU is idle (peak below `threshold`) over a whole `window`
+/// first; true when cut short. Checked ten times a window.
+async fn sleep_until_idle(
+    sleep: Duration,
+    peaks: &impl PeakSource,
+    window: Duration,
+    threshold: f64,
+) -> bool {
+    let end = tokio::time::Instant::now() + sleep;
+    let step = (window / 10).max(Duration::from_millis(10));
+    // The window must not reach back before the sleep: the probe itself was busy.
+    let start = tokio::time::Instant::now();
+    loop {
+        let now = tokio::time::Instant::now();
+        if now >= end {
+            return false;
+        }
+        if now.duration_since(start) >= window && peaks.peak(window).is_some_and(|p| p < threshold)
+        {
+            return true;
+        }
+        tokio::time::sleep(step.min(end - now)).await;
+    }
 }
 
 /// The reference's log line for each accounting outcome (its wording, for operators who
@@ -1086,6 +1125,45 @@ mod tests {
                     .skip(1)
                     .all(|c| c.1 == Duration::from_secs(5))
             );
+        }
+    }
+
+    // Agent policy: a busy NPU that falls idle during the busy interval is probed once it has
+    // been idle a whole window, with the confirming timeout; the reference sleeps it out.
+    #[tokio::test(start_paused = true)]
+    async fn agent_policy_probes_when_a_busy_npu_falls_idle() {
+        /// 95 % until `idle_from`, then 0.
+        struct Drop(Instant);
+        impl PeakSource for Drop {
+            fn peak(&self, _: Duration) -> Option<f64> {
+                Some(if Instant::now() < self.0 { 95.0 } else { 0.0 })
+            }
+        }
+        for agent in [true, false] {
+            let p = FakeProber::new(vec![
+                (MS, FakeProber::ok()),
+                (MS, FakeProber::ok()),
+                (MS, FakeProber::ok()),
+            ]);
+            let st = ViState::default();
+            let c = if agent { agent_cfg() } else { cfg(6) };
+            let start = Instant::now();
+            let peaks = Drop(start + Duration::from_secs(3));
+            run_with(&c, &p, &peaks, &NoSignals, &st, Duration::from_secs(30)).await;
+            let calls = p.calls();
+            let gap = calls[2].0 - calls[1].0;
+            if agent {
+                // Busy at the first probe: the 20 s interval, cut once a whole 5 s window of
+                // it was idle (the NPU idle from 3 s, checked every 0.5 s).
+                assert!(
+                    gap >= Duration::from_secs(5) && gap < Duration::from_secs(6),
+                    "{gap:?}"
+                );
+                assert_eq!(calls[2].1, Duration::from_secs(2), "the confirming timeout");
+            } else {
+                assert_eq!(gap, Duration::from_secs(20) + MS);
+                assert_eq!(calls[2].1, Duration::from_secs(5));
+            }
         }
     }
 }

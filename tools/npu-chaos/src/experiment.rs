@@ -336,6 +336,10 @@ pub struct Experiment {
     /// fault; the reference and MindIE's engine server cannot by design (`expect:
     /// {detect_within: …, policy: agent}`).
     pub agent_policy_only: bool,
+    /// Node Manager can act on the fault only at this heartbeat or faster (whole seconds;
+    /// `expect: {…, max_nm_heartbeat: 1s}`): a slower one needs more consecutive abnormal
+    /// time than the fault lasts. At a slower cadence a miss is not detectable by design.
+    pub max_nm_heartbeat_s: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -381,6 +385,8 @@ struct RawDetect {
     detect_within: String,
     #[serde(default)]
     policy: Option<String>,
+    #[serde(default)]
+    max_nm_heartbeat: Option<String>,
 }
 
 fn parse_duration(key: &str, s: &str) -> Result<Duration, String> {
@@ -436,6 +442,7 @@ pub fn parse(text: &str, file: &str) -> Result<Vec<Experiment>, String> {
         .iter()
         .map(|g| Guard::parse(g).map_err(|e| at(format!("guard: {e}"))))
         .collect::<Result<Vec<_>, _>>()?;
+        let mut max_nm_heartbeat_s = None;
         let (expect, agent_policy_only) = match raw.expect {
             RawExpect::Word(w) if w == "healthy" => (Expect::Healthy, false),
             RawExpect::Word(w) => {
@@ -446,10 +453,22 @@ pub fn parse(text: &str, file: &str) -> Result<Vec<Experiment>, String> {
             RawExpect::Detect(RawDetect {
                 detect_within,
                 policy,
+                max_nm_heartbeat,
             }) => (
-                Expect::DetectWithin(
-                    parse_duration("expect.detect_within", &detect_within).map_err(at)?,
-                ),
+                {
+                    if let Some(h) = max_nm_heartbeat {
+                        let d = parse_duration("expect.max_nm_heartbeat", &h).map_err(at)?;
+                        if d.subsec_nanos() != 0 || d.is_zero() {
+                            return Err(at(format!(
+                                "expect.max_nm_heartbeat: {h:?} is not whole seconds"
+                            )));
+                        }
+                        max_nm_heartbeat_s = Some(d.as_secs());
+                    }
+                    Expect::DetectWithin(
+                        parse_duration("expect.detect_within", &detect_within).map_err(at)?,
+                    )
+                },
                 match policy.as_deref() {
                     None | Some("any") => false,
                     // `full`: this policy's name before it became `agent`.
@@ -486,6 +505,7 @@ pub fn parse(text: &str, file: &str) -> Result<Vec<Experiment>, String> {
             guards,
             expect,
             agent_policy_only,
+            max_nm_heartbeat_s,
         });
     }
     Ok(out)
@@ -553,6 +573,13 @@ experiments:
         )
         .unwrap();
         assert!(e[0].agent_policy_only);
+        let e = parse(
+            "- name: restart\n  target: engine\n  fault: engine_restart_8s\n  duration: 8s\n  expect: { detect_within: 30s, max_nm_heartbeat: 1s }\n",
+            "f.yaml",
+        )
+        .unwrap();
+        assert_eq!(e[0].max_nm_heartbeat_s, Some(1));
+        assert_eq!(e[0].fault, Fault::EngineRestart(Duration::from_secs(8)));
         let err = parse(
             "- name: stuck\n  target: engine\n  fault: npu_busy_stuck\n  duration: 90s\n  expect: { detect_within: 150s, policy: best }\n",
             "f.yaml",

@@ -4,6 +4,10 @@
 //! delayed twice), as a slow link would. The latency can change at any time. A jitter adds a
 //! random delay, up to its value, to each chunk from the engine (`batch_jitter_<N>ms` on a
 //! real engine: token events arrive unevenly, in order).
+//!
+//! A closed port stays a closed port: when the engine refuses a connection (it crashed, or
+//! restarts), the proxy closes its own listener until the engine accepts again, so its
+//! clients see the refusal the engine gives, not an accepted connection that closes.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -30,25 +34,41 @@ impl Proxy {
         upstream: SocketAddr,
         cancel: CancellationToken,
     ) -> std::io::Result<Proxy> {
-        let listener = TcpListener::bind(listen).await?;
+        let mut listener = TcpListener::bind(listen).await?;
         let addr = listener.local_addr()?;
         let latency_us = Arc::new(AtomicU64::new(0));
         let jitter_us = Arc::new(AtomicU64::new(0));
         let (lat, jit) = (latency_us.clone(), jitter_us.clone());
+        let refused = Arc::new(tokio::sync::Notify::new());
         tokio::spawn(async move {
             loop {
                 let (client, _) = tokio::select! {
                     _ = cancel.cancelled() => return,
+                    _ = refused.notified() => {
+                        drop(listener);
+                        match reopen_when_up(addr, upstream, &cancel).await {
+                            Some(l) => listener = l,
+                            None => return,
+                        }
+                        continue;
+                    }
                     r = listener.accept() => match r {
                         Ok(c) => c,
                         Err(_) => continue,
                     },
                 };
                 let (lat, jit, cancel) = (lat.clone(), jit.clone(), cancel.clone());
+                let refused = refused.clone();
                 tokio::spawn(async move {
-                    // The engine is down (crash fault): the client sees the connection close.
-                    let Ok(server) = TcpStream::connect(upstream).await else {
-                        return;
+                    let server = match TcpStream::connect(upstream).await {
+                        Ok(s) => s,
+                        Err(e) => {
+                            // The engine's port is closed: so is ours, until it opens.
+                            if e.kind() == std::io::ErrorKind::ConnectionRefused {
+                                refused.notify_one();
+                            }
+                            return;
+                        }
                     };
                     let _ = client.set_nodelay(true);
                     let _ = server.set_nodelay(true);
@@ -79,6 +99,24 @@ impl Proxy {
     pub fn set_jitter(&self, d: Duration) {
         self.jitter_us
             .store(d.as_micros() as u64, Ordering::Relaxed);
+    }
+}
+
+/// Waits until `upstream` accepts a connection again (polled every 10 ms), then listens on
+/// `addr` again; `None` when cancelled first or the address cannot be taken back.
+async fn reopen_when_up(
+    addr: SocketAddr,
+    upstream: SocketAddr,
+    cancel: &CancellationToken,
+) -> Option<TcpListener> {
+    loop {
+        if TcpStream::connect(upstream).await.is_ok() {
+            return TcpListener::bind(addr).await.ok();
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => return None,
+            _ = tokio::time::sleep(Duration::from_millis(10)) => {}
+        }
     }
 }
 
@@ -180,7 +218,8 @@ mod tests {
         cancel.cancel();
     }
 
-    // Upstream down: the client's connection is closed, nothing hangs.
+    // Upstream down: the client's connection is closed, nothing hangs, and the proxy refuses
+    // new connections until the upstream listens again.
     #[tokio::test]
     async fn upstream_down_closes_the_client() {
         let free = TcpListener::bind("127.0.0.1:0")
@@ -199,6 +238,32 @@ mod tests {
             .expect("closed promptly")
             .unwrap_or(0);
         assert_eq!(n, 0);
+        // From then on the proxy's port is closed too, as the engine's is …
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let e = TcpStream::connect(p.addr).await.unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused);
+        // … until the engine listens again.
+        let up = TcpListener::bind(free).await.unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut c, _)) = up.accept().await {
+                let _ = c.write_all(b"x").await;
+            }
+        });
+        let end = Instant::now() + Duration::from_secs(5);
+        let mut s = loop {
+            match TcpStream::connect(p.addr).await {
+                Ok(s) => break s,
+                Err(_) if Instant::now() < end => {
+                    tokio::time::sleep(Duration::from_millis(10)).await
+                }
+                Err(e) => panic!("the proxy did not listen again: {e}"),
+            }
+        };
+        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!((n, buf[0]), (1, b'x'));
         cancel.cancel();
     }
 }

@@ -838,7 +838,9 @@ fn start_node_manager(
 /// Runs one experiment under one policy. Never panics on a broken stack: the outcome says
 /// `error` with the reason.
 pub async fn run(e: &Experiment, policy: Policy, opts: &RunOptions) -> Outcome {
-    let not_by_design = e.agent_policy_only && policy == Policy::Reference;
+    let not_by_design = (e.agent_policy_only && policy != Policy::Agent)
+        || e.max_nm_heartbeat_s
+            .is_some_and(|h| opts.cadence.heartbeat_s > h);
     let mut out = Outcome {
         experiment: e.name.clone(),
         target: e.target,
