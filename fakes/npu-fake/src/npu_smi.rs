@@ -2,7 +2,8 @@
 //!
 //! Supported: `info watch -h`, `info watch [-i id] [-c chip] [-d secs] [-s letters]` (910B and
 //! 910_93 layouts with `ChipId(Idx)`, 950 layout without it, `NA` for missing figures) and
-//! `info -m`. A fake-driver build of the agent runs this when invoked as `npu-smi` or with
+//! `info -m`, and `info -t usages -i card [-c chip]` (the key-value layout, `Aicore Usage
+//! Rate(%)` from the AI Cube programme: MindIE's engine server samples with it). A fake-driver build of the agent runs this when invoked as `npu-smi` or with
 //! `info …` as its first arguments.
 
 use crate::scenario::{Model, Reading, Scenario, WatchSupport, now_ms};
@@ -57,6 +58,7 @@ pub fn run(args: &[String]) -> i32 {
         ["info", "watch", "-h"] | ["info", "watch", "--help"] => help(&scenario, &mut out),
         ["info", "watch", rest @ ..] => watch(&scenario, rest, &mut out),
         ["info", "-m"] => mapping(&scenario, &mut out),
+        ["info", "-t", "usages", rest @ ..] => usages(&scenario, rest, &mut out),
         _ => {
             let _ = writeln!(out, "Usage: npu-smi info <watch|-h|-m> [Options...]");
             1
@@ -258,6 +260,64 @@ fn watch(s: &Scenario, args: &[&str], out: &mut impl Write) -> i32 {
     0
 }
 
+/// `info -t usages -i <card> [-c <chip>]`: one key-value block per chip, as the real tool
+/// prints it (keys padded to one column, `Chip ID` last).
+fn usages(s: &Scenario, args: &[&str], out: &mut impl Write) -> i32 {
+    let (mut card, mut chip) = (None, None);
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let Some(v) = it.next().and_then(|v| v.parse::<u32>().ok()) else {
+            let _ = writeln!(out, "Parameter error: {flag} needs a number");
+            return 1;
+        };
+        match *flag {
+            "-i" => card = Some(v),
+            "-c" => chip = Some(v),
+            other => {
+                let _ = writeln!(out, "Parameter error: unknown option {other}");
+                return 1;
+            }
+        }
+    }
+    let Some(card) = card else {
+        let _ = writeln!(out, "Parameter error: -i is required");
+        return 1;
+    };
+    let chips: Vec<_> = s
+        .devices
+        .iter()
+        .filter(|d| d.card == card && chip.is_none_or(|c| c == d.chip))
+        .collect();
+    if chips.is_empty() {
+        let _ = writeln!(out, "This device does not exist.");
+        return 1;
+    }
+    let line = |k: &str, v: &dyn std::fmt::Display| format!("\t{k:<31}: {v}\n");
+    let mut text = line("NPU ID", &card) + &line("Chip Count", &chips.len()) + "\n";
+    for d in chips {
+        let core = cell(s.aicube_at(d, now_ms()));
+        let hbm_rate = d.hbm_used_mb * 100 / d.hbm_total_mb.max(1);
+        for (k, v) in [
+            ("DDR Capacity(MB)", "0".to_owned()),
+            ("DDR Usage Rate(%)", "0".to_owned()),
+            ("HBM Capacity(MB)", d.hbm_total_mb.to_string()),
+            ("HBM Usage Rate(%)", hbm_rate.to_string()),
+            ("Aicore Usage Rate(%)", core.clone()),
+            ("Aivector Usage Rate(%)", core),
+            ("Aicpu Usage Rate(%)", "0".to_owned()),
+            ("Ctrlcpu Usage Rate(%)", "2".to_owned()),
+            ("DDR Bandwidth Usage Rate(%)", "0".to_owned()),
+            ("HBM Bandwidth Usage Rate(%)", "0".to_owned()),
+            ("Chip ID", d.chip.to_string()),
+        ] {
+            text.push_str(&line(k, &v));
+        }
+        text.push('\n');
+    }
+    let _ = out.write_all(text.as_bytes());
+    0
+}
+
 fn mapping(s: &Scenario, out: &mut impl Write) -> i32 {
     let mut text = String::new();
     let col = |t: &mut String, v: &str| t.push_str(&format!("{v:<30}"));
@@ -313,6 +373,36 @@ fn mapping(s: &Scenario, out: &mut impl Write) -> i32 {
 mod tests {
     use super::*;
     use std::path::Path;
+
+    // `info -t usages -i card -c chip`: the key-value block MindIE's engine server parses
+    // (`Aicore Usage Rate(%) : N`), one chip or all of a card's.
+    #[test]
+    fn usages_print_the_aicore_rate_of_the_chip_asked() {
+        let s = Scenario::parse(
+            "model = \"910_93\"\ncards = 1\n[[device]]\nid = 0\naicube = { constant = 42 }\n[[device]]\nid = 1\naicube = { constant = 7 }\n",
+            Path::new("."),
+        )
+        .unwrap();
+        let run = |args: &[&str]| {
+            let mut out = Vec::new();
+            let rc = usages(&s, args, &mut out);
+            (rc, String::from_utf8(out).unwrap())
+        };
+        let (rc, text) = run(&["-i", "0", "-c", "1"]);
+        assert_eq!(rc, 0, "{text}");
+        let rate = |text: &str| -> Vec<String> {
+            text.lines()
+                .filter_map(|l| l.split_once(':'))
+                .filter(|(k, _)| k.trim() == "Aicore Usage Rate(%)")
+                .map(|(_, v)| v.trim().to_owned())
+                .collect()
+        };
+        assert_eq!(rate(&text), ["7"], "{text}");
+        assert!(text.contains("\tAicore Usage Rate(%)           : 7\n"), "{text}");
+        assert_eq!(rate(&run(&["-i", "0"]).1), ["42", "7"]);
+        assert_eq!(run(&["-i", "3"]).0, 1);
+        assert_eq!(run(&["-c", "0"]).0, 1, "-i is required");
+    }
 
     #[test]
     fn header_of_s_u_matches_the_format_strings() {

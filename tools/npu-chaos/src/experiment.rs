@@ -340,6 +340,10 @@ pub struct Experiment {
     /// `expect: {…, max_nm_heartbeat: 1s}`): a slower one needs more consecutive abnormal
     /// time than the fault lasts. At a slower cadence a miss is not detectable by design.
     pub max_nm_heartbeat_s: Option<u64>,
+    /// `policy@heartbeat` runs whose false kill is that policy's known behaviour, measured
+    /// and reported, not a failure of the run (`known_false_kill: [reference@1s]`: MindIE V5
+    /// takes a hot reload's 503 `/health` as abnormal at once).
+    pub known_false_kills: Vec<(String, u64)>,
 }
 
 #[derive(Deserialize)]
@@ -363,6 +367,8 @@ struct RawExperiment {
     #[serde(default)]
     guard: Option<OneOrMany>,
     expect: RawExpect,
+    #[serde(default)]
+    known_false_kill: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -434,6 +440,22 @@ pub fn parse(text: &str, file: &str) -> Result<Vec<Experiment>, String> {
         }
         let fault = Fault::parse(&raw.fault).map_err(|e| at(format!("fault: {e}")))?;
         let duration = parse_duration("duration", &raw.duration).map_err(at)?;
+        let mut known_false_kills = Vec::new();
+        for k in &raw.known_false_kill {
+            let parsed = k.split_once('@').and_then(|(p, h)| {
+                let h = humantime::parse_duration(h).ok()?;
+                (!p.is_empty() && h.subsec_nanos() == 0 && !h.is_zero())
+                    .then(|| (p.to_owned(), h.as_secs()))
+            });
+            match parsed {
+                Some(x) => known_false_kills.push(x),
+                None => {
+                    return Err(at(format!(
+                        "known_false_kill: {k:?}: expected `<policy>@<heartbeat>`, e.g. `reference@1s`"
+                    )));
+                }
+            }
+        }
         let guards = match raw.guard {
             None => Vec::new(),
             Some(OneOrMany::One(g)) => vec![g],
@@ -506,6 +528,7 @@ pub fn parse(text: &str, file: &str) -> Result<Vec<Experiment>, String> {
             expect,
             agent_policy_only,
             max_nm_heartbeat_s,
+            known_false_kills,
         });
     }
     Ok(out)

@@ -12,7 +12,10 @@ pub struct PolicySummary {
     pub policy: Policy,
     pub cadence: Cadence,
     pub benign: usize,
+    /// Every false kill, the known ones included.
     pub false_kills: usize,
+    /// False kills the experiment names as this policy's known behaviour.
+    pub known_false_kills: usize,
     pub faults: usize,
     pub detected: usize,
     /// Faults this policy cannot detect by design (not counted as missed).
@@ -57,7 +60,8 @@ pub fn summarize(
         policy,
         cadence,
         benign: benign.len(),
-        false_kills: count(Verdict::FalseKill),
+        false_kills: count(Verdict::FalseKill) + count(Verdict::KnownFalseKill),
+        known_false_kills: count(Verdict::KnownFalseKill),
         faults: faults.len(),
         detected: faults.iter().filter(|o| o.verdict == Verdict::Pass).count(),
         by_design: count(Verdict::NotDetectableByDesign),
@@ -114,11 +118,16 @@ pub fn markdown(
             let m = summarize(p, c, outcomes, time_scale);
             let _ = writeln!(
                 s,
-                "| {} | {} | {} / {} | {} / {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} / {}{} | {} / {} | {} | {} | {} | {} | {} |",
                 p.as_str(),
                 c.label(),
                 m.false_kills,
                 m.benign,
+                if m.known_false_kills > 0 {
+                    format!(" ({} known)", m.known_false_kills)
+                } else {
+                    String::new()
+                },
                 m.detected,
                 m.faults - m.by_design,
                 m.by_design,

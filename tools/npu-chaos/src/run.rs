@@ -187,6 +187,9 @@ pub enum Verdict {
     Pass,
     /// A healthy engine was killed.
     FalseKill,
+    /// A healthy engine was killed, as this policy is known to (the experiment's
+    /// `known_false_kill`): measured and counted as a false kill, not a failure of the run.
+    KnownFalseKill,
     /// The fault was not detected within `detect_within`.
     Missed,
     /// The policy cannot detect this fault by design (declared in the experiment file).
@@ -878,6 +881,10 @@ pub async fn run(e: &Experiment, policy: Policy, opts: &RunOptions) -> Outcome {
     cancel.cancel();
     // A kill before the fault was injected (or with no injection at all) is a false kill,
     // whatever the experiment expects.
+    let known = e
+        .known_false_kills
+        .iter()
+        .any(|(p, h)| p == policy.as_str() && *h == opts.cadence.heartbeat_s);
     let killed_before_fault = out
         .killed_at_ms
         .is_some_and(|k| out.first_injected_ms.is_none_or(|f| k < f));
@@ -888,6 +895,7 @@ pub async fn run(e: &Experiment, policy: Policy, opts: &RunOptions) -> Outcome {
         }
         Ok(()) => match e.expect {
             _ if killed_before_fault => Verdict::FalseKill,
+            Expect::Healthy if out.killed_at_ms.is_some() && known => Verdict::KnownFalseKill,
             Expect::Healthy if out.killed_at_ms.is_some() => Verdict::FalseKill,
             Expect::Healthy => Verdict::Pass,
             // A driver fault must be reported without killing the (healthy) engine.
