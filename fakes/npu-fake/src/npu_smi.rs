@@ -398,7 +398,10 @@ mod tests {
                 .collect()
         };
         assert_eq!(rate(&text), ["7"], "{text}");
-        assert!(text.contains("\tAicore Usage Rate(%)           : 7\n"), "{text}");
+        assert!(
+            text.contains("\tAicore Usage Rate(%)           : 7\n"),
+            "{text}"
+        );
         assert_eq!(rate(&run(&["-i", "0"]).1), ["42", "7"]);
         assert_eq!(run(&["-i", "3"]).0, 1);
         assert_eq!(run(&["-c", "0"]).0, 1, "-i is required");

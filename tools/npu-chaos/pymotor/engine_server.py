@@ -40,15 +40,18 @@ Glue added here, and what each piece replaces:
   * --npu-smi: its directory is put first on PATH (through a temp symlink named npu-smi when
     the file has another name), since utils/aicore.py runs `npu-smi` by name. Without it the
     npu-smi on PATH is used; if there is none every sample fails and counts as 0 %.
-  * A stderr handler on the root logger installed before the import, so the package's logs
-    go to stderr (stdout stays free).
+  * A stderr handler on the root logger installed before the import (the package adds its
+    stdout one only when the root has none), and fd 1 / sys.stdout pointed at stderr: all
+    logs go to stderr. Level: $PYMOTOR_LOG_LEVEL (default WARNING).
 SIGTERM/SIGINT: Endpoint.shutdown(), exit 0. A setup error: one line on stderr, exit 2.
 """
 
 import argparse
+import atexit
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -74,6 +77,8 @@ def main():
     p.add_argument("--npu-smi", help="the npu-smi the engine server runs")
     args = p.parse_args()
 
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -81,12 +86,14 @@ def main():
     try:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(asctime)s [%(levelname)s][%(name)s] %(message)s"))
+        handler.setLevel(os.environ.get("PYMOTOR_LOG_LEVEL", "WARNING").upper())
         logging.getLogger().addHandler(handler)
         logging.getLogger().setLevel(os.environ.get("PYMOTOR_LOG_LEVEL", "WARNING").upper())
         os.environ.pop("MOTOR_LOG_PATH", None)
 
         # ServerConfig.validate() refuses a path that is not its own realpath.
         workdir = os.path.realpath(tempfile.mkdtemp(prefix="pymotor-es-"))
+        atexit.register(shutil.rmtree, workdir, True)
 
         if args.npu_smi:
             npu_smi = os.path.realpath(args.npu_smi)

@@ -41,8 +41,10 @@ Glue added here, and what each piece replaces:
     the engines first; nothing is pulled here).
   * A 0.1 s poll of should_suicide() -- replaces node_manager/main.py's loop, which would
     run suicide_procedure() (kill the engines); here we print an event and exit 0.
-  * A stderr handler on the root logger installed before the import, so the package's
-    logs go to stderr and stdout carries only our JSON lines.
+  * stdout kept for our JSON lines only: fd 1 and sys.stdout are pointed at stderr, since
+    the package logs to sys.stdout (ControllerConfig.from_json() reinstalls that handler
+    through reconfigure_logging()); its log level is set through the same user_config.json
+    (motor_controller_config.logging_config.log_level = $PYMOTOR_LOG_LEVEL, default WARNING).
 
 Output: one JSON object per line on stdout, flushed, each with "t" = seconds since start()
 (monotonic):
@@ -57,9 +59,10 @@ SIGTERM/SIGINT: exit 0.
 """
 
 import argparse
+import atexit
 import json
-import logging
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -74,6 +77,7 @@ POLL_TIMEOUT_S = 2  # engine_server_api_client.py: SafeHTTPSClient(..., timeout=
 _print_lock = threading.Lock()
 _stop = threading.Event()
 _t0 = None  # monotonic time of start()
+_out = sys.stdout  # where our JSON lines go (a dup of the original stdout once main() runs)
 
 
 def emit(event, t=None, **fields):
@@ -81,8 +85,8 @@ def emit(event, t=None, **fields):
         t = time.monotonic() - _t0 if _t0 is not None else 0.0
     line = json.dumps({"event": event, "t": round(t, 3), **fields})
     with _print_lock:
-        sys.stdout.write(line + "\n")
-        sys.stdout.flush()
+        _out.write(line + "\n")
+        _out.flush()
 
 
 def fail(message):
@@ -173,13 +177,18 @@ class Controller:
 
 
 def main():
-    global _t0
+    global _t0, _out
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--mgmt-port", type=int, required=True, help="the endpoint's /status port")
     p.add_argument("--business-port", type=int, required=True)
     p.add_argument("--heartbeat-interval", type=int, default=None,
                    help="seconds, an int > 0 (the package's default is 1)")
     args = p.parse_args()
+
+    _out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    log_level = os.environ.get("PYMOTOR_LOG_LEVEL", "WARNING").upper()
 
     def on_signal(_sig, _frame):
         _stop.set()
@@ -194,19 +203,14 @@ def main():
             if not 0 < port < 65536:
                 raise ValueError(f"{name} out of range: {port}")
 
-        # Package logs to stderr: a root handler set before the import stops the package
-        # from adding its stdout one.
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s [%(levelname)s][%(name)s] %(message)s"))
-        logging.getLogger().addHandler(handler)
-        logging.getLogger().setLevel(os.environ.get("PYMOTOR_LOG_LEVEL", "WARNING").upper())
-
         controller = Controller()
         controller.serve()
 
         workdir = tempfile.mkdtemp(prefix="pymotor-nm-")  # no hccl.json beside the config
+        atexit.register(shutil.rmtree, workdir, True)
         user_config = {
-            "motor_controller_config": {"api_config": {"controller_api_port": controller.port}},
+            "motor_controller_config": {"api_config": {"controller_api_port": controller.port},
+                                        "logging_config": {"log_level": log_level}},
             "motor_nodemanger_config": {"basic_config": {}},
             "motor_engine_prefill_config": {
                 "model_config": {"model_name": "chaos", "prefill_parallel_config": {}}

@@ -113,12 +113,13 @@ impl LoadGen {
         time_scale: f64,
         cancel: CancellationToken,
     ) -> LoadGen {
-        // A request held by a hung engine gives up after 60 s (scaled) and is counted failed,
-        // so the load does not stay wedged once the fault is gone.
+        // A request held by a hung engine gives up after 60 s (scaled) without a byte and is
+        // counted timed out, so the load does not stay wedged once the fault is gone. A read
+        // timeout, not a total one: a long stream that keeps sending is not cut.
         let client = reqwest::Client::builder()
             .no_proxy()
             .pool_max_idle_per_host(0)
-            .timeout(Duration::from_secs_f64(60.0 * time_scale))
+            .read_timeout(Duration::from_secs_f64(60.0 * time_scale))
             .build()
             .expect("HTTP client");
         let g = LoadGen {
