@@ -32,12 +32,18 @@ fn shipped_files_validate() {
         String::from_utf8_lossy(&out.stderr)
     );
     let text = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(text.lines().count(), 16, "{text}");
+    assert_eq!(text.lines().count(), 24, "{text}");
     for name in [
         "prefill_delay",
         "decode_cpu_contention",
         "kv_cache_eviction",
         "npu_busy_stuck",
+        "hot_reload_12s",
+        "sleep_wake",
+        "long_prefill",
+        "burst_to_saturation",
+        "slow_health_and_latency",
+        "engine_restart",
     ] {
         assert!(text.contains(name), "{name}: {text}");
     }
