@@ -7,6 +7,7 @@
 pub mod experiment;
 pub mod load;
 pub mod proxy;
+pub mod pymotor;
 pub mod real_engine;
 pub mod report;
 pub mod run;
@@ -62,6 +63,16 @@ fn newest_agent_library(exe: &Path) -> Option<(PathBuf, std::time::SystemTime)> 
         .map(|(t, p)| (p, t))
 }
 
+/// The repository root: two levels above `scripts/real-vllm` (its default is relative, so
+/// the current directory when that is relative).
+fn repo_root(real_vllm_script: &Path) -> PathBuf {
+    let abs = std::fs::canonicalize(real_vllm_script).unwrap_or_else(|_| real_vllm_script.into());
+    abs.parent()
+        .and_then(Path::parent)
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
 /// Resolves on Ctrl-C or SIGTERM.
 async fn interrupted() {
     use tokio::signal::unix::{SignalKind, signal};
@@ -87,6 +98,7 @@ pub async fn run_all(
     time_scale: f64,
     out: &Path,
     engine: EngineKind,
+    node_manager: run::NodeManagerKind,
     real_vllm_script: &Path,
 ) -> Result<bool, String> {
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -108,6 +120,12 @@ pub async fn run_all(
         real_vllm_script: real_vllm_script.to_owned(),
         real: Default::default(),
         cadence: run::Cadence::REFERENCE,
+        pymotor_nm: match node_manager {
+            run::NodeManagerKind::Emulator => None,
+            run::NodeManagerKind::Pymotor => {
+                Some(pymotor::Pymotor::find(&repo_root(real_vllm_script)).await?)
+            }
+        },
     };
     let outcomes = run_each(experiments, policies, cadences, opts).await;
     // The real engine is kept between experiments: stop it, however the run ended.
@@ -175,7 +193,7 @@ async fn run_each(
             );
             let path = out
                 .join(p.as_str())
-                .join(c.label())
+                .join(run::cadence_dir(opts))
                 .join(format!("{}.json", e.name));
             if let Some(dir) = path.parent() {
                 std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;

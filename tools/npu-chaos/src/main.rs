@@ -6,7 +6,7 @@
 use clap::{Parser, Subcommand};
 use npu_chaos::{
     self as chaos, experiment,
-    run::{Cadence, EngineKind, Policy},
+    run::{Cadence, EngineKind, NodeManagerKind, Policy},
 };
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -36,8 +36,14 @@ enum Cmd {
         policy: Vec<Policy>,
         /// Node Manager heartbeat intervals, comma-separated: every experiment runs under
         /// each (1s: PyMotor 3.0.0b2's, with its 2 s poll timeout; 3s: the reference's).
-        #[arg(long, value_delimiter = ',', value_parser = Cadence::parse, default_value = "1s,3s")]
+        /// [default: 1s,3s; with --node-manager pymotor: 1s, its only one]
+        #[arg(long, value_delimiter = ',', value_parser = Cadence::parse)]
         nm_heartbeat: Vec<Cadence>,
+        /// Who polls /status: the emulator, or MindIE PyMotor 3.0.0b2's own HeartbeatManager
+        /// (`scripts/pymotor install` first; real time: --time-scale 1, faults after its 60 s
+        /// grace period).
+        #[arg(long, value_enum, default_value = "emulator")]
+        node_manager: NodeManagerKind,
         /// Only the experiments with these names.
         #[arg(long)]
         only: Vec<String>,
@@ -105,6 +111,7 @@ fn main() -> ExitCode {
             out,
             policy,
             nm_heartbeat,
+            node_manager,
             only,
             engine,
             real_vllm,
@@ -127,6 +134,24 @@ fn main() -> ExitCode {
                 }
                 es.retain(|e| only.contains(&e.name));
             }
+            let pymotor = node_manager == NodeManagerKind::Pymotor;
+            if pymotor && time_scale != 1.0 {
+                eprintln!(
+                    "npu-chaos: --node-manager pymotor runs in real time: give --time-scale 1"
+                );
+                return ExitCode::from(2);
+            }
+            let nm_heartbeat = match (nm_heartbeat.is_empty(), pymotor) {
+                (true, false) => vec![Cadence::PYMOTOR, Cadence::REFERENCE],
+                (true, true) => vec![Cadence::PYMOTOR],
+                (false, true) if nm_heartbeat.iter().any(|c| *c != Cadence::PYMOTOR) => {
+                    eprintln!(
+                        "npu-chaos: --node-manager pymotor: PyMotor 3.0.0b2's heartbeat is 1s (--nm-heartbeat 1s)"
+                    );
+                    return ExitCode::from(2);
+                }
+                (false, _) => nm_heartbeat,
+            };
             let policies = if policy.is_empty() {
                 vec![Policy::Reference, Policy::Agent]
             } else {
@@ -150,6 +175,7 @@ fn main() -> ExitCode {
                 time_scale,
                 &out,
                 engine,
+                node_manager,
                 &real_vllm,
             )) {
                 Ok(true) => ExitCode::SUCCESS,

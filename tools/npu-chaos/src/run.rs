@@ -140,6 +140,19 @@ pub struct RunOptions {
     pub real: std::sync::Arc<tokio::sync::Mutex<Option<RealEngine>>>,
     /// Node Manager's cadence for this run.
     pub cadence: Cadence,
+    /// MindIE PyMotor 3.0.0b2's own `HeartbeatManager` instead of the emulator
+    /// (`--node-manager pymotor`; real time only).
+    pub pymotor_nm: Option<super::pymotor::Pymotor>,
+}
+
+/// Which Node Manager polls `/status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum NodeManagerKind {
+    /// The emulator (the reference's rules, any cadence, any time scale).
+    Emulator,
+    /// MindIE PyMotor 3.0.0b2's `HeartbeatManager` from PyPI, unmodified, in real time.
+    Pymotor,
 }
 
 impl RunOptions {
@@ -210,6 +223,8 @@ pub struct Outcome {
     pub policy: Policy,
     /// Node Manager's cadence.
     pub cadence: Cadence,
+    /// `emulator`, or `pymotor` (MindIE PyMotor 3.0.0b2's own heartbeat).
+    pub node_manager: NodeManagerKind,
     pub expect: String,
     pub verdict: Verdict,
     /// Milliseconds from injection to detection.
@@ -838,6 +853,14 @@ fn start_node_manager(
         })
 }
 
+/// The cadence's directory of the outputs: `1s`, `3s`, or `1s-pymotor`.
+pub fn cadence_dir(opts: &RunOptions) -> String {
+    match opts.pymotor_nm {
+        Some(_) => format!("{}-pymotor", opts.cadence.label()),
+        None => opts.cadence.label(),
+    }
+}
+
 /// Runs one experiment under one policy. Never panics on a broken stack: the outcome says
 /// `error` with the reason.
 pub async fn run(e: &Experiment, policy: Policy, opts: &RunOptions) -> Outcome {
@@ -850,6 +873,11 @@ pub async fn run(e: &Experiment, policy: Policy, opts: &RunOptions) -> Outcome {
         fault: e.fault.to_string(),
         policy,
         cadence: opts.cadence,
+        node_manager: if opts.pymotor_nm.is_some() {
+            NodeManagerKind::Pymotor
+        } else {
+            NodeManagerKind::Emulator
+        },
         expect: match e.expect {
             Expect::Healthy => "healthy".to_owned(),
             Expect::DetectWithin(d) => format!("detect_within {}", humantime::format_duration(d)),
@@ -875,7 +903,7 @@ pub async fn run(e: &Experiment, policy: Policy, opts: &RunOptions) -> Outcome {
     let dir = opts
         .out_dir
         .join(policy.as_str())
-        .join(opts.cadence.label())
+        .join(cadence_dir(opts))
         .join(&e.name);
     let result = run_inner(e, policy, opts, &dir, &cancel, &mut out).await;
     cancel.cancel();
@@ -923,6 +951,30 @@ async fn run_inner(
     // The warm-up timeout (180 s scaled) plus start-up.
     let limit = sc(Duration::from_secs(180)) + Duration::from_secs(10);
     let mut stack = Stack::start_ready(opts, dir, policy, cancel, limit).await?;
+    let (kill_tx, mut kill_rx) = tokio::sync::oneshot::channel::<Instant>();
+    // MindIE's own heartbeat: started now, the experiment begins after its 60 s grace.
+    let mut real_nm = None;
+    let mut kill_tx = Some(kill_tx);
+    if let Some(p) = &opts.pymotor_nm {
+        let tx = kill_tx.take();
+        let mgmt_port = stack
+            .mgmt
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .ok_or("no mgmt port")?;
+        let mut nm =
+            super::pymotor::NodeManager::start(p, mgmt_port, stack.engine_port, dir, move |at| {
+                if let Some(tx) = tx {
+                    let _ = tx.send(at);
+                }
+            })?;
+        eprintln!(
+            "npu-chaos:   PyMotor's Node Manager runs; waiting out its 60 s grace period ..."
+        );
+        nm.wait_grace(Duration::from_secs(120)).await?;
+        real_nm = Some(nm);
+    }
     let load = LoadGen::start(
         &format!("http://{}", stack.proxy.addr),
         opts.model(),
@@ -935,16 +987,25 @@ async fn run_inner(
         .cadence
         .nm_options(vec![format!("{}/status", stack.mgmt)], s);
     let sample_every = nm.poll_interval.max(Duration::from_millis(20));
-    let (kill_tx, mut kill_rx) = tokio::sync::oneshot::channel::<Instant>();
     let nm_cancel = cancel.child_token();
-    let nm_thread = start_node_manager(nm, nm_cancel.clone(), kill_tx)
-        .map_err(|e| format!("starting the Node Manager emulator: {e}"))?;
+    let nm_thread = match kill_tx {
+        Some(tx) => Some(
+            start_node_manager(nm, nm_cancel.clone(), tx)
+                .map_err(|e| format!("starting the Node Manager emulator: {e}"))?,
+        ),
+        None => None,
+    };
     let result = observe(e, &mut stack, &load, &mut kill_rx, sample_every, s, out).await;
     if let Some((r, _)) = &stack.real {
         r.save_log(&dir.join("vllm.log"));
     }
     nm_cancel.cancel();
-    let _ = tokio::task::spawn_blocking(move || nm_thread.join()).await;
+    if let Some(t) = nm_thread {
+        let _ = tokio::task::spawn_blocking(move || t.join()).await;
+    }
+    if let Some(nm) = real_nm {
+        nm.stop().await;
+    }
     out.load = load.stats.snapshot();
     result
 }
