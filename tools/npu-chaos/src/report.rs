@@ -203,6 +203,7 @@ mod tests {
             fault: "engine_hang".into(),
             policy: Policy::Agent,
             cadence: Cadence::PYMOTOR,
+            node_manager: crate::run::NodeManagerKind::Emulator,
             expect: expect.into(),
             verdict,
             detected_after_ms: detected,

@@ -211,6 +211,7 @@ mod tests {
             fault: "engine_hang".into(),
             policy: Policy::Agent,
             cadence: crate::run::Cadence::PYMOTOR,
+            node_manager: crate::run::NodeManagerKind::Emulator,
             expect: "healthy".into(),
             verdict: Verdict::FalseKill,
             detected_after_ms: None,
