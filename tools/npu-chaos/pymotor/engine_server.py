@@ -55,17 +55,8 @@ import shutil
 import signal
 import sys
 import tempfile
-import socket
 import threading
 import time
-
-
-def _listening(port):
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
 
 
 def main():
@@ -158,7 +149,7 @@ def main():
         endpoint.run()
         # uvicorn runs in the Endpoint's thread: a bind failure shows only as that thread dying.
         deadline = time.monotonic() + 15
-        while not _listening(args.mgmt_port):
+        while not getattr(endpoint._server, "started", False):
             if not endpoint._server_thread.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError(f"the /status server did not come up on 127.0.0.1:{args.mgmt_port}")
             time.sleep(0.1)

@@ -120,6 +120,14 @@ pub async fn run_all(
         real_vllm_script: real_vllm_script.to_owned(),
         real: Default::default(),
         cadence: run::Cadence::REFERENCE,
+        pymotor: if policies.contains(&Policy::Mindie)
+            && time_scale == 1.0
+            && engine == EngineKind::Fake
+        {
+            Some(pymotor::Pymotor::find(&repo_root(real_vllm_script)).await?)
+        } else {
+            None
+        },
         pymotor_nm: match node_manager {
             run::NodeManagerKind::Emulator => None,
             run::NodeManagerKind::Pymotor => {

@@ -31,7 +31,8 @@ enum Cmd {
         /// Where timelines, charts, logs and the summary go.
         #[arg(long, default_value = "chaos-out")]
         out: PathBuf,
-        /// Policies to run (default both).
+        /// Policies to run (default all three; mindie-3.0.0b2, MindIE's own engine server,
+        /// runs at --time-scale 1 only and is reported not applicable otherwise).
         #[arg(long, value_enum)]
         policy: Vec<Policy>,
         /// Node Manager heartbeat intervals, comma-separated: every experiment runs under
@@ -153,7 +154,7 @@ fn main() -> ExitCode {
                 (false, _) => nm_heartbeat,
             };
             let policies = if policy.is_empty() {
-                vec![Policy::Reference, Policy::Agent]
+                vec![Policy::Reference, Policy::Agent, Policy::Mindie]
             } else {
                 policy
             };

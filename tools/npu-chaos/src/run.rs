@@ -44,6 +44,12 @@ pub enum Policy {
     /// eviction (docs/policy.md).
     #[value(alias = "full")]
     Agent,
+    /// Not the agent: MindIE's released engine server (PyMotor 3.0.0b2, unmodified) serves
+    /// `/status` from its own virtual inference, on the same fake engine and NPUs. Its timing
+    /// is fixed, so it runs only at `--time-scale 1`.
+    #[value(name = "mindie-3.0.0b2")]
+    #[serde(rename = "mindie-3.0.0b2")]
+    Mindie,
 }
 
 impl Policy {
@@ -52,7 +58,25 @@ impl Policy {
         match self {
             Policy::Reference => "reference",
             Policy::Agent => "agent",
+            Policy::Mindie => "mindie-3.0.0b2",
         }
+    }
+
+    /// Why this policy cannot run the experiment here, if it cannot.
+    pub fn not_applicable(self, opts: &RunOptions, fault: Fault) -> Option<String> {
+        if self != Policy::Mindie {
+            return None;
+        }
+        if opts.engine != EngineKind::Fake {
+            return Some("MindIE's engine server requires its engine's /health body to be `true` (its own inference surface answers so); vLLM answers an empty body, which it reads as abnormal".to_owned());
+        }
+        if opts.time_scale != 1.0 {
+            return Some("MindIE's engine server has fixed timing (5 s timeout, 6 npu-smi samples 0.5 s apart, 5 s sleep): it runs at --time-scale 1 only".to_owned());
+        }
+        if is_driver_fault(fault) {
+            return Some("MindIE's engine server does not report the NPU's reads (it samples npu-smi and keeps no per-NPU state)".to_owned());
+        }
+        None
     }
 }
 
@@ -143,6 +167,8 @@ pub struct RunOptions {
     /// MindIE PyMotor 3.0.0b2's own `HeartbeatManager` instead of the emulator
     /// (`--node-manager pymotor`; real time only).
     pub pymotor_nm: Option<super::pymotor::Pymotor>,
+    /// The PyMotor installation, for the `mindie-3.0.0b2` peer (found when it can run).
+    pub pymotor: Option<super::pymotor::Pymotor>,
 }
 
 /// Which Node Manager polls `/status`.
@@ -291,7 +317,10 @@ fn agent_toml(
     // Under `agent` the preset turns stall detection and QoS eviction on; its durations are
     // written here only because they are scaled.
     let policy_keys = match policy {
-        Policy::Reference => "stall_detection = false\neviction = false\n".to_owned(),
+        // (The peer does not run the agent: this config is written and not used.)
+        Policy::Reference | Policy::Mindie => {
+            "stall_detection = false\neviction = false\n".to_owned()
+        }
         Policy::Agent => {
             use npu_health_agent::config::policy::{AGENT_STALL_WINDOW, AgentPolicy};
             use npu_health_agent::config::validate::policy_bounds as p;
@@ -338,7 +367,10 @@ period = "{qos_period}"
 metrics_period = "{qos_period}"
 max_input_age = "{max_age}"
 {policy_keys}"#,
-        policy = policy.as_str(),
+        policy = match policy {
+            Policy::Agent => "agent",
+            Policy::Reference | Policy::Mindie => "reference",
+        },
         sample = fmt_duration(scaled(Duration::from_millis(50), s).max(Duration::from_millis(10))),
         deadline = fmt_duration(scaled(Duration::from_secs(1), s).max(Duration::from_millis(20))),
         ids = ids.join(", "),
@@ -370,6 +402,8 @@ struct Stack {
     /// Stops the proxy (a child of the experiment's token).
     proxy_cancel: CancellationToken,
     http: reqwest::Client,
+    /// `/status` is served by MindIE's engine server, not the agent.
+    peer: bool,
 }
 
 impl Stack {
@@ -410,6 +444,10 @@ impl Stack {
                     "m",
                     &npu_files,
                 ));
+                if policy == Policy::Mindie {
+                    // MindIE's own inference surface: `/health` is a JSON bool.
+                    engine_cmd.args(["--profile", "mindie"]);
+                }
                 engine_cmd
                     .args([
                         "--ttft",
@@ -466,16 +504,53 @@ impl Stack {
             ),
         )
         .map_err(|e| e.to_string())?;
-        let agent = Command::new(&opts.agent_exe)
-            .args(["--fake", "run", "--config"])
-            .arg(&toml)
-            .env("FAKE_NPU_SCENARIO", &scenario)
-            .env("RUST_LOG", "info")
-            .stdout(std::process::Stdio::null())
-            .stderr(log("agent.log")?)
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| format!("starting the agent: {e}"))?;
+        let agent = match (policy, &opts.pymotor) {
+            (Policy::Mindie, Some(p)) => {
+                // The fake npu-smi is the agent binary under that name.
+                let npu_smi = dir.join("bin/npu-smi");
+                std::fs::create_dir_all(dir.join("bin")).map_err(|e| e.to_string())?;
+                let _ = std::fs::remove_file(&npu_smi);
+                std::os::unix::fs::symlink(&opts.agent_exe, &npu_smi)
+                    .map_err(|e| format!("{}: {e}", npu_smi.display()))?;
+                let args: Vec<String> = [
+                    "--engine-port",
+                    &proxy.addr.port().to_string(),
+                    "--mgmt-port",
+                    &mgmt_port.to_string(),
+                    "--model",
+                    opts.model(),
+                    "--device-id",
+                    "0",
+                    "--npu-smi",
+                ]
+                .iter()
+                .map(|a| a.to_string())
+                .chain([npu_smi.display().to_string()])
+                .collect();
+                p.command(
+                    super::pymotor::ENGINE_SERVER_PY,
+                    &args,
+                    &dir.join("agent.log"),
+                )?
+                .env("FAKE_NPU_SCENARIO", &scenario)
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .map_err(|e| format!("starting MindIE's engine server: {e}"))?
+            }
+            (Policy::Mindie, None) => {
+                return Err("the mindie-3.0.0b2 peer needs `scripts/pymotor install`".to_owned());
+            }
+            _ => Command::new(&opts.agent_exe)
+                .args(["--fake", "run", "--config"])
+                .arg(&toml)
+                .env("FAKE_NPU_SCENARIO", &scenario)
+                .env("RUST_LOG", "info")
+                .stdout(std::process::Stdio::null())
+                .stderr(log("agent.log")?)
+                .kill_on_drop(true)
+                .spawn()
+                .map_err(|e| format!("starting the agent: {e}"))?,
+        };
         // The emulator's poll timeout, scaled: one slow answer must not stall the sampling.
         let http = reqwest::Client::builder()
             .no_proxy()
@@ -494,6 +569,7 @@ impl Stack {
             proxy,
             proxy_cancel,
             http,
+            peer: policy == Policy::Mindie,
         })
     }
 
@@ -637,7 +713,13 @@ impl Stack {
                     self.dir.join("engine.log").display()
                 ));
             }
-            if let Some(d) = self
+            if self.peer {
+                // MindIE's engine server: its virtual inference starts at the first `/status`
+                // that sees a healthy `/health`, which then answers `normal`.
+                if self.status().await == "normal" {
+                    return Ok(());
+                }
+            } else if let Some(d) = self
                 .get_json::<EngineDetail>(&format!("{}/status/detail", self.mgmt))
                 .await
                 && d.status == Status::Normal
@@ -897,6 +979,11 @@ pub async fn run(e: &Experiment, policy: Policy, opts: &RunOptions) -> Outcome {
     {
         out.verdict = Verdict::NotApplicable;
         out.error = Some(why.to_owned());
+        return out;
+    }
+    if let Some(why) = policy.not_applicable(opts, e.fault) {
+        out.verdict = Verdict::NotApplicable;
+        out.error = Some(why);
         return out;
     }
     let cancel = CancellationToken::new();
