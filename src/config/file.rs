@@ -833,6 +833,67 @@ mgmt_port = 9001
         assert_eq!(at("d = 5", "duplicate key"), "[[engine]] #2 d");
     }
 
+    // `policy` in [agent], overridden per engine; the agent preset fills the qos keys left out
+    // and keeps the ones written; [engine.agent_policy] is checked against its bounds.
+    #[test]
+    fn policy_from_agent_engine_and_default() {
+        use crate::config::policy::{AGENT_STALL_WINDOW, Policy};
+        let c = parse_str(INLINE).unwrap();
+        assert_eq!(c.engines[0].policy.value, Policy::Reference);
+        assert_eq!(c.engines[0].policy.source, "default");
+        assert!(!c.engines[0].qos.stall_detection && !c.engines[0].qos.eviction);
+        let agent = INLINE.replace("[agent]\n", "[agent]\npolicy = \"agent\"\n");
+        let c = parse_str(&agent).unwrap();
+        let e = &c.engines[0];
+        assert_eq!(
+            (e.policy.value, e.policy.source.as_str()),
+            (Policy::Agent, "[agent] policy")
+        );
+        assert!(e.qos.stall_detection && e.qos.eviction);
+        assert_eq!(e.qos.stall_window, AGENT_STALL_WINDOW);
+        let c = parse_str(&format!(
+            "{agent}[engine.qos]\nqos_eviction = false\nstall_window = \"45s\"\n"
+        ))
+        .unwrap();
+        let q = &c.engines[0].qos;
+        assert!(q.stall_detection, "left out: the preset's");
+        assert!(!q.eviction, "written: the file's");
+        assert_eq!(q.stall_window, Duration::from_secs(45));
+        let per_engine =
+            agent.replace("name = \"p0\"\n", "name = \"p0\"\npolicy = \"reference\"\n");
+        let e = &parse_str(&per_engine).unwrap().engines[0];
+        assert_eq!(
+            (e.policy.value, e.policy.source.as_str()),
+            (Policy::Reference, "[[engine]] policy")
+        );
+        assert!(!e.qos.stall_detection, "reference: no preset");
+        let err = parse_str(&INLINE.replace("[agent]\n", "[agent]\npolicy = \"fast\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("[agent] policy") && err.contains("reference"),
+            "{err}"
+        );
+        let err = parse_str(&format!(
+            "{agent}[engine.agent_policy]\nconfirm_failures = 0\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("(p0) agent_policy.confirm_failures: `0` is outside 1..=100"),
+            "{err}"
+        );
+        let err = parse_str(&format!(
+            "{agent}[engine.agent_policy]\nconfirm_failurs = 2\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("agent_policy.confirm_failurs: unknown field"),
+            "{err}"
+        );
+    }
+
     #[test]
     fn qos_table_defaults_aliases_and_errors() {
         let c = parse_str(INLINE).unwrap();
