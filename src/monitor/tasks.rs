@@ -975,6 +975,26 @@ mod tests {
         }
     }
 
+    fn agent_signals(health_failed: bool, asleep: bool, tokens: f64) -> AgentSignals {
+        AgentSignals {
+            health_failed,
+            fresh: crate::monitor::inputs::Fresh {
+                asleep: Some(asleep),
+                tokens: Some(tokens),
+            },
+        }
+    }
+
+    /// The agent policy's loop on an idle NPU, for at most `limit`; true when it ended.
+    async fn run_agent(
+        p: &FakeProber,
+        signals: &impl EngineSignals,
+        st: &ViState,
+        limit: Duration,
+    ) -> bool {
+        run_with(&agent_cfg(), p, &ConstPeak(0.0), signals, st, limit).await
+    }
+
     fn agent_cfg() -> LoopConfig {
         let mut c = cfg(6);
         c.rules.agent = Some(account::AgentRules {
@@ -998,23 +1018,9 @@ mod tests {
     async fn agent_policy_confirms_an_idle_hang_with_one_quick_reprobe() {
         let p = hung();
         let st = ViState::default();
-        let signals = AgentSignals {
-            health_failed: false,
-            fresh: crate::monitor::inputs::Fresh {
-                asleep: Some(false),
-                tokens: Some(100.0),
-            },
-        };
+        let signals = agent_signals(false, false, 100.0);
         let start = Instant::now();
-        let ended = run_with(
-            &agent_cfg(),
-            &p,
-            &ConstPeak(0.0),
-            &signals,
-            &st,
-            Duration::from_secs(3600),
-        )
-        .await;
+        let ended = run_agent(&p, &signals, &st, Duration::from_secs(3600)).await;
         assert!(ended && st.abnormal());
         let calls = p.calls();
         assert_eq!(calls.len(), 3, "warm-up, the failure, one re-probe");
@@ -1071,10 +1077,8 @@ mod tests {
         }
         let p = hung();
         let st = ViState::default();
-        let ended = run_with(
-            &agent_cfg(),
+        let ended = run_agent(
             &p,
-            &ConstPeak(0.0),
             &Advancing(Mutex::new(0.0)),
             &st,
             Duration::from_secs(3600),
@@ -1092,22 +1096,8 @@ mod tests {
         for (health_failed, asleep) in [(true, false), (false, true)] {
             let p = hung();
             let st = ViState::default();
-            let signals = AgentSignals {
-                health_failed,
-                fresh: crate::monitor::inputs::Fresh {
-                    asleep: Some(asleep),
-                    tokens: Some(1.0),
-                },
-            };
-            let ended = run_with(
-                &agent_cfg(),
-                &p,
-                &ConstPeak(0.0),
-                &signals,
-                &st,
-                Duration::from_secs(100),
-            )
-            .await;
+            let signals = agent_signals(health_failed, asleep, 1.0);
+            let ended = run_agent(&p, &signals, &st, Duration::from_secs(100)).await;
             assert!(
                 !ended && !st.abnormal(),
                 "health {health_failed} asleep {asleep}"
