@@ -630,7 +630,7 @@ fn readme_agent_toml_example_is_valid() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["engines"].as_array().unwrap().len(), 2);
     assert_eq!(v["engines"][1]["dispatch_profile"], "trigger");
-    assert_eq!(v["engines"][0]["policy"]["value"], "reference");
+    assert_eq!(v["engines"][0]["policy"]["value"], "agent");
     assert_eq!(v["engines"][0]["policy"]["source"], "[agent] policy");
     assert_eq!(v["engines"][1]["agent_policy"]["confirm_failures"], 2);
     assert_eq!(

@@ -115,7 +115,7 @@ pub struct ConfigArgs {
     pub qos_eviction: bool,
     /// Detection policy (single-engine mode; host mode: `policy` in [agent] or [[engine]]):
     /// `reference` is MindIE V5 exactly, `agent` adds the grace, fast confirmation, stall
-    /// detection and QoS eviction (docs/policy.md) [default: reference].
+    /// detection and QoS eviction (docs/policy.md) [default: agent].
     #[arg(long, value_enum, conflicts_with = "config")]
     pub policy: Option<crate::config::policy::Policy>,
     /// max_tokens of the virtual probe; above 1 it streams and measures time per token.

@@ -839,9 +839,13 @@ mgmt_port = 9001
     fn policy_from_agent_engine_and_default() {
         use crate::config::policy::{AGENT_STALL_WINDOW, Policy};
         let c = parse_str(INLINE).unwrap();
-        assert_eq!(c.engines[0].policy.value, Policy::Reference);
+        assert_eq!(c.engines[0].policy.value, Policy::Agent, "the default");
         assert_eq!(c.engines[0].policy.source, "default");
-        assert!(!c.engines[0].qos.stall_detection && !c.engines[0].qos.eviction);
+        assert!(c.engines[0].qos.stall_detection && c.engines[0].qos.eviction);
+        let reference = INLINE.replace("[agent]\n", "[agent]\npolicy = \"reference\"\n");
+        let e = &parse_str(&reference).unwrap().engines[0];
+        assert_eq!(e.policy.value, Policy::Reference);
+        assert_eq!(e.qos, QosConfig::default(), "reference: no preset");
         let agent = INLINE.replace("[agent]\n", "[agent]\npolicy = \"agent\"\n");
         let c = parse_str(&agent).unwrap();
         let e = &c.engines[0];
@@ -897,7 +901,12 @@ mgmt_port = 9001
     #[test]
     fn qos_table_defaults_aliases_and_errors() {
         let c = parse_str(INLINE).unwrap();
-        assert_eq!(c.engines[0].qos, QosConfig::default(), "no table: defaults");
+        let mut preset = QosConfig::default();
+        crate::config::policy::apply_preset(crate::config::policy::Policy::Agent, &mut preset, &[]);
+        assert_eq!(
+            c.engines[0].qos, preset,
+            "no table: defaults (the agent policy's preset)"
+        );
         let with = |t: &str| parse_str(&format!("{INLINE}[engine.qos]\n{t}\n"));
         let q = with("stall_detection = true\nstall_window = \"30s\"\nqos_eviction = true\nqos_probe_max_tokens = 4\nweights = { latency = 0.6, memory = 0.2, progress = 0.2 }")
             .unwrap()

@@ -18,9 +18,11 @@ use std::time::Duration;
 #[serde(rename_all = "lowercase")]
 pub enum Policy {
     /// MindIE V5 virtual inference, exactly.
-    #[default]
     Reference,
-    /// Stall detection, QoS eviction, fast confirmation and the `/health` grace.
+    /// Stall detection, QoS eviction, fast confirmation and the `/health` grace. The
+    /// default: it passed the chaos suite (both Node Manager cadences, fake and real engine)
+    /// and MindIE PyMotor's own Node Manager (docs/policy.md).
+    #[default]
     Agent,
 }
 

@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 fn spec(hc: &str) -> EngineSpec {
     let text = format!(
-        "[[engine]]\nengine_type = \"vllm\"\nserved_model_name = \"m\"\nhost = \"127.0.0.1\"\nport = 8000\nmgmt_port = 9001\nengine_env = {{}}\n[engine.timing]\nhealth_period = \"1s\"\n[engine.health_check_config]\n{hc}"
+        "[[engine]]\npolicy = \"reference\"\nengine_type = \"vllm\"\nserved_model_name = \"m\"\nhost = \"127.0.0.1\"\nport = 8000\nmgmt_port = 9001\nengine_env = {{}}\n[engine.timing]\nhealth_period = \"1s\"\n[engine.health_check_config]\n{hc}"
     );
     file::parse(&text, Path::new("/x/agent.toml"))
         .unwrap()

@@ -35,6 +35,9 @@ pub struct Launch<'a> {
     pub scenario_top: &'a str,
     /// Global agent flags before `run` (e.g. `--dcmi-lib <path>`).
     pub agent_args: Vec<std::ffi::OsString>,
+    /// `[agent] policy`; empty: `reference`, whose exact semantics these tests pin (the
+    /// agent policy has its own tests and the chaos suite).
+    pub policy: &'a str,
 }
 
 /// Running processes and their addresses.
@@ -98,7 +101,13 @@ impl Stack {
             device_extra,
             scenario_top,
             agent_args,
+            policy,
         } = l;
+        let policy = if policy.is_empty() {
+            "reference"
+        } else {
+            policy
+        };
         let dir = tempfile::tempdir().expect("temp dir");
         for f in ["npu0", "npu1"] {
             std::fs::write(dir.path().join(f), "0\n").unwrap();
@@ -114,7 +123,7 @@ impl Stack {
         std::fs::write(
             &agent_toml,
             format!(
-                "[agent]\nsample_period = \"20ms\"\n\n[[engine]]\nname = \"e2e\"\nengine_type = \"vllm\"\nserved_model_name = \"m\"\nhost = \"127.0.0.1\"\nport = {engine_port}\nmgmt_port = {mgmt_port}\ndevices = [0, 1]\nengine_env = {{ ASCEND_GLOBAL_LOG_LEVEL = \"3\" }}\n{FAST_TIMING}\n[engine.health_check_config]\nenable_virtual_inference = true\n{health_check}\n{engine_extra}\n"
+                "[agent]\nsample_period = \"20ms\"\npolicy = \"{policy}\"\n\n[[engine]]\nname = \"e2e\"\nengine_type = \"vllm\"\nserved_model_name = \"m\"\nhost = \"127.0.0.1\"\nport = {engine_port}\nmgmt_port = {mgmt_port}\ndevices = [0, 1]\nengine_env = {{ ASCEND_GLOBAL_LOG_LEVEL = \"3\" }}\n{FAST_TIMING}\n[engine.health_check_config]\nenable_virtual_inference = true\n{health_check}\n{engine_extra}\n"
             ),
         )
         .unwrap();
