@@ -441,8 +441,9 @@ fn check_config_prints_defaults_and_rejects_bad_keys() {
     assert_eq!(out.status.code(), Some(2));
 }
 
-// Single-engine mode: QoS defaults are V5 parity (stall detection, V6 rule and eviction off),
-// the flags turn them on, and a bad value names its flag.
+// Single-engine mode: under the default policy (agent) stall detection and eviction are on,
+// the V6 rule off; under `--policy reference` all three are off (V5 parity); the flags turn
+// them on, and a bad value names its flag.
 #[test]
 fn single_engine_qos_flags() {
     let dir = tempfile::tempdir().unwrap();
@@ -468,11 +469,18 @@ fn single_engine_qos_flags() {
         v["engines"][0]["qos"].clone()
     };
     let q = qos(&[]);
+    assert_eq!(q["stall_detection"], true);
+    assert_eq!(q["stall_window"], "30s");
+    assert_eq!(q["skip_when_capacity_waiting"], false);
+    assert_eq!(q["eviction"], true);
+    let q = qos(&["--policy", "reference"]);
     assert_eq!(q["stall_detection"], false);
     assert_eq!(q["skip_when_capacity_waiting"], false);
     assert_eq!(q["eviction"], false);
     assert_eq!(q["probe_max_tokens"], 1);
     let q = qos(&[
+        "--policy",
+        "reference",
         "--stall-detection",
         "--stall-window",
         "30s",
