@@ -87,20 +87,35 @@ async fn interrupted() {
     }
 }
 
+/// What [`run_all`] runs, and where.
+#[derive(Debug, Clone, Copy)]
+pub struct Plan<'a> {
+    pub experiments: &'a [Experiment],
+    pub policies: &'a [Policy],
+    pub cadences: &'a [Cadence],
+    pub time_scale: f64,
+    pub out: &'a Path,
+    pub engine: EngineKind,
+    pub node_manager: run::NodeManagerKind,
+    /// `scripts/real-vllm` (its repository also holds `scripts/pymotor`).
+    pub real_vllm_script: &'a Path,
+}
+
 /// Runs every experiment under every policy and Node Manager cadence, one at a time (CPU
 /// stress must not overlap another experiment), writing `<out>/<policy>/<cadence>/<name>.json`
 /// and `.svg`, `summary.md` and `summary.json`. True when nothing failed (no false kill, no
 /// missed detection, no error).
-pub async fn run_all(
-    experiments: &[Experiment],
-    policies: &[Policy],
-    cadences: &[Cadence],
-    time_scale: f64,
-    out: &Path,
-    engine: EngineKind,
-    node_manager: run::NodeManagerKind,
-    real_vllm_script: &Path,
-) -> Result<bool, String> {
+pub async fn run_all(plan: &Plan<'_>) -> Result<bool, String> {
+    let Plan {
+        experiments,
+        policies,
+        cadences,
+        time_scale,
+        out,
+        engine,
+        node_manager,
+        real_vllm_script,
+    } = *plan;
     let _ = rustls::crypto::ring::default_provider().install_default();
     std::fs::create_dir_all(out).map_err(|e| format!("{}: {e}", out.display()))?;
     // Absolute: the scenario names the NPU files, and the fake driver resolves relative names

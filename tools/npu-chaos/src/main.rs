@@ -169,16 +169,16 @@ fn main() -> ExitCode {
                     return ExitCode::from(1);
                 }
             };
-            match rt.block_on(chaos::run_all(
-                &es,
-                &policies,
-                &nm_heartbeat,
+            match rt.block_on(chaos::run_all(&chaos::Plan {
+                experiments: &es,
+                policies: &policies,
+                cadences: &nm_heartbeat,
                 time_scale,
-                &out,
+                out: &out,
                 engine,
                 node_manager,
-                &real_vllm,
-            )) {
+                real_vllm_script: &real_vllm,
+            })) {
                 Ok(true) => ExitCode::SUCCESS,
                 Ok(false) => ExitCode::from(1),
                 Err(e) => {

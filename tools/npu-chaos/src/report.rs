@@ -158,6 +158,12 @@ pub fn markdown(
             .iter()
             .map(|g| format!("{} {} ({})", g.guard, g.action, g.detail))
             .collect();
+        let availability = format!(
+            "{} ({} / {})",
+            percent(o.load.availability),
+            o.load.completed,
+            o.load.attempted
+        );
         let _ = writeln!(
             s,
             "| {} | {} | {} | {} | {} | {}{} | {} | {} | {} | {} | {} |",
@@ -175,12 +181,7 @@ pub fn markdown(
             o.detected_after_ms
                 .map_or_else(|| "—".to_owned(), |t| unscale(t as i64)),
             o.killed_at_ms.map_or_else(|| "—".to_owned(), unscale),
-            format!(
-                "{} ({} / {})",
-                percent(o.load.availability),
-                o.load.completed,
-                o.load.attempted
-            ),
+            availability,
             if guards.is_empty() {
                 "—".to_owned()
             } else {
