@@ -45,7 +45,9 @@ struct Agent {
 }
 
 impl Agent {
-    /// `extra` goes into the `[[engine]]` table (timing, qos).
+    /// `extra` goes into the `[[engine]]` table (timing, qos). The policy is `reference`:
+    /// these tests pin MindIE V5's timing on a real engine (the agent policy's are the chaos
+    /// suite's, `experiments/real-vllm.yaml`).
     fn start(v: &RealVllm, extra: &str) -> Agent {
         let dir = tempfile::tempdir().unwrap();
         let npu = dir.path().join("npu0");
@@ -66,7 +68,7 @@ impl Agent {
         std::fs::write(
             &toml,
             format!(
-                "[[engine]]\nname = \"real\"\nengine_type = \"vllm\"\nserved_model_name = \"tiny\"\nhost = \"127.0.0.1\"\nport = {}\nmgmt_port = {mgmt}\ndevices = [0]\nengine_env = {{ ASCEND_GLOBAL_LOG_LEVEL = \"3\" }}\n{extra}\n[engine.health_check_config]\nenable_virtual_inference = true\n",
+                "[[engine]]\nname = \"real\"\npolicy = \"reference\"\nengine_type = \"vllm\"\nserved_model_name = \"tiny\"\nhost = \"127.0.0.1\"\nport = {}\nmgmt_port = {mgmt}\ndevices = [0]\nengine_env = {{ ASCEND_GLOBAL_LOG_LEVEL = \"3\" }}\n{extra}\n[engine.health_check_config]\nenable_virtual_inference = true\n",
                 v.port
             ),
         )
