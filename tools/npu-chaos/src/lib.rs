@@ -199,14 +199,23 @@ async fn run_each(
                 p.as_str(),
                 c.label()
             );
-            let run = run::run(e, p, opts);
-            let o = tokio::select! {
-                o = run => o,
+            let mut o = tokio::select! {
+                o = run::run(e, p, opts) => o,
                 _ = interrupted() => {
                     // Dropping the experiment kills its processes.
                     return Err("interrupted".to_owned());
                 }
             };
+            // A real vLLM that died by itself says nothing about the agent: the experiment
+            // runs once more on a fresh engine, and the outcome says so.
+            if let Some(first) = o.real_engine_died() {
+                eprintln!("npu-chaos:   {first}; running the experiment once more");
+                o = tokio::select! {
+                    o = run::run(e, p, opts) => o,
+                    _ = interrupted() => return Err("interrupted".to_owned()),
+                };
+                o.ran_again_after = Some(first);
+            }
             eprintln!(
                 "npu-chaos:   {:?}{}",
                 o.verdict,

@@ -173,10 +173,11 @@ pub fn markdown(
             o.policy.as_str(),
             o.cadence.label(),
             verdict,
-            o.error
-                .as_ref()
-                .map(|e| format!(": {e}"))
-                .unwrap_or_default(),
+            match (&o.error, &o.ran_again_after) {
+                (Some(e), _) => format!(": {e}"),
+                (None, Some(first)) => format!(" (second attempt; the first: {first})"),
+                (None, None) => String::new(),
+            },
             unscale(o.injected_ms as i64),
             o.detected_after_ms
                 .map_or_else(|| "—".to_owned(), |t| unscale(t as i64)),
@@ -222,8 +223,28 @@ mod tests {
                 ..Default::default()
             },
             error: None,
+            ran_again_after: None,
             timeline: Vec::new(),
         }
+    }
+
+    // Only an error that says the real vLLM died by itself makes the runner try once more;
+    // the second attempt's line says why.
+    #[test]
+    fn a_real_engine_that_died_by_itself_is_run_again_and_said_so() {
+        let mut o = outcome("a", "healthy", Verdict::Error, None);
+        o.error = Some("the real vLLM died by itself 4.2 s into the experiment".into());
+        assert!(o.real_engine_died().is_some());
+        o.error = Some("virtual inference did not start".into());
+        assert_eq!(o.real_engine_died(), None);
+        o.verdict = Verdict::Pass;
+        o.error = None;
+        o.ran_again_after = Some("the real vLLM died by itself 4.2 s in".into());
+        let md = markdown(&[o], &[Policy::Agent], &[Cadence::PYMOTOR], 1.0);
+        assert!(
+            md.contains("pass (second attempt; the first: the real vLLM died by itself 4.2 s in)"),
+            "{md}"
+        );
     }
 
     #[test]

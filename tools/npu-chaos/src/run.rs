@@ -267,8 +267,23 @@ pub struct Outcome {
     /// the availability (completed over attempted).
     pub load: super::load::LoadSnapshot,
     pub error: Option<String>,
+    /// Set when this is the second attempt: why the first did not count (a real vLLM that
+    /// died by itself).
+    pub ran_again_after: Option<String>,
     pub timeline: Vec<TimelinePoint>,
 }
+
+impl Outcome {
+    /// The error of an experiment whose real vLLM died by itself, if that is how it ended.
+    pub fn real_engine_died(&self) -> Option<String> {
+        self.error
+            .clone()
+            .filter(|e| self.verdict == Verdict::Error && e.starts_with(REAL_ENGINE_DIED))
+    }
+}
+
+/// How the error of an experiment whose real vLLM died by itself begins.
+const REAL_ENGINE_DIED: &str = "the real vLLM died by itself";
 
 /// Whether the engine's or the agent's log in an experiment's `dir` says a port was taken.
 fn port_was_taken(dir: &Path) -> bool {
@@ -972,6 +987,7 @@ pub async fn run(e: &Experiment, policy: Policy, opts: &RunOptions) -> Outcome {
         guard_events: Vec::new(),
         load: Default::default(),
         error: None,
+        ran_again_after: None,
         timeline: Vec::new(),
     };
     if opts.engine == EngineKind::Vllm
@@ -1150,7 +1166,19 @@ async fn observe(
         if now >= observe_end {
             break Ok(());
         }
+        // A real engine that died by itself (not by a crash fault, not by Node Manager's
+        // kill) ends the experiment as an error: whatever the agent concluded after that is
+        // about a dead engine, so it is neither a false kill nor a detection. Checked before
+        // a kill that arrived meanwhile is taken: at a short Node Manager cadence the death
+        // and the kill can fall between two samples.
+        let died_by_itself = |stack: &Stack| {
+            stack.real.as_ref().is_some_and(|(r, _)| {
+                let by_the_fault = e.fault == Fault::EngineCrash && first_injected.is_some();
+                !(by_the_fault || r.alive())
+            })
+        };
         if killed.is_none()
+            && !died_by_itself(stack)
             && let Ok(at) = kill_rx.try_recv()
         {
             killed = Some(at);
@@ -1158,17 +1186,13 @@ async fn observe(
             // What Node Manager's daemon does: the engine process goes.
             stack.kill_engine().await;
         }
-        // A real engine that died by itself (not by a crash fault, not by Node Manager's
-        // kill) ends the experiment as an error: whatever the agent concluded after that is
-        // about a dead engine, so it is neither a false kill nor a detection.
         if let Some((r, _)) = &stack.real
             && killed.is_none()
-            && !(e.fault == Fault::EngineCrash && first_injected.is_some())
-            && !r.alive()
+            && died_by_itself(stack)
         {
             r.save_log(&stack.dir.join("vllm.log"));
             break Err(format!(
-                "the real vLLM died by itself {:.1} s into the experiment (unscaled), not killed by the fault or Node Manager; its log: {}",
+                "{REAL_ENGINE_DIED} {:.1} s into the experiment (unscaled), not killed by the fault or Node Manager; its log: {}",
                 rel(now) as f64 / 1000.0 / s,
                 stack.dir.join("vllm.log").display()
             ));

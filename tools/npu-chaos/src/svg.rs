@@ -226,6 +226,7 @@ mod tests {
             }],
             load: Default::default(),
             error: None,
+            ran_again_after: None,
             timeline: vec![
                 sample(-100, "normal", false),
                 sample(0, "normal", true),
