@@ -128,12 +128,16 @@ impl Cadence {
         }
     }
 
-    /// The emulator's settings at this cadence, scaled; polls every second, 5 consecutive
-    /// abnormal heartbeats kill; the node is past its grace period.
+    /// The emulator's settings at this cadence: polls every (scaled) second, a heartbeat
+    /// every (scaled) interval, 5 consecutive abnormal heartbeats kill; the node is past its
+    /// grace period. The poll timeout is *not* scaled: it bounds how long the agent takes to
+    /// answer `/status`, which compressing the experiment does not shorten. (Scaled to
+    /// 400 ms at 0.2, it made a real vLLM's run under 100 % CPU stress a "false kill" on
+    /// slow polls that a real Node Manager, with its 2 s, would have waited out.)
     pub fn nm_options(self, status_urls: Vec<String>, s: f64) -> NmOptions {
         let mut nm = NmOptions::reference(status_urls, s);
         nm.heartbeat_interval = scaled(self.heartbeat(), s);
-        nm.poll_timeout = scaled(self.poll_timeout(), s);
+        nm.poll_timeout = self.poll_timeout();
         nm.grace_period = Duration::ZERO;
         nm
     }
@@ -1327,7 +1331,7 @@ mod tests {
     use super::*;
 
     // `--nm-heartbeat`: whole seconds; 1 s carries 3.0.0b2's 2 s poll timeout, 3 s the
-    // reference's 5 s; the emulator gets them scaled.
+    // reference's 5 s; the emulator gets the intervals scaled and the timeout as it is.
     #[test]
     fn cadences_parse_and_carry_their_poll_timeout() {
         let one = Cadence::parse("1s").unwrap();
@@ -1342,7 +1346,7 @@ mod tests {
         }
         let nm = one.nm_options(vec!["u".into()], 0.1);
         assert_eq!(nm.heartbeat_interval, Duration::from_millis(100));
-        assert_eq!(nm.poll_timeout, Duration::from_millis(200));
+        assert_eq!(nm.poll_timeout, Duration::from_secs(2), "not scaled");
         assert_eq!((nm.threshold, nm.grace_period), (5, Duration::ZERO));
     }
 
