@@ -249,10 +249,7 @@ impl Monitor {
         let now = tokio::time::Instant::now();
         let mut d = self.health_detail.lock().unwrap_or_else(|p| p.into_inner());
         let failed = matches!(outcome, HealthOutcome::Unhealthy { .. });
-        d.failing_since = match outcome {
-            HealthOutcome::Unhealthy { .. } => Some(d.failing_since.unwrap_or(now)),
-            _ => None,
-        };
+        d.failing_since = failed.then(|| d.failing_since.unwrap_or(now));
         if failed {
             d.last_failure_at = Some(now);
         }
