@@ -742,4 +742,28 @@ experiments:
                 .contains("list of experiments")
         );
     }
+
+    /// Every shipped experiment file parses: a typo in one that only a long CI stage reads
+    /// (the real engine, PyMotor) fails here in seconds instead.
+    #[test]
+    fn every_shipped_experiment_file_parses() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../experiments");
+        let mut seen = 0;
+        for entry in std::fs::read_dir(&dir).expect("the experiments directory") {
+            let path = entry.expect("a directory entry").path();
+            if path.extension().and_then(|e| e.to_str()) != Some("yaml") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).expect("readable");
+            let name = path.display().to_string();
+            let parsed = parse(&text, &name).unwrap_or_else(|e| panic!("{e}"));
+            assert!(!parsed.is_empty(), "{name} has no experiment");
+            seen += 1;
+        }
+        assert!(
+            seen >= 6,
+            "only {seen} experiment files under {}",
+            dir.display()
+        );
+    }
 }
