@@ -247,6 +247,12 @@ pub struct EngineSpec {
 }
 
 impl EngineSpec {
+    /// The agent policy's settings if that policy is in force; `None` under `reference`.
+    /// The one place the policy switch is read for behaviour.
+    pub fn agent_policy_in_force(&self) -> Option<&policy::AgentPolicy> {
+        (self.policy.value == policy::Policy::Agent).then_some(&self.agent_policy)
+    }
+
     /// `host:port` of the inference surface, IPv6 bracketed.
     pub fn infer_authority(&self) -> String {
         if self.host.contains(':') && !self.host.starts_with('[') {

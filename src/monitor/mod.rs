@@ -255,11 +255,9 @@ impl Monitor {
         }
         let failing_for = d.failing_since.map(|t| now.saturating_duration_since(t));
         d.failing_for_ms = failing_for.map(|f| f.as_millis() as u64);
-        let grace = (self.spec.policy.value == crate::config::policy::Policy::Agent).then(|| {
-            verdict::Grace {
-                grace: self.spec.agent_policy.health_failure_grace,
-                failing_for: failing_for.unwrap_or_default(),
-            }
+        let grace = self.spec.agent_policy_in_force().map(|a| verdict::Grace {
+            grace: a.health_failure_grace,
+            failing_for: failing_for.unwrap_or_default(),
         });
         let after = verdict::judge(outcome, excuse.is_some(), grace);
         let now_ms = SystemTime::now()

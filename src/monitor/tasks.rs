@@ -42,13 +42,10 @@ impl LoopConfig {
                 max_failure_count: spec.health_check_config.max_failure_count,
                 stall_window: spec.qos.stall_detection.then_some(spec.qos.stall_window),
                 skip_when_capacity_waiting: spec.qos.skip_when_capacity_waiting,
-                agent: (spec.policy.value == crate::config::policy::Policy::Agent).then(|| {
-                    let a = &spec.agent_policy;
-                    account::AgentRules {
-                        confirm_failures: i64::from(a.confirm_failures),
-                        confirm_interval: a.confirm_interval,
-                        confirm_timeout: a.confirm_timeout,
-                    }
+                agent: spec.agent_policy_in_force().map(|a| account::AgentRules {
+                    confirm_failures: i64::from(a.confirm_failures),
+                    confirm_interval: a.confirm_interval,
+                    confirm_timeout: a.confirm_timeout,
                 }),
             },
             timing: spec.timing.clone(),
