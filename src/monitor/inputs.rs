@@ -5,6 +5,7 @@
 
 use super::Monitor;
 use crate::probe::MetricsSource;
+use crate::probe::engine_metrics::EngineMetrics;
 use crate::ring::Ring;
 use crate::sampler::Shared;
 use crate::window;
@@ -29,8 +30,8 @@ pub trait EngineSignals {
     fn health_failed_since(&self, _since: tokio::time::Instant) -> bool {
         false
     }
-    /// The engine's sleep state and token counters, read from it now (agent policy).
-    /// Default: unknown.
+    /// The engine's sleep state and token counters, read from it now (agent policy), and the
+    /// V6 capacity figure from the same read where the source has it. Default: unknown.
     fn fresh(&self) -> impl Future<Output = Fresh> + Send {
         std::future::ready(Fresh::default())
     }
@@ -38,11 +39,14 @@ pub trait EngineSignals {
 
 /// What a fresh read of the engine's `/metrics` says for the agent policy's accounting;
 /// `None` is unknown (the read failed, or the engine does not export the series).
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Fresh {
     pub asleep: Option<bool>,
     /// Prompt plus generation tokens since the engine started.
     pub tokens: Option<f64>,
+    /// The V6 rule's figure from the same read, so a failure that needs both is one scrape;
+    /// `None` when the source did not read it.
+    pub capacity: Option<CapacityWaiting>,
 }
 
 /// What a fresh read of the engine's waiting-for-capacity figure said (V6 rule).
@@ -107,17 +111,7 @@ impl<M: MetricsSource + Sync> EngineSignals for ScrapeSignals<M> {
 
     async fn waiting_for_capacity(&self) -> CapacityWaiting {
         let timeout = self.state.spec.timing.request_timeout;
-        match self.metrics.scrape(timeout).await {
-            Ok(m) => match (m.waiting_for_capacity, m.sources.waiting_for_capacity) {
-                (Some(w), _) => CapacityWaiting::Waiting(w),
-                (None, None) => CapacityWaiting::NotExported,
-                (None, Some(name)) => CapacityWaiting::Unknown(format!("{name} is not a number")),
-            },
-            Err(e) => {
-                tracing::info!(engine = %self.state.spec.name, "cannot read requests waiting for capacity: {e}");
-                CapacityWaiting::Unknown(e)
-            }
-        }
+        self.capacity_of(&self.metrics.scrape(timeout).await)
     }
 
     fn health_failed_since(&self, since: tokio::time::Instant) -> bool {
@@ -132,15 +126,38 @@ impl<M: MetricsSource + Sync> EngineSignals for ScrapeSignals<M> {
             .timing
             .request_timeout
             .min(Duration::from_secs(2));
-        match self.metrics.scrape(timeout).await {
+        let read = self.metrics.scrape(timeout).await;
+        let capacity = Some(self.capacity_of(&read));
+        match read {
             Ok(m) => Fresh {
                 asleep: m.asleep,
                 tokens: match (m.prompt_tokens, m.generation_tokens) {
                     (None, None) => None,
                     (p, g) => Some(p.unwrap_or(0.0) + g.unwrap_or(0.0)),
                 },
+                capacity,
             },
-            Err(_) => Fresh::default(),
+            Err(_) => Fresh {
+                capacity,
+                ..Fresh::default()
+            },
+        }
+    }
+}
+
+impl<M> ScrapeSignals<M> {
+    /// The V6 rule's figure in one scrape's result.
+    fn capacity_of(&self, read: &Result<EngineMetrics, String>) -> CapacityWaiting {
+        match read {
+            Ok(m) => match (m.waiting_for_capacity, m.sources.waiting_for_capacity) {
+                (Some(w), _) => CapacityWaiting::Waiting(w),
+                (None, None) => CapacityWaiting::NotExported,
+                (None, Some(name)) => CapacityWaiting::Unknown(format!("{name} is not a number")),
+            },
+            Err(e) => {
+                tracing::info!(engine = %self.state.spec.name, "cannot read requests waiting for capacity: {e}");
+                CapacityWaiting::Unknown(e.clone())
+            }
         }
     }
 }

@@ -10,7 +10,7 @@
 
 use super::Monitor;
 use super::account::{self, Observation, Rules, Stage};
-use super::inputs::{CapacityWaiting, EngineSignals, PeakSource};
+use super::inputs::{CapacityWaiting, EngineSignals, Fresh, PeakSource};
 use super::vi_state::{Phase, ViState};
 use crate::config::Timing;
 use crate::probe::MetricsSource;
@@ -115,17 +115,21 @@ pub async fn run_virtual_inference(
             peak,
         ));
         let failed = r.outcome.is_err();
-        let capacity = if account::needs_capacity(rules, failed, peak) {
-            Some(signals.waiting_for_capacity().await)
-        } else {
-            None
-        };
-        // The agent policy's evidence, read for a failure only.
+        // The agent policy's evidence, read for a failure only; the V6 capacity figure comes
+        // from the same read when there is one.
         let agent_read = rules.agent.is_some() && failed;
         let fresh = if agent_read {
             signals.fresh().await
         } else {
-            Default::default()
+            Fresh::default()
+        };
+        let capacity = if account::needs_capacity(rules, failed, peak) {
+            Some(match fresh.capacity.clone() {
+                Some(c) => c,
+                None => signals.waiting_for_capacity().await,
+            })
+        } else {
+            None
         };
         let since = streak.map_or(started, |(at, _)| at);
         let obs = Observation {
@@ -968,7 +972,7 @@ mod tests {
             self.health_failed
         }
         async fn fresh(&self) -> crate::monitor::inputs::Fresh {
-            self.fresh
+            self.fresh.clone()
         }
     }
 
@@ -978,6 +982,7 @@ mod tests {
             fresh: crate::monitor::inputs::Fresh {
                 asleep: Some(asleep),
                 tokens: Some(tokens),
+                capacity: None,
             },
         }
     }
@@ -1069,6 +1074,7 @@ mod tests {
                 crate::monitor::inputs::Fresh {
                     asleep: Some(false),
                     tokens: Some(*t),
+                    capacity: None,
                 }
             }
         }
@@ -1084,6 +1090,57 @@ mod tests {
         assert!(ended && st.abnormal());
         assert_eq!(p.calls().len(), 7, "six failures: never confirmed");
         assert!(!st.abnormal_reason().unwrap().contains("confirmed"));
+    }
+
+    // The agent policy with the V6 rule on: a failed probe on an idle NPU needs both the
+    // agent's evidence and the capacity figure, and takes both from one read of the engine
+    // (the separate capacity read is not made). The figure read is the one applied: 2
+    // requests waiting skip the failure.
+    #[tokio::test(start_paused = true)]
+    async fn agent_policy_with_the_v6_rule_reads_the_engine_once_per_failure() {
+        struct OneRead {
+            fresh: Mutex<u32>,
+            capacity: Mutex<u32>,
+        }
+        impl EngineSignals for OneRead {
+            fn stalled_for(&self) -> Option<Duration> {
+                None
+            }
+            async fn waiting_for_capacity(&self) -> CapacityWaiting {
+                *self.capacity.lock().unwrap() += 1;
+                CapacityWaiting::NotExported
+            }
+            async fn fresh(&self) -> Fresh {
+                *self.fresh.lock().unwrap() += 1;
+                Fresh {
+                    asleep: Some(false),
+                    tokens: Some(1.0),
+                    capacity: Some(CapacityWaiting::Waiting(2.0)),
+                }
+            }
+        }
+        let mut c = agent_cfg();
+        c.rules.skip_when_capacity_waiting = true;
+        let mut script = vec![(MS, FakeProber::ok())];
+        script.extend((0..3).map(|_| (MS, FakeProber::fail())));
+        let p = FakeProber::new(script);
+        let st = ViState::default();
+        let signals = OneRead {
+            fresh: Mutex::new(0),
+            capacity: Mutex::new(0),
+        };
+        run_with(
+            &c,
+            &p,
+            &ConstPeak(0.0),
+            &signals,
+            &st,
+            Duration::from_secs(30),
+        )
+        .await;
+        assert_eq!(*signals.fresh.lock().unwrap(), 3, "one read per failure");
+        assert_eq!(*signals.capacity.lock().unwrap(), 0, "no second read");
+        assert_eq!(st.failure_count(), 0, "requests wait for capacity: skipped");
     }
 
     // Hot reload and sleep under the agent policy: failures beside a failing /health, or

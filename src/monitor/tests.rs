@@ -495,6 +495,19 @@ async fn signals_read_capacity_now_and_progress_from_the_qos_scrapes() {
         CapacityWaiting::Unknown("refused".into()),
         "scrape failed"
     );
+    // The agent policy's fresh read carries the same figure from its one scrape.
+    *metrics.0.lock().unwrap() = Ok(crate::probe::engine_metrics::EngineMetrics {
+        waiting_for_capacity: Some(3.0),
+        ..stuck_metrics(0.5)
+    });
+    let fresh = signals.fresh().await;
+    assert_eq!(fresh.capacity, Some(CapacityWaiting::Waiting(3.0)));
+    assert_eq!(fresh.tokens, Some(110.0));
+    *metrics.0.lock().unwrap() = Err("refused".into());
+    assert_eq!(
+        signals.fresh().await.capacity,
+        Some(CapacityWaiting::Unknown("refused".into()))
+    );
     // Progress comes from the QoS task's scrapes.
     assert_eq!(signals.stalled_for(), None);
     st.qos.record_scrape(Ok(stuck_metrics(0.5)));
