@@ -11,6 +11,7 @@
 //! `crates/dcmi` (re-exported as [`driver::dcmi`]).
 #![forbid(unsafe_code)]
 
+pub mod actions;
 pub mod agent;
 pub mod cli;
 pub mod config;

@@ -138,6 +138,8 @@ struct EngineTable {
     policy: Option<Policy>,
     #[serde(default)]
     agent_policy: AgentPolicy,
+    #[serde(default)]
+    actions: super::actions::ActionsConfig,
 }
 
 /// Reads and validates `agent.toml` (a regular file of at most 4 MiB, [`super::read`]).
@@ -601,6 +603,7 @@ fn engine(
         t.timing.clone(),
         t.qos.clone(),
         choice,
+        t.actions.clone(),
         origin,
     )
 }

@@ -10,6 +10,7 @@
 //! Every error names the file, the table and the key; [`validate`] holds the checks both
 //! `check-config` and `run` apply, [`read`] how every file named is read.
 
+pub mod actions;
 pub mod duration;
 pub mod file;
 pub mod mindie;
@@ -242,6 +243,9 @@ pub struct EngineSpec {
     pub policy: Sourced<policy::Policy>,
     /// The agent policy's settings (`[engine.agent_policy]`; used under `agent` only).
     pub agent_policy: policy::AgentPolicy,
+    /// What the verdict and the levels do through the kubelet and Kubernetes
+    /// (`[engine.actions]`).
+    pub actions: actions::ActionsConfig,
     /// The file (and role) the engine section came from, or `inline`.
     pub origin: String,
 }
@@ -468,6 +472,7 @@ impl AgentConfig {
                 agent_policy: policy::AgentPolicy::default(),
                 qos_set: flags.qos_set.clone(),
             },
+            actions::ActionsConfig::default(),
             format!("{file} ({})", flags.role.section()),
         )
         .map_err(key_error)?;
@@ -539,8 +544,12 @@ fn build_engine(
     timing: Timing,
     mut qos: QosConfig,
     choice: PolicyChoice,
+    actions: actions::ActionsConfig,
     origin: String,
 ) -> Result<EngineSpec, KeyError> {
+    actions
+        .validate()
+        .map_err(|(k, m)| (format!("actions.{k}"), m))?;
     policy::apply_preset(choice.policy.value, &mut qos, &choice.qos_set);
     choice
         .agent_policy
@@ -597,6 +606,7 @@ fn build_engine(
         qos,
         policy: choice.policy,
         agent_policy: choice.agent_policy,
+        actions,
         origin,
     };
     validate::engine(&spec)?;

@@ -4,8 +4,11 @@
 //! Per engine: `GET /status` (always 200, body exactly `{"status":"initial"|"normal"|
 //! "abnormal"}`, as MindIE's engine server), `GET /status/detail` (why, conditions, last probe,
 //! current window per NPU, QoS), `GET /qos` (the QoS object alone, for routers), `GET /metrics`
-//! (this engine and its NPUs). Admin: `GET /metrics` (everything), `GET /status/detail` (every
-//! engine), `GET /qos` (every engine), `GET /healthz` (the agent itself).
+//! (this engine and its NPUs), `GET /readyz` and `GET /livez` (the kubelet's probes,
+//! [`crate::actions`]). Admin: `GET /metrics` (everything), `GET /status/detail` (every
+//! engine), `GET /qos` (every engine), `GET /healthz` (the agent itself), and, open like
+//! `/healthz` because the kubelet's probes carry no credentials, `GET /engines/<name>/readyz`
+//! and `GET /engines/<name>/livez`.
 //! Handlers only read shared state; none waits on the engine or the driver.
 
 pub mod auth;
@@ -15,11 +18,12 @@ pub mod wire;
 
 pub use conn::serve;
 
+use crate::actions;
 use crate::monitor::Monitor;
 use crate::sampler::Shared;
 use crate::window;
 use axum::Router;
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -51,6 +55,8 @@ pub fn engine_router(view: EngineView) -> Router {
         .route("/status/detail", get(engine_detail))
         .route("/qos", get(engine_qos))
         .route("/metrics", get(engine_metrics))
+        .route("/readyz", get(engine_readyz))
+        .route("/livez", get(engine_livez))
         .with_state(view)
 }
 
@@ -65,7 +71,91 @@ pub fn admin_router(view: AdminView, access: Arc<auth::AdminAccess>) -> Router {
     } else {
         guarded
     };
-    guarded.route("/healthz", get(healthz)).with_state(view)
+    guarded
+        .route("/healthz", get(healthz))
+        .route("/engines/{name}/readyz", get(admin_readyz))
+        .route("/engines/{name}/livez", get(admin_livez))
+        .with_state(view)
+}
+
+/// `/readyz` of one engine: 200 while it should take new requests, else 503; either way one
+/// line saying why, and `x-envoy-degraded: true` at `degrade`.
+fn readyz(e: &Monitor) -> Response {
+    let r = actions::readiness(&actions::Facts::of(e), &e.spec.actions);
+    let code = if r.ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let mut resp = probe_answer(code, r.reason);
+    if r.degraded {
+        resp.headers_mut().insert(
+            "x-envoy-degraded",
+            axum::http::HeaderValue::from_static("true"),
+        );
+    }
+    resp
+}
+
+/// `/livez` of one engine: 503 only where the kubelet should restart it.
+fn livez(e: &Monitor) -> Response {
+    let l = actions::liveness(&actions::Facts::of(e));
+    let code = if l.live {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    probe_answer(code, l.reason)
+}
+
+fn probe_answer(code: StatusCode, line: String) -> Response {
+    (
+        code,
+        [
+            (header::CONTENT_TYPE, "text/plain; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        format!("{line}\n"),
+    )
+        .into_response()
+}
+
+async fn engine_readyz(State(v): State<EngineView>) -> Response {
+    readyz(&v.engine)
+}
+
+async fn engine_livez(State(v): State<EngineView>) -> Response {
+    livez(&v.engine)
+}
+
+/// The engine named `name` on the admin listener, or a 404 naming the known ones.
+fn named<'a>(v: &'a AdminView, name: &str) -> Result<&'a Monitor, Response> {
+    v.metrics
+        .engines
+        .iter()
+        .find(|e| e.spec.name == name)
+        .map(|e| e.as_ref())
+        .ok_or_else(|| {
+            let known: Vec<&str> = v
+                .metrics
+                .engines
+                .iter()
+                .map(|e| e.spec.name.as_str())
+                .collect();
+            (
+                StatusCode::NOT_FOUND,
+                format!("no engine named {name:?} (engines: {})\n", known.join(", ")),
+            )
+                .into_response()
+        })
+}
+
+async fn admin_readyz(State(v): State<AdminView>, Path(name): Path<String>) -> Response {
+    named(&v, &name).map_or_else(|r| r, readyz)
+}
+
+async fn admin_livez(State(v): State<AdminView>, Path(name): Path<String>) -> Response {
+    named(&v, &name).map_or_else(|r| r, livez)
 }
 
 async fn status(State(v): State<EngineView>) -> Response {

@@ -35,6 +35,8 @@ pub struct Launch<'a> {
     pub scenario_top: &'a str,
     /// Global agent flags before `run` (e.g. `--dcmi-lib <path>`).
     pub agent_args: Vec<std::ffi::OsString>,
+    /// Lines appended to the `[agent]` table (e.g. `admin_listen = "127.0.0.1:9400"`).
+    pub agent_extra: &'a str,
     /// `[agent] policy`; empty: `reference`, whose exact semantics these tests pin (the
     /// agent policy has its own tests and the chaos suite).
     pub policy: &'a str,
@@ -101,6 +103,7 @@ impl Stack {
             device_extra,
             scenario_top,
             agent_args,
+            agent_extra,
             policy,
         } = l;
         let policy = if policy.is_empty() {
@@ -123,7 +126,7 @@ impl Stack {
         std::fs::write(
             &agent_toml,
             format!(
-                "[agent]\nsample_period = \"20ms\"\npolicy = \"{policy}\"\n\n[[engine]]\nname = \"e2e\"\nengine_type = \"vllm\"\nserved_model_name = \"m\"\nhost = \"127.0.0.1\"\nport = {engine_port}\nmgmt_port = {mgmt_port}\ndevices = [0, 1]\nengine_env = {{ ASCEND_GLOBAL_LOG_LEVEL = \"3\" }}\n{FAST_TIMING}\n[engine.health_check_config]\nenable_virtual_inference = true\n{health_check}\n{engine_extra}\n"
+                "[agent]\nsample_period = \"20ms\"\npolicy = \"{policy}\"\n{agent_extra}\n\n[[engine]]\nname = \"e2e\"\nengine_type = \"vllm\"\nserved_model_name = \"m\"\nhost = \"127.0.0.1\"\nport = {engine_port}\nmgmt_port = {mgmt_port}\ndevices = [0, 1]\nengine_env = {{ ASCEND_GLOBAL_LOG_LEVEL = \"3\" }}\n{FAST_TIMING}\n[engine.health_check_config]\nenable_virtual_inference = true\n{health_check}\n{engine_extra}\n"
             ),
         )
         .unwrap();
@@ -348,6 +351,16 @@ pub fn http_with(
     body: Option<&str>,
     headers: &[(&str, &str)],
 ) -> Option<(u16, String)> {
+    http_full(method, url, body, headers).map(|(code, _, body)| (code, body))
+}
+
+/// [`http_with`], also returning the answer's head (status line and headers) as text.
+pub fn http_full(
+    method: &str,
+    url: &str,
+    body: Option<&str>,
+    headers: &[(&str, &str)],
+) -> Option<(u16, String, String)> {
     use std::io::{Read, Write};
     let rest = url.strip_prefix("http://")?;
     let (authority, path) = rest
@@ -379,7 +392,7 @@ pub fn http_with(
     } else {
         payload.to_owned()
     };
-    Some((code, payload))
+    Some((code, head.to_owned(), payload))
 }
 
 fn dechunk(mut s: &str) -> String {

@@ -1,0 +1,209 @@
+//! What the verdict and the QoS level do, per integration, as plain functions of what the
+//! monitor knows (docs/degradation.md has the table):
+//!
+//! - MindIE's Node Manager reads `/status` ([`crate::monitor`]'s verdict, unchanged here);
+//! - the kubelet reads `/readyz` and `/livez` ([`readiness`], [`liveness`]);
+//! - the Kubernetes API mode sets a readiness-gate condition from [`readiness`] and evicts at
+//!   a held `evict` ([`eviction_ground`]; the client and its loop are [`crate::kube`]).
+//!
+//! Readiness is for traffic: an engine that should not take new requests is taken out of
+//! its Service (or its router's pool) and put back when it recovers, with nothing restarted.
+//! Liveness is for restarts: the kubelet kills and restarts the engine's container in place,
+//! so `/livez` fails only where Node Manager would kill (the verdict is `abnormal`) or at a
+//! held `evict`, and never for want of an input, during the engine's warm-up, or while the
+//! engine's port is closed (a container that died is restarted by the kubelet without a
+//! probe; one that is starting must be left to load its model).
+
+use crate::config::actions::{ActionsConfig, NotReadyOn};
+use crate::monitor::Monitor;
+use crate::monitor::verdict::{HealthState, Status};
+use crate::monitor::vi_state::Phase;
+use crate::qos::score::Level;
+use serde::{Deserialize, Serialize};
+
+/// Why the verdict is `abnormal`, as far as the actions care.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AbnormalCause {
+    /// `/health` answered before and fails now (past the agent policy's grace).
+    Health,
+    /// Virtual inference went abnormal (warm-up failed, or the failure count reached its
+    /// maximum).
+    VirtualInference,
+    /// A held QoS `evict` with `qos.eviction` on.
+    QosEviction,
+}
+
+/// What the action rules read of one engine, taken at one instant.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Facts {
+    /// The verdict `/status` serves under the policy in force.
+    pub status: Status,
+    /// Why it is abnormal; `None` unless `status` is `abnormal`.
+    pub cause: Option<AbnormalCause>,
+    /// The verdict's reason, in words.
+    pub reason: String,
+    /// `/health` as last judged.
+    pub health: HealthState,
+    /// The last `/health` failure was a refused connection: the engine's port is closed.
+    pub port_closed: bool,
+    /// Virtual inference's phase (warming up: the engine answers its first request).
+    pub phase: Phase,
+    pub level: Level,
+    pub score: Option<f64>,
+    /// Every QoS component had an input at the last evaluation: the score does not rest on
+    /// missing inputs.
+    pub inputs_complete: bool,
+}
+
+impl Facts {
+    /// The facts of `m` now.
+    pub fn of(m: &Monitor) -> Facts {
+        let status = m.peek_status();
+        let health = m.health_detail();
+        let cause = (status == Status::Abnormal).then(|| {
+            if health.state == HealthState::Unhealthy {
+                AbnormalCause::Health
+            } else if m.vi.abnormal() {
+                AbnormalCause::VirtualInference
+            } else {
+                AbnormalCause::QosEviction
+            }
+        });
+        let components = m.qos.components();
+        Facts {
+            status,
+            cause,
+            reason: m.reason(),
+            port_closed: health.last_transport_error.as_deref() == Some("refused"),
+            health: health.state,
+            phase: m.vi.phase(),
+            level: m.qos.level(),
+            score: m.qos.score(),
+            inputs_complete: !components.is_empty() && components.iter().all(|c| c.score.is_some()),
+        }
+    }
+
+    fn level_words(&self) -> String {
+        match self.score {
+            Some(s) => format!("QoS level {} (score {s:.3})", self.level.as_str()),
+            None => format!("QoS level {}", self.level.as_str()),
+        }
+    }
+
+    /// A held `evict` whose score rests on no missing input.
+    pub fn evict_held(&self) -> bool {
+        self.level == Level::Evict && self.inputs_complete
+    }
+}
+
+/// `GET /readyz`: should the engine take new requests.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Readiness {
+    pub ready: bool,
+    /// At `degrade`: answered with `x-envoy-degraded: true` (Envoy's active health check
+    /// honours it on a passing answer only).
+    pub degraded: bool,
+    /// One line: why.
+    pub reason: String,
+}
+
+/// The readiness rule: not ready while `/health` never answered, and on every state listed
+/// in `not_ready_on` (a level listed covers the worse levels).
+pub fn readiness(f: &Facts, cfg: &ActionsConfig) -> Readiness {
+    let degraded = f.level == Level::Degrade;
+    let not_ready = |reason: String| Readiness {
+        ready: false,
+        degraded,
+        reason,
+    };
+    if f.status == Status::Initial {
+        return not_ready(format!("not ready: {}", f.reason));
+    }
+    if f.status == Status::Abnormal && cfg.fails_on(NotReadyOn::Abnormal) {
+        return not_ready(format!("not ready: abnormal: {}", f.reason));
+    }
+    let from = [
+        (NotReadyOn::Throttle, Level::Throttle),
+        (NotReadyOn::Degrade, Level::Degrade),
+        (NotReadyOn::Evict, Level::Evict),
+    ]
+    .into_iter()
+    .filter(|(on, _)| cfg.fails_on(*on))
+    .map(|(_, l)| l)
+    .min();
+    if let Some(from) = from
+        && f.level >= from
+    {
+        return not_ready(format!(
+            "not ready: {} (not_ready_on from {})",
+            f.level_words(),
+            from.as_str()
+        ));
+    }
+    Readiness {
+        ready: true,
+        degraded,
+        reason: match f.status {
+            Status::Abnormal => format!(
+                "ready ({}; abnormal is not in not_ready_on)",
+                f.level_words()
+            ),
+            _ => format!("ready ({})", f.level_words()),
+        },
+    }
+}
+
+/// `GET /livez`: should the kubelet restart the engine's container.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Liveness {
+    pub live: bool,
+    /// One line: why.
+    pub reason: String,
+}
+
+/// The liveness rule: 503 only where Node Manager would kill (the verdict is `abnormal`) or
+/// at a held `evict`, and not then either when the ground is a closed port (the process is
+/// gone or starting: the kubelet restarts a dead container itself, and a starting one must
+/// load its model) or a QoS score resting on a missing input.
+pub fn liveness(f: &Facts) -> Liveness {
+    let live = |reason: String| Liveness { live: true, reason };
+    let dead = |reason: String| Liveness {
+        live: false,
+        reason,
+    };
+    match (f.status, f.cause) {
+        (Status::Initial, _) => live(format!("live: the engine is starting ({})", f.reason)),
+        _ if f.phase == Phase::WarmingUp => live(format!("live: warming up ({})", f.reason)),
+        (Status::Abnormal, Some(AbnormalCause::Health)) if f.port_closed => live(format!(
+            "live: the engine's port is closed, a dead container is restarted without a probe and a starting one is loading ({})",
+            f.reason
+        )),
+        (Status::Abnormal, Some(AbnormalCause::QosEviction)) if !f.inputs_complete => {
+            live(format!(
+                "live: {} rests on a missing input; not restarted for it",
+                f.level_words()
+            ))
+        }
+        (Status::Abnormal, _) => dead(format!("not live: abnormal: {}", f.reason)),
+        _ if f.evict_held() => dead(format!(
+            "not live: {} held, every input present",
+            f.level_words()
+        )),
+        _ => live(format!("live ({})", f.level_words())),
+    }
+}
+
+/// Whether the Kubernetes API mode may evict the engine's pod now: a held `evict` whose
+/// score rests on no missing input.
+pub fn eviction_ground(f: &Facts) -> Option<String> {
+    f.evict_held().then(|| {
+        format!(
+            "{} held for the eviction hold, every input present",
+            f.level_words()
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests;

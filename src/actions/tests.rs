@@ -1,0 +1,245 @@
+//! The action rules as tables: which verdict and level open or close `/readyz` and `/livez`,
+//! and when the Kubernetes API mode may evict.
+
+use super::*;
+
+fn facts(status: Status, level: Level) -> Facts {
+    Facts {
+        status,
+        cause: (status == Status::Abnormal).then_some(AbnormalCause::VirtualInference),
+        reason: "why".to_owned(),
+        health: match status {
+            Status::Initial => HealthState::NeverAnswered,
+            _ => HealthState::Healthy,
+        },
+        port_closed: false,
+        phase: Phase::Running,
+        level,
+        score: Some(match level {
+            Level::Normal => 0.9,
+            Level::Throttle => 0.6,
+            Level::Degrade => 0.4,
+            Level::Evict => 0.1,
+        }),
+        inputs_complete: true,
+    }
+}
+
+fn cfg(on: &[NotReadyOn]) -> ActionsConfig {
+    ActionsConfig {
+        not_ready_on: on.to_vec(),
+    }
+}
+
+use Level::{Degrade, Evict, Throttle};
+use NotReadyOn as On;
+use Status::{Abnormal, Initial};
+const OK: Status = Status::Normal;
+const NORMAL: Level = Level::Normal;
+
+#[test]
+fn readiness_table() {
+    let default = ActionsConfig::default();
+    // (status, level, config, ready, degraded header)
+    let rows: Vec<(Status, Level, ActionsConfig, bool, bool)> = vec![
+        // The default: degrade, evict, abnormal.
+        (OK, NORMAL, default.clone(), true, false),
+        (OK, Throttle, default.clone(), true, false),
+        (OK, Degrade, default.clone(), false, true),
+        (OK, Evict, default.clone(), false, false),
+        (Abnormal, NORMAL, default.clone(), false, false),
+        (Abnormal, Degrade, default.clone(), false, true),
+        // /health never answered: never ready, whatever the list.
+        (Initial, NORMAL, default.clone(), false, false),
+        (Initial, NORMAL, cfg(&[]), false, false),
+        // throttle is opt-in, and a listed level covers the worse ones.
+        (OK, Throttle, cfg(&[On::Throttle]), false, false),
+        (OK, Degrade, cfg(&[On::Throttle]), false, true),
+        (OK, Evict, cfg(&[On::Throttle]), false, false),
+        (Abnormal, NORMAL, cfg(&[On::Throttle]), true, false),
+        // Only evict.
+        (OK, Degrade, cfg(&[On::Evict]), true, true),
+        (OK, Evict, cfg(&[On::Evict]), false, false),
+        // Nothing listed: ready once /health answered, even abnormal.
+        (Abnormal, Evict, cfg(&[]), true, false),
+        (OK, Degrade, cfg(&[]), true, true),
+    ];
+    for (status, level, c, ready, degraded) in rows {
+        let r = readiness(&facts(status, level), &c);
+        assert_eq!(
+            (r.ready, r.degraded),
+            (ready, degraded),
+            "{status:?} {level:?} {:?}: {}",
+            c.not_ready_on,
+            r.reason
+        );
+        assert!(!r.reason.contains('\n'), "one line: {}", r.reason);
+        assert!(
+            r.reason
+                .starts_with(if ready { "ready" } else { "not ready" })
+        );
+    }
+}
+
+#[test]
+fn liveness_table() {
+    let with = |status: Status, level: Level, f: &dyn Fn(&mut Facts)| {
+        let mut x = facts(status, level);
+        f(&mut x);
+        x
+    };
+    let none = |_: &mut Facts| {};
+    // (facts, live)
+    let rows: Vec<(&str, Facts, bool)> = vec![
+        ("normal", with(OK, NORMAL, &none), true),
+        ("throttle", with(OK, Throttle, &none), true),
+        ("degrade", with(OK, Degrade, &none), true),
+        // A held evict (the reference policy: /status stays normal) restarts.
+        ("held evict", with(OK, Evict, &none), false),
+        (
+            "evict on a missing input",
+            with(OK, Evict, &|f| f.inputs_complete = false),
+            true,
+        ),
+        // What Node Manager would kill.
+        (
+            "virtual inference abnormal",
+            with(Abnormal, NORMAL, &none),
+            false,
+        ),
+        (
+            "/health fails (HTTP 500, past the grace)",
+            with(Abnormal, NORMAL, &|f| {
+                f.cause = Some(AbnormalCause::Health);
+                f.health = HealthState::Unhealthy;
+            }),
+            false,
+        ),
+        (
+            "QoS eviction, every input present",
+            with(Abnormal, Evict, &|f| {
+                f.cause = Some(AbnormalCause::QosEviction)
+            }),
+            false,
+        ),
+        (
+            "QoS eviction on a missing input",
+            with(Abnormal, Evict, &|f| {
+                f.cause = Some(AbnormalCause::QosEviction);
+                f.inputs_complete = false;
+            }),
+            true,
+        ),
+        // The port is closed: dead (the kubelet restarts it without us) or starting.
+        (
+            "port closed",
+            with(Abnormal, NORMAL, &|f| {
+                f.cause = Some(AbnormalCause::Health);
+                f.health = HealthState::Unhealthy;
+                f.port_closed = true;
+            }),
+            true,
+        ),
+        // The agent's own start-up and the engine's.
+        ("never answered", with(Initial, NORMAL, &none), true),
+        (
+            "warming up",
+            with(OK, NORMAL, &|f| f.phase = Phase::WarmingUp),
+            true,
+        ),
+        (
+            "abnormal while warming up",
+            with(Abnormal, NORMAL, &|f| {
+                f.phase = Phase::WarmingUp;
+                f.cause = Some(AbnormalCause::Health);
+            }),
+            true,
+        ),
+        // The agent lacking inputs: no score, no level change.
+        (
+            "no score yet",
+            with(OK, NORMAL, &|f| {
+                f.score = None;
+                f.inputs_complete = false;
+            }),
+            true,
+        ),
+        // The failing-within-grace state is a normal verdict.
+        (
+            "/health failing within the grace",
+            with(OK, NORMAL, &|f| f.health = HealthState::Failing),
+            true,
+        ),
+    ];
+    for (name, f, want) in rows {
+        let l = liveness(&f);
+        assert_eq!(l.live, want, "{name}: {}", l.reason);
+        assert!(!l.reason.contains('\n'), "one line: {}", l.reason);
+    }
+}
+
+#[test]
+fn eviction_needs_a_held_evict_on_every_input() {
+    assert!(eviction_ground(&facts(OK, Evict)).is_some());
+    assert!(eviction_ground(&facts(Abnormal, Evict)).is_some());
+    for level in [NORMAL, Throttle, Degrade] {
+        assert_eq!(eviction_ground(&facts(OK, level)), None, "{level:?}");
+    }
+    let mut f = facts(OK, Evict);
+    f.inputs_complete = false;
+    assert_eq!(
+        eviction_ground(&f),
+        None,
+        "a score resting on a missing input"
+    );
+    // An abnormal verdict alone is the kubelet's (a restart), not an eviction.
+    assert_eq!(eviction_ground(&facts(Abnormal, NORMAL)), None);
+}
+
+// Facts from a live monitor: the cause of an abnormal verdict, the closed port, complete
+// inputs only after an evaluation with every component.
+#[tokio::test(start_paused = true)]
+async fn facts_of_a_monitor() {
+    use crate::probe::health::{HealthOutcome, Transport};
+    let spec = crate::config::file::parse(
+        "[agent]\npolicy = \"reference\"\n[[engine]]\nname = \"e\"\nhost = \"127.0.0.1\"\nport = 8000\nmgmt_port = 9000\nengine_type = \"vllm\"\nserved_model_name = \"m\"\n",
+        std::path::Path::new("agent.toml"),
+    )
+    .unwrap()
+    .engines
+    .remove(0);
+    let m = Monitor::new(spec, vec![0]);
+    let f = Facts::of(&m);
+    assert_eq!(
+        (f.status, f.cause, f.inputs_complete),
+        (Initial, None, false)
+    );
+    m.record_health(&HealthOutcome::Healthy, true);
+    assert_eq!(Facts::of(&m).status, OK);
+    m.record_health(
+        &HealthOutcome::Unhealthy {
+            reason: "connection refused".into(),
+            unreachable: true,
+            timed_out: false,
+            transport: Some(Transport::Refused),
+        },
+        true,
+    );
+    let f = Facts::of(&m);
+    assert_eq!(f.cause, Some(AbnormalCause::Health));
+    assert!(f.port_closed);
+    assert!(liveness(&f).live, "{}", liveness(&f).reason);
+    m.record_health(
+        &HealthOutcome::Unhealthy {
+            reason: "HTTP 500".into(),
+            unreachable: false,
+            timed_out: false,
+            transport: None,
+        },
+        true,
+    );
+    let f = Facts::of(&m);
+    assert!(!f.port_closed);
+    assert!(!liveness(&f).live);
+    assert!(!readiness(&f, &ActionsConfig::default()).ready);
+}
