@@ -128,14 +128,11 @@ async fn engine_livez(State(v): State<EngineView>) -> Response {
     livez(&v.engine)
 }
 
-/// The engine named `name` on the admin listener, or a 404 naming the known ones.
-fn named<'a>(v: &'a AdminView, name: &str) -> Result<&'a Monitor, Response> {
-    v.metrics
-        .engines
-        .iter()
-        .find(|e| e.spec.name == name)
-        .map(|e| e.as_ref())
-        .ok_or_else(|| {
+/// The engine named `name` on the admin listener: `f` of it, or a 404 naming the known ones.
+fn named(v: &AdminView, name: &str, f: fn(&Monitor) -> Response) -> Response {
+    match v.metrics.engines.iter().find(|e| e.spec.name == name) {
+        Some(e) => f(e),
+        None => {
             let known: Vec<&str> = v
                 .metrics
                 .engines
@@ -147,15 +144,16 @@ fn named<'a>(v: &'a AdminView, name: &str) -> Result<&'a Monitor, Response> {
                 format!("no engine named {name:?} (engines: {})\n", known.join(", ")),
             )
                 .into_response()
-        })
+        }
+    }
 }
 
 async fn admin_readyz(State(v): State<AdminView>, Path(name): Path<String>) -> Response {
-    named(&v, &name).map_or_else(|r| r, readyz)
+    named(&v, &name, readyz)
 }
 
 async fn admin_livez(State(v): State<AdminView>, Path(name): Path<String>) -> Response {
-    named(&v, &name).map_or_else(|r| r, livez)
+    named(&v, &name, livez)
 }
 
 async fn status(State(v): State<EngineView>) -> Response {
