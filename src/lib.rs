@@ -18,6 +18,7 @@ pub mod config;
 pub mod driver;
 #[cfg(feature = "fake-driver")]
 pub mod fake;
+pub mod k8s;
 pub mod logging;
 pub mod monitor;
 pub mod probe;

@@ -29,6 +29,7 @@ const DETAIL_PATHS: &[&str] = &[
     "health.probes",
     "health.state",
     "inference",
+    "kubernetes",
     "qos",
     "qos.components",
     "qos.components[].age_ms",

@@ -14,6 +14,8 @@
 //! engine's port is closed (a container that died is restarted by the kubelet without a
 //! probe; one that is starting must be left to load its model).
 
+pub mod eviction;
+
 use crate::config::actions::{ActionsConfig, NotReadyOn};
 use crate::monitor::Monitor;
 use crate::monitor::verdict::{HealthState, Status};

@@ -137,6 +137,8 @@ pub struct Running {
     liveness_cfg: Arc<LivenessCfg>,
     /// Connection limits of every listener, the cap sized at start ([`server::conn::fd_budget`]).
     limits: ListenerLimits,
+    /// The Kubernetes API mode, when `[agent.kubernetes]` is set (fixed at start).
+    kube: Option<Arc<crate::k8s::Mode>>,
 }
 
 /// The stuck threshold of the liveness test (changes on reload).
@@ -249,6 +251,20 @@ impl Running {
             p.client.metrics(),
             cancel.clone(),
         ));
+        if let Some(mode) = &self.kube {
+            match &mode.client {
+                Ok(client) => {
+                    tasks.spawn(crate::k8s::task::run(
+                        client.clone(),
+                        mode.cfg.clone(),
+                        mode.node.clone(),
+                        state.clone(),
+                        cancel.clone(),
+                    ));
+                }
+                Err(why) => crate::k8s::task::inactive(&state, &mode.cfg, why),
+            }
+        }
         let scope = Arc::new(metrics::Scope {
             shared: shared.clone(),
             engines: vec![state.clone()],
@@ -465,6 +481,7 @@ pub async fn start(cfg: AgentConfig) -> Result<Running, AgentError> {
         liveness_cfg: Arc::new(LivenessCfg(std::sync::Mutex::new(
             cfg.agent.sampler_stuck_after,
         ))),
+        kube: cfg.agent.kubernetes.as_ref().map(crate::k8s::Mode::start),
     };
     // Everything fallible (devices, clients, TLS, binding) before anything is spawned.
     let mut ready = Vec::new();

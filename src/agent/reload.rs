@@ -99,6 +99,7 @@ fn restart_only(old: &AgentSettings, new: &AgentSettings) -> Vec<&'static str> {
         "idle_timeout",
         old.listeners.idle_timeout != new.listeners.idle_timeout,
     );
+    check("kubernetes", old.kubernetes != new.kubernetes);
     out
 }
 
@@ -114,6 +115,7 @@ fn keep_start_only(running: &AgentSettings, new: &AgentSettings) -> AgentSetting
         sampler_realtime: running.sampler_realtime,
         driver_call_deadline: running.driver_call_deadline,
         listeners: running.listeners,
+        kubernetes: running.kubernetes.clone(),
         ..new.clone()
     }
 }

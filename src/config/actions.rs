@@ -1,7 +1,15 @@
 //! `[engine.actions]`: what the degradation levels and the verdict do through the kubelet's
 //! probes and the Kubernetes API (the rules are in [`crate::actions`]).
 
+use super::kubernetes::PodSelector;
 use serde::{Deserialize, Serialize};
+
+/// An engine's action settings as read: `[engine.actions]` and `[engine.kubernetes]`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EngineActions {
+    pub actions: ActionsConfig,
+    pub pod: PodSelector,
+}
 
 /// A state of the engine that makes `/readyz` fail (and the readiness gate `False`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]

@@ -76,6 +76,7 @@ struct AgentTable {
     #[serde(with = "duration")]
     idle_timeout: Duration,
     policy: Policy,
+    kubernetes: Option<super::kubernetes::KubernetesConfig>,
 }
 
 impl Default for AgentTable {
@@ -101,6 +102,7 @@ impl Default for AgentTable {
             header_read_timeout: d.listeners.header_read_timeout,
             idle_timeout: d.listeners.idle_timeout,
             policy: d.policy,
+            kubernetes: None,
         }
     }
 }
@@ -140,6 +142,8 @@ struct EngineTable {
     agent_policy: AgentPolicy,
     #[serde(default)]
     actions: super::actions::ActionsConfig,
+    #[serde(default)]
+    kubernetes: super::kubernetes::PodSelector,
 }
 
 /// Reads and validates `agent.toml` (a regular file of at most 4 MiB, [`super::read`]).
@@ -422,6 +426,17 @@ fn agent_settings(t: &AgentTable, base: &Path) -> Result<AgentSettings, KeyError
             }),
         },
         policy: t.policy,
+        kubernetes: match &t.kubernetes {
+            Some(k) => {
+                k.validate()
+                    .map_err(|(key, m)| (format!("kubernetes.{key}"), m))?;
+                let mut k = k.clone();
+                k.token_file = k.token_file.as_ref().map(|p| base_rel(base, p));
+                k.ca_file = k.ca_file.as_ref().map(|p| base_rel(base, p));
+                Some(k)
+            }
+            None => None,
+        },
     };
     super::validate::agent(&s)?;
     Ok(s)
@@ -603,7 +618,10 @@ fn engine(
         t.timing.clone(),
         t.qos.clone(),
         choice,
-        t.actions.clone(),
+        super::actions::EngineActions {
+            actions: t.actions.clone(),
+            pod: t.kubernetes.clone(),
+        },
         origin,
     )
 }

@@ -13,6 +13,7 @@
 pub mod actions;
 pub mod duration;
 pub mod file;
+pub mod kubernetes;
 pub mod mindie;
 pub mod policy;
 pub mod qos;
@@ -246,6 +247,8 @@ pub struct EngineSpec {
     /// What the verdict and the levels do through the kubelet and Kubernetes
     /// (`[engine.actions]`).
     pub actions: actions::ActionsConfig,
+    /// How the engine's pod is found in the Kubernetes API mode (`[engine.kubernetes]`).
+    pub pod: kubernetes::PodSelector,
     /// The file (and role) the engine section came from, or `inline`.
     pub origin: String,
 }
@@ -296,8 +299,10 @@ pub struct AgentSettings {
     pub listeners: ListenerLimits,
     /// Who may call the admin listener (`admin_token_file`, `admin_tls`).
     pub admin_auth: AdminAuthConfig,
-    /// The detection policy of every engine that does not name its own. Default `reference`.
+    /// The detection policy of every engine that does not name its own. Default `agent`.
     pub policy: policy::Policy,
+    /// The Kubernetes API mode (`[agent.kubernetes]`); `None`: off.
+    pub kubernetes: Option<kubernetes::KubernetesConfig>,
 }
 
 /// Access to the admin listener. With neither key it is open (bind it to loopback then);
@@ -363,6 +368,7 @@ impl Default for AgentSettings {
             listeners: ListenerLimits::default(),
             admin_auth: AdminAuthConfig::default(),
             policy: policy::Policy::default(),
+            kubernetes: None,
         }
     }
 }
@@ -472,7 +478,7 @@ impl AgentConfig {
                 agent_policy: policy::AgentPolicy::default(),
                 qos_set: flags.qos_set.clone(),
             },
-            actions::ActionsConfig::default(),
+            actions::EngineActions::default(),
             format!("{file} ({})", flags.role.section()),
         )
         .map_err(key_error)?;
@@ -544,12 +550,15 @@ fn build_engine(
     timing: Timing,
     mut qos: QosConfig,
     choice: PolicyChoice,
-    actions: actions::ActionsConfig,
+    acts: actions::EngineActions,
     origin: String,
 ) -> Result<EngineSpec, KeyError> {
-    actions
+    acts.actions
         .validate()
         .map_err(|(k, m)| (format!("actions.{k}"), m))?;
+    acts.pod
+        .validate()
+        .map_err(|(k, m)| (format!("kubernetes.{k}"), m))?;
     policy::apply_preset(choice.policy.value, &mut qos, &choice.qos_set);
     choice
         .agent_policy
@@ -606,7 +615,8 @@ fn build_engine(
         qos,
         policy: choice.policy,
         agent_policy: choice.agent_policy,
-        actions,
+        actions: acts.actions,
+        pod: acts.pod,
         origin,
     };
     validate::engine(&spec)?;

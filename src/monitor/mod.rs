@@ -21,6 +21,7 @@
 //! loops read besides the probe), [`gates`] (the conditions for virtual inference to run).
 
 pub mod account;
+pub mod acted;
 pub mod gates;
 pub mod inputs;
 pub mod tasks;
@@ -88,6 +89,8 @@ pub struct Monitor {
     pub qos: QosState,
     conditions: Mutex<Vec<Condition>>,
     rearms: AtomicU64,
+    /// What the Kubernetes API mode did about the engine.
+    pub acted: acted::Acted,
 }
 
 impl Monitor {
@@ -109,6 +112,7 @@ impl Monitor {
             qos,
             conditions: Mutex::new(conditions),
             rearms: AtomicU64::new(0),
+            acted: acted::Acted::default(),
         }
     }
 

@@ -345,6 +345,7 @@ pub fn detail(e: &Monitor, shared: &Shared, win: Duration) -> wire::EngineDetail
             truncated: report.truncated,
             devices,
         },
+        kubernetes: e.acted.kubernetes(),
     }
 }
 

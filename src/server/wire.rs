@@ -43,6 +43,8 @@ pub struct EngineDetail {
     pub virtual_inference: VirtualInference,
     pub qos: EngineQos,
     pub window: Window,
+    /// What the Kubernetes API mode did about the engine; `null` while the mode is off.
+    pub kubernetes: Option<crate::monitor::acted::KubeRecord>,
 }
 
 /// The virtual inference loop, as `/status/detail` shows it.

@@ -5,6 +5,7 @@
 
 #[cfg(feature = "fake-driver")]
 pub mod fake_engine;
+pub mod kube_api;
 pub mod load;
 #[cfg(feature = "fake-driver")]
 pub mod real_vllm;

@@ -1,0 +1,156 @@
+//! When the Kubernetes API mode may try to take an engine's pod out (pure; time from tokio's
+//! clock, so the rules run under paused time): at most one eviction that went through per
+//! `eviction_cooldown`, and after a refusal (a PodDisruptionBudget: HTTP 429) or a failure,
+//! a back-off that doubles from 5 s to 5 min while the ground holds. When the ground goes,
+//! the back-off starts over; the cooldown stays.
+
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// The first back-off after a refused or failed attempt.
+pub const FIRST_BACKOFF: Duration = Duration::from_secs(5);
+/// The longest back-off.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(300);
+
+/// What to do now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// No ground for an eviction.
+    Idle,
+    /// Try one now.
+    Try,
+    /// Ground, but held back until then: the cooldown after the last eviction, or the
+    /// back-off after a refusal or failure.
+    Wait { until: Instant, cooldown: bool },
+}
+
+/// How an attempt ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Attempted {
+    /// The API server took it: the pod goes.
+    Done,
+    /// Refused for now (429: a PodDisruptionBudget, or the server's rate limit).
+    Refused,
+    /// Any other failure (403, 500, timeout, garbage).
+    Failed,
+}
+
+/// The gate of one engine.
+#[derive(Debug, Clone)]
+pub struct EvictionGate {
+    cooldown: Duration,
+    done_at: Option<Instant>,
+    retry_at: Option<Instant>,
+    backoff: Duration,
+}
+
+impl EvictionGate {
+    pub fn new(cooldown: Duration) -> EvictionGate {
+        EvictionGate {
+            cooldown,
+            done_at: None,
+            retry_at: None,
+            backoff: FIRST_BACKOFF,
+        }
+    }
+
+    /// What to do at `now` with (`ground`) or without a ground for eviction.
+    pub fn step(&mut self, now: Instant, ground: bool) -> Step {
+        if !ground {
+            self.retry_at = None;
+            self.backoff = FIRST_BACKOFF;
+            return Step::Idle;
+        }
+        if let Some(done) = self.done_at
+            && now < done + self.cooldown
+        {
+            return Step::Wait {
+                until: done + self.cooldown,
+                cooldown: true,
+            };
+        }
+        match self.retry_at {
+            Some(r) if now < r => Step::Wait {
+                until: r,
+                cooldown: false,
+            },
+            _ => Step::Try,
+        }
+    }
+
+    /// Records an attempt made at `now`; returns the back-off applied, if any.
+    pub fn record(&mut self, now: Instant, a: Attempted) -> Option<Duration> {
+        match a {
+            Attempted::Done => {
+                self.done_at = Some(now);
+                self.retry_at = None;
+                self.backoff = FIRST_BACKOFF;
+                None
+            }
+            Attempted::Refused | Attempted::Failed => {
+                let wait = self.backoff;
+                self.retry_at = Some(now + wait);
+                self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+                Some(wait)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIN10: Duration = Duration::from_secs(600);
+
+    #[tokio::test(start_paused = true)]
+    async fn one_eviction_per_cooldown() {
+        let mut g = EvictionGate::new(MIN10);
+        let t0 = Instant::now();
+        assert_eq!(g.step(t0, false), Step::Idle);
+        assert_eq!(g.step(t0, true), Step::Try);
+        assert_eq!(g.record(t0, Attempted::Done), None);
+        let t = t0 + Duration::from_secs(599);
+        assert_eq!(
+            g.step(t, true),
+            Step::Wait {
+                until: t0 + MIN10,
+                cooldown: true
+            }
+        );
+        // The ground going and coming back does not reset the cooldown.
+        assert_eq!(g.step(t, false), Step::Idle);
+        assert!(matches!(g.step(t, true), Step::Wait { cooldown: true, .. }));
+        assert_eq!(g.step(t0 + MIN10, true), Step::Try);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn refusals_back_off_doubling_to_five_minutes() {
+        let mut g = EvictionGate::new(MIN10);
+        let mut t = Instant::now();
+        let mut waits = Vec::new();
+        for _ in 0..9 {
+            assert_eq!(g.step(t, true), Step::Try);
+            let w = g.record(t, Attempted::Refused).unwrap();
+            assert_eq!(
+                g.step(t + w - Duration::from_millis(1), true),
+                Step::Wait {
+                    until: t + w,
+                    cooldown: false
+                }
+            );
+            waits.push(w.as_secs());
+            t += w;
+        }
+        assert_eq!(waits, [5, 10, 20, 40, 80, 160, 300, 300, 300]);
+        // A failure backs off the same way; the ground going starts over.
+        assert_eq!(g.step(t, false), Step::Idle);
+        assert_eq!(g.step(t, true), Step::Try);
+        assert_eq!(g.record(t, Attempted::Failed), Some(FIRST_BACKOFF));
+        // After an eviction goes through, the cooldown holds, not the back-off.
+        t += FIRST_BACKOFF;
+        assert_eq!(g.step(t, true), Step::Try);
+        g.record(t, Attempted::Done);
+        assert!(matches!(g.step(t, true), Step::Wait { cooldown: true, .. }));
+    }
+}

@@ -1,0 +1,186 @@
+//! `[agent.kubernetes]` (the Kubernetes API mode, opt-in: the table turns it on) and
+//! `[engine.kubernetes]` (how the engine's pod is found). What the mode does is in
+//! [`crate::k8s`] and `docs/kubernetes.md`.
+
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The condition type the agent sets on the engine's pod by default.
+pub const DEFAULT_CONDITION_TYPE: &str = "npu-health-agent.io/qos-ready";
+
+/// MindCluster's fault annotation on a pod (`huawei.com/pod-status`), read by its
+/// infer-operator: a value beginning with `Unhealthy` makes it delete and recreate the pod's
+/// whole instance (`component/infer-operator/pkg/controller/rescheduling/rescheduling.go` in
+/// Ascend/mind-cluster; docs/kubernetes.md has the contract).
+pub const MINDCLUSTER_ANNOTATION: &str = "huawei.com/pod-status";
+/// The value written: `Unhealthy-<fault type>` as MindCluster's Volcano plugin writes it;
+/// `process-exception` is its type for a business process that failed.
+pub const MINDCLUSTER_VALUE: &str = "Unhealthy-process-exception";
+/// The label infer-operator's pods carry; without it the annotation would do nothing.
+pub const MINDCLUSTER_POD_LABEL: &str = "infer.huawei.com/ascend-infer-operator";
+
+/// How a held `evict` takes the engine's pod out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EvictionMode {
+    /// An Eviction through the Eviction API (PodDisruptionBudgets respected).
+    #[default]
+    Api,
+    /// MindCluster's fault annotation; its infer-operator rebuilds the instance.
+    Mindcluster,
+    /// No eviction; the readiness gate only.
+    Off,
+}
+
+impl EvictionMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EvictionMode::Api => "api",
+            EvictionMode::Mindcluster => "mindcluster",
+            EvictionMode::Off => "off",
+        }
+    }
+}
+
+/// `[agent.kubernetes]`, a key left out keeps its default.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KubernetesConfig {
+    /// The node the agent runs on, to find the engines' pods. Default: `$NODE_NAME` (the
+    /// shipped DaemonSet sets it from `spec.nodeName`). Needed unless every engine names its
+    /// pod.
+    pub node_name: Option<String>,
+    /// The API server. Default: in-cluster (`KUBERNETES_SERVICE_HOST`/`_PORT` and the pod's
+    /// service account).
+    pub api_server: Option<String>,
+    /// Bearer token file when `api_server` is set. Default: the service account's token.
+    pub token_file: Option<PathBuf>,
+    /// CA bundle (PEM) when `api_server` is `https`. Default: the service account's CA.
+    pub ca_file: Option<PathBuf>,
+    /// Set the readiness-gate condition on each engine's pod. Default true.
+    pub readiness_gate: bool,
+    /// Its type (a qualified name; the pods list it in `spec.readinessGates`). Default
+    /// `npu-health-agent.io/qos-ready`.
+    pub condition_type: String,
+    /// What a held `evict` does. Default `api`.
+    pub eviction: EvictionMode,
+    /// At most one eviction per engine in this long. Default 10 min.
+    #[serde(with = "super::duration")]
+    pub eviction_cooldown: Duration,
+    /// How often each engine's pod is looked up again and its condition set again even if
+    /// unchanged (repairs a pod recreated or a condition changed by someone else). Default
+    /// 30 s.
+    #[serde(with = "super::duration")]
+    pub resync_period: Duration,
+    /// The timeout of each API request. Default 5 s.
+    #[serde(with = "super::duration")]
+    pub request_timeout: Duration,
+}
+
+impl Default for KubernetesConfig {
+    fn default() -> Self {
+        KubernetesConfig {
+            node_name: None,
+            api_server: None,
+            token_file: None,
+            ca_file: None,
+            readiness_gate: true,
+            condition_type: DEFAULT_CONDITION_TYPE.to_owned(),
+            eviction: EvictionMode::Api,
+            eviction_cooldown: Duration::from_secs(600),
+            resync_period: Duration::from_secs(30),
+            request_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+impl KubernetesConfig {
+    /// Checks every value; `Err((key, message))`.
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        use super::validate::kubernetes_bounds::*;
+        if let Some(n) = &self.node_name {
+            dns_subdomain(n).map_err(|m| ("node_name".to_owned(), m))?;
+        }
+        if let Some(url) = &self.api_server
+            && !(url.starts_with("http://") || url.starts_with("https://"))
+        {
+            return Err((
+                "api_server".to_owned(),
+                format!("{url:?} is not an http:// or https:// URL"),
+            ));
+        }
+        if self.api_server.is_none() {
+            for (key, set) in [
+                ("token_file", self.token_file.is_some()),
+                ("ca_file", self.ca_file.is_some()),
+            ] {
+                if set {
+                    return Err((
+                        key.to_owned(),
+                        "is set, but api_server is not (in-cluster config reads the service account's)".to_owned(),
+                    ));
+                }
+            }
+        }
+        qualified_name(&self.condition_type).map_err(|m| ("condition_type".to_owned(), m))?;
+        EVICTION_COOLDOWN.check("eviction_cooldown", self.eviction_cooldown)?;
+        RESYNC_PERIOD.check("resync_period", self.resync_period)?;
+        REQUEST_TIMEOUT.check("request_timeout", self.request_timeout)?;
+        Ok(())
+    }
+
+    /// The node name: the configured one, else `$NODE_NAME`.
+    pub fn node(&self) -> Option<String> {
+        self.node_name
+            .clone()
+            .or_else(|| std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty()))
+    }
+}
+
+/// `[engine.kubernetes]`: how the engine's pod is found. With neither key, the one pod on
+/// this node that serves the engine's port (a container port of a host-network pod, a host
+/// port, or a container port of the pod whose IP is the engine's host).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PodSelector {
+    /// The pod, `namespace/name`.
+    pub pod: Option<String>,
+    /// A label selector (`app=vllm,role=decode`) among this node's pods.
+    pub pod_selector: Option<String>,
+    /// Only pods of this namespace (with `pod_selector` or the port). Default: every
+    /// namespace.
+    pub namespace: Option<String>,
+}
+
+impl PodSelector {
+    /// Checks the keys; `Err((key, message))`.
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        use super::validate::kubernetes_bounds::*;
+        if let Some(p) = &self.pod {
+            if self.pod_selector.is_some() || self.namespace.is_some() {
+                return Err((
+                    "pod".to_owned(),
+                    "names the pod; pod_selector and namespace must not be set with it".to_owned(),
+                ));
+            }
+            let (ns, name) = p
+                .split_once('/')
+                .ok_or_else(|| ("pod".to_owned(), format!("{p:?} is not namespace/name")))?;
+            dns_label(ns).map_err(|m| ("pod".to_owned(), format!("namespace: {m}")))?;
+            dns_subdomain(name).map_err(|m| ("pod".to_owned(), format!("name: {m}")))?;
+        }
+        if let Some(ns) = &self.namespace {
+            dns_label(ns).map_err(|m| ("namespace".to_owned(), m))?;
+        }
+        if let Some(sel) = &self.pod_selector {
+            label_selector(sel).map_err(|m| ("pod_selector".to_owned(), m))?;
+        }
+        Ok(())
+    }
+
+    /// The named pod as (namespace, name).
+    pub fn named(&self) -> Option<(&str, &str)> {
+        self.pod.as_deref().and_then(|p| p.split_once('/'))
+    }
+}

@@ -1,0 +1,430 @@
+//! The Kubernetes API mode's loop for one engine (I/O only; the rules are
+//! [`crate::actions`]'): every second it reads the engine's facts, keeps the readiness-gate
+//! condition on its pod in step with `/readyz` (patched when it changes, and again every
+//! `resync_period`), and at a held `evict` tries an eviction through the gate
+//! ([`crate::actions::eviction`]). The pod is looked up at start, every `resync_period`, and
+//! at once when the API server says it is gone.
+//!
+//! An API server that is down, slow, refuses or answers garbage costs this loop a bounded
+//! wait (`request_timeout`) and a log line at most once a minute per kind of failure; the
+//! failure is counted in the engine's record. It never touches the verdict.
+
+use super::api::{ApiError, KubeApi, PodInfo};
+use super::pods::{self, EngineAddr};
+use crate::actions::{self, Facts, eviction};
+use crate::config::kubernetes::{
+    EvictionMode, KubernetesConfig, MINDCLUSTER_ANNOTATION, MINDCLUSTER_POD_LABEL,
+    MINDCLUSTER_VALUE,
+};
+use crate::monitor::Monitor;
+use crate::monitor::acted::{Attempt, ConditionSet, unix_ms};
+use k8s_openapi::api::core::v1::PodCondition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// How often the loop looks at the engine.
+pub const TICK: Duration = Duration::from_secs(1);
+/// The same failure is logged at most this often.
+const LOG_EVERY: Duration = Duration::from_secs(60);
+/// Back-off of condition patches after a failure: from this (or `resync_period` if shorter),
+/// doubling, to `resync_period` (the condition is set again that often anyway).
+const CONDITION_RETRY: Duration = Duration::from_secs(2);
+
+/// The condition for a readiness decision: `(status, reason, message)`. The reason is one
+/// CamelCase word, as the API conventions ask.
+pub fn condition_of(f: &Facts, r: &actions::Readiness) -> (&'static str, &'static str, String) {
+    use crate::monitor::verdict::Status;
+    let reason = match (f.status, f.level) {
+        (Status::Initial, _) => "EngineNotAnswering",
+        (Status::Abnormal, _) if !r.ready => "EngineAbnormal",
+        (_, l) => match l {
+            crate::qos::score::Level::Normal => "QosNormal",
+            crate::qos::score::Level::Throttle => "QosThrottle",
+            crate::qos::score::Level::Degrade => "QosDegrade",
+            crate::qos::score::Level::Evict => "QosEvict",
+        },
+    };
+    (
+        if r.ready { "True" } else { "False" },
+        reason,
+        r.reason.clone(),
+    )
+}
+
+/// Logs a failure of one kind at most once a [`LOG_EVERY`], and its recovery.
+#[derive(Debug, Default)]
+struct Quiet {
+    last: Vec<(&'static str, Instant)>,
+}
+
+impl Quiet {
+    fn fail(&mut self, engine: &str, kind: &'static str, msg: &str) {
+        let now = Instant::now();
+        match self.last.iter_mut().find(|(k, _)| *k == kind) {
+            Some((_, at)) if now < *at + LOG_EVERY => {}
+            Some((_, at)) => {
+                *at = now;
+                tracing::warn!(engine, "Kubernetes API: {msg}");
+            }
+            None => {
+                self.last.push((kind, now));
+                tracing::warn!(engine, "Kubernetes API: {msg}");
+            }
+        }
+    }
+
+    fn ok(&mut self, engine: &str, kind: &'static str) {
+        if let Some(i) = self.last.iter().position(|(k, _)| *k == kind) {
+            self.last.remove(i);
+            tracing::info!(engine, "Kubernetes API: {kind} works again");
+        }
+    }
+}
+
+/// The loop's own state.
+struct Loop<'a, A> {
+    api: &'a A,
+    cfg: &'a KubernetesConfig,
+    node: Option<&'a str>,
+    m: &'a Monitor,
+    pod: Option<PodInfo>,
+    next_lookup: Instant,
+    next_resync: Instant,
+    /// `(status, reason)` as last set, and when the status last changed.
+    sent: Option<(&'static str, &'static str)>,
+    transition: Time,
+    condition_retry_at: Option<Instant>,
+    condition_backoff: Duration,
+    gate: eviction::EvictionGate,
+    quiet: Quiet,
+}
+
+/// Runs until `cancel`. `api` is the engine's client; `m` its monitor.
+pub async fn run(
+    api: impl KubeApi,
+    cfg: KubernetesConfig,
+    node: Option<String>,
+    m: Arc<Monitor>,
+    cancel: CancellationToken,
+) {
+    let now = Instant::now();
+    let mut l = Loop {
+        api: &api,
+        cfg: &cfg,
+        node: node.as_deref(),
+        m: &m,
+        pod: None,
+        next_lookup: now,
+        next_resync: now + cfg.resync_period,
+        sent: None,
+        transition: Time(k8s_openapi::jiff::Timestamp::now()),
+        condition_retry_at: None,
+        condition_backoff: CONDITION_RETRY.min(cfg.resync_period),
+        gate: eviction::EvictionGate::new(cfg.eviction_cooldown),
+        quiet: Quiet::default(),
+    };
+    m.acted.update(|r| {
+        r.eviction = cfg.eviction.as_str().to_owned();
+        r.eviction_cooldown_s = cfg.eviction_cooldown.as_secs_f64();
+    });
+    loop {
+        l.tick().await;
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            () = tokio::time::sleep(TICK) => {}
+        }
+    }
+}
+
+/// Records that the mode cannot act for `m` at all, and why.
+pub fn inactive(m: &Monitor, cfg: &KubernetesConfig, why: &str) {
+    m.acted.update(|r| {
+        r.inactive = Some(why.to_owned());
+        r.eviction = cfg.eviction.as_str().to_owned();
+        r.eviction_cooldown_s = cfg.eviction_cooldown.as_secs_f64();
+    });
+}
+
+impl<A: KubeApi> Loop<'_, A> {
+    fn engine(&self) -> &str {
+        &self.m.spec.name
+    }
+
+    async fn tick(&mut self) {
+        let now = Instant::now();
+        let resync = now >= self.next_resync;
+        if resync {
+            self.next_resync = now + self.cfg.resync_period;
+        }
+        if resync || (self.pod.is_none() && now >= self.next_lookup) {
+            self.lookup().await;
+        }
+        if self.pod.is_none() {
+            return;
+        }
+        let facts = Facts::of(self.m);
+        if self.cfg.readiness_gate {
+            self.condition(&facts, resync).await;
+        }
+        if self.cfg.eviction != EvictionMode::Off && self.pod.is_some() {
+            self.evict(&facts).await;
+        }
+    }
+
+    /// Finds the engine's pod; on failure keeps the old one only if the API could not be
+    /// asked (a lookup that answered "none" or "several" drops it).
+    async fn lookup(&mut self) {
+        let sel = &self.m.spec.pod;
+        let found: Result<PodInfo, (String, bool)> = match sel.named() {
+            Some((ns, name)) => match self.api.get_pod(ns, name).await {
+                Ok(p) => pods::check_named(&p, self.node).map(|()| p).map_err(|e| (e, false)),
+                Err(e) if e.code() == Some(404) => {
+                    Err((format!("pod {ns}/{name} does not exist"), false))
+                }
+                Err(e) => Err((format!("reading pod {ns}/{name}: {e}"), true)),
+            },
+            None => match self.node {
+                None => Err((
+                    "no node name: set [agent.kubernetes] node_name, or NODE_NAME in the agent's environment (the shipped DaemonSet sets it from spec.nodeName)".to_owned(),
+                    false,
+                )),
+                Some(node) => match self
+                    .api
+                    .list_pods(Some(node), sel.namespace.as_deref(), sel.pod_selector.as_deref())
+                    .await
+                {
+                    Ok(list) => pods::pick(
+                        &list,
+                        sel,
+                        &EngineAddr {
+                            host: &self.m.spec.host,
+                            port: self.m.spec.port,
+                        },
+                    )
+                    .cloned()
+                    .map_err(|e| (e, false)),
+                    Err(e) => Err((format!("listing the pods of node {node}: {e}"), true)),
+                },
+            },
+        };
+        let engine = self.m.spec.name.clone();
+        match found {
+            Ok(p) => {
+                self.quiet.ok(&engine, "pod lookup");
+                if self.pod.as_ref().map(PodInfo::key) != Some(p.key()) {
+                    tracing::info!(engine = %engine, pod = %p.key(), "Kubernetes API: the engine's pod is {}", p.key());
+                    // A new pod has no condition of ours yet.
+                    self.sent = None;
+                }
+                let key = p.key();
+                self.pod = Some(p);
+                self.m.acted.update(|r| {
+                    r.pod = Some(key);
+                    r.pod_error = None;
+                });
+            }
+            Err((why, api_failed)) => {
+                self.quiet.fail(&engine, "pod lookup", &why);
+                if !api_failed {
+                    self.pod = None;
+                }
+                let pod = self.pod.as_ref().map(PodInfo::key);
+                self.m.acted.update(|r| {
+                    r.pod = pod;
+                    r.pod_error = Some(why.clone());
+                    if api_failed {
+                        r.api_error(why);
+                    }
+                });
+                self.next_lookup = Instant::now() + self.cfg.resync_period;
+            }
+        }
+    }
+
+    /// The pod is gone (a 404 on it): forget it and look again at the next tick.
+    fn pod_gone(&mut self) {
+        self.pod = None;
+        self.sent = None;
+        self.next_lookup = Instant::now();
+    }
+
+    async fn condition(&mut self, facts: &Facts, resync: bool) {
+        let r = actions::readiness(facts, &self.m.spec.actions);
+        let (status, reason, message) = condition_of(facts, &r);
+        let changed = self.sent != Some((status, reason));
+        let now = Instant::now();
+        if !(changed || resync) || self.condition_retry_at.is_some_and(|t| now < t) {
+            return;
+        }
+        let Some(pod) = self.pod.clone() else { return };
+        if self.sent.map(|(s, _)| s) != Some(status) {
+            self.transition = Time(k8s_openapi::jiff::Timestamp::now());
+        }
+        let c = PodCondition {
+            type_: self.cfg.condition_type.clone(),
+            status: status.to_owned(),
+            reason: Some(reason.to_owned()),
+            message: Some(message.clone()),
+            last_transition_time: Some(self.transition.clone()),
+            last_probe_time: None,
+            observed_generation: None,
+        };
+        let engine = self.engine().to_owned();
+        match self.api.set_condition(&pod.namespace, &pod.name, &c).await {
+            Ok(()) => {
+                self.quiet.ok(&engine, "condition");
+                self.condition_retry_at = None;
+                self.condition_backoff = CONDITION_RETRY.min(self.cfg.resync_period);
+                let status_changed = self.sent.map(|(s, _)| s) != Some(status);
+                if changed {
+                    tracing::info!(engine = %engine, pod = %pod.key(), "Kubernetes API: condition {} = {status} ({reason}): {message}", self.cfg.condition_type);
+                }
+                self.sent = Some((status, reason));
+                let set = ConditionSet {
+                    type_: self.cfg.condition_type.clone(),
+                    status: status.to_owned(),
+                    reason: reason.to_owned(),
+                    message: message.clone(),
+                    set_at_unix_ms: unix_ms(),
+                };
+                self.m.acted.update(|rec| {
+                    rec.condition = Some(set);
+                    if status_changed {
+                        rec.push(Attempt {
+                            at_unix_ms: unix_ms(),
+                            action: "condition".to_owned(),
+                            pod: pod.key(),
+                            outcome: "done".to_owned(),
+                            detail: format!("{status} ({reason}): {message}"),
+                        });
+                    }
+                });
+            }
+            Err(e) if e.code() == Some(404) => {
+                self.m.acted.update(|rec| {
+                    rec.api_error(format!("setting the condition: pod {} is gone", pod.key()))
+                });
+                self.pod_gone();
+            }
+            Err(e) => {
+                let why = format!(
+                    "setting condition {} on pod {}: {e}",
+                    self.cfg.condition_type,
+                    pod.key()
+                );
+                self.quiet.fail(&engine, "condition", &why);
+                self.condition_retry_at = Some(now + self.condition_backoff);
+                self.condition_backoff = (self.condition_backoff * 2).min(self.cfg.resync_period);
+                self.m.acted.update(|rec| rec.api_error(why));
+            }
+        }
+    }
+
+    async fn evict(&mut self, facts: &Facts) {
+        let ground = actions::eviction_ground(facts);
+        let now = Instant::now();
+        match self.gate.step(now, ground.is_some()) {
+            eviction::Step::Idle => self.m.acted.update(|r| {
+                r.eviction_blocked_until_unix_ms = None;
+                r.eviction_blocked_why = None;
+            }),
+            eviction::Step::Wait { until, cooldown } => {
+                let at = unix_ms() + until.saturating_duration_since(now).as_millis() as u64;
+                self.m.acted.update(|r| {
+                    r.eviction_blocked_until_unix_ms = Some(at);
+                    r.eviction_blocked_why = Some(if cooldown {
+                        format!(
+                            "eviction_cooldown ({:?}) since the last eviction",
+                            self.cfg.eviction_cooldown
+                        )
+                    } else {
+                        "back-off after a refused or failed attempt".to_owned()
+                    });
+                });
+            }
+            eviction::Step::Try => {
+                let Some(pod) = self.pod.clone() else { return };
+                let ground = ground.unwrap_or_default();
+                let (action, result) = match self.cfg.eviction {
+                    EvictionMode::Api => {
+                        ("eviction", self.api.evict(&pod.namespace, &pod.name).await)
+                    }
+                    EvictionMode::Mindcluster => {
+                        ("mindcluster_annotation", self.annotate(&pod).await)
+                    }
+                    EvictionMode::Off => return,
+                };
+                let engine = self.engine().to_owned();
+                let (outcome, attempted, detail) = match &result {
+                    Ok(()) => ("done", eviction::Attempted::Done, ground.clone()),
+                    Err(e) if e.code() == Some(404) => {
+                        ("pod_gone", eviction::Attempted::Failed, e.to_string())
+                    }
+                    Err(e) if e.too_many_requests() => {
+                        ("refused", eviction::Attempted::Refused, e.to_string())
+                    }
+                    Err(e) => ("failed", eviction::Attempted::Failed, e.to_string()),
+                };
+                let backoff = self.gate.record(now, attempted);
+                match (&result, backoff) {
+                    (Ok(()), _) => {
+                        tracing::warn!(engine = %engine, pod = %pod.key(), "Kubernetes API: {action} of pod {} done: {ground}", pod.key())
+                    }
+                    (Err(_), Some(wait)) => {
+                        let msg = format!(
+                            "{action} of pod {} {outcome}: {detail}; next try in {wait:?} if the ground holds",
+                            pod.key()
+                        );
+                        if outcome == "refused" {
+                            tracing::warn!(engine = %engine, "Kubernetes API: {msg}");
+                        } else {
+                            self.quiet.fail(&engine, "eviction", &msg);
+                        }
+                    }
+                    (Err(_), None) => {}
+                }
+                self.m.acted.update(|r| {
+                    r.push(Attempt {
+                        at_unix_ms: unix_ms(),
+                        action: action.to_owned(),
+                        pod: pod.key(),
+                        outcome: outcome.to_owned(),
+                        detail: detail.clone(),
+                    });
+                    if result.is_err() {
+                        r.api_error(format!("{action} of pod {}: {detail}", pod.key()));
+                    }
+                });
+                if outcome == "pod_gone" {
+                    self.pod_gone();
+                }
+            }
+        }
+    }
+
+    /// MindCluster's fault annotation, only on a pod its infer-operator manages (anything
+    /// else would ignore it).
+    async fn annotate(&self, pod: &PodInfo) -> Result<(), ApiError> {
+        if pod.labels.get(MINDCLUSTER_POD_LABEL).map(String::as_str) != Some("true") {
+            return Err(ApiError::Status {
+                code: 0,
+                reason: "NotManagedByInferOperator".to_owned(),
+                message: format!(
+                    "pod {} lacks the label {MINDCLUSTER_POD_LABEL}=true: MindCluster's infer-operator would not act on {MINDCLUSTER_ANNOTATION}",
+                    pod.key()
+                ),
+            });
+        }
+        self.api
+            .annotate(
+                &pod.namespace,
+                &pod.name,
+                MINDCLUSTER_ANNOTATION,
+                MINDCLUSTER_VALUE,
+            )
+            .await
+    }
+}

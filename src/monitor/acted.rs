@@ -1,0 +1,103 @@
+//! What the agent did about an engine through the Kubernetes API (the readiness-gate
+//! condition, evictions), kept beside the verdict so `/status/detail` shows each attempt and
+//! its outcome. Written by [`crate::k8s`]'s loop only; nothing here feeds the verdict.
+
+use serde::{Deserialize, Serialize};
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Attempts kept per engine.
+pub const KEPT_ATTEMPTS: usize = 20;
+
+/// Milliseconds since the Unix epoch, now.
+pub fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The readiness-gate condition as last set on the pod.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ConditionSet {
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `True` or `False`.
+    pub status: String,
+    pub reason: String,
+    pub message: String,
+    pub set_at_unix_ms: u64,
+}
+
+/// One API call that acts on the pod (an eviction, an annotation, a condition change).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Attempt {
+    pub at_unix_ms: u64,
+    /// `eviction`, `mindcluster_annotation` or `condition`.
+    pub action: String,
+    /// `namespace/name`.
+    pub pod: String,
+    /// `done`, `refused` (a PodDisruptionBudget or the API server's rate limit: retried
+    /// with back-off), `failed` (retried with back-off), `pod_gone`.
+    pub outcome: String,
+    pub detail: String,
+}
+
+/// The Kubernetes API mode's record of one engine (`kubernetes` in `/status/detail`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct KubeRecord {
+    /// The mode cannot act for this engine at all: why (no client, no node name).
+    pub inactive: Option<String>,
+    /// The engine's pod, `namespace/name`, as last found.
+    pub pod: Option<String>,
+    /// Why no pod is known (none found, several found, the lookup failed).
+    pub pod_error: Option<String>,
+    /// `api`, `mindcluster` or `off`.
+    pub eviction: String,
+    pub eviction_cooldown_s: f64,
+    /// The condition as last set; `None` before the first success or with the gate off.
+    pub condition: Option<ConditionSet>,
+    /// When the next eviction may be tried, if one is held back (cooldown, back-off).
+    pub eviction_blocked_until_unix_ms: Option<u64>,
+    pub eviction_blocked_why: Option<String>,
+    /// The last attempts, oldest first.
+    pub attempts: VecDeque<Attempt>,
+    /// API calls that failed, of any kind.
+    pub api_errors: u64,
+    pub last_api_error: Option<String>,
+    pub last_api_error_unix_ms: Option<u64>,
+}
+
+/// The record behind a lock; `None` while the mode is off.
+#[derive(Debug, Default)]
+pub struct Acted(Mutex<Option<KubeRecord>>);
+
+impl Acted {
+    /// A copy of the record.
+    pub fn kubernetes(&self) -> Option<KubeRecord> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Changes the record (creating it).
+    pub fn update(&self, f: impl FnOnce(&mut KubeRecord)) {
+        let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        f(g.get_or_insert_with(KubeRecord::default));
+    }
+}
+
+impl KubeRecord {
+    /// Adds an attempt, keeping the last [`KEPT_ATTEMPTS`].
+    pub fn push(&mut self, a: Attempt) {
+        if self.attempts.len() == KEPT_ATTEMPTS {
+            self.attempts.pop_front();
+        }
+        self.attempts.push_back(a);
+    }
+
+    /// Counts a failed API call.
+    pub fn api_error(&mut self, what: String) {
+        self.api_errors += 1;
+        self.last_api_error = Some(what);
+        self.last_api_error_unix_ms = Some(unix_ms());
+    }
+}
