@@ -530,6 +530,29 @@ fn doctor_reports_each_condition_and_the_verdict() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let e = &v["engines"][0];
     assert_eq!(e["virtual_inference_will_run"], true, "{v}");
+    // The actions in force, one per integration.
+    let actions: Vec<(&str, &str)> = e["actions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            (
+                a["integration"].as_str().unwrap(),
+                a["action"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    let integrations: Vec<&str> = actions.iter().map(|a| a.0).collect();
+    assert_eq!(
+        integrations,
+        ["node_manager", "kubelet", "kubernetes_api", "routers"],
+        "{v}"
+    );
+    assert!(
+        actions[1].1.contains("/readyz 503") && actions[1].1.contains("degrade, evict, abnormal"),
+        "{v}"
+    );
+    assert!(actions[2].1.starts_with("off"), "{v}");
     let names: Vec<&str> = e["conditions"]
         .as_array()
         .unwrap()
@@ -554,6 +577,10 @@ fn doctor_reports_each_condition_and_the_verdict() {
     let out = c.arg("--env-config-path").arg(&env_json).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("will NOT run"), "{text}");
+    assert!(
+        text.contains("actions:") && text.contains("/livez 503"),
+        "{text}"
+    );
     assert!(text.contains("motor_engine_prefill_env"), "{text}");
     assert!(
         text.contains("requires ASCEND_GLOBAL_LOG_LEVEL=3 (ERROR); got '1'"),

@@ -207,5 +207,94 @@ pub fn eviction_ground(f: &Facts) -> Option<String> {
     })
 }
 
+/// One integration's action for an engine, as `check-config` and `doctor` show it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Active {
+    /// `node_manager`, `kubelet`, `kubernetes_api`, `routers`.
+    pub integration: &'static str,
+    /// What acts, and on what, in one line.
+    pub action: String,
+}
+
+/// The actions in force for `spec` (with the Kubernetes API mode's settings when it is on).
+pub fn active(
+    spec: &crate::config::EngineSpec,
+    kube: Option<&crate::config::kubernetes::KubernetesConfig>,
+) -> Vec<Active> {
+    let not_ready: Vec<&str> = spec
+        .actions
+        .not_ready_on
+        .iter()
+        .map(|o| o.as_str())
+        .collect();
+    let mut out = vec![
+        Active {
+            integration: "node_manager",
+            action: format!(
+                "/status on {}: abnormal under the {} policy{}; Node Manager kills after 5 abnormal heartbeats",
+                spec.mgmt_listen,
+                spec.policy.value.as_str(),
+                if spec.qos.eviction {
+                    ", and at a held QoS evict (qos.eviction)"
+                } else {
+                    ""
+                }
+            ),
+        },
+        Active {
+            integration: "kubelet",
+            action: format!(
+                "/readyz 503 while /health never answered{}{}; /livez 503 at abnormal (not with the engine's port closed) or a held evict on every input",
+                if not_ready.is_empty() {
+                    String::new()
+                } else {
+                    format!(" and on {}", not_ready.join(", "))
+                },
+                if not_ready.contains(&"degrade") || not_ready.contains(&"throttle") {
+                    ""
+                } else {
+                    " (x-envoy-degraded at degrade on a 200)"
+                }
+            ),
+        },
+    ];
+    out.push(Active {
+        integration: "kubernetes_api",
+        action: match kube {
+            None => "off ([agent.kubernetes] not set)".to_owned(),
+            Some(k) => {
+                let pod = match (&spec.pod.pod, &spec.pod.pod_selector) {
+                    (Some(p), _) => format!("pod {p}"),
+                    (None, Some(sel)) => format!("the pod on this node with labels {sel}"),
+                    (None, None) => format!("the pod on this node serving port {}", spec.port),
+                };
+                let gate = if k.readiness_gate {
+                    format!("condition {} follows /readyz", k.condition_type)
+                } else {
+                    "no readiness gate".to_owned()
+                };
+                let evict = match k.eviction {
+                    crate::config::kubernetes::EvictionMode::Api => format!(
+                        "an Eviction at a held evict (at most one per {})",
+                        humantime::format_duration(k.eviction_cooldown)
+                    ),
+                    crate::config::kubernetes::EvictionMode::Mindcluster => format!(
+                        "MindCluster's {} at a held evict (at most once per {})",
+                        crate::config::kubernetes::MINDCLUSTER_ANNOTATION,
+                        humantime::format_duration(k.eviction_cooldown)
+                    ),
+                    crate::config::kubernetes::EvictionMode::Off => "no eviction".to_owned(),
+                };
+                format!("{pod}: {gate}; {evict}")
+            }
+        },
+    });
+    out.push(Active {
+        integration: "routers",
+        action: "published only: /qos (score, level), inference_node_health and npu_health_agent_qos_level in /metrics".to_owned(),
+    });
+    out
+}
+
 #[cfg(test)]
 mod tests;

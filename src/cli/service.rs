@@ -34,6 +34,14 @@ pub fn check_config(cfg: &AgentConfig) -> Result<(), CliError> {
     crate::agent::preflight::host(cfg, npus.as_deref())?;
     let text = serde_json::to_string_pretty(cfg).context("rendering the configuration")?;
     println!("{text}");
+    for spec in &cfg.engines {
+        for a in crate::actions::active(spec, cfg.agent.kubernetes.as_ref()) {
+            eprintln!(
+                "{}: engine {} {}: {}",
+                cfg.source, spec.name, a.integration, a.action
+            );
+        }
+    }
     eprintln!(
         "{}: configuration is valid ({} engine(s))",
         cfg.source,
@@ -164,6 +172,7 @@ pub async fn doctor(cfg: AgentConfig, json_out: bool) -> Result<(), CliError> {
                     "mgmt_listen": spec.mgmt_listen,
                     "policy": spec.policy.value,
                     "policy_source": spec.policy.source,
+                    "actions": crate::actions::active(spec, cfg.agent.kubernetes.as_ref()),
                     "conditions": conditions,
                     "virtual_inference_will_run": will_run,
                 })
@@ -209,6 +218,10 @@ pub async fn doctor(cfg: AgentConfig, json_out: bool) -> Result<(), CliError> {
                 }
             }
         );
+        println!("  actions:");
+        for a in crate::actions::active(spec, cfg.agent.kubernetes.as_ref()) {
+            println!("    {:<15} {}", a.integration, a.action);
+        }
         println!("  {:<26} {:<44} VERDICT", "CONDITION", "VALUE");
         for c in conditions {
             let verdict = match c.ok {

@@ -854,6 +854,113 @@ mgmt_port = 9001
         assert_eq!(at("d = 5", "duplicate key"), "[[engine]] #2 d");
     }
 
+    // [engine.actions] and the Kubernetes tables: defaults, relative files, and each bad
+    // value named with its table and key.
+    #[test]
+    fn actions_and_kubernetes_keys() {
+        use crate::config::actions::NotReadyOn;
+        use crate::config::kubernetes::{DEFAULT_CONDITION_TYPE, EvictionMode};
+        let c = parse_str(INLINE).unwrap();
+        assert_eq!(
+            c.engines[0].actions.not_ready_on,
+            [NotReadyOn::Degrade, NotReadyOn::Evict, NotReadyOn::Abnormal]
+        );
+        assert_eq!(c.agent.kubernetes, None, "off unless the table is there");
+        let with = INLINE.replacen(
+            "\n[[engine]]",
+            "[agent.kubernetes]\napi_server = \"https://10.0.0.1:6443\"\ntoken_file = \"secrets/token\"\n\n[[engine]]",
+            1,
+        ) + "[engine.actions]\nnot_ready_on = [\"throttle\"]\n[engine.kubernetes]\npod = \"inference/vllm-0\"\n";
+        let c = parse_str(&with).unwrap();
+        let k = c.agent.kubernetes.unwrap();
+        assert_eq!(k.condition_type, DEFAULT_CONDITION_TYPE);
+        assert_eq!(k.eviction, EvictionMode::Api);
+        assert_eq!(k.eviction_cooldown, Duration::from_secs(600));
+        assert_eq!(
+            k.token_file.unwrap(),
+            Path::new("/etc/npu-health-agent/secrets/token")
+        );
+        assert_eq!(c.engines[0].actions.not_ready_on, [NotReadyOn::Throttle]);
+        assert_eq!(c.engines[0].pod.named(), Some(("inference", "vllm-0")));
+        for (bad, place, says) in [
+            (
+                "[engine.actions]\nnot_ready_on = [\"sometimes\"]\n",
+                "[[engine]] #1 (p0) actions.not_ready_on",
+                "unknown variant",
+            ),
+            (
+                "[engine.actions]\nnot_ready_on = [\"evict\", \"evict\"]\n",
+                "actions.not_ready_on",
+                "listed twice",
+            ),
+            (
+                "[engine.kubernetes]\npod = \"vllm-0\"\n",
+                "kubernetes.pod",
+                "namespace/name",
+            ),
+            (
+                "[engine.kubernetes]\npod = \"a/b\"\npod_selector = \"app=x\"\n",
+                "kubernetes.pod",
+                "must not be set",
+            ),
+            (
+                "[engine.kubernetes]\npod_selector = \"app=(x\"\n",
+                "kubernetes.pod_selector",
+                "parentheses",
+            ),
+            (
+                "[engine.kubernetes]\nnamespace = \"Inference\"\n",
+                "kubernetes.namespace",
+                "lower-case",
+            ),
+        ] {
+            let err = parse_str(&format!("{INLINE}{bad}"))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(place) && err.contains(says), "{bad}: {err}");
+        }
+        for (bad, place, says) in [
+            (
+                "eviction = \"maybe\"",
+                "kubernetes.eviction",
+                "unknown variant",
+            ),
+            (
+                "condition_type = \"Has Spaces\"",
+                "kubernetes.condition_type",
+                "qualified name",
+            ),
+            (
+                "eviction_cooldown = \"1s\"",
+                "kubernetes.eviction_cooldown",
+                "outside",
+            ),
+            (
+                "token_file = \"t\"",
+                "kubernetes.token_file",
+                "api_server is not",
+            ),
+            (
+                "api_server = \"10.0.0.1:6443\"",
+                "kubernetes.api_server",
+                "not an http",
+            ),
+            (
+                "node_name = \"Node_1\"",
+                "kubernetes.node_name",
+                "lower-case",
+            ),
+        ] {
+            let text = INLINE.replacen(
+                "\n[[engine]]",
+                &format!("[agent.kubernetes]\n{bad}\n\n[[engine]]"),
+                1,
+            );
+            let err = parse_str(&text).unwrap_err().to_string();
+            assert!(err.contains(place) && err.contains(says), "{bad}: {err}");
+        }
+    }
+
     // `policy` in [agent], overridden per engine; the agent preset fills the qos keys left out
     // and keeps the ones written; [engine.agent_policy] is checked against its bounds.
     #[test]
