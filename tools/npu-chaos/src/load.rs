@@ -1,7 +1,9 @@
 //! The load generator: `streams` clients each sending streamed completions back to back, and
 //! plain completions at `rate` per (scaled) second, over real HTTP through the proxy. It
 //! counts requests and tokens, and the tokens produced while a fault is injected (for the
-//! `limit_affected_tokens` guard). `long_streams_<N>` adds N streams held open.
+//! `limit_affected_tokens` guard). `long_streams_<N>` adds N streams held open. While the
+//! kubelet emulator has the engine not ready, no new request is sent (a Service sends them
+//! to another replica); requests in flight go on.
 
 use super::experiment::Load;
 use std::sync::Arc;
@@ -24,6 +26,9 @@ pub struct LoadStats {
     pub tokens: AtomicU64,
     /// Tokens received while the fault was injected.
     pub tokens_under_fault: AtomicU64,
+    /// Requests not sent because the engine was not ready (a Service would have sent them
+    /// to another replica): in none of the other counts.
+    pub held_back: AtomicU64,
     plain_in_flight: AtomicU64,
 }
 
@@ -37,6 +42,8 @@ pub struct LoadSnapshot {
     pub timed_out: u64,
     pub tokens: u64,
     pub tokens_under_fault: u64,
+    /// Requests held back while the engine was not ready.
+    pub held_back: u64,
     /// Completed over attempted; `None` with nothing attempted.
     pub availability: Option<f64>,
 }
@@ -54,6 +61,7 @@ impl LoadStats {
             timed_out,
             tokens: self.tokens.load(Ordering::Relaxed),
             tokens_under_fault: self.tokens_under_fault.load(Ordering::Relaxed),
+            held_back: self.held_back.load(Ordering::Relaxed),
             availability: (attempted > 0).then(|| completed as f64 / attempted as f64),
         }
     }
@@ -92,6 +100,8 @@ fn ended_by(e: &reqwest::Error) -> End {
 pub struct LoadGen {
     pub stats: Arc<LoadStats>,
     under_fault: Arc<AtomicBool>,
+    /// The engine takes new requests (the kubelet emulator's readiness).
+    ready: Arc<AtomicBool>,
     client: reqwest::Client,
     url: String,
     model: String,
@@ -125,6 +135,7 @@ impl LoadGen {
         let g = LoadGen {
             stats: Arc::new(LoadStats::default()),
             under_fault: Arc::new(AtomicBool::new(false)),
+            ready: Arc::new(AtomicBool::new(true)),
             client,
             url: format!("{base}/v1/completions"),
             model: model.to_owned(),
@@ -162,6 +173,10 @@ impl LoadGen {
                     if g.stats.plain_in_flight.load(Ordering::Relaxed) >= MAX_PLAIN_IN_FLIGHT {
                         continue;
                     }
+                    if !g.ready.load(Ordering::Relaxed) {
+                        g.stats.held_back.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
                     let g = g.clone();
                     tokio::spawn(async move {
                         g.stats.plain_in_flight.fetch_add(1, Ordering::Relaxed);
@@ -175,6 +190,27 @@ impl LoadGen {
             });
         }
         g
+    }
+
+    /// Whether the engine takes new requests (the kubelet emulator's readiness).
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, Ordering::Relaxed);
+    }
+
+    /// Waits while the engine is not ready (counting the request held back once); false
+    /// when cancelled meanwhile.
+    async fn wait_ready(&self, cancel: &CancellationToken) -> bool {
+        if self.ready.load(Ordering::Relaxed) {
+            return true;
+        }
+        self.stats.held_back.fetch_add(1, Ordering::Relaxed);
+        while !self.ready.load(Ordering::Relaxed) {
+            tokio::select! {
+                _ = cancel.cancelled() => return false,
+                _ = tokio::time::sleep(self.retry) => {}
+            }
+        }
+        true
     }
 
     /// Marks whether a fault is being injected (for the affected-token count).
@@ -248,6 +284,9 @@ impl LoadGen {
 
     /// One streamed completion; true when it ended with `[DONE]`.
     async fn stream(&self, max_tokens: u32, cancel: &CancellationToken) -> bool {
+        if !self.wait_ready(cancel).await {
+            return false;
+        }
         let send = self
             .client
             .post(&self.url)
