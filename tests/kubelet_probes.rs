@@ -81,6 +81,21 @@ fn a_hang_fails_both_and_a_closed_port_only_readiness() {
     let live = wait_code(&stack, admin, "livez", 200, Duration::from_secs(10));
     assert!(live.contains("port is closed"), "{live}");
     assert_eq!(both(&stack, admin, "readyz").0, 503);
+    // The engine comes back (a restart): virtual inference is re-armed, and with nothing
+    // polling /status, the kubelet's probes start it, as Node Manager's first poll would.
+    stack.faults(r#"{"hang": false, "listening": true}"#);
+    stack.wait_until("re-armed", Duration::from_secs(20), |d| {
+        d["virtual_inference"]["rearms"] == 1
+    });
+    wait_code(&stack, admin, "readyz", 200, Duration::from_secs(10));
+    stack.wait_until(
+        "running again without /status",
+        Duration::from_secs(20),
+        |d| {
+            let _ = both(&stack, admin, "livez");
+            d["virtual_inference"]["phase"] == "running"
+        },
+    );
     let (code, _, body) = get(&format!("http://127.0.0.1:{admin}/engines/nope/livez"));
     assert_eq!(code, 404);
     assert!(body.contains("e2e"), "{body}");

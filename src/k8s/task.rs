@@ -165,6 +165,9 @@ impl<A: KubeApi> Loop<'_, A> {
         if self.pod.is_none() {
             return;
         }
+        // The mode polls the verdict as Node Manager does: the first healthy look starts
+        // virtual inference where nothing else polls.
+        self.m.status();
         let facts = Facts::of(self.m);
         if self.cfg.readiness_gate {
             self.condition(&facts, resync).await;

@@ -3,7 +3,9 @@
 //! The verdict is computed from atomics, so `/status` never waits on the engine: a background
 //! task probes `/health` every `health_period` (the reference probes inside every `/status`
 //! request, so a `/health` that takes 30 s under load makes Node Manager's 5 s poll time out).
-//! The first healthy `/status` starts virtual inference (one-shot, as the reference).
+//! The first healthy `/status` starts virtual inference (one-shot, as the reference); so does
+//! the first healthy `/readyz` or `/livez`, or the Kubernetes API mode's first look, where
+//! the kubelet or the API mode polls the agent instead of Node Manager.
 //!
 //! Re-arm (not in the reference, which dies with its engine): after virtual inference went
 //! `abnormal`, once `/health` cannot be reached at all (connection refused: the engine process

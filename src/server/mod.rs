@@ -81,6 +81,8 @@ pub fn admin_router(view: AdminView, access: Arc<auth::AdminAccess>) -> Router {
 /// `/readyz` of one engine: 200 while it should take new requests, else 503; either way one
 /// line saying why, and `x-envoy-degraded: true` at `degrade`.
 fn readyz(e: &Monitor) -> Response {
+    // A probe is a poll like Node Manager's: the first healthy one starts virtual inference.
+    e.status();
     let r = actions::readiness(&actions::Facts::of(e), &e.spec.actions);
     let code = if r.ready {
         StatusCode::OK
@@ -99,6 +101,7 @@ fn readyz(e: &Monitor) -> Response {
 
 /// `/livez` of one engine: 503 only where the kubelet should restart it.
 fn livez(e: &Monitor) -> Response {
+    e.status();
     let l = actions::liveness(&actions::Facts::of(e));
     let code = if l.live {
         StatusCode::OK
