@@ -109,6 +109,9 @@ pub struct Observation {
     /// Agent policy: the engine's token counters advanced since the streak's first failure;
     /// `None` when unknown.
     pub tokens_advanced: Option<bool>,
+    /// How long the last successful periodic probe took (the engine's own pace when it
+    /// answers); `None` before one succeeded.
+    pub last_ok_latency: Option<Duration>,
 }
 
 /// What one probe did to the failure count.
@@ -285,13 +288,27 @@ pub fn next_sleep(
 ) -> Option<(Duration, Option<Duration>)> {
     let agent = rules.agent?;
     match a.accounting {
-        Accounting::Incremented => Some((agent.confirm_interval, Some(agent.confirm_timeout))),
+        Accounting::Incremented => Some((
+            agent.confirm_interval,
+            Some(confirm_timeout(&agent, timing, obs.last_ok_latency)),
+        )),
         Accounting::IncrementedStalled => Some((agent.confirm_interval, None)),
         Accounting::Reset if obs.failure.is_some() && obs.stalled_for.is_some() => {
             Some((timing.interval, None))
         }
         _ => None,
     }
+}
+
+/// The timeout of a quick probe on an idle NPU (a confirming re-probe, or the probe when a
+/// busy NPU falls idle): `confirm_timeout`, or twice the engine's last successful answer
+/// when that was slower (a degraded engine that still answers must not time out for being
+/// slow), at most the request timeout.
+pub fn confirm_timeout(agent: &AgentRules, timing: &Timing, last_ok: Option<Duration>) -> Duration {
+    agent
+        .confirm_timeout
+        .max(last_ok.map_or(Duration::ZERO, |l| l.saturating_mul(2)))
+        .min(timing.request_timeout.max(agent.confirm_timeout))
 }
 
 /// The sleep before the next probe, after a probe whose window peak was `peak`.
@@ -361,6 +378,7 @@ mod tests {
             asleep: false,
             idle_throughout: None,
             tokens_advanced: None,
+            last_ok_latency: None,
         }
     }
     fn stalled_for(o: Observation, stalled: Option<u64>, since_served: u64) -> Observation {

@@ -82,6 +82,7 @@ pub async fn run_virtual_inference(
                 asleep: false,
                 idle_throughout: None,
                 tokens_advanced: None,
+                last_ok_latency: None,
             },
         );
         state.apply(&a);
@@ -104,6 +105,8 @@ pub async fn run_virtual_inference(
     // the token counters then), and the next probe's timeout.
     let mut streak: Option<(tokio::time::Instant, Option<f64>)> = None;
     let mut timeout = t.request_timeout;
+    // The last successful periodic probe's latency: the engine's pace when it answers.
+    let mut last_ok: Option<Duration> = None;
     while !state.abnormal() {
         let started = tokio::time::Instant::now();
         let r = prober.send(timeout).await;
@@ -158,9 +161,11 @@ pub async fn run_virtual_inference(
                 (Some(before), Some(now)) => Some(now > before),
                 _ => None,
             },
+            last_ok_latency: last_ok,
         };
         if !failed {
             last_served = tokio::time::Instant::now();
+            last_ok = Some(r.latency);
         }
         let a = account::account(rules, &obs);
         log_accounting(cfg, &obs, &a);
@@ -186,7 +191,7 @@ pub async fn run_virtual_inference(
                         engine,
                         "the NPU fell idle during the busy interval; probing now"
                     );
-                    timeout = agent.confirm_timeout;
+                    timeout = account::confirm_timeout(&agent, t, last_ok);
                 }
             }
             _ => tokio::time::sleep(sleep).await,
@@ -1174,6 +1179,66 @@ mod tests {
 
     // Agent policy: a busy NPU that falls idle during the busy interval is probed once it has
     // been idle a whole window, with the confirming timeout; the reference sleeps it out.
+    // A degraded engine (every answer 3 s late, within the 5 s request timeout) whose load
+    // ends: its busy NPU falls idle, and the quick probe must not time out for the engine's
+    // known pace. Its timeout is twice the last successful answer (6 s, capped at the 5 s
+    // request timeout), not the 2 s confirming timeout; so the engine is never abnormal.
+    #[tokio::test(start_paused = true)]
+    async fn agent_policy_quick_probes_wait_for_a_slow_engines_known_pace() {
+        struct Drop(Instant);
+        impl PeakSource for Drop {
+            fn peak(&self, _: Duration) -> Option<f64> {
+                Some(if Instant::now() < self.0 { 95.0 } else { 0.0 })
+            }
+        }
+        let slow = Duration::from_secs(3);
+        let p = FakeProber::new(vec![
+            (MS, FakeProber::ok()),
+            (slow, FakeProber::ok()),
+            (slow, FakeProber::ok()),
+            (slow, FakeProber::ok()),
+            (slow, FakeProber::ok()),
+        ]);
+        let st = ViState::default();
+        let start = Instant::now();
+        let peaks = Drop(start + Duration::from_secs(4));
+        run_with(
+            &agent_cfg(),
+            &p,
+            &peaks,
+            &NoSignals,
+            &st,
+            Duration::from_secs(60),
+        )
+        .await;
+        let calls = p.calls();
+        assert!(calls.len() >= 4, "{calls:?}");
+        assert_eq!(
+            calls[2].1,
+            Duration::from_secs(5),
+            "twice 3 s, capped at the request timeout"
+        );
+        assert!(!st.abnormal() && st.failure_count() == 0);
+        let agent = account::AgentRules {
+            confirm_failures: 2,
+            confirm_interval: Duration::from_secs(1),
+            confirm_timeout: Duration::from_secs(2),
+        };
+        let t = Timing::default();
+        for (last_ok, want) in [
+            (None, 2000),
+            (Some(20), 2000),
+            (Some(1500), 3000),
+            (Some(3000), 5000),
+        ] {
+            assert_eq!(
+                account::confirm_timeout(&agent, &t, last_ok.map(Duration::from_millis)),
+                Duration::from_millis(want),
+                "{last_ok:?}"
+            );
+        }
+    }
+
     #[tokio::test(start_paused = true)]
     async fn agent_policy_probes_when_a_busy_npu_falls_idle() {
         /// 95 % until `idle_from`, then 0.

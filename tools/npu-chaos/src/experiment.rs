@@ -68,12 +68,15 @@ pub enum Fault {
     /// The engine restarts under its own supervisor: its port is closed for this long, then
     /// it serves again with fresh counters.
     EngineRestart(Duration),
+    /// A degraded engine: every completion this much later (time to first token past its
+    /// budget) and the KV cache at 97 %, tokens still flowing: the QoS level `degrade`.
+    Degraded(Duration),
 }
 
 impl Fault {
     /// Parses a fault name; the error lists the known forms.
     pub fn parse(s: &str) -> Result<Fault, String> {
-        let known = "known: network_latency_<N>ms, cpu_stress_<N>pct, memory_pressure_<N>pct, hot_reload_<N>s, long_streams_<N>, batch_jitter_<N>ms, slow_health_<N>s, slow_health_<N>s_latency_<M>ms, long_prefill_<N>s, burst_<N>, engine_restart_<N>s, engine_sleep, engine_hang, engine_crash, npu_hang_idle, npu_busy_stuck, driver_error, driver_hang, http_5xx";
+        let known = "known: network_latency_<N>ms, cpu_stress_<N>pct, memory_pressure_<N>pct, hot_reload_<N>s, long_streams_<N>, batch_jitter_<N>ms, slow_health_<N>s, slow_health_<N>s_latency_<M>ms, long_prefill_<N>s, burst_<N>, engine_restart_<N>s, degraded_<N>ms, engine_sleep, engine_hang, engine_crash, npu_hang_idle, npu_busy_stuck, driver_error, driver_hang, http_5xx";
         let fixed = match s {
             "engine_hang" => Some(Fault::EngineHang),
             "engine_crash" => Some(Fault::EngineCrash),
@@ -147,6 +150,9 @@ impl Fault {
         if let Some(n) = number("long_prefill_", "s") {
             return Ok(Fault::LongPrefill(secs(n?)));
         }
+        if let Some(n) = number("degraded_", "ms") {
+            return Ok(Fault::Degraded(ms(n?)));
+        }
         if let Some(n) = number("engine_restart_", "s") {
             return Ok(Fault::EngineRestart(secs(n?)));
         }
@@ -190,6 +196,7 @@ impl fmt::Display for Fault {
                 )
             }
             Fault::EngineRestart(d) => write!(f, "engine_restart_{}s", d.as_secs()),
+            Fault::Degraded(d) => write!(f, "degraded_{}ms", d.as_millis()),
         }
     }
 }
@@ -277,6 +284,21 @@ pub enum Expect {
     DetectWithin(Duration),
 }
 
+/// What the kubelet emulator must do (`kubelet:` in the file; by default `restart` for an
+/// engine fault, `not_ready` for the engine's own restart, `no_restart` otherwise).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KubeletExpect {
+    /// The liveness probe restarts the engine (or the kubelet restarts a container that
+    /// exited) within the detection time.
+    Restart,
+    /// The readiness probe takes the engine out of its Service (no restart) while the fault
+    /// lasts (`detect_within` of a fault; the fault's duration for a benign experiment).
+    NotReady,
+    /// No restart (readiness may move).
+    NoRestart,
+}
+
 /// Load run for the whole experiment.
 #[derive(Debug, Clone, PartialEq, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
@@ -340,10 +362,13 @@ pub struct Experiment {
     /// `expect: {…, max_nm_heartbeat: 1s}`): a slower one needs more consecutive abnormal
     /// time than the fault lasts. At a slower cadence a miss is not detectable by design.
     pub max_nm_heartbeat_s: Option<u64>,
-    /// `policy@heartbeat` runs whose false kill is that policy's known behaviour, measured
-    /// and reported, not a failure of the run (`known_false_kill: [reference@1s]`: MindIE V5
-    /// takes a hot reload's 503 `/health` as abnormal at once).
-    pub known_false_kills: Vec<(String, u64)>,
+    /// `policy@row` runs whose false kill (or, under the kubelet, false restart) is that
+    /// policy's known behaviour, measured and reported, not a failure of the run
+    /// (`known_false_kill: [reference@1s, reference@kubelet]`: MindIE V5 takes a hot reload's
+    /// 503 `/health` as abnormal at once). The row is a heartbeat (`1s`) or `kubelet`.
+    pub known_false_kills: Vec<(String, String)>,
+    /// What the kubelet emulator must do.
+    pub kubelet: KubeletExpect,
 }
 
 #[derive(Deserialize)]
@@ -369,6 +394,8 @@ struct RawExperiment {
     expect: RawExpect,
     #[serde(default)]
     known_false_kill: Vec<String>,
+    #[serde(default)]
+    kubelet: Option<KubeletExpect>,
 }
 
 #[derive(Deserialize)]
@@ -443,15 +470,21 @@ pub fn parse(text: &str, file: &str) -> Result<Vec<Experiment>, String> {
         let mut known_false_kills = Vec::new();
         for k in &raw.known_false_kill {
             let parsed = k.split_once('@').and_then(|(p, h)| {
+                if p.is_empty() {
+                    return None;
+                }
+                if h == "kubelet" {
+                    return Some((p.to_owned(), h.to_owned()));
+                }
                 let h = humantime::parse_duration(h).ok()?;
-                (!p.is_empty() && h.subsec_nanos() == 0 && !h.is_zero())
-                    .then(|| (p.to_owned(), h.as_secs()))
+                (h.subsec_nanos() == 0 && !h.is_zero())
+                    .then(|| (p.to_owned(), format!("{}s", h.as_secs())))
             });
             match parsed {
                 Some(x) => known_false_kills.push(x),
                 None => {
                     return Err(at(format!(
-                        "known_false_kill: {k:?}: expected `<policy>@<heartbeat>`, e.g. `reference@1s`"
+                        "known_false_kill: {k:?}: expected `<policy>@<heartbeat>` or `<policy>@kubelet`, e.g. `reference@1s`"
                     )));
                 }
             }
@@ -518,6 +551,17 @@ pub fn parse(text: &str, file: &str) -> Result<Vec<Experiment>, String> {
         if l.prompt_tokens > 100_000 {
             return Err(at("load.prompt_tokens: at most 100000".to_owned()));
         }
+        let kubelet = raw.kubelet.unwrap_or(match (expect, fault) {
+            (Expect::Healthy, _) => KubeletExpect::NoRestart,
+            (_, Fault::DriverError | Fault::DriverHang) => KubeletExpect::NoRestart,
+            (_, Fault::EngineRestart(_)) => KubeletExpect::NotReady,
+            _ => KubeletExpect::Restart,
+        });
+        if expect == Expect::Healthy && kubelet == KubeletExpect::Restart {
+            return Err(at(
+                "kubelet: restart: a benign experiment's engine must not be restarted".to_owned(),
+            ));
+        }
         out.push(Experiment {
             name: raw.name,
             target: raw.target,
@@ -529,6 +573,7 @@ pub fn parse(text: &str, file: &str) -> Result<Vec<Experiment>, String> {
             agent_policy_only,
             max_nm_heartbeat_s,
             known_false_kills,
+            kubelet,
         });
     }
     Ok(out)
@@ -741,6 +786,63 @@ experiments:
                 .unwrap_err()
                 .contains("list of experiments")
         );
+    }
+
+    // What the kubelet must do: derived from the experiment unless written; `known` rows name
+    // a heartbeat or the kubelet; a benign experiment cannot expect a restart.
+    #[test]
+    fn kubelet_expectations_and_known_rows() {
+        let one = |fault: &str, expect: &str, extra: &str| {
+            parse(
+                &format!(
+                    "- name: x\n  target: engine\n  fault: {fault}\n  duration: 10s\n  expect: {expect}\n{extra}"
+                ),
+                "x.yaml",
+            )
+        };
+        let k = |fault: &str, expect: &str| one(fault, expect, "").unwrap()[0].kubelet;
+        assert_eq!(
+            k("engine_hang", "{ detect_within: 1m }"),
+            KubeletExpect::Restart
+        );
+        assert_eq!(
+            k("engine_crash", "{ detect_within: 1m }"),
+            KubeletExpect::Restart
+        );
+        assert_eq!(
+            k("engine_restart_8s", "{ detect_within: 1m }"),
+            KubeletExpect::NotReady
+        );
+        assert_eq!(
+            k("driver_hang", "{ detect_within: 1m }"),
+            KubeletExpect::NoRestart
+        );
+        assert_eq!(k("hot_reload_8s", "healthy"), KubeletExpect::NoRestart);
+        let e = one(
+            "memory_pressure_20pct",
+            "healthy",
+            "  kubelet: not_ready\n  known_false_kill: [reference@kubelet, agent@3s]\n",
+        )
+        .unwrap();
+        assert_eq!(e[0].kubelet, KubeletExpect::NotReady);
+        assert_eq!(
+            e[0].known_false_kills,
+            [
+                ("reference".to_owned(), "kubelet".to_owned()),
+                ("agent".to_owned(), "3s".to_owned())
+            ]
+        );
+        let err = one("hot_reload_8s", "healthy", "  kubelet: restart\n").unwrap_err();
+        assert!(err.contains("must not be restarted"), "{err}");
+        let err = one("hot_reload_8s", "healthy", "  kubelet: reboot\n").unwrap_err();
+        assert!(err.contains("unknown variant"), "{err}");
+        let err = one(
+            "hot_reload_8s",
+            "healthy",
+            "  known_false_kill: [reference@kublet]\n",
+        )
+        .unwrap_err();
+        assert!(err.contains("<policy>@kubelet"), "{err}");
     }
 
     /// Every shipped experiment file parses: a typo in one that only a long CI stage reads

@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 pub mod experiment;
+pub mod kubelet;
 pub mod load;
 pub mod proxy;
 pub mod pymotor;
@@ -93,6 +94,8 @@ pub struct Plan<'a> {
     pub experiments: &'a [Experiment],
     pub policies: &'a [Policy],
     pub cadences: &'a [Cadence],
+    /// Also a kubelet row per policy (the kubelet emulator acting, no Node Manager).
+    pub kubelet: bool,
     pub time_scale: f64,
     pub out: &'a Path,
     pub engine: EngineKind,
@@ -110,12 +113,17 @@ pub async fn run_all(plan: &Plan<'_>) -> Result<bool, String> {
         experiments,
         policies,
         cadences,
+        kubelet,
         time_scale,
         out,
         engine,
         node_manager,
         real_vllm_script,
     } = *plan;
+    let mut rows: Vec<run::Row> = cadences.iter().map(|&c| run::Row::NodeManager(c)).collect();
+    if kubelet {
+        rows.push(run::Row::Kubelet);
+    }
     let _ = rustls::crypto::ring::default_provider().install_default();
     std::fs::create_dir_all(out).map_err(|e| format!("{}: {e}", out.display()))?;
     // Absolute: the scenario names the NPU files, and the fake driver resolves relative names
@@ -134,7 +142,7 @@ pub async fn run_all(plan: &Plan<'_>) -> Result<bool, String> {
         engine,
         real_vllm_script: real_vllm_script.to_owned(),
         real: Default::default(),
-        cadence: run::Cadence::REFERENCE,
+        row: run::Row::NodeManager(run::Cadence::REFERENCE),
         pymotor: if policies.contains(&Policy::Mindie)
             && time_scale == 1.0
             && engine == EngineKind::Fake
@@ -150,18 +158,18 @@ pub async fn run_all(plan: &Plan<'_>) -> Result<bool, String> {
             }
         },
     };
-    let outcomes = run_each(experiments, policies, cadences, opts).await;
+    let outcomes = run_each(experiments, policies, &rows, opts).await;
     // The real engine is kept between experiments: stop it, however the run ended.
     if let Some(r) = opts.real.lock().await.take() {
         r.down().await;
     }
     let outcomes = outcomes?;
-    let md = report::markdown(&outcomes, policies, cadences, time_scale);
+    let md = report::markdown(&outcomes, policies, &rows, time_scale);
     print!("{md}");
     std::fs::write(out.join("summary.md"), &md).map_err(|e| e.to_string())?;
     let summaries: Vec<report::PolicySummary> = policies
         .iter()
-        .flat_map(|&p| cadences.iter().map(move |&c| (p, c)))
+        .flat_map(|&p| rows.iter().map(move |&c| (p, c)))
         .map(|(p, c)| report::summarize(p, c, &outcomes, time_scale))
         .collect();
     std::fs::write(
@@ -181,7 +189,7 @@ pub async fn run_all(plan: &Plan<'_>) -> Result<bool, String> {
 async fn run_each(
     experiments: &[Experiment],
     policies: &[Policy],
-    cadences: &[Cadence],
+    rows: &[run::Row],
     opts: &mut RunOptions,
 ) -> Result<Vec<Outcome>, String> {
     let (out, time_scale) = (opts.out_dir.clone(), opts.time_scale);
@@ -189,15 +197,18 @@ async fn run_each(
     for e in experiments {
         for (&p, &c) in policies
             .iter()
-            .flat_map(|p| cadences.iter().map(move |c| (p, c)))
+            .flat_map(|p| rows.iter().map(move |c| (p, c)))
         {
-            opts.cadence = c;
+            opts.row = c;
             eprintln!(
-                "npu-chaos: {} ({}) under the {} policy, Node Manager heartbeat {} ...",
+                "npu-chaos: {} ({}) under the {} policy, {} ...",
                 e.name,
                 e.fault,
                 p.as_str(),
-                c.label()
+                match c {
+                    run::Row::NodeManager(c) => format!("Node Manager heartbeat {}", c.label()),
+                    run::Row::Kubelet => "the kubelet acting".to_owned(),
+                }
             );
             let mut o = tokio::select! {
                 o = run::run(e, p, opts) => o,

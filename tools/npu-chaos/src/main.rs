@@ -45,6 +45,11 @@ enum Cmd {
         /// grace period).
         #[arg(long, value_enum, default_value = "emulator")]
         node_manager: NodeManagerKind,
+        /// Also run every experiment with the kubelet emulator acting instead of Node
+        /// Manager (the example manifest's /readyz and /livez probes; fake engine and the
+        /// emulator only): a row `kubelet` per policy.
+        #[arg(long)]
+        kubelet: bool,
         /// Only the experiments with these names.
         #[arg(long)]
         only: Vec<String>,
@@ -113,6 +118,7 @@ fn main() -> ExitCode {
             policy,
             nm_heartbeat,
             node_manager,
+            kubelet,
             only,
             engine,
             real_vllm,
@@ -153,6 +159,12 @@ fn main() -> ExitCode {
                 }
                 (false, _) => nm_heartbeat,
             };
+            if kubelet && (pymotor || engine != EngineKind::Fake) {
+                eprintln!(
+                    "npu-chaos: --kubelet runs on the fake engine with the Node Manager emulator (it restarts the fake engine)"
+                );
+                return ExitCode::from(2);
+            }
             let policies = if policy.is_empty() {
                 vec![Policy::Reference, Policy::Agent, Policy::Mindie]
             } else {
@@ -173,6 +185,7 @@ fn main() -> ExitCode {
                 experiments: &es,
                 policies: &policies,
                 cadences: &nm_heartbeat,
+                kubelet,
                 time_scale,
                 out: &out,
                 engine,

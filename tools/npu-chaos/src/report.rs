@@ -1,16 +1,19 @@
-//! The chaos suite's summary: per policy and Node Manager cadence, false kills and the
-//! lowest availability on the benign experiments, detection rate and median / worst time to
-//! detect on the faults, and a line per experiment.
+//! The chaos suite's summary: per policy and row (Node Manager at a cadence, or the
+//! kubelet), false kills (false restarts under the kubelet) and the lowest availability on
+//! the benign experiments, detection rate and median / worst time to detect on the faults,
+//! the kubelet's median times to not-ready and to restart, and a line per experiment.
 
-use super::run::{Cadence, Outcome, Policy, Verdict};
+use super::run::{Cadence, Integration, Outcome, Policy, Row, Verdict};
 use std::fmt::Write;
 
-/// Figures of one policy at one Node Manager cadence. Times are given both on the run's
-/// scaled clock (`…_ms_scaled`) and unscaled (`…_s_unscaled`, divided by the time scale).
+/// Figures of one policy in one row. Times are given both on the run's scaled clock
+/// (`…_ms_scaled`) and unscaled (`…_s_unscaled`, divided by the time scale).
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct PolicySummary {
     pub policy: Policy,
-    pub cadence: Cadence,
+    pub integration: Integration,
+    /// Node Manager's cadence; `null` in the kubelet's row.
+    pub cadence: Option<Cadence>,
     pub benign: usize,
     /// Every false kill, the known ones included.
     pub false_kills: usize,
@@ -30,18 +33,22 @@ pub struct PolicySummary {
     pub worst_detect_s_unscaled: Option<f64>,
     /// The lowest availability (completed over attempted requests) of a benign experiment.
     pub min_benign_availability: Option<f64>,
+    /// Kubelet row: the median time from injection to the first not-ready, and to the first
+    /// restart, over the faults where it happened.
+    pub median_not_ready_s_unscaled: Option<f64>,
+    pub median_restart_s_unscaled: Option<f64>,
 }
 
-/// Sums up the outcomes of one policy at one cadence.
-pub fn summarize(
-    policy: Policy,
-    cadence: Cadence,
-    outcomes: &[Outcome],
-    time_scale: f64,
-) -> PolicySummary {
+fn median(mut v: Vec<u64>) -> Option<u64> {
+    v.sort_unstable();
+    (!v.is_empty()).then(|| v[(v.len() - 1) / 2])
+}
+
+/// Sums up the outcomes of one policy in one row.
+pub fn summarize(policy: Policy, row: Row, outcomes: &[Outcome], time_scale: f64) -> PolicySummary {
     let all: Vec<&Outcome> = outcomes
         .iter()
-        .filter(|o| o.policy == policy && o.cadence == cadence)
+        .filter(|o| o.policy == policy && o.row() == row)
         .collect();
     let mine: Vec<&Outcome> = all
         .iter()
@@ -53,12 +60,21 @@ pub fn summarize(
     let mut times: Vec<u64> = faults.iter().filter_map(|o| o.detected_after_ms).collect();
     times.sort_unstable();
     let count = |v: Verdict| mine.iter().filter(|o| o.verdict == v).count();
-    let median = (!times.is_empty()).then(|| times[(times.len() - 1) / 2]);
+    let mid = median(times.clone());
     let worst = times.last().copied();
     let unscaled = |t: Option<u64>| t.map(|t| t as f64 / 1000.0 / time_scale);
+    let kubelet_times = |f: fn(&super::run::KubeletOutcome) -> Option<u64>| {
+        median(
+            faults
+                .iter()
+                .filter_map(|o| o.kubelet.as_ref().and_then(f))
+                .collect(),
+        )
+    };
     PolicySummary {
         policy,
-        cadence,
+        integration: row.integration(),
+        cadence: row.cadence(),
         benign: benign.len(),
         false_kills: count(Verdict::FalseKill) + count(Verdict::KnownFalseKill),
         known_false_kills: count(Verdict::KnownFalseKill),
@@ -68,14 +84,16 @@ pub fn summarize(
         missed: count(Verdict::Missed),
         errors: count(Verdict::Error),
         not_applicable: all.len() - mine.len(),
-        median_detect_ms_scaled: median,
+        median_detect_ms_scaled: mid,
         worst_detect_ms_scaled: worst,
-        median_detect_s_unscaled: unscaled(median),
+        median_detect_s_unscaled: unscaled(mid),
         worst_detect_s_unscaled: unscaled(worst),
         min_benign_availability: benign
             .iter()
             .filter_map(|o| o.load.availability)
             .min_by(f64::total_cmp),
+        median_not_ready_s_unscaled: unscaled(kubelet_times(|k| k.not_ready_after_ms)),
+        median_restart_s_unscaled: unscaled(kubelet_times(|k| k.restart_after_ms)),
     }
 }
 
@@ -99,26 +117,29 @@ pub fn percent(a: Option<f64>) -> String {
     a.map_or_else(|| "—".to_owned(), |a| format!("{:.2} %", a * 100.0))
 }
 
-/// The Markdown report: the summary table (one row per policy and cadence), then one line
-/// per experiment. Times are unscaled (measured at `time_scale`, divided by it).
+/// The Markdown report: the summary table (one row per policy and row), then one line per
+/// experiment. Times are unscaled (measured at `time_scale`, divided by it). Under the
+/// kubelet a false kill is a liveness restart of a healthy engine, and the time to detect is
+/// the time to the action the fault expects (a restart, or not-ready).
 pub fn markdown(
     outcomes: &[Outcome],
     policies: &[Policy],
-    cadences: &[Cadence],
+    rows: &[Row],
     time_scale: f64,
 ) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "| Policy | NM heartbeat | False kills (benign) | Detected (faults) | Not detectable by design | Not applicable | Median time to detect | Worst time to detect | Lowest benign availability |"
+        "| Policy | Acting (NM heartbeat, or kubelet) | False kills or restarts (benign) | Detected (faults) | Not detectable by design | Not applicable | Median time to detect | Worst time to detect | Lowest benign availability | Kubelet: median time to not-ready | Kubelet: median time to restart |"
     );
-    let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for &p in policies {
-        for &c in cadences {
+        for &c in rows {
             let m = summarize(p, c, outcomes, time_scale);
+            let kubelet = c == Row::Kubelet;
             let _ = writeln!(
                 s,
-                "| {} | {} | {} / {}{} | {} / {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} / {}{} | {} / {} | {} | {} | {} | {} | {} | {} | {} |",
                 p.as_str(),
                 c.label(),
                 m.false_kills,
@@ -135,6 +156,16 @@ pub fn markdown(
                 secs(m.median_detect_s_unscaled),
                 secs(m.worst_detect_s_unscaled),
                 percent(m.min_benign_availability),
+                if kubelet {
+                    secs(m.median_not_ready_s_unscaled)
+                } else {
+                    "—".to_owned()
+                },
+                if kubelet {
+                    secs(m.median_restart_s_unscaled)
+                } else {
+                    "—".to_owned()
+                },
             );
         }
     }
@@ -144,9 +175,9 @@ pub fn markdown(
     );
     let _ = writeln!(
         s,
-        "| Experiment | Fault | Expect | Policy | NM heartbeat | Verdict | Injected | Detected after | Killed at | Availability | Guard events |"
+        "| Experiment | Fault | Expect | Policy | Acting | Verdict | Injected | Detected after | Killed at | Kubelet | Availability | Guard events |"
     );
-    let _ = writeln!(s, "|---|---|---|---|---|---|---:|---:|---:|---:|---|");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---:|---:|---:|---|---:|---|");
     for o in outcomes {
         let unscale = |t: i64| format!("{:.1} s", t as f64 / time_scale / 1000.0);
         let verdict = serde_json::to_value(o.verdict)
@@ -159,19 +190,47 @@ pub fn markdown(
             .map(|g| format!("{} {} ({})", g.guard, g.action, g.detail))
             .collect();
         let availability = format!(
-            "{} ({} / {})",
+            "{} ({} / {}{})",
             percent(o.load.availability),
             o.load.completed,
-            o.load.attempted
+            o.load.attempted,
+            if o.load.held_back > 0 {
+                format!("; {} held back while not ready", o.load.held_back)
+            } else {
+                String::new()
+            }
+        );
+        let kubelet = o.kubelet.as_ref().map_or_else(
+            || "—".to_owned(),
+            |k| {
+                format!(
+                    "expects {}; not ready {}{}; {} liveness / {} exit restarts",
+                    serde_json::to_value(k.expect)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_owned))
+                        .unwrap_or_default(),
+                    k.not_ready_after_ms.map_or_else(
+                        || "never".to_owned(),
+                        |t| format!("after {}", unscale(t as i64))
+                    ),
+                    if k.not_ready_ms > 0 {
+                        format!(" ({} in all)", unscale(k.not_ready_ms as i64))
+                    } else {
+                        String::new()
+                    },
+                    k.liveness_restarts,
+                    k.exit_restarts
+                )
+            },
         );
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} | {}{} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {}{} | {} | {} | {} | {} | {} | {} |",
             o.experiment,
             o.fault,
             o.expect,
             o.policy.as_str(),
-            o.cadence.label(),
+            o.row().label(),
             verdict,
             match (&o.error, &o.ran_again_after) {
                 (Some(e), _) => format!(": {e}"),
@@ -182,6 +241,7 @@ pub fn markdown(
             o.detected_after_ms
                 .map_or_else(|| "—".to_owned(), |t| unscale(t as i64)),
             o.killed_at_ms.map_or_else(|| "—".to_owned(), unscale),
+            kubelet,
             availability,
             if guards.is_empty() {
                 "—".to_owned()
@@ -204,7 +264,8 @@ mod tests {
             target: Target::Engine,
             fault: "engine_hang".into(),
             policy: Policy::Agent,
-            cadence: Cadence::PYMOTOR,
+            integration: Integration::NodeManager,
+            cadence: Some(Cadence::PYMOTOR),
             node_manager: crate::run::NodeManagerKind::Emulator,
             expect: expect.into(),
             verdict,
@@ -224,6 +285,7 @@ mod tests {
             },
             error: None,
             ran_again_after: None,
+            kubelet: None,
             timeline: Vec::new(),
         }
     }
@@ -240,7 +302,12 @@ mod tests {
         o.verdict = Verdict::Pass;
         o.error = None;
         o.ran_again_after = Some("the real vLLM died by itself 4.2 s in".into());
-        let md = markdown(&[o], &[Policy::Agent], &[Cadence::PYMOTOR], 1.0);
+        let md = markdown(
+            &[o],
+            &[Policy::Agent],
+            &[Row::NodeManager(Cadence::PYMOTOR)],
+            1.0,
+        );
         assert!(
             md.contains("pass (second attempt; the first: the real vLLM died by itself 4.2 s in)"),
             "{md}"
@@ -262,9 +329,15 @@ mod tests {
         for o in &mut os {
             o.load.availability = Some(o.load.completed as f64 / o.load.attempted as f64);
         }
-        let m = summarize(Policy::Agent, Cadence::PYMOTOR, &os, 0.1);
+        let m = summarize(Policy::Agent, Row::NodeManager(Cadence::PYMOTOR), &os, 0.1);
         assert_eq!(
-            summarize(Policy::Agent, Cadence::REFERENCE, &os, 0.1).benign,
+            summarize(
+                Policy::Agent,
+                Row::NodeManager(Cadence::REFERENCE),
+                &os,
+                0.1
+            )
+            .benign,
             0,
             "another cadence's outcomes are not counted"
         );
@@ -278,9 +351,16 @@ mod tests {
         assert_eq!(m.worst_detect_ms_scaled, Some(6000));
         assert!(failed(&os));
         assert!(!failed(&os[..1]));
-        let md = markdown(&os, &[Policy::Agent], &[Cadence::PYMOTOR], 0.1);
+        let md = markdown(
+            &os,
+            &[Policy::Agent],
+            &[Row::NodeManager(Cadence::PYMOTOR)],
+            0.1,
+        );
         assert!(
-            md.contains("| agent | 1s | 1 / 2 | 3 / 4 | 0 | 2 | 40.0 s | 60.0 s | 99.00 % |"),
+            md.contains(
+                "| agent | 1s | 1 / 2 | 3 / 4 | 0 | 2 | 40.0 s | 60.0 s | 99.00 % | — | — |"
+            ),
             "{md}"
         );
         // Every row of the per-experiment table has as many cells as its header.

@@ -64,6 +64,14 @@ impl Policy {
 
     /// Why this policy cannot run the experiment here, if it cannot.
     pub fn not_applicable(self, opts: &RunOptions, fault: Fault) -> Option<String> {
+        if opts.row == Row::Kubelet {
+            if self == Policy::Mindie {
+                return Some("MindIE's engine server serves no /readyz or /livez: the kubelet has nothing of it to probe".to_owned());
+            }
+            if opts.engine != EngineKind::Fake {
+                return Some("the kubelet emulator restarts the fake engine only (a real vLLM reloads its model for most of a minute per restart here)".to_owned());
+            }
+        }
         if self != Policy::Mindie {
             return None;
         }
@@ -143,6 +151,49 @@ impl Cadence {
     }
 }
 
+/// Who acts on the agent's answers in a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Integration {
+    /// Node Manager polls `/status` and kills after 5 abnormal heartbeats.
+    NodeManager,
+    /// The kubelet probes `/readyz` and `/livez` ([`super::kubelet`]): not ready takes the
+    /// engine out of the load, a liveness failure restarts it.
+    Kubelet,
+}
+
+/// A row of the summary: Node Manager at one cadence, or the kubelet.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Row {
+    NodeManager(Cadence),
+    Kubelet,
+}
+
+impl Row {
+    /// `1s`, `3s`, `kubelet`.
+    pub fn label(self) -> String {
+        match self {
+            Row::NodeManager(c) => c.label(),
+            Row::Kubelet => "kubelet".to_owned(),
+        }
+    }
+
+    /// Node Manager's cadence, in a Node Manager row.
+    pub fn cadence(self) -> Option<Cadence> {
+        match self {
+            Row::NodeManager(c) => Some(c),
+            Row::Kubelet => None,
+        }
+    }
+
+    pub fn integration(self) -> Integration {
+        match self {
+            Row::NodeManager(_) => Integration::NodeManager,
+            Row::Kubelet => Integration::Kubelet,
+        }
+    }
+}
+
 /// Which engine the experiments run against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
@@ -166,8 +217,8 @@ pub struct RunOptions {
     pub real_vllm_script: PathBuf,
     /// The real engine, kept between experiments (`None` inside: not started, or killed).
     pub real: std::sync::Arc<tokio::sync::Mutex<Option<RealEngine>>>,
-    /// Node Manager's cadence for this run.
-    pub cadence: Cadence,
+    /// Who acts in this run: Node Manager at its cadence, or the kubelet.
+    pub row: Row,
     /// MindIE PyMotor 3.0.0b2's own `HeartbeatManager` instead of the emulator
     /// (`--node-manager pymotor`; real time only).
     pub pymotor_nm: Option<super::pymotor::Pymotor>,
@@ -251,8 +302,10 @@ pub struct Outcome {
     pub target: super::experiment::Target,
     pub fault: String,
     pub policy: Policy,
-    /// Node Manager's cadence.
-    pub cadence: Cadence,
+    /// Who acted on the agent's answers.
+    pub integration: Integration,
+    /// Node Manager's cadence (`null` in a kubelet run).
+    pub cadence: Option<Cadence>,
     /// `emulator`, or `pymotor` (MindIE PyMotor 3.0.0b2's own heartbeat).
     pub node_manager: NodeManagerKind,
     pub expect: String,
@@ -274,10 +327,38 @@ pub struct Outcome {
     /// Set when this is the second attempt: why the first did not count (a real vLLM that
     /// died by itself).
     pub ran_again_after: Option<String>,
+    /// What the kubelet emulator did (kubelet runs only).
+    pub kubelet: Option<KubeletOutcome>,
     pub timeline: Vec<TimelinePoint>,
 }
 
+/// What the kubelet emulator did in one experiment. Times are milliseconds from the first
+/// injection, on the run's clock.
+#[derive(Debug, Clone, Serialize)]
+pub struct KubeletOutcome {
+    pub expect: super::experiment::KubeletExpect,
+    /// Every action, with its time from the scheduled injection (negative: before).
+    pub actions: Vec<(i64, super::kubelet::Action)>,
+    /// Restarts on a failed liveness probe.
+    pub liveness_restarts: u32,
+    /// Restarts of a container that exited.
+    pub exit_restarts: u32,
+    /// The first not-ready after the first injection.
+    pub not_ready_after_ms: Option<u64>,
+    /// The first restart (either kind) after the first injection.
+    pub restart_after_ms: Option<u64>,
+    /// How long the engine was not ready in all.
+    pub not_ready_ms: u64,
+}
+
 impl Outcome {
+    /// The summary row this outcome belongs to.
+    pub fn row(&self) -> Row {
+        match (self.integration, self.cadence) {
+            (Integration::NodeManager, Some(c)) => Row::NodeManager(c),
+            _ => Row::Kubelet,
+        }
+    }
     /// The error of an experiment whose real vLLM died by itself, if that is how it ended.
     pub fn real_engine_died(&self) -> Option<String> {
         self.error
@@ -385,6 +466,7 @@ health_timeout = "{health_timeout}"
 period = "{qos_period}"
 metrics_period = "{qos_period}"
 max_input_age = "{max_age}"
+ttft_budget = "{ttft_budget}"
 {policy_keys}"#,
         policy = match policy {
             Policy::Agent => "agent",
@@ -402,13 +484,57 @@ max_input_age = "{max_age}"
         health_timeout = d(5.0, e::HEALTH_TIMEOUT),
         qos_period = d(5.0, q::PERIOD),
         max_age = d(60.0, q::MAX_INPUT_AGE),
+        ttft_budget = d(2.0, q::TTFT_BUDGET),
     )
+}
+
+/// How the fake engine is started, kept to start it again (the kubelet's restarts).
+#[derive(Debug, Clone)]
+struct FakeLaunch {
+    exe: PathBuf,
+    port: u16,
+    control_port: u16,
+    npu_files: Vec<PathBuf>,
+    /// MindIE's own inference surface (`/health` is a JSON bool), for the peer.
+    mindie: bool,
+    s: f64,
+}
+
+impl FakeLaunch {
+    fn spawn(&self, stderr: std::process::Stdio) -> Result<Child, String> {
+        let s = self.s;
+        let mut cmd = Command::from(fake_engine::launch::command(
+            &self.exe,
+            self.port,
+            self.control_port,
+            "m",
+            &self.npu_files,
+        ));
+        if self.mindie {
+            cmd.args(["--profile", "mindie"]);
+        }
+        cmd.args([
+            "--ttft",
+            &fmt_duration(scaled(Duration::from_millis(20), s)),
+        ])
+        .args(["--tpot", &fmt_duration(scaled(Duration::from_millis(5), s))])
+        // vLLM's default max_num_seqs: long streams run instead of queueing.
+        .args(["--max-running", "256"])
+        .stderr(stderr)
+        .kill_on_drop(true);
+        cmd.spawn()
+            .map_err(|e| format!("starting the fake engine: {e}"))
+    }
 }
 
 /// Running processes and in-process parts of one experiment.
 struct Stack {
     dir: PathBuf,
     engine: Option<Child>,
+    /// How the fake engine was started (`None` for a real one).
+    relaunch: Option<FakeLaunch>,
+    /// Restarts of the engine so far (each logs to `engine-restart<N>.log`).
+    restarts: u32,
     /// The real engine (`--engine vllm`) and the follower writing its Worker's CPU use as
     /// the NPUs' AI Cube figure.
     real: Option<(RealEngine, npu_fake::follow::CpuFollower)>,
@@ -454,32 +580,19 @@ impl Stack {
                 .map(std::process::Stdio::from)
                 .map_err(|e| e.to_string())
         };
+        let mut relaunch = None;
         let (engine, real, engine_port) = match opts.engine {
             EngineKind::Fake => {
-                let mut engine_cmd = Command::from(fake_engine::launch::command(
-                    &opts.agent_exe,
-                    fake_port,
+                let launch = FakeLaunch {
+                    exe: opts.agent_exe.clone(),
+                    port: fake_port,
                     control_port,
-                    "m",
-                    &npu_files,
-                ));
-                if policy == Policy::Mindie {
-                    // MindIE's own inference surface: `/health` is a JSON bool.
-                    engine_cmd.args(["--profile", "mindie"]);
-                }
-                engine_cmd
-                    .args([
-                        "--ttft",
-                        &fmt_duration(scaled(Duration::from_millis(20), s)),
-                    ])
-                    .args(["--tpot", &fmt_duration(scaled(Duration::from_millis(5), s))])
-                    // vLLM's default max_num_seqs: long streams run instead of queueing.
-                    .args(["--max-running", "256"])
-                    .stderr(log("engine.log")?)
-                    .kill_on_drop(true);
-                let engine = engine_cmd
-                    .spawn()
-                    .map_err(|e| format!("starting the fake engine: {e}"))?;
+                    npu_files: npu_files.clone(),
+                    mindie: policy == Policy::Mindie,
+                    s,
+                };
+                let engine = launch.spawn(log("engine.log")?)?;
+                relaunch = Some(launch);
                 (Some(engine), None, fake_port)
             }
             EngineKind::Vllm => {
@@ -579,6 +692,8 @@ impl Stack {
         Ok(Stack {
             dir: dir.to_owned(),
             engine,
+            relaunch,
+            restarts: 0,
             real,
             real_slot: opts.real.clone(),
             agent,
@@ -658,6 +773,35 @@ impl Stack {
             r.save_log(&self.dir.join("vllm.log"));
             *self.real_slot.lock().await = None;
         }
+    }
+
+    /// Whether the engine's process is gone (killed, or exited by itself).
+    fn engine_exited(&mut self) -> bool {
+        match self.engine.as_mut() {
+            None => true,
+            Some(e) => matches!(e.try_wait(), Ok(Some(_))),
+        }
+    }
+
+    /// Restarts the fake engine in place, as the kubelet restarts a container: the old
+    /// process (if any) is killed and reaped, a new one starts on the same ports with fresh
+    /// state (no fault).
+    async fn restart_engine(&mut self) -> Result<(), String> {
+        let launch = self
+            .relaunch
+            .clone()
+            .ok_or("only the fake engine can be restarted")?;
+        if let Some(mut e) = self.engine.take() {
+            let _ = e.kill().await;
+        }
+        self.restarts += 1;
+        let log = std::fs::File::create(
+            self.dir
+                .join(format!("engine-restart{}.log", self.restarts)),
+        )
+        .map_err(|e| e.to_string())?;
+        self.engine = Some(launch.spawn(std::process::Stdio::from(log))?);
+        Ok(())
     }
 
     /// Points the NPUs at `text` instead of the real Worker's CPU (`None`: follow it again).
@@ -793,6 +937,10 @@ fn engine_patches(fault: Fault, s: f64) -> Option<(Value, Value)> {
             json!({"slow_health_ms": 0}),
         ),
         Fault::EngineRestart(d) => (json!({"restart_ms": ms(d)}), json!({})),
+        Fault::Degraded(d) => (
+            json!({"latency_ms": ms(d), "kv_cache_usage": 0.97}),
+            json!({"latency_ms": 0, "kv_cache_usage": null}),
+        ),
         Fault::NpuHangIdle => (
             json!({"hang": true, "hbm_used_mb": 65536}),
             json!({"hang": false, "hbm_used_mb": null}),
@@ -954,11 +1102,11 @@ fn start_node_manager(
         })
 }
 
-/// The cadence's directory of the outputs: `1s`, `3s`, or `1s-pymotor`.
+/// The row's directory of the outputs: `1s`, `3s`, `1s-pymotor` or `kubelet`.
 pub fn cadence_dir(opts: &RunOptions) -> String {
-    match opts.pymotor_nm {
-        Some(_) => format!("{}-pymotor", opts.cadence.label()),
-        None => opts.cadence.label(),
+    match (opts.row, &opts.pymotor_nm) {
+        (Row::NodeManager(c), Some(_)) => format!("{}-pymotor", c.label()),
+        (row, _) => row.label(),
     }
 }
 
@@ -966,14 +1114,18 @@ pub fn cadence_dir(opts: &RunOptions) -> String {
 /// `error` with the reason.
 pub async fn run(e: &Experiment, policy: Policy, opts: &RunOptions) -> Outcome {
     let not_by_design = (e.agent_policy_only && policy != Policy::Agent)
-        || e.max_nm_heartbeat_s
-            .is_some_and(|h| opts.cadence.heartbeat_s > h);
+        || opts
+            .row
+            .cadence()
+            .zip(e.max_nm_heartbeat_s)
+            .is_some_and(|(c, h)| c.heartbeat_s > h);
     let mut out = Outcome {
         experiment: e.name.clone(),
         target: e.target,
         fault: e.fault.to_string(),
         policy,
-        cadence: opts.cadence,
+        integration: opts.row.integration(),
+        cadence: opts.row.cadence(),
         node_manager: if opts.pymotor_nm.is_some() {
             NodeManagerKind::Pymotor
         } else {
@@ -992,6 +1144,7 @@ pub async fn run(e: &Experiment, policy: Policy, opts: &RunOptions) -> Outcome {
         load: Default::default(),
         error: None,
         ran_again_after: None,
+        kubelet: None,
         timeline: Vec::new(),
     };
     if opts.engine == EngineKind::Vllm
@@ -1019,7 +1172,7 @@ pub async fn run(e: &Experiment, policy: Policy, opts: &RunOptions) -> Outcome {
     let known = e
         .known_false_kills
         .iter()
-        .any(|(p, h)| p == policy.as_str() && *h == opts.cadence.heartbeat_s);
+        .any(|(p, row)| p == policy.as_str() && *row == opts.row.label());
     let killed_before_fault = out
         .killed_at_ms
         .is_some_and(|k| out.first_injected_ms.is_none_or(|f| k < f));
@@ -1028,6 +1181,7 @@ pub async fn run(e: &Experiment, policy: Policy, opts: &RunOptions) -> Outcome {
             out.error = Some(err);
             Verdict::Error
         }
+        Ok(()) if opts.row == Row::Kubelet => kubelet_verdict(e, &out, known, not_by_design),
         Ok(()) => match e.expect {
             _ if killed_before_fault => Verdict::FalseKill,
             Expect::Healthy if out.killed_at_ms.is_some() && known => Verdict::KnownFalseKill,
@@ -1043,6 +1197,41 @@ pub async fn run(e: &Experiment, policy: Policy, opts: &RunOptions) -> Outcome {
         },
     };
     out
+}
+
+/// The verdict of a kubelet run: a liveness restart of a healthy engine is a false kill; a
+/// fault must bring the action the experiment expects, in time.
+fn kubelet_verdict(e: &Experiment, out: &Outcome, known: bool, not_by_design: bool) -> Verdict {
+    use super::experiment::KubeletExpect;
+    let Some(k) = &out.kubelet else {
+        return Verdict::Error;
+    };
+    let restarted = k.liveness_restarts + k.exit_restarts > 0;
+    let false_restart = match k.expect {
+        KubeletExpect::Restart => k.restart_after_ms.is_none() && restarted,
+        KubeletExpect::NotReady | KubeletExpect::NoRestart => k.liveness_restarts > 0,
+    };
+    if false_restart {
+        return if known {
+            Verdict::KnownFalseKill
+        } else {
+            Verdict::FalseKill
+        };
+    }
+    match (k.expect, e.expect) {
+        (KubeletExpect::NoRestart, Expect::Healthy) => Verdict::Pass,
+        // A driver fault: the NPU flagged (the Node Manager rule), the engine not restarted.
+        (KubeletExpect::NoRestart, Expect::DetectWithin(_)) if out.detected_after_ms.is_some() => {
+            Verdict::Pass
+        }
+        (KubeletExpect::Restart | KubeletExpect::NotReady, _)
+            if out.detected_after_ms.is_some() =>
+        {
+            Verdict::Pass
+        }
+        _ if not_by_design => Verdict::NotDetectableByDesign,
+        _ => Verdict::Missed,
+    }
 }
 
 async fn run_inner(
@@ -1090,19 +1279,63 @@ async fn run_inner(
         cancel.child_token(),
     );
     // The node has been up past Node Manager's grace period.
-    let nm = opts
-        .cadence
-        .nm_options(vec![format!("{}/status", stack.mgmt)], s);
-    let sample_every = nm.poll_interval.max(Duration::from_millis(20));
+    // Sampled every (scaled) second, as Node Manager polls.
+    let sample_every = scaled(Duration::from_secs(1), s).max(Duration::from_millis(20));
     let nm_cancel = cancel.child_token();
-    let nm_thread = match kill_tx {
-        Some(tx) => Some(
-            start_node_manager(nm, nm_cancel.clone(), tx)
-                .map_err(|e| format!("starting the Node Manager emulator: {e}"))?,
-        ),
-        None => None,
+    let (nm_thread, mut kubelet) = match opts.row {
+        Row::NodeManager(c) => {
+            let nm = c.nm_options(vec![format!("{}/status", stack.mgmt)], s);
+            let thread = match kill_tx {
+                Some(tx) => Some(
+                    start_node_manager(nm, nm_cancel.clone(), tx)
+                        .map_err(|e| format!("starting the Node Manager emulator: {e}"))?,
+                ),
+                None => None,
+            };
+            (thread, None)
+        }
+        Row::Kubelet => {
+            let k = super::kubelet::Kubelet::manifest(
+                s,
+                format!("http://127.0.0.1:{}/health", stack.engine_port),
+                &stack.mgmt,
+            );
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            let (gen_tx, gen_rx) = tokio::sync::watch::channel(0u64);
+            let ready_load = load.clone();
+            tokio::spawn(super::kubelet::run(
+                k.clone(),
+                tx,
+                gen_rx,
+                move |r| ready_load.set_ready(r),
+                nm_cancel.clone(),
+            ));
+            (
+                None,
+                Some(KubeletLink {
+                    actions: rx,
+                    generation: gen_tx,
+                    exit_backoff: k.exit_backoff,
+                    expect: e.kubelet,
+                    log: Vec::new(),
+                    exited_at: None,
+                    not_ready_since: None,
+                    not_ready_total: Duration::ZERO,
+                }),
+            )
+        }
     };
-    let result = observe(e, &mut stack, &load, &mut kill_rx, sample_every, s, out).await;
+    let result = observe(
+        e,
+        &mut stack,
+        &load,
+        &mut kill_rx,
+        kubelet.as_mut(),
+        sample_every,
+        s,
+        out,
+    )
+    .await;
     if let Some((r, _)) = &stack.real {
         r.save_log(&dir.join("vllm.log"));
     }
@@ -1129,12 +1362,99 @@ fn fit_load(load: &super::experiment::Load, engine: EngineKind) -> super::experi
     l
 }
 
+/// The kubelet emulator's side of a run, as the runner sees it: the actions it decided, the
+/// container generation the runner bumps at every restart, and what happened.
+struct KubeletLink {
+    actions: tokio::sync::mpsc::UnboundedReceiver<(super::kubelet::Action, Instant)>,
+    generation: tokio::sync::watch::Sender<u64>,
+    exit_backoff: Duration,
+    expect: super::experiment::KubeletExpect,
+    log: Vec<(Instant, super::kubelet::Action)>,
+    /// When the container was found gone, awaiting its restart.
+    exited_at: Option<Instant>,
+    not_ready_since: Option<Instant>,
+    not_ready_total: Duration,
+}
+
+impl KubeletLink {
+    /// Takes the emulator's actions and restarts the engine for them, and restarts a
+    /// container that exited once the back-off has passed.
+    async fn act(&mut self, stack: &mut Stack, now: Instant) -> Result<(), String> {
+        use super::kubelet::Action;
+        while let Ok((a, at)) = self.actions.try_recv() {
+            self.log.push((at, a));
+            match a {
+                Action::NotReady => self.not_ready_since = self.not_ready_since.or(Some(at)),
+                Action::Ready => {
+                    if let Some(t) = self.not_ready_since.take() {
+                        self.not_ready_total += at.saturating_duration_since(t);
+                    }
+                }
+                Action::RestartLiveness => {
+                    stack.restart_engine().await?;
+                    self.exited_at = None;
+                    self.generation.send_modify(|g| *g += 1);
+                }
+                Action::RestartExited => {}
+            }
+        }
+        if self.exited_at.is_none() && stack.engine_exited() {
+            self.exited_at = Some(now);
+        }
+        if let Some(t) = self.exited_at
+            && now >= t + self.exit_backoff
+        {
+            stack.restart_engine().await?;
+            self.exited_at = None;
+            self.log.push((now, Action::RestartExited));
+            self.generation.send_modify(|g| *g += 1);
+        }
+        Ok(())
+    }
+
+    /// The first action of a kind at or after `from`.
+    fn first(&self, from: Instant, kinds: &[super::kubelet::Action]) -> Option<Instant> {
+        self.log
+            .iter()
+            .find(|(at, a)| *at >= from && kinds.contains(a))
+            .map(|(at, _)| *at)
+    }
+
+    fn outcome(
+        &self,
+        first: Option<Instant>,
+        end: Instant,
+        rel: impl Fn(Instant) -> i64,
+    ) -> KubeletOutcome {
+        use super::kubelet::Action;
+        let count = |k: Action| self.log.iter().filter(|(_, a)| *a == k).count() as u32;
+        let after = |kinds: &[Action]| {
+            first.and_then(|f| self.first(f, kinds).map(|t| (t - f).as_millis() as u64))
+        };
+        KubeletOutcome {
+            expect: self.expect,
+            actions: self.log.iter().map(|(t, a)| (rel(*t), *a)).collect(),
+            liveness_restarts: count(Action::RestartLiveness),
+            exit_restarts: count(Action::RestartExited),
+            not_ready_after_ms: after(&[Action::NotReady]),
+            restart_after_ms: after(&[Action::RestartLiveness, Action::RestartExited]),
+            not_ready_ms: (self.not_ready_total
+                + self
+                    .not_ready_since
+                    .map_or(Duration::ZERO, |t| end.saturating_duration_since(t)))
+            .as_millis() as u64,
+        }
+    }
+}
+
 /// The experiment's timeline: baseline, fault (with guards), observation.
+#[allow(clippy::too_many_arguments)]
 async fn observe(
     e: &Experiment,
     stack: &mut Stack,
     load: &LoadGen,
     kill_rx: &mut tokio::sync::oneshot::Receiver<Instant>,
+    mut kubelet: Option<&mut KubeletLink>,
     sample_every: Duration,
     s: f64,
     out: &mut Outcome,
@@ -1200,6 +1520,11 @@ async fn observe(
                 rel(now) as f64 / 1000.0 / s,
                 stack.dir.join("vllm.log").display()
             ));
+        }
+        if let Some(k) = kubelet.as_deref_mut()
+            && let Err(err) = k.act(stack, now).await
+        {
+            break Err(err);
         }
         let in_window = now >= t0 && now < fault_end;
         let status = stack.status().await;
@@ -1278,15 +1603,31 @@ async fn observe(
             active = false;
             injected += injected_since.take().map_or(Duration::ZERO, |t| now - t);
         }
-        // Detection, within `detect_within` of the first injection.
-        if let (Expect::DetectWithin(d), Some(first), None) =
-            (e.expect, first_injected, out.detected_after_ms)
-        {
-            let deadline = first + sc(d);
-            let at = if is_driver_fault(e.fault) {
-                (flagged && active).then_some(now)
-            } else {
-                killed.filter(|k| *k >= first)
+        // Detection, within `detect_within` of the first injection (a benign experiment's
+        // expected not-ready: while the fault lasts).
+        if let (Some(first), None) = (first_injected, out.detected_after_ms) {
+            use super::experiment::KubeletExpect;
+            let deadline = match e.expect {
+                Expect::DetectWithin(d) => first + sc(d),
+                Expect::Healthy => fault_end,
+            };
+            let at = match (e.expect, kubelet.as_deref()) {
+                (Expect::DetectWithin(_), _) if is_driver_fault(e.fault) => {
+                    (flagged && active).then_some(now)
+                }
+                (Expect::DetectWithin(_), None) => killed.filter(|k| *k >= first),
+                (_, Some(k)) => match k.expect {
+                    KubeletExpect::Restart => k.first(
+                        first,
+                        &[
+                            super::kubelet::Action::RestartLiveness,
+                            super::kubelet::Action::RestartExited,
+                        ],
+                    ),
+                    KubeletExpect::NotReady => k.first(first, &[super::kubelet::Action::NotReady]),
+                    KubeletExpect::NoRestart => None,
+                },
+                (Expect::Healthy, None) => None,
             };
             if let Some(at) = at.filter(|at| *at <= deadline) {
                 out.detected_after_ms = Some((at - first).as_millis() as u64);
@@ -1304,13 +1645,19 @@ async fn observe(
             driver_flagged: flagged,
             queue_depth: depth,
         });
-        // A detected engine fault ends the experiment; a driver fault is watched on.
-        if out.detected_after_ms.is_some() && !is_driver_fault(e.fault) {
+        // A detected engine fault ends the experiment; a driver fault is watched on, and so
+        // is an engine taken out of the load (a restart would still be a false one).
+        let watch_on = is_driver_fault(e.fault)
+            || kubelet
+                .as_deref()
+                .is_some_and(|k| k.expect != super::experiment::KubeletExpect::Restart);
+        if out.detected_after_ms.is_some() && !watch_on {
             break Ok(());
         }
-        // An engine fault that can no longer be detected in time ends it too.
+        // An engine fault that can no longer be detected in time ends it too (a kubelet run
+        // that expects the engine out of the load watches to the end for a restart).
         if let (Expect::DetectWithin(d), Some(first)) = (e.expect, first_injected)
-            && !is_driver_fault(e.fault)
+            && !watch_on
             && now > first + sc(d)
         {
             break Ok(());
@@ -1323,6 +1670,9 @@ async fn observe(
         injected += injected_since.map_or(Duration::ZERO, |t| now - t);
     }
     out.injected_ms = injected.as_millis() as u64;
+    if let Some(k) = kubelet {
+        out.kubelet = Some(k.outcome(first_injected, Instant::now(), rel));
+    }
     result
 }
 
@@ -1370,6 +1720,131 @@ mod tests {
                 );
             }
         }
+    }
+
+    // The kubelet row's verdicts: a liveness restart of a healthy engine (or one that only
+    // had to leave the load) is a false kill; a fault needs its action, in time.
+    #[test]
+    fn kubelet_verdicts() {
+        use super::super::experiment::KubeletExpect as K;
+        let exp = |expect: Expect, kubelet: K| Experiment {
+            name: "x".into(),
+            target: super::super::experiment::Target::Engine,
+            fault: Fault::EngineHang,
+            duration: Duration::from_secs(10),
+            load: Default::default(),
+            guards: Vec::new(),
+            expect,
+            agent_policy_only: false,
+            max_nm_heartbeat_s: None,
+            known_false_kills: Vec::new(),
+            kubelet,
+        };
+        let out =
+            |k: K, live: u32, exit: u32, restart: Option<u64>, detected: Option<u64>| Outcome {
+                experiment: "x".into(),
+                target: super::super::experiment::Target::Engine,
+                fault: "engine_hang".into(),
+                policy: Policy::Agent,
+                integration: Integration::Kubelet,
+                cadence: None,
+                node_manager: NodeManagerKind::Emulator,
+                expect: String::new(),
+                verdict: Verdict::Error,
+                detected_after_ms: detected,
+                killed_at_ms: None,
+                first_injected_ms: Some(0),
+                injected_ms: 0,
+                guard_events: Vec::new(),
+                load: Default::default(),
+                error: None,
+                ran_again_after: None,
+                kubelet: Some(KubeletOutcome {
+                    expect: k,
+                    actions: Vec::new(),
+                    liveness_restarts: live,
+                    exit_restarts: exit,
+                    not_ready_after_ms: None,
+                    restart_after_ms: restart,
+                    not_ready_ms: 0,
+                }),
+                timeline: Vec::new(),
+            };
+        let fault = Expect::DetectWithin(Duration::from_secs(60));
+        let rows = [
+            (
+                "benign, no restart",
+                exp(Expect::Healthy, K::NoRestart),
+                out(K::NoRestart, 0, 0, None, None),
+                false,
+                Verdict::Pass,
+            ),
+            (
+                "benign, restarted",
+                exp(Expect::Healthy, K::NoRestart),
+                out(K::NoRestart, 1, 0, Some(5), None),
+                false,
+                Verdict::FalseKill,
+            ),
+            (
+                "benign, restarted, known",
+                exp(Expect::Healthy, K::NoRestart),
+                out(K::NoRestart, 1, 0, Some(5), None),
+                true,
+                Verdict::KnownFalseKill,
+            ),
+            (
+                "hang restarted",
+                exp(fault, K::Restart),
+                out(K::Restart, 1, 0, Some(5), Some(5)),
+                false,
+                Verdict::Pass,
+            ),
+            (
+                "crash restarted after exit",
+                exp(fault, K::Restart),
+                out(K::Restart, 0, 1, Some(5), Some(5)),
+                false,
+                Verdict::Pass,
+            ),
+            (
+                "hang not restarted",
+                exp(fault, K::Restart),
+                out(K::Restart, 0, 0, None, None),
+                false,
+                Verdict::Missed,
+            ),
+            (
+                "restarted before the fault",
+                exp(fault, K::Restart),
+                out(K::Restart, 1, 0, None, None),
+                false,
+                Verdict::FalseKill,
+            ),
+            (
+                "own restart, taken out",
+                exp(fault, K::NotReady),
+                out(K::NotReady, 0, 0, None, Some(1)),
+                false,
+                Verdict::Pass,
+            ),
+            (
+                "own restart, restarted too",
+                exp(fault, K::NotReady),
+                out(K::NotReady, 1, 0, Some(3), Some(1)),
+                false,
+                Verdict::FalseKill,
+            ),
+        ];
+        for (name, e, o, known, want) in rows {
+            assert_eq!(kubelet_verdict(&e, &o, known, false), want, "{name}");
+        }
+        let e = exp(fault, K::Restart);
+        let o = out(K::Restart, 0, 0, None, None);
+        assert_eq!(
+            kubelet_verdict(&e, &o, false, true),
+            Verdict::NotDetectableByDesign
+        );
     }
 
     #[test]

@@ -47,11 +47,14 @@ pub fn chart(o: &Outcome, time_scale: f64) -> String {
     );
     let _ = writeln!(
         s,
-        r#"<text x="{LEFT}" y="18" font-size="13" font-weight="bold">{} — {} — {} policy, Node Manager heartbeat {} — {}</text>"#,
+        r#"<text x="{LEFT}" y="18" font-size="13" font-weight="bold">{} — {} — {} policy, {} — {}</text>"#,
         esc(&o.experiment),
         esc(&o.fault),
         o.policy.as_str(),
-        o.cadence.label(),
+        match o.row() {
+            crate::run::Row::NodeManager(c) => format!("Node Manager heartbeat {}", c.label()),
+            crate::run::Row::Kubelet => "the kubelet acting".to_owned(),
+        },
         esc(&format!("{:?}", o.verdict).to_lowercase())
     );
     // Fault window(s).
@@ -210,7 +213,8 @@ mod tests {
             target: Target::Engine,
             fault: "engine_hang".into(),
             policy: Policy::Agent,
-            cadence: crate::run::Cadence::PYMOTOR,
+            integration: crate::run::Integration::NodeManager,
+            cadence: Some(crate::run::Cadence::PYMOTOR),
             node_manager: crate::run::NodeManagerKind::Emulator,
             expect: "healthy".into(),
             verdict: Verdict::FalseKill,
@@ -227,6 +231,7 @@ mod tests {
             load: Default::default(),
             error: None,
             ran_again_after: None,
+            kubelet: None,
             timeline: vec![
                 sample(-100, "normal", false),
                 sample(0, "normal", true),
