@@ -4,7 +4,9 @@
 //! [`driver`] (dlopen'd `libdcmi.so`, `npu-smi` fallback) → [`sampler`] (one OS thread owns
 //! every driver call) → [`ring`] (lock-free sample ring) → [`window`] (peak-window readers)
 //! → [`monitor`] (one engine's loops, rules and verdict, fed by [`probe`]: `/health`, the
-//! virtual request, `/metrics`) and [`qos`] (its score) → [`server`] (`/status`, `/status/detail`, `/metrics`). [`config`] says what to monitor,
+//! virtual request, `/metrics`) and [`qos`] (its score) → [`server`] (`/status`, `/status/detail`, `/metrics`)
+//! and [`actions`] (what the verdict and the level do: `/readyz`, `/livez`, and the
+//! Kubernetes API mode in [`k8s`]). [`config`] says what to monitor,
 //! [`agent`] wires it together (and reloads it on SIGHUP), [`service`] speaks systemd's
 //! notify protocol and handles signals, [`logging`] writes text, JSON or journald, and the
 //! binary's commands live in [`cli`]. No `unsafe` here: the DCMI binding is the crate

@@ -49,7 +49,7 @@ pub mod manifest {
     /// `startupProbe`: the engine's own `/health`, up to 10 minutes of model loading.
     pub const STARTUP: ProbeSpec = probe(5, 2, 120, 1);
     /// `readinessProbe`: the agent's `/readyz`.
-    pub const READINESS: ProbeSpec = probe(5, 2, 2, 1);
+    pub const READINESS: ProbeSpec = probe(2, 2, 2, 1);
     /// `livenessProbe`: the agent's `/livez`.
     pub const LIVENESS: ProbeSpec = probe(5, 2, 3, 1);
     /// The kubelet's first back-off before restarting a container that exited.
