@@ -189,6 +189,14 @@ impl std::fmt::Debug for KubeClient {
 /// Field manager named in the agent's patches.
 pub const FIELD_MANAGER: &str = "npu-health-agent";
 
+/// The agent's patches: strategic merge, its field manager named.
+fn patch_params() -> PatchParams {
+    PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..PatchParams::default()
+    }
+}
+
 impl KubeClient {
     /// A client for `cfg`: its `api_server` (with `token_file`, `ca_file`), else in-cluster.
     /// Fails with a sentence naming what is missing.
@@ -284,14 +292,7 @@ impl KubeApi for KubeClient {
     ) -> Result<(), ApiError> {
         let body = json!({ "status": { "conditions": [condition] } });
         self.pods(namespace)
-            .patch_status(
-                name,
-                &PatchParams {
-                    field_manager: Some(FIELD_MANAGER.to_owned()),
-                    ..PatchParams::default()
-                },
-                &Patch::Strategic(&body),
-            )
+            .patch_status(name, &patch_params(), &Patch::Strategic(&body))
             .await
             .map(drop)
             .map_err(ApiError::from_kube)
@@ -330,14 +331,7 @@ impl KubeApi for KubeClient {
     ) -> Result<(), ApiError> {
         let body = json!({ "metadata": { "annotations": { key: value } } });
         self.pods(namespace)
-            .patch(
-                name,
-                &PatchParams {
-                    field_manager: Some(FIELD_MANAGER.to_owned()),
-                    ..PatchParams::default()
-                },
-                &Patch::Strategic(&body),
-            )
+            .patch(name, &patch_params(), &Patch::Strategic(&body))
             .await
             .map(drop)
             .map_err(ApiError::from_kube)
