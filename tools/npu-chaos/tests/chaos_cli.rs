@@ -32,7 +32,7 @@ fn shipped_files_validate() {
         String::from_utf8_lossy(&out.stderr)
     );
     let text = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(text.lines().count(), 24, "{text}");
+    assert_eq!(text.lines().count(), 25, "{text}");
     for name in [
         "prefill_delay",
         "decode_cpu_contention",
@@ -44,6 +44,7 @@ fn shipped_files_validate() {
         "burst_to_saturation",
         "slow_health_and_latency",
         "engine_restart",
+        "degraded",
     ] {
         assert!(text.contains(name), "{name}: {text}");
     }
@@ -168,6 +169,77 @@ fn a_run_reports_detections_and_fails_on_a_false_kill() {
         "{stdout}"
     );
     // No process of the run is left.
+    let stray = processes_mentioning(&out_dir.display().to_string());
+    assert!(stray.is_empty(), "stray processes: {stray:?}");
+}
+
+// `--kubelet`: a row where the kubelet emulator acts. A crashed engine is restarted by it
+// (the container exited: the kubelet's back-off, then a new process on the same port) and
+// taken out of the load meanwhile; the row is in the summary with no Node Manager cadence.
+#[test]
+fn a_kubelet_row_restarts_a_crashed_engine() {
+    let _serial = one_stack_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("crash.yaml");
+    std::fs::write(
+        &f,
+        "- name: crash\n  target: engine\n  fault: engine_crash\n  duration: 30s\n  load: { streams: 2, rate: 1 }\n  expect: { detect_within: 60s }\n",
+    )
+    .unwrap();
+    let out_dir = dir.path().join("out");
+    let out = chaos()
+        .args([
+            "run",
+            "--time-scale",
+            "0.1",
+            "--policy",
+            "agent",
+            "--nm-heartbeat",
+            "3s",
+            "--kubelet",
+            "--out",
+        ])
+        .arg(&out_dir)
+        .arg(&f)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    let o: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(out_dir.join("agent/kubelet/crash.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(o["verdict"], "pass", "{o}");
+    assert_eq!(o["integration"], "kubelet");
+    assert!(o["cadence"].is_null());
+    let k = &o["kubelet"];
+    assert_eq!(k["expect"], "restart", "{k}");
+    assert_eq!(
+        (k["exit_restarts"].as_u64(), k["liveness_restarts"].as_u64()),
+        (Some(1), Some(0)),
+        "{k}"
+    );
+    assert_eq!(k["restart_after_ms"], o["detected_after_ms"], "{o}");
+    assert!(
+        out_dir
+            .join("agent/kubelet/crash/engine-restart1.log")
+            .is_file()
+    );
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out_dir.join("summary.json")).unwrap())
+            .unwrap();
+    let rows: Vec<&serde_json::Value> = summary["policies"].as_array().unwrap().iter().collect();
+    assert_eq!(rows.len(), 2, "{summary}");
+    assert_eq!(rows[1]["integration"], "kubelet");
+    assert!(
+        rows[1]["median_restart_s_unscaled"].as_f64().is_some(),
+        "{summary}"
+    );
+    assert!(
+        stdout.contains("| agent | kubelet | 0 / 0 | 1 / 1 |"),
+        "{stdout}"
+    );
     let stray = processes_mentioning(&out_dir.display().to_string());
     assert!(stray.is_empty(), "stray processes: {stray:?}");
 }
