@@ -76,7 +76,8 @@ impl Facts {
         Facts {
             status,
             cause,
-            reason: m.reason(),
+            // One line, whatever the engine's error said.
+            reason: m.reason().replace(['\n', '\r'], " "),
             port_closed: health.last_transport_error.as_deref() == Some("refused"),
             health: health.state,
             phase: m.vi.phase(),

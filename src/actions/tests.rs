@@ -231,7 +231,7 @@ async fn facts_of_a_monitor() {
     assert!(liveness(&f).live, "{}", liveness(&f).reason);
     m.record_health(
         &HealthOutcome::Unhealthy {
-            reason: "HTTP 500".into(),
+            reason: "HTTP 500: upstream\nerror".into(),
             unreachable: false,
             timed_out: false,
             transport: None,
@@ -241,5 +241,11 @@ async fn facts_of_a_monitor() {
     let f = Facts::of(&m);
     assert!(!f.port_closed);
     assert!(!liveness(&f).live);
-    assert!(!readiness(&f, &ActionsConfig::default()).ready);
+    let r = readiness(&f, &ActionsConfig::default());
+    assert!(!r.ready);
+    assert!(
+        r.reason.contains("upstream error") && !r.reason.contains('\n'),
+        "one line: {:?}",
+        r.reason
+    );
 }
