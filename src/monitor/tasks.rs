@@ -406,7 +406,7 @@ pub async fn qos_task<M: MetricsSource>(
                 let (score, _, transition) = state.qos.evaluate(q, probe.as_ref());
                 if let Some(t) = transition {
                     let score = score.map_or_else(|| "none".to_owned(), |s| format!("{s:.3}"));
-                    let msg = format!("QoS level {} -> {} (score {score})", t.from.as_str(), t.to.as_str());
+                    let msg = format!("QoS level {} -> {} (score {score}: {})", t.from.as_str(), t.to.as_str(), t.why);
                     if t.to > t.from {
                         tracing::warn!(engine = %name, "{msg}");
                     } else {

@@ -48,6 +48,24 @@ pub struct Component {
     pub series: Vec<Cow<'static, str>>,
 }
 
+/// The components in one line, for the log: each with its score (or `none`) and its input.
+pub fn explain(components: &[Component]) -> String {
+    components
+        .iter()
+        .map(|c| {
+            let score = c
+                .score
+                .map_or_else(|| "none".to_owned(), |s| format!("{s:.2}"));
+            format!(
+                "{} {score} ({})",
+                c.name,
+                c.input.replace(['\n', '\r'], " ")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 /// The score and level of one engine as `/qos` shows them (the server adds the engine's
 /// name, the device signals and the settings: `server::wire::EngineQos`).
 #[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
@@ -73,6 +91,8 @@ pub struct Transition {
     pub from: Level,
     pub to: Level,
     pub score: Option<f64>,
+    /// The components behind the score, in words: `latency 0.00 (probe timeout); …`.
+    pub why: String,
 }
 
 #[derive(Debug)]
@@ -294,6 +314,7 @@ impl QosState {
                 from: before,
                 to: after,
                 score,
+                why: explain(&i.components),
             }
         });
         self.level.store(after as u8, Ordering::Release);
@@ -396,6 +417,28 @@ mod tests {
         );
         assert!(level <= Level::Throttle, "{level:?}");
         assert_eq!(level, Level::Normal);
+    }
+
+    // A level change says which component moved the score and on what input: here a probe
+    // that timed out on an engine whose memory and progress are fine (the log line an
+    // operator reads to tell a slow engine from a full one).
+    #[tokio::test(start_paused = true)]
+    async fn a_transition_says_which_input_moved_the_score() {
+        let cfg = QosConfig::default();
+        let q = QosState::new(&cfg);
+        q.record_scrape(Ok(scrape(2.0, 100.0, 0.2)));
+        q.record_scrape(Ok(scrape(2.0, 200.0, 0.2)));
+        let (_, level, t) = q.evaluate(&cfg, Some(&probe(true, 50.0)));
+        assert_eq!((level, t), (Level::Normal, None));
+        let (s, level, t) = q.evaluate(&cfg, Some(&probe(false, 5000.0)));
+        assert_eq!((s, level), (Some(0.5), Level::Throttle));
+        let t = t.expect("normal -> throttle");
+        assert_eq!((t.from, t.to), (Level::Normal, Level::Throttle));
+        assert_eq!(
+            t.why,
+            "latency 0.00 (probe failed: timed out); memory 1.00 (KV-cache usage 20.0 %); \
+             progress 1.00 (requests running, token counters advancing)"
+        );
     }
 
     // The components name the series actually read: vLLM 0.8's old KV-cache name, SGLang's

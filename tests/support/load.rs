@@ -10,7 +10,16 @@ use std::time::Duration;
 /// A running load.
 pub struct Load {
     stop: Arc<AtomicBool>,
-    threads: Vec<std::thread::JoinHandle<u32>>,
+    threads: Vec<std::thread::JoinHandle<(u32, Duration)>>,
+}
+
+/// What the clients saw.
+#[derive(Debug, Clone, Copy)]
+pub struct Seen {
+    /// Streams completed (`[DONE]` read).
+    pub done: u32,
+    /// The longest attempt, completed or not (the client's read timeout is 10 s).
+    pub worst: Duration,
 }
 
 impl Load {
@@ -27,15 +36,17 @@ impl Load {
                 let (stop, url, body) = (stop.clone(), url.clone(), body.clone());
                 std::thread::spawn(move || {
                     std::thread::sleep(stagger * i as u32);
-                    let mut done = 0;
+                    let (mut done, mut worst) = (0, Duration::ZERO);
                     while !stop.load(Ordering::Relaxed) {
+                        let t = std::time::Instant::now();
                         if http("POST", &url, Some(&body))
                             .is_some_and(|(c, b)| c == 200 && b.contains("[DONE]"))
                         {
                             done += 1;
                         }
+                        worst = worst.max(t.elapsed());
                     }
-                    done
+                    (done, worst)
                 })
             })
             .collect();
@@ -44,7 +55,21 @@ impl Load {
 
     /// Stops the clients; the streams completed.
     pub fn stop(self) -> u32 {
+        self.stop_seen().done
+    }
+
+    /// Stops the clients; what they saw.
+    pub fn stop_seen(self) -> Seen {
         self.stop.store(true, Ordering::Relaxed);
-        self.threads.into_iter().map(|h| h.join().unwrap()).sum()
+        self.threads.into_iter().map(|h| h.join().unwrap()).fold(
+            Seen {
+                done: 0,
+                worst: Duration::ZERO,
+            },
+            |s, (d, w)| Seen {
+                done: s.done + d,
+                worst: s.worst.max(w),
+            },
+        )
     }
 }
