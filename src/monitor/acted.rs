@@ -3,9 +3,14 @@
 //! its outcome. Written by [`crate::k8s`]'s loop only; nothing here feeds the verdict.
 
 use serde::{Deserialize, Serialize};
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
+
+/// The `action`s of an [`Attempt`].
+pub const ACTIONS: [&str; 3] = ["condition", "eviction", "mindcluster_annotation"];
+/// The `outcome`s of an [`Attempt`].
+pub const OUTCOMES: [&str; 4] = ["done", "refused", "failed", "pod_gone"];
 
 /// Attempts kept per engine.
 pub const KEPT_ATTEMPTS: usize = 20;
@@ -62,6 +67,8 @@ pub struct KubeRecord {
     pub eviction_blocked_why: Option<String>,
     /// The last attempts, oldest first.
     pub attempts: VecDeque<Attempt>,
+    /// Every attempt since the start, by `action` then `outcome` (for the metrics).
+    pub totals: BTreeMap<String, BTreeMap<String, u64>>,
     /// API calls that failed, of any kind.
     pub api_errors: u64,
     pub last_api_error: Option<String>,
@@ -88,6 +95,12 @@ impl Acted {
 impl KubeRecord {
     /// Adds an attempt, keeping the last [`KEPT_ATTEMPTS`].
     pub fn push(&mut self, a: Attempt) {
+        *self
+            .totals
+            .entry(a.action.clone())
+            .or_default()
+            .entry(a.outcome.clone())
+            .or_default() += 1;
         if self.attempts.len() == KEPT_ATTEMPTS {
             self.attempts.pop_front();
         }

@@ -129,6 +129,16 @@ impl Scope {
         )?;
         family(
             enc,
+            "npu_health_agent_device_health_code",
+            "The driver's health code of the chip: 0 normal, 1 minor, 2 major, 3 critical alarm (absent when unknown or gone)",
+            MetricType::Gauge,
+            snaps
+                .iter()
+                .filter(|s| !s.device_gone)
+                .filter_map(|s| s.health.map(|h| (id(s), f64::from(h)))),
+        )?;
+        family(
+            enc,
             "npu_health_agent_device_gone",
             "1 while the driver reports the NPU does not exist (health 0xFFFFFFFF); its AI Cube windows are unavailable",
             MetricType::Gauge,
@@ -146,6 +156,16 @@ impl Scope {
                 .iter()
                 .zip(&report.devices)
                 .filter_map(|(s, w)| w.peak.map(|p| (id(s), f64::from(p)))),
+        )?;
+        family(
+            enc,
+            "npu_health_agent_cube_window_mean",
+            "Mean AI Cube utilization over the probe window, percent (absent when unavailable)",
+            MetricType::Gauge,
+            snaps
+                .iter()
+                .zip(&report.devices)
+                .filter_map(|(s, w)| w.mean.map(|m| (id(s), (m * 100.0).round() / 100.0))),
         )?;
         family(
             enc,
@@ -273,6 +293,59 @@ impl Scope {
                     let mut l = name(e);
                     l.push(("status", st.as_str().to_owned()));
                     (l, if st == current { 1.0 } else { 0.0 })
+                })
+            }),
+        )?;
+        let answers: Vec<(Labels, crate::actions::Readiness, crate::actions::Liveness)> = self
+            .engines
+            .iter()
+            .map(|e| {
+                let f = crate::actions::Facts::of(e);
+                (
+                    name(e),
+                    crate::actions::readiness(&f, &e.spec.actions),
+                    crate::actions::liveness(&f),
+                )
+            })
+            .collect();
+        family(
+            enc,
+            "npu_health_agent_ready",
+            "1 while /readyz answers 200 (the engine should take new requests), 0 while it answers 503",
+            MetricType::Gauge,
+            answers
+                .iter()
+                .map(|(l, r, _)| (l.clone(), if r.ready { 1.0 } else { 0.0 })),
+        )?;
+        family(
+            enc,
+            "npu_health_agent_live",
+            "1 while /livez answers 200, 0 while it answers 503 (the kubelet restarts the engine's container)",
+            MetricType::Gauge,
+            answers
+                .iter()
+                .map(|(l, _, v)| (l.clone(), if v.live { 1.0 } else { 0.0 })),
+        )?;
+        family(
+            enc,
+            "npu_health_agent_kubernetes_actions",
+            "Kubernetes API calls that act on the engine's pod, by action (condition, eviction, mindcluster_annotation) and outcome (done, refused, failed, pod_gone); present with [agent.kubernetes] only",
+            MetricType::Counter,
+            self.engines.iter().flat_map(|e| {
+                let totals = e.acted.kubernetes().map(|k| k.totals);
+                totals.into_iter().flat_map(move |t| {
+                    crate::monitor::acted::ACTIONS.iter().flat_map(move |a| {
+                        crate::monitor::acted::OUTCOMES.iter().map({
+                            let t = t.clone();
+                            move |o| {
+                                let mut l = name(e);
+                                l.push(("action", (*a).to_owned()));
+                                l.push(("outcome", (*o).to_owned()));
+                                let n = t.get(*a).and_then(|m| m.get(*o)).copied().unwrap_or(0);
+                                (l, n as f64)
+                            }
+                        })
+                    })
                 })
             }),
         )?;
