@@ -30,6 +30,7 @@ pub mod sampler;
 pub mod server;
 pub mod service;
 pub mod tls;
+pub mod view;
 pub mod window;
 
 /// Version string shown by `--version`: crate version and git revision.

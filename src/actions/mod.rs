@@ -15,6 +15,7 @@
 //! probe; one that is starting must be left to load its model).
 
 pub mod eviction;
+pub mod observe;
 
 use crate::config::actions::{ActionsConfig, NotReadyOn};
 use crate::monitor::Monitor;

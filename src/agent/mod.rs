@@ -251,6 +251,7 @@ impl Running {
             p.client.metrics(),
             cancel.clone(),
         ));
+        tasks.spawn(crate::actions::observe::run(state.clone(), cancel.clone()));
         if let Some(mode) = &self.kube {
             match &mode.client {
                 Ok(client) => {
@@ -318,6 +319,7 @@ impl Running {
             AdminView {
                 metrics: scope,
                 stuck_after: self.cfg.agent.sampler_stuck_after,
+                hub: Arc::default(),
             },
             access,
         );
@@ -419,7 +421,9 @@ pub fn summary(roster: &Roster, shared: &Shared) -> String {
 
 /// The sampler `run` starts for `cfg` (`check-config` starts the same to find the NPUs).
 pub fn sampler_config(cfg: &AgentConfig) -> SamplerConfig {
-    let retention = (longest_window(cfg) + Duration::from_secs(5)).max(Duration::from_secs(30));
+    // The live page charts the last 60 s (`view::HISTORY`): keep 5 s more.
+    let retention = (longest_window(cfg) + Duration::from_secs(5))
+        .max(crate::view::HISTORY + Duration::from_secs(5));
     SamplerConfig {
         period: cfg.agent.sample_period,
         retention,

@@ -26,6 +26,7 @@ pub mod account;
 pub mod acted;
 pub mod gates;
 pub mod inputs;
+pub mod journal;
 pub mod tasks;
 pub mod verdict;
 pub mod vi_state;
@@ -93,6 +94,8 @@ pub struct Monitor {
     rearms: AtomicU64,
     /// What the Kubernetes API mode did about the engine.
     pub acted: acted::Acted,
+    /// What changed and when (verdict, level, readiness, liveness), for the operator views.
+    pub journal: journal::Journal,
 }
 
 impl Monitor {
@@ -115,6 +118,7 @@ impl Monitor {
             conditions: Mutex::new(conditions),
             rearms: AtomicU64::new(0),
             acted: acted::Acted::default(),
+            journal: journal::Journal::default(),
         }
     }
 

@@ -31,7 +31,7 @@ pub const MIN_PERIOD: Duration = Duration::from_micros(10);
 pub const MAX_PERIOD: Duration = Duration::from_secs(60);
 /// Longest ring history accepted.
 pub const MAX_RETENTION: Duration = Duration::from_secs(3600);
-/// Most ring slots (24 bytes each: 48 MiB); a longer history at a short period is cut to
+/// Most ring slots (8 bytes each: 16 MiB); a longer history at a short period is cut to
 /// this and window queries report `truncated`.
 pub const MAX_RING_SLOTS: usize = 1 << 21;
 

@@ -6,13 +6,15 @@
 //! current window per NPU, QoS), `GET /qos` (the QoS object alone, for routers), `GET /metrics`
 //! (this engine and its NPUs), `GET /readyz` and `GET /livez` (the kubelet's probes,
 //! [`crate::actions`]). Admin: `GET /metrics` (everything), `GET /status/detail` (every
-//! engine), `GET /qos` (every engine), `GET /healthz` (the agent itself), and, open like
-//! `/healthz` because the kubelet's probes carry no credentials, `GET /engines/<name>/readyz`
-//! and `GET /engines/<name>/livez`.
+//! engine), `GET /qos` (every engine), `GET /events` (the live views' stream, [`live`]),
+//! `GET /healthz` (the agent itself), and, open like `/healthz` because the kubelet's probes
+//! carry no credentials, `GET /engines/<name>/readyz` and `GET /engines/<name>/livez`, and
+//! `GET /` (the live page: static, it holds no data; its stream is guarded).
 //! Handlers only read shared state; none waits on the engine or the driver.
 
 pub mod auth;
 pub mod conn;
+pub mod live;
 pub mod metrics;
 pub mod wire;
 
@@ -46,6 +48,8 @@ pub struct AdminView {
     pub metrics: Arc<metrics::Scope>,
     /// `/healthz` fails when the sampler is stuck this long (see `Shared::liveness`).
     pub stuck_after: Duration,
+    /// The `/events` subscribers.
+    pub hub: Arc<live::Hub>,
 }
 
 /// Router of one engine's mgmt listener.
@@ -65,7 +69,8 @@ pub fn admin_router(view: AdminView, access: Arc<auth::AdminAccess>) -> Router {
     let guarded = Router::new()
         .route("/metrics", get(admin_metrics))
         .route("/status/detail", get(admin_detail))
-        .route("/qos", get(admin_qos));
+        .route("/qos", get(admin_qos))
+        .route("/events", get(live::events));
     let guarded = if access.required() {
         guarded.route_layer(axum::middleware::from_fn_with_state(access, auth::require))
     } else {
@@ -73,6 +78,7 @@ pub fn admin_router(view: AdminView, access: Arc<auth::AdminAccess>) -> Router {
     };
     guarded
         .route("/healthz", get(healthz))
+        .route("/", get(live::page))
         .route("/engines/{name}/readyz", get(admin_readyz))
         .route("/engines/{name}/livez", get(admin_livez))
         .with_state(view)

@@ -1,0 +1,129 @@
+//! Writes each engine's changes (verdict, QoS level, readiness, liveness) to its journal
+//! ([`crate::monitor::journal`]) for the operator views, so a page opened after the fact
+//! still shows what was done. Reads only: the verdict is peeked, no probe is started.
+
+use super::{Facts, Liveness, Readiness, liveness, readiness};
+use crate::monitor::Monitor;
+use crate::monitor::acted::unix_ms;
+use crate::monitor::journal::{Change, Entry};
+use crate::monitor::verdict::Status;
+use crate::qos::score::Level;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// Time between observations: a change is stamped within this of when it happened.
+pub const PERIOD: Duration = Duration::from_millis(250);
+
+/// What one observation compares with the last.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Seen {
+    pub status: Status,
+    pub level: Level,
+    pub ready: bool,
+    pub live: bool,
+}
+
+impl Seen {
+    /// The observation of `f` and the answers derived from it.
+    pub fn of(f: &Facts, r: &Readiness, l: &Liveness) -> Seen {
+        Seen {
+            status: f.status,
+            level: f.level,
+            ready: r.ready,
+            live: l.live,
+        }
+    }
+}
+
+fn ready_word(ready: bool) -> &'static str {
+    if ready { "ready" } else { "not_ready" }
+}
+
+fn live_word(live: bool) -> &'static str {
+    if live { "live" } else { "restart" }
+}
+
+/// The changes from `before` to `now`; at the first observation (`before` is `None`), the
+/// verdict and readiness found, from `start`.
+pub fn changes(
+    before: Option<&Seen>,
+    now: &Seen,
+    f: &Facts,
+    r: &Readiness,
+    l: &Liveness,
+    at_unix_ms: u64,
+) -> Vec<Entry> {
+    let entry = |change, from: &str, to: &str, reason: &str| Entry {
+        at_unix_ms,
+        change,
+        from: from.to_owned(),
+        to: to.to_owned(),
+        reason: reason.to_owned(),
+    };
+    let Some(b) = before else {
+        // Where the journal starts: the verdict and readiness found.
+        return vec![
+            entry(Change::Verdict, "start", now.status.as_str(), &f.reason),
+            entry(Change::Readiness, "start", ready_word(now.ready), &r.reason),
+        ];
+    };
+    let mut out = Vec::new();
+    if b.status != now.status {
+        out.push(entry(
+            Change::Verdict,
+            b.status.as_str(),
+            now.status.as_str(),
+            &f.reason,
+        ));
+    }
+    if b.level != now.level {
+        let score = f
+            .score
+            .map_or_else(|| "no score".to_owned(), |s| format!("score {s:.3}"));
+        out.push(entry(
+            Change::Level,
+            b.level.as_str(),
+            now.level.as_str(),
+            &score,
+        ));
+    }
+    if b.ready != now.ready {
+        out.push(entry(
+            Change::Readiness,
+            ready_word(b.ready),
+            ready_word(now.ready),
+            &r.reason,
+        ));
+    }
+    if b.live != now.live {
+        out.push(entry(
+            Change::Liveness,
+            live_word(b.live),
+            live_word(now.live),
+            &l.reason,
+        ));
+    }
+    out
+}
+
+/// Observes `m` every [`PERIOD`] until `cancel`.
+pub async fn run(m: Arc<Monitor>, cancel: CancellationToken) {
+    let mut tick = tokio::time::interval(PERIOD);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last: Option<Seen> = None;
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let f = Facts::of(&m);
+        let r = readiness(&f, &m.spec.actions);
+        let l = liveness(&f);
+        let now = Seen::of(&f, &r, &l);
+        for e in changes(last.as_ref(), &now, &f, &r, &l, unix_ms()) {
+            m.journal.push(e);
+        }
+        last = Some(now);
+    }
+}

@@ -1,0 +1,306 @@
+//! The operator views' data: what the admin page (`GET /`, fed by `GET /events`) and
+//! `npu-health-agent top` show. Typed frames, built from the shared state by plain
+//! functions and read back by the views and the tests with the same types.
+//!
+//! `GET /events` is a server-sent event stream of three frames: `hello` once (the NPUs and
+//! engines, the sampling period), then `samples` every [`FRAME_INTERVAL`] (every ring sample
+//! since the last frame, at the sampling resolution: a 100 ms burst is two or more points at
+//! 50 ms) and `engines` every [`ENGINES_EVERY`] frames (verdict, level, score, last probe,
+//! readiness, liveness, and the recent changes). The first `samples` frame carries the last
+//! [`HISTORY`] so a chart is full at once.
+
+use crate::actions::{self, Facts};
+use crate::monitor::Monitor;
+use crate::monitor::acted::Attempt;
+use crate::monitor::journal::Entry;
+use crate::monitor::verdict::Status;
+use crate::qos::score::Level;
+use crate::sampler::Shared;
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Time between `samples` frames: at most 4 frames a second per subscriber, whatever the
+/// sampling period.
+pub const FRAME_INTERVAL: Duration = Duration::from_millis(250);
+/// An `engines` frame every this many `samples` frames (once a second).
+pub const ENGINES_EVERY: u32 = 4;
+/// History sent in the first `samples` frame (the page's chart span).
+pub const HISTORY: Duration = Duration::from_secs(60);
+/// Changes sent per `engines` frame, newest first, over every engine.
+pub const RECENT: usize = 30;
+
+/// The `hello` frame.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Hello {
+    pub version: String,
+    /// The sampling period in force, milliseconds.
+    pub period_ms: f64,
+    pub frame_interval_ms: u64,
+    /// Span of the history in the first `samples` frame, seconds.
+    pub history_s: f64,
+    pub npus: Vec<Npu>,
+    pub engines: Vec<String>,
+}
+
+/// One NPU as the views name it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Npu {
+    /// Index in the ring (the `i` of [`NpuSamples`]).
+    pub index: u16,
+    /// Logic id, as `npu-smi` and the metrics name it.
+    pub id: u32,
+    pub name: String,
+    /// The engines it serves.
+    pub engines: Vec<String>,
+}
+
+/// The `samples` frame: every sample since the previous frame.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Samples {
+    /// Now, on the ring's clock (milliseconds since the agent started sampling).
+    pub now_ms: f64,
+    pub npus: Vec<NpuSamples>,
+}
+
+/// One NPU's samples, oldest first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NpuSamples {
+    pub i: u16,
+    /// Times on the ring's clock, milliseconds.
+    pub t: Vec<f64>,
+    /// AI Cube percent; `null` for a failed or stale reading (never drawn as 0).
+    pub v: Vec<Option<u8>>,
+}
+
+/// The `engines` frame.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Engines {
+    pub at_unix_ms: u64,
+    pub engines: Vec<EngineLine>,
+    /// The last changes and Kubernetes API attempts over every engine, newest first.
+    pub recent: Vec<Recent>,
+    /// NPU figures that change slowly (HBM, health, backend, stale).
+    pub npus: Vec<NpuState>,
+}
+
+/// One engine, as the views show it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EngineLine {
+    pub name: String,
+    pub status: Status,
+    pub reason: String,
+    pub policy: String,
+    pub level: Level,
+    pub score: Option<f64>,
+    pub ready: bool,
+    pub ready_reason: String,
+    pub live: bool,
+    pub live_reason: String,
+    pub failure_count: i64,
+    pub max_failure_count: i64,
+    pub last_probe: Option<ProbeLine>,
+}
+
+/// The last virtual probe.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProbeLine {
+    pub at_unix_ms: u64,
+    pub success: bool,
+    pub outcome: String,
+    pub latency_ms: f64,
+}
+
+/// One recent action: a journal entry or a Kubernetes API attempt.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Recent {
+    pub engine: String,
+    pub at_unix_ms: u64,
+    /// `verdict`, `level`, `readiness`, `liveness`, or the API call (`eviction`,
+    /// `condition`, `mindcluster_annotation`).
+    pub what: String,
+    /// `from -> to`, or the API call's outcome.
+    pub change: String,
+    pub detail: String,
+}
+
+/// One NPU's slow figures.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NpuState {
+    pub i: u16,
+    pub backend: String,
+    pub stale: bool,
+    pub hung: bool,
+    pub health: Option<u32>,
+    pub hbm_used_mb: Option<u64>,
+    pub hbm_total_mb: Option<u64>,
+}
+
+/// The `hello` frame for `engines` over `shared`.
+pub fn hello(shared: &Shared, engines: &[Arc<Monitor>]) -> Hello {
+    let npus = shared
+        .devices
+        .iter()
+        .enumerate()
+        .map(|(i, d)| Npu {
+            index: i as u16,
+            id: d.info.id,
+            name: d.info.name.clone(),
+            engines: engines
+                .iter()
+                .filter(|e| e.devices.contains(&(i as u16)))
+                .map(|e| e.spec.name.clone())
+                .collect(),
+        })
+        .collect();
+    Hello {
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        period_ms: shared.sampler.period().as_secs_f64() * 1e3,
+        frame_interval_ms: FRAME_INTERVAL.as_millis() as u64,
+        history_s: HISTORY.as_secs_f64(),
+        npus,
+        engines: engines.iter().map(|e| e.spec.name.clone()).collect(),
+    }
+}
+
+/// Every sample newer than `*after_ns` (ring clock), oldest first per NPU; moves `*after_ns`
+/// to the newest one read. Reads the lock-free ring only.
+pub fn samples_since(shared: &Shared, after_ns: &mut u64) -> Samples {
+    let now_ns = shared.ring.now_ns();
+    let mut per: Vec<NpuSamples> = (0..shared.devices.len())
+        .map(|i| NpuSamples {
+            i: i as u16,
+            t: Vec::new(),
+            v: Vec::new(),
+        })
+        .collect();
+    let after = *after_ns;
+    let mut newest = after;
+    shared.ring.scan_back(|s| {
+        if s.ts_ns <= after {
+            return false;
+        }
+        newest = newest.max(s.ts_ns);
+        if let Some(p) = per.get_mut(usize::from(s.device)) {
+            p.t.push(s.ts_ns as f64 / 1e6);
+            p.v.push(s.valid.then_some(s.value));
+        }
+        true
+    });
+    for p in &mut per {
+        p.t.reverse();
+        p.v.reverse();
+    }
+    *after_ns = newest;
+    Samples {
+        now_ms: now_ns as f64 / 1e6,
+        npus: per,
+    }
+}
+
+/// The ring-clock time [`HISTORY`] ago: where a new subscriber's first frame starts.
+pub fn history_start(shared: &Shared) -> u64 {
+    shared
+        .ring
+        .now_ns()
+        .saturating_sub(HISTORY.as_nanos() as u64)
+}
+
+/// One engine's line (reads only; the verdict is peeked).
+pub fn engine_line(m: &Monitor) -> EngineLine {
+    let f = Facts::of(m);
+    let r = actions::readiness(&f, &m.spec.actions);
+    let l = actions::liveness(&f);
+    EngineLine {
+        name: m.spec.name.clone(),
+        status: f.status,
+        reason: f.reason.clone(),
+        policy: m.spec.policy.value.as_str().to_owned(),
+        level: f.level,
+        score: f.score.map(|s| (s * 1000.0).round() / 1000.0),
+        ready: r.ready,
+        ready_reason: r.reason,
+        live: l.live,
+        live_reason: l.reason,
+        failure_count: m.vi.failure_count(),
+        max_failure_count: m.spec.health_check_config.max_failure_count,
+        last_probe: m.vi.last_probe().map(|p| ProbeLine {
+            at_unix_ms: p.at_unix_ms,
+            success: p.success,
+            outcome: p.outcome,
+            latency_ms: (p.latency_ms * 10.0).round() / 10.0,
+        }),
+    }
+}
+
+fn from_entry(engine: &str, e: Entry) -> Recent {
+    let what = serde_json::to_value(e.change)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default();
+    Recent {
+        engine: engine.to_owned(),
+        at_unix_ms: e.at_unix_ms,
+        what,
+        change: format!("{} -> {}", e.from, e.to),
+        detail: e.reason,
+    }
+}
+
+fn from_attempt(engine: &str, a: Attempt) -> Recent {
+    Recent {
+        engine: engine.to_owned(),
+        at_unix_ms: a.at_unix_ms,
+        what: a.action,
+        change: a.outcome,
+        detail: format!("{}: {}", a.pod, a.detail),
+    }
+}
+
+/// The `engines` frame.
+pub fn engines(shared: &Shared, engines: &[Arc<Monitor>]) -> Engines {
+    let mut recent: Vec<Recent> = engines
+        .iter()
+        .flat_map(|m| {
+            let name = &m.spec.name;
+            let journal = m.journal.entries().into_iter().map(|e| from_entry(name, e));
+            let kube = m
+                .acted
+                .kubernetes()
+                .map(|k| k.attempts.into_iter().collect::<Vec<_>>())
+                .unwrap_or_default()
+                .into_iter()
+                .map(|a| from_attempt(name, a));
+            journal.chain(kube).collect::<Vec<_>>()
+        })
+        .collect();
+    recent.sort_by_key(|r| std::cmp::Reverse(r.at_unix_ms));
+    recent.truncate(RECENT);
+    let now = shared.ring.now_ns();
+    let npus = shared
+        .devices
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let s = d.snapshot(now);
+            NpuState {
+                i: i as u16,
+                backend: s.backend.to_owned(),
+                stale: s.stale,
+                hung: s.hung,
+                health: s.health,
+                hbm_used_mb: s.hbm_used_mb,
+                hbm_total_mb: s.hbm_total_mb,
+            }
+        })
+        .collect();
+    Engines {
+        at_unix_ms: crate::monitor::acted::unix_ms(),
+        engines: engines.iter().map(|m| engine_line(m)).collect(),
+        recent,
+        npus,
+    }
+}
+
+/// The admin page: one self-contained HTML file (no external asset), embedded.
+pub const PAGE: &str = include_str!("page.html");
