@@ -7,6 +7,7 @@
 mod demo;
 mod inspect;
 mod service;
+pub mod top;
 
 use crate::config::mindie::Role;
 use crate::config::{AgentConfig, AgentSettings, SingleEngine, file};
@@ -159,6 +160,8 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Watch a running agent: engines and a live AI Cube sparkline per NPU (`q` quits).
+    Top(top::TopArgs),
     /// Start a fake engine and the agent on the fake driver; show /status (fake-driver builds).
     #[cfg(feature = "fake-driver")]
     Demo(demo::DemoArgs),
@@ -421,6 +424,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
             apply_driver_args(&cli.driver, &mut agent)?;
             inspect::sample(&agent.driver(), window, period, devices, json)
         }
+        Command::Top(args) => Ok(runtime(2)?.block_on(top::run(args))?),
         #[cfg(feature = "fake-driver")]
         Command::Demo(args) => runtime(2)?.block_on(demo::demo(args)),
         #[cfg(feature = "fake-driver")]
