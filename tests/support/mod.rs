@@ -7,9 +7,12 @@
 pub mod fake_engine;
 pub mod kube_api;
 pub mod load;
+pub mod promql;
 #[cfg(feature = "fake-driver")]
 pub mod real_vllm;
 pub mod stack;
+#[cfg(feature = "fake-driver")]
+pub mod views;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -1,0 +1,182 @@
+//! An agent as the operator views see it: two fake engines (`a` on NPU 0, `b` on NPU 1), the
+//! admin listener, and NPU 0 playing a burst (95 % for 100 ms every 2 s, 3 % otherwise) at
+//! the default 50 ms sampling period. Optionally an admin token and the Kubernetes API mode
+//! against the stand-in API server (so every family the dashboard reads is exported).
+
+use super::kube_api::{self, StandIn};
+use super::stack::{free_ports, http, http_with};
+use std::path::Path;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+/// The admin token [`Views::start`] writes when asked for one.
+pub const TOKEN: &str = "views-admin-token-0123456789abcdef";
+
+pub struct Views {
+    pub dir: tempfile::TempDir,
+    pub agent: Child,
+    pub engines: Vec<Child>,
+    pub admin: u16,
+    /// Mgmt ports of `a` and `b`.
+    pub mgmt: [u16; 2],
+    /// Fault-control ports of `a`'s and `b`'s fake engines.
+    pub control: [u16; 2],
+    pub token: bool,
+    pub api: Option<StandIn>,
+}
+
+impl Drop for Views {
+    fn drop(&mut self) {
+        for c in std::iter::once(&mut self.agent).chain(self.engines.iter_mut()) {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Views {
+    /// Starts the engines and the agent and waits until both engines are `normal`.
+    pub fn start(token: bool, kubernetes: bool) -> Views {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        for f in ["npu0", "npu1"] {
+            std::fs::write(d.join(f), "0\n").unwrap();
+        }
+        // NPU 1: 20 %, and one failed read (NA) every 2 s, so the driver-error counter exists.
+        std::fs::write(d.join("npu1.csv"), "0,20\n1900,NA\n").unwrap();
+        let scenario = d.join("scenario.toml");
+        std::fs::write(
+            &scenario,
+            "model = \"910B\"\ncards = 2\n[[device]]\nid = 0\naicube = { square = { high = 95, low = 3, width_ms = 100, period_ms = 2000, phase_ms = 0 } }\n[[device]]\nid = 1\naicube = { trace = { file = \"npu1.csv\", period_ms = 2000 } }\n",
+        )
+        .unwrap();
+        let [e_a, c_a, e_b, c_b, m_a, m_b, admin] = free_ports();
+        let mut agent_extra = format!("admin_listen = \"127.0.0.1:{admin}\"\n");
+        if token {
+            std::fs::write(d.join("admin.token"), format!("{TOKEN}\n")).unwrap();
+            agent_extra.push_str(&format!(
+                "admin_token_file = \"{}\"\n",
+                d.join("admin.token").display()
+            ));
+        }
+        let api = kubernetes.then(|| {
+            let pods = vec![kube_api::pod("inference", "vllm-a", "n1", true, &[(e_a, None)])];
+            let api = StandIn::start(pods);
+            std::fs::write(d.join("kube.token"), kube_api::TOKEN).unwrap();
+            agent_extra.push_str(&format!(
+                "[agent.kubernetes]\nnode_name = \"n1\"\napi_server = \"{}\"\ntoken_file = \"{}\"\nresync_period = \"1s\"\nrequest_timeout = \"1s\"\n",
+                api.url,
+                d.join("kube.token").display()
+            ));
+            api
+        });
+        let engine = |name: &str, port: u16, mgmt: u16, npu: u8| {
+            format!(
+                "[[engine]]\nname = \"{name}\"\nengine_type = \"vllm\"\nserved_model_name = \"m\"\nhost = \"127.0.0.1\"\nport = {port}\nmgmt_port = {mgmt}\ndevices = [{npu}]\nengine_env = {{}}\n[engine.qos]\nperiod = \"1s\"\nmetrics_period = \"1s\"\n[engine.health_check_config]\nenable_virtual_inference = true\n"
+            )
+        };
+        let toml = d.join("agent.toml");
+        std::fs::write(
+            &toml,
+            format!(
+                "[agent]\npolicy = \"agent\"\n{agent_extra}\n{}\n{}",
+                engine("a", e_a, m_a, 0),
+                engine("b", e_b, m_b, 1)
+            ),
+        )
+        .unwrap();
+        let npu_files = [d.join("npu0"), d.join("npu1")];
+        let engines = [(e_a, c_a), (e_b, c_b)]
+            .into_iter()
+            .enumerate()
+            .map(|(k, (port, control))| {
+                npu_health_agent::fake::engine_command(
+                    super::agent(),
+                    port,
+                    control,
+                    "m",
+                    &npu_files[k..=k],
+                )
+                .stderr(Stdio::from(
+                    std::fs::File::create(d.join(format!("engine{k}.log"))).unwrap(),
+                ))
+                .spawn()
+                .expect("start a fake engine")
+            })
+            .collect();
+        let agent = super::spawn_agent(d, &toml, &scenario);
+        let v = Views {
+            dir,
+            agent,
+            engines,
+            admin,
+            mgmt: [m_a, m_b],
+            control: [c_a, c_b],
+            token,
+            api,
+        };
+        for m in v.mgmt {
+            v.wait(
+                &format!("engine on {m} normal"),
+                Duration::from_secs(30),
+                || v.status(m).as_deref() == Some("normal"),
+            );
+        }
+        v
+    }
+
+    /// `/status` of the engine whose mgmt port is `mgmt`.
+    pub fn status(&self, mgmt: u16) -> Option<String> {
+        let (_, body) = http("GET", &format!("http://127.0.0.1:{mgmt}/status"), None)?;
+        let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+        v["status"].as_str().map(str::to_owned)
+    }
+
+    /// `GET path` on the admin listener, with the token when there is one.
+    pub fn admin_get(&self, path: &str) -> Option<(u16, String)> {
+        let auth = format!("Bearer {TOKEN}");
+        let headers: Vec<(&str, &str)> = if self.token {
+            vec![("Authorization", auth.as_str())]
+        } else {
+            Vec::new()
+        };
+        http_with(
+            "GET",
+            &format!("http://127.0.0.1:{}{path}", self.admin),
+            None,
+            &headers,
+        )
+    }
+
+    /// Applies a fault patch to engine `k`'s fake engine (0: `a`, 1: `b`).
+    pub fn fault(&self, k: usize, patch: &str) {
+        let url = format!("http://127.0.0.1:{}/fake/faults", self.control[k]);
+        let (code, body) = http("POST", &url, Some(patch)).expect("control endpoint answers");
+        assert_eq!(code, 200, "fault patch {patch} refused: {body}");
+    }
+
+    pub fn admin_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.admin)
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("agent.log")).unwrap_or_default()
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Waits until `done`; panics with `what` and the agent's log.
+    pub fn wait(&self, what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+        let end = Instant::now() + limit;
+        while !done() {
+            assert!(
+                Instant::now() < end,
+                "not within {limit:?}: {what}\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
