@@ -82,8 +82,15 @@ fn https_get(
             .as_bytes(),
     )
     .ok()?;
+    // The status line is all that is needed; a stream (`/events`) never ends.
     let mut raw = Vec::new();
-    let _ = s.read_to_end(&mut raw);
+    let mut buf = [0u8; 4096];
+    while !raw.windows(4).any(|w| w == b"\r\n\r\n") {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => raw.extend_from_slice(&buf[..n]),
+        }
+    }
     String::from_utf8_lossy(&raw)
         .split_whitespace()
         .nth(1)?
@@ -122,6 +129,8 @@ fn admin_token_guards_everything_but_healthz() {
         get("/healthz", None).is_some()
     });
     assert_eq!(get("/healthz", None), Some(200), "/healthz stays open");
+    assert_eq!(get("/", None), Some(200), "the live page is open");
+    assert_eq!(get("/events", None), Some(401), "its stream is not");
     for path in ["/metrics", "/status/detail", "/qos"] {
         assert_eq!(get(path, None), Some(401), "{path} without a token");
         assert_eq!(
@@ -202,6 +211,20 @@ fn admin_mtls_and_token_together() {
         https_get(admin, "/metrics", &ca, Some(&bad), Some(TOKEN)),
         None,
         "a certificate from another CA fails the handshake"
+    );
+    // The live views: the page is open like /healthz; its stream is guarded like /metrics.
+    assert_eq!(https_get(admin, "/", &ca, None, None), Some(200));
+    assert_eq!(
+        https_get(admin, "/events", &ca, None, Some(TOKEN)),
+        Some(403)
+    );
+    assert_eq!(
+        https_get(admin, "/events", &ca, Some(&good), None),
+        Some(401)
+    );
+    assert_eq!(
+        https_get(admin, "/events", &ca, Some(&good), Some(TOKEN)),
+        Some(200)
     );
     // Plain HTTP on the TLS port gets nothing.
     assert!(
