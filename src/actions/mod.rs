@@ -198,6 +198,31 @@ pub fn liveness(f: &Facts) -> Liveness {
     }
 }
 
+/// What `/readyz` and `/livez` answer for an engine, with the facts behind them, taken at
+/// one instant (the metrics, the views and the journal read them together).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Answers {
+    pub facts: Facts,
+    pub readiness: Readiness,
+    pub liveness: Liveness,
+}
+
+impl Answers {
+    /// The answers for `facts` under `cfg`.
+    pub fn from_facts(facts: Facts, cfg: &ActionsConfig) -> Answers {
+        Answers {
+            readiness: readiness(&facts, cfg),
+            liveness: liveness(&facts),
+            facts,
+        }
+    }
+
+    /// The answers for `m` now (reads only: the verdict is peeked).
+    pub fn of(m: &Monitor) -> Answers {
+        Answers::from_facts(Facts::of(m), &m.spec.actions)
+    }
+}
+
 /// Whether the Kubernetes API mode may evict the engine's pod now: a held `evict` whose
 /// score rests on no missing input.
 pub fn eviction_ground(f: &Facts) -> Option<String> {

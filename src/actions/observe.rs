@@ -2,7 +2,7 @@
 //! ([`crate::monitor::journal`]) for the operator views, so a page opened after the fact
 //! still shows what was done. Reads only: the verdict is peeked, no probe is started.
 
-use super::{Facts, Liveness, Readiness, liveness, readiness};
+use super::Answers;
 use crate::monitor::Monitor;
 use crate::monitor::acted::unix_ms;
 use crate::monitor::journal::{Change, Entry};
@@ -25,13 +25,13 @@ pub struct Seen {
 }
 
 impl Seen {
-    /// The observation of `f` and the answers derived from it.
-    pub fn of(f: &Facts, r: &Readiness, l: &Liveness) -> Seen {
+    /// What `a` says.
+    pub fn of(a: &Answers) -> Seen {
         Seen {
-            status: f.status,
-            level: f.level,
-            ready: r.ready,
-            live: l.live,
+            status: a.facts.status,
+            level: a.facts.level,
+            ready: a.readiness.ready,
+            live: a.liveness.live,
         }
     }
 }
@@ -44,16 +44,11 @@ fn live_word(live: bool) -> &'static str {
     if live { "live" } else { "restart" }
 }
 
-/// The changes from `before` to `now`; at the first observation (`before` is `None`), the
-/// verdict and readiness found, from `start`.
-pub fn changes(
-    before: Option<&Seen>,
-    now: &Seen,
-    f: &Facts,
-    r: &Readiness,
-    l: &Liveness,
-    at_unix_ms: u64,
-) -> Vec<Entry> {
+/// The changes from `before` to what `a` says; at the first observation (`before` is
+/// `None`), the verdict and readiness found, from `start`.
+pub fn changes(before: Option<&Seen>, a: &Answers, at_unix_ms: u64) -> Vec<Entry> {
+    let now = Seen::of(a);
+    let (f, r, l) = (&a.facts, &a.readiness, &a.liveness);
     let entry = |change, from: &str, to: &str, reason: &str| Entry {
         at_unix_ms,
         change,
@@ -117,13 +112,10 @@ pub async fn run(m: Arc<Monitor>, cancel: CancellationToken) {
             _ = cancel.cancelled() => return,
             _ = tick.tick() => {}
         }
-        let f = Facts::of(&m);
-        let r = readiness(&f, &m.spec.actions);
-        let l = liveness(&f);
-        let now = Seen::of(&f, &r, &l);
-        for e in changes(last.as_ref(), &now, &f, &r, &l, unix_ms()) {
+        let a = Answers::of(&m);
+        for e in changes(last.as_ref(), &a, unix_ms()) {
             m.journal.push(e);
         }
-        last = Some(now);
+        last = Some(Seen::of(&a));
     }
 }

@@ -257,13 +257,9 @@ fn the_journal_records_what_changed() {
     use crate::monitor::journal::Change;
     use observe::{Seen, changes};
     let cfgd = ActionsConfig::default();
-    let see = |f: &Facts| {
-        let (r, l) = (readiness(f, &cfgd), liveness(f));
-        (Seen::of(f, &r, &l), r, l)
-    };
-    let f0 = facts(OK, NORMAL);
-    let (s0, r0, l0) = see(&f0);
-    let first = changes(None, &s0, &f0, &r0, &l0, 7);
+    let a0 = Answers::from_facts(facts(OK, NORMAL), &cfgd);
+    let s0 = Seen::of(&a0);
+    let first = changes(None, &a0, 7);
     let got: Vec<(Change, &str, &str)> = first
         .iter()
         .map(|e| (e.change, e.from.as_str(), e.to.as_str()))
@@ -275,11 +271,11 @@ fn the_journal_records_what_changed() {
             (Change::Readiness, "start", "ready")
         ]
     );
-    assert!(changes(Some(&s0), &s0, &f0, &r0, &l0, 8).is_empty());
+    assert!(changes(Some(&s0), &a0, 8).is_empty());
     // normal -> degrade: level and readiness change, liveness does not.
-    let f1 = facts(OK, Degrade);
-    let (s1, r1, l1) = see(&f1);
-    let e = changes(Some(&s0), &s1, &f1, &r1, &l1, 9);
+    let a1 = Answers::from_facts(facts(OK, Degrade), &cfgd);
+    let s1 = Seen::of(&a1);
+    let e = changes(Some(&s0), &a1, 9);
     let got: Vec<(Change, &str, &str)> = e
         .iter()
         .map(|e| (e.change, e.from.as_str(), e.to.as_str()))
@@ -294,9 +290,8 @@ fn the_journal_records_what_changed() {
     assert_eq!(e[0].reason, "score 0.400");
     assert!(e.iter().all(|e| e.at_unix_ms == 9));
     // -> abnormal: the verdict and liveness change too, with the verdict's reason.
-    let f2 = facts(Abnormal, Evict);
-    let (s2, r2, l2) = see(&f2);
-    let got: Vec<(Change, String, String)> = changes(Some(&s1), &s2, &f2, &r2, &l2, 10)
+    let a2 = Answers::from_facts(facts(Abnormal, Evict), &cfgd);
+    let got: Vec<(Change, String, String)> = changes(Some(&s1), &a2, 10)
         .into_iter()
         .map(|e| (e.change, e.to, e.reason))
         .collect();

@@ -122,14 +122,8 @@ impl Model {
     /// Draws the whole view into `buf`.
     pub fn render(&self, area: Rect, buf: &mut Buffer) {
         let engines = self.engines.as_ref();
-        let n_engines = engines.map_or(0, |e| e.engines.len()) as u16;
-        let npus = self.hello.as_ref().map_or(0, |h| h.npus.len()) as u16;
-        let [head, eng, npu_area] = Layout::vertical([
-            Constraint::Length(1),
-            Constraint::Length(3 + n_engines * 2),
-            Constraint::Length(2 + npus * 2),
-        ])
-        .areas(area);
+        let [head, eng, npu_area] =
+            Layout::vertical(self.rows().map(Constraint::Length)).areas(area);
         let title = match &self.hello {
             Some(h) => format!(
                 "npu-health-agent top · {} · v{} · sampling every {} ms · q quits",
@@ -223,20 +217,25 @@ impl Model {
                 Line::from(format!("  {flags}")).style(Style::new().add_modifier(Modifier::DIM)),
             ])
             .render(label, buf);
-            let data: Vec<Option<u64>> = cols;
             Sparkline::default()
-                .data(data)
+                .data(cols)
                 .max(100)
                 .style(Style::new().fg(Color::Cyan))
                 .render(spark, buf);
         }
     }
 
-    /// Rows the view needs.
-    pub fn height(&self) -> u16 {
+    /// Rows of the title, the engines box (borders, header, two lines per engine) and the
+    /// NPU box (borders, two lines per NPU).
+    fn rows(&self) -> [u16; 3] {
         let e = self.engines.as_ref().map_or(0, |e| e.engines.len()) as u16;
         let n = self.hello.as_ref().map_or(0, |h| h.npus.len()) as u16;
-        1 + 3 + e * 2 + 2 + n * 2
+        [1, 3 + e * 2, 2 + n * 2]
+    }
+
+    /// Rows the view needs.
+    pub fn height(&self) -> u16 {
+        self.rows().iter().sum()
     }
 }
 

@@ -23,7 +23,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::time::Instant;
 
 /// Scores are shown to 3 decimals.
-fn round3(v: f64) -> f64 {
+/// Rounded to 3 decimals, as scores are shown.
+pub fn round3(v: f64) -> f64 {
     (v * 1000.0).round() / 1000.0
 }
 

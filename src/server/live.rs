@@ -31,11 +31,6 @@ pub struct Hub {
 }
 
 impl Hub {
-    /// Streams open now.
-    pub fn subscribers(&self) -> usize {
-        self.subscribers.load(Ordering::Relaxed)
-    }
-
     fn join(self: &Arc<Hub>) -> Option<Subscriber> {
         self.subscribers
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {

@@ -296,17 +296,10 @@ impl Scope {
                 })
             }),
         )?;
-        let answers: Vec<(Labels, crate::actions::Readiness, crate::actions::Liveness)> = self
+        let answers: Vec<(Labels, crate::actions::Answers)> = self
             .engines
             .iter()
-            .map(|e| {
-                let f = crate::actions::Facts::of(e);
-                (
-                    name(e),
-                    crate::actions::readiness(&f, &e.spec.actions),
-                    crate::actions::liveness(&f),
-                )
-            })
+            .map(|e| (name(e), crate::actions::Answers::of(e)))
             .collect();
         family(
             enc,
@@ -315,7 +308,7 @@ impl Scope {
             MetricType::Gauge,
             answers
                 .iter()
-                .map(|(l, r, _)| (l.clone(), if r.ready { 1.0 } else { 0.0 })),
+                .map(|(l, a)| (l.clone(), if a.readiness.ready { 1.0 } else { 0.0 })),
         )?;
         family(
             enc,
@@ -324,7 +317,7 @@ impl Scope {
             MetricType::Gauge,
             answers
                 .iter()
-                .map(|(l, _, v)| (l.clone(), if v.live { 1.0 } else { 0.0 })),
+                .map(|(l, a)| (l.clone(), if a.liveness.live { 1.0 } else { 0.0 })),
         )?;
         family(
             enc,

@@ -9,7 +9,7 @@
 //! readiness, liveness, and the recent changes). The first `samples` frame carries the last
 //! [`HISTORY`] so a chart is full at once.
 
-use crate::actions::{self, Facts};
+use crate::actions::Answers;
 use crate::monitor::Monitor;
 use crate::monitor::acted::Attempt;
 use crate::monitor::journal::Entry;
@@ -208,16 +208,18 @@ pub fn history_start(shared: &Shared) -> u64 {
 
 /// One engine's line (reads only; the verdict is peeked).
 pub fn engine_line(m: &Monitor) -> EngineLine {
-    let f = Facts::of(m);
-    let r = actions::readiness(&f, &m.spec.actions);
-    let l = actions::liveness(&f);
+    let Answers {
+        facts: f,
+        readiness: r,
+        liveness: l,
+    } = Answers::of(m);
     EngineLine {
         name: m.spec.name.clone(),
         status: f.status,
-        reason: f.reason.clone(),
+        reason: f.reason,
         policy: m.spec.policy.value.as_str().to_owned(),
         level: f.level,
-        score: f.score.map(|s| (s * 1000.0).round() / 1000.0),
+        score: f.score.map(crate::qos::round3),
         ready: r.ready,
         ready_reason: r.reason,
         live: l.live,
