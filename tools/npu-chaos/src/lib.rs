@@ -7,6 +7,7 @@
 pub mod experiment;
 pub mod kubelet;
 pub mod load;
+pub mod priority;
 pub mod proxy;
 pub mod pymotor;
 pub mod real_engine;
@@ -234,6 +235,11 @@ async fn run_each(
                     .map(|t| format!(", detected after {:.1} s (scaled)", t as f64 / 1000.0))
                     .unwrap_or_default()
             );
+            if o.verdict == run::Verdict::FalseKill {
+                for line in &o.kill_evidence {
+                    eprintln!("npu-chaos:     {line}");
+                }
+            }
             let path = out
                 .join(p.as_str())
                 .join(run::cadence_dir(opts))

@@ -51,8 +51,28 @@ impl Pymotor {
 
     /// `scripts/pymotor python <driver> <args>`, stdout piped, stderr into `log`.
     pub fn command(&self, driver: &str, args: &[String], log: &Path) -> Result<Command, String> {
+        self.command_from(Command::new(&self.script), driver, args, log)
+    }
+
+    /// [`Self::command`] for a driver that serves `/status` (the engine server): in its own
+    /// session at the health service's CPU priority ([`super::priority`]).
+    pub fn health_service_command(
+        &self,
+        driver: &str,
+        args: &[String],
+        log: &Path,
+    ) -> Result<Command, String> {
+        self.command_from(super::priority::command(&self.script), driver, args, log)
+    }
+
+    fn command_from(
+        &self,
+        mut c: Command,
+        driver: &str,
+        args: &[String],
+        log: &Path,
+    ) -> Result<Command, String> {
         let stderr = std::fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
-        let mut c = Command::new(&self.script);
         c.arg("python")
             .arg(self.root.join(driver))
             .args(args)

@@ -286,6 +286,7 @@ mod tests {
             error: None,
             ran_again_after: None,
             kubelet: None,
+            kill_evidence: Vec::new(),
             timeline: Vec::new(),
         }
     }

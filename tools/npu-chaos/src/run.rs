@@ -20,7 +20,7 @@ use super::load::LoadGen;
 use super::proxy::Proxy;
 use super::real_engine::{self, RealEngine};
 use super::stress::CpuStress;
-use fake_engine::node_manager::{self, NmOptions};
+use fake_engine::node_manager::{self, NmOptions, NmReport};
 use npu_health_agent::monitor::Status;
 use npu_health_agent::monitor::vi_state::Phase;
 use npu_health_agent::probe::engine_metrics;
@@ -329,6 +329,10 @@ pub struct Outcome {
     pub ran_again_after: Option<String>,
     /// What the kubelet emulator did (kubelet runs only).
     pub kubelet: Option<KubeletOutcome>,
+    /// Why Node Manager killed, when it did: the emulator's last polls before its decision
+    /// (time before the kill, what it read, the error and the answer time) and the agent's
+    /// last warnings. Printed with a false kill, so that a failed run explains itself.
+    pub kill_evidence: Vec<String>,
     pub timeline: Vec<TimelinePoint>,
 }
 
@@ -399,6 +403,15 @@ fn fmt_duration(d: Duration) -> String {
 /// three QoS evaluations (15 s) and Node Manager's five heartbeats (15 s).
 const LATE_KILL_TAIL: Duration = Duration::from_secs(55);
 
+/// The `/health` timeout of the agent in front of a real engine: the reference's 5 s,
+/// unscaled. It bounds how long the real engine's API server takes to answer, which
+/// compressing the experiment does not shorten (as Node Manager's poll timeout bounds the
+/// agent's). Scaled to 1 s at 0.2, the reference's `/health` check, which is `abnormal` at
+/// once, timed out 3 times in a row on a real vLLM serving 16 long streams on 2 cores (a
+/// busy loop beside it) and decided a false kill. No detection depends on it: a hung EngineCore leaves `/health`
+/// answering 200, and a crashed one refuses the connection.
+const REAL_ENGINE_HEALTH_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// The agent's config for one experiment.
 fn agent_toml(
     engine_port: u16,
@@ -406,6 +419,7 @@ fn agent_toml(
     devices: usize,
     policy: Policy,
     s: f64,
+    engine: EngineKind,
     model: &str,
 ) -> String {
     use npu_health_agent::config::validate::{engine_bounds as e, qos_bounds as q};
@@ -481,7 +495,10 @@ ttft_budget = "{ttft_budget}"
         interval = d(5.0, e::INTERVAL),
         high = d(20.0, e::HIGH_LOAD_INTERVAL),
         health = d(1.0, e::HEALTH_PERIOD),
-        health_timeout = d(5.0, e::HEALTH_TIMEOUT),
+        health_timeout = match engine {
+            EngineKind::Vllm => fmt_duration(REAL_ENGINE_HEALTH_TIMEOUT),
+            EngineKind::Fake => d(5.0, e::HEALTH_TIMEOUT),
+        },
         qos_period = d(5.0, q::PERIOD),
         max_age = d(60.0, q::MAX_INPUT_AGE),
         ttft_budget = d(2.0, q::TTFT_BUDGET),
@@ -632,6 +649,7 @@ impl Stack {
                 npu_files.len(),
                 policy,
                 s,
+                opts.engine,
                 opts.model(),
             ),
         )
@@ -659,30 +677,34 @@ impl Stack {
                 .map(|a| a.to_string())
                 .chain([npu_smi.display().to_string()])
                 .collect();
-                p.command(
+                let mut cmd = p.health_service_command(
                     super::pymotor::ENGINE_SERVER_PY,
                     &args,
                     &dir.join("agent.log"),
-                )?
-                .env("FAKE_NPU_SCENARIO", &scenario)
-                .stdout(std::process::Stdio::null())
-                .spawn()
-                .map_err(|e| format!("starting MindIE's engine server: {e}"))?
+                )?;
+                cmd.env("FAKE_NPU_SCENARIO", &scenario)
+                    .stdout(std::process::Stdio::null());
+                cmd.spawn()
+                    .map_err(|e| format!("starting MindIE's engine server: {e}"))?
             }
             (Policy::Mindie, None) => {
                 return Err("the mindie-3.0.0b2 peer needs `scripts/pymotor install`".to_owned());
             }
-            _ => Command::new(&opts.agent_exe)
-                .args(["--fake", "run", "--config"])
-                .arg(&toml)
-                .env("FAKE_NPU_SCENARIO", &scenario)
-                .env("RUST_LOG", "info")
-                .stdout(std::process::Stdio::null())
-                .stderr(log("agent.log")?)
-                .kill_on_drop(true)
-                .spawn()
-                .map_err(|e| format!("starting the agent: {e}"))?,
+            _ => {
+                let mut cmd = super::priority::command(&opts.agent_exe);
+                cmd.args(["--fake", "run", "--config"])
+                    .arg(&toml)
+                    .env("FAKE_NPU_SCENARIO", &scenario)
+                    .env("RUST_LOG", "info")
+                    .stdout(std::process::Stdio::null())
+                    .stderr(log("agent.log")?)
+                    .kill_on_drop(true);
+                cmd.spawn()
+                    .map_err(|e| format!("starting the agent: {e}"))?
+            }
         };
+        // Whatever serves `/status` gets the CPU priority a node's health service has.
+        super::priority::raise_group(agent.id()).await;
         // The emulator's poll timeout, scaled: one slow answer must not stall the sampling.
         let http = reqwest::Client::builder()
             .no_proxy()
@@ -1085,7 +1107,7 @@ fn start_node_manager(
     nm: NmOptions,
     cancel: CancellationToken,
     kill_tx: tokio::sync::oneshot::Sender<Instant>,
-) -> std::io::Result<std::thread::JoinHandle<()>> {
+) -> std::io::Result<std::thread::JoinHandle<NmReport>> {
     std::thread::Builder::new()
         .name("node-manager".to_owned())
         .spawn(move || {
@@ -1094,12 +1116,76 @@ fn start_node_manager(
                 .enable_all()
                 .build()
             else {
-                return;
+                return NmReport::default();
             };
             rt.block_on(node_manager::run(nm, cancel, move || {
                 let _ = kill_tx.send(Instant::now());
-            }));
+            }))
         })
+}
+
+/// Polls before the kill that [`kill_evidence`] quotes: the emulator's 5 heartbeats span at
+/// most 5 polls at the 1 s cadence and 15 at 3 s.
+const EVIDENCE_POLLS: usize = 16;
+/// The agent's last warnings [`kill_evidence`] quotes.
+const EVIDENCE_WARNINGS: usize = 6;
+
+/// Why Node Manager killed: the emulator's last polls before its decision (seconds before
+/// the kill on its clock, what it read, the error, the answer time), then the agent's last
+/// WARN and ERROR lines from `agent_log` up to the kill (the emulator started at
+/// `nm_started`; with no emulator report, the last ones). Empty pieces are left out; never
+/// fails.
+fn kill_evidence(
+    nm: Option<&NmReport>,
+    nm_started: std::time::SystemTime,
+    agent_log: &Path,
+) -> Vec<String> {
+    let mut lines = Vec::new();
+    // What the agent logged after the kill is about a dead engine: left out (half a second
+    // of slack for the two clocks).
+    let until = nm
+        .and_then(|r| r.killed_at_ms)
+        .map(|k| nm_started + Duration::from_millis(k + 500));
+    if let Some(r) = nm
+        && let Some(kill) = r.killed_at_ms
+    {
+        let before: Vec<_> = r.polls.iter().filter(|p| p.at_ms <= kill).collect();
+        let from = before.len().saturating_sub(EVIDENCE_POLLS);
+        for p in &before[from..] {
+            let read = serde_json::to_value(p.detected)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default();
+            lines.push(format!(
+                "poll {:+.2} s: {read}{} ({:.0} ms)",
+                -((kill - p.at_ms) as f64) / 1000.0,
+                p.error
+                    .as_deref()
+                    .map(|e| format!(", {e}"))
+                    .unwrap_or_default(),
+                p.latency_ms
+            ));
+        }
+    }
+    let warnings: Vec<String> = std::fs::read_to_string(agent_log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+        .filter(|l| {
+            let at = l
+                .split_whitespace()
+                .next()
+                .and_then(|t| humantime::parse_rfc3339_weak(t).ok());
+            match (until, at) {
+                (Some(until), Some(at)) => at <= until,
+                _ => true,
+            }
+        })
+        .map(str::to_owned)
+        .collect();
+    let from = warnings.len().saturating_sub(EVIDENCE_WARNINGS);
+    lines.extend(warnings[from..].iter().map(|w| format!("agent: {w}")));
+    lines
 }
 
 /// The row's directory of the outputs: `1s`, `3s`, `1s-pymotor` or `kubelet`.
@@ -1145,6 +1231,7 @@ pub async fn run(e: &Experiment, policy: Policy, opts: &RunOptions) -> Outcome {
         error: None,
         ran_again_after: None,
         kubelet: None,
+        kill_evidence: Vec::new(),
         timeline: Vec::new(),
     };
     if opts.engine == EngineKind::Vllm
@@ -1282,6 +1369,8 @@ async fn run_inner(
     // Sampled every (scaled) second, as Node Manager polls.
     let sample_every = scaled(Duration::from_secs(1), s).max(Duration::from_millis(20));
     let nm_cancel = cancel.child_token();
+    // The emulator's clock starts about now: its kill time on the agent log's clock.
+    let nm_started = std::time::SystemTime::now();
     let (nm_thread, mut kubelet) = match opts.row {
         Row::NodeManager(c) => {
             let nm = c.nm_options(vec![format!("{}/status", stack.mgmt)], s);
@@ -1340,8 +1429,21 @@ async fn run_inner(
         r.save_log(&dir.join("vllm.log"));
     }
     nm_cancel.cancel();
-    if let Some(t) = nm_thread {
-        let _ = tokio::task::spawn_blocking(move || t.join()).await;
+    let nm_report = match nm_thread {
+        Some(t) => tokio::task::spawn_blocking(move || t.join().ok())
+            .await
+            .ok()
+            .flatten(),
+        None => None,
+    };
+    if let Some(r) = &nm_report {
+        let path = dir.join("node-manager.json");
+        if let Err(e) = std::fs::write(&path, serde_json::to_vec_pretty(r).unwrap_or_default()) {
+            eprintln!("npu-chaos:   {}: {e}", path.display());
+        }
+    }
+    if out.killed_at_ms.is_some() {
+        out.kill_evidence = kill_evidence(nm_report.as_ref(), nm_started, &dir.join("agent.log"));
     }
     if let Some(nm) = real_nm {
         nm.stop().await;
@@ -1705,7 +1807,7 @@ mod tests {
     #[test]
     fn agent_configs_per_policy_parse() {
         for (policy, s) in [(Policy::Agent, 0.1), (Policy::Reference, 1.0)] {
-            let text = agent_toml(8000, 8001, 2, policy, s, "m");
+            let text = agent_toml(8000, 8001, 2, policy, s, EngineKind::Fake, "m");
             let cfg = npu_health_agent::config::file::parse(&text, Path::new("agent.toml"))
                 .unwrap_or_else(|e| panic!("{e}\n{text}"));
             let e = &cfg.engines[0];
@@ -1719,6 +1821,73 @@ mod tests {
                     Duration::from_millis(1500)
                 );
             }
+        }
+    }
+
+    // A kill explains itself: the emulator's polls up to its decision, and the agent's
+    // warnings up to it (what it logged about the dead engine afterwards is left out).
+    #[test]
+    fn kill_evidence_quotes_the_polls_and_warnings_before_the_kill() {
+        use fake_engine::node_manager::{NmStatus, Poll};
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("agent.log");
+        let start = humantime::parse_rfc3339("2026-12-02T12:00:00Z").unwrap();
+        std::fs::write(
+            &log,
+            "2026-12-02T12:00:01.000000Z  INFO fine engine=chaos\n\
+             2026-12-02T12:00:02.000000Z  WARN /health fails: timed out engine=chaos\n\
+             2026-12-02T12:00:09.000000Z  WARN after the kill engine=chaos\n",
+        )
+        .unwrap();
+        let poll = |at_ms, detected, error: Option<&str>| Poll {
+            at_ms,
+            endpoint: 0,
+            detected,
+            kept: detected,
+            error: error.map(str::to_owned),
+            latency_ms: 2.0,
+        };
+        let mut polls: Vec<Poll> = (0..20)
+            .map(|i| poll(i * 100, NmStatus::Normal, None))
+            .collect();
+        polls.push(poll(2_100, NmStatus::Abnormal, Some("timeout")));
+        polls.push(poll(5_000, NmStatus::Abnormal, None));
+        let report = NmReport {
+            polls,
+            killed_at_ms: Some(3_000),
+            max_consecutive_abnormal: 5,
+            heartbeats: 30,
+        };
+        let lines = kill_evidence(Some(&report), start, &log);
+        let polls: Vec<&String> = lines.iter().filter(|l| l.starts_with("poll ")).collect();
+        assert_eq!(polls.len(), EVIDENCE_POLLS, "{lines:#?}");
+        assert_eq!(
+            polls.last().unwrap().as_str(),
+            "poll -0.90 s: abnormal, timeout (2 ms)"
+        );
+        let agent: Vec<&String> = lines.iter().filter(|l| l.starts_with("agent: ")).collect();
+        assert_eq!(agent.len(), 1, "{lines:#?}");
+        assert!(agent[0].contains("/health fails"), "{lines:#?}");
+        // No report (PyMotor's Node Manager): the agent's last warnings, all of them here.
+        let lines = kill_evidence(None, start, &log);
+        assert_eq!(lines.len(), 2, "{lines:#?}");
+    }
+
+    // With a real engine the `/health` timeout bounds the engine's own answer time and is not
+    // scaled; with the fake engine (scaled too) it is.
+    #[test]
+    fn the_health_timeout_is_scaled_with_the_fake_engine_only() {
+        for (engine, want) in [
+            (EngineKind::Fake, Duration::from_secs(1)),
+            (EngineKind::Vllm, REAL_ENGINE_HEALTH_TIMEOUT),
+        ] {
+            let text = agent_toml(8000, 8001, 2, Policy::Reference, 0.2, engine, "m");
+            let cfg = npu_health_agent::config::file::parse(&text, Path::new("agent.toml"))
+                .unwrap_or_else(|e| panic!("{e}\n{text}"));
+            let t = &cfg.engines[0].timing;
+            assert_eq!(t.health_timeout, Some(want), "{engine:?}");
+            // Everything else stays scaled either way.
+            assert_eq!(t.request_timeout, Duration::from_secs(1), "{engine:?}");
         }
     }
 
@@ -1768,6 +1937,7 @@ mod tests {
                     restart_after_ms: restart,
                     not_ready_ms: 0,
                 }),
+                kill_evidence: Vec::new(),
                 timeline: Vec::new(),
             };
         let fault = Expect::DetectWithin(Duration::from_secs(60));

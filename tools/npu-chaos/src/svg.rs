@@ -232,6 +232,7 @@ mod tests {
             error: None,
             ran_again_after: None,
             kubelet: None,
+            kill_evidence: Vec::new(),
             timeline: vec![
                 sample(-100, "normal", false),
                 sample(0, "normal", true),
