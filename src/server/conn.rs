@@ -51,6 +51,8 @@ struct Activity {
     last_ms: AtomicU64,
     /// Requests inside the handler now.
     busy: AtomicU32,
+    /// Requests that reached the handler on this connection so far.
+    requests: AtomicU64,
     /// Since when the next request head is awaited ([`now_ms`]; [`NO_HEAD`]: not now): from
     /// the accept, then from the end of each answer (its last byte written).
     head_since_ms: AtomicU64,
@@ -62,6 +64,7 @@ impl Default for Activity {
         Activity {
             last_ms: AtomicU64::new(now),
             busy: AtomicU32::new(0),
+            requests: AtomicU64::new(0),
             head_since_ms: AtomicU64::new(now),
         }
     }
@@ -175,6 +178,7 @@ impl BusyGuard {
     /// A request head arrived whole: it is in the handler, no head is awaited.
     fn enter(a: &Arc<Activity>) -> BusyGuard {
         a.busy.fetch_add(1, Ordering::Relaxed);
+        a.requests.fetch_add(1, Ordering::Relaxed);
         a.head_since_ms.store(NO_HEAD, Ordering::Relaxed);
         BusyGuard(Arc::clone(a))
     }
@@ -370,6 +374,19 @@ impl Connection {
                 _ = self.shed.cancelled() => return,
                 _ = tokio::time::sleep(wake) => {}
                 _ = self.cancel.cancelled() => {
+                    // A connection accepted just before the listener stopped (a reload
+                    // that restarts its engine) may not have sent its request yet: closed
+                    // now, its client would get no answer, and Node Manager reads a poll
+                    // without one as `abnormal`. Its first request gets a short grace.
+                    let grace = tokio::time::Instant::now() + FIRST_REQUEST_GRACE.min(head);
+                    while self.activity.requests.load(Ordering::Relaxed) == 0
+                        && tokio::time::Instant::now() < grace
+                    {
+                        tokio::select! {
+                            _ = conn.as_mut() => return,
+                            _ = tokio::time::sleep(Duration::from_millis(5)) => {}
+                        }
+                    }
                     // Finish the request in flight, then close (keep-alive ends).
                     conn.as_mut().graceful_shutdown();
                     let _ = conn.await;
@@ -379,6 +396,10 @@ impl Connection {
         }
     }
 }
+
+/// How long a connection that has not sent its first request yet is kept when its listener
+/// stops: a client that connected just before sends its request at once.
+const FIRST_REQUEST_GRACE: Duration = Duration::from_millis(250);
 
 /// Descriptors kept for the agent's own use whatever clients hold: the engines' HTTP
 /// clients (`/health`, probes, `/metrics`), `npu-smi` pipes, the driver, logs, the listening
@@ -586,6 +607,30 @@ mod tests {
         // An idle keep-alive connection (no request yet) is cut the same way.
         let mut idle = TcpStream::connect(addr).await.unwrap();
         assert!(closed_within(&mut idle, Duration::from_secs(10)).await);
+    }
+
+    // A client that connected just before the listener stopped (a SIGHUP reload restarting
+    // its engine) still gets its answer: the request it sends right after is served, then
+    // the connection closes. A connection that sends nothing is closed after the grace.
+    #[tokio::test]
+    async fn a_request_sent_just_after_the_listener_stops_is_answered() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (addr, cancel) =
+            listen(limits(8, Duration::from_secs(5), Duration::from_secs(60))).await;
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        let mut silent = TcpStream::connect(addr).await.unwrap();
+        // Both accepted (the accept loop runs on this runtime's other tasks meanwhile).
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        cancel.cancel();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        s.write_all(b"GET /status HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut out = String::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_string(&mut out)).await;
+        assert!(out.starts_with("HTTP/1.1 200"), "{out:?}");
+        assert!(out.ends_with("ok"), "{out:?}");
+        assert!(closed_within(&mut silent, Duration::from_secs(2)).await);
     }
 
     /// Larger than any socket buffer pair on loopback.

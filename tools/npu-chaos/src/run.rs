@@ -408,8 +408,8 @@ const LATE_KILL_TAIL: Duration = Duration::from_secs(55);
 /// compressing the experiment does not shorten (as Node Manager's poll timeout bounds the
 /// agent's). Scaled to 1 s at 0.2, the reference's `/health` check, which is `abnormal` at
 /// once, timed out 3 times in a row on a real vLLM serving 16 long streams on 2 cores (a
-/// busy loop beside it) and decided a false kill. No detection depends on it: a hung EngineCore leaves `/health`
-/// answering 200, and a crashed one refuses the connection.
+/// busy loop beside it) and decided a false kill. No detection depends on it: a hung
+/// EngineCore leaves `/health` answering 200, and a crashed one refuses the connection.
 const REAL_ENGINE_HEALTH_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The agent's config for one experiment.
@@ -684,8 +684,9 @@ impl Stack {
                 )?;
                 cmd.env("FAKE_NPU_SCENARIO", &scenario)
                     .stdout(std::process::Stdio::null());
-                cmd.spawn()
-                    .map_err(|e| format!("starting MindIE's engine server: {e}"))?
+                cmd.spawn().map_err(|e| {
+                    format!("starting MindIE's engine server (through `setsid` and `nice`): {e}")
+                })?
             }
             (Policy::Mindie, None) => {
                 return Err("the mindie-3.0.0b2 peer needs `scripts/pymotor install`".to_owned());
@@ -700,7 +701,7 @@ impl Stack {
                     .stderr(log("agent.log")?)
                     .kill_on_drop(true);
                 cmd.spawn()
-                    .map_err(|e| format!("starting the agent: {e}"))?
+                    .map_err(|e| format!("starting the agent (through `setsid` and `nice`): {e}"))?
             }
         };
         // Whatever serves `/status` gets the CPU priority a node's health service has.
