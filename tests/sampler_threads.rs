@@ -76,8 +76,17 @@ fn hung_call_becomes_stale_without_blocking_readers_and_moves_to_npu_smi() {
         .in_call()
         .expect("the sampler thread is stuck in the call");
     assert_eq!(dev, 1);
-    // Readers run while the driver thread is blocked inside DCMI.
-    let report = sampler.window(&[0, 1], Duration::from_millis(100)).unwrap();
+    // Readers run while the driver thread is blocked inside DCMI. Device 0 is stuck behind
+    // the hung call: its recent samples are the watchdog's invalid ones, never 0 %. (Read
+    // until a 100 ms window holds one: on a loaded machine the watchdog's 20 ms tick can be
+    // late, and every window read meanwhile must still show no peak.)
+    let mut report = sampler.window(&[0, 1], Duration::from_millis(100)).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while report.devices[0].invalid == 0 && std::time::Instant::now() < deadline {
+        assert_eq!(report.devices[0].peak, None, "{report:?}");
+        std::thread::sleep(Duration::from_millis(10));
+        report = sampler.window(&[0, 1], Duration::from_millis(100)).unwrap();
+    }
     assert_eq!(
         shared.sampler.in_call(),
         Some((1, kind, started)),
@@ -90,8 +99,6 @@ fn hung_call_becomes_stale_without_blocking_readers_and_moves_to_npu_smi() {
         snap.hung && (snap.stale || snap.source == Source::NpuSmi),
         "{snap:?}"
     );
-    // Device 0 is stuck behind the hung call: its recent samples are the watchdog's invalid
-    // ones, never 0 %.
     assert_eq!(report.devices[0].peak, None, "{report:?}");
     assert!(report.devices[0].invalid > 0, "{report:?}");
     assert!(wait_for(Duration::from_secs(10), || shared.devices[1]

@@ -16,6 +16,11 @@
 //!   handler (none of ours waits on anything), the new one is closed instead.
 //! - **Accept errors** (EMFILE: out of file descriptors) close the least recently active idle
 //!   connection too, and are logged; identical warnings are rate-limited by the log layer.
+//! - **Stopping** (SIGTERM, or a SIGHUP reload that restarts the engine, whose socket the new
+//!   server takes over): the request in flight on each connection is finished, then the
+//!   connection closes. A connection accepted just before, whose first request has not come
+//!   in yet, waits up to 250 ms for it and answers it, rather than closing unanswered (a
+//!   Node Manager poll without an answer reads as `abnormal`).
 
 use crate::config::ListenerLimits;
 use axum::Router;
