@@ -11,7 +11,7 @@
 //! to answer Node Manager's poll (median 1–3 ms) and once not within its 2 s timeout; at the
 //! 1 s cadence late answers like these can decide a kill (the likely cause of the two false
 //! kills in CI, whose polls were not recorded). With the health service in a session of its
-//! own at group nice -10, the slowest answer was 17 ms (docs/chaos.md, "The health service's
+//! own at group nice -10, the slowest answer was 47 ms (docs/chaos.md, "The health service's
 //! CPU priority"; BENCHMARKS.md).
 //!
 //! So the runner starts the health service in a new session (a new scheduling group), at
