@@ -8,6 +8,7 @@ pub mod experiment;
 pub mod kubelet;
 pub mod load;
 pub mod priority;
+mod procfs;
 pub mod proxy;
 pub mod pymotor;
 pub mod real_engine;

@@ -20,6 +20,7 @@
 //! (root, as CI runs); without it the service runs at the default priority and the runner
 //! says so once.
 
+use super::procfs;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -87,28 +88,12 @@ pub async fn raise_group(pid: Option<u32>) {
 
 /// The nice value of `pid`.
 fn process_nice(pid: u32) -> Option<i32> {
-    stat_field(&read_stat(pid)?, 19)
+    procfs::stat_field(pid, 19)
 }
 
 /// The session `pid` belongs to.
 fn session_of(pid: u32) -> Option<u32> {
-    stat_field(&read_stat(pid)?, 6)
-}
-
-fn read_stat(pid: u32) -> Option<String> {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()
-}
-
-/// Field `n` (1-based, as proc(5) numbers them; `n` ≥ 3) of a `/proc/<pid>/stat` line. The
-/// command name (field 2) is in parentheses and may itself hold spaces and parentheses:
-/// fields are counted from the last `)`.
-fn stat_field<T: std::str::FromStr>(stat: &str, n: usize) -> Option<T> {
-    let after = stat.get(stat.rfind(')')? + 2..)?;
-    after
-        .split_whitespace()
-        .nth(n.checked_sub(3)?)?
-        .parse()
-        .ok()
+    procfs::stat_field(pid, 6)
 }
 
 #[cfg(test)]
@@ -142,16 +127,5 @@ mod tests {
                 );
             }
         }
-    }
-
-    #[test]
-    fn stat_fields_are_counted_past_a_command_name_with_spaces_and_parentheses() {
-        let stat = "4242 (a) b (c) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 30 -10 3 0 99";
-        assert_eq!(stat_field::<i32>(stat, 19), Some(-10));
-        assert_eq!(stat_field::<u32>(stat, 6), Some(4242));
-        assert_eq!(stat_field::<i32>("4242 (cut short) S 1", 19), None);
-        assert_eq!(stat_field::<i32>("no parentheses", 19), None);
-        assert_eq!(stat_field::<i32>("1 (x)", 19), None);
-        assert_eq!(stat_field::<i32>(stat, 2), None);
     }
 }

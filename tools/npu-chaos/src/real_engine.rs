@@ -172,11 +172,7 @@ impl RealEngine {
 /// Whether process `pid` is alive and not a zombie (an exited API server can stay a zombie
 /// until its reaper gets to it).
 pub fn running(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
-        s.rsplit_once(") ")
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .is_some_and(|state| state != "Z")
-    })
+    super::procfs::stat_field::<String>(pid, 3).is_some_and(|state| state != "Z")
 }
 
 #[cfg(test)]
