@@ -7,7 +7,9 @@
 //! virtual request, `/metrics`) and [`qos`] (its score) → [`server`] (`/status`, `/status/detail`, `/metrics`)
 //! and [`actions`] (what the verdict and the level do: `/readyz`, `/livez`, and the
 //! Kubernetes API mode in [`k8s`]). [`config`] says what to monitor,
-//! [`agent`] wires it together (and reloads it on SIGHUP), [`service`] speaks systemd's
+//! [`agent`] wires it together (and reloads it on SIGHUP), [`continuity`] carries the
+//! listening sockets and each engine's state across the agent's own restarts and upgrades
+//! ([`clock`] converts the times it saves), [`service`] speaks systemd's
 //! notify protocol and handles signals, [`logging`] writes text, JSON or journald, and the
 //! binary's commands live in [`cli`]. No `unsafe` here: the DCMI binding is the crate
 //! `crates/dcmi` (re-exported as [`driver::dcmi`]).
@@ -16,7 +18,9 @@
 pub mod actions;
 pub mod agent;
 pub mod cli;
+pub mod clock;
 pub mod config;
+pub mod continuity;
 pub mod driver;
 #[cfg(feature = "fake-driver")]
 pub mod fake;

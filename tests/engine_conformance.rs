@@ -272,6 +272,23 @@ async fn conform(base: &str, model: &str) -> Vec<String> {
     assert_eq!(m1.waiting_for_capacity, Some(0.0));
     seen.push("metrics: names, label sets, reasons, sleep states, _created lines".to_owned());
 
+    // The process's start time (prometheus_client's process collector): one unlabeled
+    // sample, in the past, the same in two scrapes. A restarted agent checks its saved state
+    // against it (monitor::saved).
+    assert_eq!(labels_of("process_start_time_seconds"), set(&[]));
+    let (t0, t1) = (
+        counters(&before.body).process_start_time,
+        counters(&after.body).process_start_time,
+    );
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let t0 = t0.expect("process_start_time_seconds is exported");
+    assert!(t0 <= now && t0 > now - 7.0 * 86_400.0, "{t0} vs now {now}");
+    assert_eq!(Some(t0), t1, "the same process between two scrapes");
+    seen.push("metrics: process_start_time_seconds, fixed for the process".to_owned());
+
     // The agent's own probes read these answers: the reference's 1-token request, and the
     // streamed probe (tokens timed, [DONE] seen).
     let (host, port) = base

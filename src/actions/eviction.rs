@@ -4,6 +4,7 @@
 //! a back-off that doubles from 5 s to 5 min while the ground holds. When the ground goes,
 //! the back-off starts over; the cooldown stays.
 
+use crate::monitor::acted::GateMemory;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -51,6 +52,32 @@ impl EvictionGate {
             done_at: None,
             retry_at: None,
             backoff: FIRST_BACKOFF,
+        }
+    }
+
+    /// A gate that remembers `m` (saved by an agent that has since restarted).
+    pub fn remembering(cooldown: Duration, m: GateMemory) -> EvictionGate {
+        EvictionGate {
+            cooldown,
+            done_at: m.done_at_unix_ms.map(crate::clock::instant_of),
+            retry_at: m.retry_at_unix_ms.map(|ms| {
+                // A retry time in the future stays in the future.
+                let now = crate::clock::unix_ms();
+                Instant::now() + Duration::from_millis(ms.saturating_sub(now))
+            }),
+            backoff: Duration::from_millis(m.backoff_ms).clamp(FIRST_BACKOFF, MAX_BACKOFF),
+        }
+    }
+
+    /// What the gate remembers, in wall-clock time.
+    pub fn memory(&self) -> GateMemory {
+        let now = Instant::now();
+        GateMemory {
+            done_at_unix_ms: self.done_at.map(crate::clock::unix_ms_of),
+            retry_at_unix_ms: self.retry_at.map(|r| {
+                crate::clock::unix_ms() + r.saturating_duration_since(now).as_millis() as u64
+            }),
+            backoff_ms: self.backoff.as_millis() as u64,
         }
     }
 
@@ -102,6 +129,31 @@ mod tests {
     use super::*;
 
     const MIN10: Duration = Duration::from_secs(600);
+
+    // An agent restart between an eviction and the end of its cooldown keeps the cooldown,
+    // and one during a back-off keeps the back-off and its next step.
+    #[tokio::test]
+    async fn a_restarted_gate_keeps_the_cooldown_and_the_back_off() {
+        let mut g = EvictionGate::new(MIN10);
+        let t0 = Instant::now();
+        g.record(t0, Attempted::Done);
+        let mut again = EvictionGate::remembering(MIN10, g.memory());
+        assert!(matches!(
+            again.step(Instant::now(), true),
+            Step::Wait { cooldown: true, .. }
+        ));
+        let mut g = EvictionGate::new(MIN10);
+        g.record(t0, Attempted::Refused);
+        let mut again = EvictionGate::remembering(MIN10, g.memory());
+        match again.step(Instant::now(), true) {
+            Step::Wait {
+                until,
+                cooldown: false,
+            } => assert!(until > Instant::now() + Duration::from_secs(4)),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(again.memory().backoff_ms, 10_000);
+    }
 
     #[tokio::test(start_paused = true)]
     async fn one_eviction_per_cooldown() {

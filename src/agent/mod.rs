@@ -5,12 +5,18 @@
 //! Each engine runs as a unit of its own (probe tasks, listener, cancellation), so a reload can
 //! add, remove or restart one engine without touching the others' verdict state.
 
+mod handover;
 pub mod preflight;
 mod reload;
 
 pub use reload::ReloadSummary;
 
 use crate::config::{AgentConfig, EngineSpec, ListenerLimits};
+use crate::continuity::handover::Predecessor;
+use crate::continuity::sockets::{Inherited, Origin};
+use crate::continuity::statefile::{self, Persister};
+use crate::continuity::{self, StateDir};
+use crate::monitor::saved::{Carry, EngineState};
 use crate::monitor::{self, Monitor};
 use crate::probe::http::EngineClient;
 use crate::sampler::{Sampler, SamplerConfig, Shared, StartError};
@@ -49,8 +55,14 @@ struct ListenerRun {
     configured: SocketAddr,
     /// Address actually bound.
     bound: SocketAddr,
-    /// A duplicate of the socket, so a new server can take it over on reload.
+    /// A duplicate of the socket, so a new server can take it over on reload, and a new
+    /// agent on a handover.
     socket: std::net::TcpListener,
+    /// What the server needs to start again on the same socket (a handover that failed).
+    router: axum::Router,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    limits: ListenerLimits,
+    name: String,
     cancel: CancellationToken,
     task: tokio::task::JoinHandle<()>,
 }
@@ -64,24 +76,60 @@ impl ListenerRun {
         limits: ListenerLimits,
         name: String,
     ) -> Result<ListenerRun, String> {
-        let listener = server::listener_on(&socket)?;
         let bound = socket.local_addr().unwrap_or(configured);
-        let cancel = CancellationToken::new();
-        let task = tokio::spawn(server::serve(
-            listener,
-            router,
-            tls,
-            limits,
-            name,
-            cancel.clone(),
-        ));
+        let (cancel, task) = Self::serve(&socket, &router, &tls, limits, &name)?;
         Ok(ListenerRun {
             configured,
             bound,
             socket,
+            router,
+            tls,
+            limits,
+            name,
             cancel,
             task,
         })
+    }
+
+    fn serve(
+        socket: &std::net::TcpListener,
+        router: &axum::Router,
+        tls: &Option<Arc<rustls::ServerConfig>>,
+        limits: ListenerLimits,
+        name: &str,
+    ) -> Result<(CancellationToken, tokio::task::JoinHandle<()>), String> {
+        let listener = server::listener_on(socket)?;
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(server::serve(
+            listener,
+            router.clone(),
+            tls.clone(),
+            limits,
+            name.to_owned(),
+            cancel.clone(),
+        ));
+        Ok((cancel, task))
+    }
+
+    /// Stops accepting at once; requests in flight finish in the background. Connections
+    /// arriving now wait in the socket's backlog for whoever accepts next.
+    fn pause(&self) {
+        self.cancel.cancel();
+    }
+
+    /// Accepts again on the same socket (a handover that did not complete).
+    fn resume(&mut self) -> Result<(), String> {
+        let (cancel, task) = Self::serve(
+            &self.socket,
+            &self.router,
+            &self.tls,
+            self.limits,
+            &self.name,
+        )?;
+        self.cancel = cancel;
+        // The paused server finishes its requests on its own.
+        self.task = task;
+        Ok(())
     }
 
     /// Stops accepting and lets in-flight requests finish, for at most [`DRAIN`].
@@ -139,6 +187,54 @@ pub struct Running {
     limits: ListenerLimits,
     /// The Kubernetes API mode, when `[agent.kubernetes]` is set (fixed at start).
     kube: Option<Arc<crate::k8s::Mode>>,
+    /// Where the state file and the handover socket live (`None`: nothing survives).
+    state_dir: Option<StateDir>,
+    /// Writes the state file on every change.
+    persister: Option<Persister>,
+    /// The agent this one took over from, until this one serves.
+    predecessor: Option<Predecessor>,
+}
+
+/// What a start takes over from before it: the state directory, sockets systemd passed
+/// back, and a running agent handing over.
+pub struct Startup {
+    pub state_dir: Option<StateDir>,
+    pub inherited: Inherited,
+    pub predecessor: Option<Predecessor>,
+    /// How long to wait for a port another process holds.
+    pub wait_for_ports: Duration,
+}
+
+impl Startup {
+    /// Nothing to take over; nothing saved.
+    pub fn fresh() -> Startup {
+        Startup {
+            state_dir: None,
+            inherited: Inherited::default(),
+            predecessor: None,
+            wait_for_ports: Duration::ZERO,
+        }
+    }
+}
+
+/// What the agent does once it has handed over to a new one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum AfterHandover {
+    /// Exit 0 (systemd, or by hand).
+    #[default]
+    Exit,
+    /// Stop everything and wait for SIGTERM (Kubernetes: an exit would restart the
+    /// container, which would then take over back).
+    Wait,
+}
+
+/// How `run` treats the agent's own restarts.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    pub after_handover: AfterHandover,
+    /// How long to wait for a port another process holds (an agent that cannot hand over,
+    /// such as an older version, during the first rolling update): 0 fails at once.
+    pub wait_for_ports: Duration,
 }
 
 /// The stuck threshold of the liveness test (changes on reload).
@@ -208,13 +304,34 @@ impl Running {
         })
     }
 
-    /// Starts an engine's probes and its server on `socket`.
-    fn launch(&self, p: Prepared, socket: std::net::TcpListener) -> Result<EngineRun, AgentError> {
+    /// Starts an engine's probes and its server on `socket`, from `restored` when a saved
+    /// state (or the state of the engine a reload replaces) applies.
+    fn launch(
+        &self,
+        p: Prepared,
+        socket: std::net::TcpListener,
+        restored: Option<(EngineState, Carry)>,
+    ) -> Result<EngineRun, AgentError> {
         let spec = &p.spec;
         let shared = &self.shared;
         let state = Arc::new(Monitor::new(spec.clone(), p.devices.clone()));
         let cancel = CancellationToken::new();
         let mut tasks = JoinSet::new();
+        if let Some((saved, carry)) = &restored {
+            state.restore(saved, *carry);
+            if carry.health
+                && let Some(at) = saved.engine_started_at
+            {
+                // The saved state is this engine process's only if it did not restart
+                // while no agent watched it.
+                tasks.spawn(monitor::tasks::identity_task(
+                    state.clone(),
+                    p.client.metrics(),
+                    at,
+                    cancel.clone(),
+                ));
+            }
+        }
         tasks.spawn(monitor::tasks::health_task(
             state.clone(),
             p.client.health(),
@@ -364,9 +481,49 @@ impl Running {
         *self.roster.write().unwrap_or_else(|p| p.into_inner()) = list;
     }
 
-    /// Stops the listeners and probes (in-flight requests get [`DRAIN`]), then the sampler
-    /// (watch children killed and reaped).
-    pub async fn stop(self) {
+    /// Starts writing the state file on every change (with a state directory).
+    fn start_persister(&mut self) {
+        let Some(dir) = &self.state_dir else { return };
+        let roster = self.roster.clone();
+        self.persister = Some(Persister::start(
+            dir.state_file(),
+            Box::new(move || {
+                roster
+                    .read()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .iter()
+                    .map(|m| m.saved())
+                    .collect()
+            }),
+        ));
+    }
+
+    /// Stops writing the state file, after writing it one last time.
+    async fn finish_persister(&mut self) {
+        if let Some(p) = self.persister.take() {
+            let path = p.path().to_owned();
+            match p.finish().await {
+                Ok(()) => tracing::info!("state written to {}", path.display()),
+                Err(e) => tracing::error!("{e}"),
+            }
+        }
+    }
+
+    /// Every listening socket, named as systemd's file-descriptor store keeps it.
+    pub fn sockets(&self) -> Vec<(String, std::os::fd::BorrowedFd<'_>)> {
+        use std::os::fd::AsFd;
+        self.engines
+            .iter()
+            .map(|e| &e.listener)
+            .chain(self.admin.iter())
+            .map(|l| (continuity::sockets::fd_name(l.bound), l.socket.as_fd()))
+            .collect()
+    }
+
+    /// Stops the listeners and probes (in-flight requests get [`DRAIN`]), writes the state
+    /// file a last time, then stops the sampler (watch children killed and reaped).
+    pub async fn stop(mut self) {
+        let persister = self.persister.take();
         let Running {
             sampler,
             engines,
@@ -382,6 +539,13 @@ impl Running {
             stops.push(Box::pin(a.stop()));
         }
         futures_util::future::join_all(stops).await;
+        if let Some(p) = persister {
+            let path = p.path().to_owned();
+            match p.finish().await {
+                Ok(()) => tracing::info!("state written to {}", path.display()),
+                Err(e) => tracing::error!("{e}"),
+            }
+        }
         let _ = tokio::task::spawn_blocking(move || sampler.shutdown()).await;
     }
 }
@@ -440,8 +604,49 @@ pub fn npu_ids(sampler: &Sampler) -> Option<Vec<u32>> {
     (!ids.is_empty()).then_some(ids)
 }
 
-/// Starts everything inside the current tokio runtime.
-pub async fn start(cfg: AgentConfig) -> Result<Running, AgentError> {
+/// A listening socket for `addr`: one taken over (systemd, a handing-over agent), else a new
+/// one; a port held by another process is waited for up to `wait`.
+async fn acquire(
+    addr: SocketAddr,
+    inherited: &mut Inherited,
+    wait: Duration,
+    what: &str,
+) -> Result<std::net::TcpListener, AgentError> {
+    if let Some((socket, origin)) = inherited.take(addr) {
+        tracing::info!(
+            "{what}: listening on {addr} with the socket from {}",
+            origin.as_str()
+        );
+        return Ok(socket);
+    }
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut said = false;
+    loop {
+        match server::bind(addr) {
+            Ok(s) => return Ok(s),
+            Err(e) if e.contains("in use") && tokio::time::Instant::now() < deadline => {
+                if !said {
+                    tracing::warn!(
+                        "{what}: {addr} is held by another process; waiting up to {wait:?} for it (--wait-for-ports)"
+                    );
+                    said = true;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => {
+                let hint = if e.contains("in use") {
+                    " (another agent? start this one with the same state directory to take over from it: docs/deploy.md, \"Upgrading and restarting the agent\")"
+                } else {
+                    ""
+                };
+                return Err(AgentError::Runtime(format!("{what}: {e}{hint}")));
+            }
+        }
+    }
+}
+
+/// Starts everything inside the current tokio runtime, from what `startup` takes over.
+pub async fn start(cfg: AgentConfig, mut startup: Startup) -> Result<Running, AgentError> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let sampler_cfg = sampler_config(&cfg);
     let driver = cfg.agent.driver();
@@ -486,19 +691,23 @@ pub async fn start(cfg: AgentConfig) -> Result<Running, AgentError> {
             cfg.agent.sampler_stuck_after,
         ))),
         kube: cfg.agent.kubernetes.as_ref().map(crate::k8s::Mode::start),
+        state_dir: startup.state_dir.clone(),
+        persister: None,
+        predecessor: None,
     };
     // Everything fallible (devices, clients, TLS, binding) before anything is spawned.
+    let wait = startup.wait_for_ports;
     let mut ready = Vec::new();
     for spec in &cfg.engines {
         let p = running.prepare(spec)?;
-        let socket = server::bind(spec.mgmt_listen)
-            .map_err(|e| AgentError::Runtime(format!("engine {}: {e}", spec.name)))?;
+        let what = format!("engine {}", spec.name);
+        let socket = acquire(spec.mgmt_listen, &mut startup.inherited, wait, &what).await?;
         ready.push((p, socket));
     }
     let admin_socket = match cfg.agent.admin_listen {
         Some(addr) => Some((
             addr,
-            server::bind(addr).map_err(|e| AgentError::Runtime(format!("admin listener: {e}")))?,
+            acquire(addr, &mut startup.inherited, wait, "admin listener").await?,
             Arc::new(
                 server::auth::AdminAccess::load(&cfg.agent.admin_auth)
                     .map_err(AgentError::Config)?,
@@ -506,9 +715,45 @@ pub async fn start(cfg: AgentConfig) -> Result<Running, AgentError> {
         )),
         None => None,
     };
+    for (addr, origin) in startup.inherited.close_unclaimed() {
+        tracing::info!(
+            "closed the socket on {addr} from {}: no engine or listener is configured there now",
+            origin.as_str()
+        );
+    }
+    // The agent handing over stops accepting and writes its state now; connections that
+    // arrive meanwhile wait in the sockets' backlog.
+    if let Some(pred) = startup.predecessor.take() {
+        pred.take().await.map_err(|e| {
+            AgentError::Runtime(format!(
+                "taking over from the running agent (pid {}): {e}",
+                pred.pid
+            ))
+        })?;
+        running.predecessor = Some(pred);
+    }
+    let mut found = match &running.state_dir {
+        Some(d) => statefile::load(&d.state_file()),
+        None => statefile::Found::none(),
+    };
     for (p, socket) in ready {
-        let run = running.launch(p, socket)?;
+        let restored = found.take(&p.spec.name, &p.spec.engine_url());
+        if let Some(s) = &restored {
+            tracing::info!(
+                engine = %p.spec.name,
+                "resuming from the saved state: {}",
+                describe(s)
+            );
+        }
+        let run = running.launch(p, socket, restored.map(|s| (s, Carry::ALL)))?;
         running.engines.push(run);
+    }
+    let left = found.left();
+    if !left.is_empty() {
+        tracing::info!(
+            "the state file also holds {} (not configured now): not used",
+            left.join(", ")
+        );
     }
     running.publish_roster();
     if let Some((addr, socket, access)) = admin_socket {
@@ -528,16 +773,99 @@ pub async fn start(cfg: AgentConfig) -> Result<Running, AgentError> {
         );
         running.admin = Some(admin);
     }
+    running.start_persister();
     Ok(running)
+}
+
+/// One line on a saved state, for the log.
+fn describe(s: &EngineState) -> String {
+    let verdict = if s.vi.abnormal || s.health.state == monitor::verdict::HealthState::Unhealthy {
+        "abnormal"
+    } else if s.health.state == monitor::verdict::HealthState::NeverAnswered {
+        "initial"
+    } else {
+        "normal"
+    };
+    let phase = if s.vi.abnormal {
+        monitor::vi_state::Phase::Stopped
+    } else {
+        s.vi.phase
+    };
+    format!(
+        "{verdict}, virtual inference {}{}, failure count {}, QoS level {}",
+        phase.as_str(),
+        if s.vi.warmup_done { " (warmed up)" } else { "" },
+        s.vi.failure_count,
+        s.qos.level.as_str()
+    )
 }
 
 /// Re-reads the configuration for a reload.
 pub type Reloader = Box<dyn Fn() -> Result<AgentConfig, String> + Send + Sync>;
 
+/// What `run` takes over at start: the state directory, systemd's sockets, and a running
+/// agent (through the state directory's handover socket).
+fn startup(cfg: &AgentConfig, opts: &RunOptions) -> Result<Startup, AgentError> {
+    let configured = cfg.agent.state_dir.as_deref();
+    let state_dir = StateDir::resolve(configured).and_then(|d| match d.create() {
+        Ok(()) => Some(d),
+        Err(e) => {
+            tracing::warn!("{e}: the agent's state will not survive a restart, and no agent can take over from this one");
+            None
+        }
+    });
+    match &state_dir {
+        Some(d) => tracing::info!(
+            "state directory {} ({}): the state survives a restart; a new agent started with it takes over from this one",
+            d.path().display(),
+            d.from
+        ),
+        None if configured.is_none() => tracing::warn!(
+            "no state directory ([agent] state_dir, or systemd's RuntimeDirectory=): a restart of the agent forgets what it saw, and no agent can take over from this one"
+        ),
+        None => {}
+    }
+    let mut inherited = Inherited::from_systemd();
+    for r in &inherited.rejected {
+        tracing::warn!("{r}: not used");
+    }
+    if !inherited.is_empty() {
+        tracing::info!(
+            "{} listening socket(s) passed back by systemd",
+            inherited.len()
+        );
+    }
+    let mut predecessor = None;
+    if let Some(d) = &state_dir {
+        match continuity::handover::connect(&d.handover_socket()) {
+            Ok(None) => {}
+            Ok(Some((p, sockets))) => {
+                tracing::info!(
+                    "taking over from the running agent (pid {}, {}): {} listening socket(s)",
+                    p.pid,
+                    p.agent,
+                    sockets.len()
+                );
+                for (_, socket) in sockets {
+                    inherited.add(socket, Origin::Handover);
+                }
+                predecessor = Some(p);
+            }
+            Err(e) => return Err(AgentError::Runtime(format!("taking over: {e}"))),
+        }
+    }
+    Ok(Startup {
+        state_dir,
+        inherited,
+        predecessor,
+        wait_for_ports: opts.wait_for_ports,
+    })
+}
+
 /// Runs until SIGTERM or SIGINT; SIGHUP applies `reload()`'s config. systemd is told when
 /// the agent is ready, reloading and stopping, and its watchdog is pinged while the sampler
-/// lives.
-pub async fn run(cfg: AgentConfig, reload: Reloader) -> Result<(), AgentError> {
+/// lives. A new agent started with the same state directory takes over ([`continuity`]).
+pub async fn run(cfg: AgentConfig, reload: Reloader, opts: RunOptions) -> Result<(), AgentError> {
     // Handlers first: a SIGHUP during start-up must not kill the agent.
     let mut signals = Signals::install()
         .map_err(|e| AgentError::Runtime(format!("cannot install signal handlers: {e}")))?;
@@ -553,7 +881,8 @@ pub async fn run(cfg: AgentConfig, reload: Reloader) -> Result<(), AgentError> {
         Some(Request::Reload) => reload_pending = true,
         None => {}
     }
-    let starting = start(cfg);
+    let boot = startup(&cfg, &opts)?;
+    let starting = start(cfg, boot);
     tokio::pin!(starting);
     let mut running = loop {
         tokio::select! {
@@ -567,6 +896,8 @@ pub async fn run(cfg: AgentConfig, reload: Reloader) -> Result<(), AgentError> {
             },
         }
     };
+    let mut handover = running.after_start().await;
+    systemd.store_sockets(&running.sockets());
     let (roster, shared) = (running.roster(), running.shared().clone());
     let status = {
         let (roster, shared) = (roster.clone(), shared.clone());
@@ -579,11 +910,21 @@ pub async fn run(cfg: AgentConfig, reload: Reloader) -> Result<(), AgentError> {
         runtime: tokio::runtime::Handle::current(),
     });
     tracing::info!("ready: {}", running.summary());
+    let mut handed_over = false;
     loop {
         let req = if std::mem::take(&mut reload_pending) {
             Request::Reload
         } else {
-            signals.next().await
+            tokio::select! {
+                req = signals.next() => req,
+                conn = handover::accept(handover.as_ref()) => {
+                    if running.hand_over(conn).await {
+                        handed_over = true;
+                        break;
+                    }
+                    continue;
+                }
+            }
         };
         match req {
             Request::Stop(name) => {
@@ -593,10 +934,19 @@ pub async fn run(cfg: AgentConfig, reload: Reloader) -> Result<(), AgentError> {
             Request::Reload => {
                 tracing::info!("received SIGHUP; reloading the configuration");
                 systemd.reloading();
+                let before: Vec<String> = running.sockets().into_iter().map(|(n, _)| n).collect();
                 let outcome = match reload() {
                     Err(e) => Err(e),
                     Ok(new) => running.reload(new).await,
                 };
+                // systemd keeps what the agent listens on now, and nothing it closed.
+                let now = running.sockets();
+                let gone: Vec<String> = before
+                    .into_iter()
+                    .filter(|n| now.iter().all(|(m, _)| m != n))
+                    .collect();
+                systemd.forget_sockets(&gone);
+                systemd.store_sockets(&now);
                 match outcome {
                     Ok(s) if s.failed.is_empty() => {
                         tracing::info!("configuration reloaded: {s}");
@@ -624,6 +974,9 @@ pub async fn run(cfg: AgentConfig, reload: Reloader) -> Result<(), AgentError> {
         }
     }
     systemd.stopping();
+    if !handed_over && let Some(h) = handover.take() {
+        h.remove();
+    }
     let stopping = running.stop();
     tokio::pin!(stopping);
     loop {
@@ -640,6 +993,20 @@ pub async fn run(cfg: AgentConfig, reload: Reloader) -> Result<(), AgentError> {
                 }
                 Request::Reload => tracing::info!("received SIGHUP while stopping; ignored"),
             },
+        }
+    }
+    if handed_over && opts.after_handover == AfterHandover::Wait {
+        tracing::info!(
+            "handed over; idle until SIGTERM (--after-handover wait: an exit would restart this container)"
+        );
+        loop {
+            match signals.next().await {
+                Request::Stop(name) => {
+                    tracing::info!("received {name}; exiting");
+                    break;
+                }
+                Request::Reload => tracing::info!("received SIGHUP after handing over; ignored"),
+            }
         }
     }
     tracing::info!("stopped");

@@ -2,7 +2,9 @@
 //!
 //! Engines are matched by name. An engine whose settings are unchanged keeps running
 //! untouched: its verdict, failure counts and QoS history survive. A new engine starts; a
-//! removed one stops; a changed one restarts from `initial` with its new settings. When a
+//! removed one stops; a changed one restarts with its new settings and keeps its state
+//! (a hung engine stays `abnormal`, a warm one is not warmed up again) but for what the
+//! change makes meaningless (`monitor::saved::carry` says what). When a
 //! new or changed engine keeps the mgmt address of an engine it replaces, the listening
 //! socket itself is handed over, so Node Manager's polls are never refused.
 //!
@@ -100,6 +102,7 @@ fn restart_only(old: &AgentSettings, new: &AgentSettings) -> Vec<&'static str> {
         old.listeners.idle_timeout != new.listeners.idle_timeout,
     );
     check("kubernetes", old.kubernetes != new.kubernetes);
+    check("state_dir", old.state_dir != new.state_dir);
     out
 }
 
@@ -116,6 +119,7 @@ fn keep_start_only(running: &AgentSettings, new: &AgentSettings) -> AgentSetting
         driver_call_deadline: running.driver_call_deadline,
         listeners: running.listeners,
         kubernetes: running.kubernetes.clone(),
+        state_dir: running.state_dir.clone(),
         ..new.clone()
     }
 }
@@ -185,6 +189,11 @@ impl Running {
             .map(Some)
             .collect();
         let mut retired: Vec<EngineRun> = Vec::new();
+        // The monitors of changed engines: their state carries over to the new settings.
+        let mut replaced: std::collections::HashMap<
+            String,
+            std::sync::Arc<crate::monitor::Monitor>,
+        > = std::collections::HashMap::new();
         let mut next: Vec<EngineRun> = Vec::new();
         let mut launches: Vec<(Prepared, std::net::TcpListener)> = Vec::new();
         for ((spec, old, restart), prep) in plan.into_iter().zip(prepared) {
@@ -199,6 +208,7 @@ impl Running {
                     if let Some(o) = old
                         && let Some(run) = old_runs[o].take()
                     {
+                        replaced.insert(spec.name.clone(), run.state.clone());
                         retired.push(run);
                         summary.changed.push(spec.name.clone());
                     } else {
@@ -235,7 +245,24 @@ impl Running {
             .collect();
         for p in launches {
             let name = p.0.spec.name.clone();
-            match self.launch(p.0, p.1) {
+            let carried = replaced.remove(&name).and_then(|old| {
+                let (carry, reset) = crate::monitor::saved::carry(&old.spec, &p.0.spec);
+                if carry.none() {
+                    tracing::info!(engine = %name, "its state starts over: {} changed", reset.join(", "));
+                    return None;
+                }
+                if reset.is_empty() {
+                    tracing::info!(engine = %name, "its verdict, failure count, warm-up and QoS level carry over to the new settings");
+                } else {
+                    tracing::info!(engine = %name, "its state carries over to the new settings, but for what {} changed: {}", reset.join(", "), match (carry.virtual_inference, carry.qos) {
+                        (false, false) => "virtual inference and the QoS level start over",
+                        (false, true) => "virtual inference starts over",
+                        _ => "the QoS level starts over",
+                    });
+                }
+                Some((old.saved(), carry))
+            });
+            match self.launch(p.0, p.1, carried) {
                 Ok(run) => {
                     by_name.insert(name, run);
                 }
@@ -379,11 +406,12 @@ mod tests {
                 header_read_timeout: std::time::Duration::from_secs(3),
                 idle_timeout: std::time::Duration::from_secs(4),
             },
+            state_dir: Some("/run/x".into()),
             ..AgentSettings::default()
         };
         assert_eq!(
             restart_only(&a, &c).len(),
-            11,
+            12,
             "every start-only key differs"
         );
         let kept = keep_start_only(&a, &c);

@@ -122,13 +122,33 @@ pub struct ConfigArgs {
     /// max_tokens of the virtual probe; above 1 it streams and measures time per token.
     #[arg(long, value_name = "N")]
     pub qos_probe_max_tokens: Option<u32>,
+    /// Where the agent keeps its state across restarts and listens for a successor to
+    /// take over (over `[agent] state_dir`; default systemd's RUNTIME_DIRECTORY).
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+}
+
+/// `run`: what to monitor, and how this agent hands over to the next.
+#[derive(Debug, Args, Clone)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// After handing over to a new agent (started with the same state directory): exit 0,
+    /// or stop everything and wait for SIGTERM (Kubernetes, where an exit would restart
+    /// the container).
+    #[arg(long, value_enum, default_value_t = crate::agent::AfterHandover::Exit)]
+    pub after_handover: crate::agent::AfterHandover,
+    /// How long to wait for a port another process holds (one that cannot hand over, such
+    /// as an agent before 0.2, during the first rolling update) [default: 0s, fail at once].
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    pub wait_for_ports: Option<Duration>,
 }
 
 /// Commands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the agent: sample the NPUs, probe the engine(s), serve /status.
-    Run(ConfigArgs),
+    Run(RunArgs),
     /// Validate the configuration and print it with defaults filled in.
     CheckConfig(ConfigArgs),
     /// Print, per engine, each condition virtual inference needs and whether it will run.
@@ -218,6 +238,10 @@ pub fn main() -> ExitCode {
     // Before anything else: a signal during start-up is remembered, not fatal.
     crate::service::signals::install_early();
     let cli = Cli::parse();
+    if matches!(cli.command, Command::Run(_)) {
+        // Still one thread: the only time the environment may be changed.
+        crate::continuity::sockets::capture_systemd();
+    }
     let service = matches!(cli.command, Command::Run(_)) || is_demo(&cli.command);
     if !service {
         crate::service::signals::default_actions();
@@ -370,6 +394,11 @@ impl ConfigArgs {
         if let Some(a) = self.admin_listen {
             cfg.agent.admin_listen = Some(a);
         }
+        if let Some(d) = &self.state_dir {
+            crate::config::validate::check_state_dir(d)
+                .map_err(|m| CliError::usage(anyhow::anyhow!("--state-dir: {m}")))?;
+            cfg.agent.state_dir = Some(d.clone());
+        }
         crate::config::validate::across(&cfg).map_err(CliError::usage)?;
         apply_driver_args(driver, &mut cfg.agent)?;
         Ok(cfg)
@@ -387,7 +416,12 @@ fn runtime(workers: usize) -> Result<tokio::runtime::Runtime, CliError> {
 
 fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
-        Command::Run(c) => {
+        Command::Run(r) => {
+            let opts = crate::agent::RunOptions {
+                after_handover: r.after_handover,
+                wait_for_ports: r.wait_for_ports.unwrap_or_default(),
+            };
+            let c = r.config;
             let cfg = c.load(&cli.driver)?;
             if let Some(l) = crate::logging::global() {
                 l.apply_config_level(cfg.agent.log_level.as_deref(), "info")
@@ -401,7 +435,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
                     chain.join(": ")
                 })
             });
-            runtime(cfg.agent.worker_threads)?.block_on(crate::agent::run(cfg, reload))?;
+            runtime(cfg.agent.worker_threads)?.block_on(crate::agent::run(cfg, reload, opts))?;
             Ok(())
         }
         Command::CheckConfig(c) => service::check_config(&c.load(&cli.driver)?),

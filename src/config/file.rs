@@ -77,6 +77,7 @@ struct AgentTable {
     idle_timeout: Duration,
     policy: Policy,
     kubernetes: Option<super::kubernetes::KubernetesConfig>,
+    state_dir: Option<PathBuf>,
 }
 
 impl Default for AgentTable {
@@ -103,6 +104,7 @@ impl Default for AgentTable {
             idle_timeout: d.listeners.idle_timeout,
             policy: d.policy,
             kubernetes: None,
+            state_dir: None,
         }
     }
 }
@@ -426,6 +428,7 @@ fn agent_settings(t: &AgentTable, base: &Path) -> Result<AgentSettings, KeyError
             }),
         },
         policy: t.policy,
+        state_dir: t.state_dir.as_ref().map(|p| base_rel(base, p)),
         kubernetes: match &t.kubernetes {
             Some(k) => {
                 k.validate()

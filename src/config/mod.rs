@@ -268,6 +268,16 @@ impl EngineSpec {
             format!("{}:{}", self.host, self.port)
         }
     }
+
+    /// The engine's base URL (`http://10.0.0.5:8000`): what identifies the engine to the agent.
+    pub fn engine_url(&self) -> String {
+        let scheme = if self.infer_tls_config.enable_tls {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://{}", self.infer_authority())
+    }
 }
 
 /// Agent-wide settings (`[agent]` table or global flags).
@@ -303,6 +313,9 @@ pub struct AgentSettings {
     pub policy: policy::Policy,
     /// The Kubernetes API mode (`[agent.kubernetes]`); `None`: off.
     pub kubernetes: Option<kubernetes::KubernetesConfig>,
+    /// Where the state file and the handover socket live (`continuity`); `None`: systemd's
+    /// `RUNTIME_DIRECTORY` if set, else nothing survives a restart of the agent.
+    pub state_dir: Option<PathBuf>,
 }
 
 /// Access to the admin listener. With neither key it is open (bind it to loopback then);
@@ -369,6 +382,7 @@ impl Default for AgentSettings {
             admin_auth: AdminAuthConfig::default(),
             policy: policy::Policy::default(),
             kubernetes: None,
+            state_dir: None,
         }
     }
 }

@@ -295,6 +295,32 @@ pub fn agent(s: &AgentSettings) -> Result<(), KeyError> {
     MAX_CONNECTIONS.check("max_connections", l.max_connections)?;
     HEADER_READ_TIMEOUT.check("header_read_timeout", l.header_read_timeout)?;
     IDLE_TIMEOUT.check("idle_timeout", l.idle_timeout)?;
+    if let Some(d) = &s.state_dir {
+        check_state_dir(d).map_err(|m| ("state_dir".to_owned(), m))?;
+    }
+    Ok(())
+}
+
+/// The longest unix socket path (`sun_path` holds 108 bytes with the terminating NUL).
+pub const SOCKET_PATH_MAX: usize = 107;
+
+/// The handover socket's name inside the state directory (`continuity`).
+pub const HANDOVER_SOCKET: &str = "handover.sock";
+
+/// A state directory: absolute, and short enough for the handover socket's path.
+pub fn check_state_dir(p: &std::path::Path) -> Result<(), String> {
+    if !p.is_absolute() {
+        return Err(format!("{:?} is not an absolute path", p.display()));
+    }
+    let socket = p.join(HANDOVER_SOCKET);
+    let len = socket.as_os_str().len();
+    if len > SOCKET_PATH_MAX {
+        return Err(format!(
+            "{:?} is too long: the handover socket {:?} would be {len} bytes, over the {SOCKET_PATH_MAX} a unix socket path holds",
+            p.display(),
+            socket.display()
+        ));
+    }
     Ok(())
 }
 

@@ -123,7 +123,11 @@ pub async fn run(
         transition: Time(k8s_openapi::jiff::Timestamp::now()),
         condition_retry_at: None,
         condition_backoff: CONDITION_RETRY.min(cfg.resync_period),
-        gate: eviction::EvictionGate::new(cfg.eviction_cooldown),
+        // A restarted agent keeps the cooldown and back-off its predecessor saved.
+        gate: match m.acted.gate() {
+            Some(g) => eviction::EvictionGate::remembering(cfg.eviction_cooldown, g),
+            None => eviction::EvictionGate::new(cfg.eviction_cooldown),
+        },
         quiet: Quiet::default(),
     };
     m.acted.update(|r| {
@@ -372,6 +376,7 @@ impl<A: KubeApi> Loop<'_, A> {
                     Err(e) => ("failed", eviction::Attempted::Failed, e.to_string()),
                 };
                 let backoff = self.gate.record(now, attempted);
+                self.m.acted.set_gate(self.gate.memory());
                 match (&result, backoff) {
                     (Ok(()), _) => {
                         tracing::warn!(engine = %engine, pod = %pod.key(), "Kubernetes API: {action} of pod {} done: {ground}", pod.key())

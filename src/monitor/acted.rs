@@ -75,20 +75,54 @@ pub struct KubeRecord {
     pub last_api_error_unix_ms: Option<u64>,
 }
 
-/// The record behind a lock; `None` while the mode is off.
+/// The eviction gate's memory (`actions::eviction::EvictionGate`) in wall-clock time, so a
+/// restarted agent keeps the cooldown after an eviction and the back-off after a refusal.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GateMemory {
+    /// When the last eviction went through.
+    pub done_at_unix_ms: Option<u64>,
+    /// No attempt before this (back-off after a refused or failed one).
+    pub retry_at_unix_ms: Option<u64>,
+    /// The next back-off.
+    pub backoff_ms: u64,
+}
+
+/// The record behind a lock (`None` while the mode is off), and the eviction gate's memory.
 #[derive(Debug, Default)]
-pub struct Acted(Mutex<Option<KubeRecord>>);
+pub struct Acted {
+    record: Mutex<Option<KubeRecord>>,
+    gate: Mutex<Option<GateMemory>>,
+}
 
 impl Acted {
     /// A copy of the record.
     pub fn kubernetes(&self) -> Option<KubeRecord> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.record
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Changes the record (creating it).
     pub fn update(&self, f: impl FnOnce(&mut KubeRecord)) {
-        let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.record.lock().unwrap_or_else(|p| p.into_inner());
         f(g.get_or_insert_with(KubeRecord::default));
+    }
+
+    /// The eviction gate's memory, as last written.
+    pub fn gate(&self) -> Option<GateMemory> {
+        *self.gate.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Keeps the eviction gate's memory.
+    pub fn set_gate(&self, g: GateMemory) {
+        *self.gate.lock().unwrap_or_else(|p| p.into_inner()) = Some(g);
+    }
+
+    /// Takes back a saved record and gate memory (an agent restart).
+    pub fn restore(&self, record: Option<KubeRecord>, gate: Option<GateMemory>) {
+        *self.record.lock().unwrap_or_else(|p| p.into_inner()) = record;
+        *self.gate.lock().unwrap_or_else(|p| p.into_inner()) = gate;
     }
 }
 

@@ -27,6 +27,7 @@ pub mod acted;
 pub mod gates;
 pub mod inputs;
 pub mod journal;
+pub mod saved;
 pub mod tasks;
 pub mod verdict;
 pub mod vi_state;
@@ -96,6 +97,9 @@ pub struct Monitor {
     pub acted: acted::Acted,
     /// What changed and when (verdict, level, readiness, liveness), for the operator views.
     pub journal: journal::Journal,
+    /// The engine process's start time as its `/metrics` last showed it (Unix seconds): the
+    /// identity a saved state is checked against ([`saved`]).
+    engine_started_at: Mutex<Option<f64>>,
 }
 
 impl Monitor {
@@ -119,7 +123,26 @@ impl Monitor {
             rearms: AtomicU64::new(0),
             acted: acted::Acted::default(),
             journal: journal::Journal::default(),
+            engine_started_at: Mutex::new(None),
         }
+    }
+
+    /// Notes the engine process's start time seen on its `/metrics`.
+    pub fn record_engine_start(&self, at: Option<f64>) {
+        if let Some(at) = at {
+            *self
+                .engine_started_at
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = Some(at);
+        }
+    }
+
+    /// The engine process's start time as last seen (Unix seconds).
+    pub fn engine_started_at(&self) -> Option<f64> {
+        *self
+            .engine_started_at
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     fn health(&self) -> HealthState {

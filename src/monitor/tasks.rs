@@ -311,7 +311,8 @@ pub async fn health_task<T: HealthTransport>(
         transport,
         timeout,
         hc.health_collector_timeout_retry_attempts,
-    );
+    )
+    .answered_before(state.health_detail().has_connected);
     let period = state.spec.timing.health_period;
     loop {
         let outcome = tokio::select! {
@@ -323,6 +324,40 @@ pub async fn health_task<T: HealthTransport>(
             _ = cancel.cancelled() => return,
             _ = tokio::time::sleep(period) => {}
         }
+    }
+}
+
+/// How long the identity check waits for the engine's `/metrics` at most.
+const IDENTITY_PATIENCE: Duration = Duration::from_secs(600);
+
+/// After a restored state: scrapes the engine's `/metrics` until it answers (for at most
+/// [`IDENTITY_PATIENCE`]) and forgets the state if the engine is another process than the one
+/// it was saved from ([`super::saved::other_process`]).
+pub async fn identity_task<M: MetricsSource>(
+    state: Arc<Monitor>,
+    metrics: M,
+    saved_start: f64,
+    cancel: CancellationToken,
+) {
+    let until = tokio::time::Instant::now() + IDENTITY_PATIENCE;
+    let mut pause = Duration::from_secs(1);
+    while tokio::time::Instant::now() < until {
+        let r = tokio::select! {
+            _ = cancel.cancelled() => return,
+            r = metrics.scrape(Duration::from_secs(2)) => r,
+        };
+        if let Ok(m) = r {
+            match super::saved::other_process(saved_start, m.process_start_time) {
+                Some(why) => state.forget(&why),
+                None => state.record_engine_start(m.process_start_time),
+            }
+            return;
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(pause) => {}
+        }
+        pause = (pause * 2).min(Duration::from_secs(5));
     }
 }
 
@@ -347,7 +382,11 @@ pub async fn virtual_inference_task<P: Prober, S: PeakSource, G: EngineSignals>(
             // One-shot as in the reference: a refused start is not retried until a re-arm.
             continue;
         }
-        tracing::info!(engine = %spec.name, "virtual inference starts (warm-up request)");
+        if state.vi.warmup_done() {
+            tracing::info!(engine = %spec.name, "virtual inference resumes (the warm-up was sent before the agent restarted)");
+        } else {
+            tracing::info!(engine = %spec.name, "virtual inference starts (warm-up request)");
+        }
         let mut rearmed = state.rearm_tx.subscribe();
         tokio::select! {
             _ = cancel.cancelled() => return,
@@ -399,6 +438,9 @@ pub async fn qos_task<M: MetricsSource>(
                     _ => {}
                 }
                 failing = r.is_err();
+                if let Ok(m) = &r {
+                    state.record_engine_start(m.process_start_time);
+                }
                 state.qos.record_scrape(r);
             }
             _ = evaluate.tick(), if q.enabled => {

@@ -579,3 +579,142 @@ async fn slow_health_is_excused_only_while_the_engine_serves() {
             .contains("token counters")
     );
 }
+
+// --- A state saved by one agent process and taken back by the next (`saved`) ----------------
+
+/// An engine that went abnormal the reference's way: healthy, started, six counted failures.
+fn hung_monitor() -> Monitor {
+    let st = Monitor::new(spec("enable_virtual_inference = true"), vec![0]);
+    st.record_health(&outcome("ok"), true);
+    assert_eq!(st.status(), Status::Normal);
+    st.vi.set_warmup_done();
+    st.vi.set_phase(Phase::Running);
+    st.vi.apply(&account::Accounted {
+        accounting: Accounting::Incremented,
+        count: 6,
+        abnormal: Some("6 counted failures".into()),
+        why: None,
+        stalled: None,
+    });
+    assert_eq!(st.status(), Status::Abnormal);
+    st
+}
+
+// Issue 24: a restart forgot a hung engine and answered `normal` for the warm-up's 180 s.
+#[test]
+fn a_restored_hung_engine_is_abnormal_from_its_first_answer() {
+    let old = hung_monitor();
+    let saved = old.saved();
+    let new = Monitor::new(old.spec.clone(), vec![0]);
+    new.restore(&saved, saved::Carry::ALL);
+    assert_eq!(new.peek_status(), Status::Abnormal);
+    assert_eq!(new.status(), Status::Abnormal);
+    assert_eq!(
+        new.vi.phase(),
+        Phase::Stopped,
+        "the loop does not run again"
+    );
+    assert_eq!(new.vi.failure_count(), 6);
+    assert!(
+        new.reason().contains("6 counted failures"),
+        "{}",
+        new.reason()
+    );
+    // The engine then restarts (down, then up): re-armed as before.
+    new.record_health(&outcome("down"), true);
+    new.record_health(&outcome("ok"), true);
+    assert_eq!(new.status(), Status::Normal);
+    assert_eq!(new.rearms(), 1);
+}
+
+// A crashed engine whose agent restarts reads `abnormal`, not `initial`: `/health` answered
+// before.
+#[test]
+fn a_restored_engine_that_answered_before_is_abnormal_when_down() {
+    let old = Monitor::new(spec("enable_virtual_inference = true"), vec![0]);
+    old.record_health(&outcome("ok"), true);
+    old.record_health(&outcome("down"), true);
+    assert_eq!(old.peek_status(), Status::Abnormal);
+    let new = Monitor::new(old.spec.clone(), vec![0]);
+    new.restore(&old.saved(), saved::Carry::ALL);
+    assert_eq!(new.peek_status(), Status::Abnormal);
+    assert!(new.health_detail().has_connected);
+}
+
+// A count in progress resumes without a new warm-up; a warm loop resumes at once.
+#[tokio::test(start_paused = true)]
+async fn a_count_in_progress_resumes_and_the_loop_starts_without_a_warm_up() {
+    let old = Monitor::new(spec("enable_virtual_inference = true"), vec![0]);
+    old.record_health(&outcome("ok"), true);
+    old.status();
+    old.vi.set_warmup_done();
+    old.vi.set_phase(Phase::Running);
+    old.vi.apply(&account::Accounted {
+        accounting: Accounting::Incremented,
+        count: 4,
+        abnormal: None,
+        why: None,
+        stalled: None,
+    });
+    let new = Arc::new(Monitor::new(old.spec.clone(), vec![0]));
+    new.restore(&old.saved(), saved::Carry::ALL);
+    assert_eq!(new.vi.failure_count(), 4);
+    assert_eq!(new.peek_status(), Status::Normal);
+    let cancel = CancellationToken::new();
+    let task = tokio::spawn(virtual_inference_task(
+        new.clone(),
+        AlwaysFail,
+        Idle,
+        inputs::NoSignals,
+        || vec![(0, "dcmi")],
+        cancel.clone(),
+    ));
+    // No /status is needed: the restored latch starts it. Two failures reach six.
+    advance(Duration::from_secs(12)).await;
+    assert_eq!(new.peek_status(), Status::Abnormal);
+    let last = new.vi.last_probe().unwrap();
+    assert!(!last.warmup, "no warm-up was sent again");
+    assert_eq!(
+        new.vi.outcomes(),
+        (0, 2),
+        "exactly the two remaining failures"
+    );
+    cancel.cancel();
+    let _ = task.await;
+}
+
+// A reload that changes the QoS table resets only the QoS part; `forget` (another engine
+// process) clears virtual inference and the level, and waits for a `/status` to start again.
+#[test]
+fn carry_and_forget_reset_only_what_they_say() {
+    let old = hung_monitor();
+    let new = Monitor::new(old.spec.clone(), vec![0]);
+    new.restore(
+        &old.saved(),
+        saved::Carry {
+            qos: false,
+            ..saved::Carry::ALL
+        },
+    );
+    assert_eq!(new.peek_status(), Status::Abnormal);
+    let new = Monitor::new(old.spec.clone(), vec![0]);
+    new.restore(
+        &old.saved(),
+        saved::Carry {
+            virtual_inference: false,
+            ..saved::Carry::ALL
+        },
+    );
+    assert_eq!(
+        new.peek_status(),
+        Status::Normal,
+        "virtual inference starts over"
+    );
+    assert_eq!(new.vi.phase(), Phase::NotStarted);
+    let new = Monitor::new(old.spec.clone(), vec![0]);
+    new.restore(&old.saved(), saved::Carry::ALL);
+    new.forget("another process");
+    assert_eq!(new.peek_status(), Status::Normal);
+    assert!(!new.started.load(Ordering::Acquire));
+    assert!(!new.vi.warmup_done());
+}

@@ -23,6 +23,17 @@ pub enum Phase {
 }
 
 impl Phase {
+    /// As `/status/detail` shows it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::NotStarted => "not_started",
+            Phase::Disabled => "disabled",
+            Phase::WarmingUp => "warming_up",
+            Phase::Running => "running",
+            Phase::Stopped => "stopped",
+        }
+    }
+
     fn from_u8(v: u8) -> Phase {
         match v {
             0 => Phase::NotStarted,
@@ -41,6 +52,20 @@ impl Phase {
             Phase::Stopped => 4,
         }
     }
+}
+
+/// What of virtual inference outlives the agent process: the latched `abnormal` and why,
+/// the failure count, whether the warm-up was sent, the interval, and the last probe (the
+/// serving evidence and the QoS latency input).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Saved {
+    pub phase: Phase,
+    pub abnormal: bool,
+    pub abnormal_reason: Option<String>,
+    pub warmup_done: bool,
+    pub failure_count: i64,
+    pub interval_ms: u64,
+    pub last_probe: Option<ProbeRecord>,
 }
 
 /// Loop state shared with `/status` (atomics) and `/status/detail` and metrics.
@@ -145,6 +170,38 @@ impl ViState {
         if let Some(why) = &a.abnormal {
             self.set_abnormal(why);
         }
+    }
+
+    /// What outlives the agent process ([`Saved`]).
+    pub fn saved(&self) -> Saved {
+        Saved {
+            phase: self.phase(),
+            abnormal: self.abnormal(),
+            abnormal_reason: self.abnormal_reason(),
+            warmup_done: self.warmup_done(),
+            failure_count: self.failure_count(),
+            interval_ms: self.interval().as_millis() as u64,
+            last_probe: self.last_probe(),
+        }
+    }
+
+    /// Takes back a saved state. A loop that was warming up or running resumes (without a
+    /// new warm-up once it was sent); an abnormal one stays stopped.
+    pub fn restore(&self, s: &Saved) {
+        *self
+            .abnormal_reason
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = s.abnormal_reason.clone();
+        self.abnormal.store(s.abnormal, Ordering::Release);
+        self.warmup_done.store(s.warmup_done, Ordering::Release);
+        self.failure_count
+            .store(s.failure_count.max(0), Ordering::Release);
+        self.interval_ms.store(s.interval_ms, Ordering::Release);
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = s.last_probe.clone().map(|mut p| {
+            p.at = crate::clock::instant_of(p.at_unix_ms);
+            p
+        });
+        self.set_phase(if s.abnormal { Phase::Stopped } else { s.phase });
     }
 
     /// Back to the initial state (the engine restarted): not started, not abnormal, count 0,

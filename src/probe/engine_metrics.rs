@@ -44,6 +44,9 @@ const KV_CACHE: &[&str] = &[
     "sglang:token_usage",
 ];
 
+/// The process start time prometheus_client's process collector exports (vLLM's API server).
+const PROCESS_START: &str = "process_start_time_seconds";
+
 /// vLLM's sleep mode gauge (from 0.18): one series per `sleep_state` (`awake`,
 /// `weights_offloaded`, `discard_all`), 1 on the current one.
 const SLEEP_STATE: &str = "vllm:engine_sleep_state";
@@ -66,6 +69,10 @@ pub struct EngineMetrics {
     /// The engine is asleep (`vllm:engine_sleep_state` at 1 for a state other than
     /// `awake`, on any engine); `None` when the series is not exported (before vLLM 0.18).
     pub asleep: Option<bool>,
+    /// When the engine's process started (`process_start_time_seconds`, Unix seconds, which
+    /// prometheus_client exports by default and vLLM keeps): tells one engine process from
+    /// the next on the same address.
+    pub process_start_time: Option<f64>,
     /// The metric name each figure was read from (`None`: no sample of any of its names).
     pub sources: Sources,
 }
@@ -190,10 +197,17 @@ fn label<'a>(labels: &'a str, key: &str) -> Option<&'a str> {
 pub fn parse(text: &str) -> EngineMetrics {
     let mut aggs = [[Agg::default(); MAX_NAMES]; SERIES.len()];
     let mut asleep = None;
+    let mut process_start_time = None;
     for line in text.lines() {
         let Some((name, rest)) = sample_name(line) else {
             continue;
         };
+        if name == PROCESS_START {
+            process_start_time = labels_and_value(rest)
+                .and_then(|(_, v)| v.parse::<f64>().ok())
+                .filter(|v| v.is_finite() && *v > 0.0);
+            continue;
+        }
         // Most lines are other series: decided on the name alone.
         if !name.starts_with("vllm:") && !name.starts_with("sglang:") {
             continue;
@@ -245,6 +259,7 @@ pub fn parse(text: &str) -> EngineMetrics {
         generation_tokens: sum(4),
         kv_cache_usage: good(5).map(|a| a.max.min(1.0)),
         asleep,
+        process_start_time,
         sources: Sources {
             running: name(0),
             waiting: name(1),
@@ -274,6 +289,15 @@ vllm:prompt_tokens_total{engine="0",model_name="qwen"} 12345.0
 vllm:generation_tokens_total{engine="0",model_name="qwen"} 678.0
 vllm:request_success_total{finished_reason="stop"} 9.0
 "#;
+
+    #[test]
+    fn reads_the_process_start_time_of_real_vllm() {
+        let text = include_str!("../../tests/fixtures/vllm-0.32.0-metrics.txt");
+        assert_eq!(parse(text).process_start_time, Some(1.79611296615e9));
+        assert_eq!(parse(VLLM).process_start_time, None);
+        let bad = parse("process_start_time_seconds NaN\n");
+        assert_eq!(bad.process_start_time, None);
+    }
 
     #[test]
     fn reads_the_vllm_series_and_sums_engines() {

@@ -113,6 +113,13 @@ impl<T: HealthTransport> HealthCollector<T> {
         }
     }
 
+    /// Starts as though `/health` had answered before (`yes`): after an agent restart that
+    /// took back its state, a failure is `unhealthy`, not `never answered`.
+    pub fn answered_before(mut self, yes: bool) -> Self {
+        self.has_connected = yes;
+        self
+    }
+
     /// Whether `/health` has ever answered with a 2xx.
     pub fn has_connected(&self) -> bool {
         self.has_connected

@@ -94,10 +94,9 @@ impl EngineClient {
                 config: "infer_tls_config",
                 message: format!("cannot build the HTTP client: {e}"),
             })?;
-        let scheme = if tls { "https" } else { "http" };
         Ok(EngineClient {
             client,
-            base: format!("{scheme}://{}", spec.infer_authority()),
+            base: spec.engine_url(),
         })
     }
 

@@ -86,6 +86,19 @@ pub struct QosReport {
     pub eviction_answers_abnormal: bool,
 }
 
+/// What of an engine's QoS state outlives the agent process: the level and its hold (the
+/// three lows before `evict`), and the progress tracking behind stall detection. The score's
+/// components are recomputed at the next evaluation.
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+pub struct Saved {
+    pub level: Level,
+    pub below_evict: u32,
+    pub level_since_unix_ms: u64,
+    pub score: Option<f64>,
+    pub evaluations: u64,
+    pub progress: progress::Saved,
+}
+
 /// A level change.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Transition {
@@ -320,6 +333,43 @@ impl QosState {
         });
         self.level.store(after as u8, Ordering::Release);
         (score, after, transition)
+    }
+
+    /// What outlives the agent process ([`Saved`]).
+    pub fn saved(&self) -> Saved {
+        let i = self.lock();
+        Saved {
+            level: i.levels.level,
+            below_evict: i.levels.below_evict,
+            level_since_unix_ms: i.level_since_unix_ms,
+            score: i.score.filter(|s| s.is_finite()),
+            evaluations: i.evaluations,
+            progress: i.progress.saved(),
+        }
+    }
+
+    /// Takes back a saved level, its hold and the progress tracking.
+    pub fn restore(&self, s: &Saved) {
+        let mut i = self.lock();
+        i.levels.level = s.level;
+        i.levels.below_evict = s.below_evict;
+        i.level_since_unix_ms = s.level_since_unix_ms;
+        i.score = s.score.filter(|v| v.is_finite());
+        i.evaluations = s.evaluations;
+        i.progress = Progress::restored(&s.progress);
+        self.level.store(s.level as u8, Ordering::Release);
+    }
+
+    /// Back to the fresh state (`normal`, no score, no history), scrape counters kept.
+    pub fn reset(&self, cfg: &QosConfig) {
+        let mut i = self.lock();
+        i.levels = Levels::new(cfg.evict_after, cfg.hysteresis);
+        i.score = None;
+        i.components.clear();
+        i.progress = Progress::default();
+        i.metrics = None;
+        i.level_since_unix_ms = unix_ms();
+        self.level.store(Level::Normal as u8, Ordering::Release);
     }
 
     /// The score and level part of what `GET /qos` and `/status/detail` show.

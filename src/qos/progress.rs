@@ -19,7 +19,7 @@
 //! how old a state may be ([`Progress::state_at`], [`Progress::stalled_for`]).
 
 use crate::probe::engine_metrics::EngineMetrics;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -35,6 +35,17 @@ pub enum State {
     Advancing,
     /// Requests running and no token advanced since the previous scrape.
     Stalled,
+}
+
+/// [`Progress`] as the state file keeps it, with wall-clock times.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Saved {
+    /// Prompt and generation counters of the last successful scrape, and whether requests
+    /// were running then.
+    pub last: Option<(f64, f64, bool)>,
+    pub state: State,
+    pub stalled_since_unix_ms: Option<u64>,
+    pub last_ok_unix_ms: Option<u64>,
 }
 
 /// Tracks the token counters across scrapes.
@@ -112,6 +123,26 @@ impl Progress {
             return None;
         }
         self.stalled_since.map(|s| now.saturating_duration_since(s))
+    }
+
+    /// What outlives the agent process ([`Saved`]).
+    pub fn saved(&self) -> Saved {
+        Saved {
+            last: self.last,
+            state: self.state,
+            stalled_since_unix_ms: self.stalled_since.map(crate::clock::unix_ms_of),
+            last_ok_unix_ms: self.last_ok.map(crate::clock::unix_ms_of),
+        }
+    }
+
+    /// The tracking as it was saved: a stall goes on being measured from when it began.
+    pub fn restored(s: &Saved) -> Progress {
+        Progress {
+            last: s.last,
+            state: s.state,
+            stalled_since: s.stalled_since_unix_ms.map(crate::clock::instant_of),
+            last_ok: s.last_ok_unix_ms.map(crate::clock::instant_of),
+        }
     }
 
     /// Progress component of the QoS score: 1 advancing or idle, 0 stalled, none unknown.

@@ -53,6 +53,43 @@ impl Notifier {
         Ok(Notifier { target })
     }
 
+    /// Sends one message with descriptors attached (`FDSTORE=1`): systemd keeps them for the
+    /// service and passes them back to its next process (`LISTEN_FDS`). Sent with rustix's
+    /// `sendmsg` to either kind of socket (sd-notify's own `notify_with_fds` takes only a path).
+    pub fn send_with_fds(
+        &self,
+        states: &[NotifyState<'_>],
+        fds: &[std::os::fd::BorrowedFd<'_>],
+    ) -> std::io::Result<()> {
+        let msg: String = states.iter().map(|s| format!("{s}\n")).collect();
+        let sock = UnixDatagram::unbound()?;
+        match &self.target {
+            Target::Path => {
+                let path = std::env::var_os("NOTIFY_SOCKET").unwrap_or_default();
+                sock.connect(path)?;
+            }
+            Target::Abstract(_, addr) => sock.connect_addr(addr)?,
+        }
+        let mut space =
+            vec![
+                std::mem::MaybeUninit::uninit();
+                rustix::cmsg_space!(ScmRights(crate::continuity::handover::MAX_SOCKETS))
+            ];
+        let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
+        if !control.push(rustix::net::SendAncillaryMessage::ScmRights(fds)) {
+            return Err(std::io::Error::other(
+                "too many descriptors for one message",
+            ));
+        }
+        rustix::net::sendmsg(
+            &sock,
+            &[std::io::IoSlice::new(msg.as_bytes())],
+            &mut control,
+            rustix::net::SendFlags::empty(),
+        )?;
+        Ok(())
+    }
+
     /// Sends one message: the states, one `KEY=value` line each.
     pub fn send(&self, states: &[NotifyState<'_>]) -> std::io::Result<()> {
         match &self.target {
@@ -161,6 +198,43 @@ mod tests {
         let mut buf = [0u8; 64];
         let len = rx.recv(&mut buf).unwrap();
         assert_eq!(&buf[..len], b"WATCHDOG=1\nSTATUS=x\n");
+    }
+
+    // What systemd's file-descriptor store receives: the lines and the descriptor.
+    #[test]
+    fn a_descriptor_reaches_the_socket_with_its_lines() {
+        use std::os::fd::AsFd;
+        let (name, rx) = abstract_socket("fdstore");
+        let n = Notifier::for_socket(OsStr::new(&format!("@{name}"))).unwrap();
+        let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        n.send_with_fds(
+            &[
+                NotifyState::Custom("FDSTORE=1"),
+                NotifyState::Custom("FDNAME=listen_x"),
+            ],
+            &[tcp.as_fd()],
+        )
+        .unwrap();
+        let mut buf = [0u8; 64];
+        let mut space = vec![std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut control = rustix::net::RecvAncillaryBuffer::new(&mut space);
+        let r = rustix::net::recvmsg(
+            &rx,
+            &mut [std::io::IoSliceMut::new(&mut buf)],
+            &mut control,
+            rustix::net::RecvFlags::empty(),
+        )
+        .unwrap();
+        assert_eq!(&buf[..r.bytes], b"FDSTORE=1\nFDNAME=listen_x\n");
+        let mut fds = Vec::new();
+        for m in control.drain() {
+            if let rustix::net::RecvAncillaryMessage::ScmRights(it) = m {
+                fds.extend(it);
+            }
+        }
+        assert_eq!(fds.len(), 1);
+        let back = std::net::TcpListener::from(fds.pop().unwrap());
+        assert_eq!(back.local_addr().unwrap(), tcp.local_addr().unwrap());
     }
 
     #[test]

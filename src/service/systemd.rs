@@ -108,6 +108,40 @@ impl Systemd {
         }
     }
 
+    /// Hands `sockets` to systemd's file-descriptor store, each named after its address
+    /// (`continuity::sockets::fd_name`), so a restart or a crash does not close them: the
+    /// next process gets them back in `LISTEN_FDS`. Needs `FileDescriptorStoreMax=` in the
+    /// unit; without it systemd drops them and logs why. A no-op without systemd.
+    pub fn store_sockets(&self, sockets: &[(String, std::os::fd::BorrowedFd<'_>)]) {
+        let Some(n) = &self.notifier else { return };
+        for (name, fd) in sockets {
+            // `Custom`: the crate's FDSTORE variants come with its `fdstore` feature, which
+            // would add a second fd-passing crate for what rustix already does here.
+            let fdname = format!("FDNAME={name}");
+            if let Err(e) = n.send_with_fds(
+                &[
+                    NotifyState::Custom("FDSTORE=1"),
+                    NotifyState::Custom(&fdname),
+                ],
+                std::slice::from_ref(fd),
+            ) {
+                tracing::warn!("cannot store socket {name} with systemd: {e}");
+            }
+        }
+    }
+
+    /// Removes the sockets named `names` from systemd's file-descriptor store (listeners a
+    /// reload closed).
+    pub fn forget_sockets(&self, names: &[String]) {
+        for name in names {
+            let fdname = format!("FDNAME={name}");
+            self.send(&[
+                NotifyState::Custom("FDSTOREREMOVE=1"),
+                NotifyState::Custom(&fdname),
+            ]);
+        }
+    }
+
     /// A reload starts (`RELOADING=1` with `MONOTONIC_USEC=`, as `Type=notify-reload` wants).
     pub fn reloading(&self) {
         let status = NotifyState::Status("reloading the configuration");

@@ -180,6 +180,10 @@ struct Engine {
     finished: AtomicU64,
     /// Unix time the counters were created (their `_created` lines).
     created: f64,
+    /// Unix time the process started (`process_start_time_seconds`, which prometheus_client's
+    /// process collector exports and vLLM keeps); an in-place restart (`restart_ms`) is a
+    /// new process.
+    process_start: Mutex<f64>,
     slots: Arc<Semaphore>,
     stats: Mutex<Stats>,
     listening: watch::Sender<bool>,
@@ -258,9 +262,8 @@ pub async fn run(opts: EngineOptions, cancel: CancellationToken) -> std::io::Res
         prompt_tokens: AtomicU64::new(0),
         generation_tokens: AtomicU64::new(0),
         finished: AtomicU64::new(0),
-        created: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0.0, |d| d.as_secs_f64()),
+        created: unix_now(),
+        process_start: Mutex::new(unix_now()),
         stats: Mutex::new(Stats::default()),
         listening,
         rng: AtomicU64::new(0x9e37_79b9),
@@ -659,6 +662,12 @@ async fn metrics(State(e): State<Arc<Engine>>) -> Response {
         .into_response()
 }
 
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
 /// `/metrics` as the profile's vLLM writes it: the series the agent reads, with that
 /// release's names, HELP texts, labels (`engine` per data-parallel engine, `model_name`) and
 /// the `_created` line of every counter. The queue, the tokens and the KV cache live on
@@ -677,6 +686,12 @@ fn metrics_text(e: &Engine) -> String {
     let m = &e.opts.model;
     let engines = e.opts.data_parallel.max(1);
     let mut out = String::new();
+    // prometheus_client's process collector, first as it writes it (vLLM 0.32's fixture).
+    let started = *e.process_start.lock().unwrap_or_else(|p| p.into_inner());
+    let _ = writeln!(
+        out,
+        "# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.\n# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds {started:?}"
+    );
     // One series for every engine: `value` on engine 0, 0 elsewhere (a `_created` timestamp
     // on all). `extra` is one `key="value"` label, placed in name order among `engine` and
     // `model_name` as prometheus_client writes vLLM's labels.
@@ -825,6 +840,8 @@ async fn patch_faults(State(e): State<Arc<Engine>>, body: axum::body::Bytes) -> 
             });
         } else {
             restarting = true;
+            *e.process_start.lock().unwrap_or_else(|p| p.into_inner()) =
+                unix_now() + d.as_secs_f64();
             e.listening.send_replace(false);
             e.prompt_tokens.store(0, Ordering::Relaxed);
             e.generation_tokens.store(0, Ordering::Relaxed);
