@@ -124,6 +124,16 @@ pub fn spawn_agent_with(
     scenario: &Path,
     global: &[std::ffi::OsString],
 ) -> std::process::Child {
+    spawn_agent_logged(toml, scenario, global, &dir.join("agent.log"))
+}
+
+/// [`spawn_agent_with`], logging to `log`.
+pub fn spawn_agent_logged(
+    toml: &Path,
+    scenario: &Path,
+    global: &[std::ffi::OsString],
+    log: &Path,
+) -> std::process::Child {
     Command::new(agent())
         .arg("--fake")
         .args(global)
@@ -133,7 +143,7 @@ pub fn spawn_agent_with(
         .env("RUST_LOG", "info")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::from(
-            std::fs::File::create(dir.join("agent.log")).expect("agent log"),
+            std::fs::File::create(log).expect("agent log"),
         ))
         .spawn()
         .expect("start the agent")

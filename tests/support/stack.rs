@@ -40,6 +40,9 @@ pub struct Launch<'a> {
     /// `[agent] policy`; empty: `reference`, whose exact semantics these tests pin (the
     /// agent policy has its own tests and the chaos suite).
     pub policy: &'a str,
+    /// `[agent] state_dir` in the stack's directory (`run/`): the agent's state survives
+    /// its restarts, and a second agent takes over from the first.
+    pub state_dir: bool,
 }
 
 /// Running processes and their addresses.
@@ -47,6 +50,11 @@ pub struct Stack {
     pub dir: tempfile::TempDir,
     pub engine: Option<Child>,
     pub agent: Child,
+    /// The agent's global flags, to start it again.
+    pub agent_args: Vec<std::ffi::OsString>,
+    /// Agent processes started so far (the first logs to `agent.log`, the next to
+    /// `agent-<N>.log`).
+    pub agents: u32,
     pub engine_port: u16,
     pub control_port: u16,
     pub mgmt_port: u16,
@@ -105,6 +113,7 @@ impl Stack {
             agent_args,
             agent_extra,
             policy,
+            state_dir,
         } = l;
         let policy = if policy.is_empty() {
             "reference"
@@ -123,6 +132,15 @@ impl Stack {
         .unwrap();
         let [engine_port, control_port, mgmt_port] = free_ports();
         let agent_toml = dir.path().join("agent.toml");
+        let state_line = if state_dir {
+            format!(
+                "state_dir = {:?}\n",
+                dir.path().join("run").display().to_string()
+            )
+        } else {
+            String::new()
+        };
+        let agent_extra = format!("{agent_extra}\n{state_line}");
         std::fs::write(
             &agent_toml,
             format!(
@@ -152,6 +170,8 @@ impl Stack {
             dir,
             engine,
             agent,
+            agent_args,
+            agents: 1,
             engine_port,
             control_port,
             mgmt_port,
@@ -211,9 +231,51 @@ impl Stack {
         format!("http://127.0.0.1:{}/status", self.mgmt_port)
     }
 
-    /// The agent's log so far.
+    /// The logs of every agent process so far, oldest first.
     pub fn agent_log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("agent.log")).unwrap_or_default()
+        (1..=self.agents)
+            .map(|n| std::fs::read_to_string(self.path(&Self::log_name(n))).unwrap_or_default())
+            .collect::<Vec<_>>()
+            .join("--- next agent process ---\n")
+    }
+
+    /// The log of the newest agent process.
+    pub fn last_agent_log(&self) -> String {
+        std::fs::read_to_string(self.path(&Self::log_name(self.agents))).unwrap_or_default()
+    }
+
+    fn log_name(n: u32) -> String {
+        if n == 1 {
+            "agent.log".to_owned()
+        } else {
+            format!("agent-{n}.log")
+        }
+    }
+
+    /// Starts one more agent process with the same config (logging to its own file) and
+    /// returns it; with a state directory it takes over from a running one.
+    pub fn spawn_agent(&mut self) -> Child {
+        self.agents += 1;
+        super::spawn_agent_logged(
+            &self.path("agent.toml"),
+            &self.path("scenario.toml"),
+            &self.agent_args,
+            &self.path(&Self::log_name(self.agents)),
+        )
+    }
+
+    /// Stops the agent with `signal` (`TERM`, `KILL`), waits for it to exit, and starts a new
+    /// one at once.
+    pub fn restart_agent(&mut self, signal: &str) {
+        let pid = self.agent.id().to_string();
+        let ok = std::process::Command::new("kill")
+            .args([format!("-{signal}"), pid])
+            .status()
+            .expect("kill")
+            .success();
+        assert!(ok, "kill -{signal} of the agent failed");
+        let _ = self.agent.wait();
+        self.agent = self.spawn_agent();
     }
 
     /// Blocking GET returning (status code, body).
@@ -313,6 +375,25 @@ impl Stack {
             "/status never became {want} (last {last:?})\nagent log:\n{}\nengine log:\n{}",
             self.agent_log(),
             std::fs::read_to_string(self.path("engine.log")).unwrap_or_default()
+        );
+    }
+
+    /// Starts the fake engine again (a new process on the same ports, fresh state).
+    pub fn start_engine(&mut self) {
+        assert!(self.engine.is_none(), "the engine still runs");
+        let npu_files = [self.path("npu0"), self.path("npu1")];
+        let log = std::fs::File::create(self.path("engine-again.log")).unwrap();
+        self.engine = Some(
+            npu_health_agent::fake::engine_command(
+                super::agent(),
+                self.engine_port,
+                self.control_port,
+                "m",
+                &npu_files,
+            )
+            .stderr(Stdio::from(log))
+            .spawn()
+            .expect("start fake engine"),
         );
     }
 

@@ -1,0 +1,371 @@
+//! The agent's own restarts, with real processes: what it saved survives a restart (a hung
+//! engine stays `abnormal`, a count in progress resumes, a warm engine is not warmed up
+//! again), a bad state file is ignored with a warning, a reload that changes a hung engine's
+//! table keeps it `abnormal`, a state saved for another engine process is dropped, and a
+//! second agent takes over from a running one under a `/status` poll without one failure.
+//! systemd's own restart paths (its file-descriptor store) are in `systemd_restart.rs`.
+
+#![cfg(feature = "fake-driver")]
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use support::stack::{Launch, Stack, http};
+
+const ABNORMAL: &str = r#"{"status":"abnormal"}"#;
+const NORMAL: &str = r#"{"status":"normal"}"#;
+
+fn stack() -> Stack {
+    Stack::start_launch(Launch {
+        state_dir: true,
+        ..Launch::default()
+    })
+}
+
+/// Hangs the engine and waits until the agent says `abnormal`.
+fn hang_until_abnormal(s: &Stack) {
+    s.faults(r#"{"hang": true}"#);
+    s.wait_for_status("abnormal", Duration::from_secs(30));
+}
+
+/// Every `/status` answer from now until `/status` has answered `n` times, with the failed
+/// polls (refused while no agent listens) counted apart.
+fn answers(s: &Stack, n: usize, limit: Duration) -> (Vec<String>, usize) {
+    let end = Instant::now() + limit;
+    let (mut got, mut failed) = (Vec::new(), 0);
+    while got.len() < n && Instant::now() < end {
+        match s.get(&s.status_url()) {
+            Some((_, body)) => got.push(body),
+            None => failed += 1,
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        got.len(),
+        n,
+        "/status answered {} times in {limit:?}",
+        got.len()
+    );
+    (got, failed)
+}
+
+// Issue 24: restarted at once, the agent answered `normal` for 180 s (the warm-up's wait)
+// about an engine it had reported `abnormal`.
+#[test]
+fn a_hung_engine_stays_abnormal_through_an_agent_restart() {
+    let mut s = stack();
+    hang_until_abnormal(&s);
+    s.restart_agent("TERM");
+    let (got, _) = answers(&s, 50, Duration::from_secs(30));
+    assert!(
+        got.iter().all(|b| b == ABNORMAL),
+        "every answer after the restart is abnormal: {got:?}\n{}",
+        s.agent_log()
+    );
+    let log = s.last_agent_log();
+    assert!(
+        log.contains("resuming from the saved state: abnormal"),
+        "{log}"
+    );
+    assert!(!log.contains("warm-up request"), "no warm-up: {log}");
+}
+
+// A crash (SIGKILL) loses at most what changed in the last moment: the state is written on
+// every change, not at exit.
+#[test]
+fn a_hung_engine_stays_abnormal_through_an_agent_crash() {
+    let mut s = stack();
+    hang_until_abnormal(&s);
+    // The state file is written within its check period of the change.
+    std::thread::sleep(Duration::from_millis(500));
+    s.restart_agent("KILL");
+    let (got, _) = answers(&s, 30, Duration::from_secs(30));
+    assert!(got.iter().all(|b| b == ABNORMAL), "{got:?}");
+}
+
+// A count in progress (4 of 6) resumes: `abnormal` after the remaining failures, no warm-up.
+#[test]
+fn a_count_in_progress_resumes_after_a_restart_without_a_new_warm_up() {
+    let mut s = stack();
+    s.faults(r#"{"hang": true}"#);
+    s.wait_until("4 counted failures", Duration::from_secs(30), |d| {
+        d["virtual_inference"]["failure_count"].as_i64() >= Some(4)
+    });
+    s.restart_agent("TERM");
+    let url = format!("http://127.0.0.1:{}/status/detail", s.mgmt_port);
+    let end = Instant::now() + Duration::from_secs(30);
+    let first: serde_json::Value = loop {
+        if let Some((200, body)) = s.get(&url) {
+            break serde_json::from_str(&body).unwrap();
+        }
+        assert!(
+            Instant::now() < end,
+            "the new agent never answered:\n{}",
+            s.agent_log()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let resumed = first["virtual_inference"]["failure_count"]
+        .as_i64()
+        .unwrap();
+    assert!(
+        (4..6).contains(&resumed) || first["status"] == "abnormal",
+        "the count resumed at {resumed}: {first}"
+    );
+    s.wait_for_status("abnormal", Duration::from_secs(30));
+    let d = s.detail();
+    assert_eq!(d["virtual_inference"]["failure_count"], 6, "{d}");
+    assert_eq!(d["virtual_inference"]["last_probe"]["warmup"], false, "{d}");
+    let log = s.last_agent_log();
+    assert!(log.contains("virtual inference resumes"), "{log}");
+    assert!(!log.contains("warm-up request"), "{log}");
+    // The new process counted on from where the old one stopped, not from 1.
+    assert!(log.contains("Current failure count: 6/6"), "{log}");
+    for n in 1..=resumed {
+        assert!(
+            !log.contains(&format!("Current failure count: {n}/6")),
+            "counted {n} again after resuming at {resumed}:\n{log}"
+        );
+    }
+}
+
+// The Kubernetes path and a second `run` by hand: a new agent started beside the running
+// one takes its sockets and its state. A poll every 100 ms never fails and always reads
+// `normal`, and the warm engine is not warmed up again.
+#[test]
+fn two_agents_hand_over_under_a_poll_every_100_ms_without_a_failed_poll() {
+    let mut s = stack();
+    let url = s.status_url();
+    let stop = Arc::new(AtomicBool::new(false));
+    let polls: Arc<Mutex<Vec<Option<String>>>> = Arc::default();
+    let poller = {
+        let (stop, polls) = (stop.clone(), polls.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Acquire) {
+                polls
+                    .lock()
+                    .unwrap()
+                    .push(http("GET", &url, None).map(|r| r.1));
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        })
+    };
+    std::thread::sleep(Duration::from_secs(1));
+    let new = s.spawn_agent();
+    let mut old = std::mem::replace(&mut s.agent, new);
+    let exited = {
+        let end = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(st) = old.try_wait().unwrap() {
+                break st;
+            }
+            assert!(
+                Instant::now() < end,
+                "the old agent never stopped:\n{}",
+                s.agent_log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    assert!(
+        exited.success(),
+        "the old agent exits 0 after handing over: {exited}"
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    stop.store(true, Ordering::Release);
+    poller.join().unwrap();
+    let polls = polls.lock().unwrap().clone();
+    let failed = polls.iter().filter(|p| p.is_none()).count();
+    assert_eq!(failed, 0, "failed polls: {polls:?}\n{}", s.agent_log());
+    assert!(polls.iter().flatten().all(|b| b == NORMAL), "{polls:?}");
+    assert!(polls.len() >= 25, "{} polls", polls.len());
+    let old_log = std::fs::read_to_string(s.path("agent.log")).unwrap();
+    assert!(
+        old_log.contains("handed over to the agent pid"),
+        "{old_log}"
+    );
+    let new_log = s.last_agent_log();
+    assert!(
+        new_log.contains("taking over from the running agent"),
+        "{new_log}"
+    );
+    assert!(!new_log.contains("warm-up request"), "{new_log}");
+    // The new agent goes on probing.
+    s.wait_for_phase("running", Duration::from_secs(10));
+}
+
+// Without a state directory a second agent cannot take over: it fails at once, naming the
+// port and the way to take over.
+#[test]
+fn without_a_state_directory_a_second_agent_is_refused_with_a_way_out() {
+    let mut s = Stack::start_launch(Launch::default());
+    let mut second = s.spawn_agent();
+    let st = second.wait().unwrap();
+    assert_eq!(st.code(), Some(1), "{}", s.last_agent_log());
+    let log = s.last_agent_log();
+    assert!(log.contains("Address already in use"), "{log}");
+    assert!(log.contains("same state directory"), "{log}");
+    // The first one still serves.
+    s.wait_for_status("normal", Duration::from_secs(5));
+}
+
+/// Writes `text` as the state file and restarts the agent on it.
+fn restart_on(s: &mut Stack, text: &[u8]) {
+    let pid = s.agent.id().to_string();
+    std::process::Command::new("kill")
+        .args(["-KILL", &pid])
+        .status()
+        .unwrap();
+    let _ = s.agent.wait();
+    let path = s.path("run/state.json");
+    let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_dir_all(&path);
+    if text == b"<dir>" {
+        std::fs::create_dir(&path).unwrap();
+    } else {
+        std::fs::write(&path, text).unwrap();
+    }
+    s.agent = s.spawn_agent();
+}
+
+// A corrupt, foreign, future-dated or oversized file (or a directory in its place) is
+// ignored with one warning saying why; the agent starts clean (a warm-up) and serves.
+#[test]
+fn each_bad_state_file_is_ignored_with_a_warning_and_the_agent_starts_clean() {
+    let mut s = stack();
+    hang_until_abnormal(&s);
+    s.faults(r#"{"hang": false}"#);
+    // A genuine file of this engine, to make the bad ones from.
+    std::thread::sleep(Duration::from_millis(500));
+    let good: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(s.path("run/state.json")).unwrap()).unwrap();
+    assert_eq!(good["engines"][0]["vi"]["abnormal"], true, "{good}");
+    let with = |f: &dyn Fn(&mut serde_json::Value)| {
+        let mut v = good.clone();
+        f(&mut v);
+        serde_json::to_vec(&v).unwrap()
+    };
+    let now_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64
+    };
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        (
+            "corrupt",
+            b"{\"format\": 1, \"engines\": [".to_vec(),
+            "does not parse",
+        ),
+        ("binary", vec![0xff, 0x00, 0xfe, 0x01], "does not parse"),
+        (
+            "another format",
+            with(&|v| v["format"] = 99.into()),
+            "format 99",
+        ),
+        (
+            "future-dated",
+            with(&|v| v["saved_at_unix_ms"] = (now_ms() + 86_400_000).into()),
+            "in the future",
+        ),
+        (
+            "too old",
+            with(&|v| v["saved_at_unix_ms"] = (now_ms() - 7_200_000).into()),
+            "ago, over",
+        ),
+        (
+            "oversized",
+            {
+                let mut v = vec![b' '; 5 * 1024 * 1024];
+                v.extend(with(&|v| v["saved_at_unix_ms"] = now_ms().into()));
+                v
+            },
+            "bytes, over",
+        ),
+        ("a directory", b"<dir>".to_vec(), "not a regular file"),
+        (
+            "another engine's",
+            with(&|v| {
+                v["saved_at_unix_ms"] = now_ms().into();
+                v["engines"][0]["engine"] = "http://127.0.0.1:1".into();
+            }),
+            "the saved state is for http://127.0.0.1:1",
+        ),
+    ];
+    for (what, text, warning) in cases {
+        restart_on(&mut s, &text);
+        s.wait_for_status("normal", Duration::from_secs(30));
+        s.wait_for_phase("running", Duration::from_secs(30));
+        let log = s.last_agent_log();
+        assert!(log.contains(warning), "{what}: no {warning:?} in\n{log}");
+        assert!(
+            log.contains("warm-up request succeeded"),
+            "{what}: a clean start warms up:\n{log}"
+        );
+        assert!(!log.contains("panicked"), "{what}: {log}");
+    }
+}
+
+// A SIGHUP that changes a hung engine's table (its timing here) restarts its probes but
+// keeps what it concluded: `abnormal` throughout, not 180 s of `normal`.
+#[test]
+fn a_reload_that_changes_a_hung_engines_table_keeps_it_abnormal() {
+    let s = stack();
+    hang_until_abnormal(&s);
+    let toml = s.path("agent.toml");
+    let text = std::fs::read_to_string(&toml).unwrap();
+    std::fs::write(
+        &toml,
+        text.replace("interval = \"500ms\"", "interval = \"600ms\""),
+    )
+    .unwrap();
+    let pid = s.agent.id().to_string();
+    std::process::Command::new("kill")
+        .args(["-HUP", &pid])
+        .status()
+        .unwrap();
+    let end = Instant::now() + Duration::from_secs(20);
+    while !s.agent_log().contains("configuration reloaded") {
+        assert!(Instant::now() < end, "no reload:\n{}", s.agent_log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (got, failed) = answers(&s, 40, Duration::from_secs(20));
+    assert_eq!(failed, 0);
+    assert!(
+        got.iter().all(|b| b == ABNORMAL),
+        "{got:?}\n{}",
+        s.agent_log()
+    );
+    let log = s.agent_log();
+    assert!(log.contains("restarted e2e"), "{log}");
+    assert!(log.contains("carry over to the new settings"), "{log}");
+}
+
+// The engine was restarted (a new process) while no agent ran: the saved `abnormal` is not
+// this process's, and the agent watches it from its initial state.
+#[test]
+fn a_state_saved_for_another_engine_process_is_dropped() {
+    let mut s = stack();
+    hang_until_abnormal(&s);
+    let pid = s.agent.id().to_string();
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    let _ = s.agent.wait();
+    s.kill_engine();
+    // process_start_time_seconds has a resolution of 10 ms, and the check a margin of 1 s.
+    std::thread::sleep(Duration::from_millis(1500));
+    s.start_engine();
+    s.agent = s.spawn_agent();
+    s.wait_for_status("normal", Duration::from_secs(30));
+    s.wait_for_phase("running", Duration::from_secs(30));
+    let log = s.last_agent_log();
+    assert!(
+        log.contains("the saved state is not this engine's"),
+        "{log}"
+    );
+    assert!(log.contains("warm-up request succeeded"), "{log}");
+}
