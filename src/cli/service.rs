@@ -42,6 +42,18 @@ pub fn check_config(cfg: &AgentConfig) -> Result<(), CliError> {
             );
         }
     }
+    match crate::continuity::StateDir::resolve(cfg.agent.state_dir.as_deref()) {
+        Some(d) => eprintln!(
+            "{}: state directory {} ({}): each engine's state survives a restart of the agent, and a new agent started with it takes over from a running one",
+            cfg.source,
+            d.path().display(),
+            d.from
+        ),
+        None => eprintln!(
+            "{}: no state directory ([agent] state_dir, or systemd's RuntimeDirectory=): a restart of the agent forgets what it saw, and no agent can take over from a running one",
+            cfg.source
+        ),
+    }
     eprintln!(
         "{}: configuration is valid ({} engine(s))",
         cfg.source,
