@@ -16,6 +16,7 @@ pub mod report;
 pub mod run;
 pub mod stress;
 pub mod svg;
+pub mod systemd;
 
 use experiment::Experiment;
 use run::{Cadence, EngineKind, Outcome, Policy, RunOptions};
