@@ -23,6 +23,8 @@ pub enum Target {
     Driver,
     Network,
     Host,
+    /// The agent itself (its process: restarted, crashed, upgraded, stopped for a while).
+    Agent,
 }
 
 /// A fault, parsed from its name (`network_latency_50ms`, `cpu_stress_30pct`, …).
@@ -71,12 +73,23 @@ pub enum Fault {
     /// A degraded engine: every completion this much later (time to first token past its
     /// budget) and the KV cache at 97 %, tokens still flowing: the QoS level `degrade`.
     Degraded(Duration),
+    /// The agent is restarted: SIGTERM, then started again at once (`systemctl restart`).
+    AgentRestart,
+    /// The agent is killed (SIGKILL) and started again after the shipped unit's
+    /// `RestartSec=` (`Restart=on-failure`).
+    AgentCrash,
+    /// A second agent starts beside the first with the same config and state directory
+    /// and takes over (the Kubernetes rolling update); the first exits by itself.
+    AgentUpgrade,
+    /// The agent is stopped, nothing runs for this long, then it starts again (a DaemonSet
+    /// update with `maxSurge: 0`).
+    AgentOutage(Duration),
 }
 
 impl Fault {
     /// Parses a fault name; the error lists the known forms.
     pub fn parse(s: &str) -> Result<Fault, String> {
-        let known = "known: network_latency_<N>ms, cpu_stress_<N>pct, memory_pressure_<N>pct, hot_reload_<N>s, long_streams_<N>, batch_jitter_<N>ms, slow_health_<N>s, slow_health_<N>s_latency_<M>ms, long_prefill_<N>s, burst_<N>, engine_restart_<N>s, degraded_<N>ms, engine_sleep, engine_hang, engine_crash, npu_hang_idle, npu_busy_stuck, driver_error, driver_hang, http_5xx";
+        let known = "known: network_latency_<N>ms, cpu_stress_<N>pct, memory_pressure_<N>pct, hot_reload_<N>s, long_streams_<N>, batch_jitter_<N>ms, slow_health_<N>s, slow_health_<N>s_latency_<M>ms, long_prefill_<N>s, burst_<N>, engine_restart_<N>s, degraded_<N>ms, agent_outage_<N>s, engine_sleep, engine_hang, engine_crash, npu_hang_idle, npu_busy_stuck, driver_error, driver_hang, http_5xx, agent_restart, agent_crash, agent_upgrade";
         let fixed = match s {
             "engine_hang" => Some(Fault::EngineHang),
             "engine_crash" => Some(Fault::EngineCrash),
@@ -86,6 +99,9 @@ impl Fault {
             "driver_hang" => Some(Fault::DriverHang),
             "http_5xx" => Some(Fault::Http5xx),
             "engine_sleep" => Some(Fault::EngineSleep),
+            "agent_restart" => Some(Fault::AgentRestart),
+            "agent_crash" => Some(Fault::AgentCrash),
+            "agent_upgrade" => Some(Fault::AgentUpgrade),
             _ => None,
         };
         if let Some(f) = fixed {
@@ -156,6 +172,13 @@ impl Fault {
         if let Some(n) = number("engine_restart_", "s") {
             return Ok(Fault::EngineRestart(secs(n?)));
         }
+        if let Some(n) = number("agent_outage_", "s") {
+            let n = n?;
+            if n == 0 {
+                return Err(format!("{s:?}: the outage lasts at least 1 s"));
+            }
+            return Ok(Fault::AgentOutage(secs(n)));
+        }
         if let Some(n) = number("burst_", "") {
             let n = n?;
             if n == 0 || n > 10_000 {
@@ -164,6 +187,16 @@ impl Fault {
             return Ok(Fault::Burst(n as u32));
         }
         Err(format!("unknown fault {s:?} ({known})"))
+    }
+}
+
+impl Fault {
+    /// A fault of the agent's own process (the engine stays healthy throughout).
+    pub fn is_agent_fault(self) -> bool {
+        matches!(
+            self,
+            Fault::AgentRestart | Fault::AgentCrash | Fault::AgentUpgrade | Fault::AgentOutage(_)
+        )
     }
 }
 
@@ -197,6 +230,10 @@ impl fmt::Display for Fault {
             }
             Fault::EngineRestart(d) => write!(f, "engine_restart_{}s", d.as_secs()),
             Fault::Degraded(d) => write!(f, "degraded_{}ms", d.as_millis()),
+            Fault::AgentRestart => f.write_str("agent_restart"),
+            Fault::AgentCrash => f.write_str("agent_crash"),
+            Fault::AgentUpgrade => f.write_str("agent_upgrade"),
+            Fault::AgentOutage(d) => write!(f, "agent_outage_{}s", d.as_secs()),
         }
     }
 }
@@ -679,10 +716,24 @@ experiments:
             "driver_error",
             "driver_hang",
             "http_5xx",
+            "engine_sleep",
+            "long_prefill_12s",
+            "burst_64",
+            "slow_health_3s_latency_100ms",
+            "engine_restart_8s",
+            "degraded_2500ms",
+            "agent_restart",
+            "agent_crash",
+            "agent_upgrade",
+            "agent_outage_8s",
         ] {
             assert_eq!(Fault::parse(s).unwrap().to_string(), s);
         }
         for bad in [
+            "agent_outage_0s",
+            "agent_outage_8",
+            "agent_outage_fives",
+            "agent_reboot",
             "cpu_stress_0pct",
             "cpu_stress_101pct",
             "network_latency_fastms",
@@ -843,6 +894,24 @@ experiments:
         )
         .unwrap_err();
         assert!(err.contains("<policy>@kubelet"), "{err}");
+    }
+
+    // The agent's own faults: a target of their own, a healthy engine expected (so no
+    // restart by the kubelet either), and the outage's known false kills.
+    #[test]
+    fn agent_fault_experiments() {
+        let e = parse(
+            "- name: out\n  target: agent\n  fault: agent_outage_8s\n  duration: 15s\n  expect: healthy\n  known_false_kill: [reference@1s, agent@1s]\n- name: up\n  target: agent\n  fault: agent_upgrade\n  duration: 15s\n  expect: healthy\n",
+            "agent.yaml",
+        )
+        .unwrap();
+        assert_eq!(e[0].target, Target::Agent);
+        assert_eq!(e[0].fault, Fault::AgentOutage(Duration::from_secs(8)));
+        assert!(e[0].fault.is_agent_fault());
+        assert_eq!(e[0].kubelet, KubeletExpect::NoRestart);
+        assert_eq!(e[0].known_false_kills.len(), 2);
+        assert_eq!(e[1].fault, Fault::AgentUpgrade);
+        assert!(!Fault::EngineCrash.is_agent_fault());
     }
 
     /// Every shipped experiment file parses: a typo in one that only a long CI stage reads

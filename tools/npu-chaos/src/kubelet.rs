@@ -116,6 +116,45 @@ pub enum Action {
     RestartExited,
 }
 
+/// Which probe a [`ProbeRecord`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProbeKind {
+    Readiness,
+    Liveness,
+}
+
+/// One readiness or liveness probe as the kubelet saw it: when it ended, and whether it
+/// succeeded.
+#[derive(Debug, Clone, Copy)]
+pub struct ProbeRecord {
+    pub probe: ProbeKind,
+    pub at: Instant,
+    pub ok: bool,
+}
+
+/// Every readiness and liveness probe of a run, shared with the runner.
+#[derive(Debug, Clone, Default)]
+pub struct ProbeLog(std::sync::Arc<std::sync::Mutex<Vec<ProbeRecord>>>);
+
+impl ProbeLog {
+    fn push(&self, probe: ProbeKind, ok: bool) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(ProbeRecord {
+                probe,
+                at: Instant::now(),
+                ok,
+            });
+    }
+
+    /// The probes so far.
+    pub fn records(&self) -> Vec<ProbeRecord> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
 /// The emulator's settings for one experiment.
 #[derive(Debug, Clone)]
 pub struct Kubelet {
@@ -159,11 +198,13 @@ async fn probe(client: &reqwest::Client, url: &str, timeout: Duration) -> bool {
 /// Runs the probes until `cancel`, sending what it decides on `actions`. `generation` counts
 /// container starts: when it changes (the runner restarted the engine) the workers start
 /// over with the startup probe. `ready` is told every readiness change (the load generator).
+/// Every readiness and liveness probe goes into `probes`.
 pub async fn run(
     k: Kubelet,
     actions: mpsc::UnboundedSender<(Action, Instant)>,
     mut generation: watch::Receiver<u64>,
     ready: impl Fn(bool) + Send,
+    probes: ProbeLog,
     cancel: CancellationToken,
 ) {
     let client = reqwest::Client::builder()
@@ -207,6 +248,7 @@ pub async fn run(
             }
             _ = ready_tick.tick(), if !starting => {
                 let ok = probe(&client, &k.readyz_url, k.readiness.timeout).await;
+                probes.push(ProbeKind::Readiness, ok);
                 if let Some(now) = readiness.record(ok) {
                     ready(now);
                     let _ = actions.send((if now { Action::Ready } else { Action::NotReady }, Instant::now()));
@@ -214,6 +256,7 @@ pub async fn run(
             }
             _ = live_tick.tick(), if !starting && !on_hold => {
                 let ok = probe(&client, &k.livez_url, k.liveness.timeout).await;
+                probes.push(ProbeKind::Liveness, ok);
                 if liveness.record(ok) == Some(false) {
                     on_hold = true;
                     let _ = actions.send((Action::RestartLiveness, Instant::now()));

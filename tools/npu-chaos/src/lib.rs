@@ -4,9 +4,11 @@
 //! engine killed and real faults are always detected. See `docs/chaos.md`.
 #![forbid(unsafe_code)]
 
+pub mod agent;
 pub mod experiment;
 pub mod kubelet;
 pub mod load;
+pub mod polls;
 pub mod priority;
 mod procfs;
 pub mod proxy;
@@ -16,6 +18,7 @@ pub mod report;
 pub mod run;
 pub mod stress;
 pub mod svg;
+pub mod systemd;
 
 use experiment::Experiment;
 use run::{Cadence, EngineKind, Outcome, Policy, RunOptions};
@@ -104,6 +107,9 @@ pub struct Plan<'a> {
     pub node_manager: run::NodeManagerKind,
     /// `scripts/real-vllm` (its repository also holds `scripts/pymotor`).
     pub real_vllm_script: &'a Path,
+    /// `--agent-supervisor` (`None`: systemd for the agent's own faults when a private user
+    /// manager can start, direct otherwise).
+    pub agent_supervisor: Option<agent::Supervisor>,
 }
 
 /// Runs every experiment under every policy and Node Manager cadence, one at a time (CPU
@@ -121,6 +127,7 @@ pub async fn run_all(plan: &Plan<'_>) -> Result<bool, String> {
         engine,
         node_manager,
         real_vllm_script,
+        agent_supervisor,
     } = *plan;
     let mut rows: Vec<run::Row> = cadences.iter().map(|&c| run::Row::NodeManager(c)).collect();
     if kubelet {
@@ -159,6 +166,7 @@ pub async fn run_all(plan: &Plan<'_>) -> Result<bool, String> {
                 Some(pymotor::Pymotor::find(&repo_root(real_vllm_script)).await?)
             }
         },
+        agent_supervisor,
     };
     let outcomes = run_each(experiments, policies, &rows, opts).await;
     // The real engine is kept between experiments: stop it, however the run ended.

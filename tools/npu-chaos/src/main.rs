@@ -5,7 +5,9 @@
 
 use clap::{Parser, Subcommand};
 use npu_chaos::{
-    self as chaos, experiment,
+    self as chaos,
+    agent::Supervisor,
+    experiment,
     run::{Cadence, EngineKind, NodeManagerKind, Policy},
 };
 use std::path::PathBuf;
@@ -60,6 +62,12 @@ enum Cmd {
         /// scripts/real-vllm, for --engine vllm.
         #[arg(long, default_value = "scripts/real-vllm")]
         real_vllm: PathBuf,
+        /// Who runs the agent: a child of the runner, or a unit (derived from the shipped
+        /// one) of a private systemd user manager (root only). [default: systemd for the
+        /// agent's own faults when such a manager can start, direct otherwise;
+        /// agent_upgrade always runs two direct processes]
+        #[arg(long, value_enum)]
+        agent_supervisor: Option<Supervisor>,
     },
     /// Validate experiment files and print them.
     Check {
@@ -122,6 +130,7 @@ fn main() -> ExitCode {
             only,
             engine,
             real_vllm,
+            agent_supervisor,
         } => {
             if !(time_scale.is_finite() && time_scale > 0.0 && time_scale <= 10.0) {
                 eprintln!("npu-chaos: --time-scale must be in (0, 10]");
@@ -191,6 +200,7 @@ fn main() -> ExitCode {
                 engine,
                 node_manager,
                 real_vllm_script: &real_vllm,
+                agent_supervisor,
             })) {
                 Ok(true) => ExitCode::SUCCESS,
                 Ok(false) => ExitCode::from(1),

@@ -88,6 +88,9 @@ pub struct NodeManager {
     child: Child,
     /// When its grace period ended (`grace_over`).
     pub grace_over: tokio::sync::watch::Receiver<Option<Instant>>,
+    /// Every heartbeat as read (its line's arrival), and whether no endpoint in it was
+    /// abnormal.
+    heartbeats: std::sync::Arc<std::sync::Mutex<Vec<(Instant, bool)>>>,
 }
 
 impl NodeManager {
@@ -114,6 +117,8 @@ impl NodeManager {
         let stdout = child.stdout.take().ok_or("no stdout")?;
         let (grace_tx, grace_over) = tokio::sync::watch::channel(None);
         let events = dir.join("node-manager-events.jsonl");
+        let heartbeats = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = heartbeats.clone();
         tokio::spawn(async move {
             let mut lines = BufReader::new(stdout).lines();
             let mut on_kill = Some(on_kill);
@@ -122,10 +127,22 @@ impl NodeManager {
                 kept.push_str(&line);
                 kept.push('\n');
                 let _ = std::fs::write(&events, &kept);
-                let event = serde_json::from_str::<Value>(&line)
-                    .ok()
+                let value = serde_json::from_str::<Value>(&line).ok();
+                let event = value
+                    .as_ref()
                     .and_then(|v| v["event"].as_str().map(str::to_owned));
                 match event.as_deref() {
+                    Some("heartbeat") => {
+                        // `status` maps each endpoint to what its last poll read; a failed
+                        // poll reads `abnormal`.
+                        let ok = value
+                            .as_ref()
+                            .and_then(|v| v["status"].as_object())
+                            .is_some_and(|m| !m.values().any(|s| s == "abnormal"));
+                        seen.lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .push((Instant::now(), ok));
+                    }
                     Some("grace_over") => {
                         grace_tx.send_replace(Some(Instant::now()));
                     }
@@ -138,7 +155,19 @@ impl NodeManager {
                 }
             }
         });
-        Ok(NodeManager { child, grace_over })
+        Ok(NodeManager {
+            child,
+            grace_over,
+            heartbeats,
+        })
+    }
+
+    /// The heartbeats so far: when each was read, and whether no endpoint was abnormal.
+    pub fn heartbeats(&self) -> Vec<(Instant, bool)> {
+        self.heartbeats
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Waits until its grace period is over, at most `limit`; an error when it exited or

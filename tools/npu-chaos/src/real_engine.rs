@@ -28,6 +28,10 @@ pub fn not_applicable(fault: Fault) -> Option<&'static str> {
         | Fault::NpuBusyStuck
         | Fault::DriverError
         | Fault::DriverHang => None,
+        // The agent's own faults leave the engine alone.
+        Fault::AgentRestart | Fault::AgentCrash | Fault::AgentUpgrade | Fault::AgentOutage(_) => {
+            None
+        }
         Fault::MemoryPressure(_) => Some(
             "a real vLLM's KV-cache usage cannot be raised on demand without changing the load itself",
         ),

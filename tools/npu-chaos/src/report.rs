@@ -37,6 +37,12 @@ pub struct PolicySummary {
     /// restart, over the faults where it happened.
     pub median_not_ready_s_unscaled: Option<f64>,
     pub median_restart_s_unscaled: Option<f64>,
+    /// Failed polls of the agent in the fault windows, summed over the experiments (Node
+    /// Manager's polls or PyMotor's heartbeats; the kubelet's probes in its row).
+    pub failed_polls: u32,
+    /// The longest stretch without a successful answer over those windows (unscaled; the
+    /// agent's own start-up time does not scale, so a scaled run overstates it).
+    pub longest_gap_s_unscaled: Option<f64>,
 }
 
 fn median(mut v: Vec<u64>) -> Option<u64> {
@@ -94,6 +100,17 @@ pub fn summarize(policy: Policy, row: Row, outcomes: &[Outcome], time_scale: f64
             .min_by(f64::total_cmp),
         median_not_ready_s_unscaled: unscaled(kubelet_times(|k| k.not_ready_after_ms)),
         median_restart_s_unscaled: unscaled(kubelet_times(|k| k.restart_after_ms)),
+        failed_polls: mine
+            .iter()
+            .flat_map(|o| o.polls.iter())
+            .map(|p| p.failed)
+            .sum(),
+        longest_gap_s_unscaled: unscaled(
+            mine.iter()
+                .flat_map(|o| o.polls.iter())
+                .map(|p| p.longest_gap_ms)
+                .max(),
+        ),
     }
 }
 
@@ -175,9 +192,12 @@ pub fn markdown(
     );
     let _ = writeln!(
         s,
-        "| Experiment | Fault | Expect | Policy | Acting | Verdict | Injected | Detected after | Killed at | Kubelet | Availability | Guard events |"
+        "| Experiment | Fault | Expect | Policy | Acting | Verdict | Injected | Detected after | Killed at | Kubelet | Availability | Guard events | Agent | Polls failed / longest gap |"
     );
-    let _ = writeln!(s, "|---|---|---|---|---|---|---:|---:|---:|---|---:|---|");
+    let _ = writeln!(
+        s,
+        "|---|---|---|---|---|---|---:|---:|---:|---|---:|---|---|---|"
+    );
     for o in outcomes {
         let unscale = |t: i64| format!("{:.1} s", t as f64 / time_scale / 1000.0);
         let verdict = serde_json::to_value(o.verdict)
@@ -225,7 +245,7 @@ pub fn markdown(
         );
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} | {}{} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {}{} | {} | {} | {} | {} | {} | {} | {} | {} |",
             o.experiment,
             o.fault,
             o.expect,
@@ -248,9 +268,59 @@ pub fn markdown(
             } else {
                 guards.join("; ")
             },
+            agent_cell(o, time_scale),
+            polls_cell(o, time_scale),
         );
     }
     s
+}
+
+/// Who ran the agent, and what each operation on it did: the pids, and how long after the
+/// operation began `/status` answered again (unscaled).
+fn agent_cell(o: &Outcome, time_scale: f64) -> String {
+    let mut cell = o.agent_supervisor.as_str().to_owned();
+    for op in &o.agent_ops {
+        let pid = |p: Option<u32>| p.map_or_else(|| "—".to_owned(), |p| p.to_string());
+        let _ = write!(
+            cell,
+            "; {} ({}): {} → {}",
+            op.fault,
+            op.supervisor.as_str(),
+            pid(op.old_pid),
+            pid(op.new_pid)
+        );
+        match (op.answered_ms, &op.error) {
+            (_, Some(_)) => cell.push_str(", failed"),
+            (Some(a), None) => {
+                let _ = write!(
+                    cell,
+                    ", answered {:.2} s after",
+                    (a - op.started_ms) as f64 / 1000.0 / time_scale
+                );
+            }
+            (None, None) => {}
+        }
+    }
+    cell
+}
+
+/// Each poller's failed polls and longest stretch without an answer (unscaled).
+fn polls_cell(o: &Outcome, time_scale: f64) -> String {
+    if o.polls.is_empty() {
+        return "—".to_owned();
+    }
+    o.polls
+        .iter()
+        .map(|p| {
+            format!(
+                "{} {} / {:.1} s",
+                p.poller.trim_start_matches("kubelet_"),
+                p.failed,
+                p.longest_gap_ms as f64 / 1000.0 / time_scale
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 #[cfg(test)]
@@ -287,6 +357,10 @@ mod tests {
             ran_again_after: None,
             kubelet: None,
             kill_evidence: Vec::new(),
+            agent_supervisor: crate::agent::Supervisor::Direct,
+            agent_supervisor_note: None,
+            agent_ops: Vec::new(),
+            polls: Vec::new(),
             timeline: Vec::new(),
         }
     }
@@ -373,5 +447,59 @@ mod tests {
         {
             assert_eq!(r.matches('|').count(), header.matches('|').count(), "{r}");
         }
+    }
+
+    // An agent fault's line says who ran the agent, what the runner did to it and what the
+    // poller saw (unscaled); the summary adds up the failed polls and keeps the longest gap.
+    #[test]
+    fn agent_operations_and_polls_in_the_summary() {
+        use crate::agent::{AgentOp, Supervisor};
+        use crate::polls::PollFigures;
+        let mut o = outcome("restart", "healthy", Verdict::Pass, None);
+        o.agent_supervisor = Supervisor::Systemd;
+        o.agent_ops.push(AgentOp {
+            started_ms: 100,
+            old_pid: Some(10),
+            new_pid: Some(11),
+            new_running_ms: Some(150),
+            answered_ms: Some(200),
+            ..AgentOp::unfinished(crate::experiment::Fault::AgentRestart, Supervisor::Systemd)
+        });
+        o.polls.push(PollFigures {
+            poller: "node_manager".into(),
+            window_ms: (100, 1500),
+            polls: 14,
+            failed: 2,
+            longest_gap_ms: 300,
+        });
+        let mut quiet = outcome("quiet", "healthy", Verdict::Pass, None);
+        quiet.polls.push(PollFigures {
+            poller: "node_manager".into(),
+            window_ms: (0, 1500),
+            polls: 15,
+            failed: 1,
+            longest_gap_ms: 100,
+        });
+        let os = [o, quiet];
+        let m = summarize(Policy::Agent, Row::NodeManager(Cadence::PYMOTOR), &os, 0.1);
+        assert_eq!(m.failed_polls, 3);
+        assert!(
+            m.longest_gap_s_unscaled
+                .is_some_and(|g| (g - 3.0).abs() < 1e-9),
+            "{m:?}"
+        );
+        let md = markdown(
+            &os,
+            &[Policy::Agent],
+            &[Row::NodeManager(Cadence::PYMOTOR)],
+            0.1,
+        );
+        assert!(
+            md.contains(
+                "| systemd; agent_restart (systemd): 10 → 11, answered 1.00 s after | node_manager 2 / 3.0 s |"
+            ),
+            "{md}"
+        );
+        assert!(md.contains("| direct | node_manager 1 / 1.0 s |"), "{md}");
     }
 }

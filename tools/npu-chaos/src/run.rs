@@ -15,6 +15,7 @@
 //! Node Manager's intervals are still scaled, the engine runs at its own speed, and a fault
 //! that cannot be injected into it ends as `not_applicable`, never as a pass.
 
+use super::agent::{self, Agent, AgentOp, Supervisor};
 use super::experiment::{Expect, Experiment, Fault, Guard};
 use super::load::LoadGen;
 use super::proxy::Proxy;
@@ -83,6 +84,9 @@ impl Policy {
         }
         if is_driver_fault(fault) {
             return Some("MindIE's engine server does not report the NPU's reads (it samples npu-smi and keeps no per-NPU state)".to_owned());
+        }
+        if fault.is_agent_fault() {
+            return Some("the agent's faults act on npu-health-agent; under this policy MindIE's engine server serves /status instead".to_owned());
         }
         None
     }
@@ -224,6 +228,9 @@ pub struct RunOptions {
     pub pymotor_nm: Option<super::pymotor::Pymotor>,
     /// The PyMotor installation, for the `mindie-3.0.0b2` peer (found when it can run).
     pub pymotor: Option<super::pymotor::Pymotor>,
+    /// `--agent-supervisor`; `None`: systemd for an agent fault when a private user manager
+    /// can start, direct otherwise.
+    pub agent_supervisor: Option<Supervisor>,
 }
 
 /// Which Node Manager polls `/status`.
@@ -333,6 +340,17 @@ pub struct Outcome {
     /// (time before the kill, what it read, the error and the answer time) and the agent's
     /// last warnings. Printed with a false kill, so that a failed run explains itself.
     pub kill_evidence: Vec<String>,
+    /// Who ran the agent: `direct` (a child of the runner) or `systemd` (a unit of a private
+    /// user manager, derived from the shipped unit).
+    pub agent_supervisor: Supervisor,
+    /// Why the agent ran under another supervisor than asked or expected, if it did.
+    pub agent_supervisor_note: Option<String>,
+    /// What the runner did to the agent (its own faults): pids, when the new process ran and
+    /// first answered `/status`.
+    pub agent_ops: Vec<AgentOp>,
+    /// What each poller of the agent saw in the fault window: Node Manager's polls (or
+    /// PyMotor's heartbeats), or the kubelet's `/readyz` and `/livez` probes.
+    pub polls: Vec<super::polls::PollFigures>,
     pub timeline: Vec<TimelinePoint>,
 }
 
@@ -544,6 +562,46 @@ impl FakeLaunch {
     }
 }
 
+/// The supervisor an experiment asks for the agent ([`wanted_supervisor`]).
+#[derive(Debug, Clone, PartialEq)]
+struct WantedSupervisor {
+    supervisor: Supervisor,
+    /// Asked for by `--agent-supervisor` (no fallback to direct).
+    required: bool,
+    /// Why this one, when it is not what was asked.
+    note: Option<String>,
+}
+
+/// Who runs the agent in an experiment: what `--agent-supervisor` says (`choice`), else
+/// systemd for an agent fault (the start falls back to direct, and says so, when no private
+/// user manager can run here) and direct for everything else, as always. `agent_upgrade` is
+/// Kubernetes' rolling update: two direct processes whatever was asked.
+fn wanted_supervisor(choice: Option<Supervisor>, fault: Fault) -> WantedSupervisor {
+    let direct = |note: Option<String>| WantedSupervisor {
+        supervisor: Supervisor::Direct,
+        required: false,
+        note,
+    };
+    match choice {
+        _ if fault == Fault::AgentUpgrade => direct(
+            (choice == Some(Supervisor::Systemd)).then(|| {
+                "agent_upgrade runs two direct processes whatever --agent-supervisor says (Kubernetes has no systemd)".to_owned()
+            }),
+        ),
+        Some(supervisor) => WantedSupervisor {
+            supervisor,
+            required: true,
+            note: None,
+        },
+        None if fault.is_agent_fault() => WantedSupervisor {
+            supervisor: Supervisor::Systemd,
+            required: false,
+            note: None,
+        },
+        None => direct(None),
+    }
+}
+
 /// Running processes and in-process parts of one experiment.
 struct Stack {
     dir: PathBuf,
@@ -556,7 +614,12 @@ struct Stack {
     /// the NPUs' AI Cube figure.
     real: Option<(RealEngine, npu_fake::follow::CpuFollower)>,
     real_slot: std::sync::Arc<tokio::sync::Mutex<Option<RealEngine>>>,
-    agent: Child,
+    /// Whatever serves `/status` (the agent, or MindIE's engine server), shared with the
+    /// task of an agent fault.
+    agent: std::sync::Arc<tokio::sync::Mutex<Agent>>,
+    /// Who runs the agent, and why not the one wanted, if so.
+    supervisor: Supervisor,
+    supervisor_note: Option<String>,
     engine_port: u16,
     control: String,
     mgmt: String,
@@ -573,10 +636,16 @@ impl Stack {
         opts: &RunOptions,
         dir: &Path,
         policy: Policy,
+        want: &WantedSupervisor,
         cancel: &CancellationToken,
     ) -> Result<Stack, String> {
         let s = opts.time_scale;
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        // The agent's state directory (RUNTIME_DIRECTORY of a direct start), fresh: an
+        // earlier run's state must not be taken back.
+        let state_dir = dir.join("run");
+        let _ = std::fs::remove_dir_all(&state_dir);
+        std::fs::create_dir_all(&state_dir).map_err(|e| format!("{}: {e}", state_dir.display()))?;
         let npu_files: Vec<PathBuf> = (0..2).map(|i| dir.join(format!("npu{i}"))).collect();
         for f in &npu_files {
             std::fs::write(f, "0\n").map_err(|e| format!("{}: {e}", f.display()))?;
@@ -654,6 +723,8 @@ impl Stack {
             ),
         )
         .map_err(|e| e.to_string())?;
+        let mut supervisor = Supervisor::Direct;
+        let mut supervisor_note = want.note.clone();
         let agent = match (policy, &opts.pymotor) {
             (Policy::Mindie, Some(p)) => {
                 // The fake npu-smi is the agent binary under that name.
@@ -684,28 +755,53 @@ impl Stack {
                 )?;
                 cmd.env("FAKE_NPU_SCENARIO", &scenario)
                     .stdout(std::process::Stdio::null());
-                cmd.spawn().map_err(|e| {
+                let child = cmd.spawn().map_err(|e| {
                     format!("starting MindIE's engine server (through `setsid` and `nice`): {e}")
-                })?
+                })?;
+                // Whatever serves `/status` gets the CPU priority a node's health service has.
+                super::priority::raise_group(child.id()).await;
+                Agent::other(child, dir)
             }
             (Policy::Mindie, None) => {
                 return Err("the mindie-3.0.0b2 peer needs `scripts/pymotor install`".to_owned());
             }
             _ => {
-                let mut cmd = super::priority::command(&opts.agent_exe);
-                cmd.args(["--fake", "run", "--config"])
-                    .arg(&toml)
-                    .env("FAKE_NPU_SCENARIO", &scenario)
-                    .env("RUST_LOG", "info")
-                    .stdout(std::process::Stdio::null())
-                    .stderr(log("agent.log")?)
-                    .kill_on_drop(true);
-                cmd.spawn()
-                    .map_err(|e| format!("starting the agent (through `setsid` and `nice`): {e}"))?
+                let launch = agent::Launch {
+                    exe: opts.agent_exe.clone(),
+                    config: toml.clone(),
+                    scenario: scenario.clone(),
+                    state_dir,
+                    log: dir.join("agent.log"),
+                };
+                let started = match want.supervisor {
+                    Supervisor::Direct => Agent::start_direct(launch, s).await,
+                    Supervisor::Systemd => {
+                        let why_not = super::systemd::preflight().err();
+                        match why_not {
+                            Some(why) if !want.required => {
+                                supervisor_note = Some(format!(
+                                    "no private systemd user manager here ({why}): the agent runs directly"
+                                ));
+                                Agent::start_direct(launch, s).await
+                            }
+                            Some(why) => Err(format!("--agent-supervisor systemd: {why}")),
+                            None => Agent::start_systemd(launch, s).await,
+                        }
+                    }
+                };
+                // Whatever serves `/status` gets the CPU priority a node's health service
+                // has (the agent's start raises it).
+                let started = match started {
+                    Ok(a) => a,
+                    Err(e) => {
+                        proxy_cancel.cancel();
+                        return Err(e);
+                    }
+                };
+                supervisor = started.supervisor;
+                started
             }
         };
-        // Whatever serves `/status` gets the CPU priority a node's health service has.
-        super::priority::raise_group(agent.id()).await;
         // The emulator's poll timeout, scaled: one slow answer must not stall the sampling.
         let http = reqwest::Client::builder()
             .no_proxy()
@@ -719,7 +815,9 @@ impl Stack {
             restarts: 0,
             real,
             real_slot: opts.real.clone(),
-            agent,
+            agent: std::sync::Arc::new(tokio::sync::Mutex::new(agent)),
+            supervisor,
+            supervisor_note,
             engine_port,
             control: format!("http://127.0.0.1:{control_port}"),
             mgmt: format!("http://127.0.0.1:{mgmt_port}"),
@@ -841,21 +939,31 @@ impl Stack {
         opts: &RunOptions,
         dir: &Path,
         policy: Policy,
+        want: &WantedSupervisor,
         cancel: &CancellationToken,
         limit: Duration,
     ) -> Result<Stack, String> {
         let mut attempt = 1;
         loop {
-            let mut stack = Stack::start(opts, dir, policy, cancel).await?;
-            match stack.wait_ready(limit).await {
-                Ok(()) => return Ok(stack),
-                Err(_) if attempt < START_ATTEMPTS && port_was_taken(&stack.dir) => {
+            // Under systemd the start itself fails when the agent cannot bind (it never says
+            // READY=1); directly, the wait below sees it exit.
+            let (stack, err) = match Stack::start(opts, dir, policy, want, cancel).await {
+                Ok(mut stack) => match stack.wait_ready(limit).await {
+                    Ok(()) => return Ok(stack),
+                    Err(e) => (Some(stack), e),
+                },
+                Err(e) => (None, e),
+            };
+            match stack {
+                _ if attempt < START_ATTEMPTS && port_was_taken(dir) => {
                     eprintln!(
                         "npu-chaos:   a port was taken; starting again on new ports (attempt {} \
                          of {START_ATTEMPTS}; the failed one's logs are kept as attempt{attempt}-*.log)",
                         attempt + 1
                     );
-                    stack.stop().await;
+                    if let Some(stack) = stack {
+                        stack.stop().await;
+                    }
                     // Kept for a look: the next attempt writes new logs.
                     for log in ["engine.log", "agent.log"] {
                         let _ = std::fs::rename(
@@ -865,7 +973,11 @@ impl Stack {
                     }
                     attempt += 1;
                 }
-                Err(e) => return Err(e),
+                Some(stack) => {
+                    stack.stop().await;
+                    return Err(err);
+                }
+                None => return Err(err),
             }
         }
     }
@@ -879,7 +991,7 @@ impl Stack {
             r.save_log(&self.dir.join("vllm.log"));
         }
         self.kill_engine().await;
-        let _ = self.agent.kill().await;
+        self.agent.lock().await.stop().await;
         self.proxy_cancel.cancel();
     }
 
@@ -887,9 +999,9 @@ impl Stack {
     async fn wait_ready(&mut self, limit: Duration) -> Result<(), String> {
         let end = Instant::now() + limit;
         while Instant::now() < end {
-            if let Ok(Some(st)) = self.agent.try_wait() {
+            if let Some(why) = self.agent.lock().await.exited().await {
                 return Err(format!(
-                    "the agent exited ({st}); see {}",
+                    "{why}; see {}",
                     self.dir.join("agent.log").display()
                 ));
             }
@@ -929,6 +1041,42 @@ impl Stack {
 struct Injected {
     stress: Option<CpuStress>,
     long_streams: Option<CancellationToken>,
+    /// An operation on the agent under way (aborted if the experiment ends first).
+    agent_op: Option<agent::OpTask>,
+}
+
+/// How long the end of an experiment waits for an agent operation still under way.
+const AGENT_OP_LIMIT: Duration = Duration::from_secs(180);
+
+/// Records a finished agent operation and prints what it did.
+fn record_op(out: &mut Outcome, op: Result<AgentOp, String>, s: f64) {
+    let op = op.unwrap_or_else(|e| AgentOp {
+        error: Some(e),
+        ..AgentOp::unfinished(
+            Fault::parse(&out.fault).unwrap_or(Fault::AgentRestart),
+            out.agent_supervisor,
+        )
+    });
+    let secs = |ms: Option<i64>| {
+        ms.map_or_else(
+            || "—".to_owned(),
+            |ms| format!("{:.2} s", (ms - op.started_ms) as f64 / 1000.0 / s),
+        )
+    };
+    eprintln!(
+        "npu-chaos:   {} ({}): pid {} -> {}, running after {}, answered /status after {} (unscaled){}",
+        op.fault,
+        op.supervisor.as_str(),
+        op.old_pid.map_or("?".to_owned(), |p| p.to_string()),
+        op.new_pid.map_or("?".to_owned(), |p| p.to_string()),
+        secs(op.new_running_ms),
+        secs(op.answered_ms),
+        op.error
+            .as_deref()
+            .map(|e| format!("; {e}"))
+            .unwrap_or_default()
+    );
+    out.agent_ops.push(op);
 }
 
 /// Fault-API patches that set and clear a fault on the fake engine (`None`: not an engine
@@ -981,7 +1129,11 @@ fn engine_patches(fault: Fault, s: f64) -> Option<(Value, Value)> {
         Fault::NetworkLatency(_)
         | Fault::CpuStress(_)
         | Fault::LongStreams(_)
-        | Fault::EngineCrash => return None,
+        | Fault::EngineCrash
+        | Fault::AgentRestart
+        | Fault::AgentCrash
+        | Fault::AgentUpgrade
+        | Fault::AgentOutage(_) => return None,
     })
 }
 
@@ -1139,7 +1291,7 @@ const EVIDENCE_WARNINGS: usize = 6;
 fn kill_evidence(
     nm: Option<&NmReport>,
     nm_started: std::time::SystemTime,
-    agent_log: &Path,
+    agent_logs: &[PathBuf],
 ) -> Vec<String> {
     let mut lines = Vec::new();
     // What the agent logged after the kill is about a dead engine: left out (half a second
@@ -1168,9 +1320,19 @@ fn kill_evidence(
             ));
         }
     }
-    let warnings: Vec<String> = std::fs::read_to_string(agent_log)
-        .unwrap_or_default()
-        .lines()
+    // Every agent's log (an upgrade's second agent logs apart), in time order.
+    let text: Vec<String> = agent_logs
+        .iter()
+        .map(|p| std::fs::read_to_string(p).unwrap_or_default())
+        .collect();
+    let mut all: Vec<&str> = text.iter().flat_map(|t| t.lines()).collect();
+    all.sort_by_cached_key(|l| {
+        l.split_whitespace()
+            .next()
+            .and_then(|t| humantime::parse_rfc3339_weak(t).ok())
+    });
+    let warnings: Vec<String> = all
+        .into_iter()
         .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
         .filter(|l| {
             let at = l
@@ -1233,6 +1395,10 @@ pub async fn run(e: &Experiment, policy: Policy, opts: &RunOptions) -> Outcome {
         ran_again_after: None,
         kubelet: None,
         kill_evidence: Vec::new(),
+        agent_supervisor: Supervisor::Direct,
+        agent_supervisor_note: None,
+        agent_ops: Vec::new(),
+        polls: Vec::new(),
         timeline: Vec::new(),
     };
     if opts.engine == EngineKind::Vllm
@@ -1253,7 +1419,10 @@ pub async fn run(e: &Experiment, policy: Policy, opts: &RunOptions) -> Outcome {
         .join(policy.as_str())
         .join(cadence_dir(opts))
         .join(&e.name);
-    let result = run_inner(e, policy, opts, &dir, &cancel, &mut out).await;
+    let want = wanted_supervisor(opts.agent_supervisor, e.fault);
+    out.agent_supervisor = want.supervisor;
+    out.agent_supervisor_note = want.note.clone();
+    let result = run_inner(e, policy, opts, &dir, &want, &cancel, &mut out).await;
     cancel.cancel();
     // A kill before the fault was injected (or with no injection at all) is a false kill,
     // whatever the experiment expects.
@@ -1327,6 +1496,7 @@ async fn run_inner(
     policy: Policy,
     opts: &RunOptions,
     dir: &Path,
+    want: &WantedSupervisor,
     cancel: &CancellationToken,
     out: &mut Outcome,
 ) -> Result<(), String> {
@@ -1334,7 +1504,20 @@ async fn run_inner(
     let sc = |d: Duration| scaled(d, s);
     // The warm-up timeout (180 s scaled) plus start-up.
     let limit = sc(Duration::from_secs(180)) + Duration::from_secs(10);
-    let mut stack = Stack::start_ready(opts, dir, policy, cancel, limit).await?;
+    let mut stack = Stack::start_ready(opts, dir, policy, want, cancel, limit).await?;
+    out.agent_supervisor = stack.supervisor;
+    out.agent_supervisor_note = stack.supervisor_note.clone();
+    if stack.supervisor == Supervisor::Systemd {
+        eprintln!(
+            "npu-chaos:   the agent runs as {} in a private systemd user manager (derived from {}: {})",
+            super::systemd::AGENT_UNIT,
+            super::systemd::SHIPPED_UNIT_PATH,
+            dir.join("npu-health-agent.service").display()
+        );
+    }
+    if let Some(note) = &stack.supervisor_note {
+        eprintln!("npu-chaos:   {note}");
+    }
     let (kill_tx, mut kill_rx) = tokio::sync::oneshot::channel::<Instant>();
     // MindIE's own heartbeat: started now, the experiment begins after its 60 s grace.
     let mut real_nm = None;
@@ -1370,8 +1553,11 @@ async fn run_inner(
     // Sampled every (scaled) second, as Node Manager polls.
     let sample_every = scaled(Duration::from_secs(1), s).max(Duration::from_millis(20));
     let nm_cancel = cancel.child_token();
-    // The emulator's clock starts about now: its kill time on the agent log's clock.
+    // The emulator's clock starts about now: its kill time on the agent log's clock, its
+    // polls on the run's (within the few milliseconds its thread takes to start).
     let nm_started = std::time::SystemTime::now();
+    let nm_t0 = Instant::now();
+    let probes = super::kubelet::ProbeLog::default();
     let (nm_thread, mut kubelet) = match opts.row {
         Row::NodeManager(c) => {
             let nm = c.nm_options(vec![format!("{}/status", stack.mgmt)], s);
@@ -1398,6 +1584,7 @@ async fn run_inner(
                 tx,
                 gen_rx,
                 move |r| ready_load.set_ready(r),
+                probes.clone(),
                 nm_cancel.clone(),
             ));
             (
@@ -1415,6 +1602,8 @@ async fn run_inner(
             )
         }
     };
+    // The scheduled injection, after a 10 s baseline.
+    let t0 = Instant::now() + sc(Duration::from_secs(10));
     let result = observe(
         e,
         &mut stack,
@@ -1423,6 +1612,7 @@ async fn run_inner(
         kubelet.as_mut(),
         sample_every,
         s,
+        t0,
         out,
     )
     .await;
@@ -1444,12 +1634,74 @@ async fn run_inner(
         }
     }
     if out.killed_at_ms.is_some() {
-        out.kill_evidence = kill_evidence(nm_report.as_ref(), nm_started, &dir.join("agent.log"));
+        out.kill_evidence = kill_evidence(
+            nm_report.as_ref(),
+            nm_started,
+            &[dir.join("agent.log"), dir.join("agent-upgrade.log")],
+        );
+    }
+    // What the pollers saw, from the first injection to the later of the fault's end and
+    // the last agent operation's end.
+    let from = out.first_injected_ms.unwrap_or(0);
+    let to = out
+        .agent_ops
+        .iter()
+        .filter_map(|o| o.answered_ms.or(o.new_running_ms))
+        .fold(sc(e.duration).as_millis() as i64, i64::max)
+        .max(from);
+    let offset = nm_t0.saturating_duration_since(t0).as_millis() as i64
+        - t0.saturating_duration_since(nm_t0).as_millis() as i64;
+    let at = |i: Instant| {
+        if i >= t0 {
+            (i - t0).as_millis() as i64
+        } else {
+            -((t0 - i).as_millis() as i64)
+        }
+    };
+    use super::polls::{Answer, figures};
+    if let Some(r) = &nm_report {
+        let answers: Vec<Answer> = r
+            .polls
+            .iter()
+            .map(|p| Answer {
+                at_ms: p.at_ms as i64 + offset,
+                ok: p.error.is_none(),
+            })
+            .collect();
+        out.polls.push(figures("node_manager", &answers, from, to));
+    }
+    if let Some(nm) = &real_nm {
+        let answers: Vec<Answer> = nm
+            .heartbeats()
+            .into_iter()
+            .map(|(i, ok)| Answer { at_ms: at(i), ok })
+            .collect();
+        out.polls
+            .push(figures("pymotor_heartbeats", &answers, from, to));
+    }
+    if opts.row == Row::Kubelet {
+        let records = probes.records();
+        for (kind, name) in [
+            (super::kubelet::ProbeKind::Readiness, "kubelet_readyz"),
+            (super::kubelet::ProbeKind::Liveness, "kubelet_livez"),
+        ] {
+            let answers: Vec<Answer> = records
+                .iter()
+                .filter(|r| r.probe == kind)
+                .map(|r| Answer {
+                    at_ms: at(r.at),
+                    ok: r.ok,
+                })
+                .collect();
+            out.polls.push(figures(name, &answers, from, to));
+        }
     }
     if let Some(nm) = real_nm {
         nm.stop().await;
     }
     out.load = load.stats.snapshot();
+    // A unit is stopped with its private manager here, not at the stack's drop.
+    stack.agent.lock().await.stop().await;
     result
 }
 
@@ -1560,10 +1812,10 @@ async fn observe(
     mut kubelet: Option<&mut KubeletLink>,
     sample_every: Duration,
     s: f64,
+    t0: Instant,
     out: &mut Outcome,
 ) -> Result<(), String> {
     let sc = |d: Duration| scaled(d, s);
-    let t0 = Instant::now() + sc(Duration::from_secs(10));
     let fault_end = t0 + sc(e.duration);
     let observe_end = match e.expect {
         // Detection counts within `detect_within` of the first injection (guards may delay
@@ -1691,8 +1943,24 @@ async fn observe(
                 _ => {}
             }
         }
+        if let Some(op) = held.agent_op.take_if(|t| t.is_finished()) {
+            record_op(out, op.finish().await, s);
+        }
         if want && !active && killed.is_none() {
-            if let Err(err) = inject(stack, load, e.fault, s, &mut held).await {
+            if e.fault.is_agent_fault() {
+                // Once: an operation on the agent cannot be taken back, so a guard that
+                // held it back and let it go again must not start a second one.
+                if first_injected.is_none() {
+                    held.agent_op = Some(agent::start_op(
+                        stack.agent.clone(),
+                        e.fault,
+                        s,
+                        format!("{}/status", stack.mgmt),
+                        t0,
+                    ));
+                    load.set_under_fault(true);
+                }
+            } else if let Err(err) = inject(stack, load, e.fault, s, &mut held).await {
                 break Err(err);
             }
             active = true;
@@ -1772,6 +2040,28 @@ async fn observe(
         remove(stack, load, e.fault, s, &mut held).await;
         injected += injected_since.map_or(Duration::ZERO, |t| now - t);
     }
+    // An agent operation still under way is waited for (each of its steps is bounded).
+    if let Some(op) = held.agent_op.take() {
+        match tokio::time::timeout(AGENT_OP_LIMIT, op.finish()).await {
+            Ok(done) => record_op(out, done, s),
+            Err(_) => {
+                out.agent_ops.push(AgentOp {
+                    error: Some(format!(
+                        "{}: the operation did not end within {AGENT_OP_LIMIT:?}",
+                        e.fault
+                    )),
+                    ..AgentOp::unfinished(e.fault, stack.supervisor)
+                });
+            }
+        }
+    }
+    // The experiment ran, but the fault did not happen as meant (an upgrade whose second
+    // agent could not take over, an agent that did not come back): an error, with the
+    // figures kept.
+    let result = match (result, out.agent_ops.iter().find_map(|o| o.error.clone())) {
+        (Ok(()), Some(err)) => Err(err),
+        (r, _) => r,
+    };
     out.injected_ms = injected.as_millis() as u64;
     if let Some(k) = kubelet {
         out.kubelet = Some(k.outcome(first_injected, Instant::now(), rel));
@@ -1859,7 +2149,7 @@ mod tests {
             max_consecutive_abnormal: 5,
             heartbeats: 30,
         };
-        let lines = kill_evidence(Some(&report), start, &log);
+        let lines = kill_evidence(Some(&report), start, std::slice::from_ref(&log));
         let polls: Vec<&String> = lines.iter().filter(|l| l.starts_with("poll ")).collect();
         assert_eq!(polls.len(), EVIDENCE_POLLS, "{lines:#?}");
         assert_eq!(
@@ -1870,7 +2160,7 @@ mod tests {
         assert_eq!(agent.len(), 1, "{lines:#?}");
         assert!(agent[0].contains("/health fails"), "{lines:#?}");
         // No report (PyMotor's Node Manager): the agent's last warnings, all of them here.
-        let lines = kill_evidence(None, start, &log);
+        let lines = kill_evidence(None, start, &[log.clone(), dir.path().join("none.log")]);
         assert_eq!(lines.len(), 2, "{lines:#?}");
     }
 
@@ -1939,6 +2229,10 @@ mod tests {
                     not_ready_ms: 0,
                 }),
                 kill_evidence: Vec::new(),
+                agent_supervisor: crate::agent::Supervisor::Direct,
+                agent_supervisor_note: None,
+                agent_ops: Vec::new(),
+                polls: Vec::new(),
                 timeline: Vec::new(),
             };
         let fault = Expect::DetectWithin(Duration::from_secs(60));

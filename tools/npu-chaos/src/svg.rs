@@ -233,6 +233,10 @@ mod tests {
             ran_again_after: None,
             kubelet: None,
             kill_evidence: Vec::new(),
+            agent_supervisor: crate::agent::Supervisor::Direct,
+            agent_supervisor_note: None,
+            agent_ops: Vec::new(),
+            polls: Vec::new(),
             timeline: vec![
                 sample(-100, "normal", false),
                 sample(0, "normal", true),

@@ -244,6 +244,84 @@ fn a_kubelet_row_restarts_a_crashed_engine() {
     assert!(stray.is_empty(), "stray processes: {stray:?}");
 }
 
+// The agent's own restart, run directly (`--agent-supervisor direct`): the runner stops it
+// (SIGTERM), starts a new process, records both pids and when the new one first answered
+// `/status`, and measures what Node Manager's polls saw. Whether polls failed, and so the
+// verdict, depends on the agent's continuity across restarts: not asserted here.
+#[test]
+fn an_agent_restart_is_done_and_measured() {
+    let _serial = one_stack_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("agent.yaml");
+    std::fs::write(
+        &f,
+        "- name: restart\n  target: agent\n  fault: agent_restart\n  duration: 10s\n  load: { streams: 2, rate: 1 }\n  expect: healthy\n",
+    )
+    .unwrap();
+    let out_dir = dir.path().join("out");
+    let out = chaos()
+        .args([
+            "run",
+            "--time-scale",
+            "0.1",
+            "--policy",
+            "reference",
+            "--nm-heartbeat",
+            "1s",
+            "--agent-supervisor",
+            "direct",
+            "--out",
+        ])
+        .arg(&out_dir)
+        .arg(&f)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        matches!(out.status.code(), Some(0 | 1)),
+        "{stdout}\n{stderr}"
+    );
+    let o: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(out_dir.join("reference/1s/restart.json"))
+            .unwrap_or_else(|e| panic!("{e}\n{stderr}")),
+    )
+    .unwrap();
+    assert_ne!(o["verdict"], "error", "{o}");
+    assert_eq!(o["agent_supervisor"], "direct", "{o}");
+    let ops = o["agent_ops"].as_array().expect("agent_ops");
+    assert_eq!(ops.len(), 1, "{o}");
+    let op = &ops[0];
+    assert_eq!(op["fault"], "agent_restart");
+    assert!(op["error"].is_null(), "{op}");
+    let (old, new) = (op["old_pid"].as_u64(), op["new_pid"].as_u64());
+    assert!(old.is_some() && new.is_some() && old != new, "{op}");
+    let started = op["started_ms"].as_i64().unwrap();
+    let running = op["new_running_ms"].as_i64().expect("the new agent ran");
+    let answered = op["answered_ms"].as_i64().expect("the new agent answered");
+    assert!(started <= running && running <= answered, "{op}");
+    assert_eq!(
+        op["old_exit"], "exit status: 0",
+        "SIGTERM is a clean stop: {op}"
+    );
+    let polls = o["polls"].as_array().expect("polls");
+    let nm = polls
+        .iter()
+        .find(|p| p["poller"] == "node_manager")
+        .expect("Node Manager's figures");
+    assert!(nm["polls"].as_u64().unwrap() > 0, "{nm}");
+    assert!(nm["failed"].as_u64().is_some() && nm["longest_gap_ms"].as_u64().unwrap() > 0);
+    // The runner's line, then the second agent's start, in the one log.
+    let log = std::fs::read_to_string(out_dir.join("reference/1s/restart/agent.log")).unwrap();
+    let marker = log
+        .find("npu-chaos: agent_restart (direct)")
+        .unwrap_or_else(|| panic!("{log}"));
+    assert!(log[marker..].contains("ready:"), "{log}");
+    assert!(stdout.contains("| restart | agent_restart |"), "{stdout}");
+    let stray = processes_mentioning(&out_dir.display().to_string());
+    assert!(stray.is_empty(), "stray processes: {stray:?}");
+}
+
 /// Command lines of live processes that mention `marker` (zombies have none).
 fn processes_mentioning(marker: &str) -> Vec<String> {
     std::fs::read_dir("/proc")
