@@ -41,10 +41,9 @@ fn free_port() -> u16 {
 
 fn poll(port: u16) -> bool {
     use std::io::{Read, Write};
-    let Ok(mut s) = TcpStream::connect_timeout(
-        &([127, 0, 0, 1], port).into(),
-        Duration::from_secs(2),
-    ) else {
+    let Ok(mut s) =
+        TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_secs(2))
+    else {
         return false;
     };
     let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
@@ -262,7 +261,10 @@ fn main() {
         agent.display(),
         String::from_utf8_lossy(&version.stdout).trim()
     );
-    type Path_ = (&'static str, Box<dyn Fn(&Path) -> (usize, Duration, Duration)>);
+    type Path_ = (
+        &'static str,
+        Box<dyn Fn(&Path) -> (usize, Duration, Duration)>,
+    );
     let mut paths: Vec<Path_> = vec![
         (
             "direct restart (SIGTERM, start at once)",

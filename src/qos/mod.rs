@@ -581,6 +581,39 @@ mod tests {
         assert_eq!(q.level(), Level::Evict);
     }
 
+    // An agent restart in the middle of the hold: two lows kept, the third evicts; the stall
+    // goes on being measured from when it began (wall-clock time, real clock).
+    #[tokio::test]
+    async fn a_restored_state_keeps_the_hold_toward_evict_and_the_stall() {
+        let cfg = QosConfig::default();
+        let q = QosState::new(&cfg);
+        q.restore(&Saved {
+            level: Level::Degrade,
+            below_evict: 2,
+            level_since_unix_ms: 1,
+            score: Some(0.2),
+            evaluations: 9,
+            progress: progress::Saved {
+                last: Some((1.0, 100.0, true)),
+                state: progress::State::Stalled,
+                stalled_since_unix_ms: Some(crate::clock::unix_ms() - 20_000),
+                last_ok_unix_ms: Some(crate::clock::unix_ms()),
+            },
+        });
+        assert_eq!(q.level(), Level::Degrade);
+        assert_eq!(q.below_evict(), 2);
+        let stalled = q.stalled_for().unwrap();
+        assert!(stalled >= Duration::from_secs(19), "{stalled:?}");
+        q.record_scrape(Ok(scrape(4.0, 100.0, 0.99)));
+        let (_, level, _) = q.evaluate(&cfg, Some(&probe(false, 5000.0)));
+        assert_eq!(level, Level::Evict, "the third low, after the restart");
+        let again = QosState::new(&cfg);
+        again.restore(&q.saved());
+        assert_eq!(again.level(), Level::Evict);
+        again.reset(&cfg);
+        assert_eq!((again.level(), again.below_evict()), (Level::Normal, 0));
+    }
+
     #[tokio::test(start_paused = true)]
     async fn stale_inputs_are_missing() {
         let cfg = QosConfig::default();
