@@ -113,10 +113,12 @@ fn write_files(
          [[device]]\nid = 1\naicube = { file = \"npu1\" }\n",
     )?;
     let agent = dir.join("agent.toml");
+    // The state directory: the demo's agent survives its own restart as a production one.
+    let state = dir.join("run").display().to_string();
     std::fs::write(
         &agent,
         format!(
-            "[agent]\nadmin_listen = \"127.0.0.1:{admin}\"\n\n\
+            "[agent]\nadmin_listen = \"127.0.0.1:{admin}\"\nstate_dir = {state:?}\n\n\
              [[engine]]\nname = \"demo\"\nengine_type = \"vllm\"\nserved_model_name = \"demo-model\"\n\
              host = \"127.0.0.1\"\nport = {engine}\nmgmt_port = {mgmt}\ndevices = [0, 1]\n\
              engine_env = {{ ASCEND_GLOBAL_LOG_LEVEL = \"3\" }}\n\
