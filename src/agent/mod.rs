@@ -205,18 +205,6 @@ pub struct Startup {
     pub wait_for_ports: Duration,
 }
 
-impl Startup {
-    /// Nothing to take over; nothing saved.
-    pub fn fresh() -> Startup {
-        Startup {
-            state_dir: None,
-            inherited: Inherited::default(),
-            predecessor: None,
-            wait_for_ports: Duration::ZERO,
-        }
-    }
-}
-
 /// What the agent does once it has handed over to a new one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum AfterHandover {
@@ -501,11 +489,7 @@ impl Running {
     /// Stops writing the state file, after writing it one last time.
     async fn finish_persister(&mut self) {
         if let Some(p) = self.persister.take() {
-            let path = p.path().to_owned();
-            match p.finish().await {
-                Ok(()) => tracing::info!("state written to {}", path.display()),
-                Err(e) => tracing::error!("{e}"),
-            }
+            last_write(p).await;
         }
     }
 
@@ -539,14 +523,20 @@ impl Running {
             stops.push(Box::pin(a.stop()));
         }
         futures_util::future::join_all(stops).await;
+        // After the engines stopped: nothing changes the state any more.
         if let Some(p) = persister {
-            let path = p.path().to_owned();
-            match p.finish().await {
-                Ok(()) => tracing::info!("state written to {}", path.display()),
-                Err(e) => tracing::error!("{e}"),
-            }
+            last_write(p).await;
         }
         let _ = tokio::task::spawn_blocking(move || sampler.shutdown()).await;
+    }
+}
+
+/// Stops `p` after its last write, and says how that went.
+async fn last_write(p: Persister) {
+    let path = p.path().to_owned();
+    match p.finish().await {
+        Ok(()) => tracing::info!("state written to {}", path.display()),
+        Err(e) => tracing::error!("{e}"),
     }
 }
 
@@ -742,7 +732,7 @@ pub async fn start(cfg: AgentConfig, mut startup: Startup) -> Result<Running, Ag
             tracing::info!(
                 engine = %p.spec.name,
                 "resuming from the saved state: {}",
-                describe(s)
+                describe(s, &p.spec)
             );
         }
         let run = running.launch(p, socket, restored.map(|s| (s, Carry::ALL)))?;
@@ -778,14 +768,10 @@ pub async fn start(cfg: AgentConfig, mut startup: Startup) -> Result<Running, Ag
 }
 
 /// One line on a saved state, for the log.
-fn describe(s: &EngineState) -> String {
-    let verdict = if s.vi.abnormal || s.health.state == monitor::verdict::HealthState::Unhealthy {
-        "abnormal"
-    } else if s.health.state == monitor::verdict::HealthState::NeverAnswered {
-        "initial"
-    } else {
-        "normal"
-    };
+fn describe(s: &EngineState, spec: &EngineSpec) -> String {
+    let evicts =
+        spec.qos.enabled && spec.qos.eviction && s.qos.level == crate::qos::score::Level::Evict;
+    let verdict = monitor::verdict::status(s.health.state, s.vi.abnormal, evicts).as_str();
     let phase = if s.vi.abnormal {
         monitor::vi_state::Phase::Stopped
     } else {
@@ -851,7 +837,9 @@ fn startup(cfg: &AgentConfig, opts: &RunOptions) -> Result<Startup, AgentError> 
                 }
                 predecessor = Some(p);
             }
-            Err(e) => return Err(AgentError::Runtime(format!("taking over: {e}"))),
+            // Whatever listens there did not hand over: start as if nothing ran (a port it
+            // still holds then fails to bind, with the reason).
+            Err(e) => tracing::warn!("no handover: {e}"),
         }
     }
     Ok(Startup {
