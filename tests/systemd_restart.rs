@@ -54,7 +54,7 @@ impl Host {
         }
         let scenario = dir.path().join("scenario.toml");
         std::fs::write(&scenario, "model = \"910B\"\ncards = 2\n[[device]]\nid = 0\naicube = { file = \"npu0\" }\n[[device]]\nid = 1\naicube = { file = \"npu1\" }\n").unwrap();
-        let [port, control, mgmt] = free_ports();
+        let [port, control, mgmt, admin] = free_ports();
         let engine =
             npu_health_agent::fake::engine_command(support::agent(), port, control, "m", &files)
                 .stderr(Stdio::from(
@@ -66,7 +66,7 @@ impl Host {
         // No state_dir: the unit's RuntimeDirectory= is the state directory.
         std::fs::write(
             &toml,
-            format!("[agent]\nsample_period = \"20ms\"\npolicy = \"reference\"\n\n[[engine]]\nname = \"e2e\"\nengine_type = \"vllm\"\nserved_model_name = \"m\"\nhost = \"127.0.0.1\"\nport = {port}\nmgmt_port = {mgmt}\ndevices = [0, 1]\nengine_env = {{ ASCEND_GLOBAL_LOG_LEVEL = \"3\" }}\n{FAST_TIMING}\n[engine.health_check_config]\nenable_virtual_inference = true\n"),
+            format!("[agent]\nsample_period = \"20ms\"\npolicy = \"reference\"\nadmin_listen = \"127.0.0.1:{admin}\"\n\n[[engine]]\nname = \"e2e\"\nengine_type = \"vllm\"\nserved_model_name = \"m\"\nhost = \"127.0.0.1\"\nport = {port}\nmgmt_port = {mgmt}\ndevices = [0, 1]\nengine_env = {{ ASCEND_GLOBAL_LOG_LEVEL = \"3\" }}\n{FAST_TIMING}\n[engine.health_check_config]\nenable_virtual_inference = true\n"),
         )
         .unwrap();
         let text = |p: &Path| p.display().to_string();
@@ -282,4 +282,44 @@ fn a_hung_engine_stays_abnormal_through_systemctl_restart() {
         "{polls:?}\n{}",
         h.log()
     );
+}
+
+// A listener a reload closes leaves systemd's store too: otherwise systemd would keep the
+// port listening with nobody to answer, and its pollers would time out instead of being
+// refused.
+#[test]
+fn a_listener_a_reload_closes_leaves_the_store() {
+    let Some(h) = Host::start() else { return };
+    assert_eq!(h.sd.show(UNIT, "NFileDescriptorStore").unwrap(), "2");
+    let toml = h.dir.path().join("agent.toml");
+    let text = std::fs::read_to_string(&toml).unwrap();
+    let admin_line = text
+        .lines()
+        .find(|l| l.starts_with("admin_listen"))
+        .unwrap()
+        .to_owned();
+    let admin_port: u16 = admin_line
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .trim_end_matches('"')
+        .parse()
+        .unwrap();
+    std::fs::write(&toml, text.replace(&format!("{admin_line}\n"), "")).unwrap();
+    h.sd.systemctl(&["reload", UNIT]).unwrap();
+    let end = Instant::now() + Duration::from_secs(20);
+    while h.sd.show(UNIT, "NFileDescriptorStore").unwrap() != "1" {
+        assert!(
+            Instant::now() < end,
+            "the store still holds {}:\n{}",
+            h.sd.show(UNIT, "NFileDescriptorStore").unwrap(),
+            h.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let refused = std::net::TcpStream::connect(("127.0.0.1", admin_port))
+        .err()
+        .map(|e| e.kind());
+    assert_eq!(refused, Some(std::io::ErrorKind::ConnectionRefused));
+    h.wait_status("normal");
 }
