@@ -68,7 +68,8 @@ impl Agent {
         std::fs::write(
             &toml,
             format!(
-                "[[engine]]\nname = \"real\"\npolicy = \"reference\"\nengine_type = \"vllm\"\nserved_model_name = \"tiny\"\nhost = \"127.0.0.1\"\nport = {}\nmgmt_port = {mgmt}\ndevices = [0]\nengine_env = {{ ASCEND_GLOBAL_LOG_LEVEL = \"3\" }}\n{extra}\n[engine.health_check_config]\nenable_virtual_inference = true\n",
+                "[agent]\nstate_dir = {:?}\n\n[[engine]]\nname = \"real\"\npolicy = \"reference\"\nengine_type = \"vllm\"\nserved_model_name = \"tiny\"\nhost = \"127.0.0.1\"\nport = {}\nmgmt_port = {mgmt}\ndevices = [0]\nengine_env = {{ ASCEND_GLOBAL_LOG_LEVEL = \"3\" }}\n{extra}\n[engine.health_check_config]\nenable_virtual_inference = true\n",
+                dir.path().join("run"),
                 v.port
             ),
         )

