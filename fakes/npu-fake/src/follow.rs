@@ -134,7 +134,11 @@ mod tests {
         let w = Duration::from_millis(100);
         assert_eq!(usage_percent(0, w), 0);
         assert_eq!(usage_percent(1_200_000, w), 0, "1.2 ms of 100 ms: polling");
-        assert_eq!(usage_percent(5_000_000, w), 0, "a polling spike on a loaded machine");
+        assert_eq!(
+            usage_percent(5_000_000, w),
+            0,
+            "a polling spike on a loaded machine"
+        );
         assert_eq!(usage_percent(9_900_000, w), 0);
         assert_eq!(usage_percent(10_000_000, w), 10);
         assert_eq!(usage_percent(60_000_000, w), 60);
