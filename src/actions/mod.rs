@@ -4,7 +4,9 @@
 //! - MindIE's Node Manager reads `/status` ([`crate::monitor`]'s verdict, unchanged here);
 //! - the kubelet reads `/readyz` and `/livez` ([`readiness`], [`liveness`]);
 //! - the Kubernetes API mode sets a readiness-gate condition from [`readiness`] and evicts at
-//!   a held `evict` ([`eviction_ground`]; the client and its loop are [`crate::kube`]).
+//!   a held `evict` ([`eviction_ground`]; the client and its loop are [`crate::k8s`]);
+//! - HAProxy polls its agent check ([`haproxy::agent_check`]; the listener is
+//!   [`crate::server::agent_check`]).
 //!
 //! Readiness is for traffic: an engine that should not take new requests is taken out of
 //! its Service (or its router's pool) and put back when it recovers, with nothing restarted.
@@ -15,6 +17,7 @@
 //! probe; one that is starting must be left to load its model).
 
 pub mod eviction;
+pub mod haproxy;
 pub mod observe;
 
 use crate::config::actions::{ActionsConfig, NotReadyOn};
@@ -57,6 +60,8 @@ pub struct Facts {
     /// Every QoS component had an input at the last evaluation: the score does not rest on
     /// missing inputs.
     pub inputs_complete: bool,
+    /// Requests running when the level left `normal` (a router's cap while it is not).
+    pub admission_cap: Option<u32>,
 }
 
 impl Facts {
@@ -85,6 +90,7 @@ impl Facts {
             level: m.qos.level(),
             score: m.qos.score(),
             inputs_complete: !components.is_empty() && components.iter().all(|c| c.score.is_some()),
+            admission_cap: m.qos.admission_cap(),
         }
     }
 

@@ -47,10 +47,7 @@ impl Running {
 
     /// Duplicates of every listening socket, with the address each is bound to.
     fn socket_dups(&self) -> Result<Vec<(std::net::SocketAddr, OwnedFd)>, String> {
-        self.engines
-            .iter()
-            .map(|e| &e.listener)
-            .chain(self.admin.iter())
+        self.listeners()
             .map(|l| {
                 l.socket
                     .try_clone()
@@ -61,12 +58,7 @@ impl Running {
     }
 
     fn pause_listeners(&self) {
-        for l in self
-            .engines
-            .iter()
-            .map(|e| &e.listener)
-            .chain(self.admin.iter())
-        {
+        for l in self.listeners() {
             l.pause();
         }
     }
@@ -76,7 +68,8 @@ impl Running {
             .engines
             .iter_mut()
             .map(|e| &mut e.listener)
-            .chain(self.admin.iter_mut());
+            .chain(self.admin.iter_mut())
+            .chain(self.haproxy.iter_mut());
         for l in listeners {
             if let Err(e) = l.resume() {
                 tracing::error!("cannot accept again on {}: {e}", l.bound);

@@ -49,6 +49,18 @@ pub enum AgentError {
 /// The engines being monitored now, shared with the systemd status line.
 pub type Roster = Arc<RwLock<Vec<Arc<Monitor>>>>;
 
+/// What a listener serves.
+#[derive(Clone)]
+enum Service {
+    /// HTTP: an engine's mgmt listener or the admin listener (TLS when set).
+    Http {
+        router: axum::Router,
+        tls: Option<Arc<rustls::ServerConfig>>,
+    },
+    /// HAProxy's agent check, over the engines of the moment.
+    AgentCheck(Roster),
+}
+
 /// A listening socket and the server task on it.
 struct ListenerRun {
     /// Address from the config (reused on reload when unchanged).
@@ -59,8 +71,7 @@ struct ListenerRun {
     /// agent on a handover.
     socket: std::net::TcpListener,
     /// What the server needs to start again on the same socket (a handover that failed).
-    router: axum::Router,
-    tls: Option<Arc<rustls::ServerConfig>>,
+    service: Service,
     limits: ListenerLimits,
     name: String,
     cancel: CancellationToken,
@@ -71,19 +82,17 @@ impl ListenerRun {
     fn start(
         configured: SocketAddr,
         socket: std::net::TcpListener,
-        router: axum::Router,
-        tls: Option<Arc<rustls::ServerConfig>>,
+        service: Service,
         limits: ListenerLimits,
         name: String,
     ) -> Result<ListenerRun, String> {
         let bound = socket.local_addr().unwrap_or(configured);
-        let (cancel, task) = Self::serve(&socket, &router, &tls, limits, &name)?;
+        let (cancel, task) = Self::serve(&socket, &service, limits, &name)?;
         Ok(ListenerRun {
             configured,
             bound,
             socket,
-            router,
-            tls,
+            service,
             limits,
             name,
             cancel,
@@ -93,21 +102,29 @@ impl ListenerRun {
 
     fn serve(
         socket: &std::net::TcpListener,
-        router: &axum::Router,
-        tls: &Option<Arc<rustls::ServerConfig>>,
+        service: &Service,
         limits: ListenerLimits,
         name: &str,
     ) -> Result<(CancellationToken, tokio::task::JoinHandle<()>), String> {
         let listener = server::listener_on(socket)?;
         let cancel = CancellationToken::new();
-        let task = tokio::spawn(server::serve(
-            listener,
-            router.clone(),
-            tls.clone(),
-            limits,
-            name.to_owned(),
-            cancel.clone(),
-        ));
+        let task = match service {
+            Service::Http { router, tls } => tokio::spawn(server::serve(
+                listener,
+                router.clone(),
+                tls.clone(),
+                limits,
+                name.to_owned(),
+                cancel.clone(),
+            )),
+            Service::AgentCheck(roster) => tokio::spawn(server::agent_check::serve(
+                listener,
+                roster.clone(),
+                limits.max_connections,
+                name.to_owned(),
+                cancel.clone(),
+            )),
+        };
         Ok((cancel, task))
     }
 
@@ -119,13 +136,7 @@ impl ListenerRun {
 
     /// Accepts again on the same socket (a handover that did not complete).
     fn resume(&mut self) -> Result<(), String> {
-        let (cancel, task) = Self::serve(
-            &self.socket,
-            &self.router,
-            &self.tls,
-            self.limits,
-            &self.name,
-        )?;
+        let (cancel, task) = Self::serve(&self.socket, &self.service, self.limits, &self.name)?;
         self.cancel = cancel;
         // The paused server finishes its requests on its own.
         self.task = task;
@@ -181,6 +192,8 @@ pub struct Running {
     cfg: AgentConfig,
     engines: Vec<EngineRun>,
     admin: Option<ListenerRun>,
+    /// HAProxy's agent-check listener (`[agent] haproxy_agent_listen`).
+    haproxy: Option<ListenerRun>,
     roster: Roster,
     liveness_cfg: Arc<LivenessCfg>,
     /// Connection limits of every listener, the cap sized at start ([`server::conn::fd_budget`]).
@@ -385,8 +398,7 @@ impl Running {
         let listener = ListenerRun::start(
             spec.mgmt_listen,
             socket,
-            router,
-            p.tls,
+            Service::Http { router, tls: p.tls },
             self.limits,
             format!("engine {}", spec.name),
         )
@@ -431,12 +443,32 @@ impl Running {
         ListenerRun::start(
             configured,
             socket,
-            router,
-            tls,
+            Service::Http { router, tls },
             self.limits,
             "admin".to_owned(),
         )
         .map_err(|e| AgentError::Runtime(format!("admin listener: {e}")))
+    }
+
+    /// HAProxy's agent-check listener over the engines of the moment, on `socket`.
+    fn launch_haproxy(
+        &self,
+        configured: SocketAddr,
+        socket: std::net::TcpListener,
+    ) -> Result<ListenerRun, AgentError> {
+        let run = ListenerRun::start(
+            configured,
+            socket,
+            Service::AgentCheck(self.roster.clone()),
+            self.limits,
+            "haproxy agent check".to_owned(),
+        )
+        .map_err(|e| AgentError::Runtime(format!("HAProxy agent-check listener: {e}")))?;
+        tracing::info!(
+            "HAProxy agent-check listener on {} (agent-send \"<engine name>\\n\")",
+            run.bound
+        );
+        Ok(run)
     }
 
     /// How much history the ring holds at the current period (its size is fixed at start);
@@ -493,13 +525,19 @@ impl Running {
         }
     }
 
-    /// Every listening socket, named as systemd's file-descriptor store keeps it.
-    pub fn sockets(&self) -> Vec<(String, std::os::fd::BorrowedFd<'_>)> {
-        use std::os::fd::AsFd;
+    /// Every listener: the engines', the admin listener, HAProxy's agent check.
+    fn listeners(&self) -> impl Iterator<Item = &ListenerRun> {
         self.engines
             .iter()
             .map(|e| &e.listener)
             .chain(self.admin.iter())
+            .chain(self.haproxy.iter())
+    }
+
+    /// Every listening socket, named as systemd's file-descriptor store keeps it.
+    pub fn sockets(&self) -> Vec<(String, std::os::fd::BorrowedFd<'_>)> {
+        use std::os::fd::AsFd;
+        self.listeners()
             .map(|l| (continuity::sockets::fd_name(l.bound), l.socket.as_fd()))
             .collect()
     }
@@ -512,6 +550,7 @@ impl Running {
             sampler,
             engines,
             admin,
+            haproxy,
             ..
         } = self;
         let mut stops: Vec<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>> =
@@ -519,8 +558,8 @@ impl Running {
                 .into_iter()
                 .map(|e| Box::pin(e.stop()) as _)
                 .collect();
-        if let Some(a) = admin {
-            stops.push(Box::pin(a.stop()));
+        for l in admin.into_iter().chain(haproxy) {
+            stops.push(Box::pin(l.stop()));
         }
         futures_util::future::join_all(stops).await;
         // After the engines stopped: nothing changes the state any more.
@@ -654,7 +693,9 @@ pub async fn start(cfg: AgentConfig, mut startup: Startup) -> Result<Running, Ag
     // The checks check-config makes too, so both give the same error.
     preflight::host(&cfg, npu_ids(&sampler).as_deref())
         .map_err(|e| AgentError::Config(e.to_string()))?;
-    let listeners = cfg.engines.len() + usize::from(cfg.agent.admin_listen.is_some());
+    let listeners = cfg.engines.len()
+        + usize::from(cfg.agent.admin_listen.is_some())
+        + usize::from(cfg.agent.haproxy_agent_listen.is_some());
     let budget = server::conn::fd_budget(
         cfg.agent.listeners.max_connections,
         listeners,
@@ -676,6 +717,7 @@ pub async fn start(cfg: AgentConfig, mut startup: Startup) -> Result<Running, Ag
         cfg: cfg.clone(),
         engines: Vec::new(),
         admin: None,
+        haproxy: None,
         roster: Roster::default(),
         liveness_cfg: Arc::new(LivenessCfg(std::sync::Mutex::new(
             cfg.agent.sampler_stuck_after,
@@ -702,6 +744,19 @@ pub async fn start(cfg: AgentConfig, mut startup: Startup) -> Result<Running, Ag
                 server::auth::AdminAccess::load(&cfg.agent.admin_auth)
                     .map_err(AgentError::Config)?,
             ),
+        )),
+        None => None,
+    };
+    let haproxy_socket = match cfg.agent.haproxy_agent_listen {
+        Some(addr) => Some((
+            addr,
+            acquire(
+                addr,
+                &mut startup.inherited,
+                wait,
+                "HAProxy agent-check listener",
+            )
+            .await?,
         )),
         None => None,
     };
@@ -762,6 +817,9 @@ pub async fn start(cfg: AgentConfig, mut startup: Startup) -> Result<Running, Ag
             admin.bound
         );
         running.admin = Some(admin);
+    }
+    if let Some((addr, socket)) = haproxy_socket {
+        running.haproxy = Some(running.launch_haproxy(addr, socket)?);
     }
     running.start_persister();
     Ok(running)

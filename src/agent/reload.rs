@@ -183,6 +183,16 @@ impl Running {
                 )?),
             )),
         };
+        // HAProxy's listener reads the engines of the moment: only a new address restarts it.
+        let haproxy_change = match (new.agent.haproxy_agent_listen, &self.haproxy) {
+            (Some(addr), Some(h)) if h.configured == addr && addr.port() != 0 => None,
+            (Some(addr), _) => Some(Some((
+                addr,
+                server::bind(addr).map_err(|e| format!("HAProxy agent-check listener: {e}"))?,
+            ))),
+            (None, Some(_)) => Some(None),
+            (None, None) => None,
+        };
         // Commit: nothing below fails for a configuration reason.
         let mut old_runs: Vec<Option<EngineRun>> = std::mem::take(&mut self.engines)
             .into_iter()
@@ -300,6 +310,22 @@ impl Running {
                 Err(e) => {
                     tracing::error!("{e}");
                     summary.failed.push(format!("admin listener ({e})"));
+                }
+            }
+        }
+        if let Some(to) = haproxy_change {
+            if let Some(old) = self.haproxy.take() {
+                old.stop().await;
+            }
+            if let Some((addr, socket)) = to {
+                match self.launch_haproxy(addr, socket) {
+                    Ok(h) => self.haproxy = Some(h),
+                    Err(e) => {
+                        tracing::error!("{e}");
+                        summary
+                            .failed
+                            .push(format!("HAProxy agent-check listener ({e})"));
+                    }
                 }
             }
         }

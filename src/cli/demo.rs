@@ -38,6 +38,10 @@ pub struct FakeEngineArgs {
     /// Served model name.
     #[arg(long, default_value = "fake-model")]
     pub model: String,
+    /// Another name requests may ask for (repeat for several; vLLM's further
+    /// `--served-model-name` values): answers still carry `--model`.
+    #[arg(long = "alias")]
+    pub aliases: Vec<String>,
     /// File the AI Cube figure is written to (repeat for several NPUs).
     #[arg(long = "npu-file")]
     pub npu_files: Vec<PathBuf>,
@@ -82,6 +86,7 @@ pub async fn fake_engine(a: FakeEngineArgs) -> Result<(), CliError> {
         listen: a.listen,
         control: a.control,
         model: a.model,
+        aliases: a.aliases,
         npu_files: a.npu_files,
         busy_usage: a.busy_usage,
         ttft: a.ttft,

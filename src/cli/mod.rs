@@ -101,6 +101,9 @@ pub struct ConfigArgs {
     /// Admin listener for /metrics of all engines and /healthz (single-engine mode).
     #[arg(long, value_name = "ADDR")]
     pub admin_listen: Option<SocketAddr>,
+    /// HAProxy's agent-check listener (single-engine mode; docs/degradation.md).
+    #[arg(long, value_name = "ADDR")]
+    pub haproxy_agent_listen: Option<SocketAddr>,
     /// Count a failed probe on a busy NPU once the engine made no progress for
     /// --stall-window (single-engine mode; host mode: [engine.qos]).
     #[arg(long)]
@@ -393,6 +396,9 @@ impl ConfigArgs {
         }
         if let Some(a) = self.admin_listen {
             cfg.agent.admin_listen = Some(a);
+        }
+        if let Some(a) = self.haproxy_agent_listen {
+            cfg.agent.haproxy_agent_listen = Some(a);
         }
         if let Some(d) = &self.state_dir {
             crate::config::validate::check_state_dir(d)

@@ -1,5 +1,6 @@
 //! `[engine.actions]`: what the degradation levels and the verdict do through the kubelet's
-//! probes and the Kubernetes API (the rules are in [`crate::actions`]).
+//! probes, the Kubernetes API and HAProxy's agent check (the rules are in
+//! [`crate::actions`]).
 
 use super::kubernetes::PodSelector;
 use serde::{Deserialize, Serialize};
@@ -38,6 +39,74 @@ impl NotReadyOn {
     }
 }
 
+/// A state HAProxy puts a server in, through the agent check's answer
+/// (`crate::actions::haproxy` has the words each one sends).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HaproxyState {
+    /// In rotation at full weight, no connection limit.
+    Ready,
+    /// In rotation, at most as many requests as were running when the level began (at
+    /// least 1): new ones wait in HAProxy's queue (`timeout queue`).
+    Queue,
+    /// No new requests (they go to the other servers, or the `backup`); requests in flight
+    /// finish.
+    Drain,
+    /// Maintenance: no new requests; requests in flight finish.
+    Maint,
+    /// Marked down: out of rotation; requests in flight finish unless the server line has
+    /// `on-marked-down shutdown-sessions`.
+    Down,
+}
+
+impl HaproxyState {
+    /// As written in the file, and in the action record.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HaproxyState::Ready => "ready",
+            HaproxyState::Queue => "queue",
+            HaproxyState::Drain => "drain",
+            HaproxyState::Maint => "maint",
+            HaproxyState::Down => "down",
+        }
+    }
+
+    /// Every state, in the order of the metric's label values.
+    pub const ALL: [HaproxyState; 5] = [
+        HaproxyState::Ready,
+        HaproxyState::Queue,
+        HaproxyState::Drain,
+        HaproxyState::Maint,
+        HaproxyState::Down,
+    ];
+}
+
+/// `[engine.actions.haproxy]`: the state each level and the verdict `abnormal` put the
+/// engine's server in. `normal` is always `ready`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HaproxyMap {
+    /// Default `queue`: in-flight requests finish, new ones wait in HAProxy's queue.
+    pub throttle: HaproxyState,
+    /// Default `drain`: new requests go to the `backup` (draft) server.
+    pub degrade: HaproxyState,
+    /// Default `down`.
+    pub evict: HaproxyState,
+    /// Default `down`.
+    pub abnormal: HaproxyState,
+}
+
+impl Default for HaproxyMap {
+    fn default() -> Self {
+        HaproxyMap {
+            throttle: HaproxyState::Queue,
+            degrade: HaproxyState::Drain,
+            evict: HaproxyState::Down,
+            abnormal: HaproxyState::Down,
+        }
+    }
+}
+
 /// `[engine.actions]`, a key left out keeps its default.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -47,12 +116,15 @@ pub struct ActionsConfig {
     /// (`throttle` also fails at `degrade` and `evict`). An engine whose `/health` never
     /// answered is never ready, whatever the list.
     pub not_ready_on: Vec<NotReadyOn>,
+    /// What HAProxy's agent check answers at each level (`[agent] haproxy_agent_listen`).
+    pub haproxy: HaproxyMap,
 }
 
 impl Default for ActionsConfig {
     fn default() -> Self {
         ActionsConfig {
             not_ready_on: vec![NotReadyOn::Degrade, NotReadyOn::Evict, NotReadyOn::Abnormal],
+            haproxy: HaproxyMap::default(),
         }
     }
 }

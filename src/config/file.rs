@@ -60,6 +60,7 @@ struct AgentTable {
     dcmi_no_owner_check: bool,
     npu_smi_delay: u32,
     admin_listen: Option<String>,
+    haproxy_agent_listen: Option<String>,
     env_config_path: Option<PathBuf>,
     worker_threads: usize,
     sampler_realtime: bool,
@@ -91,6 +92,7 @@ impl Default for AgentTable {
             dcmi_no_owner_check: d.dcmi_no_owner_check,
             npu_smi_delay: d.npu_smi_delay,
             admin_listen: None,
+            haproxy_agent_listen: None,
             env_config_path: None,
             worker_threads: d.worker_threads,
             sampler_realtime: d.sampler_realtime,
@@ -378,6 +380,15 @@ fn agent_settings(t: &AgentTable, base: &Path) -> Result<AgentSettings, KeyError
             )
         })?),
     };
+    let haproxy_agent_listen = match &t.haproxy_agent_listen {
+        None => None,
+        Some(s) => Some(s.parse().map_err(|_| {
+            (
+                "haproxy_agent_listen".to_owned(),
+                format!("{s:?} is not an address like \"127.0.0.1:9500\""),
+            )
+        })?),
+    };
     if let Some(l) = &t.log_level {
         crate::logging::check_filter(l).map_err(|m| ("log_level".to_owned(), m))?;
     }
@@ -409,6 +420,7 @@ fn agent_settings(t: &AgentTable, base: &Path) -> Result<AgentSettings, KeyError
         dcmi_no_owner_check: t.dcmi_no_owner_check,
         npu_smi_delay: t.npu_smi_delay,
         admin_listen,
+        haproxy_agent_listen,
         worker_threads: t.worker_threads,
         sampler_realtime: t.sampler_realtime,
         driver_call_deadline: t.driver_call_deadline,

@@ -292,6 +292,9 @@ pub struct AgentSettings {
     pub npu_smi_delay: u32,
     /// Admin/metrics listener (all engines' metrics, `/healthz`); none by default.
     pub admin_listen: Option<SocketAddr>,
+    /// HAProxy's agent-check listener, for every engine (`server::agent_check`); none by
+    /// default.
+    pub haproxy_agent_listen: Option<SocketAddr>,
     /// Tokio worker threads.
     pub worker_threads: usize,
     /// Run the DCMI sampler thread under `SCHED_FIFO` when permitted.
@@ -373,6 +376,7 @@ impl Default for AgentSettings {
             dcmi_no_owner_check: false,
             npu_smi_delay: 1,
             admin_listen: None,
+            haproxy_agent_listen: None,
             worker_threads: 2,
             sampler_realtime: true,
             driver_call_deadline: Duration::from_secs(1),

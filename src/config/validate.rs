@@ -476,18 +476,29 @@ pub fn across(cfg: &AgentConfig) -> Result<(), ConfigError> {
             ));
         }
     }
-    if let Some(admin) = cfg.agent.admin_listen {
+    let haproxy_place = match cfg.mode {
+        Mode::Host => "[agent] haproxy_agent_listen",
+        Mode::Single => "--haproxy-agent-listen",
+    };
+    let own: Vec<(&str, SocketAddr)> = [
+        (admin_place, cfg.agent.admin_listen),
+        (haproxy_place, cfg.agent.haproxy_agent_listen),
+    ]
+    .into_iter()
+    .filter_map(|(place, a)| a.map(|a| (place, a)))
+    .collect();
+    for (i, &(place, addr)) in own.iter().enumerate() {
         if let Some(e) = cfg
             .engines
             .iter()
-            .find(|e| admin.port() != 0 && e.mgmt_listen.port() == admin.port())
+            .find(|e| addr.port() != 0 && e.mgmt_listen.port() == addr.port())
         {
             return Err(ConfigError::new(
                 &cfg.source,
-                admin_place,
+                place,
                 format!(
                     "port `{}` is also the mgmt_port of engine {:?}",
-                    admin.port(),
+                    addr.port(),
                     e.name
                 ),
             ));
@@ -496,15 +507,22 @@ pub fn across(cfg: &AgentConfig) -> Result<(), ConfigError> {
             .engines
             .iter()
             .zip(&infer)
-            .find(|(_, at)| at.is_some_and(|at| same_socket(admin, at)))
+            .find(|(_, at)| at.is_some_and(|at| same_socket(addr, at)))
         {
             return Err(ConfigError::new(
                 &cfg.source,
-                admin_place,
+                place,
                 format!(
-                    "`{admin}` is the inference address of engine {:?}: the agent would probe its own listener",
+                    "`{addr}` is the inference address of engine {:?}: the agent would probe its own listener",
                     e.name
                 ),
+            ));
+        }
+        if let Some((other, _)) = own[..i].iter().find(|(_, b)| same_socket(addr, *b)) {
+            return Err(ConfigError::new(
+                &cfg.source,
+                place,
+                format!("`{addr}` is also {other}"),
             ));
         }
     }
@@ -629,6 +647,11 @@ devices = [0, 1]
             case("admin_listen type", agent("").replace_admin("here"), "[agent] admin_listen", "\"here\" is not an address"),
             case("admin_listen is an engine's port", agent("").replace_admin("127.0.0.1:8000"), "[agent] admin_listen", "`127.0.0.1:8000` is the inference address of engine \"a\""),
             case("admin_listen is a mgmt_port", agent("").replace_admin("127.0.0.1:9001"), "[agent] admin_listen", "port `9001` is also the mgmt_port of engine \"a\""),
+            case("haproxy_agent_listen type", agent("haproxy_agent_listen = \"here\""), "[agent] haproxy_agent_listen", "\"here\" is not an address"),
+            case("haproxy_agent_listen is a mgmt_port", agent("haproxy_agent_listen = \"127.0.0.1:9001\""), "[agent] haproxy_agent_listen", "port `9001` is also the mgmt_port of engine \"a\""),
+            case("haproxy_agent_listen is an engine's port", agent("haproxy_agent_listen = \"127.0.0.1:8000\""), "[agent] haproxy_agent_listen", "`127.0.0.1:8000` is the inference address of engine \"a\""),
+            case("haproxy_agent_listen is the admin listener", agent("haproxy_agent_listen = \"0.0.0.0:9400\""), "[agent] haproxy_agent_listen", "`0.0.0.0:9400` is also [agent] admin_listen"),
+            case("haproxy state unknown", then("[engine.actions.haproxy]\ndegrade = \"backup\""), "[[engine]] #1 (a) actions.haproxy.degrade", "unknown variant `backup`"),
             // [engine.timing]
             case("timing type", then("[engine.timing]\ninterval = \"five seconds\""), "[[engine]] #1 (a) timing.interval", "\"five seconds\" is not a duration"),
             case("timing warmup_timeout", then("[engine.timing]\nwarmup_timeout = \"0s\""), "[[engine]] #1 (a) timing.warmup_timeout", "`0s` is outside 1s..=1h"),

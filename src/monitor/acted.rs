@@ -1,6 +1,8 @@
 //! What the agent did about an engine through the Kubernetes API (the readiness-gate
-//! condition, evictions), kept beside the verdict so `/status/detail` shows each attempt and
-//! its outcome. Written by [`crate::k8s`]'s loop only; nothing here feeds the verdict.
+//! condition, evictions) and what it last told each router that polls it (HAProxy's agent
+//! check), kept beside the verdict so `/status/detail` shows each attempt and its outcome.
+//! Written by [`crate::k8s`]'s loop and the routers' listeners; nothing here feeds the
+//! verdict.
 
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, VecDeque};
@@ -87,11 +89,27 @@ pub struct GateMemory {
     pub backoff_ms: u64,
 }
 
-/// The record behind a lock (`None` while the mode is off), and the eviction gate's memory.
+/// What a router that polls the agent was last told about an engine.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RouterSeen {
+    /// The state it was told (HAProxy: `ready`, `queue`, `drain`, `maint`, `down`).
+    pub state: String,
+    /// Since when it is told that state.
+    pub since_unix_ms: u64,
+    pub last_poll_unix_ms: u64,
+    /// Polls answered since the agent started.
+    pub polls: u64,
+    /// Why, as the last answer said.
+    pub reason: String,
+}
+
+/// The record behind a lock (`None` while the mode is off), the eviction gate's memory, and
+/// the routers' states.
 #[derive(Debug, Default)]
 pub struct Acted {
     record: Mutex<Option<KubeRecord>>,
     gate: Mutex<Option<GateMemory>>,
+    routers: Mutex<BTreeMap<String, RouterSeen>>,
 }
 
 impl Acted {
@@ -117,6 +135,38 @@ impl Acted {
     /// Keeps the eviction gate's memory.
     pub fn set_gate(&self, g: GateMemory) {
         *self.gate.lock().unwrap_or_else(|p| p.into_inner()) = Some(g);
+    }
+
+    /// Notes an answer to `router`'s poll; `true` when its state changed.
+    pub fn router_saw(&self, router: &str, state: &str, reason: &str) -> bool {
+        let now = unix_ms();
+        let mut g = self.routers.lock().unwrap_or_else(|p| p.into_inner());
+        let seen = g.entry(router.to_owned()).or_insert_with(|| RouterSeen {
+            state: String::new(),
+            since_unix_ms: now,
+            last_poll_unix_ms: now,
+            polls: 0,
+            reason: String::new(),
+        });
+        let changed = seen.state != state;
+        if changed {
+            seen.state = state.to_owned();
+            seen.since_unix_ms = now;
+        }
+        seen.last_poll_unix_ms = now;
+        seen.polls += 1;
+        if seen.reason != reason {
+            seen.reason = reason.to_owned();
+        }
+        changed
+    }
+
+    /// What each router was last told, by router.
+    pub fn routers(&self) -> BTreeMap<String, RouterSeen> {
+        self.routers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Takes back a saved record and gate memory (an agent restart).

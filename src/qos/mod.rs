@@ -84,6 +84,10 @@ pub struct QosReport {
     pub scrapes: u64,
     pub scrape_failures: u64,
     pub eviction_answers_abnormal: bool,
+    /// Requests running when the level left `normal`: HAProxy's cap at `queue`
+    /// ([`QosState::admission_cap`]); `null` at `normal`.
+    #[serde(default)]
+    pub admission_cap: Option<u32>,
 }
 
 /// What of an engine's QoS state outlives the agent process: the level and its hold (the
@@ -97,6 +101,9 @@ pub struct Saved {
     pub score: Option<f64>,
     pub evaluations: u64,
     pub progress: progress::Saved,
+    /// Requests running when the engine left `normal` ([`QosState::admission_cap`]).
+    #[serde(default)]
+    pub admission_cap: Option<u32>,
 }
 
 /// A level change.
@@ -121,6 +128,9 @@ struct Inner {
     components: Vec<Component>,
     level_since_unix_ms: u64,
     evaluations: u64,
+    /// Requests running at the last scrape when the level left `normal`; `None` at `normal`
+    /// or when no scrape showed the running gauge then.
+    admission_cap: Option<u32>,
 }
 
 /// QoS state of one engine.
@@ -153,6 +163,7 @@ impl QosState {
                 components: Vec::new(),
                 level_since_unix_ms: unix_ms(),
                 evaluations: 0,
+                admission_cap: None,
             }),
             level: AtomicU8::new(Level::Normal as u8),
             scrape_max_age: cfg.scrape_max_age(),
@@ -322,6 +333,14 @@ impl QosState {
         i.score = score;
         i.components = components;
         i.evaluations += 1;
+        if before == Level::Normal && after != Level::Normal {
+            i.admission_cap = metrics
+                .and_then(|(m, _)| m.running)
+                .filter(|r| r.is_finite() && *r >= 0.0)
+                .map(|r| (r.round() as u32).max(1));
+        } else if after == Level::Normal {
+            i.admission_cap = None;
+        }
         let transition = (before != after).then(|| {
             i.level_since_unix_ms = now_ms;
             Transition {
@@ -335,6 +354,13 @@ impl QosState {
         (score, after, transition)
     }
 
+    /// How many requests a router may keep running on the engine while it is not `normal`:
+    /// those running (by the engine's own gauge, at the last scrape) when it left `normal`,
+    /// at least 1. `None` at `normal`, or when no scrape showed the gauge at that moment.
+    pub fn admission_cap(&self) -> Option<u32> {
+        self.lock().admission_cap
+    }
+
     /// What outlives the agent process ([`Saved`]).
     pub fn saved(&self) -> Saved {
         let i = self.lock();
@@ -345,6 +371,7 @@ impl QosState {
             score: i.score.filter(|s| s.is_finite()),
             evaluations: i.evaluations,
             progress: i.progress.saved(),
+            admission_cap: i.admission_cap,
         }
     }
 
@@ -357,6 +384,7 @@ impl QosState {
         i.score = s.score.filter(|v| v.is_finite());
         i.evaluations = s.evaluations;
         i.progress = Progress::restored(&s.progress);
+        i.admission_cap = s.admission_cap.filter(|_| s.level != Level::Normal);
         self.level.store(s.level as u8, Ordering::Release);
     }
 
@@ -368,6 +396,7 @@ impl QosState {
         i.components.clear();
         i.progress = Progress::default();
         i.metrics = None;
+        i.admission_cap = None;
         i.level_since_unix_ms = unix_ms();
         self.level.store(Level::Normal as u8, Ordering::Release);
     }
@@ -391,6 +420,7 @@ impl QosState {
             scrapes: i.scrapes,
             scrape_failures: i.scrape_failures,
             eviction_answers_abnormal: cfg.eviction,
+            admission_cap: i.admission_cap,
         }
     }
 
@@ -490,6 +520,32 @@ mod tests {
             "latency 0.00 (probe failed: timed out); memory 1.00 (KV-cache usage 20.0 %); \
              progress 1.00 (requests running, token counters advancing)"
         );
+    }
+
+    // The admission cap is the running gauge when the level left normal (at least 1); it
+    // holds through worse levels and back up to throttle, and is gone at normal.
+    #[tokio::test(start_paused = true)]
+    async fn the_admission_cap_is_what_ran_when_normal_was_left() {
+        let cfg = QosConfig::default();
+        let q = QosState::new(&cfg);
+        q.record_scrape(Ok(scrape(5.0, 100.0, 0.2)));
+        q.record_scrape(Ok(scrape(5.0, 200.0, 0.2)));
+        q.evaluate(&cfg, Some(&probe(true, 50.0)));
+        assert_eq!((q.level(), q.admission_cap()), (Level::Normal, None));
+        q.record_scrape(Ok(scrape(5.0, 300.0, 0.2)));
+        let (_, level, _) = q.evaluate(&cfg, Some(&probe(false, 5000.0)));
+        assert_eq!((level, q.admission_cap()), (Level::Throttle, Some(5)));
+        // Fewer running later (the queue holds new ones back): the cap stays.
+        q.record_scrape(Ok(scrape(2.0, 400.0, 0.97)));
+        let (_, level, _) = q.evaluate(&cfg, Some(&probe(false, 5000.0)));
+        assert_eq!((level, q.admission_cap()), (Level::Degrade, Some(5)));
+        q.record_scrape(Ok(scrape(0.0, 400.0, 0.2)));
+        let (_, level, _) = q.evaluate(&cfg, Some(&probe(true, 50.0)));
+        assert_eq!((level, q.admission_cap()), (Level::Normal, None));
+        // Nothing running when it left normal: at least 1.
+        let (_, level, _) = q.evaluate(&cfg, Some(&probe(false, 5000.0)));
+        assert_ne!(level, Level::Normal);
+        assert_eq!(q.admission_cap(), Some(1));
     }
 
     // The components name the series actually read: vLLM 0.8's old KV-cache name, SGLang's
@@ -599,8 +655,10 @@ mod tests {
                 stalled_since_unix_ms: Some(crate::clock::unix_ms() - 20_000),
                 last_ok_unix_ms: Some(crate::clock::unix_ms()),
             },
+            admission_cap: Some(3),
         });
         assert_eq!(q.level(), Level::Degrade);
+        assert_eq!(q.admission_cap(), Some(3), "the router's cap survives too");
         assert_eq!(q.below_evict(), 2);
         let stalled = q.stalled_for().unwrap();
         assert!(stalled >= Duration::from_secs(19), "{stalled:?}");

@@ -12,6 +12,7 @@
 //! `GET /` (the live page: static, it holds no data; its stream is guarded).
 //! Handlers only read shared state; none waits on the engine or the driver.
 
+pub mod agent_check;
 pub mod auth;
 pub mod conn;
 pub mod live;
@@ -355,6 +356,7 @@ pub fn detail(e: &Monitor, shared: &Shared, win: Duration) -> wire::EngineDetail
             devices,
         },
         kubernetes: e.acted.kubernetes(),
+        routers: e.acted.routers(),
     }
 }
 

@@ -45,6 +45,10 @@ pub struct EngineDetail {
     pub window: Window,
     /// What the Kubernetes API mode did about the engine; `null` while the mode is off.
     pub kubernetes: Option<crate::monitor::acted::KubeRecord>,
+    /// What each router that polls the agent was last told (`haproxy`), by router; empty
+    /// until one polls.
+    #[serde(default)]
+    pub routers: std::collections::BTreeMap<String, crate::monitor::acted::RouterSeen>,
 }
 
 /// The virtual inference loop, as `/status/detail` shows it.

@@ -10,6 +10,7 @@ pub mod load;
 pub mod promql;
 #[cfg(feature = "fake-driver")]
 pub mod real_vllm;
+pub mod routers;
 pub mod stack;
 #[cfg(feature = "fake-driver")]
 pub mod views;

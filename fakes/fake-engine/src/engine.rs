@@ -117,8 +117,13 @@ pub struct EngineOptions {
     pub listen: SocketAddr,
     /// Control surface.
     pub control: SocketAddr,
-    /// Model name the engine serves (requests naming another model get 404, as in vLLM).
+    /// Model name the engine serves (requests naming another model get 404, as in vLLM):
+    /// the first of vLLM's `--served-model-name`, which every answer's `model` and the
+    /// `model_name` label carry.
     pub model: String,
+    /// More names requests may ask for (the rest of vLLM's `--served-model-name`): a main
+    /// and a draft engine both served under the name clients ask for.
+    pub aliases: Vec<String>,
     /// Files to write the AI Cube figure into (one per fake NPU).
     pub npu_files: Vec<PathBuf>,
     /// AI Cube usage with one request running; each further request adds 5 (max 95).
@@ -144,6 +149,7 @@ impl Default for EngineOptions {
             listen: "127.0.0.1:8000".parse().expect("literal address"),
             control: "127.0.0.1:8100".parse().expect("literal address"),
             model: "fake-model".to_owned(),
+            aliases: Vec::new(),
             npu_files: Vec::new(),
             busy_usage: 60,
             ttft: Duration::from_millis(20),
@@ -488,11 +494,9 @@ async fn completions(
         }
     };
     // vLLM accepts a missing or empty model and answers for the served one.
-    if req
-        .model
-        .as_deref()
-        .is_some_and(|m| !m.is_empty() && m != e.opts.model)
-    {
+    if req.model.as_deref().is_some_and(|m| {
+        !m.is_empty() && m != e.opts.model && !e.opts.aliases.iter().any(|a| a == m)
+    }) {
         return (
             StatusCode::NOT_FOUND,
             axum::Json(json!({"object": "error", "message": format!("The model `{}` does not exist.", req.model.unwrap_or_default())})),
@@ -946,6 +950,7 @@ mod tests {
             listen: format!("127.0.0.1:{p}").parse().unwrap(),
             control: format!("127.0.0.1:{c}").parse().unwrap(),
             model: "m".into(),
+            aliases: vec!["served-as".into()],
             npu_files: vec![npu.clone()],
             ttft: Duration::from_millis(5),
             tpot: Duration::from_millis(1),
@@ -1050,6 +1055,12 @@ mod tests {
         assert_eq!(e.metric("vllm:kv_cache_usage_perc").await, 0.0);
         let r = e.complete(json!({"model": "other", "prompt": "x"})).await;
         assert_eq!(r.status(), 404, "unknown model, as vLLM");
+        // Another served name is taken; the answer names the first (as vLLM's does).
+        let r = e
+            .complete(json!({"model": "served-as", "prompt": "x", "max_tokens": 1}))
+            .await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.json::<Value>().await.unwrap()["model"], "m");
     }
 
     #[tokio::test]

@@ -1,0 +1,107 @@
+//! HAProxy's agent check: the one line the agent answers when HAProxy polls it for an engine
+//! (`agent-check agent-send "<engine name>\n"` on the server line; the listener is
+//! [`crate::server::agent_check`]).
+//!
+//! HAProxy keeps each word of an answer until a later answer changes it (a `maint` stays
+//! until a `ready`, a `maxconn:` until another), so every answer carries all four: the
+//! operational state (`up`/`down`), the administrative state (`ready`/`drain`/`maint`), the
+//! weight (always `100%`: a smaller share of a server line's default weight 1 rounds to 0,
+//! which HAProxy treats as drained) and the connection cap (`maxconn:0` is none). Text after
+//! `#` is the reason HAProxy shows on its stats page (`last_agt`) for `up` and `down`.
+//!
+//! Checked against HAProxy 2.6.12 (Debian's `haproxy`), docs/degradation.md: `drain`,
+//! `maint` and `down` each send new requests to a `backup` server and let the ones in flight
+//! finish; `maxconn:N` keeps new requests on the server, waiting in HAProxy's queue past N;
+//! `ready` clears a `maint` set by hand on HAProxy's CLI at the next poll.
+
+use super::Facts;
+use crate::config::actions::{HaproxyMap, HaproxyState};
+use crate::monitor::verdict::Status;
+use crate::qos::score::Level;
+
+/// Longest reason sent after `#`, in bytes: HAProxy keeps 127 bytes of `via agent : down
+/// (<reason>)` for its stats page (`HCHK_DESC_LEN`, 128 with the NUL, in haproxy/haproxy
+/// `include/haproxy/defaults.h`) and cuts the rest.
+pub const MAX_REASON: usize = 108;
+
+/// The answer for one poll.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentCheck {
+    pub state: HaproxyState,
+    /// The connection cap sent (`maxconn:N`), at `queue` only.
+    pub maxconn: Option<u32>,
+    /// Why, in one line.
+    pub reason: String,
+}
+
+impl AgentCheck {
+    /// The line sent to HAProxy, newline included.
+    pub fn line(&self) -> String {
+        let words = match self.state {
+            HaproxyState::Ready | HaproxyState::Queue => "up ready",
+            HaproxyState::Drain => "up drain",
+            HaproxyState::Maint => "up maint",
+            HaproxyState::Down => "down ready",
+        };
+        format!(
+            "{words} 100% maxconn:{} #{}\n",
+            self.maxconn.unwrap_or(0),
+            clean(&self.reason)
+        )
+    }
+
+    /// The answer for a poll that names no engine this agent watches (or none at all).
+    pub fn unknown(reason: String) -> AgentCheck {
+        AgentCheck {
+            state: HaproxyState::Down,
+            maxconn: None,
+            reason,
+        }
+    }
+}
+
+/// `s` on one line of at most [`MAX_REASON`] bytes.
+fn clean(s: &str) -> String {
+    let mut out: String = s
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    if out.len() > MAX_REASON {
+        let mut end = MAX_REASON;
+        while !out.is_char_boundary(end) {
+            end -= 1;
+        }
+        out.truncate(end);
+    }
+    out
+}
+
+/// The agent check's rule: the verdict `abnormal` and each level take the state `map` names
+/// for them; `normal` is `ready`; an engine whose `/health` never answered is `down`.
+pub fn agent_check(f: &Facts, map: &HaproxyMap) -> AgentCheck {
+    let (state, reason) = match (f.status, f.level) {
+        (Status::Initial, _) => (HaproxyState::Down, format!("starting: {}", f.reason)),
+        (Status::Abnormal, _) => (map.abnormal, format!("abnormal: {}", f.reason)),
+        (_, Level::Normal) => (HaproxyState::Ready, f.level_words()),
+        (_, Level::Throttle) => (map.throttle, f.level_words()),
+        (_, Level::Degrade) => (map.degrade, f.level_words()),
+        (_, Level::Evict) => (map.evict, f.level_words()),
+    };
+    let maxconn = (state == HaproxyState::Queue).then(|| f.admission_cap.unwrap_or(1).max(1));
+    let reason = match (state, f.admission_cap) {
+        (HaproxyState::Queue, Some(n)) => {
+            format!("{reason}: at most {n} running (as when it left normal), new ones queue")
+        }
+        (HaproxyState::Queue, None) => {
+            format!(
+                "{reason}: at most 1 running (no running count when it left normal), new ones queue"
+            )
+        }
+        _ => reason,
+    };
+    AgentCheck {
+        state,
+        maxconn,
+        reason,
+    }
+}

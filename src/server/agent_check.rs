@@ -1,0 +1,231 @@
+//! HAProxy's agent-check listener (`[agent] haproxy_agent_listen`): one for every engine.
+//! HAProxy connects, sends the engine's name (`agent-send "<name>\n"`), reads one line and
+//! closes; the line is [`crate::actions::haproxy::agent_check`] of that engine now.
+//!
+//! Bounds, so garbage, slow senders and floods never block it or the other listeners (each
+//! listener is a task of its own):
+//! - **The name** must arrive within [`NAME_WAIT`] of the accept (HAProxy sends it with the
+//!   connection), and is at most [`MAX_NAME`] bytes up to the first newline. Past the wait,
+//!   what arrived is the name; nothing is a missing name. A missing, unknown, non-UTF-8 or
+//!   too long name is answered `down` with the reason, so a server line that names no engine
+//!   here is out of rotation and says why on HAProxy's stats page.
+//! - **The answer** is written within [`WRITE_WAIT`], then the connection is closed.
+//! - **A cap**: at most `max_connections` at once (`[agent] max_connections`). At the cap the
+//!   oldest connection is closed unanswered to make room: a connection lives at most
+//!   [`NAME_WAIT`] plus [`WRITE_WAIT`], and HAProxy's own sends its name at once, so the
+//!   oldest is a slow sender. HAProxy keeps a server's state when an agent check gets no
+//!   answer, so nothing it routes changes for one lost poll.
+//! - **Stopping** (SIGTERM, a handover, a reload that moves the listener) stops accepting;
+//!   the answers in progress finish.
+
+use crate::actions::haproxy::{AgentCheck, agent_check};
+use crate::monitor::Monitor;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+
+/// How long after the accept the engine's name may take to arrive.
+pub const NAME_WAIT: Duration = Duration::from_millis(250);
+/// Longest engine name read, in bytes (an engine name is at most 128 characters).
+pub const MAX_NAME: usize = 512;
+/// How long the answer may take to write.
+pub const WRITE_WAIT: Duration = Duration::from_secs(1);
+
+/// The engines the agent watches now (the agent's roster: a reload changes it in place).
+pub type Engines = Arc<RwLock<Vec<Arc<Monitor>>>>;
+
+/// What was read where HAProxy sends the engine's name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Asked {
+    /// A name (trimmed of spaces and the newline).
+    Name(String),
+    /// Nothing, or only spaces, within [`NAME_WAIT`].
+    Nothing,
+    /// More than [`MAX_NAME`] bytes without a newline.
+    TooLong,
+    /// Bytes that are not UTF-8.
+    NotText,
+}
+
+/// What `bytes` (all that arrived) ask for.
+pub fn asked(bytes: &[u8]) -> Asked {
+    let line = match bytes.iter().position(|&b| b == b'\n') {
+        Some(i) => &bytes[..i],
+        None if bytes.len() > MAX_NAME => return Asked::TooLong,
+        None => bytes,
+    };
+    match std::str::from_utf8(line) {
+        Err(_) => Asked::NotText,
+        Ok(s) => match s.trim() {
+            "" => Asked::Nothing,
+            name => Asked::Name(name.to_owned()),
+        },
+    }
+}
+
+/// The answer to `asked` among `engines`; a poll of a known engine counts as a poll of its
+/// verdict (the first healthy one starts virtual inference, as Node Manager's does) and is
+/// recorded in the engine's router state.
+pub fn answer(engines: &[Arc<Monitor>], asked: &Asked) -> AgentCheck {
+    let name = match asked {
+        Asked::Name(n) => n,
+        Asked::Nothing => {
+            return AgentCheck::unknown(
+                "no engine name: set agent-send \"<engine name>\\n\" on the server line".into(),
+            );
+        }
+        Asked::TooLong => {
+            return AgentCheck::unknown(format!(
+                "no engine name: more than {MAX_NAME} bytes without a newline"
+            ));
+        }
+        Asked::NotText => return AgentCheck::unknown("no engine name: not UTF-8 text".into()),
+    };
+    match engines.iter().find(|e| &e.spec.name == name) {
+        Some(e) => {
+            e.status();
+            let a = agent_check(&crate::actions::Facts::of(e), &e.spec.actions.haproxy);
+            if e.acted.router_saw("haproxy", a.state.as_str(), &a.reason) {
+                tracing::info!(engine = %e.spec.name, "HAProxy's agent check now answers {}: {}", a.state.as_str(), a.reason);
+            }
+            a
+        }
+        None => {
+            let known: Vec<&str> = engines.iter().map(|e| e.spec.name.as_str()).collect();
+            let shown: String = name.chars().take(64).collect();
+            AgentCheck::unknown(format!(
+                "no engine named {shown:?} here (engines: {})",
+                known.join(", ")
+            ))
+        }
+    }
+}
+
+/// Reads what HAProxy sends: up to the first newline, [`MAX_NAME`] + 1 bytes, the peer's
+/// close, or [`NAME_WAIT`], whichever comes first.
+async fn read_name(stream: &mut TcpStream) -> Vec<u8> {
+    let mut buf = Vec::with_capacity(64);
+    let deadline = tokio::time::Instant::now() + NAME_WAIT;
+    let mut chunk = [0u8; MAX_NAME + 1];
+    loop {
+        let room = MAX_NAME + 1 - buf.len();
+        let read = tokio::time::timeout_at(deadline, stream.read(&mut chunk[..room])).await;
+        match read {
+            Ok(Ok(n)) if n > 0 => {
+                buf.extend_from_slice(&chunk[..n]);
+                if buf.contains(&b'\n') || buf.len() > MAX_NAME {
+                    return buf;
+                }
+            }
+            // Closed, failed, or the wait is over: what arrived is all there is.
+            _ => return buf,
+        }
+    }
+}
+
+async fn one(mut stream: TcpStream, engines: Engines, cancel: CancellationToken, name: Arc<str>) {
+    let work = async {
+        let bytes = read_name(&mut stream).await;
+        let asked = asked(&bytes);
+        let list: Vec<Arc<Monitor>> = engines.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let a = answer(&list, &asked);
+        if !matches!(asked, Asked::Name(ref n) if list.iter().any(|e| &e.spec.name == n)) {
+            tracing::warn!(listener = %name, "agent check answered down: {}", a.reason);
+        }
+        let line = a.line();
+        let _ = tokio::time::timeout(WRITE_WAIT, async {
+            stream.write_all(line.as_bytes()).await?;
+            stream.shutdown().await
+        })
+        .await;
+    };
+    tokio::select! {
+        _ = cancel.cancelled() => {}
+        () = work => {}
+    }
+}
+
+/// Serves the agent check on `listener` until `cancel`, at most `max_connections` at once;
+/// then lets the answers in progress finish. `name` names the listener in log lines.
+pub async fn serve(
+    listener: TcpListener,
+    engines: Engines,
+    max_connections: usize,
+    name: String,
+    cancel: CancellationToken,
+) {
+    let name: Arc<str> = name.into();
+    // Connections by accept order: the first is the oldest, closed at the cap.
+    let live: Arc<Mutex<BTreeMap<u64, CancellationToken>>> = Arc::default();
+    let mut next = 0u64;
+    let mut conns = tokio::task::JoinSet::new();
+    loop {
+        let stream = tokio::select! {
+            _ = cancel.cancelled() => break,
+            Some(_) = conns.join_next(), if !conns.is_empty() => continue,
+            r = listener.accept() => match r {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    tracing::warn!(listener = %name, "accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let token = CancellationToken::new();
+        {
+            let mut live = live.lock().unwrap_or_else(|p| p.into_inner());
+            if live.len() >= max_connections.max(1)
+                && let Some((_, oldest)) = live.pop_first()
+            {
+                oldest.cancel();
+                tracing::warn!(
+                    listener = %name,
+                    "{max_connections} connections (the cap): closed the oldest unanswered"
+                );
+            }
+            live.insert(next, token.clone());
+        }
+        let id = next;
+        next += 1;
+        let (live, engines, name) = (live.clone(), engines.clone(), name.clone());
+        conns.spawn(async move {
+            one(stream, engines, token, name).await;
+            live.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+        });
+    }
+    while conns.join_next().await.is_some() {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_haproxy_sends_is_read_as_a_name() {
+        assert_eq!(asked(b"main\n"), Asked::Name("main".into()));
+        assert_eq!(asked(b" main \r\n"), Asked::Name("main".into()));
+        assert_eq!(asked(b"main"), Asked::Name("main".into()), "no newline");
+        assert_eq!(asked(b"main\nextra"), Asked::Name("main".into()));
+        assert_eq!(asked(b""), Asked::Nothing);
+        assert_eq!(asked(b"  \n"), Asked::Nothing);
+        assert_eq!(asked(&[b'x'; MAX_NAME]), Asked::Name("x".repeat(MAX_NAME)));
+        assert_eq!(asked(&[b'x'; MAX_NAME + 1]), Asked::TooLong);
+        assert_eq!(asked(b"\xff\xfe\n"), Asked::NotText);
+    }
+
+    #[test]
+    fn an_unknown_or_missing_name_is_down_with_the_reason() {
+        let a = answer(&[], &Asked::Name("draft".into()));
+        assert_eq!(
+            a.line(),
+            "down ready 100% maxconn:0 #no engine named \"draft\" here (engines: )\n"
+        );
+        let a = answer(&[], &Asked::Nothing);
+        assert!(a.line().starts_with("down ready"), "{}", a.line());
+        assert!(a.reason.contains("agent-send"), "{}", a.reason);
+    }
+}
