@@ -12,9 +12,8 @@
 mod support;
 
 use std::io::{Read, Write};
-use std::process::{Child, Stdio};
-use std::time::{Duration, Instant};
-use support::routers::{self, Answer, Haproxy, complete};
+use std::time::Duration;
+use support::routers::{self, Answer, Draft, Haproxy, complete};
 use support::stack::{Launch, Stack, free_ports};
 
 /// HAProxy's agent check every 200 ms; requests queue up to 30 s (`timeout queue`).
@@ -34,38 +33,6 @@ backend llm
     server main 127.0.0.1:MAIN agent-check agent-addr 127.0.0.1 agent-port AGENT agent-inter 200ms agent-send "ENGINE\n"
     server draft 127.0.0.1:DRAFT backup
 "#;
-
-/// The draft engine: the fake engine answering as `draft`, serving `m` too.
-struct Draft(Child);
-
-impl Draft {
-    fn start(port: u16, control: u16, dir: &std::path::Path) -> Draft {
-        let mut cmd = npu_health_agent::fake::engine_command(
-            support::agent(),
-            port,
-            control,
-            "draft",
-            &[dir.join("draft-npu")],
-        );
-        cmd.args(["--alias", "m"]).stderr(Stdio::null());
-        let d = Draft(cmd.spawn().expect("start the draft engine"));
-        let until = Instant::now() + Duration::from_secs(10);
-        while support::stack::http("GET", &format!("http://127.0.0.1:{port}/health"), None)
-            .is_none()
-        {
-            assert!(Instant::now() < until, "the draft engine did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        d
-    }
-}
-
-impl Drop for Draft {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 struct Rig {
     stack: Stack,
@@ -246,6 +213,13 @@ fn haproxy_follows_each_level_and_the_draft_serves_while_main_is_out() {
     );
     let detail = stack.detail();
     assert_eq!(detail["routers"]["haproxy"]["state"], "drain", "{detail}");
+    let metrics = stack.metrics();
+    for (state, v) in [("drain", 1), ("ready", 0), ("down", 0)] {
+        let line = format!(
+            "npu_health_agent_router_state{{engine=\"e2e\",router=\"haproxy\",state=\"{state}\"}} {v}"
+        );
+        assert!(metrics.contains(&line), "{line}\n{metrics}");
+    }
 
     // Recovery: traffic returns to main.
     stack.faults(r#"{"latency_ms": 0, "kv_cache_usage": 0.1}"#);

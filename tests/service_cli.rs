@@ -545,7 +545,14 @@ fn doctor_reports_each_condition_and_the_verdict() {
     let integrations: Vec<&str> = actions.iter().map(|a| a.0).collect();
     assert_eq!(
         integrations,
-        ["node_manager", "kubelet", "kubernetes_api", "routers"],
+        [
+            "node_manager",
+            "kubelet",
+            "kubernetes_api",
+            "haproxy",
+            "envoy",
+            "routers"
+        ],
         "{v}"
     );
     assert!(
@@ -553,6 +560,7 @@ fn doctor_reports_each_condition_and_the_verdict() {
         "{v}"
     );
     assert!(actions[2].1.starts_with("off"), "{v}");
+    assert!(actions[3].1.starts_with("off"), "{v}");
     let names: Vec<&str> = e["conditions"]
         .as_array()
         .unwrap()

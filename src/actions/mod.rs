@@ -243,17 +243,19 @@ pub fn eviction_ground(f: &Facts) -> Option<String> {
 /// One integration's action for an engine, as `check-config` and `doctor` show it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Active {
-    /// `node_manager`, `kubelet`, `kubernetes_api`, `routers`.
+    /// `node_manager`, `kubelet`, `kubernetes_api`, `haproxy`, `envoy`, `routers`.
     pub integration: &'static str,
     /// What acts, and on what, in one line.
     pub action: String,
 }
 
-/// The actions in force for `spec` (with the Kubernetes API mode's settings when it is on).
+/// The actions in force for `spec` under the agent's settings `agent` (the Kubernetes API
+/// mode, HAProxy's agent-check listener, the admin listener).
 pub fn active(
     spec: &crate::config::EngineSpec,
-    kube: Option<&crate::config::kubernetes::KubernetesConfig>,
+    agent: &crate::config::AgentSettings,
 ) -> Vec<Active> {
+    let kube = agent.kubernetes.as_ref();
     let not_ready: Vec<&str> = spec
         .actions
         .not_ready_on
@@ -322,9 +324,35 @@ pub fn active(
             }
         },
     });
+    let h = &spec.actions.haproxy;
+    out.push(Active {
+        integration: "haproxy",
+        action: match agent.haproxy_agent_listen {
+            None => "off ([agent] haproxy_agent_listen not set)".to_owned(),
+            Some(addr) => format!(
+                "agent check on {addr} (agent-send \"{}\\n\"): normal ready, throttle {}, degrade {}, evict {}, abnormal {}",
+                spec.name,
+                h.throttle.as_str(),
+                h.degrade.as_str(),
+                h.evict.as_str(),
+                h.abnormal.as_str()
+            ),
+        },
+    });
+    out.push(Active {
+        integration: "envoy",
+        action: format!(
+            "active health check on /readyz at {}{}: 503 where /readyz is (the kubelet's line), x-envoy-degraded: true at degrade",
+            spec.mgmt_listen,
+            match agent.admin_listen {
+                Some(a) => format!(" or /engines/{}/readyz at {a}", spec.name),
+                None => String::new(),
+            }
+        ),
+    });
     out.push(Active {
         integration: "routers",
-        action: "published only: /qos (score, level), inference_node_health and npu_health_agent_qos_level in /metrics".to_owned(),
+        action: "others: /qos (score, level), inference_node_health and npu_health_agent_qos_level in /metrics".to_owned(),
     });
     out
 }

@@ -89,6 +89,13 @@ pub struct GateMemory {
     pub backoff_ms: u64,
 }
 
+/// The states the agent tells each router that polls it, by router (the metric
+/// `npu_health_agent_router_state` has one series per state).
+pub const ROUTER_STATES: [(&str, &[&str]); 2] = [
+    ("haproxy", &["ready", "queue", "drain", "maint", "down"]),
+    ("envoy", &["healthy", "degraded", "unhealthy"]),
+];
+
 /// What a router that polls the agent was last told about an engine.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RouterSeen {
@@ -196,5 +203,31 @@ impl KubeRecord {
         self.api_errors += 1;
         self.last_api_error = Some(what);
         self.last_api_error_unix_ms = Some(unix_ms());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_haproxy_states_are_the_configs() {
+        let names: Vec<&str> = crate::config::actions::HaproxyState::ALL
+            .iter()
+            .map(|s| s.as_str())
+            .collect();
+        assert_eq!(ROUTER_STATES[0], ("haproxy", names.as_slice()));
+    }
+
+    #[test]
+    fn a_router_state_change_is_noted_once() {
+        let a = Acted::default();
+        assert!(a.router_saw("haproxy", "ready", "normal"));
+        assert!(!a.router_saw("haproxy", "ready", "normal (score 0.9)"));
+        assert!(a.router_saw("haproxy", "drain", "degrade"));
+        let r = a.routers();
+        assert_eq!(r["haproxy"].polls, 3);
+        assert_eq!(r["haproxy"].state, "drain");
+        assert_eq!(r["haproxy"].reason, "degrade");
     }
 }

@@ -344,6 +344,28 @@ impl Scope {
         )?;
         family(
             enc,
+            "npu_health_agent_router_state",
+            "1 for the state the agent last told each router that polls it about the engine (haproxy: ready, queue, drain, maint, down; envoy: healthy, degraded, unhealthy); absent until the router polls",
+            MetricType::Gauge,
+            self.engines.iter().flat_map(|e| {
+                let seen = e.acted.routers();
+                crate::monitor::acted::ROUTER_STATES
+                    .iter()
+                    .filter_map(|(router, states)| {
+                        let now = seen.get(*router)?.state.clone();
+                        Some(states.iter().map(move |st| {
+                            let mut l = name(e);
+                            l.push(("router", (*router).to_owned()));
+                            l.push(("state", (*st).to_owned()));
+                            (l, if *st == now { 1.0 } else { 0.0 })
+                        }))
+                    })
+                    .flatten()
+                    .collect::<Vec<_>>()
+            }),
+        )?;
+        family(
+            enc,
             "npu_health_agent_engine_reachable",
             "1 while the engine's /health answers healthy (or is slow while the engine serves)",
             MetricType::Gauge,

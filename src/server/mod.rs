@@ -27,7 +27,7 @@ use crate::sampler::Shared;
 use crate::window;
 use axum::Router;
 use axum::extract::{Path, State};
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 
@@ -86,11 +86,26 @@ pub fn admin_router(view: AdminView, access: Arc<auth::AdminAccess>) -> Router {
 }
 
 /// `/readyz` of one engine: 200 while it should take new requests, else 503; either way one
-/// line saying why, and `x-envoy-degraded: true` at `degrade`.
-fn readyz(e: &Monitor) -> Response {
+/// line saying why, and `x-envoy-degraded: true` at `degrade`. An answer to Envoy's health
+/// checker (`user-agent: Envoy/HC`) is recorded as what Envoy was told.
+fn readyz(e: &Monitor, headers: &HeaderMap) -> Response {
     // A probe is a poll like Node Manager's: the first healthy one starts virtual inference.
     e.status();
     let r = actions::readiness(&actions::Facts::of(e), &e.spec.actions);
+    let envoy = headers
+        .get(header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ua| ua.starts_with("Envoy/HC"));
+    if envoy {
+        let state = match (r.ready, r.degraded) {
+            (true, false) => "healthy",
+            (true, true) => "degraded",
+            (false, _) => "unhealthy",
+        };
+        if e.acted.router_saw("envoy", state, &r.reason) {
+            tracing::info!(engine = %e.spec.name, "Envoy's health check now reads {state}: {}", r.reason);
+        }
+    }
     let code = if r.ready {
         StatusCode::OK
     } else {
@@ -130,8 +145,8 @@ fn probe_answer(code: StatusCode, line: String) -> Response {
         .into_response()
 }
 
-async fn engine_readyz(State(v): State<EngineView>) -> Response {
-    readyz(&v.engine)
+async fn engine_readyz(State(v): State<EngineView>, headers: HeaderMap) -> Response {
+    readyz(&v.engine, &headers)
 }
 
 async fn engine_livez(State(v): State<EngineView>) -> Response {
@@ -139,7 +154,7 @@ async fn engine_livez(State(v): State<EngineView>) -> Response {
 }
 
 /// The engine named `name` on the admin listener: `f` of it, or a 404 naming the known ones.
-fn named(v: &AdminView, name: &str, f: fn(&Monitor) -> Response) -> Response {
+fn named(v: &AdminView, name: &str, f: impl Fn(&Monitor) -> Response) -> Response {
     match v.metrics.engines.iter().find(|e| e.spec.name == name) {
         Some(e) => f(e),
         None => {
@@ -158,8 +173,12 @@ fn named(v: &AdminView, name: &str, f: fn(&Monitor) -> Response) -> Response {
     }
 }
 
-async fn admin_readyz(State(v): State<AdminView>, Path(name): Path<String>) -> Response {
-    named(&v, &name, readyz)
+async fn admin_readyz(
+    State(v): State<AdminView>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    named(&v, &name, |e| readyz(e, &headers))
 }
 
 async fn admin_livez(State(v): State<AdminView>, Path(name): Path<String>) -> Response {

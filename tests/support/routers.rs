@@ -45,6 +45,200 @@ pub fn haproxy(test: &str) -> Option<PathBuf> {
     }
 }
 
+/// The Envoy binary (`scripts/routers install` puts it under target/routers/), or `None`
+/// after printing why the test skips (panics where it must run).
+pub fn envoy(test: &str) -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("NPU_HEALTH_ENVOY") {
+        return Some(PathBuf::from(p));
+    }
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/routers/venv/lib");
+    let found = std::fs::read_dir(&venv).ok().and_then(|dirs| {
+        dirs.flatten()
+            .map(|d| d.path().join("site-packages/envoy/_bin/envoy"))
+            .find(|p| p.is_file())
+    });
+    match found {
+        Some(p) => Some(p),
+        None if required() => panic!(
+            "{test}: envoy not found under {} (scripts/routers install, or NPU_HEALTH_ENVOY=<path>)",
+            venv.display()
+        ),
+        None => {
+            println!("skipped {test}: envoy not found (scripts/routers install to run it)");
+            None
+        }
+    }
+}
+
+/// A shipped example config with `from → to` replaced; each `from` must occur `times` (its
+/// count in the file), so a changed example fails the test instead of going untested.
+pub fn example(path: &str, edits: &[(&str, &str, usize)]) -> String {
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join(path);
+    let mut text = std::fs::read_to_string(&file).unwrap();
+    for (from, to, times) in edits {
+        assert_eq!(
+            text.matches(from).count(),
+            *times,
+            "{path}: {from:?} should occur {times} times"
+        );
+        text = text.replace(from, to);
+    }
+    text
+}
+
+/// `envoy --mode validate -c <path>`: its output, and whether it accepted the file.
+pub fn envoy_validate(bin: &Path, path: &Path) -> (bool, String) {
+    let out = Command::new(bin)
+        .args(["--mode", "validate", "--disable-hot-restart", "-c"])
+        .arg(path)
+        .output()
+        .expect("run envoy");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// A running Envoy, killed when dropped.
+pub struct Envoy {
+    child: Child,
+    /// `http://127.0.0.1:<port>` of its listener.
+    pub front: String,
+    /// `http://127.0.0.1:<port>` of its admin interface (`/clusters`).
+    pub admin: String,
+    pub log: PathBuf,
+}
+
+impl Envoy {
+    /// Starts `bin` on `config` (written to `dir/envoy.yaml` with an admin interface on
+    /// `admin` added) and waits until its listener `port` accepts.
+    pub fn start(bin: &Path, dir: &Path, config: &str, port: u16, admin: u16) -> Envoy {
+        let cfg = dir.join("envoy.yaml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "{config}\nadmin:\n  address:\n    socket_address: {{ address: 127.0.0.1, port_value: {admin} }}\n"
+            ),
+        )
+        .unwrap();
+        let log = dir.join("envoy.log");
+        let child = Command::new(bin)
+            .args([
+                "--disable-hot-restart",
+                "--concurrency",
+                "1",
+                "-l",
+                "warning",
+                "-c",
+            ])
+            .arg(&cfg)
+            .stdout(Stdio::from(std::fs::File::create(&log).unwrap()))
+            .stderr(Stdio::from(
+                std::fs::OpenOptions::new().append(true).open(&log).unwrap(),
+            ))
+            .spawn()
+            .expect("start envoy");
+        let e = Envoy {
+            child,
+            front: format!("http://127.0.0.1:{port}"),
+            admin: format!("http://127.0.0.1:{admin}"),
+            log,
+        };
+        let until = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            let log = std::fs::read_to_string(&e.log).unwrap_or_default();
+            assert!(Instant::now() < until, "envoy did not start: {log}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        e
+    }
+
+    /// The health flags Envoy's admin `/clusters` shows for `cluster`'s host on `port`
+    /// (`healthy`, `/failed_active_hc`, `/degraded_active_hc`, …).
+    pub fn health(&self, cluster: &str, port: u16) -> String {
+        let (_, text) = super::stack::http("GET", &format!("{}/clusters", self.admin), None)
+            .unwrap_or_default();
+        let key = format!("{cluster}::127.0.0.1:{port}::health_flags::");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&key).map(str::to_owned))
+            .unwrap_or_default()
+    }
+
+    /// Waits until `f` holds of [`Envoy::health`]; panics after `limit`.
+    pub fn wait_health(
+        &self,
+        cluster: &str,
+        port: u16,
+        limit: Duration,
+        f: impl Fn(&str) -> bool,
+    ) -> String {
+        let until = Instant::now() + limit;
+        loop {
+            let h = self.health(cluster, port);
+            if f(&h) {
+                return h;
+            }
+            assert!(
+                Instant::now() < until,
+                "{cluster} host {port} never reached the state: {h:?}"
+            );
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    }
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The draft engine: the fake engine answering as `draft`, serving `m` too, killed when
+/// dropped.
+#[cfg(feature = "fake-driver")]
+pub struct Draft {
+    child: Child,
+    /// Its fault-control port.
+    pub control: u16,
+}
+
+#[cfg(feature = "fake-driver")]
+impl Draft {
+    /// Starts it on `port` (fault control on `control`) and waits until `/health` answers.
+    pub fn start(port: u16, control: u16, dir: &std::path::Path) -> Draft {
+        let mut cmd = npu_health_agent::fake::engine_command(
+            super::agent(),
+            port,
+            control,
+            "draft",
+            &[dir.join("draft-npu")],
+        );
+        cmd.args(["--alias", "m"]).stderr(Stdio::null());
+        let d = Draft {
+            child: cmd.spawn().expect("start the draft engine"),
+            control,
+        };
+        let until = Instant::now() + Duration::from_secs(10);
+        while super::stack::http("GET", &format!("http://127.0.0.1:{port}/health"), None).is_none()
+        {
+            assert!(Instant::now() < until, "the draft engine did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        d
+    }
+}
+
+#[cfg(feature = "fake-driver")]
+impl Drop for Draft {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// A running HAProxy, killed when dropped.
 pub struct Haproxy {
     child: Child,
