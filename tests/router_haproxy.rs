@@ -132,7 +132,8 @@ fn haproxy_follows_each_level_and_the_draft_serves_while_main_is_out() {
     stack.faults(r#"{"latency_ms": 700}"#);
     stack.wait_until("level throttle", wait, |d| d["qos"]["level"] == "throttle");
     let capped = haproxy.wait_server("llm", "main", wait, |s| {
-        s.get("slim").is_some_and(|v| !v.is_empty())
+        s.get("slim")
+            .is_some_and(|v| !v.is_empty() && v != "100000")
     });
     let cap: usize = capped["slim"].parse().unwrap();
     let agent_cap = stack.qos()["admission_cap"].as_u64().unwrap() as usize;
@@ -170,11 +171,11 @@ fn haproxy_follows_each_level_and_the_draft_serves_while_main_is_out() {
         "nothing queued: the cap held nothing back ({queue_stats:?})"
     );
 
-    // Recovery: back to normal, the cap is lifted (`maxconn:0`).
+    // Recovery: back to normal, the cap is lifted (`maxconn:100000`, the open cap).
     stack.faults(r#"{"latency_ms": 0}"#);
     stack.wait_until("level normal", wait, |d| d["qos"]["level"] == "normal");
     haproxy.wait_server("llm", "main", wait, |s| {
-        s.get("slim").is_some_and(|v| v.is_empty()) && status(s) == "no check"
+        s.get("slim").is_some_and(|v| v == "100000") && status(s) == "no check"
     });
 
     // degrade: two long streams run on main, then its first token slows by 1.5 s with the
@@ -213,6 +214,34 @@ fn haproxy_follows_each_level_and_the_draft_serves_while_main_is_out() {
     );
     let detail = stack.detail();
     assert_eq!(detail["routers"]["haproxy"]["state"], "drain", "{detail}");
+    // The record of actions has HAProxy's changes beside the others, in one shape.
+    let actions = detail["actions"].as_array().unwrap();
+    let drain = actions
+        .iter()
+        .rev()
+        .find(|a| a["integration"] == "haproxy")
+        .unwrap_or_else(|| panic!("no haproxy action: {detail}"));
+    assert_eq!(
+        (
+            drain["action"].as_str(),
+            drain["from"].as_str(),
+            drain["to"].as_str(),
+            drain["level"].as_str()
+        ),
+        (
+            Some("agent_check"),
+            Some("ready"),
+            Some("drain"),
+            Some("degrade")
+        ),
+        "{drain}"
+    );
+    assert!(
+        actions
+            .iter()
+            .any(|a| a["integration"] == "agent" && a["to"] == "degrade"),
+        "{detail}"
+    );
     let metrics = stack.metrics();
     for (state, v) in [("drain", 1), ("ready", 0), ("down", 0)] {
         let line = format!(
@@ -313,7 +342,7 @@ fn garbage_slow_senders_and_floods_never_block_the_agent_check() {
     });
     let addr = format!("127.0.0.1:{agent_port}");
     let ok = ask(&addr, b"e2e\n");
-    assert!(ok.starts_with("up ready 100% maxconn:0 #"), "{ok:?}");
+    assert!(ok.starts_with("up ready 100% maxconn:100000 #"), "{ok:?}");
     assert_eq!(ok.matches('\n').count(), 1, "{ok:?}");
     let a = ask(&addr, b"\xff\xfe\xfd\n");
     assert!(

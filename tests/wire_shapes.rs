@@ -12,6 +12,14 @@ use support::stack::Stack;
 
 /// Every key path of `/status/detail` (arrays as `[]`).
 const DETAIL_PATHS: &[&str] = &[
+    "actions",
+    "actions[].action",
+    "actions[].at_unix_ms",
+    "actions[].from",
+    "actions[].integration",
+    "actions[].level",
+    "actions[].reason",
+    "actions[].to",
     "conditions",
     "conditions[].name",
     "conditions[].note",

@@ -6,8 +6,10 @@
 //! until a `ready`, a `maxconn:` until another), so every answer carries all four: the
 //! operational state (`up`/`down`), the administrative state (`ready`/`drain`/`maint`), the
 //! weight (always `100%`: a smaller share of a server line's default weight 1 rounds to 0,
-//! which HAProxy treats as drained) and the connection cap (`maxconn:0` is none). Text after
-//! `#` is the reason HAProxy shows on its stats page (`last_agt`) for `up` and `down`.
+//! which HAProxy treats as drained) and the connection cap (`[engine.actions.haproxy]
+//! maxconn`, 100000 by default, outside `queue`; never `maxconn:0`, HAProxy's "no cap", after
+//! which it leaves the requests already queued waiting until `timeout queue`). Text after `#`
+//! is the reason HAProxy shows on its stats page (`last_agt`) for `up` and `down`.
 //!
 //! Checked against HAProxy 2.6.12 (Debian's `haproxy`), docs/degradation.md: `drain`,
 //! `maint` and `down` each send new requests to a `backup` server and let the ones in flight
@@ -28,8 +30,9 @@ pub const MAX_REASON: usize = 108;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AgentCheck {
     pub state: HaproxyState,
-    /// The connection cap sent (`maxconn:N`), at `queue` only.
-    pub maxconn: Option<u32>,
+    /// The connection cap sent (`maxconn:N`): the admission cap at `queue`, else the
+    /// configured open cap.
+    pub maxconn: u32,
     /// Why, in one line.
     pub reason: String,
 }
@@ -45,7 +48,7 @@ impl AgentCheck {
         };
         format!(
             "{words} 100% maxconn:{} #{}\n",
-            self.maxconn.unwrap_or(0),
+            self.maxconn.max(1),
             clean(&self.reason)
         )
     }
@@ -54,7 +57,7 @@ impl AgentCheck {
     pub fn unknown(reason: String) -> AgentCheck {
         AgentCheck {
             state: HaproxyState::Down,
-            maxconn: None,
+            maxconn: crate::config::actions::HAPROXY_OPEN_MAXCONN,
             reason,
         }
     }
@@ -87,7 +90,10 @@ pub fn agent_check(f: &Facts, map: &HaproxyMap) -> AgentCheck {
         (_, Level::Degrade) => (map.degrade, f.level_words()),
         (_, Level::Evict) => (map.evict, f.level_words()),
     };
-    let maxconn = (state == HaproxyState::Queue).then(|| f.admission_cap.unwrap_or(1).max(1));
+    let maxconn = match state {
+        HaproxyState::Queue => f.admission_cap.unwrap_or(1).clamp(1, map.maxconn.max(1)),
+        _ => map.maxconn,
+    };
     let reason = match (state, f.admission_cap) {
         (HaproxyState::Queue, Some(n)) => {
             format!("{reason}: at most {n} running (as when it left normal), new ones queue")

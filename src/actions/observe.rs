@@ -1,11 +1,12 @@
-//! Writes each engine's changes (verdict, QoS level, readiness, liveness) to its journal
-//! ([`crate::monitor::journal`]) for the operator views, so a page opened after the fact
-//! still shows what was done. Reads only: the verdict is peeked, no probe is started.
+//! Writes each engine's changes (what Node Manager, the kubelet are told; the QoS level) to
+//! its record of actions ([`crate::monitor::journal`]), so `/status/detail` and a page
+//! opened after the fact still show what was done. Reads only: the verdict is peeked, no
+//! probe is started.
 
 use super::Answers;
 use crate::monitor::Monitor;
 use crate::monitor::acted::unix_ms;
-use crate::monitor::journal::{Change, Entry};
+use crate::monitor::journal::{Entry, Integration};
 use crate::monitor::verdict::Status;
 use crate::qos::score::Level;
 use std::sync::Arc;
@@ -49,24 +50,29 @@ fn live_word(live: bool) -> &'static str {
 pub fn changes(before: Option<&Seen>, a: &Answers, at_unix_ms: u64) -> Vec<Entry> {
     let now = Seen::of(a);
     let (f, r, l) = (&a.facts, &a.readiness, &a.liveness);
-    let entry = |change, from: &str, to: &str, reason: &str| Entry {
-        at_unix_ms,
-        change,
-        from: from.to_owned(),
-        to: to.to_owned(),
-        reason: reason.to_owned(),
-    };
+    let entry =
+        |(integration, action): (Integration, &str), from: &str, to: &str, reason: &str| Entry {
+            at_unix_ms,
+            integration,
+            action: action.to_owned(),
+            from: from.to_owned(),
+            to: to.to_owned(),
+            level: now.level,
+            reason: reason.to_owned(),
+        };
+    let verdict = (Integration::NodeManager, "status");
+    let readyz = (Integration::Kubelet, "readyz");
     let Some(b) = before else {
-        // Where the journal starts: the verdict and readiness found.
+        // Where the record starts: the verdict and readiness found.
         return vec![
-            entry(Change::Verdict, "start", now.status.as_str(), &f.reason),
-            entry(Change::Readiness, "start", ready_word(now.ready), &r.reason),
+            entry(verdict, "start", now.status.as_str(), &f.reason),
+            entry(readyz, "start", ready_word(now.ready), &r.reason),
         ];
     };
     let mut out = Vec::new();
     if b.status != now.status {
         out.push(entry(
-            Change::Verdict,
+            verdict,
             b.status.as_str(),
             now.status.as_str(),
             &f.reason,
@@ -77,7 +83,7 @@ pub fn changes(before: Option<&Seen>, a: &Answers, at_unix_ms: u64) -> Vec<Entry
             .score
             .map_or_else(|| "no score".to_owned(), |s| format!("score {s:.3}"));
         out.push(entry(
-            Change::Level,
+            (Integration::Agent, "level"),
             b.level.as_str(),
             now.level.as_str(),
             &score,
@@ -85,7 +91,7 @@ pub fn changes(before: Option<&Seen>, a: &Answers, at_unix_ms: u64) -> Vec<Entry
     }
     if b.ready != now.ready {
         out.push(entry(
-            Change::Readiness,
+            readyz,
             ready_word(b.ready),
             ready_word(now.ready),
             &r.reason,
@@ -93,7 +99,7 @@ pub fn changes(before: Option<&Seen>, a: &Answers, at_unix_ms: u64) -> Vec<Entry
     }
     if b.live != now.live {
         out.push(entry(
-            Change::Liveness,
+            (Integration::Kubelet, "livez"),
             live_word(b.live),
             live_word(now.live),
             &l.reason,

@@ -256,21 +256,27 @@ async fn facts_of_a_monitor() {
 // thing that changed (verdict, level, readiness, liveness), none while nothing changes.
 #[test]
 fn the_journal_records_what_changed() {
-    use crate::monitor::journal::Change;
+    use crate::monitor::journal::Integration as I;
     use observe::{Seen, changes};
     let cfgd = ActionsConfig::default();
     let a0 = Answers::from_facts(facts(OK, NORMAL), &cfgd);
     let s0 = Seen::of(&a0);
     let first = changes(None, &a0, 7);
-    let got: Vec<(Change, &str, &str)> = first
+    let got: Vec<((I, &str), &str, &str)> = first
         .iter()
-        .map(|e| (e.change, e.from.as_str(), e.to.as_str()))
+        .map(|e| {
+            (
+                (e.integration, e.action.as_str()),
+                e.from.as_str(),
+                e.to.as_str(),
+            )
+        })
         .collect();
     assert_eq!(
         got,
         [
-            (Change::Verdict, "start", "normal"),
-            (Change::Readiness, "start", "ready")
+            ((I::NodeManager, "status"), "start", "normal"),
+            ((I::Kubelet, "readyz"), "start", "ready")
         ]
     );
     assert!(changes(Some(&s0), &a0, 8).is_empty());
@@ -278,31 +284,45 @@ fn the_journal_records_what_changed() {
     let a1 = Answers::from_facts(facts(OK, Degrade), &cfgd);
     let s1 = Seen::of(&a1);
     let e = changes(Some(&s0), &a1, 9);
-    let got: Vec<(Change, &str, &str)> = e
+    let got: Vec<((I, &str), &str, &str)> = e
         .iter()
-        .map(|e| (e.change, e.from.as_str(), e.to.as_str()))
+        .map(|e| {
+            (
+                (e.integration, e.action.as_str()),
+                e.from.as_str(),
+                e.to.as_str(),
+            )
+        })
         .collect();
     assert_eq!(
         got,
         [
-            (Change::Level, "normal", "degrade"),
-            (Change::Readiness, "ready", "not_ready")
+            ((I::Agent, "level"), "normal", "degrade"),
+            ((I::Kubelet, "readyz"), "ready", "not_ready")
         ]
     );
     assert_eq!(e[0].reason, "score 0.400");
     assert!(e.iter().all(|e| e.at_unix_ms == 9));
     // -> abnormal: the verdict and liveness change too, with the verdict's reason.
     let a2 = Answers::from_facts(facts(Abnormal, Evict), &cfgd);
-    let got: Vec<(Change, String, String)> = changes(Some(&s1), &a2, 10)
+    let got: Vec<((I, String), String, String)> = changes(Some(&s1), &a2, 10)
         .into_iter()
-        .map(|e| (e.change, e.to, e.reason))
+        .map(|e| ((e.integration, e.action), e.to, e.reason))
         .collect();
+    assert!(
+        changes(Some(&s1), &a2, 10).iter().all(|e| e.level == Evict),
+        "each action carries the level"
+    );
     assert_eq!(
         got[0],
-        (Change::Verdict, "abnormal".to_owned(), "why".to_owned())
+        (
+            (I::NodeManager, "status".to_owned()),
+            "abnormal".to_owned(),
+            "why".to_owned()
+        )
     );
-    assert_eq!(got[1].0, Change::Level);
-    assert_eq!(got[2].0, Change::Liveness);
+    assert_eq!(got[1].0, (I::Agent, "level".to_owned()));
+    assert_eq!(got[2].0, (I::Kubelet, "livez".to_owned()));
     assert_eq!(got[2].1, "restart");
     assert_eq!(got.len(), 3, "readiness was already not ready: {got:?}");
 }
@@ -316,13 +336,23 @@ fn agent_check_table() {
     let map = HaproxyMap::default();
     // (status, level, state, line before the reason)
     let rows = [
-        (OK, NORMAL, H::Ready, "up ready 100% maxconn:0 #"),
+        (OK, NORMAL, H::Ready, "up ready 100% maxconn:100000 #"),
         (OK, Throttle, H::Queue, "up ready 100% maxconn:4 #"),
-        (OK, Degrade, H::Drain, "up drain 100% maxconn:0 #"),
-        (OK, Evict, H::Down, "down ready 100% maxconn:0 #"),
-        (Abnormal, NORMAL, H::Down, "down ready 100% maxconn:0 #"),
-        (Abnormal, Throttle, H::Down, "down ready 100% maxconn:0 #"),
-        (Initial, NORMAL, H::Down, "down ready 100% maxconn:0 #"),
+        (OK, Degrade, H::Drain, "up drain 100% maxconn:100000 #"),
+        (OK, Evict, H::Down, "down ready 100% maxconn:100000 #"),
+        (
+            Abnormal,
+            NORMAL,
+            H::Down,
+            "down ready 100% maxconn:100000 #",
+        ),
+        (
+            Abnormal,
+            Throttle,
+            H::Down,
+            "down ready 100% maxconn:100000 #",
+        ),
+        (Initial, NORMAL, H::Down, "down ready 100% maxconn:100000 #"),
     ];
     for (status, level, state, head) in rows {
         let a = agent_check(&facts(status, level), &map);
@@ -342,7 +372,7 @@ fn agent_check_table() {
     let mut f = facts(OK, Throttle);
     f.admission_cap = None;
     let t = agent_check(&f, &map);
-    assert_eq!(t.maxconn, Some(1));
+    assert_eq!(t.maxconn, 1);
     assert!(
         t.line().starts_with("up ready 100% maxconn:1 #"),
         "{}",
@@ -355,6 +385,7 @@ fn agent_check_table() {
         degrade: H::Maint,
         evict: H::Maint,
         abnormal: H::Down,
+        maxconn: 64,
     };
     let states: Vec<H> = [NORMAL, Throttle, Degrade, Evict]
         .into_iter()
@@ -364,8 +395,14 @@ fn agent_check_table() {
     assert!(
         agent_check(&facts(OK, Degrade), &other)
             .line()
-            .starts_with("up maint 100% maxconn:0 #")
+            .starts_with("up maint 100% maxconn:64 #")
     );
+    // A cap above the configured one is cut to it.
+    let capped = HaproxyMap {
+        maxconn: 2,
+        ..HaproxyMap::default()
+    };
+    assert_eq!(agent_check(&facts(OK, Throttle), &capped).maxconn, 2);
 }
 
 // A reason with a newline (an engine's error text) or past the cap is one short line: the
@@ -386,6 +423,6 @@ fn agent_check_reason_is_one_bounded_line() {
     let unknown = haproxy::AgentCheck::unknown("no engine named \"x\"".into()).line();
     assert_eq!(
         unknown,
-        "down ready 100% maxconn:0 #no engine named \"x\"\n"
+        "down ready 100% maxconn:100000 #no engine named \"x\"\n"
     );
 }

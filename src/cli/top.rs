@@ -166,9 +166,18 @@ impl Model {
                     if e.live { "live" } else { "RESTART" },
                 )),
             ]));
+            let routers: Vec<String> = e
+                .routers
+                .iter()
+                .map(|(r, state)| format!("{r} {state}"))
+                .collect();
+            let reason = if routers.is_empty() {
+                e.reason.clone()
+            } else {
+                format!("{} · {}", routers.join(", "), e.reason)
+            };
             lines.push(
-                Line::from(format!("  {}", e.reason))
-                    .style(Style::new().add_modifier(Modifier::DIM)),
+                Line::from(format!("  {reason}")).style(Style::new().add_modifier(Modifier::DIM)),
             );
         }
         Paragraph::new(lines)

@@ -94,7 +94,15 @@ pub struct HaproxyMap {
     pub evict: HaproxyState,
     /// Default `down`.
     pub abnormal: HaproxyState,
+    /// The connection cap every answer but `queue`'s sends (`maxconn:N`), default 100000:
+    /// in effect none. It replaces the server line's own `maxconn` (HAProxy keeps the
+    /// agent's last one), and it is never 0: HAProxy 2.6 takes `maxconn:0` for "no cap" but
+    /// then leaves the requests already queued there until `timeout queue` (measured).
+    pub maxconn: u32,
 }
+
+/// [`HaproxyMap::maxconn`]'s default.
+pub const HAPROXY_OPEN_MAXCONN: u32 = 100_000;
 
 impl Default for HaproxyMap {
     fn default() -> Self {
@@ -103,6 +111,7 @@ impl Default for HaproxyMap {
             degrade: HaproxyState::Drain,
             evict: HaproxyState::Down,
             abnormal: HaproxyState::Down,
+            maxconn: HAPROXY_OPEN_MAXCONN,
         }
     }
 }
@@ -130,8 +139,14 @@ impl Default for ActionsConfig {
 }
 
 impl ActionsConfig {
-    /// Checks the list; `Err((key, message))`.
+    /// Checks the list and the HAProxy cap; `Err((key, message))`.
     pub fn validate(&self) -> Result<(), (String, String)> {
+        if self.haproxy.maxconn == 0 {
+            return Err((
+                "haproxy.maxconn".to_owned(),
+                "`0` would leave HAProxy's queued requests waiting until `timeout queue`: give a cap of 1 or more (the default 100000 is none in effect)".to_owned(),
+            ));
+        }
         let mut seen = self.not_ready_on.clone();
         seen.sort();
         if let Some(w) = seen.windows(2).find(|w| w[0] == w[1]) {

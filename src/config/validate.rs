@@ -651,6 +651,7 @@ devices = [0, 1]
             case("haproxy_agent_listen is a mgmt_port", agent("haproxy_agent_listen = \"127.0.0.1:9001\""), "[agent] haproxy_agent_listen", "port `9001` is also the mgmt_port of engine \"a\""),
             case("haproxy_agent_listen is an engine's port", agent("haproxy_agent_listen = \"127.0.0.1:8000\""), "[agent] haproxy_agent_listen", "`127.0.0.1:8000` is the inference address of engine \"a\""),
             case("haproxy_agent_listen is the admin listener", agent("haproxy_agent_listen = \"0.0.0.0:9400\""), "[agent] haproxy_agent_listen", "`0.0.0.0:9400` is also [agent] admin_listen"),
+            case("haproxy maxconn zero", then("[engine.actions.haproxy]\nmaxconn = 0"), "[[engine]] #1 (a) actions.haproxy.maxconn", "would leave HAProxy's queued requests waiting"),
             case("haproxy state unknown", then("[engine.actions.haproxy]\ndegrade = \"backup\""), "[[engine]] #1 (a) actions.haproxy.degrade", "unknown variant `backup`"),
             // [engine.timing]
             case("timing type", then("[engine.timing]\ninterval = \"five seconds\""), "[[engine]] #1 (a) timing.interval", "\"five seconds\" is not a duration"),

@@ -18,6 +18,7 @@ use crate::config::kubernetes::{
 };
 use crate::monitor::Monitor;
 use crate::monitor::acted::{Attempt, ConditionSet, unix_ms};
+use crate::monitor::journal::Integration;
 use k8s_openapi::api::core::v1::PodCondition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use std::sync::Arc;
@@ -297,6 +298,7 @@ impl<A: KubeApi> Loop<'_, A> {
                     message: message.clone(),
                     set_at_unix_ms: unix_ms(),
                 };
+                let detail = format!("{status} ({reason}): {message}");
                 self.m.acted.update(|rec| {
                     rec.condition = Some(set);
                     if status_changed {
@@ -305,10 +307,19 @@ impl<A: KubeApi> Loop<'_, A> {
                             action: "condition".to_owned(),
                             pod: pod.key(),
                             outcome: "done".to_owned(),
-                            detail: format!("{status} ({reason}): {message}"),
+                            detail: detail.clone(),
                         });
                     }
                 });
+                if status_changed {
+                    self.m.note(
+                        Integration::KubernetesApi,
+                        "condition",
+                        "",
+                        "done",
+                        &format!("{}: {detail}", pod.key()),
+                    );
+                }
             }
             Err(e) if e.code() == Some(404) => {
                 self.m.acted.update(|rec| {
@@ -394,6 +405,13 @@ impl<A: KubeApi> Loop<'_, A> {
                     }
                     (Err(_), None) => {}
                 }
+                self.m.note(
+                    Integration::KubernetesApi,
+                    action,
+                    "",
+                    outcome,
+                    &format!("{}: {detail}", pod.key()),
+                );
                 self.m.acted.update(|r| {
                     r.push(Attempt {
                         at_unix_ms: unix_ms(),

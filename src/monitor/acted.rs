@@ -144,8 +144,9 @@ impl Acted {
         *self.gate.lock().unwrap_or_else(|p| p.into_inner()) = Some(g);
     }
 
-    /// Notes an answer to `router`'s poll; `true` when its state changed.
-    pub fn router_saw(&self, router: &str, state: &str, reason: &str) -> bool {
+    /// Notes an answer to `router`'s poll; the state before (`start` at the first poll) when
+    /// it changed.
+    pub fn router_saw(&self, router: &str, state: &str, reason: &str) -> Option<String> {
         let now = unix_ms();
         let mut g = self.routers.lock().unwrap_or_else(|p| p.into_inner());
         let seen = g.entry(router.to_owned()).or_insert_with(|| RouterSeen {
@@ -155,11 +156,15 @@ impl Acted {
             polls: 0,
             reason: String::new(),
         });
-        let changed = seen.state != state;
-        if changed {
-            seen.state = state.to_owned();
+        let changed = (seen.state != state).then(|| {
+            let before = std::mem::replace(&mut seen.state, state.to_owned());
             seen.since_unix_ms = now;
-        }
+            if before.is_empty() {
+                "start".to_owned()
+            } else {
+                before
+            }
+        });
         seen.last_poll_unix_ms = now;
         seen.polls += 1;
         if seen.reason != reason {
@@ -222,9 +227,15 @@ mod tests {
     #[test]
     fn a_router_state_change_is_noted_once() {
         let a = Acted::default();
-        assert!(a.router_saw("haproxy", "ready", "normal"));
-        assert!(!a.router_saw("haproxy", "ready", "normal (score 0.9)"));
-        assert!(a.router_saw("haproxy", "drain", "degrade"));
+        assert_eq!(
+            a.router_saw("haproxy", "ready", "normal").as_deref(),
+            Some("start")
+        );
+        assert_eq!(a.router_saw("haproxy", "ready", "normal (score 0.9)"), None);
+        assert_eq!(
+            a.router_saw("haproxy", "drain", "degrade").as_deref(),
+            Some("ready")
+        );
         let r = a.routers();
         assert_eq!(r["haproxy"].polls, 3);
         assert_eq!(r["haproxy"].state, "drain");

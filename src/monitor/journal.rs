@@ -1,7 +1,11 @@
-//! What changed for an engine, and when: the verdict, the QoS level, readiness and liveness
-//! (the last [`KEPT`]), for the operator views (the admin page, `top`). Filled by
-//! [`crate::actions::observe`]; nothing here feeds a decision.
+//! What the agent did about an engine, and when, in one shape for every integration (the last
+//! [`KEPT`]): what Node Manager was told (the verdict), what the kubelet was told (readiness,
+//! liveness), the Kubernetes API calls, what HAProxy and Envoy were told, and the QoS level
+//! behind them all. For `/status/detail` (`actions`) and the operator views (the admin page,
+//! `top`). Filled by [`crate::actions::observe`], the routers' listeners and the Kubernetes
+//! API mode's loop; nothing here feeds a decision.
 
+use crate::qos::score::Level;
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 use std::sync::Mutex;
@@ -9,28 +13,54 @@ use std::sync::Mutex;
 /// Changes kept per engine.
 pub const KEPT: usize = 50;
 
-/// What changed.
+/// Who an action is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Change {
-    /// The verdict `/status` serves.
-    Verdict,
-    /// The QoS level.
-    Level,
-    /// What `/readyz` answers (`ready`, `not_ready`).
-    Readiness,
-    /// What `/livez` answers (`live`, `restart`).
-    Liveness,
+pub enum Integration {
+    /// The agent's own grading: the QoS level (`action` `level`).
+    Agent,
+    /// MindIE's Node Manager: the verdict `/status` serves (`status`).
+    NodeManager,
+    /// The kubelet: what `/readyz` (`readyz`: `ready`, `not_ready`) and `/livez` (`livez`:
+    /// `live`, `restart`) answer.
+    Kubelet,
+    /// The Kubernetes API mode's calls (`condition`, `eviction`, `mindcluster_annotation`;
+    /// `to` is the outcome).
+    KubernetesApi,
+    /// HAProxy's agent check (`agent_check`: `ready`, `queue`, `drain`, `maint`, `down`).
+    Haproxy,
+    /// Envoy's health check (`health_check`: `healthy`, `degraded`, `unhealthy`).
+    Envoy,
 }
 
-/// One change.
+impl Integration {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Integration::Agent => "agent",
+            Integration::NodeManager => "node_manager",
+            Integration::Kubelet => "kubelet",
+            Integration::KubernetesApi => "kubernetes_api",
+            Integration::Haproxy => "haproxy",
+            Integration::Envoy => "envoy",
+        }
+    }
+}
+
+/// One action: what an integration was told or asked, the level at that moment, and why.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Entry {
     pub at_unix_ms: u64,
-    pub change: Change,
+    pub integration: Integration,
+    /// What acted or was told (`status`, `readyz`, `livez`, `level`, `agent_check`,
+    /// `health_check`, an API call).
+    pub action: String,
+    /// The state before (`start` at the first one); empty for an API call.
     pub from: String,
+    /// The state after, or an API call's outcome.
     pub to: String,
-    /// Why, in one line (the verdict's reason, the score, the probe's reason).
+    /// The QoS level at that moment.
+    pub level: Level,
+    /// Why, in one line (the verdict's reason, the score, the answer's reason).
     pub reason: String,
 }
 
@@ -69,9 +99,11 @@ mod tests {
         for i in 0..(KEPT as u64 + 5) {
             j.push(Entry {
                 at_unix_ms: i,
-                change: Change::Level,
+                integration: Integration::Agent,
+                action: "level".into(),
                 from: "normal".into(),
                 to: "throttle".into(),
+                level: Level::Throttle,
                 reason: String::new(),
             });
         }

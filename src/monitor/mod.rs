@@ -93,9 +93,10 @@ pub struct Monitor {
     pub qos: QosState,
     conditions: Mutex<Vec<Condition>>,
     rearms: AtomicU64,
-    /// What the Kubernetes API mode did about the engine.
+    /// What the Kubernetes API mode did about the engine, and what each router was told.
     pub acted: acted::Acted,
-    /// What changed and when (verdict, level, readiness, liveness), for the operator views.
+    /// Every action for every integration, and when ([`journal`]): `/status/detail`'s
+    /// `actions`, and the operator views.
     pub journal: journal::Journal,
     /// The engine process's start time as its `/metrics` last showed it (Unix seconds): the
     /// identity a saved state is checked against ([`saved`]).
@@ -124,6 +125,40 @@ impl Monitor {
             acted: acted::Acted::default(),
             journal: journal::Journal::default(),
             engine_started_at: Mutex::new(None),
+        }
+    }
+
+    /// Adds an action to the record, with the level now.
+    pub fn note(
+        &self,
+        integration: journal::Integration,
+        action: &str,
+        from: &str,
+        to: &str,
+        reason: &str,
+    ) {
+        self.journal.push(journal::Entry {
+            at_unix_ms: acted::unix_ms(),
+            integration,
+            action: action.to_owned(),
+            from: from.to_owned(),
+            to: to.to_owned(),
+            level: self.qos.level(),
+            reason: reason.to_owned(),
+        });
+    }
+
+    /// Notes what a router polling the agent was told: in the router's state
+    /// ([`acted::Acted::router_saw`]), and in the record when it changed.
+    pub fn told_router(&self, integration: journal::Integration, state: &str, reason: &str) {
+        let router = integration.as_str();
+        if let Some(before) = self.acted.router_saw(router, state, reason) {
+            let action = match integration {
+                journal::Integration::Haproxy => "agent_check",
+                _ => "health_check",
+            };
+            tracing::info!(engine = %self.spec.name, "{router} now reads {state}: {reason}");
+            self.note(integration, action, &before, state, reason);
         }
     }
 

@@ -88,9 +88,11 @@ pub fn answer(engines: &[Arc<Monitor>], asked: &Asked) -> AgentCheck {
         Some(e) => {
             e.status();
             let a = agent_check(&crate::actions::Facts::of(e), &e.spec.actions.haproxy);
-            if e.acted.router_saw("haproxy", a.state.as_str(), &a.reason) {
-                tracing::info!(engine = %e.spec.name, "HAProxy's agent check now answers {}: {}", a.state.as_str(), a.reason);
-            }
+            e.told_router(
+                crate::monitor::journal::Integration::Haproxy,
+                a.state.as_str(),
+                &a.reason,
+            );
             a
         }
         None => {
@@ -222,7 +224,7 @@ mod tests {
         let a = answer(&[], &Asked::Name("draft".into()));
         assert_eq!(
             a.line(),
-            "down ready 100% maxconn:0 #no engine named \"draft\" here (engines: )\n"
+            "down ready 100% maxconn:100000 #no engine named \"draft\" here (engines: )\n"
         );
         let a = answer(&[], &Asked::Nothing);
         assert!(a.line().starts_with("down ready"), "{}", a.line());

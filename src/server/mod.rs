@@ -102,9 +102,11 @@ fn readyz(e: &Monitor, headers: &HeaderMap) -> Response {
             (true, true) => "degraded",
             (false, _) => "unhealthy",
         };
-        if e.acted.router_saw("envoy", state, &r.reason) {
-            tracing::info!(engine = %e.spec.name, "Envoy's health check now reads {state}: {}", r.reason);
-        }
+        e.told_router(
+            crate::monitor::journal::Integration::Envoy,
+            state,
+            &r.reason,
+        );
     }
     let code = if r.ready {
         StatusCode::OK
@@ -376,6 +378,7 @@ pub fn detail(e: &Monitor, shared: &Shared, win: Duration) -> wire::EngineDetail
         },
         kubernetes: e.acted.kubernetes(),
         routers: e.acted.routers(),
+        actions: e.journal.entries(),
     }
 }
 

@@ -49,6 +49,9 @@ pub struct EngineDetail {
     /// until one polls.
     #[serde(default)]
     pub routers: std::collections::BTreeMap<String, crate::monitor::acted::RouterSeen>,
+    /// The last actions for every integration, oldest first (`monitor::journal`).
+    #[serde(default)]
+    pub actions: Vec<crate::monitor::journal::Entry>,
 }
 
 /// The virtual inference loop, as `/status/detail` shows it.

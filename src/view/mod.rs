@@ -11,7 +11,6 @@
 
 use crate::actions::Answers;
 use crate::monitor::Monitor;
-use crate::monitor::acted::Attempt;
 use crate::monitor::journal::Entry;
 use crate::monitor::verdict::Status;
 use crate::qos::score::Level;
@@ -100,6 +99,9 @@ pub struct EngineLine {
     pub failure_count: i64,
     pub max_failure_count: i64,
     pub last_probe: Option<ProbeLine>,
+    /// What each router polling the agent was last told (`haproxy`: `drain`, …).
+    #[serde(default)]
+    pub routers: std::collections::BTreeMap<String, String>,
 }
 
 /// The last virtual probe.
@@ -111,16 +113,20 @@ pub struct ProbeLine {
     pub latency_ms: f64,
 }
 
-/// One recent action: a journal entry or a Kubernetes API attempt.
+/// One recent action, for any integration (`monitor::journal`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Recent {
     pub engine: String,
     pub at_unix_ms: u64,
-    /// `verdict`, `level`, `readiness`, `liveness`, or the API call (`eviction`,
-    /// `condition`, `mindcluster_annotation`).
+    /// `<integration> <action>`: `node_manager status`, `agent level`, `kubelet readyz`,
+    /// `kubelet livez`, `haproxy agent_check`, `envoy health_check`, `kubernetes_api
+    /// eviction`, ….
     pub what: String,
     /// `from -> to`, or the API call's outcome.
     pub change: String,
+    /// The QoS level at that moment.
+    #[serde(default)]
+    pub level: String,
     pub detail: String,
 }
 
@@ -232,30 +238,27 @@ pub fn engine_line(m: &Monitor) -> EngineLine {
             outcome: p.outcome,
             latency_ms: (p.latency_ms * 10.0).round() / 10.0,
         }),
+        routers: m
+            .acted
+            .routers()
+            .into_iter()
+            .map(|(router, seen)| (router, seen.state))
+            .collect(),
     }
 }
 
 fn from_entry(engine: &str, e: Entry) -> Recent {
-    let what = serde_json::to_value(e.change)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_owned))
-        .unwrap_or_default();
     Recent {
         engine: engine.to_owned(),
         at_unix_ms: e.at_unix_ms,
-        what,
-        change: format!("{} -> {}", e.from, e.to),
+        what: format!("{} {}", e.integration.as_str(), e.action),
+        change: if e.from.is_empty() {
+            e.to
+        } else {
+            format!("{} -> {}", e.from, e.to)
+        },
+        level: e.level.as_str().to_owned(),
         detail: e.reason,
-    }
-}
-
-fn from_attempt(engine: &str, a: Attempt) -> Recent {
-    Recent {
-        engine: engine.to_owned(),
-        at_unix_ms: a.at_unix_ms,
-        what: a.action,
-        change: a.outcome,
-        detail: format!("{}: {}", a.pod, a.detail),
     }
 }
 
@@ -265,15 +268,11 @@ pub fn engines(shared: &Shared, engines: &[Arc<Monitor>]) -> Engines {
         .iter()
         .flat_map(|m| {
             let name = &m.spec.name;
-            let journal = m.journal.entries().into_iter().map(|e| from_entry(name, e));
-            let kube = m
-                .acted
-                .kubernetes()
-                .map(|k| k.attempts.into_iter().collect::<Vec<_>>())
-                .unwrap_or_default()
+            m.journal
+                .entries()
                 .into_iter()
-                .map(|a| from_attempt(name, a));
-            journal.chain(kube).collect::<Vec<_>>()
+                .map(|e| from_entry(name, e))
+                .collect::<Vec<_>>()
         })
         .collect();
     recent.sort_by_key(|r| std::cmp::Reverse(r.at_unix_ms));

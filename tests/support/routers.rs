@@ -290,7 +290,10 @@ impl Haproxy {
             log,
         };
         let until = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() || !h.stats.exists() {
+        // The socket's file can exist before HAProxy accepts on it.
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err()
+            || std::os::unix::net::UnixStream::connect(&h.stats).is_err()
+        {
             assert!(
                 Instant::now() < until,
                 "haproxy did not start: {}",

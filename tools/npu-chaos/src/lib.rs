@@ -15,6 +15,7 @@ pub mod proxy;
 pub mod pymotor;
 pub mod real_engine;
 pub mod report;
+pub mod router;
 pub mod run;
 pub mod stress;
 pub mod svg;
@@ -101,6 +102,9 @@ pub struct Plan<'a> {
     pub cadences: &'a [Cadence],
     /// Also a kubelet row per policy (the kubelet emulator acting, no Node Manager).
     pub kubelet: bool,
+    /// Also a row per policy and router: the load through it, a draft engine behind it,
+    /// Node Manager at its 1 s cadence.
+    pub routers: &'a [router::RouterKind],
     pub time_scale: f64,
     pub out: &'a Path,
     pub engine: EngineKind,
@@ -122,6 +126,7 @@ pub async fn run_all(plan: &Plan<'_>) -> Result<bool, String> {
         policies,
         cadences,
         kubelet,
+        routers,
         time_scale,
         out,
         engine,
@@ -133,6 +138,7 @@ pub async fn run_all(plan: &Plan<'_>) -> Result<bool, String> {
     if kubelet {
         rows.push(run::Row::Kubelet);
     }
+    rows.extend(routers.iter().map(|&r| run::Row::Router(r)));
     let _ = rustls::crypto::ring::default_provider().install_default();
     std::fs::create_dir_all(out).map_err(|e| format!("{}: {e}", out.display()))?;
     // Absolute: the scenario names the NPU files, and the fake driver resolves relative names
@@ -167,6 +173,7 @@ pub async fn run_all(plan: &Plan<'_>) -> Result<bool, String> {
             }
         },
         agent_supervisor,
+        repo: repo_root(real_vllm_script),
     };
     let outcomes = run_each(experiments, policies, &rows, opts).await;
     // The real engine is kept between experiments: stop it, however the run ended.
@@ -218,6 +225,8 @@ async fn run_each(
                 match c {
                     run::Row::NodeManager(c) => format!("Node Manager heartbeat {}", c.label()),
                     run::Row::Kubelet => "the kubelet acting".to_owned(),
+                    run::Row::Router(r) =>
+                        format!("the load through {}, Node Manager heartbeat 1s", r.as_str()),
                 }
             );
             let mut o = tokio::select! {

@@ -3,16 +3,20 @@
 //! counts requests and tokens, and the tokens produced while a fault is injected (for the
 //! `limit_affected_tokens` guard). `long_streams_<N>` adds N streams held open. While the
 //! kubelet emulator has the engine not ready, no new request is sent (a Service sends them
-//! to another replica); requests in flight go on.
+//! to another replica); requests in flight go on. Behind a router it also counts the answers
+//! the draft engine gave (by the answer's `model`) and the time to the first token.
 
 use super::experiment::Load;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 /// Plain requests in flight at most (a hung engine must not make the load pile up sockets).
 const MAX_PLAIN_IN_FLIGHT: u64 = 256;
+
+/// Times to the first token kept for the percentiles (a run has far fewer requests).
+const MAX_LATENCIES: usize = 1_000_000;
 
 /// Counters, read at any time. A request cut off by the end of the experiment is in none of
 /// them.
@@ -29,6 +33,11 @@ pub struct LoadStats {
     /// Requests not sent because the engine was not ready (a Service would have sent them
     /// to another replica): in none of the other counts.
     pub held_back: AtomicU64,
+    /// Completed requests the draft engine answered ([`LoadGen::count_answers_of`]).
+    pub by_draft: AtomicU64,
+    /// Milliseconds from sending to the first token (a plain request: to its answer), of
+    /// every completed request.
+    first_token_ms: Mutex<Vec<f64>>,
     plain_in_flight: AtomicU64,
 }
 
@@ -46,6 +55,11 @@ pub struct LoadSnapshot {
     pub held_back: u64,
     /// Completed over attempted; `None` with nothing attempted.
     pub availability: Option<f64>,
+    /// Completed requests the draft engine answered (behind a router; 0 otherwise).
+    pub by_draft: u64,
+    /// The 99th percentile of the time to the first token, milliseconds, over completed
+    /// requests; `None` with none.
+    pub first_token_p99_ms: Option<f64>,
 }
 
 impl LoadStats {
@@ -63,6 +77,25 @@ impl LoadStats {
             tokens_under_fault: self.tokens_under_fault.load(Ordering::Relaxed),
             held_back: self.held_back.load(Ordering::Relaxed),
             availability: (attempted > 0).then(|| completed as f64 / attempted as f64),
+            by_draft: self.by_draft.load(Ordering::Relaxed),
+            first_token_p99_ms: p99(&self
+                .first_token_ms
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())),
+        }
+    }
+
+    /// Notes a completed request: how long its first token took, and who answered.
+    fn answered(&self, first_token: Duration, by_draft: bool) {
+        if by_draft {
+            self.by_draft.fetch_add(1, Ordering::Relaxed);
+        }
+        let mut l = self
+            .first_token_ms
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if l.len() < MAX_LATENCIES {
+            l.push(first_token.as_secs_f64() * 1000.0);
         }
     }
 
@@ -75,6 +108,17 @@ impl LoadStats {
         };
         c.fetch_add(1, Ordering::Relaxed);
     }
+}
+
+/// The 99th percentile of `v` (nearest rank); `None` when empty.
+fn p99(v: &[f64]) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let rank = ((s.len() as f64) * 0.99).ceil() as usize;
+    Some(s[rank.clamp(1, s.len()) - 1])
 }
 
 /// How one request ended.
@@ -110,6 +154,8 @@ pub struct LoadGen {
     retry: Duration,
     /// Tokens asked for per request.
     max_tokens: u32,
+    /// The draft engine's model name, behind a router.
+    draft: Arc<OnceLock<String>>,
     cancel: CancellationToken,
 }
 
@@ -143,6 +189,7 @@ impl LoadGen {
             prompt: "tok ".repeat(load.prompt_tokens.max(1) as usize),
             retry: Duration::from_secs_f64(0.1 * time_scale).max(Duration::from_millis(1)),
             max_tokens: load.max_tokens,
+            draft: Arc::default(),
             cancel,
         };
         for _ in 0..load.streams {
@@ -190,6 +237,19 @@ impl LoadGen {
             });
         }
         g
+    }
+
+    /// Counts the completed requests answered as `model` (the draft engine behind a router)
+    /// from now on.
+    pub fn count_answers_of(&self, model: &str) {
+        let _ = self.draft.set(model.to_owned());
+    }
+
+    /// Whether `answer` (an answer, or one streamed chunk of it) names the draft's model.
+    fn answered_by_draft(&self, answer: &serde_json::Value) -> bool {
+        self.draft
+            .get()
+            .is_some_and(|d| answer["model"].as_str() == Some(d.as_str()))
     }
 
     /// Whether the engine takes new requests (the kubelet emulator's readiness).
@@ -287,6 +347,8 @@ impl LoadGen {
         if !self.wait_ready(cancel).await {
             return false;
         }
+        let sent = Instant::now();
+        let mut first: Option<(Duration, bool)> = None;
         let send = self
             .client
             .post(&self.url)
@@ -323,6 +385,11 @@ impl LoadGen {
                         let line: Vec<u8> = buf.drain(..=nl).collect();
                         if line.starts_with(b"data: {") {
                             self.count_tokens(1);
+                            if first.is_none() {
+                                let chunk: serde_json::Value =
+                                    serde_json::from_slice(&line[6..]).unwrap_or_default();
+                                first = Some((sent.elapsed(), self.answered_by_draft(&chunk)));
+                            }
                         } else if line.starts_with(b"data: [DONE]") {
                             end = End::Completed;
                         }
@@ -334,11 +401,16 @@ impl LoadGen {
             Err(e) => ended_by(&e),
         };
         self.stats.count(end);
+        if end == End::Completed {
+            let (t, draft) = first.unwrap_or((sent.elapsed(), false));
+            self.stats.answered(t, draft);
+        }
         end == End::Completed
     }
 
     /// One plain completion.
     async fn plain(&self, max_tokens: u32) {
+        let sent = Instant::now();
         let r = self
             .client
             .post(&self.url)
@@ -351,6 +423,8 @@ impl LoadGen {
             Ok(r) if r.status().is_success() => match r.json::<serde_json::Value>().await {
                 Ok(v) => {
                     self.count_tokens(v["usage"]["completion_tokens"].as_u64().unwrap_or(0));
+                    self.stats
+                        .answered(sent.elapsed(), self.answered_by_draft(&v));
                     End::Completed
                 }
                 Err(e) => ended_by(&e),

@@ -52,6 +52,15 @@ enum Cmd {
         /// emulator only): a row `kubelet` per policy.
         #[arg(long)]
         kubelet: bool,
+        /// Also run every experiment with the load through this router, a draft engine
+        /// behind it and Node Manager at 1s (fake engine and the emulator only; repeat for
+        /// both): a row `haproxy` or `envoy` per policy. `scripts/routers install` first.
+        #[arg(long, value_enum)]
+        router: Vec<chaos::router::RouterKind>,
+        /// Only the rows --kubelet and --router add: no row of Node Manager acting alone
+        /// (the load straight to the engine).
+        #[arg(long)]
+        no_nm_rows: bool,
         /// Only the experiments with these names.
         #[arg(long)]
         only: Vec<String>,
@@ -127,6 +136,8 @@ fn main() -> ExitCode {
             nm_heartbeat,
             node_manager,
             kubelet,
+            router,
+            no_nm_rows,
             only,
             engine,
             real_vllm,
@@ -174,6 +185,17 @@ fn main() -> ExitCode {
                 );
                 return ExitCode::from(2);
             }
+            if !router.is_empty() && (pymotor || engine != EngineKind::Fake) {
+                eprintln!(
+                    "npu-chaos: --router runs on the fake engine with the Node Manager emulator (the draft is a fake engine)"
+                );
+                return ExitCode::from(2);
+            }
+            if no_nm_rows && !kubelet && router.is_empty() {
+                eprintln!("npu-chaos: --no-nm-rows leaves no row: add --kubelet or --router");
+                return ExitCode::from(2);
+            }
+            let nm_heartbeat = if no_nm_rows { Vec::new() } else { nm_heartbeat };
             let policies = if policy.is_empty() {
                 vec![Policy::Reference, Policy::Agent, Policy::Mindie]
             } else {
@@ -195,6 +217,7 @@ fn main() -> ExitCode {
                 policies: &policies,
                 cadences: &nm_heartbeat,
                 kubelet,
+                routers: &router,
                 time_scale,
                 out: &out,
                 engine,

@@ -14,6 +14,8 @@ pub struct PolicySummary {
     pub integration: Integration,
     /// Node Manager's cadence; `null` in the kubelet's row.
     pub cadence: Option<Cadence>,
+    /// The router the load went through (`null`: straight to the engine).
+    pub router: Option<crate::router::RouterKind>,
     pub benign: usize,
     /// Every false kill, the known ones included.
     pub false_kills: usize,
@@ -81,6 +83,7 @@ pub fn summarize(policy: Policy, row: Row, outcomes: &[Outcome], time_scale: f64
         policy,
         integration: row.integration(),
         cadence: row.cadence(),
+        router: row.router(),
         benign: benign.len(),
         false_kills: count(Verdict::FalseKill) + count(Verdict::KnownFalseKill),
         known_false_kills: count(Verdict::KnownFalseKill),
@@ -210,7 +213,7 @@ pub fn markdown(
             .map(|g| format!("{} {} ({})", g.guard, g.action, g.detail))
             .collect();
         let availability = format!(
-            "{} ({} / {}{})",
+            "{} ({} / {}{}{})",
             percent(o.load.availability),
             o.load.completed,
             o.load.attempted,
@@ -218,6 +221,21 @@ pub fn markdown(
                 format!("; {} held back while not ready", o.load.held_back)
             } else {
                 String::new()
+            },
+            match o.router {
+                Some(r) => format!(
+                    "; through {}: the draft served {} ({}), p99 first token {}",
+                    r.as_str(),
+                    o.load.by_draft,
+                    percent(
+                        (o.load.completed > 0)
+                            .then(|| o.load.by_draft as f64 / o.load.completed as f64)
+                    ),
+                    o.load
+                        .first_token_p99_ms
+                        .map_or_else(|| "—".to_owned(), |t| format!("{t:.0} ms"))
+                ),
+                None => String::new(),
             }
         );
         let kubelet = o.kubelet.as_ref().map_or_else(
@@ -336,6 +354,7 @@ mod tests {
             policy: Policy::Agent,
             integration: Integration::NodeManager,
             cadence: Some(Cadence::PYMOTOR),
+            router: None,
             node_manager: crate::run::NodeManagerKind::Emulator,
             expect: expect.into(),
             verdict,

@@ -166,33 +166,45 @@ pub enum Integration {
     Kubelet,
 }
 
-/// A row of the summary: Node Manager at one cadence, or the kubelet.
+/// A row of the summary: Node Manager at one cadence, the kubelet, or the load through a
+/// router (with Node Manager at its 1 s cadence).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Row {
     NodeManager(Cadence),
     Kubelet,
+    Router(super::router::RouterKind),
 }
 
 impl Row {
-    /// `1s`, `3s`, `kubelet`.
+    /// `1s`, `3s`, `kubelet`, `haproxy`, `envoy`.
     pub fn label(self) -> String {
         match self {
             Row::NodeManager(c) => c.label(),
             Row::Kubelet => "kubelet".to_owned(),
+            Row::Router(r) => r.as_str().to_owned(),
         }
     }
 
-    /// Node Manager's cadence, in a Node Manager row.
+    /// Node Manager's cadence, where Node Manager acts.
     pub fn cadence(self) -> Option<Cadence> {
         match self {
             Row::NodeManager(c) => Some(c),
             Row::Kubelet => None,
+            Row::Router(_) => Some(Cadence::PYMOTOR),
+        }
+    }
+
+    /// The router the load goes through, in a router row.
+    pub fn router(self) -> Option<super::router::RouterKind> {
+        match self {
+            Row::Router(r) => Some(r),
+            _ => None,
         }
     }
 
     pub fn integration(self) -> Integration {
         match self {
-            Row::NodeManager(_) => Integration::NodeManager,
+            Row::NodeManager(_) | Row::Router(_) => Integration::NodeManager,
             Row::Kubelet => Integration::Kubelet,
         }
     }
@@ -231,6 +243,8 @@ pub struct RunOptions {
     /// `--agent-supervisor`; `None`: systemd for an agent fault when a private user manager
     /// can start, direct otherwise.
     pub agent_supervisor: Option<Supervisor>,
+    /// The repository (where `scripts/routers` puts Envoy).
+    pub repo: PathBuf,
 }
 
 /// Which Node Manager polls `/status`.
@@ -313,6 +327,8 @@ pub struct Outcome {
     pub integration: Integration,
     /// Node Manager's cadence (`null` in a kubelet run).
     pub cadence: Option<Cadence>,
+    /// The router the load went through (`null`: straight to the engine).
+    pub router: Option<super::router::RouterKind>,
     /// `emulator`, or `pymotor` (MindIE PyMotor 3.0.0b2's own heartbeat).
     pub node_manager: NodeManagerKind,
     pub expect: String,
@@ -376,8 +392,9 @@ pub struct KubeletOutcome {
 impl Outcome {
     /// The summary row this outcome belongs to.
     pub fn row(&self) -> Row {
-        match (self.integration, self.cadence) {
-            (Integration::NodeManager, Some(c)) => Row::NodeManager(c),
+        match (self.integration, self.cadence, self.router) {
+            (_, _, Some(r)) => Row::Router(r),
+            (Integration::NodeManager, Some(c), None) => Row::NodeManager(c),
             _ => Row::Kubelet,
         }
     }
@@ -629,6 +646,10 @@ struct Stack {
     http: reqwest::Client,
     /// `/status` is served by MindIE's engine server, not the agent.
     peer: bool,
+    /// The agent's listener the router reads, in a router row.
+    router_port: Option<u16>,
+    /// The router in front and the draft behind it, once started ([`Stack::start_router`]).
+    router: Option<super::router::Router>,
 }
 
 impl Stack {
@@ -710,19 +731,29 @@ impl Stack {
             .await
             .map_err(|e| format!("starting the proxy: {e}"))?;
         let toml = dir.join("agent.toml");
-        std::fs::write(
-            &toml,
-            agent_toml(
-                proxy.addr.port(),
-                mgmt_port,
-                npu_files.len(),
-                policy,
-                s,
-                opts.engine,
-                opts.model(),
+        let router_port = match opts.row.router() {
+            Some(_) => Some(
+                fake_engine::launch::free_ports::<1>().map_err(|e| format!("no free port: {e}"))?
+                    [0],
             ),
+            None => None,
+        };
+        let agent_extra = match (opts.row.router(), router_port) {
+            (Some(r), Some(p)) => r.agent_line(p),
+            _ => String::new(),
+        };
+        // The router's listener goes in the [agent] table.
+        let text = agent_toml(
+            proxy.addr.port(),
+            mgmt_port,
+            npu_files.len(),
+            policy,
+            s,
+            opts.engine,
+            opts.model(),
         )
-        .map_err(|e| e.to_string())?;
+        .replacen("[agent]\n", &format!("[agent]\n{agent_extra}"), 1);
+        std::fs::write(&toml, text).map_err(|e| e.to_string())?;
         let mut supervisor = Supervisor::Direct;
         let mut supervisor_note = want.note.clone();
         let agent = match (policy, &opts.pymotor) {
@@ -825,7 +856,47 @@ impl Stack {
             proxy_cancel,
             http,
             peer: policy == Policy::Mindie,
+            router_port,
+            router: None,
         })
+    }
+
+    /// In a router row: starts the draft engine and the router in front of the proxy (what
+    /// the load reached before), reading the agent's listener.
+    async fn start_router(&mut self, opts: &RunOptions) -> Result<(), String> {
+        let (Some(kind), Some(agent_port)) = (opts.row.router(), self.router_port) else {
+            return Ok(());
+        };
+        let r = super::router::Router::start(
+            kind,
+            &self.dir,
+            &super::router::Placement {
+                main: self.proxy.addr,
+                agent_port,
+                engine: "chaos",
+                model: opts.model(),
+                agent_exe: &opts.agent_exe,
+                repo: &opts.repo,
+                time_scale: opts.time_scale,
+            },
+        )
+        .await?;
+        eprintln!(
+            "npu-chaos:   the load goes through {} on {} (the draft engine on port {})",
+            kind.as_str(),
+            r.front,
+            r.draft_port
+        );
+        self.router = Some(r);
+        Ok(())
+    }
+
+    /// Where the load sends its requests: the router in a router row, else the proxy.
+    fn load_base(&self) -> String {
+        match &self.router {
+            Some(r) => format!("http://{}", r.front),
+            None => format!("http://{}", self.proxy.addr),
+        }
     }
 
     /// Sends `sig` to the real engine's EngineCore.
@@ -1375,6 +1446,7 @@ pub async fn run(e: &Experiment, policy: Policy, opts: &RunOptions) -> Outcome {
         policy,
         integration: opts.row.integration(),
         cadence: opts.row.cadence(),
+        router: opts.row.router(),
         node_manager: if opts.pymotor_nm.is_some() {
             NodeManagerKind::Pymotor
         } else {
@@ -1426,10 +1498,13 @@ pub async fn run(e: &Experiment, policy: Policy, opts: &RunOptions) -> Outcome {
     cancel.cancel();
     // A kill before the fault was injected (or with no injection at all) is a false kill,
     // whatever the experiment expects.
-    let known = e
-        .known_false_kills
-        .iter()
-        .any(|(p, row)| p == policy.as_str() && *row == opts.row.label());
+    // A router row's Node Manager sees what the `1s` row's does: its known kills too.
+    let nm_label = opts.row.cadence().map(|c| c.label());
+    let known = e.known_false_kills.iter().any(|(p, row)| {
+        p == policy.as_str()
+            && (*row == opts.row.label()
+                || (opts.row.router().is_some() && Some(row) == nm_label.as_ref()))
+    });
     let killed_before_fault = out
         .killed_at_ms
         .is_some_and(|k| out.first_injected_ms.is_none_or(|f| k < f));
@@ -1542,13 +1617,17 @@ async fn run_inner(
         nm.wait_grace(Duration::from_secs(120)).await?;
         real_nm = Some(nm);
     }
+    stack.start_router(opts).await?;
     let load = LoadGen::start(
-        &format!("http://{}", stack.proxy.addr),
+        &stack.load_base(),
         opts.model(),
         &fit_load(&e.load, opts.engine),
         s,
         cancel.child_token(),
     );
+    if stack.router.is_some() {
+        load.count_answers_of(super::router::DRAFT_MODEL);
+    }
     // The node has been up past Node Manager's grace period.
     // Sampled every (scaled) second, as Node Manager polls.
     let sample_every = scaled(Duration::from_secs(1), s).max(Duration::from_millis(20));
@@ -1559,7 +1638,8 @@ async fn run_inner(
     let nm_t0 = Instant::now();
     let probes = super::kubelet::ProbeLog::default();
     let (nm_thread, mut kubelet) = match opts.row {
-        Row::NodeManager(c) => {
+        Row::NodeManager(_) | Row::Router(_) => {
+            let c = opts.row.cadence().unwrap_or(Cadence::PYMOTOR);
             let nm = c.nm_options(vec![format!("{}/status", stack.mgmt)], s);
             let thread = match kill_tx {
                 Some(tx) => Some(
@@ -2208,6 +2288,7 @@ mod tests {
                 policy: Policy::Agent,
                 integration: Integration::Kubelet,
                 cadence: None,
+                router: None,
                 node_manager: NodeManagerKind::Emulator,
                 expect: String::new(),
                 verdict: Verdict::Error,

@@ -54,6 +54,7 @@ pub fn chart(o: &Outcome, time_scale: f64) -> String {
         match o.row() {
             crate::run::Row::NodeManager(c) => format!("Node Manager heartbeat {}", c.label()),
             crate::run::Row::Kubelet => "the kubelet acting".to_owned(),
+            crate::run::Row::Router(r) => format!("through {}, Node Manager 1s", r.as_str()),
         },
         esc(&format!("{:?}", o.verdict).to_lowercase())
     );
@@ -215,6 +216,7 @@ mod tests {
             policy: Policy::Agent,
             integration: crate::run::Integration::NodeManager,
             cadence: Some(crate::run::Cadence::PYMOTOR),
+            router: None,
             node_manager: crate::run::NodeManagerKind::Emulator,
             expect: "healthy".into(),
             verdict: Verdict::FalseKill,

@@ -388,3 +388,96 @@ fn ctrl_c_tears_the_stack_down() {
         processes_mentioning(&marker)
     );
 }
+
+// `--router haproxy`: the load goes through a real HAProxy with a draft engine behind it. A
+// degraded engine (the seed's `degrade`) is drained to the draft: the draft serves part of
+// the load, no request fails, Node Manager kills nothing; the outcome and the summary name
+// the router. Skips where HAProxy is not installed (`scripts/routers install`) but in CI.
+#[test]
+fn a_router_row_sends_the_load_to_the_draft_while_degraded() {
+    if std::process::Command::new("haproxy")
+        .arg("-v")
+        .output()
+        .is_err()
+    {
+        assert_ne!(
+            std::env::var("CI").as_deref(),
+            Ok("true"),
+            "haproxy not installed in CI"
+        );
+        println!("skipped: haproxy not found (scripts/routers install)");
+        return;
+    }
+    let _serial = one_stack_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("degraded.yaml");
+    std::fs::write(
+        &f,
+        "- name: degraded\n  target: engine\n  fault: degraded_3000ms\n  duration: 60s\n  load: { streams: 4, rate: 2 }\n  expect: healthy\n",
+    )
+    .unwrap();
+    let out_dir = dir.path().join("out");
+    let out = chaos()
+        .args([
+            "run",
+            "--time-scale",
+            "0.05",
+            "--policy",
+            "agent",
+            "--router",
+            "haproxy",
+            "--no-nm-rows",
+            "--out",
+        ])
+        .arg(&out_dir)
+        .arg(&f)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    let o: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(out_dir.join("agent/haproxy/degraded.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(o["verdict"], "pass", "{o}");
+    assert_eq!(o["router"], "haproxy");
+    let load = &o["load"];
+    assert!(load["by_draft"].as_u64().unwrap() > 0, "{load}");
+    assert_eq!(load["failed"], 0, "{load}");
+    assert!(load["first_token_p99_ms"].as_f64().is_some(), "{load}");
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out_dir.join("summary.json")).unwrap())
+            .unwrap();
+    let rows = summary["policies"].as_array().unwrap();
+    assert_eq!(rows.len(), 1, "only the router row: {summary}");
+    assert_eq!(rows[0]["router"], "haproxy");
+    assert!(
+        stdout.contains("through haproxy: the draft served"),
+        "{stdout}"
+    );
+    let stray = processes_mentioning(&out_dir.display().to_string());
+    assert!(stray.is_empty(), "stray processes: {stray:?}");
+}
+
+#[test]
+fn router_rows_are_refused_where_they_cannot_run() {
+    for (args, says) in [
+        (
+            &["--router", "haproxy", "--engine", "vllm"][..],
+            "--router runs on the fake engine",
+        ),
+        (&["--no-nm-rows"][..], "--no-nm-rows leaves no row"),
+    ] {
+        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+        let out = chaos()
+            .arg("run")
+            .args(args)
+            .arg(format!("{root}/experiments/benign.yaml"))
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+}
