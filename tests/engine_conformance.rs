@@ -311,6 +311,20 @@ async fn conform(base: &str, model: &str) -> Vec<String> {
         }
     }
     seen.push("the agent's 1-token and streamed probes succeed".to_owned());
+    // A further served name (`--served-model-name tiny tiny-alias`): asked for, it is
+    // served, and the answer names the first one (how a draft behind a router tells).
+    let r = call(
+        &client,
+        "POST",
+        &format!("{base}/v1/completions"),
+        Some(json!({"model": "tiny-alias", "prompt": "1", "max_tokens": 1})),
+        &[],
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v: Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!(v["model"], model, "the answer names the first served name");
+    seen.push(format!("asked for tiny-alias, answered as {}", v["model"]));
     seen.push(keep_alive_close(base).await);
     seen
 }
@@ -351,10 +365,11 @@ async fn fake(profile: Profile) -> FakeEngine {
     .await
 }
 
-/// The fake engine serving `tiny` with `opts`.
+/// The fake engine serving `tiny` (and `tiny-alias`) with `opts`.
 async fn fake_with(opts: EngineOptions) -> FakeEngine {
     FakeEngine::start(EngineOptions {
         model: "tiny".into(),
+        aliases: vec!["tiny-alias".into()],
         ..opts
     })
     .await
@@ -373,9 +388,14 @@ async fn real_vllm_0_32_conforms() {
     if !real_vllm::enabled("real_vllm_0_32_conforms") {
         return;
     }
-    let v = tokio::task::spawn_blocking(|| RealVllm::up("conformance", &[]))
-        .await
-        .unwrap();
+    let v = tokio::task::spawn_blocking(|| {
+        RealVllm::up(
+            "conformance",
+            &["--", "--served-model-name", "tiny", "tiny-alias"],
+        )
+    })
+    .await
+    .unwrap();
     for line in conform(&v.url(), "tiny").await {
         println!("real vLLM 0.32: {line}");
     }
