@@ -134,11 +134,40 @@ fn a_count_in_progress_resumes_after_a_restart_without_a_new_warm_up() {
 // The Kubernetes path and a second `run` by hand: a new agent started beside the running
 // one takes its sockets and its state. A poll every 100 ms never fails and always reads
 // `normal`, and the warm engine is not warmed up again.
+/// HAProxy's agent check for `e2e` on `addr`: the answer line, `None` when none came.
+fn agent_check(addr: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect(addr).ok()?;
+    c.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    c.write_all(b"e2e\n").ok()?;
+    let mut out = String::new();
+    c.read_to_string(&mut out).ok()?;
+    (!out.is_empty()).then_some(out)
+}
+
 #[test]
 fn two_agents_hand_over_under_a_poll_every_100_ms_without_a_failed_poll() {
-    let mut s = stack();
+    // HAProxy's agent-check listener is handed over too, under its own poller.
+    let [check_port] = support::stack::free_ports();
+    let agent_extra = format!("haproxy_agent_listen = \"127.0.0.1:{check_port}\"");
+    let mut s = Stack::start_launch(Launch {
+        state_dir: true,
+        agent_extra: &agent_extra,
+        ..Launch::default()
+    });
     let url = s.status_url();
     let stop = Arc::new(AtomicBool::new(false));
+    let checks: Arc<Mutex<Vec<Option<String>>>> = Arc::default();
+    let checker = {
+        let (stop, checks) = (stop.clone(), checks.clone());
+        let addr = format!("127.0.0.1:{check_port}");
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Acquire) {
+                checks.lock().unwrap().push(agent_check(&addr));
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        })
+    };
     let polls: Arc<Mutex<Vec<Option<String>>>> = Arc::default();
     let poller = {
         let (stop, polls) = (stop.clone(), polls.clone());
@@ -176,6 +205,16 @@ fn two_agents_hand_over_under_a_poll_every_100_ms_without_a_failed_poll() {
     std::thread::sleep(Duration::from_secs(2));
     stop.store(true, Ordering::Release);
     poller.join().unwrap();
+    checker.join().unwrap();
+    let checks = checks.lock().unwrap().clone();
+    assert!(
+        checks.iter().all(|c| c
+            .as_deref()
+            .is_some_and(|c| c.starts_with("up ready 100% "))),
+        "an agent check without its answer: {checks:?}\n{}",
+        s.agent_log()
+    );
+    assert!(checks.len() >= 25, "{} agent checks", checks.len());
     let polls = polls.lock().unwrap().clone();
     let failed = polls.iter().filter(|p| p.is_none()).count();
     assert_eq!(failed, 0, "failed polls: {polls:?}\n{}", s.agent_log());
