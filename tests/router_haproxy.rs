@@ -16,24 +16,6 @@ use std::time::Duration;
 use support::routers::{self, Answer, Draft, Haproxy, complete};
 use support::stack::{Launch, Stack, free_ports};
 
-/// HAProxy's agent check every 200 ms; requests queue up to 30 s (`timeout queue`).
-const HAPROXY: &str = r#"
-global
-    stats socket {stats} level admin
-defaults
-    mode http
-    timeout connect 1s
-    timeout client 30s
-    timeout server 30s
-    timeout queue 30s
-frontend llm
-    bind 127.0.0.1:FRONT
-    default_backend llm
-backend llm
-    server main 127.0.0.1:MAIN agent-check agent-addr 127.0.0.1 agent-port AGENT agent-inter 200ms agent-send "ENGINE\n"
-    server draft 127.0.0.1:DRAFT backup
-"#;
-
 struct Rig {
     stack: Stack,
     haproxy: Haproxy,
@@ -52,12 +34,7 @@ fn rig(bin: &std::path::Path) -> Rig {
     });
     let [draft_port, draft_control, front] = free_ports();
     let draft = Draft::start(draft_port, draft_control, stack.dir.path());
-    let config = HAPROXY
-        .replace("FRONT", &front.to_string())
-        .replace("MAIN", &stack.engine_port.to_string())
-        .replace("AGENT", &agent_port.to_string())
-        .replace("ENGINE", "e2e")
-        .replace("DRAFT", &draft_port.to_string());
+    let config = routers::main_and_draft(front, stack.engine_port, agent_port, "e2e", draft_port);
     let haproxy = Haproxy::start(bin, stack.dir.path(), &config, front);
     Rig {
         stack,
@@ -301,12 +278,7 @@ fn an_unknown_engine_name_takes_the_server_out_with_the_reason() {
         agent_extra: &agent_extra,
         ..Launch::default()
     });
-    let config = HAPROXY
-        .replace("FRONT", &front.to_string())
-        .replace("MAIN", &stack.engine_port.to_string())
-        .replace("AGENT", &agent_port.to_string())
-        .replace("ENGINE", "prefill-7")
-        .replace("DRAFT", &draft.to_string());
+    let config = routers::main_and_draft(front, stack.engine_port, agent_port, "prefill-7", draft);
     let haproxy = Haproxy::start(&bin, stack.dir.path(), &config, front);
     let s = haproxy.wait_server("llm", "main", Duration::from_secs(10), |s| {
         status(s) == "DOWN (agent)"

@@ -63,18 +63,26 @@ impl AgentCheck {
     }
 }
 
-/// `s` on one line of at most [`MAX_REASON`] bytes.
+/// `s` on one line of at most [`MAX_REASON`] bytes. A longer one is cut at the last space
+/// that fits and ends in `...`, so the stats page never shows half a word or a dangling `(`.
 fn clean(s: &str) -> String {
     let mut out: String = s
         .chars()
         .map(|c| if c.is_control() { ' ' } else { c })
         .collect();
     if out.len() > MAX_REASON {
-        let mut end = MAX_REASON;
+        const MORE: &str = "...";
+        let mut end = MAX_REASON - MORE.len();
         while !out.is_char_boundary(end) {
             end -= 1;
         }
         out.truncate(end);
+        if let Some(space) = out.rfind(' ') {
+            out.truncate(space);
+        }
+        let kept = out.trim_end_matches([' ', ',', ';', ':', '(']).len();
+        out.truncate(kept);
+        out.push_str(MORE);
     }
     out
 }

@@ -417,8 +417,17 @@ fn agent_check_reason_is_one_bounded_line() {
     let reason = line.split_once('#').unwrap().1.trim_end();
     assert!(reason.len() <= haproxy::MAX_REASON, "{}", reason.len());
     assert!(
-        reason.starts_with("abnormal: engine said: boom "),
+        reason.starts_with("abnormal: engine said: boom") && reason.ends_with("..."),
         "{reason}"
+    );
+    // Cut at a word: no half word, no dangling `(`.
+    f.reason = "2 consecutive virtual requests failed and were counted, confirmed (last: the request timed out after 5 s)".into();
+    let line = haproxy::agent_check(&f, &crate::config::actions::HaproxyMap::default()).line();
+    let reason = line.split_once('#').unwrap().1.trim_end();
+    assert!(reason.len() <= haproxy::MAX_REASON, "{}", reason.len());
+    assert_eq!(
+        reason,
+        "abnormal: 2 consecutive virtual requests failed and were counted, confirmed (last: the request timed out..."
     );
     let unknown = haproxy::AgentCheck::unknown("no engine named \"x\"".into()).line();
     assert_eq!(

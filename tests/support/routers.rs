@@ -239,6 +239,29 @@ impl Drop for Draft {
     }
 }
 
+/// HAProxy in front of a main engine and its `backup` draft: the agent answers the main
+/// server's agent check every 200 ms for `engine`; requests queue up to 60 s (`timeout queue`).
+pub fn main_and_draft(front: u16, main: u16, agent: u16, engine: &str, draft: u16) -> String {
+    format!(
+        r#"
+global
+    stats socket {{stats}} level admin
+defaults
+    mode http
+    timeout connect 1s
+    timeout client 60s
+    timeout server 60s
+    timeout queue 60s
+frontend llm
+    bind 127.0.0.1:{front}
+    default_backend llm
+backend llm
+    server main 127.0.0.1:{main} agent-check agent-addr 127.0.0.1 agent-port {agent} agent-inter 200ms agent-send "{engine}\n"
+    server draft 127.0.0.1:{draft} backup
+"#
+    )
+}
+
 /// A running HAProxy, killed when dropped.
 pub struct Haproxy {
     child: Child,
@@ -408,11 +431,22 @@ pub struct Answer {
     pub took: Duration,
 }
 
-/// Sends one completion of `tokens` tokens for `model` to `base` and reads it whole.
+/// Sends one completion of `tokens` tokens for `model` to `base` and reads it whole
+/// (`ignore_eos`, so a real engine produces them all; up to 60 s: it may wait in a router's
+/// queue or on a slowed engine).
 pub fn complete(base: &str, model: &str, tokens: u32) -> Answer {
-    let body = format!(r#"{{"model": "{model}", "prompt": "hi", "max_tokens": {tokens}}}"#);
+    let body = format!(
+        r#"{{"model": "{model}", "prompt": "hi", "max_tokens": {tokens}, "ignore_eos": true}}"#
+    );
     let t = Instant::now();
-    let got = super::stack::http("POST", &format!("{base}/v1/completions"), Some(&body));
+    let got = super::stack::http_waiting(
+        "POST",
+        &format!("{base}/v1/completions"),
+        Some(&body),
+        &[],
+        Duration::from_secs(60),
+    )
+    .map(|(code, _, text)| (code, text));
     let took = t.elapsed();
     match got {
         Some((code, text)) => Answer {

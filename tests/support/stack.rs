@@ -442,13 +442,25 @@ pub fn http_full(
     body: Option<&str>,
     headers: &[(&str, &str)],
 ) -> Option<(u16, String, String)> {
+    http_waiting(method, url, body, headers, Duration::from_secs(10))
+}
+
+/// [`http_full`] that waits up to `read` for each read (a whole non-streamed completion on a
+/// slowed engine, or one held in a router's queue, can take longer than the usual 10 s).
+pub fn http_waiting(
+    method: &str,
+    url: &str,
+    body: Option<&str>,
+    headers: &[(&str, &str)],
+    read: Duration,
+) -> Option<(u16, String, String)> {
     use std::io::{Read, Write};
     let rest = url.strip_prefix("http://")?;
     let (authority, path) = rest
         .split_once('/')
         .map_or((rest, "/".to_owned()), |(a, p)| (a, format!("/{p}")));
     let mut s = std::net::TcpStream::connect(authority).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    s.set_read_timeout(Some(read)).ok()?;
     let body = body.unwrap_or("");
     let extra: String = headers
         .iter()
