@@ -125,14 +125,8 @@ impl Envoy {
         .unwrap();
         let log = dir.join("envoy.log");
         let child = Command::new(bin)
-            .args([
-                "--disable-hot-restart",
-                "--concurrency",
-                "1",
-                "-l",
-                "warning",
-                "-c",
-            ])
+            .args(npu_chaos::router::ENVOY_ARGS)
+            .arg("-c")
             .arg(&cfg)
             .stdout(Stdio::from(std::fs::File::create(&log).unwrap()))
             .stderr(Stdio::from(

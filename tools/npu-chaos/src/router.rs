@@ -94,6 +94,16 @@ pub struct Router {
 /// The model the draft answers as (the first of its served names).
 pub const DRAFT_MODEL: &str = "draft";
 
+/// Envoy's command line before `-c <config>`: one worker thread (two cores are shared with
+/// the engines), no hot-restart shared memory (several Envoys side by side), warnings only.
+pub const ENVOY_ARGS: [&str; 5] = [
+    "--disable-hot-restart",
+    "--concurrency",
+    "1",
+    "-l",
+    "warning",
+];
+
 /// What the router is placed in front of.
 pub struct Placement<'a> {
     /// The main engine, as the load would reach it.
@@ -154,16 +164,7 @@ impl Router {
         let mut cmd = Command::new(&bin);
         match kind {
             RouterKind::Haproxy => cmd.arg("-db").arg("-f").arg(&cfg),
-            RouterKind::Envoy => cmd
-                .args([
-                    "--disable-hot-restart",
-                    "--concurrency",
-                    "1",
-                    "-l",
-                    "warning",
-                ])
-                .arg("-c")
-                .arg(&cfg),
+            RouterKind::Envoy => cmd.args(ENVOY_ARGS).arg("-c").arg(&cfg),
         };
         let child = match cmd
             .stdout(log(&format!("{}.log", kind.as_str()))?)

@@ -4,10 +4,39 @@
 //! `npu-chaos`, built with `fake-driver`: `cargo test --workspace --features fake-driver`
 //! (what `scripts/test-all` runs) builds both.
 
+use std::path::Path;
 use std::process::Command;
 
 fn chaos() -> Command {
     Command::new(env!("CARGO_BIN_EXE_npu-chaos"))
+}
+
+/// `npu-chaos run <args> --out <out_dir> <file>`: the exit code, and stdout then stderr (for
+/// the failure messages).
+fn run(args: &[&str], out_dir: &Path, file: &Path) -> (Option<i32>, String) {
+    let out = chaos()
+        .arg("run")
+        .args(args)
+        .arg("--out")
+        .arg(out_dir)
+        .arg(file)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code(), text)
+}
+
+/// One experiment's outcome, `<out_dir>/<rel>` (`<policy>/<row>/<name>.json`); `output` is
+/// the run's, for the message when the file is missing.
+fn outcome(out_dir: &Path, rel: &str, output: &str) -> serde_json::Value {
+    let p = out_dir.join(rel);
+    let text =
+        std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}\n{output}", p.display()));
+    serde_json::from_str(&text).unwrap()
 }
 
 /// The tests that start whole stacks run one at a time (a shared 2-core machine).
@@ -187,9 +216,8 @@ fn a_kubelet_row_restarts_a_crashed_engine() {
     )
     .unwrap();
     let out_dir = dir.path().join("out");
-    let out = chaos()
-        .args([
-            "run",
+    let (code, output) = run(
+        &[
             "--time-scale",
             "0.1",
             "--policy",
@@ -197,19 +225,12 @@ fn a_kubelet_row_restarts_a_crashed_engine() {
             "--nm-heartbeat",
             "3s",
             "--kubelet",
-            "--out",
-        ])
-        .arg(&out_dir)
-        .arg(&f)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
-    let o: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(out_dir.join("agent/kubelet/crash.json")).unwrap(),
-    )
-    .unwrap();
+        ],
+        &out_dir,
+        &f,
+    );
+    assert_eq!(code, Some(0), "{output}");
+    let o = outcome(&out_dir, "agent/kubelet/crash.json", &output);
     assert_eq!(o["verdict"], "pass", "{o}");
     assert_eq!(o["integration"], "kubelet");
     assert!(o["cadence"].is_null());
@@ -237,8 +258,8 @@ fn a_kubelet_row_restarts_a_crashed_engine() {
         "{summary}"
     );
     assert!(
-        stdout.contains("| agent | kubelet | 0 / 0 | 1 / 1 |"),
-        "{stdout}"
+        output.contains("| agent | kubelet | 0 / 0 | 1 / 1 |"),
+        "{output}"
     );
     let stray = processes_mentioning(&out_dir.display().to_string());
     assert!(stray.is_empty(), "stray processes: {stray:?}");
@@ -259,9 +280,8 @@ fn an_agent_restart_is_done_and_measured() {
     )
     .unwrap();
     let out_dir = dir.path().join("out");
-    let out = chaos()
-        .args([
-            "run",
+    let (code, output) = run(
+        &[
             "--time-scale",
             "0.1",
             "--policy",
@@ -270,23 +290,12 @@ fn an_agent_restart_is_done_and_measured() {
             "1s",
             "--agent-supervisor",
             "direct",
-            "--out",
-        ])
-        .arg(&out_dir)
-        .arg(&f)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        matches!(out.status.code(), Some(0 | 1)),
-        "{stdout}\n{stderr}"
+        ],
+        &out_dir,
+        &f,
     );
-    let o: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(out_dir.join("reference/1s/restart.json"))
-            .unwrap_or_else(|e| panic!("{e}\n{stderr}")),
-    )
-    .unwrap();
+    assert!(matches!(code, Some(0 | 1)), "{output}");
+    let o = outcome(&out_dir, "reference/1s/restart.json", &output);
     assert_ne!(o["verdict"], "error", "{o}");
     assert_eq!(o["agent_supervisor"], "direct", "{o}");
     let ops = o["agent_ops"].as_array().expect("agent_ops");
@@ -317,7 +326,7 @@ fn an_agent_restart_is_done_and_measured() {
         .find("npu-chaos: agent_restart (direct)")
         .unwrap_or_else(|| panic!("{log}"));
     assert!(log[marker..].contains("ready:"), "{log}");
-    assert!(stdout.contains("| restart | agent_restart |"), "{stdout}");
+    assert!(output.contains("| restart | agent_restart |"), "{output}");
     let stray = processes_mentioning(&out_dir.display().to_string());
     assert!(stray.is_empty(), "stray processes: {stray:?}");
 }
@@ -417,9 +426,8 @@ fn a_router_row_sends_the_load_to_the_draft_while_degraded() {
     )
     .unwrap();
     let out_dir = dir.path().join("out");
-    let out = chaos()
-        .args([
-            "run",
+    let (code, output) = run(
+        &[
             "--time-scale",
             "0.05",
             "--policy",
@@ -427,19 +435,12 @@ fn a_router_row_sends_the_load_to_the_draft_while_degraded() {
             "--router",
             "haproxy",
             "--no-nm-rows",
-            "--out",
-        ])
-        .arg(&out_dir)
-        .arg(&f)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
-    let o: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(out_dir.join("agent/haproxy/degraded.json")).unwrap(),
-    )
-    .unwrap();
+        ],
+        &out_dir,
+        &f,
+    );
+    assert_eq!(code, Some(0), "{output}");
+    let o = outcome(&out_dir, "agent/haproxy/degraded.json", &output);
     assert_eq!(o["verdict"], "pass", "{o}");
     assert_eq!(o["router"], "haproxy");
     let load = &o["load"];
@@ -453,8 +454,8 @@ fn a_router_row_sends_the_load_to_the_draft_while_degraded() {
     assert_eq!(rows.len(), 1, "only the router row: {summary}");
     assert_eq!(rows[0]["router"], "haproxy");
     assert!(
-        stdout.contains("through haproxy: the draft served"),
-        "{stdout}"
+        output.contains("through haproxy: the draft served"),
+        "{output}"
     );
     let stray = processes_mentioning(&out_dir.display().to_string());
     assert!(stray.is_empty(), "stray processes: {stray:?}");
