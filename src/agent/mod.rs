@@ -586,7 +586,7 @@ pub fn summary(roster: &Roster, shared: &Shared) -> String {
         .iter()
         .map(|e| format!("{} {}", e.spec.name, e.peek_status().as_str()))
         .collect();
-    let mut backends: Vec<(&'static str, usize)> = Vec::new();
+    let mut backends: Vec<(crate::driver::Backend, usize)> = Vec::new();
     for d in &shared.devices {
         let b = d.source().backend();
         match backends.iter_mut().find(|(n, _)| *n == b) {

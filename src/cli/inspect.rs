@@ -26,7 +26,7 @@ pub fn devices(driver: &DriverConfig, json: bool) -> Result<(), CliError> {
             .map(|s| {
                 let mut v = serde_json::to_value(s).expect("snapshot serialises");
                 v["capabilities"] = serde_json::json!({
-                    "aicube": s.source.backend() != "none",
+                    "aicube": s.source.backend().reads_cube(),
                     "hbm": s.hbm_total_mb.is_some(),
                     "health": s.health.is_some(),
                 });
@@ -101,7 +101,7 @@ pub fn sample(
     std::thread::sleep(window);
     let ids: Vec<u32> = sampler.devices().iter().map(|d| d.info.id).collect();
     let report = sampler.window(&ids, window)?;
-    let backends: Vec<&'static str> = sampler
+    let backends: Vec<crate::driver::Backend> = sampler
         .devices()
         .iter()
         .map(|d| d.source().backend())

@@ -104,7 +104,7 @@ pub async fn doctor(cfg: AgentConfig, json_out: bool) -> Result<(), CliError> {
         let mut conditions = gates::static_conditions(spec);
         match &sampler_result {
             Ok(sampler) => {
-                let cube: Vec<(u32, &'static str)> = sampler
+                let cube: Vec<(u32, crate::driver::Backend)> = sampler
                     .devices()
                     .iter()
                     .filter(|d| {

@@ -35,6 +35,42 @@ pub enum BackendChoice {
     NpuSmi,
 }
 
+/// Which backend a device's figures come through (`--backend` chooses among them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum Backend {
+    /// `libdcmi.so`.
+    #[serde(rename = "dcmi")]
+    Dcmi,
+    /// `npu-smi` children.
+    #[serde(rename = "npu-smi")]
+    NpuSmi,
+    /// None: the device has no source of AI Cube figures.
+    #[serde(rename = "none")]
+    Unavailable,
+}
+
+impl Backend {
+    /// The name the CLI, the metrics and `/status/detail` print: `dcmi`, `npu-smi`, `none`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Backend::Dcmi => "dcmi",
+            Backend::NpuSmi => "npu-smi",
+            Backend::Unavailable => "none",
+        }
+    }
+
+    /// Whether AI Cube figures come through it.
+    pub const fn reads_cube(self) -> bool {
+        !matches!(self, Backend::Unavailable)
+    }
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Where the driver pieces are and how far to trust them.
 #[derive(Debug, Clone)]
 pub struct DriverConfig {

@@ -8,6 +8,7 @@
 
 use crate::config::EngineSpec;
 use crate::config::mindie::EngineType;
+use crate::driver::Backend;
 use serde::Serialize;
 
 /// One enabling condition.
@@ -130,13 +131,13 @@ pub fn static_conditions(spec: &EngineSpec) -> Vec<Condition> {
 }
 
 /// AI Cube readability: at least one of the engine's NPUs has a source.
-pub fn cube_condition(sources: &[(u32, &'static str)]) -> Condition {
+pub fn cube_condition(sources: &[(u32, Backend)]) -> Condition {
     let value = sources
         .iter()
         .map(|(id, b)| format!("{id}:{b}"))
         .collect::<Vec<_>>()
         .join(",");
-    let ok = sources.iter().any(|(_, b)| *b != "none");
+    let ok = sources.iter().any(|(_, b)| b.reads_cube());
     let value = if sources.is_empty() {
         "no NPU data (no driver backend)".to_owned()
     } else {
@@ -284,8 +285,11 @@ mod tests {
 
     #[test]
     fn cube_and_health_conditions() {
-        assert_eq!(cube_condition(&[(0, "dcmi"), (1, "none")]).ok, Some(true));
-        let c = cube_condition(&[(0, "none")]);
+        assert_eq!(
+            cube_condition(&[(0, Backend::Dcmi), (1, Backend::Unavailable)]).ok,
+            Some(true)
+        );
+        let c = cube_condition(&[(0, Backend::Unavailable)]);
         assert_eq!(c.ok, Some(false));
         assert!(c.note.contains("neither through DCMI nor npu-smi"));
         assert_eq!(health_condition(false, Some("refused")).ok, None);

@@ -419,7 +419,7 @@ impl Monitor {
 
     /// Evaluates the start gates when the first healthy `/status` arrives; true if virtual
     /// inference may run. `cube` lists (logic id, backend) of the engine's NPUs.
-    pub fn decide_start(&self, cube: &[(u32, &'static str)]) -> bool {
+    pub fn decide_start(&self, cube: &[(u32, crate::driver::Backend)]) -> bool {
         // Evaluated now, as the reference does at start (the agent's own environment may
         // have changed since the configuration was read).
         for c in gates::static_conditions(&self.spec) {

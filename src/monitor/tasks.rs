@@ -368,7 +368,7 @@ pub async fn virtual_inference_task<P: Prober, S: PeakSource, G: EngineSignals>(
     prober: P,
     peaks: S,
     signals: G,
-    cube: impl Fn() -> Vec<(u32, &'static str)>,
+    cube: impl Fn() -> Vec<(u32, crate::driver::Backend)>,
     cancel: CancellationToken,
 ) {
     let spec = &state.spec;

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::config::file;
+use crate::driver::Backend;
 use crate::probe::MetricsSource;
 use crate::probe::Prober;
 use crate::probe::health::Fetch;
@@ -78,12 +79,12 @@ fn initial_until_health_answers_then_normal() {
 #[test]
 fn gates_block_the_start_and_name_the_condition() {
     let st = Monitor::new(spec("enable_virtual_inference = false"), vec![0]);
-    assert!(!st.decide_start(&[(0, "dcmi")]));
+    assert!(!st.decide_start(&[(0, Backend::Dcmi)]));
     assert_eq!(st.vi.phase(), Phase::Disabled);
     let st = Monitor::new(spec("enable_virtual_inference = true"), vec![0]);
-    assert!(!st.decide_start(&[(0, "none")]));
+    assert!(!st.decide_start(&[(0, Backend::Unavailable)]));
     let st = Monitor::new(spec("enable_virtual_inference = true"), vec![0]);
-    assert!(st.decide_start(&[(0, "dcmi")]));
+    assert!(st.decide_start(&[(0, Backend::Dcmi)]));
 }
 
 struct Scripted(Mutex<VecDeque<Fetch>>);
@@ -131,7 +132,7 @@ fn spawn_idle_vi<P: Prober + Send + Sync + 'static>(
         prober,
         Idle,
         inputs::NoSignals,
-        || vec![(0, "dcmi")],
+        || vec![(0, Backend::Dcmi)],
         cancel.clone(),
     ));
     (vi, cancel)
@@ -666,7 +667,7 @@ async fn a_count_in_progress_resumes_and_the_loop_starts_without_a_warm_up() {
         AlwaysFail,
         Idle,
         inputs::NoSignals,
-        || vec![(0, "dcmi")],
+        || vec![(0, Backend::Dcmi)],
         cancel.clone(),
     ));
     // No /status is needed: the restored latch starts it. Two failures reach six.

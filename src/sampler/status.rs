@@ -3,8 +3,8 @@
 //! Everything is an atomic written by the threads that own the driver and read by anyone
 //! (HTTP handlers, the CLI) without locks; [`DeviceStatus::snapshot`] gives a plain copy.
 
-use crate::driver::DeviceInfo;
 use crate::driver::dcmi::{CubeCall, UtilType};
+use crate::driver::{Backend, DeviceInfo};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, AtomicU32, AtomicU64, Ordering};
 
 /// Where a device's AI Cube figures come from now.
@@ -64,12 +64,12 @@ impl Source {
         )
     }
 
-    /// Backend name as printed by the CLI: `dcmi`, `npu-smi` or `none`.
-    pub fn backend(self) -> &'static str {
+    /// The backend the figures come through.
+    pub fn backend(self) -> Backend {
         match self {
-            Source::DcmiProbing | Source::DcmiMulti | Source::DcmiSingle => "dcmi",
-            Source::NpuSmiPending | Source::NpuSmi => "npu-smi",
-            Source::Unavailable => "none",
+            Source::DcmiProbing | Source::DcmiMulti | Source::DcmiSingle => Backend::Dcmi,
+            Source::NpuSmiPending | Source::NpuSmi => Backend::NpuSmi,
+            Source::Unavailable => Backend::Unavailable,
         }
     }
 
@@ -255,7 +255,7 @@ pub struct DeviceSnapshot {
     pub card: u32,
     pub chip: Option<u32>,
     pub name: String,
-    pub backend: &'static str,
+    pub backend: Backend,
     pub method: &'static str,
     pub source: Source,
     /// Why the figures come from `source`.

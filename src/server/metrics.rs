@@ -187,7 +187,7 @@ impl Scope {
             MetricType::Gauge,
             snaps.iter().map(|s| {
                 let mut l = id(s);
-                l.push(("backend", s.backend.to_owned()));
+                l.push(("backend", s.backend.as_str().to_owned()));
                 (l, 1.0)
             }),
         )?;

@@ -324,7 +324,7 @@ pub fn detail(e: &Monitor, shared: &Shared, win: Duration) -> wire::EngineDetail
             let s = shared.devices[usize::from(i)].snapshot(now);
             wire::WindowDevice {
                 id: s.id,
-                backend: s.backend.into(),
+                backend: s.backend.as_str().into(),
                 method: s.method.into(),
                 source: s.source,
                 source_reason: s.source_reason,

@@ -286,7 +286,7 @@ pub fn engines(shared: &Shared, engines: &[Arc<Monitor>]) -> Engines {
             let s = d.snapshot(now);
             NpuState {
                 i: i as u16,
-                backend: s.backend.to_owned(),
+                backend: s.backend.as_str().to_owned(),
                 stale: s.stale,
                 hung: s.hung,
                 health: s.health,
