@@ -39,6 +39,15 @@ pub const DCMI_UTILIZATION_RATE_AICUBE: i32 = 14;
 pub const DCMI_MAX_CARD_NUM: i32 = 64;
 pub const DCMI_MAX_CHIP_NAME_LEN: i32 = 32;
 pub const DCMI_UTIL_RESERVED_LEN: i32 = 8;
+pub const DCMI_ERROR_CODE_MAX_COUNT: i32 = 128;
+pub const DCMI_MIN_ERR_INFO_LEN: i32 = 48;
+pub const DCMI_MAX_ERR_INFO_LEN: i32 = 256;
+pub const DCMI_EVENT_FILTER_FLAG_EVENT_ID: i32 = 1;
+pub const DCMI_EVENT_FILTER_FLAG_SERVERITY: i32 = 2;
+pub const DCMI_EVENT_FILTER_FLAG_NODE_TYPE: i32 = 4;
+pub const DCMI_MAX_EVENT_NAME_LENGTH: i32 = 256;
+pub const DCMI_MAX_EVENT_DATA_LENGTH: i32 = 32;
+pub const DCMI_MAX_EVENT_RESV_LENGTH: i32 = 32;
 pub const DCMI_HEALTH_DEVICE_NOT_EXIST: i64 = 4294967295;
 pub const dcmi_unit_type_NPU_TYPE: dcmi_unit_type = 0;
 pub const dcmi_unit_type_MCU_TYPE: dcmi_unit_type = 1;
@@ -138,6 +147,128 @@ const _: () = {
     ["Offset of field: dcmi_multi_utilization_info::reserved"]
         [::std::mem::offset_of!(dcmi_multi_utilization_info, reserved) - 16usize];
 };
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct dcmi_event_filter {
+    pub filter_flag: ::std::os::raw::c_ulonglong,
+    pub event_id: ::std::os::raw::c_uint,
+    pub severity: ::std::os::raw::c_uchar,
+    pub node_type: ::std::os::raw::c_uchar,
+    pub resv: [::std::os::raw::c_uchar; 32usize],
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of dcmi_event_filter"][::std::mem::size_of::<dcmi_event_filter>() - 48usize];
+    ["Alignment of dcmi_event_filter"][::std::mem::align_of::<dcmi_event_filter>() - 8usize];
+    ["Offset of field: dcmi_event_filter::filter_flag"]
+        [::std::mem::offset_of!(dcmi_event_filter, filter_flag) - 0usize];
+    ["Offset of field: dcmi_event_filter::event_id"]
+        [::std::mem::offset_of!(dcmi_event_filter, event_id) - 8usize];
+    ["Offset of field: dcmi_event_filter::severity"]
+        [::std::mem::offset_of!(dcmi_event_filter, severity) - 12usize];
+    ["Offset of field: dcmi_event_filter::node_type"]
+        [::std::mem::offset_of!(dcmi_event_filter, node_type) - 13usize];
+    ["Offset of field: dcmi_event_filter::resv"]
+        [::std::mem::offset_of!(dcmi_event_filter, resv) - 14usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct dcmi_dms_fault_event {
+    pub event_id: ::std::os::raw::c_uint,
+    pub deviceid: ::std::os::raw::c_ushort,
+    pub node_type: ::std::os::raw::c_uchar,
+    pub node_id: ::std::os::raw::c_uchar,
+    pub sub_node_type: ::std::os::raw::c_uchar,
+    pub sub_node_id: ::std::os::raw::c_uchar,
+    pub severity: ::std::os::raw::c_uchar,
+    pub assertion: ::std::os::raw::c_uchar,
+    pub event_serial_num: ::std::os::raw::c_int,
+    pub notify_serial_num: ::std::os::raw::c_int,
+    pub alarm_raised_time: ::std::os::raw::c_ulonglong,
+    pub event_name: [::std::os::raw::c_char; 256usize],
+    pub additional_info: [::std::os::raw::c_char; 32usize],
+    pub os_id: ::std::os::raw::c_uchar,
+    pub resv_1: [::std::os::raw::c_uchar; 1usize],
+    pub node_type_ex: ::std::os::raw::c_ushort,
+    pub sub_node_type_ex: ::std::os::raw::c_ushort,
+    pub resv_2: [::std::os::raw::c_uchar; 2usize],
+    pub resv: [::std::os::raw::c_uchar; 24usize],
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of dcmi_dms_fault_event"][::std::mem::size_of::<dcmi_dms_fault_event>() - 352usize];
+    ["Alignment of dcmi_dms_fault_event"][::std::mem::align_of::<dcmi_dms_fault_event>() - 8usize];
+    ["Offset of field: dcmi_dms_fault_event::event_id"]
+        [::std::mem::offset_of!(dcmi_dms_fault_event, event_id) - 0usize];
+    ["Offset of field: dcmi_dms_fault_event::deviceid"]
+        [::std::mem::offset_of!(dcmi_dms_fault_event, deviceid) - 4usize];
+    ["Offset of field: dcmi_dms_fault_event::node_type"]
+        [::std::mem::offset_of!(dcmi_dms_fault_event, node_type) - 6usize];
+    ["Offset of field: dcmi_dms_fault_event::node_id"]
+        [::std::mem::offset_of!(dcmi_dms_fault_event, node_id) - 7usize];
+    ["Offset of field: dcmi_dms_fault_event::sub_node_type"]
+        [::std::mem::offset_of!(dcmi_dms_fault_event, sub_node_type) - 8usize];
+    ["Offset of field: dcmi_dms_fault_event::sub_node_id"]
+        [::std::mem::offset_of!(dcmi_dms_fault_event, sub_node_id) - 9usize];
+    ["Offset of field: dcmi_dms_fault_event::severity"]
+        [::std::mem::offset_of!(dcmi_dms_fault_event, severity) - 10usize];
+    ["Offset of field: dcmi_dms_fault_event::assertion"]
+        [::std::mem::offset_of!(dcmi_dms_fault_event, assertion) - 11usize];
+    ["Offset of field: dcmi_dms_fault_event::event_serial_num"]
+        [::std::mem::offset_of!(dcmi_dms_fault_event, event_serial_num) - 12usize];
+    ["Offset of field: dcmi_dms_fault_event::notify_serial_num"]
+        [::std::mem::offset_of!(dcmi_dms_fault_event, notify_serial_num) - 16usize];
+    ["Offset of field: dcmi_dms_fault_event::alarm_raised_time"]
+        [::std::mem::offset_of!(dcmi_dms_fault_event, alarm_raised_time) - 24usize];
+    ["Offset of field: dcmi_dms_fault_event::event_name"]
+        [::std::mem::offset_of!(dcmi_dms_fault_event, event_name) - 32usize];
+    ["Offset of field: dcmi_dms_fault_event::additional_info"]
+        [::std::mem::offset_of!(dcmi_dms_fault_event, additional_info) - 288usize];
+    ["Offset of field: dcmi_dms_fault_event::os_id"]
+        [::std::mem::offset_of!(dcmi_dms_fault_event, os_id) - 320usize];
+    ["Offset of field: dcmi_dms_fault_event::resv_1"]
+        [::std::mem::offset_of!(dcmi_dms_fault_event, resv_1) - 321usize];
+    ["Offset of field: dcmi_dms_fault_event::node_type_ex"]
+        [::std::mem::offset_of!(dcmi_dms_fault_event, node_type_ex) - 322usize];
+    ["Offset of field: dcmi_dms_fault_event::sub_node_type_ex"]
+        [::std::mem::offset_of!(dcmi_dms_fault_event, sub_node_type_ex) - 324usize];
+    ["Offset of field: dcmi_dms_fault_event::resv_2"]
+        [::std::mem::offset_of!(dcmi_dms_fault_event, resv_2) - 326usize];
+    ["Offset of field: dcmi_dms_fault_event::resv"]
+        [::std::mem::offset_of!(dcmi_dms_fault_event, resv) - 328usize];
+};
+pub const dcmi_event_type_DCMI_DMS_FAULT_EVENT: dcmi_event_type = 0;
+pub const dcmi_event_type_DCMI_EVENT_TYPE_MAX: dcmi_event_type = 1;
+pub type dcmi_event_type = ::std::os::raw::c_uint;
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct dcmi_event {
+    pub type_: dcmi_event_type,
+    pub event_t: dcmi_event__bindgen_ty_1,
+}
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub union dcmi_event__bindgen_ty_1 {
+    pub dms_event: dcmi_dms_fault_event,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of dcmi_event__bindgen_ty_1"]
+        [::std::mem::size_of::<dcmi_event__bindgen_ty_1>() - 352usize];
+    ["Alignment of dcmi_event__bindgen_ty_1"]
+        [::std::mem::align_of::<dcmi_event__bindgen_ty_1>() - 8usize];
+    ["Offset of field: dcmi_event__bindgen_ty_1::dms_event"]
+        [::std::mem::offset_of!(dcmi_event__bindgen_ty_1, dms_event) - 0usize];
+};
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of dcmi_event"][::std::mem::size_of::<dcmi_event>() - 360usize];
+    ["Alignment of dcmi_event"][::std::mem::align_of::<dcmi_event>() - 8usize];
+    ["Offset of field: dcmi_event::type_"][::std::mem::offset_of!(dcmi_event, type_) - 0usize];
+    ["Offset of field: dcmi_event::event_t"][::std::mem::offset_of!(dcmi_event, event_t) - 8usize];
+};
+pub type dcmi_fault_event_callback =
+    ::std::option::Option<unsafe extern "C" fn(event: *mut dcmi_event)>;
 pub struct DcmiLib {
     __library: ::libloading::Library,
     pub dcmi_init: Result<unsafe extern "C" fn() -> ::std::os::raw::c_int, ::libloading::Error>,
@@ -238,6 +369,35 @@ pub struct DcmiLib {
         ) -> ::std::os::raw::c_int,
         ::libloading::Error,
     >,
+    pub dcmi_get_device_errorcode_v2: Result<
+        unsafe extern "C" fn(
+            card_id: ::std::os::raw::c_int,
+            device_id: ::std::os::raw::c_int,
+            error_count: *mut ::std::os::raw::c_int,
+            error_code_list: *mut ::std::os::raw::c_uint,
+            list_len: ::std::os::raw::c_uint,
+        ) -> ::std::os::raw::c_int,
+        ::libloading::Error,
+    >,
+    pub dcmi_get_device_errorcode_string: Result<
+        unsafe extern "C" fn(
+            card_id: ::std::os::raw::c_int,
+            device_id: ::std::os::raw::c_int,
+            error_code: ::std::os::raw::c_uint,
+            error_info: *mut ::std::os::raw::c_uchar,
+            buf_size: ::std::os::raw::c_int,
+        ) -> ::std::os::raw::c_int,
+        ::libloading::Error,
+    >,
+    pub dcmi_subscribe_fault_event: Result<
+        unsafe extern "C" fn(
+            card_id: ::std::os::raw::c_int,
+            device_id: ::std::os::raw::c_int,
+            filter: dcmi_event_filter,
+            handler: dcmi_fault_event_callback,
+        ) -> ::std::os::raw::c_int,
+        ::libloading::Error,
+    >,
     pub dcmiv2_init: Result<unsafe extern "C" fn() -> ::std::os::raw::c_int, ::libloading::Error>,
     pub dcmiv2_get_device_list: Result<
         unsafe extern "C" fn(
@@ -283,6 +443,32 @@ pub struct DcmiLib {
         ) -> ::std::os::raw::c_int,
         ::libloading::Error,
     >,
+    pub dcmiv2_get_device_error_code_list: Result<
+        unsafe extern "C" fn(
+            dev_id: ::std::os::raw::c_int,
+            error_count: *mut ::std::os::raw::c_int,
+            error_code_list: *mut ::std::os::raw::c_uint,
+            list_len: ::std::os::raw::c_uint,
+        ) -> ::std::os::raw::c_int,
+        ::libloading::Error,
+    >,
+    pub dcmiv2_get_device_error_info: Result<
+        unsafe extern "C" fn(
+            dev_id: ::std::os::raw::c_int,
+            error_code: ::std::os::raw::c_uint,
+            error_info: *mut ::std::os::raw::c_uchar,
+            buf_size: ::std::os::raw::c_int,
+        ) -> ::std::os::raw::c_int,
+        ::libloading::Error,
+    >,
+    pub dcmiv2_subscribe_fault_event: Result<
+        unsafe extern "C" fn(
+            dev_id: ::std::os::raw::c_int,
+            filter: dcmi_event_filter,
+            handler: dcmi_fault_event_callback,
+        ) -> ::std::os::raw::c_int,
+        ::libloading::Error,
+    >,
 }
 impl DcmiLib {
     pub unsafe fn new<P>(path: P) -> Result<Self, ::libloading::Error>
@@ -322,6 +508,12 @@ impl DcmiLib {
             unsafe { __library.get(b"dcmi_get_device_hbm_info\0") }.map(|sym| *sym);
         let dcmi_get_device_health =
             unsafe { __library.get(b"dcmi_get_device_health\0") }.map(|sym| *sym);
+        let dcmi_get_device_errorcode_v2 =
+            unsafe { __library.get(b"dcmi_get_device_errorcode_v2\0") }.map(|sym| *sym);
+        let dcmi_get_device_errorcode_string =
+            unsafe { __library.get(b"dcmi_get_device_errorcode_string\0") }.map(|sym| *sym);
+        let dcmi_subscribe_fault_event =
+            unsafe { __library.get(b"dcmi_subscribe_fault_event\0") }.map(|sym| *sym);
         let dcmiv2_init = unsafe { __library.get(b"dcmiv2_init\0") }.map(|sym| *sym);
         let dcmiv2_get_device_list =
             unsafe { __library.get(b"dcmiv2_get_device_list\0") }.map(|sym| *sym);
@@ -335,6 +527,12 @@ impl DcmiLib {
             unsafe { __library.get(b"dcmiv2_get_device_hbm_info\0") }.map(|sym| *sym);
         let dcmiv2_get_device_health =
             unsafe { __library.get(b"dcmiv2_get_device_health\0") }.map(|sym| *sym);
+        let dcmiv2_get_device_error_code_list =
+            unsafe { __library.get(b"dcmiv2_get_device_error_code_list\0") }.map(|sym| *sym);
+        let dcmiv2_get_device_error_info =
+            unsafe { __library.get(b"dcmiv2_get_device_error_info\0") }.map(|sym| *sym);
+        let dcmiv2_subscribe_fault_event =
+            unsafe { __library.get(b"dcmiv2_subscribe_fault_event\0") }.map(|sym| *sym);
         Ok(DcmiLib {
             __library,
             dcmi_init,
@@ -350,6 +548,9 @@ impl DcmiLib {
             dcmi_get_device_utilization_rate_v2,
             dcmi_get_device_hbm_info,
             dcmi_get_device_health,
+            dcmi_get_device_errorcode_v2,
+            dcmi_get_device_errorcode_string,
+            dcmi_subscribe_fault_event,
             dcmiv2_init,
             dcmiv2_get_device_list,
             dcmiv2_get_device_chip_info,
@@ -357,6 +558,9 @@ impl DcmiLib {
             dcmiv2_get_device_multi_utilization_rate,
             dcmiv2_get_device_hbm_info,
             dcmiv2_get_device_health,
+            dcmiv2_get_device_error_code_list,
+            dcmiv2_get_device_error_info,
+            dcmiv2_subscribe_fault_event,
         })
     }
     pub unsafe fn dcmi_init(&self) -> ::std::os::raw::c_int {
@@ -535,6 +739,60 @@ impl DcmiLib {
                 .expect("Expected function, got error."))(card_id, device_id, health)
         }
     }
+    pub unsafe fn dcmi_get_device_errorcode_v2(
+        &self,
+        card_id: ::std::os::raw::c_int,
+        device_id: ::std::os::raw::c_int,
+        error_count: *mut ::std::os::raw::c_int,
+        error_code_list: *mut ::std::os::raw::c_uint,
+        list_len: ::std::os::raw::c_uint,
+    ) -> ::std::os::raw::c_int {
+        unsafe {
+            (self
+                .dcmi_get_device_errorcode_v2
+                .as_ref()
+                .expect("Expected function, got error."))(
+                card_id,
+                device_id,
+                error_count,
+                error_code_list,
+                list_len,
+            )
+        }
+    }
+    pub unsafe fn dcmi_get_device_errorcode_string(
+        &self,
+        card_id: ::std::os::raw::c_int,
+        device_id: ::std::os::raw::c_int,
+        error_code: ::std::os::raw::c_uint,
+        error_info: *mut ::std::os::raw::c_uchar,
+        buf_size: ::std::os::raw::c_int,
+    ) -> ::std::os::raw::c_int {
+        unsafe {
+            (self
+                .dcmi_get_device_errorcode_string
+                .as_ref()
+                .expect("Expected function, got error."))(
+                card_id, device_id, error_code, error_info, buf_size,
+            )
+        }
+    }
+    pub unsafe fn dcmi_subscribe_fault_event(
+        &self,
+        card_id: ::std::os::raw::c_int,
+        device_id: ::std::os::raw::c_int,
+        filter: dcmi_event_filter,
+        handler: dcmi_fault_event_callback,
+    ) -> ::std::os::raw::c_int {
+        unsafe {
+            (self
+                .dcmi_subscribe_fault_event
+                .as_ref()
+                .expect("Expected function, got error."))(
+                card_id, device_id, filter, handler
+            )
+        }
+    }
     pub unsafe fn dcmiv2_init(&self) -> ::std::os::raw::c_int {
         unsafe {
             (self
@@ -619,6 +877,54 @@ impl DcmiLib {
                 .dcmiv2_get_device_health
                 .as_ref()
                 .expect("Expected function, got error."))(dev_id, health)
+        }
+    }
+    pub unsafe fn dcmiv2_get_device_error_code_list(
+        &self,
+        dev_id: ::std::os::raw::c_int,
+        error_count: *mut ::std::os::raw::c_int,
+        error_code_list: *mut ::std::os::raw::c_uint,
+        list_len: ::std::os::raw::c_uint,
+    ) -> ::std::os::raw::c_int {
+        unsafe {
+            (self
+                .dcmiv2_get_device_error_code_list
+                .as_ref()
+                .expect("Expected function, got error."))(
+                dev_id,
+                error_count,
+                error_code_list,
+                list_len,
+            )
+        }
+    }
+    pub unsafe fn dcmiv2_get_device_error_info(
+        &self,
+        dev_id: ::std::os::raw::c_int,
+        error_code: ::std::os::raw::c_uint,
+        error_info: *mut ::std::os::raw::c_uchar,
+        buf_size: ::std::os::raw::c_int,
+    ) -> ::std::os::raw::c_int {
+        unsafe {
+            (self
+                .dcmiv2_get_device_error_info
+                .as_ref()
+                .expect("Expected function, got error."))(
+                dev_id, error_code, error_info, buf_size
+            )
+        }
+    }
+    pub unsafe fn dcmiv2_subscribe_fault_event(
+        &self,
+        dev_id: ::std::os::raw::c_int,
+        filter: dcmi_event_filter,
+        handler: dcmi_fault_event_callback,
+    ) -> ::std::os::raw::c_int {
+        unsafe {
+            (self
+                .dcmiv2_subscribe_fault_event
+                .as_ref()
+                .expect("Expected function, got error."))(dev_id, filter, handler)
         }
     }
 }

@@ -548,6 +548,78 @@ impl Dcmi {
         DcmiError::check(rc)?;
         health_of(health)
     }
+
+    /// The chip's current fault codes (`dcmi_get_device_errorcode_v2`, or
+    /// `dcmiv2_get_device_error_code_list` on a 950), non-zero ones in the driver's order.
+    ///
+    /// The driver's quiet lies, from its source (docs/fault-codes.md): a success writes exactly
+    /// `count` entries, so a count of 0 leaves whatever the list held; a failure writes
+    /// neither. So the list is zeroed and the count set to -1 before every call, a count
+    /// still -1 after a success is an error, and only `[0, count)` is read. More codes than
+    /// the list holds is -8001 from the driver (the list here holds its maximum, 128).
+    #[doc(alias = "dcmi_get_device_errorcode_v2")]
+    #[doc(alias = "dcmiv2_get_device_error_code_list")]
+    pub fn error_codes(&self, chip: &NpuChip) -> Result<Vec<u32>, DcmiError> {
+        const MAX: usize = sys::DCMI_ERROR_CODE_MAX_COUNT as usize;
+        let mut list = [0u32; MAX];
+        let mut count: i32 = -1;
+        let (call, rc) = match self.api() {
+            Api::V1 => {
+                let f = sym!(self, dcmi_get_device_errorcode_v2);
+                // SAFETY: `count` is a valid out-pointer; `list` holds `MAX` entries as told.
+                let rc = unsafe {
+                    f(
+                        chip.card,
+                        chip.chip,
+                        &mut count,
+                        list.as_mut_ptr(),
+                        MAX as u32,
+                    )
+                };
+                ("dcmi_get_device_errorcode_v2", rc)
+            }
+            Api::V2 => {
+                let f = sym!(self, dcmiv2_get_device_error_code_list);
+                // SAFETY: as above.
+                let rc = unsafe { f(chip.card, &mut count, list.as_mut_ptr(), MAX as u32) };
+                ("dcmiv2_get_device_error_code_list", rc)
+            }
+        };
+        DcmiError::check(rc)?;
+        let n = usize::try_from(count)
+            .ok()
+            .filter(|&n| n <= MAX)
+            .ok_or(DcmiError::OutOfRange {
+                call,
+                value: count as i64 as u64,
+                limit: "0..=128 codes (-1: the count was not written)",
+            })?;
+        Ok(list[..n].iter().copied().filter(|&c| c != 0).collect())
+    }
+
+    /// The driver's text for fault `code` (`dcmi_get_device_errorcode_string`, or
+    /// `dcmiv2_get_device_error_info` on a 950): a zeroed 256-byte buffer (the whole text;
+    /// 48–255 bytes get a short one), read up to its first NUL, invalid UTF-8 replaced.
+    #[doc(alias = "dcmi_get_device_errorcode_string")]
+    #[doc(alias = "dcmiv2_get_device_error_info")]
+    pub fn error_text(&self, chip: &NpuChip, code: u32) -> Result<String, DcmiError> {
+        const LEN: usize = sys::DCMI_MAX_ERR_INFO_LEN as usize;
+        let mut buf = [0u8; LEN];
+        let rc = match self.api() {
+            Api::V1 => {
+                let f = sym!(self, dcmi_get_device_errorcode_string);
+                // SAFETY: `buf` holds `LEN` bytes as told.
+                unsafe { f(chip.card, chip.chip, code, buf.as_mut_ptr(), LEN as i32) }
+            }
+            Api::V2 => {
+                let f = sym!(self, dcmiv2_get_device_error_info);
+                // SAFETY: as above.
+                unsafe { f(chip.card, code, buf.as_mut_ptr(), LEN as i32) }
+            }
+        };
+        DcmiError::check(rc)?;
+        Ok(c_name(&buf))
+    }
 }
 
 /// `DCMI_HEALTH_DEVICE_NOT_EXIST` as the `unsigned int` the call writes (bindgen types the

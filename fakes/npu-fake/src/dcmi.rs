@@ -532,6 +532,118 @@ pub fn health_v2(id: i32, out: &mut u32) -> i32 {
     }
 }
 
+/// Most fault codes the driver's own list holds (`DCMI_ERROR_CODE_MAX_COUNT`).
+pub const ERROR_CODE_MAX: usize = 128;
+/// Smallest text buffer the driver accepts (`DCMI_MIN_ERR_INFO_LEN`).
+pub const MIN_ERR_INFO_LEN: i32 = 48;
+
+/// The texts the fake knows (the meaning MindCluster's fault diagnosis gives each code;
+/// docs/fault-codes.md); the driver answers -8255 for a code it has no text for.
+const FAULT_TEXTS: &[(u32, &str, &str)] = &[
+    (0x80E0_1801, "HBM ECC", "HBM multi-bit ECC error on access"),
+    (
+        0x80E1_8402,
+        "HBM isolation",
+        "HBM multi-bit ECC isolated rows reached 64",
+    ),
+    (0x80E1_8005, "HBMC parity", "HBM controller parity error"),
+    (0x80C9_8002, "AI Core input", "AI Core external input error"),
+    (0x80C9_8008, "AI Core ECC", "AI Core multi-bit ECC error"),
+    (
+        0x8107_8603,
+        "port down",
+        "network port link changed from up to down",
+    ),
+    (
+        0x8107_8605,
+        "port lanes",
+        "some lanes of a RoCE port are faulty",
+    ),
+    (
+        0x40F8_4E00,
+        "card drop",
+        "heartbeat between host and device lost",
+    ),
+];
+
+fn error_codes(d: &Driver, dev: &Device, count: &mut i32, list: &mut [u32]) -> i32 {
+    match dev.error_codes_error {
+        Some(code) => code,
+        None => write_codes(&d.scenario.error_codes_of(dev), count, list),
+    }
+}
+
+/// As the driver (`dcmi_fault_manage_intf.c`): its own list of at most 128 is filled first;
+/// an empty `list` or more codes than it holds is -8001 with nothing written; otherwise
+/// exactly the codes are written and `count` set, so no codes leaves `list` as it was.
+pub fn write_codes(codes: &[u32], count: &mut i32, list: &mut [u32]) -> i32 {
+    let codes = &codes[..codes.len().min(ERROR_CODE_MAX)];
+    if list.is_empty() || codes.len() > list.len() {
+        return ERR_INVALID_PARAMETER;
+    }
+    list[..codes.len()].copy_from_slice(codes);
+    *count = codes.len() as i32;
+    DCMI_OK
+}
+
+/// `dcmi_get_device_errorcode_v2`; a 950 answers -8255 (it has the v2 call only).
+pub fn errorcode_v2(card: i32, chip: i32, count: &mut i32, list: &mut [u32]) -> i32 {
+    match v1().and_then(|d| {
+        d.scenario
+            .device(card, chip)
+            .map(|dev| (d, dev))
+            .ok_or(ERR_INVALID_DEVICE_ID)
+    }) {
+        Ok((d, dev)) => error_codes(d, dev, count, list),
+        Err(e) => e,
+    }
+}
+
+/// `dcmiv2_get_device_error_code_list`.
+pub fn error_code_list_v2(id: i32, count: &mut i32, list: &mut [u32]) -> i32 {
+    match v2().and_then(|d| {
+        d.scenario
+            .device_by_logic(id)
+            .map(|dev| (d, dev))
+            .ok_or(ERR_INVALID_DEVICE_ID)
+    }) {
+        Ok((d, dev)) => error_codes(d, dev, count, list),
+        Err(e) => e,
+    }
+}
+
+/// The text of `code` into `buf` (NUL-terminated, cut to fit): the short text below 256
+/// bytes, the whole one from 256; below 48 bytes -8001; a code without text -8255.
+pub fn error_text(code: u32, buf: &mut [u8]) -> i32 {
+    if buf.len() < MIN_ERR_INFO_LEN as usize {
+        return ERR_INVALID_PARAMETER;
+    }
+    let Some((_, short, long)) = FAULT_TEXTS.iter().find(|(c, _, _)| *c == code) else {
+        return ERR_NOT_SUPPORT;
+    };
+    let text = if buf.len() >= 256 { long } else { short };
+    let n = text.len().min(buf.len() - 1);
+    buf[..n].copy_from_slice(&text.as_bytes()[..n]);
+    buf[n] = 0;
+    DCMI_OK
+}
+
+/// `dcmi_get_device_errorcode_string`.
+pub fn errorcode_string(card: i32, chip: i32, code: u32, buf: &mut [u8]) -> i32 {
+    match v1().and_then(|d| d.scenario.device(card, chip).ok_or(ERR_INVALID_DEVICE_ID)) {
+        Ok(_) => error_text(code, buf),
+        Err(e) => e,
+    }
+}
+
+/// `dcmiv2_get_device_error_info`.
+pub fn error_info_v2(id: i32, code: u32, buf: &mut [u8]) -> i32 {
+    match v2().and_then(|d| d.scenario.device_by_logic(id).ok_or(ERR_INVALID_DEVICE_ID)) {
+        Ok(_) => error_text(code, buf),
+        Err(e) => e,
+    }
+}
+
 /// Generates the `extern "C"` DCMI exports of a fake library build.
 ///
 /// `export_dcmi!(current)` exports every symbol; `export_dcmi!(legacy)` leaves out the
@@ -709,6 +821,35 @@ macro_rules! export_dcmi {
         }
 
         /// # Safety
+        /// `count` writable, `list` writable for `len` entries.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn dcmi_get_device_errorcode_v2(
+            card: i32, chip: i32, count: *mut i32, list: *mut u32, len: u32,
+        ) -> i32 {
+            let count = out!(count);
+            if list.is_null() {
+                return $crate::dcmi::ERR_INVALID_PARAMETER;
+            }
+            // SAFETY: the caller guarantees `len` writable entries at `list`.
+            let list = unsafe { std::slice::from_raw_parts_mut(list, len as usize) };
+            $crate::dcmi::errorcode_v2(card, chip, count, list)
+        }
+
+        /// # Safety
+        /// `buf` writable for `len` bytes.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn dcmi_get_device_errorcode_string(
+            card: i32, chip: i32, code: u32, buf: *mut u8, len: i32,
+        ) -> i32 {
+            if buf.is_null() || len < 0 {
+                return $crate::dcmi::ERR_INVALID_PARAMETER;
+            }
+            // SAFETY: the caller guarantees `len` writable bytes at `buf`.
+            let buf = unsafe { std::slice::from_raw_parts_mut(buf, len as usize) };
+            $crate::dcmi::errorcode_string(card, chip, code, buf)
+        }
+
+        /// # Safety
         /// `list` writable for `len` ints, `count` writable.
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn dcmiv2_get_device_list(list: *mut i32, count: *mut i32, len: i32) -> i32 {
@@ -750,12 +891,86 @@ macro_rules! export_dcmi {
         pub unsafe extern "C" fn dcmiv2_get_device_health(id: i32, health: *mut u32) -> i32 {
             $crate::dcmi::health_v2(id, out!(health))
         }
+
+        /// # Safety
+        /// `count` writable, `list` writable for `len` entries.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn dcmiv2_get_device_error_code_list(
+            id: i32, count: *mut i32, list: *mut u32, len: u32,
+        ) -> i32 {
+            let count = out!(count);
+            if list.is_null() {
+                return $crate::dcmi::ERR_INVALID_PARAMETER;
+            }
+            // SAFETY: the caller guarantees `len` writable entries at `list`.
+            let list = unsafe { std::slice::from_raw_parts_mut(list, len as usize) };
+            $crate::dcmi::error_code_list_v2(id, count, list)
+        }
+
+        /// # Safety
+        /// `buf` writable for `len` bytes.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn dcmiv2_get_device_error_info(
+            id: i32, code: u32, buf: *mut u8, len: i32,
+        ) -> i32 {
+            if buf.is_null() || len < 0 {
+                return $crate::dcmi::ERR_INVALID_PARAMETER;
+            }
+            // SAFETY: the caller guarantees `len` writable bytes at `buf`.
+            let buf = unsafe { std::slice::from_raw_parts_mut(buf, len as usize) };
+            $crate::dcmi::error_info_v2(id, code, buf)
+        }
     };
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    // The driver's quiet lies, as its source has them: no codes writes nothing (the stale
+    // list stays), more codes than the list holds is -8001 with nothing written.
+    #[test]
+    fn fault_codes_write_only_what_the_driver_writes() {
+        let mut list = [7u32; 4];
+        let mut count = -1;
+        assert_eq!(write_codes(&[], &mut count, &mut list), DCMI_OK);
+        assert_eq!(
+            (count, list),
+            (0, [7; 4]),
+            "a count of 0 leaves the list as it was"
+        );
+        let mut count = -1;
+        assert_eq!(write_codes(&[1, 2], &mut count, &mut list), DCMI_OK);
+        assert_eq!((count, list), (2, [1, 2, 7, 7]), "exactly count entries");
+        let mut count = -1;
+        let mut short = [9u32; 1];
+        assert_eq!(
+            write_codes(&[1, 2], &mut count, &mut short),
+            ERR_INVALID_PARAMETER
+        );
+        assert_eq!((count, short), (-1, [9]), "nothing written on -8001");
+        assert_eq!(
+            write_codes(&[1], &mut count, &mut []),
+            ERR_INVALID_PARAMETER
+        );
+        let many: Vec<u32> = (1..=200).collect();
+        let mut full = [0u32; ERROR_CODE_MAX];
+        assert_eq!(write_codes(&many, &mut count, &mut full), DCMI_OK);
+        assert_eq!(count, 128, "the driver's own list holds 128");
+    }
+
+    #[test]
+    fn fault_texts_need_48_bytes_and_are_cut_to_fit() {
+        let mut small = [0u8; 47];
+        assert_eq!(error_text(0x80E0_1801, &mut small), ERR_INVALID_PARAMETER);
+        let mut short = [0xAAu8; 48];
+        assert_eq!(error_text(0x80E0_1801, &mut short), DCMI_OK);
+        assert!(short.starts_with(b"HBM ECC\0"));
+        let mut whole = [0u8; 256];
+        assert_eq!(error_text(0x80E0_1801, &mut whole), DCMI_OK);
+        assert!(whole.starts_with(b"HBM multi-bit ECC error on access\0"));
+        assert_eq!(error_text(0x1234_5678, &mut whole), ERR_NOT_SUPPORT);
+    }
 
     #[test]
     fn struct_layouts_match_the_c_header() {

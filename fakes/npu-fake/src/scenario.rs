@@ -189,6 +189,22 @@ impl Programme {
         }
     }
 
+    /// Fault codes set by a `file` programme (`errors=0x80E01801,0x80C98002` after the
+    /// reading; `errors=` alone: none). `None` when the word is absent or a code is not hex.
+    pub fn file_error_codes(&self) -> Option<Vec<u32>> {
+        let v = self.file_word("errors=")?;
+        v.split(',')
+            .filter(|c| !c.is_empty())
+            .map(|c| {
+                let hex = c
+                    .strip_prefix("0x")
+                    .or_else(|| c.strip_prefix("0X"))
+                    .unwrap_or(c);
+                u32::from_str_radix(hex, 16).ok()
+            })
+            .collect()
+    }
+
     /// Multi-utilization mode set by a `file` programme (`multi_util=zeroed` after the
     /// reading; also `supported`, `unsupported`): a firmware change while running.
     pub fn file_multi_util(&self) -> Option<MultiUtilMode> {
@@ -313,6 +329,12 @@ pub struct DeviceSpec {
     pub hbm_error: Option<i32>,
     /// `dcmi_get_device_health` answers this return code.
     pub health_error: Option<i32>,
+    /// The chip's current fault codes (`dcmi_get_device_errorcode_v2`); a `file` programme's
+    /// `errors=` word replaces them while it is there.
+    pub error_codes: Option<Vec<u32>>,
+    /// `dcmi_get_device_errorcode_v2` answers this return code (the real driver answers
+    /// -8005 for a chip whose fault read is not supported, not -8255).
+    pub error_codes_error: Option<i32>,
 }
 
 /// `[npu_smi]` table: how the fake `npu-smi` behaves.
@@ -414,6 +436,8 @@ pub struct Device {
     pub hang_count: Option<u64>,
     pub hbm_error: Option<i32>,
     pub health_error: Option<i32>,
+    pub error_codes: Vec<u32>,
+    pub error_codes_error: Option<i32>,
 }
 
 /// A loaded scenario.
@@ -514,6 +538,13 @@ impl Scenario {
                 health_error: over
                     .and_then(|d| d.health_error)
                     .or(file.default.health_error),
+                error_codes: over
+                    .and_then(|d| d.error_codes.clone())
+                    .or_else(|| file.default.error_codes.clone())
+                    .unwrap_or_default(),
+                error_codes_error: over
+                    .and_then(|d| d.error_codes_error)
+                    .or(file.default.error_codes_error),
             });
         }
         Ok(Scenario {
@@ -551,6 +582,13 @@ impl Scenario {
             .as_ref()
             .unwrap_or(&dev.aicube)
             .at(t_ms - t_ms % self.refresh_ms)
+    }
+
+    /// The fault codes of `dev`: a `file` programme's `errors=` word, else `error_codes`.
+    pub fn error_codes_of(&self, dev: &Device) -> Vec<u32> {
+        dev.aicube
+            .file_error_codes()
+            .unwrap_or_else(|| dev.error_codes.clone())
     }
 
     /// The health word of `dev`: a `file` programme's `health=` word, else `health`.
@@ -719,6 +757,39 @@ mod tests {
         assert_eq!(s.type14_at(&s.devices[0], 0), Reading::Value(0));
         assert_eq!(s.prerelease_layout, PrereleaseLayout::Early);
         assert!(Scenario::parse("multi_util = \"sometimes\"", Path::new(".")).is_err());
+    }
+
+    // Fault codes: per device in the scenario, or over time in a `file` programme.
+    #[test]
+    fn fault_codes_come_from_the_scenario_or_the_file_over_time() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("npu1"), "40 errors=0x80E01801,80C98002\n").unwrap();
+        let s = Scenario::parse(
+            "cards = 2\n[default]\nerror_codes = [0x40F84E00]\n[[device]]\nid = 0\nerror_codes_error = -8005\n[[device]]\nid = 1\naicube = { file = \"npu1\" }\n",
+            dir.path(),
+        )
+        .unwrap();
+        assert_eq!(s.devices[0].error_codes_error, Some(-8005));
+        assert_eq!(
+            s.error_codes_of(&s.devices[0]),
+            [0x40F8_4E00],
+            "from [default]"
+        );
+        assert_eq!(s.error_codes_of(&s.devices[1]), [0x80E0_1801, 0x80C9_8002]);
+        std::fs::write(dir.path().join("npu1"), "40 errors=\n").unwrap();
+        assert!(s.error_codes_of(&s.devices[1]).is_empty(), "cleared");
+        std::fs::write(dir.path().join("npu1"), "40\n").unwrap();
+        assert_eq!(
+            s.error_codes_of(&s.devices[1]),
+            [0x40F8_4E00],
+            "no word: the scenario's"
+        );
+        std::fs::write(dir.path().join("npu1"), "40 errors=0xZZ\n").unwrap();
+        assert_eq!(
+            s.error_codes_of(&s.devices[1]),
+            [0x40F8_4E00],
+            "a bad word is ignored"
+        );
     }
 
     // The file protocol the fake engine writes for the chaos suite.
