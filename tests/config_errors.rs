@@ -338,3 +338,54 @@ fn without_a_driver_check_config_says_the_npus_were_not_checked() {
         e.stderr
     );
 }
+
+// MindCluster's faultCode.json: a malformed one fails check-config with the key and what is
+// wrong; a good one is named with its count, and lists the agent does not know are named.
+#[test]
+fn check_config_reads_the_fault_code_table_and_names_what_is_wrong() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("faultCode.json");
+    let config = write_config(dir.path(), "");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        format!("[agent]\nfault_code_file = {table:?}\n\n{text}"),
+    )
+    .unwrap();
+    let check = || {
+        let mut cmd = agent();
+        cmd.args(["check-config", "--config"]).arg(&config);
+        run_within(cmd, dir.path(), Duration::from_secs(30))
+    };
+    std::fs::write(&table, r#"{"SeparateNPUCodes": ["80E18402", "nope"]}"#).unwrap();
+    let bad = check();
+    assert_eq!(bad.code, Some(2), "{}", bad.stderr);
+    assert!(
+        bad.last_line().contains("[agent] fault_code_file")
+            && bad
+                .last_line()
+                .contains("\"SeparateNPUCodes\"[1] is \"nope\", not a hex code"),
+        "{}",
+        bad.stderr
+    );
+    std::fs::write(
+        &table,
+        r#"{"SeparateNPUCodes": ["80E18402"], "RestartBusinessCodes": ["80E01801"], "SwitchFaultCodes": []}"#,
+    )
+    .unwrap();
+    let good = check();
+    assert_eq!(good.code, Some(0), "{}", good.stderr);
+    let want = format!(
+        "fault-code levels from {} (2 codes; lists not read: SwitchFaultCodes)",
+        table.display()
+    );
+    assert!(good.stderr.contains(&want), "{want}\n{}", good.stderr);
+    std::fs::remove_file(&table).unwrap();
+    let missing = check();
+    assert_eq!(
+        missing.code,
+        Some(2),
+        "a named file must exist: {}",
+        missing.stderr
+    );
+}

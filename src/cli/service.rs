@@ -32,6 +32,10 @@ pub fn check_config(cfg: &AgentConfig) -> Result<(), CliError> {
         s.shutdown();
     }
     crate::agent::preflight::host(cfg, npus.as_deref())?;
+    // A bad table fails the check; the running agent logs it and keeps the built-in one.
+    let faults = cfg.agent.fault_table().map_err(|e| {
+        crate::config::ConfigError::new(&cfg.source, "[agent] fault_code_file", e.to_string())
+    })?;
     let text = serde_json::to_string_pretty(cfg).context("rendering the configuration")?;
     println!("{text}");
     for spec in &cfg.engines {
@@ -42,6 +46,17 @@ pub fn check_config(cfg: &AgentConfig) -> Result<(), CliError> {
             );
         }
     }
+    eprintln!(
+        "{}: fault-code levels from {} ({} codes{})",
+        cfg.source,
+        faults.origin,
+        faults.len(),
+        if faults.unknown_keys.is_empty() {
+            String::new()
+        } else {
+            format!("; lists not read: {}", faults.unknown_keys.join(", "))
+        }
+    );
     match crate::continuity::StateDir::resolve(cfg.agent.state_dir.as_deref()) {
         Some(d) => eprintln!(
             "{}: state directory {} ({}): each engine's state survives a restart of the agent, and a new agent started with it takes over from a running one",

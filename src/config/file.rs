@@ -79,6 +79,7 @@ struct AgentTable {
     policy: Policy,
     kubernetes: Option<super::kubernetes::KubernetesConfig>,
     state_dir: Option<PathBuf>,
+    fault_code_file: Option<PathBuf>,
 }
 
 impl Default for AgentTable {
@@ -107,6 +108,7 @@ impl Default for AgentTable {
             policy: d.policy,
             kubernetes: None,
             state_dir: None,
+            fault_code_file: None,
         }
     }
 }
@@ -441,6 +443,7 @@ fn agent_settings(t: &AgentTable, base: &Path) -> Result<AgentSettings, KeyError
         },
         policy: t.policy,
         state_dir: t.state_dir.as_ref().map(|p| base_rel(base, p)),
+        fault_code_file: t.fault_code_file.as_ref().map(|p| base_rel(base, p)),
         kubernetes: match &t.kubernetes {
             Some(k) => {
                 k.validate()

@@ -319,6 +319,28 @@ pub struct AgentSettings {
     /// Where the state file and the handover socket live (`continuity`); `None`: systemd's
     /// `RUNTIME_DIRECTORY` if set, else nothing survives a restart of the agent.
     pub state_dir: Option<PathBuf>,
+    /// MindCluster's `faultCode.json` (the levels of the driver's fault codes); `None`: its
+    /// install path if the file is there, else the built-in table (docs/fault-codes.md).
+    pub fault_code_file: Option<PathBuf>,
+}
+
+impl AgentSettings {
+    /// The fault-code levels: `fault_code_file`, else MindCluster's file where its device
+    /// plugin installs it, else the built-in table. A file that is named, or installed, but
+    /// unreadable or malformed is an error (not a silent fallback).
+    pub fn fault_table(
+        &self,
+    ) -> Result<crate::driver::fault_levels::FaultTable, crate::driver::fault_levels::TableError>
+    {
+        use crate::driver::fault_levels::{DEFAULT_PATH, FaultTable};
+        match &self.fault_code_file {
+            Some(p) => FaultTable::load(p),
+            None if std::path::Path::new(DEFAULT_PATH).exists() => {
+                FaultTable::load(std::path::Path::new(DEFAULT_PATH))
+            }
+            None => Ok(FaultTable::built_in()),
+        }
+    }
 }
 
 /// Access to the admin listener. With neither key it is open (bind it to loopback then);
@@ -387,6 +409,7 @@ impl Default for AgentSettings {
             policy: policy::Policy::default(),
             kubernetes: None,
             state_dir: None,
+            fault_code_file: None,
         }
     }
 }

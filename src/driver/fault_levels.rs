@@ -1,0 +1,288 @@
+//! What a driver fault code means for the NPU: MindCluster's handling levels.
+//!
+//! Fleet operators already run MindCluster's table (`faultCode.json`: one list of hex codes
+//! per level); its device plugin isolates NPUs by it. The agent reads the same file, so a
+//! code means the same thing to both. Without the file a small built-in table is used
+//! ([`BUILT_IN`], its origin beside it). A code in neither is [`FaultLevel::Unclassified`].
+//! See docs/fault-codes.md.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// Where MindCluster's device plugin image installs the table
+/// (`component/ascend-device-plugin/pkg/common/fault_code.go`, `build/Dockerfile`).
+pub const DEFAULT_PATH: &str = "/usr/local/faultCode.json";
+
+/// MindCluster's handling levels, least severe first (its `getMostSeriousFaultType` order),
+/// and `Unclassified` for a code no table names.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
+pub enum FaultLevel {
+    /// In no table: published, never acted on.
+    Unclassified,
+    NotHandleFault,
+    SubHealthFault,
+    RestartRequest,
+    RestartBusiness,
+    FreeRestartNPU,
+    RestartNPU,
+    PreSeparateNPU,
+    SeparateNPU,
+}
+
+impl FaultLevel {
+    /// The name MindCluster uses (and the metrics' `level` label).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FaultLevel::Unclassified => "unclassified",
+            FaultLevel::NotHandleFault => "NotHandleFault",
+            FaultLevel::SubHealthFault => "SubHealthFault",
+            FaultLevel::RestartRequest => "RestartRequest",
+            FaultLevel::RestartBusiness => "RestartBusiness",
+            FaultLevel::FreeRestartNPU => "FreeRestartNPU",
+            FaultLevel::RestartNPU => "RestartNPU",
+            FaultLevel::PreSeparateNPU => "PreSeparateNPU",
+            FaultLevel::SeparateNPU => "SeparateNPU",
+        }
+    }
+
+    /// The level a `faultCode.json` key lists (its chip and network lists alike).
+    fn of_key(key: &str) -> Option<FaultLevel> {
+        Some(match key {
+            "NotHandleFaultCodes" | "NotHandleFaultNetworkCodes" => FaultLevel::NotHandleFault,
+            "SubHealthFaultCodes" | "SubHealthFaultNetworkCodes" => FaultLevel::SubHealthFault,
+            "RestartRequestCodes" => FaultLevel::RestartRequest,
+            "RestartBusinessCodes" => FaultLevel::RestartBusiness,
+            "FreeRestartNPUCodes" => FaultLevel::FreeRestartNPU,
+            "RestartNPUCodes" => FaultLevel::RestartNPU,
+            "PreSeparateNPUCodes" | "PreSeparateNPUNetworkCodes" => FaultLevel::PreSeparateNPU,
+            "SeparateNPUCodes" | "SeparateNPUNetworkCodes" => FaultLevel::SeparateNPU,
+            _ => return None,
+        })
+    }
+}
+
+impl std::fmt::Display for FaultLevel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A few codes of MindCluster's `component/ascend-device-plugin/build/faultCode.json`
+/// (Ascend/mind-cluster, last changed in `ada4c99b3db0d4c8258851f869ac49bb9b9d0bdc`), with
+/// the level that file gives them; used when no file is installed.
+pub const BUILT_IN: &[(u64, FaultLevel)] = &[
+    (0x80E0_1801, FaultLevel::RestartBusiness), // HBM multi-bit ECC on access
+    (0x80E1_8400, FaultLevel::NotHandleFault),  // HBM multi-bit ECC, with the host PID
+    (0x80E1_8401, FaultLevel::NotHandleFault),  // HBM isolated rows reached 16
+    (0x80E1_8402, FaultLevel::SeparateNPU),     // HBM isolated rows reached 64
+    (0x80E1_8005, FaultLevel::RestartNPU),      // HBM controller parity
+    (0x80E1_8008, FaultLevel::RestartNPU),      // HBM controller multi-bit ECC
+    (0x80C9_8002, FaultLevel::RestartRequest),  // AI Core external input error
+    (0x80C9_8008, FaultLevel::RestartRequest),  // AI Core multi-bit ECC
+    (0x80CB_8002, FaultLevel::RestartRequest),  // AI Vector external input error
+    (0x8107_8603, FaultLevel::NotHandleFault),  // network port link down
+    (0x8107_8605, FaultLevel::SubHealthFault),  // some lanes of a RoCE port faulty
+    (0x819B_8003, FaultLevel::NotHandleFault),  // HCCS configuration error
+    (0x40F8_4E00, FaultLevel::RestartNPU),      // host-device heartbeat lost (card drop)
+    (0x8C20_4E00, FaultLevel::RestartBusiness), // tsdaemon heartbeat lost
+];
+
+/// Why a `faultCode.json` cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum TableError {
+    #[error("{}: {source}", .path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}: not JSON: {source}", .path.display())]
+    Json {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+    #[error("{}: {what}", .path.display())]
+    Shape { path: PathBuf, what: String },
+}
+
+/// Code → level, and where the table came from.
+#[derive(Debug, Clone)]
+pub struct FaultTable {
+    levels: HashMap<u64, FaultLevel>,
+    /// The file read, or `built-in (…)`.
+    pub origin: String,
+    /// Keys of the file the agent does not know (a newer MindCluster); ignored.
+    pub unknown_keys: Vec<String>,
+}
+
+impl FaultTable {
+    /// The built-in table.
+    pub fn built_in() -> FaultTable {
+        FaultTable {
+            levels: BUILT_IN.iter().copied().collect(),
+            origin: format!(
+                "built-in ({} codes of mind-cluster's faultCode.json at ada4c99)",
+                BUILT_IN.len()
+            ),
+            unknown_keys: Vec::new(),
+        }
+    }
+
+    /// Reads `path`. A code listed under two levels takes the more severe (the shipped file
+    /// has one such code, `A2301001`).
+    pub fn load(path: &Path) -> Result<FaultTable, TableError> {
+        let text = std::fs::read_to_string(path).map_err(|source| TableError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        FaultTable::parse(&text, path)
+    }
+
+    /// Parses the text of a `faultCode.json` (`path` names it in errors).
+    pub fn parse(text: &str, path: &Path) -> Result<FaultTable, TableError> {
+        let shape = |what: String| TableError::Shape {
+            path: path.to_owned(),
+            what,
+        };
+        let value: serde_json::Value =
+            serde_json::from_str(text).map_err(|source| TableError::Json {
+                path: path.to_owned(),
+                source,
+            })?;
+        let serde_json::Value::Object(map) = value else {
+            return Err(shape(
+                "the top level must be an object of code lists".to_owned(),
+            ));
+        };
+        let mut levels: HashMap<u64, FaultLevel> = HashMap::new();
+        let mut unknown_keys = Vec::new();
+        let mut known = 0;
+        for (key, list) in &map {
+            let Some(level) = FaultLevel::of_key(key) else {
+                unknown_keys.push(key.clone());
+                continue;
+            };
+            known += 1;
+            let serde_json::Value::Array(codes) = list else {
+                return Err(shape(format!("\"{key}\" must be a list of hex strings")));
+            };
+            for (i, c) in codes.iter().enumerate() {
+                let code = c
+                    .as_str()
+                    .and_then(parse_code)
+                    .ok_or_else(|| shape(format!("\"{key}\"[{i}] is {c}, not a hex code")))?;
+                let slot = levels.entry(code).or_insert(level);
+                *slot = (*slot).max(level);
+            }
+        }
+        if known == 0 {
+            return Err(shape(
+                "no list the agent knows (NotHandleFaultCodes, RestartBusinessCodes, SeparateNPUCodes, …)"
+                    .to_owned(),
+            ));
+        }
+        Ok(FaultTable {
+            levels,
+            origin: path.display().to_string(),
+            unknown_keys,
+        })
+    }
+
+    /// The level of `code`.
+    pub fn level(&self, code: u64) -> FaultLevel {
+        self.levels
+            .get(&code)
+            .copied()
+            .unwrap_or(FaultLevel::Unclassified)
+    }
+
+    /// How many codes it classifies.
+    pub fn len(&self) -> usize {
+        self.levels.len()
+    }
+
+    /// Whether it classifies none.
+    pub fn is_empty(&self) -> bool {
+        self.levels.is_empty()
+    }
+}
+
+/// A code as `faultCode.json` writes it: hex without `0x` (an `0x` is accepted), at most
+/// 16 digits (some codes are wider than the 32 bits of the DCMI list).
+fn parse_code(s: &str) -> Option<u64> {
+    let hex = s
+        .strip_prefix("0x")
+        .or_else(|| s.strip_prefix("0X"))
+        .unwrap_or(s);
+    if hex.is_empty() || hex.len() > 16 {
+        return None;
+    }
+    u64::from_str_radix(hex, 16).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<FaultTable, TableError> {
+        FaultTable::parse(text, Path::new("faultCode.json"))
+    }
+
+    #[test]
+    fn the_file_lists_codes_by_level_and_the_more_severe_wins() {
+        let t = parse(
+            r#"{"NotHandleFaultCodes": ["81078603"], "RestartBusinessCodes": ["80E01801", "A2301001"],
+                "SeparateNPUCodes": ["a2301001", "0x80E18402"], "SubHealthFaultNetworkCodes": ["81078605"],
+                "PreSeparateNPUCodes": ["110001024"], "SwitchFaultCodes": ["1"]}"#,
+        )
+        .unwrap();
+        assert_eq!(t.level(0x8107_8603), FaultLevel::NotHandleFault);
+        assert_eq!(t.level(0x80E0_1801), FaultLevel::RestartBusiness);
+        assert_eq!(
+            t.level(0xA230_1001),
+            FaultLevel::SeparateNPU,
+            "listed twice"
+        );
+        assert_eq!(t.level(0x80E1_8402), FaultLevel::SeparateNPU);
+        assert_eq!(t.level(0x8107_8605), FaultLevel::SubHealthFault);
+        assert_eq!(
+            t.level(0x1_1000_1024),
+            FaultLevel::PreSeparateNPU,
+            "wider than 32 bits"
+        );
+        assert_eq!(t.level(0xDEAD_BEEF), FaultLevel::Unclassified);
+        assert_eq!(t.unknown_keys, ["SwitchFaultCodes"]);
+        assert_eq!(t.len(), 6);
+    }
+
+    #[test]
+    fn a_malformed_file_names_what_is_wrong() {
+        let err = |t: &str| parse(t).unwrap_err().to_string();
+        assert!(err("{").contains("not JSON"), "{}", err("{"));
+        assert!(err("[1]").contains("top level"));
+        assert!(
+            err(r#"{"SeparateNPUCodes": "80E18402"}"#)
+                .contains("\"SeparateNPUCodes\" must be a list")
+        );
+        let e = err(r#"{"SeparateNPUCodes": ["80E18402", "xyz"]}"#);
+        assert!(
+            e.contains("\"SeparateNPUCodes\"[1] is \"xyz\", not a hex code"),
+            "{e}"
+        );
+        assert!(err(r#"{"SeparateNPUCodes": [80]}"#).contains("[0] is 80"));
+        assert!(err(r#"{"Other": []}"#).contains("no list the agent knows"));
+        assert!(err(r#"{"SeparateNPUCodes": ["12345678901234567"]}"#).contains("not a hex code"));
+    }
+
+    #[test]
+    fn the_built_in_table_orders_levels_as_mindcluster_does() {
+        let t = FaultTable::built_in();
+        assert_eq!(t.len(), BUILT_IN.len());
+        assert_eq!(t.level(0x80E1_8402), FaultLevel::SeparateNPU);
+        assert!(FaultLevel::SeparateNPU > FaultLevel::PreSeparateNPU);
+        assert!(FaultLevel::RestartBusiness > FaultLevel::RestartRequest);
+        assert!(FaultLevel::SubHealthFault > FaultLevel::NotHandleFault);
+        assert!(FaultLevel::NotHandleFault > FaultLevel::Unclassified);
+    }
+}
