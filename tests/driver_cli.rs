@@ -479,3 +479,32 @@ fn version_shows_the_git_revision() {
     let s = String::from_utf8_lossy(&out.stdout);
     assert!(s.starts_with("npu-health-agent 0.1.0 (git "), "{s}");
 }
+
+// The driver's fault codes, read on the DCMI thread, with the driver's text where it has one;
+// a device whose fault read fails says why and keeps its AI Cube figures.
+#[test]
+fn devices_show_the_drivers_fault_codes_and_their_texts() {
+    let sc = scenario(
+        "model = \"910B\"\ncards = 3\n[default]\naicube = { constant = 30 }\n[[device]]\nid = 0\nerror_codes = [0x80E01801, 0x12345678]\n[[device]]\nid = 1\nerror_codes_error = -8005\n",
+    );
+    let v = json(&run_agent(&sc, Some(&fake_lib()), &["devices", "--json"]));
+    let d = device(&v, 0);
+    assert_eq!(d["faults"][0]["hex"], "0x80E01801", "{d}");
+    assert_eq!(d["faults"][0]["code"], 0x80E0_1801u32);
+    assert_eq!(d["faults"][0]["text"], "HBM multi-bit ECC error on access");
+    assert_eq!(d["faults"][1]["hex"], "0x12345678");
+    assert!(
+        d["faults"][1]["text"].is_null(),
+        "the driver has no text: {d}"
+    );
+    assert!(d["faults_age_ms"].is_u64(), "{d}");
+    let failing = device(&v, 1);
+    assert_eq!(
+        failing["faults_error"], "internal error (-8005)",
+        "{failing}"
+    );
+    assert_eq!(failing["last_value"], 30, "AI Cube still read: {failing}");
+    let clean = device(&v, 2);
+    assert_eq!(clean["faults"], serde_json::json!([]), "{clean}");
+    assert!(clean["faults_error"].is_null());
+}

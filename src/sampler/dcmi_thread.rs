@@ -9,13 +9,14 @@
 use super::Shared;
 use super::codes;
 use super::plausibility::{CubeJudge, MultiStep, MultiTrust, SingleStep, Unreal};
-use super::status::{CallKind, Source, SourceReason};
+use super::status::{CallKind, FaultCode, Source, SourceReason};
 use super::watchdog::Request;
 use crate::driver::dcmi::{
     Api, CubeCall, Dcmi, DcmiError, Health, LoadError, MultiUtil, NpuChip, UtilType,
 };
 use crate::ring::Sample;
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -61,6 +62,8 @@ pub struct Timing {
     pub period: Duration,
     /// Time between HBM/health reads.
     pub hbm_period: Duration,
+    /// Time between fault-code reads.
+    pub fault_period: Duration,
     /// Answers slower than this are discarded (the watchdog uses the same deadline).
     pub call_deadline: Duration,
     /// Time between re-checks of a judged multi-utilization call.
@@ -78,6 +81,8 @@ struct Slot {
     judge: CubeJudge,
     /// The watchdog was asked for an `npu-smi` cross-check watch (the device reads type 14).
     cross_check: bool,
+    /// Texts of the fault codes seen on this device (asked once per code).
+    fault_texts: HashMap<u32, Option<String>>,
 }
 
 /// What every read needs.
@@ -136,10 +141,13 @@ pub fn run(
             call: CubeCall::Multi,
             judge: CubeJudge::new(timing.recheck),
             cross_check: false,
+            fault_texts: HashMap::new(),
         })
         .collect();
     let mut next = Instant::now();
     let mut next_hbm = next;
+    let mut next_faults = next;
+    let mut faults_readable = true;
     loop {
         // Sleep until the next pass with park_timeout rather than a blocking channel receive:
         // channel receives spin and yield before they park, which costs more CPU per pass
@@ -176,6 +184,15 @@ pub fn run(
                 read_hbm_and_health(&dcmi, &shared, slot.idx, &slot.chip);
             }
             next_hbm = now + timing.hbm_period;
+        }
+        if faults_readable && now >= next_faults {
+            for slot in &mut slots {
+                if !read_faults(&dcmi, &shared, slot) {
+                    faults_readable = false;
+                    break;
+                }
+            }
+            next_faults = now + timing.fault_period;
         }
         // One clock read per call: the time an answer arrived is the next call's start.
         let mut clock = shared.ring.now_ns();
@@ -466,6 +483,51 @@ fn read_single(ctx: &Ctx<'_>, slot: &mut Slot, now: &mut u64) -> Outcome {
         SingleStep::Reading(v) => Outcome::Reading(v),
         SingleStep::Invalid(code) => Outcome::Invalid(code),
     }
+}
+
+/// The fault codes of one device, and the text of each code not seen before. Skipped once a
+/// call on the device hung. `false` when the driver has no fault-code call at all (an older
+/// driver): the thread stops asking.
+fn read_faults(dcmi: &Dcmi, shared: &Shared, slot: &mut Slot) -> bool {
+    let dev = &shared.devices[slot.idx];
+    if dev.is_hung() {
+        return true;
+    }
+    shared
+        .sampler
+        .enter_call(slot.idx, CallKind::Telemetry, shared.ring.now_ns());
+    let read = dcmi.error_codes(&slot.chip);
+    let codes = match read {
+        Ok(codes) => {
+            let new: Vec<u32> = codes
+                .iter()
+                .copied()
+                .filter(|c| !slot.fault_texts.contains_key(c))
+                .collect();
+            for c in new {
+                let text = dcmi
+                    .error_text(&slot.chip, c)
+                    .ok()
+                    .filter(|t| !t.is_empty());
+                slot.fault_texts.insert(c, text);
+            }
+            Ok(codes
+                .into_iter()
+                .map(|c| FaultCode::new(c, slot.fault_texts.get(&c).cloned().flatten()))
+                .collect())
+        }
+        Err(DcmiError::SymbolMissing { symbol }) => {
+            shared.sampler.leave_call();
+            tracing::info!(
+                "the driver has no {symbol}: the NPUs' fault codes are not read (health words and HBM still are)"
+            );
+            return false;
+        }
+        Err(e) => Err(e.to_string()),
+    };
+    shared.sampler.leave_call();
+    dev.record_faults(shared.ring.now_ns(), codes);
+    true
 }
 
 /// HBM and health of one device. Skipped once a call on the device hung, so a broken device

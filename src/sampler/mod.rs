@@ -47,6 +47,8 @@ pub struct SamplerConfig {
     pub call_deadline: Duration,
     /// Time between HBM/health reads. Default 1 s.
     pub hbm_period: Duration,
+    /// Time between reads of the driver's fault codes. Default 1 s.
+    pub fault_period: Duration,
     /// Watchdog check interval. Default 100 ms.
     pub watchdog_interval: Duration,
     /// Longest wait for `dcmi_init` and enumeration. Default 10 s.
@@ -71,6 +73,7 @@ impl Default for SamplerConfig {
             retention: Duration::from_secs(30),
             call_deadline: Duration::from_secs(1),
             hbm_period: Duration::from_secs(1),
+            fault_period: Duration::from_secs(1),
             watchdog_interval: Duration::from_millis(100),
             init_timeout: Duration::from_secs(10),
             watch_stale_after: None,
@@ -435,6 +438,7 @@ fn validate(cfg: &SamplerConfig) -> Result<(), StartError> {
     for (name, d) in [
         ("call_deadline", cfg.call_deadline),
         ("hbm_period", cfg.hbm_period),
+        ("fault_period", cfg.fault_period),
         ("watchdog_interval", cfg.watchdog_interval),
         ("init_timeout", cfg.init_timeout),
         ("plausibility_recheck", cfg.plausibility_recheck),
@@ -572,6 +576,7 @@ fn start_dcmi_thread(driver: &DriverConfig, cfg: &SamplerConfig) -> Result<DcmiS
     let timing = dcmi_thread::Timing {
         period: cfg.period,
         hbm_period: cfg.hbm_period,
+        fault_period: cfg.fault_period,
         call_deadline: cfg.call_deadline,
         recheck: cfg.plausibility_recheck,
         // Rows come every `-d` seconds; one missed row is tolerated.

@@ -246,6 +246,40 @@ pub struct DeviceStatus {
     health: AtomicU64,
     /// Ring time of the last successful HBM/health read (0 = never).
     telemetry_ns: AtomicU64,
+    /// The driver's fault codes at the last fault read (written by the DCMI thread about
+    /// once a second, read by reports; never held across a driver call).
+    faults: std::sync::Mutex<Faults>,
+}
+
+/// One fault code the driver reports on a device, with its text.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct FaultCode {
+    pub code: u32,
+    /// `0x80E01801`, as MindCluster's table and `npu-smi` write it (without `0x` there).
+    pub hex: String,
+    /// The driver's text (`dcmi_get_device_errorcode_string`); `None` if it has none.
+    pub text: Option<String>,
+}
+
+impl FaultCode {
+    /// `code` with its `text`.
+    pub fn new(code: u32, text: Option<String>) -> FaultCode {
+        FaultCode {
+            code,
+            hex: format!("0x{code:08X}"),
+            text,
+        }
+    }
+}
+
+/// The last fault read of a device.
+#[derive(Debug, Clone, Default)]
+struct Faults {
+    codes: Vec<FaultCode>,
+    /// Ring time of the last successful read (0 = never).
+    read_ns: u64,
+    /// Why the last read failed; `None` after a success.
+    error: Option<String>,
 }
 
 /// A plain copy of [`DeviceStatus`].
@@ -284,6 +318,12 @@ pub struct DeviceSnapshot {
     /// Age of the HBM/health figures, milliseconds (they stop updating once a DCMI call on
     /// the device hung, so that the stuck call is not repeated).
     pub telemetry_age_ms: Option<u64>,
+    /// The driver's current fault codes (empty: none, or never read: see `faults_age_ms`).
+    pub faults: Vec<FaultCode>,
+    /// Age of the fault codes, milliseconds; `None` if never read.
+    pub faults_age_ms: Option<u64>,
+    /// Why the last fault read failed.
+    pub faults_error: Option<String>,
 }
 
 impl DeviceStatus {
@@ -320,7 +360,31 @@ impl DeviceStatus {
             hbm_total_mb: AtomicU64::new(UNKNOWN),
             health: AtomicU64::new(UNKNOWN),
             telemetry_ns: AtomicU64::new(0),
+            faults: std::sync::Mutex::new(Faults::default()),
         }
+    }
+
+    /// Records a fault read: the codes, or why it failed (the codes of the last success
+    /// stand, with their age).
+    pub fn record_faults(&self, ts_ns: u64, read: Result<Vec<FaultCode>, String>) {
+        let mut f = self.faults.lock().unwrap_or_else(|p| p.into_inner());
+        match read {
+            Ok(codes) => {
+                f.codes = codes;
+                f.read_ns = ts_ns.max(1);
+                f.error = None;
+            }
+            Err(e) => f.error = Some(e),
+        }
+    }
+
+    /// The codes of the last successful fault read.
+    pub fn fault_codes(&self) -> Vec<FaultCode> {
+        self.faults
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .codes
+            .clone()
     }
 
     /// Where AI Cube figures come from now.
@@ -503,6 +567,11 @@ impl DeviceStatus {
     /// A consistent-enough copy for reports (fields are read one by one).
     pub fn snapshot(&self, now_ns: u64) -> DeviceSnapshot {
         let source = self.source();
+        let faults = self
+            .faults
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
         let known = |v: u64| (v != UNKNOWN).then_some(v);
         let last_valid = self.last_valid_ns.load(Ordering::Acquire);
         let err = self.last_error.load(Ordering::Relaxed);
@@ -539,6 +608,12 @@ impl DeviceStatus {
                 0 => None,
                 t => Some(now_ns.saturating_sub(t) / 1_000_000),
             },
+            faults: faults.codes,
+            faults_age_ms: match faults.read_ns {
+                0 => None,
+                t => Some(now_ns.saturating_sub(t) / 1_000_000),
+            },
+            faults_error: faults.error,
         }
     }
 }
