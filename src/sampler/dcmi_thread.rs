@@ -485,6 +485,9 @@ fn read_single(ctx: &Ctx<'_>, slot: &mut Slot, now: &mut u64) -> Outcome {
     }
 }
 
+/// Most fault-code texts kept per device (the driver's list holds 128 codes at a time).
+const MAX_FAULT_TEXTS: usize = 512;
+
 /// The fault codes of one device, and the text of each code not seen before. Skipped once a
 /// call on the device hung. `false` when the driver has no fault-code call at all (an older
 /// driver): the thread stops asking.
@@ -499,10 +502,14 @@ fn read_faults(dcmi: &Dcmi, shared: &Shared, slot: &mut Slot) -> bool {
     let read = dcmi.error_codes(&slot.chip);
     let codes = match read {
         Ok(codes) => {
+            // Bounded: a driver that reports new garbage on every read gets no more texts
+            // asked once this many codes have been seen on the device.
+            let room = MAX_FAULT_TEXTS.saturating_sub(slot.fault_texts.len());
             let new: Vec<u32> = codes
                 .iter()
                 .copied()
                 .filter(|c| !slot.fault_texts.contains_key(c))
+                .take(room)
                 .collect();
             for c in new {
                 let text = dcmi
