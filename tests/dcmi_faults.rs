@@ -93,3 +93,52 @@ fn fault_codes_on_the_950s_v2_api() {
         "network port link changed from up to down"
     );
 }
+
+// The fake npu-smi prints `info -t health` as the driver's npucli does, and the agent's
+// parser reads it back: the codes in hex, a text per code (the decimal code where there is
+// none), `OK` and `NA` for a chip without codes, each chip's word with `-i` alone.
+#[test]
+fn npu_smi_health_prints_the_codes_and_the_parser_reads_them() {
+    use npu_health_agent::driver::npu_smi::parse::parse_health;
+    let sc = support::scenario(
+        "model = \"910_93\"\ncards = 1\n[[device]]\nid = 0\nhealth = 2\nerror_codes = [0x80E01801, 0x12345678]\n[[device]]\nid = 1\nhealth = 1\n",
+    );
+    let smi = |args: &[&str]| {
+        let out = Command::new(support::agent())
+            .env("FAKE_NPU_SCENARIO", &sc.path)
+            .args(["info", "-t", "health"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let text = smi(&["-i", "0", "-c", "0"]);
+    let h = parse_health(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    assert_eq!(h.health, "Alarm", "{text}");
+    assert_eq!(h.codes, [0x80E0_1801, 0x1234_5678]);
+    assert_eq!(
+        h.texts,
+        [
+            "HBM multi-bit ECC error on access",
+            &0x1234_5678u32.to_string()
+        ]
+    );
+    assert!(
+        text.contains("\tError Code                     : 80E01801 12345678\n"),
+        "{text}"
+    );
+    let clean = parse_health(&smi(&["-i", "0", "-c", "1"])).unwrap();
+    assert_eq!(
+        (clean.health.as_str(), clean.codes.len()),
+        ("OK", 0),
+        "no codes reads OK whatever the health word"
+    );
+    let card = smi(&["-i", "0"]);
+    assert!(
+        card.contains(
+            "\tHealth                         : Alarm\n\tChip ID                        : 0\n"
+        ),
+        "{card}"
+    );
+}

@@ -161,6 +161,14 @@ proptest! {
     }
 
     #[test]
+    fn npu_smi_health_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {
+        let text = String::from_utf8_lossy(&bytes);
+        if let Err(e) = npu_health_agent::driver::npu_smi::parse::parse_health(&text) {
+            prop_assert!(!e.0.is_empty());
+        }
+    }
+
+    #[test]
     fn npu_smi_watch_bytes_never_panic(chunks in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..200), 0..10)) {
         let mut p = npu_health_agent::driver::npu_smi::parse::WatchParser::new();
         for c in &chunks {

@@ -573,6 +573,14 @@ fn error_codes(d: &Driver, dev: &Device, count: &mut i32, list: &mut [u32]) -> i
     }
 }
 
+/// The whole text the fake gives `code`, if any (what `npu-smi info -t health` prints).
+pub fn fault_text(code: u32) -> Option<&'static str> {
+    FAULT_TEXTS
+        .iter()
+        .find(|(c, _, _)| *c == code)
+        .map(|(_, _, long)| *long)
+}
+
 /// As the driver (`dcmi_fault_manage_intf.c`): its own list of at most 128 is filled first;
 /// an empty `list` or more codes than it holds is -8001 with nothing written; otherwise
 /// exactly the codes are written and `count` set, so no codes leaves `list` as it was.

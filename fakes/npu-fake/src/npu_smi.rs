@@ -2,8 +2,9 @@
 //!
 //! Supported: `info watch -h`, `info watch [-i id] [-c chip] [-d secs] [-s letters]` (910B and
 //! 910_93 layouts with `ChipId(Idx)`, 950 layout without it, `NA` for missing figures) and
-//! `info -m`, and `info -t usages -i card [-c chip]` (the key-value layout, `Aicore Usage
-//! Rate(%)` from the AI Cube programme: MindIE's engine server samples with it). A fake-driver build of the agent runs this when invoked as `npu-smi` or with
+//! `info -m`, `info -t usages -i card [-c chip]` (the key-value layout, `Aicore Usage
+//! Rate(%)` from the AI Cube programme: MindIE's engine server samples with it), and
+//! `info -t health -i card [-c chip]` (the health word and the fault codes). A fake-driver build of the agent runs this when invoked as `npu-smi` or with
 //! `info …` as its first arguments.
 
 use crate::scenario::{Model, Reading, Scenario, WatchSupport, now_ms};
@@ -59,6 +60,7 @@ pub fn run(args: &[String]) -> i32 {
         ["info", "watch", rest @ ..] => watch(&scenario, rest, &mut out),
         ["info", "-m"] => mapping(&scenario, &mut out),
         ["info", "-t", "usages", rest @ ..] => usages(&scenario, rest, &mut out),
+        ["info", "-t", "health", rest @ ..] => health(&scenario, rest, &mut out),
         _ => {
             let _ = writeln!(out, "Usage: npu-smi info <watch|-h|-m> [Options...]");
             1
@@ -257,6 +259,81 @@ fn watch(s: &Scenario, args: &[&str], out: &mut impl Write) -> i32 {
         }
         std::thread::sleep(period);
     }
+    0
+}
+
+/// `info -t health -i <card> [-c <chip>]`, in the driver's npucli format (`\t%-30s : %s`):
+/// with `-c`, the chip's `Health Status`, `Error Code` (hex, or `NA`) and `Error
+/// Information` (one text per code, later ones under an empty key; the decimal code for one
+/// without text); with `-i` alone, each chip's `Health` and `Chip ID`. As the real tool, a
+/// chip with no codes reads `OK` whatever its health word.
+fn health(s: &Scenario, args: &[&str], out: &mut impl Write) -> i32 {
+    let (mut card, mut chip) = (None, None);
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let Some(v) = it.next().and_then(|v| v.parse::<u32>().ok()) else {
+            let _ = writeln!(out, "Parameter error: {flag} needs a number");
+            return 1;
+        };
+        match *flag {
+            "-i" => card = Some(v),
+            "-c" => chip = Some(v),
+            other => {
+                let _ = writeln!(out, "Parameter error: unknown option {other}");
+                return 1;
+            }
+        }
+    }
+    let Some(card) = card else {
+        let _ = writeln!(out, "Parameter error: -i is required");
+        return 1;
+    };
+    let chips: Vec<_> = s
+        .devices
+        .iter()
+        .filter(|d| d.card == card && chip.is_none_or(|c| c == d.chip))
+        .collect();
+    if chips.is_empty() {
+        let _ = writeln!(out, "This device does not exist.");
+        return 1;
+    }
+    let line = |k: &str, v: &dyn std::fmt::Display| format!("\t{k:<30} : {v}\n");
+    let word = |d: &crate::scenario::Device| {
+        let codes = s.error_codes_of(d);
+        match s.health_of(d) {
+            _ if codes.is_empty() => "OK",
+            0 => "OK",
+            1 => "Warning",
+            2 => "Alarm",
+            3 => "Critical",
+            _ => "UNKNOWN",
+        }
+    };
+    let mut text = String::new();
+    if chip.is_none() {
+        text += &line("NPU ID", &card);
+        text += &line("Chip Count", &chips.len());
+        for d in &chips {
+            text += &line("Health", &word(d));
+            text += &line("Chip ID", &d.chip);
+        }
+    } else {
+        let d = chips[0];
+        let codes = s.error_codes_of(d);
+        text += &line("Health Status", &word(d));
+        if codes.is_empty() {
+            text += &line("Error Code", &"NA");
+            text += &line("Error Information", &"NA");
+        } else {
+            let hex: Vec<String> = codes.iter().map(|c| format!("{c:08X}")).collect();
+            text += &line("Error Code", &hex.join(" "));
+            for (i, c) in codes.iter().enumerate() {
+                let info = crate::dcmi::fault_text(*c).map_or_else(|| c.to_string(), str::to_owned);
+                text += &line(if i == 0 { "Error Information" } else { "" }, &info);
+            }
+        }
+    }
+    let _ = out.write_all(text.as_bytes());
     0
 }
 

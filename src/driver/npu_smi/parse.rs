@@ -1,4 +1,5 @@
-//! Parsers for `npu-smi` output: the streaming `info watch -s u` reader and `info -m`.
+//! Parsers for `npu-smi` output: the streaming `info watch -s u` reader, `info -m`, and
+//! `info -t health` (a chip's health word and fault codes).
 //!
 //! The watch output is read from the raw pipe into our own buffer: a header and several rows
 //! can arrive in one write, the last line of a read can be partial, figures can be `NA`, the
@@ -257,8 +258,128 @@ fn parse_mapping_inner(text: &str) -> Result<Vec<MappedChip>, String> {
     Ok(chips)
 }
 
+/// What `npu-smi info -t health -i <card> -c <chip>` says about one chip.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChipHealth {
+    /// `OK`, `Warning`, `Alarm`, `Critical`, `UNKNOWN`, or `NA` (the tool's words).
+    pub health: String,
+    /// The codes of `Error Code` (hex); empty for `NA`.
+    pub codes: Vec<u32>,
+    /// The lines of `Error Information`, one per code as printed (empty for `NA`).
+    pub texts: Vec<String>,
+}
+
+/// Why `npu-smi info -t health` output could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct HealthError(pub String);
+
+/// Parses `npu-smi info -t health -i <card> -c <chip>` (the driver's `npucli`
+/// `print_diagnosis_info`: `\t<key padded to 30> : <value>` lines; `Health Status`, or
+/// `Health` on a 950; `Error Code` as space-separated hex or `NA`; `Error Information` with
+/// one text per code, the later ones on lines with an empty key). Blank lines are skipped.
+pub fn parse_health(text: &str) -> Result<ChipHealth, HealthError> {
+    let mut health = None;
+    let mut codes = None;
+    let mut texts: Vec<String> = Vec::new();
+    let mut in_info = false;
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let Some((key, value)) = line
+            .split_once(" : ")
+            .or_else(|| line.trim_end().strip_suffix(" :").map(|k| (k, "")))
+        else {
+            return Err(HealthError(format!(
+                "not a `key : value` line: {}",
+                crate::logging::quote(line.trim())
+            )));
+        };
+        let (key, value) = (key.trim(), value.trim());
+        match key {
+            "Health Status" | "Health" => {
+                in_info = false;
+                health = Some(value.to_owned());
+            }
+            "Error Code" => {
+                in_info = false;
+                codes = Some(if value == "NA" {
+                    Vec::new()
+                } else {
+                    value
+                        .split_whitespace()
+                        .map(|c| {
+                            u32::from_str_radix(c, 16).map_err(|_| {
+                                HealthError(format!(
+                                    "Error Code {} is not hex",
+                                    crate::logging::quote(c)
+                                ))
+                            })
+                        })
+                        .collect::<Result<Vec<_>, _>>()?
+                });
+            }
+            "Error Information" => {
+                in_info = true;
+                if value != "NA" && !value.is_empty() {
+                    texts.push(value.to_owned());
+                }
+            }
+            "" if in_info => {
+                if !value.is_empty() {
+                    texts.push(value.to_owned());
+                }
+            }
+            _ => in_info = false,
+        }
+    }
+    let health = health.ok_or_else(|| HealthError("no Health Status line".to_owned()))?;
+    let codes = codes.ok_or_else(|| HealthError("no Error Code line".to_owned()))?;
+    Ok(ChipHealth {
+        health,
+        codes,
+        texts,
+    })
+}
+
 #[cfg(test)]
 mod tests {
+
+    // The driver's npucli format for one chip: codes in hex, texts one per code.
+    #[test]
+    fn health_reads_the_codes_and_their_texts() {
+        let text = "\tHealth Status                  : Alarm\n\tError Code                     : 80E01801 80C98002\n\tError Information              : HBM multi-bit ECC error on access\n\n\t                               : AI Core external input error\n";
+        let h = parse_health(text).unwrap();
+        assert_eq!(h.health, "Alarm");
+        assert_eq!(h.codes, [0x80E0_1801, 0x80C9_8002]);
+        assert_eq!(
+            h.texts,
+            [
+                "HBM multi-bit ECC error on access",
+                "AI Core external input error"
+            ]
+        );
+        let ok = parse_health("\tHealth                         : OK\n\tError Code                     : NA\n\tError Information              : NA\n").unwrap();
+        assert_eq!(
+            (ok.health.as_str(), ok.codes.len(), ok.texts.len()),
+            ("OK", 0, 0)
+        );
+    }
+
+    #[test]
+    fn health_garbage_is_an_error_naming_the_line() {
+        let e = parse_health("error: driver not ready\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not a `key : value` line"), "{e}");
+        let e = parse_health("\tHealth Status : OK\n\tError Code : 80E0180Z\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("is not hex"), "{e}");
+        let e = parse_health("\tHealth Status : OK\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no Error Code line"), "{e}");
+        assert!(parse_health("").is_err());
+    }
     use super::*;
     use proptest::prelude::*;
 
