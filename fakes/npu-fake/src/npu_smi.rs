@@ -7,7 +7,7 @@
 //! `info -t health -i card [-c chip]` (the health word and the fault codes). A fake-driver build of the agent runs this when invoked as `npu-smi` or with
 //! `info …` as its first arguments.
 
-use crate::scenario::{Model, Reading, Scenario, WatchSupport, now_ms};
+use crate::scenario::{Device, Model, Reading, Scenario, WatchSupport, now_ms};
 use std::io::Write;
 use std::time::Duration;
 
@@ -262,43 +262,51 @@ fn watch(s: &Scenario, args: &[&str], out: &mut impl Write) -> i32 {
     0
 }
 
+/// `-i <card> [-c <chip>]` of an `info -t` command: the card, the chip asked, and the chips
+/// they name; `Err`: the line the tool prints.
+fn chips_asked<'a>(
+    s: &'a Scenario,
+    args: &[&str],
+) -> Result<(u32, Option<u32>, Vec<&'a Device>), String> {
+    let (mut card, mut chip) = (None, None);
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let Some(v) = it.next().and_then(|v| v.parse::<u32>().ok()) else {
+            return Err(format!("Parameter error: {flag} needs a number"));
+        };
+        match *flag {
+            "-i" => card = Some(v),
+            "-c" => chip = Some(v),
+            other => return Err(format!("Parameter error: unknown option {other}")),
+        }
+    }
+    let card = card.ok_or_else(|| "Parameter error: -i is required".to_owned())?;
+    let chips: Vec<&Device> = s
+        .devices
+        .iter()
+        .filter(|d| d.card == card && chip.is_none_or(|c| c == d.chip))
+        .collect();
+    if chips.is_empty() {
+        return Err("This device does not exist.".to_owned());
+    }
+    Ok((card, chip, chips))
+}
+
 /// `info -t health -i <card> [-c <chip>]`, in the driver's npucli format (`\t%-30s : %s`):
 /// with `-c`, the chip's `Health Status`, `Error Code` (hex, or `NA`) and `Error
 /// Information` (one text per code, later ones under an empty key; the decimal code for one
 /// without text); with `-i` alone, each chip's `Health` and `Chip ID`. As the real tool, a
 /// chip with no codes reads `OK` whatever its health word.
 fn health(s: &Scenario, args: &[&str], out: &mut impl Write) -> i32 {
-    let (mut card, mut chip) = (None, None);
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let Some(v) = it.next().and_then(|v| v.parse::<u32>().ok()) else {
-            let _ = writeln!(out, "Parameter error: {flag} needs a number");
+    let (card, chip, chips) = match chips_asked(s, args) {
+        Ok(v) => v,
+        Err(msg) => {
+            let _ = writeln!(out, "{msg}");
             return 1;
-        };
-        match *flag {
-            "-i" => card = Some(v),
-            "-c" => chip = Some(v),
-            other => {
-                let _ = writeln!(out, "Parameter error: unknown option {other}");
-                return 1;
-            }
         }
-    }
-    let Some(card) = card else {
-        let _ = writeln!(out, "Parameter error: -i is required");
-        return 1;
     };
-    let chips: Vec<_> = s
-        .devices
-        .iter()
-        .filter(|d| d.card == card && chip.is_none_or(|c| c == d.chip))
-        .collect();
-    if chips.is_empty() {
-        let _ = writeln!(out, "This device does not exist.");
-        return 1;
-    }
     let line = |k: &str, v: &dyn std::fmt::Display| format!("\t{k:<30} : {v}\n");
-    let word = |d: &crate::scenario::Device| {
+    let word = |d: &Device| {
         let codes = s.error_codes_of(d);
         match s.health_of(d) {
             _ if codes.is_empty() => "OK",
@@ -340,35 +348,13 @@ fn health(s: &Scenario, args: &[&str], out: &mut impl Write) -> i32 {
 /// `info -t usages -i <card> [-c <chip>]`: one key-value block per chip, as the real tool
 /// prints it (keys padded to one column, `Chip ID` last).
 fn usages(s: &Scenario, args: &[&str], out: &mut impl Write) -> i32 {
-    let (mut card, mut chip) = (None, None);
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let Some(v) = it.next().and_then(|v| v.parse::<u32>().ok()) else {
-            let _ = writeln!(out, "Parameter error: {flag} needs a number");
+    let (card, _, chips) = match chips_asked(s, args) {
+        Ok(v) => v,
+        Err(msg) => {
+            let _ = writeln!(out, "{msg}");
             return 1;
-        };
-        match *flag {
-            "-i" => card = Some(v),
-            "-c" => chip = Some(v),
-            other => {
-                let _ = writeln!(out, "Parameter error: unknown option {other}");
-                return 1;
-            }
         }
-    }
-    let Some(card) = card else {
-        let _ = writeln!(out, "Parameter error: -i is required");
-        return 1;
     };
-    let chips: Vec<_> = s
-        .devices
-        .iter()
-        .filter(|d| d.card == card && chip.is_none_or(|c| c == d.chip))
-        .collect();
-    if chips.is_empty() {
-        let _ = writeln!(out, "This device does not exist.");
-        return 1;
-    }
     let line = |k: &str, v: &dyn std::fmt::Display| format!("\t{k:<31}: {v}\n");
     let mut text = line("NPU ID", &card) + &line("Chip Count", &chips.len()) + "\n";
     for d in chips {
