@@ -282,6 +282,11 @@ struct Faults {
     error: Option<String>,
 }
 
+/// Milliseconds from ring time `at_ns` to `now_ns`; `None` for 0 (never).
+fn age_ms(now_ns: u64, at_ns: u64) -> Option<u64> {
+    (at_ns != 0).then(|| now_ns.saturating_sub(at_ns) / 1_000_000)
+}
+
 /// A plain copy of [`DeviceStatus`].
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct DeviceSnapshot {
@@ -376,15 +381,6 @@ impl DeviceStatus {
             }
             Err(e) => f.error = Some(e),
         }
-    }
-
-    /// The codes of the last successful fault read.
-    pub fn fault_codes(&self) -> Vec<FaultCode> {
-        self.faults
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .codes
-            .clone()
     }
 
     /// Where AI Cube figures come from now.
@@ -604,15 +600,9 @@ impl DeviceStatus {
             health: known(self.health.load(Ordering::Relaxed))
                 .filter(|_| !gone)
                 .map(|h| h as u32),
-            telemetry_age_ms: match self.telemetry_ns.load(Ordering::Acquire) {
-                0 => None,
-                t => Some(now_ns.saturating_sub(t) / 1_000_000),
-            },
+            telemetry_age_ms: age_ms(now_ns, self.telemetry_ns.load(Ordering::Acquire)),
             faults: faults.codes,
-            faults_age_ms: match faults.read_ns {
-                0 => None,
-                t => Some(now_ns.saturating_sub(t) / 1_000_000),
-            },
+            faults_age_ms: age_ms(now_ns, faults.read_ns),
             faults_error: faults.error,
         }
     }
