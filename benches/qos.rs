@@ -241,7 +241,7 @@ fn main() {
         let record = (thread_cpu() - c0).as_secs_f64() * 1e6 / f64::from(EVALUATIONS);
         let c0 = thread_cpu();
         for _ in 0..EVALUATIONS {
-            std::hint::black_box(q.evaluate(&cfg, Some(&probe)));
+            std::hint::black_box(q.evaluate(&cfg, Some(&probe), None));
         }
         let eval = (thread_cpu() - c0).as_secs_f64() * 1e6 / f64::from(EVALUATIONS);
         (record, eval)

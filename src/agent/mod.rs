@@ -11,7 +11,7 @@ mod reload;
 
 pub use reload::ReloadSummary;
 
-use crate::config::{AgentConfig, EngineSpec, ListenerLimits};
+use crate::config::{AgentConfig, AgentSettings, EngineSpec, ListenerLimits};
 use crate::continuity::handover::Predecessor;
 use crate::continuity::sockets::{Inherited, Origin};
 use crate::continuity::statefile::{self, Persister};
@@ -356,7 +356,7 @@ impl Running {
         tasks.spawn(monitor::tasks::virtual_inference_task(
             state.clone(),
             p.client.prober(spec),
-            peaks,
+            peaks.clone(),
             monitor::inputs::ScrapeSignals {
                 state: state.clone(),
                 metrics: p.client.metrics(),
@@ -367,6 +367,7 @@ impl Running {
         tasks.spawn(monitor::tasks::qos_task(
             state.clone(),
             p.client.metrics(),
+            peaks.clone(),
             cancel.clone(),
         ));
         tasks.spawn(crate::actions::observe::run(state.clone(), cancel.clone()));
@@ -674,6 +675,35 @@ async fn acquire(
     }
 }
 
+/// Puts `[agent] fault_code_file`'s table in force. A table that cannot be read never stops
+/// the agent (check-config refuses it): at start the built-in table is used, on a reload the
+/// table in force is kept; either way the log says why.
+pub(crate) fn apply_fault_table(agent: &AgentSettings, shared: &Shared, reload: bool) {
+    match agent.fault_table() {
+        Ok(t) => {
+            tracing::info!(
+                "fault-code levels from {} ({} codes{})",
+                t.origin,
+                t.len(),
+                if t.unknown_keys.is_empty() {
+                    String::new()
+                } else {
+                    format!("; lists not read: {}", t.unknown_keys.join(", "))
+                }
+            );
+            shared.fault_levels.set_table(t);
+        }
+        Err(e) if reload => tracing::error!(
+            "[agent] fault_code_file: {e}; the fault-code levels in force ({}) are kept",
+            shared.fault_levels.table().origin
+        ),
+        Err(e) => tracing::error!(
+            "[agent] fault_code_file: {e}; using the {} table instead",
+            shared.fault_levels.table().origin
+        ),
+    }
+}
+
 /// Starts everything inside the current tokio runtime, from what `startup` takes over.
 pub async fn start(cfg: AgentConfig, mut startup: Startup) -> Result<Running, AgentError> {
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -693,6 +723,7 @@ pub async fn start(cfg: AgentConfig, mut startup: Startup) -> Result<Running, Ag
     // The checks check-config makes too, so both give the same error.
     preflight::host(&cfg, npu_ids(&sampler).as_deref())
         .map_err(|e| AgentError::Config(e.to_string()))?;
+    apply_fault_table(&cfg.agent, sampler.shared(), false);
     let listeners = cfg.engines.len()
         + usize::from(cfg.agent.admin_listen.is_some())
         + usize::from(cfg.agent.haproxy_agent_listen.is_some());

@@ -249,6 +249,7 @@ impl Running {
             }
         }
         self.liveness_cfg.set(self.cfg.agent.sampler_stuck_after);
+        super::apply_fault_table(&new.agent, &self.shared, true);
         let mut by_name: std::collections::HashMap<String, EngineRun> = next
             .into_iter()
             .map(|r| (r.state.spec.name.clone(), r))

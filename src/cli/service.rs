@@ -90,6 +90,17 @@ pub async fn doctor(cfg: AgentConfig, json_out: bool) -> Result<(), CliError> {
     })
     .await
     .context("sampler start-up")?;
+    // The fault-code levels the agent would use; a bad table is reported, the built-in used.
+    let table_note = match cfg.agent.fault_table() {
+        Ok(t) => {
+            let origin = t.origin.clone();
+            if let Ok(s) = &sampler_result {
+                s.shared().fault_levels.set_table(t);
+            }
+            format!("levels from {origin}")
+        }
+        Err(e) => format!("[agent] fault_code_file: {e}; levels from the built-in table"),
+    };
     // Every NPU's source and why, as `devices --json` shows it.
     let devices: Vec<serde_json::Value> = match &sampler_result {
         Ok(sampler) => {
@@ -116,6 +127,22 @@ pub async fn doctor(cfg: AgentConfig, json_out: bool) -> Result<(), CliError> {
     };
     let mut reports = Vec::new();
     for spec in &cfg.engines {
+        // The driver's faults on the engine's NPUs and what each does under its policy.
+        let agent = spec.agent_policy_in_force().is_some();
+        let faults: Vec<(u32, crate::server::wire::DeviceFault)> = match &sampler_result {
+            Ok(sampler) => (0..sampler.devices().len() as u16)
+                .filter(|&i| {
+                    let id = sampler.devices()[usize::from(i)].info.id;
+                    spec.devices
+                        .value
+                        .as_ref()
+                        .is_none_or(|ids| ids.contains(&id))
+                })
+                .flat_map(|i| sampler.shared().faults_of(i))
+                .map(|f| (f.npu, crate::server::wire::DeviceFault::of(f, agent)))
+                .collect(),
+            Err(_) => Vec::new(),
+        };
         let mut conditions = gates::static_conditions(spec);
         match &sampler_result {
             Ok(sampler) => {
@@ -184,7 +211,7 @@ pub async fn doctor(cfg: AgentConfig, json_out: bool) -> Result<(), CliError> {
         };
         conditions.push(health);
         let will_run = conditions.iter().all(|c| c.ok == Some(true));
-        reports.push((spec, conditions, will_run));
+        reports.push((spec, conditions, will_run, faults));
     }
     if let Ok(s) = sampler_result {
         tokio::task::spawn_blocking(move || s.shutdown()).await.ok();
@@ -192,7 +219,15 @@ pub async fn doctor(cfg: AgentConfig, json_out: bool) -> Result<(), CliError> {
     if json_out {
         let engines: Vec<_> = reports
             .iter()
-            .map(|(spec, conditions, will_run)| {
+            .map(|(spec, conditions, will_run, faults)| {
+                let faults: Vec<serde_json::Value> = faults
+                    .iter()
+                    .map(|(npu, f)| {
+                        let mut v = json!(f);
+                        v["npu"] = json!(npu);
+                        v
+                    })
+                    .collect();
                 json!({
                     "engine": spec.name,
                     "inference": spec.infer_authority(),
@@ -202,10 +237,14 @@ pub async fn doctor(cfg: AgentConfig, json_out: bool) -> Result<(), CliError> {
                     "actions": crate::actions::active(spec, &cfg.agent),
                     "conditions": conditions,
                     "virtual_inference_will_run": will_run,
+                    "driver_faults": faults,
                 })
             })
             .collect();
-        println!("{}", json!({ "engines": engines, "devices": devices }));
+        println!(
+            "{}",
+            json!({ "engines": engines, "devices": devices, "fault_levels": table_note })
+        );
         return Ok(());
     }
     if !devices.is_empty() {
@@ -226,7 +265,7 @@ pub async fn doctor(cfg: AgentConfig, json_out: bool) -> Result<(), CliError> {
         }
         println!();
     }
-    for (spec, conditions, will_run) in &reports {
+    for (spec, conditions, will_run, faults) in &reports {
         println!(
             "engine {} ({} role, inference {}, /status on {})",
             spec.name,
@@ -257,6 +296,23 @@ pub async fn doctor(cfg: AgentConfig, json_out: bool) -> Result<(), CliError> {
                 None => format!("pending: {}", c.note),
             };
             println!("  {:<26} {:<44} {verdict}", c.name, c.value);
+        }
+        if faults.is_empty() {
+            println!("  driver faults: none reported ({table_note})");
+        } else {
+            println!("  driver faults ({table_note}):");
+            for (npu, f) in faults {
+                println!(
+                    "    NPU {npu} {} {}level {}: {}",
+                    f.hex,
+                    f.text
+                        .as_deref()
+                        .map(|t| format!("({t}) "))
+                        .unwrap_or_default(),
+                    f.level,
+                    f.note
+                );
+            }
         }
         println!(
             "  => virtual inference {}\n",

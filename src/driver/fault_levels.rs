@@ -20,6 +20,7 @@ pub const DEFAULT_PATH: &str = "/usr/local/faultCode.json";
 )]
 pub enum FaultLevel {
     /// In no table: published, never acted on.
+    #[serde(rename = "unclassified")]
     Unclassified,
     NotHandleFault,
     SubHealthFault,

@@ -30,6 +30,11 @@
 //!   decides (a hot reload answers 503 and holds completions);
 //! - a failure while the engine reports itself asleep (`vllm:engine_sleep_state`) is not
 //!   counted;
+//! - a driver fault: a failure while the driver reports a fault at [`CONFIRM_LEVEL`]
+//!   (MindCluster's `RestartBusiness`) or worse on one of the engine's NPUs makes the engine
+//!   abnormal at once — the driver has explained the failure, there is nothing left to
+//!   confirm. A fault alone never does: the loop probes at once when one appears
+//!   ([`fault_effect`]), and a probe that succeeds leaves the engine `normal`;
 //! - fast confirmation: a counted failure makes the engine abnormal from `confirm_failures`
 //!   on (instead of `max_failure_count`) when it is confirmed: for an idle failure, the NPU
 //!   stayed idle over the whole streak (the ring, not only each probe's window) and the
@@ -43,7 +48,9 @@
 
 use super::inputs::CapacityWaiting;
 use crate::config::Timing;
+use crate::driver::fault_levels::FaultLevel;
 use crate::probe::outcome::{Accounting, ProbeFailure};
+use crate::sampler::faults::NpuFault;
 use std::time::Duration;
 
 /// The accounting rules of one engine.
@@ -112,6 +119,58 @@ pub struct Observation {
     /// How long the last successful periodic probe took (the engine's own pace when it
     /// answers); `None` before one succeeded.
     pub last_ok_latency: Option<Duration>,
+    /// Agent policy: the most severe fault the driver reported on the engine's NPUs when
+    /// the failure was checked; `None` when there is none, or the probe succeeded.
+    pub driver_fault: Option<NpuFault>,
+}
+
+/// The level from which a driver fault confirms a failed probe, and makes the loop probe at
+/// once when it appears (agent policy).
+pub const CONFIRM_LEVEL: FaultLevel = FaultLevel::RestartBusiness;
+
+/// What a driver fault does to an engine on the NPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FaultEffect {
+    /// Published, nothing else (every level under `reference`; `NotHandleFault`,
+    /// `RestartRequest` and unclassified codes under `agent`).
+    Published,
+    /// The QoS level is one band lower, at most `throttle` (`SubHealthFault`, agent policy).
+    LowersQos,
+    /// One immediate confirming probe; a failure is abnormal at once (`RestartBusiness` or
+    /// worse, agent policy).
+    Confirms,
+}
+
+impl FaultEffect {
+    /// In words, for `/status/detail`, `doctor` and the live page.
+    pub fn describe(self) -> &'static str {
+        match self {
+            FaultEffect::Published => "published only",
+            FaultEffect::LowersQos => "QoS level one band lower, at most throttle",
+            FaultEffect::Confirms => {
+                "one immediate confirming probe; a failed virtual request is abnormal at once"
+            }
+        }
+    }
+}
+
+/// What a fault at `level` does under the policy in force (`agent`: the agent policy).
+pub fn fault_effect(agent: bool, level: FaultLevel) -> FaultEffect {
+    match level {
+        _ if !agent => FaultEffect::Published,
+        l if l >= CONFIRM_LEVEL => FaultEffect::Confirms,
+        FaultLevel::SubHealthFault => FaultEffect::LowersQos,
+        _ => FaultEffect::Published,
+    }
+}
+
+/// The most severe of `faults` (the first of equals).
+pub fn worst(faults: &[NpuFault]) -> Option<&NpuFault> {
+    faults.iter().fold(None, |w: Option<&NpuFault>, f| match w {
+        Some(w) if w.level >= f.level => Some(w),
+        _ => Some(f),
+    })
 }
 
 /// What one probe did to the failure count.
@@ -169,6 +228,20 @@ pub fn account(rules: &Rules, obs: &Observation) -> Accounted {
                 Accounting::UnchangedAsleep,
                 Some("the engine is asleep (vllm:engine_sleep_state)".to_owned()),
             );
+        }
+        if let (Some(f), Some(e)) = (&obs.driver_fault, &obs.failure)
+            && f.level >= CONFIRM_LEVEL
+        {
+            return Accounted {
+                accounting: Accounting::DriverFault,
+                count: obs.count + 1,
+                abnormal: Some(format!(
+                    "a virtual request failed ({e}) while {}: the driver explains the failure",
+                    f.describe()
+                )),
+                why: Some(f.describe()),
+                stalled: None,
+            };
         }
     }
     match obs.peak {
@@ -379,6 +452,7 @@ mod tests {
             idle_throughout: None,
             tokens_advanced: None,
             last_ok_latency: None,
+            driver_fault: None,
         }
     }
     fn stalled_for(o: Observation, stalled: Option<u64>, since_served: u64) -> Observation {
@@ -721,6 +795,70 @@ mod tests {
                 0,
                 false,
             ),
+            (
+                "a SeparateNPU fault explains a failure on a busy NPU → abnormal at once",
+                with(probe(true, Some(95.0), 0), &|o| {
+                    o.driver_fault = Some(fault(FaultLevel::SeparateNPU))
+                }),
+                DriverFault,
+                1,
+                true,
+            ),
+            (
+                "a RestartBusiness fault explains an idle failure → abnormal at once",
+                with(idle(0), &|o| {
+                    o.driver_fault = Some(fault(FaultLevel::RestartBusiness))
+                }),
+                DriverFault,
+                1,
+                true,
+            ),
+            (
+                "a fault with usage unavailable still explains the failure",
+                with(probe(true, None, 0), &|o| {
+                    o.driver_fault = Some(fault(FaultLevel::RestartNPU))
+                }),
+                DriverFault,
+                1,
+                true,
+            ),
+            (
+                "a RestartRequest fault is below the level: counted as without it",
+                with(idle(0), &|o| {
+                    o.driver_fault = Some(fault(FaultLevel::RestartRequest))
+                }),
+                Incremented,
+                1,
+                false,
+            ),
+            (
+                "a SubHealthFault on a busy NPU: reset as without it",
+                with(probe(true, Some(95.0), 0), &|o| {
+                    o.driver_fault = Some(fault(FaultLevel::SubHealthFault))
+                }),
+                Reset,
+                0,
+                false,
+            ),
+            (
+                "a fault and a success: reset, the engine stays normal",
+                with(probe(false, Some(0.0), 1), &|o| {
+                    o.driver_fault = Some(fault(FaultLevel::SeparateNPU))
+                }),
+                Reset,
+                0,
+                false,
+            ),
+            (
+                "a fault during a hot reload: /health's grace still decides",
+                with(idle(0), &|o| {
+                    o.health_failed = true;
+                    o.driver_fault = Some(fault(FaultLevel::SeparateNPU));
+                }),
+                UnchangedHealthFailing,
+                0,
+                false,
+            ),
         ];
         for (what, obs, accounting, count, abnormal) in rows {
             let a = account(&agent(), &obs);
@@ -743,6 +881,69 @@ mod tests {
             }),
         );
         assert_eq!((a.count, a.abnormal), (2, None));
+        let a = account(
+            &v5(),
+            &with(probe(true, Some(95.0), 0), &|o| {
+                o.driver_fault = Some(fault(FaultLevel::SeparateNPU))
+            }),
+        );
+        assert_eq!(
+            (a.accounting, a.count, a.abnormal),
+            (Reset, 0, None),
+            "MindIE V5 has no driver-fault rule"
+        );
+        let a = account(
+            &agent(),
+            &with(idle(0), &|o| {
+                o.driver_fault = Some(fault(FaultLevel::SeparateNPU))
+            }),
+        );
+        let why = a.abnormal.unwrap();
+        assert!(
+            why.contains("0x80E18402") && why.contains("HBM rows") && why.contains("SeparateNPU"),
+            "the reason names the code, its text and its level: {why}"
+        );
+    }
+
+    fn fault(level: FaultLevel) -> NpuFault {
+        NpuFault {
+            npu: 0,
+            code: 0x80E1_8402,
+            hex: "0x80E18402".into(),
+            text: Some("HBM rows".into()),
+            level,
+        }
+    }
+
+    // What each level does under each policy, and the worst of several.
+    #[test]
+    fn fault_effects() {
+        use FaultLevel::*;
+        for (level, agent_effect) in [
+            (Unclassified, FaultEffect::Published),
+            (NotHandleFault, FaultEffect::Published),
+            (SubHealthFault, FaultEffect::LowersQos),
+            (RestartRequest, FaultEffect::Published),
+            (RestartBusiness, FaultEffect::Confirms),
+            (FreeRestartNPU, FaultEffect::Confirms),
+            (RestartNPU, FaultEffect::Confirms),
+            (PreSeparateNPU, FaultEffect::Confirms),
+            (SeparateNPU, FaultEffect::Confirms),
+        ] {
+            assert_eq!(fault_effect(true, level), agent_effect, "{level}");
+            assert_eq!(
+                fault_effect(false, level),
+                FaultEffect::Published,
+                "{level}"
+            );
+        }
+        let fs = [
+            fault(SubHealthFault),
+            fault(RestartNPU),
+            fault(NotHandleFault),
+        ];
+        assert_eq!(worst(&fs).map(|f| f.level), Some(RestartNPU));
+        assert_eq!(worst(&[]), None);
     }
 
     // The agent policy re-probes quickly while a streak is open; the reference never does.

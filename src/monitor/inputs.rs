@@ -8,13 +8,20 @@ use crate::probe::MetricsSource;
 use crate::probe::engine_metrics::EngineMetrics;
 use crate::ring::Ring;
 use crate::sampler::Shared;
+use crate::sampler::faults::NpuFault;
 use crate::window;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Peak AI Cube usage of the engine's NPUs over the last `window`; `None` when unavailable.
+/// What the monitor reads of the engine's NPUs: the AI Cube peak, and the driver's faults.
 pub trait PeakSource {
+    /// Peak AI Cube usage over the last `window`; `None` when unavailable.
     fn peak(&self, window: Duration) -> Option<f64>;
+    /// The fault codes the driver reports now on the engine's NPUs, with their levels.
+    /// Default: none.
+    fn faults(&self) -> Vec<NpuFault> {
+        Vec::new()
+    }
 }
 
 /// Engine-side signals for the opt-in accounting rules.
@@ -86,6 +93,13 @@ impl PeakSource for RingPeaks {
             .combined
             .peak
             .map(f64::from)
+    }
+
+    fn faults(&self) -> Vec<NpuFault> {
+        self.devices
+            .iter()
+            .flat_map(|&i| self.shared.faults_of(i))
+            .collect()
     }
 }
 

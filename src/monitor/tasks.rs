@@ -83,6 +83,7 @@ pub async fn run_virtual_inference(
                 idle_throughout: None,
                 tokens_advanced: None,
                 last_ok_latency: None,
+                driver_fault: None,
             },
         );
         state.apply(&a);
@@ -107,8 +108,15 @@ pub async fn run_virtual_inference(
     let mut timeout = t.request_timeout;
     // The last successful periodic probe's latency: the engine's pace when it answers.
     let mut last_ok: Option<Duration> = None;
+    // Agent policy: the driver fault that woke the loop for this probe.
+    let mut woke_for: Option<crate::sampler::faults::NpuFault> = None;
     while !state.abnormal() {
         let started = tokio::time::Instant::now();
+        let before = if rules.agent.is_some() {
+            serious(&peaks.faults())
+        } else {
+            Checked::new()
+        };
         let r = prober.send(timeout).await;
         let peak = peaks.peak(t.window);
         state.set_interval(account::next_interval(
@@ -121,6 +129,11 @@ pub async fn run_virtual_inference(
         // The agent policy's evidence, read for a failure only; the V6 capacity figure comes
         // from the same read when there is one.
         let agent_read = rules.agent.is_some() && failed;
+        let driver_fault = if agent_read {
+            account::worst(&peaks.faults()).cloned()
+        } else {
+            None
+        };
         let fresh = if agent_read {
             signals.fresh().await
         } else {
@@ -162,6 +175,7 @@ pub async fn run_virtual_inference(
                 _ => None,
             },
             last_ok_latency: last_ok,
+            driver_fault,
         };
         if !failed {
             last_served = tokio::time::Instant::now();
@@ -181,47 +195,128 @@ pub async fn run_virtual_inference(
             None => (state.interval(), t.request_timeout),
         };
         timeout = next_timeout;
-        match rules.agent {
-            // Agent policy: a busy NPU that falls idle (over a whole window) during the busy
-            // interval is probed at once, with the confirming timeout — the load ended, or
-            // the engine stopped.
-            Some(agent) if sleep == t.high_load_interval => {
-                if sleep_until_idle(sleep, peaks, t.window, rules.npu_usage_threshold).await {
-                    tracing::info!(
-                        engine,
-                        "the NPU fell idle during the busy interval; probing now"
-                    );
-                    timeout = account::confirm_timeout(&agent, t, last_ok);
-                }
+        // What this probe checked: the faults at the confirming level that were there before
+        // it started and still are; a new one wakes the loop.
+        let checked: Checked = before
+            .intersection(&serious(&peaks.faults()))
+            .copied()
+            .collect();
+        if let Some(f) = woke_for.take()
+            && !failed
+        {
+            tracing::info!(
+                engine,
+                npu = f.npu,
+                code = %f.hex,
+                "{}: the confirming virtual request succeeded; the fault is published, the engine stays normal",
+                f.describe()
+            );
+        }
+        let Some(agent) = rules.agent else {
+            tokio::time::sleep(sleep).await;
+            continue;
+        };
+        // Agent policy: a busy NPU that falls idle (over a whole window) during the busy
+        // interval is probed at once, with the confirming timeout — the load ended, or the
+        // engine stopped; and so is a new driver fault at the confirming level.
+        let idle = (sleep == t.high_load_interval).then_some((t.window, rules.npu_usage_threshold));
+        match pause(sleep, peaks, idle, &checked).await {
+            Wake::Elapsed => {}
+            Wake::Idle => {
+                tracing::info!(
+                    engine,
+                    "the NPU fell idle during the busy interval; probing now"
+                );
+                timeout = account::confirm_timeout(&agent, t, last_ok);
             }
-            _ => tokio::time::sleep(sleep).await,
+            Wake::Fault(f) => {
+                tracing::warn!(
+                    engine,
+                    npu = f.npu,
+                    code = %f.hex,
+                    level = %f.level,
+                    "{}; probing now to confirm (a failed virtual request makes the engine abnormal at once)",
+                    f.describe()
+                );
+                timeout = account::confirm_timeout(&agent, t, last_ok);
+                woke_for = Some(f);
+            }
         }
     }
     state.set_phase(Phase::Stopped);
 }
 
-/// Sleeps `sleep`, or less if the NPU is idle (peak below `threshold`) over a whole `window`
-/// first; true when cut short. Checked ten times a window.
-async fn sleep_until_idle(
+/// Why the engine's QoS level is one band lower: the `SubHealthFault`s among `faults`, under
+/// the agent policy (the reference has no such rule).
+fn sub_health(state: &Monitor, faults: &[crate::sampler::faults::NpuFault]) -> Option<String> {
+    let agent = state.spec.agent_policy_in_force().is_some();
+    let lowering: Vec<String> = faults
+        .iter()
+        .filter(|f| account::fault_effect(agent, f.level) == account::FaultEffect::LowersQos)
+        .map(|f| f.describe())
+        .collect();
+    (!lowering.is_empty()).then(|| lowering.join("; "))
+}
+
+/// Driver faults at the confirming level, by (NPU, code).
+type Checked = std::collections::BTreeSet<(u32, u32)>;
+
+/// The faults of `faults` at the confirming level.
+fn serious(faults: &[crate::sampler::faults::NpuFault]) -> Checked {
+    faults
+        .iter()
+        .filter(|f| f.level >= account::CONFIRM_LEVEL)
+        .map(|f| (f.npu, f.code))
+        .collect()
+}
+
+/// Why a [`pause`] ended.
+#[derive(Debug)]
+enum Wake {
+    /// It slept the whole time.
+    Elapsed,
+    /// The NPU fell idle over a whole window.
+    Idle,
+    /// The driver reports a fault at the confirming level that no probe has checked.
+    Fault(crate::sampler::faults::NpuFault),
+}
+
+/// How often a pause looks at the driver's faults (the sampler reads them about once a
+/// second; a new one is acted on within this of being read).
+const FAULT_POLL: Duration = Duration::from_millis(100);
+
+/// Sleeps `sleep`, or less: when `idle` is `(window, threshold)` and the NPU stays below
+/// `threshold` over a whole `window`, or when a driver fault at the confirming level that is
+/// not in `checked` appears.
+async fn pause(
     sleep: Duration,
     peaks: &impl PeakSource,
-    window: Duration,
-    threshold: f64,
-) -> bool {
+    idle: Option<(Duration, f64)>,
+    checked: &Checked,
+) -> Wake {
     let end = tokio::time::Instant::now() + sleep;
-    let step = (window / 10).max(Duration::from_millis(10));
     // The window must not reach back before the sleep: the probe itself was busy.
     let start = tokio::time::Instant::now();
     loop {
+        if let Some(f) = peaks
+            .faults()
+            .into_iter()
+            .filter(|f| f.level >= account::CONFIRM_LEVEL && !checked.contains(&(f.npu, f.code)))
+            .max_by_key(|f| f.level)
+        {
+            return Wake::Fault(f);
+        }
         let now = tokio::time::Instant::now();
         if now >= end {
-            return false;
+            return Wake::Elapsed;
         }
-        if now.duration_since(start) >= window && peaks.peak(window).is_some_and(|p| p < threshold)
+        if let Some((window, threshold)) = idle
+            && now.duration_since(start) >= window
+            && peaks.peak(window).is_some_and(|p| p < threshold)
         {
-            return true;
+            return Wake::Idle;
         }
-        tokio::time::sleep(step.min(end - now)).await;
+        tokio::time::sleep(FAULT_POLL.min(end - now)).await;
     }
 }
 
@@ -261,6 +356,11 @@ fn log_accounting(cfg: &LoopConfig, obs: &Observation, a: &account::Accounted) {
             engine,
             peak,
             "virtual inference failed while the NPU is idle, but {why}; skip failure count"
+        ),
+        Accounting::DriverFault => tracing::error!(
+            engine,
+            peak,
+            "virtual inference failed while {why}; the driver explains the failure"
         ),
         Accounting::UnchangedHealthFailing | Accounting::UnchangedAsleep => tracing::info!(
             engine,
@@ -404,6 +504,7 @@ pub async fn virtual_inference_task<P: Prober, S: PeakSource, G: EngineSignals>(
 pub async fn qos_task<M: MetricsSource>(
     state: Arc<Monitor>,
     metrics: M,
+    npus: impl PeakSource,
     cancel: CancellationToken,
 ) {
     let q = &state.spec.qos;
@@ -445,7 +546,8 @@ pub async fn qos_task<M: MetricsSource>(
             }
             _ = evaluate.tick(), if q.enabled => {
                 let probe = state.vi.last_probe().filter(|p| !p.warmup);
-                let (score, _, transition) = state.qos.evaluate(q, probe.as_ref());
+                let lowered = sub_health(&state, &npus.faults());
+                let (score, _, transition) = state.qos.evaluate(q, probe.as_ref(), lowered);
                 if let Some(t) = transition {
                     let score = score.map_or_else(|| "none".to_owned(), |s| format!("{s:.3}"));
                     let msg = format!("QoS level {} -> {} (score {score}: {})", t.from.as_str(), t.to.as_str(), t.why);
@@ -1314,6 +1416,150 @@ mod tests {
             } else {
                 assert_eq!(gap, Duration::from_secs(20) + MS);
                 assert_eq!(calls[2].1, Duration::from_secs(5));
+            }
+        }
+    }
+    /// A busy NPU (95 %) whose driver reports `fault` (at `level`) from `from` on.
+    struct FaultAt {
+        from: Instant,
+        level: crate::driver::fault_levels::FaultLevel,
+    }
+    impl PeakSource for FaultAt {
+        fn peak(&self, _: Duration) -> Option<f64> {
+            Some(95.0)
+        }
+        fn faults(&self) -> Vec<crate::sampler::faults::NpuFault> {
+            if Instant::now() < self.from {
+                return Vec::new();
+            }
+            vec![crate::sampler::faults::NpuFault {
+                npu: 3,
+                code: 0x80C9_8001,
+                hex: "0x80C98001".into(),
+                text: Some("AI Core reset failed".into()),
+                level: self.level,
+            }]
+        }
+    }
+
+    // Under load (the 20 s busy interval), a driver fault at RestartBusiness or worse makes
+    // the loop probe at once with the confirming timeout; the engine hangs, so the failure
+    // is abnormal at once, naming the fault. The reference sleeps on.
+    #[tokio::test(start_paused = true)]
+    async fn agent_policy_confirms_a_driver_fault_with_an_immediate_probe() {
+        use crate::driver::fault_levels::FaultLevel;
+        let hung_after_first = || {
+            FakeProber::new(vec![
+                (MS, FakeProber::ok()),
+                (MS, FakeProber::ok()),
+                (Duration::from_secs(600), FakeProber::ok()),
+                (Duration::from_secs(600), FakeProber::ok()),
+            ])
+        };
+        let p = hung_after_first();
+        let st = ViState::default();
+        let start = Instant::now();
+        let peaks = FaultAt {
+            from: start + Duration::from_secs(7),
+            level: FaultLevel::RestartNPU,
+        };
+        let ended = run_with(
+            &agent_cfg(),
+            &p,
+            &peaks,
+            &NoSignals,
+            &st,
+            Duration::from_secs(60),
+        )
+        .await;
+        assert!(ended && st.abnormal());
+        let calls = p.calls();
+        assert_eq!(
+            calls.len(),
+            3,
+            "warm-up, a busy success, the confirming probe"
+        );
+        let woke = calls[2].0 - start;
+        assert!(
+            woke >= Duration::from_secs(7) && woke <= Duration::from_secs(7) + FAULT_POLL,
+            "probed {woke:?} after the start, the fault came at 7 s"
+        );
+        assert_eq!(calls[2].1, Duration::from_secs(2), "the confirming timeout");
+        assert_eq!(st.failure_count(), 1);
+        assert_eq!(st.last_probe().unwrap().accounting, Accounting::DriverFault);
+        let why = st.abnormal_reason().unwrap();
+        assert!(
+            why.contains("NPU 3 reports 0x80C98001 (AI Core reset failed), level RestartNPU"),
+            "{why}"
+        );
+        // The reference: no wake; the busy failure resets.
+        let p = hung_after_first();
+        let st = ViState::default();
+        let start = Instant::now();
+        let peaks = FaultAt {
+            from: start + Duration::from_secs(7),
+            level: FaultLevel::SeparateNPU,
+        };
+        assert!(
+            !run_with(
+                &cfg(6),
+                &p,
+                &peaks,
+                &NoSignals,
+                &st,
+                Duration::from_secs(60)
+            )
+            .await
+        );
+        let calls = p.calls();
+        assert_eq!(calls[2].0 - calls[1].0, Duration::from_secs(20) + MS);
+        assert!(!st.abnormal());
+    }
+
+    // A confirming probe that succeeds leaves the engine normal, and the same fault does not
+    // wake the loop again; a SubHealthFault never wakes it.
+    #[tokio::test(start_paused = true)]
+    async fn a_driver_fault_on_an_engine_that_answers_is_published_only() {
+        use crate::driver::fault_levels::FaultLevel;
+        for (level, wakes) in [
+            (FaultLevel::SeparateNPU, true),
+            (FaultLevel::SubHealthFault, false),
+            (FaultLevel::RestartRequest, false),
+        ] {
+            let p = FakeProber::new((0..6).map(|_| (MS, FakeProber::ok())).collect());
+            let st = ViState::default();
+            let start = Instant::now();
+            let peaks = FaultAt {
+                from: start + Duration::from_secs(3),
+                level,
+            };
+            run_with(
+                &agent_cfg(),
+                &p,
+                &peaks,
+                &NoSignals,
+                &st,
+                Duration::from_secs(50),
+            )
+            .await;
+            let at: Vec<Duration> = p.calls().iter().map(|c| c.0 - start).collect();
+            assert!(!st.abnormal(), "{level}");
+            if wakes {
+                assert!(
+                    at[2] >= Duration::from_secs(3) && at[2] <= Duration::from_secs(3) + FAULT_POLL,
+                    "{level}: {at:?}"
+                );
+                assert_eq!(
+                    at[3] - at[2],
+                    Duration::from_secs(20) + MS,
+                    "{level}: no second wake for the same fault"
+                );
+            } else {
+                assert_eq!(
+                    at[2] - at[1],
+                    Duration::from_secs(20) + MS,
+                    "{level}: {at:?}"
+                );
             }
         }
     }

@@ -393,7 +393,7 @@ async fn held_evict_answers_abnormal_only_with_qos_eviction() {
         );
         let metrics = ScriptedMetrics(Arc::new(Mutex::new(Ok(stuck_metrics(1.0)))));
         let cancel = CancellationToken::new();
-        let task = tokio::spawn(qos_task(st.clone(), metrics.clone(), cancel.clone()));
+        let task = tokio::spawn(qos_task(st.clone(), metrics.clone(), Idle, cancel.clone()));
         // Scrapes at 0 s, 5 s, …; evaluations at 5 s, 10 s, 15 s, … (score 0: latency 0,
         // memory 0, progress 0 from the second scrape on).
         advance(Duration::from_millis(10_100)).await;
@@ -442,7 +442,7 @@ async fn failed_scrapes_are_unknown_not_bad() {
     st.record_health(&outcome("ok"), true);
     let metrics = ScriptedMetrics(Arc::new(Mutex::new(Err("connection refused".into()))));
     let cancel = CancellationToken::new();
-    let task = tokio::spawn(qos_task(st.clone(), metrics, cancel.clone()));
+    let task = tokio::spawn(qos_task(st.clone(), metrics, Idle, cancel.clone()));
     advance(Duration::from_secs(60)).await;
     assert_eq!(st.qos.score(), None);
     assert_eq!(st.qos.level(), Level::Normal);

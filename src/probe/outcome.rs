@@ -82,6 +82,9 @@ pub enum Accounting {
     UnchangedHealthFailing,
     /// Failed while the engine is asleep by `vllm:engine_sleep_state` (agent policy).
     UnchangedAsleep,
+    /// Failed while the driver reports a fault at `RestartBusiness` or worse on one of the
+    /// engine's NPUs: abnormal at once, the driver explains the failure (agent policy).
+    DriverFault,
     Reset,
     /// Warm-up requests are not counted; a failed warm-up is abnormal at once.
     WarmUp,

@@ -88,6 +88,10 @@ pub struct QosReport {
     /// ([`QosState::admission_cap`]); `null` at `normal`.
     #[serde(default)]
     pub admission_cap: Option<u32>,
+    /// Why the level is one band lower than the score's (a `SubHealthFault` on the engine's
+    /// NPU, agent policy); `null` when it is not.
+    #[serde(default)]
+    pub lowered_by: Option<String>,
 }
 
 /// What of an engine's QoS state outlives the agent process: the level and its hold (the
@@ -131,6 +135,8 @@ struct Inner {
     /// Requests running at the last scrape when the level left `normal`; `None` at `normal`
     /// or when no scrape showed the running gauge then.
     admission_cap: Option<u32>,
+    /// Why the published level is one band lower than the score's, at most `throttle`.
+    lowered_by: Option<String>,
 }
 
 /// QoS state of one engine.
@@ -164,6 +170,7 @@ impl QosState {
                 level_since_unix_ms: unix_ms(),
                 evaluations: 0,
                 admission_cap: None,
+                lowered_by: None,
             }),
             level: AtomicU8::new(Level::Normal as u8),
             scrape_max_age: cfg.scrape_max_age(),
@@ -206,11 +213,16 @@ impl QosState {
             .stalled_for(Instant::now(), self.scrape_max_age)
     }
 
-    /// Computes the score and the level from the last probe and the last scrape.
+    /// Computes the score and the level from the last probe and the last scrape. With
+    /// `lowered_by` (why: a `SubHealthFault` on the engine's NPU), the level published is
+    /// one band lower than the score's, at most `throttle`: `normal` becomes `throttle`, a
+    /// worse level stays as it is. The score's own level keeps its hysteresis; the lowering
+    /// ends with the fault.
     pub fn evaluate(
         &self,
         cfg: &QosConfig,
         probe: Option<&ProbeRecord>,
+        lowered_by: Option<String>,
     ) -> (Option<f64>, Level, Option<Transition>) {
         let now_ms = unix_ms();
         let now = Instant::now();
@@ -326,10 +338,15 @@ impl QosState {
         let parts: Vec<(Option<f64>, f64)> =
             components.iter().map(|c| (c.score, c.weight)).collect();
         let score = score::combine(&parts).map(|(s, _)| s);
-        let before = i.levels.level;
+        let before = self.level();
         // Eviction needs positive evidence that the engine is stuck.
         let evictable = state == progress::State::Stalled;
-        let after = i.levels.update(score, evictable);
+        let scored = i.levels.update(score, evictable);
+        let after = match &lowered_by {
+            Some(_) => scored.max(Level::Throttle),
+            None => scored,
+        };
+        i.lowered_by = lowered_by;
         i.score = score;
         i.components = components;
         i.evaluations += 1;
@@ -347,7 +364,13 @@ impl QosState {
                 from: before,
                 to: after,
                 score,
-                why: explain(&i.components),
+                why: match &i.lowered_by {
+                    Some(l) if after > scored => format!(
+                        "{}; one band lower, at most throttle: {l}",
+                        explain(&i.components)
+                    ),
+                    _ => explain(&i.components),
+                },
             }
         });
         self.level.store(after as u8, Ordering::Release);
@@ -397,6 +420,7 @@ impl QosState {
         i.progress = Progress::default();
         i.metrics = None;
         i.admission_cap = None;
+        i.lowered_by = None;
         i.level_since_unix_ms = unix_ms();
         self.level.store(Level::Normal as u8, Ordering::Release);
     }
@@ -407,7 +431,7 @@ impl QosState {
         QosReport {
             enabled: cfg.enabled,
             score: i.score.map(round3),
-            level: i.levels.level,
+            level: self.level(),
             level_since_unix_ms: i.level_since_unix_ms,
             consecutive_below_evict: i.levels.below_evict,
             evaluations: i.evaluations,
@@ -421,6 +445,7 @@ impl QosState {
             scrape_failures: i.scrape_failures,
             eviction_answers_abnormal: cfg.eviction,
             admission_cap: i.admission_cap,
+            lowered_by: i.lowered_by.clone(),
         }
     }
 
@@ -490,7 +515,7 @@ mod tests {
         let q = QosState::new(&cfg);
         q.record_scrape(Ok(scrape(8.0, 100.0, 0.95)));
         q.record_scrape(Ok(scrape(8.0, 200.0, 0.95)));
-        let (s, level, _) = q.evaluate(&cfg, Some(&probe(true, 50.0)));
+        let (s, level, _) = q.evaluate(&cfg, Some(&probe(true, 50.0)), None);
         let s = s.unwrap();
         assert!(
             (s - (0.5 * 0.975 + 0.3 * 0.5 + 0.2 * 1.0)).abs() < 1e-9,
@@ -509,9 +534,9 @@ mod tests {
         let q = QosState::new(&cfg);
         q.record_scrape(Ok(scrape(2.0, 100.0, 0.2)));
         q.record_scrape(Ok(scrape(2.0, 200.0, 0.2)));
-        let (_, level, t) = q.evaluate(&cfg, Some(&probe(true, 50.0)));
+        let (_, level, t) = q.evaluate(&cfg, Some(&probe(true, 50.0)), None);
         assert_eq!((level, t), (Level::Normal, None));
-        let (s, level, t) = q.evaluate(&cfg, Some(&probe(false, 5000.0)));
+        let (s, level, t) = q.evaluate(&cfg, Some(&probe(false, 5000.0)), None);
         assert_eq!((s, level), (Some(0.5), Level::Throttle));
         let t = t.expect("normal -> throttle");
         assert_eq!((t.from, t.to), (Level::Normal, Level::Throttle));
@@ -522,6 +547,48 @@ mod tests {
         );
     }
 
+    // A SubHealthFault lowers the level one band, at most to throttle, and says why; it
+    // ends with the fault, and a worse level is left as the score makes it.
+    #[tokio::test(start_paused = true)]
+    async fn a_sub_health_fault_lowers_the_level_one_band_at_most_to_throttle() {
+        let cfg = QosConfig::default();
+        let q = QosState::new(&cfg);
+        q.record_scrape(Ok(scrape(2.0, 100.0, 0.2)));
+        q.record_scrape(Ok(scrape(2.0, 200.0, 0.2)));
+        let why = || Some("NPU 0 reports 0x81078605, level SubHealthFault".to_owned());
+        let (s, level, t) = q.evaluate(&cfg, Some(&probe(true, 50.0)), why());
+        assert!(s.unwrap() >= 0.7, "a healthy score: {s:?}");
+        assert_eq!(level, Level::Throttle);
+        let t = t.expect("normal -> throttle");
+        assert!(
+            t.why.ends_with(
+                "one band lower, at most throttle: NPU 0 reports 0x81078605, level SubHealthFault"
+            ),
+            "{}",
+            t.why
+        );
+        let r = q.report(&cfg);
+        assert_eq!(r.level, Level::Throttle);
+        assert_eq!(r.lowered_by, why());
+        // A score at degrade is not lowered further.
+        let (_, level, _) = q.evaluate(&cfg, Some(&probe(false, 5000.0)), why());
+        assert_eq!(
+            level,
+            Level::Throttle,
+            "the failed probe scores 0.5: throttle"
+        );
+        q.record_scrape(Ok(scrape(2.0, 200.0, 0.99)));
+        q.record_scrape(Ok(scrape(2.0, 200.0, 0.99)));
+        let (_, level, _) = q.evaluate(&cfg, Some(&probe(false, 5000.0)), why());
+        assert_eq!(level, Level::Degrade, "never past the score's own level");
+        // The fault gone, with a healthy score: back to normal through the hysteresis.
+        q.record_scrape(Ok(scrape(2.0, 300.0, 0.2)));
+        q.record_scrape(Ok(scrape(2.0, 400.0, 0.2)));
+        let (_, level, _) = q.evaluate(&cfg, Some(&probe(true, 50.0)), None);
+        assert_eq!(level, Level::Normal);
+        assert_eq!(q.report(&cfg).lowered_by, None);
+    }
+
     // The admission cap is the running gauge when the level left normal (at least 1); it
     // holds through worse levels and back up to throttle, and is gone at normal.
     #[tokio::test(start_paused = true)]
@@ -530,20 +597,20 @@ mod tests {
         let q = QosState::new(&cfg);
         q.record_scrape(Ok(scrape(5.0, 100.0, 0.2)));
         q.record_scrape(Ok(scrape(5.0, 200.0, 0.2)));
-        q.evaluate(&cfg, Some(&probe(true, 50.0)));
+        q.evaluate(&cfg, Some(&probe(true, 50.0)), None);
         assert_eq!((q.level(), q.admission_cap()), (Level::Normal, None));
         q.record_scrape(Ok(scrape(5.0, 300.0, 0.2)));
-        let (_, level, _) = q.evaluate(&cfg, Some(&probe(false, 5000.0)));
+        let (_, level, _) = q.evaluate(&cfg, Some(&probe(false, 5000.0)), None);
         assert_eq!((level, q.admission_cap()), (Level::Throttle, Some(5)));
         // Fewer running later (the queue holds new ones back): the cap stays.
         q.record_scrape(Ok(scrape(2.0, 400.0, 0.97)));
-        let (_, level, _) = q.evaluate(&cfg, Some(&probe(false, 5000.0)));
+        let (_, level, _) = q.evaluate(&cfg, Some(&probe(false, 5000.0)), None);
         assert_eq!((level, q.admission_cap()), (Level::Degrade, Some(5)));
         q.record_scrape(Ok(scrape(0.0, 400.0, 0.2)));
-        let (_, level, _) = q.evaluate(&cfg, Some(&probe(true, 50.0)));
+        let (_, level, _) = q.evaluate(&cfg, Some(&probe(true, 50.0)), None);
         assert_eq!((level, q.admission_cap()), (Level::Normal, None));
         // Nothing running when it left normal: at least 1.
-        let (_, level, _) = q.evaluate(&cfg, Some(&probe(false, 5000.0)));
+        let (_, level, _) = q.evaluate(&cfg, Some(&probe(false, 5000.0)), None);
         assert_ne!(level, Level::Normal);
         assert_eq!(q.admission_cap(), Some(1));
     }
@@ -556,7 +623,7 @@ mod tests {
         let names = |text: &str| {
             let q = QosState::new(&cfg);
             q.record_scrape(Ok(crate::probe::engine_metrics::parse(text)));
-            q.evaluate(&cfg, Some(&probe(true, 50.0)));
+            q.evaluate(&cfg, Some(&probe(true, 50.0)), None);
             q.components()
                 .into_iter()
                 .map(|c| {
@@ -615,7 +682,7 @@ mod tests {
         for _ in 0..3 {
             tokio::time::advance(Duration::from_secs(5)).await;
             q.record_scrape(Ok(scrape(4.0, 100.0, 0.5)));
-            let (s, level, _) = q.evaluate(&cfg, Some(&probe(false, 5000.0)));
+            let (s, level, _) = q.evaluate(&cfg, Some(&probe(false, 5000.0)), None);
             // latency 0, memory 1, progress 0: 0.3.
             assert!((s.unwrap() - 0.3).abs() < 1e-9);
             levels.push(level);
@@ -628,7 +695,7 @@ mod tests {
         for _ in 0..3 {
             tokio::time::advance(Duration::from_secs(5)).await;
             q.record_scrape(Ok(scrape(4.0, 100.0, 0.99)));
-            last = Some(q.evaluate(&cfg_kv, Some(&probe(false, 5000.0))));
+            last = Some(q.evaluate(&cfg_kv, Some(&probe(false, 5000.0)), None));
         }
         let (s, level, t) = last.unwrap();
         assert!(s.unwrap() < 0.3);
@@ -663,7 +730,7 @@ mod tests {
         let stalled = q.stalled_for().unwrap();
         assert!(stalled >= Duration::from_secs(19), "{stalled:?}");
         q.record_scrape(Ok(scrape(4.0, 100.0, 0.99)));
-        let (_, level, _) = q.evaluate(&cfg, Some(&probe(false, 5000.0)));
+        let (_, level, _) = q.evaluate(&cfg, Some(&probe(false, 5000.0)), None);
         assert_eq!(level, Level::Evict, "the third low, after the restart");
         let again = QosState::new(&cfg);
         again.restore(&q.saved());
@@ -678,7 +745,7 @@ mod tests {
         let q = QosState::new(&cfg);
         q.record_scrape(Ok(scrape(0.0, 1.0, 0.2)));
         tokio::time::advance(Duration::from_secs(16)).await;
-        let (s, _, _) = q.evaluate(&cfg, None);
+        let (s, _, _) = q.evaluate(&cfg, None, None);
         assert_eq!(s, None, "scrape older than 3 periods, no probe: no score");
         let r = q.report(&cfg);
         assert_eq!(r.score, None);

@@ -6,6 +6,7 @@
 //! the atomics in [`status`]. Control (period change, shutdown) goes through channels.
 
 mod dcmi_thread;
+pub mod faults;
 pub mod plausibility;
 pub mod priority;
 pub mod status;
@@ -103,6 +104,8 @@ pub struct Shared {
     pub ring: Ring,
     pub devices: Vec<DeviceStatus>,
     pub sampler: SamplerStatus,
+    /// The fault-code levels in force ([`faults`]).
+    pub fault_levels: faults::Classifier,
 }
 
 /// Default for how long a blocked DCMI call or a silent sampler thread is tolerated before
@@ -110,6 +113,15 @@ pub struct Shared {
 pub const DEFAULT_STUCK_AFTER: Duration = Duration::from_secs(10);
 
 impl Shared {
+    /// The current fault codes of the device at ring index `index`, with their levels
+    /// (empty for an unknown index).
+    pub fn faults_of(&self, index: u16) -> Vec<faults::NpuFault> {
+        match self.devices.get(usize::from(index)) {
+            Some(d) => self.fault_levels.classify(d.info.id, &d.fault_codes()),
+            None => Vec::new(),
+        }
+    }
+
     /// Whether the sampler threads are alive and ticking: no DCMI call blocked longer than
     /// `stuck_after`, a DCMI pass completed within `max(stuck_after, 3 × period)` (the period
     /// in force; once the thread has run), and the watchdog thread checked within
@@ -211,6 +223,7 @@ impl Sampler {
             ring,
             devices,
             sampler: SamplerStatus::default(),
+            fault_levels: faults::Classifier::default(),
         });
         shared.sampler.set_period(cfg.period);
         let (fallback_tx, fallback_rx) = crossbeam_channel::unbounded();
@@ -276,6 +289,7 @@ impl Sampler {
             ring: Ring::new(64),
             devices: Vec::new(),
             sampler: SamplerStatus::default(),
+            fault_levels: faults::Classifier::default(),
         });
         shared.sampler.set_period(SamplerConfig::default().period);
         Sampler {

@@ -383,6 +383,15 @@ impl DeviceStatus {
         }
     }
 
+    /// The fault codes of the last successful read (empty: none, or never read).
+    pub fn fault_codes(&self) -> Vec<FaultCode> {
+        self.faults
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .codes
+            .clone()
+    }
+
     /// Where AI Cube figures come from now.
     pub fn source(&self) -> Source {
         Source::from_u8(self.source.load(Ordering::Acquire))

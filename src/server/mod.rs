@@ -316,6 +316,7 @@ fn round2(v: f64) -> f64 {
 pub fn detail(e: &Monitor, shared: &Shared, win: Duration) -> wire::EngineDetail {
     let now = shared.ring.now_ns();
     let report = window::query(&shared.ring, &e.devices, win);
+    let agent = e.spec.agent_policy_in_force().is_some();
     let devices = e
         .devices
         .iter()
@@ -340,6 +341,14 @@ pub fn detail(e: &Monitor, shared: &Shared, win: Duration) -> wire::EngineDetail
                 hbm_used_mb: s.hbm_used_mb,
                 hbm_total_mb: s.hbm_total_mb,
                 health: s.health,
+                faults: shared
+                    .fault_levels
+                    .classify(s.id, &s.faults)
+                    .into_iter()
+                    .map(|f| wire::DeviceFault::of(f, agent))
+                    .collect(),
+                faults_age_ms: s.faults_age_ms,
+                faults_error: s.faults_error,
             }
         })
         .collect();

@@ -101,6 +101,44 @@ pub struct WindowDevice {
     pub hbm_used_mb: Option<u64>,
     pub hbm_total_mb: Option<u64>,
     pub health: Option<u32>,
+    /// The driver's current fault codes on the NPU, each with its MindCluster level and
+    /// what it does to this engine under its policy.
+    #[serde(default)]
+    pub faults: Vec<DeviceFault>,
+    /// Age of the fault codes, milliseconds (`null`: never read).
+    #[serde(default)]
+    pub faults_age_ms: Option<u64>,
+    /// Why the last fault read failed (the codes shown are the last read that succeeded).
+    #[serde(default)]
+    pub faults_error: Option<String>,
+}
+
+/// One fault code the driver reports on an NPU.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeviceFault {
+    pub code: u32,
+    /// `0x80E18402`.
+    pub hex: String,
+    pub text: Option<String>,
+    pub level: crate::driver::fault_levels::FaultLevel,
+    pub effect: crate::monitor::account::FaultEffect,
+    /// The effect in words.
+    pub note: String,
+}
+
+impl DeviceFault {
+    /// `f` as an engine under the agent policy (`agent`) or the reference sees it.
+    pub fn of(f: crate::sampler::faults::NpuFault, agent: bool) -> DeviceFault {
+        let effect = crate::monitor::account::fault_effect(agent, f.level);
+        DeviceFault {
+            code: f.code,
+            hex: f.hex,
+            text: f.text,
+            level: f.level,
+            effect,
+            note: effect.describe().to_owned(),
+        }
+    }
 }
 
 /// `/qos` of one engine, and `qos` in its detail: the score and level

@@ -102,6 +102,10 @@ pub struct EngineLine {
     /// What each router polling the agent was last told (`haproxy`: `drain`, …).
     #[serde(default)]
     pub routers: std::collections::BTreeMap<String, String>,
+    /// The driver's faults on the engine's NPUs, each with what it does to the engine:
+    /// `NPU 0 reports 0x80E18402 (…), level SeparateNPU: one immediate confirming probe; …`.
+    #[serde(default)]
+    pub faults: Vec<String>,
 }
 
 /// The last virtual probe.
@@ -140,6 +144,9 @@ pub struct NpuState {
     pub health: Option<u32>,
     pub hbm_used_mb: Option<u64>,
     pub hbm_total_mb: Option<u64>,
+    /// The driver's current fault codes, with their levels (`NPU 0 reports 0x… (…), level …`).
+    #[serde(default)]
+    pub faults: Vec<String>,
 }
 
 /// The `hello` frame for `engines` over `shared`.
@@ -244,7 +251,21 @@ pub fn engine_line(m: &Monitor) -> EngineLine {
             .into_iter()
             .map(|(router, seen)| (router, seen.state))
             .collect(),
+        faults: Vec::new(),
     }
+}
+
+/// The driver's faults on `m`'s NPUs, with what each does to it under its policy.
+fn engine_faults(shared: &Shared, m: &Monitor) -> Vec<String> {
+    let agent = m.spec.agent_policy_in_force().is_some();
+    m.devices
+        .iter()
+        .flat_map(|&i| shared.faults_of(i))
+        .map(|f| {
+            let effect = crate::monitor::account::fault_effect(agent, f.level);
+            format!("{}: {}", f.describe(), effect.describe())
+        })
+        .collect()
 }
 
 fn from_entry(engine: &str, e: Entry) -> Recent {
@@ -292,12 +313,23 @@ pub fn engines(shared: &Shared, engines: &[Arc<Monitor>]) -> Engines {
                 health: s.health,
                 hbm_used_mb: s.hbm_used_mb,
                 hbm_total_mb: s.hbm_total_mb,
+                faults: shared
+                    .faults_of(i as u16)
+                    .iter()
+                    .map(|f| f.describe())
+                    .collect(),
             }
         })
         .collect();
     Engines {
         at_unix_ms: crate::monitor::acted::unix_ms(),
-        engines: engines.iter().map(|m| engine_line(m)).collect(),
+        engines: engines
+            .iter()
+            .map(|m| EngineLine {
+                faults: engine_faults(shared, m),
+                ..engine_line(m)
+            })
+            .collect(),
         recent,
         npus,
     }

@@ -76,6 +76,9 @@ pub struct Faults {
     /// Health word the fake driver reports for the NPUs (e.g. 4294967295, `0xFFFFFFFF`:
     /// the device does not exist).
     pub npu_health: Option<u32>,
+    /// Fault codes the fake driver reports for the NPUs (`dcmi_get_device_errorcode_v2`),
+    /// e.g. `[2162787330]` (0x80E18402); empty: none.
+    pub npu_fault_codes: Vec<u32>,
     /// vLLM's sleep mode (level 1, `POST /sleep`): `vllm:engine_sleep_state` says
     /// `weights_offloaded`, `/health` answers 200, completions wait until it is cleared (the
     /// wake-up), nothing runs on the NPU.
@@ -98,6 +101,7 @@ impl Default for Faults {
             listening: true,
             npu_busy_stuck: false,
             npu_usage: None,
+            npu_fault_codes: Vec::new(),
             npu_na: false,
             kv_cache_usage: None,
             kv_cache_pressure: 0.0,
@@ -381,7 +385,8 @@ async fn write_usage(engine: Arc<Engine>, cancel: CancellationToken) {
 }
 
 /// What the fake driver reads for the NPUs (`npu_fake::scenario::file_reading`): the AI Cube
-/// figure, `NA`, `error:<code>` or `hang`, then `hbm_used_mb=<n>` and `health=<n>` when set.
+/// figure, `NA`, `error:<code>` or `hang`, then `hbm_used_mb=<n>`, `health=<n>` and
+/// `errors=<codes>` when set.
 fn npu_file_text(f: &Faults, usage: u8) -> String {
     let reading = if f.driver_hang {
         "hang".to_owned()
@@ -398,6 +403,14 @@ fn npu_file_text(f: &Faults, usage: u8) -> String {
     }
     if let Some(h) = f.npu_health {
         text.push_str(&format!(" health={h}"));
+    }
+    if !f.npu_fault_codes.is_empty() {
+        let codes: Vec<String> = f
+            .npu_fault_codes
+            .iter()
+            .map(|c| format!("0x{c:08X}"))
+            .collect();
+        text.push_str(&format!(" errors={}", codes.join(",")));
     }
     text.push('\n');
     text
@@ -1326,5 +1339,13 @@ mod tests {
             ..Faults::default()
         };
         assert_eq!(npu_file_text(&gone, 0), "0 health=4294967295\n");
+        let faulty = Faults {
+            npu_fault_codes: vec![0x80E1_8402, 0x8107_8605],
+            ..Faults::default()
+        };
+        assert_eq!(
+            npu_file_text(&faulty, 7),
+            "7 errors=0x80E18402,0x81078605\n"
+        );
     }
 }
