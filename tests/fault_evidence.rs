@@ -110,6 +110,35 @@ fn a_fault_on_an_engine_that_answers_is_published_and_the_engine_stays_normal() 
         )),
         "{d}"
     );
+    // The metrics: npu-exporter's error-code gauges (the code in decimal, one family per
+    // position) and the count per level, every level present.
+    let m = s.metrics();
+    let value = |prefix: &str| -> Vec<f64> {
+        m.lines()
+            .filter(|l| l.starts_with(prefix))
+            .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse().ok()))
+            .collect()
+    };
+    assert_eq!(
+        value("npu_chip_info_error_code{id=\"1\""),
+        [f64::from(SEPARATE)],
+        "{m}"
+    );
+    assert_eq!(
+        value("npu_chip_info_error_code_1{id=\"1\""),
+        [f64::from(NOT_HANDLE)],
+        "{m}"
+    );
+    assert!(value("npu_chip_info_error_code_2{").is_empty(), "{m}");
+    let level = |l: &str| {
+        value(&format!(
+            "npu_health_agent_device_fault_level{{id=\"1\",model_name=\"910B3\",level=\"{l}\"}}"
+        ))
+    };
+    assert_eq!(level("SeparateNPU"), [1.0], "{m}");
+    assert_eq!(level("NotHandleFault"), [1.0], "{m}");
+    assert_eq!(level("SubHealthFault"), [0.0], "{m}");
+    assert_eq!(level("unclassified"), [0.0], "{m}");
 }
 
 // A SubHealthFault code lowers the QoS level one band (normal → throttle) and says why; the

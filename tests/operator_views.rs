@@ -18,8 +18,9 @@ use std::time::{Duration, Instant};
 use support::promql::{Reads, reads, scrape};
 use support::views::{TOKEN, Views};
 
-/// Labels Prometheus attaches to every series of a target at scrape time.
-const TARGET_LABELS: [&str; 2] = ["instance", "job"];
+/// Labels Prometheus attaches to every series of a target at scrape time, and the metric
+/// name every series has (`{__name__=~"…"}`).
+const TARGET_LABELS: [&str; 3] = ["instance", "job", "__name__"];
 
 fn dashboard() -> Value {
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/grafana/npu-health-agent.json");
@@ -305,6 +306,21 @@ fn events_carry_every_sample_at_a_bounded_rate_to_a_bounded_number_of_subscriber
         assert_eq!(Some(e.status.as_str().to_owned()), v.status(m), "{e:?}");
         assert!(e.ready && e.live, "{e:?}");
     }
+    // NPU 1's fault code, on its line and on its engine's card with what it does there.
+    assert_eq!(
+        engines.npus[1].faults,
+        [
+            "NPU 1 reports 0x81078603 (network port link changed from up to down), level NotHandleFault"
+        ],
+        "{engines:?}"
+    );
+    assert!(engines.npus[0].faults.is_empty());
+    assert_eq!(
+        engines.engines[1].faults,
+        [
+            "NPU 1 reports 0x81078603 (network port link changed from up to down), level NotHandleFault: published only"
+        ]
+    );
     println!(
         "{} samples frames in 5 s, NPU 0 median interval {median} ms, {} samples",
         frames.len(),

@@ -33,6 +33,19 @@ pub enum FaultLevel {
 }
 
 impl FaultLevel {
+    /// Every level, least severe first.
+    pub const ALL: [FaultLevel; 9] = [
+        FaultLevel::Unclassified,
+        FaultLevel::NotHandleFault,
+        FaultLevel::SubHealthFault,
+        FaultLevel::RestartRequest,
+        FaultLevel::RestartBusiness,
+        FaultLevel::FreeRestartNPU,
+        FaultLevel::RestartNPU,
+        FaultLevel::PreSeparateNPU,
+        FaultLevel::SeparateNPU,
+    ];
+
     /// The name MindCluster uses (and the metrics' `level` label).
     pub fn as_str(self) -> &'static str {
         match self {
@@ -80,6 +93,7 @@ pub const BUILT_IN: &[(u64, FaultLevel)] = &[
     (0x80E1_8402, FaultLevel::SeparateNPU),     // HBM isolated rows reached 64
     (0x80E1_8005, FaultLevel::RestartNPU),      // HBM controller parity
     (0x80E1_8008, FaultLevel::RestartNPU),      // HBM controller multi-bit ECC
+    (0x80C9_8001, FaultLevel::RestartNPU),      // AI Core reset failure
     (0x80C9_8002, FaultLevel::RestartRequest),  // AI Core external input error
     (0x80C9_8008, FaultLevel::RestartRequest),  // AI Core multi-bit ECC
     (0x80CB_8002, FaultLevel::RestartRequest),  // AI Vector external input error
@@ -274,6 +288,34 @@ mod tests {
         assert!(err(r#"{"SeparateNPUCodes": [80]}"#).contains("[0] is 80"));
         assert!(err(r#"{"Other": []}"#).contains("no list the agent knows"));
         assert!(err(r#"{"SeparateNPUCodes": ["12345678901234567"]}"#).contains("not a hex code"));
+    }
+
+    #[test]
+    fn all_lists_every_level_in_order_and_names_round_trip() {
+        for w in FaultLevel::ALL.windows(2) {
+            assert!(w[0] < w[1], "{w:?}");
+        }
+        for l in FaultLevel::ALL {
+            let json = serde_json::to_string(&l).unwrap();
+            assert_eq!(
+                json,
+                format!("\"{}\"", l.as_str()),
+                "serde and as_str agree"
+            );
+            // Exhaustive: a new level must be added to ALL.
+            match l {
+                FaultLevel::Unclassified
+                | FaultLevel::NotHandleFault
+                | FaultLevel::SubHealthFault
+                | FaultLevel::RestartRequest
+                | FaultLevel::RestartBusiness
+                | FaultLevel::FreeRestartNPU
+                | FaultLevel::RestartNPU
+                | FaultLevel::PreSeparateNPU
+                | FaultLevel::SeparateNPU => {}
+            }
+        }
+        assert_eq!(FaultLevel::ALL.len(), 9);
     }
 
     #[test]

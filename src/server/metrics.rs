@@ -3,9 +3,11 @@
 //!
 //! NPU metrics reuse npu-exporter's names where the meaning matches, so existing dashboards
 //! work: `npu_chip_info_cube_utilization`, `npu_chip_info_hbm_used_memory`,
-//! `npu_chip_info_hbm_total_memory`, `npu_chip_info_health_status`. The rest is prefixed
+//! `npu_chip_info_hbm_total_memory`, `npu_chip_info_health_status`, `npu_chip_info_error_code`
+//! (and `_1` … `_9`). The rest is prefixed
 //! `npu_health_agent_`.
 
+use crate::driver::fault_levels::FaultLevel;
 use crate::monitor::verdict::HealthState;
 use crate::monitor::{Monitor, Status};
 use crate::qos::score::Level;
@@ -25,6 +27,9 @@ pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 /// `FailedValue` (`math.MaxInt32`), which it exports when MindCluster's `DcGetDeviceHealth`
 /// rejects a health word at or above `MaxInt32`, as `0xFFFFFFFF` is.
 pub const HEALTH_GONE: f64 = 2_147_483_647.0;
+
+/// npu-exporter's error-code families per chip (`MaxErrorCodeLen`).
+pub const ERROR_CODE_FAMILIES: usize = 10;
 
 /// The serde (kebab-case) name of a unit enum.
 fn kebab<T: serde::Serialize>(v: &T) -> String {
@@ -136,6 +141,45 @@ impl Scope {
                 .iter()
                 .filter(|s| !s.device_gone)
                 .filter_map(|s| s.health.map(|h| (id(s), f64::from(h)))),
+        )?;
+        // npu-exporter's error-code gauges: the chip's first ten codes, one family per
+        // position (`npu_chip_info_error_code`, then `_1` … `_9`), each the code in decimal;
+        // none when the chip reports no code (collector_for_npu.go, MaxErrorCodeLen = 10).
+        for k in 0..ERROR_CODE_FAMILIES {
+            let name = if k == 0 {
+                "npu_chip_info_error_code".to_owned()
+            } else {
+                format!("npu_chip_info_error_code_{k}")
+            };
+            family(
+                enc,
+                &name,
+                "the npu error code (npu-exporter's name: the k-th of the chip's current fault codes, in decimal)",
+                MetricType::Gauge,
+                snaps
+                    .iter()
+                    .filter(|s| !s.device_gone)
+                    .filter_map(|s| s.faults.get(k).map(|f| (id(s), f64::from(f.code)))),
+            )?;
+        }
+        family(
+            enc,
+            "npu_health_agent_device_fault_level",
+            "The driver's current fault codes on the NPU by MindCluster handling level (faultCode.json; unclassified: in no table); every level once the faults were read",
+            MetricType::Gauge,
+            snaps
+                .iter()
+                .zip(&self.devices)
+                .filter(|(s, _)| s.faults_age_ms.is_some())
+                .flat_map(|(s, &i)| {
+                    let faults = self.shared.faults_of(i);
+                    FaultLevel::ALL.into_iter().map(move |level| {
+                        let mut l = id(s);
+                        l.push(("level", level.as_str().to_owned()));
+                        let n = faults.iter().filter(|f| f.level == level).count();
+                        (l, n as f64)
+                    })
+                }),
         )?;
         family(
             enc,

@@ -42,12 +42,13 @@ impl Views {
         for f in ["npu0", "npu1"] {
             std::fs::write(d.join(f), "0\n").unwrap();
         }
-        // NPU 1: 20 %, and one failed read (NA) every 2 s, so the driver-error counter exists.
+        // NPU 1: 20 %, and one failed read (NA) every 2 s, so the driver-error counter exists;
+        // and a NotHandleFault code (link down, published only), so the fault series exist.
         std::fs::write(d.join("npu1.csv"), "0,20\n1900,NA\n").unwrap();
         let scenario = d.join("scenario.toml");
         std::fs::write(
             &scenario,
-            "model = \"910B\"\ncards = 2\n[[device]]\nid = 0\naicube = { square = { high = 95, low = 3, width_ms = 100, period_ms = 2000, phase_ms = 0 } }\n[[device]]\nid = 1\naicube = { trace = { file = \"npu1.csv\", period_ms = 2000 } }\n",
+            "model = \"910B\"\ncards = 2\n[[device]]\nid = 0\naicube = { square = { high = 95, low = 3, width_ms = 100, period_ms = 2000, phase_ms = 0 } }\n[[device]]\nid = 1\naicube = { trace = { file = \"npu1.csv\", period_ms = 2000 } }\nerror_codes = [0x81078603]\n",
         )
         .unwrap();
         let [e_a, c_a, e_b, c_b, m_a, m_b, admin] = free_ports();

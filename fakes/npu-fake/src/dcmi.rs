@@ -547,6 +547,7 @@ const FAULT_TEXTS: &[(u32, &str, &str)] = &[
         "HBM multi-bit ECC isolated rows reached 64",
     ),
     (0x80E1_8005, "HBMC parity", "HBM controller parity error"),
+    (0x80C9_8001, "AIC reset", "AI Core reset failure"),
     (0x80C9_8002, "AI Core input", "AI Core external input error"),
     (0x80C9_8008, "AI Core ECC", "AI Core multi-bit ECC error"),
     (
