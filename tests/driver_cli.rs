@@ -508,3 +508,22 @@ fn devices_show_the_drivers_fault_codes_and_their_texts() {
     assert_eq!(clean["faults"], serde_json::json!([]), "{clean}");
     assert!(clean["faults_error"].is_null());
 }
+
+// Without DCMI the same codes come from `npu-smi info -t health`, with the texts the tool
+// prints; a chip with none has none.
+#[test]
+fn devices_on_npu_smi_show_the_fault_codes_the_tool_prints() {
+    let sc = scenario(
+        "model = \"910B\"\ncards = 2\n[default]\naicube = { constant = 30 }\n[[device]]\nid = 0\nerror_codes = [0x80E01801, 0x12345678]\n",
+    );
+    let v = json(&run_agent(&sc, None, &["devices", "--json"]));
+    let d = device(&v, 0);
+    assert_eq!(d["backend"], "npu-smi", "{d}");
+    assert_eq!(d["faults"][0]["hex"], "0x80E01801", "{d}");
+    assert_eq!(d["faults"][0]["text"], "HBM multi-bit ECC error on access");
+    assert_eq!(d["faults"][1]["hex"], "0x12345678", "{d}");
+    assert!(d["faults_error"].is_null(), "{d}");
+    let clean = device(&v, 1);
+    assert_eq!(clean["faults"], serde_json::json!([]), "{clean}");
+    assert!(clean["faults_age_ms"].is_u64(), "read, and none: {clean}");
+}

@@ -189,6 +189,13 @@ pub fn run(
             for slot in &mut slots {
                 if !read_faults(&dcmi, &shared, slot) {
                     faults_readable = false;
+                    // Said once on every device, so a report shows why it has no codes.
+                    for s in &slots {
+                        shared.devices[s.idx].record_faults(
+                            shared.ring.now_ns(),
+                            Err("the driver has no fault-code call (not asked again)".to_owned()),
+                        );
+                    }
                     break;
                 }
             }

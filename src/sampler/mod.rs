@@ -7,6 +7,7 @@
 
 mod dcmi_thread;
 pub mod faults;
+mod npu_smi_faults;
 pub mod plausibility;
 pub mod priority;
 pub mod status;
@@ -167,6 +168,8 @@ pub struct Sampler {
     ctl: Option<ControlTx>,
     dcmi_thread: Option<(JoinHandle<()>, Receiver<()>)>,
     watchdog: Option<(JoinHandle<()>, Sender<()>)>,
+    /// Reads the faults of the NPUs without a DCMI chip through `npu-smi`.
+    npu_smi_faults: Option<(JoinHandle<()>, Sender<()>)>,
     period: Duration,
 }
 
@@ -232,6 +235,7 @@ impl Sampler {
             ctl: None,
             dcmi_thread: None,
             watchdog: None,
+            npu_smi_faults: None,
             period: cfg.period,
         };
         if let Some((handle, ctl, done)) = dcmi_side {
@@ -251,6 +255,16 @@ impl Sampler {
         let npu_smi_now: Vec<usize> = (0..shared.devices.len())
             .filter(|&i| shared.devices[i].source() == Source::NpuSmiPending)
             .collect();
+        if !npu_smi_now.is_empty() && driver.backend != BackendChoice::Dcmi {
+            let (stop_tx, stop_rx) = crossbeam_channel::bounded(1);
+            let (f_shared, f_tool, f_devices) =
+                (shared.clone(), driver.npu_smi.clone(), npu_smi_now.clone());
+            let period = cfg.fault_period;
+            let handle = std::thread::Builder::new()
+                .name("npu-smi-faults".to_owned())
+                .spawn(move || npu_smi_faults::run(f_shared, f_tool, f_devices, period, stop_rx))?;
+            sampler.npu_smi_faults = Some((handle, stop_tx));
+        }
         let wd_cfg = watchdog::WatchdogConfig {
             interval: cfg.watchdog_interval,
             call_deadline: cfg.call_deadline,
@@ -297,7 +311,18 @@ impl Sampler {
             ctl: None,
             dcmi_thread: None,
             watchdog: None,
+            npu_smi_faults: None,
             period: SamplerConfig::default().period,
+        }
+    }
+
+    /// Whether a thread of this sampler reads `d`'s fault codes: the DCMI thread for a DCMI
+    /// chip, the `npu-smi` fault thread for the others when it runs.
+    fn faults_read_for(&self, d: &DeviceStatus) -> bool {
+        if d.dcmi_known {
+            self.dcmi_thread.is_some()
+        } else {
+            self.npu_smi_faults.is_some()
         }
     }
 
@@ -372,9 +397,12 @@ impl Sampler {
         let mut decided_at: Option<u64> = None;
         loop {
             // A device whose calls disagree is still being judged (at most a second or two).
+            // And the first fault read of each device (the DCMI thread makes it on its first
+            // pass, the npu-smi fault thread at once), so a report has the codes.
             let pending = self.shared.devices.iter().any(|d| {
                 matches!(d.source(), Source::NpuSmiPending)
                     || (d.source().is_dcmi() && d.reason().pending())
+                    || (self.faults_read_for(d) && !d.faults_attempted() && !d.is_hung())
             });
             if pending {
                 decided_at = None;
@@ -404,6 +432,11 @@ impl Sampler {
             ctl.send(Control::Shutdown);
         }
         if let Some((handle, stop)) = self.watchdog.take() {
+            drop(stop);
+            let _ = handle.join();
+        }
+        if let Some((handle, stop)) = self.npu_smi_faults.take() {
+            // At most one `npu-smi` run (its timeout) to wait for.
             drop(stop);
             let _ = handle.join();
         }

@@ -383,6 +383,12 @@ impl DeviceStatus {
         }
     }
 
+    /// Whether a fault read was made (or found impossible) at least once.
+    pub fn faults_attempted(&self) -> bool {
+        let f = self.faults.lock().unwrap_or_else(|p| p.into_inner());
+        f.read_ns != 0 || f.error.is_some()
+    }
+
     /// The fault codes of the last successful read (empty: none, or never read).
     pub fn fault_codes(&self) -> Vec<FaultCode> {
         self.faults

@@ -30,6 +30,35 @@ pub enum NpuSmiError {
     },
     #[error("npu-smi info -m: {0}")]
     Mapping(#[from] parse::MappingError),
+    #[error("npu-smi info -t health: {0}")]
+    Health(#[from] parse::HealthError),
+}
+
+/// A chip's health word and fault codes, from `npu-smi info -t health -i <card> [-c <chip>]`
+/// (no `-c` on a 950, whose `-i` names the chip).
+pub fn health(
+    npu_smi: &Path,
+    card: u32,
+    chip: Option<u32>,
+    timeout: Duration,
+) -> Result<parse::ChipHealth, NpuSmiError> {
+    let command = "info -t health";
+    let card = card.to_string();
+    let chip = chip.map(|c| c.to_string());
+    let mut args = vec!["info", "-t", "health", "-i", card.as_str()];
+    if let Some(c) = &chip {
+        args.extend(["-c", c.as_str()]);
+    }
+    let out = probe::run(npu_smi, &args, timeout)
+        .map_err(|source| NpuSmiError::Run { command, source })?;
+    if !out.status.success() {
+        return Err(NpuSmiError::Exit {
+            command,
+            status: out.status,
+            output: crate::logging::quote(out.text.trim()),
+        });
+    }
+    Ok(parse::parse_health(&out.text)?)
 }
 
 /// Lists NPU chips with `npu-smi info -m` (MCUs skipped).
