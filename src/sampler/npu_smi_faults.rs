@@ -63,7 +63,10 @@ fn codes(h: &npu_smi::parse::ChipHealth) -> Vec<FaultCode> {
         .map(|(k, &c)| {
             FaultCode::new(
                 c,
-                h.texts.get(k).filter(|t| !t.is_empty() && *t != "NA").cloned(),
+                h.texts
+                    .get(k)
+                    .filter(|t| !t.is_empty() && *t != "NA")
+                    .cloned(),
             )
         })
         .collect()
