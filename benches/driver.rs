@@ -55,6 +55,7 @@ fn main() {
     );
     raw_call_bench(&lib);
     sampler_bench(&lib, &agent);
+    fault_read_bench(&lib, &agent);
     ring_bench();
     let latency = npu_smi_bench(&agent);
     burst_bench(&lib, &agent, latency, real_windows);
@@ -66,7 +67,7 @@ fn num_cpus() -> usize {
 
 fn scenario_text() -> String {
     let mut s = format!(
-        "model = \"910B\"\ncards = {DEVICES}\n[npu_smi]\nwatch_period_ms = 10\n[default]\naicube = {{ square = {{ high = 80, low = 10, width_ms = 300, period_ms = 1000 }} }}\n"
+        "model = \"910B\"\ncards = {DEVICES}\n[npu_smi]\nwatch_period_ms = 10\n[default]\naicube = {{ square = {{ high = 80, low = 10, width_ms = 300, period_ms = 1000 }} }}\nerror_codes = [0x80E01801, 0x81078603]\n"
     );
     s.push_str(&format!(
         "[[device]]\nid = 0\naicube = {{ trace = {{ file = \"trace.csv\", period_ms = {TRACE_MS} }} }}\n"
@@ -282,6 +283,53 @@ fn sampler_bench(lib: &Path, agent: &Path) {
     println!(
         "At normal priority (`sampler_realtime = false`), 1 ms: {rate:.0} passes/s, {cpu_pct:.2} % of one core, {per_sample:.0} ns per sample.\n"
     );
+}
+
+/// The default 50 ms period with the fault codes read every second (the default) and with
+/// them never read (a 1 h `fault_period`), alternated so drift on a shared machine falls on
+/// both; every device reports two codes.
+fn fault_read_bench(lib: &Path, agent: &Path) {
+    let rounds = 3;
+    let run = Duration::from_secs(10);
+    let mut cpu: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    for _ in 0..rounds {
+        for (k, fault_period) in [Duration::from_secs(3600), Duration::from_secs(1)]
+            .into_iter()
+            .enumerate()
+        {
+            let cfg = SamplerConfig {
+                fault_period,
+                ..SamplerConfig::default()
+            };
+            let mut sampler =
+                Sampler::start(&driver(lib, agent, BackendChoice::Dcmi), &cfg).expect("sampler");
+            let (_, pct, _) = sampler_run(&mut sampler, Duration::from_millis(50), run);
+            sampler.shutdown();
+            cpu[k].push(pct);
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    println!(
+        "### Fault-code reads on the DCMI thread, {DEVICES} devices, two codes each
+"
+    );
+    println!("| 50 ms sampling | CPU % of one core (median of {rounds} × {run:?}) | runs |");
+    println!("|---|---|---|");
+    for (k, label) in ["no fault read", "fault codes every 1 s (default)"]
+        .iter()
+        .enumerate()
+    {
+        let runs: Vec<String> = cpu[k].iter().map(|c| format!("{c:.3}")).collect();
+        println!(
+            "| {label} | {:.3} % | {} |",
+            median(&mut cpu[k].clone()),
+            runs.join(", ")
+        );
+    }
+    println!();
 }
 
 fn ring_bench() {

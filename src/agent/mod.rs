@@ -623,6 +623,7 @@ pub fn sampler_config(cfg: &AgentConfig) -> SamplerConfig {
         retention,
         realtime: cfg.agent.sampler_realtime,
         call_deadline: cfg.agent.driver_call_deadline,
+        fault_period: cfg.agent.fault_period,
         ..SamplerConfig::default()
     }
 }

@@ -89,6 +89,7 @@ fn restart_only(old: &AgentSettings, new: &AgentSettings) -> Vec<&'static str> {
         "driver_call_deadline",
         old.driver_call_deadline != new.driver_call_deadline,
     );
+    check("fault_period", old.fault_period != new.fault_period);
     check(
         "max_connections",
         old.listeners.max_connections != new.listeners.max_connections,
@@ -117,6 +118,7 @@ fn keep_start_only(running: &AgentSettings, new: &AgentSettings) -> AgentSetting
         worker_threads: running.worker_threads,
         sampler_realtime: running.sampler_realtime,
         driver_call_deadline: running.driver_call_deadline,
+        fault_period: running.fault_period,
         listeners: running.listeners,
         kubernetes: running.kubernetes.clone(),
         state_dir: running.state_dir.clone(),

@@ -67,6 +67,8 @@ struct AgentTable {
     #[serde(with = "duration")]
     driver_call_deadline: Duration,
     #[serde(with = "duration")]
+    fault_period: Duration,
+    #[serde(with = "duration")]
     sampler_stuck_after: Duration,
     log_level: Option<String>,
     max_connections: usize,
@@ -98,6 +100,7 @@ impl Default for AgentTable {
             worker_threads: d.worker_threads,
             sampler_realtime: d.sampler_realtime,
             driver_call_deadline: d.driver_call_deadline,
+            fault_period: d.fault_period,
             sampler_stuck_after: d.sampler_stuck_after,
             log_level: d.log_level,
             max_connections: d.listeners.max_connections,
@@ -426,6 +429,7 @@ fn agent_settings(t: &AgentTable, base: &Path) -> Result<AgentSettings, KeyError
         worker_threads: t.worker_threads,
         sampler_realtime: t.sampler_realtime,
         driver_call_deadline: t.driver_call_deadline,
+        fault_period: t.fault_period,
         sampler_stuck_after: t.sampler_stuck_after,
         log_level: t.log_level.clone(),
         listeners: crate::config::ListenerLimits {

@@ -302,6 +302,10 @@ pub struct AgentSettings {
     /// A DCMI call blocking longer marks its NPU stale (hung). Default 1 s.
     #[serde(with = "duration")]
     pub driver_call_deadline: Duration,
+    /// Time between reads of the driver's fault codes (at least 5 s through `npu-smi`).
+    /// Default 1 s (docs/fault-codes.md).
+    #[serde(with = "duration")]
+    pub fault_period: Duration,
     /// A DCMI call blocked this long, or no sampling pass for this long, makes the agent
     /// unhealthy: `/healthz` answers 503 and the systemd watchdog pings stop. Default 10 s.
     #[serde(with = "duration")]
@@ -402,6 +406,7 @@ impl Default for AgentSettings {
             worker_threads: 2,
             sampler_realtime: true,
             driver_call_deadline: Duration::from_secs(1),
+            fault_period: Duration::from_secs(1),
             sampler_stuck_after: crate::sampler::DEFAULT_STUCK_AFTER,
             log_level: None,
             listeners: ListenerLimits::default(),

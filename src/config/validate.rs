@@ -110,6 +110,7 @@ pub mod agent_bounds {
     pub const NPU_SMI_DELAY: Within<u32> = Within::new(1, 100);
     pub const WORKER_THREADS: Within<usize> = Within::new(1, 64);
     pub const DRIVER_CALL_DEADLINE: Within<Duration> = Within::new(ms(10), secs(60));
+    pub const FAULT_PERIOD: Within<Duration> = Within::new(ms(10), secs(60));
     pub const SAMPLER_STUCK_AFTER: Within<Duration> = Within::new(secs(1), secs(600));
     pub const MAX_CONNECTIONS: Within<usize> = Within::new(4, 65536);
     pub const HEADER_READ_TIMEOUT: Within<Duration> = Within::new(ms(100), secs(120));
@@ -280,6 +281,7 @@ pub fn agent(s: &AgentSettings) -> Result<(), KeyError> {
     NPU_SMI_DELAY.check("npu_smi_delay", s.npu_smi_delay)?;
     WORKER_THREADS.check("worker_threads", s.worker_threads)?;
     DRIVER_CALL_DEADLINE.check("driver_call_deadline", s.driver_call_deadline)?;
+    FAULT_PERIOD.check("fault_period", s.fault_period)?;
     SAMPLER_STUCK_AFTER.check("sampler_stuck_after", s.sampler_stuck_after)?;
     if s.sampler_stuck_after <= s.driver_call_deadline {
         return Err((
@@ -611,6 +613,7 @@ devices = [0, 1]
             case("agent npu_smi_delay", agent("npu_smi_delay = 0"), "[agent] npu_smi_delay", "`0` is outside 1..=100"),
             case("agent worker_threads", agent("worker_threads = 65"), "[agent] worker_threads", "`65` is outside 1..=64"),
             case("agent driver_call_deadline", agent("driver_call_deadline = \"1ms\""), "[agent] driver_call_deadline", "`1ms` is outside 10ms..=1m"),
+            case("agent fault_period", agent("fault_period = \"2m\""), "[agent] fault_period", "`2m` is outside 10ms..=1m"),
             case("agent sampler_stuck_after", agent("sampler_stuck_after = \"1h\""), "[agent] sampler_stuck_after", "`1h` is outside 1s..=10m"),
             case("agent sampler_stuck_after above the deadline", agent("sampler_stuck_after = \"2s\"\ndriver_call_deadline = \"5s\""), "[agent] sampler_stuck_after", "must be longer than driver_call_deadline (`5s`)"),
             case("agent max_connections", agent("max_connections = 1"), "[agent] max_connections", "`1` is outside 4..=65536"),

@@ -84,12 +84,14 @@ pub enum Fault {
     /// The agent is stopped, nothing runs for this long, then it starts again (a DaemonSet
     /// update with `maxSurge: 0`).
     AgentOutage(Duration),
+    /// Only the experiment's `driver_codes`: the driver reports them, the engine is fine.
+    NpuFaultCode,
 }
 
 impl Fault {
     /// Parses a fault name; the error lists the known forms.
     pub fn parse(s: &str) -> Result<Fault, String> {
-        let known = "known: network_latency_<N>ms, cpu_stress_<N>pct, memory_pressure_<N>pct, hot_reload_<N>s, long_streams_<N>, batch_jitter_<N>ms, slow_health_<N>s, slow_health_<N>s_latency_<M>ms, long_prefill_<N>s, burst_<N>, engine_restart_<N>s, degraded_<N>ms, agent_outage_<N>s, engine_sleep, engine_hang, engine_crash, npu_hang_idle, npu_busy_stuck, driver_error, driver_hang, http_5xx, agent_restart, agent_crash, agent_upgrade";
+        let known = "known: network_latency_<N>ms, cpu_stress_<N>pct, memory_pressure_<N>pct, hot_reload_<N>s, long_streams_<N>, batch_jitter_<N>ms, slow_health_<N>s, slow_health_<N>s_latency_<M>ms, long_prefill_<N>s, burst_<N>, engine_restart_<N>s, degraded_<N>ms, agent_outage_<N>s, engine_sleep, engine_hang, engine_crash, npu_hang_idle, npu_busy_stuck, driver_error, driver_hang, http_5xx, agent_restart, agent_crash, agent_upgrade, npu_fault_code";
         let fixed = match s {
             "engine_hang" => Some(Fault::EngineHang),
             "engine_crash" => Some(Fault::EngineCrash),
@@ -102,6 +104,7 @@ impl Fault {
             "agent_restart" => Some(Fault::AgentRestart),
             "agent_crash" => Some(Fault::AgentCrash),
             "agent_upgrade" => Some(Fault::AgentUpgrade),
+            "npu_fault_code" => Some(Fault::NpuFaultCode),
             _ => None,
         };
         if let Some(f) = fixed {
@@ -234,6 +237,7 @@ impl fmt::Display for Fault {
             Fault::AgentCrash => f.write_str("agent_crash"),
             Fault::AgentUpgrade => f.write_str("agent_upgrade"),
             Fault::AgentOutage(d) => write!(f, "agent_outage_{}s", d.as_secs()),
+            Fault::NpuFaultCode => f.write_str("npu_fault_code"),
         }
     }
 }
@@ -406,6 +410,10 @@ pub struct Experiment {
     pub known_false_kills: Vec<(String, String)>,
     /// What the kubelet emulator must do.
     pub kubelet: KubeletExpect,
+    /// Fault codes the (fake) driver reports on the engine's NPUs while the fault is
+    /// injected (`driver_codes: ["80E18402"]`, hex as MindCluster's faultCode.json writes
+    /// them); with any fault, and alone with `npu_fault_code`.
+    pub driver_codes: Vec<u32>,
 }
 
 #[derive(Deserialize)]
@@ -433,6 +441,8 @@ struct RawExperiment {
     known_false_kill: Vec<String>,
     #[serde(default)]
     kubelet: Option<KubeletExpect>,
+    #[serde(default)]
+    driver_codes: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -503,6 +513,32 @@ pub fn parse(text: &str, file: &str) -> Result<Vec<Experiment>, String> {
             return Err(at("name: used twice in the file".to_owned()));
         }
         let fault = Fault::parse(&raw.fault).map_err(|e| at(format!("fault: {e}")))?;
+        let driver_codes = raw
+            .driver_codes
+            .iter()
+            .map(|c| {
+                let hex = c
+                    .strip_prefix("0x")
+                    .or_else(|| c.strip_prefix("0X"))
+                    .unwrap_or(c);
+                u32::from_str_radix(hex, 16)
+                    .ok()
+                    .filter(|v| *v != 0)
+                    .ok_or_else(|| {
+                        at(format!(
+                            "driver_codes: {c:?} is not a non-zero 32-bit hex code"
+                        ))
+                    })
+            })
+            .collect::<Result<Vec<u32>, String>>()?;
+        if driver_codes.len() > 10 {
+            return Err(at("driver_codes: at most 10".to_owned()));
+        }
+        if fault == Fault::NpuFaultCode && driver_codes.is_empty() {
+            return Err(at(
+                "driver_codes: npu_fault_code needs at least one code".to_owned()
+            ));
+        }
         let duration = parse_duration("duration", &raw.duration).map_err(at)?;
         let mut known_false_kills = Vec::new();
         for k in &raw.known_false_kill {
@@ -611,6 +647,7 @@ pub fn parse(text: &str, file: &str) -> Result<Vec<Experiment>, String> {
             max_nm_heartbeat_s,
             known_false_kills,
             kubelet,
+            driver_codes,
         });
     }
     Ok(out)
@@ -643,6 +680,43 @@ experiments:
     load: { streams: 8, rate: 4, prompt_tokens: 1024 }
     expect: healthy
 "#;
+
+    // `driver_codes`: hex with or without `0x`; `npu_fault_code` needs one; garbage is an
+    // error naming the key.
+    #[test]
+    fn driver_codes_are_hex_and_npu_fault_code_needs_them() {
+        let one = |extra: &str, fault: &str| {
+            parse(
+                &format!(
+                    "- name: a\n  target: driver\n  fault: {fault}\n  duration: 10s\n  expect: healthy\n{extra}"
+                ),
+                "f.yaml",
+            )
+        };
+        let e = one(
+            "  driver_codes: [\"80E18402\", \"0x81078605\"]\n",
+            "npu_fault_code",
+        )
+        .unwrap();
+        assert_eq!(e[0].fault, Fault::NpuFaultCode);
+        assert_eq!(e[0].driver_codes, [0x80E1_8402, 0x8107_8605]);
+        assert_eq!(Fault::NpuFaultCode.to_string(), "npu_fault_code");
+        let e = one("  driver_codes: [\"80C98001\"]\n", "engine_hang").unwrap();
+        assert_eq!(e[0].driver_codes, [0x80C9_8001]);
+        assert!(one("", "engine_hang").unwrap()[0].driver_codes.is_empty());
+        let err = one("", "npu_fault_code").unwrap_err();
+        assert!(
+            err.contains("driver_codes: npu_fault_code needs at least one code"),
+            "{err}"
+        );
+        let err = one("  driver_codes: [\"xyz\"]\n", "engine_hang").unwrap_err();
+        assert!(
+            err.contains("#1 (a)") && err.contains("\"xyz\" is not a non-zero 32-bit hex code"),
+            "{err}"
+        );
+        let err = one("  driver_codes: [\"1FFFFFFFF\"]\n", "engine_hang").unwrap_err();
+        assert!(err.contains("not a non-zero 32-bit hex code"), "{err}");
+    }
 
     #[test]
     fn the_seeds_experiments() {

@@ -57,6 +57,9 @@ pub fn not_applicable(fault: Fault) -> Option<&'static str> {
             "a real vLLM takes longer than the restart's outage to start on the CPU build (scripts/real-vllm up)",
         ),
         Fault::Burst(_) => None,
+        Fault::NpuFaultCode => Some(
+            "the runner writes no fault codes into a real engine's NPU files (the fake engine does)",
+        ),
         Fault::Degraded(_) => Some(
             "a real vLLM's KV-cache usage cannot be raised on demand without changing the load itself",
         ),

@@ -261,6 +261,12 @@ pub fn markdown(
                 )
             },
         );
+        let mut detected = o
+            .detected_after_ms
+            .map_or_else(|| "—".to_owned(), |t| unscale(t as i64));
+        if let Some(t) = o.abnormal_after_ms {
+            detected.push_str(&format!(" (agent abnormal after {})", unscale(t as i64)));
+        }
         let _ = writeln!(
             s,
             "| {} | {} | {} | {} | {} | {}{} | {} | {} | {} | {} | {} | {} | {} | {} |",
@@ -276,8 +282,7 @@ pub fn markdown(
                 (None, None) => String::new(),
             },
             unscale(o.injected_ms as i64),
-            o.detected_after_ms
-                .map_or_else(|| "—".to_owned(), |t| unscale(t as i64)),
+            detected,
             o.killed_at_ms.map_or_else(|| "—".to_owned(), unscale),
             kubelet,
             availability,
@@ -359,6 +364,7 @@ mod tests {
             expect: expect.into(),
             verdict,
             detected_after_ms: detected,
+            abnormal_after_ms: None,
             killed_at_ms: detected.map(|d| d as i64),
             first_injected_ms: Some(0),
             injected_ms: 5000,

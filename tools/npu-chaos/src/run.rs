@@ -335,6 +335,10 @@ pub struct Outcome {
     pub verdict: Verdict,
     /// Milliseconds from injection to detection.
     pub detected_after_ms: Option<u64>,
+    /// Milliseconds from the first injection to the agent's own `abnormal` (the probe that
+    /// decided it), whoever acts on it; `null` when it never said so.
+    #[serde(default)]
+    pub abnormal_after_ms: Option<u64>,
     /// Milliseconds from injection to the emulator's kill (negative: before the injection).
     pub killed_at_ms: Option<i64>,
     /// Milliseconds from the scheduled injection to the first actual one (guards may hold it
@@ -490,6 +494,7 @@ fn agent_toml(
         r#"[agent]
 sample_period = "{sample}"
 driver_call_deadline = "{deadline}"
+fault_period = "{faults}"
 policy = "{policy}"
 
 [[engine]]
@@ -523,6 +528,7 @@ ttft_budget = "{ttft_budget}"
         },
         sample = fmt_duration(scaled(Duration::from_millis(50), s).max(Duration::from_millis(10))),
         deadline = fmt_duration(scaled(Duration::from_secs(1), s).max(Duration::from_millis(20))),
+        faults = fmt_duration(scaled(Duration::from_secs(1), s).max(Duration::from_millis(10))),
         ids = ids.join(", "),
         warmup = d(180.0, e::WARMUP_TIMEOUT),
         request = d(5.0, e::REQUEST_TIMEOUT),
@@ -1197,6 +1203,8 @@ fn engine_patches(fault: Fault, s: f64) -> Option<(Value, Value)> {
         ),
         Fault::DriverHang => (json!({"driver_hang": true}), json!({"driver_hang": false})),
         Fault::Http5xx => (json!({"http_5xx": true}), json!({"http_5xx": false})),
+        // The codes themselves are the experiment's (`driver_codes`, [`codes_patch`]).
+        Fault::NpuFaultCode => (json!({}), json!({})),
         Fault::NetworkLatency(_)
         | Fault::CpuStress(_)
         | Fault::LongStreams(_)
@@ -1308,6 +1316,19 @@ async fn remove(stack: &mut Stack, load: &LoadGen, fault: Fault, s: f64, held: &
         // The engine may be gone (killed by Node Manager): nothing to clear then.
         let _ = stack.faults(off).await;
     }
+}
+
+/// Now, as unix milliseconds (the clock of the agent's probe records).
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The fake engine's patch that makes the fake driver report `codes` on its NPUs (empty:
+/// none).
+fn codes_patch(codes: &[u32]) -> Value {
+    json!({ "npu_fault_codes": codes })
 }
 
 /// Whether the agent reports one of the engine's NPUs as failing right now: a hung or stale
@@ -1458,6 +1479,7 @@ pub async fn run(e: &Experiment, policy: Policy, opts: &RunOptions) -> Outcome {
         },
         verdict: Verdict::Error,
         detected_after_ms: None,
+        abnormal_after_ms: None,
         killed_at_ms: None,
         first_injected_ms: None,
         injected_ms: 0,
@@ -1474,7 +1496,11 @@ pub async fn run(e: &Experiment, policy: Policy, opts: &RunOptions) -> Outcome {
         timeline: Vec::new(),
     };
     if opts.engine == EngineKind::Vllm
-        && let Some(why) = real_engine::not_applicable(e.fault)
+        && let Some(why) = real_engine::not_applicable(e.fault).or_else(|| {
+            (!e.driver_codes.is_empty()).then_some(
+                "the runner writes no fault codes into a real engine's NPU files (the fake engine does)",
+            )
+        })
     {
         out.verdict = Verdict::NotApplicable;
         out.error = Some(why.to_owned());
@@ -1920,6 +1946,8 @@ async fn observe(
     let mut injected_since: Option<Instant> = None;
     let mut injected = Duration::ZERO;
     let mut killed: Option<Instant> = None;
+    // Unix time of the first injection: the agent's own probe times are unix times.
+    let mut first_injected_unix_ms: Option<u64> = None;
     let result = loop {
         let now = Instant::now();
         if now >= observe_end {
@@ -1969,6 +1997,22 @@ async fn observe(
             .await;
         let depth = stack.queue_depth().await;
         let flagged = detail.as_ref().is_some_and(driver_flagged);
+        // When the agent itself concluded `abnormal`: the probe that decided it (its
+        // completion, on the agent's clock), else when this sample saw it.
+        if let (None, Some(first), Some(d)) = (
+            out.abnormal_after_ms,
+            first_injected_unix_ms,
+            detail.as_ref(),
+        ) && d.status == npu_health_agent::monitor::Status::Abnormal
+        {
+            let at = d
+                .virtual_inference
+                .last_probe
+                .as_ref()
+                .filter(|_| d.virtual_inference.abnormal)
+                .map_or_else(unix_ms, |p| p.at_unix_ms);
+            out.abnormal_after_ms = Some(at.saturating_sub(first));
+        }
         if flagged && first_injected.is_none() && is_driver_fault(e.fault) {
             break Err(
                 "an NPU was already reported failing before the driver fault was injected"
@@ -2043,6 +2087,14 @@ async fn observe(
             } else if let Err(err) = inject(stack, load, e.fault, s, &mut held).await {
                 break Err(err);
             }
+            if !e.driver_codes.is_empty()
+                && let Err(err) = stack.faults(codes_patch(&e.driver_codes)).await
+            {
+                break Err(err);
+            }
+            if first_injected.is_none() {
+                first_injected_unix_ms = Some(unix_ms());
+            }
             active = true;
             injected_since = Some(now);
             if first_injected.is_none() {
@@ -2051,6 +2103,9 @@ async fn observe(
             }
         } else if !want && active {
             remove(stack, load, e.fault, s, &mut held).await;
+            if !e.driver_codes.is_empty() {
+                let _ = stack.faults(codes_patch(&[])).await;
+            }
             active = false;
             injected += injected_since.take().map_or(Duration::ZERO, |t| now - t);
         }
@@ -2279,6 +2334,7 @@ mod tests {
             max_nm_heartbeat_s: None,
             known_false_kills: Vec::new(),
             kubelet,
+            driver_codes: Vec::new(),
         };
         let out =
             |k: K, live: u32, exit: u32, restart: Option<u64>, detected: Option<u64>| Outcome {
@@ -2293,6 +2349,7 @@ mod tests {
                 expect: String::new(),
                 verdict: Verdict::Error,
                 detected_after_ms: detected,
+                abnormal_after_ms: None,
                 killed_at_ms: None,
                 first_injected_ms: Some(0),
                 injected_ms: 0,

@@ -221,6 +221,7 @@ mod tests {
             expect: "healthy".into(),
             verdict: Verdict::FalseKill,
             detected_after_ms: None,
+            abnormal_after_ms: None,
             killed_at_ms: Some(300),
             first_injected_ms: Some(0),
             injected_ms: 200,

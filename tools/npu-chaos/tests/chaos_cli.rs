@@ -79,6 +79,34 @@ fn shipped_files_validate() {
     }
 }
 
+// The driver-fault experiments: each fault with and without a code, and the benign codes.
+#[test]
+fn the_driver_fault_file_validates() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+    let out = chaos()
+        .arg("check")
+        .arg(format!("{root}/experiments/driver-faults.yaml"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for name in [
+        "separate_npu_with_hang",
+        "hang_alone",
+        "aicore_exception_stuck_under_load",
+        "stuck_under_load_alone",
+        "sub_health_code_healthy_engine",
+        "not_handle_code_under_load",
+        "separate_npu_code_engine_answers",
+    ] {
+        assert!(text.contains(name), "{name}: {text}");
+    }
+}
+
 #[test]
 fn a_bad_file_is_refused_with_its_location() {
     let dir = tempfile::tempdir().unwrap();
