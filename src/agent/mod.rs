@@ -682,16 +682,7 @@ async fn acquire(
 pub(crate) fn apply_fault_table(agent: &AgentSettings, shared: &Shared, reload: bool) {
     match agent.fault_table() {
         Ok(t) => {
-            tracing::info!(
-                "fault-code levels from {} ({} codes{})",
-                t.origin,
-                t.len(),
-                if t.unknown_keys.is_empty() {
-                    String::new()
-                } else {
-                    format!("; lists not read: {}", t.unknown_keys.join(", "))
-                }
-            );
+            tracing::info!("fault-code levels from {}", t.describe());
             shared.fault_levels.set_table(t);
         }
         Err(e) if reload => tracing::error!(

@@ -47,15 +47,9 @@ pub fn check_config(cfg: &AgentConfig) -> Result<(), CliError> {
         }
     }
     eprintln!(
-        "{}: fault-code levels from {} ({} codes{})",
+        "{}: fault-code levels from {}",
         cfg.source,
-        faults.origin,
-        faults.len(),
-        if faults.unknown_keys.is_empty() {
-            String::new()
-        } else {
-            format!("; lists not read: {}", faults.unknown_keys.join(", "))
-        }
+        faults.describe()
     );
     match crate::continuity::StateDir::resolve(cfg.agent.state_dir.as_deref()) {
         Some(d) => eprintln!(

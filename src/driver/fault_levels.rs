@@ -212,6 +212,20 @@ impl FaultTable {
             .unwrap_or(FaultLevel::Unclassified)
     }
 
+    /// `<origin> (<N> codes; lists not read: …)`, as `check-config` and the log say it.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} ({} codes{})",
+            self.origin,
+            self.len(),
+            if self.unknown_keys.is_empty() {
+                String::new()
+            } else {
+                format!("; lists not read: {}", self.unknown_keys.join(", "))
+            }
+        )
+    }
+
     /// How many codes it classifies.
     pub fn len(&self) -> usize {
         self.levels.len()

@@ -17,8 +17,8 @@ use std::time::Duration;
 pub trait PeakSource {
     /// Peak AI Cube usage over the last `window`; `None` when unavailable.
     fn peak(&self, window: Duration) -> Option<f64>;
-    /// The fault codes the driver reports now on the engine's NPUs, with their levels.
-    /// Default: none.
+    /// The fault codes the driver reports now on the engine's NPUs, with their levels (a
+    /// read too old to count is none). Default: none.
     fn faults(&self) -> Vec<NpuFault> {
         Vec::new()
     }
@@ -98,7 +98,7 @@ impl PeakSource for RingPeaks {
     fn faults(&self) -> Vec<NpuFault> {
         self.devices
             .iter()
-            .flat_map(|&i| self.shared.faults_of(i))
+            .flat_map(|&i| self.shared.evidence_faults_of(i))
             .collect()
     }
 }

@@ -108,8 +108,11 @@ pub async fn run_virtual_inference(
     let mut timeout = t.request_timeout;
     // The last successful periodic probe's latency: the engine's pace when it answers.
     let mut last_ok: Option<Duration> = None;
-    // Agent policy: the driver fault that woke the loop for this probe.
+    // Agent policy: the driver fault that woke the loop for this probe; and the faults at
+    // the confirming level a virtual request was answered beside (they no longer explain a
+    // failure while they stay: a chip can report a code for weeks and work).
     let mut woke_for: Option<crate::sampler::faults::NpuFault> = None;
+    let mut answered = Checked::new();
     while !state.abnormal() {
         let started = tokio::time::Instant::now();
         let before = if rules.agent.is_some() {
@@ -130,7 +133,12 @@ pub async fn run_virtual_inference(
         // from the same read when there is one.
         let agent_read = rules.agent.is_some() && failed;
         let driver_fault = if agent_read {
-            account::worst(&peaks.faults()).cloned()
+            let unanswered: Vec<_> = peaks
+                .faults()
+                .into_iter()
+                .filter(|f| !answered.contains(&(f.npu, f.code)))
+                .collect();
+            account::worst(&unanswered).cloned()
         } else {
             None
         };
@@ -197,10 +205,13 @@ pub async fn run_virtual_inference(
         timeout = next_timeout;
         // What this probe checked: the faults at the confirming level that were there before
         // it started and still are; a new one wakes the loop.
-        let checked: Checked = before
-            .intersection(&serious(&peaks.faults()))
-            .copied()
-            .collect();
+        let now_serious = serious(&peaks.faults());
+        let checked: Checked = before.intersection(&now_serious).copied().collect();
+        // A fault that cleared and comes back is new again.
+        answered.retain(|k| now_serious.contains(k));
+        if !failed {
+            answered.extend(checked.iter().copied());
+        }
         if let Some(f) = woke_for.take()
             && !failed
         {
@@ -281,8 +292,9 @@ enum Wake {
     Fault(crate::sampler::faults::NpuFault),
 }
 
-/// How often a pause looks at the driver's faults (the sampler reads them about once a
-/// second; a new one is acted on within this of being read).
+/// How often a pause looks at the driver's faults (the sampler reads them every
+/// `fault_period`, 1 s by default, at least 5 s through `npu-smi`; a new one is acted on
+/// within this of being read).
 const FAULT_POLL: Duration = Duration::from_millis(100);
 
 /// Sleeps `sleep`, or less: when `idle` is `(window, threshold)` and the NPU stays below
@@ -298,13 +310,13 @@ async fn pause(
     // The window must not reach back before the sleep: the probe itself was busy.
     let start = tokio::time::Instant::now();
     loop {
-        if let Some(f) = peaks
+        let new: Vec<_> = peaks
             .faults()
             .into_iter()
             .filter(|f| f.level >= account::CONFIRM_LEVEL && !checked.contains(&(f.npu, f.code)))
-            .max_by_key(|f| f.level)
-        {
-            return Wake::Fault(f);
+            .collect();
+        if let Some(f) = account::worst(&new) {
+            return Wake::Fault(f.clone());
         }
         let now = tokio::time::Instant::now();
         if now >= end {
@@ -1526,7 +1538,13 @@ mod tests {
             (FaultLevel::SubHealthFault, false),
             (FaultLevel::RestartRequest, false),
         ] {
-            let p = FakeProber::new((0..6).map(|_| (MS, FakeProber::ok())).collect());
+            // The fourth periodic probe fails (a timeout under load) with the fault still
+            // reported: once a request was answered beside it, the fault no longer explains
+            // a failure, and a busy failure resets as without it.
+            let mut script: Vec<_> = (0..4).map(|_| (MS, FakeProber::ok())).collect();
+            script.push((Duration::from_secs(600), FakeProber::ok()));
+            script.push((MS, FakeProber::ok()));
+            let p = FakeProber::new(script);
             let st = ViState::default();
             let start = Instant::now();
             let peaks = FaultAt {
@@ -1539,11 +1557,16 @@ mod tests {
                 &peaks,
                 &NoSignals,
                 &st,
-                Duration::from_secs(50),
+                Duration::from_secs(100),
             )
             .await;
             let at: Vec<Duration> = p.calls().iter().map(|c| c.0 - start).collect();
-            assert!(!st.abnormal(), "{level}");
+            assert!(!st.abnormal(), "{level}: {:?}", st.abnormal_reason());
+            assert!(
+                at.len() >= 6,
+                "{level}: the failed probe and one after it: {at:?}"
+            );
+            assert_eq!(st.failure_count(), 0, "{level}");
             if wakes {
                 assert!(
                     at[2] >= Duration::from_secs(3) && at[2] <= Duration::from_secs(3) + FAULT_POLL,

@@ -137,7 +137,13 @@ struct Inner {
     admission_cap: Option<u32>,
     /// Why the published level is one band lower than the score's, at most `throttle`.
     lowered_by: Option<String>,
+    /// Evaluations the lowering still holds after its cause cleared ([`LOWER_HOLD`]).
+    lowered_left: u32,
 }
+
+/// Evaluations a lowering holds after the fault behind it cleared, so a code the driver
+/// reports on and off does not flap the level (and every router and readiness behind it).
+pub const LOWER_HOLD: u32 = 3;
 
 /// QoS state of one engine.
 #[derive(Debug)]
@@ -171,6 +177,7 @@ impl QosState {
                 evaluations: 0,
                 admission_cap: None,
                 lowered_by: None,
+                lowered_left: 0,
             }),
             level: AtomicU8::new(Level::Normal as u8),
             scrape_max_age: cfg.scrape_max_age(),
@@ -217,7 +224,7 @@ impl QosState {
     /// `lowered_by` (why: a `SubHealthFault` on the engine's NPU), the level published is
     /// one band lower than the score's, at most `throttle`: `normal` becomes `throttle`, a
     /// worse level stays as it is. The score's own level keeps its hysteresis; the lowering
-    /// ends with the fault.
+    /// ends [`LOWER_HOLD`] evaluations after the fault cleared.
     pub fn evaluate(
         &self,
         cfg: &QosConfig,
@@ -342,11 +349,22 @@ impl QosState {
         // Eviction needs positive evidence that the engine is stuck.
         let evictable = state == progress::State::Stalled;
         let scored = i.levels.update(score, evictable);
-        let after = match &lowered_by {
+        match lowered_by {
+            Some(why) => {
+                i.lowered_by = Some(why);
+                i.lowered_left = LOWER_HOLD;
+            }
+            None => {
+                i.lowered_left = i.lowered_left.saturating_sub(1);
+                if i.lowered_left == 0 {
+                    i.lowered_by = None;
+                }
+            }
+        }
+        let after = match &i.lowered_by {
             Some(_) => scored.max(Level::Throttle),
             None => scored,
         };
-        i.lowered_by = lowered_by;
         i.score = score;
         i.components = components;
         i.evaluations += 1;
@@ -421,6 +439,7 @@ impl QosState {
         i.metrics = None;
         i.admission_cap = None;
         i.lowered_by = None;
+        i.lowered_left = 0;
         i.level_since_unix_ms = unix_ms();
         self.level.store(Level::Normal as u8, Ordering::Release);
     }
@@ -581,9 +600,18 @@ mod tests {
         q.record_scrape(Ok(scrape(2.0, 200.0, 0.99)));
         let (_, level, _) = q.evaluate(&cfg, Some(&probe(false, 5000.0)), why());
         assert_eq!(level, Level::Degrade, "never past the score's own level");
-        // The fault gone, with a healthy score: back to normal through the hysteresis.
+        // The fault gone, with a healthy score: the lowering holds LOWER_HOLD evaluations
+        // (a code reported on and off does not flap the level), then normal.
         q.record_scrape(Ok(scrape(2.0, 300.0, 0.2)));
         q.record_scrape(Ok(scrape(2.0, 400.0, 0.2)));
+        for k in 1..LOWER_HOLD {
+            let (_, level, _) = q.evaluate(&cfg, Some(&probe(true, 50.0)), None);
+            assert_eq!(
+                level,
+                Level::Throttle,
+                "held, evaluation {k} after the fault"
+            );
+        }
         let (_, level, _) = q.evaluate(&cfg, Some(&probe(true, 50.0)), None);
         assert_eq!(level, Level::Normal);
         assert_eq!(q.report(&cfg).lowered_by, None);

@@ -107,6 +107,14 @@ pub struct Shared {
     pub sampler: SamplerStatus,
     /// The fault-code levels in force ([`faults`]).
     pub fault_levels: faults::Classifier,
+    /// Codes older than this are not evidence ([`Shared::evidence_faults_of`]): three fault
+    /// periods, at least 15 s (three `npu-smi` reads).
+    pub fault_max_age: Duration,
+}
+
+/// How old fault codes may be and still count as evidence: three reads.
+fn fault_max_age(fault_period: Duration) -> Duration {
+    (fault_period * 3).max(Duration::from_secs(15))
 }
 
 /// Default for how long a blocked DCMI call or a silent sampler thread is tolerated before
@@ -115,10 +123,22 @@ pub const DEFAULT_STUCK_AFTER: Duration = Duration::from_secs(10);
 
 impl Shared {
     /// The current fault codes of the device at ring index `index`, with their levels
-    /// (empty for an unknown index).
+    /// (empty for an unknown index), however old: what the views show, with the age.
     pub fn faults_of(&self, index: u16) -> Vec<faults::NpuFault> {
         match self.devices.get(usize::from(index)) {
             Some(d) => self.fault_levels.classify(d.info.id, &d.fault_codes()),
+            None => Vec::new(),
+        }
+    }
+
+    /// The codes of [`Shared::faults_of`] when their read is at most `fault_max_age` old:
+    /// what the monitor acts on.
+    pub fn evidence_faults_of(&self, index: u16) -> Vec<faults::NpuFault> {
+        match self.devices.get(usize::from(index)) {
+            Some(d) => self.fault_levels.classify(
+                d.info.id,
+                &d.fresh_fault_codes(self.ring.now_ns(), self.fault_max_age),
+            ),
             None => Vec::new(),
         }
     }
@@ -168,8 +188,9 @@ pub struct Sampler {
     ctl: Option<ControlTx>,
     dcmi_thread: Option<(JoinHandle<()>, Receiver<()>)>,
     watchdog: Option<(JoinHandle<()>, Sender<()>)>,
-    /// Reads the faults of the NPUs without a DCMI chip through `npu-smi`.
-    npu_smi_faults: Option<(JoinHandle<()>, Sender<()>)>,
+    /// Reads the faults of the NPUs without a DCMI chip through `npu-smi`: the thread, its
+    /// stop sender, and a receiver that disconnects when it ends.
+    npu_smi_faults: Option<(JoinHandle<()>, Sender<()>, Receiver<()>)>,
     period: Duration,
 }
 
@@ -227,6 +248,7 @@ impl Sampler {
             devices,
             sampler: SamplerStatus::default(),
             fault_levels: faults::Classifier::default(),
+            fault_max_age: fault_max_age(cfg.fault_period),
         });
         shared.sampler.set_period(cfg.period);
         let (fallback_tx, fallback_rx) = crossbeam_channel::unbounded();
@@ -257,13 +279,16 @@ impl Sampler {
             .collect();
         if !npu_smi_now.is_empty() && driver.backend != BackendChoice::Dcmi {
             let (stop_tx, stop_rx) = crossbeam_channel::bounded(1);
+            let (done_tx, done_rx) = crossbeam_channel::bounded::<()>(0);
             let (f_shared, f_tool, f_devices) =
                 (shared.clone(), driver.npu_smi.clone(), npu_smi_now.clone());
             let period = cfg.fault_period;
             let handle = std::thread::Builder::new()
                 .name("npu-smi-faults".to_owned())
-                .spawn(move || npu_smi_faults::run(f_shared, f_tool, f_devices, period, stop_rx))?;
-            sampler.npu_smi_faults = Some((handle, stop_tx));
+                .spawn(move || {
+                    npu_smi_faults::run(f_shared, f_tool, f_devices, period, stop_rx, done_tx)
+                })?;
+            sampler.npu_smi_faults = Some((handle, stop_tx, done_rx));
         }
         let wd_cfg = watchdog::WatchdogConfig {
             interval: cfg.watchdog_interval,
@@ -304,6 +329,7 @@ impl Sampler {
             devices: Vec::new(),
             sampler: SamplerStatus::default(),
             fault_levels: faults::Classifier::default(),
+            fault_max_age: fault_max_age(SamplerConfig::default().fault_period),
         });
         shared.sampler.set_period(SamplerConfig::default().period);
         Sampler {
@@ -435,10 +461,18 @@ impl Sampler {
             drop(stop);
             let _ = handle.join();
         }
-        if let Some((handle, stop)) = self.npu_smi_faults.take() {
-            // At most one `npu-smi` run (its timeout) to wait for.
+        if let Some((handle, stop, done)) = self.npu_smi_faults.take() {
+            // At most one `npu-smi` run (its timeout) to wait for; a tool stuck in the driver
+            // past its kill is left behind, as a stuck DCMI thread is.
             drop(stop);
-            let _ = handle.join();
+            match done.recv_timeout(npu_smi_faults::TIMEOUT + Duration::from_secs(1)) {
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => tracing::warn!(
+                    "the npu-smi fault reader is stuck in an npu-smi run; leaving it behind"
+                ),
+                _ => {
+                    let _ = handle.join();
+                }
+            }
         }
         if let Some((handle, done)) = self.dcmi_thread.take() {
             // `done` disconnects when the thread exits.

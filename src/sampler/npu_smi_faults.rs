@@ -28,7 +28,10 @@ pub fn run(
     indices: Vec<usize>,
     period: Duration,
     stop: Receiver<()>,
+    done: crossbeam_channel::Sender<()>,
 ) {
+    // Disconnects when the thread ends, however it ends.
+    let _done = done;
     let period = period.max(MIN_PERIOD);
     loop {
         for &i in &indices {
@@ -53,21 +56,22 @@ pub fn run(
     }
 }
 
-/// The codes of one `npu-smi info -t health`, each with the text printed for it (the tool
-/// prints one per code, in order).
+/// The codes of one `npu-smi info -t health`, each with the text printed for it: the tool
+/// prints one per code, in order; when the counts differ (a text the parser could not
+/// read) no text is attached rather than the wrong one.
 fn codes(h: &npu_smi::parse::ChipHealth) -> Vec<FaultCode> {
+    let paired = h.texts.len() == h.codes.len();
     h.codes
         .iter()
         .enumerate()
         .filter(|(_, c)| **c != 0)
         .map(|(k, &c)| {
-            FaultCode::new(
-                c,
-                h.texts
-                    .get(k)
-                    .filter(|t| !t.is_empty() && *t != "NA")
-                    .cloned(),
-            )
+            let text = if paired {
+                h.texts.get(k).cloned()
+            } else {
+                None
+            };
+            FaultCode::new(c, text.filter(|t| !t.is_empty()))
         })
         .collect()
 }
@@ -77,16 +81,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn each_code_takes_the_text_printed_for_it() {
-        let h = npu_smi::parse::ChipHealth {
+    fn each_code_takes_the_text_printed_for_it_or_none() {
+        let mut h = npu_smi::parse::ChipHealth {
             health: "Alarm".into(),
-            codes: vec![0x80E0_1801, 0, 0x80C9_8002],
-            texts: vec!["HBM ECC".into(), "zero".into()],
+            codes: vec![0x80E0_1801, 0x80C9_8002],
+            texts: vec!["HBM ECC".into(), "AI Core input".into()],
         };
         assert_eq!(
             codes(&h),
             [
                 FaultCode::new(0x80E0_1801, Some("HBM ECC".into())),
+                FaultCode::new(0x80C9_8002, Some("AI Core input".into()))
+            ]
+        );
+        // One text missing: which code it belonged to is unknown, so none is attached.
+        h.texts.pop();
+        assert_eq!(
+            codes(&h),
+            [
+                FaultCode::new(0x80E0_1801, None),
                 FaultCode::new(0x80C9_8002, None)
             ]
         );

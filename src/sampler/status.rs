@@ -383,6 +383,17 @@ impl DeviceStatus {
         }
     }
 
+    /// The fault codes of the last successful read if it is at most `max_age` old at
+    /// `now_ns` (ring time); empty otherwise: codes the reader could not refresh (a hung
+    /// call, a failing tool) are shown with their age, never acted on.
+    pub fn fresh_fault_codes(&self, now_ns: u64, max_age: std::time::Duration) -> Vec<FaultCode> {
+        let f = self.faults.lock().unwrap_or_else(|p| p.into_inner());
+        let fresh = f.read_ns != 0
+            && now_ns.saturating_sub(f.read_ns)
+                <= u64::try_from(max_age.as_nanos()).unwrap_or(u64::MAX);
+        if fresh { f.codes.clone() } else { Vec::new() }
+    }
+
     /// Whether a fault read was made (or found impossible) at least once.
     pub fn faults_attempted(&self) -> bool {
         let f = self.faults.lock().unwrap_or_else(|p| p.into_inner());
@@ -783,6 +794,27 @@ impl SamplerStatus {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    // Codes are evidence while their read is fresh; a failed read keeps them shown (with
+    // their age) and they stop counting once older than the limit.
+    #[test]
+    fn fault_codes_count_only_while_fresh() {
+        let d = device();
+        let s = 1_000_000_000u64;
+        let limit = Duration::from_secs(15);
+        assert!(d.fresh_fault_codes(s, limit).is_empty(), "never read");
+        d.record_faults(s, Ok(vec![FaultCode::new(0x80E1_8402, None)]));
+        assert_eq!(d.fresh_fault_codes(2 * s, limit).len(), 1);
+        d.record_faults(10 * s, Err("timed out".into()));
+        assert_eq!(
+            d.fresh_fault_codes(16 * s, limit).len(),
+            1,
+            "15 s old: still fresh"
+        );
+        assert!(d.fresh_fault_codes(17 * s, limit).is_empty(), "16 s old");
+        assert_eq!(d.fault_codes().len(), 1, "still shown");
+        assert!(d.faults_attempted());
+    }
 
     fn device() -> DeviceStatus {
         DeviceStatus::new(

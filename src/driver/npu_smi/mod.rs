@@ -49,22 +49,24 @@ pub fn health(
     if let Some(c) = &chip {
         args.extend(["-c", c.as_str()]);
     }
-    let out = probe::run(npu_smi, &args, timeout)
-        .map_err(|source| NpuSmiError::Run { command, source })?;
-    if !out.status.success() {
-        return Err(NpuSmiError::Exit {
-            command,
-            status: out.status,
-            output: crate::logging::quote(out.text.trim()),
-        });
-    }
-    Ok(parse::parse_health(&out.text)?)
+    let text = run_ok(npu_smi, command, &args, timeout)?;
+    Ok(parse::parse_health(&text)?)
 }
 
 /// Lists NPU chips with `npu-smi info -m` (MCUs skipped).
 pub fn enumerate(npu_smi: &Path, timeout: Duration) -> Result<Vec<MappedChip>, NpuSmiError> {
-    let command = "info -m";
-    let out = probe::run(npu_smi, &["info", "-m"], timeout)
+    let text = run_ok(npu_smi, "info -m", &["info", "-m"], timeout)?;
+    Ok(parse::parse_mapping(&text)?)
+}
+
+/// Runs `npu-smi args…` (`command` names it in errors); its output when it exits 0.
+fn run_ok(
+    npu_smi: &Path,
+    command: &'static str,
+    args: &[&str],
+    timeout: Duration,
+) -> Result<String, NpuSmiError> {
+    let out = probe::run(npu_smi, args, timeout)
         .map_err(|source| NpuSmiError::Run { command, source })?;
     if !out.status.success() {
         return Err(NpuSmiError::Exit {
@@ -73,5 +75,5 @@ pub fn enumerate(npu_smi: &Path, timeout: Duration) -> Result<Vec<MappedChip>, N
             output: crate::logging::quote(out.text.trim()),
         });
     }
-    Ok(parse::parse_mapping(&out.text)?)
+    Ok(out.text)
 }

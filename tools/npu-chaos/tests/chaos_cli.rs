@@ -102,6 +102,7 @@ fn the_driver_fault_file_validates() {
         "sub_health_code_healthy_engine",
         "not_handle_code_under_load",
         "separate_npu_code_engine_answers",
+        "separate_npu_code_under_load",
     ] {
         assert!(text.contains(name), "{name}: {text}");
     }
