@@ -1806,6 +1806,12 @@ async fn run_inner(
         nm.stop().await;
     }
     out.load = load.stats.snapshot();
+    // The fake engine is killed and reaped here: dropping the stack only sends SIGKILL, and
+    // a run can end (and a test look for stray processes) before the engine is gone — a CI
+    // run saw a kubelet-restarted engine still listed.
+    if let Some(mut e) = stack.engine.take() {
+        let _ = e.kill().await;
+    }
     // A unit is stopped with its private manager here, not at the stack's drop.
     stack.agent.lock().await.stop().await;
     result
