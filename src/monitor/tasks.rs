@@ -132,11 +132,17 @@ pub async fn run_virtual_inference(
         // The agent policy's evidence, read for a failure only; the V6 capacity figure comes
         // from the same read when there is one.
         let agent_read = rules.agent.is_some() && failed;
+        // The driver's faults after the probe, read once (the reference has no use for them).
+        let faults_after = if rules.agent.is_some() {
+            peaks.faults()
+        } else {
+            Vec::new()
+        };
         let driver_fault = if agent_read {
-            let unanswered: Vec<_> = peaks
-                .faults()
-                .into_iter()
+            let unanswered: Vec<_> = faults_after
+                .iter()
                 .filter(|f| !answered.contains(&(f.npu, f.code)))
+                .cloned()
                 .collect();
             account::worst(&unanswered).cloned()
         } else {
@@ -205,7 +211,7 @@ pub async fn run_virtual_inference(
         timeout = next_timeout;
         // What this probe checked: the faults at the confirming level that were there before
         // it started and still are; a new one wakes the loop.
-        let now_serious = serious(&peaks.faults());
+        let now_serious = serious(&faults_after);
         let checked: Checked = before.intersection(&now_serious).copied().collect();
         // A fault that cleared and comes back is new again.
         answered.retain(|k| now_serious.contains(k));
