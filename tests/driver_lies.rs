@@ -254,7 +254,7 @@ fn defect1_multi_call_is_checked_again_while_running() {
         "{:?}",
         dev.snapshot(shared.ring.now_ns())
     );
-    assert_eq!(dev.source(), Source::DcmiSingle);
+    assert_eq!(dev.source(), Source::DCMI_SINGLE);
     let r = sampler.window(&[0], Duration::from_millis(200)).unwrap();
     assert_eq!(r.devices[0].peak, Some(40), "{r:?}");
     // The disagreement never produced a valid 0.
@@ -263,7 +263,7 @@ fn defect1_multi_call_is_checked_again_while_running() {
     // Back: the abandoned call is tried again and taken back once it reads.
     std::fs::write(&npu, "40\n").unwrap();
     assert!(wait_for(Duration::from_secs(10), || dev.source()
-        == Source::DcmiMulti
+        == Source::DCMI_MULTI
         && dev.reason() == SourceReason::MultiVerified));
     sampler.shutdown();
 }
@@ -528,14 +528,14 @@ fn defect3_sampler_abandons_the_4_byte_layout_at_its_first_answer() {
         .passes()
         > 20));
     let dev = &shared.devices[0];
-    assert_eq!(dev.source(), Source::DcmiSingle);
+    assert_eq!(dev.source(), Source::DCMI_SINGLE);
     assert_eq!(dev.reason(), SourceReason::MultiPrereleaseLayout);
     // The packed figure never reached the ring, not even as an invalid sample.
     let r = sampler.window(&[0, 1], Duration::from_secs(30)).unwrap();
     assert_eq!(r.devices[0].mean, Some(40.0), "{r:?}");
     assert_eq!(r.devices[0].invalid, 0, "{r:?}");
     assert_eq!(r.devices[1].peak, Some(0), "{r:?}");
-    assert_eq!(shared.devices[1].source(), Source::DcmiMulti);
+    assert_eq!(shared.devices[1].source(), Source::DCMI_MULTI);
     sampler.shutdown();
 }
 
@@ -590,7 +590,7 @@ fn defect4_type14_zero_against_a_busy_npu_smi_is_suspect_then_npu_smi_serves() {
     let shared = sampler.shared().clone();
     let dev = &shared.devices[0];
     assert!(
-        wait_for(Duration::from_secs(15), || dev.source() == Source::NpuSmi),
+        wait_for(Duration::from_secs(15), || dev.source() == Source::NPU_SMI),
         "{:?}",
         dev.snapshot(shared.ring.now_ns())
     );

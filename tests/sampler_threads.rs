@@ -96,14 +96,14 @@ fn hung_call_becomes_stale_without_blocking_readers_and_moves_to_npu_smi() {
     let snap = shared.devices[1].snapshot(now);
     // Hung, and either still stale or already served by npu-smi.
     assert!(
-        snap.hung && (snap.stale || snap.source == Source::NpuSmi),
+        snap.hung && (snap.stale || snap.source == Source::NPU_SMI),
         "{snap:?}"
     );
     assert_eq!(report.devices[0].peak, None, "{report:?}");
     assert!(report.devices[0].invalid > 0, "{report:?}");
     assert!(wait_for(Duration::from_secs(10), || shared.devices[1]
         .source()
-        == Source::NpuSmi));
+        == Source::NPU_SMI));
     assert!(
         wait_for(Duration::from_secs(10), || {
             let r = sampler.window(&[1], Duration::from_millis(300)).unwrap();
@@ -114,7 +114,7 @@ fn hung_call_becomes_stale_without_blocking_readers_and_moves_to_npu_smi() {
     // After three deadlines every DCMI device leaves the stuck thread.
     assert!(wait_for(Duration::from_secs(10), || shared.devices[0]
         .source()
-        == Source::NpuSmi));
+        == Source::NPU_SMI));
     assert!(wait_for(Duration::from_secs(10), || {
         sampler
             .window(&[0], Duration::from_millis(300))

@@ -48,6 +48,10 @@ pub enum Backend {
     /// None: the device has no source of AI Cube figures.
     #[serde(rename = "none")]
     Unavailable,
+    /// In-process scripted NPUs (`sampler::backends::scripted`): tests, never chosen by
+    /// `--backend`.
+    #[serde(rename = "scripted")]
+    Scripted,
 }
 
 impl Backend {
@@ -57,8 +61,17 @@ impl Backend {
             Backend::Dcmi => "dcmi",
             Backend::NpuSmi => "npu-smi",
             Backend::Unavailable => "none",
+            Backend::Scripted => "scripted",
         }
     }
+
+    /// Every backend, for the one-byte encoding of a source.
+    pub const ALL: [Backend; 4] = [
+        Backend::Dcmi,
+        Backend::NpuSmi,
+        Backend::Unavailable,
+        Backend::Scripted,
+    ];
 
     /// Whether AI Cube figures come through it.
     pub const fn reads_cube(self) -> bool {

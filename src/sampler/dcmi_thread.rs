@@ -297,7 +297,7 @@ fn read_cube(ctx: &Ctx<'_>, slot: &mut Slot, mut now: u64) -> u64 {
                 return now;
             }
             Outcome::Invalid(code) => {
-                if before == Source::DcmiProbing && code == codes::SUSPECT {
+                if before == Source::DCMI_PROBING && code == codes::SUSPECT {
                     dev.replace_source(before, Source::of_call(slot.call));
                 }
                 push(shared, idx, now, None);
@@ -451,7 +451,7 @@ fn read_single(ctx: &Ctx<'_>, slot: &mut Slot, now: &mut u64) -> Outcome {
         Err(e @ (DcmiError::NotSupport | DcmiError::SymbolMissing { .. })) => {
             let before = dev.source();
             dev.record_error(*now, e.code());
-            if dev.replace_source(before, Source::NpuSmiPending) {
+            if dev.replace_source(before, Source::NPU_SMI_PENDING) {
                 dev.set_reason(SourceReason::Type14Unsupported, 0, UtilType::AiCube);
                 tracing::warn!(device = dev.info.id, error = %e, "AI Cube is not available through DCMI (multi-utilization and type 14)");
                 let _ = ctx.fallback.send(Request::HandOver(idx));

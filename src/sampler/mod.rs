@@ -5,6 +5,7 @@
 //! Nothing on the async side ever waits on a driver call: readers only touch the ring and
 //! the atomics in [`status`]. Control (period change, shutdown) goes through channels.
 
+pub mod backends;
 mod dcmi_thread;
 pub mod faults;
 mod npu_smi_faults;
@@ -16,13 +17,11 @@ mod watchdog;
 pub use status::{DeviceSnapshot, DeviceStatus, SamplerStatus, Source, SourceReason};
 pub use watchdog::codes;
 
-use crate::driver::dcmi::{Api, Dcmi, LoadError, NpuChip, discovery};
-use crate::driver::npu_smi::{self, WatchConfig, WatchSupport};
+use crate::driver::npu_smi::{self, WatchConfig};
 use crate::driver::{BackendChoice, DeviceInfo, DriverConfig};
 use crate::ring::Ring;
 use crate::window::{self, WindowReport};
-use crossbeam_channel::{Receiver, Sender};
-use dcmi_thread::{Control, ControlTx};
+use crossbeam_channel::Sender;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -185,27 +184,30 @@ impl Shared {
 /// A running sampler. Dropping it shuts it down.
 pub struct Sampler {
     shared: Arc<Shared>,
-    ctl: Option<ControlTx>,
-    dcmi_thread: Option<(JoinHandle<()>, Receiver<()>)>,
+    /// The backend serving the devices, started ([`backends`]).
+    reader: Option<backends::Reader>,
     watchdog: Option<(JoinHandle<()>, Sender<()>)>,
-    /// Reads the faults of the NPUs without a DCMI chip through `npu-smi`: the thread, its
-    /// stop sender, and a receiver that disconnects when it ends.
-    npu_smi_faults: Option<(JoinHandle<()>, Sender<()>, Receiver<()>)>,
     period: Duration,
 }
 
 impl Sampler {
     /// Finds a backend, enumerates the NPUs and starts sampling.
     pub fn start(driver: &DriverConfig, cfg: &SamplerConfig) -> Result<Sampler, StartError> {
+        Sampler::start_with(backends::chain(driver.backend), driver, cfg)
+    }
+
+    /// [`Sampler::start`] with the backends to try, in order (tests give their own).
+    pub fn start_with(
+        chain: Vec<Box<dyn backends::DeviceBackend>>,
+        driver: &DriverConfig,
+        cfg: &SamplerConfig,
+    ) -> Result<Sampler, StartError> {
         validate(cfg)?;
-        let found = discover(driver, cfg)?;
-        let all: Vec<&DeviceInfo> = found.devices.iter().map(|c| &c.info).collect();
+        let (backend, found) = backends::discover(chain, driver.backend, driver, cfg)?;
+        let all: Vec<&DeviceInfo> = found.iter().collect();
         let selected = select_devices(&all, cfg.devices.as_deref())?;
         if selected.is_empty() {
-            return Err(StartError::NoBackend {
-                dcmi: found.dcmi_failure,
-                npu_smi: "no NPU found".to_owned(),
-            });
+            return Err(StartError::Invalid("no NPU selected".to_owned()));
         }
         if selected.len() > crate::ring::MAX_DEVICES {
             return Err(StartError::Invalid(format!(
@@ -220,28 +222,13 @@ impl Sampler {
             backoff_initial: Duration::from_millis(500),
             backoff_max: Duration::from_secs(30),
         };
-        let (infos, chips): (Vec<DeviceInfo>, Vec<Option<NpuChip>>) = {
-            let mut devices = found.devices;
-            selected
-                .iter()
-                .map(|&i| {
-                    let c = devices[i].chip.take();
-                    (devices[i].info.clone(), c)
-                })
-                .unzip()
-        };
-        let support = found.npu_smi_support;
-        let dcmi_side = found.dcmi;
         let ring = Ring::new(
-            Ring::capacity_for(chips.len(), cfg.period, cfg.retention).min(MAX_RING_SLOTS),
+            Ring::capacity_for(selected.len(), cfg.period, cfg.retention).min(MAX_RING_SLOTS),
         );
-        let devices: Vec<DeviceStatus> = infos
-            .into_iter()
-            .zip(&chips)
-            .map(|(info, chip)| match chip {
-                Some(_) => DeviceStatus::new(info, true, Source::DcmiProbing),
-                None => DeviceStatus::new(info, false, Source::NpuSmiPending),
-            })
+        let dcmi_known = backend.kind() == crate::driver::Backend::Dcmi;
+        let devices: Vec<DeviceStatus> = selected
+            .iter()
+            .map(|&i| DeviceStatus::new(found[i].clone(), dcmi_known, backend.first_source()))
             .collect();
         let shared = Arc::new(Shared {
             ring,
@@ -254,42 +241,20 @@ impl Sampler {
         let (fallback_tx, fallback_rx) = crossbeam_channel::unbounded();
         let mut sampler = Sampler {
             shared: shared.clone(),
-            ctl: None,
-            dcmi_thread: None,
+            reader: None,
             watchdog: None,
-            npu_smi_faults: None,
             period: cfg.period,
         };
-        if let Some((handle, ctl, done)) = dcmi_side {
-            let work: Vec<(usize, NpuChip)> = chips
-                .into_iter()
-                .enumerate()
-                .filter_map(|(ring_idx, c)| c.map(|c| (ring_idx, c)))
-                .collect();
-            ctl.send(Control::Start {
-                shared: shared.clone(),
-                chips: work,
-                fallback: fallback_tx,
-            });
-            sampler.ctl = Some(ctl);
-            sampler.dcmi_thread = Some((handle, done));
-        }
-        let npu_smi_now: Vec<usize> = (0..shared.devices.len())
-            .filter(|&i| shared.devices[i].source() == Source::NpuSmiPending)
-            .collect();
-        if !npu_smi_now.is_empty() && driver.backend != BackendChoice::Dcmi {
-            let (stop_tx, stop_rx) = crossbeam_channel::bounded(1);
-            let (done_tx, done_rx) = crossbeam_channel::bounded::<()>(0);
-            let (f_shared, f_tool, f_devices) =
-                (shared.clone(), driver.npu_smi.clone(), npu_smi_now.clone());
-            let period = cfg.fault_period;
-            let handle = std::thread::Builder::new()
-                .name("npu-smi-faults".to_owned())
-                .spawn(move || {
-                    npu_smi_faults::run(f_shared, f_tool, f_devices, period, stop_rx, done_tx)
-                })?;
-            sampler.npu_smi_faults = Some((handle, stop_tx, done_rx));
-        }
+        let reader = backend.start(backends::StartCtx {
+            shared: shared.clone(),
+            served: selected.iter().copied().enumerate().collect(),
+            driver,
+            cfg,
+            fallback: fallback_tx,
+        })?;
+        let support = reader.watch_support.clone();
+        let npu_smi_now = reader.watch_now.clone();
+        sampler.reader = Some(reader);
         let wd_cfg = watchdog::WatchdogConfig {
             interval: cfg.watchdog_interval,
             call_deadline: cfg.call_deadline,
@@ -334,22 +299,15 @@ impl Sampler {
         shared.sampler.set_period(SamplerConfig::default().period);
         Sampler {
             shared,
-            ctl: None,
-            dcmi_thread: None,
+            reader: None,
             watchdog: None,
-            npu_smi_faults: None,
             period: SamplerConfig::default().period,
         }
     }
 
-    /// Whether a thread of this sampler reads `d`'s fault codes: the DCMI thread for a DCMI
-    /// chip, the `npu-smi` fault thread for the others when it runs.
-    fn faults_read_for(&self, d: &DeviceStatus) -> bool {
-        if d.dcmi_known {
-            self.dcmi_thread.is_some()
-        } else {
-            self.npu_smi_faults.is_some()
-        }
+    /// Whether the backend serving the devices reads their fault codes.
+    fn faults_read(&self) -> bool {
+        self.reader.as_ref().is_some_and(|r| r.reads_faults)
     }
 
     /// State shared with readers.
@@ -395,7 +353,7 @@ impl Sampler {
         self.shared
             .devices
             .iter()
-            .any(|d| d.source() != Source::Unavailable)
+            .any(|d| d.source() != Source::UNAVAILABLE)
     }
 
     /// Current sampling period.
@@ -406,8 +364,8 @@ impl Sampler {
     /// Changes the sampling period of the DCMI thread.
     pub fn set_period(&mut self, period: Duration) -> Result<(), StartError> {
         check_period(period)?;
-        if let Some(ctl) = &self.ctl {
-            ctl.send(Control::Period(period));
+        if let Some(r) = &self.reader {
+            r.set_period(period);
         }
         self.period = period;
         self.shared.sampler.set_period(period);
@@ -426,9 +384,9 @@ impl Sampler {
             // And the first fault read of each device (the DCMI thread makes it on its first
             // pass, the npu-smi fault thread at once), so a report has the codes.
             let pending = self.shared.devices.iter().any(|d| {
-                matches!(d.source(), Source::NpuSmiPending)
+                matches!(d.source(), Source::NPU_SMI_PENDING)
                     || (d.source().is_dcmi() && d.reason().pending())
-                    || (self.faults_read_for(d) && !d.faults_attempted() && !d.is_hung())
+                    || (self.faults_read() && !d.faults_attempted() && !d.is_hung())
             });
             if pending {
                 decided_at = None;
@@ -436,7 +394,8 @@ impl Sampler {
                 decided_at = Some(self.shared.sampler.passes());
             }
             if let Some(at) = decided_at
-                && (self.ctl.is_none() || self.shared.sampler.passes() > at)
+                && (self.reader.as_ref().is_none_or(|r| !r.passes)
+                    || self.shared.sampler.passes() > at)
             {
                 return true;
             }
@@ -454,41 +413,12 @@ impl Sampler {
     }
 
     fn stop(&mut self) {
-        if let Some(ctl) = self.ctl.take() {
-            ctl.send(Control::Shutdown);
-        }
         if let Some((handle, stop)) = self.watchdog.take() {
             drop(stop);
             let _ = handle.join();
         }
-        if let Some((handle, stop, done)) = self.npu_smi_faults.take() {
-            // At most one `npu-smi` run (its timeout) to wait for; a tool stuck in the driver
-            // past its kill is left behind, as a stuck DCMI thread is.
-            drop(stop);
-            match done.recv_timeout(npu_smi_faults::TIMEOUT + Duration::from_secs(1)) {
-                Err(crossbeam_channel::RecvTimeoutError::Timeout) => tracing::warn!(
-                    "the npu-smi fault reader is stuck in an npu-smi run; leaving it behind"
-                ),
-                _ => {
-                    let _ = handle.join();
-                }
-            }
-        }
-        if let Some((handle, done)) = self.dcmi_thread.take() {
-            // `done` disconnects when the thread exits.
-            match done.recv_timeout(Duration::from_secs(2)) {
-                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
-                    let stuck = self
-                        .shared
-                        .sampler
-                        .in_call()
-                        .map(|(i, _, _)| self.shared.devices[i].info.id);
-                    tracing::warn!(device = ?stuck, "DCMI thread is stuck in a driver call; leaving it behind");
-                }
-                _ => {
-                    let _ = handle.join();
-                }
-            }
+        if let Some(r) = self.reader.take() {
+            r.stop(&self.shared);
         }
     }
 }
@@ -552,146 +482,4 @@ fn select_devices(infos: &[&DeviceInfo], wanted: Option<&[u32]>) -> Result<Vec<u
         });
     }
     Ok(out)
-}
-
-/// A device found at start, with its DCMI address when the library enumerated it.
-struct Candidate {
-    info: DeviceInfo,
-    chip: Option<NpuChip>,
-}
-
-/// What start-up found: the running DCMI thread (if the library loaded) and the devices.
-struct Discovered {
-    dcmi: Option<(JoinHandle<()>, ControlTx, Receiver<()>)>,
-    devices: Vec<Candidate>,
-    /// Result of the npu-smi capability probe, when start-up had to run it.
-    npu_smi_support: Option<WatchSupport>,
-    /// Why DCMI is not serving (for the no-backend error).
-    dcmi_failure: String,
-}
-
-/// Loads DCMI (unless `--backend npu-smi`) and enumerates through it; otherwise (or when it
-/// fails and `--backend auto`) probes `npu-smi` and enumerates with `npu-smi info -m`.
-fn discover(driver: &DriverConfig, cfg: &SamplerConfig) -> Result<Discovered, StartError> {
-    let mut dcmi_failure = String::from("not tried (--backend npu-smi)");
-    if driver.backend != BackendChoice::NpuSmi {
-        match start_dcmi_thread(driver, cfg) {
-            Ok((handle, ctl, done, (api, chips))) => {
-                let devices = chips
-                    .into_iter()
-                    .map(|c| Candidate {
-                        info: DeviceInfo {
-                            id: c.logic_id,
-                            card: c.card as u32,
-                            chip: (api == Api::V1).then_some(c.chip as u32),
-                            name: c.name.clone(),
-                        },
-                        chip: Some(c),
-                    })
-                    .collect();
-                return Ok(Discovered {
-                    dcmi: Some((handle, ctl, done)),
-                    devices,
-                    npu_smi_support: None,
-                    dcmi_failure: String::new(),
-                });
-            }
-            Err(e) if driver.backend == BackendChoice::Dcmi => {
-                return Err(StartError::NoBackend {
-                    dcmi: e.to_string(),
-                    npu_smi: "not tried (--backend dcmi)".to_owned(),
-                });
-            }
-            Err(e) => {
-                tracing::warn!("DCMI unavailable, trying npu-smi: {e}");
-                dcmi_failure = e.to_string();
-            }
-        }
-    }
-    let support = npu_smi::probe::watch_support(&driver.npu_smi, npu_smi::probe::PROBE_TIMEOUT);
-    let mapped = match &support {
-        WatchSupport::Unsupported(w) => Err(w.clone()),
-        WatchSupport::Supported => {
-            npu_smi::enumerate(&driver.npu_smi, npu_smi::probe::PROBE_TIMEOUT)
-                .map_err(|e| e.to_string())
-        }
-    };
-    let mapped = mapped.map_err(|e| StartError::NoBackend {
-        dcmi: dcmi_failure.clone(),
-        npu_smi: e,
-    })?;
-    let devices = mapped
-        .into_iter()
-        .map(|m| Candidate {
-            info: DeviceInfo {
-                id: m.logic_id,
-                card: m.npu,
-                chip: m.chip,
-                name: m.name,
-            },
-            chip: None,
-        })
-        .collect();
-    Ok(Discovered {
-        dcmi: None,
-        devices,
-        npu_smi_support: Some(support),
-        dcmi_failure,
-    })
-}
-
-type DcmiSide = (JoinHandle<()>, ControlTx, Receiver<()>, (Api, Vec<NpuChip>));
-
-/// Spawns the DCMI thread, which finds, opens and enumerates the library; returns once it
-/// reported the chips (or an error, or `init_timeout` passed).
-fn start_dcmi_thread(driver: &DriverConfig, cfg: &SamplerConfig) -> Result<DcmiSide, LoadError> {
-    let path = discovery::find(&discovery::Search {
-        explicit: driver.dcmi_lib.as_deref(),
-        ld_library_path: driver.ld_library_path.as_deref(),
-        standard_dirs: &driver.standard_dirs,
-        check_owner: driver.check_owner,
-    })?;
-    let (init_tx, init_rx) = crossbeam_channel::bounded(1);
-    let (ctl_tx, ctl_rx) = crossbeam_channel::unbounded();
-    let (done_tx, done_rx) = crossbeam_channel::bounded::<()>(0);
-    let timing = dcmi_thread::Timing {
-        period: cfg.period,
-        hbm_period: cfg.hbm_period,
-        fault_period: cfg.fault_period,
-        call_deadline: cfg.call_deadline,
-        recheck: cfg.plausibility_recheck,
-        // Rows come every `-d` seconds; one missed row is tolerated.
-        npu_smi_opinion_max_age: Duration::from_secs(2 * u64::from(driver.watch_delay_s.max(1)))
-            + Duration::from_millis(500),
-    };
-    let realtime = cfg.realtime;
-    let thread_path = path.clone();
-    let handle = std::thread::Builder::new()
-        .name("npu-sampler".to_owned())
-        .spawn(move || {
-            let _done = done_tx;
-            if realtime {
-                match priority::make_current_thread_realtime() {
-                    Ok(()) => tracing::debug!("sampler thread runs under SCHED_FIFO"),
-                    Err(e) => tracing::info!("sampler thread stays at normal priority (SCHED_FIFO refused: {e}); its ticks can be late while the CPU is saturated"),
-                }
-            }
-            let dcmi = Dcmi::open(&thread_path);
-            dcmi_thread::run(dcmi, init_tx, ctl_rx, timing);
-        })
-        .map_err(|e| LoadError::Thread(e.to_string()))?;
-    match init_rx.recv_timeout(cfg.init_timeout) {
-        Ok(Ok(chips)) => {
-            let ctl = ControlTx::new(ctl_tx, handle.thread().clone());
-            Ok((handle, ctl, done_rx, chips))
-        }
-        Ok(Err(e)) => {
-            let _ = handle.join();
-            Err(e)
-        }
-        Err(_) => Err(LoadError::InitTimeout {
-            path,
-            timeout: cfg.init_timeout,
-        }),
-    }
 }

@@ -7,87 +7,164 @@ use crate::driver::dcmi::{CubeCall, UtilType};
 use crate::driver::{Backend, DeviceInfo};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, AtomicU32, AtomicU64, Ordering};
 
-/// Where a device's AI Cube figures come from now.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Source {
-    /// DCMI, method not yet known (first read pending).
-    DcmiProbing,
+/// How a backend obtains a device's AI Cube figure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Method {
+    /// Not decided yet: DCMI's first read is pending, or the `npu-smi` capability probe runs.
+    Pending,
     /// `dcmi_get_device_multi_utilization_rate` (`aic_util`).
-    DcmiMulti,
+    Multi,
     /// `dcmi_get_device_utilization_rate` type 14.
-    DcmiSingle,
-    /// Being handed to `npu-smi` (capability probe running).
-    NpuSmiPending,
+    Single,
     /// A long-lived `npu-smi info watch -s u` child.
-    NpuSmi,
-    /// No source: DCMI lacks AI Cube and `npu-smi` cannot provide it.
-    Unavailable,
+    Watch,
+    /// No method: the device has no AI Cube figure.
+    None,
+    /// Read from a script (the scripted backend).
+    Script,
+}
+
+impl Method {
+    /// Every method, for the one-byte encoding of a source.
+    pub const ALL: [Method; 6] = [
+        Method::Pending,
+        Method::Multi,
+        Method::Single,
+        Method::Watch,
+        Method::None,
+        Method::Script,
+    ];
+
+    /// Its word in a source's name.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Method::Pending => "pending",
+            Method::Multi => "multi",
+            Method::Single => "single",
+            Method::Watch => "watch",
+            Method::None => "none",
+            Method::Script => "script",
+        }
+    }
+}
+
+/// Where a device's AI Cube figures come from now: a backend and its method. Stored in one
+/// atomic byte (backend index × 16 + method index); printed under the names it always had
+/// (`dcmi-multi`, `npu-smi`, …), and `<backend>-<method>` for any other pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Source {
+    pub backend: Backend,
+    pub method: Method,
 }
 
 impl Source {
+    /// DCMI, method not yet known (first read pending).
+    pub const DCMI_PROBING: Source = Source::of(Backend::Dcmi, Method::Pending);
+    /// `dcmi_get_device_multi_utilization_rate` (`aic_util`).
+    pub const DCMI_MULTI: Source = Source::of(Backend::Dcmi, Method::Multi);
+    /// `dcmi_get_device_utilization_rate` type 14.
+    pub const DCMI_SINGLE: Source = Source::of(Backend::Dcmi, Method::Single);
+    /// Being handed to `npu-smi` (capability probe running).
+    pub const NPU_SMI_PENDING: Source = Source::of(Backend::NpuSmi, Method::Pending);
+    /// A long-lived `npu-smi info watch -s u` child.
+    pub const NPU_SMI: Source = Source::of(Backend::NpuSmi, Method::Watch);
+    /// No source: DCMI lacks AI Cube and `npu-smi` cannot provide it.
+    pub const UNAVAILABLE: Source = Source::of(Backend::Unavailable, Method::None);
+
+    /// The names the wire has always used for the sources of DCMI and `npu-smi`.
+    const NAMED: [(Source, &'static str); 6] = [
+        (Source::DCMI_PROBING, "dcmi-probing"),
+        (Source::DCMI_MULTI, "dcmi-multi"),
+        (Source::DCMI_SINGLE, "dcmi-single"),
+        (Source::NPU_SMI_PENDING, "npu-smi-pending"),
+        (Source::NPU_SMI, "npu-smi"),
+        (Source::UNAVAILABLE, "unavailable"),
+    ];
+
+    /// `backend` reading through `method`.
+    pub const fn of(backend: Backend, method: Method) -> Source {
+        Source { backend, method }
+    }
+
     fn from_u8(v: u8) -> Source {
-        match v {
-            0 => Source::DcmiProbing,
-            1 => Source::DcmiMulti,
-            2 => Source::DcmiSingle,
-            3 => Source::NpuSmiPending,
-            4 => Source::NpuSmi,
-            _ => Source::Unavailable,
+        match (
+            Backend::ALL.get(usize::from(v >> 4)),
+            Method::ALL.get(usize::from(v & 0x0F)),
+        ) {
+            (Some(b), Some(m)) => Source::of(*b, *m),
+            _ => Source::UNAVAILABLE,
         }
     }
 
     fn to_u8(self) -> u8 {
-        match self {
-            Source::DcmiProbing => 0,
-            Source::DcmiMulti => 1,
-            Source::DcmiSingle => 2,
-            Source::NpuSmiPending => 3,
-            Source::NpuSmi => 4,
-            Source::Unavailable => 5,
+        let b = Backend::ALL.iter().position(|b| *b == self.backend);
+        let m = Method::ALL.iter().position(|m| *m == self.method);
+        match (b, m) {
+            (Some(b), Some(m)) => ((b as u8) << 4) | m as u8,
+            _ => Source::UNAVAILABLE.to_u8(),
+        }
+    }
+
+    /// The name `/status/detail`, `devices --json` and the metrics' `source` label print.
+    pub fn name(self) -> std::borrow::Cow<'static, str> {
+        match Source::NAMED.iter().find(|(s, _)| *s == self) {
+            Some((_, n)) => std::borrow::Cow::Borrowed(n),
+            None => format!("{}-{}", self.backend.as_str(), self.method.as_str()).into(),
         }
     }
 
     /// Source for a successful DCMI read through `call`.
     pub fn of_call(call: CubeCall) -> Source {
         match call {
-            CubeCall::Multi => Source::DcmiMulti,
-            CubeCall::Single => Source::DcmiSingle,
+            CubeCall::Multi => Source::DCMI_MULTI,
+            CubeCall::Single => Source::DCMI_SINGLE,
         }
     }
 
     /// Whether the DCMI sampler thread reads this device's AI Cube.
     pub fn is_dcmi(self) -> bool {
-        matches!(
-            self,
-            Source::DcmiProbing | Source::DcmiMulti | Source::DcmiSingle
-        )
+        self.backend == Backend::Dcmi
     }
 
     /// The backend the figures come through.
     pub fn backend(self) -> Backend {
-        match self {
-            Source::DcmiProbing | Source::DcmiMulti | Source::DcmiSingle => Backend::Dcmi,
-            Source::NpuSmiPending | Source::NpuSmi => Backend::NpuSmi,
-            Source::Unavailable => Backend::Unavailable,
-        }
+        self.backend
     }
 
     /// How the figure is obtained, for humans.
     pub fn method(self) -> &'static str {
-        match self {
-            Source::DcmiProbing => "probing",
-            Source::DcmiMulti => "multi-utilization aic_util",
-            Source::DcmiSingle => "utilization type 14",
-            Source::NpuSmiPending => "npu-smi pending",
-            Source::NpuSmi => "npu-smi info watch -s u",
-            Source::Unavailable => "none",
+        match (self.backend, self.method) {
+            (Backend::Dcmi, Method::Pending) => "probing",
+            (Backend::NpuSmi, Method::Pending) => "npu-smi pending",
+            (_, Method::Multi) => "multi-utilization aic_util",
+            (_, Method::Single) => "utilization type 14",
+            (_, Method::Watch) => "npu-smi info watch -s u",
+            (_, Method::Script) => "script",
+            (_, Method::Pending) => "pending",
+            (Backend::Unavailable, _) | (_, Method::None) => "none",
         }
     }
 
     /// Whether the source is decided (not probing or pending).
     pub fn settled(self) -> bool {
-        !matches!(self, Source::DcmiProbing | Source::NpuSmiPending)
+        self.method != Method::Pending
+    }
+}
+
+impl serde::Serialize for Source {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.name())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Source {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Source, D::Error> {
+        let name = String::deserialize(d)?;
+        Backend::ALL
+            .iter()
+            .flat_map(|b| Method::ALL.iter().map(move |m| Source::of(*b, *m)))
+            .find(|s| s.name() == name)
+            .ok_or_else(|| serde::de::Error::custom(format!("unknown source {name:?}")))
     }
 }
 
@@ -816,6 +893,38 @@ mod tests {
         assert!(d.faults_attempted());
     }
 
+    // Every source round-trips through its byte and its name, the names are those the
+    // wire always had, and (backend, method) says where the figure comes from.
+    #[test]
+    fn sources_are_a_backend_and_a_method_and_keep_their_names() {
+        let mut names = std::collections::BTreeSet::new();
+        for b in Backend::ALL {
+            for m in Method::ALL {
+                let src = Source::of(b, m);
+                assert_eq!(Source::from_u8(src.to_u8()), src, "{src:?}");
+                let name = src.name().into_owned();
+                let json = serde_json::to_string(&src).unwrap();
+                assert_eq!(json, format!("\"{name}\""));
+                assert_eq!(serde_json::from_str::<Source>(&json).unwrap(), src);
+                assert!(names.insert(name.clone()), "{name} twice");
+            }
+        }
+        for (src, name) in Source::NAMED {
+            assert_eq!(src.name(), name, "the wire's names stay");
+        }
+        assert_eq!(
+            Source::of(Backend::Scripted, Method::Script).name(),
+            "scripted-script"
+        );
+        assert_eq!(Source::from_u8(0xFF), Source::UNAVAILABLE);
+        assert!(serde_json::from_str::<Source>("\"dcmi-magic\"").is_err());
+        assert_eq!(Source::DCMI_MULTI.backend, Backend::Dcmi);
+        assert_eq!(Source::NPU_SMI.method, Method::Watch);
+        assert!(Source::DCMI_SINGLE.is_dcmi() && !Source::NPU_SMI.is_dcmi());
+        assert!(!Source::NPU_SMI_PENDING.settled() && Source::UNAVAILABLE.settled());
+        assert_eq!(Source::DCMI_SINGLE.method(), "utilization type 14");
+    }
+
     fn device() -> DeviceStatus {
         DeviceStatus::new(
             DeviceInfo {
@@ -825,7 +934,7 @@ mod tests {
                 name: "910B3".to_owned(),
             },
             true,
-            Source::DcmiProbing,
+            Source::DCMI_PROBING,
         )
     }
 

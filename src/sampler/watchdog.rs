@@ -208,7 +208,7 @@ impl Fallback {
                 }
                 running.serving.store(true, Ordering::Release);
                 dev.clear_npu_smi_opinion();
-                dev.set_source(Source::NpuSmi);
+                dev.set_source(Source::NPU_SMI);
                 tracing::info!(
                     device = dev.info.id,
                     "AI Cube now read from npu-smi info watch -s u"
@@ -218,7 +218,7 @@ impl Fallback {
         }
         if let WatchSupport::Unsupported(why) = support {
             if reason == Reason::NoDcmiCube
-                && dev.replace_source(Source::NpuSmiPending, Source::Unavailable)
+                && dev.replace_source(Source::NPU_SMI_PENDING, Source::UNAVAILABLE)
             {
                 tracing::warn!(
                     device = dev.info.id,
@@ -236,7 +236,7 @@ impl Fallback {
         }
         match reason {
             Reason::Hung
-                if !(before.is_dcmi() && dev.replace_source(before, Source::NpuSmiPending)) =>
+                if !(before.is_dcmi() && dev.replace_source(before, Source::NPU_SMI_PENDING)) =>
             {
                 return;
             }
@@ -244,7 +244,7 @@ impl Fallback {
                 dev.set_reason(SourceReason::Hung, 0, UtilType::AiCube);
             }
             // The device may have left type 14 while the probe ran.
-            Reason::CrossCheck if before != Source::DcmiSingle => {
+            Reason::CrossCheck if before != Source::DCMI_SINGLE => {
                 dev.clear_npu_smi_opinion();
                 return;
             }
@@ -272,7 +272,7 @@ impl Fallback {
                         "npu-smi info watch -s u cross-checks type 14's zeros"
                     );
                 } else {
-                    dev.set_source(Source::NpuSmi);
+                    dev.set_source(Source::NPU_SMI);
                     tracing::info!(device = id, "AI Cube now read from npu-smi info watch -s u");
                 }
             }
@@ -329,7 +329,8 @@ impl Fallback {
                 let type14 = dev
                     .type14_latest(ts, age)
                     .map(|t| u8::try_from(t).unwrap_or(u8::MAX));
-                if check.row(v, type14) && dev.replace_source(Source::DcmiSingle, Source::NpuSmi) {
+                if check.row(v, type14) && dev.replace_source(Source::DCMI_SINGLE, Source::NPU_SMI)
+                {
                     serving.store(true, Ordering::Release);
                     dev.clear_npu_smi_opinion();
                     dev.set_reason(SourceReason::Type14Zero, u32::from(v), UtilType::AiCube);
@@ -414,7 +415,7 @@ impl Fallback {
             let Some(running) = &self.watches[idx] else {
                 continue;
             };
-            if dev.source() != Source::NpuSmi {
+            if dev.source() != Source::NPU_SMI {
                 continue;
             }
             let last = dev.last_seen_ns().max(running.started);

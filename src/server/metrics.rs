@@ -242,7 +242,7 @@ impl Scope {
             MetricType::Gauge,
             snaps.iter().map(|s| {
                 let mut l = id(s);
-                l.push(("source", kebab(&s.source)));
+                l.push(("source", s.source.name().into_owned()));
                 l.push(("reason", kebab(&s.source_reason)));
                 (l, 1.0)
             }),
