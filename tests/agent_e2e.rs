@@ -132,7 +132,23 @@ fn hung_engine_with_idle_npu_is_detected_and_killed() {
             .and_then(|l| l.rsplit(' ').next()?.parse().ok())
             .unwrap_or_else(|| panic!("{prefix} missing from\n{m}"))
     };
+    assert_eq!(
+        value("npu_health_agent_counted_failures{engine=\"e2e\"}"),
+        3.0
+    );
+    // The old name, for one release, untyped (a gauge named `_count` fails promtool's lint).
     assert_eq!(value("npu_health_agent_failure_count{engine=\"e2e\"}"), 3.0);
+    assert!(
+        m.contains("# TYPE npu_health_agent_failure_count untyped\n"),
+        "{m}"
+    );
+    // One detection, from the first failed probe's start: three 500 ms timeouts at least.
+    assert_eq!(
+        value("npu_health_agent_detection_seconds_count{engine=\"e2e\"}"),
+        1.0
+    );
+    let took = value("npu_health_agent_detection_seconds_sum{engine=\"e2e\"}");
+    assert!(took >= 1.5, "detection took {took} s");
     assert!(
         value("npu_health_agent_virtual_probes_total{engine=\"e2e\",outcome=\"failure\"}") >= 3.0
     );

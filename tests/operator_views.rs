@@ -164,8 +164,8 @@ fn the_dashboard_reads_only_what_a_live_agent_exports() {
         &serde_json::to_string(&d)
             .unwrap()
             .replacen(
-                "npu_health_agent_failure_count",
-                "npu_health_agent_failure_cnt",
+                "npu_health_agent_counted_failures",
+                "npu_health_agent_counted_failurez",
                 1,
             )
             .replacen("engine=~", "engin=~", 1),
@@ -174,7 +174,7 @@ fn the_dashboard_reads_only_what_a_live_agent_exports() {
     let bad = problems(&misspelt, &series);
     assert!(
         bad.iter()
-            .any(|b| b.contains("npu_health_agent_failure_cnt is not exported"))
+            .any(|b| b.contains("npu_health_agent_counted_failurez is not exported"))
             && bad.iter().any(|b| b.contains("no label engin")),
         "{bad:#?}"
     );

@@ -87,6 +87,9 @@ pub async fn run_virtual_inference(
             },
         );
         state.apply(&a);
+        if a.abnormal.is_some() {
+            state.record_detection(r.latency);
+        }
         state.record(&r, true, None, a.accounting);
         if let Err(e) = &r.outcome {
             tracing::warn!(
@@ -198,6 +201,9 @@ pub async fn run_virtual_inference(
         let a = account::account(rules, &obs);
         log_accounting(cfg, &obs, &a);
         state.apply(&a);
+        if a.abnormal.is_some() {
+            state.record_detection(since.elapsed());
+        }
         state.record(&r, false, peak, a.accounting);
         streak = match (a.count, streak) {
             (0, _) => None,

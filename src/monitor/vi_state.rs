@@ -68,6 +68,61 @@ pub struct Saved {
     pub last_probe: Option<ProbeRecord>,
 }
 
+/// Upper bounds of the detection histogram, seconds: the agent policy confirms an idle hang
+/// in about 10 s, a busy stall within its 30 s stall window plus the count, the reference in
+/// six 5 s probes or more.
+pub const DETECTION_BUCKETS: [f64; 12] = [
+    1.0, 2.0, 5.0, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 300.0,
+];
+
+/// A histogram updated with atomics: per-bucket counts for the first `N` bounds (the rest
+/// is +Inf), the count and the sum in microseconds.
+#[derive(Debug)]
+struct Histogram<const N: usize> {
+    buckets: [AtomicU64; N],
+    count: AtomicU64,
+    sum_us: AtomicU64,
+}
+
+impl<const N: usize> Default for Histogram<N> {
+    fn default() -> Self {
+        Histogram {
+            buckets: std::array::from_fn(|_| AtomicU64::new(0)),
+            count: AtomicU64::new(0),
+            sum_us: AtomicU64::new(0),
+        }
+    }
+}
+
+impl<const N: usize> Histogram<N> {
+    fn observe(&self, bounds: &[f64; N], d: Duration) {
+        let secs = d.as_secs_f64();
+        if let Some(i) = bounds.iter().position(|le| secs <= *le) {
+            self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_us
+            .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    /// Per-bucket counts (not cumulative; the last bucket is +Inf), count, sum in seconds.
+    fn read(&self, bounds: &[f64; N]) -> (Vec<(f64, u64)>, u64, f64) {
+        let count = self.count.load(Ordering::Relaxed);
+        let mut buckets: Vec<(f64, u64)> = bounds
+            .iter()
+            .zip(&self.buckets)
+            .map(|(le, c)| (*le, c.load(Ordering::Relaxed)))
+            .collect();
+        let in_buckets: u64 = buckets.iter().map(|b| b.1).sum();
+        buckets.push((f64::INFINITY, count.saturating_sub(in_buckets)));
+        (
+            buckets,
+            count,
+            self.sum_us.load(Ordering::Relaxed) as f64 / 1e6,
+        )
+    }
+}
+
 /// Loop state shared with `/status` (atomics) and `/status/detail` and metrics.
 #[derive(Debug, Default)]
 pub struct ViState {
@@ -78,9 +133,8 @@ pub struct ViState {
     interval_ms: AtomicU64,
     successes: AtomicU64,
     failures: AtomicU64,
-    latency_buckets: [AtomicU64; LATENCY_BUCKETS.len()],
-    latency_count: AtomicU64,
-    latency_sum_us: AtomicU64,
+    latency: Histogram<{ LATENCY_BUCKETS.len() }>,
+    detection: Histogram<{ DETECTION_BUCKETS.len() }>,
     last: Mutex<Option<ProbeRecord>>,
     abnormal_reason: Mutex<Option<String>>,
 }
@@ -144,19 +198,18 @@ impl ViState {
     /// Latency histogram: per-bucket counts (not cumulative; the last bucket is +Inf), count,
     /// sum in seconds.
     pub fn latency_histogram(&self) -> (Vec<(f64, u64)>, u64, f64) {
-        let count = self.latency_count.load(Ordering::Relaxed);
-        let mut buckets: Vec<(f64, u64)> = LATENCY_BUCKETS
-            .iter()
-            .zip(&self.latency_buckets)
-            .map(|(le, c)| (*le, c.load(Ordering::Relaxed)))
-            .collect();
-        let in_buckets: u64 = buckets.iter().map(|b| b.1).sum();
-        buckets.push((f64::INFINITY, count.saturating_sub(in_buckets)));
-        (
-            buckets,
-            count,
-            self.latency_sum_us.load(Ordering::Relaxed) as f64 / 1e6,
-        )
+        self.latency.read(&LATENCY_BUCKETS)
+    }
+
+    /// Detection histogram (same shape): for each abnormal verdict, the time from the start
+    /// of the first failed virtual request of the run that led to it.
+    pub fn detection_histogram(&self) -> (Vec<(f64, u64)>, u64, f64) {
+        self.detection.read(&DETECTION_BUCKETS)
+    }
+
+    /// One abnormal verdict, `took` after its first failed request started.
+    pub(super) fn record_detection(&self, took: Duration) {
+        self.detection.observe(&DETECTION_BUCKETS, took);
     }
 
     /// The warm-up request has been sent (whatever its outcome).
@@ -228,13 +281,8 @@ impl ViState {
             Ok(()) => self.successes.fetch_add(1, Ordering::Relaxed),
             Err(_) => self.failures.fetch_add(1, Ordering::Relaxed),
         };
+        self.latency.observe(&LATENCY_BUCKETS, r.latency);
         let secs = r.latency.as_secs_f64();
-        if let Some(i) = LATENCY_BUCKETS.iter().position(|le| secs <= *le) {
-            self.latency_buckets[i].fetch_add(1, Ordering::Relaxed);
-        }
-        self.latency_count.fetch_add(1, Ordering::Relaxed);
-        self.latency_sum_us
-            .fetch_add(r.latency.as_micros() as u64, Ordering::Relaxed);
         let at_unix_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);

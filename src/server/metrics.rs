@@ -31,6 +31,13 @@ pub const HEALTH_GONE: f64 = 2_147_483_647.0;
 /// npu-exporter's error-code families per chip (`MaxErrorCodeLen`).
 pub const ERROR_CODE_FAMILIES: usize = 10;
 
+/// The counted failures of each engine (the reference's `failure_count`).
+pub const COUNTED_FAILURES: &str = "npu_health_agent_counted_failures";
+
+/// Families renamed, `(old, new)`: the old name is still exported for one release, untyped,
+/// with the same samples (docs/operator-views.md, "Renamed metrics").
+pub const DEPRECATED: [(&str, &str); 1] = [("npu_health_agent_failure_count", COUNTED_FAILURES)];
+
 /// The serde (kebab-case) name of a unit enum.
 fn kebab<T: serde::Serialize>(v: &T) -> String {
     match serde_json::to_value(v) {
@@ -443,7 +450,7 @@ impl Scope {
         )?;
         family(
             enc,
-            "npu_health_agent_failure_count",
+            COUNTED_FAILURES,
             "Current virtual inference failure count (abnormal at max_failure_count)",
             MetricType::Gauge,
             self.engines
@@ -521,9 +528,51 @@ impl Scope {
                 m.encode_family(&name(e))?
                     .encode_histogram::<NoLabelSet>(sum, count, &buckets, None)?;
             }
+            let mut m = enc.encode_descriptor(
+                "npu_health_agent_detection_seconds",
+                "For each abnormal verdict, the time from the start of the first failed virtual request that led to it (since this agent started)",
+                None,
+                MetricType::Histogram,
+            )?;
+            for e in &self.engines {
+                let (buckets, count, sum) = e.vi.detection_histogram();
+                m.encode_family(&name(e))?
+                    .encode_histogram::<NoLabelSet>(sum, count, &buckets, None)?;
+            }
         }
         Ok(())
     }
+
+    /// Renamed families under their old names, for one release ([`DEPRECATED`]). Written
+    /// by hand: `untyped` (the classic text format's word) keeps `promtool check metrics`
+    /// quiet about a non-counter named `_count`, and prometheus-client writes only
+    /// OpenMetrics' `unknown`, which Prometheus's classic parser refuses.
+    fn encode_deprecated(&self, out: &mut String) {
+        use std::fmt::Write;
+        if self.engines.is_empty() {
+            return;
+        }
+        let (old, new) = DEPRECATED[0];
+        let _ = writeln!(
+            out,
+            "# HELP {old} Deprecated: renamed {new} (a gauge may not end in _count); this name goes in the next release\n# TYPE {old} untyped"
+        );
+        for e in &self.engines {
+            let _ = writeln!(
+                out,
+                "{old}{{engine=\"{}\"}} {}",
+                escape_label(&e.spec.name),
+                e.vi.failure_count()
+            );
+        }
+    }
+}
+
+/// A label value in the text format: backslash, double quote and newline escaped.
+fn escape_label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 /// Renders the metrics of `scope` as Prometheus text.
@@ -534,5 +583,6 @@ pub fn render(scope: &Scope) -> String {
     if let Err(e) = prometheus_client::encoding::prometheus_text::encode(&mut out, &registry) {
         tracing::warn!("metrics encoding failed: {e}");
     }
+    scope.encode_deprecated(&mut out);
     out
 }

@@ -34,23 +34,51 @@ impl Drop for Views {
     }
 }
 
+/// The NPUs behind the engines.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Npus {
+    /// NPU 0 plays a burst (a's); NPU 1 (b's) reads 20 % with one failed read every 2 s.
+    Burst,
+    /// NPU 0 is engine a's file (idle when a hangs; `driver_hang` on a hangs it); NPU 1
+    /// reads 20 % with one failed read a minute; b also has NPU 2, the file `npu2` (write
+    /// `hang` into it to hang its reads).
+    Engines,
+}
+
 impl Views {
     /// Starts the engines and the agent and waits until both engines are `normal`.
     pub fn start(token: bool, kubernetes: bool) -> Views {
+        Views::start_with(token, kubernetes, Npus::Burst)
+    }
+
+    /// [`Views::start`] with a choice of NPUs.
+    pub fn start_with(token: bool, kubernetes: bool, npus: Npus) -> Views {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
-        for f in ["npu0", "npu1"] {
+        for f in ["npu0", "npu1", "npu2"] {
             std::fs::write(d.join(f), "0\n").unwrap();
         }
-        // NPU 1: 20 %, and one failed read (NA) every 2 s, so the driver-error counter exists;
-        // and a NotHandleFault code (link down, published only), so the fault series exist.
-        std::fs::write(d.join("npu1.csv"), "0,20\n1900,NA\n").unwrap();
+        // NPU 1: 20 %, and failed reads (NA), so the driver-error counter exists; and a
+        // NotHandleFault code (link down, published only), so the fault series exist.
+        let (npu0, npu1, b_devices, cards) = match npus {
+            Npus::Burst => (
+                "{ square = { high = 95, low = 3, width_ms = 100, period_ms = 2000, phase_ms = 0 } }",
+                ("0,20\n1900,NA\n", 2000),
+                "1",
+                2,
+            ),
+            Npus::Engines => ("{ file = \"npu0\" }", ("0,NA\n100,20\n", 60_000), "1, 2", 3),
+        };
+        std::fs::write(d.join("npu1.csv"), npu1.0).unwrap();
+        let mut scenario_text = format!(
+            "model = \"910B\"\ncards = {cards}\n[[device]]\nid = 0\naicube = {npu0}\n[[device]]\nid = 1\naicube = {{ trace = {{ file = \"npu1.csv\", period_ms = {} }} }}\nerror_codes = [0x81078603]\n",
+            npu1.1
+        );
+        if npus == Npus::Engines {
+            scenario_text.push_str("[[device]]\nid = 2\naicube = { file = \"npu2\" }\n");
+        }
         let scenario = d.join("scenario.toml");
-        std::fs::write(
-            &scenario,
-            "model = \"910B\"\ncards = 2\n[[device]]\nid = 0\naicube = { square = { high = 95, low = 3, width_ms = 100, period_ms = 2000, phase_ms = 0 } }\n[[device]]\nid = 1\naicube = { trace = { file = \"npu1.csv\", period_ms = 2000 } }\nerror_codes = [0x81078603]\n",
-        )
-        .unwrap();
+        std::fs::write(&scenario, scenario_text).unwrap();
         let [e_a, c_a, e_b, c_b, m_a, m_b, admin] = free_ports();
         let mut agent_extra = format!("admin_listen = \"127.0.0.1:{admin}\"\n");
         if token {
@@ -71,7 +99,7 @@ impl Views {
             ));
             api
         });
-        let engine = |name: &str, port: u16, mgmt: u16, npu: u8| {
+        let engine = |name: &str, port: u16, mgmt: u16, npu: &str| {
             format!(
                 "[[engine]]\nname = \"{name}\"\nengine_type = \"vllm\"\nserved_model_name = \"m\"\nhost = \"127.0.0.1\"\nport = {port}\nmgmt_port = {mgmt}\ndevices = [{npu}]\nengine_env = {{}}\n[engine.qos]\nperiod = \"1s\"\nmetrics_period = \"1s\"\n[engine.health_check_config]\nenable_virtual_inference = true\n"
             )
@@ -81,8 +109,8 @@ impl Views {
             &toml,
             format!(
                 "[agent]\npolicy = \"agent\"\n{agent_extra}\n{}\n{}",
-                engine("a", e_a, m_a, 0),
-                engine("b", e_b, m_b, 1)
+                engine("a", e_a, m_a, "0"),
+                engine("b", e_b, m_b, b_devices)
             ),
         )
         .unwrap();
