@@ -907,15 +907,17 @@ fn descendants(pid: u32) -> Vec<u32> {
 }
 
 // Issue 11 §5: the README's main command. SIGTERM, SIGINT and SIGHUP to `demo` each stop
-// the demo and everything it started (the agent and the fake engine).
+// the demo and everything it started (the agent and the fake engine); and so does a SIGKILL,
+// which no handler sees (issue 28: the children have the parent-death signal).
 #[test]
-fn demo_stops_everything_it_started_on_sigterm_sigint_and_sighup() {
+fn demo_stops_everything_it_started_on_sigterm_sigint_sighup_and_sigkill() {
     use rustix::process::Signal;
     use std::io::BufRead;
     for (sig, name) in [
         (Signal::TERM, "SIGTERM"),
         (Signal::INT, "SIGINT"),
         (Signal::HUP, "SIGHUP"),
+        (Signal::KILL, "SIGKILL"),
     ] {
         let mut demo = Command::new(support::agent())
             .arg("demo")
@@ -940,17 +942,26 @@ fn demo_stops_everything_it_started_on_sigterm_sigint_and_sighup() {
             "{name}: the agent and the fake engine run: {kids:?}\n{seen:#?}"
         );
         signal(&demo, sig);
-        assert_eq!(
-            wait_exit(&mut demo, Duration::from_secs(20)),
-            Some(0),
-            "{name}"
-        );
-        let rest: Vec<String> = lines.map_while(Result::ok).collect();
+        let code = wait_exit(&mut demo, Duration::from_secs(20));
+        if sig == Signal::KILL {
+            assert_eq!(code, None, "{name}: killed, no exit code");
+        } else {
+            assert_eq!(code, Some(0), "{name}");
+        }
         let end = Instant::now() + Duration::from_secs(10);
         while kids.iter().any(|&k| alive(k)) && Instant::now() < end {
             std::thread::sleep(Duration::from_millis(50));
         }
         let left: Vec<u32> = kids.iter().copied().filter(|&k| alive(k)).collect();
+        if !left.is_empty() {
+            // Stop them first: they hold the demo's stdout, which the message reads.
+            for &k in &left {
+                if let Some(p) = rustix::process::Pid::from_raw(k as i32) {
+                    let _ = rustix::process::kill_process(p, Signal::KILL);
+                }
+            }
+        }
+        let rest: Vec<String> = lines.map_while(Result::ok).collect();
         assert!(left.is_empty(), "{name}: left running: {left:?}\n{rest:#?}");
         eprintln!("{name}: demo and its {} processes stopped", kids.len());
     }

@@ -344,6 +344,28 @@ fn a_fleet_of_agents_under_one_prometheus() {
         })
         .collect();
     let bytes_avg = bytes.iter().sum::<usize>() as f64 / bytes.len().max(1) as f64;
+    // Where one agent's series go: the largest families.
+    let (_, text) = support::stack::http(
+        "GET",
+        &format!("http://127.0.0.1:{}/metrics", admin[n - 1]),
+        None,
+    )
+    .expect("an agent's /metrics");
+    let mut families: std::collections::BTreeMap<String, usize> = Default::default();
+    for l in text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
+        let name = l.split(['{', ' ']).next().unwrap_or_default();
+        let family = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s))
+            .filter(|f| text.contains(&format!("# TYPE {f} histogram")))
+            .unwrap_or(name);
+        *families.entry(family.to_owned()).or_default() += 1;
+    }
+    let mut by_size: Vec<(usize, String)> = families.into_iter().map(|(f, c)| (c, f)).collect();
+    by_size.sort_by(|a, b| b.cmp(a));
     let per_agent_mem = (prom_rss.saturating_sub(prom_base)) as f64 / n as f64;
     println!(
         "fleet: {n} agents x {NPUS} fake NPUs x 2 engines, scrape {scrape}, measured {secs:.0} s"
@@ -374,6 +396,17 @@ fn a_fleet_of_agents_under_one_prometheus() {
         agent_rss / 1048576.0
     );
     println!("| the four shared fake engines' CPU (not the agents') | {ecpu:.3} cores |");
+    let top: Vec<String> = by_size
+        .iter()
+        .take(6)
+        .map(|(c, f)| format!("{f} {c}"))
+        .collect();
+    println!(
+        "largest families of one agent ({} series in {} families): {}",
+        by_size.iter().map(|(c, _)| c).sum::<usize>(),
+        by_size.len(),
+        top.join(", ")
+    );
     assert!(samples > 0.0 && bytes_avg > 0.0 && cpu > 0.0);
 
     // The fleet dashboard: every query returns data.

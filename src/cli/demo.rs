@@ -133,6 +133,35 @@ fn write_files(
     Ok((scenario, agent))
 }
 
+/// What an idle hang leads to under the engine's policy in force.
+fn hang_hint(e: &crate::config::EngineSpec) -> String {
+    let hc = &e.health_check_config;
+    match e.agent_policy_in_force() {
+        Some(a) => format!(
+            "an idle hang, policy {}: abnormal after {} failed probes, each confirmed by a re-probe {:?} later (the NPU idle, no token)",
+            e.policy.value.as_str(),
+            a.confirm_failures,
+            a.confirm_interval
+        ),
+        None => format!(
+            "an idle hang, policy {}: abnormal after {} failed probes, {:?} apart",
+            e.policy.value.as_str(),
+            hc.max_failure_count,
+            e.timing.interval
+        ),
+    }
+}
+
+/// The fake engine's fault keys (`POST /fake/faults`), and the hot reload's `pause_ms`.
+fn fault_keys() -> Vec<String> {
+    let mut keys: Vec<String> = match serde_json::to_value(fake_engine::engine::Faults::default()) {
+        Ok(serde_json::Value::Object(m)) => m.keys().cloned().collect(),
+        _ => Vec::new(),
+    };
+    keys.push("pause_ms".to_owned());
+    keys
+}
+
 async fn stop(mut child: Child, name: &str) {
     if let Some(pid) = child
         .id()
@@ -162,8 +191,11 @@ pub async fn demo(args: DemoArgs) -> Result<(), CliError> {
     let [engine_port, control_port, mgmt_port, admin_port] = crate::fake::free_ports()?;
     let (scenario, agent_toml) =
         write_files(&dir, engine_port, mgmt_port, admin_port).context("writing demo files")?;
+    // Both children get SIGTERM when the demo dies, even by SIGKILL (no handler of ours
+    // runs then): `--exit-with-parent` sets Linux's parent-death signal in them.
+    let me = std::process::id().to_string();
     let mut agent = Command::new(&exe)
-        .args(["--fake", "run", "--config"])
+        .args(["--exit-with-parent", &me, "--fake", "run", "--config"])
         .arg(&agent_toml)
         .env("FAKE_NPU_SCENARIO", &scenario)
         .env(
@@ -184,7 +216,19 @@ pub async fn demo(args: DemoArgs) -> Result<(), CliError> {
         "demo: metrics       http://127.0.0.1:{mgmt_port}/metrics  (all: http://127.0.0.1:{admin_port}/metrics)"
     );
     println!(
-        "demo: try  curl -X POST -d '{{\"hang\":true}}' http://127.0.0.1:{control_port}/fake/faults  (an idle hang: abnormal after 6 failed probes)"
+        "demo: kubelet       http://127.0.0.1:{mgmt_port}/readyz  http://127.0.0.1:{mgmt_port}/livez"
+    );
+    println!("demo: live page     http://127.0.0.1:{admin_port}/");
+    let cfg = crate::config::file::load(&agent_toml).context("reading the demo's agent.toml")?;
+    if let Some(e) = cfg.engines.first() {
+        println!(
+            "demo: try  curl -X POST -d '{{\"hang\":true}}' http://127.0.0.1:{control_port}/fake/faults  ({})",
+            hang_hint(e)
+        );
+    }
+    println!(
+        "demo:      fault keys: {} (docs/fake-driver.md); POST /fake/reset clears them",
+        fault_keys().join(", ")
     );
     let client = reqwest::Client::builder()
         .no_proxy()
@@ -264,7 +308,8 @@ pub async fn demo(args: DemoArgs) -> Result<(), CliError> {
                 &npu_files,
             ));
             engine = Some(
-                cmd.kill_on_drop(true)
+                cmd.args(["--exit-with-parent", &me])
+                    .kill_on_drop(true)
                     .spawn()
                     .context("starting the fake engine")?,
             );
@@ -320,4 +365,43 @@ fn spawn_load(client: reqwest::Client, url: String, stop: CancellationToken) {
             }
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // The hint comes from the policy the demo's agent.toml puts in force: the agent policy's
+    // confirmed failures by default, the reference's count when the file says so.
+    #[test]
+    fn the_hang_hint_follows_the_policy_in_force() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, toml) = write_files(dir.path(), 1, 2, 3).unwrap();
+        let cfg = crate::config::file::load(&toml).unwrap();
+        let hint = hang_hint(&cfg.engines[0]);
+        assert!(
+            hint.contains("policy agent") && hint.contains("after 2 failed probes"),
+            "{hint}"
+        );
+        let text = std::fs::read_to_string(&toml).unwrap();
+        std::fs::write(
+            &toml,
+            text.replacen("[agent]\n", "[agent]\npolicy = \"reference\"\n", 1),
+        )
+        .unwrap();
+        let cfg = crate::config::file::load(&toml).unwrap();
+        let hint = hang_hint(&cfg.engines[0]);
+        assert!(
+            hint.contains("policy reference") && hint.contains("after 6 failed probes, 5s apart"),
+            "{hint}"
+        );
+    }
+
+    #[test]
+    fn fault_keys_are_the_engines_own() {
+        let keys = fault_keys();
+        for k in ["hang", "npu_busy_stuck", "driver_hang", "pause_ms"] {
+            assert!(keys.iter().any(|x| x == k), "{k}: {keys:?}");
+        }
+    }
 }

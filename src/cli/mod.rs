@@ -31,8 +31,26 @@ pub const EXIT_NO_BACKEND: u8 = 3;
 pub struct Cli {
     #[command(flatten)]
     pub driver: DriverArgs,
+    /// Get SIGTERM when process PID, this process's parent, dies (even by SIGKILL): how
+    /// `demo` starts its agent and fake engine. Refuses to start if PID is not the parent.
+    #[arg(long, global = true, hide = true, value_name = "PID")]
+    pub exit_with_parent: Option<u32>,
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// Linux's parent-death signal (SIGTERM) for this process, if `parent` is its parent; it
+/// is tied to the parent's thread that started this process.
+fn exit_with_parent(parent: u32) -> Result<(), String> {
+    rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::TERM))
+        .map_err(|e| format!("--exit-with-parent: prctl(PR_SET_PDEATHSIG): {e}"))?;
+    let now = rustix::process::getppid().map(|p| p.as_raw_nonzero().get() as u32);
+    if now != Some(parent) {
+        return Err(format!(
+            "--exit-with-parent {parent}: the parent is {now:?}, so {parent} is gone"
+        ));
+    }
+    Ok(())
 }
 
 /// Where the driver is; global to every command. In host mode these override `[agent]`.
@@ -241,6 +259,12 @@ pub fn main() -> ExitCode {
     // Before anything else: a signal during start-up is remembered, not fatal.
     crate::service::signals::install_early();
     let cli = Cli::parse();
+    if let Some(parent) = cli.exit_with_parent
+        && let Err(e) = exit_with_parent(parent)
+    {
+        eprintln!("npu-health-agent: {e}");
+        return ExitCode::FAILURE;
+    }
     if matches!(cli.command, Command::Run(_)) {
         // Still one thread: the only time the environment may be changed.
         crate::continuity::sockets::capture_systemd();
