@@ -584,7 +584,10 @@ fn doctor_reports_each_condition_and_the_verdict() {
     base(&mut c);
     let out = c.arg("--env-config-path").arg(&env_json).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("will NOT run"), "{text}");
+    assert!(
+        text.contains("will NOT run: blocked by ASCEND_GLOBAL_LOG_LEVEL"),
+        "{text}"
+    );
     assert!(
         text.contains("actions:") && text.contains("/livez 503"),
         "{text}"
@@ -610,6 +613,38 @@ fn doctor_reports_each_condition_and_the_verdict() {
     ]);
     let v: serde_json::Value = serde_json::from_slice(&c.output().unwrap().stdout).unwrap();
     assert_eq!(v["engines"][0]["virtual_inference_will_run"], false);
+    assert_eq!(
+        v["engines"][0]["virtual_inference_blocked_by"],
+        serde_json::json!([]),
+        "{v}"
+    );
+    assert_eq!(
+        v["engines"][0]["virtual_inference_waits_for"],
+        serde_json::json!(["health"]),
+        "{v}"
+    );
+    // The same in text: it waits, it is not blocked; the policy line ends its sentence.
+    let mut t = agent();
+    t.args(["doctor", "--config-path"]).arg(&uc).args([
+        "--role",
+        "prefill",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        &free_ports::<1>()[0].to_string(),
+        "--mgmt-port",
+        "9001",
+    ]);
+    let text = String::from_utf8_lossy(&t.output().unwrap().stdout).into_owned();
+    assert!(
+        text.contains("=> virtual inference waits for health (it runs once"),
+        "{text}"
+    );
+    assert!(!text.contains("will NOT run"), "{text}");
+    assert!(
+        text.contains("restores MindIE V5's detection exactly (docs/policy.md)"),
+        "{text}"
+    );
 }
 
 #[test]

@@ -231,6 +231,8 @@ pub async fn doctor(cfg: AgentConfig, json_out: bool) -> Result<(), CliError> {
                     "actions": crate::actions::active(spec, &cfg.agent),
                     "conditions": conditions,
                     "virtual_inference_will_run": will_run,
+                    "virtual_inference_blocked_by": names_where(conditions, Some(false)),
+                    "virtual_inference_waits_for": names_where(conditions, None),
                     "driver_faults": faults,
                 })
             })
@@ -274,7 +276,7 @@ pub async fn doctor(cfg: AgentConfig, json_out: bool) -> Result<(), CliError> {
             match spec.policy.value {
                 crate::config::policy::Policy::Reference => "",
                 crate::config::policy::Policy::Agent => {
-                    "; `policy = \"reference\"` in [agent] restores MindIE V5's"
+                    "; `policy = \"reference\"` in [agent] restores MindIE V5's detection exactly (docs/policy.md)"
                 }
             }
         );
@@ -308,14 +310,33 @@ pub async fn doctor(cfg: AgentConfig, json_out: bool) -> Result<(), CliError> {
                 );
             }
         }
+        let (blocked, waits) = (
+            names_where(conditions, Some(false)),
+            names_where(conditions, None),
+        );
         println!(
             "  => virtual inference {}\n",
             if *will_run {
-                "will run (it starts at the first /status after /health answers)"
+                "will run (it starts at the first /status after /health answers)".to_owned()
+            } else if !blocked.is_empty() {
+                format!("will NOT run: blocked by {}", blocked.join(", "))
             } else {
-                "will NOT run"
+                format!(
+                    "waits for {} (it runs once they are met, from the first /status after /health answers)",
+                    waits.join(", ")
+                )
             }
         );
     }
     Ok(())
+}
+
+/// The names of the conditions whose verdict is `ok` (`Some(false)`: blocking; `None`:
+/// pending).
+fn names_where(conditions: &[Condition], ok: Option<bool>) -> Vec<String> {
+    conditions
+        .iter()
+        .filter(|c| c.ok == ok)
+        .map(|c| c.name.to_string())
+        .collect()
 }
