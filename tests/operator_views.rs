@@ -432,6 +432,19 @@ fn top_once_prints_one_frame_and_names_what_is_wrong() {
     }
     assert!(text.contains("NPU 0") && text.contains("NPU 1"), "{text}");
     assert!(text.lines().all(|l| l.chars().count() <= 100), "{text}");
+    // Without --width and piped (not a terminal): the documented 100 columns, not a
+    // terminal fallback's 80 (with COLUMNS set as a shell would export it).
+    let out = Command::new(support::agent())
+        .args(["top", "--once", "--admin", &url, "--token-file"])
+        .arg(&token)
+        .env("COLUMNS", "80")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let piped = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "{piped}");
+    let widest = piped.lines().map(|l| l.chars().count()).max().unwrap_or(0);
+    assert_eq!(widest, 100, "{piped}");
 
     let out = top(&["--once", "--admin", &url]);
     let err = String::from_utf8_lossy(&out.stderr);

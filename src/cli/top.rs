@@ -359,9 +359,16 @@ pub async fn run(args: TopArgs) -> anyhow::Result<()> {
                 model.apply(&e, &d)?;
             }
         }
+        // The terminal's width only when stdout is one: piped, crossterm would answer a
+        // fallback (80, or `tput cols`), narrower than the documented 100.
+        let terminal = std::io::IsTerminal::is_terminal(&std::io::stdout());
         let width = args
             .width
-            .or_else(|| ratatui::crossterm::terminal::size().ok().map(|(w, _)| w))
+            .or_else(|| {
+                terminal
+                    .then(|| ratatui::crossterm::terminal::size().ok().map(|(w, _)| w))
+                    .flatten()
+            })
             .unwrap_or(100)
             .max(60);
         let area = Rect::new(0, 0, width, model.height());
