@@ -171,7 +171,7 @@ pub fn parse(text: &str, path: &Path) -> Result<AgentConfig, ConfigError> {
             .span()
             .map(|s| place_at(text, s, e.message()))
             .unwrap_or_default();
-        ConfigError::new(&file, place, e.message().to_owned())
+        ConfigError::new(&file, place, super::unknown::rewrite_serde(e.message()))
     })?;
     let agent = agent_settings(&parsed.agent, base)
         .map_err(|(key, msg)| ConfigError::new(&file, format!("[agent] {key}"), msg))?;
@@ -721,7 +721,7 @@ interval = "100ms"
             .unwrap_err()
             .to_string();
         assert!(
-            err.contains("[[engine]] #1 (p0) timing.intervall: unknown field"),
+            err.contains("[[engine]] #1 (p0) timing.intervall: unknown key `intervall`; did you mean `interval`?"),
             "{err}"
         );
     }
@@ -1043,7 +1043,7 @@ mgmt_port = 9001
         .unwrap_err()
         .to_string();
         assert!(
-            err.contains("agent_policy.confirm_failurs: unknown field"),
+            err.contains("agent_policy.confirm_failurs: unknown key `confirm_failurs`; did you mean `confirm_failures`?"),
             "{err}"
         );
     }
@@ -1070,7 +1070,7 @@ mgmt_port = 9001
         assert!(!q.skip_when_capacity_waiting, "V5 parity by default");
         let err = with("stall_windw = \"30s\"").unwrap_err().to_string();
         assert!(
-            err.contains("[[engine]] #1 (p0) qos.stall_windw: unknown field"),
+            err.contains("[[engine]] #1 (p0) qos.stall_windw: unknown key `stall_windw`; did you mean `stall_window`?"),
             "{err}"
         );
         let err = with("weights = { latency = 0, memory = 0, progress = 0 }")

@@ -178,9 +178,8 @@ impl HealthCheckConfig {
                     ""
                 };
                 return Err(format!(
-                    "unknown key {} in health_check_config{hint}; known keys: {}",
-                    py_repr(&Value::String(key.clone())),
-                    HEALTH_KEYS.join(", ")
+                    "health_check_config: {}{hint}",
+                    super::unknown::message(key, &HEALTH_KEYS)
                 ));
             }
         }
@@ -548,11 +547,17 @@ mod tests {
         let err = HealthCheckConfig::from_value(Some(&json!({"virtual_inference_timeout": 5.0})))
             .unwrap_err();
         assert!(
-            err.contains("'virtual_inference_timeout'") && err.contains("V6"),
+            err.contains("unknown key `virtual_inference_timeout`") && err.contains("V6"),
             "{err}"
         );
         let err = HealthCheckConfig::from_value(Some(&json!({"max_failures": 5}))).unwrap_err();
-        assert!(err.contains("'max_failures'"), "{err}");
+        assert!(err.contains("unknown key `max_failures`"), "{err}");
+        // A typo gets the nearest key, in the same form as the agent's TOML.
+        let err = HealthCheckConfig::from_value(Some(&json!({"max_failure_cont": 5}))).unwrap_err();
+        assert!(
+            err.contains("unknown key `max_failure_cont`; did you mean `max_failure_count`?"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -18,6 +18,7 @@ pub mod mindie;
 pub mod policy;
 pub mod qos;
 pub mod read;
+pub mod unknown;
 pub mod validate;
 
 use crate::driver::{BackendChoice, DriverConfig};
