@@ -389,3 +389,129 @@ fn check_config_reads_the_fault_code_table_and_names_what_is_wrong() {
         missing.stderr
     );
 }
+
+// Issue 28: check-config binds every listener as `run` will, and names the key: a mgmt_port
+// another process holds, and a host that is not an address of this host (the README's
+// example had `host = "10.0.0.5"`; 192.0.2.1 is TEST-NET-1, on no host). `run` names the
+// file and the key too.
+#[test]
+fn check_config_binds_every_listener_and_names_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "");
+    let text = std::fs::read_to_string(&config).unwrap();
+    let mgmt: u16 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("mgmt_port = "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let held = std::net::TcpListener::bind(("127.0.0.1", mgmt)).unwrap();
+    let mut check = agent();
+    check.args(["check-config", "--config"]).arg(&config);
+    let check = run_within(check, dir.path(), Duration::from_secs(20));
+    assert_eq!(check.code, Some(2), "{}", check.stderr);
+    let want = format!(
+        "[[engine]] #1 (a) mgmt_port: cannot listen on 127.0.0.1:{mgmt} for engine a's /status"
+    );
+    assert!(
+        check.last_line().contains(&want) && check.last_line().contains("in use"),
+        "{want}\n{}",
+        check.stderr
+    );
+    let mut run = agent();
+    run.args(["run", "--wait-for-ports", "1s", "--config"])
+        .arg(&config);
+    let run = run_within(run, dir.path(), Duration::from_secs(20));
+    assert_ne!(run.code, Some(0), "{}", run.stderr);
+    assert!(
+        run.last_line().contains(&format!(
+            "{}: [[engine]] #1 (a) mgmt_port: engine a's /status: cannot listen on 127.0.0.1:{mgmt}",
+            config.display()
+        )),
+        "{}",
+        run.stderr
+    );
+    drop(held);
+
+    std::fs::write(
+        &config,
+        text.replace("host = \"127.0.0.1\"", "host = \"192.0.2.1\""),
+    )
+    .unwrap();
+    let (check, run) = both(&config, dir.path());
+    assert_eq!(check.code, Some(2), "{}", check.stderr);
+    assert!(
+        check.last_line().contains(&format!(
+            "[[engine]] #1 (a) mgmt_host: cannot listen on 192.0.2.1:{mgmt} for engine a's /status"
+        )) && check
+            .last_line()
+            .contains("192.0.2.1 is not an address of this host"),
+        "{}",
+        check.stderr
+    );
+    assert_ne!(run.code, Some(0), "{}", run.stderr);
+    assert!(
+        run.last_line().contains("mgmt_port")
+            && run
+                .last_line()
+                .contains("192.0.2.1 is not an address of this host"),
+        "{}",
+        run.stderr
+    );
+    // Free, the same file passes.
+    std::fs::write(&config, &text).unwrap();
+    let mut check = agent();
+    check.args(["check-config", "--config"]).arg(&config);
+    let check = run_within(check, dir.path(), Duration::from_secs(20));
+    assert_eq!(check.code, Some(0), "{}", check.stderr);
+}
+
+// A config whose ports the agent already running (same state directory) holds passes: a new
+// agent would take them over. check-config before a reload or a restart keeps working.
+#[test]
+fn check_config_accepts_ports_held_by_the_running_agent() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let config = write_config(dir.path(), "");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        format!(
+            "[agent]\nstate_dir = {:?}\n{text}",
+            state.display().to_string()
+        ),
+    )
+    .unwrap();
+    let mut run = agent();
+    run.args(["run", "--config"])
+        .arg(&config)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut child = run.spawn().unwrap();
+    let end = Instant::now() + Duration::from_secs(20);
+    let mgmt: u16 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("mgmt_port = "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    while !(state.join("handover.sock").exists()
+        && std::net::TcpStream::connect(("127.0.0.1", mgmt)).is_ok())
+    {
+        assert!(Instant::now() < end, "the agent did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut check = agent();
+    check.args(["check-config", "--config"]).arg(&config);
+    let ended = run_within(check, dir.path(), Duration::from_secs(20));
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(ended.code, Some(0), "{}", ended.stderr);
+    assert!(
+        ended
+            .stderr
+            .contains("is in use by the running agent, which hands it over"),
+        "{}",
+        ended.stderr
+    );
+}

@@ -666,9 +666,11 @@ async fn acquire(
             }
             Err(e) => {
                 let hint = if e.contains("in use") {
-                    " (another agent? start this one with the same state directory to take over from it: docs/deploy.md, \"Upgrading and restarting the agent\")"
+                    " (another agent? start this one with the same state directory to take over from it: docs/deploy.md, \"Upgrading and restarting the agent\")".to_owned()
+                } else if e.contains("Cannot assign requested address") {
+                    format!(" ({} is not an address of this host)", addr.ip())
                 } else {
-                    ""
+                    String::new()
                 };
                 return Err(AgentError::Runtime(format!("{what}: {e}{hint}")));
             }
@@ -753,16 +755,28 @@ pub async fn start(cfg: AgentConfig, mut startup: Startup) -> Result<Running, Ag
     // Everything fallible (devices, clients, TLS, binding) before anything is spawned.
     let wait = startup.wait_for_ports;
     let mut ready = Vec::new();
-    for spec in &cfg.engines {
+    for (i, spec) in cfg.engines.iter().enumerate() {
         let p = running.prepare(spec)?;
-        let what = format!("engine {}", spec.name);
+        // The file and the key, as check-config names them.
+        let what = format!(
+            "{}: {}engine {}'s /status",
+            cfg.source,
+            cfg.engine_error(i, "mgmt_port", "").place,
+            spec.name
+        );
         let socket = acquire(spec.mgmt_listen, &mut startup.inherited, wait, &what).await?;
         ready.push((p, socket));
     }
     let admin_socket = match cfg.agent.admin_listen {
         Some(addr) => Some((
             addr,
-            acquire(addr, &mut startup.inherited, wait, "admin listener").await?,
+            acquire(
+                addr,
+                &mut startup.inherited,
+                wait,
+                &format!("{}: [agent] admin_listen: admin listener", cfg.source),
+            )
+            .await?,
             Arc::new(
                 server::auth::AdminAccess::load(&cfg.agent.admin_auth)
                     .map_err(AgentError::Config)?,
@@ -777,7 +791,10 @@ pub async fn start(cfg: AgentConfig, mut startup: Startup) -> Result<Running, Ag
                 addr,
                 &mut startup.inherited,
                 wait,
-                "HAProxy agent-check listener",
+                &format!(
+                    "{}: [agent] haproxy_agent_listen: HAProxy agent-check listener",
+                    cfg.source
+                ),
             )
             .await?,
         )),

@@ -84,3 +84,75 @@ fn tls(spec: &EngineSpec) -> Result<(), KeyError> {
     }
     Ok(())
 }
+
+/// Every listener the configuration asks for, bound and released at once, as `run` will
+/// bind it: a port in use or an address that is not on this host fails here, naming the
+/// key. A port held by the agent already running with the same state directory is fine (a
+/// new agent takes its sockets over); that is returned as a note.
+pub fn listeners(cfg: &AgentConfig) -> Result<Vec<String>, ConfigError> {
+    let running = crate::continuity::StateDir::resolve(cfg.agent.state_dir.as_deref())
+        .is_some_and(|d| std::os::unix::net::UnixStream::connect(d.handover_socket()).is_ok());
+    let mut notes = Vec::new();
+    let mut check = |addr: std::net::SocketAddr,
+                     what: &str,
+                     err: &dyn Fn(String) -> ConfigError,
+                     addr_key: &str|
+     -> Result<(), ConfigError> {
+        match std::net::TcpListener::bind(addr) {
+            Ok(l) => {
+                drop(l);
+                Ok(())
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && running => {
+                notes.push(format!(
+                    "{what} {addr} is in use by the running agent, which hands it over to a new one"
+                ));
+                Ok(())
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AddrNotAvailable => Err(err(format!(
+                "cannot listen on {addr} for {what}: {e}: {} is not an address of this host (see {addr_key})",
+                addr.ip()
+            ))),
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => Err(err(format!(
+                "cannot listen on {addr} for {what}: {e} (another process holds the port; `ss -ltnp 'sport = :{}'` names it)",
+                addr.port()
+            ))),
+            Err(e) => Err(err(format!("cannot listen on {addr} for {what}: {e}"))),
+        }
+    };
+    if let Some(a) = cfg.agent.admin_listen {
+        check(
+            a,
+            "the admin listener",
+            &|m| ConfigError::new(&cfg.source, "[agent] admin_listen", m),
+            "admin_listen",
+        )?;
+    }
+    if let Some(a) = cfg.agent.haproxy_agent_listen {
+        check(
+            a,
+            "HAProxy's agent check",
+            &|m| ConfigError::new(&cfg.source, "[agent] haproxy_agent_listen", m),
+            "haproxy_agent_listen",
+        )?;
+    }
+    for (i, spec) in cfg.engines.iter().enumerate() {
+        // The address is mgmt_host's, else host's (the engine's); the port mgmt_port's.
+        let in_use = |m: String| cfg.engine_error(i, "mgmt_port", m);
+        let not_here = |m: String| cfg.engine_error(i, "mgmt_host", m);
+        let addr = spec.mgmt_listen;
+        let probe = std::net::TcpListener::bind(addr);
+        let err: &dyn Fn(String) -> ConfigError = match &probe {
+            Err(e) if e.kind() == std::io::ErrorKind::AddrNotAvailable => &not_here,
+            _ => &in_use,
+        };
+        drop(probe);
+        check(
+            addr,
+            &format!("engine {}'s /status", spec.name),
+            err,
+            "mgmt_host, which defaults to host",
+        )?;
+    }
+    Ok(notes)
+}

@@ -32,6 +32,9 @@ pub fn check_config(cfg: &AgentConfig) -> Result<(), CliError> {
         s.shutdown();
     }
     crate::agent::preflight::host(cfg, npus.as_deref())?;
+    for note in crate::agent::preflight::listeners(cfg)? {
+        eprintln!("{}: {note}", cfg.source);
+    }
     // A bad table fails the check; the running agent logs it and keeps the built-in one.
     let faults = cfg.agent.fault_table().map_err(|e| {
         crate::config::ConfigError::new(&cfg.source, "[agent] fault_code_file", e.to_string())
