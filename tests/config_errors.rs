@@ -515,3 +515,50 @@ fn check_config_accepts_ports_held_by_the_running_agent() {
         ended.stderr
     );
 }
+
+// Issue 28: the README's host-mode example is examples/agent.toml, and it runs as written:
+// with the user_config.json it names (shipped beside it) and eight fake NPUs, check-config
+// passes. (Its ports are swapped for free ones here, so a busy 9001 on the test machine
+// cannot fail it.)
+#[test]
+fn the_readme_host_mode_example_is_shipped_and_passes_check_config() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let start = "Host mode watches any number of engines from one `agent.toml`:\n\n```toml\n";
+    let from = readme.find(start).expect("the README's host-mode example") + start.len();
+    let block = &readme[from..from + readme[from..].find("```").unwrap()];
+    let shipped = std::fs::read_to_string(root.join("examples/agent.toml")).unwrap();
+    assert_eq!(
+        block, shipped,
+        "README.md's example differs from examples/agent.toml"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        root.join("examples/user_config.json"),
+        dir.path().join("user_config.json"),
+    )
+    .unwrap();
+    let [a, b, admin] = free_ports();
+    let text = shipped
+        .replace("mgmt_port = 9001", &format!("mgmt_port = {a}"))
+        .replace("mgmt_port = 9002", &format!("mgmt_port = {b}"))
+        .replace("127.0.0.1:9400", &format!("127.0.0.1:{admin}"));
+    assert_ne!(text, shipped);
+    let config = dir.path().join("agent.toml");
+    std::fs::write(&config, text).unwrap();
+    let mut check = agent();
+    check
+        .env("FAKE_NPU_SCENARIO", root.join("examples/fake-npus.toml"))
+        .args(["check-config", "--config"])
+        .arg(&config);
+    let ended = run_within(check, dir.path(), Duration::from_secs(20));
+    assert_eq!(ended.code, Some(0), "{}", ended.stderr);
+    assert!(
+        ended
+            .stderr
+            .contains("configuration is valid (2 engine(s))"),
+        "{}",
+        ended.stderr
+    );
+}
