@@ -716,3 +716,31 @@ fn readme_agent_toml_example_is_valid() {
         serde_json::json!([4, 5, 6, 7])
     );
 }
+
+// Issue 28: the driver and log flags are the program's, listed once in `--help`, not
+// repeated in every command's help (`top` has no use for them); the commands that use the
+// driver say where they go.
+#[test]
+fn driver_flags_are_listed_once_not_in_every_command() {
+    let help = |args: &[&str]| {
+        let out = Command::new(support::agent()).args(args).output().unwrap();
+        assert!(out.status.success(), "{args:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let top = help(&["--help"]);
+    for flag in ["--dcmi-lib", "--npu-smi", "--backend", "--log-format"] {
+        assert!(top.contains(flag), "{flag} missing from --help:\n{top}");
+    }
+    assert!(!top.contains("--exit-with-parent"), "{top}");
+    let t = help(&["top", "--help"]);
+    assert!(
+        !t.contains("--dcmi-lib") && !t.contains("--npu-smi-delay"),
+        "{t}"
+    );
+    let r = help(&["run", "--help"]);
+    assert!(!r.contains("--dcmi-lib <PATH>"), "{r}");
+    assert!(
+        r.contains("go before the command: npu-health-agent [FLAGS] <COMMAND>"),
+        "{r}"
+    );
+}

@@ -25,6 +25,8 @@ pub const EXIT_USAGE: u8 = 2;
 /// Exit code when no driver backend can serve AI Cube figures.
 pub const EXIT_NO_BACKEND: u8 = 3;
 
+const DRIVER_FLAGS_NOTE: &str = "Driver and log flags (--dcmi-lib, --npu-smi, --backend, --dcmi-no-owner-check, --npu-smi-delay, --fake, --log-format) go before the command: npu-health-agent [FLAGS] <COMMAND>; see npu-health-agent --help.";
+
 /// Health agent for LLM inference nodes on Huawei Ascend NPUs.
 #[derive(Debug, Parser)]
 #[command(name = "npu-health-agent", version = crate::VERSION, about)]
@@ -53,33 +55,35 @@ fn exit_with_parent(parent: u32) -> Result<(), String> {
     Ok(())
 }
 
-/// Where the driver is; global to every command. In host mode these override `[agent]`.
+/// Where the driver is, and the log format: flags of the program, given before the command
+/// (`npu-health-agent --dcmi-lib PATH run …`), so that they are listed once, in
+/// `npu-health-agent --help`, not in every command's. In host mode these override `[agent]`.
 #[derive(Debug, Args)]
 pub struct DriverArgs {
     /// Path of libdcmi.so (default: search LD_LIBRARY_PATH, /usr/local/dcmi,
     /// /usr/local/Ascend/driver/lib64/driver).
-    #[arg(long, global = true, value_name = "PATH")]
+    #[arg(long, value_name = "PATH")]
     pub dcmi_lib: Option<PathBuf>,
     /// The npu-smi executable (default `npu-smi`, looked up in PATH).
-    #[arg(long, global = true, value_name = "PATH")]
+    #[arg(long, value_name = "PATH")]
     pub npu_smi: Option<PathBuf>,
     /// Which sources of AI Cube figures may be used [default: auto].
-    #[arg(long, global = true, value_enum)]
+    #[arg(long, value_enum)]
     pub backend: Option<BackendChoice>,
     /// Load libdcmi.so even if it or a parent directory is not root-owned or is writable by
     /// group/others (for tests; unsafe on production hosts).
-    #[arg(long, global = true)]
+    #[arg(long)]
     pub dcmi_no_owner_check: bool,
     /// Seconds between npu-smi watch passes (its -d), 1 to 100 [default: 1].
-    #[arg(long, global = true, value_name = "SECS", value_parser = clap::value_parser!(u32).range(1..=100))]
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u32).range(1..=100))]
     pub npu_smi_delay: Option<u32>,
     /// Use the fake libdcmi.so and fake npu-smi built with this binary.
     #[cfg(feature = "fake-driver")]
-    #[arg(long, global = true)]
+    #[arg(long)]
     pub fake: bool,
     /// Log output: journald when systemd connected stderr to the journal, else text
     /// (`auto`); or force text, json or journald.
-    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Auto)]
+    #[arg(long, value_enum, default_value_t = LogFormat::Auto)]
     pub log_format: LogFormat,
 }
 
@@ -169,10 +173,13 @@ pub struct RunArgs {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the agent: sample the NPUs, probe the engine(s), serve /status.
+    #[command(after_help = DRIVER_FLAGS_NOTE)]
     Run(RunArgs),
     /// Validate the configuration and print it with defaults filled in.
+    #[command(after_help = DRIVER_FLAGS_NOTE)]
     CheckConfig(ConfigArgs),
     /// Print, per engine, each condition virtual inference needs and whether it will run.
+    #[command(after_help = DRIVER_FLAGS_NOTE)]
     Doctor {
         #[command(flatten)]
         config: ConfigArgs,
@@ -181,12 +188,14 @@ pub enum Command {
         json: bool,
     },
     /// List the NPUs found, the backend serving each, and its capabilities.
+    #[command(after_help = DRIVER_FLAGS_NOTE)]
     Devices {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
     },
     /// Sample AI Cube usage for a window and print peak, mean and sample counts per device.
+    #[command(after_help = DRIVER_FLAGS_NOTE)]
     Sample {
         /// Length of the window.
         #[arg(long, default_value = "5s", value_parser = parse_duration)]
@@ -205,6 +214,7 @@ pub enum Command {
     Top(top::TopArgs),
     /// Start a fake engine and the agent on the fake driver; show /status (fake-driver builds).
     #[cfg(feature = "fake-driver")]
+    #[command(after_help = DRIVER_FLAGS_NOTE)]
     Demo(demo::DemoArgs),
     /// Run the fake inference engine (fake-driver builds; used by tests and the demo).
     #[cfg(feature = "fake-driver")]
