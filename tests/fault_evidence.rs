@@ -137,8 +137,10 @@ fn a_fault_on_an_engine_that_answers_is_published_and_the_engine_stays_normal() 
     };
     assert_eq!(level("SeparateNPU"), [1.0], "{m}");
     assert_eq!(level("NotHandleFault"), [1.0], "{m}");
-    assert_eq!(level("SubHealthFault"), [0.0], "{m}");
-    assert_eq!(level("unclassified"), [0.0], "{m}");
+    // Only the levels with a code: a level without one has no series (nine per NPU, mostly
+    // 0, were 144 of an agent's 471 series at 16 NPUs: BENCHMARKS.md, "Fleet scale").
+    assert!(level("SubHealthFault").is_empty(), "{m}");
+    assert!(level("unclassified").is_empty(), "{m}");
 }
 
 // A SubHealthFault code lowers the QoS level one band (normal → throttle) and says why; the

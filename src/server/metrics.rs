@@ -172,7 +172,7 @@ impl Scope {
         family(
             enc,
             "npu_health_agent_device_fault_level",
-            "The driver's current fault codes on the NPU by MindCluster handling level (faultCode.json; unclassified: in no table); every level once the faults were read",
+            "The driver's current fault codes on the NPU by MindCluster handling level (faultCode.json; unclassified: in no table); only the levels with a code (a healthy NPU has none of these series)",
             MetricType::Gauge,
             snaps
                 .iter()
@@ -180,11 +180,11 @@ impl Scope {
                 .filter(|(s, _)| s.faults_age_ms.is_some())
                 .flat_map(|(s, &i)| {
                     let faults = self.shared.faults_of(i);
-                    FaultLevel::ALL.into_iter().map(move |level| {
+                    FaultLevel::ALL.into_iter().filter_map(move |level| {
+                        let n = faults.iter().filter(|f| f.level == level).count();
                         let mut l = id(s);
                         l.push(("level", level.as_str().to_owned()));
-                        let n = faults.iter().filter(|f| f.level == level).count();
-                        (l, n as f64)
+                        (n > 0).then_some((l, n as f64))
                     })
                 }),
         )?;
