@@ -25,7 +25,7 @@ pub const EXIT_USAGE: u8 = 2;
 /// Exit code when no driver backend can serve AI Cube figures.
 pub const EXIT_NO_BACKEND: u8 = 3;
 
-const DRIVER_FLAGS_NOTE: &str = "Driver and log flags (--dcmi-lib, --npu-smi, --backend, --dcmi-no-owner-check, --npu-smi-delay, --fake, --log-format) go before the command: npu-health-agent [FLAGS] <COMMAND>; see npu-health-agent --help.";
+const DRIVER_FLAGS_NOTE: &str = "Driver flags (--dcmi-lib, --npu-smi, --backend, --dcmi-no-owner-check, --npu-smi-delay, --fake) go before the command: npu-health-agent [FLAGS] <COMMAND>; see npu-health-agent --help.";
 
 /// Health agent for LLM inference nodes on Huawei Ascend NPUs.
 #[derive(Debug, Parser)]
@@ -83,7 +83,8 @@ pub struct DriverArgs {
     pub fake: bool,
     /// Log output: journald when systemd connected stderr to the journal, else text
     /// (`auto`); or force text, json or journald.
-    #[arg(long, value_enum, default_value_t = LogFormat::Auto)]
+    /// (Global: also accepted after the command, where the Dockerfile and older units put it.)
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Auto)]
     pub log_format: LogFormat,
 }
 
