@@ -12,8 +12,10 @@
 //!   closed, whatever it is doing (a client that stops reading its answer, a body that drips).
 //! - **A cap.** At most `max_connections` at once. When a new connection arrives at the cap,
 //!   the least recently active connection with no request in its handler is closed to make
-//!   room, so a fresh `/status` poll is always answered; if every connection is inside a
-//!   handler (none of ours waits on anything), the new one is closed instead.
+//!   room, so a fresh `/status` poll is always answered; a connection accepted less than
+//!   250 ms ago that has sent no request yet (a poll in its TLS handshake) goes last, after
+//!   every older idle one; if every connection is inside a handler (none of ours waits on
+//!   anything), the new one is closed instead.
 //! - **Accept errors** (EMFILE: out of file descriptors) close the least recently active idle
 //!   connection too, and are logged; identical warnings are rate-limited by the log layer.
 //! - **Stopping** (SIGTERM, or a SIGHUP reload that restarts the engine, whose socket the new
@@ -48,6 +50,11 @@ fn now_ms() -> u64 {
 /// No request head is awaited (one is inside the handler).
 const NO_HEAD: u64 = u64::MAX;
 
+/// How long a new connection is spared by the cap while it has sent no request: long enough
+/// for a TLS handshake and a request head on a loaded host. A flood of idle connections
+/// older than this goes first, so a Node Manager poll that just connected is answered.
+const FRESH_GRACE_MS: u64 = 250;
+
 /// What a connection is doing, read by the accept loop when it must make room and by the
 /// connection's own watchdog.
 #[derive(Debug)]
@@ -61,6 +68,8 @@ struct Activity {
     /// Since when the next request head is awaited ([`now_ms`]; [`NO_HEAD`]: not now): from
     /// the accept, then from the end of each answer (its last byte written).
     head_since_ms: AtomicU64,
+    /// [`now_ms`] of the accept.
+    opened_ms: u64,
 }
 
 impl Default for Activity {
@@ -71,11 +80,19 @@ impl Default for Activity {
             busy: AtomicU32::new(0),
             requests: AtomicU64::new(0),
             head_since_ms: AtomicU64::new(now),
+            opened_ms: now,
         }
     }
 }
 
 impl Activity {
+    /// Accepted less than [`FRESH_GRACE_MS`] ago and no request yet: a poll on its way in
+    /// (its TLS handshake, its request head), spared while an older idle connection exists.
+    fn fresh(&self, now: u64) -> bool {
+        self.requests.load(Ordering::Relaxed) == 0
+            && now.saturating_sub(self.opened_ms) < FRESH_GRACE_MS
+    }
+
     fn touch(&self) {
         self.last_ms.store(now_ms(), Ordering::Relaxed);
     }
@@ -105,22 +122,26 @@ struct Registry {
 }
 
 /// The connection to close to make room: the least recently active one with no request in
-/// its handler (ties: the older id). `None` when every connection is busy.
-fn victim(conns: impl Iterator<Item = (u64, u64, u32)>) -> Option<u64> {
+/// its handler (ties: the older id), a fresh one ([`Activity::fresh`]) only when every idle
+/// one is fresh. `None` when every connection is busy. Items: (id, last activity, requests
+/// in the handler, fresh).
+fn victim(conns: impl Iterator<Item = (u64, u64, u32, bool)>) -> Option<u64> {
     conns
-        .filter(|&(_, _, busy)| busy == 0)
-        .min_by_key(|&(id, last, _)| (last, id))
-        .map(|(id, _, _)| id)
+        .filter(|&(_, _, busy, _)| busy == 0)
+        .min_by_key(|&(id, last, _, fresh)| (fresh, last, id))
+        .map(|(id, _, _, _)| id)
 }
 
 impl Registry {
     /// Closes the least recently active idle connection; false when there is none.
     fn shed_one(&mut self) -> bool {
+        let now = now_ms();
         let pick = victim(self.conns.iter().map(|(&id, e)| {
             (
                 id,
                 e.activity.last_ms.load(Ordering::Relaxed),
                 e.activity.busy.load(Ordering::Relaxed),
+                e.activity.fresh(now),
             )
         }));
         match pick.and_then(|id| self.conns.remove(&id)) {
@@ -498,14 +519,31 @@ mod tests {
 
     #[test]
     fn the_victim_is_the_least_recently_active_idle_connection() {
-        // (id, last activity, busy)
+        // (id, last activity, busy, fresh)
         assert_eq!(
-            victim([(1, 50, 0), (2, 10, 0), (3, 5, 1)].into_iter()),
+            victim([(1, 50, 0, false), (2, 10, 0, false), (3, 5, 1, false)].into_iter()),
             Some(2)
         );
-        assert_eq!(victim([(7, 10, 0), (3, 10, 0)].into_iter()), Some(3));
-        assert_eq!(victim([(1, 5, 1), (2, 1, 2)].into_iter()), None);
+        assert_eq!(
+            victim([(7, 10, 0, false), (3, 10, 0, false)].into_iter()),
+            Some(3)
+        );
+        assert_eq!(
+            victim([(1, 5, 1, false), (2, 1, 2, false)].into_iter()),
+            None
+        );
         assert_eq!(victim(std::iter::empty()), None);
+        // A fresh connection (a poll in its handshake) is spared while an older idle one
+        // exists, however recently that one moved a byte; among fresh ones only, the usual
+        // order.
+        assert_eq!(
+            victim([(9, 1, 0, true), (4, 80, 0, false)].into_iter()),
+            Some(4)
+        );
+        assert_eq!(
+            victim([(9, 3, 0, true), (8, 2, 0, true)].into_iter()),
+            Some(8)
+        );
     }
 
     #[test]
