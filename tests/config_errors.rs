@@ -97,6 +97,14 @@ fn write_config(dir: &Path, extra: &str) -> PathBuf {
     p
 }
 
+/// The `mgmt_port` [`write_config`] chose.
+fn mgmt_port_of(text: &str) -> u16 {
+    text.lines()
+        .find_map(|l| l.strip_prefix("mgmt_port = "))
+        .and_then(|p| p.trim().parse().ok())
+        .expect("mgmt_port in the config")
+}
+
 fn mkfifo(p: &Path) {
     rustix::fs::mknodat(
         rustix::fs::CWD,
@@ -271,12 +279,7 @@ fn sighup_with_a_fifo_as_the_config_is_rejected_and_sigterm_still_stops() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path(), "");
     let text = std::fs::read_to_string(&config).unwrap();
-    let mgmt: u16 = text
-        .lines()
-        .find_map(|l| l.strip_prefix("mgmt_port = "))
-        .unwrap()
-        .parse()
-        .unwrap();
+    let mgmt = mgmt_port_of(&text);
     let log = dir.path().join("agent.log");
     let mut child = agent()
         .args(["run", "--config"])
@@ -399,12 +402,7 @@ fn check_config_binds_every_listener_and_names_the_key() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path(), "");
     let text = std::fs::read_to_string(&config).unwrap();
-    let mgmt: u16 = text
-        .lines()
-        .find_map(|l| l.strip_prefix("mgmt_port = "))
-        .unwrap()
-        .parse()
-        .unwrap();
+    let mgmt = mgmt_port_of(&text);
     let held = std::net::TcpListener::bind(("127.0.0.1", mgmt)).unwrap();
     let mut check = agent();
     check.args(["check-config", "--config"]).arg(&config);
@@ -489,12 +487,7 @@ fn check_config_accepts_ports_held_by_the_running_agent() {
         .stderr(Stdio::null());
     let mut child = run.spawn().unwrap();
     let end = Instant::now() + Duration::from_secs(20);
-    let mgmt: u16 = text
-        .lines()
-        .find_map(|l| l.strip_prefix("mgmt_port = "))
-        .unwrap()
-        .parse()
-        .unwrap();
+    let mgmt = mgmt_port_of(&text);
     while !(state.join("handover.sock").exists()
         && std::net::TcpStream::connect(("127.0.0.1", mgmt)).is_ok())
     {

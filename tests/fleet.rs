@@ -415,21 +415,13 @@ fn a_fleet_of_agents_under_one_prometheus() {
         &format!("{}s", 4 * scrape_s),
     );
     assert!(queries.len() >= 15, "{queries:#?}");
-    let end = Instant::now() + Duration::from_secs(5 * scrape_s + 30);
-    loop {
-        let empty: Vec<_> = prometheus::empty_queries(&prom, &queries)
-            .into_iter()
-            .filter(|(panel, _, _)| !EMPTY_BY_DESIGN.iter().any(|(t, _)| t == panel))
-            .collect();
-        if empty.is_empty() {
-            break;
-        }
-        assert!(
-            Instant::now() < end,
-            "fleet dashboard queries without data: {empty:#?}"
-        );
-        std::thread::sleep(Duration::from_secs(2));
-    }
+    prometheus::wait_for_dashboard_data(
+        &prom,
+        &queries,
+        EMPTY_BY_DESIGN,
+        Duration::from_secs(5 * scrape_s + 30),
+        "fleet dashboard",
+    );
     println!("fleet dashboard: {} queries, all with data", queries.len());
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     poller.join().unwrap();

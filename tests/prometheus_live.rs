@@ -36,6 +36,12 @@ const EXPECTED: [(&str, &str, &str, u64); 3] = [
     ("NpuHealthNpuStale", "id", "2", 60),
 ];
 
+/// Alerts that may fire beside [`EXPECTED`], and why.
+const MAY_FIRE: &[(&str, &str)] = &[(
+    "NpuHealthSamplerStuck",
+    "NPU 2's hung read holds the DCMI sampling thread: no pass completes while it blocks, so after about 2 min the sampler alert follows the NPU's own (seen when this test ran slow on a loaded machine)",
+)];
+
 /// Prometheus's scrape and evaluation interval here.
 const INTERVAL: Duration = Duration::from_secs(1);
 
@@ -106,21 +112,13 @@ fn rules_and_dashboard_hold_in_a_real_prometheus() {
         "30s",
     );
     assert!(queries.len() >= 25, "{queries:#?}");
-    let end = Instant::now() + Duration::from_secs(60);
-    loop {
-        let empty: Vec<_> = prometheus::empty_queries(&p, &queries)
-            .into_iter()
-            .filter(|(panel, _, _)| !EMPTY_BY_DESIGN.iter().any(|(t, _)| t == panel))
-            .collect();
-        if empty.is_empty() {
-            break;
-        }
-        assert!(
-            Instant::now() < end,
-            "dashboard queries without data: {empty:#?}"
-        );
-        std::thread::sleep(Duration::from_secs(1));
-    }
+    prometheus::wait_for_dashboard_data(
+        &p,
+        &queries,
+        EMPTY_BY_DESIGN,
+        Duration::from_secs(60),
+        "node dashboard",
+    );
     println!("node dashboard: {} queries, all with data", queries.len());
     let no_alerts = |why: &str| {
         let a = p.alerts();
@@ -195,7 +193,9 @@ fn rules_and_dashboard_hold_in_a_real_prometheus() {
                 (Some(i), "firing") => {
                     firing.entry(i).or_insert(now);
                 }
-                (None, "firing") => panic!("{name} fired, not expected: {labels}"),
+                (None, "firing") if !MAY_FIRE.iter().any(|(n, _)| *n == name) => {
+                    panic!("{name} fired, not expected: {labels}")
+                }
                 _ => {}
             }
         }

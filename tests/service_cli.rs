@@ -599,19 +599,23 @@ fn doctor_reports_each_condition_and_the_verdict() {
     );
     // No engine listening: health is pending, so it will not run yet.
     drop(engine);
-    let mut c = agent();
-    c.args(["doctor", "--config-path"]).arg(&uc).args([
-        "--role",
-        "prefill",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        &free_ports::<1>()[0].to_string(),
-        "--mgmt-port",
-        "9001",
-        "--json",
-    ]);
-    let v: serde_json::Value = serde_json::from_slice(&c.output().unwrap().stdout).unwrap();
+    let closed = free_ports::<1>()[0].to_string();
+    let pending = |extra: &[&str]| {
+        let mut c = agent();
+        c.args(["doctor", "--config-path"]).arg(&uc).args([
+            "--role",
+            "prefill",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &closed,
+            "--mgmt-port",
+            "9001",
+        ]);
+        c.args(extra);
+        c.output().unwrap().stdout
+    };
+    let v: serde_json::Value = serde_json::from_slice(&pending(&["--json"])).unwrap();
     assert_eq!(v["engines"][0]["virtual_inference_will_run"], false);
     assert_eq!(
         v["engines"][0]["virtual_inference_blocked_by"],
@@ -624,18 +628,7 @@ fn doctor_reports_each_condition_and_the_verdict() {
         "{v}"
     );
     // The same in text: it waits, it is not blocked; the policy line ends its sentence.
-    let mut t = agent();
-    t.args(["doctor", "--config-path"]).arg(&uc).args([
-        "--role",
-        "prefill",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        &free_ports::<1>()[0].to_string(),
-        "--mgmt-port",
-        "9001",
-    ]);
-    let text = String::from_utf8_lossy(&t.output().unwrap().stdout).into_owned();
+    let text = String::from_utf8_lossy(&pending(&[])).into_owned();
     assert!(
         text.contains("=> virtual inference waits for health (it runs once"),
         "{text}"

@@ -250,3 +250,29 @@ pub fn empty_queries(
         })
         .collect()
 }
+
+/// Waits until every query of `queries` returns data from `p`, but for the panels named in
+/// `empty_by_design` (`(title, why)`); panics with the ones still empty after `limit`.
+pub fn wait_for_dashboard_data(
+    p: &Prometheus,
+    queries: &[(String, String)],
+    empty_by_design: &[(&str, &str)],
+    limit: std::time::Duration,
+    what: &str,
+) {
+    let end = Instant::now() + limit;
+    loop {
+        let empty: Vec<_> = empty_queries(p, queries)
+            .into_iter()
+            .filter(|(panel, _, _)| !empty_by_design.iter().any(|(t, _)| t == panel))
+            .collect();
+        if empty.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < end,
+            "{what} queries without data: {empty:#?}"
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
