@@ -25,7 +25,7 @@ pub const EXIT_USAGE: u8 = 2;
 /// Exit code when no driver backend can serve AI Cube figures.
 pub const EXIT_NO_BACKEND: u8 = 3;
 
-const DRIVER_FLAGS_NOTE: &str = "Driver flags (--dcmi-lib, --npu-smi, --backend, --dcmi-no-owner-check, --npu-smi-delay, --fake) go before the command: npu-health-agent [FLAGS] <COMMAND>; see npu-health-agent --help.";
+const DRIVER_FLAGS_NOTE: &str = "Driver flags (--dcmi-lib, --npu-smi, --backend, --dcmi-no-owner-check, --npu-smi-delay) go before the command: npu-health-agent [FLAGS] <COMMAND>; see npu-health-agent --help.";
 
 /// Health agent for LLM inference nodes on Huawei Ascend NPUs.
 #[derive(Debug, Parser)]
