@@ -93,65 +93,63 @@ pub fn listeners(cfg: &AgentConfig) -> Result<Vec<String>, ConfigError> {
     let running = crate::continuity::StateDir::resolve(cfg.agent.state_dir.as_deref())
         .is_some_and(|d| std::os::unix::net::UnixStream::connect(d.handover_socket()).is_ok());
     let mut notes = Vec::new();
+    // `err(not_here, message)`: the error at the key for an address that is not on this
+    // host (`not_here`), else at the key for the port; `addr_key` names the address's key.
     let mut check = |addr: std::net::SocketAddr,
                      what: &str,
-                     err: &dyn Fn(String) -> ConfigError,
-                     addr_key: &str|
+                     addr_key: &str,
+                     err: &dyn Fn(bool, String) -> ConfigError|
      -> Result<(), ConfigError> {
-        match std::net::TcpListener::bind(addr) {
-            Ok(l) => {
-                drop(l);
-                Ok(())
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && running => {
+        use std::io::ErrorKind::{AddrInUse, AddrNotAvailable};
+        let e = match std::net::TcpListener::bind(addr) {
+            Ok(_) => return Ok(()),
+            Err(e) => e,
+        };
+        let at = format!("cannot listen on {addr} for {what}: {e}");
+        match e.kind() {
+            AddrInUse if running => {
                 notes.push(format!(
                     "{what} {addr} is in use by the running agent, which hands it over to a new one"
                 ));
                 Ok(())
             }
-            Err(e) if e.kind() == std::io::ErrorKind::AddrNotAvailable => Err(err(format!(
-                "cannot listen on {addr} for {what}: {e}: {} is not an address of this host (see {addr_key})",
-                addr.ip()
-            ))),
-            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => Err(err(format!(
-                "cannot listen on {addr} for {what}: {e} (another process holds the port; `ss -ltnp 'sport = :{}'` names it)",
-                addr.port()
-            ))),
-            Err(e) => Err(err(format!("cannot listen on {addr} for {what}: {e}"))),
+            AddrNotAvailable => Err(err(
+                true,
+                format!(
+                    "{at}: {} is not an address of this host (see {addr_key})",
+                    addr.ip()
+                ),
+            )),
+            AddrInUse => Err(err(
+                false,
+                format!(
+                    "{at} (another process holds the port; `ss -ltnp 'sport = :{}'` names it)",
+                    addr.port()
+                ),
+            )),
+            _ => Err(err(false, at)),
         }
     };
     if let Some(a) = cfg.agent.admin_listen {
-        check(
-            a,
-            "the admin listener",
-            &|m| ConfigError::new(&cfg.source, "[agent] admin_listen", m),
-            "admin_listen",
-        )?;
+        check(a, "the admin listener", "admin_listen", &|_, m| {
+            ConfigError::new(&cfg.source, "[agent] admin_listen", m)
+        })?;
     }
     if let Some(a) = cfg.agent.haproxy_agent_listen {
         check(
             a,
             "HAProxy's agent check",
-            &|m| ConfigError::new(&cfg.source, "[agent] haproxy_agent_listen", m),
             "haproxy_agent_listen",
+            &|_, m| ConfigError::new(&cfg.source, "[agent] haproxy_agent_listen", m),
         )?;
     }
     for (i, spec) in cfg.engines.iter().enumerate() {
         // The address is mgmt_host's, else host's (the engine's); the port mgmt_port's.
-        let in_use = |m: String| cfg.engine_error(i, "mgmt_port", m);
-        let not_here = |m: String| cfg.engine_error(i, "mgmt_host", m);
-        let addr = spec.mgmt_listen;
-        let probe = std::net::TcpListener::bind(addr);
-        let err: &dyn Fn(String) -> ConfigError = match &probe {
-            Err(e) if e.kind() == std::io::ErrorKind::AddrNotAvailable => &not_here,
-            _ => &in_use,
-        };
-        drop(probe);
         check(
-            addr,
+            spec.mgmt_listen,
             &format!("engine {}'s /status", spec.name),
-            err,
             "mgmt_host, which defaults to host",
+            &|not_here, m| cfg.engine_error(i, if not_here { "mgmt_host" } else { "mgmt_port" }, m),
         )?;
     }
     Ok(notes)
