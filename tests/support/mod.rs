@@ -192,3 +192,23 @@ pub fn in_child(test: &str, envs: &[(&str, &Path)]) -> bool {
     );
     false
 }
+
+/// Polls `done` every `poll` until it holds; after `limit` panics with `what` and `log()`
+/// (the log of whatever the test waits on).
+pub fn wait_or_panic(
+    what: &str,
+    limit: std::time::Duration,
+    poll: std::time::Duration,
+    log: impl Fn() -> String,
+    mut done: impl FnMut() -> bool,
+) {
+    let end = std::time::Instant::now() + limit;
+    while !done() {
+        assert!(
+            std::time::Instant::now() < end,
+            "not within {limit:?}: {what}\n{}",
+            log()
+        );
+        std::thread::sleep(poll);
+    }
+}

@@ -163,16 +163,8 @@ impl Prometheus {
     }
 
     /// Waits until `done`; panics with `what` and Prometheus's log.
-    pub fn wait(&self, what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
-        let end = Instant::now() + limit;
-        while !done() {
-            assert!(
-                Instant::now() < end,
-                "not within {limit:?}: {what}\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(250));
-        }
+    pub fn wait(&self, what: &str, limit: Duration, done: impl FnMut() -> bool) {
+        super::wait_or_panic(what, limit, Duration::from_millis(250), || self.log(), done);
     }
 }
 

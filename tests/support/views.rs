@@ -7,7 +7,7 @@ use super::kube_api::{self, StandIn};
 use super::stack::{free_ports, http, http_with};
 use std::path::Path;
 use std::process::{Child, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The admin token [`Views::start`] writes when asked for one.
 pub const TOKEN: &str = "views-admin-token-0123456789abcdef";
@@ -197,15 +197,7 @@ impl Views {
     }
 
     /// Waits until `done`; panics with `what` and the agent's log.
-    pub fn wait(&self, what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
-        let end = Instant::now() + limit;
-        while !done() {
-            assert!(
-                Instant::now() < end,
-                "not within {limit:?}: {what}\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+    pub fn wait(&self, what: &str, limit: Duration, done: impl FnMut() -> bool) {
+        super::wait_or_panic(what, limit, Duration::from_millis(100), || self.log(), done);
     }
 }
