@@ -516,26 +516,26 @@ impl Scope {
                     )
                 }),
         )?;
-        if !self.engines.is_empty() {
-            let mut m = enc.encode_descriptor(
+        type Read = fn(&crate::monitor::vi_state::ViState) -> (Vec<(f64, u64)>, u64, f64);
+        let histograms: [(&str, &str, Read); 2] = [
+            (
                 "npu_health_agent_virtual_probe_duration_seconds",
                 "Latency of virtual inference requests",
-                None,
-                MetricType::Histogram,
-            )?;
-            for e in &self.engines {
-                let (buckets, count, sum) = e.vi.latency_histogram();
-                m.encode_family(&name(e))?
-                    .encode_histogram::<NoLabelSet>(sum, count, &buckets, None)?;
-            }
-            let mut m = enc.encode_descriptor(
+                |vi| vi.latency_histogram(),
+            ),
+            (
                 "npu_health_agent_detection_seconds",
                 "For each abnormal verdict, the time from the start of the first failed virtual request that led to it (since this agent started)",
-                None,
-                MetricType::Histogram,
-            )?;
+                |vi| vi.detection_histogram(),
+            ),
+        ];
+        for (metric, help, read) in histograms {
+            if self.engines.is_empty() {
+                break;
+            }
+            let mut m = enc.encode_descriptor(metric, help, None, MetricType::Histogram)?;
             for e in &self.engines {
-                let (buckets, count, sum) = e.vi.detection_histogram();
+                let (buckets, count, sum) = read(&e.vi);
                 m.encode_family(&name(e))?
                     .encode_histogram::<NoLabelSet>(sum, count, &buckets, None)?;
             }
