@@ -507,17 +507,21 @@ fn doctor_reports_each_condition_and_the_verdict() {
     let uc = user_config(dir.path(), "");
     let env_json = dir.path().join("env.json");
     std::fs::write(&env_json, r#"{"motor_common_env": {"ASCEND_GLOBAL_LOG_LEVEL": "3"}, "motor_engine_prefill_env": {"ASCEND_GLOBAL_LOG_LEVEL": "1"}}"#).unwrap();
-    let base = |c: &mut Command| {
+    // doctor on the prefill engine whose inference port is `port`.
+    let doctor_on = |c: &mut Command, port: u16| {
         c.args(["doctor", "--config-path"]).arg(&uc).args([
             "--role",
             "prefill",
             "--host",
             "127.0.0.1",
             "--port",
-            &engine.port.to_string(),
+            &port.to_string(),
             "--mgmt-port",
             "9001",
         ]);
+    };
+    let base = |c: &mut Command| {
+        doctor_on(c, engine.port);
     };
     let mut c = agent();
     base(&mut c);
@@ -599,19 +603,10 @@ fn doctor_reports_each_condition_and_the_verdict() {
     );
     // No engine listening: health is pending, so it will not run yet.
     drop(engine);
-    let closed = free_ports::<1>()[0].to_string();
+    let [closed] = free_ports::<1>();
     let pending = |extra: &[&str]| {
         let mut c = agent();
-        c.args(["doctor", "--config-path"]).arg(&uc).args([
-            "--role",
-            "prefill",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            &closed,
-            "--mgmt-port",
-            "9001",
-        ]);
+        doctor_on(&mut c, closed);
         c.args(extra);
         c.output().unwrap().stdout
     };
