@@ -7,6 +7,7 @@
 
 mod support;
 
+use npu_health_agent::k8s::api::LIST_LIMIT;
 use npu_health_agent::monitor::acted::KubeRecord;
 use npu_health_agent::qos::score::Level;
 use std::time::{Duration, Instant};
@@ -163,6 +164,133 @@ fn the_gate_follows_readiness_through_api_failures() {
         stack.get(&stack.status_url()).unwrap().1,
         r#"{"status":"abnormal"}"#
     );
+}
+
+/// The process's peak resident memory so far (`VmHWM`), in bytes.
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM in /proc/<pid>/status");
+    kb * 1024
+}
+
+/// The bodies the flood answers with: 50 MB each.
+const FLOOD_BODY: usize = 50_000_000;
+
+// Hardening round 2, case 1: an API server that answers 50 MB bodies to every call for a
+// while (a 2xx list that is not JSON, a 5xx whose Status message is the 50 MB) costs the
+// agent at most twice the 16 MiB list limit of memory (before the limit: +500 MiB, and the
+// log grew by 150 MB); each failure is logged as one short line naming the call, the status
+// and why; /status is untouched; the gate recovers after.
+#[test]
+fn a_huge_api_answer_is_read_to_a_limit_and_logged_short() {
+    let api = StandIn::start(Vec::new());
+    let (stack, _secrets) = start(&api, "", "");
+    api.api.set_pods(pods(&stack));
+    wait(&stack, "the gate True", Duration::from_secs(20), || {
+        gate(&api, "vllm-0") == Some(("True".into(), "QosNormal".into()))
+    });
+    let pid = stack.agent.id();
+    let rss_before = peak_rss(pid);
+    let log_before = stack.agent_log().len();
+    let lists_before = api.api.seen_where("GET", "/api/v1/pods").len();
+    let patches_before = api.api.seen_where("PATCH", "/vllm-0/status").len();
+    const FLOODED: usize = 8;
+    api.api
+        .fail(Route::List, &vec![Failure::Huge(200, FLOOD_BODY); FLOODED]);
+    api.api.fail(
+        Route::PatchStatus,
+        &vec![Failure::Huge(500, FLOOD_BODY); FLOODED],
+    );
+    stack.faults(r#"{"hang": true}"#);
+    wait(
+        &stack,
+        "every flooded answer asked for",
+        Duration::from_secs(60),
+        || {
+            api.api.seen_where("GET", "/api/v1/pods").len() >= lists_before + FLOODED
+                && api.api.seen_where("PATCH", "/vllm-0/status").len() >= patches_before + FLOODED
+        },
+    );
+    let rss_after = peak_rss(pid);
+    let log = stack.agent_log();
+    let grown = &log[log_before..];
+    eprintln!(
+        "peak RSS {} -> {} MiB; log +{} bytes:\n{grown}",
+        rss_before >> 20,
+        rss_after >> 20,
+        grown.len()
+    );
+    // The list limit, and as much again for the client's own buffers and the allocator.
+    let bound = rss_before + 2 * LIST_LIMIT as u64;
+    assert!(
+        rss_after < bound,
+        "peak RSS grew from {} to {} MiB",
+        rss_before >> 20,
+        rss_after >> 20
+    );
+    assert!(
+        grown.len() < 16 << 10,
+        "the log grew by {} bytes",
+        grown.len()
+    );
+    assert!(
+        log.lines().all(|l| l.len() < 2048),
+        "a log line of {} bytes",
+        log.lines().map(str::len).max().unwrap_or(0)
+    );
+    assert!(
+        grown.contains(
+            "listing the pods of node n1: HTTP 200: the answer's body is over 16777216 bytes"
+        ),
+        "the list's failure, named:\n{grown}"
+    );
+    assert!(
+        grown.contains("setting condition npu-health-agent.io/qos-ready on pod inference/vllm-0: HTTP 500: the answer's body is over 65536 bytes"),
+        "the patch's failure, named:\n{grown}"
+    );
+    let r = record(&stack);
+    assert!(
+        r.last_api_error.as_deref().is_some_and(|e| e.len() < 1024),
+        "{r:#?}"
+    );
+    // The verdict went on by itself, and the gate follows it once the API answers again.
+    stack.wait_for_status("abnormal", Duration::from_secs(30));
+    wait(&stack, "the gate False", Duration::from_secs(60), || {
+        gate(&api, "vllm-0") == Some(("False".into(), "EngineAbnormal".into()))
+    });
+}
+
+// A 5xx whose Status message is 20 kB (under the error limit, so it is read): the error
+// keeps the reason and the message, quoted and cut at 512 bytes.
+#[test]
+fn a_long_api_error_message_is_cut() {
+    let api = StandIn::start(Vec::new());
+    let (stack, _secrets) = start(&api, "", "");
+    api.api.set_pods(pods(&stack));
+    wait(&stack, "the gate True", Duration::from_secs(20), || {
+        gate(&api, "vllm-0") == Some(("True".into(), "QosNormal".into()))
+    });
+    api.api
+        .fail(Route::PatchStatus, &vec![Failure::Huge(500, 20_000); 3]);
+    stack.faults(r#"{"hang": true}"#);
+    wait(
+        &stack,
+        "the failure recorded",
+        Duration::from_secs(60),
+        || {
+            record(&stack)
+                .last_api_error
+                .is_some_and(|e| e.contains("InternalError"))
+        },
+    );
+    let e = record(&stack).last_api_error.unwrap();
+    assert!(e.contains("HTTP 500 InternalError: \"xxxx"), "{e}");
+    assert!(e.contains("more bytes)"), "{e}");
+    assert!(e.len() < 1024, "{} bytes: {e}", e.len());
 }
 
 // Two pods serve the engine's port: the mode names both and does nothing; once one is gone

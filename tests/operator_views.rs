@@ -231,7 +231,7 @@ impl Stream {
         while Instant::now() < end {
             match self.s.read(&mut buf) {
                 Ok(0) => break,
-                Ok(n) => out.extend(self.parser.feed(&buf[..n])),
+                Ok(n) => out.extend(self.parser.feed(&buf[..n]).expect("an agent's stream")),
                 Err(e) => panic!("the stream failed: {e}"),
             }
         }

@@ -248,17 +248,31 @@ impl Model {
     }
 }
 
+/// Longest event `top` accepts from the agent (a `hello` with hundreds of NPUs is tens of
+/// kilobytes); a longer one ends the view with an error rather than growing without bound.
+pub const MAX_EVENT: usize = 4 << 20;
+
 /// Splits a server-sent event stream into `(event, data)` pairs.
 #[derive(Debug, Default)]
 pub struct SseParser {
     buf: String,
+    /// The start of a character split across reads.
+    split: Vec<u8>,
 }
 
 impl SseParser {
-    /// Feeds bytes; returns the events completed by them.
-    pub fn feed(&mut self, bytes: &[u8]) -> Vec<(String, String)> {
+    /// Feeds bytes; returns the events completed by them, or an error once more than
+    /// [`MAX_EVENT`] bytes are pending without an event's end.
+    pub fn feed(&mut self, bytes: &[u8]) -> Result<Vec<(String, String)>, String> {
+        self.split.extend_from_slice(bytes);
+        let whole = match std::str::from_utf8(&self.split) {
+            Err(e) if e.error_len().is_none() => e.valid_up_to(),
+            _ => self.split.len(),
+        };
+        let rest = self.split.split_off(whole);
         self.buf
-            .push_str(&String::from_utf8_lossy(bytes).replace("\r\n", "\n"));
+            .push_str(&String::from_utf8_lossy(&self.split).replace("\r\n", "\n"));
+        self.split = rest;
         let mut out = Vec::new();
         while let Some(i) = self.buf.find("\n\n") {
             let block: String = self.buf.drain(..i + 2).collect();
@@ -274,7 +288,12 @@ impl SseParser {
                 out.push((name, data));
             }
         }
-        out
+        if self.buf.len() > MAX_EVENT {
+            return Err(format!(
+                "an event of over {MAX_EVENT} bytes without its end; not an agent's stream"
+            ));
+        }
+        Ok(out)
     }
 }
 
@@ -338,9 +357,21 @@ async fn open(args: &TopArgs) -> anyhow::Result<reqwest::Response> {
         403 => bail!("{url} answered 403: this client is not allowed"),
         code => bail!(
             "{url} answered {code}: {}",
-            resp.text().await.unwrap_or_default().trim()
+            crate::logging::quote(body_start(resp).await.trim())
         ),
     }
+}
+
+/// At most the first 4 KiB of an error answer's body, for the message.
+async fn body_start(mut resp: reqwest::Response) -> String {
+    let mut body = Vec::new();
+    while body.len() < 4096
+        && let Ok(Ok(Some(c))) = tokio::time::timeout(Duration::from_secs(2), resp.chunk()).await
+    {
+        body.extend_from_slice(&c);
+    }
+    body.truncate(4096);
+    String::from_utf8_lossy(&body).into_owned()
 }
 
 /// Runs `top`.
@@ -355,7 +386,10 @@ pub async fn run(args: TopArgs) -> anyhow::Result<()> {
                 .await
                 .map_err(|_| anyhow!("no complete frame from {} within 10 s", args.admin))??
                 .ok_or_else(|| anyhow!("{} closed the stream", args.admin))?;
-            for (e, d) in parser.feed(&chunk) {
+            for (e, d) in parser
+                .feed(&chunk)
+                .map_err(|e| anyhow!("{}: {e}", args.admin))?
+            {
                 model.apply(&e, &d)?;
             }
         }
@@ -413,7 +447,7 @@ async fn live(
                 },
                 chunk = resp.chunk() => match chunk? {
                     Some(c) => {
-                        for (e, d) in parser.feed(&c) {
+                        for (e, d) in parser.feed(&c).map_err(|e| anyhow!("{e}"))? {
                             model.apply(&e, &d)?;
                         }
                     }
@@ -437,8 +471,10 @@ mod tests {
     #[test]
     fn sse_blocks_split_across_reads_are_joined() {
         let mut p = SseParser::default();
-        assert!(p.feed(b"event: hello\ndata: {\"x\"").is_empty());
-        let got = p.feed(b":1}\n\n: keep-alive\n\nevent: samples\r\ndata: 2\r\n\r\n");
+        assert!(p.feed(b"event: hello\ndata: {\"x\"").unwrap().is_empty());
+        let got = p
+            .feed(b":1}\n\n: keep-alive\n\nevent: samples\r\ndata: 2\r\n\r\n")
+            .unwrap();
         assert_eq!(
             got,
             vec![
@@ -446,6 +482,37 @@ mod tests {
                 ("samples".to_owned(), "2".to_owned())
             ]
         );
+    }
+
+    // A character split across two reads is joined, not replaced.
+    #[test]
+    fn sse_a_character_split_across_reads_is_kept() {
+        let mut p = SseParser::default();
+        let frame = "event: engines\ndata: {\"name\":\"推理\"}\n\n".as_bytes();
+        let cut = frame.iter().position(|&b| b >= 0x80).unwrap() + 1;
+        assert!(p.feed(&frame[..cut]).unwrap().is_empty());
+        let got = p.feed(&frame[cut..]).unwrap();
+        assert_eq!(got[0].1, "{\"name\":\"推理\"}");
+    }
+
+    // A peer that never ends an event is refused at MAX_EVENT, not buffered without bound.
+    #[test]
+    fn sse_an_endless_event_is_refused() {
+        let mut p = SseParser::default();
+        let chunk = vec![b'x'; 64 << 10];
+        let mut fed = 0;
+        let err = loop {
+            match p.feed(&chunk) {
+                Ok(v) => assert!(v.is_empty()),
+                Err(e) => break e,
+            }
+            fed += chunk.len();
+            assert!(
+                fed <= MAX_EVENT + chunk.len(),
+                "still buffering at {fed} bytes"
+            );
+        };
+        assert!(err.contains("without its end"), "{err}");
     }
 
     // A 100 ms burst among 50 ms samples shows in its column (each column is the highest

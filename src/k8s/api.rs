@@ -4,23 +4,44 @@
 //! patch of `status.conditions`, merged by `type`, so the kubelet's own conditions stay),
 //! create an Eviction (policy/v1), and set one annotation (MindCluster's).
 //!
-//! Every request has `request_timeout`; kube's own retries are off (they would resend a
-//! PDB-refused eviction up to 15 times over minutes): the loop retries, with its back-off.
+//! Every request has `request_timeout`, for the whole exchange, body included; kube's own
+//! retries are off (they would resend a PDB-refused eviction up to 15 times over minutes):
+//! the loop retries, with its back-off.
+//!
+//! kube builds the requests and carries them (authentication, TLS, in-cluster config), but
+//! the answers are read here, never by kube's typed calls, which read a body whole however
+//! large and log an unparsable one whole at WARN: a body is read to at most [`LIST_LIMIT`]
+//! (a list), [`OBJECT_LIMIT`] (one object) or [`ERROR_LIMIT`] (an error status), and
+//! anything from the answer that an error quotes is cut at [`crate::logging::QUOTE_MAX`].
+//! A redirect is refused, never followed.
 
 use crate::config::kubernetes::KubernetesConfig;
+use crate::logging::quote;
 use k8s_openapi::api::core::v1::{Pod, PodCondition};
 use k8s_openapi::api::policy::v1::Eviction;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::Resource;
+use kube::api::{GetParams, ListParams, Patch, PatchParams};
+use kube::core::{ObjectList, Request};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::time::Duration;
+
+/// Most bytes read of an answer that lists this node's pods: about a hundred times a large
+/// pod. A node runs at most 110 pods by the kubelet's default.
+pub const LIST_LIMIT: usize = 16 << 20;
+/// Most bytes read of an answer that is one object (a pod; the answer to a patch or an
+/// Eviction). etcd refuses objects over 1.5 MiB by default.
+pub const OBJECT_LIMIT: usize = 2 << 20;
+/// Most bytes read of an error answer (a `Status` is a few hundred bytes).
+pub const ERROR_LIMIT: usize = 64 << 10;
 
 /// A failed API call, classified.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ApiError {
     /// The API server answered with an error status (`reason`, `message` from its Status).
-    #[error("HTTP {code} {reason}: {message}")]
+    #[error("HTTP {code}{}: {message}", if reason.is_empty() { "" } else { " " }.to_owned() + reason)]
     Status {
         code: u16,
         reason: String,
@@ -29,6 +50,9 @@ pub enum ApiError {
     /// No usable answer: refused, timed out, TLS, garbage.
     #[error("{0}")]
     Transport(String),
+    /// The answer's body was over the limit for its kind; it was not read further.
+    #[error("HTTP {code}: the answer's body is over {limit} bytes; not read further")]
+    TooLarge { code: u16, limit: usize },
 }
 
 impl ApiError {
@@ -36,7 +60,7 @@ impl ApiError {
     pub fn code(&self) -> Option<u16> {
         match self {
             ApiError::Status { code, .. } => Some(*code),
-            ApiError::Transport(_) => None,
+            ApiError::Transport(_) | ApiError::TooLarge { .. } => None,
         }
     }
 
@@ -46,20 +70,55 @@ impl ApiError {
             || matches!(self, ApiError::Status { reason, .. } if reason == "TooManyRequests")
     }
 
-    fn from_kube(e: kube::Error) -> ApiError {
-        match e {
-            kube::Error::Api(s) => ApiError::Status {
-                code: s.code,
-                reason: s.reason.clone(),
-                message: s.message.clone(),
+    /// An error answer (4xx, 5xx) with at most [`ERROR_LIMIT`] bytes of body: its `Status`
+    /// when the body is one, else the body's start as the message.
+    fn of_answer(code: u16, body: &[u8]) -> ApiError {
+        #[derive(serde::Deserialize)]
+        struct StatusBody {
+            #[serde(default)]
+            reason: String,
+            #[serde(default)]
+            message: String,
+        }
+        match serde_json::from_slice::<StatusBody>(body) {
+            Ok(s) => ApiError::Status {
+                code,
+                reason: clip(&s.reason),
+                message: quote(&s.message),
             },
-            other => ApiError::Transport(one_line(&other)),
+            Err(_) => ApiError::Status {
+                code,
+                reason: String::new(),
+                message: format!(
+                    "not a Status: {}",
+                    quote(String::from_utf8_lossy(body).trim())
+                ),
+            },
         }
     }
 }
 
-/// The error and its sources on one line.
+/// `s` as one line (control characters escaped) of at most [`crate::logging::QUOTE_MAX`]
+/// bytes: an error's own words, not quoted.
+fn clip(s: &str) -> String {
+    let s = crate::logging::escape_controls(s);
+    let mut cut = s.len().min(crate::logging::QUOTE_MAX);
+    while !s.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    if cut == s.len() {
+        s.into_owned()
+    } else {
+        format!("{}… ({} more bytes)", &s[..cut], s.len() - cut)
+    }
+}
+
+/// The error and its sources on one line, clipped.
 fn one_line(e: &dyn std::error::Error) -> String {
+    clip(&sources(e))
+}
+
+fn sources(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut src = e.source();
     while let Some(c) = src {
@@ -178,6 +237,8 @@ pub trait KubeApi: Send + Sync {
 #[derive(Clone)]
 pub struct KubeClient {
     client: kube::Client,
+    /// The whole exchange's limit, the body's reading included.
+    timeout: Duration,
 }
 
 impl std::fmt::Debug for KubeClient {
@@ -246,12 +307,121 @@ impl KubeClient {
         kc.default_retry = false;
         let client = kube::Client::try_from(kc)
             .map_err(|e| format!("Kubernetes client: {}", one_line(&e)))?;
-        Ok(KubeClient { client })
+        Ok(KubeClient {
+            client,
+            timeout: cfg.request_timeout,
+        })
     }
 
-    fn pods(&self, namespace: &str) -> Api<Pod> {
-        Api::namespaced(self.client.clone(), namespace)
+    /// Sends `req` and reads its answer's body, at most `limit` bytes of it, all within
+    /// `request_timeout`. A 3xx, 4xx or 5xx answer is an [`ApiError`].
+    async fn call(
+        &self,
+        req: Result<http::Request<Vec<u8>>, kube::core::request::Error>,
+        limit: usize,
+    ) -> Result<Vec<u8>, ApiError> {
+        let req = req
+            .map_err(|e| ApiError::Transport(format!("building the request: {}", one_line(&e))))?;
+        tokio::time::timeout(self.timeout, self.exchange(req, limit))
+            .await
+            .unwrap_or_else(|_| {
+                Err(ApiError::Transport(format!(
+                    "no complete answer within request_timeout ({})",
+                    humantime::format_duration(self.timeout)
+                )))
+            })
     }
+
+    async fn exchange(
+        &self,
+        req: http::Request<Vec<u8>>,
+        limit: usize,
+    ) -> Result<Vec<u8>, ApiError> {
+        let res = self
+            .client
+            .send(req.map(kube::client::Body::from))
+            .await
+            .map_err(|e| ApiError::Transport(one_line(&e)))?;
+        let code = res.status().as_u16();
+        if res.status().is_redirection() {
+            let to = res
+                .headers()
+                .get(http::header::LOCATION)
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+                .unwrap_or_default();
+            return Err(ApiError::Status {
+                code,
+                reason: "Redirect".to_owned(),
+                message: format!("a redirect to {}, not followed", quote(&to)),
+            });
+        }
+        let ok = res.status().is_success();
+        let limit = if ok { limit } else { ERROR_LIMIT };
+        let declared = res
+            .headers()
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > limit as u64) {
+            return Err(ApiError::TooLarge { code, limit });
+        }
+        let body = read_body(res.into_body(), code, limit).await?;
+        if ok {
+            Ok(body)
+        } else {
+            Err(ApiError::of_answer(code, &body))
+        }
+    }
+
+    /// `call`, then the body as a `T` (`what` names it in the error).
+    async fn call_for<T: serde::de::DeserializeOwned>(
+        &self,
+        req: Result<http::Request<Vec<u8>>, kube::core::request::Error>,
+        limit: usize,
+        what: &str,
+    ) -> Result<T, ApiError> {
+        let body = self.call(req, limit).await?;
+        serde_json::from_slice(&body).map_err(|e| {
+            ApiError::Transport(format!(
+                "the answer is not {what}: {}",
+                clip(&e.to_string())
+            ))
+        })
+    }
+}
+
+/// At most `limit` bytes of `body`; [`ApiError::TooLarge`] as soon as there are more.
+async fn read_body(
+    mut body: kube::client::Body,
+    code: u16,
+    limit: usize,
+) -> Result<Vec<u8>, ApiError> {
+    use http_body_util::BodyExt;
+    // The frames are kept as they came and joined once at the end: growing one buffer would
+    // hold its old and new copies at once, twice the limit.
+    let mut frames = Vec::new();
+    let mut len = 0;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| {
+            ApiError::Transport(format!("HTTP {code}: reading the answer: {}", one_line(&e)))
+        })?;
+        if let Ok(data) = frame.into_data() {
+            len += data.len();
+            if len > limit {
+                return Err(ApiError::TooLarge { code, limit });
+            }
+            frames.push(data);
+        }
+    }
+    let mut buf = Vec::with_capacity(len);
+    for f in frames {
+        buf.extend_from_slice(&f);
+    }
+    Ok(buf)
+}
+
+/// Requests on pods in `namespace` (every namespace when `None`).
+fn pods(namespace: Option<&str>) -> Request {
+    Request::new(Pod::url_path(&(), namespace))
 }
 
 impl KubeApi for KubeClient {
@@ -261,10 +431,6 @@ impl KubeApi for KubeClient {
         namespace: Option<&str>,
         labels: Option<&str>,
     ) -> Result<Vec<PodInfo>, ApiError> {
-        let api: Api<Pod> = match namespace {
-            Some(ns) => self.pods(ns),
-            None => Api::all(self.client.clone()),
-        };
         let mut lp = ListParams::default();
         if let Some(n) = node {
             lp = lp.fields(&format!("spec.nodeName={n}"));
@@ -272,16 +438,16 @@ impl KubeApi for KubeClient {
         if let Some(l) = labels {
             lp = lp.labels(l);
         }
-        let list = api.list(&lp).await.map_err(ApiError::from_kube)?;
+        let list: ObjectList<Pod> = self
+            .call_for(pods(namespace).list(&lp), LIST_LIMIT, "a list of pods")
+            .await?;
         Ok(list.items.iter().map(PodInfo::of).collect())
     }
 
     async fn get_pod(&self, namespace: &str, name: &str) -> Result<PodInfo, ApiError> {
-        self.pods(namespace)
-            .get(name)
-            .await
-            .map(|p| PodInfo::of(&p))
-            .map_err(ApiError::from_kube)
+        let req = pods(Some(namespace)).get(name, &GetParams::default());
+        let pod: Pod = self.call_for(req, OBJECT_LIMIT, "a pod").await?;
+        Ok(PodInfo::of(&pod))
     }
 
     async fn set_condition(
@@ -291,15 +457,17 @@ impl KubeApi for KubeClient {
         condition: &PodCondition,
     ) -> Result<(), ApiError> {
         let body = json!({ "status": { "conditions": [condition] } });
-        self.pods(namespace)
-            .patch_status(name, &patch_params(), &Patch::Strategic(&body))
-            .await
-            .map(drop)
-            .map_err(ApiError::from_kube)
+        let req = pods(Some(namespace)).patch_subresource(
+            "status",
+            name,
+            &patch_params(),
+            &Patch::Strategic(&body),
+        );
+        self.call(req, OBJECT_LIMIT).await.map(drop)
     }
 
     async fn evict(&self, namespace: &str, name: &str) -> Result<(), ApiError> {
-        // Built here rather than with `Api::evict`, which leaves out apiVersion and kind.
+        // Built here rather than with kube's `evict`, which leaves out apiVersion and kind.
         let eviction = Eviction {
             metadata: ObjectMeta {
                 name: Some(name.to_owned()),
@@ -315,11 +483,7 @@ impl KubeApi for KubeClient {
         .header(http::header::CONTENT_TYPE, "application/json")
         .body(body)
         .map_err(|e| ApiError::Transport(e.to_string()))?;
-        self.client
-            .request::<kube::core::Status>(req)
-            .await
-            .map(drop)
-            .map_err(ApiError::from_kube)
+        self.call(Ok(req), OBJECT_LIMIT).await.map(drop)
     }
 
     async fn annotate(
@@ -330,10 +494,56 @@ impl KubeApi for KubeClient {
         value: &str,
     ) -> Result<(), ApiError> {
         let body = json!({ "metadata": { "annotations": { key: value } } });
-        self.pods(namespace)
-            .patch(name, &patch_params(), &Patch::Strategic(&body))
-            .await
-            .map(drop)
-            .map_err(ApiError::from_kube)
+        let req = pods(Some(namespace)).patch(name, &patch_params(), &Patch::Strategic(&body));
+        self.call(req, OBJECT_LIMIT).await.map(drop)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_status_keeps_its_reason_and_a_cut_escaped_message() {
+        let body = serde_json::to_vec(&json!({
+            "kind": "Status",
+            "reason": "Internal\nError",
+            "message": format!("\u{1b}[31m{}", "x".repeat(5000)),
+        }))
+        .unwrap();
+        let ApiError::Status {
+            code,
+            reason,
+            message,
+        } = ApiError::of_answer(500, &body)
+        else {
+            panic!("a Status")
+        };
+        assert_eq!((code, reason.as_str()), (500, "Internal\\nError"));
+        assert!(message.starts_with("\"\\u{1b}[31mxxx"), "{message}");
+        assert!(message.ends_with("… (4493 more bytes)"), "{message}");
+        assert!(!message.contains(char::is_control));
+    }
+
+    #[test]
+    fn an_error_body_that_is_no_status_is_quoted_short() {
+        let body = format!("<html>\n{}</html>", "y".repeat(3000));
+        let e = ApiError::of_answer(502, body.as_bytes()).to_string();
+        assert!(
+            e.starts_with("HTTP 502: not a Status: \"<html>\\nyyy"),
+            "{e}"
+        );
+        assert!(e.len() < 600, "{} bytes", e.len());
+    }
+
+    #[test]
+    fn clip_cuts_on_a_char_boundary_and_says_how_much() {
+        let s = "é".repeat(400);
+        let c = clip(&s);
+        assert!(
+            c.starts_with("éé") && c.ends_with("… (288 more bytes)"),
+            "{c}"
+        );
+        assert_eq!(clip("short"), "short");
     }
 }

@@ -42,6 +42,10 @@ pub enum Failure {
     Garbage,
     /// Answers (normally) after this long.
     Slow(Duration),
+    /// This HTTP code with a body of this many bytes, streamed in chunks without a
+    /// Content-Length: a `Status` whose message is that long for an error code, a body that
+    /// is not JSON for a 2xx.
+    Huge(u16, usize),
 }
 
 /// One request as received.
@@ -258,12 +262,38 @@ async fn front(
             Some(status(code, reason, &format!("scripted {code} {reason}")))
         }
         Some(Failure::Garbage) => Some((StatusCode::OK, "<html>not json").into_response()),
+        Some(Failure::Huge(code, bytes)) => Some(huge(code, bytes)),
         Some(Failure::Slow(d)) => {
             tokio::time::sleep(d).await;
             None
         }
         None => None,
     }
+}
+
+/// A streamed body of `bytes` bytes (see [`Failure::Huge`]).
+fn huge(code: u16, bytes: usize) -> Response {
+    const CHUNK: usize = 64 << 10;
+    let (head, tail): (&'static str, &'static str) = if code >= 400 {
+        (
+            r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"InternalError","message":""#,
+            r#""}"#,
+        )
+    } else {
+        ("<html>", "</html>")
+    };
+    let fill = bytes.saturating_sub(head.len() + tail.len());
+    let chunks = std::iter::once(Bytes::from_static(head.as_bytes()))
+        .chain((0..fill / CHUNK).map(|_| Bytes::from(vec![b'x'; CHUNK])))
+        .chain(std::iter::once(Bytes::from(vec![b'x'; fill % CHUNK])))
+        .chain(std::iter::once(Bytes::from_static(tail.as_bytes())))
+        .map(Ok::<_, std::convert::Infallible>);
+    (
+        StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        [("content-type", "application/json")],
+        axum::body::Body::from_stream(futures_util::stream::iter(chunks)),
+    )
+        .into_response()
 }
 
 fn query_param(q: &Option<String>, key: &str) -> Option<String> {
