@@ -30,10 +30,20 @@ pub fn run_as_npu_smi() -> Option<u8> {
     None
 }
 
+/// The running binary, as it was found the first time. Asked again after the file was
+/// replaced (a rebuild, an upgrade), the kernel answers `<path> (deleted)`, so every SIGHUP
+/// reload would see a new `npu_smi` and log a change that is none.
+fn exe() -> Result<PathBuf, String> {
+    static EXE: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
+    EXE.get_or_init(|| {
+        std::env::current_exe().map_err(|e| format!("cannot locate the agent binary: {e}"))
+    })
+    .clone()
+}
+
 /// Path of a fake library built next to the running binary (or test executable).
 pub fn lib_path(name: &str) -> Result<PathBuf, String> {
-    let exe =
-        std::env::current_exe().map_err(|e| format!("cannot locate the agent binary: {e}"))?;
+    let exe = exe()?;
     let dir = exe.parent().unwrap_or(Path::new("."));
     let candidates = [dir.join(name), dir.join("deps").join(name)];
     candidates
@@ -60,8 +70,7 @@ pub fn apply(
         driver.dcmi_lib = Some(lib_path(FAKE_LIB)?);
     }
     if !explicit_npu_smi {
-        driver.npu_smi =
-            std::env::current_exe().map_err(|e| format!("cannot locate the agent binary: {e}"))?;
+        driver.npu_smi = exe()?;
     }
     driver.check_owner = false;
     Ok(())

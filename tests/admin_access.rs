@@ -147,6 +147,31 @@ fn admin_token_guards_everything_but_healthz() {
     );
 }
 
+// Hardening round 2, case 3: the open routes (the kubelet's probes carry no credentials)
+// leak nothing the token guards. An unknown name is a 404 that names no other engine (it
+// listed them all); a reason names no address (it quoted the engine's /health URL).
+#[test]
+fn the_open_engine_probes_name_no_other_engine_and_no_address() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("admin.token"), format!("{TOKEN}\n")).unwrap();
+    let (_agent, admin) = start(dir.path(), "admin_token_file = \"admin.token\"");
+    let get = |path: &str| http_with("GET", &format!("http://127.0.0.1:{admin}{path}"), None, &[]);
+    wait_for("the engine's /health refused", dir.path(), || {
+        get("/engines/a/readyz").is_some_and(|(_, b)| b.contains("refused"))
+    });
+    let (code, body) = get("/engines/a/readyz").unwrap();
+    assert_eq!(code, 503, "{body}");
+    assert!(
+        !body.contains("127.0.0.1") && !body.contains("http://"),
+        "an address in an open answer: {body}"
+    );
+    let (code, body) = get("/engines/a/livez").unwrap();
+    assert!(!body.contains("127.0.0.1"), "{code} {body}");
+    let (code, body) = get("/engines/nope/readyz").unwrap();
+    assert_eq!(code, 404, "{body}");
+    assert_eq!(body, "no engine named \"nope\" here\n");
+}
+
 #[test]
 fn admin_mtls_and_token_together() {
     let _ = rustls::crypto::ring::default_provider().install_default();

@@ -803,6 +803,73 @@ fn catches(pid: u32, sig: i32) -> bool {
         .is_some_and(|mask| mask & (1 << (sig - 1)) != 0)
 }
 
+// Hardening round 2: a SIGHUP with the file unchanged reports no start-only change, also
+// after the binary was replaced on disk (a rebuild, a package upgrade of a `--fake` run):
+// the kernel then names the running binary `<path> (deleted)`, and `--fake`'s npu-smi, the
+// binary itself, read as a new npu_smi at every reload.
+#[test]
+fn a_reload_with_the_file_unchanged_reports_no_npu_smi_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let (scenario, _files) = npus(dir.path(), "");
+    // The agent and its fake libraries, copied where the binary can be replaced.
+    let bin = dir.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let exe = bin.join("npu-health-agent");
+    std::fs::copy(support::agent(), &exe).unwrap();
+    let lib = npu_health_agent::fake::FAKE_LIB;
+    std::fs::copy(
+        npu_health_agent::fake::lib_path(lib).unwrap(),
+        bin.join(lib),
+    )
+    .unwrap();
+    let [port, mgmt] = free_ports();
+    let config = dir.path().join("agent.toml");
+    std::fs::write(&config, engine_on("a", port, mgmt, 10, "0")).unwrap();
+    let log_path = dir.path().join("agent.log");
+    let cmd = agent_cmd(&scenario, &config);
+    let mut agent = Command::new(&exe)
+        .args(cmd.get_args())
+        .envs(cmd.get_envs().filter_map(|(k, v)| Some((k, v?))))
+        .env_remove("NOTIFY_SOCKET")
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(std::fs::File::create(&log_path).unwrap()))
+        .spawn()
+        .unwrap();
+    let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    wait_until(Duration::from_secs(20), "/status served", || {
+        status(mgmt).is_some()
+    });
+    let reloads = || log().matches("configuration reloaded").count();
+    signal(&agent, rustix::process::Signal::HUP);
+    wait_until(Duration::from_secs(10), "the first reload", || {
+        reloads() == 1
+    });
+    std::fs::remove_file(&exe).unwrap();
+    std::fs::copy(support::agent(), &exe).unwrap();
+    signal(&agent, rustix::process::Signal::HUP);
+    wait_until(Duration::from_secs(10), "the second reload", || {
+        reloads() == 2
+    });
+    let text = log();
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("configuration reloaded"))
+        .collect();
+    assert!(
+        lines
+            .iter()
+            .all(|l| !l.contains("take effect at the next restart")),
+        "{lines:#?}"
+    );
+    signal(&agent, rustix::process::Signal::TERM);
+    assert_eq!(
+        wait_exit(&mut agent, Duration::from_secs(15)),
+        Some(0),
+        "{}",
+        log()
+    );
+}
+
 // Issue 11 §5: a SIGHUP or SIGTERM at any moment of start-up has a defined outcome. From the
 // first line of main the signals are caught: SIGHUP during start-up is a reload once ready
 // (the agent keeps running and serves), SIGTERM stops it with exit 0. Before main (the

@@ -189,7 +189,25 @@ struct Stream {
 impl Stream {
     /// Opens `/events`; `Err` with the status line and body when it is not 200.
     fn open(port: u16, token: Option<&str>) -> Result<Stream, String> {
-        let mut s = TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
+        let s = TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
+        Stream::open_on(s, token)
+    }
+
+    /// Opens `/events` from a socket whose receive buffer is `rcvbuf` bytes (the kernel's
+    /// default when `None`).
+    fn open_with_rcvbuf(port: u16, rcvbuf: Option<usize>) -> Result<Stream, String> {
+        use rustix::net::{AddressFamily, SocketType, connect, socket, sockopt};
+        let fd =
+            socket(AddressFamily::INET, SocketType::STREAM, None).map_err(|e| e.to_string())?;
+        if let Some(n) = rcvbuf {
+            sockopt::set_socket_recv_buffer_size(&fd, n).map_err(|e| e.to_string())?;
+        }
+        connect(&fd, &std::net::SocketAddr::from(([127, 0, 0, 1], port)))
+            .map_err(|e| e.to_string())?;
+        Stream::open_on(TcpStream::from(fd), None)
+    }
+
+    fn open_on(mut s: TcpStream, token: Option<&str>) -> Result<Stream, String> {
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
         write!(s, "GET /events HTTP/1.1\r\nHost: x\r\n{auth}\r\n").map_err(|e| e.to_string())?;
@@ -355,6 +373,50 @@ fn events_carry_every_sample_at_a_bounded_rate_to_a_bounded_number_of_subscriber
             back.is_some()
         },
     );
+}
+
+// Hardening round 2, case 2: eight subscribers that never read hold every `/events` slot
+// only until their receive windows shut and the agent's stall timeout (20 s) runs out; a
+// ninth gets in after that, not ~35 minutes later when the kernel's send buffers would have
+// filled and the idle timeout run. The subscribers shrink their receive buffers to 4 KiB, so
+// their windows shut within seconds at the stream's rate (a default Linux client takes
+// longer: NPU_HEALTH_STALL_DEFAULT_RCVBUF=1 measures it, docs/operator-views.md has the
+// figure). /status answers throughout.
+#[test]
+fn stalled_events_subscribers_free_their_slots() {
+    let v = Views::start(false, false);
+    let rcvbuf = match std::env::var("NPU_HEALTH_STALL_DEFAULT_RCVBUF").as_deref() {
+        Ok("1") => None,
+        _ => Some(4096),
+    };
+    let stalled: Vec<Stream> = (0..8)
+        .map(|_| Stream::open_with_rcvbuf(v.admin, rcvbuf).unwrap())
+        .collect();
+    let opened = Instant::now();
+    let refused = Stream::open(v.admin, None)
+        .err()
+        .expect("the ninth is refused");
+    assert!(refused.starts_with("HTTP/1.1 503"), "{refused}");
+    let bound = Duration::from_secs(if rcvbuf.is_some() { 20 + 30 } else { 20 + 300 });
+    let mut ninth = None;
+    v.wait("a ninth subscriber let in", bound, || {
+        for m in v.mgmt {
+            assert_eq!(v.status(m).as_deref(), Some("normal"));
+        }
+        ninth = Stream::open(v.admin, None).ok();
+        if ninth.is_none() {
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        ninth.is_some()
+    });
+    println!(
+        "eight stalled subscribers (receive buffer {}): a ninth let in after {:.1} s",
+        rcvbuf.map_or("default".to_owned(), |n| format!("{n} B")),
+        opened.elapsed().as_secs_f64()
+    );
+    let events = ninth.unwrap().read_for(Duration::from_secs(1));
+    assert_eq!(events[0].0, "hello");
+    drop(stalled);
 }
 
 // The page is open (it holds no data) and has no external asset; its stream needs the

@@ -59,6 +59,7 @@ fn agent_toml() -> impl Strategy<Value = String> {
         Just("max_connections"),
         Just("header_read_timeout"),
         Just("idle_timeout"),
+        Just("stall_timeout"),
         Just("worker_threads"),
         Just("npu_smi_delay"),
         Just("port"),

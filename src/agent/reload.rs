@@ -102,6 +102,10 @@ fn restart_only(old: &AgentSettings, new: &AgentSettings) -> Vec<&'static str> {
         "idle_timeout",
         old.listeners.idle_timeout != new.listeners.idle_timeout,
     );
+    check(
+        "stall_timeout",
+        old.listeners.stall_timeout != new.listeners.stall_timeout,
+    );
     check("kubernetes", old.kubernetes != new.kubernetes);
     check("state_dir", old.state_dir != new.state_dir);
     out
@@ -434,6 +438,7 @@ mod tests {
                 max_connections: 9,
                 header_read_timeout: std::time::Duration::from_secs(3),
                 idle_timeout: std::time::Duration::from_secs(4),
+                stall_timeout: std::time::Duration::from_secs(5),
             },
             state_dir: Some("/run/x".into()),
             ..AgentSettings::default()

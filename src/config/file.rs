@@ -78,6 +78,8 @@ struct AgentTable {
     header_read_timeout: Duration,
     #[serde(with = "duration")]
     idle_timeout: Duration,
+    #[serde(with = "duration")]
+    stall_timeout: Duration,
     policy: Policy,
     kubernetes: Option<super::kubernetes::KubernetesConfig>,
     state_dir: Option<PathBuf>,
@@ -108,6 +110,7 @@ impl Default for AgentTable {
             admin_tls: d.admin_auth.tls,
             header_read_timeout: d.listeners.header_read_timeout,
             idle_timeout: d.listeners.idle_timeout,
+            stall_timeout: d.listeners.stall_timeout,
             policy: d.policy,
             kubernetes: None,
             state_dir: None,
@@ -436,6 +439,7 @@ fn agent_settings(t: &AgentTable, base: &Path) -> Result<AgentSettings, KeyError
             max_connections: t.max_connections,
             header_read_timeout: t.header_read_timeout,
             idle_timeout: t.idle_timeout,
+            stall_timeout: t.stall_timeout,
         },
         admin_auth: crate::config::AdminAuthConfig {
             token_file: t.admin_token_file.as_ref().map(|p| base_rel(base, p)),

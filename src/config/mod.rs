@@ -369,7 +369,7 @@ pub struct AdminTls {
 }
 
 /// Connection limits of one listener (`[agent] max_connections`, `header_read_timeout`,
-/// `idle_timeout`; see `server::conn`).
+/// `idle_timeout`, `stall_timeout`; see `server::conn`).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct ListenerLimits {
     /// Concurrent connections per listener; past it the least recently active idle
@@ -381,6 +381,11 @@ pub struct ListenerLimits {
     /// A connection with no byte read or written for this long is closed.
     #[serde(with = "duration")]
     pub idle_timeout: Duration,
+    /// A connection whose peer takes nothing more of what the agent sends (its receive
+    /// window stays closed), or leaves sent data unacknowledged, for this long is closed by
+    /// the kernel (`TCP_USER_TIMEOUT`).
+    #[serde(with = "duration")]
+    pub stall_timeout: Duration,
 }
 
 impl Default for ListenerLimits {
@@ -389,6 +394,7 @@ impl Default for ListenerLimits {
             max_connections: 256,
             header_read_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
+            stall_timeout: Duration::from_secs(20),
         }
     }
 }

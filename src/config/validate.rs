@@ -115,6 +115,7 @@ pub mod agent_bounds {
     pub const MAX_CONNECTIONS: Within<usize> = Within::new(4, 65536);
     pub const HEADER_READ_TIMEOUT: Within<Duration> = Within::new(ms(100), secs(120));
     pub const IDLE_TIMEOUT: Within<Duration> = Within::new(secs(1), secs(3600));
+    pub const STALL_TIMEOUT: Within<Duration> = Within::new(secs(1), secs(600));
 }
 
 /// `[[engine]]` and `[engine.timing]` bounds.
@@ -297,6 +298,7 @@ pub fn agent(s: &AgentSettings) -> Result<(), KeyError> {
     MAX_CONNECTIONS.check("max_connections", l.max_connections)?;
     HEADER_READ_TIMEOUT.check("header_read_timeout", l.header_read_timeout)?;
     IDLE_TIMEOUT.check("idle_timeout", l.idle_timeout)?;
+    STALL_TIMEOUT.check("stall_timeout", l.stall_timeout)?;
     if let Some(d) = &s.state_dir {
         check_state_dir(d).map_err(|m| ("state_dir".to_owned(), m))?;
     }
@@ -619,6 +621,7 @@ devices = [0, 1]
             case("agent max_connections", agent("max_connections = 1"), "[agent] max_connections", "`1` is outside 4..=65536"),
             case("agent header_read_timeout", agent("header_read_timeout = \"10ms\""), "[agent] header_read_timeout", "`10ms` is outside 100ms..=2m"),
             case("agent idle_timeout", agent("idle_timeout = \"2h\""), "[agent] idle_timeout", "`2h` is outside 1s..=1h"),
+            case("agent stall_timeout", agent("stall_timeout = \"500ms\""), "[agent] stall_timeout", "`500ms` is outside 1s..=10m"),
             case("agent backend type", agent("backend = \"gpu\""), "[agent] backend", "unknown variant `gpu`"),
             case("agent number type", agent("npu_smi_delay = \"1\""), "[agent] npu_smi_delay", "invalid type: string \"1\", expected u32"),
             case("unknown table", Input::Text(format!("[agnt]\nx = 1\n{BASE}")), "[agnt]", "unknown key `agnt`; did you mean `agent`?"),

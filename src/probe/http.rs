@@ -216,8 +216,14 @@ pub fn classify(e: &(dyn std::error::Error + 'static)) -> Transport {
     }
 }
 
+/// The error and its causes on one line, without the request's URL: the engine's address
+/// stays out of reasons that open routes (`/readyz`, the admin port's
+/// `/engines/<name>/readyz`) serve to anyone; the log line names the engine instead.
 fn describe(e: &reqwest::Error) -> String {
     let mut s = e.to_string();
+    if let Some(u) = e.url() {
+        s = s.replace(&format!(" for url ({u})"), "");
+    }
     let mut cur = std::error::Error::source(e);
     while let Some(c) = cur {
         s.push_str(": ");

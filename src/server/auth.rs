@@ -103,7 +103,7 @@ fn refusal(access: &AdminAccess, req: &Request) -> Option<Response> {
         let given = req
             .headers()
             .get(header::AUTHORIZATION)
-            .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
+            .and_then(|v| bearer_credentials(v.as_bytes()));
         if !given.is_some_and(|g| same(g.trim_ascii(), token)) {
             return Some(
                 (
@@ -119,6 +119,15 @@ fn refusal(access: &AdminAccess, req: &Request) -> Option<Response> {
         }
     }
     None
+}
+
+/// The credentials of an `Authorization: Bearer <token>` value. The scheme is matched
+/// without regard to case (RFC 9110 section 11.1, formerly RFC 7235), and one or more spaces
+/// separate it from the token.
+fn bearer_credentials(value: &[u8]) -> Option<&[u8]> {
+    let (scheme, rest) = value.split_at_checked(6)?;
+    (scheme.eq_ignore_ascii_case(b"bearer") && rest.first() == Some(&b' '))
+        .then(|| rest.trim_ascii_start())
 }
 
 /// The middleware in front of every admin route but `/healthz`.
@@ -179,6 +188,26 @@ mod tests {
         assert_eq!(code(&both, req(Some(&bearer), Some(false))), Some(403));
         assert_eq!(code(&both, req(None, Some(true))), Some(401));
         assert_eq!(code(&both, req(Some(&bearer), Some(true))), None);
+    }
+
+    // Hardening round 2: the scheme in any case, as RFC 9110 has it (`bearer` was refused);
+    // never a prefix of another scheme, never without the space.
+    #[test]
+    fn a_lowercase_bearer_scheme_is_accepted() {
+        let t = "0123456789abcdef0123";
+        let tok = access(Some(t), false);
+        let code = |a: &AdminAccess, r: Request| refusal(a, &r).map(|r| r.status().as_u16());
+        for scheme in ["bearer", "BEARER", "bEaReR"] {
+            let a = format!("{scheme} {t}");
+            assert_eq!(code(&tok, req(Some(&a), None)), None, "{a}");
+        }
+        for wrong in [
+            format!("Bearer{t}"),
+            format!("Bearerx {t}"),
+            format!("bearer  {t}x"),
+        ] {
+            assert_eq!(code(&tok, req(Some(&wrong), None)), Some(401), "{wrong}");
+        }
     }
 
     #[test]

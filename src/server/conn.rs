@@ -10,6 +10,14 @@
 //!   bound.
 //! - **Idle timeout.** A connection on which no byte was read or written for `idle_timeout` is
 //!   closed, whatever it is doing (a client that stops reading its answer, a body that drips).
+//! - **Stall timeout and a small send buffer.** A peer that stops reading a long answer (an
+//!   `/events` stream) does not stop the agent's writes at once: the kernel takes them until
+//!   its buffers are full, megabytes with autotuning, which at the stream's rate is half an
+//!   hour without a write failing. So each accepted socket gets a fixed send buffer of
+//!   [`SEND_BUFFER`] (the unsent data it can hold) and `TCP_USER_TIMEOUT` = `stall_timeout`:
+//!   once the peer's receive window has stayed shut (it reads nothing) or sent data has gone
+//!   unacknowledged for that long, the kernel closes the connection, and whatever it held
+//!   (an `/events` slot) is freed.
 //! - **A cap.** At most `max_connections` at once. When a new connection arrives at the cap,
 //!   the least recently active connection with no request in its handler is closed to make
 //!   room, so a fresh `/status` poll is always answered; a connection accepted less than
@@ -54,6 +62,24 @@ const NO_HEAD: u64 = u64::MAX;
 /// for a TLS handshake and a request head on a loaded host. A flood of idle connections
 /// older than this goes first, so a Node Manager poll that just connected is answered.
 const FRESH_GRACE_MS: u64 = 250;
+
+/// The send buffer of each accepted socket (`SO_SNDBUF`; the kernel doubles it for its own
+/// bookkeeping): the largest answer, `/metrics` with many engines, is ~40 kB, so an answer
+/// still goes out in one round trip, while a peer that reads nothing can leave at most this
+/// much unsent in the agent's kernel.
+pub const SEND_BUFFER: usize = 64 << 10;
+
+/// Applies [`SEND_BUFFER`] and `stall_timeout` to an accepted socket; a failure is logged
+/// (the connection is served with the kernel's defaults).
+fn bound_socket(stream: &TcpStream, limits: &ListenerLimits) {
+    use rustix::net::sockopt;
+    let ms = u32::try_from(limits.stall_timeout.as_millis()).unwrap_or(u32::MAX);
+    if let Err(e) = sockopt::set_socket_send_buffer_size(stream, SEND_BUFFER)
+        .and_then(|()| sockopt::set_tcp_user_timeout(stream, ms))
+    {
+        tracing::debug!("could not bound an accepted socket's send buffer and stall timeout: {e}");
+    }
+}
 
 /// What a connection is doing, read by the accept loop when it must make room and by the
 /// connection's own watchdog.
@@ -255,6 +281,7 @@ pub async fn serve(
                 }
             },
         };
+        bound_socket(&stream, &limits);
         let activity = Arc::new(Activity::default());
         let shed = CancellationToken::new();
         let id = {
@@ -588,6 +615,7 @@ mod tests {
             max_connections,
             header_read_timeout: header,
             idle_timeout: idle,
+            stall_timeout: Duration::from_secs(600),
         }
     }
 
@@ -735,6 +763,39 @@ mod tests {
         assert!(
             got < BIG,
             "closed before the whole answer: {got} of {BIG} bytes"
+        );
+    }
+
+    // A peer that reads nothing (its receive window shuts) is cut at the stall timeout, long
+    // before the idle timeout: the agent's socket keeps taking writes into its buffers, so
+    // the connection never counts as idle while they last.
+    #[tokio::test]
+    async fn a_peer_that_reads_nothing_is_cut_at_the_stall_timeout() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut l = limits(8, Duration::from_secs(3600), Duration::from_secs(3600));
+        l.stall_timeout = Duration::from_secs(1);
+        let (addr, _cancel) = listen(l).await;
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.set_recv_buffer_size(4096).unwrap();
+        let mut s = sock.connect(addr).await.unwrap();
+        s.write_all(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        // Not reading: the window shuts within a few kilobytes, then the stall timeout runs.
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        let mut got = 0usize;
+        let mut buf = vec![0u8; 1 << 16];
+        let end = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            match tokio::time::timeout_at(end, s.read(&mut buf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => break,
+                Ok(Ok(n)) => got += n,
+                Err(_) => panic!("still open after 20 s, {got} bytes read"),
+            }
+        }
+        assert!(
+            got < BIG,
+            "cut before the whole answer: {got} of {BIG} bytes"
         );
     }
 

@@ -155,23 +155,17 @@ async fn engine_livez(State(v): State<EngineView>) -> Response {
     livez(&v.engine)
 }
 
-/// The engine named `name` on the admin listener: `f` of it, or a 404 naming the known ones.
+/// The engine named `name` on the admin listener: `f` of it, or a 404. The route is open (the
+/// kubelet's probes carry no credentials), so the 404 names no other engine: the list is
+/// `/status/detail`'s, behind the token.
 fn named(v: &AdminView, name: &str, f: impl Fn(&Monitor) -> Response) -> Response {
     match v.metrics.engines.iter().find(|e| e.spec.name == name) {
         Some(e) => f(e),
-        None => {
-            let known: Vec<&str> = v
-                .metrics
-                .engines
-                .iter()
-                .map(|e| e.spec.name.as_str())
-                .collect();
-            (
-                StatusCode::NOT_FOUND,
-                format!("no engine named {name:?} (engines: {})\n", known.join(", ")),
-            )
-                .into_response()
-        }
+        None => (
+            StatusCode::NOT_FOUND,
+            format!("no engine named {} here\n", crate::logging::quote(name)),
+        )
+            .into_response(),
     }
 }
 
