@@ -22,9 +22,19 @@ const FAST_QOS: &str = "[engine.qos]\nperiod = \"500ms\"\nmetrics_period = \"500
 /// A stack whose agent talks to `api` as node `n1`, with `kube_extra` lines in
 /// `[agent.kubernetes]` and `engine_extra` after the engine.
 fn start(api: &StandIn, kube_extra: &str, engine_extra: &str) -> (Stack, tempfile::TempDir) {
+    start_with_token(api, kube_extra, engine_extra, kube_api::TOKEN)
+}
+
+/// [`start`] with `token_text` as the token file's content.
+fn start_with_token(
+    api: &StandIn,
+    kube_extra: &str,
+    engine_extra: &str,
+    token_text: &str,
+) -> (Stack, tempfile::TempDir) {
     let secrets = tempfile::tempdir().unwrap();
     let token = secrets.path().join("token");
-    std::fs::write(&token, kube_api::TOKEN).unwrap();
+    std::fs::write(&token, token_text).unwrap();
     let agent_extra = format!(
         "[agent.kubernetes]\nnode_name = \"n1\"\napi_server = \"{}\"\ntoken_file = \"{}\"\nresync_period = \"1s\"\nrequest_timeout = \"1s\"\n{kube_extra}",
         api.url,
@@ -163,6 +173,43 @@ fn the_gate_follows_readiness_through_api_failures() {
     assert_eq!(
         stack.get(&stack.status_url()).unwrap().1,
         r#"{"status":"abnormal"}"#
+    );
+}
+
+// Hardening round 2, case 3: `token_file` is read as `admin_token_file` is (surrounding
+// whitespace dropped): a file written with `echo`, a final newline, works (the mode did not
+// start); a token file that cannot serve is refused by check-config, naming the key.
+#[test]
+fn a_kubernetes_token_file_is_read_as_the_admin_token_file_is() {
+    let api = StandIn::start(Vec::new());
+    let (stack, secrets) = start_with_token(&api, "", "", &format!("{}\n", kube_api::TOKEN));
+    api.api.set_pods(pods(&stack));
+    wait(&stack, "the gate True", Duration::from_secs(20), || {
+        gate(&api, "vllm-0") == Some(("True".into(), "QosNormal".into()))
+    });
+    // check-config binds the listeners: the agent's own are freed first.
+    let config = secrets.path().join("agent.toml");
+    std::fs::copy(stack.dir.path().join("agent.toml"), &config).unwrap();
+    drop(stack);
+    let check = |token: &str| {
+        std::fs::write(secrets.path().join("token"), token).unwrap();
+        let out = std::process::Command::new(support::agent())
+            .args(["--fake", "check-config", "--config"])
+            .arg(&config)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = check(&format!("{}\n", kube_api::TOKEN));
+    assert_eq!(code, Some(0), "{err}");
+    let (code, err) = check("short\n");
+    assert_ne!(code, Some(0), "{err}");
+    assert!(
+        err.contains("[agent.kubernetes] token_file") && err.contains("at least 16"),
+        "{err}"
     );
 }
 

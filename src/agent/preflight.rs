@@ -1,5 +1,6 @@
 //! What the configuration needs of the host, checked before it is used (at start, at a
-//! reload, and by `check-config`): the admin listener's token and TLS files, every TLS file
+//! reload, and by `check-config`): the admin listener's token and TLS files, the Kubernetes
+//! API mode's token and CA files (with `api_server`), every TLS file
 //! an engine uses, read as the listeners and the client will read them, and the NPUs the
 //! engines name. Here rather than in [`crate::config`], which knows only the text: loading
 //! these files is the TLS layer's and the server's work, and the configuration does not
@@ -17,6 +18,14 @@ pub fn host(cfg: &AgentConfig, npus: Option<&[u32]>) -> Result<(), ConfigError> 
         // The token file and the TLS files, read as the listener will read them.
         crate::server::auth::AdminAccess::load(&cfg.agent.admin_auth)
             .map_err(|e| ConfigError::new(&cfg.source, "", e))?;
+    }
+    if let Some(k) = &cfg.agent.kubernetes
+        && k.api_server.is_some()
+    {
+        // The token and CA files, read as the Kubernetes client reads them.
+        crate::k8s::api::Files::read(k).map_err(|(key, m)| {
+            ConfigError::new(&cfg.source, format!("[agent.kubernetes] {key}"), m)
+        })?;
     }
     for (i, spec) in cfg.engines.iter().enumerate() {
         tls(spec).map_err(|(k, m)| cfg.engine_error(i, &k, m))?;

@@ -976,6 +976,12 @@ mgmt_port = 9001
                 "kubernetes.node_name",
                 "lower-case",
             ),
+            // Hardening round 2: a token never crosses the network in clear text.
+            (
+                "api_server = \"http://10.0.0.1:8080\"\ntoken_file = \"t\"",
+                "kubernetes.api_server",
+                "clear text",
+            ),
         ] {
             let text = INLINE.replacen(
                 "\n[[engine]]",

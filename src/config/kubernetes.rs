@@ -95,6 +95,23 @@ impl Default for KubernetesConfig {
     }
 }
 
+/// Whether `url`'s host is a loopback address (`localhost`, 127.0.0.0/8, `[::1]`): what is
+/// sent to it never leaves the host.
+fn loopback_url(url: &str) -> bool {
+    let Ok(uri) = url.parse::<http::Uri>() else {
+        return false;
+    };
+    match uri.host() {
+        Some("localhost") => true,
+        Some(h) => h
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback()),
+        None => false,
+    }
+}
+
 impl KubernetesConfig {
     /// Checks every value; `Err((key, message))`.
     pub fn validate(&self) -> Result<(), (String, String)> {
@@ -108,6 +125,18 @@ impl KubernetesConfig {
             return Err((
                 "api_server".to_owned(),
                 format!("{url:?} is not an http:// or https:// URL"),
+            ));
+        }
+        if let Some(url) = &self.api_server
+            && self.token_file.is_some()
+            && url.starts_with("http://")
+            && !loopback_url(url)
+        {
+            return Err((
+                "api_server".to_owned(),
+                format!(
+                    "{url:?} is plain http:// to another host, and token_file is set: the token would cross the network in clear text. Use https:// (with ca_file), or a local proxy on a loopback address (http://127.0.0.1:…, as `kubectl proxy` serves)"
+                ),
             ));
         }
         if self.api_server.is_none() {
@@ -182,5 +211,39 @@ impl PodSelector {
     /// The named pod as (namespace, name).
     pub fn named(&self) -> Option<(&str, &str)> {
         self.pod.as_deref().and_then(|p| p.split_once('/'))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Hardening round 2: plain http:// with a token only to a loopback address (a local
+    // proxy); without a token (`kubectl proxy` adds its own), anywhere.
+    #[test]
+    fn an_http_api_server_with_a_token_file_must_be_loopback() {
+        let with = |url: &str, token: bool| KubernetesConfig {
+            api_server: Some(url.to_owned()),
+            token_file: token.then(|| "t".into()),
+            ..KubernetesConfig::default()
+        };
+        for url in [
+            "http://127.0.0.1:8001",
+            "http://localhost:8001",
+            "http://[::1]:8001",
+        ] {
+            assert!(with(url, true).validate().is_ok(), "{url}");
+        }
+        for url in [
+            "http://10.0.0.1:8080",
+            "http://api.example:8080",
+            "http://[fe80::1]:80",
+        ] {
+            let (key, m) = with(url, true).validate().unwrap_err();
+            assert_eq!(key, "api_server");
+            assert!(m.contains("clear text"), "{m}");
+            assert!(with(url, false).validate().is_ok(), "{url} without a token");
+        }
+        assert!(with("https://10.0.0.1:6443", true).validate().is_ok());
     }
 }

@@ -48,6 +48,33 @@ pub fn bytes(path: &Path) -> Result<Vec<u8>, String> {
     Ok(data)
 }
 
+/// Longest bearer token file read.
+pub const MAX_TOKEN_FILE: u64 = 4096;
+/// Shortest bearer token accepted.
+pub const MIN_TOKEN: usize = 16;
+
+/// A bearer token file (`[agent] admin_token_file`, `[agent.kubernetes] token_file`), read
+/// the same way for both: the file's content without surrounding whitespace (a final newline
+/// is fine), a regular file ([`bytes`]) of at most [`MAX_TOKEN_FILE`] bytes, the token at
+/// least [`MIN_TOKEN`] printable characters without spaces. The error names the file.
+pub fn token(path: &Path) -> Result<Vec<u8>, String> {
+    let raw = bytes(path).map_err(|e| format!("{} {e}", path.display()))?;
+    if raw.len() as u64 > MAX_TOKEN_FILE {
+        return Err(format!(
+            "{} is larger than {MAX_TOKEN_FILE} bytes",
+            path.display()
+        ));
+    }
+    let token = raw.trim_ascii().to_vec();
+    if token.len() < MIN_TOKEN || token.iter().any(|b| !b.is_ascii_graphic()) {
+        return Err(format!(
+            "{} must hold one token of at least {MIN_TOKEN} printable characters, without spaces",
+            path.display()
+        ));
+    }
+    Ok(token)
+}
+
 /// The file at `path` as UTF-8 text (see [`bytes`]).
 pub fn text(path: &Path) -> Result<String, String> {
     String::from_utf8(bytes(path)?).map_err(|e| format!("is not UTF-8 text: {e}"))
@@ -72,6 +99,34 @@ fn describe(kind: std::fs::FileType) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn token_files_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("token");
+        std::fs::write(&p, "  0123456789abcdef\n").unwrap();
+        assert_eq!(token(&p).unwrap(), b"0123456789abcdef");
+        for (text, why) in [
+            ("short", "at least 16"),
+            ("0123456789 abcdef", "without spaces"),
+        ] {
+            std::fs::write(&p, text).unwrap();
+            let e = token(&p).unwrap_err();
+            assert!(e.contains(why), "{e}");
+        }
+        std::fs::write(&p, "x".repeat(5000)).unwrap();
+        assert!(token(&p).unwrap_err().contains("larger than 4096"));
+        assert!(
+            token(dir.path())
+                .unwrap_err()
+                .contains("not a regular file")
+        );
+        assert!(
+            token(&dir.path().join("absent"))
+                .unwrap_err()
+                .contains("cannot read")
+        );
+    }
 
     #[test]
     fn a_regular_file_and_a_symlink_to_one_are_read() {

@@ -351,6 +351,26 @@ pub fn engine(spec: &EngineSpec) -> Result<(), KeyError> {
             ),
         );
     }
+    // The grammar: a letter or digit, then letters, digits, `.`, `_` or `-`. A name is a path
+    // segment (`/engines/<name>/readyz`), a metric label, a word in HAProxy's agent check and
+    // in log lines, so no `/`, no space at either end or inside, no quote or `#`.
+    let mut chars = spec.name.chars();
+    if !chars.next().is_some_and(char::is_alphanumeric)
+        || chars.any(|c| !(c.is_alphanumeric() || matches!(c, '.' | '_' | '-')))
+    {
+        let bad = spec
+            .name
+            .char_indices()
+            .find(|&(i, c)| !(c.is_alphanumeric() || (i > 0 && matches!(c, '.' | '_' | '-'))))
+            .map_or(String::new(), |(i, c)| format!(" ({c:?} at {i})"));
+        return key(
+            "name",
+            format!(
+                "{:?} is not a name{bad}: a letter or digit, then letters, digits, `.`, `_` or `-` (it is a URL path segment, a metric label and a word in HAProxy's agent check)",
+                spec.name
+            ),
+        );
+    }
     PORT.check("port", spec.port)?;
     PORT.check("mgmt_port", spec.mgmt_listen.port())?;
     DP_RANK.check("dp_rank", spec.dp_rank)?;
@@ -644,6 +664,12 @@ devices = [0, 1]
             case("engine name newline", set("name = \"a\"", "name = \"a\\nb\""), "[[engine]] #1 (a\\nb) name", "contains the control character U+000A"),
             case("engine name control character", set("name = \"a\"", "name = \"a\\u001b[31m\""), "[[engine]] #1 (a\\u{1b}[31m) name", "control character U+001B"),
             case("engine name empty", set("name = \"a\"", "name = \"\""), "[[engine]] #1 () name", "has 0 characters, outside 1..=128"),
+            // Hardening round 2: the name grammar.
+            case("engine name slash", set("name = \"a\"", "name = \"a/b\""), "[[engine]] #1 (a/b) name", "\"a/b\" is not a name ('/' at 1)"),
+            case("engine name leading space", set("name = \"a\"", "name = \" a\""), "[[engine]] #1 ( a) name", "(' ' at 0)"),
+            case("engine name trailing space", set("name = \"a\"", "name = \"a \""), "[[engine]] #1 (a ) name", "(' ' at 1)"),
+            case("engine name leading dash", set("name = \"a\"", "name = \"-a\""), "[[engine]] #1 (-a) name", "('-' at 0)"),
+            case("engine name quote", set("name = \"a\"", "name = \"a\\\"b\""), "[[engine]] #1 (a\\\"b) name", "is not a name"),
             // Between engines, and addresses that point the agent at itself.
             case("engine name twice", then(&B.replace("\"b\"", "\"a\"")), "[[engine]] #2 (a) name", "\"a\" is used twice"),
             case("engine mgmt address twice", then(&B.replace("9002", "9001")), "[[engine]] #2 (b) mgmt_port", "`9001` is also the mgmt_port of engine \"a\""),

@@ -26,6 +26,7 @@ use kube::core::{ObjectList, Request};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Most bytes read of an answer that lists this node's pods: about a hundred times a large
@@ -233,6 +234,98 @@ pub trait KubeApi: Send + Sync {
     ) -> impl Future<Output = Result<(), ApiError>> + Send;
 }
 
+/// The files `[agent.kubernetes]` names with `api_server`, read as the client reads them;
+/// also `check-config`'s and a reload's check ([`crate::agent::preflight`]).
+pub struct Files {
+    /// `token_file`, read as `admin_token_file` is ([`crate::config::read::token`]).
+    pub token: Option<Arc<TokenFile>>,
+    /// `ca_file`'s certificates (DER).
+    pub ca: Option<Vec<Vec<u8>>>,
+}
+
+impl Files {
+    /// Reads `token_file` and `ca_file`; `Err((key, message))` naming the file.
+    pub fn read(cfg: &KubernetesConfig) -> Result<Files, (&'static str, String)> {
+        let token = match &cfg.token_file {
+            None => None,
+            Some(t) => Some(Arc::new(TokenFile::open(t).map_err(|m| ("token_file", m))?)),
+        };
+        let ca = match &cfg.ca_file {
+            None => None,
+            Some(ca) => {
+                let pem = crate::config::read::bytes(ca)
+                    .map_err(|e| ("ca_file", format!("{} {e}", ca.display())))?;
+                let ders: Vec<Vec<u8>> = rustls_pki_types::pem::PemObject::pem_slice_iter(&pem)
+                    .map(|c: Result<rustls_pki_types::CertificateDer<'_>, _>| c.map(|c| c.to_vec()))
+                    .collect::<Result<_, _>>()
+                    .map_err(|e| {
+                        (
+                            "ca_file",
+                            format!("{}: not PEM certificates: {e}", ca.display()),
+                        )
+                    })?;
+                if ders.is_empty() {
+                    return Err(("ca_file", format!("{}: no certificate in it", ca.display())));
+                }
+                Some(ders)
+            }
+        };
+        Ok(Files { token, ca })
+    }
+}
+
+/// How often `token_file` is read again: a projected service account token is rotated
+/// well before it expires (kube re-reads its own token file at the same period).
+const TOKEN_REREAD: Duration = Duration::from_secs(60);
+
+/// `token_file`: its `Authorization` header, read again every [`TOKEN_REREAD`]; a read that
+/// fails keeps the token it had (and says so in the log once per failure run).
+#[derive(Debug)]
+pub struct TokenFile {
+    path: std::path::PathBuf,
+    cached: std::sync::Mutex<(std::time::Instant, http::HeaderValue, bool)>,
+}
+
+impl TokenFile {
+    fn open(path: &std::path::Path) -> Result<TokenFile, String> {
+        let header = Self::header_of(path)?;
+        Ok(TokenFile {
+            path: path.to_owned(),
+            cached: std::sync::Mutex::new((std::time::Instant::now(), header, false)),
+        })
+    }
+
+    fn header_of(path: &std::path::Path) -> Result<http::HeaderValue, String> {
+        let token = crate::config::read::token(path)?;
+        let mut v = http::HeaderValue::from_bytes(&[b"Bearer ".as_slice(), &token].concat())
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        v.set_sensitive(true);
+        Ok(v)
+    }
+
+    /// The header to send now.
+    fn header(&self) -> http::HeaderValue {
+        let mut c = self.cached.lock().unwrap_or_else(|p| p.into_inner());
+        if c.0.elapsed() >= TOKEN_REREAD {
+            c.0 = std::time::Instant::now();
+            match Self::header_of(&self.path) {
+                Ok(h) => {
+                    c.1 = h;
+                    c.2 = false;
+                }
+                Err(e) if !c.2 => {
+                    c.2 = true;
+                    tracing::warn!(
+                        "Kubernetes API: [agent.kubernetes] token_file: {e}; the token read before is sent meanwhile"
+                    );
+                }
+                Err(_) => {}
+            }
+        }
+        c.1.clone()
+    }
+}
+
 /// The API server, through `kube`.
 #[derive(Clone)]
 pub struct KubeClient {
@@ -262,6 +355,7 @@ impl KubeClient {
     /// A client for `cfg`: its `api_server` (with `token_file`, `ca_file`), else in-cluster.
     /// Fails with a sentence naming what is missing.
     pub fn new(cfg: &KubernetesConfig) -> Result<KubeClient, String> {
+        let mut token = None;
         let mut kc = match &cfg.api_server {
             None => kube::Config::incluster().map_err(|e| {
                 format!(
@@ -274,29 +368,9 @@ impl KubeClient {
                     .parse()
                     .map_err(|e| format!("api_server {url:?}: {e}"))?;
                 let mut kc = kube::Config::new(uri);
-                if let Some(t) = &cfg.token_file {
-                    let text = std::fs::read_to_string(t)
-                        .map_err(|e| format!("token_file {}: {e}", t.display()))?;
-                    // kube sends the file as it is, and a header cannot hold a newline.
-                    if text.trim() != text || text.is_empty() {
-                        return Err(format!(
-                            "token_file {}: the token must be the file's whole content, without surrounding whitespace or a final newline",
-                            t.display()
-                        ));
-                    }
-                    kc.auth_info.token_file = Some(t.display().to_string());
-                }
-                if let Some(ca) = &cfg.ca_file {
-                    let pem = std::fs::read(ca).map_err(|e| format!("ca_file {}: {e}", ca.display()))?;
-                    let ders: Vec<Vec<u8>> = rustls_pki_types::pem::PemObject::pem_slice_iter(&pem)
-                        .map(|c: Result<rustls_pki_types::CertificateDer<'_>, _>| c.map(|c| c.to_vec()))
-                        .collect::<Result<_, _>>()
-                        .map_err(|e| format!("ca_file {}: not PEM certificates: {e}", ca.display()))?;
-                    if ders.is_empty() {
-                        return Err(format!("ca_file {}: no certificate in it", ca.display()));
-                    }
-                    kc.root_cert = Some(ders);
-                }
+                let files = Files::read(cfg).map_err(|(key, m)| format!("{key}: {m}"))?;
+                token = files.token;
+                kc.root_cert = files.ca;
                 kc
             }
         };
@@ -305,8 +379,20 @@ impl KubeClient {
         kc.write_timeout = Some(cfg.request_timeout);
         kc.reset_reader_on_write = true;
         kc.default_retry = false;
-        let client = kube::Client::try_from(kc)
+        let builder = kube::client::ClientBuilder::try_from(kc)
             .map_err(|e| format!("Kubernetes client: {}", one_line(&e)))?;
+        let client = match token {
+            None => builder.build(),
+            Some(t) => builder
+                .with_layer(&tower::util::MapRequestLayer::new(
+                    move |mut req: http::Request<kube::client::Body>| {
+                        req.headers_mut()
+                            .insert(http::header::AUTHORIZATION, t.header());
+                        req
+                    },
+                ))
+                .build(),
+        };
         Ok(KubeClient {
             client,
             timeout: cfg.request_timeout,

@@ -10,11 +10,6 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use std::sync::Arc;
 
-/// Longest token file read.
-const MAX_TOKEN_FILE: u64 = 4096;
-/// Shortest token accepted.
-const MIN_TOKEN: usize = 16;
-
 /// Whether the connection a request came on presented a client certificate that the TLS
 /// layer verified (set by `server::conn` on every request).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,7 +29,10 @@ impl AdminAccess {
     pub fn load(cfg: &AdminAuthConfig) -> Result<AdminAccess, String> {
         let token = match &cfg.token_file {
             None => None,
-            Some(p) => Some(read_token(p).map_err(|e| format!("[agent] admin_token_file: {e}"))?),
+            Some(p) => Some(
+                crate::config::read::token(p)
+                    .map_err(|e| format!("[agent] admin_token_file: {e}"))?,
+            ),
         };
         let tls = match &cfg.tls {
             None => None,
@@ -61,26 +59,6 @@ impl AdminAccess {
             (true, true) => "bearer token and client certificate",
         }
     }
-}
-
-/// The token: the file's content without surrounding whitespace; a regular file
-/// (`config::read`) of at most [`MAX_TOKEN_FILE`] bytes, the token at least [`MIN_TOKEN`].
-fn read_token(path: &std::path::Path) -> Result<Vec<u8>, String> {
-    let raw = crate::config::read::bytes(path).map_err(|e| format!("{} {e}", path.display()))?;
-    if raw.len() as u64 > MAX_TOKEN_FILE {
-        return Err(format!(
-            "{} is larger than {MAX_TOKEN_FILE} bytes",
-            path.display()
-        ));
-    }
-    let token = raw.trim_ascii().to_vec();
-    if token.len() < MIN_TOKEN || token.iter().any(|b| !b.is_ascii_graphic()) {
-        return Err(format!(
-            "{} must hold one token of at least {MIN_TOKEN} printable characters, without spaces",
-            path.display()
-        ));
-    }
-    Ok(token)
 }
 
 /// Equal without an early exit on the first differing byte.
@@ -208,33 +186,5 @@ mod tests {
         ] {
             assert_eq!(code(&tok, req(Some(&wrong), None)), Some(401), "{wrong}");
         }
-    }
-
-    #[test]
-    fn token_files_are_checked() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("token");
-        std::fs::write(&p, "  0123456789abcdef\n").unwrap();
-        assert_eq!(read_token(&p).unwrap(), b"0123456789abcdef");
-        for (text, why) in [
-            ("short", "at least 16"),
-            ("0123456789 abcdef", "without spaces"),
-        ] {
-            std::fs::write(&p, text).unwrap();
-            let e = read_token(&p).unwrap_err();
-            assert!(e.contains(why), "{e}");
-        }
-        std::fs::write(&p, "x".repeat(5000)).unwrap();
-        assert!(read_token(&p).unwrap_err().contains("larger than 4096"));
-        assert!(
-            read_token(dir.path())
-                .unwrap_err()
-                .contains("not a regular file")
-        );
-        assert!(
-            read_token(&dir.path().join("absent"))
-                .unwrap_err()
-                .contains("cannot read")
-        );
     }
 }
