@@ -622,6 +622,39 @@ mod tests {
         assert!(e.len() < 600, "{} bytes", e.len());
     }
 
+    // The token file is read again after a minute (a rotated token is sent); a read that
+    // fails keeps the token read before.
+    #[test]
+    fn the_token_file_is_read_again_and_a_bad_read_keeps_the_last_token() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("token");
+        let a = "token-a-0123456789abcdef";
+        let b = "token-b-0123456789abcdef";
+        std::fs::write(&p, format!("{a}\n")).unwrap();
+        let t = TokenFile::open(&p).unwrap();
+        let age = |t: &TokenFile| {
+            let mut c = t.cached.lock().unwrap();
+            c.0 -= TOKEN_REREAD + Duration::from_secs(1);
+        };
+        assert_eq!(t.header(), format!("Bearer {a}").as_str());
+        std::fs::write(&p, b).unwrap();
+        assert_eq!(
+            t.header(),
+            format!("Bearer {a}").as_str(),
+            "not before a minute"
+        );
+        age(&t);
+        assert_eq!(
+            t.header(),
+            format!("Bearer {b}").as_str(),
+            "the rotated token"
+        );
+        std::fs::write(&p, "short").unwrap();
+        age(&t);
+        assert_eq!(t.header(), format!("Bearer {b}").as_str(), "kept");
+        assert!(t.header().is_sensitive());
+    }
+
     #[test]
     fn clip_cuts_on_a_char_boundary_and_says_how_much() {
         let s = "é".repeat(400);
