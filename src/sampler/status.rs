@@ -168,9 +168,22 @@ impl<'de> serde::Deserialize<'de> for Source {
     }
 }
 
-/// Why a device's AI Cube figures come from where they come from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+/// Why a device's AI Cube figures come from where they come from. Stored in an `AtomicU8` as
+/// its discriminant; the conversion back and the tests' list are derived (`strum`), so a new
+/// variant cannot be left out.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    serde::Serialize,
+    serde::Deserialize,
+    strum::FromRepr,
+    strum::EnumIter,
+)]
 #[serde(rename_all = "kebab-case")]
+#[repr(u8)]
 pub enum SourceReason {
     /// The first DCMI read is pending.
     Probing,
@@ -206,26 +219,10 @@ pub enum SourceReason {
 }
 
 impl SourceReason {
+    /// The reason stored as `v`; only this module stores one, so an unknown value cannot
+    /// occur, and would read as [`SourceReason::NoDcmi`].
     fn from_u8(v: u8) -> SourceReason {
-        use SourceReason::*;
-        [
-            Probing,
-            MultiVerified,
-            MultiUnverified,
-            MultiUncorroborated,
-            MultiDisputed,
-            MultiZeroed,
-            MultiPrereleaseLayout,
-            MultiUnsupported,
-            MultiMissing,
-            Type14Unsupported,
-            Type14Zero,
-            Hung,
-            NoDcmi,
-        ]
-        .get(usize::from(v))
-        .copied()
-        .unwrap_or(NoDcmi)
+        SourceReason::from_repr(v).unwrap_or(SourceReason::NoDcmi)
     }
 
     fn to_u8(self) -> u8 {
@@ -940,22 +937,10 @@ mod tests {
 
     #[test]
     fn every_reason_survives_its_atomic() {
-        use SourceReason::*;
-        for r in [
-            Probing,
-            MultiVerified,
-            MultiUnverified,
-            MultiUncorroborated,
-            MultiDisputed,
-            MultiZeroed,
-            MultiPrereleaseLayout,
-            MultiUnsupported,
-            MultiMissing,
-            Type14Unsupported,
-            Type14Zero,
-            Hung,
-            NoDcmi,
-        ] {
+        use strum::IntoEnumIterator;
+        let all: Vec<SourceReason> = SourceReason::iter().collect();
+        assert!(all.contains(&SourceReason::NoDcmi), "{all:?}");
+        for r in all {
             assert_eq!(SourceReason::from_u8(r.to_u8()), r);
             assert!(!r.note(40, UtilType::AiCube).is_empty());
         }

@@ -61,7 +61,26 @@ fn shipped_files_validate() {
         String::from_utf8_lossy(&out.stderr)
     );
     let text = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(text.lines().count(), 25, "{text}");
+    // One line per experiment, each named: the files' own names, read here from the YAML
+    // (not a count kept by hand).
+    let mut names = Vec::new();
+    for f in ["benign.yaml", "faults.yaml"] {
+        let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(
+            &std::fs::read_to_string(format!("{root}/experiments/{f}")).unwrap(),
+        )
+        .unwrap();
+        for e in doc["experiments"].as_sequence().expect("experiments") {
+            names.push(e["name"].as_str().expect("a name").to_owned());
+        }
+    }
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), names.len(), "{text}");
+    for (line, name) in lines.iter().zip(&names) {
+        assert!(
+            line.starts_with(&format!("{name}: ")),
+            "{line} is not {name}'s"
+        );
+    }
     for name in [
         "prefill_delay",
         "decode_cpu_contention",
