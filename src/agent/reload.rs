@@ -445,7 +445,7 @@ mod tests {
         };
         assert_eq!(
             restart_only(&a, &c).len(),
-            12,
+            13,
             "every start-only key differs"
         );
         let kept = keep_start_only(&a, &c);
