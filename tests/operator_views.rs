@@ -7,7 +7,7 @@
 mod support;
 
 use npu_health_agent::cli::top::SseParser;
-use npu_health_agent::view::{Engines, Hello, Samples};
+use npu_health_agent::view::{EnginesFrame, Hello, Samples};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
@@ -311,7 +311,7 @@ fn events_carry_every_sample_at_a_bounded_rate_to_a_bounded_number_of_subscriber
     );
     assert!(npu1.contains(&None), "{npu1:?}");
     assert!(npu1.iter().filter(|v| v.is_some()).count() > npu1.len() * 4 / 5);
-    let engines: Engines = serde_json::from_str(
+    let engines: EnginesFrame = serde_json::from_str(
         &events
             .iter()
             .rev()

@@ -6,7 +6,7 @@
 use super::Answers;
 use crate::monitor::Monitor;
 use crate::monitor::acted::unix_ms;
-use crate::monitor::journal::{Entry, Integration};
+use crate::monitor::journal::{ActionRecord, Integration};
 use crate::monitor::verdict::Status;
 use crate::qos::score::Level;
 use std::sync::Arc;
@@ -47,11 +47,11 @@ fn live_word(live: bool) -> &'static str {
 
 /// The changes from `before` to what `a` says; at the first observation (`before` is
 /// `None`), the verdict and readiness found, from `start`.
-pub fn changes(before: Option<&Seen>, a: &Answers, at_unix_ms: u64) -> Vec<Entry> {
+pub fn changes(before: Option<&Seen>, a: &Answers, at_unix_ms: u64) -> Vec<ActionRecord> {
     let now = Seen::of(a);
     let (f, r, l) = (&a.facts, &a.readiness, &a.liveness);
-    let entry =
-        |(integration, action): (Integration, &str), from: &str, to: &str, reason: &str| Entry {
+    let entry = |(integration, action): (Integration, &str), from: &str, to: &str, reason: &str| {
+        ActionRecord {
             at_unix_ms,
             integration,
             action: action.to_owned(),
@@ -59,7 +59,8 @@ pub fn changes(before: Option<&Seen>, a: &Answers, at_unix_ms: u64) -> Vec<Entry
             to: to.to_owned(),
             level: now.level,
             reason: reason.to_owned(),
-        };
+        }
+    };
     let verdict = (Integration::NodeManager, "status");
     let readyz = (Integration::Kubelet, "readyz");
     let Some(b) = before else {

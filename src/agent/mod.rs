@@ -21,7 +21,7 @@ use crate::monitor::{self, Monitor};
 use crate::probe::http::EngineClient;
 use crate::sampler::{Sampler, SamplerConfig, Shared, StartError};
 use crate::server::{self, AdminView, EngineView, metrics};
-use crate::service::signals::{Request, Signals};
+use crate::service::signals::{Signalled, Signals};
 use crate::service::systemd::{Probe, Systemd};
 use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
@@ -199,7 +199,7 @@ pub struct Running {
     /// Connection limits of every listener, the cap sized at start ([`server::conn::fd_budget`]).
     limits: ListenerLimits,
     /// The Kubernetes API mode, when `[agent.kubernetes]` is set (fixed at start).
-    kube: Option<Arc<crate::k8s::Mode>>,
+    kube: Option<Arc<crate::k8s::ApiMode>>,
     /// Where the state file and the handover socket live (`None`: nothing survives).
     state_dir: Option<StateDir>,
     /// Writes the state file on every change.
@@ -747,7 +747,11 @@ pub async fn start(cfg: AgentConfig, mut startup: Startup) -> Result<Running, Ag
         liveness_cfg: Arc::new(LivenessCfg(std::sync::Mutex::new(
             cfg.agent.sampler_stuck_after,
         ))),
-        kube: cfg.agent.kubernetes.as_ref().map(crate::k8s::Mode::start),
+        kube: cfg
+            .agent
+            .kubernetes
+            .as_ref()
+            .map(crate::k8s::ApiMode::start),
         state_dir: startup.state_dir.clone(),
         persister: None,
         predecessor: None,
@@ -960,11 +964,11 @@ pub async fn run(cfg: AgentConfig, reload: Reloader, opts: RunOptions) -> Result
     // from before this point (caught since the first line of main) count the same.
     let mut reload_pending = false;
     match signals.early() {
-        Some(Request::Stop(name)) => {
+        Some(Signalled::Stop(name)) => {
             tracing::info!("received {name} while starting; not starting");
             return Ok(());
         }
-        Some(Request::Reload) => reload_pending = true,
+        Some(Signalled::Reload) => reload_pending = true,
         None => {}
     }
     let boot = startup(&cfg, &opts)?;
@@ -974,11 +978,11 @@ pub async fn run(cfg: AgentConfig, reload: Reloader, opts: RunOptions) -> Result
         tokio::select! {
             r = &mut starting => break r?,
             req = signals.next() => match req {
-                Request::Stop(name) => {
+                Signalled::Stop(name) => {
                     tracing::info!("received {name} while starting; not starting");
                     return Ok(());
                 }
-                Request::Reload => reload_pending = true,
+                Signalled::Reload => reload_pending = true,
             },
         }
     };
@@ -999,7 +1003,7 @@ pub async fn run(cfg: AgentConfig, reload: Reloader, opts: RunOptions) -> Result
     let mut handed_over = false;
     loop {
         let req = if std::mem::take(&mut reload_pending) {
-            Request::Reload
+            Signalled::Reload
         } else {
             tokio::select! {
                 req = signals.next() => req,
@@ -1013,11 +1017,11 @@ pub async fn run(cfg: AgentConfig, reload: Reloader, opts: RunOptions) -> Result
             }
         };
         match req {
-            Request::Stop(name) => {
+            Signalled::Stop(name) => {
                 tracing::info!("received {name}; shutting down");
                 break;
             }
-            Request::Reload => {
+            Signalled::Reload => {
                 tracing::info!("received SIGHUP; reloading the configuration");
                 systemd.reloading();
                 let before: Vec<String> = running.sockets().into_iter().map(|(n, _)| n).collect();
@@ -1070,14 +1074,14 @@ pub async fn run(cfg: AgentConfig, reload: Reloader, opts: RunOptions) -> Result
             _ = &mut stopping => break,
             req = signals.next() => match req {
                 // A second stop request: the operator wants out now.
-                Request::Stop(name) => {
+                Signalled::Stop(name) => {
                     tracing::warn!("received {name} again while stopping; exiting now");
                     if let Some(l) = crate::logging::global() {
                         l.flush();
                     }
                     std::process::exit(0);
                 }
-                Request::Reload => tracing::info!("received SIGHUP while stopping; ignored"),
+                Signalled::Reload => tracing::info!("received SIGHUP while stopping; ignored"),
             },
         }
     }
@@ -1087,11 +1091,11 @@ pub async fn run(cfg: AgentConfig, reload: Reloader, opts: RunOptions) -> Result
         );
         loop {
             match signals.next().await {
-                Request::Stop(name) => {
+                Signalled::Stop(name) => {
                     tracing::info!("received {name}; exiting");
                     break;
                 }
-                Request::Reload => tracing::info!("received SIGHUP after handing over; ignored"),
+                Signalled::Reload => tracing::info!("received SIGHUP after handing over; ignored"),
             }
         }
     }

@@ -327,8 +327,8 @@ pub async fn demo(args: DemoArgs) -> Result<(), CliError> {
         tokio::select! {
             req = signals.next() => {
                 println!("demo: {}; stopping the agent and the fake engine", match req {
-                    crate::service::signals::Request::Stop(name) => name,
-                    crate::service::signals::Request::Reload => "SIGHUP",
+                    crate::service::signals::Signalled::Stop(name) => name,
+                    crate::service::signals::Signalled::Reload => "SIGHUP",
                 });
                 break Ok(true);
             }

@@ -5,7 +5,7 @@
 //! highest sample of its slice, so a 100 ms burst shows). `q`, Esc or Ctrl-C quits.
 //! `--once` prints one plain-text frame and exits, for scripts.
 
-use crate::view::{Engines, Hello, Samples};
+use crate::view::{EnginesFrame, Hello, Samples};
 use anyhow::{Context, anyhow, bail};
 use clap::Args;
 use ratatui::buffer::Buffer;
@@ -44,7 +44,7 @@ pub struct TopArgs {
 #[derive(Debug, Default)]
 pub struct Model {
     pub hello: Option<Hello>,
-    pub engines: Option<Engines>,
+    pub engines: Option<EnginesFrame>,
     /// Per NPU (ring index): `(ring ms, value)`, oldest first.
     pub samples: Vec<VecDeque<(f64, Option<u8>)>>,
     pub now_ms: f64,

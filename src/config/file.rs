@@ -31,7 +31,7 @@ use super::mindie::{self, EngineSection, Role};
 use super::policy::{AgentPolicy, Policy};
 use super::qos::QosConfig;
 use super::{
-    AdminTls, AgentConfig, AgentSettings, ConfigError, EngineEnv, EngineLocation, KeyError, Mode,
+    AdminTls, AgentConfig, AgentSettings, ConfigError, EngineEnv, EngineLocation, Form, KeyError,
     Timing, build_engine, duration, engine_place, listen_addr,
 };
 use crate::driver::BackendChoice;
@@ -213,7 +213,7 @@ pub fn parse(text: &str, path: &Path) -> Result<AgentConfig, ConfigError> {
     }
     let cfg = AgentConfig {
         source: file,
-        mode: Mode::Host,
+        form: Form::Host,
         agent,
         engines,
     };

@@ -89,7 +89,7 @@ fn single_place(key: &str) -> String {
 
 /// How the configuration was given (errors name its places accordingly).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Mode {
+pub enum Form {
     /// `agent.toml`: places are tables and keys.
     #[default]
     Host,
@@ -446,7 +446,7 @@ pub struct AgentConfig {
     /// File the configuration was read from (for messages).
     pub source: String,
     #[serde(skip)]
-    pub mode: Mode,
+    pub form: Form,
     pub agent: AgentSettings,
     pub engines: Vec<EngineSpec>,
 }
@@ -454,11 +454,11 @@ pub struct AgentConfig {
 impl AgentConfig {
     /// An error about `key` of engine `index` (a path inside its table: `timing.window`).
     pub fn engine_error(&self, index: usize, key: &str, message: impl Into<String>) -> ConfigError {
-        let place = match self.mode {
-            Mode::Host => {
+        let place = match self.form {
+            Form::Host => {
                 engine_place(index, self.engines.get(index).map(|e| e.name.as_str()), key)
             }
-            Mode::Single => single_place(key),
+            Form::Single => single_place(key),
         };
         ConfigError::new(&self.source, place, message)
     }
@@ -537,7 +537,7 @@ impl AgentConfig {
         .map_err(key_error)?;
         let cfg = AgentConfig {
             source: file.clone(),
-            mode: Mode::Single,
+            form: Form::Single,
             agent,
             engines: vec![spec],
         };

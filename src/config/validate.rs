@@ -10,7 +10,7 @@
 //! - [`host`]: what needs the host: the TLS files an engine uses, and its NPUs among those
 //!   the driver reports.
 
-use super::{AgentConfig, AgentSettings, ConfigError, EngineSpec, KeyError, Mode, listen_addr};
+use super::{AgentConfig, AgentSettings, ConfigError, EngineSpec, Form, KeyError, listen_addr};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -447,9 +447,9 @@ fn same_socket(a: SocketAddr, b: SocketAddr) -> bool {
 /// Checks between engines and the agent: names used once, mgmt ports used once and not the
 /// admin listener's, and no inference address that is a listener of the agent's own.
 pub fn across(cfg: &AgentConfig) -> Result<(), ConfigError> {
-    let admin_place = match cfg.mode {
-        Mode::Host => "[agent] admin_listen",
-        Mode::Single => "--admin-listen",
+    let admin_place = match cfg.form {
+        Form::Host => "[agent] admin_listen",
+        Form::Single => "--admin-listen",
     };
     let infer: Vec<Option<SocketAddr>> = cfg
         .engines
@@ -500,9 +500,9 @@ pub fn across(cfg: &AgentConfig) -> Result<(), ConfigError> {
             ));
         }
     }
-    let haproxy_place = match cfg.mode {
-        Mode::Host => "[agent] haproxy_agent_listen",
-        Mode::Single => "--haproxy-agent-listen",
+    let haproxy_place = match cfg.form {
+        Form::Host => "[agent] haproxy_agent_listen",
+        Form::Single => "--haproxy-agent-listen",
     };
     let own: Vec<(&str, SocketAddr)> = [
         (admin_place, cfg.agent.admin_listen),

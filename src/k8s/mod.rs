@@ -16,16 +16,16 @@ use std::sync::Arc;
 
 /// The mode as started: its settings, the node, and the client (or why there is none).
 #[derive(Debug, Clone)]
-pub struct Mode {
+pub struct ApiMode {
     pub cfg: KubernetesConfig,
     pub node: Option<String>,
     pub client: Result<KubeClient, String>,
 }
 
-impl Mode {
+impl ApiMode {
     /// Builds the client for `cfg`; a failure is kept (each engine's record shows it) and
     /// logged once, and the agent runs on without the mode.
-    pub fn start(cfg: &KubernetesConfig) -> Arc<Mode> {
+    pub fn start(cfg: &KubernetesConfig) -> Arc<ApiMode> {
         let client = KubeClient::new(cfg);
         let node = cfg.node();
         match &client {
@@ -37,7 +37,7 @@ impl Mode {
             ),
             Err(e) => tracing::error!("the Kubernetes API mode cannot start: {e}"),
         }
-        Arc::new(Mode {
+        Arc::new(ApiMode {
             cfg: cfg.clone(),
             node,
             client,

@@ -52,7 +52,7 @@ impl Journald {
     }
 
     /// Sends one entry; a message too large for a datagram is cut and sent again.
-    pub fn send(&self, e: &Entry<'_>) -> std::io::Result<()> {
+    pub fn send(&self, e: &JournalEntry<'_>) -> std::io::Result<()> {
         match self.sock.send(&encode(e, usize::MAX)) {
             Err(err) if err.raw_os_error() == Some(libc_emsgsize()) => {
                 self.sock.send(&encode(e, TRUNCATE_AT)).map(|_| ())
@@ -67,7 +67,7 @@ impl<S: Subscriber> Layer<S> for Journald {
         let meta = event.metadata();
         let mut fields = Fields::default();
         event.record(&mut fields);
-        let entry = Entry {
+        let entry = JournalEntry {
             level: *meta.level(),
             target: meta.target(),
             file: meta.file(),
@@ -89,7 +89,7 @@ impl<S: Subscriber> Layer<S> for Journald {
 
 /// One journal entry: an event's metadata and fields.
 #[derive(Debug, Clone, Copy)]
-pub struct Entry<'a> {
+pub struct JournalEntry<'a> {
     pub level: Level,
     pub target: &'a str,
     pub file: Option<&'a str>,
@@ -162,7 +162,7 @@ fn put(out: &mut Vec<u8>, name: &str, value: &str) {
 }
 
 /// The datagram of one entry, the message cut to `max_message` bytes.
-pub fn encode(e: &Entry<'_>, max_message: usize) -> Vec<u8> {
+pub fn encode(e: &JournalEntry<'_>, max_message: usize) -> Vec<u8> {
     let mut out = Vec::with_capacity(256);
     let mut message = e.fields.message.as_str();
     if message.len() > max_message {
@@ -260,8 +260,8 @@ mod tests {
         }
     }
 
-    fn entry(fields: &Fields) -> Entry<'_> {
-        Entry {
+    fn entry(fields: &Fields) -> JournalEntry<'_> {
+        JournalEntry {
             level: Level::WARN,
             target: "npu_health_agent::engine",
             file: Some("src/engine.rs"),

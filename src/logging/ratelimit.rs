@@ -43,7 +43,7 @@ pub struct Pending<K> {
 }
 
 #[derive(Debug)]
-struct Entry {
+struct Window {
     written: Instant,
     suppressed: u64,
 }
@@ -52,7 +52,7 @@ struct Entry {
 #[derive(Debug)]
 pub struct RateLimiter<K> {
     interval: Duration,
-    entries: HashMap<K, Entry>,
+    entries: HashMap<K, Window>,
 }
 
 impl<K: std::hash::Hash + Eq + Clone> RateLimiter<K> {
@@ -80,7 +80,7 @@ impl<K: std::hash::Hash + Eq + Clone> RateLimiter<K> {
         }
         self.entries.insert(
             key.clone(),
-            Entry {
+            Window {
                 written: now,
                 suppressed: 0,
             },

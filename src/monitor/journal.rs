@@ -48,7 +48,7 @@ impl Integration {
 
 /// One action: what an integration was told or asked, the level at that moment, and why.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Entry {
+pub struct ActionRecord {
     pub at_unix_ms: u64,
     pub integration: Integration,
     /// What acted or was told (`status`, `readyz`, `livez`, `level`, `agent_check`,
@@ -66,11 +66,11 @@ pub struct Entry {
 
 /// The last changes of one engine, oldest first.
 #[derive(Debug, Default)]
-pub struct Journal(Mutex<VecDeque<Entry>>);
+pub struct Journal(Mutex<VecDeque<ActionRecord>>);
 
 impl Journal {
     /// Adds a change, dropping the oldest beyond [`KEPT`].
-    pub fn push(&self, e: Entry) {
+    pub fn push(&self, e: ActionRecord) {
         let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
         if g.len() == KEPT {
             g.pop_front();
@@ -79,7 +79,7 @@ impl Journal {
     }
 
     /// A copy, oldest first.
-    pub fn entries(&self) -> Vec<Entry> {
+    pub fn entries(&self) -> Vec<ActionRecord> {
         self.0
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -97,7 +97,7 @@ mod tests {
     fn keeps_the_last_changes_oldest_first() {
         let j = Journal::default();
         for i in 0..(KEPT as u64 + 5) {
-            j.push(Entry {
+            j.push(ActionRecord {
                 at_unix_ms: i,
                 integration: Integration::Agent,
                 action: "level".into(),

@@ -137,7 +137,7 @@ impl Monitor {
         to: &str,
         reason: &str,
     ) {
-        self.journal.push(journal::Entry {
+        self.journal.push(journal::ActionRecord {
             at_unix_ms: acted::unix_ms(),
             integration,
             action: action.to_owned(),

@@ -10,7 +10,7 @@ use super::Shared;
 use super::codes;
 use super::plausibility::{CubeJudge, MultiStep, MultiTrust, SingleStep, Unreal};
 use super::status::{CallKind, FaultCode, Source, SourceReason};
-use super::watchdog::Request;
+use super::watchdog::WatchRequest;
 use crate::driver::dcmi::{
     Api, CubeCall, Dcmi, DcmiError, Health, LoadError, MultiUtil, NpuChip, UtilType,
 };
@@ -28,7 +28,7 @@ pub enum Control {
     Start {
         shared: Arc<Shared>,
         chips: Vec<(usize, NpuChip)>,
-        fallback: Sender<Request>,
+        fallback: Sender<WatchRequest>,
     },
     /// Change the sampling period (applies from the next pass).
     Period(Duration),
@@ -57,7 +57,7 @@ impl ControlTx {
 
 /// Timing of the loop.
 #[derive(Debug, Clone, Copy)]
-pub struct Timing {
+pub struct LoopTiming {
     /// Time between passes.
     pub period: Duration,
     /// Time between HBM/health reads.
@@ -89,8 +89,8 @@ struct Slot {
 struct Ctx<'a> {
     dcmi: &'a Dcmi,
     shared: &'a Shared,
-    fallback: &'a Sender<Request>,
-    timing: &'a Timing,
+    fallback: &'a Sender<WatchRequest>,
+    timing: &'a LoopTiming,
 }
 
 /// Thread body: open, report the chips on `init`, then sample until shut down.
@@ -98,7 +98,7 @@ pub fn run(
     dcmi: Result<Dcmi, LoadError>,
     init: Sender<Result<(Api, Vec<NpuChip>), LoadError>>,
     ctl: Receiver<Control>,
-    mut timing: Timing,
+    mut timing: LoopTiming,
 ) {
     let opened = dcmi.and_then(|d| match d.chips() {
         Ok(c) if c.is_empty() => Err(LoadError::NoNpu {
@@ -454,7 +454,7 @@ fn read_single(ctx: &Ctx<'_>, slot: &mut Slot, now: &mut u64) -> Outcome {
             if dev.replace_source(before, Source::NPU_SMI_PENDING) {
                 dev.set_reason(SourceReason::Type14Unsupported, 0, UtilType::AiCube);
                 tracing::warn!(device = dev.info.id, error = %e, "AI Cube is not available through DCMI (multi-utilization and type 14)");
-                let _ = ctx.fallback.send(Request::HandOver(idx));
+                let _ = ctx.fallback.send(WatchRequest::HandOver(idx));
             }
             return Outcome::Done;
         }
@@ -466,7 +466,7 @@ fn read_single(ctx: &Ctx<'_>, slot: &mut Slot, now: &mut u64) -> Outcome {
     if !slot.cross_check {
         slot.cross_check = true;
         dev.expect_npu_smi_opinion(*now);
-        let _ = ctx.fallback.send(Request::CrossCheck(idx));
+        let _ = ctx.fallback.send(WatchRequest::CrossCheck(idx));
     }
     // An abandoned zeroed multi call is tried again now and then (a firmware upgrade).
     if slot.judge.multi_recheck_due(*now) {
@@ -481,7 +481,7 @@ fn read_single(ctx: &Ctx<'_>, slot: &mut Slot, now: &mut u64) -> Outcome {
             slot.call = CubeCall::Multi;
             if std::mem::take(&mut slot.cross_check) {
                 dev.clear_npu_smi_opinion();
-                let _ = ctx.fallback.send(Request::EndCrossCheck(idx));
+                let _ = ctx.fallback.send(WatchRequest::EndCrossCheck(idx));
             }
         }
     }

@@ -57,7 +57,7 @@ pub struct WatchdogConfig {
 
 /// What the DCMI thread asks of the watchdog.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Request {
+pub enum WatchRequest {
     /// DCMI has no AI Cube call for the device: serve it from `npu-smi`.
     HandOver(usize),
     /// The device reads type 14: run a cross-check watch for it.
@@ -108,7 +108,7 @@ pub fn run(
     cfg: WatchdogConfig,
     support: Option<WatchSupport>,
     npu_smi_devices: Vec<usize>,
-    mut requests: Receiver<Request>,
+    mut requests: Receiver<WatchRequest>,
     stop: Receiver<()>,
 ) {
     let n = shared.devices.len();
@@ -140,9 +140,9 @@ pub fn run(
         select! {
             recv(stop) -> _ => break,
             recv(requests) -> msg => match msg {
-                Ok(Request::HandOver(idx)) => fb.hand_over(idx, Reason::NoDcmiCube),
-                Ok(Request::CrossCheck(idx)) => fb.hand_over(idx, Reason::CrossCheck),
-                Ok(Request::EndCrossCheck(idx)) => fb.end_cross_check(idx),
+                Ok(WatchRequest::HandOver(idx)) => fb.hand_over(idx, Reason::NoDcmiCube),
+                Ok(WatchRequest::CrossCheck(idx)) => fb.hand_over(idx, Reason::CrossCheck),
+                Ok(WatchRequest::EndCrossCheck(idx)) => fb.end_cross_check(idx),
                 // No DCMI thread (or it ended): no more requests, keep watching.
                 Err(_) => requests = crossbeam_channel::never(),
             },

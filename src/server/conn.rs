@@ -135,7 +135,7 @@ impl Activity {
 
 /// One connection as the registry sees it.
 #[derive(Debug)]
-struct Entry {
+struct Registered {
     activity: Arc<Activity>,
     shed: CancellationToken,
 }
@@ -144,7 +144,7 @@ struct Entry {
 #[derive(Debug, Default)]
 struct Registry {
     next: u64,
-    conns: HashMap<u64, Entry>,
+    conns: HashMap<u64, Registered>,
 }
 
 /// The connection to close to make room: the least recently active one with no request in
@@ -307,7 +307,7 @@ pub async fn serve(
             reg.next += 1;
             reg.conns.insert(
                 id,
-                Entry {
+                Registered {
                     activity: Arc::clone(&activity),
                     shed: shed.clone(),
                 },
@@ -600,7 +600,7 @@ mod tests {
             activity.busy.store(busy, Ordering::Relaxed);
             let shed = CancellationToken::new();
             tokens.push(shed.clone());
-            reg.conns.insert(id, Entry { activity, shed });
+            reg.conns.insert(id, Registered { activity, shed });
         }
         assert!(reg.shed_one());
         assert!(tokens[1].is_cancelled() && !tokens[0].is_cancelled());

@@ -51,7 +51,7 @@ pub struct EngineDetail {
     pub routers: std::collections::BTreeMap<String, crate::monitor::acted::RouterSeen>,
     /// The last actions for every integration, oldest first (`monitor::journal`).
     #[serde(default)]
-    pub actions: Vec<crate::monitor::journal::Entry>,
+    pub actions: Vec<crate::monitor::journal::ActionRecord>,
 }
 
 /// The virtual inference loop, as `/status/detail` shows it.

@@ -12,7 +12,7 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 
 /// What a signal asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Request {
+pub enum Signalled {
     /// Stop (the signal's name).
     Stop(&'static str),
     /// Re-read the configuration.
@@ -88,26 +88,26 @@ impl Signals {
 
     /// What arrived between [`install_early`] and [`Signals::install`] (a stop before a
     /// reload), taken once.
-    pub fn early(&self) -> Option<Request> {
+    pub fn early(&self) -> Option<Signalled> {
         let e = EARLY.get()?;
         let term = e.term.swap(false, Ordering::SeqCst);
         let int = e.int.swap(false, Ordering::SeqCst);
         let hup = e.hup.swap(false, Ordering::SeqCst);
         if term {
-            Some(Request::Stop("SIGTERM"))
+            Some(Signalled::Stop("SIGTERM"))
         } else if int {
-            Some(Request::Stop("SIGINT"))
+            Some(Signalled::Stop("SIGINT"))
         } else {
-            hup.then_some(Request::Reload)
+            hup.then_some(Signalled::Reload)
         }
     }
 
     /// The next request.
-    pub async fn next(&mut self) -> Request {
+    pub async fn next(&mut self) -> Signalled {
         tokio::select! {
-            _ = self.term.recv() => Request::Stop("SIGTERM"),
-            _ = self.int.recv() => Request::Stop("SIGINT"),
-            _ = self.hup.recv() => Request::Reload,
+            _ = self.term.recv() => Signalled::Stop("SIGTERM"),
+            _ = self.int.recv() => Signalled::Stop("SIGINT"),
+            _ = self.hup.recv() => Signalled::Reload,
         }
     }
 }

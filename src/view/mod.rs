@@ -11,7 +11,7 @@
 
 use crate::actions::Answers;
 use crate::monitor::Monitor;
-use crate::monitor::journal::Entry;
+use crate::monitor::journal::ActionRecord;
 use crate::monitor::verdict::Status;
 use crate::qos::score::Level;
 use crate::sampler::Shared;
@@ -74,7 +74,7 @@ pub struct NpuSamples {
 
 /// The `engines` frame.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Engines {
+pub struct EnginesFrame {
     pub at_unix_ms: u64,
     pub engines: Vec<EngineLine>,
     /// The last changes and Kubernetes API attempts over every engine, newest first.
@@ -268,7 +268,7 @@ fn engine_faults(shared: &Shared, m: &Monitor) -> Vec<String> {
         .collect()
 }
 
-fn from_entry(engine: &str, e: Entry) -> Recent {
+fn from_entry(engine: &str, e: ActionRecord) -> Recent {
     Recent {
         engine: engine.to_owned(),
         at_unix_ms: e.at_unix_ms,
@@ -284,7 +284,7 @@ fn from_entry(engine: &str, e: Entry) -> Recent {
 }
 
 /// The `engines` frame.
-pub fn engines(shared: &Shared, engines: &[Arc<Monitor>]) -> Engines {
+pub fn engines(shared: &Shared, engines: &[Arc<Monitor>]) -> EnginesFrame {
     let mut recent: Vec<Recent> = engines
         .iter()
         .flat_map(|m| {
@@ -321,7 +321,7 @@ pub fn engines(shared: &Shared, engines: &[Arc<Monitor>]) -> Engines {
             }
         })
         .collect();
-    Engines {
+    EnginesFrame {
         at_unix_ms: crate::monitor::acted::unix_ms(),
         engines: engines
             .iter()

@@ -106,7 +106,7 @@ fn start_thread(driver: &DriverConfig, cfg: &SamplerConfig) -> Result<Side, Load
     let (init_tx, init_rx) = crossbeam_channel::bounded(1);
     let (ctl_tx, ctl_rx) = crossbeam_channel::unbounded();
     let (done_tx, done_rx) = crossbeam_channel::bounded::<()>(0);
-    let timing = dcmi_thread::Timing {
+    let timing = dcmi_thread::LoopTiming {
         period: cfg.period,
         hbm_period: cfg.hbm_period,
         fault_period: cfg.fault_period,

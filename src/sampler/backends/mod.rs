@@ -19,7 +19,7 @@ mod npu_smi;
 pub mod scripted;
 
 use super::dcmi_thread::{Control, ControlTx};
-use super::watchdog::Request;
+use super::watchdog::WatchRequest;
 use super::{SamplerConfig, Shared, Source, StartError};
 use crate::driver::npu_smi::WatchSupport;
 use crate::driver::{Backend, BackendChoice, DeviceInfo, DriverConfig};
@@ -52,7 +52,7 @@ pub struct StartCtx<'a> {
     pub driver: &'a DriverConfig,
     pub cfg: &'a SamplerConfig,
     /// Hands a device to `npu-smi` watch children (the watchdog), or asks for a cross-check.
-    pub fallback: Sender<Request>,
+    pub fallback: Sender<WatchRequest>,
 }
 
 /// The backends `choice` allows, in the order they are tried.
