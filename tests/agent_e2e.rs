@@ -273,7 +273,7 @@ fn engine_restart_rearms_virtual_inference() {
     // "Restart": the listener goes away (the agent sees the refusal) and comes back healthy.
     stack.faults(r#"{"listening": false}"#);
     stack.wait_until_typed("/health refused", Duration::from_secs(20), |d| {
-        d.health.last_transport_error.as_deref() == Some("refused")
+        d.health.last_transport_error == Some(npu_health_agent::probe::health::Transport::Refused)
     });
     let restarted_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

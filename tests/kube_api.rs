@@ -8,7 +8,7 @@
 mod support;
 
 use npu_health_agent::k8s::api::LIST_LIMIT;
-use npu_health_agent::monitor::acted::KubeRecord;
+use npu_health_agent::monitor::acted::{KubeRecord, PodAction};
 use npu_health_agent::qos::score::Level;
 use std::time::{Duration, Instant};
 use support::kube_api::{self, Failure, Route, StandIn};
@@ -153,7 +153,7 @@ fn the_gate_follows_readiness_through_api_failures() {
     assert!(
         r.attempts
             .iter()
-            .any(|a| a.action == "condition" && a.detail.starts_with("False")),
+            .any(|a| a.action == PodAction::Condition && a.detail.starts_with("False")),
         "{:#?}",
         r.attempts
     );
@@ -452,7 +452,7 @@ fn a_held_evict_evicts_through_a_pdb_refusal() {
     let outcomes: Vec<(&str, &str)> = r
         .attempts
         .iter()
-        .filter(|a| a.action == "eviction")
+        .filter(|a| a.action == PodAction::Eviction)
         .map(|a| (a.outcome.as_str(), a.pod.as_str()))
         .collect();
     assert_eq!(
@@ -477,6 +477,27 @@ fn a_held_evict_evicts_through_a_pdb_refusal() {
     assert!(
         stack.agent_log().contains("PodDisruptionBudget") || stack.agent_log().contains("refused")
     );
+    // The counters by action and outcome, every pair present (zeros included).
+    let metrics = stack.metrics();
+    let count = |action: &str, outcome: &str| {
+        metrics
+            .lines()
+            .find(|l| {
+                l.starts_with("npu_health_agent_kubernetes_actions_total{")
+                    && l.contains(&format!("action=\"{action}\""))
+                    && l.contains(&format!("outcome=\"{outcome}\""))
+            })
+            .unwrap_or_else(|| panic!("no {action}/{outcome} series:\n{metrics}"))
+            .rsplit(' ')
+            .next()
+            .unwrap()
+            .parse::<f64>()
+            .unwrap()
+    };
+    assert_eq!(count("eviction", "refused"), 1.0);
+    assert_eq!(count("eviction", "done"), 1.0);
+    assert_eq!(count("mindcluster_annotation", "pod_gone"), 0.0);
+    assert!(count("condition", "done") >= 1.0);
 }
 
 // eviction = "mindcluster": a pod infer-operator does not manage gets nothing (the attempt
@@ -498,7 +519,7 @@ fn mindcluster_annotates_only_infer_operator_pods() {
         Duration::from_secs(30),
         || {
             record(&stack).attempts.iter().any(|a| {
-                a.action == "mindcluster_annotation"
+                a.action == PodAction::MindclusterAnnotation
                     && a.detail.contains("infer.huawei.com/ascend-infer-operator")
             })
         },

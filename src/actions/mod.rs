@@ -24,6 +24,7 @@ use crate::config::actions::{ActionsConfig, NotReadyOn};
 use crate::monitor::Monitor;
 use crate::monitor::verdict::{HealthState, Status};
 use crate::monitor::vi_state::Phase;
+use crate::probe::health::Transport;
 use crate::qos::score::Level;
 use serde::{Deserialize, Serialize};
 
@@ -84,7 +85,7 @@ impl Facts {
             cause,
             // One line, whatever the engine's error said.
             reason: m.reason().replace(['\n', '\r'], " "),
-            port_closed: health.last_transport_error.as_deref() == Some("refused"),
+            port_closed: health.last_transport_error == Some(Transport::Refused),
             health: health.state,
             phase: m.vi.phase(),
             level: m.qos.level(),

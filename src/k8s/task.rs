@@ -17,7 +17,7 @@ use crate::config::kubernetes::{
     MINDCLUSTER_VALUE,
 };
 use crate::monitor::Monitor;
-use crate::monitor::acted::{Attempt, ConditionSet, unix_ms};
+use crate::monitor::acted::{Attempt, ConditionSet, Outcome, PodAction, unix_ms};
 use crate::monitor::journal::Integration;
 use k8s_openapi::api::core::v1::PodCondition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -304,9 +304,9 @@ impl<A: KubeApi> Loop<'_, A> {
                     if status_changed {
                         rec.push(Attempt {
                             at_unix_ms: unix_ms(),
-                            action: "condition".to_owned(),
+                            action: PodAction::Condition,
                             pod: pod.key(),
-                            outcome: "done".to_owned(),
+                            outcome: Outcome::Done,
                             detail: detail.clone(),
                         });
                     }
@@ -314,9 +314,9 @@ impl<A: KubeApi> Loop<'_, A> {
                 if status_changed {
                     self.m.note(
                         Integration::KubernetesApi,
-                        "condition",
+                        PodAction::Condition.as_str(),
                         "",
-                        "done",
+                        Outcome::Done.as_str(),
                         &format!("{}: {detail}", pod.key()),
                     );
                 }
@@ -367,24 +367,27 @@ impl<A: KubeApi> Loop<'_, A> {
                 let Some(pod) = self.pod.clone() else { return };
                 let ground = ground.unwrap_or_default();
                 let (action, result) = match self.cfg.eviction {
-                    EvictionMode::Api => {
-                        ("eviction", self.api.evict(&pod.namespace, &pod.name).await)
-                    }
+                    EvictionMode::Api => (
+                        PodAction::Eviction,
+                        self.api.evict(&pod.namespace, &pod.name).await,
+                    ),
                     EvictionMode::Mindcluster => {
-                        ("mindcluster_annotation", self.annotate(&pod).await)
+                        (PodAction::MindclusterAnnotation, self.annotate(&pod).await)
                     }
                     EvictionMode::Off => return,
                 };
                 let engine = self.engine().to_owned();
                 let (outcome, attempted, detail) = match &result {
-                    Ok(()) => ("done", eviction::Attempted::Done, ground.clone()),
+                    Ok(()) => (Outcome::Done, eviction::Attempted::Done, ground.clone()),
                     Err(e) if e.code() == Some(404) => {
-                        ("pod_gone", eviction::Attempted::Failed, e.to_string())
+                        (Outcome::PodGone, eviction::Attempted::Failed, e.to_string())
                     }
-                    Err(e) if e.too_many_requests() => {
-                        ("refused", eviction::Attempted::Refused, e.to_string())
-                    }
-                    Err(e) => ("failed", eviction::Attempted::Failed, e.to_string()),
+                    Err(e) if e.too_many_requests() => (
+                        Outcome::Refused,
+                        eviction::Attempted::Refused,
+                        e.to_string(),
+                    ),
+                    Err(e) => (Outcome::Failed, eviction::Attempted::Failed, e.to_string()),
                 };
                 let backoff = self.gate.record(now, attempted);
                 self.m.acted.set_gate(self.gate.memory());
@@ -397,7 +400,7 @@ impl<A: KubeApi> Loop<'_, A> {
                             "{action} of pod {} {outcome}: {detail}; next try in {wait:?} if the ground holds",
                             pod.key()
                         );
-                        if outcome == "refused" {
+                        if outcome == Outcome::Refused {
                             tracing::warn!(engine = %engine, "Kubernetes API: {msg}");
                         } else {
                             self.quiet.fail(&engine, "eviction", &msg);
@@ -407,24 +410,24 @@ impl<A: KubeApi> Loop<'_, A> {
                 }
                 self.m.note(
                     Integration::KubernetesApi,
-                    action,
+                    action.as_str(),
                     "",
-                    outcome,
+                    outcome.as_str(),
                     &format!("{}: {detail}", pod.key()),
                 );
                 self.m.acted.update(|r| {
                     r.push(Attempt {
                         at_unix_ms: unix_ms(),
-                        action: action.to_owned(),
+                        action,
                         pod: pod.key(),
-                        outcome: outcome.to_owned(),
+                        outcome,
                         detail: detail.clone(),
                     });
                     if result.is_err() {
                         r.api_error(format!("{action} of pod {}: {detail}", pod.key()));
                     }
                 });
-                if outcome == "pod_gone" {
+                if outcome == Outcome::PodGone {
                     self.pod_gone();
                 }
             }

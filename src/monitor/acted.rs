@@ -9,10 +9,71 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-/// The `action`s of an [`Attempt`].
-pub const ACTIONS: [&str; 3] = ["condition", "eviction", "mindcluster_annotation"];
-/// The `outcome`s of an [`Attempt`].
-pub const OUTCOMES: [&str; 4] = ["done", "refused", "failed", "pod_gone"];
+/// What an [`Attempt`] did to the pod. Its name on the wire (JSON, the metrics' `action`
+/// label, log lines) is the snake_case name, derived once for serde and for `as_str`.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    strum::EnumIter,
+    strum::IntoStaticStr,
+    strum::Display,
+)]
+#[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
+pub enum PodAction {
+    /// The readiness-gate condition changed.
+    Condition,
+    /// An Eviction (policy/v1).
+    Eviction,
+    /// MindCluster's fault annotation.
+    MindclusterAnnotation,
+}
+
+/// How an [`Attempt`] ended (the same naming as [`PodAction`]).
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    strum::EnumIter,
+    strum::IntoStaticStr,
+    strum::Display,
+)]
+#[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
+pub enum Outcome {
+    Done,
+    /// A PodDisruptionBudget or the API server's rate limit: retried with back-off.
+    Refused,
+    /// Retried with back-off.
+    Failed,
+    /// The pod no longer exists.
+    PodGone,
+}
+
+impl PodAction {
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
+}
 
 /// Attempts kept per engine.
 pub const KEPT_ATTEMPTS: usize = 20;
@@ -40,13 +101,10 @@ pub struct ConditionSet {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Attempt {
     pub at_unix_ms: u64,
-    /// `eviction`, `mindcluster_annotation` or `condition`.
-    pub action: String,
+    pub action: PodAction,
     /// `namespace/name`.
     pub pod: String,
-    /// `done`, `refused` (a PodDisruptionBudget or the API server's rate limit: retried
-    /// with back-off), `failed` (retried with back-off), `pod_gone`.
-    pub outcome: String,
+    pub outcome: Outcome,
     pub detail: String,
 }
 
@@ -70,7 +128,7 @@ pub struct KubeRecord {
     /// The last attempts, oldest first.
     pub attempts: VecDeque<Attempt>,
     /// Every attempt since the start, by `action` then `outcome` (for the metrics).
-    pub totals: BTreeMap<String, BTreeMap<String, u64>>,
+    pub totals: BTreeMap<PodAction, BTreeMap<Outcome, u64>>,
     /// API calls that failed, of any kind.
     pub api_errors: u64,
     pub last_api_error: Option<String>,
@@ -193,9 +251,9 @@ impl KubeRecord {
     pub fn push(&mut self, a: Attempt) {
         *self
             .totals
-            .entry(a.action.clone())
+            .entry(a.action)
             .or_default()
-            .entry(a.outcome.clone())
+            .entry(a.outcome)
             .or_default() += 1;
         if self.attempts.len() == KEPT_ATTEMPTS {
             self.attempts.pop_front();

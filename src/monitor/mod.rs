@@ -57,7 +57,7 @@ pub struct HealthDetail {
     /// Class of the last failure without a usable answer (`refused`, `reset`, `protocol`,
     /// `body_too_large`, `tls`, `local`, `connect`, `other`); only `refused` can be the
     /// "down" half of a restart.
-    pub last_transport_error: Option<std::borrow::Cow<'static, str>>,
+    pub last_transport_error: Option<crate::probe::health::Transport>,
     pub consecutive_failures: u64,
     pub probes: u64,
     /// `/health` timeouts not taken as abnormal because the engine was serving.
@@ -336,7 +336,7 @@ impl Monitor {
         d.last_transport_error = match outcome {
             HealthOutcome::Unhealthy {
                 transport: Some(t), ..
-            } => Some(t.as_str().into()),
+            } => Some(*t),
             _ => None,
         };
         match outcome {

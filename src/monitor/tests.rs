@@ -197,10 +197,7 @@ async fn garbled_health_answer_is_not_an_engine_restart() {
             },
             true,
         );
-        assert_eq!(
-            st.health_detail().last_transport_error.as_deref(),
-            Some(class.as_str())
-        );
+        assert_eq!(st.health_detail().last_transport_error, Some(class));
         st.record_health(&outcome("ok"), true);
         assert_eq!(st.rearms(), 0, "{class:?} is not a restart");
         assert_eq!(st.status(), Status::Abnormal, "{class:?}");

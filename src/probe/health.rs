@@ -22,8 +22,19 @@ pub enum Fetch {
 /// Why a request got no usable answer. Only [`Transport::Refused`] is evidence that the
 /// engine process went away (nothing listens on its port), so only it can be the "down" half
 /// of a restart; a garbled answer came from a process that is still there.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    serde::Serialize,
+    serde::Deserialize,
+    strum::IntoStaticStr,
+    strum::EnumIter,
+)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 pub enum Transport {
     /// Connection refused: nothing listens on the engine's port.
     Refused,
@@ -55,18 +66,9 @@ impl Transport {
         Transport::Other,
     ];
 
-    /// The class's name in `/status/detail`.
+    /// The class's name in reasons and `/status/detail` (serde's name, by the same rule).
     pub fn as_str(self) -> &'static str {
-        match self {
-            Transport::Refused => "refused",
-            Transport::Reset => "reset",
-            Transport::Protocol => "protocol",
-            Transport::BodyTooLarge => "body_too_large",
-            Transport::Tls => "tls",
-            Transport::Local => "local",
-            Transport::Connect => "connect",
-            Transport::Other => "other",
-        }
+        self.into()
     }
 }
 
@@ -184,6 +186,23 @@ impl<T: HealthTransport> HealthCollector<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    // The name in a reason and on the wire is one name: both derived by the snake_case rule.
+    #[test]
+    fn a_transport_class_has_one_name() {
+        use strum::IntoEnumIterator;
+        for t in Transport::iter() {
+            assert_eq!(serde_json::to_value(t).unwrap(), t.as_str(), "{t:?}");
+            let back: Transport = serde_json::from_value(t.as_str().into()).unwrap();
+            assert_eq!(back, t);
+        }
+        assert_eq!(Transport::BodyTooLarge.as_str(), "body_too_large");
+        assert_eq!(
+            Transport::NOT_DOWN.len() + 1,
+            Transport::iter().count(),
+            "every class but Refused is in NOT_DOWN"
+        );
+    }
     use std::sync::Mutex;
 
     /// Replays scripted answers and counts calls.

@@ -8,6 +8,7 @@
 //! `npu_health_agent_`.
 
 use crate::driver::fault_levels::FaultLevel;
+use crate::monitor::acted::{Outcome, PodAction};
 use crate::monitor::verdict::HealthState;
 use crate::monitor::{Monitor, Status};
 use crate::qos::score::Level;
@@ -19,6 +20,7 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 use std::sync::Arc;
 use std::time::Duration;
+use strum::IntoEnumIterator;
 
 /// Prometheus text content type.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -378,14 +380,14 @@ impl Scope {
             self.engines.iter().flat_map(|e| {
                 let totals = e.acted.kubernetes().map(|k| k.totals);
                 totals.into_iter().flat_map(move |t| {
-                    crate::monitor::acted::ACTIONS.iter().flat_map(move |a| {
-                        crate::monitor::acted::OUTCOMES.iter().map({
+                    PodAction::iter().flat_map(move |a| {
+                        Outcome::iter().map({
                             let t = t.clone();
                             move |o| {
                                 let mut l = name(e);
-                                l.push(("action", (*a).to_owned()));
-                                l.push(("outcome", (*o).to_owned()));
-                                let n = t.get(*a).and_then(|m| m.get(*o)).copied().unwrap_or(0);
+                                l.push(("action", a.as_str().to_owned()));
+                                l.push(("outcome", o.as_str().to_owned()));
+                                let n = t.get(&a).and_then(|m| m.get(&o)).copied().unwrap_or(0);
                                 (l, n as f64)
                             }
                         })
