@@ -181,8 +181,10 @@ impl<'de> serde::Deserialize<'de> for Source {
     serde::Deserialize,
     strum::FromRepr,
     strum::EnumIter,
+    strum::IntoStaticStr,
 )]
 #[serde(rename_all = "kebab-case")]
+#[strum(serialize_all = "kebab-case")]
 #[repr(u8)]
 pub enum SourceReason {
     /// The first DCMI read is pending.
@@ -219,6 +221,12 @@ pub enum SourceReason {
 }
 
 impl SourceReason {
+    /// The reason's name in `/status/detail` and the metrics' `reason` label (serde's name,
+    /// by the same rule).
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
+
     /// The reason stored as `v`; only this module stores one, so an unknown value cannot
     /// occur, and would read as [`SourceReason::NoDcmi`].
     fn from_u8(v: u8) -> SourceReason {
@@ -942,6 +950,7 @@ mod tests {
         assert!(all.contains(&SourceReason::NoDcmi), "{all:?}");
         for r in all {
             assert_eq!(SourceReason::from_u8(r.to_u8()), r);
+            assert_eq!(serde_json::to_value(r).unwrap(), r.as_str(), "one name");
             assert!(!r.note(40, UtilType::AiCube).is_empty());
         }
     }

@@ -40,14 +40,6 @@ pub const COUNTED_FAILURES: &str = "npu_health_agent_counted_failures";
 /// with the same samples (docs/operator-views.md, "Renamed metrics").
 pub const DEPRECATED: [(&str, &str); 1] = [("npu_health_agent_failure_count", COUNTED_FAILURES)];
 
-/// The serde (kebab-case) name of a unit enum.
-fn kebab<T: serde::Serialize>(v: &T) -> String {
-    match serde_json::to_value(v) {
-        Ok(serde_json::Value::String(s)) => s,
-        _ => String::new(),
-    }
-}
-
 /// What one `/metrics` endpoint exposes.
 #[derive(Debug, Clone)]
 pub struct Scope {
@@ -252,7 +244,7 @@ impl Scope {
             snaps.iter().map(|s| {
                 let mut l = id(s);
                 l.push(("source", s.source.name().into_owned()));
-                l.push(("reason", kebab(&s.source_reason)));
+                l.push(("reason", s.source_reason.as_str().to_owned()));
                 (l, 1.0)
             }),
         )?;
