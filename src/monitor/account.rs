@@ -1,7 +1,7 @@
 //! The rules of virtual inference as plain functions (virtual-inference-reference §1.4–§1.5):
 //! what one probe does to the failure count, and how long to sleep before the next. The
 //! loop in [`super::tasks`] gathers an [`Observation`], calls [`account`] and
-//! [`next_interval`], and applies what they return; every rule is a row of the tables below.
+//! [`next_cadence`], and applies what they return; every rule is a row of the tables below.
 //!
 //! Failure accounting, in the reference's order:
 //! 1. peak available, below the threshold, request failed → count + 1; abnormal at max;
@@ -384,16 +384,36 @@ pub fn confirm_timeout(agent: &AgentRules, timing: &Timing, last_ok: Option<Dura
         .min(timing.request_timeout.max(agent.confirm_timeout))
 }
 
-/// The sleep before the next probe, after a probe whose window peak was `peak`.
-pub fn next_interval(
+/// The periodic probes' cadence: `interval` (the reference's 5 s), or `high_load_interval`
+/// (20 s) while the NPU is busy. A state of its own, not read back from the sleep: the two
+/// intervals may be configured equal, and a confirming re-probe sleeps yet another time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cadence {
+    Regular,
+    Busy,
+}
+
+impl Cadence {
+    /// The sleep between periodic probes at this cadence.
+    pub fn interval(self, timing: &Timing) -> Duration {
+        match self {
+            Cadence::Regular => timing.interval,
+            Cadence::Busy => timing.high_load_interval,
+        }
+    }
+}
+
+/// The cadence after a probe whose window peak was `peak`: busy at or above
+/// `high_load_threshold`, regular below the usage threshold, else unchanged.
+pub fn next_cadence(
     timing: &Timing,
     npu_usage_threshold: f64,
-    current: Duration,
+    current: Cadence,
     peak: Option<f64>,
-) -> Duration {
+) -> Cadence {
     match peak {
-        Some(p) if p >= timing.high_load_threshold => timing.high_load_interval,
-        Some(p) if p < npu_usage_threshold => timing.interval,
+        Some(p) if p >= timing.high_load_threshold => Cadence::Busy,
+        Some(p) if p < npu_usage_threshold => Cadence::Regular,
         _ => current,
     }
 }
@@ -1056,26 +1076,29 @@ mod tests {
         }
     }
 
-    // The interval: 20 s at or above 80, 5 s below the usage threshold, else unchanged.
+    // The cadence: busy (20 s) at or above 80, regular (5 s) below the usage threshold,
+    // else unchanged.
     #[test]
-    fn interval_table() {
+    fn cadence_table() {
+        use Cadence::{Busy, Regular};
         let t = Timing::default();
         let rows = [
-            (S(5), Some(85.0), S(20)),
-            (S(5), Some(80.0), S(20)),
-            (S(5), Some(50.0), S(5)),
-            (S(20), Some(50.0), S(20)),
-            (S(20), Some(2.9), S(5)),
-            (S(20), Some(3.0), S(20)),
-            (S(20), None, S(20)),
-            (S(5), None, S(5)),
+            (Regular, Some(85.0), Busy),
+            (Regular, Some(80.0), Busy),
+            (Regular, Some(50.0), Regular),
+            (Busy, Some(50.0), Busy),
+            (Busy, Some(2.9), Regular),
+            (Busy, Some(3.0), Busy),
+            (Busy, None, Busy),
+            (Regular, None, Regular),
         ];
         for (current, peak, want) in rows {
             assert_eq!(
-                next_interval(&t, 3.0, current, peak),
+                next_cadence(&t, 3.0, current, peak),
                 want,
                 "{current:?} {peak:?}"
             );
         }
+        assert_eq!((Regular.interval(&t), Busy.interval(&t)), (S(5), S(20)));
     }
 }

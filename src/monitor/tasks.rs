@@ -101,7 +101,8 @@ pub async fn run_virtual_inference(
         }
         tracing::info!(engine, latency = ?r.latency, "warm-up request succeeded, virtual inference starts");
     }
-    state.set_interval(t.interval);
+    let mut cadence = account::Cadence::Regular;
+    state.set_interval(cadence.interval(t));
     state.set_phase(Phase::Running);
     // When a virtual request was last served (stall detection's evidence of life).
     let mut last_served = tokio::time::Instant::now();
@@ -125,12 +126,8 @@ pub async fn run_virtual_inference(
         };
         let r = prober.send(timeout).await;
         let peak = peaks.peak(t.window);
-        state.set_interval(account::next_interval(
-            t,
-            rules.npu_usage_threshold,
-            state.interval(),
-            peak,
-        ));
+        cadence = account::next_cadence(t, rules.npu_usage_threshold, cadence, peak);
+        state.set_interval(cadence.interval(t));
         let failed = r.outcome.is_err();
         // The agent policy's evidence, read for a failure only; the V6 capacity figure comes
         // from the same read when there is one.
@@ -210,9 +207,14 @@ pub async fn run_virtual_inference(
             (_, Some(open)) => Some(open),
             (_, None) => Some((started, fresh.tokens)),
         };
-        let (sleep, next_timeout) = match account::next_sleep(rules, t, &obs, &a) {
-            Some((sleep, timeout)) => (sleep, timeout.unwrap_or(t.request_timeout)),
-            None => (state.interval(), t.request_timeout),
+        // A confirming or re-arming sleep, else the cadence's (`busy`: the busy cadence's).
+        let (sleep, next_timeout, busy) = match account::next_sleep(rules, t, &obs, &a) {
+            Some((sleep, timeout)) => (sleep, timeout.unwrap_or(t.request_timeout), false),
+            None => (
+                cadence.interval(t),
+                t.request_timeout,
+                cadence == account::Cadence::Busy,
+            ),
         };
         timeout = next_timeout;
         // What this probe checked: the faults at the confirming level that were there before
@@ -242,7 +244,7 @@ pub async fn run_virtual_inference(
         // Agent policy: a busy NPU that falls idle (over a whole window) during the busy
         // interval is probed at once, with the confirming timeout — the load ended, or the
         // engine stopped; and so is a new driver fault at the confirming level.
-        let idle = (sleep == t.high_load_interval).then_some((t.window, rules.npu_usage_threshold));
+        let idle = busy.then_some((t.window, rules.npu_usage_threshold));
         match pause(sleep, peaks, idle, &checked).await {
             Wake::Elapsed => {}
             Wake::Idle => {
@@ -1405,6 +1407,36 @@ mod tests {
                 "{last_ok:?}"
             );
         }
+    }
+
+    // The busy cadence is a state, not read back from the sleep: with `interval` configured
+    // equal to `high_load_interval` (10 s) and a 2 s window, an NPU that never was busy is
+    // probed every 10 s. Read from the sleep, the regular cadence looked busy, and every
+    // pause ended "the NPU fell idle" after 2 s: a probe every ~2 s.
+    #[tokio::test(start_paused = true)]
+    async fn equal_intervals_do_not_make_an_idle_npu_look_busy() {
+        let mut c = agent_cfg();
+        c.timing.interval = Duration::from_secs(10);
+        c.timing.high_load_interval = Duration::from_secs(10);
+        c.timing.window = Duration::from_secs(2);
+        let mut script = vec![(MS, FakeProber::ok())];
+        script.extend((0..100).map(|_| (MS, FakeProber::ok())));
+        let p = FakeProber::new(script);
+        let st = ViState::default();
+        run_with(
+            &c,
+            &p,
+            &ConstPeak(0.0),
+            &NoSignals,
+            &st,
+            Duration::from_secs(60),
+        )
+        .await;
+        let periodic = p.calls().len() - 1;
+        assert!(
+            (5..=7).contains(&periodic),
+            "{periodic} periodic probes in 60 s at a 10 s cadence"
+        );
     }
 
     #[tokio::test(start_paused = true)]
