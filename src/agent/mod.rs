@@ -1114,3 +1114,48 @@ impl Running {
         Box::new(move || shared.liveness(cfg.get()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(windows: &[&str]) -> AgentConfig {
+        let dir = tempfile::tempdir().unwrap();
+        let mut text = String::from(
+            "[agent]\nsample_period = \"20ms\"\ndriver_call_deadline = \"300ms\"\nfault_period = \"2s\"\n",
+        );
+        for (i, w) in windows.iter().enumerate() {
+            text.push_str(&format!(
+                "\n[[engine]]\nname = \"e{i}\"\nengine_type = \"vllm\"\nserved_model_name = \"m\"\nhost = \"127.0.0.1\"\nport = {}\nmgmt_port = {}\n[engine.timing]\nwindow = \"{w}\"\n",
+                8000 + i,
+                9000 + i
+            ));
+        }
+        let path = dir.path().join("agent.toml");
+        std::fs::write(&path, text).unwrap();
+        crate::config::file::load(&path).unwrap()
+    }
+
+    // The ring keeps the longest engine window and 5 s, and never less than the live page's
+    // 60 s chart and 5 s; the sampler's periods are the [agent] keys.
+    #[test]
+    fn the_sampler_keeps_what_the_longest_window_and_the_live_page_need() {
+        let c = config(&["5s", "2m"]);
+        assert_eq!(longest_window(&c), Duration::from_secs(120));
+        let s = sampler_config(&c);
+        assert_eq!(s.retention, Duration::from_secs(125));
+        assert_eq!(
+            (s.period, s.call_deadline, s.fault_period),
+            (
+                Duration::from_millis(20),
+                Duration::from_millis(300),
+                Duration::from_secs(2)
+            )
+        );
+        let short = sampler_config(&config(&["5s"]));
+        assert_eq!(
+            short.retention,
+            crate::view::HISTORY + Duration::from_secs(5)
+        );
+    }
+}
