@@ -1,0 +1,251 @@
+//! One engine's unit: what it needs before it starts ([`Prepared`], built without side
+//! effects so a reload can be rejected before anything changes), its tasks and listener
+//! ([`EngineRun`]), and the agent's listeners started from them (an engine's mgmt listener,
+//! the admin listener, HAProxy's agent check).
+
+use super::*;
+
+/// Everything an engine needs before it starts, built without side effects so a reload can
+/// be rejected before anything changes.
+pub(super) struct Prepared {
+    pub(super) spec: EngineSpec,
+    pub(super) devices: Vec<u16>,
+    pub(super) client: EngineClient,
+    pub(super) tls: Option<Arc<rustls::ServerConfig>>,
+}
+
+/// One monitored engine.
+pub(super) struct EngineRun {
+    pub(super) state: Arc<Monitor>,
+    pub(super) listener: ListenerRun,
+    pub(super) tasks: JoinSet<()>,
+    pub(super) cancel: CancellationToken,
+}
+
+impl EngineRun {
+    pub(super) async fn stop(mut self) {
+        self.cancel.cancel();
+        let name = self.state.spec.name.clone();
+        let drain = async { while self.tasks.join_next().await.is_some() {} };
+        let (listener, tasks) =
+            tokio::join!(self.listener.stop(), tokio::time::timeout(DRAIN, drain));
+        let () = listener;
+        if tasks.is_err() {
+            tracing::warn!(engine = %name, "some probe tasks did not stop within {DRAIN:?}");
+            self.tasks.abort_all();
+        }
+    }
+}
+
+/// Ring indices of an engine's NPUs (all NPUs when none are named).
+pub(super) fn engine_devices(spec: &EngineSpec, sampler: &Sampler) -> Result<Vec<u16>, AgentError> {
+    if sampler.devices().is_empty() {
+        return Ok(Vec::new());
+    }
+    let Some(ids) = &spec.devices.value else {
+        return Ok((0..sampler.devices().len() as u16).collect());
+    };
+    let mut out = Vec::new();
+    for id in ids {
+        match sampler.index_of(*id) {
+            Some(i) => out.push(i),
+            None => {
+                let found: Vec<u32> = sampler.devices().iter().map(|d| d.info.id).collect();
+                return Err(AgentError::Config(format!(
+                    "engine {}: NPU {id} ({}) not found; NPUs found: {found:?}",
+                    spec.name, spec.devices.source
+                )));
+            }
+        }
+    }
+    Ok(out)
+}
+
+impl Running {
+    pub(super) fn prepare(&self, spec: &EngineSpec) -> Result<Prepared, AgentError> {
+        let devices = engine_devices(spec, &self.sampler)?;
+        let client = EngineClient::new(spec)
+            .map_err(|e| AgentError::Config(format!("engine {}: {e}", spec.name)))?;
+        let tls = if spec.mgmt_tls_config.enable_tls {
+            Some(
+                crate::tls::server_config(&spec.mgmt_tls_config)
+                    .map_err(|e| AgentError::Config(format!("engine {}: {e}", spec.name)))?,
+            )
+        } else {
+            None
+        };
+        Ok(Prepared {
+            spec: spec.clone(),
+            devices,
+            client,
+            tls,
+        })
+    }
+
+    /// Starts an engine's probes and its server on `socket`, from `restored` when a saved
+    /// state (or the state of the engine a reload replaces) applies.
+    pub(super) fn launch(
+        &self,
+        p: Prepared,
+        socket: std::net::TcpListener,
+        restored: Option<(EngineState, Carry)>,
+    ) -> Result<EngineRun, AgentError> {
+        let spec = &p.spec;
+        let shared = &self.shared;
+        let state = Arc::new(Monitor::new(spec.clone(), p.devices.clone()));
+        let cancel = CancellationToken::new();
+        let mut tasks = JoinSet::new();
+        if let Some((saved, carry)) = &restored {
+            state.restore(saved, *carry);
+            if carry.health
+                && let Some(at) = saved.engine_started_at
+            {
+                // The saved state is this engine process's only if it did not restart
+                // while no agent watched it.
+                tasks.spawn(monitor::tasks::identity_task(
+                    state.clone(),
+                    p.client.metrics(),
+                    at,
+                    cancel.clone(),
+                ));
+            }
+        }
+        tasks.spawn(monitor::tasks::health_task(
+            state.clone(),
+            p.client.health(),
+            cancel.clone(),
+        ));
+        let peaks = monitor::inputs::RingPeaks {
+            shared: shared.clone(),
+            devices: p.devices.clone(),
+        };
+        let cube_shared = shared.clone();
+        let cube_devices = p.devices.clone();
+        let cube = move || {
+            cube_devices
+                .iter()
+                .map(|&i| {
+                    let d = &cube_shared.devices[usize::from(i)];
+                    (d.info.id, d.source().backend())
+                })
+                .collect()
+        };
+        tasks.spawn(monitor::tasks::virtual_inference_task(
+            state.clone(),
+            p.client.prober(spec),
+            peaks.clone(),
+            monitor::inputs::ScrapeSignals {
+                state: state.clone(),
+                metrics: p.client.metrics(),
+            },
+            cube,
+            cancel.clone(),
+        ));
+        tasks.spawn(monitor::tasks::qos_task(
+            state.clone(),
+            p.client.metrics(),
+            peaks.clone(),
+            cancel.clone(),
+        ));
+        tasks.spawn(crate::actions::observe::run(state.clone(), cancel.clone()));
+        if let Some(mode) = &self.kube {
+            match &mode.client {
+                Ok(client) => {
+                    tasks.spawn(crate::k8s::task::run(
+                        client.clone(),
+                        mode.cfg.clone(),
+                        mode.node.clone(),
+                        state.clone(),
+                        cancel.clone(),
+                    ));
+                }
+                Err(why) => crate::k8s::task::inactive(&state, &mode.cfg, why),
+            }
+        }
+        let scope = Arc::new(metrics::Scope {
+            shared: shared.clone(),
+            engines: vec![state.clone()],
+            devices: p.devices.clone(),
+            window: spec.timing.window,
+        });
+        let router = server::engine_router(EngineView {
+            engine: state.clone(),
+            metrics: scope,
+        });
+        let scheme = if p.tls.is_some() { "https" } else { "http" };
+        let listener = ListenerRun::start(
+            spec.mgmt_listen,
+            socket,
+            Service::Http { router, tls: p.tls },
+            self.limits,
+            format!("engine {}", spec.name),
+        )
+        .map_err(|e| AgentError::Runtime(format!("engine {}: {e}", spec.name)))?;
+        tracing::info!(
+            engine = %spec.name,
+            "serving {scheme}://{}/status for the engine at {}",
+            listener.bound,
+            p.client.base()
+        );
+        Ok(EngineRun {
+            state,
+            listener,
+            tasks,
+            cancel,
+        })
+    }
+
+    /// The admin server over the current engines, on `socket`.
+    pub(super) fn launch_admin(
+        &self,
+        configured: SocketAddr,
+        socket: std::net::TcpListener,
+        engines: Vec<Arc<Monitor>>,
+        access: Arc<server::auth::AdminAccess>,
+    ) -> Result<ListenerRun, AgentError> {
+        let scope = Arc::new(metrics::Scope {
+            shared: self.shared.clone(),
+            engines,
+            devices: (0..self.shared.devices.len() as u16).collect(),
+            window: longest_window(&self.cfg),
+        });
+        let tls = access.tls.clone();
+        let router = server::admin_router(
+            AdminView {
+                metrics: scope,
+                stuck_after: self.cfg.agent.sampler_stuck_after,
+                hub: Arc::default(),
+            },
+            access,
+        );
+        ListenerRun::start(
+            configured,
+            socket,
+            Service::Http { router, tls },
+            self.limits,
+            "admin".to_owned(),
+        )
+        .map_err(|e| AgentError::Runtime(format!("admin listener: {e}")))
+    }
+
+    /// HAProxy's agent-check listener over the engines of the moment, on `socket`.
+    pub(super) fn launch_haproxy(
+        &self,
+        configured: SocketAddr,
+        socket: std::net::TcpListener,
+    ) -> Result<ListenerRun, AgentError> {
+        let run = ListenerRun::start(
+            configured,
+            socket,
+            Service::AgentCheck(self.roster.clone()),
+            self.limits,
+            "haproxy agent check".to_owned(),
+        )
+        .map_err(|e| AgentError::Runtime(format!("HAProxy agent-check listener: {e}")))?;
+        tracing::info!(
+            "HAProxy agent-check listener on {} (agent-send \"<engine name>\\n\")",
+            run.bound
+        );
+        Ok(run)
+    }
+}

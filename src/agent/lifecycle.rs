@@ -1,0 +1,262 @@
+//! The agent's life: what a start takes over ([`Startup`]: the state directory, systemd's
+//! sockets, a running agent handing over), and [`run`]: start, serve, reload on SIGHUP, hand
+//! over or stop on SIGTERM.
+
+use super::*;
+
+/// What a start takes over from before it: the state directory, sockets systemd passed
+/// back, and a running agent handing over.
+pub struct Startup {
+    pub state_dir: Option<StateDir>,
+    pub inherited: Inherited,
+    pub predecessor: Option<Predecessor>,
+    /// How long to wait for a port another process holds.
+    pub wait_for_ports: Duration,
+}
+
+/// What the agent does once it has handed over to a new one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum AfterHandover {
+    /// Exit 0 (systemd, or by hand).
+    #[default]
+    Exit,
+    /// Stop everything and wait for SIGTERM (Kubernetes: an exit would restart the
+    /// container, which would then take over back).
+    Wait,
+}
+
+/// How `run` treats the agent's own restarts.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    pub after_handover: AfterHandover,
+    /// How long to wait for a port another process holds (an agent that cannot hand over,
+    /// such as an older version, during the first rolling update): 0 fails at once.
+    pub wait_for_ports: Duration,
+}
+
+/// Re-reads the configuration for a reload.
+pub type Reloader = Box<dyn Fn() -> Result<AgentConfig, String> + Send + Sync>;
+
+/// What `run` takes over at start: the state directory, systemd's sockets, and a running
+/// agent (through the state directory's handover socket).
+fn startup(cfg: &AgentConfig, opts: &RunOptions) -> Result<Startup, AgentError> {
+    let configured = cfg.agent.state_dir.as_deref();
+    let state_dir = StateDir::resolve(configured).and_then(|d| match d.create() {
+        Ok(()) => Some(d),
+        Err(e) => {
+            tracing::warn!("{e}: the agent's state will not survive a restart, and no agent can take over from this one");
+            None
+        }
+    });
+    match &state_dir {
+        Some(d) => tracing::info!(
+            "state directory {} ({}): the state survives a restart; a new agent started with it takes over from this one",
+            d.path().display(),
+            d.from
+        ),
+        None if configured.is_none() => tracing::warn!(
+            "no state directory ([agent] state_dir, or systemd's RuntimeDirectory=): a restart of the agent forgets what it saw, and no agent can take over from this one"
+        ),
+        None => {}
+    }
+    let mut inherited = Inherited::from_systemd();
+    for r in &inherited.rejected {
+        tracing::warn!("{r}: not used");
+    }
+    if !inherited.is_empty() {
+        tracing::info!(
+            "{} listening socket(s) passed back by systemd",
+            inherited.len()
+        );
+    }
+    let mut predecessor = None;
+    if let Some(d) = &state_dir {
+        match continuity::handover::connect(&d.handover_socket()) {
+            Ok(None) => {}
+            Ok(Some((p, sockets))) => {
+                tracing::info!(
+                    "taking over from the running agent (pid {}, {}): {} listening socket(s)",
+                    p.pid,
+                    p.agent,
+                    sockets.len()
+                );
+                for (_, socket) in sockets {
+                    inherited.add(socket, Origin::Handover);
+                }
+                predecessor = Some(p);
+            }
+            // Whatever listens there did not hand over: start as if nothing ran (a port it
+            // still holds then fails to bind, with the reason).
+            Err(e) => tracing::warn!("no handover: {e}"),
+        }
+    }
+    Ok(Startup {
+        state_dir,
+        inherited,
+        predecessor,
+        wait_for_ports: opts.wait_for_ports,
+    })
+}
+
+/// Runs until SIGTERM or SIGINT; SIGHUP applies `reload()`'s config. systemd is told when
+/// the agent is ready, reloading and stopping, and its watchdog is pinged while the sampler
+/// lives. A new agent started with the same state directory takes over ([`continuity`]).
+pub async fn run(cfg: AgentConfig, reload: Reloader, opts: RunOptions) -> Result<(), AgentError> {
+    // Handlers first: a SIGHUP during start-up must not kill the agent.
+    let mut signals = Signals::install()
+        .map_err(|e| AgentError::Runtime(format!("cannot install signal handlers: {e}")))?;
+    let mut systemd = Systemd::from_env();
+    // A stop during start-up stops at once; a reload is applied right after start. Signals
+    // from before this point (caught since the first line of main) count the same.
+    let mut reload_pending = false;
+    match signals.early() {
+        Some(Signalled::Stop(name)) => {
+            tracing::info!("received {name} while starting; not starting");
+            return Ok(());
+        }
+        Some(Signalled::Reload) => reload_pending = true,
+        None => {}
+    }
+    let boot = startup(&cfg, &opts)?;
+    let starting = start(cfg, boot);
+    tokio::pin!(starting);
+    let mut running = loop {
+        tokio::select! {
+            r = &mut starting => break r?,
+            req = signals.next() => match req {
+                Signalled::Stop(name) => {
+                    tracing::info!("received {name} while starting; not starting");
+                    return Ok(());
+                }
+                Signalled::Reload => reload_pending = true,
+            },
+        }
+    };
+    let mut handover = running.after_start().await;
+    systemd.store_sockets(&running.sockets());
+    let (roster, shared) = (running.roster(), running.shared().clone());
+    let status = {
+        let (roster, shared) = (roster.clone(), shared.clone());
+        Box::new(move || summary(&roster, &shared))
+    };
+    let liveness = running.liveness_probe();
+    systemd.ready(Probe {
+        status,
+        alive: liveness,
+        runtime: tokio::runtime::Handle::current(),
+    });
+    tracing::info!("ready: {}", running.summary());
+    let mut handed_over = false;
+    loop {
+        let req = if std::mem::take(&mut reload_pending) {
+            Signalled::Reload
+        } else {
+            tokio::select! {
+                req = signals.next() => req,
+                conn = handover::accept(handover.as_ref()) => {
+                    if running.hand_over(conn).await {
+                        handed_over = true;
+                        break;
+                    }
+                    continue;
+                }
+            }
+        };
+        match req {
+            Signalled::Stop(name) => {
+                tracing::info!("received {name}; shutting down");
+                break;
+            }
+            Signalled::Reload => {
+                tracing::info!("received SIGHUP; reloading the configuration");
+                systemd.reloading();
+                let before: Vec<String> = running.sockets().into_iter().map(|(n, _)| n).collect();
+                let outcome = match reload() {
+                    Err(e) => Err(e),
+                    Ok(new) => running.reload(new).await,
+                };
+                // systemd keeps what the agent listens on now, and nothing it closed.
+                let now = running.sockets();
+                let gone: Vec<String> = before
+                    .into_iter()
+                    .filter(|n| now.iter().all(|(m, _)| m != n))
+                    .collect();
+                systemd.forget_sockets(&gone);
+                systemd.store_sockets(&now);
+                match outcome {
+                    Ok(s) if s.failed.is_empty() => {
+                        tracing::info!("configuration reloaded: {s}");
+                        systemd.reloaded(&running.summary());
+                    }
+                    Ok(s) => {
+                        tracing::error!("configuration reloaded in part: {s}");
+                        systemd.reloaded(&format!(
+                            "{} (last reload in part: {} did not start)",
+                            running.summary(),
+                            s.failed.join(", ")
+                        ));
+                    }
+                    Err(e) => {
+                        tracing::error!(
+                            "configuration rejected, the previous one keeps running: {e}"
+                        );
+                        systemd.reloaded(&format!(
+                            "{} (last reload rejected: {e})",
+                            running.summary()
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    systemd.stopping();
+    if !handed_over && let Some(h) = handover.take() {
+        h.remove();
+    }
+    let stopping = running.stop();
+    tokio::pin!(stopping);
+    loop {
+        tokio::select! {
+            _ = &mut stopping => break,
+            req = signals.next() => match req {
+                // A second stop request: the operator wants out now.
+                Signalled::Stop(name) => {
+                    tracing::warn!("received {name} again while stopping; exiting now");
+                    if let Some(l) = crate::logging::global() {
+                        l.flush();
+                    }
+                    std::process::exit(0);
+                }
+                Signalled::Reload => tracing::info!("received SIGHUP while stopping; ignored"),
+            },
+        }
+    }
+    if handed_over && opts.after_handover == AfterHandover::Wait {
+        tracing::info!(
+            "handed over; idle until SIGTERM (--after-handover wait: an exit would restart this container)"
+        );
+        loop {
+            match signals.next().await {
+                Signalled::Stop(name) => {
+                    tracing::info!("received {name}; exiting");
+                    break;
+                }
+                Signalled::Reload => tracing::info!("received SIGHUP after handing over; ignored"),
+            }
+        }
+    }
+    tracing::info!("stopped");
+    if let Some(l) = crate::logging::global() {
+        l.flush();
+    }
+    Ok(())
+}
+
+impl Running {
+    /// A liveness check that outlives `self` (for the systemd thread).
+    fn liveness_probe(&self) -> Box<dyn Fn() -> Result<(), String> + Send> {
+        let shared = self.shared.clone();
+        let cfg = self.liveness_cfg.clone();
+        Box::new(move || shared.liveness(cfg.get()))
+    }
+}
