@@ -739,9 +739,24 @@ mod tests {
         assert!(closed_within(&mut s, Duration::from_secs(10)).await);
     }
 
+    /// Reads what the agent sent until it closes; panics if it is still open after 20 s.
+    async fn read_until_closed(s: &mut TcpStream) -> usize {
+        use tokio::io::AsyncReadExt;
+        let mut got = 0usize;
+        let mut buf = vec![0u8; 1 << 16];
+        let end = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            match tokio::time::timeout_at(end, s.read(&mut buf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => return got,
+                Ok(Ok(n)) => got += n,
+                Err(_) => panic!("still open after 20 s, {got} bytes read"),
+            }
+        }
+    }
+
     #[tokio::test]
     async fn a_client_that_stops_reading_is_cut_at_the_idle_timeout() {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        use tokio::io::AsyncWriteExt;
         let (addr, _cancel) =
             listen(limits(8, Duration::from_secs(3600), Duration::from_secs(1))).await;
         let mut s = TcpStream::connect(addr).await.unwrap();
@@ -750,16 +765,7 @@ mod tests {
             .unwrap();
         // Not reading: the agent's writes stall once the buffers are full, nothing moves.
         tokio::time::sleep(Duration::from_secs(3)).await;
-        let mut got = 0usize;
-        let mut buf = vec![0u8; 1 << 16];
-        let end = tokio::time::Instant::now() + Duration::from_secs(20);
-        loop {
-            match tokio::time::timeout_at(end, s.read(&mut buf)).await {
-                Ok(Ok(0)) | Ok(Err(_)) => break,
-                Ok(Ok(n)) => got += n,
-                Err(_) => panic!("still open after 20 s, {got} bytes read"),
-            }
-        }
+        let got = read_until_closed(&mut s).await;
         assert!(
             got < BIG,
             "closed before the whole answer: {got} of {BIG} bytes"
@@ -771,7 +777,7 @@ mod tests {
     // the connection never counts as idle while they last.
     #[tokio::test]
     async fn a_peer_that_reads_nothing_is_cut_at_the_stall_timeout() {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        use tokio::io::AsyncWriteExt;
         let mut l = limits(8, Duration::from_secs(3600), Duration::from_secs(3600));
         l.stall_timeout = Duration::from_secs(1);
         let (addr, _cancel) = listen(l).await;
@@ -783,16 +789,7 @@ mod tests {
             .unwrap();
         // Not reading: the window shuts within a few kilobytes, then the stall timeout runs.
         tokio::time::sleep(Duration::from_secs(4)).await;
-        let mut got = 0usize;
-        let mut buf = vec![0u8; 1 << 16];
-        let end = tokio::time::Instant::now() + Duration::from_secs(20);
-        loop {
-            match tokio::time::timeout_at(end, s.read(&mut buf)).await {
-                Ok(Ok(0)) | Ok(Err(_)) => break,
-                Ok(Ok(n)) => got += n,
-                Err(_) => panic!("still open after 20 s, {got} bytes read"),
-            }
-        }
+        let got = read_until_closed(&mut s).await;
         assert!(
             got < BIG,
             "cut before the whole answer: {got} of {BIG} bytes"
