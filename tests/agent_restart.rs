@@ -235,6 +235,68 @@ fn two_agents_hand_over_under_a_poll_every_100_ms_without_a_failed_poll() {
     s.wait_for_phase("running", Duration::from_secs(10));
 }
 
+// The handover with a hung engine (the rolling update of a node whose engine is wedged):
+// the new agent takes the old one's `abnormal` with its sockets, so every poll through the
+// handover reads `abnormal`, never `normal`, and no poll fails.
+#[test]
+fn a_hung_engine_stays_abnormal_through_a_handover() {
+    let mut s = stack();
+    hang_until_abnormal(&s);
+    let url = s.status_url();
+    let stop = Arc::new(AtomicBool::new(false));
+    let polls: Arc<Mutex<Vec<Option<String>>>> = Arc::default();
+    let poller = {
+        let (stop, polls) = (stop.clone(), polls.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Acquire) {
+                polls
+                    .lock()
+                    .unwrap()
+                    .push(http("GET", &url, None).map(|r| r.1));
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    let new = s.spawn_agent();
+    let mut old = std::mem::replace(&mut s.agent, new);
+    let end = Instant::now() + Duration::from_secs(30);
+    let exited = loop {
+        if let Some(st) = old.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            Instant::now() < end,
+            "the old agent never stopped:\n{}",
+            s.agent_log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(exited.success(), "{exited}");
+    std::thread::sleep(Duration::from_secs(2));
+    stop.store(true, Ordering::Release);
+    poller.join().unwrap();
+    let polls = polls.lock().unwrap().clone();
+    assert!(polls.len() >= 20, "{} polls", polls.len());
+    assert_eq!(
+        polls.iter().filter(|p| p.is_none()).count(),
+        0,
+        "failed polls: {polls:?}"
+    );
+    assert!(
+        polls.iter().flatten().all(|b| b == ABNORMAL),
+        "every answer through the handover is abnormal: {polls:?}\n{}",
+        s.last_agent_log()
+    );
+    let log = s.last_agent_log();
+    assert!(log.contains("taking over from the running agent"), "{log}");
+    assert!(
+        log.contains("resuming from the saved state: abnormal"),
+        "{log}"
+    );
+    assert!(!log.contains("warm-up request"), "no warm-up: {log}");
+}
+
 // Without a state directory a second agent cannot take over: it fails at once, naming the
 // port and the way to take over.
 #[test]
