@@ -269,6 +269,86 @@ fn admin_mtls_and_token_together() {
     );
 }
 
+// Issue 24, point 1: a TLS listener (the admin port here) stays open through a handover
+// like every other: a `/healthz` over TLS every 50 ms while a second agent takes over never
+// fails, and the new agent serves the same certificate.
+#[test]
+fn a_tls_listener_stays_open_through_a_handover() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let dir = tempfile::tempdir().unwrap();
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = rcgen::Issuer::from_params(&ca_params, &ca_key);
+    let server_key = rcgen::KeyPair::generate().unwrap();
+    let server = rcgen::CertificateParams::new(vec!["localhost".to_owned()])
+        .unwrap()
+        .signed_by(&server_key, &issuer)
+        .unwrap();
+    std::fs::write(dir.path().join("server.crt"), server.pem()).unwrap();
+    std::fs::write(dir.path().join("server.key"), server_key.serialize_pem()).unwrap();
+    let state = dir.path().join("state");
+    let (mut first, admin) = start(
+        dir.path(),
+        &format!(
+            "state_dir = \"{}\"\nadmin_tls = {{ cert_file = \"server.crt\", key_file = \"server.key\" }}",
+            state.display()
+        ),
+    );
+    wait_for("the TLS admin listener up", dir.path(), || {
+        https_get(admin, "/healthz", &ca, None, None) == Some(200)
+    });
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let poller = {
+        let (stop, ca) = (stop.clone(), ca.clone());
+        std::thread::spawn(move || {
+            let mut got = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                got.push(https_get(admin, "/healthz", &ca, None, None));
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            got
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    let scenario = support::one_npu_scenario(dir.path());
+    let second = Agent(support::spawn_agent_logged(
+        &dir.path().join("agent.toml"),
+        &scenario,
+        &[],
+        &dir.path().join("agent-2.log"),
+    ));
+    let end = Instant::now() + Duration::from_secs(30);
+    let exited = loop {
+        if let Some(st) = first.0.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            Instant::now() < end,
+            "the first agent never handed over\n{}",
+            log(dir.path())
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(exited.success(), "{exited}");
+    std::thread::sleep(Duration::from_secs(2));
+    stop.store(true, std::sync::atomic::Ordering::Release);
+    let got = poller.join().unwrap();
+    assert!(got.len() >= 20, "{} polls", got.len());
+    assert!(
+        got.iter().all(|c| *c == Some(200)),
+        "a TLS poll without its answer: {got:?}\n{}",
+        log(dir.path())
+    );
+    let second_log = std::fs::read_to_string(dir.path().join("agent-2.log")).unwrap();
+    assert!(
+        second_log.contains("taking over from the running agent"),
+        "{second_log}"
+    );
+    drop(second);
+}
+
 #[test]
 fn admin_auth_errors_name_the_key() {
     let dir = tempfile::tempdir().unwrap();
