@@ -34,11 +34,12 @@ pub fn run_as_npu_smi() -> Option<u8> {
 /// replaced (a rebuild, an upgrade), the kernel answers `<path> (deleted)`, so every SIGHUP
 /// reload would see a new `npu_smi` and log a change that is none.
 fn exe() -> Result<PathBuf, String> {
-    static EXE: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
-    EXE.get_or_init(|| {
-        std::env::current_exe().map_err(|e| format!("cannot locate the agent binary: {e}"))
-    })
-    .clone()
+    static EXE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    if let Some(p) = EXE.get() {
+        return Ok(p.clone());
+    }
+    let p = std::env::current_exe().map_err(|e| format!("cannot locate the agent binary: {e}"))?;
+    Ok(EXE.get_or_init(|| p).clone())
 }
 
 /// Path of a fake library built next to the running binary (or test executable).

@@ -61,13 +61,15 @@ impl ApiError {
     pub fn code(&self) -> Option<u16> {
         match self {
             ApiError::Status { code, .. } => Some(*code),
+            // An error answer too large to read still said what it was (a 404, a 429).
+            ApiError::TooLarge { code, .. } if *code >= 300 => Some(*code),
             ApiError::Transport(_) | ApiError::TooLarge { .. } => None,
         }
     }
 
     /// A PodDisruptionBudget (or the API server's rate limit) refused: try again later.
     pub fn too_many_requests(&self) -> bool {
-        matches!(self, ApiError::Status { code: 429, .. })
+        self.code() == Some(429)
             || matches!(self, ApiError::Status { reason, .. } if reason == "TooManyRequests")
     }
 
@@ -653,6 +655,20 @@ mod tests {
         age(&t);
         assert_eq!(t.header(), format!("Bearer {b}").as_str(), "kept");
         assert!(t.header().is_sensitive());
+    }
+
+    // An error answer too large to read keeps its code: a 404 is still a pod gone, a 429 a
+    // refusal to retry; a 2xx over the limit has no error code.
+    #[test]
+    fn an_error_answer_over_the_limit_keeps_its_code() {
+        let big = |code| ApiError::TooLarge {
+            code,
+            limit: ERROR_LIMIT,
+        };
+        assert_eq!(big(404).code(), Some(404));
+        assert!(big(429).too_many_requests());
+        assert_eq!(big(200).code(), None);
+        assert!(!big(500).too_many_requests());
     }
 
     #[test]

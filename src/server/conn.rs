@@ -74,10 +74,11 @@ pub const SEND_BUFFER: usize = 64 << 10;
 fn bound_socket(stream: &TcpStream, limits: &ListenerLimits) {
     use rustix::net::sockopt;
     let ms = u32::try_from(limits.stall_timeout.as_millis()).unwrap_or(u32::MAX);
-    if let Err(e) = sockopt::set_socket_send_buffer_size(stream, SEND_BUFFER)
-        .and_then(|()| sockopt::set_tcp_user_timeout(stream, ms))
-    {
-        tracing::debug!("could not bound an accepted socket's send buffer and stall timeout: {e}");
+    if let Err(e) = sockopt::set_socket_send_buffer_size(stream, SEND_BUFFER) {
+        tracing::debug!("could not set an accepted socket's send buffer (SO_SNDBUF): {e}");
+    }
+    if let Err(e) = sockopt::set_tcp_user_timeout(stream, ms) {
+        tracing::debug!("could not set an accepted socket's stall timeout (TCP_USER_TIMEOUT): {e}");
     }
 }
 
