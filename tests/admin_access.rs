@@ -98,6 +98,40 @@ fn https_get(
         .ok()
 }
 
+/// A CA and the admin listener's certificate for `localhost` signed by it, written as
+/// `server.crt` and `server.key` in `dir`; [`Pki::sign`] makes more (clients).
+struct Pki {
+    ca: rcgen::Certificate,
+    params: rcgen::CertificateParams,
+    key: rcgen::KeyPair,
+}
+
+impl Pki {
+    fn new(dir: &Path) -> Pki {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca = params.self_signed(&key).unwrap();
+        let pki = Pki { ca, params, key };
+        let (server, server_key) = pki.sign("localhost");
+        std::fs::write(dir.join("server.crt"), server.pem()).unwrap();
+        std::fs::write(dir.join("server.key"), server_key.serialize_pem()).unwrap();
+        pki
+    }
+
+    /// A certificate for `name` signed by the CA, with its key.
+    fn sign(&self, name: &str) -> (rcgen::Certificate, rcgen::KeyPair) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let issuer = rcgen::Issuer::from_params(&self.params, &self.key);
+        let cert = rcgen::CertificateParams::new(vec![name.to_owned()])
+            .unwrap()
+            .signed_by(&key, &issuer)
+            .unwrap();
+        (cert, key)
+    }
+}
+
 fn wait_for(what: &str, dir: &Path, mut f: impl FnMut() -> bool) {
     let end = Instant::now() + Duration::from_secs(20);
     while !f() {
@@ -174,36 +208,18 @@ fn the_open_engine_probes_name_no_other_engine_and_no_address() {
 
 #[test]
 fn admin_mtls_and_token_together() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let dir = tempfile::tempdir().unwrap();
     // A CA, the server's certificate and a client's, both signed by it.
-    let ca_key = rcgen::KeyPair::generate().unwrap();
-    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    let ca = ca_params.self_signed(&ca_key).unwrap();
-    let issuer = rcgen::Issuer::from_params(&ca_params, &ca_key);
-    let server_key = rcgen::KeyPair::generate().unwrap();
-    let server = rcgen::CertificateParams::new(vec!["localhost".to_owned()])
-        .unwrap()
-        .signed_by(&server_key, &issuer)
-        .unwrap();
-    let client_key = rcgen::KeyPair::generate().unwrap();
-    let client = rcgen::CertificateParams::new(vec!["prometheus".to_owned()])
-        .unwrap()
-        .signed_by(&client_key, &issuer)
-        .unwrap();
+    let pki = Pki::new(dir.path());
+    let ca = pki.ca.clone();
+    let (client, client_key) = pki.sign("prometheus");
     // A client certificate from another CA.
     let stranger_key = rcgen::KeyPair::generate().unwrap();
     let stranger = rcgen::CertificateParams::new(vec!["x".to_owned()])
         .unwrap()
         .self_signed(&stranger_key)
         .unwrap();
-    for (name, pem) in [
-        ("ca.crt", ca.pem()),
-        ("server.crt", server.pem()),
-        ("server.key", server_key.serialize_pem()),
-        ("admin.token", TOKEN.to_owned()),
-    ] {
+    for (name, pem) in [("ca.crt", ca.pem()), ("admin.token", TOKEN.to_owned())] {
         std::fs::write(dir.path().join(name), pem).unwrap();
     }
     let (_agent, admin) = start(
@@ -274,20 +290,8 @@ fn admin_mtls_and_token_together() {
 // fails, and the new agent serves the same certificate.
 #[test]
 fn a_tls_listener_stays_open_through_a_handover() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let dir = tempfile::tempdir().unwrap();
-    let ca_key = rcgen::KeyPair::generate().unwrap();
-    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    let ca = ca_params.self_signed(&ca_key).unwrap();
-    let issuer = rcgen::Issuer::from_params(&ca_params, &ca_key);
-    let server_key = rcgen::KeyPair::generate().unwrap();
-    let server = rcgen::CertificateParams::new(vec!["localhost".to_owned()])
-        .unwrap()
-        .signed_by(&server_key, &issuer)
-        .unwrap();
-    std::fs::write(dir.path().join("server.crt"), server.pem()).unwrap();
-    std::fs::write(dir.path().join("server.key"), server_key.serialize_pem()).unwrap();
+    let ca = Pki::new(dir.path()).ca;
     let state = dir.path().join("state");
     let (mut first, admin) = start(
         dir.path(),

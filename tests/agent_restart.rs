@@ -9,8 +9,8 @@
 
 mod support;
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use support::stack::{Launch, Stack, http};
 
@@ -145,6 +145,59 @@ fn agent_check(addr: &str) -> Option<String> {
     (!out.is_empty()).then_some(out)
 }
 
+/// `f`'s answers every `every`, on a thread of its own, until [`Poller::finish`].
+struct Poller<T> {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<Vec<T>>,
+}
+
+impl<T: Send + 'static> Poller<T> {
+    fn start(every: Duration, f: impl Fn() -> T + Send + 'static) -> Poller<T> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut got = Vec::new();
+                while !stop.load(Ordering::Acquire) {
+                    got.push(f());
+                    std::thread::sleep(every);
+                }
+                got
+            })
+        };
+        Poller { stop, thread }
+    }
+
+    /// Stops polling; every answer, in order.
+    fn finish(self) -> Vec<T> {
+        self.stop.store(true, Ordering::Release);
+        self.thread.join().unwrap()
+    }
+}
+
+/// Starts a second agent beside `s`'s, which hands over to it and must exit 0 within 30 s;
+/// `s` then holds the new agent.
+fn hand_over(s: &mut Stack) {
+    let new = s.spawn_agent();
+    let mut old = std::mem::replace(&mut s.agent, new);
+    let end = Instant::now() + Duration::from_secs(30);
+    let exited = loop {
+        if let Some(st) = old.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            Instant::now() < end,
+            "the old agent never stopped:\n{}",
+            s.agent_log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(
+        exited.success(),
+        "the old agent exits 0 after handing over: {exited}"
+    );
+}
+
 #[test]
 fn two_agents_hand_over_under_a_poll_every_100_ms_without_a_failed_poll() {
     // HAProxy's agent-check listener is handed over too, under its own poller.
@@ -156,57 +209,16 @@ fn two_agents_hand_over_under_a_poll_every_100_ms_without_a_failed_poll() {
         ..Launch::default()
     });
     let url = s.status_url();
-    let stop = Arc::new(AtomicBool::new(false));
-    let checks: Arc<Mutex<Vec<Option<String>>>> = Arc::default();
-    let checker = {
-        let (stop, checks) = (stop.clone(), checks.clone());
-        let addr = format!("127.0.0.1:{check_port}");
-        std::thread::spawn(move || {
-            while !stop.load(Ordering::Acquire) {
-                checks.lock().unwrap().push(agent_check(&addr));
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        })
-    };
-    let polls: Arc<Mutex<Vec<Option<String>>>> = Arc::default();
-    let poller = {
-        let (stop, polls) = (stop.clone(), polls.clone());
-        std::thread::spawn(move || {
-            while !stop.load(Ordering::Acquire) {
-                polls
-                    .lock()
-                    .unwrap()
-                    .push(http("GET", &url, None).map(|r| r.1));
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        })
-    };
+    let addr = format!("127.0.0.1:{check_port}");
+    let checker = Poller::start(Duration::from_millis(100), move || agent_check(&addr));
+    let poller = Poller::start(Duration::from_millis(100), move || {
+        http("GET", &url, None).map(|r| r.1)
+    });
     std::thread::sleep(Duration::from_secs(1));
-    let new = s.spawn_agent();
-    let mut old = std::mem::replace(&mut s.agent, new);
-    let exited = {
-        let end = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(st) = old.try_wait().unwrap() {
-                break st;
-            }
-            assert!(
-                Instant::now() < end,
-                "the old agent never stopped:\n{}",
-                s.agent_log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    };
-    assert!(
-        exited.success(),
-        "the old agent exits 0 after handing over: {exited}"
-    );
+    hand_over(&mut s);
     std::thread::sleep(Duration::from_secs(2));
-    stop.store(true, Ordering::Release);
-    poller.join().unwrap();
-    checker.join().unwrap();
-    let checks = checks.lock().unwrap().clone();
+    let polls = poller.finish();
+    let checks = checker.finish();
     assert!(
         checks.iter().all(|c| c
             .as_deref()
@@ -215,7 +227,6 @@ fn two_agents_hand_over_under_a_poll_every_100_ms_without_a_failed_poll() {
         s.agent_log()
     );
     assert!(checks.len() >= 25, "{} agent checks", checks.len());
-    let polls = polls.lock().unwrap().clone();
     let failed = polls.iter().filter(|p| p.is_none()).count();
     assert_eq!(failed, 0, "failed polls: {polls:?}\n{}", s.agent_log());
     assert!(polls.iter().flatten().all(|b| b == NORMAL), "{polls:?}");
@@ -243,40 +254,13 @@ fn a_hung_engine_stays_abnormal_through_a_handover() {
     let mut s = stack();
     hang_until_abnormal(&s);
     let url = s.status_url();
-    let stop = Arc::new(AtomicBool::new(false));
-    let polls: Arc<Mutex<Vec<Option<String>>>> = Arc::default();
-    let poller = {
-        let (stop, polls) = (stop.clone(), polls.clone());
-        std::thread::spawn(move || {
-            while !stop.load(Ordering::Acquire) {
-                polls
-                    .lock()
-                    .unwrap()
-                    .push(http("GET", &url, None).map(|r| r.1));
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        })
-    };
+    let poller = Poller::start(Duration::from_millis(50), move || {
+        http("GET", &url, None).map(|r| r.1)
+    });
     std::thread::sleep(Duration::from_millis(500));
-    let new = s.spawn_agent();
-    let mut old = std::mem::replace(&mut s.agent, new);
-    let end = Instant::now() + Duration::from_secs(30);
-    let exited = loop {
-        if let Some(st) = old.try_wait().unwrap() {
-            break st;
-        }
-        assert!(
-            Instant::now() < end,
-            "the old agent never stopped:\n{}",
-            s.agent_log()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    assert!(exited.success(), "{exited}");
+    hand_over(&mut s);
     std::thread::sleep(Duration::from_secs(2));
-    stop.store(true, Ordering::Release);
-    poller.join().unwrap();
-    let polls = polls.lock().unwrap().clone();
+    let polls = poller.finish();
     assert!(polls.len() >= 20, "{} polls", polls.len());
     assert_eq!(
         polls.iter().filter(|p| p.is_none()).count(),
