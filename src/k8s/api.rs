@@ -16,7 +16,7 @@
 //! A redirect is refused, never followed.
 
 use crate::config::kubernetes::KubernetesConfig;
-use crate::logging::quote;
+use crate::logging::{clip, quote};
 use k8s_openapi::api::core::v1::{Pod, PodCondition};
 use k8s_openapi::api::policy::v1::Eviction;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -98,21 +98,6 @@ impl ApiError {
                 ),
             },
         }
-    }
-}
-
-/// `s` as one line (control characters escaped) of at most [`crate::logging::QUOTE_MAX`]
-/// bytes: an error's own words, not quoted.
-fn clip(s: &str) -> String {
-    let s = crate::logging::escape_controls(s);
-    let mut cut = s.len().min(crate::logging::QUOTE_MAX);
-    while !s.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    if cut == s.len() {
-        s.into_owned()
-    } else {
-        format!("{}… ({} more bytes)", &s[..cut], s.len() - cut)
     }
 }
 

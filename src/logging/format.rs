@@ -180,16 +180,34 @@ pub fn escape_controls(s: &str) -> std::borrow::Cow<'_, str> {
 /// `s` as quoted in an error: in double quotes, control characters and quotes escaped, cut
 /// at [`QUOTE_MAX`] bytes with how much was left out.
 pub fn quote(s: &str) -> String {
-    let mut cut = s.len().min(QUOTE_MAX);
-    while !s.is_char_boundary(cut) {
-        cut -= 1;
-    }
+    let cut = quote_cut(s);
     let head = format!("{:?}", &s[..cut]);
     if cut == s.len() {
         head
     } else {
         format!("{head}… ({} more bytes)", s.len() - cut)
     }
+}
+
+/// `s` as one line of an error's own words (not quoted): control characters escaped, cut
+/// at [`QUOTE_MAX`] bytes with how much was left out.
+pub fn clip(s: &str) -> String {
+    let s = escape_controls(s);
+    let cut = quote_cut(&s);
+    if cut == s.len() {
+        s.into_owned()
+    } else {
+        format!("{}… ({} more bytes)", &s[..cut], s.len() - cut)
+    }
+}
+
+/// Where [`quote`] and [`clip`] cut `s`: at most [`QUOTE_MAX`] bytes, on a character boundary.
+fn quote_cut(s: &str) -> usize {
+    let mut cut = s.len().min(QUOTE_MAX);
+    while !s.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    cut
 }
 
 #[cfg(test)]

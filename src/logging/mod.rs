@@ -9,7 +9,7 @@
 
 mod format;
 
-pub use format::{QUOTE_MAX, escape_controls, quote};
+pub use format::{QUOTE_MAX, clip, escape_controls, quote};
 pub mod journald;
 pub mod ratelimit;
 
