@@ -41,7 +41,7 @@ impl NotReadyOn {
 
 /// A state HAProxy puts a server in, through the agent check's answer
 /// (`crate::actions::haproxy` has the words each one sends).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, strum::EnumIter)]
 #[serde(rename_all = "lowercase")]
 pub enum HaproxyState {
     /// In rotation at full weight, no connection limit.
@@ -70,15 +70,6 @@ impl HaproxyState {
             HaproxyState::Down => "down",
         }
     }
-
-    /// Every state, in the order of the metric's label values.
-    pub const ALL: [HaproxyState; 5] = [
-        HaproxyState::Ready,
-        HaproxyState::Queue,
-        HaproxyState::Drain,
-        HaproxyState::Maint,
-        HaproxyState::Down,
-    ];
 }
 
 /// `[engine.actions.haproxy]`: the state each level and the verdict `abnormal` put the

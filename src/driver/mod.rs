@@ -36,8 +36,21 @@ pub enum BackendChoice {
     NpuSmi,
 }
 
-/// Which backend a device's figures come through (`--backend` chooses among them).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+/// Which backend a device's figures come through (`--backend` chooses among them). Its
+/// discriminant is its half of a source's one-byte encoding (`sampler::status::Source`).
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    serde::Serialize,
+    serde::Deserialize,
+    strum::EnumIter,
+    strum::FromRepr,
+)]
+#[repr(u8)]
 pub enum Backend {
     /// `libdcmi.so`.
     #[serde(rename = "dcmi")]
@@ -64,14 +77,6 @@ impl Backend {
             Backend::Scripted => "scripted",
         }
     }
-
-    /// Every backend, for the one-byte encoding of a source.
-    pub const ALL: [Backend; 4] = [
-        Backend::Dcmi,
-        Backend::NpuSmi,
-        Backend::Unavailable,
-        Backend::Scripted,
-    ];
 
     /// Whether AI Cube figures come through it.
     pub const fn reads_cube(self) -> bool {

@@ -275,8 +275,8 @@ mod tests {
 
     #[test]
     fn the_haproxy_states_are_the_configs() {
-        let names: Vec<&str> = crate::config::actions::HaproxyState::ALL
-            .iter()
+        use strum::IntoEnumIterator;
+        let names: Vec<&str> = crate::config::actions::HaproxyState::iter()
             .map(|s| s.as_str())
             .collect();
         assert_eq!(ROUTER_STATES[0], ("haproxy", names.as_slice()));

@@ -190,7 +190,7 @@ impl QosState {
 
     /// The current level (lock-free, for `/status`).
     pub fn level(&self) -> Level {
-        Level::ALL[usize::from(self.level.load(Ordering::Acquire)).min(3)]
+        Level::from_repr(self.level.load(Ordering::Acquire)).unwrap_or(Level::Evict)
     }
 
     /// Records one scrape of `/metrics` (`Err`: why it failed).

@@ -23,8 +23,21 @@
 use serde::Serialize;
 
 /// Degradation levels, best first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, serde::Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Serialize,
+    serde::Deserialize,
+    strum::EnumIter,
+    strum::FromRepr,
+)]
 #[serde(rename_all = "lowercase")]
+#[repr(u8)]
 pub enum Level {
     /// Serve normally.
     Normal,
@@ -47,9 +60,6 @@ impl Level {
         }
     }
 
-    /// Every level, best first.
-    pub const ALL: [Level; 4] = [Level::Normal, Level::Throttle, Level::Degrade, Level::Evict];
-
     /// Lowest score of the level (its boundary with the next worse one).
     fn floor(self) -> f64 {
         match self {
@@ -63,8 +73,8 @@ impl Level {
 
 /// The nominal level of a score, before hysteresis and the eviction hold.
 pub fn nominal(score: f64) -> Level {
-    Level::ALL
-        .into_iter()
+    use strum::IntoEnumIterator;
+    Level::iter()
         .find(|l| score >= l.floor())
         .unwrap_or(Level::Evict)
 }
@@ -150,7 +160,9 @@ impl Levels {
         }
         // Better: climb only as far as the score clears each boundary by the hysteresis.
         while self.level > Level::Normal {
-            let better = Level::ALL[self.level as usize - 1];
+            let Some(better) = Level::from_repr(self.level as u8 - 1) else {
+                break;
+            };
             if s >= better.floor() + self.hysteresis {
                 self.level = better;
             } else {

@@ -7,8 +7,10 @@ use crate::driver::dcmi::{CubeCall, UtilType};
 use crate::driver::{Backend, DeviceInfo};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, AtomicU32, AtomicU64, Ordering};
 
-/// How a backend obtains a device's AI Cube figure.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// How a backend obtains a device's AI Cube figure. Its discriminant is its half of a
+/// source's one-byte encoding (below 16).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::EnumIter, strum::FromRepr)]
+#[repr(u8)]
 pub enum Method {
     /// Not decided yet: DCMI's first read is pending, or the `npu-smi` capability probe runs.
     Pending,
@@ -25,16 +27,6 @@ pub enum Method {
 }
 
 impl Method {
-    /// Every method, for the one-byte encoding of a source.
-    pub const ALL: [Method; 6] = [
-        Method::Pending,
-        Method::Multi,
-        Method::Single,
-        Method::Watch,
-        Method::None,
-        Method::Script,
-    ];
-
     /// Its word in a source's name.
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -87,22 +79,14 @@ impl Source {
     }
 
     fn from_u8(v: u8) -> Source {
-        match (
-            Backend::ALL.get(usize::from(v >> 4)),
-            Method::ALL.get(usize::from(v & 0x0F)),
-        ) {
-            (Some(b), Some(m)) => Source::of(*b, *m),
+        match (Backend::from_repr(v >> 4), Method::from_repr(v & 0x0F)) {
+            (Some(b), Some(m)) => Source::of(b, m),
             _ => Source::UNAVAILABLE,
         }
     }
 
     fn to_u8(self) -> u8 {
-        let b = Backend::ALL.iter().position(|b| *b == self.backend);
-        let m = Method::ALL.iter().position(|m| *m == self.method);
-        match (b, m) {
-            (Some(b), Some(m)) => ((b as u8) << 4) | m as u8,
-            _ => Source::UNAVAILABLE.to_u8(),
-        }
+        ((self.backend as u8) << 4) | self.method as u8
     }
 
     /// The name `/status/detail`, `devices --json` and the metrics' `source` label print.
@@ -160,9 +144,9 @@ impl serde::Serialize for Source {
 impl<'de> serde::Deserialize<'de> for Source {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Source, D::Error> {
         let name = String::deserialize(d)?;
-        Backend::ALL
-            .iter()
-            .flat_map(|b| Method::ALL.iter().map(move |m| Source::of(*b, *m)))
+        use strum::IntoEnumIterator;
+        Backend::iter()
+            .flat_map(|b| Method::iter().map(move |m| Source::of(b, m)))
             .find(|s| s.name() == name)
             .ok_or_else(|| serde::de::Error::custom(format!("unknown source {name:?}")))
     }
@@ -902,9 +886,10 @@ mod tests {
     // wire always had, and (backend, method) says where the figure comes from.
     #[test]
     fn sources_are_a_backend_and_a_method_and_keep_their_names() {
+        use strum::IntoEnumIterator;
         let mut names = std::collections::BTreeSet::new();
-        for b in Backend::ALL {
-            for m in Method::ALL {
+        for b in Backend::iter() {
+            for m in Method::iter() {
                 let src = Source::of(b, m);
                 assert_eq!(Source::from_u8(src.to_u8()), src, "{src:?}");
                 let name = src.name().into_owned();

@@ -174,7 +174,7 @@ impl Scope {
                 .filter(|(s, _)| s.faults_age_ms.is_some())
                 .flat_map(|(s, &i)| {
                     let faults = self.shared.faults_of(i);
-                    FaultLevel::ALL.into_iter().filter_map(move |level| {
+                    FaultLevel::iter().filter_map(move |level| {
                         let n = faults.iter().filter(|f| f.level == level).count();
                         let mut l = id(s);
                         l.push(("level", level.as_str().to_owned()));
@@ -475,7 +475,7 @@ impl Scope {
                 .filter(|e| e.spec.qos.enabled)
                 .flat_map(|e| {
                     let current = e.qos.level();
-                    Level::ALL.map(|lv| {
+                    Level::iter().map(move |lv| {
                         let mut l = name(e);
                         l.push(("level", lv.as_str().to_owned()));
                         (l, if lv == current { 1.0 } else { 0.0 })

@@ -23,7 +23,7 @@ use std::fmt;
 use std::str::FromStr;
 
 /// The engine the fake imitates.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, strum::EnumIter)]
 pub enum Profile {
     V0_8,
     V0_10,
@@ -36,15 +36,6 @@ pub enum Profile {
 }
 
 impl Profile {
-    /// Every profile, in version order.
-    pub const ALL: [Profile; 5] = [
-        Profile::V0_8,
-        Profile::V0_10,
-        Profile::V0_18,
-        Profile::V0_33,
-        Profile::Mindie,
-    ];
-
     /// The profile's name, as `--profile` takes it.
     pub fn name(self) -> &'static str {
         match self {
@@ -124,13 +115,11 @@ impl fmt::Display for Profile {
 impl FromStr for Profile {
     type Err = String;
     fn from_str(s: &str) -> Result<Profile, String> {
-        Profile::ALL
-            .into_iter()
-            .find(|p| p.name() == s)
-            .ok_or_else(|| {
-                let names: Vec<&str> = Profile::ALL.iter().map(|p| p.name()).collect();
-                format!("unknown engine profile {s:?} (one of {})", names.join(", "))
-            })
+        use strum::IntoEnumIterator;
+        Profile::iter().find(|p| p.name() == s).ok_or_else(|| {
+            let names: Vec<&str> = Profile::iter().map(|p| p.name()).collect();
+            format!("unknown engine profile {s:?} (one of {})", names.join(", "))
+        })
     }
 }
 
@@ -140,7 +129,8 @@ mod tests {
 
     #[test]
     fn names_round_trip_and_bad_names_are_named() {
-        for p in Profile::ALL {
+        use strum::IntoEnumIterator;
+        for p in Profile::iter() {
             assert_eq!(p.name().parse::<Profile>(), Ok(p));
         }
         let e = "0.9".parse::<Profile>().unwrap_err();
