@@ -231,7 +231,7 @@ fn envoy_sends_new_requests_to_the_draft_while_the_agent_calls_main_not_ready() 
 // marks it degraded, and new requests go to the healthy draft. (With the draft out too,
 // Envoy 1.40 did not reliably fall back to the degraded main: docs/degradation.md.)
 #[test]
-fn envoy_degraded_variant_prefers_the_draft_and_falls_back_to_the_degraded_main() {
+fn envoy_degraded_variant_marks_main_degraded_and_sends_new_requests_to_the_draft() {
     let Some(bin) = routers::envoy("envoy_degraded_variant") else {
         return;
     };

@@ -16,6 +16,50 @@ use std::time::Duration;
 use support::routers::{self, Answer, Draft, Haproxy, complete};
 use support::stack::{Launch, Stack, free_ports};
 
+/// `haproxy -c -f <path>`: whether it accepted the file, and what it said.
+fn haproxy_check(bin: &std::path::Path, path: &std::path::Path) -> (bool, String) {
+    let out = std::process::Command::new(bin)
+        .arg("-c")
+        .arg("-f")
+        .arg(path)
+        .output()
+        .expect("run haproxy -c");
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+// The shipped example passes HAProxy's own check as it is (the router tests below run it,
+// on local ports); the check can fail: a misspelt keyword on the main server's line.
+#[test]
+fn the_shipped_haproxy_config_passes_haproxys_own_check() {
+    let Some(bin) = routers::haproxy("the_shipped_haproxy_config") else {
+        return;
+    };
+    let shipped =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/haproxy/haproxy.cfg");
+    let (ok, out) = haproxy_check(&bin, &shipped);
+    assert!(ok, "{}:\n{out}", shipped.display());
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.cfg");
+    std::fs::write(
+        &bad,
+        routers::example(
+            "deploy/haproxy/haproxy.cfg",
+            &[("agent-send \"main\\n\"", "agent-sned \"main\\n\"", 1)],
+        ),
+    )
+    .unwrap();
+    let (ok, out) = haproxy_check(&bin, &bad);
+    assert!(!ok, "haproxy accepted a misspelt keyword:\n{out}");
+    assert!(out.contains("agent-sned"), "{out}");
+}
+
 struct Rig {
     stack: Stack,
     haproxy: Haproxy,
@@ -254,6 +298,54 @@ fn haproxy_follows_each_level_and_the_draft_serves_while_main_is_out() {
     assert_eq!(count(&out, "draft"), 8, "{out:?}");
     println!(
         "abnormal: main {} draft {} failed {}; HAProxy shows {:?}",
+        count(&out, "m"),
+        count(&out, "draft"),
+        failed(&out).len(),
+        down["last_agt"]
+    );
+}
+
+// evict: the engine is busy but stuck with its KV cache nearly full and requests held on
+// it, so the score stays below 0.3 with progress stalled and the level reaches a held
+// `evict` (`[engine.actions.haproxy] evict = "down"`). HAProxy marks main down with the
+// level as the reason; the draft answers every new request and main gets none.
+#[test]
+fn a_held_evict_takes_main_down_and_the_draft_serves() {
+    let Some(bin) = routers::haproxy("a_held_evict") else {
+        return;
+    };
+    let Rig {
+        stack,
+        haproxy,
+        _draft: _keep,
+    } = rig(&bin);
+    let wait = Duration::from_secs(60);
+    haproxy.wait_server("llm", "main", wait, |s| {
+        s.get("last_agt")
+            .is_some_and(|a| a.starts_with("via agent : up"))
+    });
+    stack.faults(r#"{"npu_busy_stuck": true, "kv_cache_usage": 0.97}"#);
+    let _held = stack.hold_requests(4, r#"{"model": "m", "prompt": "stuck", "max_tokens": 100}"#);
+    stack.wait_until("level evict", wait, |d| d["qos"]["level"] == "evict");
+    let down = haproxy.wait_server("llm", "main", wait, |s| status(s) == "DOWN (agent)");
+    assert!(
+        down["last_agt"].starts_with("via agent : down (QoS level evict"),
+        "the reason on HAProxy's stats page: {down:?}"
+    );
+    haproxy.command("clear counters");
+    let out = burst(&haproxy.front, 8, 4);
+    let main = haproxy.servers("llm").remove("main").unwrap();
+    assert!(failed(&out).is_empty(), "{out:?}");
+    assert_eq!(count(&out, "draft"), 8, "{out:?}");
+    assert_eq!(main["stot"], "0", "main got requests while down: {main:?}");
+    let detail = stack.detail();
+    assert_eq!(
+        detail["status"], "normal",
+        "evicted by the level, not the verdict: {detail}"
+    );
+    assert_eq!(detail["routers"]["haproxy"]["state"], "down", "{detail}");
+    println!(
+        "evict: main {} draft {} failed {}; HAProxy shows {:?}",
         count(&out, "m"),
         count(&out, "draft"),
         failed(&out).len(),

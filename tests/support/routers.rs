@@ -233,26 +233,41 @@ impl Drop for Draft {
     }
 }
 
-/// HAProxy in front of a main engine and its `backup` draft: the agent answers the main
-/// server's agent check every 200 ms for `engine`; requests queue up to 60 s (`timeout queue`).
+/// HAProxy in front of a main engine and its `backup` draft: the shipped
+/// `deploy/haproxy/haproxy.cfg` on local ports, the agent answering the main server's agent
+/// check every 200 ms for `engine`, requests queueing up to 60 s (`timeout queue`) and
+/// streams silent up to 60 s. The draft has no agent check here (it is not one of the test
+/// agent's engines), and the stats page is read on the admin socket instead (`{stats}`).
 pub fn main_and_draft(front: u16, main: u16, agent: u16, engine: &str, draft: u16) -> String {
-    format!(
-        r#"
-global
-    stats socket {{stats}} level admin
-defaults
-    mode http
-    timeout connect 1s
-    timeout client 60s
-    timeout server 60s
-    timeout queue 60s
-frontend llm
-    bind 127.0.0.1:{front}
-    default_backend llm
-backend llm
-    server main 127.0.0.1:{main} agent-check agent-addr 127.0.0.1 agent-port {agent} agent-inter 200ms agent-send "{engine}\n"
-    server draft 127.0.0.1:{draft} backup
-"#
+    example(
+        "deploy/haproxy/haproxy.cfg",
+        &[
+            ("/run/haproxy/admin.sock mode 660", "{stats}", 1),
+            ("timeout client 10m", "timeout client 60s", 1),
+            ("timeout server 10m", "timeout server 60s", 1),
+            ("timeout queue 30s", "timeout queue 60s", 1),
+            ("bind 0.0.0.0:8080", &format!("bind 127.0.0.1:{front}"), 1),
+            (
+                " backup agent-check agent-addr 10.0.0.5 agent-port 9500 agent-inter 1s agent-send \"draft\\n\"",
+                " backup",
+                1,
+            ),
+            ("10.0.0.5:8001", &format!("127.0.0.1:{draft}"), 1),
+            ("10.0.0.5:8000", &format!("127.0.0.1:{main}"), 1),
+            ("agent-addr 10.0.0.5", "agent-addr 127.0.0.1", 1),
+            ("agent-port 9500", &format!("agent-port {agent}"), 1),
+            ("agent-inter 1s", "agent-inter 200ms", 1),
+            (
+                "agent-send \"main\\n\"",
+                &format!("agent-send \"{engine}\\n\""),
+                1,
+            ),
+            (
+                "listen stats\n    bind 127.0.0.1:8404\n    stats enable\n    stats uri /\n    stats refresh 5s\n",
+                "",
+                1,
+            ),
+        ],
     )
 }
 

@@ -18,23 +18,66 @@ const MAX_PLAIN_IN_FLIGHT: u64 = 256;
 /// Times to the first token kept for the percentiles (a run has far fewer requests).
 const MAX_LATENCIES: usize = 1_000_000;
 
-/// Counters, read at any time. A request cut off by the end of the experiment is in none of
-/// them.
+/// How requests ended, counted.
+#[derive(Debug, Default)]
+struct Ends {
+    ok: AtomicU64,
+    /// Answered with an error, or the connection failed.
+    failed: AtomicU64,
+    /// No answer within the client's timeout (60 s, scaled).
+    timed_out: AtomicU64,
+    /// Still waiting for their end when the load stopped (a stream still sending, or a
+    /// request a hung engine never answered): neither a success nor a failure, so not in
+    /// `attempted`; reported beside it.
+    cut_off: AtomicU64,
+    /// Completed requests the draft engine answered ([`LoadGen::count_answers_of`]).
+    by_draft: AtomicU64,
+}
+
+impl Ends {
+    fn count(&self, end: End) {
+        let c = match end {
+            End::Completed => &self.ok,
+            End::Failed => &self.failed,
+            End::TimedOut => &self.timed_out,
+            End::CutOff => &self.cut_off,
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A snapshot of these counts alone (no tokens, no percentile).
+    fn snapshot(&self) -> LoadSnapshot {
+        let completed = self.ok.load(Ordering::Relaxed);
+        let failed = self.failed.load(Ordering::Relaxed);
+        let timed_out = self.timed_out.load(Ordering::Relaxed);
+        let attempted = completed + failed + timed_out;
+        LoadSnapshot {
+            attempted,
+            completed,
+            failed,
+            timed_out,
+            availability: (attempted > 0).then(|| completed as f64 / attempted as f64),
+            by_draft: self.by_draft.load(Ordering::Relaxed),
+            cut_off: self.cut_off.load(Ordering::Relaxed),
+            ..LoadSnapshot::default()
+        }
+    }
+}
+
+/// Counters, read at any time: every request, and apart those sent after the mark
+/// ([`LoadGen::mark`]: the agent's first `abnormal`).
 #[derive(Debug, Default)]
 pub struct LoadStats {
-    pub ok: AtomicU64,
-    /// Answered with an error, or the connection failed.
-    pub failed: AtomicU64,
-    /// No answer within the client's timeout (60 s, scaled).
-    pub timed_out: AtomicU64,
-    pub tokens: AtomicU64,
+    all: Ends,
+    /// Requests sent after the mark, however they ended.
+    after_mark: Ends,
+    marked: AtomicBool,
+    tokens: AtomicU64,
     /// Tokens received while the fault was injected.
-    pub tokens_under_fault: AtomicU64,
+    tokens_under_fault: AtomicU64,
     /// Requests not sent because the engine was not ready (a Service would have sent them
     /// to another replica): in none of the other counts.
-    pub held_back: AtomicU64,
-    /// Completed requests the draft engine answered ([`LoadGen::count_answers_of`]).
-    pub by_draft: AtomicU64,
+    held_back: AtomicU64,
     /// Milliseconds from sending to the first token (a plain request: to its answer), of
     /// every completed request.
     first_token_ms: Mutex<Vec<f64>>,
@@ -60,35 +103,42 @@ pub struct LoadSnapshot {
     /// The 99th percentile of the time to the first token, milliseconds, over completed
     /// requests; `None` with none.
     pub first_token_p99_ms: Option<f64>,
+    /// Requests cut off by the end of the load, in none of the counts above.
+    #[serde(default)]
+    pub cut_off: u64,
 }
 
 impl LoadStats {
     pub fn snapshot(&self) -> LoadSnapshot {
-        let completed = self.ok.load(Ordering::Relaxed);
-        let failed = self.failed.load(Ordering::Relaxed);
-        let timed_out = self.timed_out.load(Ordering::Relaxed);
-        let attempted = completed + failed + timed_out;
         LoadSnapshot {
-            attempted,
-            completed,
-            failed,
-            timed_out,
             tokens: self.tokens.load(Ordering::Relaxed),
             tokens_under_fault: self.tokens_under_fault.load(Ordering::Relaxed),
             held_back: self.held_back.load(Ordering::Relaxed),
-            availability: (attempted > 0).then(|| completed as f64 / attempted as f64),
-            by_draft: self.by_draft.load(Ordering::Relaxed),
             first_token_p99_ms: p99(&self
                 .first_token_ms
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())),
+            ..self.all.snapshot()
         }
     }
 
+    /// The requests sent after the mark, by how they ended; `None` before the mark.
+    pub fn after_mark(&self) -> Option<LoadSnapshot> {
+        self.marked().then(|| self.after_mark.snapshot())
+    }
+
+    /// Whether a request sent now is sent after the mark.
+    fn marked(&self) -> bool {
+        self.marked.load(Ordering::Relaxed)
+    }
+
     /// Notes a completed request: how long its first token took, and who answered.
-    fn answered(&self, first_token: Duration, by_draft: bool) {
+    fn answered(&self, first_token: Duration, by_draft: bool, sent_marked: bool) {
         if by_draft {
-            self.by_draft.fetch_add(1, Ordering::Relaxed);
+            self.all.by_draft.fetch_add(1, Ordering::Relaxed);
+            if sent_marked {
+                self.after_mark.by_draft.fetch_add(1, Ordering::Relaxed);
+            }
         }
         let mut l = self
             .first_token_ms
@@ -99,14 +149,12 @@ impl LoadStats {
         }
     }
 
-    fn count(&self, end: End) {
-        let c = match end {
-            End::Completed => &self.ok,
-            End::Failed => &self.failed,
-            End::TimedOut => &self.timed_out,
-            End::CutOff => return,
-        };
-        c.fetch_add(1, Ordering::Relaxed);
+    /// Counts how a request ended; `sent_marked`: it was sent after the mark.
+    fn count(&self, end: End, sent_marked: bool) {
+        self.all.count(end);
+        if sent_marked {
+            self.after_mark.count(end);
+        }
     }
 }
 
@@ -127,7 +175,7 @@ enum End {
     Completed,
     Failed,
     TimedOut,
-    /// The experiment (or its fault window) ended first: not counted.
+    /// The experiment (or its fault window) ended first: counted apart, not as attempted.
     CutOff,
 }
 
@@ -227,9 +275,10 @@ impl LoadGen {
                     let g = g.clone();
                     tokio::spawn(async move {
                         g.stats.plain_in_flight.fetch_add(1, Ordering::Relaxed);
+                        let marked = g.stats.marked();
                         tokio::select! {
-                            _ = g.cancel.cancelled() => {}
-                            _ = g.plain(max) => {}
+                            _ = g.cancel.cancelled() => g.stats.count(End::CutOff, marked),
+                            _ = g.plain(max, marked) => {}
                         }
                         g.stats.plain_in_flight.fetch_sub(1, Ordering::Relaxed);
                     });
@@ -250,6 +299,12 @@ impl LoadGen {
         self.draft
             .get()
             .is_some_and(|d| answer["model"].as_str() == Some(d.as_str()))
+    }
+
+    /// Marks now (the agent's first `abnormal`): the requests sent from now on are also
+    /// counted apart ([`LoadStats::after_mark`]).
+    pub fn mark(&self) {
+        self.stats.marked.store(true, Ordering::Relaxed);
     }
 
     /// Whether the engine takes new requests (the kubelet emulator's readiness).
@@ -348,6 +403,7 @@ impl LoadGen {
             return false;
         }
         let sent = Instant::now();
+        let marked = self.stats.marked();
         let mut first: Option<(Duration, bool)> = None;
         let send = self
             .client
@@ -356,7 +412,10 @@ impl LoadGen {
             .body(self.body(max_tokens, true))
             .send();
         let resp = tokio::select! {
-            _ = cancel.cancelled() => return false,
+            _ = cancel.cancelled() => {
+                self.stats.count(End::CutOff, marked);
+                return false;
+            }
             r = send => r,
         };
         let end = match resp {
@@ -400,16 +459,16 @@ impl LoadGen {
             Ok(_) => End::Failed,
             Err(e) => ended_by(&e),
         };
-        self.stats.count(end);
+        self.stats.count(end, marked);
         if end == End::Completed {
             let (t, draft) = first.unwrap_or((sent.elapsed(), false));
-            self.stats.answered(t, draft);
+            self.stats.answered(t, draft, marked);
         }
         end == End::Completed
     }
 
-    /// One plain completion.
-    async fn plain(&self, max_tokens: u32) {
+    /// One plain completion; `marked`: sent after the mark.
+    async fn plain(&self, max_tokens: u32, marked: bool) {
         let sent = Instant::now();
         let r = self
             .client
@@ -424,7 +483,7 @@ impl LoadGen {
                 Ok(v) => {
                     self.count_tokens(v["usage"]["completion_tokens"].as_u64().unwrap_or(0));
                     self.stats
-                        .answered(sent.elapsed(), self.answered_by_draft(&v));
+                        .answered(sent.elapsed(), self.answered_by_draft(&v), marked);
                     End::Completed
                 }
                 Err(e) => ended_by(&e),
@@ -432,6 +491,47 @@ impl LoadGen {
             Ok(_) => End::Failed,
             Err(e) => ended_by(&e),
         };
-        self.stats.count(end);
+        self.stats.count(end, marked);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // A cut-off request is counted apart, never as attempted; the requests sent after the
+    // mark are counted apart too, however and whenever they end.
+    #[test]
+    fn cut_offs_are_counted_apart_and_so_are_requests_sent_after_the_mark() {
+        let stats = LoadStats::default();
+        stats.count(End::Completed, false);
+        stats.count(End::Failed, false);
+        assert_eq!(stats.after_mark(), None, "no mark yet");
+        stats.marked.store(true, Ordering::Relaxed);
+        assert_eq!(stats.after_mark().unwrap().attempted, 0);
+        // Sent before the mark, ended after it: not in the after-mark counts.
+        stats.count(End::TimedOut, false);
+        for end in [End::Completed, End::Completed, End::Completed, End::Failed] {
+            stats.count(end, true);
+        }
+        stats.count(End::CutOff, true);
+        stats.answered(Duration::from_millis(5), true, true);
+        stats.answered(Duration::from_millis(5), true, false);
+        let all = stats.snapshot();
+        assert_eq!((all.attempted, all.completed, all.cut_off), (7, 4, 1));
+        assert_eq!((all.by_draft, all.timed_out), (2, 1));
+        let after = stats.after_mark().unwrap();
+        assert_eq!(
+            (
+                after.attempted,
+                after.completed,
+                after.failed,
+                after.timed_out
+            ),
+            (4, 3, 1, 0)
+        );
+        assert_eq!((after.cut_off, after.by_draft), (1, 1));
+        assert_eq!(after.availability, Some(0.75));
+        assert_eq!(after.first_token_p99_ms, None);
     }
 }

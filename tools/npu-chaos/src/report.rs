@@ -27,6 +27,9 @@ pub struct PolicySummary {
     pub by_design: usize,
     pub missed: usize,
     pub errors: usize,
+    /// Router rows: experiments whose draft served though the agent never took the main
+    /// engine out ([`Verdict::DraftWithoutCause`]).
+    pub draft_without_cause: usize,
     /// Experiments whose fault this engine cannot take (`--engine vllm`); in neither count.
     pub not_applicable: usize,
     pub median_detect_ms_scaled: Option<u64>,
@@ -35,6 +38,9 @@ pub struct PolicySummary {
     pub worst_detect_s_unscaled: Option<f64>,
     /// The lowest availability (completed over attempted requests) of a benign experiment.
     pub min_benign_availability: Option<f64>,
+    /// The median, over the faults, of the availability from the agent's first `abnormal`
+    /// to the end (the tail after the kill included): with a router, what the draft saved.
+    pub median_fault_availability_after_abnormal: Option<f64>,
     /// Kubelet row: the median time from injection to the first not-ready, and to the first
     /// restart, over the faults where it happened.
     pub median_not_ready_s_unscaled: Option<f64>,
@@ -92,6 +98,7 @@ pub fn summarize(policy: Policy, row: Row, outcomes: &[Outcome], time_scale: f64
         by_design: count(Verdict::NotDetectableByDesign),
         missed: count(Verdict::Missed),
         errors: count(Verdict::Error),
+        draft_without_cause: count(Verdict::DraftWithoutCause),
         not_applicable: all.len() - mine.len(),
         median_detect_ms_scaled: mid,
         worst_detect_ms_scaled: worst,
@@ -101,6 +108,14 @@ pub fn summarize(policy: Policy, row: Row, outcomes: &[Outcome], time_scale: f64
             .iter()
             .filter_map(|o| o.load.availability)
             .min_by(f64::total_cmp),
+        median_fault_availability_after_abnormal: {
+            let mut a: Vec<f64> = faults
+                .iter()
+                .filter_map(|o| o.load_after_abnormal.and_then(|l| l.availability))
+                .collect();
+            a.sort_by(f64::total_cmp);
+            (!a.is_empty()).then(|| a[(a.len() - 1) / 2])
+        },
         median_not_ready_s_unscaled: unscaled(kubelet_times(|k| k.not_ready_after_ms)),
         median_restart_s_unscaled: unscaled(kubelet_times(|k| k.restart_after_ms)),
         failed_polls: mine
@@ -117,13 +132,13 @@ pub fn summarize(policy: Policy, row: Row, outcomes: &[Outcome], time_scale: f64
     }
 }
 
-/// True when the run must fail: a false kill, a missed detection or an experiment that could
-/// not run.
+/// True when the run must fail: a false kill, a missed detection, an experiment that could
+/// not run, or a draft that served without the agent's word.
 pub fn failed(outcomes: &[Outcome]) -> bool {
     outcomes.iter().any(|o| {
         matches!(
             o.verdict,
-            Verdict::FalseKill | Verdict::Missed | Verdict::Error
+            Verdict::FalseKill | Verdict::Missed | Verdict::Error | Verdict::DraftWithoutCause
         )
     })
 }
@@ -150,16 +165,19 @@ pub fn markdown(
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "| Policy | Acting (NM heartbeat, or kubelet) | False kills or restarts (benign) | Detected (faults) | Not detectable by design | Not applicable | Median time to detect | Worst time to detect | Lowest benign availability | Kubelet: median time to not-ready | Kubelet: median time to restart |"
+        "| Policy | Acting (NM heartbeat, or kubelet) | False kills or restarts (benign) | Detected (faults) | Not detectable by design | Not applicable | Median time to detect | Worst time to detect | Lowest benign availability | Faults: median availability after abnormal | Kubelet: median time to not-ready | Kubelet: median time to restart |"
     );
-    let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(
+        s,
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
     for &p in policies {
         for &c in rows {
             let m = summarize(p, c, outcomes, time_scale);
             let kubelet = c == Row::Kubelet;
             let _ = writeln!(
                 s,
-                "| {} | {} | {} / {}{} | {} / {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} / {}{} | {} / {}{} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 p.as_str(),
                 c.label(),
                 m.false_kills,
@@ -171,11 +189,20 @@ pub fn markdown(
                 },
                 m.detected,
                 m.faults - m.by_design,
+                if m.draft_without_cause > 0 {
+                    format!(
+                        "; the draft served without cause in {}",
+                        m.draft_without_cause
+                    )
+                } else {
+                    String::new()
+                },
                 m.by_design,
                 m.not_applicable,
                 secs(m.median_detect_s_unscaled),
                 secs(m.worst_detect_s_unscaled),
                 percent(m.min_benign_availability),
+                percent(m.median_fault_availability_after_abnormal),
                 if kubelet {
                     secs(m.median_not_ready_s_unscaled)
                 } else {
@@ -213,7 +240,7 @@ pub fn markdown(
             .map(|g| format!("{} {} ({})", g.guard, g.action, g.detail))
             .collect();
         let availability = format!(
-            "{} ({} / {}{}{})",
+            "{} ({} / {}{}{}{}{})",
             percent(o.load.availability),
             o.load.completed,
             o.load.attempted,
@@ -221,6 +248,25 @@ pub fn markdown(
                 format!("; {} held back while not ready", o.load.held_back)
             } else {
                 String::new()
+            },
+            if o.load.cut_off > 0 {
+                format!("; {} cut off at the end", o.load.cut_off)
+            } else {
+                String::new()
+            },
+            match &o.load_after_abnormal {
+                Some(a) => format!(
+                    "; after abnormal {} ({} / {}{})",
+                    percent(a.availability),
+                    a.completed,
+                    a.attempted,
+                    if o.router.is_some() {
+                        format!(", {} by the draft", a.by_draft)
+                    } else {
+                        String::new()
+                    }
+                ),
+                None => String::new(),
             },
             match o.router {
                 Some(r) => format!(
@@ -347,11 +393,17 @@ fn polls_cell(o: &Outcome, time_scale: f64) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::experiment::Target;
 
-    fn outcome(name: &str, expect: &str, verdict: Verdict, detected: Option<u64>) -> Outcome {
+    /// An outcome of the `1s` Node Manager row, for the tests here and in `run`.
+    pub(crate) fn outcome(
+        name: &str,
+        expect: &str,
+        verdict: Verdict,
+        detected: Option<u64>,
+    ) -> Outcome {
         Outcome {
             experiment: name.into(),
             target: Target::Engine,
@@ -378,6 +430,8 @@ mod tests {
                 },
                 ..Default::default()
             },
+            load_after_abnormal: None,
+            router_actions: Vec::new(),
             error: None,
             ran_again_after: None,
             kubelet: None,
@@ -459,7 +513,7 @@ mod tests {
         );
         assert!(
             md.contains(
-                "| agent | 1s | 1 / 2 | 3 / 4 | 0 | 2 | 40.0 s | 60.0 s | 99.00 % | — | — |"
+                "| agent | 1s | 1 / 2 | 3 / 4 | 0 | 2 | 40.0 s | 60.0 s | 99.00 % | — | — | — |"
             ),
             "{md}"
         );
@@ -472,6 +526,53 @@ mod tests {
         {
             assert_eq!(r.matches('|').count(), header.matches('|').count(), "{r}");
         }
+    }
+
+    // A router row: the availability after `abnormal` is summed up over the faults (their
+    // median), and a draft that served without the agent's word fails the run and is named
+    // in the summary.
+    #[test]
+    fn router_rows_report_what_the_draft_saved_and_fail_a_draft_without_cause() {
+        use crate::load::LoadSnapshot;
+        let router = Row::Router(crate::router::RouterKind::Haproxy);
+        let after = |completed: u64, attempted: u64| LoadSnapshot {
+            attempted,
+            completed,
+            by_draft: completed,
+            availability: Some(completed as f64 / attempted as f64),
+            ..Default::default()
+        };
+        let mut os = vec![
+            outcome("hang", "detect_within 1m", Verdict::Pass, Some(2000)),
+            outcome("crash", "detect_within 1m", Verdict::Pass, Some(3000)),
+            outcome("5xx", "detect_within 1m", Verdict::Pass, Some(4000)),
+            outcome("burst", "healthy", Verdict::DraftWithoutCause, None),
+        ];
+        for (o, a) in os
+            .iter_mut()
+            .zip([after(90, 100), after(50, 100), after(99, 100)])
+        {
+            o.load_after_abnormal = Some(a);
+        }
+        for o in &mut os {
+            o.router = Some(crate::router::RouterKind::Haproxy);
+        }
+        os[3].load.by_draft = 12;
+        let m = summarize(Policy::Agent, router, &os, 0.1);
+        assert_eq!(m.median_fault_availability_after_abnormal, Some(0.9));
+        assert_eq!(m.draft_without_cause, 1);
+        assert!(failed(&os));
+        assert!(!failed(&os[..3]));
+        let md = markdown(&os, &[Policy::Agent], &[router], 0.1);
+        assert!(
+            md.contains("| 3 / 3; the draft served without cause in 1 |"),
+            "{md}"
+        );
+        assert!(md.contains("| 90.00 % |"), "{md}");
+        assert!(
+            md.contains("; after abnormal 50.00 % (50 / 100, 50 by the draft)"),
+            "{md}"
+        );
     }
 
     // An agent fault's line says who ran the agent, what the runner did to it and what the

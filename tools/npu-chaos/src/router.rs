@@ -80,6 +80,60 @@ impl RouterKind {
     }
 }
 
+/// What the agent told a router, as its action journal (`/status/detail` `actions`) shows it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct RouterAction {
+    /// Milliseconds from the scheduled injection (negative: before), on the agent's clock.
+    pub t_ms: i64,
+    /// `haproxy` or `envoy`.
+    pub router: &'static str,
+    pub from: String,
+    pub to: String,
+    /// The QoS level at that moment.
+    pub level: String,
+}
+
+impl RouterAction {
+    /// Whether this answer takes the main engine out of new traffic, so that the router
+    /// sends it to the draft: HAProxy's `drain`, `maint` and `down`, Envoy's `unhealthy`
+    /// and `degraded` (a degraded host takes traffic only when no priority has a healthy
+    /// one, and the draft is healthy).
+    pub fn takes_main_out(&self) -> bool {
+        matches!(
+            self.to.as_str(),
+            "drain" | "maint" | "down" | "unhealthy" | "degraded"
+        )
+    }
+}
+
+/// Adds to `seen` the router actions of `journal` not in it yet (the journal keeps the last
+/// 50 of every integration, so a run reads it at every sample). `t0_unix_ms`: the scheduled
+/// injection on the agent's clock.
+pub fn note_actions(
+    seen: &mut Vec<RouterAction>,
+    journal: &[npu_health_agent::monitor::journal::ActionRecord],
+    t0_unix_ms: i64,
+) {
+    use npu_health_agent::monitor::journal::Integration;
+    for r in journal {
+        let router = match r.integration {
+            Integration::Haproxy => "haproxy",
+            Integration::Envoy => "envoy",
+            _ => continue,
+        };
+        let a = RouterAction {
+            t_ms: r.at_unix_ms as i64 - t0_unix_ms,
+            router,
+            from: r.from.clone(),
+            to: r.to.clone(),
+            level: r.level.as_str().to_owned(),
+        };
+        if !seen.contains(&a) {
+            seen.push(a);
+        }
+    }
+}
+
 /// A running router and the draft engine behind it, both killed when dropped.
 pub struct Router {
     pub kind: RouterKind,
@@ -147,7 +201,11 @@ impl Router {
             DRAFT_MODEL,
             &[dir.join("draft-npu")],
         );
-        cmd.args(["--alias", p.model]).stderr(log("draft.log")?);
+        // As fast as the main engine, scaled alike: the draft's share and the p99 through
+        // the router compare like with like.
+        cmd.args(["--alias", p.model])
+            .args(super::run::fake_engine_speed(p.time_scale))
+            .stderr(log("draft.log")?);
         let mut draft = cmd
             .spawn()
             .map_err(|e| format!("starting the draft engine: {e}"))?;
@@ -303,4 +361,51 @@ fn envoy_config(p: &Placement<'_>, front: u16, draft: u16, admin: u16, s: f64) -
             "/health"
         ),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use npu_health_agent::monitor::journal::{ActionRecord, Integration};
+    use npu_health_agent::qos::score::Level;
+
+    fn record(at: u64, integration: Integration, from: &str, to: &str) -> ActionRecord {
+        ActionRecord {
+            at_unix_ms: at,
+            integration,
+            action: "agent_check".into(),
+            from: from.into(),
+            to: to.into(),
+            level: Level::Degrade,
+            reason: String::new(),
+        }
+    }
+
+    // The router actions are taken once each, however often the journal is read, and only
+    // a state that sends traffic to the draft counts as taking the main engine out.
+    #[test]
+    fn router_actions_are_noted_once_and_judged_by_their_state() {
+        let journal = vec![
+            record(1_000, Integration::Haproxy, "start", "ready"),
+            record(1_500, Integration::NodeManager, "normal", "abnormal"),
+            record(2_000, Integration::Haproxy, "ready", "queue"),
+        ];
+        let mut seen = Vec::new();
+        note_actions(&mut seen, &journal, 1_200);
+        note_actions(&mut seen, &journal, 1_200);
+        assert_eq!(seen.len(), 2, "{seen:?}");
+        assert_eq!((seen[0].t_ms, seen[1].t_ms), (-200, 800));
+        assert!(!seen.iter().any(RouterAction::takes_main_out), "{seen:?}");
+        let later = [record(3_000, Integration::Envoy, "healthy", "unhealthy")];
+        note_actions(&mut seen, &later, 1_200);
+        assert_eq!(seen[2].router, "envoy");
+        assert!(seen[2].takes_main_out());
+        for to in ["drain", "maint", "down", "degraded"] {
+            let a = RouterAction {
+                to: to.into(),
+                ..seen[0].clone()
+            };
+            assert!(a.takes_main_out(), "{to}");
+        }
+    }
 }

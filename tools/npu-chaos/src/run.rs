@@ -311,6 +311,10 @@ pub enum Verdict {
     NotDetectableByDesign,
     /// The experiment could not run (the stack did not come up).
     Error,
+    /// A router row whose draft answered requests though the agent never told the router to
+    /// take the main engine out (HAProxy `drain`, `maint` or `down`; Envoy `unhealthy` or
+    /// `degraded`): the draft must serve only where the agent said so.
+    DraftWithoutCause,
     /// The fault cannot be injected into this engine (the reason is in `error`); neither a
     /// pass nor a failure.
     NotApplicable,
@@ -350,6 +354,14 @@ pub struct Outcome {
     /// What the load generator saw: requests attempted, completed, failed, timed out, and
     /// the availability (completed over attempted).
     pub load: super::load::LoadSnapshot,
+    /// The requests sent from the agent's first `abnormal` after the injection to the end
+    /// of the experiment ([`AFTER_KILL_TAIL`] included), however they ended: what clients
+    /// saw once the agent had said so. `null` when it never said `abnormal`.
+    #[serde(default)]
+    pub load_after_abnormal: Option<super::load::LoadSnapshot>,
+    /// What the agent told the router, in a router row (from its action journal).
+    #[serde(default)]
+    pub router_actions: Vec<super::router::RouterAction>,
     pub error: Option<String>,
     /// Set when this is the second attempt: why the first did not count (a real vLLM that
     /// died by itself).
@@ -441,6 +453,11 @@ fn fmt_duration(d: Duration) -> String {
 /// How long after a fault a late kill is still watched for: a busy probe cycle (20 s + 5 s),
 /// three QoS evaluations (15 s) and Node Manager's five heartbeats (15 s).
 const LATE_KILL_TAIL: Duration = Duration::from_secs(55);
+
+/// How long the load goes on after Node Manager's kill of a faulty engine (scaled), in a
+/// Node Manager row and a router row alike: what clients see once the engine is gone (with
+/// a router, the draft answering; without, nothing), over the same time in both rows.
+pub const AFTER_KILL_TAIL: Duration = Duration::from_secs(10);
 
 /// The `/health` timeout of the agent in front of a real engine: the reference's 5 s,
 /// unscaled. It bounds how long the real engine's API server takes to answer, which
@@ -546,6 +563,20 @@ ttft_budget = "{ttft_budget}"
     )
 }
 
+/// The fake engine's speed in a run, main and draft alike: 20 ms to the first token and
+/// 5 ms a token (scaled), and vLLM's default `max_num_seqs` (long streams run instead of
+/// queueing).
+pub fn fake_engine_speed(s: f64) -> Vec<String> {
+    vec![
+        "--ttft".to_owned(),
+        fmt_duration(scaled(Duration::from_millis(20), s)),
+        "--tpot".to_owned(),
+        fmt_duration(scaled(Duration::from_millis(5), s)),
+        "--max-running".to_owned(),
+        "256".to_owned(),
+    ]
+}
+
 /// How the fake engine is started, kept to start it again (the kubelet's restarts).
 #[derive(Debug, Clone)]
 struct FakeLaunch {
@@ -571,15 +602,9 @@ impl FakeLaunch {
         if self.mindie {
             cmd.args(["--profile", "mindie"]);
         }
-        cmd.args([
-            "--ttft",
-            &fmt_duration(scaled(Duration::from_millis(20), s)),
-        ])
-        .args(["--tpot", &fmt_duration(scaled(Duration::from_millis(5), s))])
-        // vLLM's default max_num_seqs: long streams run instead of queueing.
-        .args(["--max-running", "256"])
-        .stderr(stderr)
-        .kill_on_drop(true);
+        cmd.args(fake_engine_speed(s))
+            .stderr(stderr)
+            .kill_on_drop(true);
         cmd.spawn()
             .map_err(|e| format!("starting the fake engine: {e}"))
     }
@@ -1485,6 +1510,8 @@ pub async fn run(e: &Experiment, policy: Policy, opts: &RunOptions) -> Outcome {
         injected_ms: 0,
         guard_events: Vec::new(),
         load: Default::default(),
+        load_after_abnormal: None,
+        router_actions: Vec::new(),
         error: None,
         ran_again_after: None,
         kubelet: None,
@@ -1534,10 +1561,19 @@ pub async fn run(e: &Experiment, policy: Policy, opts: &RunOptions) -> Outcome {
     let killed_before_fault = out
         .killed_at_ms
         .is_some_and(|k| out.first_injected_ms.is_none_or(|f| k < f));
+    let draft_without_cause = draft_without_cause(&out);
     out.verdict = match result {
         Err(err) => {
             out.error = Some(err);
             Verdict::Error
+        }
+        Ok(()) if draft_without_cause => {
+            out.error = Some(format!(
+                "the draft answered {} requests, but the agent never told {} to take the main engine out",
+                out.load.by_draft,
+                out.router.map_or("the router", |r| r.as_str()),
+            ));
+            Verdict::DraftWithoutCause
         }
         Ok(()) if opts.row == Row::Kubelet => kubelet_verdict(e, &out, known, not_by_design),
         Ok(()) => match e.expect {
@@ -1555,6 +1591,17 @@ pub async fn run(e: &Experiment, policy: Policy, opts: &RunOptions) -> Outcome {
         },
     };
     out
+}
+
+/// Whether a router row's draft answered requests though the agent never told the router
+/// to take the main engine out.
+fn draft_without_cause(out: &Outcome) -> bool {
+    out.router.is_some()
+        && out.load.by_draft > 0
+        && !out
+            .router_actions
+            .iter()
+            .any(super::router::RouterAction::takes_main_out)
 }
 
 /// The verdict of a kubelet run: a liveness restart of a healthy engine is a false kill; a
@@ -1954,6 +2001,12 @@ async fn observe(
     let mut killed: Option<Instant> = None;
     // Unix time of the first injection: the agent's own probe times are unix times.
     let mut first_injected_unix_ms: Option<u64> = None;
+    // The scheduled injection on the agent's clock (its journal's times are unix times).
+    let t0_unix_ms = {
+        let now = Instant::now();
+        unix_ms() as i64 + t0.saturating_duration_since(now).as_millis() as i64
+            - now.saturating_duration_since(t0).as_millis() as i64
+    };
     let result = loop {
         let now = Instant::now();
         if now >= observe_end {
@@ -2018,6 +2071,10 @@ async fn observe(
                 .filter(|_| d.virtual_inference.abnormal)
                 .map_or_else(unix_ms, |p| p.at_unix_ms);
             out.abnormal_after_ms = Some(at.saturating_sub(first));
+            load.mark();
+        }
+        if let Some(d) = &detail {
+            super::router::note_actions(&mut out.router_actions, &d.actions, t0_unix_ms);
         }
         if flagged && first_injected.is_none() && is_driver_fault(e.fault) {
             break Err(
@@ -2181,6 +2238,23 @@ async fn observe(
         remove(stack, load, e.fault, s, &mut held).await;
         injected += injected_since.map_or(Duration::ZERO, |t| now - t);
     }
+    // A fault Node Manager killed the engine for: the load goes on for the same time with
+    // a router or without, so that both rows count what clients saw after the kill.
+    if result.is_ok()
+        && killed.is_some()
+        && kubelet.is_none()
+        && matches!(e.expect, Expect::DetectWithin(_))
+        && !is_driver_fault(e.fault)
+    {
+        tokio::time::sleep(sc(AFTER_KILL_TAIL)).await;
+        let detail: Option<EngineDetail> = stack
+            .get_json(&format!("{}/status/detail", stack.mgmt))
+            .await;
+        if let Some(d) = &detail {
+            super::router::note_actions(&mut out.router_actions, &d.actions, t0_unix_ms);
+        }
+    }
+    out.load_after_abnormal = load.stats.after_mark();
     // An agent operation still under way is waited for (each of its steps is bounded).
     if let Some(op) = held.agent_op.take() {
         match tokio::time::timeout(AGENT_OP_LIMIT, op.finish()).await {
@@ -2232,6 +2306,37 @@ mod tests {
         assert_eq!(nm.heartbeat_interval, Duration::from_millis(100));
         assert_eq!(nm.poll_timeout, Duration::from_secs(2), "not scaled");
         assert_eq!((nm.threshold, nm.grace_period), (5, Duration::ZERO));
+    }
+
+    // A router row whose draft served is judged by what the agent told the router: only an
+    // answer that takes the main engine out justifies the draft's answers.
+    #[test]
+    fn a_draft_serving_needs_the_agents_word() {
+        use super::super::router::{RouterAction, RouterKind};
+        let mut out = Outcome {
+            router: Some(RouterKind::Haproxy),
+            ..crate::report::tests::outcome("burst", "healthy", Verdict::Pass, None)
+        };
+        assert!(!draft_without_cause(&out), "the draft did not serve");
+        out.load.by_draft = 3;
+        assert!(draft_without_cause(&out));
+        let told = |to: &str| RouterAction {
+            t_ms: 100,
+            router: "haproxy",
+            from: "ready".into(),
+            to: to.into(),
+            level: "throttle".into(),
+        };
+        out.router_actions.push(told("queue"));
+        assert!(
+            draft_without_cause(&out),
+            "queue keeps new requests on main"
+        );
+        out.router_actions.push(told("drain"));
+        assert!(!draft_without_cause(&out));
+        out.router = None;
+        out.router_actions.clear();
+        assert!(!draft_without_cause(&out), "no router, no draft");
     }
 
     // The agent's config per policy: `agent` names the policy and writes only the scaled
@@ -2361,6 +2466,8 @@ mod tests {
                 injected_ms: 0,
                 guard_events: Vec::new(),
                 load: Default::default(),
+                load_after_abnormal: None,
+                router_actions: Vec::new(),
                 error: None,
                 ran_again_after: None,
                 kubelet: Some(KubeletOutcome {

@@ -232,6 +232,8 @@ mod tests {
                 detail: "QoS score 0.4 < 0.5".into(),
             }],
             load: Default::default(),
+            load_after_abnormal: None,
+            router_actions: Vec::new(),
             error: None,
             ran_again_after: None,
             kubelet: None,
