@@ -1,0 +1,122 @@
+//! The agent's config for one experiment (its policy's durations scaled) and the fake engine's
+//! speed, main and draft alike.
+
+use super::*;
+
+/// The `/health` timeout of the agent in front of a real engine: the reference's 5 s,
+/// unscaled. It bounds how long the real engine's API server takes to answer, which
+/// compressing the experiment does not shorten (as Node Manager's poll timeout bounds the
+/// agent's). Scaled to 1 s at 0.2, the reference's `/health` check, which is `abnormal` at
+/// once, timed out 3 times in a row on a real vLLM serving 16 long streams on 2 cores (a
+/// busy loop beside it) and decided a false kill. No detection depends on it: a hung
+/// EngineCore leaves `/health` answering 200, and a crashed one refuses the connection.
+pub(super) const REAL_ENGINE_HEALTH_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The agent's config for one experiment.
+pub(super) fn agent_toml(
+    engine_port: u16,
+    mgmt_port: u16,
+    devices: usize,
+    policy: Policy,
+    s: f64,
+    engine: EngineKind,
+    model: &str,
+) -> String {
+    use npu_health_agent::config::validate::{engine_bounds as e, qos_bounds as q};
+    // Scaled, and kept within the agent's bounds (a very small scale would leave them).
+    let d = |secs: f64, within: npu_health_agent::config::validate::Within<Duration>| {
+        fmt_duration(within.clamp(Duration::from_secs_f64(secs * s)))
+    };
+    let ids: Vec<String> = (0..devices).map(|i| i.to_string()).collect();
+    // Under `agent` the preset turns stall detection and QoS eviction on; its durations are
+    // written here only because they are scaled.
+    let policy_keys = match policy {
+        // (The peer does not run the agent: this config is written and not used.)
+        Policy::Reference | Policy::Mindie => {
+            "stall_detection = false\neviction = false\n".to_owned()
+        }
+        Policy::Agent => {
+            use npu_health_agent::config::policy::{AGENT_STALL_WINDOW, AgentPolicy};
+            use npu_health_agent::config::validate::policy_bounds as p;
+            let a = AgentPolicy::default();
+            format!(
+                "stall_window = \"{}\"\n[engine.agent_policy]\nhealth_failure_grace = \"{}\"\nconfirm_interval = \"{}\"\nconfirm_timeout = \"{}\"\n",
+                d(AGENT_STALL_WINDOW.as_secs_f64(), q::STALL_WINDOW),
+                d(
+                    a.health_failure_grace.as_secs_f64(),
+                    p::HEALTH_FAILURE_GRACE
+                ),
+                d(a.confirm_interval.as_secs_f64(), p::CONFIRM_INTERVAL),
+                d(a.confirm_timeout.as_secs_f64(), p::CONFIRM_TIMEOUT),
+            )
+        }
+    };
+    format!(
+        r#"[agent]
+sample_period = "{sample}"
+driver_call_deadline = "{deadline}"
+fault_period = "{faults}"
+policy = "{policy}"
+
+[[engine]]
+name = "chaos"
+engine_type = "vllm"
+served_model_name = "{model}"
+host = "127.0.0.1"
+port = {engine_port}
+mgmt_port = {mgmt_port}
+devices = [{ids}]
+engine_env = {{ ASCEND_GLOBAL_LOG_LEVEL = "3" }}
+[engine.health_check_config]
+enable_virtual_inference = true
+[engine.timing]
+warmup_timeout = "{warmup}"
+request_timeout = "{request}"
+window = "{window}"
+interval = "{interval}"
+high_load_interval = "{high}"
+health_period = "{health}"
+health_timeout = "{health_timeout}"
+[engine.qos]
+period = "{qos_period}"
+metrics_period = "{qos_period}"
+max_input_age = "{max_age}"
+ttft_budget = "{ttft_budget}"
+{policy_keys}"#,
+        policy = match policy {
+            Policy::Agent => "agent",
+            Policy::Reference | Policy::Mindie => "reference",
+        },
+        sample = fmt_duration(scaled(Duration::from_millis(50), s).max(Duration::from_millis(10))),
+        deadline = fmt_duration(scaled(Duration::from_secs(1), s).max(Duration::from_millis(20))),
+        faults = fmt_duration(scaled(Duration::from_secs(1), s).max(Duration::from_millis(10))),
+        ids = ids.join(", "),
+        warmup = d(180.0, e::WARMUP_TIMEOUT),
+        request = d(5.0, e::REQUEST_TIMEOUT),
+        window = d(5.0, e::WINDOW),
+        interval = d(5.0, e::INTERVAL),
+        high = d(20.0, e::HIGH_LOAD_INTERVAL),
+        health = d(1.0, e::HEALTH_PERIOD),
+        health_timeout = match engine {
+            EngineKind::Vllm => fmt_duration(REAL_ENGINE_HEALTH_TIMEOUT),
+            EngineKind::Fake => d(5.0, e::HEALTH_TIMEOUT),
+        },
+        qos_period = d(5.0, q::PERIOD),
+        max_age = d(60.0, q::MAX_INPUT_AGE),
+        ttft_budget = d(2.0, q::TTFT_BUDGET),
+    )
+}
+
+/// The fake engine's speed in a run, main and draft alike: 20 ms to the first token and
+/// 5 ms a token (scaled), and vLLM's default `max_num_seqs` (long streams run instead of
+/// queueing).
+pub fn fake_engine_speed(s: f64) -> Vec<String> {
+    vec![
+        "--ttft".to_owned(),
+        fmt_duration(scaled(Duration::from_millis(20), s)),
+        "--tpot".to_owned(),
+        fmt_duration(scaled(Duration::from_millis(5), s)),
+        "--max-running".to_owned(),
+        "256".to_owned(),
+    ]
+}

@@ -1,0 +1,775 @@
+//! One experiment, end to end, as real processes on loopback: the fake engine (the agent
+//! binary's `fake-engine` command), a latency proxy in front of it, the agent release binary
+//! on the fake `libdcmi.so` (real dlopen) reaching the engine through the proxy, the load
+//! generator, and the Node Manager emulator polling the agent's `/status`. Every interval —
+//! the agent's, the emulator's, the engine's speed, the fault's — is multiplied by
+//! `time_scale`. Processes are killed and reaped when the experiment ends, however it ends
+//! (they are `kill_on_drop`).
+//!
+//! Phases: start, warm-up (until virtual inference runs), baseline (10 s with load), the fault
+//! for `duration` (guards evaluated at every sample), then observation: until detection or
+//! `detect_within` for a fault, 30 s after the fault for a benign experiment, so that a late
+//! kill is still seen.
+//!
+//! With `--engine vllm` the engine is a real vLLM ([`crate::real_engine`]): the agent's and
+//! Node Manager's intervals are still scaled, the engine runs at its own speed, and a fault
+//! that cannot be injected into it ends as `not_applicable`, never as a pass.
+
+use crate::agent::{self, Agent, AgentOp, Supervisor};
+use crate::experiment::{Expect, Experiment, Fault, Guard};
+use crate::load::LoadGen;
+use crate::proxy::Proxy;
+use crate::real_engine::{self, RealEngine};
+use crate::stress::CpuStress;
+use fake_engine::node_manager::{self, NmOptions, NmReport};
+use npu_health_agent::monitor::Status;
+use npu_health_agent::monitor::vi_state::Phase;
+use npu_health_agent::probe::engine_metrics;
+use npu_health_agent::server::wire::{EngineDetail, EngineQos};
+use serde::Serialize;
+use serde_json::{Value, json};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tokio::process::{Child, Command};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+mod config;
+mod emulator;
+mod inject;
+mod observe;
+mod options;
+mod outcome;
+mod stack;
+
+pub use config::*;
+use emulator::*;
+use inject::*;
+use observe::*;
+pub use options::*;
+pub use outcome::*;
+use stack::*;
+
+/// The scaled duration.
+fn scaled(d: Duration, s: f64) -> Duration {
+    Duration::from_secs_f64(d.as_secs_f64() * s)
+}
+
+/// A duration as configs and flags take it, to the microsecond (at least 1 µs).
+fn fmt_duration(d: Duration) -> String {
+    format!("{}us", d.as_micros().max(1))
+}
+
+/// Now, as unix milliseconds (the clock of the agent's probe records).
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The row's directory of the outputs: `1s`, `3s`, `1s-pymotor` or `kubelet`.
+pub fn cadence_dir(opts: &RunOptions) -> String {
+    match (opts.row, &opts.pymotor_nm) {
+        (Row::NodeManager(c), Some(_)) => format!("{}-pymotor", c.label()),
+        (row, _) => row.label(),
+    }
+}
+
+/// Runs one experiment under one policy. Never panics on a broken stack: the outcome says
+/// `error` with the reason.
+pub async fn run(e: &Experiment, policy: Policy, opts: &RunOptions) -> Outcome {
+    let not_by_design = (e.agent_policy_only && policy != Policy::Agent)
+        || opts
+            .row
+            .cadence()
+            .zip(e.max_nm_heartbeat_s)
+            .is_some_and(|(c, h)| c.heartbeat_s > h);
+    let mut out = Outcome {
+        experiment: e.name.clone(),
+        target: e.target,
+        fault: e.fault.to_string(),
+        policy,
+        integration: opts.row.integration(),
+        cadence: opts.row.cadence(),
+        router: opts.row.router(),
+        node_manager: if opts.pymotor_nm.is_some() {
+            NodeManagerKind::Pymotor
+        } else {
+            NodeManagerKind::Emulator
+        },
+        expect: match e.expect {
+            Expect::Healthy => "healthy".to_owned(),
+            Expect::DetectWithin(d) => format!("detect_within {}", humantime::format_duration(d)),
+        },
+        verdict: Verdict::Error,
+        detected_after_ms: None,
+        abnormal_after_ms: None,
+        killed_at_ms: None,
+        first_injected_ms: None,
+        injected_ms: 0,
+        guard_events: Vec::new(),
+        load: Default::default(),
+        load_after_abnormal: None,
+        router_actions: Vec::new(),
+        error: None,
+        ran_again_after: None,
+        kubelet: None,
+        kill_evidence: Vec::new(),
+        agent_supervisor: Supervisor::Direct,
+        agent_supervisor_note: None,
+        agent_ops: Vec::new(),
+        polls: Vec::new(),
+        timeline: Vec::new(),
+    };
+    if opts.engine == EngineKind::Vllm
+        && let Some(why) = real_engine::not_applicable(e.fault).or_else(|| {
+            (!e.driver_codes.is_empty()).then_some(
+                "the runner writes no fault codes into a real engine's NPU files (the fake engine does)",
+            )
+        })
+    {
+        out.verdict = Verdict::NotApplicable;
+        out.error = Some(why.to_owned());
+        return out;
+    }
+    if let Some(why) = policy.not_applicable(opts, e.fault) {
+        out.verdict = Verdict::NotApplicable;
+        out.error = Some(why);
+        return out;
+    }
+    let cancel = CancellationToken::new();
+    let dir = opts
+        .out_dir
+        .join(policy.as_str())
+        .join(cadence_dir(opts))
+        .join(&e.name);
+    let want = wanted_supervisor(opts.agent_supervisor, e.fault);
+    out.agent_supervisor = want.supervisor;
+    out.agent_supervisor_note = want.note.clone();
+    let result = run_inner(e, policy, opts, &dir, &want, &cancel, &mut out).await;
+    cancel.cancel();
+    // A kill before the fault was injected (or with no injection at all) is a false kill,
+    // whatever the experiment expects.
+    // A router row's Node Manager sees what the `1s` row's does: its known kills too.
+    let nm_label = opts.row.cadence().map(|c| c.label());
+    let known = e.known_false_kills.iter().any(|(p, row)| {
+        p == policy.as_str()
+            && (*row == opts.row.label()
+                || (opts.row.router().is_some() && Some(row) == nm_label.as_ref()))
+    });
+    let killed_before_fault = out
+        .killed_at_ms
+        .is_some_and(|k| out.first_injected_ms.is_none_or(|f| k < f));
+    let draft_without_cause = draft_without_cause(&out);
+    out.verdict = match result {
+        Err(err) => {
+            out.error = Some(err);
+            Verdict::Error
+        }
+        Ok(()) if draft_without_cause => {
+            out.error = Some(format!(
+                "the draft answered {} requests, but the agent never told {} to take the main engine out",
+                out.load.by_draft,
+                out.router.map_or("the router", |r| r.as_str()),
+            ));
+            Verdict::DraftWithoutCause
+        }
+        Ok(()) if opts.row == Row::Kubelet => kubelet_verdict(e, &out, known, not_by_design),
+        Ok(()) => match e.expect {
+            _ if killed_before_fault => Verdict::FalseKill,
+            Expect::Healthy if out.killed_at_ms.is_some() && known => Verdict::KnownFalseKill,
+            Expect::Healthy if out.killed_at_ms.is_some() => Verdict::FalseKill,
+            Expect::Healthy => Verdict::Pass,
+            // A driver fault must be reported without killing the (healthy) engine.
+            Expect::DetectWithin(_) if is_driver_fault(e.fault) && out.killed_at_ms.is_some() => {
+                Verdict::FalseKill
+            }
+            Expect::DetectWithin(_) if out.detected_after_ms.is_some() => Verdict::Pass,
+            Expect::DetectWithin(_) if not_by_design => Verdict::NotDetectableByDesign,
+            Expect::DetectWithin(_) => Verdict::Missed,
+        },
+    };
+    out
+}
+
+/// Whether a router row's draft answered requests though the agent never told the router
+/// to take the main engine out.
+fn draft_without_cause(out: &Outcome) -> bool {
+    out.router.is_some()
+        && out.load.by_draft > 0
+        && !out
+            .router_actions
+            .iter()
+            .any(crate::router::RouterAction::takes_main_out)
+}
+
+/// The verdict of a kubelet run: a liveness restart of a healthy engine is a false kill; a
+/// fault must bring the action the experiment expects, in time.
+fn kubelet_verdict(e: &Experiment, out: &Outcome, known: bool, not_by_design: bool) -> Verdict {
+    use crate::experiment::KubeletExpect;
+    let Some(k) = &out.kubelet else {
+        return Verdict::Error;
+    };
+    let restarted = k.liveness_restarts + k.exit_restarts > 0;
+    let false_restart = match k.expect {
+        KubeletExpect::Restart => k.restart_after_ms.is_none() && restarted,
+        KubeletExpect::NotReady | KubeletExpect::NoRestart => k.liveness_restarts > 0,
+    };
+    if false_restart {
+        return if known {
+            Verdict::KnownFalseKill
+        } else {
+            Verdict::FalseKill
+        };
+    }
+    match (k.expect, e.expect) {
+        (KubeletExpect::NoRestart, Expect::Healthy) => Verdict::Pass,
+        // A driver fault: the NPU flagged (the Node Manager rule), the engine not restarted.
+        (KubeletExpect::NoRestart, Expect::DetectWithin(_)) if out.detected_after_ms.is_some() => {
+            Verdict::Pass
+        }
+        (KubeletExpect::Restart | KubeletExpect::NotReady, _)
+            if out.detected_after_ms.is_some() =>
+        {
+            Verdict::Pass
+        }
+        _ if not_by_design => Verdict::NotDetectableByDesign,
+        _ => Verdict::Missed,
+    }
+}
+
+async fn run_inner(
+    e: &Experiment,
+    policy: Policy,
+    opts: &RunOptions,
+    dir: &Path,
+    want: &WantedSupervisor,
+    cancel: &CancellationToken,
+    out: &mut Outcome,
+) -> Result<(), String> {
+    let s = opts.time_scale;
+    let sc = |d: Duration| scaled(d, s);
+    // The warm-up timeout (180 s scaled) plus start-up.
+    let limit = sc(Duration::from_secs(180)) + Duration::from_secs(10);
+    let mut stack = Stack::start_ready(opts, dir, policy, want, cancel, limit).await?;
+    out.agent_supervisor = stack.supervisor;
+    out.agent_supervisor_note = stack.supervisor_note.clone();
+    if stack.supervisor == Supervisor::Systemd {
+        eprintln!(
+            "npu-chaos:   the agent runs as {} in a private systemd user manager (derived from {}: {})",
+            crate::systemd::AGENT_UNIT,
+            crate::systemd::SHIPPED_UNIT_PATH,
+            dir.join("npu-health-agent.service").display()
+        );
+    }
+    if let Some(note) = &stack.supervisor_note {
+        eprintln!("npu-chaos:   {note}");
+    }
+    let (kill_tx, mut kill_rx) = tokio::sync::oneshot::channel::<Instant>();
+    // MindIE's own heartbeat: started now, the experiment begins after its 60 s grace.
+    let mut real_nm = None;
+    let mut kill_tx = Some(kill_tx);
+    if let Some(p) = &opts.pymotor_nm {
+        let tx = kill_tx.take();
+        let mgmt_port = stack
+            .mgmt
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .ok_or("no mgmt port")?;
+        let mut nm =
+            crate::pymotor::NodeManager::start(p, mgmt_port, stack.engine_port, dir, move |at| {
+                if let Some(tx) = tx {
+                    let _ = tx.send(at);
+                }
+            })?;
+        eprintln!(
+            "npu-chaos:   PyMotor's Node Manager runs; waiting out its 60 s grace period ..."
+        );
+        nm.wait_grace(Duration::from_secs(120)).await?;
+        real_nm = Some(nm);
+    }
+    stack.start_router(opts).await?;
+    let load = LoadGen::start(
+        &stack.load_base(),
+        opts.model(),
+        &fit_load(&e.load, opts.engine),
+        s,
+        cancel.child_token(),
+    );
+    if stack.router.is_some() {
+        load.count_answers_of(crate::router::DRAFT_MODEL);
+    }
+    // The node has been up past Node Manager's grace period.
+    // Sampled every (scaled) second, as Node Manager polls.
+    let sample_every = scaled(Duration::from_secs(1), s).max(Duration::from_millis(20));
+    let nm_cancel = cancel.child_token();
+    // The emulator's clock starts about now: its kill time on the agent log's clock, its
+    // polls on the run's (within the few milliseconds its thread takes to start).
+    let nm_started = std::time::SystemTime::now();
+    let nm_t0 = Instant::now();
+    let probes = crate::kubelet::ProbeLog::default();
+    let (nm_thread, mut kubelet) = match opts.row {
+        Row::NodeManager(_) | Row::Router(_) => {
+            let c = opts.row.cadence().unwrap_or(Cadence::PYMOTOR);
+            let nm = c.nm_options(vec![format!("{}/status", stack.mgmt)], s);
+            let thread = match kill_tx {
+                Some(tx) => Some(
+                    start_node_manager(nm, nm_cancel.clone(), tx)
+                        .map_err(|e| format!("starting the Node Manager emulator: {e}"))?,
+                ),
+                None => None,
+            };
+            (thread, None)
+        }
+        Row::Kubelet => {
+            let k = crate::kubelet::Kubelet::manifest(
+                s,
+                format!("http://127.0.0.1:{}/health", stack.engine_port),
+                &stack.mgmt,
+            );
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            let (gen_tx, gen_rx) = tokio::sync::watch::channel(0u64);
+            let ready_load = load.clone();
+            tokio::spawn(crate::kubelet::run(
+                k.clone(),
+                tx,
+                gen_rx,
+                move |r| ready_load.set_ready(r),
+                probes.clone(),
+                nm_cancel.clone(),
+            ));
+            (
+                None,
+                Some(KubeletLink {
+                    actions: rx,
+                    generation: gen_tx,
+                    exit_backoff: k.exit_backoff,
+                    expect: e.kubelet,
+                    log: Vec::new(),
+                    exited_at: None,
+                    not_ready_since: None,
+                    not_ready_total: Duration::ZERO,
+                }),
+            )
+        }
+    };
+    // The scheduled injection, after a 10 s baseline.
+    let t0 = Instant::now() + sc(Duration::from_secs(10));
+    let result = observe(
+        e,
+        &mut stack,
+        &load,
+        &mut kill_rx,
+        kubelet.as_mut(),
+        sample_every,
+        s,
+        t0,
+        out,
+    )
+    .await;
+    if let Some((r, _)) = &stack.real {
+        r.save_log(&dir.join("vllm.log"));
+    }
+    nm_cancel.cancel();
+    let nm_report = match nm_thread {
+        Some(t) => tokio::task::spawn_blocking(move || t.join().ok())
+            .await
+            .ok()
+            .flatten(),
+        None => None,
+    };
+    if let Some(r) = &nm_report {
+        let path = dir.join("node-manager.json");
+        if let Err(e) = std::fs::write(&path, serde_json::to_vec_pretty(r).unwrap_or_default()) {
+            eprintln!("npu-chaos:   {}: {e}", path.display());
+        }
+    }
+    if out.killed_at_ms.is_some() {
+        out.kill_evidence = kill_evidence(
+            nm_report.as_ref(),
+            nm_started,
+            &[dir.join("agent.log"), dir.join("agent-upgrade.log")],
+        );
+    }
+    // What the pollers saw, from the first injection to the later of the fault's end and
+    // the last agent operation's end.
+    let from = out.first_injected_ms.unwrap_or(0);
+    let to = out
+        .agent_ops
+        .iter()
+        .filter_map(|o| o.answered_ms.or(o.new_running_ms))
+        .fold(sc(e.duration).as_millis() as i64, i64::max)
+        .max(from);
+    let offset = nm_t0.saturating_duration_since(t0).as_millis() as i64
+        - t0.saturating_duration_since(nm_t0).as_millis() as i64;
+    let at = |i: Instant| {
+        if i >= t0 {
+            (i - t0).as_millis() as i64
+        } else {
+            -((t0 - i).as_millis() as i64)
+        }
+    };
+    use crate::polls::{Answer, figures};
+    if let Some(r) = &nm_report {
+        let answers: Vec<Answer> = r
+            .polls
+            .iter()
+            .map(|p| Answer {
+                at_ms: p.at_ms as i64 + offset,
+                ok: p.error.is_none(),
+            })
+            .collect();
+        out.polls.push(figures("node_manager", &answers, from, to));
+    }
+    if let Some(nm) = &real_nm {
+        let answers: Vec<Answer> = nm
+            .heartbeats()
+            .into_iter()
+            .map(|(i, ok)| Answer { at_ms: at(i), ok })
+            .collect();
+        out.polls
+            .push(figures("pymotor_heartbeats", &answers, from, to));
+    }
+    if opts.row == Row::Kubelet {
+        let records = probes.records();
+        for (kind, name) in [
+            (crate::kubelet::ProbeKind::Readiness, "kubelet_readyz"),
+            (crate::kubelet::ProbeKind::Liveness, "kubelet_livez"),
+        ] {
+            let answers: Vec<Answer> = records
+                .iter()
+                .filter(|r| r.probe == kind)
+                .map(|r| Answer {
+                    at_ms: at(r.at),
+                    ok: r.ok,
+                })
+                .collect();
+            out.polls.push(figures(name, &answers, from, to));
+        }
+    }
+    if let Some(nm) = real_nm {
+        nm.stop().await;
+    }
+    out.load = load.stats.snapshot();
+    // The fake engine is killed and reaped here: dropping the stack only sends SIGKILL, and
+    // a run can end (and a test look for stray processes) before the engine is gone — a CI
+    // run saw a kubelet-restarted engine still listed.
+    if let Some(mut e) = stack.engine.take() {
+        let _ = e.kill().await;
+    }
+    // A unit is stopped with its private manager here, not at the stack's drop.
+    stack.agent.lock().await.stop().await;
+    result
+}
+
+/// The experiment's load as the engine can take it: a real engine's test model has a
+/// 1024-token context, so prompts are cut to 128 words ("tok ", up to 2 tokens each) and
+/// answers to 512 tokens.
+fn fit_load(load: &crate::experiment::Load, engine: EngineKind) -> crate::experiment::Load {
+    let mut l = load.clone();
+    if engine == EngineKind::Vllm {
+        l.prompt_tokens = l.prompt_tokens.min(128);
+        l.max_tokens = l.max_tokens.min(512);
+    }
+    l
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // `--nm-heartbeat`: whole seconds; 1 s carries 3.0.0b2's 2 s poll timeout, 3 s the
+    // reference's 5 s; the emulator gets the intervals scaled and the timeout as it is.
+    #[test]
+    fn cadences_parse_and_carry_their_poll_timeout() {
+        let one = Cadence::parse("1s").unwrap();
+        assert_eq!(one, Cadence::PYMOTOR);
+        assert_eq!(one.poll_timeout(), Duration::from_secs(2));
+        assert_eq!(
+            Cadence::parse(" 3s").unwrap().poll_timeout(),
+            Duration::from_secs(5)
+        );
+        for bad in ["0s", "1500ms", "61s", "soon"] {
+            assert!(Cadence::parse(bad).is_err(), "{bad}");
+        }
+        let nm = one.nm_options(vec!["u".into()], 0.1);
+        assert_eq!(nm.heartbeat_interval, Duration::from_millis(100));
+        assert_eq!(nm.poll_timeout, Duration::from_secs(2), "not scaled");
+        assert_eq!((nm.threshold, nm.grace_period), (5, Duration::ZERO));
+    }
+
+    // A router row whose draft served is judged by what the agent told the router: only an
+    // answer that takes the main engine out justifies the draft's answers.
+    #[test]
+    fn a_draft_serving_needs_the_agents_word() {
+        use crate::router::{RouterAction, RouterKind};
+        let mut out = Outcome {
+            router: Some(RouterKind::Haproxy),
+            ..crate::report::tests::outcome("burst", "healthy", Verdict::Pass, None)
+        };
+        assert!(!draft_without_cause(&out), "the draft did not serve");
+        out.load.by_draft = 3;
+        assert!(draft_without_cause(&out));
+        let told = |to: &str| RouterAction {
+            t_ms: 100,
+            router: "haproxy",
+            from: "ready".into(),
+            to: to.into(),
+            level: "throttle".into(),
+        };
+        out.router_actions.push(told("queue"));
+        assert!(
+            draft_without_cause(&out),
+            "queue keeps new requests on main"
+        );
+        out.router_actions.push(told("drain"));
+        assert!(!draft_without_cause(&out));
+        out.router = None;
+        out.router_actions.clear();
+        assert!(!draft_without_cause(&out), "no router, no draft");
+    }
+
+    // The agent's config per policy: `agent` names the policy and writes only the scaled
+    // durations of its preset; `reference` turns the opt-in rules off.
+    #[test]
+    fn agent_configs_per_policy_parse() {
+        for (policy, s) in [(Policy::Agent, 0.1), (Policy::Reference, 1.0)] {
+            let text = agent_toml(8000, 8001, 2, policy, s, EngineKind::Fake, "m");
+            let cfg = npu_health_agent::config::file::parse(&text, Path::new("agent.toml"))
+                .unwrap_or_else(|e| panic!("{e}\n{text}"));
+            let e = &cfg.engines[0];
+            assert_eq!(e.policy.value.as_str(), policy.as_str());
+            assert_eq!(e.qos.stall_detection, policy == Policy::Agent);
+            assert_eq!(e.qos.eviction, policy == Policy::Agent);
+            if policy == Policy::Agent {
+                assert_eq!(e.qos.stall_window, Duration::from_secs(3));
+                assert_eq!(
+                    e.agent_policy.health_failure_grace,
+                    Duration::from_millis(1500)
+                );
+            }
+        }
+    }
+
+    // A kill explains itself: the emulator's polls up to its decision, and the agent's
+    // warnings up to it (what it logged about the dead engine afterwards is left out).
+    #[test]
+    fn kill_evidence_quotes_the_polls_and_warnings_before_the_kill() {
+        use fake_engine::node_manager::{NmStatus, Poll};
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("agent.log");
+        let start = humantime::parse_rfc3339("2026-12-02T12:00:00Z").unwrap();
+        std::fs::write(
+            &log,
+            "2026-12-02T12:00:01.000000Z  INFO fine engine=chaos\n\
+             2026-12-02T12:00:02.000000Z  WARN /health fails: timed out engine=chaos\n\
+             2026-12-02T12:00:09.000000Z  WARN after the kill engine=chaos\n",
+        )
+        .unwrap();
+        let poll = |at_ms, detected, error: Option<&str>| Poll {
+            at_ms,
+            endpoint: 0,
+            detected,
+            kept: detected,
+            error: error.map(str::to_owned),
+            latency_ms: 2.0,
+        };
+        let mut polls: Vec<Poll> = (0..20)
+            .map(|i| poll(i * 100, NmStatus::Normal, None))
+            .collect();
+        polls.push(poll(2_100, NmStatus::Abnormal, Some("timeout")));
+        polls.push(poll(5_000, NmStatus::Abnormal, None));
+        let report = NmReport {
+            polls,
+            killed_at_ms: Some(3_000),
+            max_consecutive_abnormal: 5,
+            heartbeats: 30,
+        };
+        let lines = kill_evidence(Some(&report), start, std::slice::from_ref(&log));
+        let polls: Vec<&String> = lines.iter().filter(|l| l.starts_with("poll ")).collect();
+        assert_eq!(polls.len(), EVIDENCE_POLLS, "{lines:#?}");
+        assert_eq!(
+            polls.last().unwrap().as_str(),
+            "poll -0.90 s: abnormal, timeout (2 ms)"
+        );
+        let agent: Vec<&String> = lines.iter().filter(|l| l.starts_with("agent: ")).collect();
+        assert_eq!(agent.len(), 1, "{lines:#?}");
+        assert!(agent[0].contains("/health fails"), "{lines:#?}");
+        // No report (PyMotor's Node Manager): the agent's last warnings, all of them here.
+        let lines = kill_evidence(None, start, &[log.clone(), dir.path().join("none.log")]);
+        assert_eq!(lines.len(), 2, "{lines:#?}");
+    }
+
+    // With a real engine the `/health` timeout bounds the engine's own answer time and is not
+    // scaled; with the fake engine (scaled too) it is.
+    #[test]
+    fn the_health_timeout_is_scaled_with_the_fake_engine_only() {
+        for (engine, want) in [
+            (EngineKind::Fake, Duration::from_secs(1)),
+            (EngineKind::Vllm, REAL_ENGINE_HEALTH_TIMEOUT),
+        ] {
+            let text = agent_toml(8000, 8001, 2, Policy::Reference, 0.2, engine, "m");
+            let cfg = npu_health_agent::config::file::parse(&text, Path::new("agent.toml"))
+                .unwrap_or_else(|e| panic!("{e}\n{text}"));
+            let t = &cfg.engines[0].timing;
+            assert_eq!(t.health_timeout, Some(want), "{engine:?}");
+            // Everything else stays scaled either way.
+            assert_eq!(t.request_timeout, Duration::from_secs(1), "{engine:?}");
+        }
+    }
+
+    // The kubelet row's verdicts: a liveness restart of a healthy engine (or one that only
+    // had to leave the load) is a false kill; a fault needs its action, in time.
+    #[test]
+    fn kubelet_verdicts() {
+        use crate::experiment::KubeletExpect as K;
+        let exp = |expect: Expect, kubelet: K| Experiment {
+            name: "x".into(),
+            target: crate::experiment::Target::Engine,
+            fault: Fault::EngineHang,
+            duration: Duration::from_secs(10),
+            load: Default::default(),
+            guards: Vec::new(),
+            expect,
+            agent_policy_only: false,
+            max_nm_heartbeat_s: None,
+            known_false_kills: Vec::new(),
+            kubelet,
+            driver_codes: Vec::new(),
+        };
+        let out =
+            |k: K, live: u32, exit: u32, restart: Option<u64>, detected: Option<u64>| Outcome {
+                experiment: "x".into(),
+                target: crate::experiment::Target::Engine,
+                fault: "engine_hang".into(),
+                policy: Policy::Agent,
+                integration: Integration::Kubelet,
+                cadence: None,
+                router: None,
+                node_manager: NodeManagerKind::Emulator,
+                expect: String::new(),
+                verdict: Verdict::Error,
+                detected_after_ms: detected,
+                abnormal_after_ms: None,
+                killed_at_ms: None,
+                first_injected_ms: Some(0),
+                injected_ms: 0,
+                guard_events: Vec::new(),
+                load: Default::default(),
+                load_after_abnormal: None,
+                router_actions: Vec::new(),
+                error: None,
+                ran_again_after: None,
+                kubelet: Some(KubeletOutcome {
+                    expect: k,
+                    actions: Vec::new(),
+                    liveness_restarts: live,
+                    exit_restarts: exit,
+                    not_ready_after_ms: None,
+                    restart_after_ms: restart,
+                    not_ready_ms: 0,
+                }),
+                kill_evidence: Vec::new(),
+                agent_supervisor: crate::agent::Supervisor::Direct,
+                agent_supervisor_note: None,
+                agent_ops: Vec::new(),
+                polls: Vec::new(),
+                timeline: Vec::new(),
+            };
+        let fault = Expect::DetectWithin(Duration::from_secs(60));
+        let rows = [
+            (
+                "benign, no restart",
+                exp(Expect::Healthy, K::NoRestart),
+                out(K::NoRestart, 0, 0, None, None),
+                false,
+                Verdict::Pass,
+            ),
+            (
+                "benign, restarted",
+                exp(Expect::Healthy, K::NoRestart),
+                out(K::NoRestart, 1, 0, Some(5), None),
+                false,
+                Verdict::FalseKill,
+            ),
+            (
+                "benign, restarted, known",
+                exp(Expect::Healthy, K::NoRestart),
+                out(K::NoRestart, 1, 0, Some(5), None),
+                true,
+                Verdict::KnownFalseKill,
+            ),
+            (
+                "hang restarted",
+                exp(fault, K::Restart),
+                out(K::Restart, 1, 0, Some(5), Some(5)),
+                false,
+                Verdict::Pass,
+            ),
+            (
+                "crash restarted after exit",
+                exp(fault, K::Restart),
+                out(K::Restart, 0, 1, Some(5), Some(5)),
+                false,
+                Verdict::Pass,
+            ),
+            (
+                "hang not restarted",
+                exp(fault, K::Restart),
+                out(K::Restart, 0, 0, None, None),
+                false,
+                Verdict::Missed,
+            ),
+            (
+                "restarted before the fault",
+                exp(fault, K::Restart),
+                out(K::Restart, 1, 0, None, None),
+                false,
+                Verdict::FalseKill,
+            ),
+            (
+                "own restart, taken out",
+                exp(fault, K::NotReady),
+                out(K::NotReady, 0, 0, None, Some(1)),
+                false,
+                Verdict::Pass,
+            ),
+            (
+                "own restart, restarted too",
+                exp(fault, K::NotReady),
+                out(K::NotReady, 1, 0, Some(3), Some(1)),
+                false,
+                Verdict::FalseKill,
+            ),
+        ];
+        for (name, e, o, known, want) in rows {
+            assert_eq!(kubelet_verdict(&e, &o, known, false), want, "{name}");
+        }
+        let e = exp(fault, K::Restart);
+        let o = out(K::Restart, 0, 0, None, None);
+        assert_eq!(
+            kubelet_verdict(&e, &o, false, true),
+            Verdict::NotDetectableByDesign
+        );
+    }
+
+    #[test]
+    fn a_bind_failure_in_a_log_is_seen_as_a_taken_port() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(!port_was_taken(dir.path()), "no logs yet");
+        std::fs::write(dir.path().join("agent.log"), "INFO started\n").unwrap();
+        assert!(!port_was_taken(dir.path()));
+        // The text a process prints for the real error (as `fake-engine` does).
+        let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let err = std::net::TcpListener::bind(held.local_addr().unwrap()).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::AddrInUse);
+        std::fs::write(
+            dir.path().join("engine.log"),
+            format!("npu-health-agent: fake engine: {err}\n"),
+        )
+        .unwrap();
+        assert!(port_was_taken(dir.path()));
+    }
+}

@@ -1,0 +1,237 @@
+//! What a run is asked for: the detection policy, Node Manager's cadence, the row (who acts
+//! on the agent's answers: Node Manager, the kubelet, a router), the engine, and the options
+//! every experiment of a run shares.
+
+use super::*;
+
+/// Which detection policy the agent runs (`policy` in its `[agent]` table).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum Policy {
+    /// `policy = "reference"`: MindIE V5's virtual inference exactly (QoS only reported).
+    Reference,
+    /// `policy = "agent"`: the `/health` grace, fast confirmation, stall detection and QoS
+    /// eviction (docs/policy.md).
+    #[value(alias = "full")]
+    Agent,
+    /// Not the agent: MindIE's released engine server (PyMotor 3.0.0b2, unmodified) serves
+    /// `/status` from its own virtual inference, on the same fake engine and NPUs. Its timing
+    /// is fixed, so it runs only at `--time-scale 1`.
+    #[value(name = "mindie-3.0.0b2")]
+    #[serde(rename = "mindie-3.0.0b2")]
+    Mindie,
+}
+
+impl Policy {
+    /// Name in reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Policy::Reference => "reference",
+            Policy::Agent => "agent",
+            Policy::Mindie => "mindie-3.0.0b2",
+        }
+    }
+
+    /// Why this policy cannot run the experiment here, if it cannot.
+    pub fn not_applicable(self, opts: &RunOptions, fault: Fault) -> Option<String> {
+        if opts.row == Row::Kubelet {
+            if self == Policy::Mindie {
+                return Some("MindIE's engine server serves no /readyz or /livez: the kubelet has nothing of it to probe".to_owned());
+            }
+            if opts.engine != EngineKind::Fake {
+                return Some("the kubelet emulator restarts the fake engine only (a real vLLM reloads its model for most of a minute per restart here)".to_owned());
+            }
+        }
+        if self != Policy::Mindie {
+            return None;
+        }
+        if opts.engine != EngineKind::Fake {
+            return Some("MindIE's engine server requires its engine's /health body to be `true` (its own inference surface answers so); vLLM answers an empty body, which it reads as abnormal".to_owned());
+        }
+        if opts.time_scale != 1.0 {
+            return Some("MindIE's engine server has fixed timing (5 s timeout, 6 npu-smi samples 0.5 s apart, 5 s sleep): it runs at --time-scale 1 only".to_owned());
+        }
+        if is_driver_fault(fault) {
+            return Some("MindIE's engine server does not report the NPU's reads (it samples npu-smi and keeps no per-NPU state)".to_owned());
+        }
+        if fault.is_agent_fault() {
+            return Some("the agent's faults act on npu-health-agent; under this policy MindIE's engine server serves /status instead".to_owned());
+        }
+        None
+    }
+}
+
+/// A Node Manager cadence: its heartbeat interval, and with it the poll timeout of the
+/// release that uses it (`--nm-heartbeat`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Cadence {
+    /// The heartbeat interval in (unscaled) seconds.
+    pub heartbeat_s: u64,
+}
+
+impl Cadence {
+    /// MindIE PyMotor 3.0.0b2 (PyPI): a 1 s heartbeat, a 2 s poll timeout.
+    pub const PYMOTOR: Cadence = Cadence { heartbeat_s: 1 };
+    /// The reference (virtual-inference-reference §5): a 3 s heartbeat, a 5 s poll timeout.
+    pub const REFERENCE: Cadence = Cadence { heartbeat_s: 3 };
+
+    /// Parses `1s`, `3s`, … (whole seconds, 1..=60).
+    pub fn parse(s: &str) -> Result<Cadence, String> {
+        let d = humantime::parse_duration(s.trim())
+            .map_err(|e| format!("{s:?} is not a duration like 1s: {e}"))?;
+        if d.subsec_nanos() != 0 || !(1..=60).contains(&d.as_secs()) {
+            return Err(format!(
+                "{s:?}: a heartbeat is whole seconds, 1s..=60s (Node Manager's is an int)"
+            ));
+        }
+        Ok(Cadence {
+            heartbeat_s: d.as_secs(),
+        })
+    }
+
+    /// The heartbeat interval, unscaled.
+    pub fn heartbeat(self) -> Duration {
+        Duration::from_secs(self.heartbeat_s)
+    }
+
+    /// `1s`, `3s`.
+    pub fn label(self) -> String {
+        format!("{}s", self.heartbeat_s)
+    }
+
+    /// The poll timeout: 2 s below a 3 s heartbeat (3.0.0b2's), 5 s from it (the
+    /// reference's).
+    pub fn poll_timeout(self) -> Duration {
+        if self.heartbeat_s < Cadence::REFERENCE.heartbeat_s {
+            Duration::from_secs(2)
+        } else {
+            Duration::from_secs(5)
+        }
+    }
+
+    /// The emulator's settings at this cadence: polls every (scaled) second, a heartbeat
+    /// every (scaled) interval, 5 consecutive abnormal heartbeats kill; the node is past its
+    /// grace period. The poll timeout is *not* scaled: it bounds how long the agent takes to
+    /// answer `/status`, which compressing the experiment does not shorten. (Scaled to
+    /// 400 ms at 0.2, it made a real vLLM's run under 100 % CPU stress a "false kill" on
+    /// slow polls that a real Node Manager, with its 2 s, would have waited out.)
+    pub fn nm_options(self, status_urls: Vec<String>, s: f64) -> NmOptions {
+        let mut nm = NmOptions::reference(status_urls, s);
+        nm.heartbeat_interval = scaled(self.heartbeat(), s);
+        nm.poll_timeout = self.poll_timeout();
+        nm.grace_period = Duration::ZERO;
+        nm
+    }
+}
+
+/// Who acts on the agent's answers in a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Integration {
+    /// Node Manager polls `/status` and kills after 5 abnormal heartbeats.
+    NodeManager,
+    /// The kubelet probes `/readyz` and `/livez` ([`crate::kubelet`]): not ready takes the
+    /// engine out of the load, a liveness failure restarts it.
+    Kubelet,
+}
+
+/// A row of the summary: Node Manager at one cadence, the kubelet, or the load through a
+/// router (with Node Manager at its 1 s cadence).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Row {
+    NodeManager(Cadence),
+    Kubelet,
+    Router(crate::router::RouterKind),
+}
+
+impl Row {
+    /// `1s`, `3s`, `kubelet`, `haproxy`, `envoy`.
+    pub fn label(self) -> String {
+        match self {
+            Row::NodeManager(c) => c.label(),
+            Row::Kubelet => "kubelet".to_owned(),
+            Row::Router(r) => r.as_str().to_owned(),
+        }
+    }
+
+    /// Node Manager's cadence, where Node Manager acts.
+    pub fn cadence(self) -> Option<Cadence> {
+        match self {
+            Row::NodeManager(c) => Some(c),
+            Row::Kubelet => None,
+            Row::Router(_) => Some(Cadence::PYMOTOR),
+        }
+    }
+
+    /// The router the load goes through, in a router row.
+    pub fn router(self) -> Option<crate::router::RouterKind> {
+        match self {
+            Row::Router(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    pub fn integration(self) -> Integration {
+        match self {
+            Row::NodeManager(_) | Row::Router(_) => Integration::NodeManager,
+            Row::Kubelet => Integration::Kubelet,
+        }
+    }
+}
+
+/// Which engine the experiments run against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum EngineKind {
+    /// The fake engine (the agent binary's `fake-engine`), faults through its control API.
+    Fake,
+    /// A real vLLM started by `scripts/real-vllm`, faults injected for real.
+    Vllm,
+}
+
+/// How to run experiments.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// The agent binary built with `fake-driver` (it is also the fake engine).
+    pub agent_exe: PathBuf,
+    pub time_scale: f64,
+    /// Where each experiment's files and logs go.
+    pub out_dir: PathBuf,
+    pub engine: EngineKind,
+    /// `scripts/real-vllm` (for `EngineKind::Vllm`).
+    pub real_vllm_script: PathBuf,
+    /// The real engine, kept between experiments (`None` inside: not started, or killed).
+    pub real: std::sync::Arc<tokio::sync::Mutex<Option<RealEngine>>>,
+    /// Who acts in this run: Node Manager at its cadence, or the kubelet.
+    pub row: Row,
+    /// MindIE PyMotor 3.0.0b2's own `HeartbeatManager` instead of the emulator
+    /// (`--node-manager pymotor`; real time only).
+    pub pymotor_nm: Option<crate::pymotor::Pymotor>,
+    /// The PyMotor installation, for the `mindie-3.0.0b2` peer (found when it can run).
+    pub pymotor: Option<crate::pymotor::Pymotor>,
+    /// `--agent-supervisor`; `None`: systemd for an agent fault when a private user manager
+    /// can start, direct otherwise.
+    pub agent_supervisor: Option<Supervisor>,
+    /// The repository (where `scripts/routers` puts Envoy).
+    pub repo: PathBuf,
+}
+
+/// Which Node Manager polls `/status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum NodeManagerKind {
+    /// The emulator (the reference's rules, any cadence, any time scale).
+    Emulator,
+    /// MindIE PyMotor 3.0.0b2's `HeartbeatManager` from PyPI, unmodified, in real time.
+    Pymotor,
+}
+
+impl RunOptions {
+    /// The model the engine serves.
+    pub(super) fn model(&self) -> &'static str {
+        match self.engine {
+            EngineKind::Fake => "m",
+            EngineKind::Vllm => "tiny",
+        }
+    }
+}
