@@ -37,7 +37,7 @@ pub enum BackendChoice {
 }
 
 /// Which backend a device's figures come through (`--backend` chooses among them). Its
-/// discriminant is its half of a source's one-byte encoding (`sampler::status::Source`).
+/// discriminant is its half of a source's one-byte encoding (`sampler::source::Source`).
 #[derive(
     Debug,
     Clone,

@@ -8,8 +8,10 @@
 
 use super::Shared;
 use super::codes;
+use super::liveness::CallKind;
 use super::plausibility::{CubeJudge, MultiStep, MultiTrust, SingleStep, Unreal};
-use super::status::{CallKind, FaultCode, Source, SourceReason};
+use super::source::{Source, SourceReason};
+use super::status::FaultCode;
 use super::watchdog::WatchRequest;
 use crate::driver::dcmi::{
     Api, CubeCall, Dcmi, DcmiError, Health, LoadError, MultiUtil, NpuChip, UtilType,

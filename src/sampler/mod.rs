@@ -8,13 +8,17 @@
 pub mod backends;
 mod dcmi_thread;
 pub mod faults;
+mod liveness;
 mod npu_smi_faults;
 pub mod plausibility;
 pub mod priority;
+pub mod source;
 pub mod status;
 mod watchdog;
 
-pub use status::{DeviceSnapshot, DeviceStatus, SamplerStatus, Source, SourceReason};
+pub use liveness::SamplerStatus;
+pub use source::{Source, SourceReason};
+pub use status::{DeviceSnapshot, DeviceStatus};
 pub use watchdog::codes;
 
 use crate::driver::npu_smi::{self, WatchConfig};

@@ -14,7 +14,7 @@
 
 use super::Shared;
 use super::plausibility::NpuSmiCheck;
-use super::status::{Source, SourceReason};
+use super::source::{Source, SourceReason};
 use crate::driver::dcmi::UtilType;
 use crate::driver::npu_smi::{self, Cube, Watch, WatchConfig, WatchSupport, WatchUpdate};
 use crate::ring::Sample;

@@ -13,7 +13,7 @@ use crate::monitor::verdict::Status;
 use crate::monitor::vi_state::Phase;
 use crate::probe::outcome::ProbeRecord;
 use crate::qos::QosReport;
-use crate::sampler::status::{Source, SourceReason};
+use crate::sampler::source::{Source, SourceReason};
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
 

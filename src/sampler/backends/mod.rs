@@ -11,7 +11,7 @@
 //!
 //! A new backend (NVML, say) is a module here implementing [`DeviceBackend`], a line in
 //! [`chain`], and its name in [`Backend`](crate::driver::Backend) (and, if its way of
-//! reading is new, a [`Method`](super::status::Method)); [`scripted`] is one, in process,
+//! reading is new, a [`Method`](super::source::Method)); [`scripted`] is one, in process,
 //! for tests.
 
 mod dcmi;

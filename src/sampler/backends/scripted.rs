@@ -7,7 +7,8 @@
 use super::{DeviceBackend, Reader, StartCtx, Thread};
 use crate::driver::{Backend, DeviceInfo, DriverConfig};
 use crate::ring::Sample;
-use crate::sampler::status::{FaultCode, Method};
+use crate::sampler::source::Method;
+use crate::sampler::status::FaultCode;
 use crate::sampler::{SamplerConfig, Source, StartError};
 use std::time::Duration;
 
