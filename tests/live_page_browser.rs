@@ -276,6 +276,33 @@ fn the_live_page_in_chromium_plots_every_sample_and_the_verdict() {
             "engine {name}"
         );
     }
+    // HAProxy polls engine a's agent check: the card shows what the router was told, and the
+    // actions table has the change, in the record's one shape.
+    let answer = {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", v.haproxy)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(b"a\n").unwrap();
+        let mut line = String::new();
+        s.read_to_string(&mut line).unwrap();
+        line
+    };
+    assert!(answer.starts_with("up ready "), "{answer}");
+    wait_js(
+        "engine a's card shows haproxy ready",
+        "const e = document.querySelector('[data-engine=\"a\"]'); return !!e && e.textContent.includes('haproxy ready')",
+        Duration::from_secs(10),
+    );
+    let row = wait_js(
+        "the haproxy action in the table",
+        "const r = [...document.querySelectorAll('#recent tr')].find(r => r.textContent.includes('haproxy')); return r ? r.textContent : false",
+        Duration::from_secs(10),
+    );
+    let row = row.as_str().unwrap_or_default();
+    assert!(
+        row.contains("start") && row.contains("ready") && row.contains("normal"),
+        "{row}"
+    );
     if std::env::var("NPU_HEALTH_SCREENSHOTS").as_deref() == Ok("1") {
         // For the docs' picture: a minute of history, and engine b made slow, then failing,
         // so the page shows levels and actions moving (engine_dead: /health 503, past the

@@ -1,7 +1,8 @@
 //! An agent as the operator views see it: two fake engines (`a` on NPU 0, `b` on NPU 1), the
 //! admin listener, and NPU 0 playing a burst (95 % for 100 ms every 2 s, 3 % otherwise) at
 //! the default 50 ms sampling period. Optionally an admin token and the Kubernetes API mode
-//! against the stand-in API server (so every family the dashboard reads is exported).
+//! against the stand-in API server (so every family the dashboard reads is exported). The
+//! HAProxy agent-check listener is open too, so a test can poll it as HAProxy would.
 
 use super::kube_api::{self, StandIn};
 use super::stack::{free_ports, http, http_with};
@@ -17,6 +18,8 @@ pub struct Views {
     pub agent: Child,
     pub engines: Vec<Child>,
     pub admin: u16,
+    /// The HAProxy agent-check listener.
+    pub haproxy: u16,
     /// Mgmt ports of `a` and `b`.
     pub mgmt: [u16; 2],
     /// Fault-control ports of `a`'s and `b`'s fake engines.
@@ -79,8 +82,10 @@ impl Views {
         }
         let scenario = d.join("scenario.toml");
         std::fs::write(&scenario, scenario_text).unwrap();
-        let [e_a, c_a, e_b, c_b, m_a, m_b, admin] = free_ports();
-        let mut agent_extra = format!("admin_listen = \"127.0.0.1:{admin}\"\n");
+        let [e_a, c_a, e_b, c_b, m_a, m_b, admin, haproxy] = free_ports();
+        let mut agent_extra = format!(
+            "admin_listen = \"127.0.0.1:{admin}\"\nhaproxy_agent_listen = \"127.0.0.1:{haproxy}\"\n"
+        );
         if token {
             std::fs::write(d.join("admin.token"), format!("{TOKEN}\n")).unwrap();
             agent_extra.push_str(&format!(
@@ -139,6 +144,7 @@ impl Views {
             agent,
             engines,
             admin,
+            haproxy,
             mgmt: [m_a, m_b],
             control: [c_a, c_b],
             token,
