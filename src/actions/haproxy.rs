@@ -16,7 +16,7 @@
 //! finish; `maxconn:N` keeps new requests on the server, waiting in HAProxy's queue past N;
 //! `ready` clears a `maint` set by hand on HAProxy's CLI at the next poll.
 
-use super::Facts;
+use super::ActionInputs;
 use crate::config::actions::{HaproxyMap, HaproxyState};
 use crate::monitor::verdict::Status;
 use crate::qos::score::Level;
@@ -89,7 +89,7 @@ fn clean(s: &str) -> String {
 
 /// The agent check's rule: the verdict `abnormal` and each level take the state `map` names
 /// for them; `normal` is `ready`; an engine whose `/health` never answered is `down`.
-pub fn agent_check(f: &Facts, map: &HaproxyMap) -> AgentCheck {
+pub fn agent_check(f: &ActionInputs, map: &HaproxyMap) -> AgentCheck {
     let (state, reason) = match (f.status, f.level) {
         (Status::Initial, _) => (HaproxyState::Down, format!("starting: {}", f.reason)),
         (Status::Abnormal, _) => (map.abnormal, format!("abnormal: {}", f.reason)),

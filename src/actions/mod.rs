@@ -43,7 +43,7 @@ pub enum AbnormalCause {
 
 /// What the action rules read of one engine, taken at one instant.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Facts {
+pub struct ActionInputs {
     /// The verdict `/status` serves under the policy in force.
     pub status: Status,
     /// Why it is abnormal; `None` unless `status` is `abnormal`.
@@ -65,9 +65,9 @@ pub struct Facts {
     pub admission_cap: Option<u32>,
 }
 
-impl Facts {
+impl ActionInputs {
     /// The facts of `m` now.
-    pub fn of(m: &Monitor) -> Facts {
+    pub fn of(m: &Monitor) -> ActionInputs {
         let status = m.peek_status();
         let health = m.health_detail();
         let cause = (status == Status::Abnormal).then(|| {
@@ -80,7 +80,7 @@ impl Facts {
             }
         });
         let components = m.qos.components();
-        Facts {
+        ActionInputs {
             status,
             cause,
             // One line, whatever the engine's error said.
@@ -121,7 +121,7 @@ pub struct Readiness {
 
 /// The readiness rule: not ready while `/health` never answered, and on every state listed
 /// in `not_ready_on` (a level listed covers the worse levels).
-pub fn readiness(f: &Facts, cfg: &ActionsConfig) -> Readiness {
+pub fn readiness(f: &ActionInputs, cfg: &ActionsConfig) -> Readiness {
     let degraded = f.level == Level::Degrade;
     let not_ready = |reason: String| Readiness {
         ready: false,
@@ -177,7 +177,7 @@ pub struct Liveness {
 /// at a held `evict`, and not then either when the ground is a closed port (the process is
 /// gone or starting: the kubelet restarts a dead container itself, and a starting one must
 /// load its model) or a QoS score resting on a missing input.
-pub fn liveness(f: &Facts) -> Liveness {
+pub fn liveness(f: &ActionInputs) -> Liveness {
     let live = |reason: String| Liveness { live: true, reason };
     let dead = |reason: String| Liveness {
         live: false,
@@ -209,14 +209,14 @@ pub fn liveness(f: &Facts) -> Liveness {
 /// one instant (the metrics, the views and the journal read them together).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Answers {
-    pub facts: Facts,
+    pub facts: ActionInputs,
     pub readiness: Readiness,
     pub liveness: Liveness,
 }
 
 impl Answers {
     /// The answers for `facts` under `cfg`.
-    pub fn from_facts(facts: Facts, cfg: &ActionsConfig) -> Answers {
+    pub fn from_facts(facts: ActionInputs, cfg: &ActionsConfig) -> Answers {
         Answers {
             readiness: readiness(&facts, cfg),
             liveness: liveness(&facts),
@@ -226,13 +226,13 @@ impl Answers {
 
     /// The answers for `m` now (reads only: the verdict is peeked).
     pub fn of(m: &Monitor) -> Answers {
-        Answers::from_facts(Facts::of(m), &m.spec.actions)
+        Answers::from_facts(ActionInputs::of(m), &m.spec.actions)
     }
 }
 
 /// Whether the Kubernetes API mode may evict the engine's pod now: a held `evict` whose
 /// score rests on no missing input.
-pub fn eviction_ground(f: &Facts) -> Option<String> {
+pub fn eviction_ground(f: &ActionInputs) -> Option<String> {
     f.evict_held().then(|| {
         format!(
             "{} held for the eviction hold, every input present",

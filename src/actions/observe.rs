@@ -18,17 +18,17 @@ pub const PERIOD: Duration = Duration::from_millis(250);
 
 /// What one observation compares with the last.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Seen {
+pub struct ObservedState {
     pub status: Status,
     pub level: Level,
     pub ready: bool,
     pub live: bool,
 }
 
-impl Seen {
+impl ObservedState {
     /// What `a` says.
-    pub fn of(a: &Answers) -> Seen {
-        Seen {
+    pub fn of(a: &Answers) -> ObservedState {
+        ObservedState {
             status: a.facts.status,
             level: a.facts.level,
             ready: a.readiness.ready,
@@ -47,8 +47,8 @@ fn live_word(live: bool) -> &'static str {
 
 /// The changes from `before` to what `a` says; at the first observation (`before` is
 /// `None`), the verdict and readiness found, from `start`.
-pub fn changes(before: Option<&Seen>, a: &Answers, at_unix_ms: u64) -> Vec<ActionRecord> {
-    let now = Seen::of(a);
+pub fn changes(before: Option<&ObservedState>, a: &Answers, at_unix_ms: u64) -> Vec<ActionRecord> {
+    let now = ObservedState::of(a);
     let (f, r, l) = (&a.facts, &a.readiness, &a.liveness);
     let entry = |(integration, action): (Integration, &str), from: &str, to: &str, reason: &str| {
         ActionRecord {
@@ -113,7 +113,7 @@ pub fn changes(before: Option<&Seen>, a: &Answers, at_unix_ms: u64) -> Vec<Actio
 pub async fn run(m: Arc<Monitor>, cancel: CancellationToken) {
     let mut tick = tokio::time::interval(PERIOD);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut last: Option<Seen> = None;
+    let mut last: Option<ObservedState> = None;
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return,
@@ -123,6 +123,6 @@ pub async fn run(m: Arc<Monitor>, cancel: CancellationToken) {
         for e in changes(last.as_ref(), &a, unix_ms()) {
             m.journal.push(e);
         }
-        last = Some(Seen::of(&a));
+        last = Some(ObservedState::of(&a));
     }
 }

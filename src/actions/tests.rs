@@ -3,8 +3,8 @@
 
 use super::*;
 
-fn facts(status: Status, level: Level) -> Facts {
-    Facts {
+fn facts(status: Status, level: Level) -> ActionInputs {
+    ActionInputs {
         status,
         cause: (status == Status::Abnormal).then_some(AbnormalCause::VirtualInference),
         reason: "why".to_owned(),
@@ -85,14 +85,14 @@ fn readiness_table() {
 
 #[test]
 fn liveness_table() {
-    let with = |status: Status, level: Level, f: &dyn Fn(&mut Facts)| {
+    let with = |status: Status, level: Level, f: &dyn Fn(&mut ActionInputs)| {
         let mut x = facts(status, level);
         f(&mut x);
         x
     };
-    let none = |_: &mut Facts| {};
+    let none = |_: &mut ActionInputs| {};
     // (facts, live)
-    let rows: Vec<(&str, Facts, bool)> = vec![
+    let rows: Vec<(&str, ActionInputs, bool)> = vec![
         ("normal", with(OK, NORMAL, &none), true),
         ("throttle", with(OK, Throttle, &none), true),
         ("degrade", with(OK, Degrade, &none), true),
@@ -198,7 +198,7 @@ fn eviction_needs_a_held_evict_on_every_input() {
     assert_eq!(eviction_ground(&facts(Abnormal, NORMAL)), None);
 }
 
-// Facts from a live monitor: the cause of an abnormal verdict, the closed port, complete
+// ActionInputs from a live monitor: the cause of an abnormal verdict, the closed port, complete
 // inputs only after an evaluation with every component.
 #[tokio::test(start_paused = true)]
 async fn facts_of_a_monitor() {
@@ -211,13 +211,13 @@ async fn facts_of_a_monitor() {
     .engines
     .remove(0);
     let m = Monitor::new(spec, vec![0]);
-    let f = Facts::of(&m);
+    let f = ActionInputs::of(&m);
     assert_eq!(
         (f.status, f.cause, f.inputs_complete),
         (Initial, None, false)
     );
     m.record_health(&HealthOutcome::Healthy, true);
-    assert_eq!(Facts::of(&m).status, OK);
+    assert_eq!(ActionInputs::of(&m).status, OK);
     m.record_health(
         &HealthOutcome::Unhealthy {
             reason: "connection refused".into(),
@@ -227,7 +227,7 @@ async fn facts_of_a_monitor() {
         },
         true,
     );
-    let f = Facts::of(&m);
+    let f = ActionInputs::of(&m);
     assert_eq!(f.cause, Some(AbnormalCause::Health));
     assert!(f.port_closed);
     assert!(liveness(&f).live, "{}", liveness(&f).reason);
@@ -240,7 +240,7 @@ async fn facts_of_a_monitor() {
         },
         true,
     );
-    let f = Facts::of(&m);
+    let f = ActionInputs::of(&m);
     assert!(!f.port_closed);
     assert!(!liveness(&f).live);
     let r = readiness(&f, &ActionsConfig::default());
@@ -257,10 +257,10 @@ async fn facts_of_a_monitor() {
 #[test]
 fn the_journal_records_what_changed() {
     use crate::monitor::journal::Integration as I;
-    use observe::{Seen, changes};
+    use observe::{ObservedState, changes};
     let cfgd = ActionsConfig::default();
     let a0 = Answers::from_facts(facts(OK, NORMAL), &cfgd);
-    let s0 = Seen::of(&a0);
+    let s0 = ObservedState::of(&a0);
     let first = changes(None, &a0, 7);
     let got: Vec<((I, &str), &str, &str)> = first
         .iter()
@@ -282,7 +282,7 @@ fn the_journal_records_what_changed() {
     assert!(changes(Some(&s0), &a0, 8).is_empty());
     // normal -> degrade: level and readiness change, liveness does not.
     let a1 = Answers::from_facts(facts(OK, Degrade), &cfgd);
-    let s1 = Seen::of(&a1);
+    let s1 = ObservedState::of(&a1);
     let e = changes(Some(&s0), &a1, 9);
     let got: Vec<((I, &str), &str, &str)> = e
         .iter()

@@ -162,7 +162,7 @@ impl Running {
                 Err(why) => crate::k8s::task::inactive(&state, &mode.cfg, why),
             }
         }
-        let scope = Arc::new(metrics::Scope {
+        let scope = Arc::new(metrics::Exposition {
             shared: shared.clone(),
             engines: vec![state.clone()],
             devices: p.devices.clone(),
@@ -203,7 +203,7 @@ impl Running {
         engines: Vec<Arc<Monitor>>,
         access: Arc<server::auth::AdminAccess>,
     ) -> Result<ListenerRun, AgentError> {
-        let scope = Arc::new(metrics::Scope {
+        let scope = Arc::new(metrics::Exposition {
             shared: self.shared.clone(),
             engines,
             devices: (0..self.shared.devices.len() as u16).collect(),

@@ -11,7 +11,7 @@
 
 use super::api::{ApiError, KubeApi, PodInfo};
 use super::pods::{self, EngineAddr};
-use crate::actions::{self, Facts, eviction};
+use crate::actions::{self, ActionInputs, eviction};
 use crate::config::kubernetes::{
     EvictionMode, KubernetesConfig, MINDCLUSTER_ANNOTATION, MINDCLUSTER_POD_LABEL,
     MINDCLUSTER_VALUE,
@@ -36,7 +36,10 @@ const CONDITION_RETRY: Duration = Duration::from_secs(2);
 
 /// The condition for a readiness decision: `(status, reason, message)`. The reason is one
 /// CamelCase word, as the API conventions ask.
-pub fn condition_of(f: &Facts, r: &actions::Readiness) -> (&'static str, &'static str, String) {
+pub fn condition_of(
+    f: &ActionInputs,
+    r: &actions::Readiness,
+) -> (&'static str, &'static str, String) {
     use crate::monitor::verdict::Status;
     let reason = match (f.status, f.level) {
         (Status::Initial, _) => "EngineNotAnswering",
@@ -173,7 +176,7 @@ impl<A: KubeApi> Loop<'_, A> {
         // The mode polls the verdict as Node Manager does: the first healthy look starts
         // virtual inference where nothing else polls.
         self.m.status();
-        let facts = Facts::of(self.m);
+        let facts = ActionInputs::of(self.m);
         if self.cfg.readiness_gate {
             self.condition(&facts, resync).await;
         }
@@ -259,7 +262,7 @@ impl<A: KubeApi> Loop<'_, A> {
         self.next_lookup = Instant::now();
     }
 
-    async fn condition(&mut self, facts: &Facts, resync: bool) {
+    async fn condition(&mut self, facts: &ActionInputs, resync: bool) {
         let r = actions::readiness(facts, &self.m.spec.actions);
         let (status, reason, message) = condition_of(facts, &r);
         let changed = self.sent != Some((status, reason));
@@ -341,7 +344,7 @@ impl<A: KubeApi> Loop<'_, A> {
         }
     }
 
-    async fn evict(&mut self, facts: &Facts) {
+    async fn evict(&mut self, facts: &ActionInputs) {
         let ground = actions::eviction_ground(facts);
         let now = Instant::now();
         match self.gate.step(now, ground.is_some()) {

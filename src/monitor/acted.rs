@@ -171,13 +171,13 @@ pub struct RouterSeen {
 /// The record behind a lock (`None` while the mode is off), the eviction gate's memory, and
 /// the routers' states.
 #[derive(Debug, Default)]
-pub struct Acted {
+pub struct ActionMemory {
     record: Mutex<Option<KubeRecord>>,
     gate: Mutex<Option<GateMemory>>,
     routers: Mutex<BTreeMap<String, RouterSeen>>,
 }
 
-impl Acted {
+impl ActionMemory {
     /// A copy of the record.
     pub fn kubernetes(&self) -> Option<KubeRecord> {
         self.record
@@ -284,7 +284,7 @@ mod tests {
 
     #[test]
     fn a_router_state_change_is_noted_once() {
-        let a = Acted::default();
+        let a = ActionMemory::default();
         assert_eq!(
             a.router_saw("haproxy", "ready", "normal").as_deref(),
             Some("start")

@@ -39,15 +39,15 @@ pub trait EngineSignals {
     }
     /// The engine's sleep state and token counters, read from it now (agent policy), and the
     /// V6 capacity figure from the same read where the source has it. Default: unknown.
-    fn fresh(&self) -> impl Future<Output = Fresh> + Send {
-        std::future::ready(Fresh::default())
+    fn fresh(&self) -> impl Future<Output = FreshMetrics> + Send {
+        std::future::ready(FreshMetrics::default())
     }
 }
 
 /// What a fresh read of the engine's `/metrics` says for the agent policy's accounting;
 /// `None` is unknown (the read failed, or the engine does not export the series).
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Fresh {
+pub struct FreshMetrics {
     pub asleep: Option<bool>,
     /// Prompt plus generation tokens since the engine started.
     pub tokens: Option<f64>,
@@ -132,7 +132,7 @@ impl<M: MetricsSource + Sync> EngineSignals for ScrapeSignals<M> {
         self.state.health_failed_since(since)
     }
 
-    async fn fresh(&self) -> Fresh {
+    async fn fresh(&self) -> FreshMetrics {
         // Short: the read delays the confirming re-probe.
         let timeout = self
             .state
@@ -143,7 +143,7 @@ impl<M: MetricsSource + Sync> EngineSignals for ScrapeSignals<M> {
         let read = self.metrics.scrape(timeout).await;
         let capacity = Some(self.capacity_of(&read));
         match read {
-            Ok(m) => Fresh {
+            Ok(m) => FreshMetrics {
                 asleep: m.asleep,
                 tokens: match (m.prompt_tokens, m.generation_tokens) {
                     (None, None) => None,
@@ -151,9 +151,9 @@ impl<M: MetricsSource + Sync> EngineSignals for ScrapeSignals<M> {
                 },
                 capacity,
             },
-            Err(_) => Fresh {
+            Err(_) => FreshMetrics {
                 capacity,
-                ..Fresh::default()
+                ..FreshMetrics::default()
             },
         }
     }

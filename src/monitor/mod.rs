@@ -94,7 +94,7 @@ pub struct Monitor {
     conditions: Mutex<Vec<Condition>>,
     rearms: AtomicU64,
     /// What the Kubernetes API mode did about the engine, and what each router was told.
-    pub acted: acted::Acted,
+    pub acted: acted::ActionMemory,
     /// Every action for every integration, and when ([`journal`]): `/status/detail`'s
     /// `actions`, and the operator views.
     pub journal: journal::Journal,
@@ -122,7 +122,7 @@ impl Monitor {
             qos,
             conditions: Mutex::new(conditions),
             rearms: AtomicU64::new(0),
-            acted: acted::Acted::default(),
+            acted: acted::ActionMemory::default(),
             journal: journal::Journal::default(),
             engine_started_at: Mutex::new(None),
         }
@@ -149,7 +149,7 @@ impl Monitor {
     }
 
     /// Notes what a router polling the agent was told: in the router's state
-    /// ([`acted::Acted::router_saw`]), and in the record when it changed.
+    /// ([`acted::ActionMemory::router_saw`]), and in the record when it changed.
     pub fn told_router(&self, integration: journal::Integration, state: &str, reason: &str) {
         let router = integration.as_str();
         if let Some(before) = self.acted.router_saw(router, state, reason) {

@@ -10,7 +10,7 @@
 
 use super::Monitor;
 use super::account::{self, Observation, Rules, Stage};
-use super::inputs::{CapacityWaiting, EngineSignals, Fresh, PeakSource};
+use super::inputs::{CapacityWaiting, EngineSignals, FreshMetrics, PeakSource};
 use super::vi_state::{Phase, ViState};
 use crate::config::Timing;
 use crate::probe::MetricsSource;
@@ -151,7 +151,7 @@ pub async fn run_virtual_inference(
         let fresh = if agent_read {
             signals.fresh().await
         } else {
-            Fresh::default()
+            FreshMetrics::default()
         };
         let capacity = if account::needs_capacity(rules, failed, peak) {
             Some(match fresh.capacity.clone() {
@@ -1134,7 +1134,7 @@ mod tests {
     /// The agent policy's signals, fixed.
     struct AgentSignals {
         health_failed: bool,
-        fresh: crate::monitor::inputs::Fresh,
+        fresh: crate::monitor::inputs::FreshMetrics,
     }
     impl EngineSignals for AgentSignals {
         fn stalled_for(&self) -> Option<Duration> {
@@ -1146,7 +1146,7 @@ mod tests {
         fn health_failed_since(&self, _: Instant) -> bool {
             self.health_failed
         }
-        async fn fresh(&self) -> crate::monitor::inputs::Fresh {
+        async fn fresh(&self) -> crate::monitor::inputs::FreshMetrics {
             self.fresh.clone()
         }
     }
@@ -1154,7 +1154,7 @@ mod tests {
     fn agent_signals(health_failed: bool, asleep: bool, tokens: f64) -> AgentSignals {
         AgentSignals {
             health_failed,
-            fresh: crate::monitor::inputs::Fresh {
+            fresh: crate::monitor::inputs::FreshMetrics {
                 asleep: Some(asleep),
                 tokens: Some(tokens),
                 capacity: None,
@@ -1243,10 +1243,10 @@ mod tests {
             async fn waiting_for_capacity(&self) -> CapacityWaiting {
                 CapacityWaiting::NotExported
             }
-            async fn fresh(&self) -> crate::monitor::inputs::Fresh {
+            async fn fresh(&self) -> crate::monitor::inputs::FreshMetrics {
                 let mut t = self.0.lock().unwrap();
                 *t += 10.0;
-                crate::monitor::inputs::Fresh {
+                crate::monitor::inputs::FreshMetrics {
                     asleep: Some(false),
                     tokens: Some(*t),
                     capacity: None,
@@ -1285,9 +1285,9 @@ mod tests {
                 *self.capacity.lock().unwrap() += 1;
                 CapacityWaiting::NotExported
             }
-            async fn fresh(&self) -> Fresh {
+            async fn fresh(&self) -> FreshMetrics {
                 *self.fresh.lock().unwrap() += 1;
-                Fresh {
+                FreshMetrics {
                     asleep: Some(false),
                     tokens: Some(1.0),
                     capacity: Some(CapacityWaiting::Waiting(2.0)),

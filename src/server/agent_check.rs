@@ -87,7 +87,10 @@ pub fn answer(engines: &[Arc<Monitor>], asked: &Asked) -> AgentCheck {
     match engines.iter().find(|e| &e.spec.name == name) {
         Some(e) => {
             e.status();
-            let a = agent_check(&crate::actions::Facts::of(e), &e.spec.actions.haproxy);
+            let a = agent_check(
+                &crate::actions::ActionInputs::of(e),
+                &e.spec.actions.haproxy,
+            );
             e.told_router(
                 crate::monitor::journal::Integration::Haproxy,
                 a.state.as_str(),

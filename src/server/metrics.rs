@@ -42,7 +42,7 @@ pub const DEPRECATED: [(&str, &str); 1] = [("npu_health_agent_failure_count", CO
 
 /// What one `/metrics` endpoint exposes.
 #[derive(Debug, Clone)]
-pub struct Scope {
+pub struct Exposition {
     pub shared: Arc<Shared>,
     pub engines: Vec<Arc<Monitor>>,
     /// Ring indices of the NPUs to expose.
@@ -51,7 +51,7 @@ pub struct Scope {
     pub window: Duration,
 }
 
-impl Collector for Scope {
+impl Collector for Exposition {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         self.encode_npus(&mut enc)?;
         self.encode_sampler(&mut enc)?;
@@ -83,7 +83,7 @@ fn family<L: EncodeLabelSet>(
     Ok(())
 }
 
-impl Scope {
+impl Exposition {
     fn encode_npus(&self, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let now = self.shared.ring.now_ns();
         let snaps: Vec<_> = self
@@ -570,7 +570,7 @@ fn escape_label(v: &str) -> String {
 }
 
 /// Renders the metrics of `scope` as Prometheus text.
-pub fn render(scope: &Scope) -> String {
+pub fn render(scope: &Exposition) -> String {
     let mut registry = Registry::default();
     registry.register_collector(Box::new(scope.clone()));
     let mut out = String::new();

@@ -40,13 +40,13 @@ use tokio::net::TcpListener;
 #[derive(Debug, Clone)]
 pub struct EngineView {
     pub engine: Arc<Monitor>,
-    pub metrics: Arc<metrics::Scope>,
+    pub metrics: Arc<metrics::Exposition>,
 }
 
 /// State of the admin listener.
 #[derive(Debug, Clone)]
 pub struct AdminView {
-    pub metrics: Arc<metrics::Scope>,
+    pub metrics: Arc<metrics::Exposition>,
     /// `/healthz` fails when the sampler is stuck this long (see `Shared::liveness`).
     pub stuck_after: Duration,
     /// The `/events` subscribers.
@@ -91,7 +91,7 @@ pub fn admin_router(view: AdminView, access: Arc<auth::AdminAccess>) -> Router {
 fn readyz(e: &Monitor, headers: &HeaderMap) -> Response {
     // A probe is a poll like Node Manager's: the first healthy one starts virtual inference.
     e.status();
-    let r = actions::readiness(&actions::Facts::of(e), &e.spec.actions);
+    let r = actions::readiness(&actions::ActionInputs::of(e), &e.spec.actions);
     let envoy = headers
         .get(header::USER_AGENT)
         .and_then(|v| v.to_str().ok())
@@ -126,7 +126,7 @@ fn readyz(e: &Monitor, headers: &HeaderMap) -> Response {
 /// `/livez` of one engine: 503 only where the kubelet should restart it.
 fn livez(e: &Monitor) -> Response {
     e.status();
-    let l = actions::liveness(&actions::Facts::of(e));
+    let l = actions::liveness(&actions::ActionInputs::of(e));
     let code = if l.live {
         StatusCode::OK
     } else {
