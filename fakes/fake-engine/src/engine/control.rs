@@ -1,0 +1,118 @@
+//! The control surface the tests and the chaos runner drive: read and patch the faults,
+//! reset them, and the request counters.
+
+use super::*;
+
+pub(super) async fn get_faults(State(e): State<Arc<Engine>>) -> Response {
+    axum::Json(e.faults()).into_response()
+}
+
+/// A patch: any subset of [`Faults`], plus `pause_ms` (hot reload: completions wait and
+/// `/health` answers 503 for that long), `long_prefill_ms` (one request prefills a long prompt
+/// for that long with nothing else decoding: running, the NPU busy, both token counters flat
+/// until its first token, as vLLM counts them) and `restart_ms` (the engine restarts under its
+/// own supervisor: the listener closes, open connections drop, the counters start again from
+/// 0, and it listens again after that long).
+pub(super) async fn patch_faults(
+    State(e): State<Arc<Engine>>,
+    body: axum::body::Bytes,
+) -> Response {
+    let patch: Value = match serde_json::from_slice(&body) {
+        Ok(Value::Object(o)) => Value::Object(o),
+        _ => return (StatusCode::BAD_REQUEST, "expected a JSON object\n").into_response(),
+    };
+    let mut patch = patch;
+    if let Some(ms) = patch.as_object_mut().and_then(|o| o.remove("pause_ms")) {
+        let Some(ms) = ms.as_u64() else {
+            return (StatusCode::BAD_REQUEST, "pause_ms must be an integer\n").into_response();
+        };
+        *e.pause_until.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(Instant::now() + Duration::from_millis(ms));
+    }
+    let mut restarting = false;
+    for key in ["long_prefill_ms", "restart_ms"] {
+        let Some(v) = patch.as_object_mut().and_then(|o| o.remove(key)) else {
+            continue;
+        };
+        let Some(ms) = v.as_u64() else {
+            return (
+                StatusCode::BAD_REQUEST,
+                format!("{key} must be an integer\n"),
+            )
+                .into_response();
+        };
+        let d = Duration::from_millis(ms);
+        let engine = e.clone();
+        if key == "long_prefill_ms" {
+            tokio::spawn(async move {
+                let _running = RunningOwned::enter(engine.clone());
+                tokio::time::sleep(d).await;
+                engine.prompt_tokens.fetch_add(32_768, Ordering::Relaxed);
+                engine.generation_tokens.fetch_add(1, Ordering::Relaxed);
+                engine.finished.fetch_add(1, Ordering::Relaxed);
+            });
+        } else {
+            restarting = true;
+            *e.process_start.lock().unwrap_or_else(|p| p.into_inner()) =
+                unix_now() + d.as_secs_f64();
+            e.listening.send_replace(false);
+            e.prompt_tokens.store(0, Ordering::Relaxed);
+            e.generation_tokens.store(0, Ordering::Relaxed);
+            tokio::spawn(async move {
+                tokio::time::sleep(d).await;
+                if engine.faults().listening {
+                    engine.listening.send_replace(true);
+                }
+            });
+        }
+    }
+    let mut current = serde_json::to_value(e.faults()).unwrap_or(Value::Null);
+    if let (Some(c), Some(p)) = (current.as_object_mut(), patch.as_object()) {
+        for (k, v) in p {
+            c.insert(k.clone(), v.clone());
+        }
+    }
+    let next: Faults = match serde_json::from_value(current) {
+        Ok(f) => f,
+        Err(err) => return (StatusCode::BAD_REQUEST, format!("{err}\n")).into_response(),
+    };
+    if next.health_false && e.opts.profile.is_vllm() {
+        return (
+            StatusCode::BAD_REQUEST,
+            format!(
+                "health_false: vLLM {} never answers /health with false (only MindIE's engine server does: profile mindie); use engine_dead or health_status\n",
+                e.opts.profile
+            ),
+        )
+            .into_response();
+    }
+    let listening = next.listening;
+    *e.faults.lock().unwrap_or_else(|p| p.into_inner()) = next.clone();
+    if !restarting {
+        e.listening.send_replace(listening);
+    }
+    axum::Json(next).into_response()
+}
+
+pub(super) async fn reset(State(e): State<Arc<Engine>>) -> Response {
+    *e.faults.lock().unwrap_or_else(|p| p.into_inner()) = Faults::default();
+    *e.pause_until.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    e.listening.send_replace(true);
+    axum::Json(Faults::default()).into_response()
+}
+
+pub(super) async fn stats(State(e): State<Arc<Engine>>) -> Response {
+    let s = e.stats.lock().unwrap_or_else(|p| p.into_inner());
+    axum::Json(json!({
+        "completions": s.completions,
+        "virtual_completions": s.virtual_completions,
+        "health": s.health,
+        "last_request_id": s.last_request_id,
+        "last_content_type": s.last_content_type,
+        "last_body": s.last_body,
+        "running": e.running.load(Ordering::Acquire),
+        "waiting": e.waiting.load(Ordering::Acquire),
+        "npu_usage": e.usage(),
+    }))
+    .into_response()
+}

@@ -1,0 +1,250 @@
+//! The OpenAI-compatible surface the agent and the load use: `/health` as the profile answers
+//! it, and `/v1/completions`, plain and streamed, with the faults' effects (latency, stalls,
+//! errors, a hang).
+
+use super::*;
+
+/// A response with `status`, `body` and, if given, its content type (vLLM's empty `/health`
+/// has none).
+pub(super) fn raw(status: u16, body: &'static str, content_type: Option<&'static str>) -> Response {
+    let code = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut r = (code, body).into_response();
+    match content_type {
+        Some(ct) => {
+            r.headers_mut()
+                .insert(header::CONTENT_TYPE, header::HeaderValue::from_static(ct));
+        }
+        None => {
+            r.headers_mut().remove(header::CONTENT_TYPE);
+        }
+    }
+    r
+}
+
+pub(super) async fn health(State(e): State<Arc<Engine>>) -> Response {
+    e.stats.lock().unwrap_or_else(|p| p.into_inner()).health += 1;
+    let f = e.faults();
+    let profile = e.opts.profile;
+    if e.paused().is_some() {
+        return raw(503, "", None);
+    }
+    if f.slow_health_ms > 0 {
+        tokio::time::sleep(Duration::from_millis(f.slow_health_ms)).await;
+    }
+    if let Some(s) = f.health_status {
+        return raw(s, "", None);
+    }
+    if f.engine_dead || f.health_false {
+        let (status, body, ct) = profile.health_dead();
+        return raw(status, body, ct);
+    }
+    let (status, body, ct) = profile.health_ok();
+    raw(status, body, ct)
+}
+
+#[derive(Debug, Deserialize)]
+pub(super) struct CompletionRequest {
+    pub(super) model: Option<String>,
+    #[serde(default)]
+    pub(super) prompt: Value,
+    pub(super) max_tokens: Option<u64>,
+    #[serde(default)]
+    pub(super) stream: bool,
+}
+
+pub(super) fn prompt_tokens(p: &Value) -> u64 {
+    let chars = match p {
+        Value::String(s) => s.len(),
+        Value::Array(a) => a.iter().map(|v| v.as_str().map_or(1, str::len)).sum(),
+        _ => 1,
+    };
+    (chars as u64 / 4).max(1)
+}
+
+pub(super) async fn completions(
+    State(e): State<Arc<Engine>>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    let id = headers
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let parsed: Result<CompletionRequest, _> = serde_json::from_slice(&body);
+    {
+        let mut s = e.stats.lock().unwrap_or_else(|p| p.into_inner());
+        s.completions += 1;
+        if id.as_deref().is_some_and(|i| i.contains("_virtual")) {
+            s.virtual_completions += 1;
+        }
+        s.last_request_id = id.clone();
+        s.last_content_type = headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        s.last_body = serde_json::from_slice(&body).ok();
+    }
+    let req = match parsed {
+        Ok(r) => r,
+        Err(err) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                axum::Json(json!({"object": "error", "message": err.to_string()})),
+            )
+                .into_response();
+        }
+    };
+    // vLLM accepts a missing or empty model and answers for the served one.
+    if req.model.as_deref().is_some_and(|m| {
+        !m.is_empty() && m != e.opts.model && !e.opts.aliases.iter().any(|a| a == m)
+    }) {
+        return (
+            StatusCode::NOT_FOUND,
+            axum::Json(json!({"object": "error", "message": format!("The model `{}` does not exist.", req.model.unwrap_or_default())})),
+        )
+            .into_response();
+    }
+    if let Some(until) = e.paused() {
+        tokio::time::sleep_until(until.into()).await;
+    }
+    while e.faults().asleep {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let f = e.faults();
+    if f.latency_ms > 0 {
+        tokio::time::sleep(Duration::from_millis(f.latency_ms)).await;
+    }
+    if f.npu_busy_stuck {
+        // Requests are running (scheduled) but produce nothing, with the NPU spinning.
+        let _running = Gauge::enter(&e.running);
+        std::future::pending::<()>().await;
+    }
+    if f.hang {
+        // Accepted and never answered, nothing scheduled: the NPU stays idle.
+        std::future::pending::<()>().await;
+    }
+    if f.http_5xx {
+        return (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            axum::Json(json!({"object": "error", "message": "injected failure"})),
+        )
+            .into_response();
+    }
+    if f.engine_dead {
+        return (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            axum::Json(json!({"error": {"message": "The server had an error while processing your request.", "type": "InternalServerError", "param": null, "code": 500}})),
+        )
+            .into_response();
+    }
+    // vLLM echoes the caller's id; without one it makes a random one.
+    let id = id.unwrap_or_else(|| format!("{:016x}", e.rng_u64()));
+    let waiting = Gauge::enter(&e.waiting);
+    let Ok(permit) = e.slots.clone().acquire_owned().await else {
+        return StatusCode::SERVICE_UNAVAILABLE.into_response();
+    };
+    drop(waiting);
+    let n_prompt = prompt_tokens(&req.prompt);
+    let max_tokens = req.max_tokens.unwrap_or(16).clamp(1, 4096);
+    let engine = e.clone();
+    if req.stream {
+        let stream = async_stream(engine, permit, n_prompt, max_tokens, &f, id);
+        return Response::builder()
+            .header(header::CONTENT_TYPE, "text/event-stream; charset=utf-8")
+            .body(Body::from_stream(stream))
+            .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response());
+    }
+    let _running = Gauge::enter(&e.running);
+    tokio::time::sleep(e.opts.ttft).await;
+    // vLLM reports no partial prefill: the prompt counts when its first token comes out.
+    e.prompt_tokens.fetch_add(n_prompt, Ordering::Relaxed);
+    e.generation_tokens.fetch_add(1, Ordering::Relaxed);
+    for _ in 1..max_tokens {
+        tokio::time::sleep(e.opts.tpot + e.jitter(f.jitter_ms)).await;
+        e.generation_tokens.fetch_add(1, Ordering::Relaxed);
+    }
+    e.finished.fetch_add(1, Ordering::Relaxed);
+    drop(permit);
+    if f.garbage_body {
+        return (StatusCode::OK, "<html>upstream error</html>").into_response();
+    }
+    axum::Json(json!({
+        "id": format!("cmpl-{id}"),
+        "object": "text_completion",
+        "model": e.opts.model,
+        "choices": [{"index": 0, "text": " x".repeat(max_tokens as usize), "finish_reason": "length"}],
+        "usage": {"prompt_tokens": n_prompt, "completion_tokens": max_tokens, "total_tokens": n_prompt + max_tokens},
+    }))
+    .into_response()
+}
+
+pub(super) fn async_stream(
+    e: Arc<Engine>,
+    permit: tokio::sync::OwnedSemaphorePermit,
+    n_prompt: u64,
+    max_tokens: u64,
+    f: &Faults,
+    id: String,
+) -> impl futures_util::Stream<Item = Result<String, std::convert::Infallible>> + Send + 'static {
+    let model = e.opts.model.clone();
+    let (garbage, jitter_ms, error_after_first) = (f.garbage_body, f.jitter_ms, f.stream_error);
+    let (tx, rx) = tokio::sync::mpsc::channel::<String>(4);
+    tokio::spawn(async move {
+        let _permit = permit;
+        let _running = RunningOwned::enter(e.clone());
+        tokio::time::sleep(e.opts.ttft).await;
+        // vLLM reports no partial prefill: the prompt counts when its first token comes out.
+        e.prompt_tokens.fetch_add(n_prompt, Ordering::Relaxed);
+        for i in 0..max_tokens {
+            if i > 0 {
+                tokio::time::sleep(e.opts.tpot + e.jitter(jitter_ms)).await;
+            }
+            e.generation_tokens.fetch_add(1, Ordering::Relaxed);
+            if i == 1 && error_after_first {
+                let err = e
+                    .opts
+                    .profile
+                    .stream_error("injected failure after the first token");
+                let _ = tx.send(format!("data: {err}\n\n")).await;
+                let _ = tx.send("data: [DONE]\n\n".to_owned()).await;
+                return;
+            }
+            let chunk = if garbage {
+                "data: not json\n\n".to_owned()
+            } else {
+                let finish = if i + 1 == max_tokens {
+                    json!("length")
+                } else {
+                    Value::Null
+                };
+                format!(
+                    "data: {}\n\n",
+                    json!({"id": format!("cmpl-{id}"), "object": "text_completion", "model": model, "choices": [{"index": 0, "text": " x", "finish_reason": finish}]})
+                )
+            };
+            if tx.send(chunk).await.is_err() {
+                return; // client gone: vLLM aborts the request
+            }
+        }
+        e.finished.fetch_add(1, Ordering::Relaxed);
+        let _ = tx.send("data: [DONE]\n\n".to_owned()).await;
+    });
+    futures_util::stream::unfold(
+        rx,
+        |mut rx| async move { rx.recv().await.map(|c| (Ok(c), rx)) },
+    )
+}
+
+/// `running` gauge held by an owned engine handle.
+pub(super) struct RunningOwned(Arc<Engine>);
+impl RunningOwned {
+    pub(super) fn enter(e: Arc<Engine>) -> RunningOwned {
+        e.running.fetch_add(1, Ordering::AcqRel);
+        RunningOwned(e)
+    }
+}
+impl Drop for RunningOwned {
+    fn drop(&mut self) {
+        self.0.running.fetch_sub(1, Ordering::AcqRel);
+    }
+}

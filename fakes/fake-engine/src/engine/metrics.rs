@@ -1,0 +1,153 @@
+//! `GET /metrics`: the Prometheus series the profile exports (vLLM's names and types per
+//! version), with the faults' effect on them.
+
+use super::*;
+
+pub(super) async fn metrics(State(e): State<Arc<Engine>>) -> Response {
+    if !e.opts.profile.serves_metrics() {
+        return (
+            StatusCode::NOT_FOUND,
+            axum::Json(json!({"detail": "Not Found"})),
+        )
+            .into_response();
+    }
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        metrics_text(&e),
+    )
+        .into_response()
+}
+
+pub(super) fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// `/metrics` as the profile's vLLM writes it: the series the agent reads, with that
+/// release's names, HELP texts, labels (`engine` per data-parallel engine, `model_name`) and
+/// the `_created` line of every counter. The queue, the tokens and the KV cache live on
+/// engine 0; the other engines read 0.
+pub(super) fn metrics_text(e: &Engine) -> String {
+    use std::fmt::Write;
+    let f = e.faults();
+    let p = e.opts.profile;
+    let running = e.running.load(Ordering::Acquire) as f64;
+    let waiting = e.waiting.load(Ordering::Acquire) as f64;
+    let kv = (f
+        .kv_cache_usage
+        .unwrap_or_else(|| running / e.opts.max_running.max(1) as f64)
+        + f.kv_cache_pressure)
+        .clamp(0.0, 1.0);
+    let m = &e.opts.model;
+    let engines = e.opts.data_parallel.max(1);
+    let mut out = String::new();
+    // prometheus_client's process collector, first as it writes it (vLLM 0.32's fixture).
+    let started = *e.process_start.lock().unwrap_or_else(|p| p.into_inner());
+    let _ = writeln!(
+        out,
+        "# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.\n# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds {started:?}"
+    );
+    // One series for every engine: `value` on engine 0, 0 elsewhere (a `_created` timestamp
+    // on all). `extra` is one `key="value"` label, placed in name order among `engine` and
+    // `model_name` as prometheus_client writes vLLM's labels.
+    let mut series = |name: &str, kind: &str, help: &str, rows: &[(&str, f64)]| {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        let everywhere = name.ends_with("_created");
+        for i in 0..engines {
+            for (extra, v) in rows {
+                let v = if i == 0 || everywhere { *v } else { 0.0 };
+                let labels = match *extra {
+                    "" => format!("engine=\"{i}\",model_name=\"{m}\""),
+                    x if x < "model_name" => format!("engine=\"{i}\",{x},model_name=\"{m}\""),
+                    x => format!("engine=\"{i}\",model_name=\"{m}\",{x}"),
+                };
+                let _ = writeln!(out, "{name}{{{labels}}} {v:?}");
+            }
+        }
+    };
+    series(
+        "vllm:num_requests_running",
+        "gauge",
+        "Number of requests in model execution batches.",
+        &[("", running)],
+    );
+    series(
+        "vllm:num_requests_waiting",
+        "gauge",
+        "Number of requests waiting to be processed.",
+        &[("", waiting)],
+    );
+    if p.waiting_by_reason() {
+        series(
+            "vllm:num_requests_waiting_by_reason",
+            "gauge",
+            "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for scheduling capacity; 'deferred' = deferred by transient constraints (LoRA budget, KV transfer, blocked status). Sum of all reasons equals vllm:num_requests_waiting.",
+            &[
+                ("reason=\"capacity\"", waiting),
+                ("reason=\"deferred\"", 0.0),
+            ],
+        );
+    }
+    if p.sleep_state() {
+        let asleep = f.asleep;
+        series(
+            "vllm:engine_sleep_state",
+            "gauge",
+            "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.",
+            &[
+                ("sleep_state=\"awake\"", f64::from(u8::from(!asleep))),
+                (
+                    "sleep_state=\"weights_offloaded\"",
+                    f64::from(u8::from(asleep)),
+                ),
+                ("sleep_state=\"discard_all\"", 0.0),
+            ],
+        );
+    }
+    for name in p.kv_cache_names() {
+        let help = if *name == "vllm:gpu_cache_usage_perc" {
+            "GPU KV-cache usage. 1 means 100 percent usage."
+        } else {
+            "KV-cache usage. 1 means 100 percent usage."
+        };
+        series(name, "gauge", help, &[("", kv)]);
+    }
+    let created = e.created;
+    let prompt = e.prompt_tokens.load(Ordering::Relaxed) as f64;
+    let generation = e.generation_tokens.load(Ordering::Relaxed) as f64;
+    let finished = e.finished.load(Ordering::Relaxed) as f64;
+    let success: Vec<(&str, f64)> = [
+        ("finished_reason=\"stop\"", 0.0),
+        ("finished_reason=\"length\"", finished),
+        ("finished_reason=\"abort\"", 0.0),
+        ("finished_reason=\"error\"", 0.0),
+        ("finished_reason=\"repetition\"", 0.0),
+    ]
+    .to_vec();
+    for (base, help, rows) in [
+        (
+            "vllm:prompt_tokens",
+            "Number of prefill tokens processed.",
+            vec![("", prompt)],
+        ),
+        (
+            "vllm:generation_tokens",
+            "Number of generation tokens processed.",
+            vec![("", generation)],
+        ),
+        (
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            success,
+        ),
+    ] {
+        series(&format!("{base}_total"), "counter", help, &rows);
+        let created_rows: Vec<(&str, f64)> = rows.iter().map(|(l, _)| (*l, created)).collect();
+        series(&format!("{base}_created"), "gauge", help, &created_rows);
+    }
+    out
+}
