@@ -4,6 +4,7 @@
 //! fake `npu-smi` ([`npu_smi::run`]). Used only by tests, benchmarks and fake-driver builds.
 
 pub mod dcmi;
+mod export;
 pub mod follow;
 pub mod npu_smi;
 pub mod scenario;
