@@ -115,7 +115,7 @@ fn loopback_url(url: &str) -> bool {
 impl KubernetesConfig {
     /// Checks every value; `Err((key, message))`.
     pub fn validate(&self) -> Result<(), (String, String)> {
-        use super::validate::kubernetes_bounds::*;
+        use bounds::*;
         if let Some(n) = &self.node_name {
             dns_subdomain(n).map_err(|m| ("node_name".to_owned(), m))?;
         }
@@ -185,7 +185,7 @@ pub struct PodSelector {
 impl PodSelector {
     /// Checks the keys; `Err((key, message))`.
     pub fn validate(&self) -> Result<(), (String, String)> {
-        use super::validate::kubernetes_bounds::*;
+        use bounds::*;
         if let Some(p) = &self.pod {
             if self.pod_selector.is_some() || self.namespace.is_some() {
                 return Err((
@@ -211,6 +211,106 @@ impl PodSelector {
     /// The named pod as (namespace, name).
     pub fn named(&self) -> Option<(&str, &str)> {
         self.pod.as_deref().and_then(|p| p.split_once('/'))
+    }
+}
+
+/// `[agent.kubernetes]` bounds and the Kubernetes name rules (checked by
+/// [`KubernetesConfig::validate`] and [`PodSelector::validate`]).
+pub mod bounds {
+    use crate::config::bounds::{Within, ms, secs};
+    use std::time::Duration;
+
+    pub const EVICTION_COOLDOWN: Within<Duration> = Within::new(secs(10), secs(7 * 24 * 3600));
+    pub const RESYNC_PERIOD: Within<Duration> = Within::new(secs(1), secs(3600));
+    pub const REQUEST_TIMEOUT: Within<Duration> = Within::new(ms(100), secs(120));
+
+    fn label_chars(s: &str, max: usize, dots: bool) -> Result<(), String> {
+        let ok_char = |c: char| {
+            c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || (dots && c == '.')
+        };
+        if s.is_empty() || s.len() > max {
+            return Err(format!("{s:?} must be 1 to {max} characters"));
+        }
+        if !s.chars().all(ok_char) {
+            return Err(format!(
+                "{s:?} may hold only lower-case letters, digits{} and '-'",
+                if dots { ", '.'" } else { "" }
+            ));
+        }
+        let edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+        if !edge(s.chars().next()) || !edge(s.chars().last()) {
+            return Err(format!("{s:?} must begin and end with a letter or digit"));
+        }
+        Ok(())
+    }
+
+    /// A DNS-1123 label (a namespace).
+    pub fn dns_label(s: &str) -> Result<(), String> {
+        label_chars(s, 63, false)
+    }
+
+    /// A DNS-1123 subdomain (a pod or node name).
+    pub fn dns_subdomain(s: &str) -> Result<(), String> {
+        label_chars(s, 253, true)
+    }
+
+    /// A qualified name (`prefix/name`, as a condition type): a DNS subdomain prefix, and a
+    /// name of at most 63 letters, digits, `-`, `_` and `.`, beginning and ending with a
+    /// letter or digit.
+    pub fn qualified_name(s: &str) -> Result<(), String> {
+        let name = match s.split_once('/') {
+            Some((prefix, name)) => {
+                dns_subdomain(prefix).map_err(|m| format!("prefix: {m}"))?;
+                name
+            }
+            None => s,
+        };
+        let ok = !name.is_empty()
+            && name.len() <= 63
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+            && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && name.ends_with(|c: char| c.is_ascii_alphanumeric());
+        if ok {
+            Ok(())
+        } else {
+            Err(format!(
+                "{s:?} is not a qualified name like npu-health-agent.io/qos-ready"
+            ))
+        }
+    }
+
+    /// A label selector as the API server takes it: comma-separated requirements of
+    /// qualified-name keys (`k=v`, `k==v`, `k!=v`, `k`, `!k`, `k in (a,b)`, `k notin (a)`).
+    /// Checked loosely: the characters and the shape of each term; the API server has the
+    /// last word.
+    pub fn label_selector(s: &str) -> Result<(), String> {
+        if s.trim().is_empty() {
+            return Err("is empty".to_owned());
+        }
+        let allowed = |c: char| {
+            c.is_ascii_alphanumeric()
+                || matches!(c, '-' | '_' | '.' | '/' | '=' | '!' | ',' | '(' | ')' | ' ')
+        };
+        if let Some(c) = s.chars().find(|c| !allowed(*c)) {
+            return Err(format!("{s:?}: {c:?} has no place in a label selector"));
+        }
+        let mut depth = 0i32;
+        for c in s.chars() {
+            depth += match c {
+                '(' => 1,
+                ')' => -1,
+                _ => 0,
+            };
+            if !(0..=1).contains(&depth) {
+                return Err(format!("{s:?}: unbalanced parentheses"));
+            }
+        }
+        if depth != 0 {
+            return Err(format!("{s:?}: unbalanced parentheses"));
+        }
+        Ok(())
     }
 }
 

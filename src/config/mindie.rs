@@ -9,7 +9,7 @@
 //! bound (`<name> must be <= <max>, got <n>`): an hour-long `/health` timeout or a hundred
 //! retries are never meant.
 
-use super::validate::health_check_bounds::{HEALTH_COLLECTOR_TIMEOUT_MAX, RETRY_ATTEMPTS_MAX};
+use bounds::{HEALTH_COLLECTOR_TIMEOUT_MAX, RETRY_ATTEMPTS_MAX};
 use serde::Serialize;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -450,6 +450,13 @@ pub fn env_json_lookup(doc: &Value, role: Role, key: &str) -> Option<(String, St
         }
     }
     None
+}
+
+/// `health_check_config` bounds beyond the reference's `>= 1` (checked by [`HealthCheckConfig::from_value`]).
+pub mod bounds {
+    /// Seconds.
+    pub const HEALTH_COLLECTOR_TIMEOUT_MAX: u64 = 3600;
+    pub const RETRY_ATTEMPTS_MAX: u64 = 100;
 }
 
 #[cfg(test)]

@@ -76,7 +76,7 @@ impl Default for AgentPolicy {
 impl AgentPolicy {
     /// Checks every value against its bound; `Err((key, message))`.
     pub fn validate(&self) -> Result<(), (String, String)> {
-        use super::validate::policy_bounds::*;
+        use bounds::*;
         HEALTH_FAILURE_GRACE.check("health_failure_grace", self.health_failure_grace)?;
         CONFIRM_FAILURES.check("confirm_failures", self.confirm_failures)?;
         CONFIRM_INTERVAL.check("confirm_interval", self.confirm_interval)?;
@@ -109,6 +109,18 @@ pub fn apply_preset(policy: Policy, qos: &mut QosConfig, written: &[String]) {
             _ => qos.stall_window = AGENT_STALL_WINDOW,
         }
     }
+}
+
+/// `[engine.agent_policy]` bounds (checked by [`AgentPolicy::validate`]).
+pub mod bounds {
+    use crate::config::bounds::{Within, ms, secs};
+    use std::time::Duration;
+
+    /// `0s` reports every failure at once, as the reference does.
+    pub const HEALTH_FAILURE_GRACE: Within<Duration> = Within::new(ms(0), secs(600));
+    pub const CONFIRM_FAILURES: Within<u32> = Within::new(1, 100);
+    pub const CONFIRM_INTERVAL: Within<Duration> = Within::new(ms(10), secs(600));
+    pub const CONFIRM_TIMEOUT: Within<Duration> = Within::new(ms(50), secs(600));
 }
 
 #[cfg(test)]

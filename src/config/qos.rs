@@ -72,11 +72,11 @@ impl Default for QosConfig {
 }
 
 impl QosConfig {
-    /// Checks every value against its bound ([`crate::config::validate::qos_bounds`]);
+    /// Checks every value against its bound ([`bounds`]);
     /// `Err((key, message))`, the message stating the bound.
     pub fn validate(&self) -> Result<(), (String, String)> {
-        use crate::config::validate::Shown;
-        use crate::config::validate::qos_bounds::*;
+        use crate::config::bounds::Shown;
+        use bounds::*;
         let w = self.weights;
         for (k, v) in [
             ("weights.latency", w.latency),
@@ -144,4 +144,20 @@ impl Default for Weights {
             progress: 0.2,
         }
     }
+}
+
+/// `[engine.qos]` bounds (checked by [`QosConfig::validate`]).
+pub mod bounds {
+    use crate::config::bounds::{Within, ms, secs};
+    use std::time::Duration;
+
+    pub const TTFT_BUDGET: Within<Duration> = Within::new(ms(10), secs(600));
+    pub const WEIGHT: Within<f64> = Within::new(0.0, 100.0);
+    pub const EVICT_AFTER: Within<u32> = Within::new(1, 1000);
+    /// The streamed probe must finish within the request timeout.
+    pub const PROBE_MAX_TOKENS: Within<u32> = Within::new(1, 256);
+    pub const PERIOD: Within<Duration> = Within::new(ms(50), secs(600));
+    pub const METRICS_PERIOD: Within<Duration> = Within::new(ms(50), secs(600));
+    pub const MAX_INPUT_AGE: Within<Duration> = Within::new(ms(100), secs(3600));
+    pub const STALL_WINDOW: Within<Duration> = Within::new(ms(100), secs(3600));
 }

@@ -22,9 +22,10 @@ pub(super) fn agent_toml(
     engine: EngineKind,
     model: &str,
 ) -> String {
-    use npu_health_agent::config::validate::{engine_bounds as e, qos_bounds as q};
+    use npu_health_agent::config::qos::bounds as q;
+    use npu_health_agent::config::validate::engine_bounds as e;
     // Scaled, and kept within the agent's bounds (a very small scale would leave them).
-    let d = |secs: f64, within: npu_health_agent::config::validate::Within<Duration>| {
+    let d = |secs: f64, within: npu_health_agent::config::bounds::Within<Duration>| {
         fmt_duration(within.clamp(Duration::from_secs_f64(secs * s)))
     };
     let ids: Vec<String> = (0..devices).map(|i| i.to_string()).collect();
@@ -36,8 +37,8 @@ pub(super) fn agent_toml(
             "stall_detection = false\neviction = false\n".to_owned()
         }
         Policy::Agent => {
+            use npu_health_agent::config::policy::bounds as p;
             use npu_health_agent::config::policy::{AGENT_STALL_WINDOW, AgentPolicy};
-            use npu_health_agent::config::validate::policy_bounds as p;
             let a = AgentPolicy::default();
             format!(
                 "stall_window = \"{}\"\n[engine.agent_policy]\nhealth_failure_grace = \"{}\"\nconfirm_interval = \"{}\"\nconfirm_timeout = \"{}\"\n",
