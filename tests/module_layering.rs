@@ -1,6 +1,7 @@
-//! The agent crate's top-level modules depend on each other without a cycle: data and
-//! configuration flow down (config → driver → sampler → ring → window; probe → monitor →
-//! server; agent and cli wire them), and no module calls back up into its caller. A
+//! The agent crate's top-level modules depend on each other without a cycle: data flows
+//! down (driver → sampler → ring → window; probe → monitor → server; agent and cli wire
+//! them), no module calls back up into its caller, and the configuration is the bottom
+//! layer every module may read and that reads none of them. A
 //! dependency is a `crate::<module>` path in shipped code (comments and unit test modules
 //! ignored).
 //! `cargo test --test module_layering -- --nocapture` prints the graph.
@@ -129,4 +130,13 @@ fn a_cycle_is_found() {
         ["a", "b", "c", "a"].map(str::to_owned)
     );
     assert_eq!(cycle_from(&g, "d"), None);
+}
+
+// Configuration is the bottom layer: its shipped code names no other top-level module (the
+// runtime converts what it needs, as `agent::driver_config` and
+// `FaultTable::configured` do), so every module may read it and it reads none back.
+#[test]
+fn the_configuration_names_no_runtime_module() {
+    let g = graph();
+    assert!(g["config"].is_empty(), "config names {:?}", g["config"]);
 }

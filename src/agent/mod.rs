@@ -242,6 +242,18 @@ pub fn summary(roster: &Roster, shared: &Shared) -> String {
     )
 }
 
+/// Where the driver pieces are and how far to trust them, as `[agent]` says.
+pub fn driver_config(agent: &AgentSettings) -> crate::driver::DriverConfig {
+    crate::driver::DriverConfig {
+        dcmi_lib: agent.dcmi_lib.clone(),
+        npu_smi: agent.npu_smi.clone(),
+        backend: agent.backend,
+        check_owner: !agent.dcmi_no_owner_check,
+        watch_delay_s: agent.npu_smi_delay,
+        ..crate::driver::DriverConfig::default()
+    }
+}
+
 /// The sampler `run` starts for `cfg` (`check-config` starts the same to find the NPUs).
 pub fn sampler_config(cfg: &AgentConfig) -> SamplerConfig {
     // The live page charts the last 60 s (`view::HISTORY`): keep 5 s more.
@@ -268,7 +280,7 @@ pub fn npu_ids(sampler: &Sampler) -> Option<Vec<u32>> {
 /// the agent (check-config refuses it): at start the built-in table is used, on a reload the
 /// table in force is kept; either way the log says why.
 pub(crate) fn apply_fault_table(agent: &AgentSettings, shared: &Shared, reload: bool) {
-    match agent.fault_table() {
+    match crate::driver::fault_levels::FaultTable::configured(agent.fault_code_file.as_deref()) {
         Ok(t) => {
             tracing::info!("fault-code levels from {}", t.describe());
             shared.fault_levels.set_table(t);
@@ -288,7 +300,7 @@ pub(crate) fn apply_fault_table(agent: &AgentSettings, shared: &Shared, reload: 
 pub async fn start(cfg: AgentConfig, mut startup: Startup) -> Result<Running, AgentError> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let sampler_cfg = sampler_config(&cfg);
-    let driver = cfg.agent.driver();
+    let driver = driver_config(&cfg.agent);
     let started = tokio::task::spawn_blocking(move || Sampler::start(&driver, &sampler_cfg))
         .await
         .map_err(|e| AgentError::Runtime(format!("sampler start-up panicked: {e}")))?;

@@ -147,7 +147,8 @@ impl Running {
         super::preflight::host(&new, super::npu_ids(&self.sampler).as_deref())
             .map_err(|e| e.to_string())?;
         if let Some(level) = &new.agent.log_level {
-            crate::logging::check_filter(level).map_err(|e| format!("[agent] log_level: {e}"))?;
+            crate::config::check_log_filter(level)
+                .map_err(|e| format!("[agent] log_level: {e}"))?;
         }
         // Classify by name; the old index of each kept or replaced engine.
         let mut plan: Vec<(EngineSpec, Option<usize>, bool)> = Vec::new(); // (spec, old, restart)

@@ -337,7 +337,7 @@ fn apply_driver_args(args: &DriverArgs, agent: &mut AgentSettings) -> Result<(),
     }
     #[cfg(feature = "fake-driver")]
     if args.fake {
-        let mut driver = agent.driver();
+        let mut driver = crate::agent::driver_config(agent);
         crate::fake::apply(&mut driver, args.dcmi_lib.is_some(), args.npu_smi.is_some()).map_err(
             |e| CliError {
                 code: 1,
@@ -487,7 +487,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Devices { json } => {
             let mut agent = AgentSettings::default();
             apply_driver_args(&cli.driver, &mut agent)?;
-            inspect::devices(&agent.driver(), json)
+            inspect::devices(&crate::agent::driver_config(&agent), json)
         }
         Command::Sample {
             window,
@@ -497,7 +497,13 @@ fn run(cli: Cli) -> Result<(), CliError> {
         } => {
             let mut agent = AgentSettings::default();
             apply_driver_args(&cli.driver, &mut agent)?;
-            inspect::sample(&agent.driver(), window, period, devices, json)
+            inspect::sample(
+                &crate::agent::driver_config(&agent),
+                window,
+                period,
+                devices,
+                json,
+            )
         }
         Command::Top(args) => Ok(runtime(2)?.block_on(top::run(args))?),
         #[cfg(feature = "fake-driver")]

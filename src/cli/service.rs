@@ -2,6 +2,7 @@
 
 use super::CliError;
 use crate::config::AgentConfig;
+use crate::driver::fault_levels::FaultTable;
 use crate::monitor::Monitor;
 use crate::monitor::gates::{self, Condition};
 use crate::probe::health::HealthCollector;
@@ -19,7 +20,10 @@ use std::time::Duration;
 /// that, and stops it. Without a driver backend `run` starts anyway (without NPU figures),
 /// so this does not fail either: it says on stderr that the NPUs were not checked.
 pub fn check_config(cfg: &AgentConfig) -> Result<(), CliError> {
-    let sampler = match Sampler::start(&cfg.agent.driver(), &crate::agent::sampler_config(cfg)) {
+    let sampler = match Sampler::start(
+        &crate::agent::driver_config(&cfg.agent),
+        &crate::agent::sampler_config(cfg),
+    ) {
         Ok(s) => Some(s),
         Err(e @ StartError::NoBackend { .. }) => {
             eprintln!("{}: NPUs not checked: {e}", cfg.source);
@@ -36,7 +40,7 @@ pub fn check_config(cfg: &AgentConfig) -> Result<(), CliError> {
         eprintln!("{}: {note}", cfg.source);
     }
     // A bad table fails the check; the running agent logs it and keeps the built-in one.
-    let faults = cfg.agent.fault_table().map_err(|e| {
+    let faults = FaultTable::configured(cfg.agent.fault_code_file.as_deref()).map_err(|e| {
         crate::config::ConfigError::new(&cfg.source, "[agent] fault_code_file", e.to_string())
     })?;
     let text = serde_json::to_string_pretty(cfg).context("rendering the configuration")?;
@@ -77,7 +81,7 @@ pub fn check_config(cfg: &AgentConfig) -> Result<(), CliError> {
 /// Evaluates every condition for every engine, probing `/health` once.
 pub async fn doctor(cfg: AgentConfig, json_out: bool) -> Result<(), CliError> {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let driver = cfg.agent.driver();
+    let driver = crate::agent::driver_config(&cfg.agent);
     let sampler_result = tokio::task::spawn_blocking(move || {
         let s = Sampler::start(&driver, &SamplerConfig::default());
         if let Ok(s) = &s {
@@ -88,7 +92,7 @@ pub async fn doctor(cfg: AgentConfig, json_out: bool) -> Result<(), CliError> {
     .await
     .context("sampler start-up")?;
     // The fault-code levels the agent would use; a bad table is reported, the built-in used.
-    let table_note = match cfg.agent.fault_table() {
+    let table_note = match FaultTable::configured(cfg.agent.fault_code_file.as_deref()) {
         Ok(t) => {
             let origin = t.origin.clone();
             if let Ok(s) = &sampler_result {

@@ -27,6 +27,7 @@
 //! Unknown keys are rejected; every error names the file, the table and the key, type
 //! errors included (the place is found from the parser's span, [`place_at`]).
 
+use super::BackendChoice;
 use super::mindie::{self, EngineSection, Role};
 use super::policy::{AgentPolicy, Policy};
 use super::qos::QosConfig;
@@ -34,7 +35,6 @@ use super::{
     AdminTls, AgentConfig, AgentSettings, ConfigError, EngineEnv, EngineLocation, Form, KeyError,
     Timing, build_engine, duration, engine_place, listen_addr,
 };
-use crate::driver::BackendChoice;
 use serde::Deserialize;
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -398,7 +398,7 @@ fn agent_settings(t: &AgentTable, base: &Path) -> Result<AgentSettings, KeyError
         })?),
     };
     if let Some(l) = &t.log_level {
-        crate::logging::check_filter(l).map_err(|m| ("log_level".to_owned(), m))?;
+        super::check_log_filter(l).map_err(|m| ("log_level".to_owned(), m))?;
     }
     if admin_listen.is_none() {
         for (key, set) in [

@@ -23,7 +23,6 @@ pub mod read;
 pub mod unknown;
 pub mod validate;
 
-use crate::driver::{BackendChoice, DriverConfig};
 use error::single_place;
 pub use error::{ConfigError, Form, KeyError, engine_place};
 use mindie::{DispatchProfile, EngineSection, EngineType, HealthCheckConfig, Role, TlsConfig};
@@ -33,6 +32,40 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+/// `--backend`: which sources the agent may use.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    clap::ValueEnum,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum BackendChoice {
+    /// DCMI where it works, `npu-smi` for the rest.
+    #[default]
+    Auto,
+    /// DCMI only; devices without AI Cube calls report no figures.
+    Dcmi,
+    /// `npu-smi` only; `libdcmi.so` is not loaded.
+    NpuSmi,
+}
+
+/// Default for how long a blocked DCMI call or a silent sampler thread is tolerated before
+/// the agent calls itself unhealthy (`/healthz` 503, systemd watchdog pings stop).
+pub const DEFAULT_SAMPLER_STUCK_AFTER: Duration = Duration::from_secs(10);
+
+/// Whether `directives` is a valid level filter (`[agent] log_level`, and a reload's).
+pub fn check_log_filter(directives: &str) -> Result<(), String> {
+    tracing_subscriber::EnvFilter::try_new(directives)
+        .map(|_| ())
+        .map_err(|e| format!("{directives:?} is not a valid filter like \"info\" or \"warn,npu_health_agent=debug\": {e}"))
+}
 
 /// Virtual-inference timing. Defaults equal the reference's constants (V5); every value is
 /// configurable so tests can compress time. Also `[engine.timing]` as read: a key left out
@@ -266,25 +299,6 @@ pub struct AgentSettings {
     pub fault_code_file: Option<PathBuf>,
 }
 
-impl AgentSettings {
-    /// The fault-code levels: `fault_code_file`, else MindCluster's file where its device
-    /// plugin installs it, else the built-in table. A file that is named, or installed, but
-    /// unreadable or malformed is an error (not a silent fallback).
-    pub fn fault_table(
-        &self,
-    ) -> Result<crate::driver::fault_levels::FaultTable, crate::driver::fault_levels::TableError>
-    {
-        use crate::driver::fault_levels::{DEFAULT_PATH, FaultTable};
-        match &self.fault_code_file {
-            Some(p) => FaultTable::load(p),
-            None if std::path::Path::new(DEFAULT_PATH).exists() => {
-                FaultTable::load(std::path::Path::new(DEFAULT_PATH))
-            }
-            None => Ok(FaultTable::built_in()),
-        }
-    }
-}
-
 /// Access to the admin listener. With neither key it is open (bind it to loopback then);
 /// `/healthz` always stays open, for liveness probes.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -351,7 +365,7 @@ impl Default for AgentSettings {
             sampler_realtime: true,
             driver_call_deadline: Duration::from_secs(1),
             fault_period: Duration::from_secs(1),
-            sampler_stuck_after: crate::sampler::DEFAULT_STUCK_AFTER,
+            sampler_stuck_after: DEFAULT_SAMPLER_STUCK_AFTER,
             log_level: None,
             listeners: ListenerLimits::default(),
             admin_auth: AdminAuthConfig::default(),
@@ -359,20 +373,6 @@ impl Default for AgentSettings {
             kubernetes: None,
             state_dir: None,
             fault_code_file: None,
-        }
-    }
-}
-
-impl AgentSettings {
-    /// The driver part of the settings.
-    pub fn driver(&self) -> DriverConfig {
-        DriverConfig {
-            dcmi_lib: self.dcmi_lib.clone(),
-            npu_smi: self.npu_smi.clone(),
-            backend: self.backend,
-            check_owner: !self.dcmi_no_owner_check,
-            watch_delay_s: self.npu_smi_delay,
-            ..DriverConfig::default()
         }
     }
 }

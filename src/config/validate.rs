@@ -19,8 +19,8 @@ use std::time::Duration;
 pub mod agent_bounds {
     use super::{Duration, Within, ms, secs};
 
-    pub const SAMPLE_PERIOD: Within<Duration> =
-        Within::new(crate::sampler::MIN_PERIOD, crate::sampler::MAX_PERIOD);
+    /// The sampler's periods (`sampler::MIN_PERIOD`, `MAX_PERIOD` are these).
+    pub const SAMPLE_PERIOD: Within<Duration> = Within::new(Duration::from_micros(10), secs(60));
     pub const NPU_SMI_DELAY: Within<u32> = Within::new(1, 100);
     pub const WORKER_THREADS: Within<usize> = Within::new(1, 64);
     pub const DRIVER_CALL_DEADLINE: Within<Duration> = Within::new(ms(10), secs(60));
@@ -39,7 +39,8 @@ pub mod engine_bounds {
     pub const PORT: Within<u16> = Within::new(1, 65535);
     pub const DP_RANK: Within<u32> = Within::new(0, 65535);
     /// How many NPUs one engine may name (the ring tells this many apart).
-    pub const DEVICES: Within<usize> = Within::new(1, crate::ring::MAX_DEVICES);
+    /// (The ring's `MAX_DEVICES`; a test pins the two together.)
+    pub const DEVICES: Within<usize> = Within::new(1, 256);
     /// Characters of an engine name (it appears in logs, metric labels and `/status/detail`).
     pub const NAME_CHARS: Within<usize> = Within::new(1, 128);
     pub const WARMUP_TIMEOUT: Within<Duration> = Within::new(secs(1), secs(3600));
@@ -595,6 +596,20 @@ devices = [0, 1]
             ),
             Err(e) => (path, e),
         }
+    }
+
+    // The bounds written here as numbers are the runtime's own limits: the ring tells this many
+    // NPUs apart, and the sampler's periods are these (it reads them from here).
+    #[test]
+    fn the_written_bounds_are_the_runtimes_limits() {
+        assert_eq!(engine_bounds::DEVICES.max, crate::ring::MAX_DEVICES);
+        assert_eq!(
+            (
+                agent_bounds::SAMPLE_PERIOD.min,
+                agent_bounds::SAMPLE_PERIOD.max
+            ),
+            (crate::sampler::MIN_PERIOD, crate::sampler::MAX_PERIOD)
+        );
     }
 
     #[test]

@@ -129,6 +129,18 @@ pub struct FaultTable {
 }
 
 impl FaultTable {
+    /// The table `[agent] fault_code_file` names; without one, MindCluster's file at
+    /// [`DEFAULT_PATH`] where it exists, else the built-in table.
+    pub fn configured(file: Option<&std::path::Path>) -> Result<FaultTable, TableError> {
+        match file {
+            Some(p) => FaultTable::load(p),
+            None if std::path::Path::new(DEFAULT_PATH).exists() => {
+                FaultTable::load(std::path::Path::new(DEFAULT_PATH))
+            }
+            None => Ok(FaultTable::built_in()),
+        }
+    }
+
     /// The built-in table.
     pub fn built_in() -> FaultTable {
         FaultTable {

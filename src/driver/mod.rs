@@ -13,28 +13,7 @@ pub mod npu_smi;
 use std::ffi::OsString;
 use std::path::PathBuf;
 
-/// `--backend`: which sources the agent may use.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Default,
-    clap::ValueEnum,
-    serde::Serialize,
-    serde::Deserialize,
-)]
-#[serde(rename_all = "kebab-case")]
-pub enum BackendChoice {
-    /// DCMI where it works, `npu-smi` for the rest.
-    #[default]
-    Auto,
-    /// DCMI only; devices without AI Cube calls report no figures.
-    Dcmi,
-    /// `npu-smi` only; `libdcmi.so` is not loaded.
-    NpuSmi,
-}
+pub use crate::config::BackendChoice;
 
 /// Which backend a device's figures come through (`--backend` chooses among them). Its
 /// discriminant is its half of a source's one-byte encoding (`sampler::source::Source`).

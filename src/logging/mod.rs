@@ -150,13 +150,6 @@ impl LogHandle {
     }
 }
 
-/// Whether `directives` is a valid level filter (config validation).
-pub fn check_filter(directives: &str) -> Result<(), String> {
-    EnvFilter::try_new(directives)
-        .map(|_| ())
-        .map_err(|e| format!("{directives:?} is not a valid filter like \"info\" or \"warn,npu_health_agent=debug\": {e}"))
-}
-
 /// The process-wide handle, for code that has no handle passed to it (reload, shutdown).
 static HANDLE: OnceLock<LogHandle> = OnceLock::new();
 

@@ -30,10 +30,11 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// Shortest period accepted (the loop also runs correctly at 1 ms for tests).
-pub const MIN_PERIOD: Duration = Duration::from_micros(10);
+/// Shortest period accepted (`[agent] sample_period`'s bound; the loop also runs correctly
+/// at 1 ms for tests).
+pub const MIN_PERIOD: Duration = crate::config::validate::agent_bounds::SAMPLE_PERIOD.min;
 /// Longest period accepted.
-pub const MAX_PERIOD: Duration = Duration::from_secs(60);
+pub const MAX_PERIOD: Duration = crate::config::validate::agent_bounds::SAMPLE_PERIOD.max;
 /// Longest ring history accepted.
 pub const MAX_RETENTION: Duration = Duration::from_secs(3600);
 /// Most ring slots (8 bytes each: 16 MiB); a longer history at a short period is cut to
@@ -119,10 +120,6 @@ pub struct Shared {
 fn fault_max_age(fault_period: Duration) -> Duration {
     (fault_period * 3).max(Duration::from_secs(15))
 }
-
-/// Default for how long a blocked DCMI call or a silent sampler thread is tolerated before
-/// the agent calls itself unhealthy (`/healthz` 503, systemd watchdog pings stop).
-pub const DEFAULT_STUCK_AFTER: Duration = Duration::from_secs(10);
 
 impl Shared {
     /// The current fault codes of the device at ring index `index`, with their levels
