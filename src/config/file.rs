@@ -169,13 +169,23 @@ pub fn load(path: &Path) -> Result<AgentConfig, ConfigError> {
 pub fn parse(text: &str, path: &Path) -> Result<AgentConfig, ConfigError> {
     let file = path.display().to_string();
     let base = path.parent().unwrap_or(Path::new("."));
-    let parsed: FileConfig = toml::from_str(text).map_err(|e| {
+    // The text is parsed once, into its spanned document: that names the place of any
+    // error, tells which keys the file writes, and is what the serde structs are read from.
+    let (doc, errors) = toml::de::DeTable::parse_recoverable(text);
+    let fail = |e: &toml::de::Error| {
         let place = e
             .span()
-            .map(|s| place_at(text, s, e.message()))
+            .map(|s| place_at(doc.get_ref(), text, s, e.message()))
             .unwrap_or_default();
         ConfigError::new(&file, place, super::unknown::rewrite_serde(e.message()))
-    })?;
+    };
+    // A syntax error: the first, as the parser met it.
+    if let Some(e) = errors.first() {
+        return Err(fail(e));
+    }
+    let written = Written::of(doc.get_ref());
+    let parsed =
+        FileConfig::deserialize(toml::de::Deserializer::from(doc.clone())).map_err(|e| fail(&e))?;
     let agent = agent_settings(&parsed.agent, base)
         .map_err(|(key, msg)| ConfigError::new(&file, format!("[agent] {key}"), msg))?;
     if parsed.engine.is_empty() {
@@ -185,7 +195,6 @@ pub fn parse(text: &str, path: &Path) -> Result<AgentConfig, ConfigError> {
             "no [[engine]] table: nothing to monitor",
         ));
     }
-    let written = qos_keys_written(text);
     let mut engines = Vec::new();
     for (i, t) in parsed.engine.iter().enumerate() {
         let choice = super::PolicyChoice {
@@ -196,7 +205,7 @@ pub fn parse(text: &str, path: &Path) -> Result<AgentConfig, ConfigError> {
                 },
                 None => super::Sourced {
                     value: agent.policy,
-                    source: if text_sets_agent_policy(text) {
+                    source: if written.agent_policy {
                         "[agent] policy".to_owned()
                     } else {
                         "default".to_owned()
@@ -204,7 +213,7 @@ pub fn parse(text: &str, path: &Path) -> Result<AgentConfig, ConfigError> {
                 },
             },
             agent_policy: t.agent_policy.clone(),
-            qos_set: written.get(i).cloned().unwrap_or_default(),
+            qos_set: written.qos.get(i).cloned().unwrap_or_default(),
         };
         let spec = engine(t, i, base, parsed.agent.env_config_path.as_deref(), choice).map_err(
             |(key, msg)| ConfigError::new(&file, engine_place(i, t.name.as_deref(), &key), msg),
@@ -221,27 +230,43 @@ pub fn parse(text: &str, path: &Path) -> Result<AgentConfig, ConfigError> {
     Ok(cfg)
 }
 
-/// The keys each `[engine.qos]` table writes, engine by engine (the text parsed already).
-fn qos_keys_written(text: &str) -> Vec<Vec<String>> {
-    let Ok(doc) = text.parse::<toml::Table>() else {
-        return Vec::new();
-    };
-    let Some(toml::Value::Array(engines)) = doc.get("engine") else {
-        return Vec::new();
-    };
-    engines
-        .iter()
-        .map(|e| match e.get("qos") {
-            Some(toml::Value::Table(q)) => q.keys().cloned().collect(),
-            _ => Vec::new(),
-        })
-        .collect()
+/// What the file writes, beyond the values the serde structs hold: which `[engine.qos]` keys
+/// each engine sets (its policy's preset leaves them alone), and whether `[agent]` names the
+/// policy (for where an engine's policy came from).
+struct Written {
+    qos: Vec<Vec<String>>,
+    agent_policy: bool,
 }
 
-/// Whether `[agent]` writes `policy` (for where an engine's policy came from).
-fn text_sets_agent_policy(text: &str) -> bool {
-    text.parse::<toml::Table>()
-        .is_ok_and(|doc| doc.get("agent").and_then(|a| a.get("policy")).is_some())
+impl Written {
+    fn of(doc: &toml::de::DeTable<'_>) -> Written {
+        fn table<'a, 'i>(
+            v: &'a toml::Spanned<toml::de::DeValue<'i>>,
+        ) -> Option<&'a toml::de::DeTable<'i>> {
+            v.get_ref().as_table()
+        }
+        let qos = doc
+            .get("engine")
+            .and_then(|e| e.get_ref().as_array())
+            .map(|engines| {
+                engines
+                    .iter()
+                    .map(|e| {
+                        table(e)
+                            .and_then(|e| e.get("qos"))
+                            .and_then(table)
+                            .map(|q| q.keys().map(|k| k.get_ref().to_string()).collect())
+                            .unwrap_or_default()
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let agent_policy = doc
+            .get("agent")
+            .and_then(table)
+            .is_some_and(|a| a.get("policy").is_some());
+        Written { qos, agent_policy }
+    }
 }
 
 /// One step of a key path: a key, or an index into an array.
@@ -255,14 +280,18 @@ enum Step {
 /// names it: `[agent] backend`, `[[engine]] #2 (decode-0) timing.interval`,
 /// `[[engine]] #1 (p0) devices[0]`.
 ///
-/// toml's errors carry a span but no key, so the document is parsed once more into its
-/// spanned form and the key or value holding the span is looked up. A syntax error can leave
-/// that lookup short (a key defined twice is not in the recovered table): the headers above
-/// the span then give the table, and the text at the span the key.
-fn place_at(text: &str, span: std::ops::Range<usize>, message: &str) -> String {
-    let (doc, _) = toml::de::DeTable::parse_recoverable(text);
+/// toml's errors carry a span but no key, so the key or value holding the span is looked up
+/// in the spanned document `doc` (recovered as far as the parser could, on a syntax error).
+/// A syntax error can leave that lookup short (a key defined twice is not in the recovered
+/// table): the headers above the span then give the table, and the text at the span the key.
+fn place_at(
+    doc: &toml::de::DeTable<'_>,
+    text: &str,
+    span: std::ops::Range<usize>,
+    message: &str,
+) -> String {
     let mut path = Vec::new();
-    if !find_in_table(doc.get_ref(), span.start, &mut path) || message.starts_with("duplicate") {
+    if !find_in_table(doc, span.start, &mut path) || message.starts_with("duplicate") {
         path = header_path(text, span.start);
         let key = text.get(span.clone()).unwrap_or_default().trim();
         let key = key.trim_matches(|c| c == '"' || c == '\'');
@@ -270,7 +299,7 @@ fn place_at(text: &str, span: std::ops::Range<usize>, message: &str) -> String {
             path.extend(key.split('.').map(|k| Step::Key(k.to_owned())));
         }
     }
-    format_path(doc.get_ref(), &path)
+    format_path(doc, &path)
 }
 
 /// Whether `offset` lies in a key or value of `table` (deepest first); the path to it in
@@ -866,9 +895,10 @@ mgmt_port = 9001
     fn places_from_spans_name_the_table_and_the_key() {
         let text = "[agent]\na = 1\n[[engine]]\nname = \"p0\"\nb = [1, 2]\nd = { e = 3 }\n[engine.timing]\nc = 3\n[[engine]]\nd = 4\nd = 5\n";
         // The first byte of the first match of `needle`, with toml's message.
+        let (doc, _) = toml::de::DeTable::parse_recoverable(text);
         let at = |needle: &str, message: &str| {
             let start = text.find(needle).unwrap();
-            place_at(text, start..start + 1, message)
+            place_at(doc.get_ref(), text, start..start + 1, message)
         };
         assert_eq!(at("a = 1", ""), "[agent] a");
         assert_eq!(at("1", ""), "[agent] a", "a value names its key");
