@@ -28,7 +28,7 @@
 //! errors included (the place is found from the parser's span, [`place_at`]).
 
 use super::BackendChoice;
-use super::mindie::{self, EngineSection, Role};
+use super::mindie::{EngineSection, Role};
 use super::policy::{AgentPolicy, Policy};
 use super::qos::QosConfig;
 use super::{
@@ -572,10 +572,7 @@ fn engine(
             } else {
                 cfg.clone()
             };
-            let doc = mindie::read_json(&path)
-                .map_err(|e| ("config_path".to_owned(), format!("{}: {e}", path.display())))?;
-            let sbase = path.parent().unwrap_or(Path::new("."));
-            let section = EngineSection::from_user_config(&doc, role, sbase)
+            let section = super::resolve::user_config(&path, role)
                 .map_err(|e| ("config_path".to_owned(), format!("{}: {e}", path.display())))?;
             (
                 section,
@@ -644,9 +641,8 @@ fn engine(
         } else {
             "env_config_path (from [agent])"
         };
-        let doc = mindie::read_json(&path)
-            .map_err(|e| (key.to_owned(), format!("{}: {e}", path.display())))?;
-        EngineEnv::EnvJson { path, doc }
+        super::resolve::env_json(path.clone())
+            .map_err(|e| (key.to_owned(), format!("{}: {e}", path.display())))?
     } else {
         EngineEnv::AgentProcess
     };

@@ -20,6 +20,7 @@ pub mod mindie;
 pub mod policy;
 pub mod qos;
 pub mod read;
+pub mod resolve;
 pub mod unknown;
 pub mod validate;
 
@@ -30,7 +31,7 @@ use qos::QosConfig;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// `--backend`: which sources the agent may use.
@@ -167,10 +168,7 @@ impl EngineEnv {
                     source: format!("{} {section}", path.display()),
                 })
             }
-            EngineEnv::AgentProcess => std::env::var(key).ok().map(|value| Sourced {
-                value,
-                source: "agent environment".to_owned(),
-            }),
+            EngineEnv::AgentProcess => resolve::process_env(key),
         }
     }
 
@@ -431,17 +429,11 @@ impl AgentConfig {
                 "is a symlink; --config-path must name the file itself (as MindIE's engine server requires)",
             ));
         }
-        let doc =
-            mindie::read_json(&flags.config_path).map_err(|e| ConfigError::new(&file, "", e))?;
-        let base = flags.config_path.parent().unwrap_or(Path::new("."));
-        let section = EngineSection::from_user_config(&doc, flags.role, base)
+        let section = resolve::user_config(&flags.config_path, flags.role)
             .map_err(|e| ConfigError::new(&file, "", e))?;
         let engine_env = match &flags.env_config_path {
-            Some(p) => EngineEnv::EnvJson {
-                path: p.clone(),
-                doc: mindie::read_json(p)
-                    .map_err(|e| ConfigError::new(p.display().to_string(), "", e))?,
-            },
+            Some(p) => resolve::env_json(p.clone())
+                .map_err(|e| ConfigError::new(p.display().to_string(), "", e))?,
             None => EngineEnv::AgentProcess,
         };
         let mgmt_listen = listen_addr(&flags.host, flags.mgmt_port)

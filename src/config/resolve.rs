@@ -1,0 +1,31 @@
+//! Resolution: the one place configuration reads beyond its own text. After `agent.toml` is
+//! parsed (or the engine-server flags are), each engine's MindIE files are read here (its
+//! `user_config.json` section, its `env.json`), and the agent's own environment when no other
+//! source of an engine's variables is configured; validation comes after, on the result.
+
+use super::mindie::{self, EngineSection, Role};
+use super::{EngineEnv, Sourced};
+use std::path::{Path, PathBuf};
+
+/// The `role` section of the `user_config.json` at `path` (its relative paths taken from
+/// the file's own directory). The message does not name the file: the caller places it.
+pub fn user_config(path: &Path, role: Role) -> Result<EngineSection, String> {
+    let doc = mindie::read_json(path)?;
+    let base = path.parent().unwrap_or(Path::new("."));
+    EngineSection::from_user_config(&doc, role, base)
+}
+
+/// An engine's variables from MindIE's `env.json` at `path`.
+pub fn env_json(path: PathBuf) -> Result<EngineEnv, String> {
+    let doc = mindie::read_json(&path)?;
+    Ok(EngineEnv::EnvJson { path, doc })
+}
+
+/// `key` in the agent's own environment (an engine with no `engine_env` and no `env.json`
+/// runs with the agent's variables).
+pub fn process_env(key: &str) -> Option<Sourced<String>> {
+    std::env::var(key).ok().map(|value| Sourced {
+        value,
+        source: "agent environment".to_owned(),
+    })
+}
