@@ -1,6 +1,6 @@
 //! Configuration errors through the binary: `check-config` rejects what `run` rejects, with
 //! the same line, and neither blocks on a config file that is not a regular file. The full
-//! table of rules is `config::validate::tests`; these cases show the binary takes the same
+//! table of rules is `config::tests`; these cases show the binary takes the same
 //! path. Every run has a time limit, so a regression fails instead of hanging.
 #![cfg(feature = "fake-driver")]
 

@@ -140,3 +140,98 @@ fn the_configuration_names_no_runtime_module() {
     let g = graph();
     assert!(g["config"].is_empty(), "config names {:?}", g["config"]);
 }
+
+/// The configuration's files → the files of `src/config/` their shipped code names: a
+/// `super::<file>` or `crate::config::<file>` path, or a name `config/mod.rs` re-exports
+/// (`pub use <file>::{…}`), counted as the file that defines it. `mod.rs` (the façade) and
+/// `tests.rs` are left out.
+fn config_graph() -> BTreeMap<String, BTreeSet<String>> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/config");
+    let mut files = BTreeMap::new();
+    for e in std::fs::read_dir(&dir).unwrap().flatten() {
+        let name = e.path().file_stem().unwrap().to_str().unwrap().to_owned();
+        if name != "mod" && name != "tests" {
+            let text = std::fs::read_to_string(e.path()).unwrap();
+            files.insert(name, text);
+        }
+    }
+    let facade = std::fs::read_to_string(dir.join("mod.rs")).unwrap();
+    let mut defined_in = BTreeMap::new();
+    for (i, _) in facade.match_indices("pub use ") {
+        let stmt = &facade[i + "pub use ".len()..];
+        let stmt = &stmt[..stmt.find(';').unwrap()];
+        if let Some((file, names)) = stmt.split_once("::") {
+            for n in names.split(|c: char| !(c.is_alphanumeric() || c == '_')) {
+                if !n.is_empty() {
+                    defined_in.insert(n.to_owned(), file.to_owned());
+                }
+            }
+        }
+    }
+    let word = |s: &str| -> String {
+        s.chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect()
+    };
+    let mut edges = BTreeMap::new();
+    for (name, text) in &files {
+        // Shipped code: up to the unit tests, without comments.
+        let code: String = text
+            .lines()
+            .take_while(|l| !l.starts_with("#[cfg(test)]"))
+            .map(|l| l.split("//").next().unwrap_or_default())
+            .collect::<Vec<_>>()
+            .join("\n");
+        let mut deps = BTreeSet::new();
+        for prefix in ["super::", "crate::config::"] {
+            for (i, _) in code.match_indices(prefix) {
+                let rest = &code[i + prefix.len()..];
+                let named: Vec<String> = match rest.strip_prefix('{') {
+                    Some(group) => group[..group.find('}').unwrap()]
+                        .split(',')
+                        .map(|n| word(n.trim()))
+                        .collect(),
+                    None => vec![word(rest)],
+                };
+                for n in named {
+                    let file = if files.contains_key(&n) {
+                        Some(n)
+                    } else {
+                        defined_in.get(&n).cloned()
+                    };
+                    if let Some(f) = file.filter(|f| f != name) {
+                        deps.insert(f);
+                    }
+                }
+            }
+        }
+        edges.insert(name.clone(), deps);
+    }
+    edges
+}
+
+// Inside the configuration, a walk goes down and never back up: parse (`file`) → the whole
+// (`effective`) → an engine (`engine`) → its parts (`timing`, `qos`, `policy`, `actions`, …)
+// → `bounds`, `error`, `read`. Each type's check sits in the type's own file beside its
+// bounds, so no file reaches up to a checker that imports it.
+#[test]
+fn the_configurations_files_have_no_arrow_back_up() {
+    let g = config_graph();
+    for (m, deps) in &g {
+        println!(
+            "config/{m:10} -> {}",
+            deps.iter().cloned().collect::<Vec<_>>().join(" ")
+        );
+    }
+    assert!(g["file"].contains("engine"), "the walk is read: {g:?}");
+    assert!(g["engine"].contains("timing"), "the walk is read: {g:?}");
+    let cycles: Vec<String> = g
+        .keys()
+        .filter_map(|m| cycle_from(&g, m))
+        .map(|c| c.join(" -> "))
+        .collect();
+    assert!(
+        cycles.is_empty(),
+        "arrows back up inside config: {cycles:#?}"
+    );
+}

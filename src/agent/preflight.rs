@@ -6,7 +6,7 @@
 //! these files is the TLS layer's and the server's work, and the configuration does not
 //! call up into them.
 
-use crate::config::validate::devices_from;
+use crate::config::engine::devices_from;
 use crate::config::{AgentConfig, ConfigError, EngineSpec, KeyError};
 
 /// What needs the host: every TLS file an engine uses must be a readable regular file with

@@ -375,8 +375,8 @@ impl ConfigArgs {
     }
 
     /// Loads the configuration from either mode, applies the flags and checks the result
-    /// ([`crate::config::validate`]; what needs the host is checked by `check-config` and
-    /// `run` after this).
+    /// (each table checks itself in `config`, and [`AgentConfig::validate_across`] the
+    /// whole; what needs the host is checked by `check-config` and `run` after this).
     pub fn load(&self, driver: &DriverArgs) -> Result<AgentConfig, CliError> {
         let mut cfg = match (&self.config, &self.config_path) {
             (Some(path), _) => file::load(path).map_err(CliError::usage)?,
@@ -424,7 +424,7 @@ impl ConfigArgs {
             }
         };
         if let Some(p) = self.sample_period {
-            crate::config::validate::agent_bounds::SAMPLE_PERIOD
+            crate::config::agent::bounds::SAMPLE_PERIOD
                 .check("--sample-period", p)
                 .map_err(|(k, m)| CliError::usage(anyhow::anyhow!("{k}: {m}")))?;
             cfg.agent.sample_period = p;
@@ -436,11 +436,11 @@ impl ConfigArgs {
             cfg.agent.haproxy_agent_listen = Some(a);
         }
         if let Some(d) = &self.state_dir {
-            crate::config::validate::check_state_dir(d)
+            crate::config::agent::check_state_dir(d)
                 .map_err(|m| CliError::usage(anyhow::anyhow!("--state-dir: {m}")))?;
             cfg.agent.state_dir = Some(d.clone());
         }
-        crate::config::validate::across(&cfg).map_err(CliError::usage)?;
+        cfg.validate_across().map_err(CliError::usage)?;
         apply_driver_args(driver, &mut cfg.agent)?;
         Ok(cfg)
     }

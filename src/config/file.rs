@@ -28,12 +28,13 @@
 //! errors included (the place is found from the parser's span, [`place_at`]).
 
 use super::BackendChoice;
+use super::engine::build_engine;
 use super::mindie::{EngineSection, Role};
 use super::policy::{AgentPolicy, Policy};
 use super::qos::QosConfig;
 use super::{
     AdminTls, AgentConfig, AgentSettings, ConfigError, EngineEnv, EngineLocation, Form, KeyError,
-    Timing, build_engine, duration, engine_place, listen_addr,
+    Timing, duration, engine_place, listen_addr,
 };
 use serde::Deserialize;
 use serde_json::Value;
@@ -226,7 +227,7 @@ pub fn parse(text: &str, path: &Path) -> Result<AgentConfig, ConfigError> {
         agent,
         engines,
     };
-    super::validate::across(&cfg)?;
+    cfg.validate_across()?;
     Ok(cfg)
 }
 
@@ -493,7 +494,7 @@ fn agent_settings(t: &AgentTable, base: &Path) -> Result<AgentSettings, KeyError
             None => None,
         },
     };
-    super::validate::agent(&s)?;
+    s.validate()?;
     Ok(s)
 }
 
@@ -641,8 +642,9 @@ fn engine(
         } else {
             "env_config_path (from [agent])"
         };
-        super::resolve::env_json(path.clone())
-            .map_err(|e| (key.to_owned(), format!("{}: {e}", path.display())))?
+        let doc = super::resolve::env_json(&path)
+            .map_err(|e| (key.to_owned(), format!("{}: {e}", path.display())))?;
+        EngineEnv::EnvJson { path, doc }
     } else {
         EngineEnv::AgentProcess
     };

@@ -4,8 +4,7 @@
 //! source of an engine's variables is configured; validation comes after, on the result.
 
 use super::mindie::{self, EngineSection, Role};
-use super::{EngineEnv, Sourced};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// The `role` section of the `user_config.json` at `path` (its relative paths taken from
 /// the file's own directory). The message does not name the file: the caller places it.
@@ -15,17 +14,13 @@ pub fn user_config(path: &Path, role: Role) -> Result<EngineSection, String> {
     EngineSection::from_user_config(&doc, role, base)
 }
 
-/// An engine's variables from MindIE's `env.json` at `path`.
-pub fn env_json(path: PathBuf) -> Result<EngineEnv, String> {
-    let doc = mindie::read_json(&path)?;
-    Ok(EngineEnv::EnvJson { path, doc })
+/// MindIE's `env.json` at `path` (an engine's variables, by role section).
+pub fn env_json(path: &Path) -> Result<serde_json::Value, String> {
+    mindie::read_json(path)
 }
 
 /// `key` in the agent's own environment (an engine with no `engine_env` and no `env.json`
 /// runs with the agent's variables).
-pub fn process_env(key: &str) -> Option<Sourced<String>> {
-    std::env::var(key).ok().map(|value| Sourced {
-        value,
-        source: "agent environment".to_owned(),
-    })
+pub fn process_env(key: &str) -> Option<String> {
+    std::env::var(key).ok()
 }

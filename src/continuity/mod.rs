@@ -32,7 +32,7 @@ pub struct StateDir {
 }
 
 /// The handover socket's file name.
-const SOCKET_NAME: &str = crate::config::validate::HANDOVER_SOCKET;
+const SOCKET_NAME: &str = crate::config::agent::HANDOVER_SOCKET;
 /// The state file's name.
 const STATE_NAME: &str = "state.json";
 
@@ -94,7 +94,7 @@ mod tests {
 
     #[test]
     fn a_state_dir_must_be_absolute_and_short_enough_for_the_socket() {
-        use crate::config::validate::check_state_dir;
+        use crate::config::agent::check_state_dir;
         assert!(check_state_dir(Path::new("/run/npu-health-agent")).is_ok());
         let e = check_state_dir(Path::new("run/x")).unwrap_err();
         assert!(e.contains("absolute"), "{e}");

@@ -32,9 +32,9 @@ use std::time::{Duration, Instant};
 
 /// Shortest period accepted (`[agent] sample_period`'s bound; the loop also runs correctly
 /// at 1 ms for tests).
-pub const MIN_PERIOD: Duration = crate::config::validate::agent_bounds::SAMPLE_PERIOD.min;
+pub const MIN_PERIOD: Duration = crate::config::agent::bounds::SAMPLE_PERIOD.min;
 /// Longest period accepted.
-pub const MAX_PERIOD: Duration = crate::config::validate::agent_bounds::SAMPLE_PERIOD.max;
+pub const MAX_PERIOD: Duration = crate::config::agent::bounds::SAMPLE_PERIOD.max;
 /// Longest ring history accepted.
 pub const MAX_RETENTION: Duration = Duration::from_secs(3600);
 /// Most ring slots (8 bytes each: 16 MiB); a longer history at a short period is cut to

@@ -23,7 +23,7 @@ pub(super) fn agent_toml(
     model: &str,
 ) -> String {
     use npu_health_agent::config::qos::bounds as q;
-    use npu_health_agent::config::validate::engine_bounds as e;
+    use npu_health_agent::config::timing::bounds as e;
     // Scaled, and kept within the agent's bounds (a very small scale would leave them).
     let d = |secs: f64, within: npu_health_agent::config::bounds::Within<Duration>| {
         fmt_duration(within.clamp(Duration::from_secs_f64(secs * s)))
