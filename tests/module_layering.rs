@@ -151,8 +151,21 @@ fn config_graph() -> BTreeMap<String, BTreeSet<String>> {
     for e in std::fs::read_dir(&dir).unwrap().flatten() {
         let name = e.path().file_stem().unwrap().to_str().unwrap().to_owned();
         if name != "mod" && name != "tests" {
-            let text = std::fs::read_to_string(e.path()).unwrap();
-            files.insert(name, text);
+            // A file, or a folder of them (`file/`): one node.
+            let mut paths = Vec::new();
+            rust_files(&e.path(), &mut paths);
+            // Each file's shipped code: up to its unit tests.
+            let text: Vec<String> = paths
+                .iter()
+                .map(|p| {
+                    let t = std::fs::read_to_string(p).unwrap();
+                    t.lines()
+                        .take_while(|l| !l.starts_with("#[cfg(test)]"))
+                        .collect::<Vec<_>>()
+                        .join("\n")
+                })
+                .collect();
+            files.insert(name, text.join("\n"));
         }
     }
     let facade = std::fs::read_to_string(dir.join("mod.rs")).unwrap();
@@ -175,10 +188,9 @@ fn config_graph() -> BTreeMap<String, BTreeSet<String>> {
     };
     let mut edges = BTreeMap::new();
     for (name, text) in &files {
-        // Shipped code: up to the unit tests, without comments.
+        // Without comments.
         let code: String = text
             .lines()
-            .take_while(|l| !l.starts_with("#[cfg(test)]"))
             .map(|l| l.split("//").next().unwrap_or_default())
             .collect::<Vec<_>>()
             .join("\n");

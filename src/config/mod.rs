@@ -14,9 +14,6 @@
 //! file, the table and the key; [`read`] says how every file named is read. Configuration is
 //! the bottom layer: it names no runtime module.
 
-#[cfg(test)]
-mod tests;
-
 pub mod actions;
 pub mod agent;
 pub mod bounds;
@@ -45,3 +42,6 @@ pub use engine::{
 };
 pub use error::{ConfigError, Form, KeyError, engine_place};
 pub use timing::Timing;
+
+#[cfg(test)]
+mod tests;
