@@ -131,7 +131,7 @@ impl Default for ActionsConfig {
 
 impl ActionsConfig {
     /// Checks the list and the HAProxy cap; `Err((key, message))`.
-    pub fn validate(&self) -> Result<(), (String, String)> {
+    pub fn validate(&self) -> Result<(), super::KeyError> {
         if self.haproxy.maxconn == 0 {
             return Err((
                 "haproxy.maxconn".to_owned(),

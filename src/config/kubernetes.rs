@@ -114,7 +114,7 @@ fn loopback_url(url: &str) -> bool {
 
 impl KubernetesConfig {
     /// Checks every value; `Err((key, message))`.
-    pub fn validate(&self) -> Result<(), (String, String)> {
+    pub fn validate(&self) -> Result<(), super::KeyError> {
         use bounds::*;
         if let Some(n) = &self.node_name {
             dns_subdomain(n).map_err(|m| ("node_name".to_owned(), m))?;
@@ -184,7 +184,7 @@ pub struct PodSelector {
 
 impl PodSelector {
     /// Checks the keys; `Err((key, message))`.
-    pub fn validate(&self) -> Result<(), (String, String)> {
+    pub fn validate(&self) -> Result<(), super::KeyError> {
         use bounds::*;
         if let Some(p) = &self.pod {
             if self.pod_selector.is_some() || self.namespace.is_some() {

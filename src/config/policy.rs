@@ -75,7 +75,7 @@ impl Default for AgentPolicy {
 
 impl AgentPolicy {
     /// Checks every value against its bound; `Err((key, message))`.
-    pub fn validate(&self) -> Result<(), (String, String)> {
+    pub fn validate(&self) -> Result<(), super::KeyError> {
         use bounds::*;
         HEALTH_FAILURE_GRACE.check("health_failure_grace", self.health_failure_grace)?;
         CONFIRM_FAILURES.check("confirm_failures", self.confirm_failures)?;

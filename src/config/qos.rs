@@ -74,7 +74,7 @@ impl Default for QosConfig {
 impl QosConfig {
     /// Checks every value against its bound ([`bounds`]);
     /// `Err((key, message))`, the message stating the bound.
-    pub fn validate(&self) -> Result<(), (String, String)> {
+    pub fn validate(&self) -> Result<(), super::KeyError> {
         use crate::config::bounds::Shown;
         use bounds::*;
         let w = self.weights;
