@@ -356,10 +356,22 @@ impl Connection {
         match self.acceptor.clone() {
             None => self.http(io, false).await,
             Some(acceptor) => {
+                let accept =
+                    tokio::time::timeout(self.limits.header_read_timeout, acceptor.accept(io));
+                tokio::pin!(accept);
                 let handshake = tokio::select! {
-                    _ = self.cancel.cancelled() => return,
                     _ = self.shed.cancelled() => return,
-                    r = tokio::time::timeout(self.limits.header_read_timeout, acceptor.accept(io)) => r,
+                    r = &mut accept => r,
+                    _ = self.cancel.cancelled() => {
+                        // A poll still in its handshake when the listener stops (a handover,
+                        // a reload) gets the grace a plain connection's first request gets:
+                        // dropped now, its client would get no answer.
+                        let grace = FIRST_REQUEST_GRACE.min(self.limits.header_read_timeout);
+                        match tokio::time::timeout(grace, &mut accept).await {
+                            Ok(r) => r,
+                            Err(_) => return,
+                        }
+                    }
                 };
                 match handshake {
                     Ok(Ok(tls)) => {
