@@ -16,24 +16,6 @@ use std::time::Duration;
 use support::routers::{self, Answer, Draft, Haproxy, complete};
 use support::stack::{Launch, Stack, free_ports};
 
-/// `haproxy -c -f <path>`: whether it accepted the file, and what it said.
-fn haproxy_check(bin: &std::path::Path, path: &std::path::Path) -> (bool, String) {
-    let out = std::process::Command::new(bin)
-        .arg("-c")
-        .arg("-f")
-        .arg(path)
-        .output()
-        .expect("run haproxy -c");
-    (
-        out.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    )
-}
-
 // The shipped example passes HAProxy's own check as it is (the router tests below run it,
 // on local ports); the check can fail: a misspelt keyword on the main server's line.
 #[test]
@@ -43,7 +25,7 @@ fn the_shipped_haproxy_config_passes_haproxys_own_check() {
     };
     let shipped =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/haproxy/haproxy.cfg");
-    let (ok, out) = haproxy_check(&bin, &shipped);
+    let (ok, out) = routers::haproxy_check(&bin, &shipped);
     assert!(ok, "{}:\n{out}", shipped.display());
     let dir = tempfile::tempdir().unwrap();
     let bad = dir.path().join("bad.cfg");
@@ -55,7 +37,7 @@ fn the_shipped_haproxy_config_passes_haproxys_own_check() {
         ),
     )
     .unwrap();
-    let (ok, out) = haproxy_check(&bin, &bad);
+    let (ok, out) = routers::haproxy_check(&bin, &bad);
     assert!(!ok, "haproxy accepted a misspelt keyword:\n{out}");
     assert!(out.contains("agent-sned"), "{out}");
 }

@@ -86,6 +86,22 @@ pub fn example(path: &str, edits: &[(&str, &str, usize)]) -> String {
     text
 }
 
+/// `haproxy -c -f <path>`: whether it accepted the file, and what it said.
+pub fn haproxy_check(bin: &Path, path: &Path) -> (bool, String) {
+    let out = Command::new(bin)
+        .arg("-c")
+        .arg("-f")
+        .arg(path)
+        .output()
+        .expect("run haproxy -c");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
 /// `envoy --mode validate -c <path>`: its output, and whether it accepted the file.
 pub fn envoy_validate(bin: &Path, path: &Path) -> (bool, String) {
     let out = Command::new(bin)
@@ -292,18 +308,8 @@ impl Haproxy {
             config.replace("{stats}", &stats.display().to_string()),
         )
         .unwrap();
-        let check = Command::new(bin)
-            .arg("-c")
-            .arg("-f")
-            .arg(&cfg)
-            .output()
-            .unwrap();
-        assert!(
-            check.status.success(),
-            "haproxy -c rejects the config:\n{}{}",
-            String::from_utf8_lossy(&check.stdout),
-            String::from_utf8_lossy(&check.stderr)
-        );
+        let (ok, said) = haproxy_check(bin, &cfg);
+        assert!(ok, "haproxy -c rejects the config:\n{said}");
         let log = dir.join("haproxy.log");
         let child = Command::new(bin)
             .arg("-db")

@@ -274,16 +274,7 @@ pub(super) async fn run_systemctl(m: &UserManager, args: &[&str]) -> Result<Stri
         .await
         .map_err(|_| format!("systemctl --user {}: no answer within 60 s", args.join(" ")))?
         .map_err(|e| format!("systemctl: {e}"))?;
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    } else {
-        Err(format!(
-            "systemctl --user {}: {}: {}",
-            args.join(" "),
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
+    crate::systemd::systemctl_answer(args, &out)
 }
 
 /// When `/status` first answers (any readable status), polling every 10 ms on fresh

@@ -35,6 +35,21 @@ use std::time::{Duration, Instant};
 mod unit;
 pub use unit::*;
 
+/// What `systemctl --user <args>` answered: its stdout, or an error with its exit status and
+/// stderr (the blocking and the async caller alike).
+pub fn systemctl_answer(args: &[&str], out: &std::process::Output) -> Result<String, String> {
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(format!(
+            "systemctl --user {}: {}: {}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
 /// The systemd binary.
 pub const SYSTEMD: &str = "/usr/lib/systemd/systemd";
 
@@ -234,16 +249,7 @@ exec {SYSTEMD} --user --unit={IDLE_TARGET} --log-target=console --log-level=info
         cmd.args(args);
         let out = run_with_limit(cmd, SYSTEMCTL_LIMIT)
             .map_err(|e| format!("systemctl --user {}: {e}", args.join(" ")))?;
-        if out.status.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-        } else {
-            Err(format!(
-                "systemctl --user {}: {}: {}",
-                args.join(" "),
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            ))
-        }
+        systemctl_answer(args, &out)
     }
 
     /// Writes the unit `name` into the manager's unit directory and reloads the manager.
