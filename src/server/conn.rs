@@ -22,8 +22,10 @@
 //!   the least recently active connection with no request in its handler is closed to make
 //!   room, so a fresh `/status` poll is always answered; a connection accepted less than
 //!   250 ms ago that has sent no request yet (a poll in its TLS handshake) goes last, after
-//!   every older idle one; if every connection is inside a handler (none of ours waits on
-//!   anything), the new one is closed instead.
+//!   every older idle one; among the rest, one whose peer never sent a byte goes before one
+//!   that did (a flood of silent connections, all fresh at its start, never outlasts a poll
+//!   that has begun its handshake); if every connection is inside a handler (none of ours
+//!   waits on anything), the new one is closed instead.
 //! - **Accept errors** (EMFILE: out of file descriptors) close the least recently active idle
 //!   connection too, and are logged; identical warnings are rate-limited by the log layer.
 //! - **Stopping** (SIGTERM, or a SIGHUP reload that restarts the engine, whose socket the new
@@ -39,7 +41,7 @@ use hyper_util::rt::TokioIo;
 use std::collections::HashMap;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -97,6 +99,8 @@ struct Activity {
     head_since_ms: AtomicU64,
     /// [`now_ms`] of the accept.
     opened_ms: u64,
+    /// The peer has sent at least one byte (a TLS `ClientHello`, a request head).
+    heard: AtomicBool,
 }
 
 impl Default for Activity {
@@ -108,6 +112,7 @@ impl Default for Activity {
             requests: AtomicU64::new(0),
             head_since_ms: AtomicU64::new(now),
             opened_ms: now,
+            heard: AtomicBool::new(false),
         }
     }
 }
@@ -122,6 +127,12 @@ impl Activity {
 
     fn touch(&self) {
         self.last_ms.store(now_ms(), Ordering::Relaxed);
+    }
+
+    /// A byte came from the peer.
+    fn heard(&self) {
+        self.heard.store(true, Ordering::Relaxed);
+        self.touch();
     }
 
     /// An answer is being written: the wait for the next head starts after it.
@@ -148,28 +159,41 @@ struct Registry {
     conns: HashMap<u64, Registered>,
 }
 
-/// The connection to close to make room: the least recently active one with no request in
-/// its handler (ties: the older id), a fresh one ([`Activity::fresh`]) only when every idle
-/// one is fresh. `None` when every connection is busy. Items: (id, last activity, requests
-/// in the handler, fresh).
-fn victim(conns: impl Iterator<Item = (u64, u64, u32, bool)>) -> Option<u64> {
+/// A connection as [`victim`] weighs it.
+#[derive(Debug, Clone, Copy)]
+struct Candidate {
+    id: u64,
+    /// [`Activity::last_ms`].
+    last_ms: u64,
+    /// Requests in the handler now.
+    busy: u32,
+    /// [`Activity::fresh`].
+    fresh: bool,
+    /// The peer has sent a byte.
+    heard: bool,
+}
+
+/// The connection to close to make room, among those with no request in their handler:
+/// not a fresh one ([`Activity::fresh`]) while any other exists, then one whose peer never
+/// sent a byte before one that did, then the least recently active (ties: the older id).
+/// `None` when every connection is busy.
+fn victim(conns: impl Iterator<Item = Candidate>) -> Option<u64> {
     conns
-        .filter(|&(_, _, busy, _)| busy == 0)
-        .min_by_key(|&(id, last, _, fresh)| (fresh, last, id))
-        .map(|(id, _, _, _)| id)
+        .filter(|c| c.busy == 0)
+        .min_by_key(|c| (c.fresh, c.heard, c.last_ms, c.id))
+        .map(|c| c.id)
 }
 
 impl Registry {
     /// Closes the least recently active idle connection; false when there is none.
     fn shed_one(&mut self) -> bool {
         let now = now_ms();
-        let pick = victim(self.conns.iter().map(|(&id, e)| {
-            (
-                id,
-                e.activity.last_ms.load(Ordering::Relaxed),
-                e.activity.busy.load(Ordering::Relaxed),
-                e.activity.fresh(now),
-            )
+        let pick = victim(self.conns.iter().map(|(&id, e)| Candidate {
+            id,
+            last_ms: e.activity.last_ms.load(Ordering::Relaxed),
+            busy: e.activity.busy.load(Ordering::Relaxed),
+            fresh: e.activity.fresh(now),
+            heard: e.activity.heard.load(Ordering::Relaxed),
         }));
         match pick.and_then(|id| self.conns.remove(&id)) {
             Some(e) => {
@@ -196,7 +220,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for Tracked<S> {
         let before = buf.filled().len();
         let r = Pin::new(&mut self.inner).poll_read(cx, buf);
         if buf.filled().len() > before {
-            self.activity.touch();
+            self.activity.heard();
         }
         r
     }
@@ -559,30 +583,53 @@ mod tests {
 
     #[test]
     fn the_victim_is_the_least_recently_active_idle_connection() {
-        // (id, last activity, busy, fresh)
+        // (id, last activity, busy, fresh, heard)
+        let v = |cs: &[(u64, u64, u32, bool, bool)]| {
+            victim(
+                cs.iter()
+                    .map(|&(id, last_ms, busy, fresh, heard)| Candidate {
+                        id,
+                        last_ms,
+                        busy,
+                        fresh,
+                        heard,
+                    }),
+            )
+        };
         assert_eq!(
-            victim([(1, 50, 0, false), (2, 10, 0, false), (3, 5, 1, false)].into_iter()),
+            v(&[
+                (1, 50, 0, false, true),
+                (2, 10, 0, false, true),
+                (3, 5, 1, false, true)
+            ]),
             Some(2)
         );
         assert_eq!(
-            victim([(7, 10, 0, false), (3, 10, 0, false)].into_iter()),
+            v(&[(7, 10, 0, false, true), (3, 10, 0, false, true)]),
             Some(3)
         );
-        assert_eq!(
-            victim([(1, 5, 1, false), (2, 1, 2, false)].into_iter()),
-            None
-        );
-        assert_eq!(victim(std::iter::empty()), None);
+        assert_eq!(v(&[(1, 5, 1, false, true), (2, 1, 2, false, true)]), None);
+        assert_eq!(v(&[]), None);
         // A fresh connection (a poll in its handshake) is spared while an older idle one
         // exists, however recently that one moved a byte; among fresh ones only, the usual
         // order.
         assert_eq!(
-            victim([(9, 1, 0, true), (4, 80, 0, false)].into_iter()),
+            v(&[(9, 1, 0, true, true), (4, 80, 0, false, true)]),
             Some(4)
         );
+        assert_eq!(v(&[(9, 3, 0, true, true), (8, 2, 0, true, true)]), Some(8));
+        // A peer that never sent a byte goes before one that did, however much longer ago
+        // that one was active: at the start of a flood every connection is fresh, and a
+        // poll that has begun its TLS handshake is older than the silent ones behind it.
+        assert_eq!(v(&[(1, 2, 0, true, true), (2, 9, 0, true, false)]), Some(2));
         assert_eq!(
-            victim([(9, 3, 0, true), (8, 2, 0, true)].into_iter()),
-            Some(8)
+            v(&[(1, 2, 0, false, true), (2, 9, 0, false, false)]),
+            Some(2)
+        );
+        // Freshness first: a silent connection just accepted outlasts an idle talker.
+        assert_eq!(
+            v(&[(1, 2, 0, false, true), (2, 9, 0, true, false)]),
+            Some(1)
         );
     }
 

@@ -1,6 +1,6 @@
 //! The JSON the agent serves on `/status/detail` and `/qos`, as typed structs. The server
 //! builds them; the chaos runner and the tests read them back with `serde_json`, so a field
-//! renamed or moved breaks the build and `tests/wire_shapes.rs`, not a dashboard.
+//! renamed or moved breaks the build and `tests/verdicts/wire_shapes.rs`, not a dashboard.
 //!
 //! Objects go out with their keys sorted, at every level (they pass through
 //! `serde_json::Value`, as the hand-built JSON always did), so the bytes on the wire do not

@@ -170,16 +170,30 @@ pub fn json(out: &Output) -> serde_json::Value {
 
 const CHILD_ENV: &str = "NPU_TEST_CHILD";
 
+/// The calling test's full name as libtest knows it (`<module>::<test>` in an area's test
+/// binary), from the name libtest gives the thread a test runs on; `test` is the function's
+/// own name, checked against it so that a wrong name fails here rather than in the child.
+pub fn full_test_name(test: &str) -> String {
+    let thread = std::thread::current();
+    let name = thread.name().unwrap_or_default();
+    assert!(
+        name == test || name.ends_with(&format!("::{test}")),
+        "in_child({test:?}) called from the test thread {name:?}: pass the calling test's own name"
+    );
+    name.to_owned()
+}
+
 /// Runs the calling test (named `test`) again in a fresh process with `envs` set. Returns
 /// true inside that process, where the caller runs its body; in the parent it waits, checks
 /// the child passed, and returns false.
 pub fn in_child(test: &str, envs: &[(&str, &Path)]) -> bool {
-    if std::env::var(CHILD_ENV).as_deref() == Ok(test) {
+    let test = full_test_name(test);
+    if std::env::var(CHILD_ENV).as_deref() == Ok(test.as_str()) {
         return true;
     }
     let out = Command::new(std::env::current_exe().expect("test exe"))
-        .args([test, "--exact", "--nocapture", "--test-threads=1"])
-        .env(CHILD_ENV, test)
+        .args([test.as_str(), "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, &test)
         .envs(envs.iter().map(|(k, v)| (*k, *v)))
         .output()
         .expect("run test child");
@@ -191,6 +205,36 @@ pub fn in_child(test: &str, envs: &[(&str, &Path)]) -> bool {
         String::from_utf8_lossy(&out.stderr)
     );
     false
+}
+
+/// Figures a test measures, for the log of a run: each line is printed (seen with
+/// `--nocapture`) and written to `target/tmp/figures/<test>.txt`, which `.ci/run` prints after
+/// the suite. So the suite runs once and its figures still reach CI's log.
+pub struct Figures {
+    path: PathBuf,
+}
+
+impl Figures {
+    /// Starts (empties) the figures file of `test`.
+    pub fn new(test: &str) -> Self {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("figures");
+        std::fs::create_dir_all(&dir).expect("figures dir");
+        let path = dir.join(format!("{test}.txt"));
+        std::fs::write(&path, "").expect("figures file");
+        Figures { path }
+    }
+
+    /// Prints `text` and appends it to the file.
+    pub fn line(&self, text: impl AsRef<str>) {
+        use std::io::Write;
+        let text = text.as_ref();
+        println!("{text}");
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&self.path)
+            .expect("figures file");
+        writeln!(f, "{text}").expect("write a figure");
+    }
 }
 
 /// Polls `done` every `poll` until it holds; after `limit` panics with `what` and `log()`

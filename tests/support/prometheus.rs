@@ -17,6 +17,34 @@ pub fn rules_file() -> PathBuf {
     repo().join("deploy/prometheus/npu-health-agent.rules.yml")
 }
 
+/// The shipped rules file with every `for:` divided by `divisor`, written into `dir`: for a
+/// live run that checks the chain (agent → scrape → rule → alert) without waiting out the
+/// real durations, which `promtool test rules` checks on its own clock
+/// (`deploy/prometheus/tests/`, run by `prometheus_rules.rs`).
+pub fn rules_file_scaled(dir: &Path, divisor: u64) -> PathBuf {
+    let text = std::fs::read_to_string(rules_file()).expect("the shipped rules file");
+    let mut scaled = 0;
+    let out: Vec<String> = text
+        .lines()
+        .map(|line| {
+            let Some((indent, value)) = line.split_once("for: ") else {
+                return line.to_owned();
+            };
+            if !indent.trim().is_empty() {
+                return line.to_owned();
+            }
+            let d = humantime::parse_duration(value.trim())
+                .unwrap_or_else(|e| panic!("a for: the test cannot read: {line:?}: {e}"));
+            scaled += 1;
+            format!("{indent}for: {}ms", d.as_millis() as u64 / divisor)
+        })
+        .collect();
+    assert!(scaled > 0, "no for: in the rules file");
+    let path = dir.join("npu-health-agent.rules.yml");
+    std::fs::write(&path, out.join("\n") + "\n").expect("write the scaled rules");
+    path
+}
+
 pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }

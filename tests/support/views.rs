@@ -56,6 +56,11 @@ impl Views {
 
     /// [`Views::start`] with a choice of NPUs.
     pub fn start_with(token: bool, kubernetes: bool, npus: Npus) -> Views {
+        Views::start_agent(token, kubernetes, npus, "")
+    }
+
+    /// [`Views::start_with`] with `agent_lines` added to the agent's `[agent]` table.
+    pub fn start_agent(token: bool, kubernetes: bool, npus: Npus, agent_lines: &str) -> Views {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
         for f in ["npu0", "npu1", "npu2"] {
@@ -84,7 +89,7 @@ impl Views {
         std::fs::write(&scenario, scenario_text).unwrap();
         let [e_a, c_a, e_b, c_b, m_a, m_b, admin, haproxy] = free_ports();
         let mut agent_extra = format!(
-            "admin_listen = \"127.0.0.1:{admin}\"\nhaproxy_agent_listen = \"127.0.0.1:{haproxy}\"\n"
+            "admin_listen = \"127.0.0.1:{admin}\"\nhaproxy_agent_listen = \"127.0.0.1:{haproxy}\"\n{agent_lines}"
         );
         if token {
             std::fs::write(d.join("admin.token"), format!("{TOKEN}\n")).unwrap();

@@ -1,5 +1,5 @@
 //! What the fake engine imitates: one vLLM release's OpenAI server, or MindIE's engine server
-//! in front of vLLM. Each profile is a claim about the real thing; `tests/engine_conformance.rs`
+//! in front of vLLM. Each profile is a claim about the real thing; `tests/real_engine/engine_conformance.rs`
 //! runs the same assertions against the fake at its profile and against a real vLLM.
 //!
 //! Facts per profile, read from the releases' own source (docs/real-vllm.md has the table and

@@ -1,5 +1,5 @@
 """Unit tests of the plugin's logic, without vLLM (the real-vLLM test is
-tests/real_vllm.rs::virtual_filter_plugin_keeps_probes_out_of_request_success).
+tests/real_engine/real_vllm.rs::virtual_filter_plugin_keeps_probes_out_of_request_success).
 
 Run: python3 -m unittest discover -s plugins/vllm-virtual-filter/tests
 """

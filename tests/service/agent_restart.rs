@@ -1,0 +1,455 @@
+//! The agent's own restarts, with real processes: what it saved survives a restart (a hung
+//! engine stays `abnormal`, a count in progress resumes, a warm engine is not warmed up
+//! again), a bad state file is ignored with a warning, a reload that changes a hung engine's
+//! table keeps it `abnormal`, a state saved for another engine process is dropped, and a
+//! second agent takes over from a running one under a `/status` poll without one failure.
+//! systemd's own restart paths (its file-descriptor store) are in `systemd_restart.rs`.
+
+#![cfg(feature = "fake-driver")]
+
+use crate::support;
+use crate::support::stack::{Launch, Stack, http};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+const ABNORMAL: &str = r#"{"status":"abnormal"}"#;
+const NORMAL: &str = r#"{"status":"normal"}"#;
+
+fn stack() -> Stack {
+    Stack::start_launch(Launch {
+        state_dir: true,
+        ..Launch::default()
+    })
+}
+
+/// Hangs the engine and waits until the agent says `abnormal`.
+fn hang_until_abnormal(s: &Stack) {
+    s.faults(r#"{"hang": true}"#);
+    s.wait_for_status("abnormal", Duration::from_secs(30));
+}
+
+/// Every `/status` answer from now until `/status` has answered `n` times, with the failed
+/// polls (refused while no agent listens) counted apart.
+fn answers(s: &Stack, n: usize, limit: Duration) -> (Vec<String>, usize) {
+    let end = Instant::now() + limit;
+    let (mut got, mut failed) = (Vec::new(), 0);
+    while got.len() < n && Instant::now() < end {
+        match s.get(&s.status_url()) {
+            Some((_, body)) => got.push(body),
+            None => failed += 1,
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        got.len(),
+        n,
+        "/status answered {} times in {limit:?}",
+        got.len()
+    );
+    (got, failed)
+}
+
+// Issue 24: restarted at once, the agent answered `normal` for 180 s (the warm-up's wait)
+// about an engine it had reported `abnormal`.
+#[test]
+fn a_hung_engine_stays_abnormal_through_an_agent_restart() {
+    let mut s = stack();
+    hang_until_abnormal(&s);
+    s.restart_agent("TERM");
+    let (got, _) = answers(&s, 50, Duration::from_secs(30));
+    assert!(
+        got.iter().all(|b| b == ABNORMAL),
+        "every answer after the restart is abnormal: {got:?}\n{}",
+        s.agent_log()
+    );
+    let log = s.last_agent_log();
+    assert!(
+        log.contains("resuming from the saved state: abnormal"),
+        "{log}"
+    );
+    assert!(!log.contains("warm-up request"), "no warm-up: {log}");
+}
+
+// A crash (SIGKILL) loses at most what changed in the last moment: the state is written on
+// every change, not at exit.
+#[test]
+fn a_hung_engine_stays_abnormal_through_an_agent_crash() {
+    let mut s = stack();
+    hang_until_abnormal(&s);
+    // The state file is written within its check period of the change.
+    std::thread::sleep(Duration::from_millis(500));
+    s.restart_agent("KILL");
+    let (got, _) = answers(&s, 30, Duration::from_secs(30));
+    assert!(got.iter().all(|b| b == ABNORMAL), "{got:?}");
+}
+
+// A count in progress (4 of 6) resumes: `abnormal` after the remaining failures, no warm-up.
+#[test]
+fn a_count_in_progress_resumes_after_a_restart_without_a_new_warm_up() {
+    let mut s = stack();
+    s.faults(r#"{"hang": true}"#);
+    s.wait_until("4 counted failures", Duration::from_secs(30), |d| {
+        d["virtual_inference"]["failure_count"].as_i64() >= Some(4)
+    });
+    s.restart_agent("TERM");
+    let url = format!("http://127.0.0.1:{}/status/detail", s.mgmt_port);
+    let end = Instant::now() + Duration::from_secs(30);
+    let first: serde_json::Value = loop {
+        if let Some((200, body)) = s.get(&url) {
+            break serde_json::from_str(&body).unwrap();
+        }
+        assert!(
+            Instant::now() < end,
+            "the new agent never answered:\n{}",
+            s.agent_log()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let resumed = first["virtual_inference"]["failure_count"]
+        .as_i64()
+        .unwrap();
+    assert!(
+        (4..6).contains(&resumed) || first["status"] == "abnormal",
+        "the count resumed at {resumed}: {first}"
+    );
+    s.wait_for_status("abnormal", Duration::from_secs(30));
+    let d = s.detail();
+    assert_eq!(d["virtual_inference"]["failure_count"], 6, "{d}");
+    assert_eq!(d["virtual_inference"]["last_probe"]["warmup"], false, "{d}");
+    let log = s.last_agent_log();
+    assert!(log.contains("virtual inference resumes"), "{log}");
+    assert!(!log.contains("warm-up request"), "{log}");
+    // The new process counted on from where the old one stopped, not from 1.
+    assert!(log.contains("Current failure count: 6/6"), "{log}");
+    for n in 1..=resumed {
+        assert!(
+            !log.contains(&format!("Current failure count: {n}/6")),
+            "counted {n} again after resuming at {resumed}:\n{log}"
+        );
+    }
+}
+
+// The Kubernetes path and a second `run` by hand: a new agent started beside the running
+// one takes its sockets and its state. A poll every 100 ms never fails and always reads
+// `normal`, and the warm engine is not warmed up again.
+/// HAProxy's agent check for `e2e` on `addr`: the answer line, `None` when none came.
+fn agent_check(addr: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect(addr).ok()?;
+    c.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    c.write_all(b"e2e\n").ok()?;
+    let mut out = String::new();
+    c.read_to_string(&mut out).ok()?;
+    (!out.is_empty()).then_some(out)
+}
+
+/// `f`'s answers every `every`, on a thread of its own, until [`Poller::finish`].
+struct Poller<T> {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<Vec<T>>,
+}
+
+impl<T: Send + 'static> Poller<T> {
+    fn start(every: Duration, f: impl Fn() -> T + Send + 'static) -> Poller<T> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut got = Vec::new();
+                while !stop.load(Ordering::Acquire) {
+                    got.push(f());
+                    std::thread::sleep(every);
+                }
+                got
+            })
+        };
+        Poller { stop, thread }
+    }
+
+    /// Stops polling; every answer, in order.
+    fn finish(self) -> Vec<T> {
+        self.stop.store(true, Ordering::Release);
+        self.thread.join().unwrap()
+    }
+}
+
+/// Starts a second agent beside `s`'s, which hands over to it and must exit 0 within 30 s;
+/// `s` then holds the new agent.
+fn hand_over(s: &mut Stack) {
+    let new = s.spawn_agent();
+    let mut old = std::mem::replace(&mut s.agent, new);
+    let end = Instant::now() + Duration::from_secs(30);
+    let exited = loop {
+        if let Some(st) = old.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            Instant::now() < end,
+            "the old agent never stopped:\n{}",
+            s.agent_log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(
+        exited.success(),
+        "the old agent exits 0 after handing over: {exited}"
+    );
+}
+
+#[test]
+fn two_agents_hand_over_under_a_poll_every_100_ms_without_a_failed_poll() {
+    // HAProxy's agent-check listener is handed over too, under its own poller.
+    let [check_port] = support::stack::free_ports();
+    let agent_extra = format!("haproxy_agent_listen = \"127.0.0.1:{check_port}\"");
+    let mut s = Stack::start_launch(Launch {
+        state_dir: true,
+        agent_extra: &agent_extra,
+        ..Launch::default()
+    });
+    let url = s.status_url();
+    let addr = format!("127.0.0.1:{check_port}");
+    let checker = Poller::start(Duration::from_millis(100), move || agent_check(&addr));
+    let poller = Poller::start(Duration::from_millis(100), move || {
+        http("GET", &url, None).map(|r| r.1)
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    hand_over(&mut s);
+    std::thread::sleep(Duration::from_secs(2));
+    let polls = poller.finish();
+    let checks = checker.finish();
+    assert!(
+        checks.iter().all(|c| c
+            .as_deref()
+            .is_some_and(|c| c.starts_with("up ready 100% "))),
+        "an agent check without its answer: {checks:?}\n{}",
+        s.agent_log()
+    );
+    assert!(checks.len() >= 25, "{} agent checks", checks.len());
+    let failed = polls.iter().filter(|p| p.is_none()).count();
+    assert_eq!(failed, 0, "failed polls: {polls:?}\n{}", s.agent_log());
+    assert!(polls.iter().flatten().all(|b| b == NORMAL), "{polls:?}");
+    assert!(polls.len() >= 25, "{} polls", polls.len());
+    let old_log = std::fs::read_to_string(s.path("agent.log")).unwrap();
+    assert!(
+        old_log.contains("handed over to the agent pid"),
+        "{old_log}"
+    );
+    let new_log = s.last_agent_log();
+    assert!(
+        new_log.contains("taking over from the running agent"),
+        "{new_log}"
+    );
+    assert!(!new_log.contains("warm-up request"), "{new_log}");
+    // The new agent goes on probing.
+    s.wait_for_phase("running", Duration::from_secs(10));
+}
+
+// The handover with a hung engine (the rolling update of a node whose engine is wedged):
+// the new agent takes the old one's `abnormal` with its sockets, so every poll through the
+// handover reads `abnormal`, never `normal`, and no poll fails.
+#[test]
+fn a_hung_engine_stays_abnormal_through_a_handover() {
+    let mut s = stack();
+    hang_until_abnormal(&s);
+    let url = s.status_url();
+    let poller = Poller::start(Duration::from_millis(50), move || {
+        http("GET", &url, None).map(|r| r.1)
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    hand_over(&mut s);
+    std::thread::sleep(Duration::from_secs(2));
+    let polls = poller.finish();
+    assert!(polls.len() >= 20, "{} polls", polls.len());
+    assert_eq!(
+        polls.iter().filter(|p| p.is_none()).count(),
+        0,
+        "failed polls: {polls:?}"
+    );
+    assert!(
+        polls.iter().flatten().all(|b| b == ABNORMAL),
+        "every answer through the handover is abnormal: {polls:?}\n{}",
+        s.last_agent_log()
+    );
+    let log = s.last_agent_log();
+    assert!(log.contains("taking over from the running agent"), "{log}");
+    assert!(
+        log.contains("resuming from the saved state: abnormal"),
+        "{log}"
+    );
+    assert!(!log.contains("warm-up request"), "no warm-up: {log}");
+}
+
+// Without a state directory a second agent cannot take over: it fails at once, naming the
+// port and the way to take over.
+#[test]
+fn without_a_state_directory_a_second_agent_is_refused_with_a_way_out() {
+    let mut s = Stack::start_launch(Launch::default());
+    let mut second = s.spawn_agent();
+    let st = second.wait().unwrap();
+    assert_eq!(st.code(), Some(1), "{}", s.last_agent_log());
+    let log = s.last_agent_log();
+    assert!(log.contains("Address already in use"), "{log}");
+    assert!(log.contains("same state directory"), "{log}");
+    // The first one still serves.
+    s.wait_for_status("normal", Duration::from_secs(5));
+}
+
+/// Writes `text` as the state file and restarts the agent on it.
+fn restart_on(s: &mut Stack, text: &[u8]) {
+    let pid = s.agent.id().to_string();
+    std::process::Command::new("kill")
+        .args(["-KILL", &pid])
+        .status()
+        .unwrap();
+    let _ = s.agent.wait();
+    let path = s.path("run/state.json");
+    let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_dir_all(&path);
+    if text == b"<dir>" {
+        std::fs::create_dir(&path).unwrap();
+    } else {
+        std::fs::write(&path, text).unwrap();
+    }
+    s.agent = s.spawn_agent();
+}
+
+// A corrupt, foreign, future-dated or oversized file (or a directory in its place) is
+// ignored with one warning saying why; the agent starts clean (a warm-up) and serves.
+#[test]
+fn each_bad_state_file_is_ignored_with_a_warning_and_the_agent_starts_clean() {
+    let mut s = stack();
+    hang_until_abnormal(&s);
+    s.faults(r#"{"hang": false}"#);
+    // A genuine file of this engine, to make the bad ones from.
+    std::thread::sleep(Duration::from_millis(500));
+    let good: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(s.path("run/state.json")).unwrap()).unwrap();
+    assert_eq!(good["engines"][0]["vi"]["abnormal"], true, "{good}");
+    let with = |f: &dyn Fn(&mut serde_json::Value)| {
+        let mut v = good.clone();
+        f(&mut v);
+        serde_json::to_vec(&v).unwrap()
+    };
+    let now_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64
+    };
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        (
+            "corrupt",
+            b"{\"format\": 1, \"engines\": [".to_vec(),
+            "does not parse",
+        ),
+        ("binary", vec![0xff, 0x00, 0xfe, 0x01], "does not parse"),
+        (
+            "another format",
+            with(&|v| v["format"] = 99.into()),
+            "format 99",
+        ),
+        (
+            "future-dated",
+            with(&|v| v["saved_at_unix_ms"] = (now_ms() + 86_400_000).into()),
+            "in the future",
+        ),
+        (
+            "too old",
+            with(&|v| v["saved_at_unix_ms"] = (now_ms() - 7_200_000).into()),
+            "ago, over",
+        ),
+        (
+            "oversized",
+            {
+                let mut v = vec![b' '; 5 * 1024 * 1024];
+                v.extend(with(&|v| v["saved_at_unix_ms"] = now_ms().into()));
+                v
+            },
+            "bytes, over",
+        ),
+        ("a directory", b"<dir>".to_vec(), "not a regular file"),
+        (
+            "another engine's",
+            with(&|v| {
+                v["saved_at_unix_ms"] = now_ms().into();
+                v["engines"][0]["engine"] = "http://127.0.0.1:1".into();
+            }),
+            "the saved state is for http://127.0.0.1:1",
+        ),
+    ];
+    for (what, text, warning) in cases {
+        restart_on(&mut s, &text);
+        s.wait_for_status("normal", Duration::from_secs(30));
+        s.wait_for_phase("running", Duration::from_secs(30));
+        let log = s.last_agent_log();
+        assert!(log.contains(warning), "{what}: no {warning:?} in\n{log}");
+        assert!(
+            log.contains("warm-up request succeeded"),
+            "{what}: a clean start warms up:\n{log}"
+        );
+        assert!(!log.contains("panicked"), "{what}: {log}");
+    }
+}
+
+// A SIGHUP that changes a hung engine's table (its timing here) restarts its probes but
+// keeps what it concluded: `abnormal` throughout, not 180 s of `normal`.
+#[test]
+fn a_reload_that_changes_a_hung_engines_table_keeps_it_abnormal() {
+    let s = stack();
+    hang_until_abnormal(&s);
+    let toml = s.path("agent.toml");
+    let text = std::fs::read_to_string(&toml).unwrap();
+    std::fs::write(
+        &toml,
+        text.replace("interval = \"500ms\"", "interval = \"600ms\""),
+    )
+    .unwrap();
+    let pid = s.agent.id().to_string();
+    std::process::Command::new("kill")
+        .args(["-HUP", &pid])
+        .status()
+        .unwrap();
+    let end = Instant::now() + Duration::from_secs(20);
+    while !s.agent_log().contains("configuration reloaded") {
+        assert!(Instant::now() < end, "no reload:\n{}", s.agent_log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (got, failed) = answers(&s, 40, Duration::from_secs(20));
+    assert_eq!(failed, 0);
+    assert!(
+        got.iter().all(|b| b == ABNORMAL),
+        "{got:?}\n{}",
+        s.agent_log()
+    );
+    let log = s.agent_log();
+    assert!(log.contains("restarted e2e"), "{log}");
+    assert!(log.contains("carry over to the new settings"), "{log}");
+}
+
+// The engine was restarted (a new process) while no agent ran: the saved `abnormal` is not
+// this process's, and the agent watches it from its initial state.
+#[test]
+fn a_state_saved_for_another_engine_process_is_dropped() {
+    let mut s = stack();
+    hang_until_abnormal(&s);
+    let pid = s.agent.id().to_string();
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    let _ = s.agent.wait();
+    s.kill_engine();
+    // process_start_time_seconds has a resolution of 10 ms, and the check a margin of 1 s.
+    std::thread::sleep(Duration::from_millis(1500));
+    s.start_engine();
+    s.agent = s.spawn_agent();
+    s.wait_for_status("normal", Duration::from_secs(30));
+    s.wait_for_phase("running", Duration::from_secs(30));
+    let log = s.last_agent_log();
+    assert!(
+        log.contains("the saved state is not this engine's"),
+        "{log}"
+    );
+    assert!(log.contains("warm-up request succeeded"), "{log}");
+}

@@ -1,0 +1,200 @@
+//! The JSON shapes of `/status/detail` and `/qos` are pinned: every key path, as the agent
+//! served them before they were built from typed structs (taken from a real-vLLM run's
+//! detail), and the typed structs of `server::wire` read an answer back into exactly the
+//! JSON that was sent, so the server, the chaos runner and these tests share one definition.
+
+use crate::support::stack::Stack;
+use npu_health_agent::server::wire::{self, EngineDetail, EngineQos, Engines};
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+/// Every key path of `/status/detail` (arrays as `[]`).
+const DETAIL_PATHS: &[&str] = &[
+    "actions",
+    "actions[].action",
+    "actions[].at_unix_ms",
+    "actions[].from",
+    "actions[].integration",
+    "actions[].level",
+    "actions[].reason",
+    "actions[].to",
+    "conditions",
+    "conditions[].name",
+    "conditions[].note",
+    "conditions[].ok",
+    "conditions[].value",
+    "engine",
+    "health",
+    "health.consecutive_failures",
+    "health.excused_timeouts",
+    "health.failing_for_ms",
+    "health.has_connected",
+    "health.last_error",
+    "health.last_ok_unix_ms",
+    "health.last_transport_error",
+    "health.probes",
+    "health.state",
+    "inference",
+    "kubernetes",
+    "qos",
+    "qos.admission_cap",
+    "qos.components",
+    "qos.components[].age_ms",
+    "qos.components[].input",
+    "qos.components[].name",
+    "qos.components[].score",
+    "qos.components[].series",
+    "qos.components[].weight",
+    "qos.consecutive_below_evict",
+    "qos.device",
+    "qos.device.ai_cube_mean",
+    "qos.device.ai_cube_peak",
+    "qos.device.hbm_ratio",
+    "qos.device.hbm_total_mb",
+    "qos.device.hbm_used_mb",
+    "qos.device.scored",
+    "qos.device.window_s",
+    "qos.enabled",
+    "qos.engine",
+    "qos.evaluations",
+    "qos.evicting",
+    "qos.eviction_answers_abnormal",
+    "qos.level",
+    "qos.level_since_unix_ms",
+    "qos.lowered_by",
+    "qos.model",
+    "qos.progress",
+    "qos.score",
+    "qos.scrape_failures",
+    "qos.scrapes",
+    "qos.stall_detection",
+    "qos.stall_detection.enabled",
+    "qos.stall_detection.skip_when_capacity_waiting",
+    "qos.stall_detection.window_s",
+    "qos.stalled_for_s",
+    "policy",
+    "policy_source",
+    "reason",
+    "role",
+    "routers",
+    "status",
+    "virtual_inference",
+    "virtual_inference.abnormal",
+    "virtual_inference.abnormal_reason",
+    "virtual_inference.failure_count",
+    "virtual_inference.interval_s",
+    "virtual_inference.last_probe",
+    "virtual_inference.last_probe.accounting",
+    "virtual_inference.last_probe.at_unix_ms",
+    "virtual_inference.last_probe.failure_count",
+    "virtual_inference.last_probe.latency_ms",
+    "virtual_inference.last_probe.outcome",
+    "virtual_inference.last_probe.peak",
+    "virtual_inference.last_probe.success",
+    "virtual_inference.last_probe.tpot_ms",
+    "virtual_inference.last_probe.ttft_ms",
+    "virtual_inference.last_probe.warmup",
+    "virtual_inference.max_failure_count",
+    "virtual_inference.npu_usage_threshold",
+    "virtual_inference.phase",
+    "virtual_inference.rearms",
+    "virtual_inference.warmup_done",
+    "window",
+    "window.devices",
+    "window.devices[].backend",
+    "window.devices[].device_gone",
+    "window.devices[].faults",
+    "window.devices[].faults_age_ms",
+    "window.devices[].faults_error",
+    "window.devices[].hbm_total_mb",
+    "window.devices[].hbm_used_mb",
+    "window.devices[].health",
+    "window.devices[].hung",
+    "window.devices[].id",
+    "window.devices[].invalid",
+    "window.devices[].last_error",
+    "window.devices[].mean",
+    "window.devices[].method",
+    "window.devices[].peak",
+    "window.devices[].source",
+    "window.devices[].source_note",
+    "window.devices[].source_reason",
+    "window.devices[].stale",
+    "window.devices[].valid",
+    "window.invalid",
+    "window.peak",
+    "window.seconds",
+    "window.truncated",
+    "window.valid",
+];
+
+fn paths(v: &serde_json::Value, at: &str, out: &mut BTreeSet<String>) {
+    match v {
+        serde_json::Value::Object(m) => {
+            for (k, x) in m {
+                let p = if at.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{at}.{k}")
+                };
+                out.insert(p.clone());
+                paths(x, &p, out);
+            }
+        }
+        serde_json::Value::Array(xs) => {
+            for x in xs {
+                paths(x, &format!("{at}[]"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+fn key_paths(v: &serde_json::Value) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    paths(v, "", &mut out);
+    out
+}
+
+#[test]
+fn detail_and_qos_keep_their_shape_and_read_back_into_the_typed_structs() {
+    let stack = Stack::start("max_failure_count = 3");
+    // A periodic probe has run, so `last_probe` and the QoS components are filled in.
+    let detail = stack.wait_until("a periodic probe", Duration::from_secs(20), |d| {
+        d["virtual_inference"]["last_probe"]["warmup"] == false
+            && d["qos"]["evaluations"].as_u64().unwrap_or(0) > 0
+    });
+    let want: BTreeSet<String> = DETAIL_PATHS.iter().map(|p| p.to_string()).collect();
+    let got = key_paths(&detail);
+    assert_eq!(
+        got.difference(&want).collect::<Vec<_>>(),
+        Vec::<&String>::new(),
+        "keys added"
+    );
+    assert_eq!(
+        want.difference(&got).collect::<Vec<_>>(),
+        Vec::<&String>::new(),
+        "keys lost"
+    );
+    // The typed structs read the answer and give back the same JSON.
+    let typed: EngineDetail = serde_json::from_value(detail.clone()).expect("typed detail");
+    assert_eq!(wire::to_json(&typed), detail);
+    // What the admin listener answers is `{"engines": [...]}` of these: the envelope reads
+    // back too, with a real engine in it (it was tested on an empty list).
+    let envelope = serde_json::json!({ "engines": [detail.clone(), detail.clone()] });
+    let typed: Engines<EngineDetail> = serde_json::from_value(envelope.clone()).unwrap();
+    assert_eq!(typed.engines.len(), 2);
+    assert_eq!(typed.engines[1].engine, "e2e");
+    assert_eq!(wire::to_json(&typed), envelope);
+    // `/qos` is the detail's `qos`.
+    let url = stack.status_url().replace("/status", "/qos");
+    let qos: serde_json::Value = serde_json::from_str(&stack.get(&url).unwrap().1).unwrap();
+    let qos_paths: BTreeSet<String> = want
+        .iter()
+        .filter_map(|p| p.strip_prefix("qos.").map(str::to_owned))
+        .collect();
+    assert_eq!(key_paths(&qos), qos_paths);
+    let typed: EngineQos = serde_json::from_value(qos.clone()).expect("typed qos");
+    assert_eq!(wire::to_json(&typed), qos);
+    assert_eq!(typed.engine, "e2e");
+}
