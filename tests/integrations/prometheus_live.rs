@@ -89,6 +89,7 @@ fn rules_and_dashboard_hold_in_a_real_prometheus() {
     ) else {
         return;
     };
+    let started = Instant::now();
     let mut v = Views::start_with(false, true, Npus::Engines);
 
     // Metric hygiene: the agent's own exposition passes promtool's lint, and the same lint
@@ -130,7 +131,11 @@ fn rules_and_dashboard_hold_in_a_real_prometheus() {
         Duration::from_secs(60),
         "node dashboard",
     );
-    println!("node dashboard: {} queries, all with data", queries.len());
+    println!(
+        "node dashboard: {} queries, all with data ({:.1} s into the test)",
+        queries.len(),
+        started.elapsed().as_secs_f64()
+    );
     let no_alerts = |why: &str| {
         let a = p.alerts();
         assert!(a.is_empty(), "{why}: {a:#?}\n{}", v.log());
@@ -167,6 +172,10 @@ fn rules_and_dashboard_hold_in_a_real_prometheus() {
     }
 
     // Three faults at once.
+    println!(
+        "no alert through the reloads ({:.1} s into the test)",
+        started.elapsed().as_secs_f64()
+    );
     let t0 = Instant::now();
     v.fault(0, r#"{"hang": true}"#);
     std::fs::write(v.path().join("npu2"), "hang\n").unwrap();

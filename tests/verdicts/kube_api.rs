@@ -116,6 +116,14 @@ fn the_gate_follows_readiness_through_api_failures() {
         "the kubelet's condition is untouched"
     );
     assert!(gate(&api, "other").is_none() && gate(&api, "vllm-far").is_none());
+    // The agent records the condition once the API has answered its patch: a moment after
+    // the stand-in applied it (on a loaded machine, more than a moment).
+    wait(
+        &stack,
+        "the agent's record of the gate",
+        Duration::from_secs(10),
+        || record(&stack).condition.is_some(),
+    );
     let r = record(&stack);
     assert_eq!(r.pod.as_deref(), Some("inference/vllm-0"));
     assert_eq!(r.condition.as_ref().unwrap().status, "True");
@@ -137,6 +145,16 @@ fn the_gate_follows_readiness_through_api_failures() {
     wait(&stack, "the gate False", Duration::from_secs(60), || {
         gate(&api, "vllm-0") == Some(("False".into(), "EngineAbnormal".into()))
     });
+    wait(
+        &stack,
+        "the agent's record of the gate False",
+        Duration::from_secs(10),
+        || {
+            record(&stack)
+                .condition
+                .is_some_and(|c| c.status == "False")
+        },
+    );
     let r = record(&stack);
     assert!(r.api_errors >= 5, "{r:#?}");
     let c = r.condition.clone().unwrap();
@@ -445,6 +463,18 @@ fn a_held_evict_evicts_through_a_pdb_refusal() {
                 .metadata
                 .deletion_timestamp
                 .is_some()
+        },
+    );
+    // The agent records the eviction once the API has answered it.
+    wait(
+        &stack,
+        "the agent's record of the eviction",
+        Duration::from_secs(10),
+        || {
+            record(&stack)
+                .attempts
+                .iter()
+                .any(|a| a.action == PodAction::Eviction && a.outcome.as_str() == "done")
         },
     );
     let r = record(&stack);
