@@ -597,12 +597,12 @@ mod tests {
         let (port, _) = one_shot("").await;
         let r = prober_for(port).send(Duration::from_millis(200)).await;
         assert_eq!(r.outcome, Err(ProbeFailure::Timeout));
-        // Nothing listening: a transport error, reported, not a panic.
-        let free = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        // Nothing listening: a transport error, reported, not a panic. The port is held by a
+        // socket that is bound and never listens (a connection to it is refused), so no other
+        // test's listener can take it meanwhile, as it could a port bound and released.
+        let held = tokio::net::TcpSocket::new_v4().unwrap();
+        held.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let free = held.local_addr().unwrap().port();
         let r = prober_for(free).send(Duration::from_secs(5)).await;
         assert!(
             matches!(r.outcome, Err(ProbeFailure::Transport(ref e)) if e.contains("onnect")),

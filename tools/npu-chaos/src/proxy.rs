@@ -222,15 +222,23 @@ mod tests {
     // new connections until the upstream listens again.
     #[tokio::test]
     async fn upstream_down_closes_the_client() {
-        let free = TcpListener::bind("127.0.0.1:0")
-            .await
-            .unwrap()
-            .local_addr()
-            .unwrap();
+        // The engine's port is held by a socket bound without listening: a connection to it
+        // is refused, and no other process can take it, as it could a port bound and released
+        // (the proxy then forwarded to that process and stayed open: 1 run in 5 under load).
+        let engine = tokio::net::TcpSocket::new_v4().unwrap();
+        engine.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let free = engine.local_addr().unwrap();
+        // The proxy's own port from below the ephemeral range, which no `:0` listener or
+        // outgoing connection takes while the proxy has it closed.
+        let [port] = fake_engine::launch::free_ports::<1>().unwrap();
         let cancel = CancellationToken::new();
-        let p = Proxy::start("127.0.0.1:0".parse().unwrap(), free, cancel.clone())
-            .await
-            .unwrap();
+        let p = Proxy::start(
+            format!("127.0.0.1:{port}").parse().unwrap(),
+            free,
+            cancel.clone(),
+        )
+        .await
+        .unwrap();
         let mut s = TcpStream::connect(p.addr).await.unwrap();
         let mut buf = [0u8; 1];
         let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
@@ -243,7 +251,7 @@ mod tests {
         let e = TcpStream::connect(p.addr).await.unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused);
         // … until the engine listens again.
-        let up = TcpListener::bind(free).await.unwrap();
+        let up = engine.listen(64).unwrap();
         tokio::spawn(async move {
             while let Ok((mut c, _)) = up.accept().await {
                 let _ = c.write_all(b"x").await;

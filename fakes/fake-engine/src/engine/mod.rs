@@ -427,14 +427,6 @@ fn npu_file_text(f: &Faults, usage: u8) -> String {
 mod tests {
     use super::*;
 
-    fn free_port() -> u16 {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port()
-    }
-
     struct Running {
         base: String,
         control: String,
@@ -457,7 +449,9 @@ mod tests {
 
     async fn start_with(profile: Profile) -> Running {
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let (p, c) = (free_port(), free_port());
+        // Below the ephemeral range, never twice in this process: a port taken from `:0` and
+        // released can be another test's listener by the time the engine binds it.
+        let [p, c] = crate::launch::free_ports::<2>().unwrap();
         let dir = std::env::temp_dir().join(format!("fake-engine-test-{p}"));
         std::fs::create_dir_all(&dir).unwrap();
         let npu = dir.join("npu0");
