@@ -3,8 +3,11 @@
 //! them), no module calls back up into its caller, and the configuration is the bottom
 //! layer every module may read and that reads none of them. A
 //! dependency is a `crate::<module>` path in shipped code (comments and unit test modules
-//! ignored).
-//! `cargo test --test service module_layering:: -- --nocapture` prints the graph.
+//! ignored), or a `super::<module>` path where `super` is the crate root (in `src/<module>.rs`
+//! or `src/<module>/mod.rs`; `super::super::<module>` one folder down).
+//! The same holds for every crate under `tools/` and `fakes/`, and their shipped code has no
+//! glob import (`use …::*`): each file names what it uses.
+//! `cargo test --test service module_layering:: -- --nocapture` prints the graphs.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -22,14 +25,88 @@ fn rust_files(p: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// Module → the modules its shipped code names.
-fn graph() -> BTreeMap<String, BTreeSet<String>> {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+/// The workspace root (this crate's manifest directory).
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// An item without its visibility (`pub`, `pub(crate)`, …).
+fn without_visibility(item: &str) -> &str {
+    match item.strip_prefix("pub") {
+        Some(r) if r.starts_with('(') => r[r.find(')').map_or(0, |i| i + 1)..].trim_start(),
+        Some(r) if r.starts_with(char::is_whitespace) => r.trim_start(),
+        _ => item,
+    }
+}
+
+/// The shipped lines of a Rust file: (line number, the line without its `//` comment), up
+/// to its unit tests. Unit tests may reach anywhere: a `#[cfg(test)]` module ends the
+/// shipped code of its file (it comes last); another `#[cfg(test)]` item does not. (A test
+/// module in a file of its own, `tests.rs`, is left out by its callers.)
+fn shipped_lines(text: &str) -> Vec<(usize, &str)> {
+    let mut out = Vec::new();
+    let mut test_only = false;
+    for (i, line) in text.lines().enumerate() {
+        let code = line.split("//").next().unwrap_or_default();
+        let item = code.trim_start();
+        if item.starts_with("#[cfg(test)]") || (test_only && item.starts_with("#[")) {
+            test_only = true;
+            continue;
+        }
+        if test_only && without_visibility(item).starts_with("mod ") {
+            break;
+        }
+        test_only = false;
+        out.push((i + 1, code));
+    }
+    out
+}
+
+/// The name a path segment starts with (`k8s` in `k8s::api`).
+fn ident(s: &str) -> String {
+    s.chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+        .collect()
+}
+
+/// The first segments a path continues with after `crate::` or `super::`: one (`run` in
+/// `run::run(…)`), or each of a group (`a`, `b` in `{a::X, b}`, over lines too).
+fn path_heads(rest: &str) -> Vec<String> {
+    let Some(group) = rest.strip_prefix('{') else {
+        return vec![ident(rest)];
+    };
+    let (mut heads, mut depth, mut start) = (Vec::new(), 0, 0);
+    for (i, c) in group.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth == 0 => {
+                heads.push(ident(group[start..i].trim_start()));
+                break;
+            }
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                heads.push(ident(group[start..i].trim_start()));
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    heads
+}
+
+/// Module → the modules its shipped code names, for the crate whose sources are in `src`
+/// (its `lib.rs` and `main.rs` left out). A module is a file `src/<m>.rs` or a folder
+/// `src/<m>/`; it names another by a `crate::<other>` path, or by `super::<other>` where
+/// `super` is the crate root (a file of `src/` or a folder's `mod.rs`; `super::super::` from
+/// a file inside a folder). A folder's file naming its folder's other files (`super::<x>`)
+/// names its own module.
+fn graph_of(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
     let mut mods = BTreeMap::new();
-    for e in std::fs::read_dir(&src).unwrap().flatten() {
+    for e in std::fs::read_dir(src).unwrap().flatten() {
         let path = e.path();
         let name = path.file_stem().unwrap().to_str().unwrap().to_owned();
-        if name != "lib" && name != "main" {
+        let module = path.is_dir() || path.extension().is_some_and(|x| x == "rs");
+        if module && name != "lib" && name != "main" {
             mods.insert(name, path);
         }
     }
@@ -42,35 +119,48 @@ fn graph() -> BTreeMap<String, BTreeSet<String>> {
         // A test module in a file of its own (`#[cfg(test)] mod tests;`) is not shipped.
         for f in files.iter().filter(|f| !f.ends_with("tests.rs")) {
             let text = std::fs::read_to_string(f).unwrap();
-            let mut test_only = false;
-            for line in text.lines() {
-                let code = line.split("//").next().unwrap_or_default();
-                let item = code.trim_start();
-                // Unit tests may reach anywhere: a `#[cfg(test)]` module ends the shipped
-                // code of its file (it comes last); another `#[cfg(test)]` item does not.
-                if item.starts_with("#[cfg(test)]") || (test_only && item.starts_with("#[")) {
-                    test_only = true;
+            let code: Vec<&str> = shipped_lines(&text).into_iter().map(|(_, c)| c).collect();
+            let code = code.join("\n");
+            // How many `super::` lead from this file to the crate root: 1 from `src/<m>.rs`
+            // and `src/<m>/mod.rs`, 2 from `src/<m>/<file>.rs`, …
+            let rel = f.strip_prefix(src).unwrap();
+            let depth = rel.components().count() - usize::from(f.ends_with("mod.rs"));
+            let mut named = Vec::new();
+            for (i, _) in code.match_indices("crate::") {
+                named.extend(path_heads(&code[i + "crate::".len()..]));
+            }
+            for (i, _) in code.match_indices("super::") {
+                let before = &code[..i];
+                // The start of a chain: `super::super::x` is counted once, from its first.
+                if before.ends_with("super::")
+                    || before.ends_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
+                {
                     continue;
                 }
-                if test_only && (item.starts_with("mod ") || item.starts_with("pub mod ")) {
-                    break;
+                let mut rest = &code[i..];
+                let mut supers = 0;
+                while let Some(r) = rest.strip_prefix("super::") {
+                    rest = r;
+                    supers += 1;
                 }
-                test_only = false;
-                for (i, _) in code.match_indices("crate::") {
-                    let rest = &code[i + "crate::".len()..];
-                    let dep: String = rest
-                        .chars()
-                        .take_while(|c| c.is_ascii_lowercase() || *c == '_')
-                        .collect();
-                    if names.contains(&dep) && &dep != m {
-                        deps.insert(dep);
-                    }
+                if supers == depth {
+                    named.extend(path_heads(rest));
+                }
+            }
+            for dep in named {
+                if names.contains(&dep) && &dep != m {
+                    deps.insert(dep);
                 }
             }
         }
         edges.insert(m.clone(), deps);
     }
     edges
+}
+
+/// Module → the modules its shipped code names, in the agent crate.
+fn graph() -> BTreeMap<String, BTreeSet<String>> {
+    graph_of(&root().join("src"))
 }
 
 /// A cycle through `from`, if any (depth-first).
@@ -146,7 +236,7 @@ fn the_configuration_names_no_runtime_module() {
 /// (`pub use <file>::{…}`), counted as the file that defines it. `mod.rs` (the façade) and
 /// `tests.rs` are left out.
 fn config_graph() -> BTreeMap<String, BTreeSet<String>> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/config");
+    let dir = root().join("src/config");
     let mut files = BTreeMap::new();
     for e in std::fs::read_dir(&dir).unwrap().flatten() {
         let name = e.path().file_stem().unwrap().to_str().unwrap().to_owned();
@@ -246,4 +336,186 @@ fn the_configurations_files_have_no_arrow_back_up() {
         cycles.is_empty(),
         "arrows back up inside config: {cycles:#?}"
     );
+}
+
+/// The crates under `parents` (`tools`, `fakes`): each directory there with a `Cargo.toml`
+/// and a `src/`, as (`tools/npu-chaos`, its `src`), in order.
+fn member_crates(parents: &[&str]) -> Vec<(String, PathBuf)> {
+    let mut crates = Vec::new();
+    for parent in parents {
+        for e in std::fs::read_dir(root().join(parent)).unwrap().flatten() {
+            let dir = e.path();
+            if dir.join("Cargo.toml").is_file() && dir.join("src").is_dir() {
+                let name = dir.file_name().unwrap().to_str().unwrap();
+                crates.push((format!("{parent}/{name}"), dir.join("src")));
+            }
+        }
+    }
+    crates.sort();
+    crates
+}
+
+// The runner and the fakes are layered as the agent is: in each crate under `tools/` and
+// `fakes/`, no top-level module names one that names it back (the time scaling the runner,
+// the agent's operations and the router share is `npu-chaos`'s bottom module, `timescale`).
+#[test]
+fn tools_and_fakes_have_no_module_cycle() {
+    let crates = member_crates(&["tools", "fakes"]);
+    let found: Vec<&str> = crates.iter().map(|(c, _)| c.as_str()).collect();
+    for want in ["tools/npu-chaos", "fakes/fake-engine"] {
+        assert!(found.contains(&want), "{want} not among {found:?}");
+    }
+    let mut cycles = Vec::new();
+    for (name, src) in &crates {
+        let g = graph_of(src);
+        if g.is_empty() {
+            println!("{name}: no module besides its root");
+        }
+        for (m, deps) in &g {
+            println!(
+                "{name}: {m:12} -> {}",
+                deps.iter().cloned().collect::<Vec<_>>().join(" ")
+            );
+        }
+        cycles.extend(
+            g.keys()
+                .filter_map(|m| cycle_from(&g, m))
+                .map(|c| format!("{name}: {}", c.join(" -> "))),
+        );
+    }
+    assert!(cycles.is_empty(), "module cycles: {cycles:#?}");
+}
+
+// The check itself: a circle written as `super::<module>` in a top-level file is found, and
+// a folder's file naming its own folder's files (`super::<file>`) is not one.
+#[test]
+fn a_cycle_through_super_is_found() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path();
+    std::fs::create_dir_all(src.join("b")).unwrap();
+    let files = [
+        ("lib.rs", "pub mod a;\npub mod b;\npub mod c;\n"),
+        ("a.rs", "pub fn f() -> u32 {\n    super::b::g()\n}\n"),
+        ("b/mod.rs", "mod part;\npub use part::g;\n"),
+        (
+            "b/part.rs",
+            "use super::super::{c::h, x};\npub fn g() -> u32 {\n    super::other() + h()\n}\n",
+        ),
+        (
+            "c.rs",
+            "pub fn h() -> u32 {\n    1\n}\n#[cfg(test)]\nmod tests {\n    use crate::a;\n}\n",
+        ),
+    ];
+    for (f, text) in files {
+        std::fs::write(src.join(f), text).unwrap();
+    }
+    let g = graph_of(src);
+    let set = |s: &[&str]| s.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
+    assert_eq!(g["a"], set(&["b"]));
+    assert_eq!(
+        g["b"],
+        set(&["c"]),
+        "`super::other` in b/part.rs is b's own"
+    );
+    assert_eq!(g["c"], set(&[]), "test modules reach anywhere");
+    assert_eq!(cycle_from(&g, "a"), None);
+    std::fs::write(
+        src.join("c.rs"),
+        "pub fn h() -> u32 {\n    super::a::f()\n}\n",
+    )
+    .unwrap();
+    let g = graph_of(src);
+    assert_eq!(
+        cycle_from(&g, "a").unwrap(),
+        ["a", "b", "c", "a"].map(str::to_owned)
+    );
+}
+
+/// The lines of `text` with a glob import (`use x::*;`, `pub use x::*;`, `use x::{y, *};`,
+/// over lines too) in shipped code (as [`shipped_lines`] reads it).
+fn glob_imports(text: &str) -> Vec<usize> {
+    let mut found = Vec::new();
+    let mut in_use = false;
+    for (n, code) in shipped_lines(text) {
+        // `pub use`, `pub(crate) use`, … as `use`.
+        in_use |= without_visibility(code.trim_start()).starts_with("use ");
+        if !in_use {
+            continue;
+        }
+        let statement = &code[..code.find(';').unwrap_or(code.len())];
+        // A `*` where a path segment goes: after `::`, `{` or `,`, or first on its line.
+        let glob = statement.match_indices('*').any(|(i, _)| {
+            let before = statement[..i].trim_end();
+            before.is_empty() || before.ends_with("::") || before.ends_with(['{', ','])
+        });
+        if glob {
+            found.push(n);
+        }
+        in_use = !code.contains(';');
+    }
+    found
+}
+
+/// The crates whose shipped code has no glob import. (The agent's `src/` still has some: it
+/// belongs here once its globs are gone.)
+const GLOB_FREE: &[&str] = &["tools", "fakes"];
+
+// Explicit imports: a glob makes every name of a module a dependency of the file, and a
+// folder of files that glob-import each other through their `mod.rs` one namespace with an
+// import circle inside; named imports say what each file uses (and its `mod.rs` re-exports
+// what the rest of the crate uses, by name). Unit test modules may glob (`use super::*;`).
+#[test]
+fn tools_and_fakes_have_no_glob_imports() {
+    let crates = member_crates(GLOB_FREE);
+    assert!(
+        ["tools/npu-chaos", "fakes/fake-engine", "fakes/npu-fake"]
+            .iter()
+            .all(|want| crates.iter().any(|(c, _)| c == want)),
+        "{crates:?}"
+    );
+    let mut found = Vec::new();
+    for (name, src) in &crates {
+        let mut files = Vec::new();
+        rust_files(src, &mut files);
+        files.sort();
+        for f in files.iter().filter(|f| !f.ends_with("tests.rs")) {
+            let text = std::fs::read_to_string(f).unwrap();
+            let rel = f.strip_prefix(src).unwrap().display();
+            found.extend(
+                glob_imports(&text)
+                    .into_iter()
+                    .map(|n| format!("{name}/src/{rel}:{n}")),
+            );
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "glob imports in shipped code (import the names used): {found:#?}"
+    );
+}
+
+// The check itself: shipped glob imports are found in each form; a unit test module's is
+// not, nor a `*` that is no import.
+#[test]
+fn a_glob_import_is_found() {
+    let text = "\
+//! use nothing::*; (a comment)
+use std::io::Write;
+pub use crate::a::*;
+pub(crate) use b::{c, *};
+use d::{
+    e,
+    *,
+};
+fn f() -> u32 {
+    use g::{h as _, self};
+    2 * 3 // use x::*;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+}
+";
+    assert_eq!(glob_imports(text), [3, 4, 7]);
 }

@@ -20,6 +20,7 @@ pub mod run;
 pub mod stress;
 pub mod svg;
 pub mod systemd;
+pub mod timescale;
 
 use experiment::Experiment;
 use run::{Cadence, EngineKind, Outcome, Policy, RunOptions};

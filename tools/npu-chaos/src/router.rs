@@ -10,6 +10,7 @@
 //! Intervals are scaled with the experiment. Binaries: `haproxy` on the PATH, Envoy where
 //! `scripts/routers install` puts it (or `NPU_HEALTH_HAPROXY`, `NPU_HEALTH_ENVOY`).
 
+use crate::timescale::{fake_engine_speed, scaled_at_least};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -174,10 +175,6 @@ pub struct Placement<'a> {
     pub time_scale: f64,
 }
 
-fn scaled(d: Duration, s: f64, floor: Duration) -> Duration {
-    Duration::from_secs_f64(d.as_secs_f64() * s).max(floor)
-}
-
 fn ms(d: Duration) -> u128 {
     d.as_millis()
 }
@@ -204,7 +201,7 @@ impl Router {
         // As fast as the main engine, scaled alike: the draft's share and the p99 through
         // the router compare like with like.
         cmd.args(["--alias", p.model])
-            .args(super::run::fake_engine_speed(p.time_scale))
+            .args(fake_engine_speed(p.time_scale))
             .stderr(log("draft.log")?);
         let mut draft = cmd
             .spawn()
@@ -274,8 +271,8 @@ impl Drop for Router {
 /// HAProxy: the agent check every (scaled) second, requests queue up to the client's own
 /// timeout (60 s, scaled) at throttle, the draft as `backup`.
 fn haproxy_config(p: &Placement<'_>, front: u16, draft: u16, s: f64) -> String {
-    let inter = scaled(Duration::from_secs(1), s, Duration::from_millis(50));
-    let long = scaled(Duration::from_secs(60), s, Duration::from_secs(1));
+    let inter = scaled_at_least(Duration::from_secs(1), s, Duration::from_millis(50));
+    let long = scaled_at_least(Duration::from_secs(60), s, Duration::from_secs(1));
     format!(
         "global\n    maxconn 4096\n    log stdout format raw local0 info\ndefaults\n    mode http\n    log global\n    option httplog\n    timeout connect 1s\n    timeout client {c}ms\n    timeout server {c}ms\n    timeout queue {c}ms\n\
          frontend llm\n    bind 127.0.0.1:{front}\n    default_backend llm\n\
@@ -297,7 +294,7 @@ fn envoy_config(p: &Placement<'_>, front: u16, draft: u16, admin: u16, s: f64) -
     // marks the host unhealthy, and would send load to the draft for nothing).
     let inter = format!(
         "{:.3}s",
-        scaled(Duration::from_secs(1), s, Duration::from_millis(50)).as_secs_f64()
+        scaled_at_least(Duration::from_secs(1), s, Duration::from_millis(50)).as_secs_f64()
     );
     let check = |path: &str| {
         format!(

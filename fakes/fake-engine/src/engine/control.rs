@@ -1,7 +1,16 @@
 //! The control surface the tests and the chaos runner drive: read and patch the faults,
 //! reset them, and the request counters.
 
-use super::*;
+use super::inference::RunningOwned;
+use super::metrics::unix_now;
+use super::{Engine, Faults};
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 pub(super) async fn get_faults(State(e): State<Arc<Engine>>) -> Response {
     axum::Json(e.faults()).into_response()

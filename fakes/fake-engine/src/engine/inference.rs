@@ -2,7 +2,16 @@
 //! it, and `/v1/completions`, plain and streamed, with the faults' effects (latency, stalls,
 //! errors, a hang).
 
-use super::*;
+use super::{Engine, Faults, Gauge};
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 /// A response with `status`, `body` and, if given, its content type (vLLM's empty `/health`
 /// has none).

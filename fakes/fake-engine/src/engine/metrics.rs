@@ -1,7 +1,13 @@
 //! `GET /metrics`: the Prometheus series the profile exports (vLLM's names and types per
 //! version), with the faults' effect on them.
 
-use super::*;
+use super::Engine;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 pub(super) async fn metrics(State(e): State<Arc<Engine>>) -> Response {
     if !e.opts.profile.serves_metrics() {

@@ -11,13 +11,9 @@
 
 use crate::profile::Profile;
 use axum::Router;
-use axum::body::Body;
-use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode, header};
-use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::Value;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -30,9 +26,9 @@ use tokio_util::sync::CancellationToken;
 mod control;
 mod inference;
 mod metrics;
-use control::*;
-use inference::*;
-use metrics::*;
+use control::{get_faults, patch_faults, reset, stats};
+use inference::{completions, health};
+use metrics::{metrics, unix_now};
 
 /// Faults, all off by default.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -426,6 +422,7 @@ fn npu_file_text(f: &Faults, usage: u8) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     struct Running {
         base: String,

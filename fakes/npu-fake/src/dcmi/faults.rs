@@ -2,7 +2,11 @@
 //! `dcmi_get_device_error_code_list_v2`) and their texts (`dcmi_get_device_errorcode_string`,
 //! `dcmi_get_device_error_info_v2`).
 
-use super::*;
+use super::{
+    DCMI_OK, Driver, ERR_INVALID_DEVICE_ID, ERR_INVALID_PARAMETER, ERR_NOT_SUPPORT, ERROR_CODE_MAX,
+    MIN_ERR_INFO_LEN, v1, v2,
+};
+use crate::scenario::Device;
 
 /// The texts the fake knows (the meaning MindCluster's fault diagnosis gives each code;
 /// docs/fault-codes.md); the driver answers -8255 for a code it has no text for.
@@ -52,7 +56,7 @@ pub fn fault_text(code: u32) -> Option<&'static str> {
 /// As the driver (`dcmi_fault_manage_intf.c`): its own list of at most 128 is filled first;
 /// an empty `list` or more codes than it holds is -8001 with nothing written; otherwise
 /// exactly the codes are written and `count` set, so no codes leaves `list` as it was.
-pub fn write_codes(codes: &[u32], count: &mut i32, list: &mut [u32]) -> i32 {
+pub(super) fn write_codes(codes: &[u32], count: &mut i32, list: &mut [u32]) -> i32 {
     let codes = &codes[..codes.len().min(ERROR_CODE_MAX)];
     if list.is_empty() || codes.len() > list.len() {
         return ERR_INVALID_PARAMETER;
@@ -90,7 +94,7 @@ pub fn error_code_list_v2(id: i32, count: &mut i32, list: &mut [u32]) -> i32 {
 
 /// The text of `code` into `buf` (NUL-terminated, cut to fit): the short text below 256
 /// bytes, the whole one from 256; below 48 bytes -8001; a code without text -8255.
-pub fn error_text(code: u32, buf: &mut [u8]) -> i32 {
+pub(super) fn error_text(code: u32, buf: &mut [u8]) -> i32 {
     if buf.len() < MIN_ERR_INFO_LEN as usize {
         return ERR_INVALID_PARAMETER;
     }

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 mod faults;
-pub use faults::*;
+pub use faults::{error_code_list_v2, error_info_v2, errorcode_string, errorcode_v2, fault_text};
 
 /// Value written into out-parameters when a call fails.
 pub const BOGUS_VALUE: u32 = 77;
@@ -542,6 +542,7 @@ pub const MIN_ERR_INFO_LEN: i32 = 48;
 
 #[cfg(test)]
 mod tests {
+    use super::faults::{error_text, write_codes};
     use super::*;
 
     // The driver's quiet lies, as its source has them: no codes writes nothing (the stale

@@ -6,11 +6,12 @@
 //! sharing a start time. The format is documented in `docs/fake-driver.md`.
 
 use serde::Deserialize;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 mod programme;
-pub use programme::*;
+pub use programme::{Programme, Reading, file_reading};
+use programme::{ProgrammeSpec, resolve};
 
 /// Environment variable naming the scenario file.
 pub const SCENARIO_ENV: &str = "FAKE_NPU_SCENARIO";
@@ -438,6 +439,7 @@ pub fn now_ms() -> u64 {
 
 #[cfg(test)]
 mod tests {
+    use super::programme::{Ramp, Square, parse_trace};
     use super::*;
 
     #[test]

@@ -1,7 +1,9 @@
 //! What a fake NPU reads over time: a fixed value, a square wave, a ramp, a trace file or a
 //! file the test writes, and how a programme in the scenario file becomes one.
 
-use super::*;
+use super::MultiUtilMode;
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
 
 /// What one reading of a device's AI Cube usage returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -206,7 +208,7 @@ pub(super) fn resolve(spec: ProgrammeSpec, base: &Path) -> Result<Programme, Str
 }
 
 /// Parses `t_ms,value` lines (blank lines and `#` comments ignored; times ascending).
-pub fn parse_trace(text: &str) -> Result<Vec<(u64, Option<u32>)>, String> {
+pub(super) fn parse_trace(text: &str) -> Result<Vec<(u64, Option<u32>)>, String> {
     let mut points: Vec<(u64, Option<u32>)> = Vec::new();
     for (n, line) in text.lines().enumerate() {
         let line = line.trim();

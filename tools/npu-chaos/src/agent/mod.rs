@@ -24,16 +24,17 @@
 use crate::experiment::Fault;
 use crate::priority;
 use crate::systemd::{self, UserManager};
+use crate::timescale::{fmt_duration, scaled};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 use tokio::time::Instant;
 
 mod ops;
-use ops::*;
+use ops::{act, alive, parent, restart_sec, run_systemctl, stop_timeout};
 
 /// Who runs the agent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
@@ -145,10 +146,9 @@ pub fn agent_unit(launch: &Launch, s: f64) -> Result<systemd::UserUnit, String> 
             .service_value("RestartSec")
             .and_then(systemd::parse_timespan)
     {
-        let scaled = Duration::from_secs_f64(r.as_secs_f64() * s);
         u.set(
             "RestartSec",
-            &format!("{}us", scaled.as_micros().max(1)),
+            &fmt_duration(scaled(r, s)),
             "the shipped value scaled by --time-scale",
         );
     }

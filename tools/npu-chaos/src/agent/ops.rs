@@ -2,7 +2,18 @@
 //! hand (direct) or through `systemctl --user` (systemd), and the rolling upgrade's
 //! handover; each timed to the first `/status` answer after the old process was gone.
 
-use super::*;
+use super::{
+    ANSWER_LIMIT, Agent, AgentOp, DEFAULT_RESTART_SEC, DEFAULT_STOP_TIMEOUT, HANDOVER_LIMIT,
+    Process, Supervisor,
+};
+use crate::experiment::Fault;
+use crate::priority;
+use crate::systemd::{self, UserManager};
+use crate::timescale::scaled;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tokio::process::{Child, Command};
+use tokio::time::Instant;
 
 /// Milliseconds from `t0` to `t` (negative before).
 pub(super) fn rel(t0: Instant, t: Instant) -> i64 {
@@ -302,10 +313,6 @@ pub(super) async fn first_answer(url: &str) -> Option<Instant> {
 /// Whether `pid` runs (not a zombie).
 pub(super) fn alive(pid: u32) -> bool {
     crate::procfs::stat_field::<String>(pid, 3).is_some_and(|s| s != "Z")
-}
-
-pub(super) fn scaled(d: Duration, s: f64) -> Duration {
-    Duration::from_secs_f64(d.as_secs_f64() * s)
 }
 
 pub(super) fn restart_sec(u: &systemd::UserUnit) -> Duration {

@@ -1,7 +1,9 @@
 //! Reading an experiment file: the YAML's raw shape, then every key checked and turned into
 //! an [`Experiment`], with errors that name the experiment and the key.
 
-use super::*;
+use super::{Expect, Experiment, Fault, Guard, KubeletExpect, Load, Target};
+use serde::Deserialize;
+use std::time::Duration;
 
 #[derive(Deserialize)]
 #[serde(untagged)]

@@ -1,7 +1,9 @@
-//! The agent's config for one experiment (its policy's durations scaled) and the fake engine's
-//! speed, main and draft alike.
+//! The agent's config for one experiment (its policy's durations scaled). (The fake engine's
+//! speed, main and draft alike, is [`crate::timescale::fake_engine_speed`].)
 
-use super::*;
+use super::options::{EngineKind, Policy};
+use crate::timescale::{fmt_duration, scaled};
+use std::time::Duration;
 
 /// The `/health` timeout of the agent in front of a real engine: the reference's 5 s,
 /// unscaled. It bounds how long the real engine's API server takes to answer, which
@@ -106,18 +108,4 @@ ttft_budget = "{ttft_budget}"
         max_age = d(60.0, q::MAX_INPUT_AGE),
         ttft_budget = d(2.0, q::TTFT_BUDGET),
     )
-}
-
-/// The fake engine's speed in a run, main and draft alike: 20 ms to the first token and
-/// 5 ms a token (scaled), and vLLM's default `max_num_seqs` (long streams run instead of
-/// queueing).
-pub fn fake_engine_speed(s: f64) -> Vec<String> {
-    vec![
-        "--ttft".to_owned(),
-        fmt_duration(scaled(Duration::from_millis(20), s)),
-        "--tpot".to_owned(),
-        fmt_duration(scaled(Duration::from_millis(5), s)),
-        "--max-running".to_owned(),
-        "256".to_owned(),
-    ]
 }

@@ -1,7 +1,11 @@
 //! The Node Manager emulator's side of an experiment: started on its own thread at real-time
 //! priority, and, after a kill, the evidence of why (its last polls, the agent's warnings).
 
-use super::*;
+use fake_engine::node_manager::{self, NmOptions, NmReport};
+use std::path::PathBuf;
+use std::time::Duration;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 /// Runs the Node Manager emulator on its own thread and runtime, at real-time priority when
 /// permitted: it stands for a process on another machine, so it must not be starved by the

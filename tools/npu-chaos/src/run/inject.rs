@@ -1,7 +1,18 @@
 //! Fault injection: what each fault does to the engine, the proxy, the fake NPUs or the agent,
 //! and how it is taken back.
 
-use super::*;
+use super::outcome::Outcome;
+use super::stack::Stack;
+use crate::agent::{self, AgentOp};
+use crate::experiment::Fault;
+use crate::load::LoadGen;
+use crate::real_engine;
+use crate::stress::CpuStress;
+use crate::timescale::scaled;
+use npu_health_agent::server::wire::EngineDetail;
+use serde_json::{Value, json};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
 
 /// What applying a fault needs to undo it.
 #[derive(Default)]

@@ -15,23 +15,12 @@
 //! Node Manager's intervals are still scaled, the engine runs at its own speed, and a fault
 //! that cannot be injected into it ends as `not_applicable`, never as a pass.
 
-use crate::agent::{self, Agent, AgentOp, Supervisor};
-use crate::experiment::{Expect, Experiment, Fault, Guard};
+use crate::agent::Supervisor;
+use crate::experiment::{Expect, Experiment};
 use crate::load::LoadGen;
-use crate::proxy::Proxy;
-use crate::real_engine::{self, RealEngine};
-use crate::stress::CpuStress;
-use fake_engine::node_manager::{self, NmOptions, NmReport};
-use npu_health_agent::monitor::Status;
-use npu_health_agent::monitor::vi_state::Phase;
-use npu_health_agent::probe::engine_metrics;
-use npu_health_agent::server::wire::{EngineDetail, EngineQos};
-use serde::Serialize;
-use serde_json::{Value, json};
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use crate::real_engine;
+use std::path::Path;
 use std::time::Duration;
-use tokio::process::{Child, Command};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -43,30 +32,14 @@ mod options;
 mod outcome;
 mod stack;
 
-pub use config::*;
-use emulator::*;
-use inject::*;
-use observe::*;
-pub use options::*;
-pub use outcome::*;
-use stack::*;
+pub use options::{Cadence, EngineKind, Integration, NodeManagerKind, Policy, Row, RunOptions};
+pub use outcome::{GuardEvent, KubeletOutcome, Outcome, TimelinePoint, Verdict};
 
-/// The scaled duration.
-fn scaled(d: Duration, s: f64) -> Duration {
-    Duration::from_secs_f64(d.as_secs_f64() * s)
-}
-
-/// A duration as configs and flags take it, to the microsecond (at least 1 µs).
-fn fmt_duration(d: Duration) -> String {
-    format!("{}us", d.as_micros().max(1))
-}
-
-/// Now, as unix milliseconds (the clock of the agent's probe records).
-fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
+use crate::timescale::scaled;
+use emulator::{kill_evidence, start_node_manager};
+use inject::is_driver_fault;
+use observe::{KubeletLink, observe};
+use stack::{Stack, WantedSupervisor, wanted_supervisor};
 
 /// The row's directory of the outputs: `1s`, `3s`, `1s-pymotor` or `kubelet`.
 pub fn cadence_dir(opts: &RunOptions) -> String {
@@ -478,7 +451,12 @@ fn fit_load(load: &crate::experiment::Load, engine: EngineKind) -> crate::experi
 
 #[cfg(test)]
 mod tests {
+    use super::config::{REAL_ENGINE_HEALTH_TIMEOUT, agent_toml};
+    use super::emulator::EVIDENCE_POLLS;
+    use super::stack::port_was_taken;
     use super::*;
+    use crate::experiment::Fault;
+    use fake_engine::node_manager::NmReport;
 
     // `--nm-heartbeat`: whole seconds; 1 s carries 3.0.0b2's 2 s poll timeout, 3 s the
     // reference's 5 s; the emulator gets the intervals scaled and the timeout as it is.

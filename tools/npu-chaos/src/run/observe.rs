@@ -1,7 +1,26 @@
 //! Observation: the sampling loop from the baseline to detection (or the deadline), the
 //! guards, the injection and its removal, and the kubelet emulator's link to the engine.
 
-use super::*;
+use super::inject::{
+    AGENT_OP_LIMIT, Injected, codes_patch, driver_flagged, inject, is_driver_fault, record_op,
+    remove,
+};
+use super::outcome::{GuardEvent, KubeletOutcome, Outcome, REAL_ENGINE_DIED, TimelinePoint};
+use super::stack::Stack;
+use crate::agent::{self, AgentOp};
+use crate::experiment::{Expect, Experiment, Fault, Guard};
+use crate::load::LoadGen;
+use crate::timescale::scaled;
+use npu_health_agent::server::wire::{EngineDetail, EngineQos};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// Now, as unix milliseconds (the clock of the agent's probe records).
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
 
 /// How long after a fault a late kill is still watched for: a busy probe cycle (20 s + 5 s),
 /// three QoS evaluations (15 s) and Node Manager's five heartbeats (15 s).

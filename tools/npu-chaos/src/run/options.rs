@@ -2,7 +2,15 @@
 //! on the agent's answers: Node Manager, the kubelet, a router), the engine, and the options
 //! every experiment of a run shares.
 
-use super::*;
+use super::inject::is_driver_fault;
+use crate::agent::Supervisor;
+use crate::experiment::Fault;
+use crate::real_engine::RealEngine;
+use crate::timescale::scaled;
+use fake_engine::node_manager::NmOptions;
+use serde::Serialize;
+use std::path::PathBuf;
+use std::time::Duration;
 
 /// Which detection policy the agent runs (`policy` in its `[agent]` table).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]

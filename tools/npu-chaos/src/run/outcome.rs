@@ -2,7 +2,9 @@
 //! the guards' events and what the kubelet emulator did (the JSON and Markdown reports read
 //! these).
 
-use super::*;
+use super::options::{Cadence, Integration, NodeManagerKind, Policy, Row};
+use crate::agent::{AgentOp, Supervisor};
+use serde::Serialize;
 
 /// One sample of the timeline.
 #[derive(Debug, Clone, Serialize)]
@@ -92,7 +94,7 @@ pub struct Outcome {
     /// the availability (completed over attempted).
     pub load: crate::load::LoadSnapshot,
     /// The requests sent from the agent's first `abnormal` after the injection to the end
-    /// of the experiment ([`AFTER_KILL_TAIL`] included), however they ended: what clients
+    /// of the experiment ([`AFTER_KILL_TAIL`](super::observe::AFTER_KILL_TAIL) included), however they ended: what clients
     /// saw once the agent had said so. `null` when it never said `abnormal`.
     #[serde(default)]
     pub load_after_abnormal: Option<crate::load::LoadSnapshot>,

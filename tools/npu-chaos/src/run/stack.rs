@@ -2,7 +2,24 @@
 //! agent under its supervisor, and, in a router row, the router and the draft; started on
 //! fresh ports, restarted where a port was taken, reached over loopback.
 
-use super::*;
+use super::config::agent_toml;
+use super::options::{EngineKind, Policy, RunOptions};
+use crate::agent::{self, Agent, Supervisor};
+use crate::experiment::Fault;
+use crate::proxy::Proxy;
+use crate::real_engine::RealEngine;
+use crate::timescale::{fake_engine_speed, scaled};
+use npu_health_agent::monitor::Status;
+use npu_health_agent::monitor::vi_state::Phase;
+use npu_health_agent::probe::engine_metrics;
+use npu_health_agent::server::wire::EngineDetail;
+use serde_json::Value;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tokio::process::{Child, Command};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 /// Whether the engine's or the agent's log in an experiment's `dir` says a port was taken.
 pub(super) fn port_was_taken(dir: &Path) -> bool {

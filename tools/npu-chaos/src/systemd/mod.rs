@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 mod unit;
-pub use unit::*;
+pub use unit::{DroppedKey, UserUnit, environment_value, exec_line, parse_timespan, user_unit};
 
 /// What `systemctl --user <args>` answered: its stdout, or an error with its exit status and
 /// stderr (the blocking and the async caller alike).

@@ -2,7 +2,8 @@
 //! user manager keeps, which it drops and why, and the unit-file syntax they are read and
 //! written in.
 
-use super::*;
+use super::SHIPPED_UNIT_PATH;
+use std::time::Duration;
 
 /// `[Service]` keys kept as shipped: a user manager applies them (or accepts them: see the
 /// notes in docs/chaos.md on the cgroup limits on this host), and they shape how the agent
@@ -299,7 +300,7 @@ pub fn user_unit(shipped: &str, exec_start: &[&str]) -> Result<UserUnit, String>
 /// The `[Unit]`-file entries of `text` as (section, key, value): comments (`#`, `;`) and
 /// blank lines skipped, a line ending in `\` continued on the next (as systemd joins them,
 /// with a space).
-pub fn parse_unit(text: &str) -> Result<Vec<(String, String, String)>, String> {
+fn parse_unit(text: &str) -> Result<Vec<(String, String, String)>, String> {
     let mut out = Vec::new();
     let mut section: Option<String> = None;
     let mut lines = text.lines().enumerate();
@@ -395,6 +396,7 @@ pub fn parse_timespan(s: &str) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::systemd::SHIPPED_UNIT;
 
     // The unit operators install, as a user manager runs it: the keys that shape starting,
     // stopping, restarting and keeping sockets are kept as shipped; the identity, device
