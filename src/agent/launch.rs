@@ -3,7 +3,19 @@
 //! ([`EngineRun`]), and the agent's listeners started from them (an engine's mgmt listener,
 //! the admin listener, HAProxy's agent check).
 
-use super::*;
+use super::listeners::{ListenerRun, Service};
+use super::{AgentError, DRAIN, Running, longest_window};
+
+use crate::config::EngineSpec;
+use crate::monitor::saved::{Carry, EngineState};
+use crate::monitor::{self, Monitor};
+use crate::probe::http::EngineClient;
+use crate::sampler::Sampler;
+use crate::server::{self, AdminView, EngineView, metrics};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
 
 /// Everything an engine needs before it starts, built without side effects so a reload can
 /// be rejected before anything changes.

@@ -2,7 +2,15 @@
 //! sockets, a running agent handing over), and [`run`]: start, serve, reload on SIGHUP, hand
 //! over or stop on SIGTERM.
 
-use super::*;
+use super::{AgentError, Running, handover, start, summary};
+
+use crate::config::AgentConfig;
+use crate::continuity::handover::Predecessor;
+use crate::continuity::sockets::{Inherited, Origin};
+use crate::continuity::{self, StateDir};
+use crate::service::signals::{Signalled, Signals};
+use crate::service::systemd::{Probe, Systemd};
+use std::time::Duration;
 
 /// What a start takes over from before it: the state directory, sockets systemd passed
 /// back, and a running agent handing over.

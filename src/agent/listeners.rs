@@ -2,7 +2,15 @@
 //! is acquired (taken over from systemd or a handing-over agent, else bound, waiting for a
 //! port another process holds) and handed to a new server on a reload.
 
-use super::*;
+use super::{AgentError, DRAIN, Roster};
+
+use crate::config::ListenerLimits;
+use crate::continuity::sockets::Inherited;
+use crate::server;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
 
 /// What a listener serves.
 #[derive(Clone)]

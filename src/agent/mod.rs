@@ -14,26 +14,19 @@ mod reload;
 
 use launch::{EngineRun, Prepared};
 pub use lifecycle::{AfterHandover, Reloader, RunOptions, Startup, run};
-use listeners::{ListenerRun, Service, acquire};
+use listeners::{ListenerRun, acquire};
 pub use reload::ReloadSummary;
 
 use crate::config::{AgentConfig, AgentSettings, EngineSpec, ListenerLimits};
 use crate::continuity::handover::Predecessor;
-use crate::continuity::sockets::{Inherited, Origin};
 use crate::continuity::statefile::{self, Persister};
 use crate::continuity::{self, StateDir};
 use crate::monitor::saved::{Carry, EngineState};
 use crate::monitor::{self, Monitor};
-use crate::probe::http::EngineClient;
 use crate::sampler::{Sampler, SamplerConfig, Shared, StartError};
-use crate::server::{self, AdminView, EngineView, metrics};
-use crate::service::signals::{Signalled, Signals};
-use crate::service::systemd::{Probe, Systemd};
-use std::net::SocketAddr;
+use crate::server;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
-use tokio::task::JoinSet;
-use tokio_util::sync::CancellationToken;
 
 /// Longest wait for an engine's tasks (in-flight requests included) to finish on stop.
 const DRAIN: Duration = Duration::from_secs(5);

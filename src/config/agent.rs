@@ -172,7 +172,10 @@ impl Default for AgentSettings {
 impl AgentSettings {
     /// Bounds of `[agent]` (host mode; single-engine mode takes the defaults and the flags).
     pub fn validate(&self) -> Result<(), KeyError> {
-        use bounds::*;
+        use bounds::{
+            DRIVER_CALL_DEADLINE, FAULT_PERIOD, HEADER_READ_TIMEOUT, IDLE_TIMEOUT, MAX_CONNECTIONS,
+            NPU_SMI_DELAY, SAMPLE_PERIOD, SAMPLER_STUCK_AFTER, STALL_TIMEOUT, WORKER_THREADS,
+        };
         let s = self;
         SAMPLE_PERIOD.check("sample_period", s.sample_period)?;
         NPU_SMI_DELAY.check("npu_smi_delay", s.npu_smi_delay)?;

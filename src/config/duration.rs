@@ -25,7 +25,9 @@ fn parse<E: serde::de::Error>(s: &str) -> Result<Duration, E> {
 
 /// An optional duration (absent: `None`).
 pub mod option {
-    use super::*;
+    use super::parse;
+    use serde::{Deserialize, Deserializer};
+    use std::time::Duration;
 
     pub use humantime_serde::option::serialize;
 

@@ -267,7 +267,7 @@ pub(super) fn build_engine(
 impl EngineSpec {
     /// Bounds of one engine; keys are paths inside its table (`timing.window`, `qos.period`).
     pub fn validate(&self) -> Result<(), KeyError> {
-        use bounds::*;
+        use bounds::{DEVICES, DP_RANK, NAME_CHARS, PORT};
         let spec = self;
         let key = |k: &str, m: String| Err((k.to_owned(), m));
         let chars = spec.name.chars().count();

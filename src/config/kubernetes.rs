@@ -115,7 +115,9 @@ fn loopback_url(url: &str) -> bool {
 impl KubernetesConfig {
     /// Checks every value; `Err((key, message))`.
     pub fn validate(&self) -> Result<(), super::KeyError> {
-        use bounds::*;
+        use bounds::{
+            EVICTION_COOLDOWN, REQUEST_TIMEOUT, RESYNC_PERIOD, dns_subdomain, qualified_name,
+        };
         if let Some(n) = &self.node_name {
             dns_subdomain(n).map_err(|m| ("node_name".to_owned(), m))?;
         }
@@ -185,7 +187,7 @@ pub struct PodSelector {
 impl PodSelector {
     /// Checks the keys; `Err((key, message))`.
     pub fn validate(&self) -> Result<(), super::KeyError> {
-        use bounds::*;
+        use bounds::{dns_label, dns_subdomain, label_selector};
         if let Some(p) = &self.pod {
             if self.pod_selector.is_some() || self.namespace.is_some() {
                 return Err((

@@ -76,7 +76,7 @@ impl Default for AgentPolicy {
 impl AgentPolicy {
     /// Checks every value against its bound; `Err((key, message))`.
     pub fn validate(&self) -> Result<(), super::KeyError> {
-        use bounds::*;
+        use bounds::{CONFIRM_FAILURES, CONFIRM_INTERVAL, CONFIRM_TIMEOUT, HEALTH_FAILURE_GRACE};
         HEALTH_FAILURE_GRACE.check("health_failure_grace", self.health_failure_grace)?;
         CONFIRM_FAILURES.check("confirm_failures", self.confirm_failures)?;
         CONFIRM_INTERVAL.check("confirm_interval", self.confirm_interval)?;

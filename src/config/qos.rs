@@ -76,7 +76,10 @@ impl QosConfig {
     /// `Err((key, message))`, the message stating the bound.
     pub fn validate(&self) -> Result<(), super::KeyError> {
         use crate::config::bounds::Shown;
-        use bounds::*;
+        use bounds::{
+            EVICT_AFTER, MAX_INPUT_AGE, METRICS_PERIOD, PERIOD, PROBE_MAX_TOKENS, STALL_WINDOW,
+            TTFT_BUDGET, WEIGHT,
+        };
         let w = self.weights;
         for (k, v) in [
             ("weights.latency", w.latency),

@@ -71,7 +71,10 @@ impl Default for Timing {
 impl Timing {
     /// Bounds of `[engine.timing]`; keys are inside the table (`window`).
     pub fn validate(&self) -> Result<(), KeyError> {
-        use bounds::*;
+        use bounds::{
+            HEALTH_PERIOD, HEALTH_TIMEOUT, HIGH_LOAD_INTERVAL, HIGH_LOAD_THRESHOLD, INTERVAL,
+            REQUEST_TIMEOUT, SERVING_EVIDENCE_MAX_AGE, WARMUP_TIMEOUT, WINDOW,
+        };
         let key = |k: &str, m: String| Err((k.to_owned(), m));
         let t = self;
         WARMUP_TIMEOUT.check("warmup_timeout", t.warmup_timeout)?;

@@ -227,26 +227,25 @@ impl SourceReason {
     /// One sentence for humans; `figure` is the single call's reading behind
     /// `MultiZeroed`, or the bad figure behind `MultiPrereleaseLayout`.
     pub fn note(self, figure: u32, kind: UtilType) -> String {
-        use SourceReason::*;
         match self {
-            Probing => "first read pending".to_owned(),
-            MultiVerified => "the multi-utilization call answered non-zero figures: the firmware has the sub-command".to_owned(),
-            MultiUnverified => "the multi-utilization call has answered only zeros so far; each zero is checked against a single utilization call".to_owned(),
-            MultiUncorroborated => "the multi-utilization call has answered only zeros so far and no single utilization call answers to check them: its zeros are suspect, not readings".to_owned(),
-            MultiDisputed => "the multi-utilization call answers zeros while a single utilization call reads non-zero: figures are suspect while this lasts".to_owned(),
-            MultiZeroed => format!(
+            SourceReason::Probing => "first read pending".to_owned(),
+            SourceReason::MultiVerified => "the multi-utilization call answered non-zero figures: the firmware has the sub-command".to_owned(),
+            SourceReason::MultiUnverified => "the multi-utilization call has answered only zeros so far; each zero is checked against a single utilization call".to_owned(),
+            SourceReason::MultiUncorroborated => "the multi-utilization call has answered only zeros so far and no single utilization call answers to check them: its zeros are suspect, not readings".to_owned(),
+            SourceReason::MultiDisputed => "the multi-utilization call answers zeros while a single utilization call reads non-zero: figures are suspect while this lasts".to_owned(),
+            SourceReason::MultiZeroed => format!(
                 "the multi-utilization call answers OK with every field 0 while {} read {figure} %: the firmware lacks the sub-command",
                 kind.describe()
             ),
-            MultiPrereleaseLayout => format!(
+            SourceReason::MultiPrereleaseLayout => format!(
                 "the pre-release name dcmi_get_device_utilization_rate_v2 answered a figure of {figure}: the library writes the early 4-byte struct"
             ),
-            MultiUnsupported => "the multi-utilization call answered -8255 (not supported)".to_owned(),
-            MultiMissing => "libdcmi.so has no multi-utilization symbol".to_owned(),
-            Type14Unsupported => "DCMI has no AI Cube call for the device (multi-utilization unusable, type 14 not supported)".to_owned(),
-            Type14Zero => "type 14 read 0 while npu-smi read non-zero, three rows in a row".to_owned(),
-            Hung => "a DCMI call on the device blocked past the deadline".to_owned(),
-            NoDcmi => "libdcmi.so is not loaded or did not enumerate the device".to_owned(),
+            SourceReason::MultiUnsupported => "the multi-utilization call answered -8255 (not supported)".to_owned(),
+            SourceReason::MultiMissing => "libdcmi.so has no multi-utilization symbol".to_owned(),
+            SourceReason::Type14Unsupported => "DCMI has no AI Cube call for the device (multi-utilization unusable, type 14 not supported)".to_owned(),
+            SourceReason::Type14Zero => "type 14 read 0 while npu-smi read non-zero, three rows in a row".to_owned(),
+            SourceReason::Hung => "a DCMI call on the device blocked past the deadline".to_owned(),
+            SourceReason::NoDcmi => "libdcmi.so is not loaded or did not enumerate the device".to_owned(),
         }
     }
 }

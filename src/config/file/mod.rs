@@ -43,7 +43,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 mod place;
-use place::*;
+use place::place_at;
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]

@@ -2,11 +2,11 @@
 //! key, so the span is looked up in the spanned document and named the way every other
 //! error names its place (`[agent] backend`, `[[engine]] #2 (decode-0) timing.interval`).
 
-use super::*;
+use crate::config::engine_place;
 
 /// One step of a key path: a key, or an index into an array.
 #[derive(Debug, Clone, PartialEq)]
-pub(super) enum Step {
+enum Step {
     Key(String),
     Index(usize),
 }
@@ -39,11 +39,7 @@ pub(super) fn place_at(
 
 /// Whether `offset` lies in a key or value of `table` (deepest first); the path to it in
 /// `path`.
-pub(super) fn find_in_table(
-    table: &toml::de::DeTable<'_>,
-    offset: usize,
-    path: &mut Vec<Step>,
-) -> bool {
+fn find_in_table(table: &toml::de::DeTable<'_>, offset: usize, path: &mut Vec<Step>) -> bool {
     for (k, v) in table.iter() {
         path.push(Step::Key(k.get_ref().to_string()));
         if k.span().contains(&offset) || find_in_value(v, offset, path) {
@@ -54,7 +50,7 @@ pub(super) fn find_in_table(
     false
 }
 
-pub(super) fn find_in_value(
+fn find_in_value(
     v: &toml::Spanned<toml::de::DeValue<'_>>,
     offset: usize,
     path: &mut Vec<Step>,
@@ -76,7 +72,7 @@ pub(super) fn find_in_value(
 }
 
 /// The table headers in force at byte `offset` (`[[engine]]` counted), as a path.
-pub(super) fn header_path(text: &str, offset: usize) -> Vec<Step> {
+fn header_path(text: &str, offset: usize) -> Vec<Step> {
     let mut path = Vec::new();
     let mut engines = 0;
     let mut pos = 0;
@@ -110,7 +106,7 @@ pub(super) fn header_path(text: &str, offset: usize) -> Vec<Step> {
 }
 
 /// `[agent] key`, `[[engine]] #N (name) key.path`, or the dotted path elsewhere.
-pub(super) fn format_path(doc: &toml::de::DeTable<'_>, path: &[Step]) -> String {
+fn format_path(doc: &toml::de::DeTable<'_>, path: &[Step]) -> String {
     let rest = |steps: &[Step]| {
         let mut out = String::new();
         for s in steps {
