@@ -224,7 +224,8 @@ mod tests {
     async fn upstream_down_closes_the_client() {
         // The engine's port is held by a socket bound without listening: a connection to it
         // is refused, and no other process can take it, as it could a port bound and released
-        // (the proxy then forwarded to that process and stayed open: 1 run in 5 under load).
+        // (the proxy then forwarded to that process and stayed open: 1 of 3 suite runs under
+        // load).
         let engine = tokio::net::TcpSocket::new_v4().unwrap();
         engine.bind("127.0.0.1:0".parse().unwrap()).unwrap();
         let free = engine.local_addr().unwrap();
