@@ -5,8 +5,9 @@
 //! every driver call) → [`ring`] (lock-free sample ring) → [`window`] (peak-window readers)
 //! → [`monitor`] (one engine's loops, rules and verdict, fed by [`probe`]: `/health`, the
 //! virtual request, `/metrics`) and [`qos`] (its score) → [`server`] (`/status`, `/status/detail`, `/metrics`)
-//! and [`actions`] (what the verdict and the level do: `/readyz`, `/livez`, and the
-//! Kubernetes API mode in [`k8s`]). [`config`] says what to monitor,
+//! and [`integrations`] (what the verdict and the level tell each system that acts on them:
+//! Node Manager, the kubelet, the Kubernetes API, HAProxy, Envoy; one folder each).
+//! [`config`] says what to monitor,
 //! [`agent`] wires it together (and reloads it on SIGHUP), [`continuity`] carries the
 //! listening sockets and each engine's state across the agent's own restarts and upgrades
 //! ([`clock`] converts the times it saves), [`service`] speaks systemd's
@@ -15,7 +16,6 @@
 //! `crates/dcmi` (re-exported as [`driver::dcmi`]).
 #![forbid(unsafe_code)]
 
-pub mod actions;
 pub mod agent;
 pub mod cli;
 pub mod clock;
@@ -24,7 +24,7 @@ pub mod continuity;
 pub mod driver;
 #[cfg(feature = "fake-driver")]
 pub mod fake;
-pub mod k8s;
+pub mod integrations;
 pub mod logging;
 pub mod monitor;
 pub mod probe;

@@ -69,7 +69,7 @@ impl Running {
             .iter_mut()
             .map(|e| &mut e.listener)
             .chain(self.admin.iter_mut())
-            .chain(self.haproxy.iter_mut());
+            .chain(self.integration_listeners.iter_mut());
         for l in listeners {
             if let Err(e) = l.resume() {
                 tracing::error!("cannot accept again on {}: {e}", l.bound);

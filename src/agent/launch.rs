@@ -5,6 +5,7 @@
 
 use super::listeners::{ListenerRun, Service};
 use super::{AgentError, DRAIN, Running, longest_window};
+use crate::integrations::{Integration, Listen};
 
 use crate::config::EngineSpec;
 use crate::monitor::saved::{Carry, EngineState};
@@ -159,11 +160,14 @@ impl Running {
             peaks.clone(),
             cancel.clone(),
         ));
-        tasks.spawn(crate::actions::observe::run(state.clone(), cancel.clone()));
+        tasks.spawn(crate::integrations::observe::run(
+            state.clone(),
+            cancel.clone(),
+        ));
         if let Some(mode) = &self.kube {
             match &mode.client {
                 Ok(client) => {
-                    tasks.spawn(crate::k8s::task::run(
+                    tasks.spawn(crate::integrations::kubernetes::task::run(
                         client.clone(),
                         mode.cfg.clone(),
                         mode.node.clone(),
@@ -171,7 +175,7 @@ impl Running {
                         cancel.clone(),
                     ));
                 }
-                Err(why) => crate::k8s::task::inactive(&state, &mode.cfg, why),
+                Err(why) => crate::integrations::kubernetes::task::inactive(&state, &mode.cfg, why),
             }
         }
         let scope = Arc::new(metrics::Exposition {
@@ -240,24 +244,22 @@ impl Running {
         .map_err(|e| AgentError::Runtime(format!("admin listener: {e}")))
     }
 
-    /// HAProxy's agent-check listener over the engines of the moment, on `socket`.
-    pub(super) fn launch_haproxy(
+    /// `i`'s own listener (`listen`) over the engines of the moment, on `socket`.
+    pub(super) fn launch_integration(
         &self,
-        configured: SocketAddr,
+        i: &'static dyn Integration,
+        listen: &Listen,
         socket: std::net::TcpListener,
     ) -> Result<ListenerRun, AgentError> {
         let run = ListenerRun::start(
-            configured,
+            listen.addr,
             socket,
-            Service::AgentCheck(self.roster.clone()),
+            Service::Integration(i, self.roster.clone()),
             self.limits,
-            "haproxy agent check".to_owned(),
+            listen.name.to_owned(),
         )
-        .map_err(|e| AgentError::Runtime(format!("HAProxy agent-check listener: {e}")))?;
-        tracing::info!(
-            "HAProxy agent-check listener on {} (agent-send \"<engine name>\\n\")",
-            run.bound
-        );
+        .map_err(|e| AgentError::Runtime(format!("{}: {e}", listen.label)))?;
+        tracing::info!("{} on {} ({})", listen.label, run.bound, listen.hint);
         Ok(run)
     }
 }

@@ -6,6 +6,7 @@ use super::{AgentError, DRAIN, Roster};
 
 use crate::config::ListenerLimits;
 use crate::continuity::sockets::Inherited;
+use crate::integrations::Integration;
 use crate::server;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -20,8 +21,8 @@ pub(super) enum Service {
         router: axum::Router,
         tls: Option<Arc<rustls::ServerConfig>>,
     },
-    /// HAProxy's agent check, over the engines of the moment.
-    AgentCheck(Roster),
+    /// An integration's own listener (HAProxy's agent check), over the engines of the moment.
+    Integration(&'static dyn Integration, Roster),
 }
 
 /// A listening socket and the server task on it.
@@ -41,7 +42,24 @@ pub(super) struct ListenerRun {
     pub(super) task: tokio::task::JoinHandle<()>,
 }
 
+impl std::fmt::Debug for Service {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Service::Http { .. } => f.write_str("Http"),
+            Service::Integration(i, _) => write!(f, "Integration({})", i.id().as_str()),
+        }
+    }
+}
+
 impl ListenerRun {
+    /// The integration this listener serves, if it is an integration's own.
+    pub(super) fn integration(&self) -> Option<&'static dyn Integration> {
+        match self.service {
+            Service::Integration(i, _) => Some(i),
+            Service::Http { .. } => None,
+        }
+    }
+
     pub(super) fn start(
         configured: SocketAddr,
         socket: std::net::TcpListener,
@@ -80,10 +98,10 @@ impl ListenerRun {
                 name.to_owned(),
                 cancel.clone(),
             )),
-            Service::AgentCheck(roster) => tokio::spawn(server::agent_check::serve(
+            Service::Integration(i, roster) => tokio::spawn(i.serve(
                 listener,
                 roster.clone(),
-                limits.max_connections,
+                limits,
                 name.to_owned(),
                 cancel.clone(),
             )),

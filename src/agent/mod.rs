@@ -21,11 +21,13 @@ use crate::config::{AgentConfig, AgentSettings, EngineSpec, ListenerLimits};
 use crate::continuity::handover::Predecessor;
 use crate::continuity::statefile::{self, Persister};
 use crate::continuity::{self, StateDir};
+use crate::integrations::kubernetes::ApiMode;
+use crate::integrations::{Integration, Listen, REGISTRY};
 use crate::monitor::saved::{Carry, EngineState};
 use crate::monitor::{self, Monitor};
 use crate::sampler::{Sampler, SamplerConfig, Shared, StartError};
 use crate::server;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Longest wait for an engine's tasks (in-flight requests included) to finish on stop.
@@ -45,8 +47,9 @@ pub enum AgentError {
     Runtime(String),
 }
 
-/// The engines being monitored now, shared with the systemd status line.
-pub type Roster = Arc<RwLock<Vec<Arc<Monitor>>>>;
+/// The engines being monitored now, shared with the systemd status line and the
+/// integrations' listeners.
+pub type Roster = crate::integrations::Engines;
 
 /// A started agent: listeners bound, tasks running.
 pub struct Running {
@@ -55,14 +58,14 @@ pub struct Running {
     cfg: AgentConfig,
     engines: Vec<EngineRun>,
     admin: Option<ListenerRun>,
-    /// HAProxy's agent-check listener (`[agent] haproxy_agent_listen`).
-    haproxy: Option<ListenerRun>,
+    /// The integrations' own listeners (HAProxy's agent check), in the registry's order.
+    integration_listeners: Vec<ListenerRun>,
     roster: Roster,
     liveness_cfg: Arc<LivenessCfg>,
     /// Connection limits of every listener, the cap sized at start ([`server::conn::fd_budget`]).
     limits: ListenerLimits,
     /// The Kubernetes API mode, when `[agent.kubernetes]` is set (fixed at start).
-    kube: Option<Arc<crate::k8s::ApiMode>>,
+    kube: Option<Arc<ApiMode>>,
     /// Where the state file and the handover socket live (`None`: nothing survives).
     state_dir: Option<StateDir>,
     /// Writes the state file on every change.
@@ -148,13 +151,13 @@ impl Running {
         }
     }
 
-    /// Every listener: the engines', the admin listener, HAProxy's agent check.
+    /// Every listener: the engines', the admin listener, the integrations' own.
     fn listeners(&self) -> impl Iterator<Item = &ListenerRun> {
         self.engines
             .iter()
             .map(|e| &e.listener)
             .chain(self.admin.iter())
-            .chain(self.haproxy.iter())
+            .chain(self.integration_listeners.iter())
     }
 
     /// Every listening socket, named as systemd's file-descriptor store keeps it.
@@ -173,7 +176,7 @@ impl Running {
             sampler,
             engines,
             admin,
-            haproxy,
+            integration_listeners,
             ..
         } = self;
         let mut stops: Vec<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>> =
@@ -181,7 +184,7 @@ impl Running {
                 .into_iter()
                 .map(|e| Box::pin(e.stop()) as _)
                 .collect();
-        for l in admin.into_iter().chain(haproxy) {
+        for l in admin.into_iter().chain(integration_listeners) {
             stops.push(Box::pin(l.stop()));
         }
         futures_util::future::join_all(stops).await;
@@ -309,9 +312,11 @@ pub async fn start(cfg: AgentConfig, mut startup: Startup) -> Result<Running, Ag
     preflight::host(&cfg, npu_ids(&sampler).as_deref())
         .map_err(|e| AgentError::Config(e.to_string()))?;
     apply_fault_table(&cfg.agent, sampler.shared(), false);
-    let listeners = cfg.engines.len()
-        + usize::from(cfg.agent.admin_listen.is_some())
-        + usize::from(cfg.agent.haproxy_agent_listen.is_some());
+    let own: Vec<(&'static dyn Integration, Listen)> = REGISTRY
+        .iter()
+        .filter_map(|i| Some((*i, i.listen(&cfg.agent)?)))
+        .collect();
+    let listeners = cfg.engines.len() + usize::from(cfg.agent.admin_listen.is_some()) + own.len();
     let budget = server::conn::fd_budget(
         cfg.agent.listeners.max_connections,
         listeners,
@@ -333,16 +338,12 @@ pub async fn start(cfg: AgentConfig, mut startup: Startup) -> Result<Running, Ag
         cfg: cfg.clone(),
         engines: Vec::new(),
         admin: None,
-        haproxy: None,
+        integration_listeners: Vec::new(),
         roster: Roster::default(),
         liveness_cfg: Arc::new(LivenessCfg(std::sync::Mutex::new(
             cfg.agent.sampler_stuck_after,
         ))),
-        kube: cfg
-            .agent
-            .kubernetes
-            .as_ref()
-            .map(crate::k8s::ApiMode::start),
+        kube: cfg.agent.kubernetes.as_ref().map(ApiMode::start),
         state_dir: startup.state_dir.clone(),
         persister: None,
         predecessor: None,
@@ -363,38 +364,21 @@ pub async fn start(cfg: AgentConfig, mut startup: Startup) -> Result<Running, Ag
         ready.push((p, socket));
     }
     let admin_socket = match cfg.agent.admin_listen {
-        Some(addr) => Some((
-            addr,
-            acquire(
-                addr,
-                &mut startup.inherited,
-                wait,
-                &format!("{}: [agent] admin_listen: admin listener", cfg.source),
-            )
-            .await?,
-            Arc::new(
-                server::auth::AdminAccess::load(&cfg.agent.admin_auth)
-                    .map_err(AgentError::Config)?,
-            ),
-        )),
+        Some(addr) => {
+            let what = format!("{}: [agent] admin_listen: admin listener", cfg.source);
+            let socket = acquire(addr, &mut startup.inherited, wait, &what).await?;
+            let access = server::auth::AdminAccess::load(&cfg.agent.admin_auth)
+                .map_err(AgentError::Config)?;
+            Some((addr, socket, Arc::new(access)))
+        }
         None => None,
     };
-    let haproxy_socket = match cfg.agent.haproxy_agent_listen {
-        Some(addr) => Some((
-            addr,
-            acquire(
-                addr,
-                &mut startup.inherited,
-                wait,
-                &format!(
-                    "{}: [agent] haproxy_agent_listen: HAProxy agent-check listener",
-                    cfg.source
-                ),
-            )
-            .await?,
-        )),
-        None => None,
-    };
+    let mut own_sockets = Vec::new();
+    for (i, listen) in own {
+        let what = format!("{}: {}: {}", cfg.source, listen.key, listen.label);
+        let socket = acquire(listen.addr, &mut startup.inherited, wait, &what).await?;
+        own_sockets.push((i, listen, socket));
+    }
     for (addr, origin) in startup.inherited.close_unclaimed() {
         tracing::info!(
             "closed the socket on {addr} from {}: no engine or listener is configured there now",
@@ -453,8 +437,9 @@ pub async fn start(cfg: AgentConfig, mut startup: Startup) -> Result<Running, Ag
         );
         running.admin = Some(admin);
     }
-    if let Some((addr, socket)) = haproxy_socket {
-        running.haproxy = Some(running.launch_haproxy(addr, socket)?);
+    for (i, listen, socket) in own_sockets {
+        let run = running.launch_integration(i, &listen, socket)?;
+        running.integration_listeners.push(run);
     }
     running.start_persister();
     Ok(running)

@@ -23,7 +23,7 @@ pub fn host(cfg: &AgentConfig, npus: Option<&[u32]>) -> Result<(), ConfigError> 
         && k.api_server.is_some()
     {
         // The token and CA files, read as the Kubernetes client reads them.
-        crate::k8s::api::Files::read(k).map_err(|(key, m)| {
+        crate::integrations::kubernetes::api::Files::read(k).map_err(|(key, m)| {
             ConfigError::new(&cfg.source, format!("[agent.kubernetes] {key}"), m)
         })?;
     }

@@ -16,6 +16,7 @@
 
 use super::{AgentError, EngineRun, Prepared, Running};
 use crate::config::{AgentConfig, AgentSettings, EngineSpec};
+use crate::integrations::{Integration, Listen, REGISTRY};
 use crate::server;
 use std::fmt;
 use std::net::SocketAddr;
@@ -190,16 +191,9 @@ impl Running {
                 )?),
             )),
         };
-        // HAProxy's listener reads the engines of the moment: only a new address restarts it.
-        let haproxy_change = match (new.agent.haproxy_agent_listen, &self.haproxy) {
-            (Some(addr), Some(h)) if h.configured == addr && addr.port() != 0 => None,
-            (Some(addr), _) => Some(Some((
-                addr,
-                server::bind(addr).map_err(|e| format!("HAProxy agent-check listener: {e}"))?,
-            ))),
-            (None, Some(_)) => Some(None),
-            (None, None) => None,
-        };
+        // The integrations' own listeners read the engines of the moment: only a new address
+        // restarts one.
+        let own_changes = self.own_listener_changes(&new.agent)?;
         // Commit: nothing below fails for a configuration reason.
         let mut old_runs: Vec<Option<EngineRun>> = std::mem::take(&mut self.engines)
             .into_iter()
@@ -321,18 +315,16 @@ impl Running {
                 }
             }
         }
-        if let Some(to) = haproxy_change {
-            if let Some(old) = self.haproxy.take() {
-                old.stop().await;
+        for (i, to) in own_changes {
+            if let Some(at) = self.own_listener(i) {
+                self.integration_listeners.remove(at).stop().await;
             }
-            if let Some((addr, socket)) = to {
-                match self.launch_haproxy(addr, socket) {
-                    Ok(h) => self.haproxy = Some(h),
+            if let Some((listen, socket)) = to {
+                match self.launch_integration(i, &listen, socket) {
+                    Ok(run) => self.integration_listeners.push(run),
                     Err(e) => {
                         tracing::error!("{e}");
-                        summary
-                            .failed
-                            .push(format!("HAProxy agent-check listener ({e})"));
+                        summary.failed.push(format!("{} ({e})", listen.label));
                     }
                 }
             }
@@ -382,6 +374,37 @@ impl Running {
         server::bind(addr).map_err(|e| format!("engine {name}: {e}"))
     }
 
+    /// Where `i`'s own listener is in the roster of listeners, if it runs.
+    fn own_listener(&self, i: &'static dyn Integration) -> Option<usize> {
+        self.integration_listeners
+            .iter()
+            .position(|l| l.integration().is_some_and(|x| x.id() == i.id()))
+    }
+
+    /// The integrations' own listeners that change under `agent`: a new socket for one that
+    /// starts or moves, `None` for one that stops.
+    fn own_listener_changes(
+        &self,
+        agent: &crate::config::AgentSettings,
+    ) -> Result<OwnChanges, String> {
+        let mut out = Vec::new();
+        for &i in REGISTRY {
+            let running = self
+                .own_listener(i)
+                .map(|at| &self.integration_listeners[at]);
+            match (i.listen(agent), running) {
+                (Some(l), Some(run)) if run.configured == l.addr && l.addr.port() != 0 => {}
+                (Some(l), _) => {
+                    let socket = server::bind(l.addr).map_err(|e| format!("{}: {e}", l.label))?;
+                    out.push((i, Some((l, socket))));
+                }
+                (None, Some(_)) => out.push((i, None)),
+                (None, None) => {}
+            }
+        }
+        Ok(out)
+    }
+
     /// The admin socket at `addr`: the current one when the address is unchanged.
     fn admin_socket_for(
         &self,
@@ -411,6 +434,12 @@ impl Running {
         server::bind(addr).map_err(|e| format!("admin listener: {e}"))
     }
 }
+
+/// Integrations whose own listener starts, moves (its new socket) or stops (`None`).
+type OwnChanges = Vec<(
+    &'static dyn Integration,
+    Option<(Listen, std::net::TcpListener)>,
+)>;
 
 #[cfg(test)]
 mod tests {

@@ -46,7 +46,7 @@ pub fn check_config(cfg: &AgentConfig) -> Result<(), CliError> {
     let text = serde_json::to_string_pretty(cfg).context("rendering the configuration")?;
     println!("{text}");
     for spec in &cfg.engines {
-        for a in crate::actions::active(spec, &cfg.agent) {
+        for a in crate::integrations::active(spec, &cfg.agent) {
             eprintln!(
                 "{}: engine {} {}: {}",
                 cfg.source, spec.name, a.integration, a.action
@@ -235,7 +235,7 @@ pub async fn doctor(cfg: AgentConfig, json_out: bool) -> Result<(), CliError> {
                     "mgmt_listen": spec.mgmt_listen,
                     "policy": spec.policy.value,
                     "policy_source": spec.policy.source,
-                    "actions": crate::actions::active(spec, &cfg.agent),
+                    "actions": crate::integrations::active(spec, &cfg.agent),
                     "conditions": conditions,
                     "virtual_inference_will_run": will_run,
                     "virtual_inference_blocked_by": names_where(conditions, Some(false)),
@@ -288,7 +288,7 @@ pub async fn doctor(cfg: AgentConfig, json_out: bool) -> Result<(), CliError> {
             }
         );
         println!("  actions:");
-        for a in crate::actions::active(spec, &cfg.agent) {
+        for a in crate::integrations::active(spec, &cfg.agent) {
             println!("    {:<15} {}", a.integration, a.action);
         }
         println!("  {:<26} {:<44} VERDICT", "CONDITION", "VALUE");

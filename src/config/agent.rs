@@ -3,7 +3,8 @@
 //! their check.
 
 use super::bounds::Shown;
-use super::{KeyError, duration, kubernetes, policy};
+use super::{KeyError, duration, policy};
+use crate::integrations::kubernetes::config as kubernetes;
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -6,7 +6,8 @@ use super::mindie::{
 };
 use super::qos::QosConfig;
 use super::timing::Timing;
-use super::{KeyError, actions, kubernetes, policy, resolve};
+use super::{KeyError, actions, policy, resolve};
+use crate::integrations::kubernetes::config as kubernetes;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

@@ -22,7 +22,6 @@ pub mod effective;
 pub mod engine;
 mod error;
 pub mod file;
-pub mod kubernetes;
 pub mod mindie;
 pub mod policy;
 pub mod qos;

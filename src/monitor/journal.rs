@@ -2,9 +2,15 @@
 //! [`KEPT`]): what Node Manager was told (the verdict), what the kubelet was told (readiness,
 //! liveness), the Kubernetes API calls, what HAProxy and Envoy were told, and the QoS level
 //! behind them all. For `/status/detail` (`actions`) and the operator views (the admin page,
-//! `top`). Filled by [`crate::actions::observe`], the routers' listeners and the Kubernetes
-//! API mode's loop; nothing here feeds a decision.
+//! `top`). Filled by [`crate::integrations::observe`], the routers' listeners and the Kubernetes
+//! API mode's loop; nothing here feeds a decision. What was told is typed ([`Told`], each
+//! integration's own states); the words are made only for the wire ([`ActionRecord`]).
 
+use super::verdict::Status;
+use crate::integrations::envoy::told::EnvoyState;
+use crate::integrations::haproxy::config::HaproxyState;
+use crate::integrations::kubelet::told::{Live, Ready};
+use crate::integrations::kubernetes::told::{Outcome, PodAction};
 use crate::qos::score::Level;
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
@@ -14,7 +20,7 @@ use std::sync::Mutex;
 pub const KEPT: usize = 50;
 
 /// Who an action is for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Integration {
     /// The agent's own grading: the QoS level (`action` `level`).
@@ -46,13 +52,93 @@ impl Integration {
     }
 }
 
-/// One action: what an integration was told or asked, the level at that moment, and why.
+/// What one integration was told or asked, typed; its words on the wire are
+/// [`Told::action`] and [`Told::word`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Told {
+    /// Node Manager: the verdict `/status` serves.
+    Verdict(Status),
+    /// The agent's own grading: the QoS level.
+    Level(Level),
+    /// The kubelet: what `/readyz` answers.
+    Ready(Ready),
+    /// The kubelet: what `/livez` answers.
+    Live(Live),
+    /// HAProxy: the state its agent check was answered.
+    Haproxy(HaproxyState),
+    /// Envoy: the host state its health check read.
+    Envoy(EnvoyState),
+    /// The Kubernetes API mode: a call on the pod, and how it ended.
+    Api(PodAction, Outcome),
+}
+
+impl Told {
+    /// Who was told.
+    pub fn integration(self) -> Integration {
+        match self {
+            Told::Verdict(_) => Integration::NodeManager,
+            Told::Level(_) => Integration::Agent,
+            Told::Ready(_) | Told::Live(_) => Integration::Kubelet,
+            Told::Haproxy(_) => Integration::Haproxy,
+            Told::Envoy(_) => Integration::Envoy,
+            Told::Api(..) => Integration::KubernetesApi,
+        }
+    }
+
+    /// What acted or was told: `status`, `level`, `readyz`, `livez`, `agent_check`,
+    /// `health_check`, or the API call.
+    pub fn action(self) -> &'static str {
+        match self {
+            Told::Verdict(_) => "status",
+            Told::Level(_) => "level",
+            Told::Ready(_) => "readyz",
+            Told::Live(_) => "livez",
+            Told::Haproxy(_) => "agent_check",
+            Told::Envoy(_) => "health_check",
+            Told::Api(call, _) => call.as_str(),
+        }
+    }
+
+    /// The state told, in the integration's words (an API call: its outcome).
+    pub fn word(self) -> &'static str {
+        match self {
+            Told::Verdict(s) => s.as_str(),
+            Told::Level(l) => l.as_str(),
+            Told::Ready(r) => r.as_str(),
+            Told::Live(l) => l.as_str(),
+            Told::Haproxy(h) => h.as_str(),
+            Told::Envoy(e) => e.as_str(),
+            Told::Api(_, outcome) => outcome.as_str(),
+        }
+    }
+
+    /// Whether `other` is the same thing told (the same integration and action), so a
+    /// change from one to the other is a change of state.
+    pub fn same_kind(self, other: Told) -> bool {
+        std::mem::discriminant(&self) == std::mem::discriminant(&other)
+    }
+}
+
+/// One action: what an integration was told or asked, what it was told before, the level
+/// at that moment, and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Entry {
+    pub at_unix_ms: u64,
+    pub told: Told,
+    /// The state before; `None` at the first one (and for an API call, which has none).
+    pub before: Option<Told>,
+    /// The QoS level at that moment.
+    pub level: Level,
+    /// Why, in one line (the verdict's reason, the score, the answer's reason).
+    pub reason: String,
+}
+
+/// One action in words, as `/status/detail`'s `actions` shows it (made from an [`Entry`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ActionRecord {
     pub at_unix_ms: u64,
     pub integration: Integration,
-    /// What acted or was told (`status`, `readyz`, `livez`, `level`, `agent_check`,
-    /// `health_check`, an API call).
+    /// What acted or was told ([`Told::action`]).
     pub action: String,
     /// The state before (`start` at the first one); empty for an API call.
     pub from: String,
@@ -60,17 +146,36 @@ pub struct ActionRecord {
     pub to: String,
     /// The QoS level at that moment.
     pub level: Level,
-    /// Why, in one line (the verdict's reason, the score, the answer's reason).
+    /// Why, in one line.
     pub reason: String,
+}
+
+impl From<&Entry> for ActionRecord {
+    fn from(e: &Entry) -> ActionRecord {
+        let from = match (e.before, e.told) {
+            (_, Told::Api(..)) => "",
+            (Some(b), _) => b.word(),
+            (None, _) => "start",
+        };
+        ActionRecord {
+            at_unix_ms: e.at_unix_ms,
+            integration: e.told.integration(),
+            action: e.told.action().to_owned(),
+            from: from.to_owned(),
+            to: e.told.word().to_owned(),
+            level: e.level,
+            reason: e.reason.clone(),
+        }
+    }
 }
 
 /// The last changes of one engine, oldest first.
 #[derive(Debug, Default)]
-pub struct Journal(Mutex<VecDeque<ActionRecord>>);
+pub struct Journal(Mutex<VecDeque<Entry>>);
 
 impl Journal {
     /// Adds a change, dropping the oldest beyond [`KEPT`].
-    pub fn push(&self, e: ActionRecord) {
+    pub fn push(&self, e: Entry) {
         let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
         if g.len() == KEPT {
             g.pop_front();
@@ -79,7 +184,7 @@ impl Journal {
     }
 
     /// A copy, oldest first.
-    pub fn entries(&self) -> Vec<ActionRecord> {
+    pub fn entries(&self) -> Vec<Entry> {
         self.0
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -97,12 +202,10 @@ mod tests {
     fn keeps_the_last_changes_oldest_first() {
         let j = Journal::default();
         for i in 0..(KEPT as u64 + 5) {
-            j.push(ActionRecord {
+            j.push(Entry {
                 at_unix_ms: i,
-                integration: Integration::Agent,
-                action: "level".into(),
-                from: "normal".into(),
-                to: "throttle".into(),
+                told: Told::Level(Level::Throttle),
+                before: Some(Told::Level(Level::Normal)),
                 level: Level::Throttle,
                 reason: String::new(),
             });
@@ -113,5 +216,53 @@ mod tests {
             (e[0].at_unix_ms, e[KEPT - 1].at_unix_ms),
             (5, KEPT as u64 + 4)
         );
+    }
+
+    // Every word on the wire comes from the typed states: the first entry reads from
+    // `start`, an API call from nothing.
+    #[test]
+    fn the_words_are_made_at_the_wire() {
+        let e = |told, before| Entry {
+            at_unix_ms: 1,
+            told,
+            before,
+            level: Level::Normal,
+            reason: "why".into(),
+        };
+        let r = ActionRecord::from(&e(Told::Ready(Ready::NotReady), None));
+        assert_eq!(
+            (
+                r.integration,
+                r.action.as_str(),
+                r.from.as_str(),
+                r.to.as_str()
+            ),
+            (Integration::Kubelet, "readyz", "start", "not_ready")
+        );
+        let r = ActionRecord::from(&e(
+            Told::Haproxy(HaproxyState::Drain),
+            Some(Told::Haproxy(HaproxyState::Ready)),
+        ));
+        assert_eq!(
+            (
+                r.integration,
+                r.action.as_str(),
+                r.from.as_str(),
+                r.to.as_str()
+            ),
+            (Integration::Haproxy, "agent_check", "ready", "drain")
+        );
+        let r = ActionRecord::from(&e(Told::Api(PodAction::Eviction, Outcome::Refused), None));
+        assert_eq!(
+            (
+                r.integration,
+                r.action.as_str(),
+                r.from.as_str(),
+                r.to.as_str()
+            ),
+            (Integration::KubernetesApi, "eviction", "", "refused")
+        );
+        assert_eq!(Told::Envoy(EnvoyState::Degraded).word(), "degraded");
+        assert_eq!(Told::Live(Live::Restart).action(), "livez");
     }
 }

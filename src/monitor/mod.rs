@@ -128,21 +128,13 @@ impl Monitor {
         }
     }
 
-    /// Adds an action to the record, with the level now.
-    pub fn note(
-        &self,
-        integration: journal::Integration,
-        action: &str,
-        from: &str,
-        to: &str,
-        reason: &str,
-    ) {
-        self.journal.push(journal::ActionRecord {
-            at_unix_ms: acted::unix_ms(),
-            integration,
-            action: action.to_owned(),
-            from: from.to_owned(),
-            to: to.to_owned(),
+    /// Adds what an integration was told (and what it was told before) to the record, with
+    /// the level now.
+    pub fn note(&self, told: journal::Told, before: Option<journal::Told>, reason: &str) {
+        self.journal.push(journal::Entry {
+            at_unix_ms: crate::clock::unix_ms(),
+            told,
+            before,
             level: self.qos.level(),
             reason: reason.to_owned(),
         });
@@ -150,15 +142,15 @@ impl Monitor {
 
     /// Notes what a router polling the agent was told: in the router's state
     /// ([`acted::ActionMemory::router_saw`]), and in the record when it changed.
-    pub fn told_router(&self, integration: journal::Integration, state: &str, reason: &str) {
-        let router = integration.as_str();
-        if let Some(before) = self.acted.router_saw(router, state, reason) {
-            let action = match integration {
-                journal::Integration::Haproxy => "agent_check",
-                _ => "health_check",
-            };
-            tracing::info!(engine = %self.spec.name, "{router} now reads {state}: {reason}");
-            self.note(integration, action, &before, state, reason);
+    pub fn told_router(&self, told: journal::Told, reason: &str) {
+        if let Some(before) = self.acted.router_saw(told, reason) {
+            tracing::info!(
+                engine = %self.spec.name,
+                "{} now reads {}: {reason}",
+                told.integration().as_str(),
+                told.word()
+            );
+            self.note(told, before, reason);
         }
     }
 

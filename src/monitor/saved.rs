@@ -15,10 +15,10 @@
 //! address before [`Monitor::restore`]; the agent checks the process at its first scrape and
 //! calls [`Monitor::forget`] on a mismatch.
 
-use super::acted::{GateMemory, KubeRecord};
 use super::verdict::HealthState;
 use super::{Monitor, vi_state};
 use crate::config::EngineSpec;
+use crate::integrations::kubernetes::told::{GateMemory, KubeRecord};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::Ordering;
 

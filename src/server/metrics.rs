@@ -8,7 +8,7 @@
 //! `npu_health_agent_`.
 
 use crate::driver::fault_levels::FaultLevel;
-use crate::monitor::acted::{Outcome, PodAction};
+use crate::integrations::kubernetes::told::{Outcome, PodAction};
 use crate::monitor::verdict::HealthState;
 use crate::monitor::{Monitor, Status};
 use crate::qos::score::Level;
@@ -341,10 +341,10 @@ impl Exposition {
                 })
             }),
         )?;
-        let answers: Vec<(Labels, crate::actions::Answers)> = self
+        let answers: Vec<(Labels, crate::integrations::kubelet::Answers)> = self
             .engines
             .iter()
-            .map(|e| (name(e), crate::actions::Answers::of(e)))
+            .map(|e| (name(e), crate::integrations::kubelet::Answers::of(e)))
             .collect();
         family(
             enc,
@@ -393,16 +393,16 @@ impl Exposition {
             "1 for the state the agent last told each router that polls it about the engine (haproxy: ready, queue, drain, maint, down; envoy: healthy, degraded, unhealthy); absent until the router polls",
             MetricType::Gauge,
             self.engines.iter().flat_map(|e| {
-                let seen = e.acted.routers();
-                crate::monitor::acted::ROUTER_STATES
+                let seen = e.acted.routers_told();
+                crate::integrations::REGISTRY
                     .iter()
-                    .filter_map(|(router, states)| {
-                        let now = seen.get(*router)?.state.clone();
-                        Some(states.iter().map(move |st| {
+                    .filter_map(|router| {
+                        let now = seen.get(&router.id())?.told;
+                        Some(router.router_states().into_iter().map(move |st| {
                             let mut l = name(e);
-                            l.push(("router", (*router).to_owned()));
-                            l.push(("state", (*st).to_owned()));
-                            (l, if *st == now { 1.0 } else { 0.0 })
+                            l.push(("router", router.id().as_str().to_owned()));
+                            l.push(("state", st.word().to_owned()));
+                            (l, if st == now { 1.0 } else { 0.0 })
                         }))
                     })
                     .flatten()

@@ -5,14 +5,13 @@
 //! "abnormal"}`, as MindIE's engine server), `GET /status/detail` (why, conditions, last probe,
 //! current window per NPU, QoS), `GET /qos` (the QoS object alone, for routers), `GET /metrics`
 //! (this engine and its NPUs), `GET /readyz` and `GET /livez` (the kubelet's probes,
-//! [`crate::actions`]). Admin: `GET /metrics` (everything), `GET /status/detail` (every
+//! [`crate::integrations`]). Admin: `GET /metrics` (everything), `GET /status/detail` (every
 //! engine), `GET /qos` (every engine), `GET /events` (the live views' stream, [`live`]),
 //! `GET /healthz` (the agent itself), and, open like `/healthz` because the kubelet's probes
 //! carry no credentials, `GET /engines/<name>/readyz` and `GET /engines/<name>/livez`, and
 //! `GET /` (the live page: static, it holds no data; its stream is guarded).
 //! Handlers only read shared state; none waits on the engine or the driver.
 
-pub mod agent_check;
 pub mod auth;
 pub mod conn;
 pub mod live;
@@ -21,7 +20,8 @@ pub mod wire;
 
 pub use conn::serve;
 
-use crate::actions;
+use crate::integrations::kubelet::{livez, readyz};
+use crate::integrations::node_manager;
 use crate::monitor::Monitor;
 use crate::sampler::Shared;
 use crate::window;
@@ -85,68 +85,6 @@ pub fn admin_router(view: AdminView, access: Arc<auth::AdminAccess>) -> Router {
         .with_state(view)
 }
 
-/// `/readyz` of one engine: 200 while it should take new requests, else 503; either way one
-/// line saying why, and `x-envoy-degraded: true` at `degrade`. An answer to Envoy's health
-/// checker (`user-agent: Envoy/HC`) is recorded as what Envoy was told.
-fn readyz(e: &Monitor, headers: &HeaderMap) -> Response {
-    // A probe is a poll like Node Manager's: the first healthy one starts virtual inference.
-    e.status();
-    let r = actions::readiness(&actions::ActionInputs::of(e), &e.spec.actions);
-    let envoy = headers
-        .get(header::USER_AGENT)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|ua| ua.starts_with("Envoy/HC"));
-    if envoy {
-        let state = match (r.ready, r.degraded) {
-            (true, false) => "healthy",
-            (true, true) => "degraded",
-            (false, _) => "unhealthy",
-        };
-        e.told_router(
-            crate::monitor::journal::Integration::Envoy,
-            state,
-            &r.reason,
-        );
-    }
-    let code = if r.ready {
-        StatusCode::OK
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
-    };
-    let mut resp = probe_answer(code, r.reason);
-    if r.degraded {
-        resp.headers_mut().insert(
-            "x-envoy-degraded",
-            axum::http::HeaderValue::from_static("true"),
-        );
-    }
-    resp
-}
-
-/// `/livez` of one engine: 503 only where the kubelet should restart it.
-fn livez(e: &Monitor) -> Response {
-    e.status();
-    let l = actions::liveness(&actions::ActionInputs::of(e));
-    let code = if l.live {
-        StatusCode::OK
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
-    };
-    probe_answer(code, l.reason)
-}
-
-fn probe_answer(code: StatusCode, line: String) -> Response {
-    (
-        code,
-        [
-            (header::CONTENT_TYPE, "text/plain; charset=utf-8"),
-            (header::CACHE_CONTROL, "no-store"),
-        ],
-        format!("{line}\n"),
-    )
-        .into_response()
-}
-
 async fn engine_readyz(State(v): State<EngineView>, headers: HeaderMap) -> Response {
     readyz(&v.engine, &headers)
 }
@@ -182,8 +120,7 @@ async fn admin_livez(State(v): State<AdminView>, Path(name): Path<String>) -> Re
 }
 
 async fn status(State(v): State<EngineView>) -> Response {
-    let s = v.engine.status();
-    ([(header::CONTENT_TYPE, "application/json")], s.body()).into_response()
+    node_manager::status(&v.engine)
 }
 
 async fn engine_detail(State(v): State<EngineView>) -> Response {
@@ -381,7 +318,7 @@ pub fn detail(e: &Monitor, shared: &Shared, win: Duration) -> wire::EngineDetail
         },
         kubernetes: e.acted.kubernetes(),
         routers: e.acted.routers(),
-        actions: e.journal.entries(),
+        actions: e.journal.entries().iter().map(Into::into).collect(),
     }
 }
 

@@ -44,7 +44,7 @@ pub struct EngineDetail {
     pub qos: EngineQos,
     pub window: Window,
     /// What the Kubernetes API mode did about the engine; `null` while the mode is off.
-    pub kubernetes: Option<crate::monitor::acted::KubeRecord>,
+    pub kubernetes: Option<crate::integrations::kubernetes::told::KubeRecord>,
     /// What each router that polls the agent was last told (`haproxy`), by router; empty
     /// until one polls.
     #[serde(default)]

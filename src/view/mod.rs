@@ -9,7 +9,7 @@
 //! readiness, liveness, and the recent changes). The first `samples` frame carries the last
 //! [`HISTORY`] so a chart is full at once.
 
-use crate::actions::Answers;
+use crate::integrations::kubelet::Answers;
 use crate::monitor::Monitor;
 use crate::monitor::journal::ActionRecord;
 use crate::monitor::verdict::Status;
@@ -292,7 +292,7 @@ pub fn engines(shared: &Shared, engines: &[Arc<Monitor>]) -> EnginesFrame {
             m.journal
                 .entries()
                 .into_iter()
-                .map(|e| from_entry(name, e))
+                .map(|e| from_entry(name, ActionRecord::from(&e)))
                 .collect::<Vec<_>>()
         })
         .collect();
@@ -322,7 +322,7 @@ pub fn engines(shared: &Shared, engines: &[Arc<Monitor>]) -> EnginesFrame {
         })
         .collect();
     EnginesFrame {
-        at_unix_ms: crate::monitor::acted::unix_ms(),
+        at_unix_ms: crate::clock::unix_ms(),
         engines: engines
             .iter()
             .map(|m| EngineLine {

@@ -181,7 +181,7 @@ fn envoy_sends_new_requests_to_the_draft_while_the_agent_calls_main_not_ready() 
     envoy.wait_health("llm-main", stack.engine_port, wait, |h| {
         h.contains("failed_active_hc")
     });
-    let out_at = npu_health_agent::monitor::acted::unix_ms();
+    let out_at = npu_health_agent::clock::unix_ms();
     let degraded = burst(&envoy.front, 8);
     assert_eq!(count(&degraded, "draft"), 8, "{degraded:?}");
     let a = long.join().unwrap();

@@ -337,7 +337,7 @@ fn a_held_evict_takes_main_down_and_the_draft_serves() {
 }
 
 fn now_ms() -> u64 {
-    npu_health_agent::monitor::acted::unix_ms()
+    npu_health_agent::clock::unix_ms()
 }
 
 // A server line that names no engine of this agent (or none) is out of rotation, and

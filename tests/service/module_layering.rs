@@ -101,6 +101,33 @@ fn path_heads(rest: &str) -> Vec<String> {
 /// a file inside a folder). A folder's file naming its folder's other files (`super::<x>`)
 /// names its own module.
 fn graph_of(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    graph_with_tables(src, &[])
+}
+
+/// The node of the integrations' tables: `src/integrations/<name>/config.rs` (its
+/// configuration table) and `src/integrations/<name>/told.rs` (the states it is told), data
+/// that the configuration and the monitor's journal read and that reads no runtime module.
+const TABLES: &str = "integration_tables";
+
+/// Whether `rel` (a path under `src/`) is one of the integrations' tables.
+fn is_table(rel: &Path) -> bool {
+    let parts: Vec<&str> = rel.iter().map(|c| c.to_str().unwrap()).collect();
+    matches!(parts.as_slice(), ["integrations", _, f] if *f == "config.rs" || *f == "told.rs")
+}
+
+/// Whether a `crate::` path's rest (`integrations::haproxy::config::X`) names a table.
+fn names_table(rest: &str) -> bool {
+    let Some(r) = rest.strip_prefix("integrations::") else {
+        return false;
+    };
+    let mut segs = r.splitn(3, "::");
+    let (_, second) = (segs.next(), segs.next().map(ident));
+    matches!(second.as_deref(), Some("config" | "told"))
+}
+
+/// [`graph_of`], with the files under `src/<folder>/` that [`is_table`] says are tables as a
+/// node of their own ([`TABLES`]) for each folder in `tabled`.
+fn graph_with_tables(src: &Path, tabled: &[&str]) -> BTreeMap<String, BTreeSet<String>> {
     let mut mods = BTreeMap::new();
     for e in std::fs::read_dir(src).unwrap().flatten() {
         let path = e.path();
@@ -110,14 +137,23 @@ fn graph_of(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
             mods.insert(name, path);
         }
     }
-    let names: BTreeSet<String> = mods.keys().cloned().collect();
-    let mut edges = BTreeMap::new();
-    for (m, path) in &mods {
+    let mut names: BTreeSet<String> = mods.keys().cloned().collect();
+    if !tabled.is_empty() {
+        names.insert(TABLES.to_owned());
+    }
+    let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (module, path) in &mods {
         let mut files = Vec::new();
         rust_files(path, &mut files);
-        let mut deps = BTreeSet::new();
         // A test module in a file of its own (`#[cfg(test)] mod tests;`) is not shipped.
         for f in files.iter().filter(|f| !f.ends_with("tests.rs")) {
+            let table = tabled.contains(&module.as_str()) && is_table(f.strip_prefix(src).unwrap());
+            let m = if table {
+                TABLES.to_owned()
+            } else {
+                module.clone()
+            };
+            let mut deps = BTreeSet::new();
             let text = std::fs::read_to_string(f).unwrap();
             let code: Vec<&str> = shipped_lines(&text).into_iter().map(|(_, c)| c).collect();
             let code = code.join("\n");
@@ -127,7 +163,21 @@ fn graph_of(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
             let depth = rel.components().count() - usize::from(f.ends_with("mod.rs"));
             let mut named = Vec::new();
             for (i, _) in code.match_indices("crate::") {
-                named.extend(path_heads(&code[i + "crate::".len()..]));
+                let rest = &code[i + "crate::".len()..];
+                if !tabled.is_empty() && names_table(rest) {
+                    named.push(TABLES.to_owned());
+                } else {
+                    named.extend(path_heads(rest));
+                }
+            }
+            // A table names its own folder's runtime by any `super::` that is not a table.
+            if table {
+                for (i, _) in code.match_indices("super::") {
+                    let next = ident(&code[i + "super::".len()..]);
+                    if next != "config" && next != "told" && next != "super" {
+                        named.push(module.clone());
+                    }
+                }
             }
             for (i, _) in code.match_indices("super::") {
                 let before = &code[..i];
@@ -148,19 +198,32 @@ fn graph_of(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
                 }
             }
             for dep in named {
-                if names.contains(&dep) && &dep != m {
+                if names.contains(&dep) && dep != m {
                     deps.insert(dep);
                 }
             }
+            edges.entry(m).or_default().extend(deps);
         }
-        edges.insert(m.clone(), deps);
+        edges.entry(module.clone()).or_default();
     }
     edges
 }
 
-/// Module → the modules its shipped code names, in the agent crate.
+/// Module → the modules its shipped code names, in the agent crate. The integrations'
+/// tables ([`TABLES`]) are part of the configuration's layer: their arrows are the
+/// configuration's, and an arrow to them is an arrow to the configuration.
 fn graph() -> BTreeMap<String, BTreeSet<String>> {
-    graph_of(&root().join("src"))
+    let mut g = graph_with_tables(&root().join("src"), &["integrations"]);
+    let tables = g.remove(TABLES).unwrap_or_default();
+    for deps in g.values_mut() {
+        if deps.remove(TABLES) {
+            deps.insert("config".to_owned());
+        }
+    }
+    let config = g.entry("config".to_owned()).or_default();
+    config.extend(tables);
+    config.remove("config");
+    g
 }
 
 /// A cycle through `from`, if any (depth-first).
@@ -229,6 +292,46 @@ fn a_cycle_is_found() {
 fn the_configuration_names_no_runtime_module() {
     let g = graph();
     assert!(g["config"].is_empty(), "config names {:?}", g["config"]);
+    // The integrations' tables (their configuration and the states they are told) are data
+    // of the same floor: they name the configuration and nothing that runs.
+    let g = graph_with_tables(&root().join("src"), &["integrations"]);
+    let tables: Vec<&String> = g[TABLES].iter().filter(|m| *m != "config").collect();
+    assert!(
+        tables.is_empty(),
+        "the integrations' tables name {tables:?}"
+    );
+}
+
+// The tables are found as a node of their own: a table that names its integration's
+// runtime (`super::<rule>`) is an arrow from the tables back up.
+#[test]
+fn a_table_naming_its_runtime_is_found() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path();
+    let files = [
+        ("config/mod.rs", "use crate::integrations::x::config::T;\n"),
+        ("integrations/mod.rs", "pub mod x;\nuse crate::config::C;\n"),
+        (
+            "integrations/x/mod.rs",
+            "pub mod config;\npub fn rule() {}\n",
+        ),
+        ("integrations/x/config.rs", "pub struct T;\n"),
+    ];
+    for (path, text) in files {
+        std::fs::create_dir_all(src.join(path).parent().unwrap()).unwrap();
+        std::fs::write(src.join(path), text).unwrap();
+    }
+    let g = graph_with_tables(src, &["integrations"]);
+    assert_eq!(g["config"], BTreeSet::from([TABLES.to_owned()]));
+    assert_eq!(cycle_from(&g, "config"), None);
+    std::fs::write(
+        src.join("integrations/x/config.rs"),
+        "pub struct T;\nfn f() { super::rule() }\n",
+    )
+    .unwrap();
+    let g = graph_with_tables(src, &["integrations"]);
+    assert!(g[TABLES].contains("integrations"), "{g:?}");
+    assert!(cycle_from(&g, "config").is_some(), "{g:?}");
 }
 
 /// The configuration's files → the files of `src/config/` their shipped code names: a

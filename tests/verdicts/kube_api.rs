@@ -8,8 +8,8 @@
 use crate::support;
 use crate::support::kube_api::{self, Failure, Route, StandIn};
 use crate::support::stack::{Launch, Stack};
-use npu_health_agent::k8s::api::LIST_LIMIT;
-use npu_health_agent::monitor::acted::{KubeRecord, PodAction};
+use npu_health_agent::integrations::kubernetes::api::LIST_LIMIT;
+use npu_health_agent::integrations::kubernetes::told::{KubeRecord, PodAction};
 use npu_health_agent::qos::score::Level;
 use std::time::{Duration, Instant};
 

@@ -85,7 +85,7 @@ struct AgentTable {
     #[serde(with = "duration")]
     stall_timeout: Duration,
     policy: Policy,
-    kubernetes: Option<super::kubernetes::KubernetesConfig>,
+    kubernetes: Option<crate::integrations::kubernetes::config::KubernetesConfig>,
     state_dir: Option<PathBuf>,
     fault_code_file: Option<PathBuf>,
 }
@@ -159,7 +159,7 @@ struct EngineTable {
     #[serde(default)]
     actions: super::actions::ActionsConfig,
     #[serde(default)]
-    kubernetes: super::kubernetes::PodSelector,
+    kubernetes: crate::integrations::kubernetes::config::PodSelector,
 }
 
 /// Reads and validates `agent.toml` (a regular file of at most 4 MiB, [`super::read`]).
@@ -777,8 +777,8 @@ mgmt_port = 9001
     // value named with its table and key.
     #[test]
     fn actions_and_kubernetes_keys() {
-        use crate::config::actions::NotReadyOn;
-        use crate::config::kubernetes::{DEFAULT_CONDITION_TYPE, EvictionMode};
+        use crate::integrations::kubelet::config::NotReadyOn;
+        use crate::integrations::kubernetes::config::{DEFAULT_CONDITION_TYPE, EvictionMode};
         let c = parse_str(INLINE).unwrap();
         assert_eq!(
             c.engines[0].actions.not_ready_on,

@@ -2,7 +2,7 @@
 //! [`crate::actions`]'): every second it reads the engine's facts, keeps the readiness-gate
 //! condition on its pod in step with `/readyz` (patched when it changes, and again every
 //! `resync_period`), and at a held `evict` tries an eviction through the gate
-//! ([`crate::actions::eviction`]). The pod is looked up at start, every `resync_period`, and
+//! ([`super::eviction`]). The pod is looked up at start, every `resync_period`, and
 //! at once when the API server says it is gone.
 //!
 //! An API server that is down, slow, refuses or answers garbage costs this loop a bounded
@@ -10,15 +10,19 @@
 //! failure is counted in the engine's record. It never touches the verdict.
 
 use super::api::{ApiError, KubeApi, PodInfo};
+use super::eviction;
+use super::eviction_ground;
 use super::pods::{self, EngineAddr};
-use crate::actions::{self, ActionInputs, eviction};
-use crate::config::kubernetes::{
+use super::told::{Attempt, ConditionSet, Outcome, PodAction};
+use crate::clock::unix_ms;
+use crate::integrations::ActionInputs;
+use crate::integrations::kubelet::{self, Readiness};
+use crate::integrations::kubernetes::config::{
     EvictionMode, KubernetesConfig, MINDCLUSTER_ANNOTATION, MINDCLUSTER_POD_LABEL,
     MINDCLUSTER_VALUE,
 };
 use crate::monitor::Monitor;
-use crate::monitor::acted::{Attempt, ConditionSet, Outcome, PodAction, unix_ms};
-use crate::monitor::journal::Integration;
+use crate::monitor::journal::Told;
 use k8s_openapi::api::core::v1::PodCondition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use std::sync::Arc;
@@ -36,10 +40,7 @@ const CONDITION_RETRY: Duration = Duration::from_secs(2);
 
 /// The condition for a readiness decision: `(status, reason, message)`. The reason is one
 /// CamelCase word, as the API conventions ask.
-pub fn condition_of(
-    f: &ActionInputs,
-    r: &actions::Readiness,
-) -> (&'static str, &'static str, String) {
+pub fn condition_of(f: &ActionInputs, r: &Readiness) -> (&'static str, &'static str, String) {
     use crate::monitor::verdict::Status;
     let reason = match (f.status, f.level) {
         (Status::Initial, _) => "EngineNotAnswering",
@@ -247,7 +248,7 @@ impl<A: KubeApi> Loop<'_, A> {
                     r.pod = pod;
                     r.pod_error = Some(why.clone());
                     if api_failed {
-                        r.api_error(why);
+                        r.api_error(why, unix_ms());
                     }
                 });
                 self.next_lookup = Instant::now() + self.cfg.resync_period;
@@ -263,7 +264,7 @@ impl<A: KubeApi> Loop<'_, A> {
     }
 
     async fn condition(&mut self, facts: &ActionInputs, resync: bool) {
-        let r = actions::readiness(facts, &self.m.spec.actions);
+        let r = kubelet::readiness(facts, &self.m.spec.actions);
         let (status, reason, message) = condition_of(facts, &r);
         let changed = self.sent != Some((status, reason));
         let now = Instant::now();
@@ -316,17 +317,18 @@ impl<A: KubeApi> Loop<'_, A> {
                 });
                 if status_changed {
                     self.m.note(
-                        Integration::KubernetesApi,
-                        PodAction::Condition.as_str(),
-                        "",
-                        Outcome::Done.as_str(),
+                        Told::Api(PodAction::Condition, Outcome::Done),
+                        None,
                         &format!("{}: {detail}", pod.key()),
                     );
                 }
             }
             Err(e) if e.code() == Some(404) => {
                 self.m.acted.update(|rec| {
-                    rec.api_error(format!("setting the condition: pod {} is gone", pod.key()))
+                    rec.api_error(
+                        format!("setting the condition: pod {} is gone", pod.key()),
+                        unix_ms(),
+                    )
                 });
                 self.pod_gone();
             }
@@ -339,13 +341,13 @@ impl<A: KubeApi> Loop<'_, A> {
                 self.quiet.fail(&engine, "condition", &why);
                 self.condition_retry_at = Some(now + self.condition_backoff);
                 self.condition_backoff = (self.condition_backoff * 2).min(self.cfg.resync_period);
-                self.m.acted.update(|rec| rec.api_error(why));
+                self.m.acted.update(|rec| rec.api_error(why, unix_ms()));
             }
         }
     }
 
     async fn evict(&mut self, facts: &ActionInputs) {
-        let ground = actions::eviction_ground(facts);
+        let ground = eviction_ground(facts);
         let now = Instant::now();
         match self.gate.step(now, ground.is_some()) {
             eviction::Step::Idle => self.m.acted.update(|r| {
@@ -412,10 +414,8 @@ impl<A: KubeApi> Loop<'_, A> {
                     (Err(_), None) => {}
                 }
                 self.m.note(
-                    Integration::KubernetesApi,
-                    action.as_str(),
-                    "",
-                    outcome.as_str(),
+                    Told::Api(action, outcome),
+                    None,
                     &format!("{}: {detail}", pod.key()),
                 );
                 self.m.acted.update(|r| {
@@ -427,7 +427,10 @@ impl<A: KubeApi> Loop<'_, A> {
                         detail: detail.clone(),
                     });
                     if result.is_err() {
-                        r.api_error(format!("{action} of pod {}: {detail}", pod.key()));
+                        r.api_error(
+                            format!("{action} of pod {}: {detail}", pod.key()),
+                            unix_ms(),
+                        );
                     }
                 });
                 if outcome == Outcome::PodGone {

@@ -2,7 +2,7 @@
 //! or which ones; the mode never guesses.
 
 use super::api::PodInfo;
-use crate::config::kubernetes::PodSelector;
+use crate::integrations::kubernetes::config::PodSelector;
 
 /// How the engine is reached, for the match by port.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,6 +1,6 @@
 //! HAProxy's agent check: the one line the agent answers when HAProxy polls it for an engine
 //! (`agent-check agent-send "<engine name>\n"` on the server line; the listener is
-//! [`crate::server::agent_check`]).
+//! [`listener`], the configuration table [`config`]).
 //!
 //! HAProxy keeps each word of an answer until a later answer changes it (a `maint` stays
 //! until a `ready`, a `maxconn:` until another), so every answer carries all four: the
@@ -16,15 +16,78 @@
 //! finish; `maxconn:N` keeps new requests on the server, waiting in HAProxy's queue past N;
 //! `ready` clears a `maint` set by hand on HAProxy's CLI at the next poll.
 
-use super::ActionInputs;
-use crate::config::actions::{HaproxyMap, HaproxyState};
+pub mod config;
+pub mod listener;
+
+use super::{ActionInputs, Engines, Integration, Listen, Serving};
+use crate::config::{AgentSettings, EngineSpec, ListenerLimits};
+use crate::monitor::journal::{self, Told};
 use crate::monitor::verdict::Status;
 use crate::qos::score::Level;
+use config::{HAPROXY_OPEN_MAXCONN, HaproxyMap, HaproxyState};
+use strum::IntoEnumIterator;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
 
 /// Longest reason sent after `#`, in bytes: HAProxy keeps 127 bytes of `via agent : down
 /// (<reason>)` for its stats page (`HCHK_DESC_LEN`, 128 with the NUL, in haproxy/haproxy
 /// `include/haproxy/defaults.h`) and cuts the rest.
 pub const MAX_REASON: usize = 108;
+
+/// HAProxy's agent check, in the registry.
+pub struct Haproxy;
+
+impl Integration for Haproxy {
+    fn id(&self) -> journal::Integration {
+        journal::Integration::Haproxy
+    }
+
+    fn describe(&self, spec: &EngineSpec, agent: &AgentSettings) -> String {
+        let h = &spec.actions.haproxy;
+        match agent.haproxy_agent_listen {
+            None => "off ([agent] haproxy_agent_listen not set)".to_owned(),
+            Some(addr) => format!(
+                "agent check on {addr} (agent-send \"{}\\n\"): normal ready, throttle {}, degrade {}, evict {}, abnormal {}",
+                spec.name,
+                h.throttle.as_str(),
+                h.degrade.as_str(),
+                h.evict.as_str(),
+                h.abnormal.as_str()
+            ),
+        }
+    }
+
+    fn router_states(&self) -> Vec<Told> {
+        HaproxyState::iter().map(Told::Haproxy).collect()
+    }
+
+    fn listen(&self, agent: &AgentSettings) -> Option<Listen> {
+        agent.haproxy_agent_listen.map(|addr| Listen {
+            addr,
+            key: "[agent] haproxy_agent_listen",
+            label: "HAProxy agent-check listener",
+            name: "haproxy agent check",
+            hint: "agent-send \"<engine name>\\n\"",
+        })
+    }
+
+    fn serve(
+        &self,
+        listener: TcpListener,
+        engines: Engines,
+        limits: ListenerLimits,
+        name: String,
+        cancel: CancellationToken,
+    ) -> Serving {
+        Box::pin(listener::serve(
+            listener,
+            engines,
+            limits.max_connections,
+            name,
+            cancel,
+        ))
+    }
+}
 
 /// The answer for one poll.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,7 +120,7 @@ impl AgentCheck {
     pub fn unknown(reason: String) -> AgentCheck {
         AgentCheck {
             state: HaproxyState::Down,
-            maxconn: crate::config::actions::HAPROXY_OPEN_MAXCONN,
+            maxconn: HAPROXY_OPEN_MAXCONN,
             reason,
         }
     }

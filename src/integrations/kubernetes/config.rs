@@ -66,15 +66,15 @@ pub struct KubernetesConfig {
     /// What a held `evict` does. Default `api`.
     pub eviction: EvictionMode,
     /// At most one eviction per engine in this long. Default 10 min.
-    #[serde(with = "super::duration")]
+    #[serde(with = "crate::config::duration")]
     pub eviction_cooldown: Duration,
     /// How often each engine's pod is looked up again and its condition set again even if
     /// unchanged (repairs a pod recreated or a condition changed by someone else). Default
     /// 30 s.
-    #[serde(with = "super::duration")]
+    #[serde(with = "crate::config::duration")]
     pub resync_period: Duration,
     /// The timeout of each API request. Default 5 s.
-    #[serde(with = "super::duration")]
+    #[serde(with = "crate::config::duration")]
     pub request_timeout: Duration,
 }
 
@@ -114,7 +114,7 @@ fn loopback_url(url: &str) -> bool {
 
 impl KubernetesConfig {
     /// Checks every value; `Err((key, message))`.
-    pub fn validate(&self) -> Result<(), super::KeyError> {
+    pub fn validate(&self) -> Result<(), crate::config::KeyError> {
         use bounds::{
             EVICTION_COOLDOWN, REQUEST_TIMEOUT, RESYNC_PERIOD, dns_subdomain, qualified_name,
         };
@@ -186,7 +186,7 @@ pub struct PodSelector {
 
 impl PodSelector {
     /// Checks the keys; `Err((key, message))`.
-    pub fn validate(&self) -> Result<(), super::KeyError> {
+    pub fn validate(&self) -> Result<(), crate::config::KeyError> {
         use bounds::{dns_label, dns_subdomain, label_selector};
         if let Some(p) = &self.pod {
             if self.pod_selector.is_some() || self.namespace.is_some() {

@@ -15,7 +15,7 @@
 //! anything from the answer that an error quotes is cut at [`crate::logging::QUOTE_MAX`].
 //! A redirect is refused, never followed.
 
-use crate::config::kubernetes::KubernetesConfig;
+use crate::integrations::kubernetes::config::KubernetesConfig;
 use crate::logging::{clip, quote};
 use k8s_openapi::api::core::v1::{Pod, PodCondition};
 use k8s_openapi::api::policy::v1::Eviction;

@@ -4,7 +4,7 @@
 //! a back-off that doubles from 5 s to 5 min while the ground holds. When the ground goes,
 //! the back-off starts over; the cooldown stays.
 
-use crate::monitor::acted::GateMemory;
+use super::told::GateMemory;
 use std::time::Duration;
 use tokio::time::Instant;
 

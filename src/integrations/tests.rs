@@ -1,7 +1,16 @@
 //! The action rules as tables: which verdict and level open or close `/readyz` and `/livez`,
 //! and when the Kubernetes API mode may evict.
 
-use super::*;
+use super::kubelet::config::NotReadyOn;
+use super::kubelet::{Answers, liveness, readiness};
+use super::kubernetes::eviction_ground;
+use super::{AbnormalCause, ActionInputs, haproxy, observe};
+use crate::config::actions::ActionsConfig;
+use crate::monitor::Monitor;
+use crate::monitor::journal::ActionRecord;
+use crate::monitor::verdict::{HealthState, Status};
+use crate::monitor::vi_state::Phase;
+use crate::qos::score::Level;
 
 fn facts(status: Status, level: Level) -> ActionInputs {
     ActionInputs {
@@ -261,7 +270,10 @@ fn the_journal_records_what_changed() {
     let cfgd = ActionsConfig::default();
     let a0 = Answers::from_facts(facts(OK, NORMAL), &cfgd);
     let s0 = ObservedState::of(&a0);
-    let first = changes(None, &a0, 7);
+    let words = |e: Vec<crate::monitor::journal::Entry>| -> Vec<ActionRecord> {
+        e.iter().map(ActionRecord::from).collect()
+    };
+    let first = words(changes(None, &a0, 7));
     let got: Vec<((I, &str), &str, &str)> = first
         .iter()
         .map(|e| {
@@ -283,7 +295,7 @@ fn the_journal_records_what_changed() {
     // normal -> degrade: level and readiness change, liveness does not.
     let a1 = Answers::from_facts(facts(OK, Degrade), &cfgd);
     let s1 = ObservedState::of(&a1);
-    let e = changes(Some(&s0), &a1, 9);
+    let e = words(changes(Some(&s0), &a1, 9));
     let got: Vec<((I, &str), &str, &str)> = e
         .iter()
         .map(|e| {
@@ -305,7 +317,7 @@ fn the_journal_records_what_changed() {
     assert!(e.iter().all(|e| e.at_unix_ms == 9));
     // -> abnormal: the verdict and liveness change too, with the verdict's reason.
     let a2 = Answers::from_facts(facts(Abnormal, Evict), &cfgd);
-    let got: Vec<((I, String), String, String)> = changes(Some(&s1), &a2, 10)
+    let got: Vec<((I, String), String, String)> = words(changes(Some(&s1), &a2, 10))
         .into_iter()
         .map(|e| ((e.integration, e.action), e.to, e.reason))
         .collect();
@@ -331,7 +343,7 @@ fn the_journal_records_what_changed() {
 // reads (all four words every time), and a map that names other states.
 #[test]
 fn agent_check_table() {
-    use crate::config::actions::{HaproxyMap, HaproxyState as H};
+    use super::haproxy::config::{HaproxyMap, HaproxyState as H};
     use haproxy::agent_check;
     let map = HaproxyMap::default();
     // (status, level, state, line before the reason)
@@ -411,7 +423,7 @@ fn agent_check_table() {
 fn agent_check_reason_is_one_bounded_line() {
     let mut f = facts(Abnormal, NORMAL);
     f.reason = format!("engine said:\nboom\r{}", "é".repeat(300));
-    let line = haproxy::agent_check(&f, &crate::config::actions::HaproxyMap::default()).line();
+    let line = haproxy::agent_check(&f, &haproxy::config::HaproxyMap::default()).line();
     assert_eq!(line.matches('\n').count(), 1, "{line:?}");
     assert!(!line.contains('\r'));
     let reason = line.split_once('#').unwrap().1.trim_end();
@@ -422,7 +434,7 @@ fn agent_check_reason_is_one_bounded_line() {
     );
     // Cut at a word: no half word, no dangling `(`.
     f.reason = "2 consecutive virtual requests failed and were counted, confirmed (last: the request timed out after 5 s)".into();
-    let line = haproxy::agent_check(&f, &crate::config::actions::HaproxyMap::default()).line();
+    let line = haproxy::agent_check(&f, &haproxy::config::HaproxyMap::default()).line();
     let reason = line.split_once('#').unwrap().1.trim_end();
     assert!(reason.len() <= haproxy::MAX_REASON, "{}", reason.len());
     assert_eq!(

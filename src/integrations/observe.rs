@@ -3,10 +3,11 @@
 //! opened after the fact still show what was done. Reads only: the verdict is peeked, no
 //! probe is started.
 
-use super::Answers;
+use super::kubelet::Answers;
+use super::kubelet::told::{Live, Ready};
+use crate::clock::unix_ms;
 use crate::monitor::Monitor;
-use crate::monitor::acted::unix_ms;
-use crate::monitor::journal::{ActionRecord, Integration};
+use crate::monitor::journal::{Entry, Told};
 use crate::monitor::verdict::Status;
 use crate::qos::score::Level;
 use std::sync::Arc;
@@ -37,74 +38,47 @@ impl ObservedState {
     }
 }
 
-fn ready_word(ready: bool) -> &'static str {
-    if ready { "ready" } else { "not_ready" }
-}
-
-fn live_word(live: bool) -> &'static str {
-    if live { "live" } else { "restart" }
-}
-
 /// The changes from `before` to what `a` says; at the first observation (`before` is
-/// `None`), the verdict and readiness found, from `start`.
-pub fn changes(before: Option<&ObservedState>, a: &Answers, at_unix_ms: u64) -> Vec<ActionRecord> {
+/// `None`), the verdict and readiness found.
+pub fn changes(before: Option<&ObservedState>, a: &Answers, at_unix_ms: u64) -> Vec<Entry> {
     let now = ObservedState::of(a);
     let (f, r, l) = (&a.facts, &a.readiness, &a.liveness);
-    let entry = |(integration, action): (Integration, &str), from: &str, to: &str, reason: &str| {
-        ActionRecord {
-            at_unix_ms,
-            integration,
-            action: action.to_owned(),
-            from: from.to_owned(),
-            to: to.to_owned(),
-            level: now.level,
-            reason: reason.to_owned(),
-        }
+    let entry = |told: Told, before: Option<Told>, reason: &str| Entry {
+        at_unix_ms,
+        told,
+        before,
+        level: now.level,
+        reason: reason.to_owned(),
     };
-    let verdict = (Integration::NodeManager, "status");
-    let readyz = (Integration::Kubelet, "readyz");
+    let (verdict, ready) = (Told::Verdict(now.status), Told::Ready(Ready::of(now.ready)));
     let Some(b) = before else {
         // Where the record starts: the verdict and readiness found.
         return vec![
-            entry(verdict, "start", now.status.as_str(), &f.reason),
-            entry(readyz, "start", ready_word(now.ready), &r.reason),
+            entry(verdict, None, &f.reason),
+            entry(ready, None, &r.reason),
         ];
     };
     let mut out = Vec::new();
     if b.status != now.status {
-        out.push(entry(
-            verdict,
-            b.status.as_str(),
-            now.status.as_str(),
-            &f.reason,
-        ));
+        out.push(entry(verdict, Some(Told::Verdict(b.status)), &f.reason));
     }
     if b.level != now.level {
         let score = f
             .score
             .map_or_else(|| "no score".to_owned(), |s| format!("score {s:.3}"));
-        out.push(entry(
-            (Integration::Agent, "level"),
-            b.level.as_str(),
-            now.level.as_str(),
-            &score,
-        ));
+        let told = Told::Level(now.level);
+        out.push(entry(told, Some(Told::Level(b.level)), &score));
     }
     if b.ready != now.ready {
         out.push(entry(
-            readyz,
-            ready_word(b.ready),
-            ready_word(now.ready),
+            ready,
+            Some(Told::Ready(Ready::of(b.ready))),
             &r.reason,
         ));
     }
     if b.live != now.live {
-        out.push(entry(
-            (Integration::Kubelet, "livez"),
-            live_word(b.live),
-            live_word(now.live),
-            &l.reason,
-        ));
+        let (told, was) = (Live::of(now.live), Live::of(b.live));
+        out.push(entry(Told::Live(told), Some(Told::Live(was)), &l.reason));
     }
     out
 }

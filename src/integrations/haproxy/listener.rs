@@ -1,6 +1,6 @@
 //! HAProxy's agent-check listener (`[agent] haproxy_agent_listen`): one for every engine.
 //! HAProxy connects, sends the engine's name (`agent-send "<name>\n"`), reads one line and
-//! closes; the line is [`crate::actions::haproxy::agent_check`] of that engine now.
+//! closes; the line is [`super::agent_check`] of that engine now.
 //!
 //! Bounds, so garbage, slow senders and floods never block it or the other listeners (each
 //! listener is a task of its own):
@@ -18,10 +18,12 @@
 //! - **Stopping** (SIGTERM, a handover, a reload that moves the listener) stops accepting;
 //!   the answers in progress finish.
 
-use crate::actions::haproxy::{AgentCheck, agent_check};
+use super::{AgentCheck, agent_check};
+use crate::integrations::{ActionInputs, Engines};
 use crate::monitor::Monitor;
+use crate::monitor::journal::Told;
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -33,9 +35,6 @@ pub const NAME_WAIT: Duration = Duration::from_millis(250);
 pub const MAX_NAME: usize = 512;
 /// How long the answer may take to write.
 pub const WRITE_WAIT: Duration = Duration::from_secs(1);
-
-/// The engines the agent watches now (the agent's roster: a reload changes it in place).
-pub type Engines = Arc<RwLock<Vec<Arc<Monitor>>>>;
 
 /// What was read where HAProxy sends the engine's name.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,15 +86,8 @@ pub fn answer(engines: &[Arc<Monitor>], asked: &Asked) -> AgentCheck {
     match engines.iter().find(|e| &e.spec.name == name) {
         Some(e) => {
             e.status();
-            let a = agent_check(
-                &crate::actions::ActionInputs::of(e),
-                &e.spec.actions.haproxy,
-            );
-            e.told_router(
-                crate::monitor::journal::Integration::Haproxy,
-                a.state.as_str(),
-                &a.reason,
-            );
+            let a = agent_check(&ActionInputs::of(e), &e.spec.actions.haproxy);
+            e.told_router(Told::Haproxy(a.state), &a.reason);
             a
         }
         None => {

@@ -1,0 +1,102 @@
+//! The Kubernetes API mode (`[agent.kubernetes]`, opt-in): for each engine, find its pod on
+//! this node ([`pods`]), keep a readiness-gate condition on it that follows the `/readyz`
+//! rule, and at a held `evict` create an Eviction (or set MindCluster's fault annotation).
+//! The readiness rule is the kubelet's ([`crate::integrations::kubelet::readiness`]), the
+//! eviction rule is [`eviction_ground`] and its gate [`eviction`]; [`api`] makes the calls;
+//! [`task`] is the loop (I/O only); [`config`] is `[agent.kubernetes]` and
+//! `[engine.kubernetes]`. What it did is the engine's record ([`told`], kept in the engine's
+//! monitor), which `/status/detail` shows; nothing it does or fails to do changes the
+//! verdict, and no handler waits on it.
+
+pub mod api;
+pub mod config;
+pub mod eviction;
+pub mod pods;
+pub mod task;
+pub mod told;
+
+use crate::config::{AgentSettings, EngineSpec};
+use crate::integrations::{ActionInputs, Integration};
+use crate::monitor::journal;
+use api::KubeClient;
+use config::{EvictionMode, KubernetesConfig, MINDCLUSTER_ANNOTATION};
+use std::sync::Arc;
+
+/// The Kubernetes API mode, in the registry.
+pub struct KubernetesApi;
+
+impl Integration for KubernetesApi {
+    fn id(&self) -> journal::Integration {
+        journal::Integration::KubernetesApi
+    }
+
+    fn describe(&self, spec: &EngineSpec, agent: &AgentSettings) -> String {
+        let Some(k) = agent.kubernetes.as_ref() else {
+            return "off ([agent.kubernetes] not set)".to_owned();
+        };
+        let pod = match (&spec.pod.pod, &spec.pod.pod_selector) {
+            (Some(p), _) => format!("pod {p}"),
+            (None, Some(sel)) => format!("the pod on this node with labels {sel}"),
+            (None, None) => format!("the pod on this node serving port {}", spec.port),
+        };
+        let gate = if k.readiness_gate {
+            format!("condition {} follows /readyz", k.condition_type)
+        } else {
+            "no readiness gate".to_owned()
+        };
+        let evict = match k.eviction {
+            EvictionMode::Api => format!(
+                "an Eviction at a held evict (at most one per {})",
+                humantime::format_duration(k.eviction_cooldown)
+            ),
+            EvictionMode::Mindcluster => format!(
+                "MindCluster's {MINDCLUSTER_ANNOTATION} at a held evict (at most once per {})",
+                humantime::format_duration(k.eviction_cooldown)
+            ),
+            EvictionMode::Off => "no eviction".to_owned(),
+        };
+        format!("{pod}: {gate}; {evict}")
+    }
+}
+
+/// The mode as started: its settings, the node, and the client (or why there is none).
+#[derive(Debug, Clone)]
+pub struct ApiMode {
+    pub cfg: KubernetesConfig,
+    pub node: Option<String>,
+    pub client: Result<KubeClient, String>,
+}
+
+impl ApiMode {
+    /// Builds the client for `cfg`; a failure is kept (each engine's record shows it) and
+    /// logged once, and the agent runs on without the mode.
+    pub fn start(cfg: &KubernetesConfig) -> Arc<ApiMode> {
+        let client = KubeClient::new(cfg);
+        let node = cfg.node();
+        match &client {
+            Ok(_) => tracing::info!(
+                node = node.as_deref().unwrap_or("unknown"),
+                eviction = cfg.eviction.as_str(),
+                readiness_gate = cfg.readiness_gate,
+                "the Kubernetes API mode is on"
+            ),
+            Err(e) => tracing::error!("the Kubernetes API mode cannot start: {e}"),
+        }
+        Arc::new(ApiMode {
+            cfg: cfg.clone(),
+            node,
+            client,
+        })
+    }
+}
+
+/// Whether the Kubernetes API mode may evict the engine's pod now: a held `evict` whose
+/// score rests on no missing input.
+pub fn eviction_ground(f: &ActionInputs) -> Option<String> {
+    f.evict_held().then(|| {
+        format!(
+            "{} held for the eviction hold, every input present",
+            f.level_words()
+        )
+    })
+}
