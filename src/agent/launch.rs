@@ -164,18 +164,9 @@ impl Running {
             state.clone(),
             cancel.clone(),
         ));
-        if let Some(mode) = &self.kube {
-            match &mode.client {
-                Ok(client) => {
-                    tasks.spawn(crate::integrations::kubernetes::task::run(
-                        client.clone(),
-                        mode.cfg.clone(),
-                        mode.node.clone(),
-                        state.clone(),
-                        cancel.clone(),
-                    ));
-                }
-                Err(why) => crate::integrations::kubernetes::task::inactive(&state, &mode.cfg, why),
+        for started in &self.started {
+            if let Some(task) = started.engine_task(state.clone(), cancel.clone()) {
+                tasks.spawn(task);
             }
         }
         let scope = Arc::new(metrics::Exposition {

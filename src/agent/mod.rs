@@ -21,8 +21,7 @@ use crate::config::{AgentConfig, AgentSettings, EngineSpec, ListenerLimits};
 use crate::continuity::handover::Predecessor;
 use crate::continuity::statefile::{self, Persister};
 use crate::continuity::{self, StateDir};
-use crate::integrations::kubernetes::ApiMode;
-use crate::integrations::{Integration, Listen, REGISTRY};
+use crate::integrations::{Integration, Listen, REGISTRY, Started};
 use crate::monitor::saved::{Carry, EngineState};
 use crate::monitor::{self, Monitor};
 use crate::sampler::{Sampler, SamplerConfig, Shared, StartError};
@@ -64,8 +63,9 @@ pub struct Running {
     liveness_cfg: Arc<LivenessCfg>,
     /// Connection limits of every listener, the cap sized at start ([`server::conn::fd_budget`]).
     limits: ListenerLimits,
-    /// The Kubernetes API mode, when `[agent.kubernetes]` is set (fixed at start).
-    kube: Option<Arc<ApiMode>>,
+    /// What the integrations run for the whole agent (the Kubernetes API mode's client),
+    /// fixed at start.
+    started: Vec<Arc<dyn Started>>,
     /// Where the state file and the handover socket live (`None`: nothing survives).
     state_dir: Option<StateDir>,
     /// Writes the state file on every change.
@@ -343,7 +343,10 @@ pub async fn start(cfg: AgentConfig, mut startup: Startup) -> Result<Running, Ag
         liveness_cfg: Arc::new(LivenessCfg(std::sync::Mutex::new(
             cfg.agent.sampler_stuck_after,
         ))),
-        kube: cfg.agent.kubernetes.as_ref().map(ApiMode::start),
+        started: REGISTRY
+            .iter()
+            .filter_map(|i| i.start(&cfg.agent))
+            .collect(),
         state_dir: startup.state_dir.clone(),
         persister: None,
         predecessor: None,

@@ -19,13 +19,9 @@ pub fn host(cfg: &AgentConfig, npus: Option<&[u32]>) -> Result<(), ConfigError> 
         crate::server::auth::AdminAccess::load(&cfg.agent.admin_auth)
             .map_err(|e| ConfigError::new(&cfg.source, "", e))?;
     }
-    if let Some(k) = &cfg.agent.kubernetes
-        && k.api_server.is_some()
-    {
-        // The token and CA files, read as the Kubernetes client reads them.
-        crate::integrations::kubernetes::api::Files::read(k).map_err(|(key, m)| {
-            ConfigError::new(&cfg.source, format!("[agent.kubernetes] {key}"), m)
-        })?;
+    for i in crate::integrations::REGISTRY {
+        i.preflight(&cfg.agent)
+            .map_err(|(key, m)| ConfigError::new(&cfg.source, key, m))?;
     }
     for (i, spec) in cfg.engines.iter().enumerate() {
         tls(spec).map_err(|(k, m)| cfg.engine_error(i, &k, m))?;

@@ -30,6 +30,8 @@ use crate::monitor::verdict::{HealthState, Status};
 use crate::monitor::vi_state::Phase;
 use crate::probe::health::Transport;
 use crate::qos::score::Level;
+use axum::http::HeaderMap;
+use axum::response::Response;
 use serde::{Deserialize, Serialize};
 use std::future::Future;
 use std::net::SocketAddr;
@@ -59,6 +61,26 @@ pub struct Listen {
     pub hint: &'static str,
 }
 
+/// A route an integration answers on each engine's listener: `answer` of the engine and the
+/// request's headers. Handlers only read shared state; none waits on the engine.
+#[derive(Clone, Copy)]
+pub struct Route {
+    /// The path on the engine's listener (`/readyz`).
+    pub path: &'static str,
+    pub answer: fn(&Monitor, &HeaderMap) -> Response,
+    /// Also open on the admin listener as `/engines/<name><path>` (the kubelet's probes carry
+    /// no credentials, so these routes are open there).
+    pub on_admin: bool,
+}
+
+/// What an integration runs for the whole agent once it started (the Kubernetes API mode's
+/// client): it gives each engine its task.
+pub trait Started: Send + Sync {
+    /// The task that acts for the engine `m` until `cancel`; `None` when there is none (the
+    /// record then says why).
+    fn engine_task(&self, m: Arc<Monitor>, cancel: CancellationToken) -> Option<Serving>;
+}
+
 /// One system that acts on the verdict or the level.
 pub trait Integration: Sync {
     /// Its name in the journal, `/status/detail` and the metrics.
@@ -68,10 +90,27 @@ pub trait Integration: Sync {
     /// (`check-config`, `doctor`).
     fn describe(&self, spec: &EngineSpec, agent: &AgentSettings) -> String;
 
+    /// The routes it answers on each engine's listener.
+    fn routes(&self) -> &'static [Route] {
+        &[]
+    }
+
     /// A router that polls the agent: every state it can be told (one series each in
     /// `npu_health_agent_router_state`). Empty for the others.
     fn router_states(&self) -> Vec<Told> {
         Vec::new()
+    }
+
+    /// The files and settings it reads at start, read as it will read them, so
+    /// `check-config` and the start give the same error: `Err((key, why))`.
+    fn preflight(&self, _agent: &AgentSettings) -> Result<(), (String, String)> {
+        Ok(())
+    }
+
+    /// Starts what it runs for the whole agent under `agent` (fixed until the agent
+    /// restarts), if anything.
+    fn start(&self, _agent: &AgentSettings) -> Option<Arc<dyn Started>> {
+        None
     }
 
     /// The listener it needs of its own under `agent`, if any.

@@ -20,8 +20,7 @@ pub mod wire;
 
 pub use conn::serve;
 
-use crate::integrations::kubelet::{livez, readyz};
-use crate::integrations::node_manager;
+use crate::integrations::REGISTRY;
 use crate::monitor::Monitor;
 use crate::sampler::Shared;
 use crate::window;
@@ -53,15 +52,26 @@ pub struct AdminView {
     pub hub: Arc<live::Hub>,
 }
 
-/// Router of one engine's mgmt listener.
+/// Router of one engine's mgmt listener: the agent's own routes, then every integration's
+/// ([`Integration::routes`]).
 pub fn engine_router(view: EngineView) -> Router {
-    Router::new()
-        .route("/status", get(status))
+    let own = Router::new()
         .route("/status/detail", get(engine_detail))
         .route("/qos", get(engine_qos))
-        .route("/metrics", get(engine_metrics))
-        .route("/readyz", get(engine_readyz))
-        .route("/livez", get(engine_livez))
+        .route("/metrics", get(engine_metrics));
+    let routes = REGISTRY.iter().flat_map(|i| i.routes());
+    routes
+        .fold(own, |r, route| {
+            let answer = route.answer;
+            r.route(
+                route.path,
+                get(
+                    move |State(v): State<EngineView>, headers: HeaderMap| async move {
+                        answer(&v.engine, &headers)
+                    },
+                ),
+            )
+        })
         .with_state(view)
 }
 
@@ -77,20 +87,28 @@ pub fn admin_router(view: AdminView, access: Arc<auth::AdminAccess>) -> Router {
     } else {
         guarded
     };
-    guarded
+    let open = guarded
         .route("/healthz", get(healthz))
-        .route("/", get(live::page))
-        .route("/engines/{name}/readyz", get(admin_readyz))
-        .route("/engines/{name}/livez", get(admin_livez))
+        .route("/", get(live::page));
+    let routes = REGISTRY
+        .iter()
+        .flat_map(|i| i.routes())
+        .filter(|r| r.on_admin);
+    routes
+        .fold(open, |r, route| {
+            let answer = route.answer;
+            r.route(
+                &format!("/engines/{{name}}{}", route.path),
+                get(
+                    move |State(v): State<AdminView>,
+                          Path(name): Path<String>,
+                          headers: HeaderMap| async move {
+                        named(&v, &name, |e| answer(e, &headers))
+                    },
+                ),
+            )
+        })
         .with_state(view)
-}
-
-async fn engine_readyz(State(v): State<EngineView>, headers: HeaderMap) -> Response {
-    readyz(&v.engine, &headers)
-}
-
-async fn engine_livez(State(v): State<EngineView>) -> Response {
-    livez(&v.engine)
 }
 
 /// The engine named `name` on the admin listener: `f` of it, or a 404. The route is open (the
@@ -105,22 +123,6 @@ fn named(v: &AdminView, name: &str, f: impl Fn(&Monitor) -> Response) -> Respons
         )
             .into_response(),
     }
-}
-
-async fn admin_readyz(
-    State(v): State<AdminView>,
-    Path(name): Path<String>,
-    headers: HeaderMap,
-) -> Response {
-    named(&v, &name, |e| readyz(e, &headers))
-}
-
-async fn admin_livez(State(v): State<AdminView>, Path(name): Path<String>) -> Response {
-    named(&v, &name, livez)
-}
-
-async fn status(State(v): State<EngineView>) -> Response {
-    node_manager::status(&v.engine)
 }
 
 async fn engine_detail(State(v): State<EngineView>) -> Response {

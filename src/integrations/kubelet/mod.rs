@@ -14,7 +14,7 @@
 pub mod config;
 pub mod told;
 
-use super::{AbnormalCause, ActionInputs, Integration};
+use super::{AbnormalCause, ActionInputs, Integration, Route};
 use crate::config::actions::ActionsConfig;
 use crate::config::{AgentSettings, EngineSpec};
 use crate::integrations::envoy;
@@ -34,6 +34,21 @@ pub struct Kubelet;
 impl Integration for Kubelet {
     fn id(&self) -> journal::Integration {
         journal::Integration::Kubelet
+    }
+
+    fn routes(&self) -> &'static [Route] {
+        &[
+            Route {
+                path: "/readyz",
+                answer: readyz,
+                on_admin: true,
+            },
+            Route {
+                path: "/livez",
+                answer: |e, _| livez(e),
+                on_admin: true,
+            },
+        ]
     }
 
     fn describe(&self, spec: &EngineSpec, _agent: &AgentSettings) -> String {

@@ -16,11 +16,13 @@ pub mod task;
 pub mod told;
 
 use crate::config::{AgentSettings, EngineSpec};
-use crate::integrations::{ActionInputs, Integration};
+use crate::integrations::{ActionInputs, Integration, Serving, Started};
+use crate::monitor::Monitor;
 use crate::monitor::journal;
 use api::KubeClient;
 use config::{EvictionMode, KubernetesConfig, MINDCLUSTER_ANNOTATION};
 use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
 
 /// The Kubernetes API mode, in the registry.
 pub struct KubernetesApi;
@@ -28,6 +30,21 @@ pub struct KubernetesApi;
 impl Integration for KubernetesApi {
     fn id(&self) -> journal::Integration {
         journal::Integration::KubernetesApi
+    }
+
+    fn preflight(&self, agent: &AgentSettings) -> Result<(), (String, String)> {
+        match &agent.kubernetes {
+            // The token and CA files, read as the client reads them.
+            Some(k) if k.api_server.is_some() => api::Files::read(k)
+                .map(drop)
+                .map_err(|(key, m)| (format!("[agent.kubernetes] {key}"), m)),
+            _ => Ok(()),
+        }
+    }
+
+    fn start(&self, agent: &AgentSettings) -> Option<Arc<dyn Started>> {
+        let mode: Arc<dyn Started> = ApiMode::start(agent.kubernetes.as_ref()?);
+        Some(mode)
     }
 
     fn describe(&self, spec: &EngineSpec, agent: &AgentSettings) -> String {
@@ -65,6 +82,24 @@ pub struct ApiMode {
     pub cfg: KubernetesConfig,
     pub node: Option<String>,
     pub client: Result<KubeClient, String>,
+}
+
+impl Started for ApiMode {
+    fn engine_task(&self, m: Arc<Monitor>, cancel: CancellationToken) -> Option<Serving> {
+        match &self.client {
+            Ok(client) => Some(Box::pin(task::run(
+                client.clone(),
+                self.cfg.clone(),
+                self.node.clone(),
+                m,
+                cancel,
+            ))),
+            Err(why) => {
+                task::inactive(&m, &self.cfg, why);
+                None
+            }
+        }
+    }
 }
 
 impl ApiMode {

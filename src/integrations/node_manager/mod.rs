@@ -4,7 +4,7 @@
 //! exactly `{"status":"initial"|"normal"|"abnormal"}`, as MindIE's engine server gives it.
 //! What it was told is [`crate::monitor::journal::Told::Verdict`].
 
-use super::Integration;
+use super::{Integration, Route};
 use crate::config::{AgentSettings, EngineSpec};
 use crate::monitor::Monitor;
 use crate::monitor::journal;
@@ -17,6 +17,14 @@ pub struct NodeManager;
 impl Integration for NodeManager {
     fn id(&self) -> journal::Integration {
         journal::Integration::NodeManager
+    }
+
+    fn routes(&self) -> &'static [Route] {
+        &[Route {
+            path: "/status",
+            answer: |e, _| status(e),
+            on_admin: false,
+        }]
     }
 
     fn describe(&self, spec: &EngineSpec, _agent: &AgentSettings) -> String {
