@@ -239,7 +239,7 @@ impl Exposition {
         family(
             enc,
             "npu_health_agent_device_source",
-            "1 for the call serving the NPU's AI Cube figures (source) and why (reason); see docs/fake-driver.md and the README's driver fallback chain",
+            "1 for the call serving the NPU's AI Cube figures (source) and why (reason); see docs/fake-driver.md and docs/driver.md (the fallback chain)",
             MetricType::Gauge,
             snaps.iter().map(|s| {
                 let mut l = id(s);

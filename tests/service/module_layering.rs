@@ -213,7 +213,13 @@ fn graph_with_tables(src: &Path, tabled: &[&str]) -> BTreeMap<String, BTreeSet<S
 /// tables ([`TABLES`]) are part of the configuration's layer: their arrows are the
 /// configuration's, and an arrow to them is an arrow to the configuration.
 fn graph() -> BTreeMap<String, BTreeSet<String>> {
-    let mut g = graph_with_tables(&root().join("src"), &["integrations"]);
+    on_the_configurations_floor(graph_with_tables(&root().join("src"), &["integrations"]))
+}
+
+/// `g` with its tables' node folded into the configuration's.
+fn on_the_configurations_floor(
+    mut g: BTreeMap<String, BTreeSet<String>>,
+) -> BTreeMap<String, BTreeSet<String>> {
     let tables = g.remove(TABLES).unwrap_or_default();
     for deps in g.values_mut() {
         if deps.remove(TABLES) {
@@ -268,6 +274,147 @@ fn top_level_modules_have_no_dependency_cycle() {
         .map(|c| c.join(" -> "))
         .collect();
     assert!(cycles.is_empty(), "module cycles: {cycles:#?}");
+}
+
+/// Whether a walk along `g`'s arrows leads from `from` to `to`.
+fn reaches(g: &BTreeMap<String, BTreeSet<String>>, from: &str, to: &str) -> bool {
+    let (mut seen, mut next) = (BTreeSet::new(), vec![from.to_owned()]);
+    while let Some(m) = next.pop() {
+        if m == to {
+            return true;
+        }
+        if seen.insert(m.clone()) {
+            next.extend(g.get(&m).into_iter().flatten().cloned());
+        }
+    }
+    false
+}
+
+/// A function of shipped code: its file, name, first line and length in lines (from `fn`
+/// to its closing brace).
+#[derive(Debug)]
+struct Function {
+    file: String,
+    name: String,
+    line: usize,
+    lines: usize,
+    /// The lines above it (its doc and attributes) say why it is long: `Long because:`.
+    reason: bool,
+}
+
+/// The functions of the shipped code of every Rust file under `dirs` (unit tests left out).
+/// A function ends at the first `}` indented as its `fn` line (the project is rustfmt'd).
+fn functions(base: &Path, dirs: &[&str]) -> Vec<Function> {
+    let mut files = Vec::new();
+    for d in dirs {
+        rust_files(&base.join(d), &mut files);
+    }
+    let mut out = Vec::new();
+    for f in files
+        .iter()
+        .filter(|f| !f.ends_with("tests.rs") && !f.components().any(|c| c.as_os_str() == "target"))
+    {
+        let text = std::fs::read_to_string(f).unwrap();
+        let all: Vec<&str> = text.lines().collect();
+        let shipped = shipped_lines(&text);
+        let end = shipped.last().map_or(0, |(n, _)| *n);
+        for (n, code) in &shipped {
+            let item = without_visibility(code.trim_start());
+            let item = ["const ", "async ", "unsafe ", "extern \"C\" "]
+                .iter()
+                .fold(item, |i, q| i.strip_prefix(q).unwrap_or(i));
+            let Some(rest) = item.strip_prefix("fn ") else {
+                continue;
+            };
+            let indent = code.len() - code.trim_start().len();
+            let close = format!("{}}}", " ".repeat(indent));
+            let Some(last) = (*n..=end).find(|&k| {
+                let l = all[k - 1];
+                l.starts_with(&close) && l.len() - l.trim_start().len() == indent
+            }) else {
+                continue;
+            };
+            // A declaration without a body (`fn f();` in a trait) is not a function here.
+            if (*n..last).any(|k| all[k - 1].trim_end().ends_with(';'))
+                && !(*n..last).any(|k| all[k - 1].trim_end().ends_with('{'))
+            {
+                continue;
+            }
+            let above = all[..n - 1]
+                .iter()
+                .rev()
+                .take_while(|l| {
+                    let t = l.trim_start();
+                    t.starts_with("//") || t.starts_with("#[")
+                })
+                .any(|l| l.contains("Long because:"));
+            out.push(Function {
+                file: f.strip_prefix(base).unwrap().display().to_string(),
+                name: ident(rest),
+                line: *n,
+                lines: last - n + 1,
+                reason: above,
+            });
+        }
+    }
+    out.sort_by(|a, b| b.lines.cmp(&a.lines).then(a.file.cmp(&b.file)));
+    out
+}
+
+// Figures of the layout, for a review or a closing note: shipped files, modules, import
+// arrows, arrows back up (an arrow inside a cycle), cycles, and the ten longest functions.
+// Of this checkout, or of the one `NPU_HEALTH_LAYOUT_OF` names (an older one, to compare):
+// `NPU_HEALTH_LAYOUT_OF=<checkout> cargo test --features fake-driver --test service
+// module_layering::the_layout_in_figures -- --nocapture`.
+#[test]
+fn the_layout_in_figures() {
+    let base = std::env::var_os("NPU_HEALTH_LAYOUT_OF")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().to_owned());
+    let src = base.join("src");
+    let g = on_the_configurations_floor(graph_with_tables(&src, &["integrations"]));
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let shipped = files.iter().filter(|f| !f.ends_with("tests.rs")).count();
+    let arrows: usize = g.values().map(BTreeSet::len).sum();
+    let back: Vec<String> = g
+        .iter()
+        .flat_map(|(m, deps)| deps.iter().map(move |d| (m, d)))
+        .filter(|(m, d)| reaches(&g, d, m))
+        .map(|(m, d)| format!("{m} -> {d}"))
+        .collect();
+    let cycles: BTreeSet<Vec<String>> = g
+        .keys()
+        .filter_map(|m| cycle_from(&g, m))
+        .map(|mut c| {
+            c.pop();
+            let at = c
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, m)| *m)
+                .map_or(0, |(i, _)| i);
+            c.rotate_left(at);
+            c
+        })
+        .collect();
+    println!(
+        "{}: {shipped} shipped files in src/, {} modules, {arrows} arrows, {} back up, {} cycles",
+        base.display(),
+        g.len(),
+        back.len(),
+        cycles.len()
+    );
+    for b in &back {
+        println!("  back up: {b}");
+    }
+    let fns = functions(&base, &["src", "tools", "fakes", "crates"]);
+    let over = fns.iter().filter(|f| f.lines > 100).count();
+    println!("functions over 100 lines: {over}; the ten longest:");
+    for f in fns.iter().take(10) {
+        let why = if f.reason { " (a reason is given)" } else { "" };
+        println!("  {:4} {}:{} {}{why}", f.lines, f.file, f.line, f.name);
+    }
+    assert!(arrows > 0, "no arrow found under {}", src.display());
 }
 
 // The check itself: a graph with a cycle is found out.
