@@ -695,3 +695,24 @@ fn read_hbm_and_health(dcmi: &Dcmi, shared: &Shared, idx: usize, chip: &NpuChip)
         dev.record_hbm(ts, h.used_mb, h.total_mb);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::next_pass;
+    use std::time::{Duration, Instant};
+
+    // The next pass is one period after the one due, or a whole period from now when the
+    // pass ran past it (an overrun: the missed passes are skipped, not run back to back).
+    #[test]
+    fn the_next_pass_is_one_period_on_unless_the_pass_overran() {
+        let t0 = Instant::now();
+        let p = Duration::from_millis(50);
+        assert_eq!(
+            next_pass(t0, p, t0 + Duration::from_millis(10)),
+            (t0 + p, false)
+        );
+        assert_eq!(next_pass(t0, p, t0 + p), (t0 + p, false), "exactly on time");
+        let late = t0 + Duration::from_millis(120);
+        assert_eq!(next_pass(t0, p, late), (late + p, true));
+    }
+}

@@ -607,3 +607,56 @@ fn log_event(id: u32, u: WatchUpdate, last_message: &mut String) {
         WatchUpdate::Reading(_) | WatchUpdate::NoCubeColumn => {}
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{Row, codes, row_of};
+    use crate::driver::npu_smi::{Cube, WatchUpdate};
+    use std::time::Duration;
+
+    // What a serving watch's row stores, as a table: a reading, or an invalid sample with
+    // its pseudo code; a gone device's rows are no readings; events are no rows.
+    #[test]
+    fn a_watch_row_is_a_reading_or_an_invalid_sample_with_its_code() {
+        use WatchUpdate::{Message, NoCubeColumn, Reading};
+        let exited = WatchUpdate::Exited {
+            status: None,
+            rows: 3,
+            retry_in: Duration::from_secs(1),
+        };
+        // (update, device gone, Ok(reading) or Err(code); None: no row)
+        type Case = (WatchUpdate, bool, Option<Result<u8, i32>>);
+        let table: [Case; 10] = [
+            (Reading(Cube::Percent(42)), false, Some(Ok(42))),
+            (
+                Reading(Cube::Percent(42)),
+                true,
+                Some(Err(codes::DEVICE_GONE)),
+            ),
+            (Reading(Cube::Na), false, Some(Err(codes::NA))),
+            (Reading(Cube::Na), true, Some(Err(codes::DEVICE_GONE))),
+            (
+                Reading(Cube::OutOfRange),
+                false,
+                Some(Err(codes::BAD_VALUE)),
+            ),
+            (NoCubeColumn, false, Some(Err(codes::NO_CUBE_COLUMN))),
+            (NoCubeColumn, true, Some(Err(codes::DEVICE_GONE))),
+            (Message("x".to_owned()), false, None),
+            (Message("x".to_owned()), true, None),
+            (exited, false, None),
+        ];
+        for (u, gone, want) in &table {
+            let got = row_of(u, *gone).map(|r| match r {
+                Row::Reading(v) => Ok(v),
+                Row::Invalid(c, _) => Err(c),
+            });
+            assert_eq!(got, *want, "{u:?}, gone {gone}");
+        }
+        assert_eq!(
+            row_of(&Reading(Cube::Percent(7)), true),
+            Some(Row::Invalid(codes::DEVICE_GONE, None)),
+            "a gone device's row warns nothing of its own"
+        );
+    }
+}

@@ -20,6 +20,8 @@ mod dcmi;
 mod npu_smi;
 mod npu_smi_fallback;
 pub mod scripted;
+#[cfg(test)]
+mod seam_tests;
 
 use super::status::DeviceStatus;
 use super::watchdog::Fallback;
