@@ -2,7 +2,7 @@
 
 use super::{CliError, EXIT_USAGE};
 use crate::driver::DriverConfig;
-use crate::sampler::{DeviceSnapshot, Sampler, SamplerConfig, StartError};
+use crate::sampler::{DeviceSnapshot, Sampler, SamplerConfig};
 use anyhow::Context;
 use std::time::Duration;
 
@@ -16,7 +16,7 @@ pub fn devices(driver: &DriverConfig, json: bool) -> Result<(), CliError> {
     if !sampler.wait_settled(Duration::from_secs(10)) {
         tracing::warn!("some devices did not settle on a backend within 10s");
     }
-    let usable = sampler.any_cube_source();
+    let usable = sampler.require_cube_source();
     let now = sampler.shared().ring.now_ns();
     let snaps: Vec<DeviceSnapshot> = sampler.devices().iter().map(|d| d.snapshot(now)).collect();
     sampler.shutdown();
@@ -34,7 +34,7 @@ pub fn devices(driver: &DriverConfig, json: bool) -> Result<(), CliError> {
             })
             .collect();
         println!("{}", serde_json::json!({ "devices": devices }));
-        return no_source_is_fatal(usable);
+        return usable.map_err(CliError::from);
     }
     println!(
         "{:<4} {:<5} {:<5} {:<14} {:<8} {:<28} {:<14} {:<15} WHY",
@@ -61,18 +61,8 @@ pub fn devices(driver: &DriverConfig, json: bool) -> Result<(), CliError> {
             s.id, s.card, chip, name, s.backend, s.method, hbm, health, s.source_note
         );
     }
-    no_source_is_fatal(usable)
-}
-
-/// Exit 3 when the NPUs were found but none has a source of AI Cube figures.
-fn no_source_is_fatal(usable: bool) -> Result<(), CliError> {
-    if usable {
-        return Ok(());
-    }
-    Err(CliError::from(StartError::NoBackend {
-        dcmi: "no AI Cube call (multi-utilization or type 14) on any device".to_owned(),
-        npu_smi: "not usable (see the warnings above)".to_owned(),
-    }))
+    // Exit 3 when the NPUs were found but none has a source of AI Cube figures.
+    usable.map_err(CliError::from)
 }
 
 /// `sample [--window] [--period] [--devices] [--json]`.
@@ -97,7 +87,7 @@ pub fn sample(
     };
     let sampler = Sampler::start(driver, &cfg).context("starting the sampler")?;
     sampler.wait_settled(Duration::from_secs(10));
-    no_source_is_fatal(sampler.any_cube_source())?;
+    sampler.require_cube_source()?;
     std::thread::sleep(window);
     let ids: Vec<u32> = sampler.devices().iter().map(|d| d.info.id).collect();
     let report = sampler.window(&ids, window)?;

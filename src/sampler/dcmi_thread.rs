@@ -12,7 +12,8 @@ use super::liveness::CallKind;
 use super::plausibility::{CubeJudge, MultiStep, MultiTrust, SingleStep, Unreal};
 use super::source::{Source, SourceReason};
 use super::status::FaultCode;
-use super::watchdog::WatchRequest;
+use super::watchdog::{NO_FALLBACK, WatchRequest};
+use crate::driver::Backend;
 use crate::driver::dcmi::{
     Api, CubeCall, Dcmi, DcmiError, Health, LoadError, MultiUtil, NpuChip, UtilType,
 };
@@ -26,11 +27,12 @@ use std::time::{Duration, Instant};
 #[derive(Debug)]
 pub enum Control {
     /// Start sampling `chips` (ring device index, chip); devices DCMI cannot serve, and
-    /// devices that need an `npu-smi` cross-check, are sent to the watchdog on `fallback`.
+    /// devices that need an `npu-smi` cross-check, are sent to the watchdog on `fallback`
+    /// (`None`: no `npu-smi` fallback, such a device has no AI Cube source).
     Start {
         shared: Arc<Shared>,
         chips: Vec<(usize, NpuChip)>,
-        fallback: Sender<WatchRequest>,
+        fallback: Option<Sender<WatchRequest>>,
     },
     /// Change the sampling period (applies from the next pass).
     Period(Duration),
@@ -91,8 +93,37 @@ struct Slot {
 struct Ctx<'a> {
     dcmi: &'a Dcmi,
     shared: &'a Shared,
-    fallback: &'a Sender<WatchRequest>,
+    fallback: Option<&'a Sender<WatchRequest>>,
     timing: &'a LoopTiming,
+}
+
+/// Whether the DCMI thread reads AI Cube of a device on `source`.
+pub fn on_dcmi(source: Source) -> bool {
+    source.backend == Backend::Dcmi
+}
+
+/// The source of a device whose AI Cube DCMI reads through `call`.
+fn source_of(call: CubeCall) -> Source {
+    match call {
+        CubeCall::Multi => Source::DCMI_MULTI,
+        CubeCall::Single => Source::DCMI_SINGLE,
+    }
+}
+
+/// What the thread samples once started.
+struct Started {
+    shared: Arc<Shared>,
+    slots: Vec<Slot>,
+    fallback: Option<Sender<WatchRequest>>,
+}
+
+/// When the next reads are due.
+struct Due {
+    pass: Instant,
+    hbm: Instant,
+    faults: Instant,
+    /// Whether the driver has a fault-code call (asked until it answers it has none).
+    faults_readable: bool,
 }
 
 /// Thread body: open, report the chips on `init`, then sample until shut down.
@@ -102,6 +133,44 @@ pub fn run(
     ctl: Receiver<Control>,
     mut timing: LoopTiming,
 ) {
+    let Some(dcmi) = open(dcmi, &init) else {
+        return;
+    };
+    let Some(mut started) = wait_for_start(&ctl, &mut timing) else {
+        return;
+    };
+    let now = Instant::now();
+    let mut due = Due {
+        pass: now,
+        hbm: now,
+        faults: now,
+        faults_readable: true,
+    };
+    while let Some(lateness) = wait_for_pass(&ctl, &mut timing, &mut due.pass) {
+        let shared = started.shared.clone();
+        shared.sampler.record_lateness(lateness);
+        let ctx = Ctx {
+            dcmi: &dcmi,
+            shared: &shared,
+            fallback: started.fallback.as_ref(),
+            timing: &timing,
+        };
+        pass(&ctx, &mut started.slots, &mut due);
+        shared.sampler.pass_done(shared.ring.now_ns());
+        let (next, overrun) = next_pass(due.pass, timing.period, Instant::now());
+        due.pass = next;
+        if overrun {
+            shared.sampler.overrun();
+        }
+    }
+}
+
+/// Enumerates the opened library and reports the chips (or why not) on `init`; `None`
+/// when there is nothing to sample.
+fn open(
+    dcmi: Result<Dcmi, LoadError>,
+    init: &Sender<Result<(Api, Vec<NpuChip>), LoadError>>,
+) -> Option<Dcmi> {
     let opened = dcmi.and_then(|d| match d.chips() {
         Ok(c) if c.is_empty() => Err(LoadError::NoNpu {
             path: d.path().to_owned(),
@@ -112,110 +181,126 @@ pub fn run(
             source,
         }),
     });
-    let dcmi = match opened {
-        Ok((d, chips)) => {
-            if init.send(Ok((d.api(), chips))).is_err() {
-                return;
-            }
-            d
-        }
+    match opened {
+        Ok((d, chips)) => init.send(Ok((d.api(), chips))).is_ok().then_some(d),
         Err(e) => {
             let _ = init.send(Err(e));
-            return;
+            None
         }
-    };
-    let (shared, chips, fallback) = loop {
+    }
+}
+
+/// Waits for the devices to sample; `None` on shutdown.
+fn wait_for_start(ctl: &Receiver<Control>, timing: &mut LoopTiming) -> Option<Started> {
+    loop {
         match ctl.recv() {
             Ok(Control::Start {
                 shared,
                 chips,
                 fallback,
-            }) => break (shared, chips, fallback),
+            }) => {
+                let slots = chips
+                    .into_iter()
+                    .map(|(idx, chip)| Slot {
+                        idx,
+                        chip,
+                        call: CubeCall::Multi,
+                        judge: CubeJudge::new(timing.recheck),
+                        cross_check: false,
+                        fault_texts: HashMap::new(),
+                    })
+                    .collect();
+                return Some(Started {
+                    shared,
+                    slots,
+                    fallback,
+                });
+            }
             Ok(Control::Period(p)) => timing.period = p,
-            Ok(Control::Shutdown) | Err(_) => return,
-        }
-    };
-    let mut slots: Vec<Slot> = chips
-        .into_iter()
-        .map(|(idx, chip)| Slot {
-            idx,
-            chip,
-            call: CubeCall::Multi,
-            judge: CubeJudge::new(timing.recheck),
-            cross_check: false,
-            fault_texts: HashMap::new(),
-        })
-        .collect();
-    let mut next = Instant::now();
-    let mut next_hbm = next;
-    let mut next_faults = next;
-    let mut faults_readable = true;
-    loop {
-        // Sleep until the next pass with park_timeout rather than a blocking channel receive:
-        // channel receives spin and yield before they park, which costs more CPU per pass
-        // than reading 16 devices. Senders unpark the thread (see `ControlTx`).
-        let lateness = loop {
-            loop {
-                match ctl.try_recv() {
-                    Ok(Control::Period(p)) => {
-                        timing.period = p;
-                        next = Instant::now();
-                    }
-                    Ok(Control::Start { .. }) => {}
-                    Ok(Control::Shutdown) | Err(TryRecvError::Disconnected) => return,
-                    Err(TryRecvError::Empty) => break,
-                }
-            }
-            let now = Instant::now();
-            if now >= next {
-                break now - next;
-            }
-            std::thread::park_timeout(next - now);
-        };
-        shared.sampler.record_lateness(lateness);
-        let ctx = Ctx {
-            dcmi: &dcmi,
-            shared: &shared,
-            fallback: &fallback,
-            timing: &timing,
-        };
-        // Health first, so that a device the driver reports gone is not read as present.
-        let now = Instant::now();
-        if now >= next_hbm {
-            for slot in &slots {
-                read_hbm_and_health(&dcmi, &shared, slot.idx, &slot.chip);
-            }
-            next_hbm = now + timing.hbm_period;
-        }
-        if faults_readable && now >= next_faults {
-            for slot in &mut slots {
-                if !read_faults(&dcmi, &shared, slot) {
-                    faults_readable = false;
-                    // Said once on every device, so a report shows why it has no codes.
-                    for s in &slots {
-                        shared.devices[s.idx].record_faults(
-                            shared.ring.now_ns(),
-                            Err("the driver has no fault-code call (not asked again)".to_owned()),
-                        );
-                    }
-                    break;
-                }
-            }
-            next_faults = now + timing.fault_period;
-        }
-        // One clock read per call: the time an answer arrived is the next call's start.
-        let mut clock = shared.ring.now_ns();
-        for slot in &mut slots {
-            clock = read_cube(&ctx, slot, clock);
-        }
-        shared.sampler.pass_done(shared.ring.now_ns());
-        next += timing.period;
-        let now = Instant::now();
-        if next < now {
-            shared.sampler.overrun();
-            next = now + timing.period;
+            Ok(Control::Shutdown) | Err(_) => return None,
         }
     }
+}
+
+/// Sleeps until the pass due at `next` (a period change makes it due now) and returns how
+/// late it starts; `None` on shutdown.
+fn wait_for_pass(
+    ctl: &Receiver<Control>,
+    timing: &mut LoopTiming,
+    next: &mut Instant,
+) -> Option<Duration> {
+    // park_timeout rather than a blocking channel receive: channel receives spin and yield
+    // before they park, which costs more CPU per pass than reading 16 devices. Senders
+    // unpark the thread (see `ControlTx`).
+    loop {
+        loop {
+            match ctl.try_recv() {
+                Ok(Control::Period(p)) => {
+                    timing.period = p;
+                    *next = Instant::now();
+                }
+                Ok(Control::Start { .. }) => {}
+                Ok(Control::Shutdown) | Err(TryRecvError::Disconnected) => return None,
+                Err(TryRecvError::Empty) => break,
+            }
+        }
+        let now = Instant::now();
+        if now >= *next {
+            return Some(now - *next);
+        }
+        std::thread::park_timeout(*next - now);
+    }
+}
+
+/// When the pass after the one due at `due` is, seen at `now`: one period on, or a whole
+/// period from now when that is already past (an overrun: `true`).
+fn next_pass(due: Instant, period: Duration, now: Instant) -> (Instant, bool) {
+    let next = due + period;
+    if next < now {
+        (now + period, true)
+    } else {
+        (next, false)
+    }
+}
+
+/// One pass: health and HBM and the fault codes when due, then every device's AI Cube.
+fn pass(ctx: &Ctx<'_>, slots: &mut [Slot], due: &mut Due) {
+    let (dcmi, shared, timing) = (ctx.dcmi, ctx.shared, ctx.timing);
+    // Health first, so that a device the driver reports gone is not read as present.
+    let now = Instant::now();
+    if now >= due.hbm {
+        for slot in slots.iter() {
+            read_hbm_and_health(dcmi, shared, slot.idx, &slot.chip);
+        }
+        due.hbm = now + timing.hbm_period;
+    }
+    if due.faults_readable && now >= due.faults {
+        due.faults_readable = read_all_faults(dcmi, shared, slots);
+        due.faults = now + timing.fault_period;
+    }
+    // One clock read per call: the time an answer arrived is the next call's start.
+    let mut clock = shared.ring.now_ns();
+    for slot in slots.iter_mut() {
+        clock = read_cube(ctx, slot, clock);
+    }
+}
+
+/// Reads every device's fault codes; `false` (said once on every device) when the driver
+/// has no fault-code call.
+fn read_all_faults(dcmi: &Dcmi, shared: &Shared, slots: &mut [Slot]) -> bool {
+    for slot in slots.iter_mut() {
+        if !read_faults(dcmi, shared, slot) {
+            // Said once on every device, so a report shows why it has no codes.
+            for s in slots.iter() {
+                shared.devices[s.idx].record_faults(
+                    shared.ring.now_ns(),
+                    Err("the driver has no fault-code call (not asked again)".to_owned()),
+                );
+            }
+            return false;
+        }
+    }
+    true
 }
 
 /// What one pass decided for a device.
@@ -234,7 +319,7 @@ fn read_cube(ctx: &Ctx<'_>, slot: &mut Slot, mut now: u64) -> u64 {
     let shared = ctx.shared;
     let idx = slot.idx;
     let dev = &shared.devices[idx];
-    if !dev.source().is_dcmi() {
+    if !on_dcmi(dev.source()) {
         return now;
     }
     // The driver says the device does not exist: no call, and no reading.
@@ -245,7 +330,7 @@ fn read_cube(ctx: &Ctx<'_>, slot: &mut Slot, mut now: u64) -> u64 {
     }
     loop {
         let before = dev.source();
-        if !before.is_dcmi() {
+        if !on_dcmi(before) {
             return now;
         }
         let started = now;
@@ -254,7 +339,7 @@ fn read_cube(ctx: &Ctx<'_>, slot: &mut Slot, mut now: u64) -> u64 {
             CubeCall::Single => read_single(ctx, slot, &mut now),
         };
         // The watchdog may have moved the device while a call hung: drop the late answer.
-        if !dev.source().is_dcmi() {
+        if !on_dcmi(dev.source()) {
             return now;
         }
         // An answer slower than the deadline describes the past: not a current reading.
@@ -278,7 +363,7 @@ fn read_cube(ctx: &Ctx<'_>, slot: &mut Slot, mut now: u64) -> u64 {
             Outcome::Again => continue,
             Outcome::Done => return now,
             Outcome::Reading(v) => {
-                let source = Source::of_call(slot.call);
+                let source = source_of(slot.call);
                 if before != source {
                     dev.replace_source(before, source);
                 }
@@ -300,7 +385,7 @@ fn read_cube(ctx: &Ctx<'_>, slot: &mut Slot, mut now: u64) -> u64 {
             }
             Outcome::Invalid(code) => {
                 if before == Source::DCMI_PROBING && code == codes::SUSPECT {
-                    dev.replace_source(before, Source::of_call(slot.call));
+                    dev.replace_source(before, source_of(slot.call));
                 }
                 push(shared, idx, now, None);
                 if dev.record_error(now, code) {
@@ -368,7 +453,7 @@ fn read_multi(ctx: &Ctx<'_>, slot: &mut Slot, now: &mut u64) -> Outcome {
     let step = match slot.judge.multi_answer(*now, &m) {
         MultiStep::Ask => {
             let single = corroborate(ctx, slot, now);
-            if !dev.source().is_dcmi() {
+            if !on_dcmi(dev.source()) {
                 return Outcome::Done;
             }
             slot.judge.pair(*now, &m, single)
@@ -390,8 +475,8 @@ fn read_multi(ctx: &Ctx<'_>, slot: &mut Slot, now: &mut u64) -> Outcome {
             // The source first, then the reason: whoever sees the verdict (wait_settled,
             // `devices`) sees the source it names, not the multi call it abandons.
             let current = dev.source();
-            if current.is_dcmi() {
-                dev.replace_source(current, Source::of_call(CubeCall::Single));
+            if on_dcmi(current) {
+                dev.replace_source(current, source_of(CubeCall::Single));
             }
             dev.set_reason(reason, figure, kind);
             tracing::warn!(
@@ -453,10 +538,23 @@ fn read_single(ctx: &Ctx<'_>, slot: &mut Slot, now: &mut u64) -> Outcome {
         Err(e @ (DcmiError::NotSupport | DcmiError::SymbolMissing { .. })) => {
             let before = dev.source();
             dev.record_error(*now, e.code());
-            if dev.replace_source(before, Source::NPU_SMI_PENDING) {
+            // To npu-smi, or (no fallback) to no source at all.
+            let after = match ctx.fallback {
+                Some(_) => Source::NPU_SMI_PENDING,
+                None => Source::UNAVAILABLE,
+            };
+            if dev.replace_source(before, after) {
                 dev.set_reason(SourceReason::Type14Unsupported, 0, UtilType::AiCube);
                 tracing::warn!(device = dev.info.id, error = %e, "AI Cube is not available through DCMI (multi-utilization and type 14)");
-                let _ = ctx.fallback.send(WatchRequest::HandOver(idx));
+                match ctx.fallback {
+                    Some(f) => {
+                        let _ = f.send(WatchRequest::HandOver(idx));
+                    }
+                    None => tracing::warn!(
+                        device = dev.info.id,
+                        "no AI Cube source for this device: {NO_FALLBACK}"
+                    ),
+                }
             }
             return Outcome::Done;
         }
@@ -467,8 +565,16 @@ fn read_single(ctx: &Ctx<'_>, slot: &mut Slot, now: &mut u64) -> Outcome {
     // before a zero counts.
     if !slot.cross_check {
         slot.cross_check = true;
-        dev.expect_npu_smi_opinion(*now);
-        let _ = ctx.fallback.send(WatchRequest::CrossCheck(idx));
+        match ctx.fallback {
+            Some(f) => {
+                dev.expect_npu_smi_opinion(*now);
+                let _ = f.send(WatchRequest::CrossCheck(idx));
+            }
+            None => tracing::info!(
+                device = dev.info.id,
+                "no npu-smi cross-check of type 14's zeros: {NO_FALLBACK}"
+            ),
+        }
     }
     // An abandoned zeroed multi call is tried again now and then (a firmware upgrade).
     if slot.judge.multi_recheck_due(*now) {
@@ -483,7 +589,9 @@ fn read_single(ctx: &Ctx<'_>, slot: &mut Slot, now: &mut u64) -> Outcome {
             slot.call = CubeCall::Multi;
             if std::mem::take(&mut slot.cross_check) {
                 dev.clear_npu_smi_opinion();
-                let _ = ctx.fallback.send(WatchRequest::EndCrossCheck(idx));
+                if let Some(f) = ctx.fallback {
+                    let _ = f.send(WatchRequest::EndCrossCheck(idx));
+                }
             }
         }
     }
@@ -585,5 +693,26 @@ fn read_hbm_and_health(dcmi: &Dcmi, shared: &Shared, idx: usize, chip: &NpuChip)
     }
     if let Ok(h) = hbm {
         dev.record_hbm(ts, h.used_mb, h.total_mb);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::next_pass;
+    use std::time::{Duration, Instant};
+
+    // The next pass is one period after the one due, or a whole period from now when the
+    // pass ran past it (an overrun: the missed passes are skipped, not run back to back).
+    #[test]
+    fn the_next_pass_is_one_period_on_unless_the_pass_overran() {
+        let t0 = Instant::now();
+        let p = Duration::from_millis(50);
+        assert_eq!(
+            next_pass(t0, p, t0 + Duration::from_millis(10)),
+            (t0 + p, false)
+        );
+        assert_eq!(next_pass(t0, p, t0 + p), (t0 + p, false), "exactly on time");
+        let late = t0 + Duration::from_millis(120);
+        assert_eq!(next_pass(t0, p, late), (late + p, true));
     }
 }

@@ -1,6 +1,7 @@
-//! The sampler: a dedicated OS thread that owns every DCMI call and writes AI Cube samples
-//! for all monitored NPUs into the ring, plus a watchdog thread that runs the `npu-smi`
-//! fallback and notices hung calls.
+//! The sampler: the backend that serves the NPUs ([`backends`]) writes their AI Cube samples
+//! into the ring and their HBM, health and fault codes into each [`DeviceStatus`]. The DCMI
+//! backend does it from a dedicated OS thread that owns every DCMI call, with a watchdog
+//! thread that notices hung calls and runs the `npu-smi` fallback.
 //!
 //! Nothing on the async side ever waits on a driver call: readers only touch the ring and
 //! the atomics in [`status`]. Control (period change, shutdown) goes through channels.
@@ -21,13 +22,10 @@ pub use source::{Source, SourceReason};
 pub use status::{DeviceSnapshot, DeviceStatus};
 pub use watchdog::codes;
 
-use crate::driver::npu_smi::{self, WatchConfig};
-use crate::driver::{BackendChoice, DeviceInfo, DriverConfig};
+use crate::driver::{Backend, DeviceInfo, DriverConfig};
 use crate::ring::Ring;
 use crate::window::{self, WindowReport};
-use crossbeam_channel::Sender;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// Shortest period accepted (`[agent] sample_period`'s bound; the loop also runs correctly
@@ -93,14 +91,41 @@ impl Default for SamplerConfig {
 /// Why the sampler could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    #[error("no usable driver backend: dcmi: {dcmi}; npu-smi: {npu_smi}")]
-    NoBackend { dcmi: String, npu_smi: String },
+    /// Every backend, in the order tried, with why it serves no NPU.
+    #[error("no usable driver backend: {}", Tried::list(tried))]
+    NoBackend { tried: Vec<Tried> },
     #[error("device {missing:?} not found; NPUs found: {found:?}")]
     UnknownDevice { missing: Vec<u32>, found: Vec<u32> },
     #[error("invalid sampler setting: {0}")]
     Invalid(String),
     #[error("cannot start a sampler thread: {0}")]
     Thread(#[from] std::io::Error),
+}
+
+/// A backend that was tried (or left out), and why it serves no NPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tried {
+    pub backend: Backend,
+    pub error: String,
+}
+
+impl Tried {
+    /// `backend` failed with `error`.
+    pub fn new(backend: Backend, error: impl Into<String>) -> Tried {
+        Tried {
+            backend,
+            error: error.into(),
+        }
+    }
+
+    /// `dcmi: <why>; npu-smi: <why>`, in the order tried.
+    fn list(tried: &[Tried]) -> String {
+        let parts: Vec<String> = tried
+            .iter()
+            .map(|t| format!("{}: {}", t.backend, t.error))
+            .collect();
+        parts.join("; ")
+    }
 }
 
 /// State shared by the sampler threads and every reader.
@@ -186,8 +211,12 @@ impl Shared {
 pub struct Sampler {
     shared: Arc<Shared>,
     /// The backend serving the devices, started ([`backends`]).
-    reader: Option<backends::Reader>,
-    watchdog: Option<(JoinHandle<()>, Sender<()>)>,
+    reader: Option<Box<dyn backends::Reader>>,
+    /// The backend serving the devices, those tried before it (why they were not used) and
+    /// those after it that `--backend` left out: what [`Sampler::require_cube_source`] names.
+    served_by: Option<Backend>,
+    tried: Vec<Tried>,
+    left_out: Vec<Tried>,
     period: Duration,
 }
 
@@ -204,32 +233,22 @@ impl Sampler {
         cfg: &SamplerConfig,
     ) -> Result<Sampler, StartError> {
         validate(cfg)?;
-        let (backend, found) = backends::discover(chain, driver.backend, driver, cfg)?;
+        let backends::Discovered {
+            backend,
+            found,
+            tried,
+            left_out,
+        } = backends::discover(chain, driver.backend, driver, cfg)?;
         let all: Vec<&DeviceInfo> = found.iter().collect();
         let selected = select_devices(&all, cfg.devices.as_deref())?;
-        if selected.is_empty() {
-            return Err(StartError::Invalid("no NPU selected".to_owned()));
-        }
-        if selected.len() > crate::ring::MAX_DEVICES {
-            return Err(StartError::Invalid(format!(
-                "{} NPUs selected; the ring tells at most {} apart",
-                selected.len(),
-                crate::ring::MAX_DEVICES
-            )));
-        }
-        let watch = WatchConfig {
-            npu_smi: driver.npu_smi.clone(),
-            delay_s: driver.watch_delay_s,
-            backoff_initial: Duration::from_millis(500),
-            backoff_max: Duration::from_secs(30),
-        };
+        check_selection(selected.len())?;
         let ring = Ring::new(
             Ring::capacity_for(selected.len(), cfg.period, cfg.retention).min(MAX_RING_SLOTS),
         );
-        let dcmi_known = backend.kind() == crate::driver::Backend::Dcmi;
+        let (source, reason) = (backend.first_source(), backend.first_reason());
         let devices: Vec<DeviceStatus> = selected
             .iter()
-            .map(|&i| DeviceStatus::new(found[i].clone(), dcmi_known, backend.first_source()))
+            .map(|&i| DeviceStatus::new(found[i].clone(), source, reason))
             .collect();
         let shared = Arc::new(Shared {
             ring,
@@ -239,49 +258,21 @@ impl Sampler {
             fault_max_age: fault_max_age(cfg.fault_period),
         });
         shared.sampler.set_period(cfg.period);
-        let (fallback_tx, fallback_rx) = crossbeam_channel::unbounded();
-        let mut sampler = Sampler {
-            shared: shared.clone(),
-            reader: None,
-            watchdog: None,
-            period: cfg.period,
-        };
+        let served_by = backend.kind();
         let reader = backend.start(backends::StartCtx {
             shared: shared.clone(),
             served: selected.iter().copied().enumerate().collect(),
             driver,
             cfg,
-            fallback: fallback_tx,
         })?;
-        let support = reader.watch_support.clone();
-        let npu_smi_now = reader.watch_now.clone();
-        sampler.reader = Some(reader);
-        let wd_cfg = watchdog::WatchdogConfig {
-            interval: cfg.watchdog_interval,
-            call_deadline: cfg.call_deadline,
-            watch_stale_after: cfg
-                .watch_stale_after
-                .unwrap_or_else(|| Duration::from_secs(3 * u64::from(driver.watch_delay_s.max(1)))),
-            allow_npu_smi: driver.backend != BackendChoice::Dcmi,
-            watch,
-            probe_timeout: npu_smi::probe::PROBE_TIMEOUT,
-        };
-        let (stop_tx, stop_rx) = crossbeam_channel::bounded(1);
-        let wd_shared = shared.clone();
-        let handle = std::thread::Builder::new()
-            .name("npu-watchdog".to_owned())
-            .spawn(move || {
-                watchdog::run(
-                    wd_shared,
-                    wd_cfg,
-                    support,
-                    npu_smi_now,
-                    fallback_rx,
-                    stop_rx,
-                )
-            })?;
-        sampler.watchdog = Some((handle, stop_tx));
-        Ok(sampler)
+        Ok(Sampler {
+            shared,
+            reader: Some(reader),
+            served_by: Some(served_by),
+            tried,
+            left_out,
+            period: cfg.period,
+        })
     }
 
     /// A sampler without devices or threads, for an agent that must keep serving `/status`
@@ -301,14 +292,16 @@ impl Sampler {
         Sampler {
             shared,
             reader: None,
-            watchdog: None,
+            served_by: None,
+            tried: Vec::new(),
+            left_out: Vec::new(),
             period: SamplerConfig::default().period,
         }
     }
 
     /// Whether the backend serving the devices reads their fault codes.
     fn faults_read(&self) -> bool {
-        self.reader.as_ref().is_some_and(|r| r.reads_faults)
+        self.reader.as_ref().is_some_and(|r| r.reads_faults())
     }
 
     /// State shared with readers.
@@ -357,6 +350,36 @@ impl Sampler {
             .any(|d| d.source() != Source::UNAVAILABLE)
     }
 
+    /// [`Sampler::any_cube_source`] as an error that names what was tried: the backends
+    /// before the one that found the NPUs, that one with why its devices have no figure,
+    /// the fallbacks behind it, and the backends `--backend` left out.
+    pub fn require_cube_source(&self) -> Result<(), StartError> {
+        if self.any_cube_source() {
+            return Ok(());
+        }
+        let mut tried = self.tried.clone();
+        if let Some(kind) = self.served_by {
+            let now = self.shared.ring.now_ns();
+            let mut notes: Vec<String> = self
+                .shared
+                .devices
+                .iter()
+                .map(|d| d.snapshot(now).source_note)
+                .collect();
+            notes.sort();
+            notes.dedup();
+            tried.push(Tried::new(
+                kind,
+                format!("no AI Cube source on any NPU: {}", notes.join(" / ")),
+            ));
+        }
+        for fallback in self.reader.iter().flat_map(|r| r.fallbacks()) {
+            tried.push(Tried::new(fallback, "not usable (see the warnings above)"));
+        }
+        tried.extend(self.left_out.iter().cloned());
+        Err(StartError::NoBackend { tried })
+    }
+
     /// Current sampling period.
     pub fn period(&self) -> Duration {
         self.period
@@ -385,8 +408,7 @@ impl Sampler {
             // And the first fault read of each device (the DCMI thread makes it on its first
             // pass, the npu-smi fault thread at once), so a report has the codes.
             let pending = self.shared.devices.iter().any(|d| {
-                matches!(d.source(), Source::NPU_SMI_PENDING)
-                    || (d.source().is_dcmi() && d.reason().pending())
+                self.reader.as_ref().is_some_and(|r| r.settling(d))
                     || (self.faults_read() && !d.faults_attempted() && !d.is_hung())
             });
             if pending {
@@ -395,7 +417,7 @@ impl Sampler {
                 decided_at = Some(self.shared.sampler.passes());
             }
             if let Some(at) = decided_at
-                && (self.reader.as_ref().is_none_or(|r| !r.passes)
+                && (self.reader.as_ref().is_none_or(|r| !r.runs_passes())
                     || self.shared.sampler.passes() > at)
             {
                 return true;
@@ -414,10 +436,6 @@ impl Sampler {
     }
 
     fn stop(&mut self) {
-        if let Some((handle, stop)) = self.watchdog.take() {
-            drop(stop);
-            let _ = handle.join();
-        }
         if let Some(r) = self.reader.take() {
             r.stop(&self.shared);
         }
@@ -428,6 +446,20 @@ impl Drop for Sampler {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// A selection the ring can hold: at least one NPU, at most the ring's device count.
+fn check_selection(selected: usize) -> Result<(), StartError> {
+    if selected == 0 {
+        return Err(StartError::Invalid("no NPU selected".to_owned()));
+    }
+    if selected > crate::ring::MAX_DEVICES {
+        return Err(StartError::Invalid(format!(
+            "{selected} NPUs selected; the ring tells at most {} apart",
+            crate::ring::MAX_DEVICES
+        )));
+    }
+    Ok(())
 }
 
 fn check_period(p: Duration) -> Result<(), StartError> {

@@ -3,7 +3,7 @@
 //! ([`SourceReason`]), for `/status/detail`, the metrics and the log.
 
 use crate::driver::Backend;
-use crate::driver::dcmi::{CubeCall, UtilType};
+use crate::driver::dcmi::UtilType;
 
 /// How a backend obtains a device's AI Cube figure. Its discriminant is its half of a
 /// source's one-byte encoding (below 16).
@@ -93,19 +93,6 @@ impl Source {
             Some((_, n)) => std::borrow::Cow::Borrowed(n),
             None => format!("{}-{}", self.backend.as_str(), self.method.as_str()).into(),
         }
-    }
-
-    /// Source for a successful DCMI read through `call`.
-    pub fn of_call(call: CubeCall) -> Source {
-        match call {
-            CubeCall::Multi => Source::DCMI_MULTI,
-            CubeCall::Single => Source::DCMI_SINGLE,
-        }
-    }
-
-    /// Whether the DCMI sampler thread reads this device's AI Cube.
-    pub fn is_dcmi(self) -> bool {
-        self.backend == Backend::Dcmi
     }
 
     /// The backend the figures come through.
@@ -282,7 +269,6 @@ mod tests {
         assert!(serde_json::from_str::<Source>("\"dcmi-magic\"").is_err());
         assert_eq!(Source::DCMI_MULTI.backend, Backend::Dcmi);
         assert_eq!(Source::NPU_SMI.method, Method::Watch);
-        assert!(Source::DCMI_SINGLE.is_dcmi() && !Source::NPU_SMI.is_dcmi());
         assert!(!Source::NPU_SMI_PENDING.settled() && Source::UNAVAILABLE.settled());
         assert_eq!(Source::DCMI_SINGLE.method(), "utilization type 14");
     }

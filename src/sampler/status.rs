@@ -33,8 +33,6 @@ pub const COUNTED_CODES: [i32; 27] = [
 #[derive(Debug)]
 pub struct DeviceStatus {
     pub info: DeviceInfo,
-    /// Whether the library enumerated this device (HBM and health readable through DCMI).
-    pub dcmi_known: bool,
     source: AtomicU8,
     reason: AtomicU8,
     /// The figure behind the reason (see [`SourceReason::note`]).
@@ -153,16 +151,10 @@ pub struct DeviceSnapshot {
 }
 
 impl DeviceStatus {
-    /// A device that starts on `source`.
-    pub fn new(info: DeviceInfo, dcmi_known: bool, source: Source) -> DeviceStatus {
-        let reason = if source.is_dcmi() {
-            SourceReason::Probing
-        } else {
-            SourceReason::NoDcmi
-        };
+    /// A device that starts on `source`, for `reason`.
+    pub fn new(info: DeviceInfo, source: Source, reason: SourceReason) -> DeviceStatus {
         DeviceStatus {
             info,
-            dcmi_known,
             source: AtomicU8::new(source.to_u8()),
             reason: AtomicU8::new(reason.to_u8()),
             reason_figure: AtomicU32::new(0),
@@ -489,8 +481,8 @@ mod tests {
                 chip: Some(0),
                 name: "910B3".to_owned(),
             },
-            true,
             Source::DCMI_PROBING,
+            SourceReason::Probing,
         )
     }
 

@@ -12,13 +12,16 @@
 //! stored as readings but vouch against type 14's zeros (the driver turns a bad type-14 figure
 //! into 0), and when type 14 keeps reading 0 against busy rows the watch takes the device over.
 
-use super::Shared;
 use super::plausibility::NpuSmiCheck;
 use super::source::{Source, SourceReason};
+use super::status::DeviceStatus;
+use super::{SamplerConfig, Shared};
 use crate::driver::dcmi::UtilType;
 use crate::driver::npu_smi::{self, Cube, Watch, WatchConfig, WatchSupport, WatchUpdate};
+use crate::driver::{Backend, DriverConfig};
 use crate::ring::Sample;
 use crossbeam_channel::{Receiver, select};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -43,22 +46,65 @@ pub mod codes {
 pub struct WatchdogConfig {
     /// How often it checks.
     pub interval: Duration,
-    /// A DCMI call blocked longer than this marks its device stale.
+    /// A call blocked longer than this marks its device stale.
     pub call_deadline: Duration,
     /// A watch child silent for longer than this marks its device stale.
     pub watch_stale_after: Duration,
-    /// Whether devices may move to `npu-smi` (false with `--backend dcmi`).
-    pub allow_npu_smi: bool,
+    /// The backend whose thread publishes its calls (`SamplerStatus::enter_call`): a call
+    /// that hangs stalls every device on this backend.
+    pub caller: Backend,
+}
+
+impl WatchdogConfig {
+    /// The settings for a watchdog of `caller`'s devices.
+    pub fn new(driver: &DriverConfig, cfg: &SamplerConfig, caller: Backend) -> WatchdogConfig {
+        WatchdogConfig {
+            interval: cfg.watchdog_interval,
+            call_deadline: cfg.call_deadline,
+            watch_stale_after: cfg
+                .watch_stale_after
+                .unwrap_or_else(|| Duration::from_secs(3 * u64::from(driver.watch_delay_s.max(1)))),
+            caller,
+        }
+    }
+}
+
+/// The `npu-smi` watch children a watchdog may run: how, and whether the HDK supports them.
+#[derive(Debug, Clone)]
+pub struct Fallback {
     /// How watch children are run.
     pub watch: WatchConfig,
     /// Timeout of the capability probe.
     pub probe_timeout: Duration,
+    /// The probe's answer when start-up already ran it; `None`: probed on a helper thread.
+    pub support: Option<WatchSupport>,
 }
 
-/// What the DCMI thread asks of the watchdog.
+impl Fallback {
+    /// Watch children of `driver`'s `npu-smi`.
+    pub fn new(driver: &DriverConfig, support: Option<WatchSupport>) -> Fallback {
+        Fallback {
+            watch: WatchConfig {
+                npu_smi: driver.npu_smi.clone(),
+                delay_s: driver.watch_delay_s,
+                backoff_initial: Duration::from_millis(500),
+                backoff_max: Duration::from_secs(30),
+            },
+            probe_timeout: npu_smi::probe::PROBE_TIMEOUT,
+            support,
+        }
+    }
+}
+
+/// Whether a device waits for the fallback's decision (the capability probe runs).
+pub fn settling(dev: &DeviceStatus) -> bool {
+    dev.source() == Source::NPU_SMI_PENDING
+}
+
+/// What a backend's thread asks of the watchdog's `npu-smi` fallback.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WatchRequest {
-    /// DCMI has no AI Cube call for the device: serve it from `npu-smi`.
+    /// The backend has no AI Cube call for the device: serve it from `npu-smi`.
     HandOver(usize),
     /// The device reads type 14: run a cross-check watch for it.
     CrossCheck(usize),
@@ -69,8 +115,8 @@ pub enum WatchRequest {
 /// Why a device gets an `npu-smi` watch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Reason {
-    /// DCMI has no AI Cube call for it (or DCMI is not loaded at all).
-    NoDcmiCube,
+    /// Its backend has no AI Cube call for it (or it is the `npu-smi` backend's own).
+    NoCube,
     /// Its DCMI calls hang.
     Hung,
     /// It reads type 14; the watch only vouches against type 14's zeros.
@@ -91,9 +137,11 @@ enum Support {
     Known(WatchSupport),
 }
 
-struct Fallback {
+struct Watchdog {
     shared: Arc<Shared>,
     cfg: WatchdogConfig,
+    /// How watch children run; `None`: no fallback, a hung device only goes stale.
+    watch: Option<WatchConfig>,
     support: Support,
     /// Hand-overs waiting for the probe.
     queued: Vec<(usize, Reason)>,
@@ -101,34 +149,40 @@ struct Fallback {
     moved_all: bool,
 }
 
-/// Thread body. `npu_smi_devices` start on watch children right away; `support` is the
-/// probe result when start-up already ran it.
+/// Thread body. `watch_now` start on watch children right away (with a `fallback`).
 pub fn run(
     shared: Arc<Shared>,
     cfg: WatchdogConfig,
-    support: Option<WatchSupport>,
-    npu_smi_devices: Vec<usize>,
+    fallback: Option<Fallback>,
+    watch_now: Vec<usize>,
     mut requests: Receiver<WatchRequest>,
     stop: Receiver<()>,
 ) {
     let n = shared.devices.len();
-    let support = match support {
-        Some(s) => Support::Known(s),
-        None if !cfg.allow_npu_smi => Support::Known(WatchSupport::Unsupported(
-            "the npu-smi fallback is disabled (--backend dcmi)".to_owned(),
-        )),
-        None => Support::Probing(start_probe(&cfg)),
+    let (watch, support) = match fallback {
+        Some(f) => {
+            let support = match f.support {
+                Some(s) => Support::Known(s),
+                None => Support::Probing(start_probe(&f.watch.npu_smi, f.probe_timeout)),
+            };
+            (Some(f.watch), support)
+        }
+        None => (
+            None,
+            Support::Known(WatchSupport::Unsupported(NO_FALLBACK.to_owned())),
+        ),
     };
-    let mut fb = Fallback {
+    let mut fb = Watchdog {
         shared,
         cfg,
+        watch,
         support,
         queued: Vec::new(),
         watches: (0..n).map(|_| None).collect(),
         moved_all: false,
     };
-    for idx in npu_smi_devices {
-        fb.hand_over(idx, Reason::NoDcmiCube);
+    for idx in watch_now {
+        fb.hand_over(idx, Reason::NoCube);
     }
     let tick = crossbeam_channel::tick(fb.cfg.interval);
     fb.shared.sampler.watchdog_ticked(fb.shared.ring.now_ns());
@@ -140,7 +194,7 @@ pub fn run(
         select! {
             recv(stop) -> _ => break,
             recv(requests) -> msg => match msg {
-                Ok(WatchRequest::HandOver(idx)) => fb.hand_over(idx, Reason::NoDcmiCube),
+                Ok(WatchRequest::HandOver(idx)) => fb.hand_over(idx, Reason::NoCube),
                 Ok(WatchRequest::CrossCheck(idx)) => fb.hand_over(idx, Reason::CrossCheck),
                 Ok(WatchRequest::EndCrossCheck(idx)) => fb.end_cross_check(idx),
                 // No DCMI thread (or it ended): no more requests, keep watching.
@@ -164,11 +218,13 @@ pub fn run(
     Watch::stop_all(fb.watches.into_iter().flatten().map(|r| r.watch).collect());
 }
 
+/// Why a watchdog without a fallback moves no device.
+pub const NO_FALLBACK: &str = "the npu-smi fallback is disabled (--backend dcmi)";
+
 /// Runs `npu-smi info watch -h` on a helper thread; the answer arrives on the channel.
-fn start_probe(cfg: &WatchdogConfig) -> Receiver<WatchSupport> {
+fn start_probe(npu_smi: &Path, timeout: Duration) -> Receiver<WatchSupport> {
     let (tx, rx) = crossbeam_channel::bounded(1);
-    let npu_smi = cfg.watch.npu_smi.clone();
-    let timeout = cfg.probe_timeout;
+    let npu_smi = npu_smi.to_owned();
     let spawned = std::thread::Builder::new()
         .name("npu-smi-probe".to_owned())
         .spawn(move || {
@@ -184,7 +240,12 @@ fn start_probe(cfg: &WatchdogConfig) -> Receiver<WatchSupport> {
     rx
 }
 
-impl Fallback {
+impl Watchdog {
+    /// Whether `source` is on the backend whose calls this watchdog watches.
+    fn on_caller(&self, source: Source) -> bool {
+        source.backend == self.cfg.caller
+    }
+
     /// Moves device `idx` to a watch child if the HDK supports it, or (`CrossCheck`) starts
     /// a cross-check watch for it; queued until the probe has answered.
     fn hand_over(&mut self, idx: usize, reason: Reason) {
@@ -195,66 +256,95 @@ impl Fallback {
             }
             Support::Known(s) => s.clone(),
         };
+        if self.watches[idx].is_some() {
+            self.take_over(idx, reason);
+        } else if let WatchSupport::Unsupported(why) = support {
+            self.without_watch(idx, reason, &why);
+        } else if self.ready_for_watch(idx, reason) {
+            self.start_watch(idx, reason);
+        }
+    }
+
+    /// A cross-check watch already runs for `idx`: it takes the device over (unless the
+    /// request is another cross-check, or the device left the watched backend meanwhile).
+    fn take_over(&self, idx: usize, reason: Reason) {
+        let Some(running) = &self.watches[idx] else {
+            return;
+        };
+        let dev = &self.shared.devices[idx];
+        if reason == Reason::CrossCheck
+            || running.serving.load(Ordering::Acquire)
+            || !(reason == Reason::NoCube || self.on_caller(dev.source()))
+        {
+            return;
+        }
+        if reason == Reason::Hung {
+            dev.set_reason(SourceReason::Hung, 0, UtilType::AiCube);
+        }
+        running.serving.store(true, Ordering::Release);
+        dev.clear_npu_smi_opinion();
+        dev.set_source(Source::NPU_SMI);
+        tracing::info!(
+            device = dev.info.id,
+            "AI Cube now read from npu-smi info watch -s u"
+        );
+    }
+
+    /// No watch child can run (`why`): a device without another source has none.
+    fn without_watch(&self, idx: usize, reason: Reason, why: &str) {
+        let dev = &self.shared.devices[idx];
+        if reason == Reason::NoCube
+            && dev.replace_source(Source::NPU_SMI_PENDING, Source::UNAVAILABLE)
+        {
+            tracing::warn!(
+                device = dev.info.id,
+                "no AI Cube source for this device: {why}"
+            );
+        }
+        if reason == Reason::CrossCheck {
+            dev.clear_npu_smi_opinion();
+            tracing::info!(
+                device = dev.info.id,
+                "no npu-smi cross-check of type 14's zeros: {why}"
+            );
+        }
+    }
+
+    /// Whether the device still wants the watch `reason` asks for (a hung device still on
+    /// the watched backend is marked pending here).
+    fn ready_for_watch(&self, idx: usize, reason: Reason) -> bool {
         let dev = &self.shared.devices[idx];
         let before = dev.source();
-        if let Some(running) = &self.watches[idx] {
-            // A cross-check watch already runs: it takes the device over.
-            if reason != Reason::CrossCheck
-                && !running.serving.load(Ordering::Acquire)
-                && (reason == Reason::NoDcmiCube || before.is_dcmi())
-            {
-                if reason == Reason::Hung {
-                    dev.set_reason(SourceReason::Hung, 0, UtilType::AiCube);
-                }
-                running.serving.store(true, Ordering::Release);
-                dev.clear_npu_smi_opinion();
-                dev.set_source(Source::NPU_SMI);
-                tracing::info!(
-                    device = dev.info.id,
-                    "AI Cube now read from npu-smi info watch -s u"
-                );
-            }
-            return;
-        }
-        if let WatchSupport::Unsupported(why) = support {
-            if reason == Reason::NoDcmiCube
-                && dev.replace_source(Source::NPU_SMI_PENDING, Source::UNAVAILABLE)
-            {
-                tracing::warn!(
-                    device = dev.info.id,
-                    "no AI Cube source for this device: {why}"
-                );
-            }
-            if reason == Reason::CrossCheck {
-                dev.clear_npu_smi_opinion();
-                tracing::info!(
-                    device = dev.info.id,
-                    "no npu-smi cross-check of type 14's zeros: {why}"
-                );
-            }
-            return;
-        }
         match reason {
-            Reason::Hung
-                if !(before.is_dcmi() && dev.replace_source(before, Source::NPU_SMI_PENDING)) =>
-            {
-                return;
-            }
             Reason::Hung => {
+                if !(self.on_caller(before) && dev.replace_source(before, Source::NPU_SMI_PENDING))
+                {
+                    return false;
+                }
                 dev.set_reason(SourceReason::Hung, 0, UtilType::AiCube);
+                true
             }
             // The device may have left type 14 while the probe ran.
             Reason::CrossCheck if before != Source::DCMI_SINGLE => {
                 dev.clear_npu_smi_opinion();
-                return;
+                false
             }
-            _ => {}
+            Reason::CrossCheck | Reason::NoCube => true,
         }
+    }
+
+    /// Starts the watch child of `idx`: serving its readings, or (`CrossCheck`) vouching
+    /// against type 14's zeros.
+    fn start_watch(&mut self, idx: usize, reason: Reason) {
+        let Some(config) = self.watch.clone() else {
+            return;
+        };
         let serving = Arc::new(AtomicBool::new(reason != Reason::CrossCheck));
         let on_update = self.on_update(idx, serving.clone());
+        let dev = &self.shared.devices[idx];
         let id = dev.info.id;
         match Watch::start(
-            self.cfg.watch.clone(),
+            config,
             dev.info.watch_target(),
             format!("npu-smi-{id}"),
             on_update,
@@ -309,94 +399,15 @@ impl Fallback {
         let mut last_message = String::new();
         let mut check = NpuSmiCheck::default();
         move |u: WatchUpdate| {
-            let dev = &shared.devices[idx];
             let ts = shared.ring.now_ns();
-            let push = |value: u8, valid: bool| {
-                shared.ring.push(Sample {
-                    device: idx as u16,
-                    ts_ns: ts,
-                    value,
-                    valid,
-                })
-            };
-            if !serving.load(Ordering::Acquire) {
-                let WatchUpdate::Reading(Cube::Percent(v)) = u else {
-                    return;
-                };
-                dev.record_npu_smi_opinion(ts, v);
-                // The latest type-14 answer at most a few passes old.
-                let age = (shared.sampler.period() * 3).max(Duration::from_millis(250));
-                let type14 = dev
-                    .type14_latest(ts, age)
-                    .map(|t| u8::try_from(t).unwrap_or(u8::MAX));
-                if check.row(v, type14) && dev.replace_source(Source::DCMI_SINGLE, Source::NPU_SMI)
-                {
-                    serving.store(true, Ordering::Release);
-                    dev.clear_npu_smi_opinion();
-                    dev.set_reason(SourceReason::Type14Zero, u32::from(v), UtilType::AiCube);
-                    tracing::warn!(
-                        device = id,
-                        "utilization type 14 keeps reading 0 while npu-smi reads {v} %; AI Cube now read from npu-smi info watch -s u"
-                    );
-                } else {
-                    return;
-                }
-            }
-            // The driver says the device does not exist: its rows are no readings.
-            if dev.is_gone() && matches!(u, WatchUpdate::Reading(_) | WatchUpdate::NoCubeColumn) {
-                push(0, false);
-                dev.record_error(ts, codes::DEVICE_GONE);
+            if !serving.load(Ordering::Acquire)
+                && !cross_check_row(&shared, idx, &serving, &mut check, &u, ts)
+            {
                 return;
             }
-            match u {
-                WatchUpdate::Reading(Cube::Percent(v)) => {
-                    push(v, true);
-                    dev.record_value(ts, v);
-                }
-                WatchUpdate::Reading(Cube::Na) => {
-                    push(0, false);
-                    if dev.record_error(ts, codes::NA) {
-                        tracing::warn!(device = id, "npu-smi reports NA for AI Cube");
-                    }
-                }
-                WatchUpdate::Reading(Cube::OutOfRange) => {
-                    push(0, false);
-                    if dev.record_error(ts, codes::BAD_VALUE) {
-                        tracing::warn!(
-                            device = id,
-                            "npu-smi reports an AI Cube figure above 100 %; ignored"
-                        );
-                    }
-                }
-                WatchUpdate::NoCubeColumn => {
-                    push(0, false);
-                    if dev.record_error(ts, codes::NO_CUBE_COLUMN) {
-                        tracing::warn!(
-                            device = id,
-                            "npu-smi watch output has no AI Cube column; rows ignored"
-                        );
-                    }
-                }
-                WatchUpdate::Message(m) => {
-                    if m != last_message {
-                        tracing::warn!(device = id, "npu-smi watch: {m}");
-                        last_message = m;
-                    }
-                }
-                WatchUpdate::SpawnFailed(e) => tracing::warn!(device = id, "{e}"),
-                WatchUpdate::Exited {
-                    status,
-                    rows,
-                    retry_in,
-                } => {
-                    let status =
-                        status.map_or_else(|| "unknown status".to_owned(), |s| s.to_string());
-                    tracing::warn!(
-                        device = id,
-                        rows,
-                        "npu-smi watch exited ({status}); restarting in {retry_in:?}"
-                    );
-                }
+            match row_of(&u, shared.devices[idx].is_gone()) {
+                Some(row) => store_row(&shared, idx, ts, row),
+                None => log_event(id, u, &mut last_message),
             }
         }
     }
@@ -447,19 +458,19 @@ impl Fallback {
         // The stuck thread serves no DCMI device until the call returns.
         for i in 0..self.shared.devices.len() {
             let d = &self.shared.devices[i];
-            if d.source().is_dcmi() {
+            if self.on_caller(d.source()) {
                 d.set_stale();
                 self.push_invalid(i, now);
             }
         }
         if blocked_ns > 3 * self.cfg.call_deadline.as_nanos() as u64
             && !self.moved_all
-            && self.cfg.allow_npu_smi
+            && self.watch.is_some()
         {
             self.moved_all = true;
             tracing::warn!("the DCMI thread is stuck; moving every DCMI device to npu-smi");
             for i in 0..self.shared.devices.len() {
-                if self.shared.devices[i].source().is_dcmi() {
+                if self.on_caller(self.shared.devices[i].source()) {
                     self.hand_over(i, Reason::Hung);
                 }
             }
@@ -473,5 +484,179 @@ impl Fallback {
             value: 0,
             valid: false,
         });
+    }
+}
+
+/// A cross-check watch's row `u` on device `idx`: stored as an opinion on type 14's zeros;
+/// `true` when type 14 kept reading 0 against busy rows and the watch now serves the device
+/// (the row is then a reading too).
+fn cross_check_row(
+    shared: &Shared,
+    idx: usize,
+    serving: &AtomicBool,
+    check: &mut NpuSmiCheck,
+    u: &WatchUpdate,
+    ts: u64,
+) -> bool {
+    let WatchUpdate::Reading(Cube::Percent(v)) = *u else {
+        return false;
+    };
+    let dev = &shared.devices[idx];
+    dev.record_npu_smi_opinion(ts, v);
+    // The latest type-14 answer at most a few passes old.
+    let age = (shared.sampler.period() * 3).max(Duration::from_millis(250));
+    let type14 = dev
+        .type14_latest(ts, age)
+        .map(|t| u8::try_from(t).unwrap_or(u8::MAX));
+    if !(check.row(v, type14) && dev.replace_source(Source::DCMI_SINGLE, Source::NPU_SMI)) {
+        return false;
+    }
+    serving.store(true, Ordering::Release);
+    dev.clear_npu_smi_opinion();
+    dev.set_reason(SourceReason::Type14Zero, u32::from(v), UtilType::AiCube);
+    tracing::warn!(
+        device = dev.info.id,
+        "utilization type 14 keeps reading 0 while npu-smi reads {v} %; AI Cube now read from npu-smi info watch -s u"
+    );
+    true
+}
+
+/// What a row of a watch that serves its device stores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Row {
+    /// A reading, percent.
+    Reading(u8),
+    /// An invalid sample with this pseudo code, and the warning logged when a run of
+    /// failures starts (`None`: none).
+    Invalid(i32, Option<&'static str>),
+}
+
+/// The row `u` is on a device (`gone`: the driver says it does not exist, so its rows are
+/// no readings); `None` when `u` is no row but an event of the child.
+fn row_of(u: &WatchUpdate, gone: bool) -> Option<Row> {
+    match u {
+        WatchUpdate::Reading(_) | WatchUpdate::NoCubeColumn if gone => {
+            Some(Row::Invalid(codes::DEVICE_GONE, None))
+        }
+        WatchUpdate::Reading(Cube::Percent(v)) => Some(Row::Reading(*v)),
+        WatchUpdate::Reading(Cube::Na) => Some(Row::Invalid(
+            codes::NA,
+            Some("npu-smi reports NA for AI Cube"),
+        )),
+        WatchUpdate::Reading(Cube::OutOfRange) => Some(Row::Invalid(
+            codes::BAD_VALUE,
+            Some("npu-smi reports an AI Cube figure above 100 %; ignored"),
+        )),
+        WatchUpdate::NoCubeColumn => Some(Row::Invalid(
+            codes::NO_CUBE_COLUMN,
+            Some("npu-smi watch output has no AI Cube column; rows ignored"),
+        )),
+        WatchUpdate::Message(_) | WatchUpdate::SpawnFailed(_) | WatchUpdate::Exited { .. } => None,
+    }
+}
+
+/// Stores `row` of device `idx` at ring time `ts`.
+fn store_row(shared: &Shared, idx: usize, ts: u64, row: Row) {
+    let dev = &shared.devices[idx];
+    let (value, valid) = match row {
+        Row::Reading(v) => (v, true),
+        Row::Invalid(..) => (0, false),
+    };
+    shared.ring.push(Sample {
+        device: idx as u16,
+        ts_ns: ts,
+        value,
+        valid,
+    });
+    match row {
+        Row::Reading(v) => {
+            dev.record_value(ts, v);
+        }
+        Row::Invalid(code, warning) => {
+            if dev.record_error(ts, code)
+                && let Some(w) = warning
+            {
+                tracing::warn!(device = dev.info.id, "{w}");
+            }
+        }
+    }
+}
+
+/// Logs an event of device `id`'s watch child; a message is logged when it changes.
+fn log_event(id: u32, u: WatchUpdate, last_message: &mut String) {
+    match u {
+        WatchUpdate::Message(m) => {
+            if m != *last_message {
+                tracing::warn!(device = id, "npu-smi watch: {m}");
+                *last_message = m;
+            }
+        }
+        WatchUpdate::SpawnFailed(e) => tracing::warn!(device = id, "{e}"),
+        WatchUpdate::Exited {
+            status,
+            rows,
+            retry_in,
+        } => {
+            let status = status.map_or_else(|| "unknown status".to_owned(), |s| s.to_string());
+            tracing::warn!(
+                device = id,
+                rows,
+                "npu-smi watch exited ({status}); restarting in {retry_in:?}"
+            );
+        }
+        WatchUpdate::Reading(_) | WatchUpdate::NoCubeColumn => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Row, codes, row_of};
+    use crate::driver::npu_smi::{Cube, WatchUpdate};
+    use std::time::Duration;
+
+    // What a serving watch's row stores, as a table: a reading, or an invalid sample with
+    // its pseudo code; a gone device's rows are no readings; events are no rows.
+    #[test]
+    fn a_watch_row_is_a_reading_or_an_invalid_sample_with_its_code() {
+        use WatchUpdate::{Message, NoCubeColumn, Reading};
+        let exited = WatchUpdate::Exited {
+            status: None,
+            rows: 3,
+            retry_in: Duration::from_secs(1),
+        };
+        // (update, device gone, Ok(reading) or Err(code); None: no row)
+        type Case = (WatchUpdate, bool, Option<Result<u8, i32>>);
+        let table: [Case; 10] = [
+            (Reading(Cube::Percent(42)), false, Some(Ok(42))),
+            (
+                Reading(Cube::Percent(42)),
+                true,
+                Some(Err(codes::DEVICE_GONE)),
+            ),
+            (Reading(Cube::Na), false, Some(Err(codes::NA))),
+            (Reading(Cube::Na), true, Some(Err(codes::DEVICE_GONE))),
+            (
+                Reading(Cube::OutOfRange),
+                false,
+                Some(Err(codes::BAD_VALUE)),
+            ),
+            (NoCubeColumn, false, Some(Err(codes::NO_CUBE_COLUMN))),
+            (NoCubeColumn, true, Some(Err(codes::DEVICE_GONE))),
+            (Message("x".to_owned()), false, None),
+            (Message("x".to_owned()), true, None),
+            (exited, false, None),
+        ];
+        for (u, gone, want) in &table {
+            let got = row_of(u, *gone).map(|r| match r {
+                Row::Reading(v) => Ok(v),
+                Row::Invalid(c, _) => Err(c),
+            });
+            assert_eq!(got, *want, "{u:?}, gone {gone}");
+        }
+        assert_eq!(
+            row_of(&Reading(Cube::Percent(7)), true),
+            Some(Row::Invalid(codes::DEVICE_GONE, None)),
+            "a gone device's row warns nothing of its own"
+        );
     }
 }

@@ -124,6 +124,15 @@ fn dcmi_only_backend_reports_no_source_instead_of_falling_back() {
     assert_eq!(d["capabilities"]["aicube"], false);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("no usable driver backend"), "{stderr}");
+    // Each backend with its own reason: the one that found the NPU says why none reads.
+    assert!(
+        stderr.contains("dcmi: no AI Cube source on any NPU: DCMI has no AI Cube call"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("npu-smi: not tried (--backend dcmi)"),
+        "{stderr}"
+    );
     assert!(
         !stderr.contains("handing"),
         "no fallback is attempted: {stderr}"

@@ -4,7 +4,7 @@
 #![cfg(feature = "fake-driver")]
 
 use crate::support::{agent, fake_lib, in_child, scenario};
-use npu_health_agent::driver::{BackendChoice, DriverConfig};
+use npu_health_agent::driver::{Backend, BackendChoice, DriverConfig};
 use npu_health_agent::sampler::{Sampler, SamplerConfig, Source};
 use std::time::{Duration, Instant};
 
@@ -155,7 +155,7 @@ fn hung_call_without_npu_smi_stays_stale_and_unavailable() {
     assert_eq!(r.combined.peak, None, "{r:?}");
     assert!(r.devices.iter().all(|d| d.invalid > 0), "{r:?}");
     assert!(shared.devices[1].is_stale() && shared.devices[1].is_hung());
-    assert!(shared.devices[1].source().is_dcmi());
+    assert_eq!(shared.devices[1].source().backend, Backend::Dcmi);
     assert!(shared.devices[0].is_stale());
     sampler.shutdown();
 }

@@ -1,11 +1,15 @@
 //! `libdcmi.so`, dlopen'd: one OS thread finds, opens and enumerates the library, then owns
-//! every call into it ([`dcmi_thread`](super::super::dcmi_thread)).
+//! every call into it ([`dcmi_thread`](super::super::dcmi_thread)); a watchdog sees its
+//! calls that hang and, with the `npu-smi` fallback, runs watch children for the devices
+//! DCMI cannot read.
 
-use super::{DeviceBackend, Reader, StartCtx, Thread};
+use super::{DeviceBackend, Reader, StartCtx, Thread, start_watchdog};
 use crate::driver::dcmi::{Api, Dcmi as Library, LoadError, NpuChip, discovery};
 use crate::driver::{Backend, DeviceInfo, DriverConfig};
 use crate::sampler::dcmi_thread::{self, Control, ControlTx};
-use crate::sampler::{SamplerConfig, Source, StartError, priority};
+use crate::sampler::status::DeviceStatus;
+use crate::sampler::watchdog::{self, Fallback};
+use crate::sampler::{SamplerConfig, Shared, Source, SourceReason, StartError, priority};
 use crossbeam_channel::Receiver;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -14,6 +18,8 @@ use std::time::Duration;
 #[derive(Default)]
 pub struct Dcmi {
     running: Option<Started>,
+    /// `npu-smi` watch children for the devices DCMI cannot read ([`super::npu_smi_fallback`]).
+    fallback: Option<Fallback>,
 }
 
 /// The DCMI thread, once it enumerated the chips.
@@ -58,7 +64,15 @@ impl DeviceBackend for Dcmi {
         Source::DCMI_PROBING
     }
 
-    fn start(self: Box<Self>, ctx: StartCtx<'_>) -> Result<Reader, StartError> {
+    fn first_reason(&self) -> SourceReason {
+        SourceReason::Probing
+    }
+
+    fn accept_fallback(&mut self, fallback: Fallback) {
+        self.fallback = Some(fallback);
+    }
+
+    fn start(self: Box<Self>, ctx: StartCtx<'_>) -> Result<Box<dyn Reader>, StartError> {
         let Some(s) = self.running else {
             return Err(StartError::Invalid(
                 "the DCMI backend was started before it discovered".to_owned(),
@@ -69,26 +83,70 @@ impl DeviceBackend for Dcmi {
             .iter()
             .filter_map(|&(ring, found)| s.chips.get(found).map(|c| (ring, c.clone())))
             .collect();
+        // The thread's hand-overs go to the watchdog; without a fallback nothing is sent.
+        let (requests_tx, requests_rx) = crossbeam_channel::unbounded();
+        let has_fallback = self.fallback.is_some();
+        let watchdog = start_watchdog(&ctx, Backend::Dcmi, self.fallback, Vec::new(), requests_rx)?;
         s.ctl.send(Control::Start {
             shared: ctx.shared.clone(),
             chips,
-            fallback: ctx.fallback,
+            fallback: has_fallback.then_some(requests_tx),
         });
-        Ok(Reader {
-            kind: Backend::Dcmi,
-            control: Some(s.ctl),
-            threads: vec![Thread {
+        Ok(Box::new(DcmiReader {
+            ctl: s.ctl,
+            watchdog,
+            thread: Thread {
                 handle: s.handle,
                 stop: None,
                 done: s.done,
                 wait: Duration::from_secs(2),
                 stuck: "DCMI thread is stuck in a driver call",
-            }],
-            watch_now: Vec::new(),
-            watch_support: None,
-            reads_faults: true,
-            passes: true,
-        })
+            },
+            has_fallback,
+        }))
+    }
+}
+
+/// The started DCMI backend.
+struct DcmiReader {
+    /// The thread's control (period, shutdown).
+    ctl: ControlTx,
+    watchdog: Thread,
+    thread: Thread,
+    has_fallback: bool,
+}
+
+impl Reader for DcmiReader {
+    fn set_period(&self, period: Duration) {
+        self.ctl.send(Control::Period(period));
+    }
+
+    fn reads_faults(&self) -> bool {
+        true
+    }
+
+    fn runs_passes(&self) -> bool {
+        true
+    }
+
+    fn settling(&self, dev: &DeviceStatus) -> bool {
+        // Two calls disagree (a second or two), or a hand-over awaits the npu-smi probe.
+        (dcmi_thread::on_dcmi(dev.source()) && dev.reason().pending()) || watchdog::settling(dev)
+    }
+
+    fn fallbacks(&self) -> Vec<Backend> {
+        if self.has_fallback {
+            vec![Backend::NpuSmi]
+        } else {
+            Vec::new()
+        }
+    }
+
+    fn stop(self: Box<Self>, shared: &Shared) {
+        // The watchdog first: it kills and reaps the watch children.
+        self.watchdog.stop(shared);
+        self.ctl.send(Control::Shutdown);
+        self.thread.stop(shared);
     }
 }
 

@@ -3,10 +3,12 @@
 //! a DCMI device whose calls hang), and a thread reads the fault codes
 //! ([`npu_smi_faults`](super::super::npu_smi_faults)).
 
-use super::{DeviceBackend, Reader, StartCtx, Thread};
+use super::{DeviceBackend, Reader, StartCtx, Thread, start_watchdog};
 use crate::driver::npu_smi::{self, WatchSupport};
 use crate::driver::{Backend, DeviceInfo, DriverConfig};
-use crate::sampler::{SamplerConfig, Source, StartError, npu_smi_faults};
+use crate::sampler::status::DeviceStatus;
+use crate::sampler::watchdog::{self, Fallback};
+use crate::sampler::{SamplerConfig, Shared, Source, StartError, npu_smi_faults};
 use std::time::Duration;
 
 /// The `npu-smi` backend; discovery keeps the capability probe's answer for the watchdog.
@@ -49,35 +51,62 @@ impl DeviceBackend for NpuSmi {
         Source::NPU_SMI_PENDING
     }
 
-    fn start(self: Box<Self>, ctx: StartCtx<'_>) -> Result<Reader, StartError> {
+    fn start(self: Box<Self>, ctx: StartCtx<'_>) -> Result<Box<dyn Reader>, StartError> {
         let served: Vec<usize> = ctx.served.iter().map(|&(ring, _)| ring).collect();
+        // Its devices start on watch children at once, with the probe discovery ran.
+        let fallback = Fallback::new(ctx.driver, self.support);
+        let watchdog = start_watchdog(
+            &ctx,
+            Backend::NpuSmi,
+            Some(fallback),
+            served.clone(),
+            crossbeam_channel::never(),
+        )?;
         let (stop_tx, stop_rx) = crossbeam_channel::bounded(1);
         let (done_tx, done_rx) = crossbeam_channel::bounded::<()>(0);
-        let (shared, tool, devices, period) = (
+        let (shared, tool, period) = (
             ctx.shared.clone(),
             ctx.driver.npu_smi.clone(),
-            served.clone(),
             ctx.cfg.fault_period,
         );
         let handle = std::thread::Builder::new()
             .name("npu-smi-faults".to_owned())
-            .spawn(move || npu_smi_faults::run(shared, tool, devices, period, stop_rx, done_tx))?;
-        Ok(Reader {
-            kind: Backend::NpuSmi,
-            control: None,
-            threads: vec![Thread {
-                handle,
-                stop: Some(stop_tx),
-                done: done_rx,
-                // At most one `npu-smi` run (its timeout) to wait for; a tool stuck in the
-                // driver past its kill is left behind, as a stuck DCMI thread is.
-                wait: npu_smi_faults::TIMEOUT + Duration::from_secs(1),
-                stuck: "the npu-smi fault reader is stuck in an npu-smi run",
-            }],
-            watch_now: served,
-            watch_support: self.support,
-            reads_faults: true,
-            passes: false,
-        })
+            .spawn(move || npu_smi_faults::run(shared, tool, served, period, stop_rx, done_tx))?;
+        Ok(Box::new(NpuSmiReader {
+            threads: [
+                watchdog,
+                Thread {
+                    handle,
+                    stop: Some(stop_tx),
+                    done: done_rx,
+                    // At most one `npu-smi` run (its timeout) to wait for; a tool stuck in
+                    // the driver past its kill is left behind, as a stuck DCMI thread is.
+                    wait: npu_smi_faults::TIMEOUT + Duration::from_secs(1),
+                    stuck: "the npu-smi fault reader is stuck in an npu-smi run",
+                },
+            ],
+        }))
+    }
+}
+
+/// The started `npu-smi` backend: the watchdog (with the watch children), then the fault
+/// reader.
+struct NpuSmiReader {
+    threads: [Thread; 2],
+}
+
+impl Reader for NpuSmiReader {
+    fn reads_faults(&self) -> bool {
+        true
+    }
+
+    fn settling(&self, dev: &DeviceStatus) -> bool {
+        watchdog::settling(dev)
+    }
+
+    fn stop(self: Box<Self>, shared: &Shared) {
+        for t in self.threads {
+            t.stop(shared);
+        }
     }
 }

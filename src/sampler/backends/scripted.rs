@@ -9,7 +9,7 @@ use crate::driver::{Backend, DeviceInfo, DriverConfig};
 use crate::ring::Sample;
 use crate::sampler::source::Method;
 use crate::sampler::status::FaultCode;
-use crate::sampler::{SamplerConfig, Source, StartError};
+use crate::sampler::{SamplerConfig, Shared, Source, StartError};
 use std::time::Duration;
 
 /// One scripted NPU.
@@ -43,7 +43,7 @@ impl DeviceBackend for Scripted {
         Source::of(Backend::Scripted, Method::Script)
     }
 
-    fn start(self: Box<Self>, ctx: StartCtx<'_>) -> Result<Reader, StartError> {
+    fn start(self: Box<Self>, ctx: StartCtx<'_>) -> Result<Box<dyn Reader>, StartError> {
         let served: Vec<(usize, ScriptedNpu)> = ctx
             .served
             .iter()
@@ -86,21 +86,34 @@ impl DeviceBackend for Scripted {
                     }
                 }
             })?;
-        Ok(Reader {
-            kind: Backend::Scripted,
-            control: None,
-            threads: vec![Thread {
+        Ok(Box::new(ScriptedReader {
+            thread: Thread {
                 handle,
                 stop: Some(stop_tx),
                 done: done_rx,
                 wait: Duration::from_secs(1),
                 stuck: "the scripted backend's thread did not stop",
-            }],
-            watch_now: Vec::new(),
-            watch_support: None,
-            reads_faults: true,
-            passes: true,
-        })
+            },
+        }))
+    }
+}
+
+/// The started scripted backend: its one thread.
+struct ScriptedReader {
+    thread: Thread,
+}
+
+impl Reader for ScriptedReader {
+    fn reads_faults(&self) -> bool {
+        true
+    }
+
+    fn runs_passes(&self) -> bool {
+        true
+    }
+
+    fn stop(self: Box<Self>, shared: &Shared) {
+        self.thread.stop(shared);
     }
 }
 
