@@ -140,13 +140,13 @@ pub fn listeners(cfg: &AgentConfig) -> Result<Vec<String>, ConfigError> {
             ConfigError::new(&cfg.source, "[agent] admin_listen", m)
         })?;
     }
-    if let Some(a) = cfg.agent.haproxy_agent_listen {
-        check(
-            a,
-            "HAProxy's agent check",
-            "haproxy_agent_listen",
-            &|_, m| ConfigError::new(&cfg.source, "[agent] haproxy_agent_listen", m),
-        )?;
+    for l in crate::integrations::REGISTRY
+        .iter()
+        .filter_map(|i| i.listen(&cfg.agent))
+    {
+        check(l.addr, l.label, l.key, &|_, m| {
+            ConfigError::new(&cfg.source, l.key, m)
+        })?;
     }
     for (i, spec) in cfg.engines.iter().enumerate() {
         // The address is mgmt_host's, else host's (the engine's); the port mgmt_port's.

@@ -620,7 +620,7 @@ fn defect4_type14_zero_through_the_cli_never_reads_idle() {
 }
 
 // The documented limit: with no second source, a type-14 zero cannot be told from an idle
-// NPU, and it is read as 0 (README, driver fallback chain).
+// NPU, and it is read as 0 (docs/driver.md, the fallback chain).
 #[test]
 fn defect4_without_a_second_source_a_type14_zero_reads_as_0() {
     let sc = scenario(&TYPE14_ZERO.replace("watch_period_ms = 100", "watch = \"unsupported\""));
