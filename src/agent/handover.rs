@@ -4,12 +4,12 @@
 //! new agent's last step: tell the old one it serves, and listen for the next.
 
 use super::Running;
-use crate::continuity::handover::{Listener, Successor};
+use crate::continuity::handover::{HandoverError, Listener, Successor};
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 
 /// The next agent connecting to `listener`; never, without one.
-pub(super) async fn accept(listener: Option<&Listener>) -> Result<UnixStream, String> {
+pub(super) async fn accept(listener: Option<&Listener>) -> Result<UnixStream, HandoverError> {
     match listener {
         Some(l) => l.accept().await,
         None => std::future::pending().await,
@@ -38,6 +38,14 @@ impl Running {
         let dir = self.state_dir.as_ref()?;
         match Listener::bind(&dir.handover_socket(), took_over) {
             Ok(l) => Some(l),
+            // Another agent with this state directory serves ports of its own: two agents
+            // share the directory, and the state file is no longer this one's alone.
+            Err(e @ HandoverError::Held { .. }) => {
+                tracing::warn!(
+                    "{e}: no agent can take over from this one, and both write the state file of this state directory; give each agent its own"
+                );
+                None
+            }
             Err(e) => {
                 tracing::warn!("{e}: no agent can take over from this one");
                 None
@@ -46,13 +54,16 @@ impl Running {
     }
 
     /// Duplicates of every listening socket, with the address each is bound to.
-    fn socket_dups(&self) -> Result<Vec<(std::net::SocketAddr, OwnedFd)>, String> {
+    fn socket_dups(&self) -> Result<Vec<(std::net::SocketAddr, OwnedFd)>, HandoverError> {
         self.listeners()
             .map(|l| {
                 l.socket
                     .try_clone()
                     .map(|s| (l.bound, OwnedFd::from(s)))
-                    .map_err(|e| format!("cannot duplicate the socket on {}: {e}", l.bound))
+                    .map_err(|source| HandoverError::Duplicate {
+                        addr: l.bound,
+                        source,
+                    })
             })
             .collect()
     }
@@ -78,11 +89,16 @@ impl Running {
     }
 
     /// Hands over to the agent on `conn`; true when it took over and this one must stop.
-    pub(super) async fn hand_over(&mut self, conn: Result<UnixStream, String>) -> bool {
+    pub(super) async fn hand_over(&mut self, conn: Result<UnixStream, HandoverError>) -> bool {
         let sock = match conn {
             Ok(s) => s,
-            Err(e) => {
+            Err(e @ HandoverError::PeerIdentity { .. }) => {
                 tracing::warn!("an agent connected to take over, and was turned away: {e}");
+                return false;
+            }
+            // Nobody was turned away: this agent's own socket failed.
+            Err(e) => {
+                tracing::error!("an agent connected to take over, and could not be accepted: {e}");
                 return false;
             }
         };
@@ -106,12 +122,24 @@ impl Running {
             succ.pid,
             succ.agent
         );
-        if let Err(e) = succ.wait_take().await {
-            tracing::warn!(
-                "the agent pid {} did not take over: {e}; serving on",
-                succ.pid
-            );
-            return false;
+        match succ.wait_take().await {
+            Ok(()) => {}
+            // The new agent went away or said no before it took anything (its start
+            // failed, or it was stopped): the handover's normal way out.
+            Err(e @ (HandoverError::Closed { .. } | HandoverError::Refused { .. })) => {
+                tracing::info!(
+                    "the agent pid {} did not take over: {e}; serving on",
+                    succ.pid
+                );
+                return false;
+            }
+            Err(e) => {
+                tracing::warn!(
+                    "the agent pid {} did not take over: {e}; serving on",
+                    succ.pid
+                );
+                return false;
+            }
         }
         // From here until the new agent accepts, connections wait in the backlog.
         self.pause_listeners();

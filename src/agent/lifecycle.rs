@@ -5,7 +5,7 @@
 use super::{AgentError, Running, handover, start, summary};
 
 use crate::config::AgentConfig;
-use crate::continuity::handover::Predecessor;
+use crate::continuity::handover::{HandoverError, Predecessor};
 use crate::continuity::sockets::{Inherited, Origin};
 use crate::continuity::{self, StateDir};
 use crate::service::signals::{Signalled, Signals};
@@ -95,7 +95,13 @@ fn startup(cfg: &AgentConfig, opts: &RunOptions) -> Result<Startup, AgentError> 
             }
             // Whatever listens there did not hand over: start as if nothing ran (a port it
             // still holds then fails to bind, with the reason).
-            Err(e) => tracing::warn!("no handover: {e}"),
+            Err(e @ HandoverError::Protocol { .. }) => tracing::warn!(
+                "no handover: {e}; stop it first (its ports stay its own until it stops)"
+            ),
+            Err(e) => tracing::warn!(
+                "no handover from the agent at {}: {e}",
+                d.handover_socket().display()
+            ),
         }
     }
     Ok(Startup {

@@ -46,6 +46,66 @@ pub const SERVING_WAIT: Duration = Duration::from_secs(10);
 /// A quick step's limit (`hello`, `offer`, `released`).
 const STEP: Duration = Duration::from_secs(10);
 
+/// What went wrong in a handover, by family: the caller decides from the family whether
+/// the other agent said no, went quiet, spoke another protocol or was not allowed.
+#[derive(Debug, thiserror::Error)]
+pub enum HandoverError {
+    /// The handover socket of a running agent exists but could not be connected to.
+    #[error("cannot connect to {}: {source}", path.display())]
+    Connect { path: PathBuf, source: io::Error },
+    /// This agent's handover socket could not be set up.
+    #[error("cannot {what} {}: {source}", path.display())]
+    Listen {
+        what: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
+    /// A live agent listens on the socket and did not hand over to this one.
+    #[error("{} is held by a running agent that did not hand over", path.display())]
+    Held { path: PathBuf },
+    /// The other agent answered `refused`.
+    #[error("the other agent refused: {why}")]
+    Refused { why: String },
+    /// The other agent closed the connection (it went away, or stopped trying).
+    #[error("the other agent closed the connection while this one waited for `{want}`")]
+    Closed { want: &'static str },
+    /// The other agent sent nothing within the step's limit.
+    #[error("no `{want}` within {limit:?}")]
+    Timeout { want: &'static str, limit: Duration },
+    /// The other agent sent a message out of turn.
+    #[error("expected `{want}`, got `{got}`")]
+    Unexpected {
+        want: &'static str,
+        got: &'static str,
+    },
+    /// The other agent speaks another version of the protocol.
+    #[error("{peer} speaks handover protocol {theirs}, this one {PROTOCOL}")]
+    Protocol { peer: String, theirs: u32 },
+    /// The sockets of an offer do not match its addresses, or are too many for one.
+    #[error("{0}")]
+    Sockets(String),
+    /// A socket of this agent could not be duplicated to be offered.
+    #[error("cannot duplicate the socket on {addr}: {source}")]
+    Duplicate { addr: SocketAddr, source: io::Error },
+    /// The peer runs as another user (and not as root).
+    #[error("uid {peer} may not take over an agent running as uid {me}")]
+    PeerIdentity { peer: u32, me: u32 },
+    /// Reading, writing or accepting on the handover socket failed (the other agent
+    /// went away, or sent something that is not a message).
+    #[error("{during}: {source}")]
+    Io { during: String, source: io::Error },
+    /// The thread that does the blocking steps panicked.
+    #[error("the handover thread panicked: {0}")]
+    Panicked(String),
+}
+
+impl HandoverError {
+    fn io(during: impl Into<String>) -> impl FnOnce(io::Error) -> HandoverError {
+        let during = during.into();
+        move |source| HandoverError::Io { during, source }
+    }
+}
+
 /// One message.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "msg", rename_all = "snake_case")]
@@ -159,42 +219,57 @@ fn recv(sock: &UnixStream) -> io::Result<(Message, Vec<OwnedFd>)> {
 /// is an error naming it.
 fn expect(
     sock: &UnixStream,
-    want: &str,
+    want: &'static str,
     limit: Duration,
-) -> Result<(Message, Vec<OwnedFd>), String> {
+) -> Result<(Message, Vec<OwnedFd>), HandoverError> {
     sock.set_read_timeout(Some(limit))
-        .map_err(|e| e.to_string())?;
+        .map_err(HandoverError::io("setting the read timeout"))?;
     match recv(sock) {
         Ok((m, fds)) if m.name() == want => Ok((m, fds)),
-        Ok((Message::Refused { why }, _)) => Err(format!("the other agent refused: {why}")),
-        Ok((m, _)) => Err(format!("expected `{want}`, got `{}`", m.name())),
+        Ok((Message::Refused { why }, _)) => Err(HandoverError::Refused { why }),
+        Ok((m, _)) => Err(HandoverError::Unexpected {
+            want,
+            got: m.name(),
+        }),
         Err(e)
             if matches!(
                 e.kind(),
                 io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
             ) =>
         {
-            Err(format!("no `{want}` within {limit:?}"))
+            Err(HandoverError::Timeout { want, limit })
         }
-        Err(e) => Err(format!("waiting for `{want}`: {e}")),
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Err(HandoverError::Closed { want }),
+        Err(e) => Err(HandoverError::Io {
+            during: format!("waiting for `{want}`"),
+            source: e,
+        }),
     }
 }
 
-fn say(sock: &UnixStream, m: &Message, fds: &[BorrowedFd<'_>]) -> Result<(), String> {
+fn say(sock: &UnixStream, m: &Message, fds: &[BorrowedFd<'_>]) -> Result<(), HandoverError> {
+    if fds.len() > MAX_SOCKETS {
+        return Err(HandoverError::Sockets(format!(
+            "{} sockets, and one offer carries at most {MAX_SOCKETS}",
+            fds.len()
+        )));
+    }
     sock.set_write_timeout(Some(STEP))
-        .map_err(|e| e.to_string())?;
-    send(sock, m, fds).map_err(|e| format!("sending `{}`: {e}", m.name()))
+        .map_err(HandoverError::io("setting the write timeout"))?;
+    send(sock, m, fds).map_err(HandoverError::io(format!("sending `{}`", m.name())))
 }
 
 /// Runs `f` on a blocking thread with a clone of `sock`.
 async fn blocking<T: Send + 'static>(
     sock: &UnixStream,
-    f: impl FnOnce(&UnixStream) -> Result<T, String> + Send + 'static,
-) -> Result<T, String> {
-    let s = sock.try_clone().map_err(|e| e.to_string())?;
+    f: impl FnOnce(&UnixStream) -> Result<T, HandoverError> + Send + 'static,
+) -> Result<T, HandoverError> {
+    let s = sock
+        .try_clone()
+        .map_err(HandoverError::io("duplicating the handover socket"))?;
     tokio::task::spawn_blocking(move || f(&s))
         .await
-        .map_err(|e| format!("the handover thread panicked: {e}"))?
+        .map_err(|e| HandoverError::Panicked(e.to_string()))?
 }
 
 // --- The new agent's side ------------------------------------------------------------------
@@ -213,7 +288,7 @@ pub type Offered = Vec<(SocketAddr, TcpListener)>;
 
 /// Connects to the agent running with the state directory whose socket is `path`, and takes
 /// its offer: `Ok(None)` when none runs there (no socket, or a stale one nobody listens on).
-pub fn connect(path: &Path) -> Result<Option<(Predecessor, Offered)>, String> {
+pub fn connect(path: &Path) -> Result<Option<(Predecessor, Offered)>, HandoverError> {
     let sock = match UnixStream::connect(path) {
         Ok(s) => s,
         Err(e)
@@ -224,7 +299,12 @@ pub fn connect(path: &Path) -> Result<Option<(Predecessor, Offered)>, String> {
         {
             return Ok(None);
         }
-        Err(e) => return Err(format!("cannot connect to {}: {e}", path.display())),
+        Err(source) => {
+            return Err(HandoverError::Connect {
+                path: path.to_owned(),
+                source,
+            });
+        }
     };
     say(
         &sock,
@@ -235,8 +315,7 @@ pub fn connect(path: &Path) -> Result<Option<(Predecessor, Offered)>, String> {
         },
         &[],
     )?;
-    let (offer, fds) = expect(&sock, "offer", STEP)
-        .map_err(|e| format!("the running agent at {}: {e}", path.display()))?;
+    let (offer, fds) = expect(&sock, "offer", STEP)?;
     let Message::Offer {
         protocol,
         pid,
@@ -244,19 +323,23 @@ pub fn connect(path: &Path) -> Result<Option<(Predecessor, Offered)>, String> {
         listeners,
     } = offer
     else {
-        return Err("expected an offer".to_owned());
+        return Err(HandoverError::Unexpected {
+            want: "offer",
+            got: offer.name(),
+        });
     };
     if protocol != PROTOCOL {
-        return Err(format!(
-            "the running agent (pid {pid}, {agent}) speaks handover protocol {protocol}, this one {PROTOCOL}"
-        ));
+        return Err(HandoverError::Protocol {
+            peer: format!("the running agent (pid {pid}, {agent})"),
+            theirs: protocol,
+        });
     }
     if fds.len() != listeners.len() {
-        return Err(format!(
+        return Err(HandoverError::Sockets(format!(
             "the running agent offered {} addresses and {} sockets",
             listeners.len(),
             fds.len()
-        ));
+        )));
     }
     let sockets = listeners
         .into_iter()
@@ -268,7 +351,7 @@ pub fn connect(path: &Path) -> Result<Option<(Predecessor, Offered)>, String> {
 
 impl Predecessor {
     /// Asks the running agent to stop accepting and write its state; returns once it has.
-    pub async fn take(&self) -> Result<(), String> {
+    pub async fn take(&self) -> Result<(), HandoverError> {
         blocking(&self.sock, |s| {
             say(s, &Message::Take, &[])?;
             expect(s, "released", STEP).map(|_| ())
@@ -277,7 +360,7 @@ impl Predecessor {
     }
 
     /// Tells it this agent serves now: it finishes what it accepted and stops.
-    pub fn serving(self) -> Result<(), String> {
+    pub fn serving(self) -> Result<(), HandoverError> {
         say(&self.sock, &Message::Serving, &[])
     }
 
@@ -307,27 +390,31 @@ pub struct Listener {
 impl Listener {
     /// Listens at `path`. A stale socket file there (nobody listening) is replaced; so is
     /// a live one when `replace` (the agent this one took over from still holds it).
-    pub fn bind(path: &Path, replace: bool) -> Result<Listener, String> {
+    pub fn bind(path: &Path, replace: bool) -> Result<Listener, HandoverError> {
         use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let failed = |what: &'static str| {
+            move |source| HandoverError::Listen {
+                what,
+                path: path.to_owned(),
+                source,
+            }
+        };
         if std::fs::symlink_metadata(path).is_ok() {
             if !replace && UnixStream::connect(path).is_ok() {
-                return Err(format!(
-                    "{} is held by a running agent that did not hand over",
-                    path.display()
-                ));
+                return Err(HandoverError::Held {
+                    path: path.to_owned(),
+                });
             }
-            std::fs::remove_file(path)
-                .map_err(|e| format!("cannot remove the stale {}: {e}", path.display()))?;
+            std::fs::remove_file(path).map_err(failed("remove the stale"))?;
         }
-        let std = std::os::unix::net::UnixListener::bind(path)
-            .map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;
+        let std = std::os::unix::net::UnixListener::bind(path).map_err(failed("listen on"))?;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-            .map_err(|e| format!("{}: {e}", path.display()))?;
+            .map_err(failed("set mode 0600 on"))?;
         std.set_nonblocking(true)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
+            .map_err(failed("make non-blocking the listener on"))?;
         let ino = std::fs::metadata(path).map(|m| m.ino()).unwrap_or(0);
         let inner = tokio::net::UnixListener::from_std(std)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
+            .map_err(failed("register with the runtime the listener on"))?;
         Ok(Listener {
             inner,
             path: path.to_owned(),
@@ -336,20 +423,21 @@ impl Listener {
     }
 
     /// The next agent that connects, if it runs as this agent's user or root.
-    pub async fn accept(&self) -> Result<UnixStream, String> {
-        let (s, _) = self.inner.accept().await.map_err(|e| e.to_string())?;
-        let s = s.into_std().map_err(|e| e.to_string())?;
-        s.set_nonblocking(false).map_err(|e| e.to_string())?;
-        let cred = rustix::net::sockopt::socket_peercred(&s).map_err(|e| e.to_string())?;
+    pub async fn accept(&self) -> Result<UnixStream, HandoverError> {
+        let during = || HandoverError::io("accepting on the handover socket");
+        let (s, _) = self.inner.accept().await.map_err(during())?;
+        let s = s.into_std().map_err(during())?;
+        s.set_nonblocking(false).map_err(during())?;
+        let cred = rustix::net::sockopt::socket_peercred(&s)
+            .map_err(|e| HandoverError::io("reading the peer's credentials")(e.into()))?;
         let me = rustix::process::geteuid();
         if cred.uid != me && !cred.uid.is_root() {
-            let why = format!(
-                "uid {} may not take over an agent running as uid {}",
-                cred.uid.as_raw(),
-                me.as_raw()
-            );
-            let _ = say(&s, &Message::Refused { why: why.clone() }, &[]);
-            return Err(why);
+            let e = HandoverError::PeerIdentity {
+                peer: cred.uid.as_raw(),
+                me: me.as_raw(),
+            };
+            let _ = say(&s, &Message::Refused { why: e.to_string() }, &[]);
+            return Err(e);
         }
         Ok(s)
     }
@@ -377,7 +465,7 @@ impl Successor {
     pub async fn offer(
         sock: UnixStream,
         sockets: Vec<(SocketAddr, OwnedFd)>,
-    ) -> Result<Successor, String> {
+    ) -> Result<Successor, HandoverError> {
         blocking(&sock, move |s| {
             let (hello, _) = expect(s, "hello", STEP)?;
             let Message::Hello {
@@ -386,12 +474,18 @@ impl Successor {
                 agent,
             } = hello
             else {
-                return Err("expected a hello".to_owned());
+                return Err(HandoverError::Unexpected {
+                    want: "hello",
+                    got: hello.name(),
+                });
             };
             if protocol != PROTOCOL {
-                let why = format!("this agent speaks handover protocol {PROTOCOL}, not {protocol}");
-                let _ = say(s, &Message::Refused { why: why.clone() }, &[]);
-                return Err(why);
+                let e = HandoverError::Protocol {
+                    peer: format!("the new agent (pid {pid}, {agent})"),
+                    theirs: protocol,
+                };
+                let _ = say(s, &Message::Refused { why: e.to_string() }, &[]);
+                return Err(e);
             }
             let fds: Vec<BorrowedFd<'_>> = sockets.iter().map(|(_, fd)| fd.as_fd()).collect();
             say(
@@ -411,17 +505,17 @@ impl Successor {
     }
 
     /// Waits for `take` ([`TAKE_WAIT`]).
-    pub async fn wait_take(&self) -> Result<(), String> {
+    pub async fn wait_take(&self) -> Result<(), HandoverError> {
         blocking(&self.sock, |s| expect(s, "take", TAKE_WAIT).map(|_| ())).await
     }
 
     /// Says the sockets are released and the state written.
-    pub async fn released(&self) -> Result<(), String> {
+    pub async fn released(&self) -> Result<(), HandoverError> {
         blocking(&self.sock, |s| say(s, &Message::Released, &[])).await
     }
 
     /// Waits for `serving` ([`SERVING_WAIT`]).
-    pub async fn wait_serving(&self) -> Result<(), String> {
+    pub async fn wait_serving(&self) -> Result<(), HandoverError> {
         blocking(&self.sock, |s| {
             expect(s, "serving", SERVING_WAIT).map(|_| ())
         })
@@ -482,6 +576,85 @@ mod tests {
         // A stale socket file: nobody listens.
         drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
         assert!(connect(&path).unwrap().is_none());
+    }
+
+    // The caller tells these apart (a new agent that went away is expected; one that is
+    // silent is not), so each family must come out as its own variant.
+    #[test]
+    fn each_way_a_step_fails_is_its_own_variant() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let why = "its engines did not start".to_owned();
+        say(&a, &Message::Refused { why: why.clone() }, &[]).unwrap();
+        assert!(
+            matches!(expect(&b, "take", STEP), Err(HandoverError::Refused { why: w }) if w == why)
+        );
+        say(&a, &Message::Serving, &[]).unwrap();
+        let e = expect(&b, "take", STEP).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                HandoverError::Unexpected {
+                    want: "take",
+                    got: "serving"
+                }
+            ),
+            "{e}"
+        );
+        let limit = Duration::from_millis(20);
+        let e = expect(&b, "take", limit).unwrap_err();
+        assert!(
+            matches!(e, HandoverError::Timeout { want: "take", .. }),
+            "{e}"
+        );
+        drop(a);
+        let e = expect(&b, "take", STEP).unwrap_err();
+        assert!(matches!(e, HandoverError::Closed { want: "take" }), "{e}");
+        assert_eq!(
+            e.to_string(),
+            "the other agent closed the connection while this one waited for `take`"
+        );
+    }
+
+    #[test]
+    fn an_offer_in_another_protocol_is_a_protocol_error_naming_the_agent() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("handover.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let old = std::thread::spawn(move || {
+            let (s, _) = listener.accept().unwrap();
+            expect(&s, "hello", STEP).unwrap();
+            let offer = Message::Offer {
+                protocol: PROTOCOL + 1,
+                pid: 7,
+                agent: "0.9".to_owned(),
+                listeners: Vec::new(),
+            };
+            say(&s, &offer, &[]).unwrap();
+        });
+        let e = connect(&path).unwrap_err();
+        old.join().unwrap();
+        assert!(
+            matches!(&e, HandoverError::Protocol { theirs, .. } if *theirs == PROTOCOL + 1),
+            "{e}"
+        );
+        assert!(e.to_string().contains("pid 7, 0.9"), "{e}");
+    }
+
+    #[test]
+    fn a_live_socket_is_held_unless_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("handover.sock");
+        let _live = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .build()
+            .unwrap();
+        let _guard = rt.enter();
+        assert!(matches!(
+            Listener::bind(&path, false),
+            Err(HandoverError::Held { .. })
+        ));
+        assert!(Listener::bind(&path, true).is_ok());
     }
 
     #[test]

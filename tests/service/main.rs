@@ -10,6 +10,7 @@ mod admin_access;
 mod agent_restart;
 mod config_errors;
 mod daemon;
+mod k8s_manifests;
 mod listener_limits;
 mod module_layering;
 mod property_surfaces;
