@@ -13,7 +13,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use npu_health_agent::agent::AfterHandover;
 use npu_health_agent::agent::preflight;
 use npu_health_agent::cli::{Cli, Command};
-use npu_health_agent::config::kubernetes::DEFAULT_CONDITION_TYPE;
+use npu_health_agent::integrations::kubernetes::config::DEFAULT_CONDITION_TYPE;
 use npu_health_agent::logging::LogFormat;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
