@@ -17,9 +17,14 @@
 use super::{AgentError, EngineRun, Prepared, Running};
 use crate::config::{AgentConfig, AgentSettings, EngineSpec};
 use crate::integrations::{Integration, Listen, REGISTRY};
+use crate::monitor::Monitor;
+use crate::monitor::saved::{Carry, EngineState};
 use crate::server;
+use crate::server::auth::AdminAccess;
+use std::collections::HashMap;
 use std::fmt;
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 /// What a reload did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -137,108 +142,198 @@ fn same(a: &EngineSpec, b: &EngineSpec) -> bool {
     a == b
 }
 
+/// One engine of the new configuration, matched by name with the running ones.
+#[derive(Debug, Clone, PartialEq)]
+struct Step {
+    spec: EngineSpec,
+    /// Its index among the running engines, if one has its name.
+    old: Option<usize>,
+    /// It starts (new) or restarts (changed); else it keeps running untouched.
+    restart: bool,
+}
+
+/// The reload's plan: each engine of `new`, matched by name with `running` (whose specs are
+/// given in their order).
+fn plan(running: &[&EngineSpec], new: &[EngineSpec]) -> Vec<Step> {
+    new.iter()
+        .map(|spec| {
+            let old = running.iter().position(|r| r.name == spec.name);
+            Step {
+                spec: spec.clone(),
+                old,
+                restart: old.is_none_or(|i| !same(running[i], spec)),
+            }
+        })
+        .collect()
+}
+
+/// The running engines a plan keeps untouched (their indices).
+fn kept(plan: &[Step]) -> Vec<usize> {
+    plan.iter()
+        .filter(|s| !s.restart)
+        .filter_map(|s| s.old)
+        .collect()
+}
+
+/// What the prepare phase readied (everything that can fail); nothing of it runs yet.
+struct Ready {
+    /// For each step of the plan, in order: what a new or changed engine starts with.
+    engines: Vec<Option<(Prepared, std::net::TcpListener)>>,
+    admin: Option<(SocketAddr, std::net::TcpListener, Arc<AdminAccess>)>,
+    own: OwnChanges,
+}
+
+/// The engines sorted by the plan, once committed: the ones kept running, the ones that
+/// start (with the monitors of the changed ones, whose state carries over), the ones that stop.
+#[derive(Default)]
+struct Sorted {
+    kept: Vec<EngineRun>,
+    launches: Vec<(Prepared, std::net::TcpListener)>,
+    replaced: HashMap<String, Arc<Monitor>>,
+    retired: Vec<EngineRun>,
+}
+
 impl Running {
-    /// Applies `new`; on error nothing changed.
+    /// Applies `new`; on error nothing changed. Its phases: check and prepare (all that can
+    /// fail), then sort the engines and stop those that go, apply the agent's settings, start
+    /// the new and changed engines, and restart the listeners that list them.
     pub async fn reload(&mut self, new: AgentConfig) -> Result<ReloadSummary, String> {
         let mut summary = ReloadSummary {
             needs_restart: restart_only(&self.cfg.agent, &new.agent),
             ..ReloadSummary::default()
         };
-        // The same checks as check-config and start, so a reload names the file and key.
-        super::preflight::host(&new, super::npu_ids(&self.sampler).as_deref())
+        self.check(&new)?;
+        let running: Vec<&EngineSpec> = self.engines.iter().map(|e| &e.state.spec).collect();
+        let plan = plan(&running, &new.engines);
+        let ready = self.prepare_reload(&plan, &new)?;
+        // Commit: nothing below fails for a configuration reason.
+        let sorted = self.sort(plan, ready.engines, &mut summary);
+        // Stop what goes away first, so a restarted engine does not probe twice.
+        let stops: Vec<_> = sorted.retired.into_iter().map(EngineRun::stop).collect();
+        futures_util::future::join_all(stops).await;
+        let old_admin = self.admin.take();
+        self.apply_agent(&new);
+        self.start_engines(
+            &new,
+            sorted.kept,
+            sorted.launches,
+            sorted.replaced,
+            &mut summary,
+        );
+        // The admin server lists the engines: restart it on the same socket (or a new one).
+        if let Some(a) = old_admin {
+            a.stop().await;
+        }
+        if let Some((addr, socket, access)) = ready.admin {
+            let engines = self.engines.iter().map(|e| e.state.clone()).collect();
+            match self.launch_admin(addr, socket, engines, access) {
+                Ok(a) => self.admin = Some(a),
+                Err(e) => {
+                    tracing::error!("{e}");
+                    summary.failed.push(format!("admin listener ({e})"));
+                }
+            }
+        }
+        self.relisten(ready.own, &mut summary).await;
+        if let Some(l) = crate::logging::global()
+            && let Err(e) = l.apply_config_level(self.cfg.agent.log_level.as_deref(), "info")
+        {
+            tracing::warn!("{e}");
+        }
+        Ok(summary)
+    }
+
+    /// The same checks as check-config and start, so a reload names the file and key.
+    fn check(&self, new: &AgentConfig) -> Result<(), String> {
+        super::preflight::host(new, super::npu_ids(&self.sampler).as_deref())
             .map_err(|e| e.to_string())?;
         if let Some(level) = &new.agent.log_level {
             crate::config::check_log_filter(level)
                 .map_err(|e| format!("[agent] log_level: {e}"))?;
         }
-        // Classify by name; the old index of each kept or replaced engine.
-        let mut plan: Vec<(EngineSpec, Option<usize>, bool)> = Vec::new(); // (spec, old, restart)
-        for spec in &new.engines {
-            let old = self
-                .engines
-                .iter()
-                .position(|e| e.state.spec.name == spec.name);
-            let restart = old.is_none_or(|i| !same(&self.engines[i].state.spec, spec));
-            plan.push((spec.clone(), old, restart));
-        }
-        let kept: Vec<usize> = plan
-            .iter()
-            .filter(|(_, old, restart)| !restart && old.is_some())
-            .filter_map(|(_, old, _)| *old)
-            .collect();
-        // Prepare every new or changed engine and get its socket.
-        let mut prepared: Vec<Option<(Prepared, std::net::TcpListener)>> = Vec::new();
-        for (spec, _, restart) in &plan {
-            if !restart {
-                prepared.push(None);
+        Ok(())
+    }
+
+    /// Everything that can fail, before anything changes: each new or changed engine
+    /// prepared with its socket, the admin socket and its access (a rotated token takes
+    /// effect here), and the integrations' listeners that move.
+    fn prepare_reload(&self, plan: &[Step], new: &AgentConfig) -> Result<Ready, String> {
+        let kept = kept(plan);
+        let mut engines = Vec::new();
+        for step in plan {
+            if !step.restart {
+                engines.push(None);
                 continue;
             }
-            let p = self.prepare(spec).map_err(|e| match e {
+            let p = self.prepare(&step.spec).map_err(|e| match e {
                 AgentError::Config(m) | AgentError::Runtime(m) => m,
                 other => other.to_string(),
             })?;
-            let socket = self.socket_for(spec.mgmt_listen, &kept, &spec.name)?;
-            prepared.push(Some((p, socket)));
+            let socket = self.socket_for(step.spec.mgmt_listen, &kept, &step.spec.name)?;
+            engines.push(Some((p, socket)));
         }
-        let admin_socket = match new.agent.admin_listen {
+        let admin = match new.agent.admin_listen {
             None => None,
-            Some(addr) => Some((
-                addr,
-                self.admin_socket_for(addr, &kept)?,
-                // Re-read on every reload: a rotated token takes effect with SIGHUP.
-                std::sync::Arc::new(crate::server::auth::AdminAccess::load(
-                    &new.agent.admin_auth,
-                )?),
-            )),
+            Some(addr) => {
+                let socket = self.admin_socket_for(addr, &kept)?;
+                let access = AdminAccess::load(&new.agent.admin_auth)?;
+                Some((addr, socket, Arc::new(access)))
+            }
         };
         // The integrations' own listeners read the engines of the moment: only a new address
         // restarts one.
-        let own_changes = self.own_listener_changes(&new.agent)?;
-        // Commit: nothing below fails for a configuration reason.
-        let mut old_runs: Vec<Option<EngineRun>> = std::mem::take(&mut self.engines)
+        let own = self.own_listener_changes(&new.agent)?;
+        Ok(Ready {
+            engines,
+            admin,
+            own,
+        })
+    }
+
+    /// Takes the running engines and sorts them by `plan`, noting each in `summary`.
+    fn sort(
+        &mut self,
+        plan: Vec<Step>,
+        ready: Vec<Option<(Prepared, std::net::TcpListener)>>,
+        summary: &mut ReloadSummary,
+    ) -> Sorted {
+        let mut old: Vec<Option<EngineRun>> = std::mem::take(&mut self.engines)
             .into_iter()
             .map(Some)
             .collect();
-        let mut retired: Vec<EngineRun> = Vec::new();
-        // The monitors of changed engines: their state carries over to the new settings.
-        let mut replaced: std::collections::HashMap<
-            String,
-            std::sync::Arc<crate::monitor::Monitor>,
-        > = std::collections::HashMap::new();
-        let mut next: Vec<EngineRun> = Vec::new();
-        let mut launches: Vec<(Prepared, std::net::TcpListener)> = Vec::new();
-        for ((spec, old, restart), prep) in plan.into_iter().zip(prepared) {
-            match (old, restart, prep) {
-                (Some(o), false, _) => {
-                    if let Some(run) = old_runs[o].take() {
-                        next.push(run);
-                        summary.unchanged.push(spec.name.clone());
+        let mut out = Sorted::default();
+        for (step, ready) in plan.into_iter().zip(ready) {
+            let name = step.spec.name;
+            match (step.old, ready) {
+                (Some(o), None) => {
+                    if let Some(run) = old[o].take() {
+                        out.kept.push(run);
+                        summary.unchanged.push(name);
                     }
                 }
-                (old, _, Some((p, socket))) => {
-                    if let Some(o) = old
-                        && let Some(run) = old_runs[o].take()
-                    {
-                        replaced.insert(spec.name.clone(), run.state.clone());
-                        retired.push(run);
-                        summary.changed.push(spec.name.clone());
+                (o, Some(launch)) => {
+                    if let Some(run) = o.and_then(|o| old[o].take()) {
+                        out.replaced.insert(name.clone(), run.state.clone());
+                        out.retired.push(run);
+                        summary.changed.push(name);
                     } else {
-                        summary.added.push(spec.name.clone());
+                        summary.added.push(name);
                     }
-                    launches.push((p, socket));
+                    out.launches.push(launch);
                 }
-                _ => {}
+                (None, None) => {}
             }
         }
-        for run in old_runs.into_iter().flatten() {
+        for run in old.into_iter().flatten() {
             summary.removed.push(run.state.spec.name.clone());
-            retired.push(run);
+            out.retired.push(run);
         }
-        // Stop what goes away first, so a restarted engine does not probe twice.
-        let stops: Vec<_> = retired.into_iter().map(EngineRun::stop).collect();
-        futures_util::future::join_all(stops).await;
-        let old_admin = self.admin.take();
-        // The start-only settings stay as they run.
+        out
+    }
+
+    /// Puts the new `[agent]` settings in force, but for the start-only ones: the sampling
+    /// period, the stuck threshold, the fault-code table.
+    fn apply_agent(&mut self, new: &AgentConfig) {
         self.cfg.agent = keep_start_only(&self.cfg.agent, &new.agent);
         self.cfg.source = new.source.clone();
         if new.agent.sample_period != self.sampler.period() {
@@ -251,30 +346,28 @@ impl Running {
         }
         self.liveness_cfg.set(self.cfg.agent.sampler_stuck_after);
         super::apply_fault_table(&new.agent, &self.shared, true);
-        let mut by_name: std::collections::HashMap<String, EngineRun> = next
+    }
+
+    /// Starts the new and changed engines (a changed one with what carries over of its old
+    /// state), then puts every engine in `new`'s order and publishes the roster.
+    fn start_engines(
+        &mut self,
+        new: &AgentConfig,
+        kept: Vec<EngineRun>,
+        launches: Vec<(Prepared, std::net::TcpListener)>,
+        mut replaced: HashMap<String, Arc<Monitor>>,
+        summary: &mut ReloadSummary,
+    ) {
+        let mut by_name: HashMap<String, EngineRun> = kept
             .into_iter()
             .map(|r| (r.state.spec.name.clone(), r))
             .collect();
-        for p in launches {
-            let name = p.0.spec.name.clone();
-            let carried = replaced.remove(&name).and_then(|old| {
-                let (carry, reset) = crate::monitor::saved::carry(&old.spec, &p.0.spec);
-                if carry.none() {
-                    tracing::info!(engine = %name, "its state starts over: {} changed", reset.join(", "));
-                    return None;
-                }
-                if reset.is_empty() {
-                    tracing::info!(engine = %name, "its verdict, failure count, warm-up and QoS level carry over to the new settings");
-                } else {
-                    tracing::info!(engine = %name, "its state carries over to the new settings, but for what {} changed: {}", reset.join(", "), match (carry.virtual_inference, carry.qos) {
-                        (false, false) => "virtual inference and the QoS level start over",
-                        (false, true) => "virtual inference starts over",
-                        _ => "the QoS level starts over",
-                    });
-                }
-                Some((old.saved(), carry))
-            });
-            match self.launch(p.0, p.1, carried) {
+        for (p, socket) in launches {
+            let name = p.spec.name.clone();
+            let carried = replaced
+                .remove(&name)
+                .and_then(|old| carried_over(&old, &p.spec));
+            match self.launch(p, socket, carried) {
                 Ok(run) => {
                     by_name.insert(name, run);
                 }
@@ -284,7 +377,6 @@ impl Running {
                 }
             }
         }
-        // Config order.
         self.engines = new
             .engines
             .iter()
@@ -301,21 +393,11 @@ impl Running {
                 "the ring now holds {covers:?} of history but the longest window is {longest:?}; windows are cut short until the agent restarts"
             );
         }
-        // The admin server lists the engines: restart it on the same socket (or a new one).
-        if let Some(a) = old_admin {
-            a.stop().await;
-        }
-        if let Some((addr, socket, access)) = admin_socket {
-            let engines = self.engines.iter().map(|e| e.state.clone()).collect();
-            match self.launch_admin(addr, socket, engines, access) {
-                Ok(a) => self.admin = Some(a),
-                Err(e) => {
-                    tracing::error!("{e}");
-                    summary.failed.push(format!("admin listener ({e})"));
-                }
-            }
-        }
-        for (i, to) in own_changes {
+    }
+
+    /// Stops and starts the integrations' own listeners that `own` changes.
+    async fn relisten(&mut self, own: OwnChanges, summary: &mut ReloadSummary) {
+        for (i, to) in own {
             if let Some(at) = self.own_listener(i) {
                 self.integration_listeners.remove(at).stop().await;
             }
@@ -329,12 +411,6 @@ impl Running {
                 }
             }
         }
-        if let Some(l) = crate::logging::global()
-            && let Err(e) = l.apply_config_level(self.cfg.agent.log_level.as_deref(), "info")
-        {
-            tracing::warn!("{e}");
-        }
-        Ok(summary)
     }
 
     /// The socket for a new or changed engine at `addr`: the socket of a replaced or removed
@@ -435,6 +511,28 @@ impl Running {
     }
 }
 
+/// What of a changed engine's state (`old`) carries over to its new settings `spec`, saying
+/// so in the log; `None` when it starts over.
+fn carried_over(old: &Monitor, spec: &EngineSpec) -> Option<(EngineState, Carry)> {
+    let name = &spec.name;
+    let (carry, reset) = crate::monitor::saved::carry(&old.spec, spec);
+    if carry.none() {
+        tracing::info!(engine = %name, "its state starts over: {} changed", reset.join(", "));
+        return None;
+    }
+    if reset.is_empty() {
+        tracing::info!(engine = %name, "its verdict, failure count, warm-up and QoS level carry over to the new settings");
+    } else {
+        let starts_over = match (carry.virtual_inference, carry.qos) {
+            (false, false) => "virtual inference and the QoS level start over",
+            (false, true) => "virtual inference starts over",
+            _ => "the QoS level starts over",
+        };
+        tracing::info!(engine = %name, "its state carries over to the new settings, but for what {} changed: {starts_over}", reset.join(", "));
+    }
+    Some((old.saved(), carry))
+}
+
 /// Integrations whose own listener starts, moves (its new socket) or stops (`None`).
 type OwnChanges = Vec<(
     &'static dyn Integration,
@@ -481,6 +579,43 @@ mod tests {
         let kept = keep_start_only(&a, &c);
         assert!(restart_only(&a, &kept).is_empty());
         assert_eq!(kept.sample_period, c.sample_period);
+    }
+
+    // Matched by name: an unchanged engine is kept, a changed or new one (re)starts.
+    #[test]
+    fn the_plan_matches_engines_by_name() {
+        // One file, written twice: a spec also records where it was read.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.toml");
+        let cfg = |names: &[(&str, u16)]| -> Vec<EngineSpec> {
+            let mut text = String::new();
+            for (i, (n, port)) in names.iter().enumerate() {
+                text.push_str(&format!(
+                    "[[engine]]\nname = \"{n}\"\nengine_type = \"vllm\"\nserved_model_name = \"m\"\nhost = \"127.0.0.1\"\nport = {port}\nmgmt_port = {}\n",
+                    9000 + i
+                ));
+            }
+            std::fs::write(&path, text).unwrap();
+            crate::config::file::load(&path).unwrap().engines
+        };
+        let old = cfg(&[("a", 8000), ("b", 8001), ("c", 8002)]);
+        let new = cfg(&[("a", 8000), ("c", 8012), ("d", 8003)]);
+        let running: Vec<&EngineSpec> = old.iter().collect();
+        let p = plan(&running, &new);
+        let got: Vec<(&str, Option<usize>, bool)> = p
+            .iter()
+            .map(|s| (s.spec.name.as_str(), s.old, s.restart))
+            .collect();
+        // `c`'s mgmt port moved with its place in the file, and its engine port changed.
+        assert_eq!(
+            got,
+            [
+                ("a", Some(0), false),
+                ("c", Some(2), true),
+                ("d", None, true)
+            ]
+        );
+        assert_eq!(kept(&p), vec![0]);
     }
 
     #[test]
