@@ -38,7 +38,7 @@ pub use outcome::{GuardEvent, KubeletOutcome, Outcome, TimelinePoint, Verdict};
 use crate::timescale::scaled;
 use emulator::{kill_evidence, start_node_manager};
 use inject::is_driver_fault;
-use observe::{KubeletLink, observe};
+use observe::{KubeletLink, Observation, observe};
 use stack::{Stack, WantedSupervisor, wanted_supervisor};
 
 /// The row's directory of the outputs: `1s`, `3s`, `1s-pymotor` or `kubelet`.
@@ -330,18 +330,17 @@ async fn run_inner(
     };
     // The scheduled injection, after a 10 s baseline.
     let t0 = Instant::now() + sc(Duration::from_secs(10));
-    let result = observe(
+    let observation = Observation {
         e,
-        &mut stack,
-        &load,
-        &mut kill_rx,
-        kubelet.as_mut(),
+        stack: &mut stack,
+        load: &load,
+        kill_rx: &mut kill_rx,
+        kubelet: kubelet.as_mut(),
         sample_every,
         s,
         t0,
-        out,
-    )
-    .await;
+    };
+    let result = observe(observation, out).await;
     if let Some((r, _)) = &stack.real {
         r.save_log(&dir.join("vllm.log"));
     }
