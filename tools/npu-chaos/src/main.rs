@@ -23,66 +23,69 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Run every experiment of the files under each policy.
-    Run {
-        /// Experiment files (YAML).
-        #[arg(required = true)]
-        files: Vec<PathBuf>,
-        /// Multiplies every interval (agent, Node Manager, engine speed, faults).
-        #[arg(long, default_value_t = 1.0)]
-        time_scale: f64,
-        /// Where timelines, charts, logs and the summary go.
-        #[arg(long, default_value = "chaos-out")]
-        out: PathBuf,
-        /// Policies to run (default all three; mindie-3.0.0b2, MindIE's own engine server,
-        /// runs at --time-scale 1 only and is reported not applicable otherwise).
-        #[arg(long, value_enum)]
-        policy: Vec<Policy>,
-        /// Node Manager heartbeat intervals, comma-separated: every experiment runs under
-        /// each (1s: PyMotor 3.0.0b2's, with its 2 s poll timeout; 3s: the reference's).
-        /// [default: 1s,3s; with --node-manager pymotor: 1s, its only one]
-        #[arg(long, value_delimiter = ',', value_parser = Cadence::parse)]
-        nm_heartbeat: Vec<Cadence>,
-        /// Who polls /status: the emulator, or MindIE PyMotor 3.0.0b2's own HeartbeatManager
-        /// (`scripts/pymotor install` first; real time: --time-scale 1, faults after its 60 s
-        /// grace period).
-        #[arg(long, value_enum, default_value = "emulator")]
-        node_manager: NodeManagerKind,
-        /// Also run every experiment with the kubelet emulator acting instead of Node
-        /// Manager (the example manifest's /readyz and /livez probes; fake engine and the
-        /// emulator only): a row `kubelet` per policy.
-        #[arg(long)]
-        kubelet: bool,
-        /// Also run every experiment with the load through this router, a draft engine
-        /// behind it and Node Manager at 1s (fake engine and the emulator only; repeat for
-        /// both): a row `haproxy` or `envoy` per policy. `scripts/routers install` first.
-        #[arg(long, value_enum)]
-        router: Vec<chaos::router::RouterKind>,
-        /// Only the rows --kubelet and --router add: no row of Node Manager acting alone
-        /// (the load straight to the engine).
-        #[arg(long)]
-        no_nm_rows: bool,
-        /// Only the experiments with these names.
-        #[arg(long)]
-        only: Vec<String>,
-        /// The engine: the fake engine, or a real vLLM started by scripts/real-vllm (faults
-        /// it cannot take are reported not_applicable).
-        #[arg(long, value_enum, default_value = "fake")]
-        engine: EngineKind,
-        /// scripts/real-vllm, for --engine vllm.
-        #[arg(long, default_value = "scripts/real-vllm")]
-        real_vllm: PathBuf,
-        /// Who runs the agent: a child of the runner, or a unit (derived from the shipped
-        /// one) of a private systemd user manager (root only). [default: systemd for the
-        /// agent's own faults when such a manager can start, direct otherwise;
-        /// agent_upgrade always runs two direct processes]
-        #[arg(long, value_enum)]
-        agent_supervisor: Option<Supervisor>,
-    },
+    Run(RunArgs),
     /// Validate experiment files and print them.
     Check {
         #[arg(required = true)]
         files: Vec<PathBuf>,
     },
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// Experiment files (YAML).
+    #[arg(required = true)]
+    files: Vec<PathBuf>,
+    /// Multiplies every interval (agent, Node Manager, engine speed, faults).
+    #[arg(long, default_value_t = 1.0)]
+    time_scale: f64,
+    /// Where timelines, charts, logs and the summary go.
+    #[arg(long, default_value = "chaos-out")]
+    out: PathBuf,
+    /// Policies to run (default all three; mindie-3.0.0b2, MindIE's own engine server,
+    /// runs at --time-scale 1 only and is reported not applicable otherwise).
+    #[arg(long, value_enum)]
+    policy: Vec<Policy>,
+    /// Node Manager heartbeat intervals, comma-separated: every experiment runs under
+    /// each (1s: PyMotor 3.0.0b2's, with its 2 s poll timeout; 3s: the reference's).
+    /// [default: 1s,3s; with --node-manager pymotor: 1s, its only one]
+    #[arg(long, value_delimiter = ',', value_parser = Cadence::parse)]
+    nm_heartbeat: Vec<Cadence>,
+    /// Who polls /status: the emulator, or MindIE PyMotor 3.0.0b2's own HeartbeatManager
+    /// (`scripts/pymotor install` first; real time: --time-scale 1, faults after its 60 s
+    /// grace period).
+    #[arg(long, value_enum, default_value = "emulator")]
+    node_manager: NodeManagerKind,
+    /// Also run every experiment with the kubelet emulator acting instead of Node
+    /// Manager (the example manifest's /readyz and /livez probes; fake engine and the
+    /// emulator only): a row `kubelet` per policy.
+    #[arg(long)]
+    kubelet: bool,
+    /// Also run every experiment with the load through this router, a draft engine
+    /// behind it and Node Manager at 1s (fake engine and the emulator only; repeat for
+    /// both): a row `haproxy` or `envoy` per policy. `scripts/routers install` first.
+    #[arg(long, value_enum)]
+    router: Vec<chaos::router::RouterKind>,
+    /// Only the rows --kubelet and --router add: no row of Node Manager acting alone
+    /// (the load straight to the engine).
+    #[arg(long)]
+    no_nm_rows: bool,
+    /// Only the experiments with these names.
+    #[arg(long)]
+    only: Vec<String>,
+    /// The engine: the fake engine, or a real vLLM started by scripts/real-vllm (faults
+    /// it cannot take are reported not_applicable).
+    #[arg(long, value_enum, default_value = "fake")]
+    engine: EngineKind,
+    /// scripts/real-vllm, for --engine vllm.
+    #[arg(long, default_value = "scripts/real-vllm")]
+    real_vllm: PathBuf,
+    /// Who runs the agent: a child of the runner, or a unit (derived from the shipped
+    /// one) of a private systemd user manager (root only). [default: systemd for the
+    /// agent's own faults when such a manager can start, direct otherwise;
+    /// agent_upgrade always runs two direct processes]
+    #[arg(long, value_enum)]
+    agent_supervisor: Option<Supervisor>,
 }
 
 fn load(files: &[PathBuf]) -> Result<Vec<experiment::Experiment>, String> {
@@ -95,143 +98,152 @@ fn load(files: &[PathBuf]) -> Result<Vec<experiment::Experiment>, String> {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    match cli.command {
-        Cmd::Check { files } => match load(&files) {
-            Ok(es) => {
-                for e in es {
-                    println!(
-                        "{}: {} on {:?} for {}, expect {:?}{}",
-                        e.name,
-                        e.fault,
-                        e.target,
-                        humantime::format_duration(e.duration),
-                        e.expect,
-                        if e.guards.is_empty() {
-                            String::new()
-                        } else {
-                            format!(
-                                ", guards: {}",
-                                e.guards
-                                    .iter()
-                                    .map(|g| g.to_string())
-                                    .collect::<Vec<_>>()
-                                    .join(", ")
-                            )
-                        }
-                    );
-                }
-                ExitCode::SUCCESS
+    match Cli::parse().command {
+        Cmd::Check { files } => check(&files),
+        Cmd::Run(args) => run(args),
+    }
+}
+
+/// `check`: every experiment of the files, one line each.
+fn check(files: &[PathBuf]) -> ExitCode {
+    match load(files) {
+        Ok(es) => {
+            for e in es {
+                println!("{}", describe(&e));
             }
-            Err(e) => {
-                eprintln!("npu-chaos: {e}");
-                ExitCode::from(2)
-            }
-        },
-        Cmd::Run {
-            files,
-            time_scale,
-            out,
-            policy,
-            nm_heartbeat,
-            node_manager,
-            kubelet,
-            router,
-            no_nm_rows,
-            only,
-            engine,
-            real_vllm,
-            agent_supervisor,
-        } => {
-            if !(time_scale.is_finite() && time_scale > 0.0 && time_scale <= 10.0) {
-                eprintln!("npu-chaos: --time-scale must be in (0, 10]");
-                return ExitCode::from(2);
-            }
-            let mut es = match load(&files) {
-                Ok(es) => es,
-                Err(e) => {
-                    eprintln!("npu-chaos: {e}");
-                    return ExitCode::from(2);
-                }
-            };
-            if !only.is_empty() {
-                if let Some(missing) = only.iter().find(|n| !es.iter().any(|e| &e.name == *n)) {
-                    eprintln!("npu-chaos: --only {missing}: no such experiment");
-                    return ExitCode::from(2);
-                }
-                es.retain(|e| only.contains(&e.name));
-            }
-            let pymotor = node_manager == NodeManagerKind::Pymotor;
-            if pymotor && time_scale != 1.0 {
-                eprintln!(
-                    "npu-chaos: --node-manager pymotor runs in real time: give --time-scale 1"
-                );
-                return ExitCode::from(2);
-            }
-            let nm_heartbeat = match (nm_heartbeat.is_empty(), pymotor) {
-                (true, false) => vec![Cadence::PYMOTOR, Cadence::REFERENCE],
-                (true, true) => vec![Cadence::PYMOTOR],
-                (false, true) if nm_heartbeat.iter().any(|c| *c != Cadence::PYMOTOR) => {
-                    eprintln!(
-                        "npu-chaos: --node-manager pymotor: PyMotor 3.0.0b2's heartbeat is 1s (--nm-heartbeat 1s)"
-                    );
-                    return ExitCode::from(2);
-                }
-                (false, _) => nm_heartbeat,
-            };
-            if kubelet && (pymotor || engine != EngineKind::Fake) {
-                eprintln!(
-                    "npu-chaos: --kubelet runs on the fake engine with the Node Manager emulator (it restarts the fake engine)"
-                );
-                return ExitCode::from(2);
-            }
-            if !router.is_empty() && (pymotor || engine != EngineKind::Fake) {
-                eprintln!(
-                    "npu-chaos: --router runs on the fake engine with the Node Manager emulator (the draft is a fake engine)"
-                );
-                return ExitCode::from(2);
-            }
-            if no_nm_rows && !kubelet && router.is_empty() {
-                eprintln!("npu-chaos: --no-nm-rows leaves no row: add --kubelet or --router");
-                return ExitCode::from(2);
-            }
-            let nm_heartbeat = if no_nm_rows { Vec::new() } else { nm_heartbeat };
-            let policies = if policy.is_empty() {
-                vec![Policy::Reference, Policy::Agent, Policy::Mindie]
-            } else {
-                policy
-            };
-            let rt = match tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-            {
-                Ok(rt) => rt,
-                Err(e) => {
-                    eprintln!("npu-chaos: cannot start the runtime: {e}");
-                    return ExitCode::from(1);
-                }
-            };
-            match rt.block_on(chaos::run_all(&chaos::Plan {
-                experiments: &es,
-                policies: &policies,
-                cadences: &nm_heartbeat,
-                kubelet,
-                routers: &router,
-                time_scale,
-                out: &out,
-                engine,
-                node_manager,
-                real_vllm_script: &real_vllm,
-                agent_supervisor,
-            })) {
-                Ok(true) => ExitCode::SUCCESS,
-                Ok(false) => ExitCode::from(1),
-                Err(e) => {
-                    eprintln!("npu-chaos: {e}");
-                    ExitCode::from(1)
-                }
-            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("npu-chaos: {e}");
+            ExitCode::from(2)
         }
     }
+}
+
+fn describe(e: &experiment::Experiment) -> String {
+    format!(
+        "{}: {} on {:?} for {}, expect {:?}{}",
+        e.name,
+        e.fault,
+        e.target,
+        humantime::format_duration(e.duration),
+        e.expect,
+        if e.guards.is_empty() {
+            String::new()
+        } else {
+            format!(
+                ", guards: {}",
+                e.guards
+                    .iter()
+                    .map(|g| g.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        }
+    )
+}
+
+/// `run`: the flags checked against each other, then every experiment in every row.
+fn run(args: RunArgs) -> ExitCode {
+    let (es, nm_heartbeat, policies) = match checked(&args) {
+        Ok(x) => x,
+        Err(e) => {
+            eprintln!("npu-chaos: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("npu-chaos: cannot start the runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match rt.block_on(chaos::run_all(&chaos::Plan {
+        experiments: &es,
+        policies: &policies,
+        cadences: &nm_heartbeat,
+        kubelet: args.kubelet,
+        routers: &args.router,
+        time_scale: args.time_scale,
+        out: &args.out,
+        engine: args.engine,
+        node_manager: args.node_manager,
+        real_vllm_script: &args.real_vllm,
+        agent_supervisor: args.agent_supervisor,
+    })) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("npu-chaos: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// The experiments to run, the Node Manager heartbeats and the policies; a usage error
+/// where flags contradict each other (or a bad file).
+#[allow(clippy::type_complexity)]
+fn checked(
+    args: &RunArgs,
+) -> Result<(Vec<experiment::Experiment>, Vec<Cadence>, Vec<Policy>), String> {
+    let RunArgs {
+        files,
+        time_scale,
+        policy,
+        nm_heartbeat,
+        node_manager,
+        kubelet,
+        router,
+        no_nm_rows,
+        only,
+        engine,
+        ..
+    } = args;
+    let (time_scale, kubelet, no_nm_rows) = (*time_scale, *kubelet, *no_nm_rows);
+    if !(time_scale.is_finite() && time_scale > 0.0 && time_scale <= 10.0) {
+        return Err("--time-scale must be in (0, 10]".to_owned());
+    }
+    let mut es = load(files)?;
+    if !only.is_empty() {
+        if let Some(missing) = only.iter().find(|n| !es.iter().any(|e| &e.name == *n)) {
+            return Err(format!("--only {missing}: no such experiment"));
+        }
+        es.retain(|e| only.contains(&e.name));
+    }
+    let pymotor = *node_manager == NodeManagerKind::Pymotor;
+    if pymotor && time_scale != 1.0 {
+        return Err("--node-manager pymotor runs in real time: give --time-scale 1".to_owned());
+    }
+    let nm_heartbeat = match (nm_heartbeat.is_empty(), pymotor) {
+        (true, false) => vec![Cadence::PYMOTOR, Cadence::REFERENCE],
+        (true, true) => vec![Cadence::PYMOTOR],
+        (false, true) if nm_heartbeat.iter().any(|c| *c != Cadence::PYMOTOR) => {
+            return Err(
+                "--node-manager pymotor: PyMotor 3.0.0b2's heartbeat is 1s (--nm-heartbeat 1s)"
+                    .to_owned(),
+            );
+        }
+        (false, _) => nm_heartbeat.clone(),
+    };
+    if kubelet && (pymotor || *engine != EngineKind::Fake) {
+        return Err("--kubelet runs on the fake engine with the Node Manager emulator (it restarts the fake engine)".to_owned());
+    }
+    if !router.is_empty() && (pymotor || *engine != EngineKind::Fake) {
+        return Err("--router runs on the fake engine with the Node Manager emulator (the draft is a fake engine)".to_owned());
+    }
+    if no_nm_rows && !kubelet && router.is_empty() {
+        return Err("--no-nm-rows leaves no row: add --kubelet or --router".to_owned());
+    }
+    let nm_heartbeat = if no_nm_rows { Vec::new() } else { nm_heartbeat };
+    let policies = if policy.is_empty() {
+        vec![Policy::Reference, Policy::Agent, Policy::Mindie]
+    } else {
+        policy.clone()
+    };
+    Ok((es, nm_heartbeat, policies))
 }

@@ -173,47 +173,7 @@ pub fn markdown(
     );
     for &p in policies {
         for &c in rows {
-            let m = summarize(p, c, outcomes, time_scale);
-            let kubelet = c == Row::Kubelet;
-            let _ = writeln!(
-                s,
-                "| {} | {} | {} / {}{} | {} / {}{} | {} | {} | {} | {} | {} | {} | {} | {} |",
-                p.as_str(),
-                c.label(),
-                m.false_kills,
-                m.benign,
-                if m.known_false_kills > 0 {
-                    format!(" ({} known)", m.known_false_kills)
-                } else {
-                    String::new()
-                },
-                m.detected,
-                m.faults - m.by_design,
-                if m.draft_without_cause > 0 {
-                    format!(
-                        "; the draft served without cause in {}",
-                        m.draft_without_cause
-                    )
-                } else {
-                    String::new()
-                },
-                m.by_design,
-                m.not_applicable,
-                secs(m.median_detect_s_unscaled),
-                secs(m.worst_detect_s_unscaled),
-                percent(m.min_benign_availability),
-                percent(m.median_fault_availability_after_abnormal),
-                if kubelet {
-                    secs(m.median_not_ready_s_unscaled)
-                } else {
-                    "—".to_owned()
-                },
-                if kubelet {
-                    secs(m.median_restart_s_unscaled)
-                } else {
-                    "—".to_owned()
-                },
-            );
+            let _ = writeln!(s, "{}", summary_line(p, c, outcomes, time_scale));
         }
     }
     let _ = writeln!(
@@ -229,119 +189,178 @@ pub fn markdown(
         "|---|---|---|---|---|---|---:|---:|---:|---|---:|---|---|---|"
     );
     for o in outcomes {
-        let unscale = |t: i64| format!("{:.1} s", t as f64 / time_scale / 1000.0);
-        let verdict = serde_json::to_value(o.verdict)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_owned))
-            .unwrap_or_default();
-        let guards: Vec<String> = o
-            .guard_events
-            .iter()
-            .map(|g| format!("{} {} ({})", g.guard, g.action, g.detail))
-            .collect();
-        let availability = format!(
-            "{} ({} / {}{}{}{}{})",
-            percent(o.load.availability),
-            o.load.completed,
-            o.load.attempted,
-            if o.load.held_back > 0 {
-                format!("; {} held back while not ready", o.load.held_back)
-            } else {
-                String::new()
-            },
-            if o.load.cut_off > 0 {
-                format!("; {} cut off at the end", o.load.cut_off)
-            } else {
-                String::new()
-            },
-            match &o.load_after_abnormal {
-                Some(a) => format!(
-                    "; after abnormal {} ({} / {}{})",
-                    percent(a.availability),
-                    a.completed,
-                    a.attempted,
-                    if o.router.is_some() {
-                        format!(", {} by the draft", a.by_draft)
-                    } else {
-                        String::new()
-                    }
-                ),
-                None => String::new(),
-            },
-            match o.router {
-                Some(r) => format!(
-                    "; through {}: the draft served {} ({}), p99 first token {}",
-                    r.as_str(),
-                    o.load.by_draft,
-                    percent(
-                        (o.load.completed > 0)
-                            .then(|| o.load.by_draft as f64 / o.load.completed as f64)
-                    ),
-                    o.load
-                        .first_token_p99_ms
-                        .map_or_else(|| "—".to_owned(), |t| format!("{t:.0} ms"))
-                ),
-                None => String::new(),
-            }
-        );
-        let kubelet = o.kubelet.as_ref().map_or_else(
-            || "—".to_owned(),
-            |k| {
-                format!(
-                    "expects {}; not ready {}{}; {} liveness / {} exit restarts",
-                    serde_json::to_value(k.expect)
-                        .ok()
-                        .and_then(|v| v.as_str().map(str::to_owned))
-                        .unwrap_or_default(),
-                    k.not_ready_after_ms.map_or_else(
-                        || "never".to_owned(),
-                        |t| format!("after {}", unscale(t as i64))
-                    ),
-                    if k.not_ready_ms > 0 {
-                        format!(" ({} in all)", unscale(k.not_ready_ms as i64))
-                    } else {
-                        String::new()
-                    },
-                    k.liveness_restarts,
-                    k.exit_restarts
-                )
-            },
-        );
-        let mut detected = o
-            .detected_after_ms
-            .map_or_else(|| "—".to_owned(), |t| unscale(t as i64));
-        if let Some(t) = o.abnormal_after_ms {
-            detected.push_str(&format!(" (agent abnormal after {})", unscale(t as i64)));
-        }
-        let _ = writeln!(
-            s,
-            "| {} | {} | {} | {} | {} | {}{} | {} | {} | {} | {} | {} | {} | {} | {} |",
-            o.experiment,
-            o.fault,
-            o.expect,
-            o.policy.as_str(),
-            o.row().label(),
-            verdict,
-            match (&o.error, &o.ran_again_after) {
-                (Some(e), _) => format!(": {e}"),
-                (None, Some(first)) => format!(" (second attempt; the first: {first})"),
-                (None, None) => String::new(),
-            },
-            unscale(o.injected_ms as i64),
-            detected,
-            o.killed_at_ms.map_or_else(|| "—".to_owned(), unscale),
-            kubelet,
-            availability,
-            if guards.is_empty() {
-                "—".to_owned()
-            } else {
-                guards.join("; ")
-            },
-            agent_cell(o, time_scale),
-            polls_cell(o, time_scale),
-        );
+        let _ = writeln!(s, "{}", experiment_line(o, time_scale));
     }
     s
+}
+
+/// One line of the summary table: a policy in a row.
+fn summary_line(p: Policy, c: Row, outcomes: &[Outcome], time_scale: f64) -> String {
+    let m = summarize(p, c, outcomes, time_scale);
+    let kubelet = c == Row::Kubelet;
+    format!(
+        "| {} | {} | {} / {}{} | {} / {}{} | {} | {} | {} | {} | {} | {} | {} | {} |",
+        p.as_str(),
+        c.label(),
+        m.false_kills,
+        m.benign,
+        if m.known_false_kills > 0 {
+            format!(" ({} known)", m.known_false_kills)
+        } else {
+            String::new()
+        },
+        m.detected,
+        m.faults - m.by_design,
+        if m.draft_without_cause > 0 {
+            format!(
+                "; the draft served without cause in {}",
+                m.draft_without_cause
+            )
+        } else {
+            String::new()
+        },
+        m.by_design,
+        m.not_applicable,
+        secs(m.median_detect_s_unscaled),
+        secs(m.worst_detect_s_unscaled),
+        percent(m.min_benign_availability),
+        percent(m.median_fault_availability_after_abnormal),
+        if kubelet {
+            secs(m.median_not_ready_s_unscaled)
+        } else {
+            "—".to_owned()
+        },
+        if kubelet {
+            secs(m.median_restart_s_unscaled)
+        } else {
+            "—".to_owned()
+        },
+    )
+}
+
+/// One experiment's line of the report.
+fn experiment_line(o: &Outcome, time_scale: f64) -> String {
+    let unscale = |t: i64| format!("{:.1} s", t as f64 / time_scale / 1000.0);
+    let verdict = serde_json::to_value(o.verdict)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default();
+    let guards: Vec<String> = o
+        .guard_events
+        .iter()
+        .map(|g| format!("{} {} ({})", g.guard, g.action, g.detail))
+        .collect();
+    let availability = availability_cell(o);
+    let kubelet = kubelet_cell(o, time_scale);
+    let mut detected = o
+        .detected_after_ms
+        .map_or_else(|| "—".to_owned(), |t| unscale(t as i64));
+    if let Some(t) = o.abnormal_after_ms {
+        detected.push_str(&format!(" (agent abnormal after {})", unscale(t as i64)));
+    }
+    format!(
+        "| {} | {} | {} | {} | {} | {}{} | {} | {} | {} | {} | {} | {} | {} | {} |",
+        o.experiment,
+        o.fault,
+        o.expect,
+        o.policy.as_str(),
+        o.row().label(),
+        verdict,
+        match (&o.error, &o.ran_again_after) {
+            (Some(e), _) => format!(": {e}"),
+            (None, Some(first)) => format!(" (second attempt; the first: {first})"),
+            (None, None) => String::new(),
+        },
+        unscale(o.injected_ms as i64),
+        detected,
+        o.killed_at_ms.map_or_else(|| "—".to_owned(), unscale),
+        kubelet,
+        availability,
+        if guards.is_empty() {
+            "—".to_owned()
+        } else {
+            guards.join("; ")
+        },
+        agent_cell(o, time_scale),
+        polls_cell(o, time_scale),
+    )
+}
+
+/// The availability cell: what the load saw, after abnormal too, and through a router.
+fn availability_cell(o: &Outcome) -> String {
+    format!(
+        "{} ({} / {}{}{}{}{})",
+        percent(o.load.availability),
+        o.load.completed,
+        o.load.attempted,
+        if o.load.held_back > 0 {
+            format!("; {} held back while not ready", o.load.held_back)
+        } else {
+            String::new()
+        },
+        if o.load.cut_off > 0 {
+            format!("; {} cut off at the end", o.load.cut_off)
+        } else {
+            String::new()
+        },
+        match &o.load_after_abnormal {
+            Some(a) => format!(
+                "; after abnormal {} ({} / {}{})",
+                percent(a.availability),
+                a.completed,
+                a.attempted,
+                if o.router.is_some() {
+                    format!(", {} by the draft", a.by_draft)
+                } else {
+                    String::new()
+                }
+            ),
+            None => String::new(),
+        },
+        match o.router {
+            Some(r) => format!(
+                "; through {}: the draft served {} ({}), p99 first token {}",
+                r.as_str(),
+                o.load.by_draft,
+                percent(
+                    (o.load.completed > 0)
+                        .then(|| o.load.by_draft as f64 / o.load.completed as f64)
+                ),
+                o.load
+                    .first_token_p99_ms
+                    .map_or_else(|| "—".to_owned(), |t| format!("{t:.0} ms"))
+            ),
+            None => String::new(),
+        }
+    )
+}
+
+/// The kubelet cell: what the kubelet emulator was expected to do and did.
+fn kubelet_cell(o: &Outcome, time_scale: f64) -> String {
+    let unscale = |t: i64| format!("{:.1} s", t as f64 / time_scale / 1000.0);
+    o.kubelet.as_ref().map_or_else(
+        || "—".to_owned(),
+        |k| {
+            format!(
+                "expects {}; not ready {}{}; {} liveness / {} exit restarts",
+                serde_json::to_value(k.expect)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned))
+                    .unwrap_or_default(),
+                k.not_ready_after_ms.map_or_else(
+                    || "never".to_owned(),
+                    |t| format!("after {}", unscale(t as i64))
+                ),
+                if k.not_ready_ms > 0 {
+                    format!(" ({} in all)", unscale(k.not_ready_ms as i64))
+                } else {
+                    String::new()
+                },
+                k.liveness_restarts,
+                k.exit_restarts
+            )
+        },
+    )
 }
 
 /// Who ran the agent, and what each operation on it did: the pids, and how long after the

@@ -2,7 +2,7 @@
 //! AI Cube peak as lines, `/status` as a coloured band, guard events and the kill as markers.
 //! Plain SVG text, no dependency; opens in any browser.
 
-use super::run::Outcome;
+use super::run::{Outcome, TimelinePoint};
 use std::fmt::Write;
 
 const W: f64 = 900.0;
@@ -30,17 +30,61 @@ fn status_colour(s: &str) -> &'static str {
     }
 }
 
+/// The plot's time axis: the timeline's first and last times, and the time scale.
+#[derive(Debug, Clone, Copy)]
+struct Frame {
+    t_min: f64,
+    t_max: f64,
+    time_scale: f64,
+}
+
+impl Frame {
+    fn of(o: &Outcome, time_scale: f64) -> Frame {
+        let tl = &o.timeline;
+        let (t_min, t_max) = match (tl.first(), tl.last()) {
+            (Some(a), Some(b)) if b.t_ms > a.t_ms => (a.t_ms as f64, b.t_ms as f64),
+            _ => (0.0, 1.0),
+        };
+        Frame {
+            t_min,
+            t_max,
+            time_scale,
+        }
+    }
+
+    /// A time's x.
+    fn x(&self, t: f64) -> f64 {
+        LEFT + (t - self.t_min) / (self.t_max - self.t_min) * (W - LEFT - RIGHT)
+    }
+
+    /// A value's y (0 to 1, clamped).
+    fn y(&self, v: f64) -> f64 {
+        TOP + PLOT_H * (1.0 - v.clamp(0.0, 1.0))
+    }
+
+    /// A time in unscaled seconds.
+    fn secs(&self, t: f64) -> f64 {
+        t / self.time_scale / 1000.0
+    }
+}
+
 /// The chart; times on the axis are unscaled seconds (divided by `time_scale`).
 pub fn chart(o: &Outcome, time_scale: f64) -> String {
+    let f = Frame::of(o, time_scale);
     let mut s = String::new();
-    let tl = &o.timeline;
-    let (t_min, t_max) = match (tl.first(), tl.last()) {
-        (Some(a), Some(b)) if b.t_ms > a.t_ms => (a.t_ms as f64, b.t_ms as f64),
-        _ => (0.0, 1.0),
-    };
-    let x = |t: f64| LEFT + (t - t_min) / (t_max - t_min) * (W - LEFT - RIGHT);
-    let y = |v: f64| TOP + PLOT_H * (1.0 - v.clamp(0.0, 1.0));
-    let secs = |t: f64| t / time_scale / 1000.0;
+    title(&mut s, o);
+    fault_windows(&mut s, &o.timeline, f);
+    axes(&mut s, f);
+    lines(&mut s, &o.timeline, f);
+    status_band(&mut s, &o.timeline, f);
+    markers(&mut s, o, f);
+    legend(&mut s);
+    s.push_str("</svg>\n");
+    s
+}
+
+/// The opening tag and the title: the experiment, the policy, the row, the verdict.
+fn title(s: &mut String, o: &Outcome) {
     let _ = writeln!(
         s,
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="11">"#
@@ -58,7 +102,10 @@ pub fn chart(o: &Outcome, time_scale: f64) -> String {
         },
         esc(&format!("{:?}", o.verdict).to_lowercase())
     );
-    // Fault window(s).
+}
+
+/// The fault's window(s), shaded.
+fn fault_windows(s: &mut String, tl: &[TimelinePoint], f: Frame) {
     let mut start: Option<f64> = None;
     for w in tl.windows(2) {
         match (w[0].fault_active, w[1].fault_active, start) {
@@ -67,24 +114,27 @@ pub fn chart(o: &Outcome, time_scale: f64) -> String {
                 let _ = writeln!(
                     s,
                     r##"<rect x="{:.1}" y="{TOP}" width="{:.1}" height="{PLOT_H}" fill="#ffcc80" opacity="0.5"/>"##,
-                    x(a),
-                    x(w[1].t_ms as f64) - x(a)
+                    f.x(a),
+                    f.x(w[1].t_ms as f64) - f.x(a)
                 );
                 start = None;
             }
             _ => {}
         }
     }
-    if let Some(a) = start.or_else(|| tl.first().filter(|f| f.fault_active).map(|f| f.t_ms as f64))
+    if let Some(a) = start.or_else(|| tl.first().filter(|p| p.fault_active).map(|p| p.t_ms as f64))
     {
         let _ = writeln!(
             s,
             r##"<rect x="{:.1}" y="{TOP}" width="{:.1}" height="{PLOT_H}" fill="#ffcc80" opacity="0.5"/>"##,
-            x(a),
-            x(t_max) - x(a)
+            f.x(a),
+            f.x(f.t_max) - f.x(a)
         );
     }
-    // Axes and grid.
+}
+
+/// The plot's frame, the score grid and the time axis.
+fn axes(s: &mut String, f: Frame) {
     let _ = writeln!(
         s,
         r##"<rect x="{LEFT}" y="{TOP}" width="{}" height="{PLOT_H}" fill="none" stroke="#555"/>"##,
@@ -95,23 +145,26 @@ pub fn chart(o: &Outcome, time_scale: f64) -> String {
             s,
             r##"<line x1="{LEFT}" x2="{}" y1="{:.1}" y2="{:.1}" stroke="#bbb" stroke-dasharray="3,3"/><text x="{}" y="{:.1}" text-anchor="end">{v}</text>"##,
             W - RIGHT,
-            y(v),
-            y(v),
+            f.y(v),
+            f.y(v),
             LEFT - 4.0,
-            y(v) + 4.0
+            f.y(v) + 4.0
         );
     }
     for i in 0..=5 {
-        let t = t_min + (t_max - t_min) * f64::from(i) / 5.0;
+        let t = f.t_min + (f.t_max - f.t_min) * f64::from(i) / 5.0;
         let _ = writeln!(
             s,
             r#"<text x="{:.1}" y="{}" text-anchor="middle">{:.0} s</text>"#,
-            x(t),
+            f.x(t),
             BAND_Y + BAND_H + 16.0,
-            secs(t)
+            f.secs(t)
         );
     }
-    // Lines.
+}
+
+/// The AI Cube peak and the QoS score.
+fn lines(s: &mut String, tl: &[TimelinePoint], f: Frame) {
     let line = |pts: Vec<(f64, f64)>, colour: &str| -> String {
         if pts.is_empty() {
             return String::new();
@@ -127,7 +180,7 @@ pub fn chart(o: &Outcome, time_scale: f64) -> String {
         "{}",
         line(
             tl.iter()
-                .filter_map(|p| p.ai_cube_peak.map(|v| (x(p.t_ms as f64), y(v / 100.0))))
+                .filter_map(|p| p.ai_cube_peak.map(|v| (f.x(p.t_ms as f64), f.y(v / 100.0))))
                 .collect(),
             "#7e57c2"
         )
@@ -137,18 +190,21 @@ pub fn chart(o: &Outcome, time_scale: f64) -> String {
         "{}",
         line(
             tl.iter()
-                .filter_map(|p| p.qos_score.map(|v| (x(p.t_ms as f64), y(v))))
+                .filter_map(|p| p.qos_score.map(|v| (f.x(p.t_ms as f64), f.y(v))))
                 .collect(),
             "#1e88e5"
         )
     );
-    // Status band.
+}
+
+/// `/status` as a coloured band.
+fn status_band(s: &mut String, tl: &[TimelinePoint], f: Frame) {
     for w in tl.windows(2) {
         let _ = writeln!(
             s,
             r#"<rect x="{:.1}" y="{BAND_Y}" width="{:.1}" height="{BAND_H}" fill="{}" shape-rendering="crispEdges"/>"#,
-            x(w[0].t_ms as f64),
-            (x(w[1].t_ms as f64) - x(w[0].t_ms as f64)).max(0.5),
+            f.x(w[0].t_ms as f64),
+            (f.x(w[1].t_ms as f64) - f.x(w[0].t_ms as f64)).max(0.5),
             status_colour(&w[0].status)
         );
     }
@@ -158,9 +214,12 @@ pub fn chart(o: &Outcome, time_scale: f64) -> String {
         LEFT - 4.0,
         BAND_Y + 12.0
     );
-    // Markers.
+}
+
+/// The guards' events and the kill.
+fn markers(s: &mut String, o: &Outcome, f: Frame) {
     for g in &o.guard_events {
-        let gx = x(g.t_ms as f64);
+        let gx = f.x(g.t_ms as f64);
         let _ = writeln!(
             s,
             r##"<line x1="{gx:.1}" x2="{gx:.1}" y1="{TOP}" y2="{}" stroke="#f57c00" stroke-width="2"><title>{}</title></line>"##,
@@ -169,7 +228,7 @@ pub fn chart(o: &Outcome, time_scale: f64) -> String {
         );
     }
     if let Some(k) = o.killed_at_ms {
-        let kx = x(k as f64);
+        let kx = f.x(k as f64);
         let _ = writeln!(
             s,
             r##"<line x1="{kx:.1}" x2="{kx:.1}" y1="{TOP}" y2="{}" stroke="#b71c1c" stroke-width="2"/><text x="{kx:.1}" y="{}" fill="#b71c1c" text-anchor="middle">kill</text>"##,
@@ -177,15 +236,15 @@ pub fn chart(o: &Outcome, time_scale: f64) -> String {
             TOP - 4.0
         );
     }
-    // Legend.
+}
+
+fn legend(s: &mut String) {
     let _ = writeln!(
         s,
         r##"<text x="{}" y="{}" text-anchor="end"><tspan fill="#1e88e5">— QoS score</tspan>  <tspan fill="#7e57c2">— AI Cube peak (0–100 %)</tspan>  <tspan fill="#f57c00">| guard</tspan>  <tspan fill="#ef6c00">▮ fault</tspan></text>"##,
         W - RIGHT,
         18.0
     );
-    s.push_str("</svg>\n");
-    s
 }
 
 #[cfg(test)]

@@ -95,31 +95,55 @@ impl Fault {
     /// Parses a fault name; the error lists the known forms.
     pub fn parse(s: &str) -> Result<Fault, String> {
         let known = "known: network_latency_<N>ms, cpu_stress_<N>pct, memory_pressure_<N>pct, hot_reload_<N>s, long_streams_<N>, batch_jitter_<N>ms, slow_health_<N>s, slow_health_<N>s_latency_<M>ms, long_prefill_<N>s, burst_<N>, engine_restart_<N>s, degraded_<N>ms, agent_outage_<N>s, engine_sleep, engine_hang, engine_crash, npu_hang_idle, npu_busy_stuck, driver_error, driver_hang, http_5xx, agent_restart, agent_crash, agent_upgrade, npu_fault_code";
-        let fixed = match s {
-            "engine_hang" => Some(Fault::EngineHang),
-            "engine_crash" => Some(Fault::EngineCrash),
-            "npu_hang_idle" => Some(Fault::NpuHangIdle),
-            "npu_busy_stuck" => Some(Fault::NpuBusyStuck),
-            "driver_error" => Some(Fault::DriverError),
-            "driver_hang" => Some(Fault::DriverHang),
-            "http_5xx" => Some(Fault::Http5xx),
-            "engine_sleep" => Some(Fault::EngineSleep),
-            "agent_restart" => Some(Fault::AgentRestart),
-            "agent_crash" => Some(Fault::AgentCrash),
-            "agent_upgrade" => Some(Fault::AgentUpgrade),
-            "npu_fault_code" => Some(Fault::NpuFaultCode),
-            _ => None,
-        };
-        if let Some(f) = fixed {
+        if let Some(f) = Fault::fixed(s) {
             return Ok(f);
         }
-        let number = |prefix: &str, unit: &str| -> Option<Result<u64, String>> {
-            let n = s.strip_prefix(prefix)?.strip_suffix(unit)?;
-            Some(
-                n.parse::<u64>()
-                    .map_err(|_| format!("{s:?}: {n:?} is not a whole number")),
-            )
+        // Before `slow_health_<N>s`, which would read its number as `<N>s_latency_<M>m`.
+        if let Some(f) = Fault::slow_health_with_latency(s) {
+            return f;
+        }
+        Fault::with_number(s).unwrap_or_else(|| Err(format!("unknown fault {s:?} ({known})")))
+    }
+
+    /// The faults named by a word alone.
+    fn fixed(s: &str) -> Option<Fault> {
+        Some(match s {
+            "engine_hang" => Fault::EngineHang,
+            "engine_crash" => Fault::EngineCrash,
+            "npu_hang_idle" => Fault::NpuHangIdle,
+            "npu_busy_stuck" => Fault::NpuBusyStuck,
+            "driver_error" => Fault::DriverError,
+            "driver_hang" => Fault::DriverHang,
+            "http_5xx" => Fault::Http5xx,
+            "engine_sleep" => Fault::EngineSleep,
+            "agent_restart" => Fault::AgentRestart,
+            "agent_crash" => Fault::AgentCrash,
+            "agent_upgrade" => Fault::AgentUpgrade,
+            "npu_fault_code" => Fault::NpuFaultCode,
+            _ => return None,
+        })
+    }
+
+    /// `slow_health_<N>s_latency_<M>ms`, if `s` has that shape.
+    fn slow_health_with_latency(s: &str) -> Option<Result<Fault, String>> {
+        let (health, latency) = s.strip_prefix("slow_health_")?.split_once("s_latency_")?;
+        let whole = |n: &str| {
+            n.parse::<u64>()
+                .map_err(|_| format!("{s:?}: {n:?} is not a whole number"))
         };
+        let Some(latency) = latency.strip_suffix("ms") else {
+            return Some(Err(format!("{s:?}: the latency ends in ms")));
+        };
+        Some(whole(health).and_then(|h| {
+            Ok(Fault::SlowHealthWithLatency(
+                Duration::from_secs(h),
+                Duration::from_millis(whole(latency)?),
+            ))
+        }))
+    }
+
+    /// The faults of one number, `<prefix><N><unit>`, if `s` has one of their shapes.
+    fn with_number(s: &str) -> Option<Result<Fault, String>> {
         let pct = |n: u64| -> Result<u8, String> {
             if (1..=100).contains(&n) {
                 Ok(n as u8)
@@ -127,72 +151,47 @@ impl Fault {
                 Err(format!("{s:?}: the percentage must be 1..=100"))
             }
         };
-        let ms = |n: u64| Duration::from_millis(n);
-        let secs = |n: u64| Duration::from_secs(n);
-        if let Some(n) = number("network_latency_", "ms") {
-            return Ok(Fault::NetworkLatency(ms(n?)));
-        }
-        if let Some(n) = number("cpu_stress_", "pct") {
-            return Ok(Fault::CpuStress(pct(n?)?));
-        }
-        if let Some(n) = number("memory_pressure_", "pct") {
-            return Ok(Fault::MemoryPressure(pct(n?)?));
-        }
-        if let Some(n) = number("hot_reload_", "s") {
-            return Ok(Fault::HotReload(secs(n?)));
-        }
-        if let Some(n) = number("long_streams_", "") {
-            let n = n?;
+        let count = |n: u64| -> Result<u32, String> {
             if n == 0 || n > 10_000 {
-                return Err(format!("{s:?}: the stream count must be 1..=10000"));
+                Err(format!("{s:?}: the stream count must be 1..=10000"))
+            } else {
+                Ok(n as u32)
             }
-            return Ok(Fault::LongStreams(n as u32));
-        }
-        if let Some(n) = number("batch_jitter_", "ms") {
-            return Ok(Fault::BatchJitter(ms(n?)));
-        }
-        if let Some(rest) = s.strip_prefix("slow_health_")
-            && let Some((health, latency)) = rest.split_once("s_latency_")
-        {
-            let whole = |n: &str| {
+        };
+        let ms = Duration::from_millis;
+        let secs = Duration::from_secs;
+        type Make<'a> = &'a dyn Fn(u64) -> Result<Fault, String>;
+        let forms: [(&str, &str, Make); 12] = [
+            ("network_latency_", "ms", &|n| {
+                Ok(Fault::NetworkLatency(ms(n)))
+            }),
+            ("cpu_stress_", "pct", &|n| pct(n).map(Fault::CpuStress)),
+            ("memory_pressure_", "pct", &|n| {
+                pct(n).map(Fault::MemoryPressure)
+            }),
+            ("hot_reload_", "s", &|n| Ok(Fault::HotReload(secs(n)))),
+            ("long_streams_", "", &|n| count(n).map(Fault::LongStreams)),
+            ("batch_jitter_", "ms", &|n| Ok(Fault::BatchJitter(ms(n)))),
+            ("slow_health_", "s", &|n| Ok(Fault::SlowHealth(secs(n)))),
+            ("long_prefill_", "s", &|n| Ok(Fault::LongPrefill(secs(n)))),
+            ("degraded_", "ms", &|n| Ok(Fault::Degraded(ms(n)))),
+            ("engine_restart_", "s", &|n| {
+                Ok(Fault::EngineRestart(secs(n)))
+            }),
+            ("agent_outage_", "s", &|n| match n {
+                0 => Err(format!("{s:?}: the outage lasts at least 1 s")),
+                n => Ok(Fault::AgentOutage(secs(n))),
+            }),
+            ("burst_", "", &|n| count(n).map(Fault::Burst)),
+        ];
+        forms.into_iter().find_map(|(prefix, unit, make)| {
+            let n = s.strip_prefix(prefix)?.strip_suffix(unit)?;
+            Some(
                 n.parse::<u64>()
                     .map_err(|_| format!("{s:?}: {n:?} is not a whole number"))
-            };
-            let latency = latency
-                .strip_suffix("ms")
-                .ok_or_else(|| format!("{s:?}: the latency ends in ms"))?;
-            return Ok(Fault::SlowHealthWithLatency(
-                secs(whole(health)?),
-                ms(whole(latency)?),
-            ));
-        }
-        if let Some(n) = number("slow_health_", "s") {
-            return Ok(Fault::SlowHealth(secs(n?)));
-        }
-        if let Some(n) = number("long_prefill_", "s") {
-            return Ok(Fault::LongPrefill(secs(n?)));
-        }
-        if let Some(n) = number("degraded_", "ms") {
-            return Ok(Fault::Degraded(ms(n?)));
-        }
-        if let Some(n) = number("engine_restart_", "s") {
-            return Ok(Fault::EngineRestart(secs(n?)));
-        }
-        if let Some(n) = number("agent_outage_", "s") {
-            let n = n?;
-            if n == 0 {
-                return Err(format!("{s:?}: the outage lasts at least 1 s"));
-            }
-            return Ok(Fault::AgentOutage(secs(n)));
-        }
-        if let Some(n) = number("burst_", "") {
-            let n = n?;
-            if n == 0 || n > 10_000 {
-                return Err(format!("{s:?}: the stream count must be 1..=10000"));
-            }
-            return Ok(Fault::Burst(n as u32));
-        }
-        Err(format!("unknown fault {s:?} ({known})"))
+                    .and_then(make),
+            )
+        })
     }
 }
 

@@ -84,162 +84,180 @@ pub fn parse(text: &str, file: &str) -> Result<Vec<Experiment>, String> {
             .get("name")
             .and_then(|n| n.as_str())
             .map_or_else(|| format!("#{}", i + 1), |n| format!("#{} ({n})", i + 1));
-        let at = |e: String| format!("{file}: experiment {label}: {e}");
-        let raw: RawExperiment = serde_yaml_ng::from_value(v).map_err(|e| at(e.to_string()))?;
-        // Names become file names and table cells.
-        if raw.name.is_empty()
-            || !raw
-                .name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
-            || raw.name.starts_with('.')
-        {
-            return Err(at(
-                "name: letters, digits, `_`, `-` and `.` only, not starting with `.`".to_owned(),
-            ));
-        }
-        if out.iter().any(|e| e.name == raw.name) {
-            return Err(at("name: used twice in the file".to_owned()));
-        }
-        let fault = Fault::parse(&raw.fault).map_err(|e| at(format!("fault: {e}")))?;
-        let driver_codes = raw
-            .driver_codes
-            .iter()
-            .map(|c| {
-                let hex = c
-                    .strip_prefix("0x")
-                    .or_else(|| c.strip_prefix("0X"))
-                    .unwrap_or(c);
-                u32::from_str_radix(hex, 16)
-                    .ok()
-                    .filter(|v| *v != 0)
-                    .ok_or_else(|| {
-                        at(format!(
-                            "driver_codes: {c:?} is not a non-zero 32-bit hex code"
-                        ))
-                    })
-            })
-            .collect::<Result<Vec<u32>, String>>()?;
-        if driver_codes.len() > 10 {
-            return Err(at("driver_codes: at most 10".to_owned()));
-        }
-        if fault == Fault::NpuFaultCode && driver_codes.is_empty() {
-            return Err(at(
-                "driver_codes: npu_fault_code needs at least one code".to_owned()
-            ));
-        }
-        let duration = parse_duration("duration", &raw.duration).map_err(at)?;
-        let mut known_false_kills = Vec::new();
-        for k in &raw.known_false_kill {
-            let parsed = k.split_once('@').and_then(|(p, h)| {
-                if p.is_empty() {
-                    return None;
-                }
-                if h == "kubelet" {
-                    return Some((p.to_owned(), h.to_owned()));
-                }
-                let h = humantime::parse_duration(h).ok()?;
-                (h.subsec_nanos() == 0 && !h.is_zero())
-                    .then(|| (p.to_owned(), format!("{}s", h.as_secs())))
-            });
-            match parsed {
-                Some(x) => known_false_kills.push(x),
-                None => {
-                    return Err(at(format!(
-                        "known_false_kill: {k:?}: expected `<policy>@<heartbeat>` or `<policy>@kubelet`, e.g. `reference@1s`"
-                    )));
-                }
-            }
-        }
-        let guards = match raw.guard {
-            None => Vec::new(),
-            Some(OneOrMany::One(g)) => vec![g],
-            Some(OneOrMany::Many(g)) => g,
-        }
-        .iter()
-        .map(|g| Guard::parse(g).map_err(|e| at(format!("guard: {e}"))))
-        .collect::<Result<Vec<_>, _>>()?;
-        let mut max_nm_heartbeat_s = None;
-        let (expect, agent_policy_only) = match raw.expect {
-            RawExpect::Word(w) if w == "healthy" => (Expect::Healthy, false),
-            RawExpect::Word(w) => {
-                return Err(at(format!(
-                    "expect: {w:?}: expected `healthy` or `detect_within: <duration>`"
-                )));
-            }
-            RawExpect::Detect(RawDetect {
-                detect_within,
-                policy,
-                max_nm_heartbeat,
-            }) => (
-                {
-                    if let Some(h) = max_nm_heartbeat {
-                        let d = parse_duration("expect.max_nm_heartbeat", &h).map_err(at)?;
-                        if d.subsec_nanos() != 0 || d.is_zero() {
-                            return Err(at(format!(
-                                "expect.max_nm_heartbeat: {h:?} is not whole seconds"
-                            )));
-                        }
-                        max_nm_heartbeat_s = Some(d.as_secs());
-                    }
-                    Expect::DetectWithin(
-                        parse_duration("expect.detect_within", &detect_within).map_err(at)?,
-                    )
-                },
-                match policy.as_deref() {
-                    None | Some("any") => false,
-                    // `full`: this policy's name before it became `agent`.
-                    Some("agent" | "full") => true,
-                    Some(other) => {
-                        return Err(at(format!(
-                            "expect.policy: {other:?}: expected `any` (default) or `agent`"
-                        )));
-                    }
-                },
-            ),
-        };
-        let l = &raw.load;
-        if !(l.rate.is_finite() && l.rate >= 0.0 && l.rate <= 1000.0) {
-            return Err(at(
-                "load.rate: must be 0..=1000 requests per second".to_owned()
-            ));
-        }
-        if l.streams > 2000 {
-            return Err(at("load.streams: at most 2000".to_owned()));
-        }
-        if l.max_tokens == 0 || l.max_tokens > 4096 {
-            return Err(at("load.max_tokens: must be 1..=4096".to_owned()));
-        }
-        if l.prompt_tokens > 100_000 {
-            return Err(at("load.prompt_tokens: at most 100000".to_owned()));
-        }
-        let kubelet = raw.kubelet.unwrap_or(match (expect, fault) {
-            (Expect::Healthy, _) => KubeletExpect::NoRestart,
-            (_, Fault::DriverError | Fault::DriverHang) => KubeletExpect::NoRestart,
-            (_, Fault::EngineRestart(_)) => KubeletExpect::NotReady,
-            _ => KubeletExpect::Restart,
-        });
-        if expect == Expect::Healthy && kubelet == KubeletExpect::Restart {
-            return Err(at(
-                "kubelet: restart: a benign experiment's engine must not be restarted".to_owned(),
-            ));
-        }
-        out.push(Experiment {
-            name: raw.name,
-            target: raw.target,
-            fault,
-            duration,
-            load: raw.load,
-            guards,
-            expect,
-            agent_policy_only,
-            max_nm_heartbeat_s,
-            known_false_kills,
-            kubelet,
-            driver_codes,
-        });
+        let e = serde_yaml_ng::from_value(v)
+            .map_err(|e| e.to_string())
+            .and_then(|raw| experiment(raw, &out))
+            .map_err(|e| format!("{file}: experiment {label}: {e}"))?;
+        out.push(e);
     }
     Ok(out)
+}
+
+/// One experiment, every key checked in the file's order of concern; `earlier` are the
+/// file's experiments before it. Errors name the key (the caller names the experiment).
+fn experiment(raw: RawExperiment, earlier: &[Experiment]) -> Result<Experiment, String> {
+    check_name(&raw.name, earlier)?;
+    let fault = Fault::parse(&raw.fault).map_err(|e| format!("fault: {e}"))?;
+    let driver_codes = driver_codes(&raw.driver_codes, fault)?;
+    let duration = parse_duration("duration", &raw.duration)?;
+    let known_false_kills = raw
+        .known_false_kill
+        .iter()
+        .map(|k| known_false_kill(k))
+        .collect::<Result<Vec<_>, _>>()?;
+    let guards = match raw.guard {
+        None => Vec::new(),
+        Some(OneOrMany::One(g)) => vec![g],
+        Some(OneOrMany::Many(g)) => g,
+    }
+    .iter()
+    .map(|g| Guard::parse(g).map_err(|e| format!("guard: {e}")))
+    .collect::<Result<Vec<_>, _>>()?;
+    let (expect, agent_policy_only, max_nm_heartbeat_s) = expectation(raw.expect)?;
+    check_load(&raw.load)?;
+    let kubelet = raw.kubelet.unwrap_or(match (expect, fault) {
+        (Expect::Healthy, _) => KubeletExpect::NoRestart,
+        (_, Fault::DriverError | Fault::DriverHang) => KubeletExpect::NoRestart,
+        (_, Fault::EngineRestart(_)) => KubeletExpect::NotReady,
+        _ => KubeletExpect::Restart,
+    });
+    if expect == Expect::Healthy && kubelet == KubeletExpect::Restart {
+        return Err(
+            "kubelet: restart: a benign experiment's engine must not be restarted".to_owned(),
+        );
+    }
+    Ok(Experiment {
+        name: raw.name,
+        target: raw.target,
+        fault,
+        duration,
+        load: raw.load,
+        guards,
+        expect,
+        agent_policy_only,
+        max_nm_heartbeat_s,
+        known_false_kills,
+        kubelet,
+        driver_codes,
+    })
+}
+
+/// Names become file names and table cells, so they are plain and unique in the file.
+fn check_name(name: &str, earlier: &[Experiment]) -> Result<(), String> {
+    if name.is_empty()
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+        || name.starts_with('.')
+    {
+        return Err(
+            "name: letters, digits, `_`, `-` and `.` only, not starting with `.`".to_owned(),
+        );
+    }
+    if earlier.iter().any(|e| e.name == name) {
+        return Err("name: used twice in the file".to_owned());
+    }
+    Ok(())
+}
+
+/// The NPU fault codes: non-zero 32-bit hex, at most 10, at least one for `npu_fault_code`.
+fn driver_codes(codes: &[String], fault: Fault) -> Result<Vec<u32>, String> {
+    let codes = codes
+        .iter()
+        .map(|c| {
+            let hex = c
+                .strip_prefix("0x")
+                .or_else(|| c.strip_prefix("0X"))
+                .unwrap_or(c);
+            u32::from_str_radix(hex, 16)
+                .ok()
+                .filter(|v| *v != 0)
+                .ok_or_else(|| format!("driver_codes: {c:?} is not a non-zero 32-bit hex code"))
+        })
+        .collect::<Result<Vec<u32>, String>>()?;
+    if codes.len() > 10 {
+        return Err("driver_codes: at most 10".to_owned());
+    }
+    if fault == Fault::NpuFaultCode && codes.is_empty() {
+        return Err("driver_codes: npu_fault_code needs at least one code".to_owned());
+    }
+    Ok(codes)
+}
+
+/// `<policy>@<heartbeat>` (whole seconds, written back as `<n>s`) or `<policy>@kubelet`.
+fn known_false_kill(k: &str) -> Result<(String, String), String> {
+    let parsed = k.split_once('@').and_then(|(p, h)| {
+        if p.is_empty() {
+            return None;
+        }
+        if h == "kubelet" {
+            return Some((p.to_owned(), h.to_owned()));
+        }
+        let h = humantime::parse_duration(h).ok()?;
+        (h.subsec_nanos() == 0 && !h.is_zero()).then(|| (p.to_owned(), format!("{}s", h.as_secs())))
+    });
+    parsed.ok_or_else(|| {
+        format!(
+            "known_false_kill: {k:?}: expected `<policy>@<heartbeat>` or `<policy>@kubelet`, e.g. `reference@1s`"
+        )
+    })
+}
+
+/// `expect:`: what the agent must conclude, whether only the agent's policy is held to it,
+/// and the slowest Node Manager heartbeat that can detect it (whole seconds).
+fn expectation(raw: RawExpect) -> Result<(Expect, bool, Option<u64>), String> {
+    let RawDetect {
+        detect_within,
+        policy,
+        max_nm_heartbeat,
+    } = match raw {
+        RawExpect::Word(w) if w == "healthy" => return Ok((Expect::Healthy, false, None)),
+        RawExpect::Word(w) => {
+            return Err(format!(
+                "expect: {w:?}: expected `healthy` or `detect_within: <duration>`"
+            ));
+        }
+        RawExpect::Detect(d) => d,
+    };
+    let mut max_nm_heartbeat_s = None;
+    if let Some(h) = max_nm_heartbeat {
+        let d = parse_duration("expect.max_nm_heartbeat", &h)?;
+        if d.subsec_nanos() != 0 || d.is_zero() {
+            return Err(format!(
+                "expect.max_nm_heartbeat: {h:?} is not whole seconds"
+            ));
+        }
+        max_nm_heartbeat_s = Some(d.as_secs());
+    }
+    let expect = Expect::DetectWithin(parse_duration("expect.detect_within", &detect_within)?);
+    let agent_policy_only = match policy.as_deref() {
+        None | Some("any") => false,
+        // `full`: this policy's name before it became `agent`.
+        Some("agent" | "full") => true,
+        Some(other) => {
+            return Err(format!(
+                "expect.policy: {other:?}: expected `any` (default) or `agent`"
+            ));
+        }
+    };
+    Ok((expect, agent_policy_only, max_nm_heartbeat_s))
+}
+
+/// The load's bounds.
+fn check_load(l: &Load) -> Result<(), String> {
+    if !(l.rate.is_finite() && l.rate >= 0.0 && l.rate <= 1000.0) {
+        return Err("load.rate: must be 0..=1000 requests per second".to_owned());
+    }
+    if l.streams > 2000 {
+        return Err("load.streams: at most 2000".to_owned());
+    }
+    if l.max_tokens == 0 || l.max_tokens > 4096 {
+        return Err("load.max_tokens: must be 1..=4096".to_owned());
+    }
+    if l.prompt_tokens > 100_000 {
+        return Err("load.prompt_tokens: at most 100000".to_owned());
+    }
+    Ok(())
 }
 
 #[cfg(test)]

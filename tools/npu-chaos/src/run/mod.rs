@@ -18,7 +18,9 @@
 use crate::agent::Supervisor;
 use crate::experiment::{Expect, Experiment};
 use crate::load::LoadGen;
+use crate::polls::PollFigures;
 use crate::real_engine;
+use fake_engine::node_manager::NmReport;
 use std::path::Path;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -38,7 +40,7 @@ pub use outcome::{GuardEvent, KubeletOutcome, Outcome, TimelinePoint, Verdict};
 use crate::timescale::scaled;
 use emulator::{kill_evidence, start_node_manager};
 use inject::is_driver_fault;
-use observe::{KubeletLink, observe};
+use observe::{KubeletLink, Observation, observe};
 use stack::{Stack, WantedSupervisor, wanted_supervisor};
 
 /// The row's directory of the outputs: `1s`, `3s`, `1s-pymotor` or `kubelet`.
@@ -52,13 +54,34 @@ pub fn cadence_dir(opts: &RunOptions) -> String {
 /// Runs one experiment under one policy. Never panics on a broken stack: the outcome says
 /// `error` with the reason.
 pub async fn run(e: &Experiment, policy: Policy, opts: &RunOptions) -> Outcome {
-    let not_by_design = (e.agent_policy_only && policy != Policy::Agent)
-        || opts
-            .row
-            .cadence()
-            .zip(e.max_nm_heartbeat_s)
-            .is_some_and(|(c, h)| c.heartbeat_s > h);
-    let mut out = Outcome {
+    let mut out = fresh_outcome(e, policy, opts);
+    if let Some(why) = not_applicable(e, policy, opts) {
+        out.verdict = Verdict::NotApplicable;
+        out.error = Some(why);
+        return out;
+    }
+    let cancel = CancellationToken::new();
+    let dir = opts
+        .out_dir
+        .join(policy.as_str())
+        .join(cadence_dir(opts))
+        .join(&e.name);
+    let want = wanted_supervisor(opts.agent_supervisor, e.fault);
+    out.agent_supervisor = want.supervisor;
+    out.agent_supervisor_note = want.note.clone();
+    let result = run_inner(e, policy, opts, &dir, &want, &cancel, &mut out).await;
+    cancel.cancel();
+    let (verdict, error) = verdict(e, policy, opts, &out, result);
+    out.verdict = verdict;
+    if error.is_some() {
+        out.error = error;
+    }
+    out
+}
+
+/// The outcome of an experiment that has not run yet (verdict `error`, no figures).
+fn fresh_outcome(e: &Experiment, policy: Policy, opts: &RunOptions) -> Outcome {
+    Outcome {
         experiment: e.name.clone(),
         target: e.target,
         fault: e.fault.to_string(),
@@ -94,7 +117,12 @@ pub async fn run(e: &Experiment, policy: Policy, opts: &RunOptions) -> Outcome {
         agent_ops: Vec::new(),
         polls: Vec::new(),
         timeline: Vec::new(),
-    };
+    }
+}
+
+/// Why the experiment cannot run in this row (the engine or the policy cannot take the
+/// fault), if so.
+fn not_applicable(e: &Experiment, policy: Policy, opts: &RunOptions) -> Option<String> {
     if opts.engine == EngineKind::Vllm
         && let Some(why) = real_engine::not_applicable(e.fault).or_else(|| {
             (!e.driver_codes.is_empty()).then_some(
@@ -102,28 +130,26 @@ pub async fn run(e: &Experiment, policy: Policy, opts: &RunOptions) -> Outcome {
             )
         })
     {
-        out.verdict = Verdict::NotApplicable;
-        out.error = Some(why.to_owned());
-        return out;
+        return Some(why.to_owned());
     }
-    if let Some(why) = policy.not_applicable(opts, e.fault) {
-        out.verdict = Verdict::NotApplicable;
-        out.error = Some(why);
-        return out;
-    }
-    let cancel = CancellationToken::new();
-    let dir = opts
-        .out_dir
-        .join(policy.as_str())
-        .join(cadence_dir(opts))
-        .join(&e.name);
-    let want = wanted_supervisor(opts.agent_supervisor, e.fault);
-    out.agent_supervisor = want.supervisor;
-    out.agent_supervisor_note = want.note.clone();
-    let result = run_inner(e, policy, opts, &dir, &want, &cancel, &mut out).await;
-    cancel.cancel();
-    // A kill before the fault was injected (or with no injection at all) is a false kill,
-    // whatever the experiment expects.
+    policy.not_applicable(opts, e.fault)
+}
+
+/// The verdict of a run that ended with `result`, and the error to report with it (`None`:
+/// leave the outcome's as it is).
+fn verdict(
+    e: &Experiment,
+    policy: Policy,
+    opts: &RunOptions,
+    out: &Outcome,
+    result: Result<(), String>,
+) -> (Verdict, Option<String>) {
+    let not_by_design = (e.agent_policy_only && policy != Policy::Agent)
+        || opts
+            .row
+            .cadence()
+            .zip(e.max_nm_heartbeat_s)
+            .is_some_and(|(c, h)| c.heartbeat_s > h);
     // A router row's Node Manager sees what the `1s` row's does: its known kills too.
     let nm_label = opts.row.cadence().map(|c| c.label());
     let known = e.known_false_kills.iter().any(|(p, row)| {
@@ -131,39 +157,46 @@ pub async fn run(e: &Experiment, policy: Policy, opts: &RunOptions) -> Outcome {
             && (*row == opts.row.label()
                 || (opts.row.router().is_some() && Some(row) == nm_label.as_ref()))
     });
-    let killed_before_fault = out
-        .killed_at_ms
-        .is_some_and(|k| out.first_injected_ms.is_none_or(|f| k < f));
-    let draft_without_cause = draft_without_cause(&out);
-    out.verdict = match result {
-        Err(err) => {
-            out.error = Some(err);
-            Verdict::Error
-        }
-        Ok(()) if draft_without_cause => {
-            out.error = Some(format!(
+    match result {
+        Err(err) => (Verdict::Error, Some(err)),
+        Ok(()) if draft_without_cause(out) => (
+            Verdict::DraftWithoutCause,
+            Some(format!(
                 "the draft answered {} requests, but the agent never told {} to take the main engine out",
                 out.load.by_draft,
                 out.router.map_or("the router", |r| r.as_str()),
-            ));
-            Verdict::DraftWithoutCause
+            )),
+        ),
+        Ok(()) if opts.row == Row::Kubelet => (kubelet_verdict(e, out, known, not_by_design), None),
+        Ok(()) => (node_manager_verdict(e, out, known, not_by_design), None),
+    }
+}
+
+/// The verdict of a Node Manager (or router) row's run that ended well.
+fn node_manager_verdict(
+    e: &Experiment,
+    out: &Outcome,
+    known: bool,
+    not_by_design: bool,
+) -> Verdict {
+    // A kill before the fault was injected (or with no injection at all) is a false kill,
+    // whatever the experiment expects.
+    let killed_before_fault = out
+        .killed_at_ms
+        .is_some_and(|k| out.first_injected_ms.is_none_or(|f| k < f));
+    match e.expect {
+        _ if killed_before_fault => Verdict::FalseKill,
+        Expect::Healthy if out.killed_at_ms.is_some() && known => Verdict::KnownFalseKill,
+        Expect::Healthy if out.killed_at_ms.is_some() => Verdict::FalseKill,
+        Expect::Healthy => Verdict::Pass,
+        // A driver fault must be reported without killing the (healthy) engine.
+        Expect::DetectWithin(_) if is_driver_fault(e.fault) && out.killed_at_ms.is_some() => {
+            Verdict::FalseKill
         }
-        Ok(()) if opts.row == Row::Kubelet => kubelet_verdict(e, &out, known, not_by_design),
-        Ok(()) => match e.expect {
-            _ if killed_before_fault => Verdict::FalseKill,
-            Expect::Healthy if out.killed_at_ms.is_some() && known => Verdict::KnownFalseKill,
-            Expect::Healthy if out.killed_at_ms.is_some() => Verdict::FalseKill,
-            Expect::Healthy => Verdict::Pass,
-            // A driver fault must be reported without killing the (healthy) engine.
-            Expect::DetectWithin(_) if is_driver_fault(e.fault) && out.killed_at_ms.is_some() => {
-                Verdict::FalseKill
-            }
-            Expect::DetectWithin(_) if out.detected_after_ms.is_some() => Verdict::Pass,
-            Expect::DetectWithin(_) if not_by_design => Verdict::NotDetectableByDesign,
-            Expect::DetectWithin(_) => Verdict::Missed,
-        },
-    };
-    out
+        Expect::DetectWithin(_) if out.detected_after_ms.is_some() => Verdict::Pass,
+        Expect::DetectWithin(_) if not_by_design => Verdict::NotDetectableByDesign,
+        Expect::DetectWithin(_) => Verdict::Missed,
+    }
 }
 
 /// Whether a router row's draft answered requests though the agent never told the router
@@ -228,41 +261,13 @@ async fn run_inner(
     let mut stack = Stack::start_ready(opts, dir, policy, want, cancel, limit).await?;
     out.agent_supervisor = stack.supervisor;
     out.agent_supervisor_note = stack.supervisor_note.clone();
-    if stack.supervisor == Supervisor::Systemd {
-        eprintln!(
-            "npu-chaos:   the agent runs as {} in a private systemd user manager (derived from {}: {})",
-            crate::systemd::AGENT_UNIT,
-            crate::systemd::SHIPPED_UNIT_PATH,
-            dir.join("npu-health-agent.service").display()
-        );
-    }
-    if let Some(note) = &stack.supervisor_note {
-        eprintln!("npu-chaos:   {note}");
-    }
+    announce_supervisor(&stack, dir);
     let (kill_tx, mut kill_rx) = tokio::sync::oneshot::channel::<Instant>();
-    // MindIE's own heartbeat: started now, the experiment begins after its 60 s grace.
-    let mut real_nm = None;
     let mut kill_tx = Some(kill_tx);
-    if let Some(p) = &opts.pymotor_nm {
-        let tx = kill_tx.take();
-        let mgmt_port = stack
-            .mgmt
-            .rsplit(':')
-            .next()
-            .and_then(|p| p.parse().ok())
-            .ok_or("no mgmt port")?;
-        let mut nm =
-            crate::pymotor::NodeManager::start(p, mgmt_port, stack.engine_port, dir, move |at| {
-                if let Some(tx) = tx {
-                    let _ = tx.send(at);
-                }
-            })?;
-        eprintln!(
-            "npu-chaos:   PyMotor's Node Manager runs; waiting out its 60 s grace period ..."
-        );
-        nm.wait_grace(Duration::from_secs(120)).await?;
-        real_nm = Some(nm);
-    }
+    let real_nm = match &opts.pymotor_nm {
+        Some(p) => Some(start_pymotor(p, &stack, dir, kill_tx.take()).await?),
+        None => None,
+    };
     stack.start_router(opts).await?;
     let load = LoadGen::start(
         &stack.load_base(),
@@ -285,75 +290,158 @@ async fn run_inner(
     let probes = crate::kubelet::ProbeLog::default();
     let (nm_thread, mut kubelet) = match opts.row {
         Row::NodeManager(_) | Row::Router(_) => {
-            let c = opts.row.cadence().unwrap_or(Cadence::PYMOTOR);
-            let nm = c.nm_options(vec![format!("{}/status", stack.mgmt)], s);
-            let thread = match kill_tx {
-                Some(tx) => Some(
-                    start_node_manager(nm, nm_cancel.clone(), tx)
-                        .map_err(|e| format!("starting the Node Manager emulator: {e}"))?,
-                ),
-                None => None,
-            };
+            let thread = start_emulator(opts, &stack, kill_tx, &nm_cancel)?;
             (thread, None)
         }
         Row::Kubelet => {
-            let k = crate::kubelet::Kubelet::manifest(
-                s,
-                format!("http://127.0.0.1:{}/health", stack.engine_port),
-                &stack.mgmt,
-            );
-            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-            let (gen_tx, gen_rx) = tokio::sync::watch::channel(0u64);
-            let ready_load = load.clone();
-            tokio::spawn(crate::kubelet::run(
-                k.clone(),
-                tx,
-                gen_rx,
-                move |r| ready_load.set_ready(r),
-                probes.clone(),
-                nm_cancel.clone(),
-            ));
-            (
-                None,
-                Some(KubeletLink {
-                    actions: rx,
-                    generation: gen_tx,
-                    exit_backoff: k.exit_backoff,
-                    expect: e.kubelet,
-                    log: Vec::new(),
-                    exited_at: None,
-                    not_ready_since: None,
-                    not_ready_total: Duration::ZERO,
-                }),
-            )
+            let link = start_kubelet(e, s, &stack, &load, &probes, &nm_cancel);
+            (None, Some(link))
         }
     };
     // The scheduled injection, after a 10 s baseline.
     let t0 = Instant::now() + sc(Duration::from_secs(10));
-    let result = observe(
+    let observation = Observation {
         e,
-        &mut stack,
-        &load,
-        &mut kill_rx,
-        kubelet.as_mut(),
+        stack: &mut stack,
+        load: &load,
+        kill_rx: &mut kill_rx,
+        kubelet: kubelet.as_mut(),
         sample_every,
         s,
         t0,
-        out,
-    )
-    .await;
+    };
+    let result = observe(observation, out).await;
     if let Some((r, _)) = &stack.real {
         r.save_log(&dir.join("vllm.log"));
     }
     nm_cancel.cancel();
-    let nm_report = match nm_thread {
+    let nm_report = emulator_report(nm_thread, nm_started, dir, out).await;
+    let pollers = Pollers {
+        nm_report: nm_report.as_ref(),
+        nm_t0,
+        pymotor: real_nm.as_ref(),
+        kubelet: (opts.row == Row::Kubelet).then_some(&probes),
+    };
+    out.polls.extend(pollers.figures(e, s, t0, out));
+    if let Some(nm) = real_nm {
+        nm.stop().await;
+    }
+    out.load = load.stats.snapshot();
+    stop_stack(&mut stack).await;
+    result
+}
+
+/// Says how the agent runs when it is not simply a child of the runner.
+fn announce_supervisor(stack: &Stack, dir: &Path) {
+    if stack.supervisor == Supervisor::Systemd {
+        eprintln!(
+            "npu-chaos:   the agent runs as {} in a private systemd user manager (derived from {}: {})",
+            crate::systemd::AGENT_UNIT,
+            crate::systemd::SHIPPED_UNIT_PATH,
+            dir.join("npu-health-agent.service").display()
+        );
+    }
+    if let Some(note) = &stack.supervisor_note {
+        eprintln!("npu-chaos:   {note}");
+    }
+}
+
+/// MindIE's own heartbeat, sending its kill to `kill_tx`: started now, the experiment
+/// begins after its 60 s grace.
+async fn start_pymotor(
+    p: &crate::pymotor::Pymotor,
+    stack: &Stack,
+    dir: &Path,
+    kill_tx: Option<tokio::sync::oneshot::Sender<Instant>>,
+) -> Result<crate::pymotor::NodeManager, String> {
+    let mgmt_port = stack
+        .mgmt
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .ok_or("no mgmt port")?;
+    let mut nm =
+        crate::pymotor::NodeManager::start(p, mgmt_port, stack.engine_port, dir, move |at| {
+            if let Some(tx) = kill_tx {
+                let _ = tx.send(at);
+            }
+        })?;
+    eprintln!("npu-chaos:   PyMotor's Node Manager runs; waiting out its 60 s grace period ...");
+    nm.wait_grace(Duration::from_secs(120)).await?;
+    Ok(nm)
+}
+
+/// The Node Manager emulator's thread, polling the agent's `/status` (none when PyMotor's
+/// Node Manager took the kill channel).
+fn start_emulator(
+    opts: &RunOptions,
+    stack: &Stack,
+    kill_tx: Option<tokio::sync::oneshot::Sender<Instant>>,
+    cancel: &CancellationToken,
+) -> Result<Option<std::thread::JoinHandle<NmReport>>, String> {
+    let c = opts.row.cadence().unwrap_or(Cadence::PYMOTOR);
+    let nm = c.nm_options(vec![format!("{}/status", stack.mgmt)], opts.time_scale);
+    let Some(tx) = kill_tx else {
+        return Ok(None);
+    };
+    start_node_manager(nm, cancel.clone(), tx)
+        .map(Some)
+        .map_err(|e| format!("starting the Node Manager emulator: {e}"))
+}
+
+/// The kubelet emulator probing the engine, and the runner's link to it.
+fn start_kubelet(
+    e: &Experiment,
+    s: f64,
+    stack: &Stack,
+    load: &LoadGen,
+    probes: &crate::kubelet::ProbeLog,
+    cancel: &CancellationToken,
+) -> KubeletLink {
+    let k = crate::kubelet::Kubelet::manifest(
+        s,
+        format!("http://127.0.0.1:{}/health", stack.engine_port),
+        &stack.mgmt,
+    );
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let (gen_tx, gen_rx) = tokio::sync::watch::channel(0u64);
+    let ready_load = load.clone();
+    tokio::spawn(crate::kubelet::run(
+        k.clone(),
+        tx,
+        gen_rx,
+        move |r| ready_load.set_ready(r),
+        probes.clone(),
+        cancel.clone(),
+    ));
+    KubeletLink {
+        actions: rx,
+        generation: gen_tx,
+        exit_backoff: k.exit_backoff,
+        expect: e.kubelet,
+        log: Vec::new(),
+        exited_at: None,
+        not_ready_since: None,
+        not_ready_total: Duration::ZERO,
+    }
+}
+
+/// The emulator's report once its thread ended, kept beside the experiment's logs, and the
+/// evidence of its kill.
+async fn emulator_report(
+    thread: Option<std::thread::JoinHandle<NmReport>>,
+    started: std::time::SystemTime,
+    dir: &Path,
+    out: &mut Outcome,
+) -> Option<NmReport> {
+    let report = match thread {
         Some(t) => tokio::task::spawn_blocking(move || t.join().ok())
             .await
             .ok()
             .flatten(),
         None => None,
     };
-    if let Some(r) = &nm_report {
+    if let Some(r) = &report {
         let path = dir.join("node-manager.json");
         if let Err(e) = std::fs::write(&path, serde_json::to_vec_pretty(r).unwrap_or_default()) {
             eprintln!("npu-chaos:   {}: {e}", path.display());
@@ -361,80 +449,96 @@ async fn run_inner(
     }
     if out.killed_at_ms.is_some() {
         out.kill_evidence = kill_evidence(
-            nm_report.as_ref(),
-            nm_started,
+            report.as_ref(),
+            started,
             &[dir.join("agent.log"), dir.join("agent-upgrade.log")],
         );
     }
-    // What the pollers saw, from the first injection to the later of the fault's end and
-    // the last agent operation's end.
-    let from = out.first_injected_ms.unwrap_or(0);
-    let to = out
-        .agent_ops
-        .iter()
-        .filter_map(|o| o.answered_ms.or(o.new_running_ms))
-        .fold(sc(e.duration).as_millis() as i64, i64::max)
-        .max(from);
-    let offset = nm_t0.saturating_duration_since(t0).as_millis() as i64
-        - t0.saturating_duration_since(nm_t0).as_millis() as i64;
-    let at = |i: Instant| {
-        if i >= t0 {
-            (i - t0).as_millis() as i64
-        } else {
-            -((t0 - i).as_millis() as i64)
-        }
-    };
-    use crate::polls::{Answer, figures};
-    if let Some(r) = &nm_report {
-        let answers: Vec<Answer> = r
-            .polls
+    report
+}
+
+/// Whoever polled the agent or the engine during a run, with what they saw.
+struct Pollers<'a> {
+    nm_report: Option<&'a NmReport>,
+    /// When the emulator's clock started (its polls' times count from it).
+    nm_t0: Instant,
+    pymotor: Option<&'a crate::pymotor::NodeManager>,
+    /// The kubelet emulator's probes (a kubelet row only).
+    kubelet: Option<&'a crate::kubelet::ProbeLog>,
+}
+
+impl Pollers<'_> {
+    /// What the pollers saw, from the first injection to the later of the fault's end and
+    /// the last agent operation's end (times from `t0`, the scheduled injection).
+    fn figures(&self, e: &Experiment, s: f64, t0: Instant, out: &Outcome) -> Vec<PollFigures> {
+        use crate::polls::{Answer, figures};
+        let from = out.first_injected_ms.unwrap_or(0);
+        let to = out
+            .agent_ops
             .iter()
-            .map(|p| Answer {
-                at_ms: p.at_ms as i64 + offset,
-                ok: p.error.is_none(),
-            })
-            .collect();
-        out.polls.push(figures("node_manager", &answers, from, to));
-    }
-    if let Some(nm) = &real_nm {
-        let answers: Vec<Answer> = nm
-            .heartbeats()
-            .into_iter()
-            .map(|(i, ok)| Answer { at_ms: at(i), ok })
-            .collect();
-        out.polls
-            .push(figures("pymotor_heartbeats", &answers, from, to));
-    }
-    if opts.row == Row::Kubelet {
-        let records = probes.records();
-        for (kind, name) in [
-            (crate::kubelet::ProbeKind::Readiness, "kubelet_readyz"),
-            (crate::kubelet::ProbeKind::Liveness, "kubelet_livez"),
-        ] {
-            let answers: Vec<Answer> = records
+            .filter_map(|o| o.answered_ms.or(o.new_running_ms))
+            .fold(scaled(e.duration, s).as_millis() as i64, i64::max)
+            .max(from);
+        let offset = self.nm_t0.saturating_duration_since(t0).as_millis() as i64
+            - t0.saturating_duration_since(self.nm_t0).as_millis() as i64;
+        let at = |i: Instant| {
+            if i >= t0 {
+                (i - t0).as_millis() as i64
+            } else {
+                -((t0 - i).as_millis() as i64)
+            }
+        };
+        let mut polls = Vec::new();
+        if let Some(r) = self.nm_report {
+            let answers: Vec<Answer> = r
+                .polls
                 .iter()
-                .filter(|r| r.probe == kind)
-                .map(|r| Answer {
-                    at_ms: at(r.at),
-                    ok: r.ok,
+                .map(|p| Answer {
+                    at_ms: p.at_ms as i64 + offset,
+                    ok: p.error.is_none(),
                 })
                 .collect();
-            out.polls.push(figures(name, &answers, from, to));
+            polls.push(figures("node_manager", &answers, from, to));
         }
+        if let Some(nm) = self.pymotor {
+            let answers: Vec<Answer> = nm
+                .heartbeats()
+                .into_iter()
+                .map(|(i, ok)| Answer { at_ms: at(i), ok })
+                .collect();
+            polls.push(figures("pymotor_heartbeats", &answers, from, to));
+        }
+        if let Some(probes) = self.kubelet {
+            let records = probes.records();
+            for (kind, name) in [
+                (crate::kubelet::ProbeKind::Readiness, "kubelet_readyz"),
+                (crate::kubelet::ProbeKind::Liveness, "kubelet_livez"),
+            ] {
+                let answers: Vec<Answer> = records
+                    .iter()
+                    .filter(|r| r.probe == kind)
+                    .map(|r| Answer {
+                        at_ms: at(r.at),
+                        ok: r.ok,
+                    })
+                    .collect();
+                polls.push(figures(name, &answers, from, to));
+            }
+        }
+        polls
     }
-    if let Some(nm) = real_nm {
-        nm.stop().await;
-    }
-    out.load = load.stats.snapshot();
-    // The fake engine is killed and reaped here: dropping the stack only sends SIGKILL, and
-    // a run can end (and a test look for stray processes) before the engine is gone — a CI
-    // run saw a kubelet-restarted engine still listed.
+}
+
+/// Stops the engine and the agent before the stack is dropped. The fake engine is killed
+/// and reaped here: dropping the stack only sends SIGKILL, and a run can end (and a test
+/// look for stray processes) before the engine is gone — a CI run saw a kubelet-restarted
+/// engine still listed. A unit is stopped with its private manager here, not at the
+/// stack's drop.
+async fn stop_stack(stack: &mut Stack) {
     if let Some(mut e) = stack.engine.take() {
         let _ = e.kill().await;
     }
-    // A unit is stopped with its private manager here, not at the stack's drop.
     stack.agent.lock().await.stop().await;
-    result
 }
 
 /// The experiment's load as the engine can take it: a real engine's test model has a
@@ -729,6 +833,100 @@ mod tests {
         let o = out(K::Restart, 0, 0, None, None);
         assert_eq!(
             kubelet_verdict(&e, &o, false, true),
+            Verdict::NotDetectableByDesign
+        );
+    }
+
+    // A Node Manager row's verdicts: a kill before the injection is false whatever the
+    // experiment expects, a driver fault's kill too; a fault needs its detection.
+    #[test]
+    fn node_manager_verdicts() {
+        let exp = |fault: Fault, expect: Expect| Experiment {
+            name: "x".into(),
+            target: crate::experiment::Target::Engine,
+            fault,
+            duration: Duration::from_secs(10),
+            load: Default::default(),
+            guards: Vec::new(),
+            expect,
+            agent_policy_only: false,
+            max_nm_heartbeat_s: None,
+            known_false_kills: Vec::new(),
+            kubelet: crate::experiment::KubeletExpect::Restart,
+            driver_codes: Vec::new(),
+        };
+        let out = |killed: Option<i64>, first: Option<i64>, detected: Option<u64>| Outcome {
+            killed_at_ms: killed,
+            first_injected_ms: first,
+            detected_after_ms: detected,
+            ..crate::report::tests::outcome("x", "", Verdict::Error, None)
+        };
+        let fault = Expect::DetectWithin(Duration::from_secs(5));
+        let hang = exp(Fault::EngineHang, fault);
+        let benign = exp(Fault::EngineHang, Expect::Healthy);
+        let rows = [
+            (
+                "benign, no kill",
+                &benign,
+                out(None, Some(0), None),
+                false,
+                Verdict::Pass,
+            ),
+            (
+                "benign, killed",
+                &benign,
+                out(Some(5), Some(0), None),
+                false,
+                Verdict::FalseKill,
+            ),
+            (
+                "benign, killed, known",
+                &benign,
+                out(Some(5), Some(0), None),
+                true,
+                Verdict::KnownFalseKill,
+            ),
+            (
+                "killed before the fault",
+                &hang,
+                out(Some(5), Some(10), Some(1)),
+                true,
+                Verdict::FalseKill,
+            ),
+            (
+                "killed, never injected",
+                &hang,
+                out(Some(5), None, None),
+                false,
+                Verdict::FalseKill,
+            ),
+            (
+                "detected",
+                &hang,
+                out(Some(5), Some(0), Some(5)),
+                false,
+                Verdict::Pass,
+            ),
+            (
+                "missed",
+                &hang,
+                out(None, Some(0), None),
+                false,
+                Verdict::Missed,
+            ),
+            (
+                "driver fault killed",
+                &exp(Fault::DriverError, fault),
+                out(Some(5), Some(0), Some(1)),
+                false,
+                Verdict::FalseKill,
+            ),
+        ];
+        for (name, e, o, known, want) in rows {
+            assert_eq!(node_manager_verdict(e, &o, known, false), want, "{name}");
+        }
+        assert_eq!(
+            node_manager_verdict(&hang, &out(None, Some(0), None), false, true),
             Verdict::NotDetectableByDesign
         );
     }

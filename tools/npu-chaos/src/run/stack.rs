@@ -142,18 +142,31 @@ pub(super) struct Stack {
     pub(super) router: Option<crate::router::Router>,
 }
 
-impl Stack {
-    pub(super) async fn start(
-        opts: &RunOptions,
-        dir: &Path,
-        policy: Policy,
-        want: &WantedSupervisor,
-        cancel: &CancellationToken,
-    ) -> Result<Stack, String> {
-        let s = opts.time_scale;
+/// A log file of the experiment's directory, as a child's output.
+fn log_file(dir: &Path, name: &str) -> Result<std::process::Stdio, String> {
+    std::fs::File::create(dir.join(name))
+        .map(std::process::Stdio::from)
+        .map_err(|e| e.to_string())
+}
+
+/// The files of one experiment's stack, in its directory.
+struct StackFiles {
+    dir: PathBuf,
+    /// The agent's state directory (RUNTIME_DIRECTORY of a direct start).
+    state_dir: PathBuf,
+    /// The fake NPUs' AI Cube figures, one file each (what the engine or the follower writes).
+    npu_files: Vec<PathBuf>,
+    /// The fake driver's scenario, reading those files.
+    scenario: PathBuf,
+    /// The agent's config.
+    toml: PathBuf,
+}
+
+impl StackFiles {
+    /// Creates the directory, a fresh state directory (an earlier run's state must not be
+    /// taken back), two fake NPUs at rest, and the fake driver's scenario of them.
+    fn create(dir: &Path) -> Result<StackFiles, String> {
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        // The agent's state directory (RUNTIME_DIRECTORY of a direct start), fresh: an
-        // earlier run's state must not be taken back.
         let state_dir = dir.join("run");
         let _ = std::fs::remove_dir_all(&state_dir);
         std::fs::create_dir_all(&state_dir).map_err(|e| format!("{}: {e}", state_dir.display()))?;
@@ -170,49 +183,189 @@ impl Stack {
             ));
         }
         std::fs::write(&scenario, text).map_err(|e| e.to_string())?;
+        Ok(StackFiles {
+            dir: dir.to_owned(),
+            state_dir,
+            npu_files,
+            scenario,
+            toml: dir.join("agent.toml"),
+        })
+    }
+}
+
+/// The real engine (the one kept from the last experiment while it lives), and the follower
+/// writing its Worker's CPU use as the NPUs' AI Cube figure.
+async fn start_real_engine(
+    opts: &RunOptions,
+    npu_files: &[PathBuf],
+) -> Result<(RealEngine, npu_fake::follow::CpuFollower), String> {
+    let mut slot = opts.real.lock().await;
+    let reuse = slot.as_ref().filter(|r| r.alive()).cloned();
+    let r = match reuse {
+        Some(r) => r,
+        None => {
+            if let Some(old) = slot.take() {
+                old.down().await;
+            }
+            eprintln!("npu-chaos:   starting a real vLLM (scripts/real-vllm up) ...");
+            RealEngine::up(&opts.real_vllm_script).await?
+        }
+    };
+    *slot = Some(r.clone());
+    let follower = npu_fake::follow::CpuFollower::spawn(
+        r.worker_pid_file(),
+        npu_files.to_vec(),
+        Duration::from_millis(100),
+    );
+    Ok((r, follower))
+}
+
+/// The ports whatever serves `/status` uses: the engine's (through the proxy) and its own.
+#[derive(Debug, Clone, Copy)]
+struct AgentPorts {
+    engine: u16,
+    mgmt: u16,
+}
+
+/// Writes the agent's config; in a router row with the router's listener in the [agent]
+/// table, on a port of its own (returned).
+fn write_agent_config(
+    opts: &RunOptions,
+    policy: Policy,
+    files: &StackFiles,
+    ports: AgentPorts,
+) -> Result<Option<u16>, String> {
+    let router_port = match opts.row.router() {
+        Some(_) => Some(
+            fake_engine::launch::free_ports::<1>().map_err(|e| format!("no free port: {e}"))?[0],
+        ),
+        None => None,
+    };
+    let agent_extra = match (opts.row.router(), router_port) {
+        (Some(r), Some(p)) => r.agent_line(p),
+        _ => String::new(),
+    };
+    let text = agent_toml(
+        ports.engine,
+        ports.mgmt,
+        files.npu_files.len(),
+        policy,
+        opts.time_scale,
+        opts.engine,
+        opts.model(),
+    )
+    .replacen("[agent]\n", &format!("[agent]\n{agent_extra}"), 1);
+    std::fs::write(&files.toml, text).map_err(|e| e.to_string())?;
+    Ok(router_port)
+}
+
+/// MindIE's engine server serving `/status` in the agent's place (the `mindie` policy).
+async fn start_mindie_peer(
+    p: &crate::pymotor::Pymotor,
+    opts: &RunOptions,
+    files: &StackFiles,
+    ports: AgentPorts,
+) -> Result<Agent, String> {
+    let dir = &files.dir;
+    // The fake npu-smi is the agent binary under that name.
+    let npu_smi = dir.join("bin/npu-smi");
+    std::fs::create_dir_all(dir.join("bin")).map_err(|e| e.to_string())?;
+    let _ = std::fs::remove_file(&npu_smi);
+    std::os::unix::fs::symlink(&opts.agent_exe, &npu_smi)
+        .map_err(|e| format!("{}: {e}", npu_smi.display()))?;
+    let args: Vec<String> = [
+        "--engine-port",
+        &ports.engine.to_string(),
+        "--mgmt-port",
+        &ports.mgmt.to_string(),
+        "--model",
+        opts.model(),
+        "--device-id",
+        "0",
+        "--npu-smi",
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .chain([npu_smi.display().to_string()])
+    .collect();
+    let mut cmd = p.health_service_command(
+        crate::pymotor::ENGINE_SERVER_PY,
+        &args,
+        &dir.join("agent.log"),
+    )?;
+    cmd.env("FAKE_NPU_SCENARIO", &files.scenario)
+        .stdout(std::process::Stdio::null());
+    let child = cmd.spawn().map_err(|e| {
+        format!("starting MindIE's engine server (through `setsid` and `nice`): {e}")
+    })?;
+    // Whatever serves `/status` gets the CPU priority a node's health service has.
+    crate::priority::raise_group(child.id()).await;
+    Ok(Agent::other(child, dir))
+}
+
+/// The agent under the supervisor wanted, or directly when systemd was only preferred and
+/// cannot run here; with the note on the supervisor (the wanted one's, or why not systemd).
+/// Whatever serves `/status` gets the CPU priority a node's health service has (the
+/// agent's start raises it).
+async fn start_agent(
+    opts: &RunOptions,
+    want: &WantedSupervisor,
+    files: &StackFiles,
+) -> Result<(Agent, Option<String>), String> {
+    let s = opts.time_scale;
+    let launch = agent::Launch {
+        exe: opts.agent_exe.clone(),
+        config: files.toml.clone(),
+        scenario: files.scenario.clone(),
+        state_dir: files.state_dir.clone(),
+        log: files.dir.join("agent.log"),
+    };
+    let mut note = want.note.clone();
+    let agent = match want.supervisor {
+        Supervisor::Direct => Agent::start_direct(launch, s).await,
+        Supervisor::Systemd => match crate::systemd::preflight().err() {
+            Some(why) if !want.required => {
+                note = Some(format!(
+                    "no private systemd user manager here ({why}): the agent runs directly"
+                ));
+                Agent::start_direct(launch, s).await
+            }
+            Some(why) => Err(format!("--agent-supervisor systemd: {why}")),
+            None => Agent::start_systemd(launch, s).await,
+        },
+    }?;
+    Ok((agent, note))
+}
+
+impl Stack {
+    pub(super) async fn start(
+        opts: &RunOptions,
+        dir: &Path,
+        policy: Policy,
+        want: &WantedSupervisor,
+        cancel: &CancellationToken,
+    ) -> Result<Stack, String> {
+        let s = opts.time_scale;
+        let files = StackFiles::create(dir)?;
         let [fake_port, control_port, mgmt_port] =
             fake_engine::launch::free_ports().map_err(|e| format!("no free port: {e}"))?;
-        let log = |name: &str| -> Result<std::process::Stdio, String> {
-            std::fs::File::create(dir.join(name))
-                .map(std::process::Stdio::from)
-                .map_err(|e| e.to_string())
-        };
-        let mut relaunch = None;
-        let (engine, real, engine_port) = match opts.engine {
+        let (engine, relaunch, real, engine_port) = match opts.engine {
             EngineKind::Fake => {
                 let launch = FakeLaunch {
                     exe: opts.agent_exe.clone(),
                     port: fake_port,
                     control_port,
-                    npu_files: npu_files.clone(),
+                    npu_files: files.npu_files.clone(),
                     mindie: policy == Policy::Mindie,
                     s,
                 };
-                let engine = launch.spawn(log("engine.log")?)?;
-                relaunch = Some(launch);
-                (Some(engine), None, fake_port)
+                let engine = launch.spawn(log_file(dir, "engine.log")?)?;
+                (Some(engine), Some(launch), None, fake_port)
             }
             EngineKind::Vllm => {
-                let mut slot = opts.real.lock().await;
-                let reuse = slot.as_ref().filter(|r| r.alive()).cloned();
-                let r = match reuse {
-                    Some(r) => r,
-                    None => {
-                        if let Some(old) = slot.take() {
-                            old.down().await;
-                        }
-                        eprintln!("npu-chaos:   starting a real vLLM (scripts/real-vllm up) ...");
-                        RealEngine::up(&opts.real_vllm_script).await?
-                    }
-                };
-                *slot = Some(r.clone());
-                let follower = npu_fake::follow::CpuFollower::spawn(
-                    r.worker_pid_file(),
-                    npu_files.clone(),
-                    Duration::from_millis(100),
-                );
+                let (r, follower) = start_real_engine(opts, &files.npu_files).await?;
                 let port = r.port;
-                (None, Some((r, follower)), port)
+                (None, None, Some((r, follower)), port)
             }
         };
         // In process, so it binds port 0 and there is no pick-then-bind race.
@@ -220,108 +373,29 @@ impl Stack {
         let proxy = Proxy::start(loopback(0), loopback(engine_port), proxy_cancel.clone())
             .await
             .map_err(|e| format!("starting the proxy: {e}"))?;
-        let toml = dir.join("agent.toml");
-        let router_port = match opts.row.router() {
-            Some(_) => Some(
-                fake_engine::launch::free_ports::<1>().map_err(|e| format!("no free port: {e}"))?
-                    [0],
-            ),
-            None => None,
+        let ports = AgentPorts {
+            engine: proxy.addr.port(),
+            mgmt: mgmt_port,
         };
-        let agent_extra = match (opts.row.router(), router_port) {
-            (Some(r), Some(p)) => r.agent_line(p),
-            _ => String::new(),
-        };
-        // The router's listener goes in the [agent] table.
-        let text = agent_toml(
-            proxy.addr.port(),
-            mgmt_port,
-            npu_files.len(),
-            policy,
-            s,
-            opts.engine,
-            opts.model(),
-        )
-        .replacen("[agent]\n", &format!("[agent]\n{agent_extra}"), 1);
-        std::fs::write(&toml, text).map_err(|e| e.to_string())?;
-        let mut supervisor = Supervisor::Direct;
-        let mut supervisor_note = want.note.clone();
-        let agent = match (policy, &opts.pymotor) {
+        let router_port = write_agent_config(opts, policy, &files, ports)?;
+        let (agent, supervisor, supervisor_note) = match (policy, &opts.pymotor) {
             (Policy::Mindie, Some(p)) => {
-                // The fake npu-smi is the agent binary under that name.
-                let npu_smi = dir.join("bin/npu-smi");
-                std::fs::create_dir_all(dir.join("bin")).map_err(|e| e.to_string())?;
-                let _ = std::fs::remove_file(&npu_smi);
-                std::os::unix::fs::symlink(&opts.agent_exe, &npu_smi)
-                    .map_err(|e| format!("{}: {e}", npu_smi.display()))?;
-                let args: Vec<String> = [
-                    "--engine-port",
-                    &proxy.addr.port().to_string(),
-                    "--mgmt-port",
-                    &mgmt_port.to_string(),
-                    "--model",
-                    opts.model(),
-                    "--device-id",
-                    "0",
-                    "--npu-smi",
-                ]
-                .iter()
-                .map(|a| a.to_string())
-                .chain([npu_smi.display().to_string()])
-                .collect();
-                let mut cmd = p.health_service_command(
-                    crate::pymotor::ENGINE_SERVER_PY,
-                    &args,
-                    &dir.join("agent.log"),
-                )?;
-                cmd.env("FAKE_NPU_SCENARIO", &scenario)
-                    .stdout(std::process::Stdio::null());
-                let child = cmd.spawn().map_err(|e| {
-                    format!("starting MindIE's engine server (through `setsid` and `nice`): {e}")
-                })?;
-                // Whatever serves `/status` gets the CPU priority a node's health service has.
-                crate::priority::raise_group(child.id()).await;
-                Agent::other(child, dir)
+                let peer = start_mindie_peer(p, opts, &files, ports).await?;
+                (peer, Supervisor::Direct, want.note.clone())
             }
             (Policy::Mindie, None) => {
                 return Err("the mindie-3.0.0b2 peer needs `scripts/pymotor install`".to_owned());
             }
-            _ => {
-                let launch = agent::Launch {
-                    exe: opts.agent_exe.clone(),
-                    config: toml.clone(),
-                    scenario: scenario.clone(),
-                    state_dir,
-                    log: dir.join("agent.log"),
-                };
-                let started = match want.supervisor {
-                    Supervisor::Direct => Agent::start_direct(launch, s).await,
-                    Supervisor::Systemd => {
-                        let why_not = crate::systemd::preflight().err();
-                        match why_not {
-                            Some(why) if !want.required => {
-                                supervisor_note = Some(format!(
-                                    "no private systemd user manager here ({why}): the agent runs directly"
-                                ));
-                                Agent::start_direct(launch, s).await
-                            }
-                            Some(why) => Err(format!("--agent-supervisor systemd: {why}")),
-                            None => Agent::start_systemd(launch, s).await,
-                        }
-                    }
-                };
-                // Whatever serves `/status` gets the CPU priority a node's health service
-                // has (the agent's start raises it).
-                let started = match started {
-                    Ok(a) => a,
-                    Err(e) => {
-                        proxy_cancel.cancel();
-                        return Err(e);
-                    }
-                };
-                supervisor = started.supervisor;
-                started
-            }
+            _ => match start_agent(opts, want, &files).await {
+                Ok((agent, note)) => {
+                    let supervisor = agent.supervisor;
+                    (agent, supervisor, note)
+                }
+                Err(e) => {
+                    proxy_cancel.cancel();
+                    return Err(e);
+                }
+            },
         };
         // The emulator's poll timeout, scaled: one slow answer must not stall the sampling.
         let http = reqwest::Client::builder()
