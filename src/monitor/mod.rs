@@ -417,16 +417,22 @@ impl Monitor {
         }
     }
 
-    /// Evaluates the start gates when the first healthy `/status` arrives; true if virtual
-    /// inference may run. `cube` lists (logic id, backend) of the engine's NPUs.
-    pub fn decide_start(&self, cube: &[(u32, crate::driver::Backend)]) -> bool {
+    /// Evaluates the start gates now (the configuration's and AI Cube readability of `cube`)
+    /// and returns every condition; `doctor` reads them the same way.
+    pub fn evaluate_gates(&self, cube: &[(u32, crate::driver::Backend)]) -> Vec<Condition> {
         // Evaluated now, as the reference does at start (the agent's own environment may
         // have changed since the configuration was read).
         for c in gates::static_conditions(&self.spec) {
             self.set_condition(c);
         }
         self.set_condition(gates::cube_condition(cube));
-        let conditions = self.conditions();
+        self.conditions()
+    }
+
+    /// Evaluates the start gates when the first healthy `/status` arrives; true if virtual
+    /// inference may run. `cube` lists (logic id, backend) of the engine's NPUs.
+    pub fn decide_start(&self, cube: &[(u32, crate::driver::Backend)]) -> bool {
+        let conditions = self.evaluate_gates(cube);
         let blocking: Vec<&Condition> = conditions
             .iter()
             .filter(|c| c.name != "health" && c.ok == Some(false))
