@@ -178,82 +178,150 @@ async fn stop(mut child: Child, name: &str) {
     }
 }
 
-/// Runs the demo.
-pub async fn demo(args: DemoArgs) -> Result<(), CliError> {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    // SIGTERM, SIGINT and SIGHUP all end the demo, and it stops what it started.
-    let mut signals =
-        crate::service::signals::Signals::install().context("installing signal handlers")?;
-    let stopped_early = signals.early().is_some();
-    let exe = std::env::current_exe().context("locating this binary")?;
-    let dir = std::env::temp_dir().join(format!("npu-health-agent-demo-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let [engine_port, control_port, mgmt_port, admin_port] = crate::fake::free_ports()?;
-    let (scenario, agent_toml) =
-        write_files(&dir, engine_port, mgmt_port, admin_port).context("writing demo files")?;
-    // Both children get SIGTERM when the demo dies, even by SIGKILL (no handler of ours
-    // runs then): `--exit-with-parent` sets Linux's parent-death signal in them.
-    let me = std::process::id().to_string();
-    let mut agent = Command::new(&exe)
-        .args(["--exit-with-parent", &me, "--fake", "run", "--config"])
-        .arg(&agent_toml)
-        .env("FAKE_NPU_SCENARIO", &scenario)
-        .env(
-            "RUST_LOG",
-            std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".to_owned()),
-        )
-        .kill_on_drop(true)
-        .spawn()
-        .context("starting the agent")?;
-    println!("demo: files in {}", dir.display());
-    println!(
-        "demo: fake engine   http://127.0.0.1:{engine_port}  (faults: http://127.0.0.1:{control_port}/fake/faults)"
-    );
-    println!("demo: /status       http://127.0.0.1:{mgmt_port}/status");
-    println!("demo: detail        http://127.0.0.1:{mgmt_port}/status/detail");
-    println!("demo: QoS           http://127.0.0.1:{mgmt_port}/qos");
-    println!(
-        "demo: metrics       http://127.0.0.1:{mgmt_port}/metrics  (all: http://127.0.0.1:{admin_port}/metrics)"
-    );
-    println!(
-        "demo: kubelet       http://127.0.0.1:{mgmt_port}/readyz  http://127.0.0.1:{mgmt_port}/livez"
-    );
-    println!("demo: live page     http://127.0.0.1:{admin_port}/");
-    let cfg = crate::config::file::load(&agent_toml).context("reading the demo's agent.toml")?;
-    if let Some(e) = cfg.engines.first() {
-        println!(
-            "demo: try  curl -X POST -d '{{\"hang\":true}}' http://127.0.0.1:{control_port}/fake/faults  ({})",
-            hang_hint(e)
-        );
+/// The demo's binary, directory, ports and files.
+struct Setup {
+    exe: PathBuf,
+    dir: PathBuf,
+    /// This process's id: the children exit with it.
+    me: String,
+    engine_port: u16,
+    control_port: u16,
+    mgmt_port: u16,
+    admin_port: u16,
+    scenario: PathBuf,
+    agent_toml: PathBuf,
+}
+
+impl Setup {
+    /// Picks the ports and writes the files in a fresh directory.
+    fn prepare() -> Result<Setup, CliError> {
+        let exe = std::env::current_exe().context("locating this binary")?;
+        let dir =
+            std::env::temp_dir().join(format!("npu-health-agent-demo-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let [engine_port, control_port, mgmt_port, admin_port] = crate::fake::free_ports()?;
+        let (scenario, agent_toml) =
+            write_files(&dir, engine_port, mgmt_port, admin_port).context("writing demo files")?;
+        Ok(Setup {
+            exe,
+            dir,
+            me: std::process::id().to_string(),
+            engine_port,
+            control_port,
+            mgmt_port,
+            admin_port,
+            scenario,
+            agent_toml,
+        })
     }
-    println!(
-        "demo:      fault keys: {} (docs/fake-driver.md); POST /fake/reset clears them",
-        fault_keys().join(", ")
-    );
-    let client = reqwest::Client::builder()
-        .no_proxy()
-        .build()
-        .context("HTTP client")?;
-    let started = Instant::now();
-    let deadline = args.duration.map(|d| started + d);
-    let mut last = String::new();
-    let mut last_level = String::new();
-    let (mut seen_initial, mut seen_normal) = (false, false);
-    // The engine comes up only once the agent answers `initial`, as after a model load.
-    let mut engine: Option<Child> = None;
-    let load = CancellationToken::new();
-    // Ok(true): stopped by a signal (no verdict expected then).
-    let outcome = loop {
-        if stopped_early {
-            break Ok(true);
+
+    /// Starts the agent on the fake driver.
+    fn start_agent(&self) -> Result<Child, CliError> {
+        // Both children get SIGTERM when the demo dies, even by SIGKILL (no handler of ours
+        // runs then): `--exit-with-parent` sets Linux's parent-death signal in them.
+        let agent = Command::new(&self.exe)
+            .args(["--exit-with-parent", &self.me, "--fake", "run", "--config"])
+            .arg(&self.agent_toml)
+            .env("FAKE_NPU_SCENARIO", &self.scenario)
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".to_owned()),
+            )
+            .kill_on_drop(true)
+            .spawn()
+            .context("starting the agent")?;
+        Ok(agent)
+    }
+
+    /// Where to look, and what to try.
+    fn print_urls(&self) -> Result<(), CliError> {
+        let (engine_port, control_port) = (self.engine_port, self.control_port);
+        let (mgmt_port, admin_port) = (self.mgmt_port, self.admin_port);
+        println!("demo: files in {}", self.dir.display());
+        println!(
+            "demo: fake engine   http://127.0.0.1:{engine_port}  (faults: http://127.0.0.1:{control_port}/fake/faults)"
+        );
+        println!("demo: /status       http://127.0.0.1:{mgmt_port}/status");
+        println!("demo: detail        http://127.0.0.1:{mgmt_port}/status/detail");
+        println!("demo: QoS           http://127.0.0.1:{mgmt_port}/qos");
+        println!(
+            "demo: metrics       http://127.0.0.1:{mgmt_port}/metrics  (all: http://127.0.0.1:{admin_port}/metrics)"
+        );
+        println!(
+            "demo: kubelet       http://127.0.0.1:{mgmt_port}/readyz  http://127.0.0.1:{mgmt_port}/livez"
+        );
+        println!("demo: live page     http://127.0.0.1:{admin_port}/");
+        let cfg =
+            crate::config::file::load(&self.agent_toml).context("reading the demo's agent.toml")?;
+        if let Some(e) = cfg.engines.first() {
+            println!(
+                "demo: try  curl -X POST -d '{{\"hang\":true}}' http://127.0.0.1:{control_port}/fake/faults  ({})",
+                hang_hint(e)
+            );
         }
-        if let Ok(Some(status)) = agent.try_wait() {
-            break Err(anyhow::anyhow!(
-                "the agent exited ({status}); run it alone to see why: RUST_LOG=info {} --fake run --config {}",
-                exe.display(),
-                agent_toml.display()
-            ));
+        println!(
+            "demo:      fault keys: {} (docs/fake-driver.md); POST /fake/reset clears them",
+            fault_keys().join(", ")
+        );
+        Ok(())
+    }
+
+    /// Starts the fake engine, and `load` streams of requests to it.
+    fn start_engine(
+        &self,
+        client: &reqwest::Client,
+        load: usize,
+        stop_load: &CancellationToken,
+    ) -> Result<Child, CliError> {
+        println!("demo: starting the fake engine");
+        let npu_files = [self.dir.join("npu0"), self.dir.join("npu1")];
+        let mut cmd = Command::from(crate::fake::engine_command(
+            &self.exe,
+            self.engine_port,
+            self.control_port,
+            "demo-model",
+            &npu_files,
+        ));
+        let engine = cmd
+            .args(["--exit-with-parent", &self.me])
+            .kill_on_drop(true)
+            .spawn()
+            .context("starting the fake engine")?;
+        for _ in 0..load {
+            spawn_load(
+                client.clone(),
+                format!("http://127.0.0.1:{}/v1/completions", self.engine_port),
+                stop_load.clone(),
+            );
         }
+        Ok(engine)
+    }
+}
+
+/// Why the demo's watch ended.
+enum Ended {
+    /// A signal (no verdict expected then).
+    Signalled,
+    /// `--duration` passed.
+    Deadline,
+    /// The agent died: how to see why.
+    AgentExited(String),
+}
+
+/// What the demo has seen of the agent, and the engine once started.
+struct Watch {
+    started: Instant,
+    last_status: String,
+    last_level: String,
+    seen_initial: bool,
+    seen_normal: bool,
+    /// The engine comes up only once the agent answers `initial`, as after a model load.
+    engine: Option<Child>,
+}
+
+impl Watch {
+    /// Prints `/status` with the detail's reason when it changed.
+    async fn status(&mut self, client: &reqwest::Client, mgmt_port: u16) {
         let status = match client
             .get(format!("http://127.0.0.1:{mgmt_port}/status"))
             .timeout(Duration::from_secs(5))
@@ -263,66 +331,79 @@ pub async fn demo(args: DemoArgs) -> Result<(), CliError> {
             Ok(r) => r.text().await.unwrap_or_default(),
             Err(_) => "(not listening yet)".to_owned(),
         };
-        if status != last {
-            let detail: serde_json::Value = match client
-                .get(format!("http://127.0.0.1:{mgmt_port}/status/detail"))
-                .send()
-                .await
-            {
-                Ok(r) => r.json().await.unwrap_or_default(),
-                Err(_) => serde_json::Value::Null,
-            };
-            println!(
-                "demo: {:>6.1}s  /status {status}  {}",
-                started.elapsed().as_secs_f64(),
-                detail["reason"].as_str().unwrap_or("")
-            );
-            seen_initial |= status == r#"{"status":"initial"}"#;
-            seen_normal |= status == r#"{"status":"normal"}"#;
-            last = status;
+        if status == self.last_status {
+            return;
         }
-        if let Ok(r) = client
-            .get(format!("http://127.0.0.1:{mgmt_port}/qos"))
+        let detail: serde_json::Value = match client
+            .get(format!("http://127.0.0.1:{mgmt_port}/status/detail"))
             .send()
             .await
         {
-            let q: serde_json::Value = r.json().await.unwrap_or_default();
-            if let (Some(level), Some(score)) = (q["level"].as_str(), q["score"].as_f64())
-                && level != last_level
-            {
-                println!(
-                    "demo: {:>6.1}s  QoS level {level} (score {score:.3})",
-                    started.elapsed().as_secs_f64()
-                );
-                last_level = level.to_owned();
-            }
-        }
-        if engine.is_none() && seen_initial {
-            println!("demo: starting the fake engine");
-            let npu_files = [dir.join("npu0"), dir.join("npu1")];
-            let mut cmd = Command::from(crate::fake::engine_command(
-                &exe,
-                engine_port,
-                control_port,
-                "demo-model",
-                &npu_files,
-            ));
-            engine = Some(
-                cmd.args(["--exit-with-parent", &me])
-                    .kill_on_drop(true)
-                    .spawn()
-                    .context("starting the fake engine")?,
+            Ok(r) => r.json().await.unwrap_or_default(),
+            Err(_) => serde_json::Value::Null,
+        };
+        println!(
+            "demo: {:>6.1}s  /status {status}  {}",
+            self.started.elapsed().as_secs_f64(),
+            detail["reason"].as_str().unwrap_or("")
+        );
+        self.seen_initial |= status == r#"{"status":"initial"}"#;
+        self.seen_normal |= status == r#"{"status":"normal"}"#;
+        self.last_status = status;
+    }
+
+    /// Prints the QoS level when it changed.
+    async fn qos(&mut self, client: &reqwest::Client, mgmt_port: u16) {
+        let Ok(r) = client
+            .get(format!("http://127.0.0.1:{mgmt_port}/qos"))
+            .send()
+            .await
+        else {
+            return;
+        };
+        let q: serde_json::Value = r.json().await.unwrap_or_default();
+        if let (Some(level), Some(score)) = (q["level"].as_str(), q["score"].as_f64())
+            && level != self.last_level
+        {
+            println!(
+                "demo: {:>6.1}s  QoS level {level} (score {score:.3})",
+                self.started.elapsed().as_secs_f64()
             );
-            for _ in 0..args.load {
-                spawn_load(
-                    client.clone(),
-                    format!("http://127.0.0.1:{engine_port}/v1/completions"),
-                    load.clone(),
-                );
-            }
+            self.last_level = level.to_owned();
+        }
+    }
+}
+
+/// Polls the agent every 100 ms, starting the engine once it answers `initial`, until a
+/// signal, the deadline, or the agent's death. A failed engine start is returned as is.
+async fn watch(
+    s: &Setup,
+    args: &DemoArgs,
+    agent: &mut Child,
+    signals: &mut crate::service::signals::Signals,
+    w: &mut Watch,
+    stop_load: &CancellationToken,
+) -> Result<Ended, CliError> {
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .context("HTTP client")?;
+    let deadline = args.duration.map(|d| w.started + d);
+    loop {
+        if let Ok(Some(status)) = agent.try_wait() {
+            return Ok(Ended::AgentExited(format!(
+                "the agent exited ({status}); run it alone to see why: RUST_LOG=info {} --fake run --config {}",
+                s.exe.display(),
+                s.agent_toml.display()
+            )));
+        }
+        w.status(&client, s.mgmt_port).await;
+        w.qos(&client, s.mgmt_port).await;
+        if w.engine.is_none() && w.seen_initial {
+            w.engine = Some(s.start_engine(&client, args.load, stop_load)?);
         }
         if deadline.is_some_and(|d| Instant::now() >= d) {
-            break Ok(false);
+            return Ok(Ended::Deadline);
         }
         tokio::select! {
             req = signals.next() => {
@@ -330,26 +411,55 @@ pub async fn demo(args: DemoArgs) -> Result<(), CliError> {
                     crate::service::signals::Signalled::Stop(name) => name,
                     crate::service::signals::Signalled::Reload => "SIGHUP",
                 });
-                break Ok(true);
+                return Ok(Ended::Signalled);
             }
             _ = tokio::time::sleep(Duration::from_millis(100)) => {}
         }
+    }
+}
+
+/// Runs the demo.
+pub async fn demo(args: DemoArgs) -> Result<(), CliError> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    // SIGTERM, SIGINT and SIGHUP all end the demo, and it stops what it started.
+    let mut signals =
+        crate::service::signals::Signals::install().context("installing signal handlers")?;
+    let stopped_early = signals.early().is_some();
+    let setup = Setup::prepare()?;
+    let mut agent = setup.start_agent()?;
+    setup.print_urls()?;
+    let mut w = Watch {
+        started: Instant::now(),
+        last_status: String::new(),
+        last_level: String::new(),
+        seen_initial: false,
+        seen_normal: false,
+        engine: None,
     };
-    load.cancel();
+    let stop_load = CancellationToken::new();
+    let ended = if stopped_early {
+        Ended::Signalled
+    } else {
+        watch(&setup, &args, &mut agent, &mut signals, &mut w, &stop_load).await?
+    };
+    stop_load.cancel();
     stop(agent, "agent").await;
-    if let Some(e) = engine {
+    if let Some(e) = w.engine.take() {
         stop(e, "fake engine").await;
     }
-    let _ = std::fs::remove_dir_all(&dir);
-    if outcome? {
-        return Ok(());
+    let _ = std::fs::remove_dir_all(&setup.dir);
+    match ended {
+        Ended::Signalled => Ok(()),
+        Ended::AgentExited(why) => Err(CliError::from(anyhow::anyhow!(why))),
+        Ended::Deadline if !(w.seen_initial && w.seen_normal) => {
+            Err(CliError::from(anyhow::anyhow!(
+                "/status did not go initial → normal (initial seen: {}, normal seen: {})",
+                w.seen_initial,
+                w.seen_normal
+            )))
+        }
+        Ended::Deadline => Ok(()),
     }
-    if !(seen_initial && seen_normal) {
-        return Err(CliError::from(anyhow::anyhow!(
-            "/status did not go initial → normal (initial seen: {seen_initial}, normal seen: {seen_normal})"
-        )));
-    }
-    Ok(())
 }
 
 /// Streams completions to the engine until `stop`, to show the NPU figure rise.

@@ -1,13 +1,17 @@
 //! `check-config` and `doctor`: what the agent will do, before it does it.
 
 use super::CliError;
-use crate::config::AgentConfig;
+use crate::config::policy::Policy;
+use crate::config::{AgentConfig, EngineSpec};
+use crate::driver::Backend;
 use crate::driver::fault_levels::FaultTable;
-use crate::monitor::Monitor;
-use crate::monitor::gates::{self, Condition};
-use crate::probe::health::HealthCollector;
+use crate::monitor::gates::Condition;
+use crate::monitor::verdict::HealthState;
+use crate::monitor::{HealthDetail, Monitor};
+use crate::probe::health::{HealthCollector, HealthOutcome};
 use crate::probe::http::EngineClient;
 use crate::sampler::{Sampler, SamplerConfig, StartError};
+use crate::server::wire::DeviceFault;
 use anyhow::Context;
 use serde_json::json;
 use std::time::Duration;
@@ -81,8 +85,37 @@ pub fn check_config(cfg: &AgentConfig) -> Result<(), CliError> {
 /// Evaluates every condition for every engine, probing `/health` once.
 pub async fn doctor(cfg: AgentConfig, json_out: bool) -> Result<(), CliError> {
     let _ = rustls::crypto::ring::default_provider().install_default();
+    let sampler = start_sampler(&cfg).await?;
+    let table_note = fault_levels(&cfg, &sampler);
+    let devices = device_rows(&sampler);
+    let mut reports = Vec::new();
+    for spec in &cfg.engines {
+        reports.push(examine(spec, &sampler).await);
+    }
+    if let Ok(s) = sampler {
+        tokio::task::spawn_blocking(move || s.shutdown()).await.ok();
+    }
+    if json_out {
+        print_json(&cfg, &reports, &devices, &table_note);
+    } else {
+        print_text(&cfg, &reports, &devices, &table_note);
+    }
+    Ok(())
+}
+
+/// What `doctor` found for one engine.
+struct Report<'a> {
+    spec: &'a EngineSpec,
+    conditions: Vec<Condition>,
+    will_run: bool,
+    /// The driver's faults on the engine's NPUs, with what each does under its policy.
+    faults: Vec<(u32, DeviceFault)>,
+}
+
+/// Starts the sampler the agent would, and waits for its first readings.
+async fn start_sampler(cfg: &AgentConfig) -> Result<Result<Sampler, StartError>, CliError> {
     let driver = crate::agent::driver_config(&cfg.agent);
-    let sampler_result = tokio::task::spawn_blocking(move || {
+    let sampler = tokio::task::spawn_blocking(move || {
         let s = Sampler::start(&driver, &SamplerConfig::default());
         if let Ok(s) = &s {
             s.wait_settled(Duration::from_secs(10));
@@ -91,168 +124,224 @@ pub async fn doctor(cfg: AgentConfig, json_out: bool) -> Result<(), CliError> {
     })
     .await
     .context("sampler start-up")?;
-    // The fault-code levels the agent would use; a bad table is reported, the built-in used.
-    let table_note = match FaultTable::configured(cfg.agent.fault_code_file.as_deref()) {
+    Ok(sampler)
+}
+
+/// The fault-code levels the agent would use, handed to the sampler; a bad table is
+/// reported, the built-in used.
+fn fault_levels(cfg: &AgentConfig, sampler: &Result<Sampler, StartError>) -> String {
+    match FaultTable::configured(cfg.agent.fault_code_file.as_deref()) {
         Ok(t) => {
             let origin = t.origin.clone();
-            if let Ok(s) = &sampler_result {
+            if let Ok(s) = sampler {
                 s.shared().fault_levels.set_table(t);
             }
             format!("levels from {origin}")
         }
         Err(e) => format!("[agent] fault_code_file: {e}; levels from the built-in table"),
+    }
+}
+
+/// Every NPU's source and why, as `devices --json` shows it.
+fn device_rows(sampler: &Result<Sampler, StartError>) -> Vec<serde_json::Value> {
+    let Ok(sampler) = sampler else {
+        return Vec::new();
     };
-    // Every NPU's source and why, as `devices --json` shows it.
-    let devices: Vec<serde_json::Value> = match &sampler_result {
+    let now = sampler.shared().ring.now_ns();
+    sampler
+        .devices()
+        .iter()
+        .map(|d| {
+            let s = d.snapshot(now);
+            json!({
+                "id": s.id,
+                "backend": s.backend,
+                "method": s.method,
+                "source": s.source,
+                "source_reason": s.source_reason,
+                "source_note": s.source_note,
+                "device_gone": s.device_gone,
+                "health": s.health,
+            })
+        })
+        .collect()
+}
+
+/// Whether `id` is one of the engine's NPUs (all of them when it names none).
+fn engine_has(spec: &EngineSpec, id: u32) -> bool {
+    spec.devices
+        .value
+        .as_ref()
+        .is_none_or(|ids| ids.contains(&id))
+}
+
+/// Gathers one engine's facts (its NPUs, one `/health` probe) and reads its conditions.
+async fn examine<'a>(spec: &'a EngineSpec, sampler: &Result<Sampler, StartError>) -> Report<'a> {
+    let agent = spec.agent_policy_in_force().is_some();
+    let (faults, cube) = match sampler {
         Ok(sampler) => {
-            let now = sampler.shared().ring.now_ns();
-            sampler
+            let faults = (0..sampler.devices().len() as u16)
+                .filter(|&i| engine_has(spec, sampler.devices()[usize::from(i)].info.id))
+                .flat_map(|i| sampler.shared().faults_of(i))
+                .map(|f| (f.npu, DeviceFault::of(f, agent)))
+                .collect();
+            let cube = sampler
                 .devices()
                 .iter()
-                .map(|d| {
-                    let s = d.snapshot(now);
-                    json!({
-                        "id": s.id,
-                        "backend": s.backend,
-                        "method": s.method,
-                        "source": s.source,
-                        "source_reason": s.source_reason,
-                        "source_note": s.source_note,
-                        "device_gone": s.device_gone,
-                        "health": s.health,
-                    })
-                })
-                .collect()
+                .filter(|d| engine_has(spec, d.info.id))
+                .map(|d| (d.info.id, d.source().backend()))
+                .collect();
+            (faults, Ok(cube))
         }
-        Err(_) => Vec::new(),
+        Err(e) => (Vec::new(), Err(e.to_string())),
     };
-    let mut reports = Vec::new();
-    for spec in &cfg.engines {
-        // The driver's faults on the engine's NPUs and what each does under its policy.
-        let agent = spec.agent_policy_in_force().is_some();
-        let faults: Vec<(u32, crate::server::wire::DeviceFault)> = match &sampler_result {
-            Ok(sampler) => (0..sampler.devices().len() as u16)
-                .filter(|&i| {
-                    let id = sampler.devices()[usize::from(i)].info.id;
-                    spec.devices
-                        .value
-                        .as_ref()
-                        .is_none_or(|ids| ids.contains(&id))
-                })
-                .flat_map(|i| sampler.shared().faults_of(i))
-                .map(|f| (f.npu, crate::server::wire::DeviceFault::of(f, agent)))
-                .collect(),
-            Err(_) => Vec::new(),
-        };
-        let mut conditions = gates::static_conditions(spec);
-        match &sampler_result {
-            Ok(sampler) => {
-                let cube: Vec<(u32, crate::driver::Backend)> = sampler
-                    .devices()
-                    .iter()
-                    .filter(|d| {
-                        spec.devices
-                            .value
-                            .as_ref()
-                            .is_none_or(|ids| ids.contains(&d.info.id))
-                    })
-                    .map(|d| (d.info.id, d.source().backend()))
-                    .collect();
-                let mut c = gates::cube_condition(&cube);
-                if let Some(ids) = &spec.devices.value {
-                    let missing: Vec<u32> = ids
-                        .iter()
-                        .filter(|id| !cube.iter().any(|(c, _)| c == *id))
-                        .copied()
-                        .collect();
-                    if !missing.is_empty() {
-                        c.ok = Some(false);
-                        c.note =
-                            format!("NPUs {missing:?} ({}) were not found", spec.devices.source);
-                    }
-                }
-                conditions.push(c);
+    let health = probe_health(spec).await;
+    let conditions = conditions(spec, &cube, &health);
+    let will_run = conditions.iter().all(|c| c.ok == Some(true));
+    Report {
+        spec,
+        conditions,
+        will_run,
+        faults,
+    }
+}
+
+/// One `/health` probe as the agent makes it: the outcome and whether it connected, or why
+/// there is no client.
+async fn probe_health(spec: &EngineSpec) -> Result<(HealthOutcome, bool), String> {
+    let client = EngineClient::new(spec).map_err(|e| e.to_string())?;
+    let hc = &spec.health_check_config;
+    let mut collector = HealthCollector::new(
+        client.health(),
+        Duration::from_secs(hc.health_collector_timeout),
+        hc.health_collector_timeout_retry_attempts,
+    );
+    let outcome = collector.probe().await;
+    Ok((outcome, collector.has_connected()))
+}
+
+/// The engine's conditions as its monitor evaluates them, from the facts `doctor` gathered:
+/// the NPUs' backends (or why there are none) and one `/health` probe (or why there is no
+/// client). Where `doctor` knows more than the running monitor, it says so: why there is
+/// no driver backend, configured NPUs the driver does not report (the running agent refuses
+/// to start then), and a failed probe (one probe has no grace to wait out).
+fn conditions(
+    spec: &EngineSpec,
+    cube: &Result<Vec<(u32, Backend)>, String>,
+    health: &Result<(HealthOutcome, bool), String>,
+) -> Vec<Condition> {
+    let monitor = Monitor::new(spec.clone(), Vec::new());
+    monitor.evaluate_gates(cube.as_deref().unwrap_or_default());
+    if let Ok((outcome, has_connected)) = health {
+        monitor.record_health(outcome, *has_connected);
+    }
+    let mut conditions = monitor.conditions();
+    let find = |all: &[Condition], name: &str| all.iter().position(|c| c.name == name);
+    if let Some(i) = find(&conditions, "ai_cube") {
+        match cube {
+            Ok(cube) => missing_npus(&mut conditions[i], spec, cube),
+            Err(e) => {
+                conditions[i] = blocking("ai_cube", "no driver backend", e);
             }
-            Err(e) => conditions.push(Condition {
-                name: "ai_cube".into(),
-                value: "no driver backend".to_owned(),
-                ok: Some(false),
-                note: e.to_string(),
-            }),
         }
-        let health = match EngineClient::new(spec) {
-            Ok(client) => {
-                let hc = &spec.health_check_config;
-                let mut collector = HealthCollector::new(
-                    client.health(),
-                    Duration::from_secs(hc.health_collector_timeout),
-                    hc.health_collector_timeout_retry_attempts,
-                );
-                let outcome = collector.probe().await;
-                let state = Monitor::new(spec.clone(), Vec::new());
-                state.record_health(&outcome, collector.has_connected());
-                let d = state.health_detail();
-                let mut c =
-                    gates::health_condition(collector.has_connected(), d.last_error.as_deref());
-                use crate::monitor::verdict::HealthState;
-                // One probe: a failure within the agent policy's grace fails here too.
-                if matches!(d.state, HealthState::Unhealthy | HealthState::Failing) {
-                    c.ok = Some(false);
-                    c.value = "answers unhealthy".to_owned();
-                    c.note = d.last_error.unwrap_or_default();
-                }
-                c
+    }
+    match health {
+        Ok(_) => {
+            if let Some(i) = find(&conditions, "health") {
+                one_probe(&mut conditions[i], &monitor.health_detail());
             }
-            Err(e) => Condition {
-                name: "health".into(),
-                value: "no client".to_owned(),
-                ok: Some(false),
-                note: e.to_string(),
-            },
-        };
-        conditions.push(health);
-        let will_run = conditions.iter().all(|c| c.ok == Some(true));
-        reports.push((spec, conditions, will_run, faults));
+        }
+        Err(e) => conditions.push(blocking("health", "no client", e)),
     }
-    if let Ok(s) = sampler_result {
-        tokio::task::spawn_blocking(move || s.shutdown()).await.ok();
+    conditions
+}
+
+/// A condition that blocks for a reason of `doctor`'s own.
+fn blocking(name: &'static str, value: &str, note: &str) -> Condition {
+    Condition {
+        name: name.into(),
+        value: value.to_owned(),
+        ok: Some(false),
+        note: note.to_owned(),
     }
-    if json_out {
-        let engines: Vec<_> = reports
-            .iter()
-            .map(|(spec, conditions, will_run, faults)| {
-                let faults: Vec<serde_json::Value> = faults
-                    .iter()
-                    .map(|(npu, f)| {
-                        let mut v = json!(f);
-                        v["npu"] = json!(npu);
-                        v
-                    })
-                    .collect();
-                json!({
-                    "engine": spec.name,
-                    "inference": spec.infer_authority(),
-                    "mgmt_listen": spec.mgmt_listen,
-                    "policy": spec.policy.value,
-                    "policy_source": spec.policy.source,
-                    "actions": crate::integrations::active(spec, &cfg.agent),
-                    "conditions": conditions,
-                    "virtual_inference_will_run": will_run,
-                    "virtual_inference_blocked_by": names_where(conditions, Some(false)),
-                    "virtual_inference_waits_for": names_where(conditions, None),
-                    "driver_faults": faults,
+}
+
+/// Blocks `ai_cube` when the engine names NPUs the driver does not report.
+fn missing_npus(c: &mut Condition, spec: &EngineSpec, cube: &[(u32, Backend)]) {
+    let Some(ids) = &spec.devices.value else {
+        return;
+    };
+    let missing: Vec<u32> = ids
+        .iter()
+        .filter(|id| !cube.iter().any(|(c, _)| c == *id))
+        .copied()
+        .collect();
+    if !missing.is_empty() {
+        c.ok = Some(false);
+        c.note = format!("NPUs {missing:?} ({}) were not found", spec.devices.source);
+    }
+}
+
+/// Blocks `health` when the one probe failed, even within the agent policy's grace.
+fn one_probe(c: &mut Condition, d: &HealthDetail) {
+    if matches!(d.state, HealthState::Unhealthy | HealthState::Failing) {
+        c.ok = Some(false);
+        c.value = "answers unhealthy".to_owned();
+        c.note = d.last_error.clone().unwrap_or_default();
+    }
+}
+
+/// `doctor --json`.
+fn print_json(
+    cfg: &AgentConfig,
+    reports: &[Report],
+    devices: &[serde_json::Value],
+    table_note: &str,
+) {
+    let engines: Vec<_> = reports
+        .iter()
+        .map(|r| {
+            let spec = r.spec;
+            let faults: Vec<serde_json::Value> = r
+                .faults
+                .iter()
+                .map(|(npu, f)| {
+                    let mut v = json!(f);
+                    v["npu"] = json!(npu);
+                    v
                 })
+                .collect();
+            json!({
+                "engine": spec.name,
+                "inference": spec.infer_authority(),
+                "mgmt_listen": spec.mgmt_listen,
+                "policy": spec.policy.value,
+                "policy_source": spec.policy.source,
+                "actions": crate::integrations::active(spec, &cfg.agent),
+                "conditions": r.conditions,
+                "virtual_inference_will_run": r.will_run,
+                "virtual_inference_blocked_by": names_where(&r.conditions, Some(false)),
+                "virtual_inference_waits_for": names_where(&r.conditions, None),
+                "driver_faults": faults,
             })
-            .collect();
-        println!(
-            "{}",
-            json!({ "engines": engines, "devices": devices, "fault_levels": table_note })
-        );
-        return Ok(());
-    }
+        })
+        .collect();
+    println!(
+        "{}",
+        json!({ "engines": engines, "devices": devices, "fault_levels": table_note })
+    );
+}
+
+/// `doctor`'s table: the NPUs, then each engine.
+fn print_text(
+    cfg: &AgentConfig,
+    reports: &[Report],
+    devices: &[serde_json::Value],
+    table_note: &str,
+) {
     if !devices.is_empty() {
         println!("NPUs");
-        for d in &devices {
+        for d in devices {
             let gone = if d["device_gone"] == true {
                 " (device gone: the driver reports it does not exist)"
             } else {
@@ -268,74 +357,79 @@ pub async fn doctor(cfg: AgentConfig, json_out: bool) -> Result<(), CliError> {
         }
         println!();
     }
-    for (spec, conditions, will_run, faults) in &reports {
-        println!(
-            "engine {} ({} role, inference {}, /status on {})",
-            spec.name,
-            spec.role.as_str(),
-            spec.infer_authority(),
-            spec.mgmt_listen
-        );
-        println!(
-            "  policy {} (from {}){}",
-            spec.policy.value.as_str(),
-            spec.policy.source,
-            match spec.policy.value {
-                crate::config::policy::Policy::Reference => "",
-                crate::config::policy::Policy::Agent => {
-                    "; `policy = \"reference\"` in [agent] restores MindIE V5's detection exactly (docs/policy.md)"
-                }
-            }
-        );
-        println!("  actions:");
-        for a in crate::integrations::active(spec, &cfg.agent) {
-            println!("    {:<15} {}", a.integration, a.action);
-        }
-        println!("  {:<26} {:<44} VERDICT", "CONDITION", "VALUE");
-        for c in conditions {
-            let verdict = match c.ok {
-                Some(true) => "ok".to_owned(),
-                Some(false) => format!("blocks: {}", c.note),
-                None => format!("pending: {}", c.note),
-            };
-            println!("  {:<26} {:<44} {verdict}", c.name, c.value);
-        }
-        if faults.is_empty() {
-            println!("  driver faults: none reported ({table_note})");
-        } else {
-            println!("  driver faults ({table_note}):");
-            for (npu, f) in faults {
-                println!(
-                    "    NPU {npu} {} {}level {}: {}",
-                    f.hex,
-                    f.text
-                        .as_deref()
-                        .map(|t| format!("({t}) "))
-                        .unwrap_or_default(),
-                    f.level,
-                    f.note
-                );
-            }
-        }
-        let (blocked, waits) = (
-            names_where(conditions, Some(false)),
-            names_where(conditions, None),
-        );
-        println!(
-            "  => virtual inference {}\n",
-            if *will_run {
-                "will run (it starts at the first /status after /health answers)".to_owned()
-            } else if !blocked.is_empty() {
-                format!("will NOT run: blocked by {}", blocked.join(", "))
-            } else {
-                format!(
-                    "waits for {} (it runs once they are met, from the first /status after /health answers)",
-                    waits.join(", ")
-                )
-            }
-        );
+    for r in reports {
+        print_engine(cfg, r, table_note);
     }
-    Ok(())
+}
+
+/// One engine in `doctor`'s table: what it is, its conditions, its faults, the verdict.
+fn print_engine(cfg: &AgentConfig, r: &Report, table_note: &str) {
+    let spec = r.spec;
+    println!(
+        "engine {} ({} role, inference {}, /status on {})",
+        spec.name,
+        spec.role.as_str(),
+        spec.infer_authority(),
+        spec.mgmt_listen
+    );
+    println!(
+        "  policy {} (from {}){}",
+        spec.policy.value.as_str(),
+        spec.policy.source,
+        match spec.policy.value {
+            Policy::Reference => "",
+            Policy::Agent => {
+                "; `policy = \"reference\"` in [agent] restores MindIE V5's detection exactly (docs/policy.md)"
+            }
+        }
+    );
+    println!("  actions:");
+    for a in crate::integrations::active(spec, &cfg.agent) {
+        println!("    {:<15} {}", a.integration, a.action);
+    }
+    println!("  {:<26} {:<44} VERDICT", "CONDITION", "VALUE");
+    for c in &r.conditions {
+        let verdict = match c.ok {
+            Some(true) => "ok".to_owned(),
+            Some(false) => format!("blocks: {}", c.note),
+            None => format!("pending: {}", c.note),
+        };
+        println!("  {:<26} {:<44} {verdict}", c.name, c.value);
+    }
+    if r.faults.is_empty() {
+        println!("  driver faults: none reported ({table_note})");
+    } else {
+        println!("  driver faults ({table_note}):");
+        for (npu, f) in &r.faults {
+            println!(
+                "    NPU {npu} {} {}level {}: {}",
+                f.hex,
+                f.text
+                    .as_deref()
+                    .map(|t| format!("({t}) "))
+                    .unwrap_or_default(),
+                f.level,
+                f.note
+            );
+        }
+    }
+    let (blocked, waits) = (
+        names_where(&r.conditions, Some(false)),
+        names_where(&r.conditions, None),
+    );
+    println!(
+        "  => virtual inference {}\n",
+        if r.will_run {
+            "will run (it starts at the first /status after /health answers)".to_owned()
+        } else if !blocked.is_empty() {
+            format!("will NOT run: blocked by {}", blocked.join(", "))
+        } else {
+            format!(
+                "waits for {} (it runs once they are met, from the first /status after /health answers)",
+                waits.join(", ")
+            )
+        }
+    );
 }
 
 /// The names of the conditions whose verdict is `ok` (`Some(false)`: blocking; `None`:
@@ -346,4 +440,98 @@ fn names_where(conditions: &[Condition], ok: Option<bool>) -> Vec<String> {
         .filter(|c| c.ok == ok)
         .map(|c| c.name.to_string())
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Backend, Condition, EngineSpec, HealthOutcome, conditions};
+    use crate::config::file;
+    use crate::monitor::Monitor;
+    use std::path::Path;
+
+    fn spec(extra: &str) -> EngineSpec {
+        let text = format!(
+            "[[engine]]\nengine_type = \"vllm\"\nserved_model_name = \"m\"\nhost = \"127.0.0.1\"\nport = 8000\nmgmt_port = 9001\n{extra}\n[engine.health_check_config]\nenable_virtual_inference = true\n"
+        );
+        file::parse(&text, Path::new("/x/agent.toml"))
+            .unwrap()
+            .engines
+            .remove(0)
+    }
+
+    fn named<'a>(all: &'a [Condition], name: &str) -> &'a Condition {
+        all.iter().find(|c| c.name == name).unwrap()
+    }
+
+    // doctor reads the monitor's own conditions: for the same facts, the monitor's start
+    // decision sees what doctor prints (in doctor's order: the gates, then /health).
+    #[tokio::test(start_paused = true)]
+    async fn doctor_reads_the_monitors_conditions() {
+        let s = spec("");
+        let cube = vec![(0, Backend::Dcmi)];
+        let got = conditions(&s, &Ok(cube.clone()), &Ok((HealthOutcome::Healthy, true)));
+        let names: Vec<&str> = got.iter().map(|c| c.name.as_ref()).collect();
+        assert_eq!(
+            names,
+            [
+                "engine_type",
+                "enable_virtual_inference",
+                "dp_rank",
+                "headless",
+                "ASCEND_GLOBAL_LOG_LEVEL",
+                "npu_usage_threshold",
+                "ai_cube",
+                "health"
+            ]
+        );
+        let m = Monitor::new(s.clone(), Vec::new());
+        m.record_health(&HealthOutcome::Healthy, true);
+        assert!(m.decide_start(&cube));
+        let mut seen = m.conditions();
+        seen.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut mine = got.clone();
+        mine.sort_by(|a, b| a.name.cmp(&b.name));
+        assert_eq!(mine, seen);
+        assert!(got.iter().all(|c| c.ok == Some(true)));
+    }
+
+    // What doctor knows beyond the running monitor: why there is no driver backend, NPUs the
+    // driver does not report, no client, and one failed probe (no grace to wait out).
+    #[tokio::test(start_paused = true)]
+    async fn doctor_adds_what_it_alone_knows() {
+        let s = spec("");
+        let healthy = Ok((HealthOutcome::Healthy, true));
+        let got = conditions(&s, &Err("no backend: dcmi missing".into()), &healthy);
+        let c = named(&got, "ai_cube");
+        assert_eq!(
+            (c.value.as_str(), c.ok, c.note.as_str()),
+            ("no driver backend", Some(false), "no backend: dcmi missing")
+        );
+        let s2 = spec("devices = [0, 7]");
+        let got = conditions(&s2, &Ok(vec![(0, Backend::Dcmi)]), &healthy);
+        let c = named(&got, "ai_cube");
+        assert_eq!(c.ok, Some(false));
+        assert!(c.note.starts_with("NPUs [7] ("), "{}", c.note);
+        let got = conditions(&s, &Ok(vec![(0, Backend::Dcmi)]), &Err("bad TLS".into()));
+        let c = got.last().unwrap();
+        assert_eq!(
+            (c.name.as_ref(), c.value.as_str(), c.ok),
+            ("health", "no client", Some(false))
+        );
+        let unhealthy = HealthOutcome::Unhealthy {
+            reason: "/health answered false".into(),
+            unreachable: false,
+            timed_out: false,
+            transport: None,
+        };
+        let got = conditions(&s, &Ok(vec![(0, Backend::Dcmi)]), &Ok((unhealthy, true)));
+        let c = named(&got, "health");
+        assert_eq!(
+            (c.value.as_str(), c.ok, c.note.as_str()),
+            ("answers unhealthy", Some(false), "/health answered false")
+        );
+        let never = HealthOutcome::NeverConnected("connection refused".into());
+        let got = conditions(&s, &Ok(vec![(0, Backend::Dcmi)]), &Ok((never, false)));
+        assert_eq!(named(&got, "health").ok, None, "pending, not blocking");
+    }
 }

@@ -5,7 +5,7 @@
 //! highest sample of its slice, so a 100 ms burst shows). `q`, Esc or Ctrl-C quits.
 //! `--once` prints one plain-text frame and exits, for scripts.
 
-use crate::view::{EnginesFrame, Hello, Samples};
+use crate::view::{EngineLine, EnginesFrame, Hello, Npu, Samples};
 use anyhow::{Context, anyhow, bail};
 use clap::Args;
 use ratatui::buffer::Buffer;
@@ -119,11 +119,17 @@ impl Model {
         cols
     }
 
-    /// Draws the whole view into `buf`.
+    /// Draws the whole view into `buf`: the title, the engines, the NPUs.
     pub fn render(&self, area: Rect, buf: &mut Buffer) {
-        let engines = self.engines.as_ref();
         let [head, eng, npu_area] =
             Layout::vertical(self.rows().map(Constraint::Length)).areas(area);
+        self.render_title(head, buf);
+        self.render_engines(eng, buf);
+        self.render_npus(npu_area, buf);
+    }
+
+    /// The title line: where from, which version, the sampling period.
+    fn render_title(&self, area: Rect, buf: &mut Buffer) {
         let title = match &self.hello {
             Some(h) => format!(
                 "npu-health-agent top · {} · v{} · sampling every {} ms · q quits",
@@ -133,7 +139,11 @@ impl Model {
         };
         Paragraph::new(title)
             .style(Style::new().add_modifier(Modifier::BOLD))
-            .render(head, buf);
+            .render(area, buf);
+    }
+
+    /// The engines box: a header, then two lines per engine.
+    fn render_engines(&self, area: Rect, buf: &mut Buffer) {
         let mut lines = vec![
             Line::from(format!(
                 "{:<14} {:<9} {:<9} {:>6}  {:<9} {:<8} {}",
@@ -141,53 +151,21 @@ impl Model {
             ))
             .style(Style::new().add_modifier(Modifier::DIM)),
         ];
+        let engines = self.engines.as_ref();
         for e in engines.map(|e| e.engines.as_slice()).unwrap_or_default() {
-            let verdict_color = match e.status.as_str() {
-                "normal" => Color::Green,
-                "abnormal" => Color::Red,
-                _ => Color::Yellow,
-            };
-            let probe = match &e.last_probe {
-                Some(p) => format!("{} in {:.1} ms", p.outcome, p.latency_ms),
-                None => "none yet".to_owned(),
-            };
-            lines.push(Line::from(vec![
-                Span::raw(format!("{:<14} ", e.name)),
-                Span::styled(
-                    format!("{:<9} ", e.status.as_str()),
-                    Style::new().fg(verdict_color),
-                ),
-                Span::raw(format!(
-                    "{:<9} {:>6}  {:<9} {:<8} {probe}",
-                    e.level.as_str(),
-                    e.score
-                        .map_or_else(|| "-".to_owned(), |s| format!("{s:.3}")),
-                    if e.ready { "ready" } else { "NOT READY" },
-                    if e.live { "live" } else { "RESTART" },
-                )),
-            ]));
-            let routers: Vec<String> = e
-                .routers
-                .iter()
-                .map(|(r, state)| format!("{r} {state}"))
-                .collect();
-            let reason = if routers.is_empty() {
-                e.reason.clone()
-            } else {
-                format!("{} · {}", routers.join(", "), e.reason)
-            };
-            lines.push(
-                Line::from(format!("  {reason}")).style(Style::new().add_modifier(Modifier::DIM)),
-            );
+            lines.extend(engine_lines(e));
         }
         Paragraph::new(lines)
             .block(Block::bordered().title(" engines "))
-            .render(eng, buf);
+            .render(area, buf);
+    }
+
+    /// The NPU box: per NPU a label and a sparkline of AI Cube, as many as fit.
+    fn render_npus(&self, area: Rect, buf: &mut Buffer) {
         let inner = Block::bordered().title(format!(" AI Cube, last {} s ", self.seconds));
-        let npu_inner = inner.inner(npu_area);
-        inner.render(npu_area, buf);
+        let npu_inner = inner.inner(area);
+        inner.render(area, buf);
         let Some(h) = &self.hello else { return };
-        let label_w = 26u16;
         for (k, n) in h.npus.iter().enumerate() {
             let y = npu_inner.y + (k as u16) * 2;
             if y >= npu_inner.bottom() {
@@ -199,39 +177,48 @@ impl Model {
                 npu_inner.width,
                 2.min(npu_inner.bottom() - y),
             );
-            let [label, spark] =
-                Layout::horizontal([Constraint::Length(label_w), Constraint::Min(10)]).areas(row);
-            let last = self
-                .samples
-                .get(usize::from(n.index))
-                .and_then(|q| q.iter().rev().find_map(|(_, v)| *v));
-            let cols = self.columns(usize::from(n.index), usize::from(spark.width));
-            let peak = cols.iter().flatten().max().copied();
-            let state = engines.and_then(|e| e.npus.iter().find(|s| s.i == n.index));
-            let flags = state.map_or(String::new(), |s| {
-                format!(
-                    "{}{}{}",
-                    s.backend,
-                    if s.stale { " STALE" } else { "" },
-                    if s.hung { " HUNG" } else { "" }
-                )
-            });
-            Paragraph::new(vec![
-                Line::from(format!(
-                    "NPU {:<3} now {:>3}  peak {:>3}",
-                    n.id,
-                    last.map_or_else(|| "-".to_owned(), |v| v.to_string()),
-                    peak.map_or_else(|| "-".to_owned(), |v| v.to_string())
-                )),
-                Line::from(format!("  {flags}")).style(Style::new().add_modifier(Modifier::DIM)),
-            ])
-            .render(label, buf);
-            Sparkline::default()
-                .data(cols)
-                .max(100)
-                .style(Style::new().fg(Color::Cyan))
-                .render(spark, buf);
+            self.render_npu(n, row, buf);
         }
+    }
+
+    /// One NPU's row: now, peak and the backend's flags, then its sparkline.
+    fn render_npu(&self, n: &Npu, row: Rect, buf: &mut Buffer) {
+        let label_w = 26u16;
+        let [label, spark] =
+            Layout::horizontal([Constraint::Length(label_w), Constraint::Min(10)]).areas(row);
+        let last = self
+            .samples
+            .get(usize::from(n.index))
+            .and_then(|q| q.iter().rev().find_map(|(_, v)| *v));
+        let cols = self.columns(usize::from(n.index), usize::from(spark.width));
+        let peak = cols.iter().flatten().max().copied();
+        let state = self
+            .engines
+            .as_ref()
+            .and_then(|e| e.npus.iter().find(|s| s.i == n.index));
+        let flags = state.map_or(String::new(), |s| {
+            format!(
+                "{}{}{}",
+                s.backend,
+                if s.stale { " STALE" } else { "" },
+                if s.hung { " HUNG" } else { "" }
+            )
+        });
+        Paragraph::new(vec![
+            Line::from(format!(
+                "NPU {:<3} now {:>3}  peak {:>3}",
+                n.id,
+                last.map_or_else(|| "-".to_owned(), |v| v.to_string()),
+                peak.map_or_else(|| "-".to_owned(), |v| v.to_string())
+            )),
+            Line::from(format!("  {flags}")).style(Style::new().add_modifier(Modifier::DIM)),
+        ])
+        .render(label, buf);
+        Sparkline::default()
+            .data(cols)
+            .max(100)
+            .style(Style::new().fg(Color::Cyan))
+            .render(spark, buf);
     }
 
     /// Rows of the title, the engines box (borders, header, two lines per engine) and the
@@ -246,6 +233,47 @@ impl Model {
     pub fn height(&self) -> u16 {
         self.rows().iter().sum()
     }
+}
+
+/// One engine's two lines: verdict, level, score, readiness, liveness and last probe; then
+/// what the routers were told and why.
+fn engine_lines(e: &EngineLine) -> [Line<'static>; 2] {
+    let verdict_color = match e.status.as_str() {
+        "normal" => Color::Green,
+        "abnormal" => Color::Red,
+        _ => Color::Yellow,
+    };
+    let probe = match &e.last_probe {
+        Some(p) => format!("{} in {:.1} ms", p.outcome, p.latency_ms),
+        None => "none yet".to_owned(),
+    };
+    let status = Line::from(vec![
+        Span::raw(format!("{:<14} ", e.name)),
+        Span::styled(
+            format!("{:<9} ", e.status.as_str()),
+            Style::new().fg(verdict_color),
+        ),
+        Span::raw(format!(
+            "{:<9} {:>6}  {:<9} {:<8} {probe}",
+            e.level.as_str(),
+            e.score
+                .map_or_else(|| "-".to_owned(), |s| format!("{s:.3}")),
+            if e.ready { "ready" } else { "NOT READY" },
+            if e.live { "live" } else { "RESTART" },
+        )),
+    ]);
+    let routers: Vec<String> = e
+        .routers
+        .iter()
+        .map(|(r, state)| format!("{r} {state}"))
+        .collect();
+    let reason = if routers.is_empty() {
+        e.reason.clone()
+    } else {
+        format!("{} · {}", routers.join(", "), e.reason)
+    };
+    let reason = Line::from(format!("  {reason}")).style(Style::new().add_modifier(Modifier::DIM));
+    [status, reason]
 }
 
 /// Longest event `top` accepts from the agent (a `hello` with hundreds of NPUs is tens of

@@ -1,6 +1,6 @@
 //! `[engine.actions]`: what the degradation levels and the verdict do through the kubelet's
 //! probes, the Kubernetes API and HAProxy's agent check (the rules are in
-//! [`crate::actions`]).
+//! [`crate::integrations`]).
 
 use crate::integrations::haproxy::config::HaproxyMap;
 use crate::integrations::kubelet::config::NotReadyOn;

@@ -56,7 +56,7 @@ pub struct AgentSettings {
     pub npu_smi_delay: u32,
     /// Admin/metrics listener (all engines' metrics, `/healthz`); none by default.
     pub admin_listen: Option<SocketAddr>,
-    /// HAProxy's agent-check listener, for every engine (`server::agent_check`); none by
+    /// HAProxy's agent-check listener, for every engine (`integrations::haproxy`); none by
     /// default.
     pub haproxy_agent_listen: Option<SocketAddr>,
     /// Tokio worker threads.

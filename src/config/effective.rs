@@ -130,16 +130,19 @@ impl AgentConfig {
     /// Checks between engines and the agent: names used once, mgmt ports used once and not the
     /// admin listener's, and no inference address that is a listener of the agent's own.
     pub fn validate_across(&self) -> Result<(), ConfigError> {
-        let cfg = self;
-        let admin_place = match cfg.form {
-            Form::Host => "[agent] admin_listen",
-            Form::Single => "--admin-listen",
-        };
-        let infer: Vec<Option<SocketAddr>> = cfg
+        let infer: Vec<Option<SocketAddr>> = self
             .engines
             .iter()
             .map(|e| listen_addr(&e.host, e.port).ok())
             .collect();
+        self.engines_apart(&infer)?;
+        self.own_listeners_apart(&infer)
+    }
+
+    /// Engines among themselves: names and mgmt ports used once, and no engine probing a
+    /// mgmt listener (its own or another's). `infer` is each engine's inference address.
+    fn engines_apart(&self, infer: &[Option<SocketAddr>]) -> Result<(), ConfigError> {
+        let cfg = self;
         for (i, a) in cfg.engines.iter().enumerate() {
             for b in &cfg.engines[..i] {
                 if a.name == b.name {
@@ -184,6 +187,18 @@ impl AgentConfig {
             ));
             }
         }
+        Ok(())
+    }
+
+    /// The agent's own listeners (admin, HAProxy agent-check): not an engine's mgmt port nor
+    /// its inference address, and not each other's. `infer` is each engine's inference
+    /// address.
+    fn own_listeners_apart(&self, infer: &[Option<SocketAddr>]) -> Result<(), ConfigError> {
+        let cfg = self;
+        let admin_place = match cfg.form {
+            Form::Host => "[agent] admin_listen",
+            Form::Single => "--admin-listen",
+        };
         let haproxy_place = match cfg.form {
             Form::Host => "[agent] haproxy_agent_listen",
             Form::Single => "--haproxy-agent-listen",
@@ -214,7 +229,7 @@ impl AgentConfig {
             if let Some((e, _)) = cfg
                 .engines
                 .iter()
-                .zip(&infer)
+                .zip(infer)
                 .find(|(_, at)| at.is_some_and(|at| same_socket(addr, at)))
             {
                 return Err(ConfigError::new(

@@ -373,6 +373,65 @@ pub fn next_sleep(
     }
 }
 
+/// What the loop does after a probe: how long it sleeps, the next probe's timeout, and
+/// whether it sleeps the busy cadence (which the agent policy cuts short when the NPU falls
+/// idle).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NextProbe {
+    pub sleep: Duration,
+    pub timeout: Duration,
+    pub busy: bool,
+}
+
+/// After a probe: a confirming or re-arming sleep ([`next_sleep`]), else the cadence's, with
+/// the request timeout unless the confirming one applies.
+pub fn next_probe(
+    rules: &Rules,
+    timing: &Timing,
+    obs: &Observation,
+    a: &Accounted,
+    cadence: Cadence,
+) -> NextProbe {
+    match next_sleep(rules, timing, obs, a) {
+        Some((sleep, timeout)) => NextProbe {
+            sleep,
+            timeout: timeout.unwrap_or(timing.request_timeout),
+            busy: false,
+        },
+        None => NextProbe {
+            sleep: cadence.interval(timing),
+            timeout: timing.request_timeout,
+            busy: cadence == Cadence::Busy,
+        },
+    }
+}
+
+/// An open streak of counted failures (agent policy): when its first probe started, and the
+/// engine's token counters then.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Streak<I> {
+    pub since: I,
+    pub tokens: Option<f64>,
+}
+
+/// The streak after a probe that left the count at `count`: closed at 0, else the open one
+/// kept, else one opened by this probe (started at `started`, with `tokens`).
+pub fn next_streak<I>(
+    count: i64,
+    open: Option<Streak<I>>,
+    started: I,
+    tokens: Option<f64>,
+) -> Option<Streak<I>> {
+    match (count, open) {
+        (0, _) => None,
+        (_, Some(open)) => Some(open),
+        (_, None) => Some(Streak {
+            since: started,
+            tokens,
+        }),
+    }
+}
+
 /// The timeout of a quick probe on an idle NPU (a confirming re-probe, or the probe when a
 /// busy NPU falls idle): `confirm_timeout`, or twice the engine's last successful answer
 /// when that was slower (a degraded engine that still answers must not time out for being
@@ -997,6 +1056,111 @@ mod tests {
         assert_eq!(run(&rules, probe(false, Some(0.0), 0)), None);
         assert_eq!(run(&rules, probe(true, None, 0)), None);
         assert_eq!(run(&v5(), probe(true, Some(0.0), 0)), None);
+    }
+
+    // After a probe: the confirming sleep and timeout while a streak is open, else the
+    // cadence's interval with the request timeout; only the busy cadence's sleep is `busy`.
+    #[test]
+    fn next_probe_table() {
+        let t = Timing::default();
+        let rows: Vec<(&str, Rules, Observation, Cadence, NextProbe)> = vec![
+            (
+                "reference, idle success",
+                v5(),
+                probe(false, Some(0.0), 0),
+                Cadence::Regular,
+                NextProbe {
+                    sleep: t.interval,
+                    timeout: t.request_timeout,
+                    busy: false,
+                },
+            ),
+            (
+                "reference, busy cadence",
+                v5(),
+                probe(false, Some(95.0), 0),
+                Cadence::Busy,
+                NextProbe {
+                    sleep: t.high_load_interval,
+                    timeout: t.request_timeout,
+                    busy: true,
+                },
+            ),
+            (
+                "reference, idle failure: no confirming probe",
+                v5(),
+                probe(true, Some(0.0), 0),
+                Cadence::Regular,
+                NextProbe {
+                    sleep: t.interval,
+                    timeout: t.request_timeout,
+                    busy: false,
+                },
+            ),
+            (
+                "agent, idle failure: confirm quickly",
+                agent(),
+                probe(true, Some(0.0), 0),
+                Cadence::Regular,
+                NextProbe {
+                    sleep: S(1),
+                    timeout: S(2),
+                    busy: false,
+                },
+            ),
+            (
+                "agent, stalled busy failure: confirm with the request timeout",
+                agent(),
+                stalled_for(probe(true, Some(95.0), 0), Some(40), 40),
+                Cadence::Busy,
+                NextProbe {
+                    sleep: S(1),
+                    timeout: t.request_timeout,
+                    busy: false,
+                },
+            ),
+            (
+                "agent, busy success",
+                agent(),
+                probe(false, Some(95.0), 0),
+                Cadence::Busy,
+                NextProbe {
+                    sleep: t.high_load_interval,
+                    timeout: t.request_timeout,
+                    busy: true,
+                },
+            ),
+        ];
+        for (what, rules, obs, cadence, want) in rows {
+            let a = account(&rules, &obs);
+            assert_eq!(next_probe(&rules, &t, &obs, &a, cadence), want, "{what}");
+        }
+    }
+
+    // A streak opens at the first counted failure, keeps its start while the count stays
+    // above 0, and closes at 0.
+    #[test]
+    fn streak_table() {
+        let open = Some(Streak {
+            since: 1u32,
+            tokens: Some(10.0),
+        });
+        let opened = Some(Streak {
+            since: 2u32,
+            tokens: Some(20.0),
+        });
+        for (count, before, want) in [
+            (0, None, None),
+            (0, open, None),
+            (1, None, opened),
+            (3, open, open),
+        ] {
+            assert_eq!(
+                next_streak(count, before, 2u32, Some(20.0)),
+                want,
+                "{count} {before:?}"
+            );
+        }
     }
 
     // The warm-up is never counted; a failed one is abnormal at once, whatever the count

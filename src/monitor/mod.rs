@@ -302,8 +302,24 @@ impl Monitor {
 
     /// Applies one `/health` outcome ([`verdict`] has the rules).
     pub fn record_health(&self, outcome: &HealthOutcome, has_connected: bool) {
-        let name = &self.spec.name;
         let before = self.health();
+        let (after, last_error) = self.update_health_detail(outcome, has_connected);
+        self.set_condition(gates::health_condition(
+            has_connected,
+            last_error.as_deref(),
+        ));
+        self.health.store(after.to_u8(), Ordering::Release);
+        self.log_health_change(before, after, last_error);
+        self.rearm_after_restart(outcome);
+    }
+
+    /// Judges `outcome` and records it in the `/health` details; returns the new state and
+    /// the last error.
+    fn update_health_detail(
+        &self,
+        outcome: &HealthOutcome,
+        has_connected: bool,
+    ) -> (HealthState, Option<String>) {
         let evidence_rule = !self.spec.timing.serving_evidence_max_age().is_zero();
         let excuse = verdict::excuse(outcome, evidence_rule, || self.serving_evidence());
         let now = tokio::time::Instant::now();
@@ -320,9 +336,6 @@ impl Monitor {
             failing_for: failing_for.unwrap_or_default(),
         });
         let after = verdict::judge(outcome, excuse.is_some(), grace);
-        let now_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
         d.probes += 1;
         d.has_connected = has_connected;
         d.last_transport_error = match outcome {
@@ -331,8 +344,24 @@ impl Monitor {
             } => Some(*t),
             _ => None,
         };
+        self.note_outcome(&mut d, outcome, excuse, after);
+        d.state = after;
+        (after, d.last_error.clone())
+    }
+
+    /// The outcome's counters and last error in `d` (an excused failure says why).
+    fn note_outcome(
+        &self,
+        d: &mut HealthDetail,
+        outcome: &HealthOutcome,
+        excuse: Option<String>,
+        after: HealthState,
+    ) {
         match outcome {
             HealthOutcome::Healthy => {
+                let now_ms = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as u64);
                 d.last_ok_unix_ms = Some(now_ms);
                 d.consecutive_failures = 0;
                 d.last_error = None;
@@ -342,7 +371,7 @@ impl Monitor {
                 match &excuse {
                     Some(why) => {
                         if d.state != after {
-                            tracing::warn!(engine = %name, "{reason}, but {why}: not abnormal");
+                            tracing::warn!(engine = %self.spec.name, "{reason}, but {why}: not abnormal");
                         }
                         d.excused_timeouts += 1;
                         d.last_error = Some(format!("{reason} (not abnormal: {why})"));
@@ -355,15 +384,16 @@ impl Monitor {
                 d.last_error = Some(e.clone());
             }
         }
-        d.state = after;
-        let last_error = d.last_error.clone();
-        drop(d);
-        self.set_condition(gates::health_condition(
-            has_connected,
-            last_error.as_deref(),
-        ));
-        self.health.store(after.to_u8(), Ordering::Release);
-        // Logged when the verdict's view of /health changes (an excused failure still answers).
+    }
+
+    /// Logs when the verdict's view of `/health` changes (an excused failure still answers).
+    fn log_health_change(
+        &self,
+        before: HealthState,
+        after: HealthState,
+        last_error: Option<String>,
+    ) {
+        let name = &self.spec.name;
         let class = |h: HealthState| {
             (
                 h.answers() && h != HealthState::Failing,
@@ -371,29 +401,35 @@ impl Monitor {
                 h == HealthState::Failing,
             )
         };
-        if class(after) != class(before) {
-            match after {
-                HealthState::Failing => tracing::warn!(
-                    engine = %name,
-                    verdict = self.peek_status().as_str(),
-                    "/health fails ({}); abnormal if it still fails after {:?} (agent_policy.health_failure_grace)",
-                    last_error.unwrap_or_default(),
-                    self.spec.agent_policy.health_failure_grace
-                ),
-                HealthState::Unhealthy => tracing::warn!(
-                    engine = %name,
-                    verdict = "abnormal",
-                    "/health fails: {}",
-                    last_error.unwrap_or_default()
-                ),
-                h if h.answers() => tracing::info!(
-                    engine = %name,
-                    verdict = self.peek_status().as_str(),
-                    "/health answers"
-                ),
-                _ => {}
-            }
+        if class(after) == class(before) {
+            return;
         }
+        match after {
+            HealthState::Failing => tracing::warn!(
+                engine = %name,
+                verdict = self.peek_status().as_str(),
+                "/health fails ({}); abnormal if it still fails after {:?} (agent_policy.health_failure_grace)",
+                last_error.unwrap_or_default(),
+                self.spec.agent_policy.health_failure_grace
+            ),
+            HealthState::Unhealthy => tracing::warn!(
+                engine = %name,
+                verdict = "abnormal",
+                "/health fails: {}",
+                last_error.unwrap_or_default()
+            ),
+            h if h.answers() => tracing::info!(
+                engine = %name,
+                verdict = self.peek_status().as_str(),
+                "/health answers"
+            ),
+            _ => {}
+        }
+    }
+
+    /// Re-arms virtual inference when `/health` was down after abnormal and answers again
+    /// (the engine restarted).
+    fn rearm_after_restart(&self, outcome: &HealthOutcome) {
         let (down, rearm) = verdict::restart(
             self.down_after_abnormal.load(Ordering::Acquire),
             outcome,
@@ -401,7 +437,7 @@ impl Monitor {
         );
         self.down_after_abnormal.store(down, Ordering::Release);
         if rearm {
-            tracing::warn!(engine = %name, "the engine restarted (/health down, then up); virtual inference is re-armed");
+            tracing::warn!(engine = %self.spec.name, "the engine restarted (/health down, then up); virtual inference is re-armed");
             self.vi.rearm();
             self.rearms.fetch_add(1, Ordering::Relaxed);
             self.rearm_tx.send_modify(|g| *g += 1);
@@ -409,16 +445,22 @@ impl Monitor {
         }
     }
 
-    /// Evaluates the start gates when the first healthy `/status` arrives; true if virtual
-    /// inference may run. `cube` lists (logic id, backend) of the engine's NPUs.
-    pub fn decide_start(&self, cube: &[(u32, crate::driver::Backend)]) -> bool {
+    /// Evaluates the start gates now (the configuration's and AI Cube readability of `cube`)
+    /// and returns every condition; `doctor` reads them the same way.
+    pub fn evaluate_gates(&self, cube: &[(u32, crate::driver::Backend)]) -> Vec<Condition> {
         // Evaluated now, as the reference does at start (the agent's own environment may
         // have changed since the configuration was read).
         for c in gates::static_conditions(&self.spec) {
             self.set_condition(c);
         }
         self.set_condition(gates::cube_condition(cube));
-        let conditions = self.conditions();
+        self.conditions()
+    }
+
+    /// Evaluates the start gates when the first healthy `/status` arrives; true if virtual
+    /// inference may run. `cube` lists (logic id, backend) of the engine's NPUs.
+    pub fn decide_start(&self, cube: &[(u32, crate::driver::Backend)]) -> bool {
+        let conditions = self.evaluate_gates(cube);
         let blocking: Vec<&Condition> = conditions
             .iter()
             .filter(|c| c.name != "health" && c.ok == Some(false))

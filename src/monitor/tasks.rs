@@ -16,8 +16,9 @@ use crate::config::Timing;
 use crate::probe::MetricsSource;
 use crate::probe::Prober;
 use crate::probe::health::{HealthCollector, HealthTransport};
-use crate::probe::outcome::Accounting;
+use crate::probe::outcome::{Accounting, ProbeResult};
 use crate::qos::score::Level;
+use crate::sampler::faults::NpuFault;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -53,7 +54,61 @@ impl LoopConfig {
     }
 }
 
-/// Runs warm-up and the periodic loop until abnormal (or the task is dropped).
+/// Where the virtual inference loop is (reference §1.4–§1.5). Each state is one
+/// [`step`]: the I/O of one phase, then the next state.
+#[derive(Debug)]
+enum State {
+    /// The one warm-up request (skipped when it was sent before the agent restarted).
+    WarmUp,
+    /// The periodic loop begins: the regular cadence, phase `running`.
+    Begin,
+    /// One periodic probe: the request, the evidence beside it, its accounting.
+    Probe(Periodic),
+    /// The sleep before the next probe (cut short under the agent policy).
+    Pause(Periodic, Pause),
+    /// Abnormal, or the warm-up failed: the loop is over.
+    Stopped,
+}
+
+/// What the periodic loop carries from one probe to the next.
+#[derive(Debug)]
+struct Periodic {
+    cadence: account::Cadence,
+    /// When a virtual request was last served (stall detection's evidence of life).
+    last_served: tokio::time::Instant,
+    /// Agent policy: the open streak of counted failures.
+    streak: Option<account::Streak<tokio::time::Instant>>,
+    /// The next probe's timeout.
+    timeout: Duration,
+    /// The last successful periodic probe's latency: the engine's pace when it answers.
+    last_ok: Option<Duration>,
+    /// Agent policy: the driver fault that woke the loop for this probe.
+    woke_for: Option<NpuFault>,
+    /// Agent policy: the faults at the confirming level a virtual request was answered beside
+    /// (they no longer explain a failure while they stay: a chip can report a code for weeks
+    /// and work).
+    answered: Checked,
+}
+
+/// The sleep after a probe.
+#[derive(Debug)]
+struct Pause {
+    next: account::NextProbe,
+    /// The faults at the confirming level this probe checked; any other wakes the loop.
+    checked: Checked,
+}
+
+/// What the steps read and write.
+struct Io<'a, P, S, G> {
+    cfg: &'a LoopConfig,
+    prober: &'a P,
+    peaks: &'a S,
+    signals: &'a G,
+    state: &'a ViState,
+}
+
+/// Runs warm-up and the periodic loop until abnormal. Cancellation is the caller's: it drops
+/// the future ([`virtual_inference_task`]).
 pub async fn run_virtual_inference(
     cfg: &LoopConfig,
     prober: &impl Prober,
@@ -61,219 +116,310 @@ pub async fn run_virtual_inference(
     signals: &impl EngineSignals,
     state: &ViState,
 ) {
-    let engine = cfg.engine.as_str();
-    let (t, rules) = (&cfg.timing, &cfg.rules);
-    if !state.warmup_done() {
-        state.set_phase(Phase::WarmingUp);
-        // No AI Cube reading during warm-up (reference): only the request.
-        let r = prober.send(t.warmup_timeout).await;
-        state.set_warmup_done();
-        let a = account::account(
-            rules,
-            &Observation {
-                stage: Stage::WarmUp,
-                failure: r.outcome.clone().err(),
-                peak: None,
-                stalled_for: None,
-                since_served: Duration::ZERO,
-                capacity: None,
-                count: 0,
-                health_failed: false,
-                asleep: false,
-                idle_throughout: None,
-                tokens_advanced: None,
-                last_ok_latency: None,
-                driver_fault: None,
-            },
-        );
-        state.apply(&a);
-        if a.abnormal.is_some() {
-            state.record_detection(r.latency);
-        }
-        state.record(&r, true, None, a.accounting);
-        if let Err(e) = &r.outcome {
-            tracing::warn!(
-                engine,
-                "warmup request failed ({e}), set abnormal status and stop health check"
-            );
-            state.set_phase(Phase::Stopped);
-            return;
-        }
-        tracing::info!(engine, latency = ?r.latency, "warm-up request succeeded, virtual inference starts");
-    }
-    let mut cadence = account::Cadence::Regular;
-    state.set_interval(cadence.interval(t));
-    state.set_phase(Phase::Running);
-    // When a virtual request was last served (stall detection's evidence of life).
-    let mut last_served = tokio::time::Instant::now();
-    // Agent policy: the open streak of counted failures (when its first probe started, and
-    // the token counters then), and the next probe's timeout.
-    let mut streak: Option<(tokio::time::Instant, Option<f64>)> = None;
-    let mut timeout = t.request_timeout;
-    // The last successful periodic probe's latency: the engine's pace when it answers.
-    let mut last_ok: Option<Duration> = None;
-    // Agent policy: the driver fault that woke the loop for this probe; and the faults at
-    // the confirming level a virtual request was answered beside (they no longer explain a
-    // failure while they stay: a chip can report a code for weeks and work).
-    let mut woke_for: Option<crate::sampler::faults::NpuFault> = None;
-    let mut answered = Checked::new();
-    while !state.abnormal() {
-        let started = tokio::time::Instant::now();
-        let before = if rules.agent.is_some() {
-            serious(&peaks.faults())
-        } else {
-            Checked::new()
-        };
-        let r = prober.send(timeout).await;
-        let peak = peaks.peak(t.window);
-        cadence = account::next_cadence(t, rules.npu_usage_threshold, cadence, peak);
-        state.set_interval(cadence.interval(t));
-        let failed = r.outcome.is_err();
-        // The agent policy's evidence, read for a failure only; the V6 capacity figure comes
-        // from the same read when there is one.
-        let agent_read = rules.agent.is_some() && failed;
-        // The driver's faults after the probe, read once (the reference has no use for them).
-        let faults_after = if rules.agent.is_some() {
-            peaks.faults()
-        } else {
-            Vec::new()
-        };
-        let driver_fault = if agent_read {
-            let unanswered: Vec<_> = faults_after
-                .iter()
-                .filter(|f| !answered.contains(&(f.npu, f.code)))
-                .cloned()
-                .collect();
-            account::worst(&unanswered).cloned()
-        } else {
-            None
-        };
-        let fresh = if agent_read {
-            signals.fresh().await
-        } else {
-            FreshMetrics::default()
-        };
-        let capacity = if account::needs_capacity(rules, failed, peak) {
-            Some(match fresh.capacity.clone() {
-                Some(c) => c,
-                None => signals.waiting_for_capacity().await,
-            })
-        } else {
-            None
-        };
-        let since = streak.map_or(started, |(at, _)| at);
-        let obs = Observation {
-            stage: Stage::Periodic,
-            failure: r.outcome.clone().err(),
-            peak,
-            // Read only when it matters: a failure on a busy NPU.
-            stalled_for: (rules.stall_window.is_some()
-                && failed
-                && peak.is_some_and(|p| p >= rules.npu_usage_threshold))
-            .then(|| signals.stalled_for())
-            .flatten(),
-            since_served: last_served.elapsed(),
-            capacity,
-            count: state.failure_count(),
-            health_failed: agent_read && signals.health_failed_since(started),
-            asleep: fresh.asleep == Some(true),
-            idle_throughout: if agent_read {
-                peaks
-                    .peak(since.elapsed().max(t.window))
-                    .map(|p| p < rules.npu_usage_threshold)
-            } else {
-                None
-            },
-            tokens_advanced: match (streak.and_then(|(_, tokens)| tokens), fresh.tokens) {
-                (Some(before), Some(now)) => Some(now > before),
-                _ => None,
-            },
-            last_ok_latency: last_ok,
-            driver_fault,
-        };
-        if !failed {
-            last_served = tokio::time::Instant::now();
-            last_ok = Some(r.latency);
-        }
-        let a = account::account(rules, &obs);
-        log_accounting(cfg, &obs, &a);
-        state.apply(&a);
-        if a.abnormal.is_some() {
-            state.record_detection(since.elapsed());
-        }
-        state.record(&r, false, peak, a.accounting);
-        streak = match (a.count, streak) {
-            (0, _) => None,
-            (_, Some(open)) => Some(open),
-            (_, None) => Some((started, fresh.tokens)),
-        };
-        // A confirming or re-arming sleep, else the cadence's (`busy`: the busy cadence's).
-        let (sleep, next_timeout, busy) = match account::next_sleep(rules, t, &obs, &a) {
-            Some((sleep, timeout)) => (sleep, timeout.unwrap_or(t.request_timeout), false),
-            None => (
-                cadence.interval(t),
-                t.request_timeout,
-                cadence == account::Cadence::Busy,
-            ),
-        };
-        timeout = next_timeout;
-        // What this probe checked: the faults at the confirming level that were there before
-        // it started and still are; a new one wakes the loop.
-        let now_serious = serious(&faults_after);
-        let checked: Checked = before.intersection(&now_serious).copied().collect();
-        // A fault that cleared and comes back is new again.
-        answered.retain(|k| now_serious.contains(k));
-        if !failed {
-            answered.extend(checked.iter().copied());
-        }
-        if let Some(f) = woke_for.take()
-            && !failed
-        {
-            tracing::info!(
-                engine,
-                npu = f.npu,
-                code = %f.hex,
-                "{}: the confirming virtual request succeeded; the fault is published, the engine stays normal",
-                f.describe()
-            );
-        }
-        let Some(agent) = rules.agent else {
-            tokio::time::sleep(sleep).await;
-            continue;
-        };
-        // Agent policy: a busy NPU that falls idle (over a whole window) during the busy
-        // interval is probed at once, with the confirming timeout — the load ended, or the
-        // engine stopped; and so is a new driver fault at the confirming level.
-        let idle = busy.then_some((t.window, rules.npu_usage_threshold));
-        match pause(sleep, peaks, idle, &checked).await {
-            Wake::Elapsed => {}
-            Wake::Idle => {
-                tracing::info!(
-                    engine,
-                    "the NPU fell idle during the busy interval; probing now"
-                );
-                timeout = account::confirm_timeout(&agent, t, last_ok);
-            }
-            Wake::Fault(f) => {
-                tracing::warn!(
-                    engine,
-                    npu = f.npu,
-                    code = %f.hex,
-                    level = %f.level,
-                    "{}; probing now to confirm (a failed virtual request makes the engine abnormal at once)",
-                    f.describe()
-                );
-                timeout = account::confirm_timeout(&agent, t, last_ok);
-                woke_for = Some(f);
-            }
-        }
+    let io = Io {
+        cfg,
+        prober,
+        peaks,
+        signals,
+        state,
+    };
+    let mut s = if state.warmup_done() {
+        State::Begin
+    } else {
+        State::WarmUp
+    };
+    while !matches!(s, State::Stopped) {
+        s = step(&io, s).await;
     }
     state.set_phase(Phase::Stopped);
 }
 
+/// One phase of the loop.
+async fn step(io: &Io<'_, impl Prober, impl PeakSource, impl EngineSignals>, s: State) -> State {
+    match s {
+        State::WarmUp => warm_up(io).await,
+        State::Begin => begin(io),
+        State::Probe(p) => probe(io, p).await,
+        State::Pause(p, pause) => sleep(io, p, pause).await,
+        State::Stopped => State::Stopped,
+    }
+}
+
+/// The reference's loop condition, checked before every periodic probe: not abnormal.
+fn next_probe(state: &ViState, p: Periodic) -> State {
+    if state.abnormal() {
+        State::Stopped
+    } else {
+        State::Probe(p)
+    }
+}
+
+/// Sends the warm-up request; a failure is abnormal and ends the loop.
+async fn warm_up(io: &Io<'_, impl Prober, impl PeakSource, impl EngineSignals>) -> State {
+    let (engine, state) = (io.cfg.engine.as_str(), io.state);
+    state.set_phase(Phase::WarmingUp);
+    // No AI Cube reading during warm-up (reference): only the request.
+    let r = io.prober.send(io.cfg.timing.warmup_timeout).await;
+    state.set_warmup_done();
+    let a = account::account(
+        &io.cfg.rules,
+        &Observation {
+            stage: Stage::WarmUp,
+            failure: r.outcome.clone().err(),
+            peak: None,
+            stalled_for: None,
+            since_served: Duration::ZERO,
+            capacity: None,
+            count: 0,
+            health_failed: false,
+            asleep: false,
+            idle_throughout: None,
+            tokens_advanced: None,
+            last_ok_latency: None,
+            driver_fault: None,
+        },
+    );
+    state.apply(&a);
+    if a.abnormal.is_some() {
+        state.record_detection(r.latency);
+    }
+    state.record(&r, true, None, a.accounting);
+    if let Err(e) = &r.outcome {
+        tracing::warn!(
+            engine,
+            "warmup request failed ({e}), set abnormal status and stop health check"
+        );
+        return State::Stopped;
+    }
+    tracing::info!(engine, latency = ?r.latency, "warm-up request succeeded, virtual inference starts");
+    State::Begin
+}
+
+/// Enters the periodic loop at the regular cadence.
+fn begin(io: &Io<'_, impl Prober, impl PeakSource, impl EngineSignals>) -> State {
+    let t = &io.cfg.timing;
+    let cadence = account::Cadence::Regular;
+    io.state.set_interval(cadence.interval(t));
+    io.state.set_phase(Phase::Running);
+    let p = Periodic {
+        cadence,
+        last_served: tokio::time::Instant::now(),
+        streak: None,
+        timeout: t.request_timeout,
+        last_ok: None,
+        woke_for: None,
+        answered: Checked::new(),
+    };
+    next_probe(io.state, p)
+}
+
+/// Sends one periodic request, reads the evidence beside it, applies its accounting and
+/// plans the pause.
+async fn probe(
+    io: &Io<'_, impl Prober, impl PeakSource, impl EngineSignals>,
+    mut p: Periodic,
+) -> State {
+    let (cfg, state) = (io.cfg, io.state);
+    let (t, rules) = (&cfg.timing, &cfg.rules);
+    let started = tokio::time::Instant::now();
+    let before = if rules.agent.is_some() {
+        serious(&io.peaks.faults())
+    } else {
+        Checked::new()
+    };
+    let r = io.prober.send(p.timeout).await;
+    let peak = io.peaks.peak(t.window);
+    p.cadence = account::next_cadence(t, rules.npu_usage_threshold, p.cadence, peak);
+    state.set_interval(p.cadence.interval(t));
+    let failed = r.outcome.is_err();
+    let since = p.streak.map_or(started, |s| s.since);
+    let seen = observe(io, &p, &r, peak, started, since).await;
+    if !failed {
+        p.last_served = tokio::time::Instant::now();
+        p.last_ok = Some(r.latency);
+    }
+    let a = account::account(rules, &seen.obs);
+    log_accounting(cfg, &seen.obs, &a);
+    state.apply(&a);
+    if a.abnormal.is_some() {
+        state.record_detection(since.elapsed());
+    }
+    state.record(&r, false, peak, a.accounting);
+    p.streak = account::next_streak(a.count, p.streak, started, seen.tokens);
+    let next = account::next_probe(rules, t, &seen.obs, &a, p.cadence);
+    p.timeout = next.timeout;
+    let checked = remember_answered(&mut p.answered, &before, &seen.faults_after, failed);
+    if let Some(f) = p.woke_for.take()
+        && !failed
+    {
+        tracing::info!(
+            engine = cfg.engine.as_str(),
+            npu = f.npu,
+            code = %f.hex,
+            "{}: the confirming virtual request succeeded; the fault is published, the engine stays normal",
+            f.describe()
+        );
+    }
+    State::Pause(p, Pause { next, checked })
+}
+
+/// What one periodic probe saw besides its own outcome.
+struct Seen {
+    obs: Observation,
+    /// The driver's faults after the probe (agent policy; empty under the reference).
+    faults_after: Vec<NpuFault>,
+    /// The engine's token counters, when they were read.
+    tokens: Option<f64>,
+}
+
+/// Reads the evidence a probe's accounting needs, and only that: the agent policy's for a
+/// failure (the V6 capacity figure comes from the same read when there is one), the V6
+/// capacity figure for an idle failure, the stall for a busy failure.
+async fn observe(
+    io: &Io<'_, impl Prober, impl PeakSource, impl EngineSignals>,
+    p: &Periodic,
+    r: &ProbeResult,
+    peak: Option<f64>,
+    started: tokio::time::Instant,
+    since: tokio::time::Instant,
+) -> Seen {
+    let (t, rules) = (&io.cfg.timing, &io.cfg.rules);
+    let failed = r.outcome.is_err();
+    let agent_read = rules.agent.is_some() && failed;
+    // The driver's faults after the probe, read once (the reference has no use for them).
+    let faults_after = if rules.agent.is_some() {
+        io.peaks.faults()
+    } else {
+        Vec::new()
+    };
+    let driver_fault = if agent_read {
+        unanswered_worst(&faults_after, &p.answered)
+    } else {
+        None
+    };
+    let fresh = if agent_read {
+        io.signals.fresh().await
+    } else {
+        FreshMetrics::default()
+    };
+    let capacity = if account::needs_capacity(rules, failed, peak) {
+        Some(match fresh.capacity.clone() {
+            Some(c) => c,
+            None => io.signals.waiting_for_capacity().await,
+        })
+    } else {
+        None
+    };
+    let obs = Observation {
+        stage: Stage::Periodic,
+        failure: r.outcome.clone().err(),
+        peak,
+        // Read only when it matters: a failure on a busy NPU.
+        stalled_for: (rules.stall_window.is_some()
+            && failed
+            && peak.is_some_and(|p| p >= rules.npu_usage_threshold))
+        .then(|| io.signals.stalled_for())
+        .flatten(),
+        since_served: p.last_served.elapsed(),
+        capacity,
+        count: io.state.failure_count(),
+        health_failed: agent_read && io.signals.health_failed_since(started),
+        asleep: fresh.asleep == Some(true),
+        idle_throughout: if agent_read {
+            io.peaks
+                .peak(since.elapsed().max(t.window))
+                .map(|p| p < rules.npu_usage_threshold)
+        } else {
+            None
+        },
+        tokens_advanced: match (p.streak.and_then(|s| s.tokens), fresh.tokens) {
+            (Some(before), Some(now)) => Some(now > before),
+            _ => None,
+        },
+        last_ok_latency: p.last_ok,
+        driver_fault,
+    };
+    Seen {
+        obs,
+        faults_after,
+        tokens: fresh.tokens,
+    }
+}
+
+/// Sleeps until the next probe. Under the agent policy a busy NPU that falls idle (over a
+/// whole window) during the busy interval is probed at once, with the confirming timeout —
+/// the load ended, or the engine stopped; and so is a new driver fault at the confirming
+/// level.
+async fn sleep(
+    io: &Io<'_, impl Prober, impl PeakSource, impl EngineSignals>,
+    mut p: Periodic,
+    pause: Pause,
+) -> State {
+    let (engine, t, rules) = (io.cfg.engine.as_str(), &io.cfg.timing, &io.cfg.rules);
+    let Some(agent) = rules.agent else {
+        tokio::time::sleep(pause.next.sleep).await;
+        return next_probe(io.state, p);
+    };
+    let idle = pause
+        .next
+        .busy
+        .then_some((t.window, rules.npu_usage_threshold));
+    match self::pause(pause.next.sleep, io.peaks, idle, &pause.checked).await {
+        Wake::Elapsed => {}
+        Wake::Idle => {
+            tracing::info!(
+                engine,
+                "the NPU fell idle during the busy interval; probing now"
+            );
+            p.timeout = account::confirm_timeout(&agent, t, p.last_ok);
+        }
+        Wake::Fault(f) => {
+            tracing::warn!(
+                engine,
+                npu = f.npu,
+                code = %f.hex,
+                level = %f.level,
+                "{}; probing now to confirm (a failed virtual request makes the engine abnormal at once)",
+                f.describe()
+            );
+            p.timeout = account::confirm_timeout(&agent, t, p.last_ok);
+            p.woke_for = Some(f);
+        }
+    }
+    next_probe(io.state, p)
+}
+
+/// The most severe of `faults` that no answered request was seen beside.
+fn unanswered_worst(faults: &[NpuFault], answered: &Checked) -> Option<NpuFault> {
+    let unanswered: Vec<_> = faults
+        .iter()
+        .filter(|f| !answered.contains(&(f.npu, f.code)))
+        .cloned()
+        .collect();
+    account::worst(&unanswered).cloned()
+}
+
+/// After a probe: what it checked (the faults at the confirming level that were there before
+/// it started and still are), and `answered` updated — a fault that cleared is forgotten (it
+/// is new again when it comes back), and the checked ones join it when the probe succeeded.
+fn remember_answered(
+    answered: &mut Checked,
+    before: &Checked,
+    faults_after: &[NpuFault],
+    failed: bool,
+) -> Checked {
+    let now_serious = serious(faults_after);
+    let checked: Checked = before.intersection(&now_serious).copied().collect();
+    answered.retain(|k| now_serious.contains(k));
+    if !failed {
+        answered.extend(checked.iter().copied());
+    }
+    checked
+}
+
 /// Why the engine's QoS level is one band lower: the `SubHealthFault`s among `faults`, under
 /// the agent policy (the reference has no such rule).
-fn sub_health(state: &Monitor, faults: &[crate::sampler::faults::NpuFault]) -> Option<String> {
+fn sub_health(state: &Monitor, faults: &[NpuFault]) -> Option<String> {
     let agent = state.spec.agent_policy_in_force().is_some();
     let lowering: Vec<String> = faults
         .iter()
@@ -287,7 +433,7 @@ fn sub_health(state: &Monitor, faults: &[crate::sampler::faults::NpuFault]) -> O
 type Checked = std::collections::BTreeSet<(u32, u32)>;
 
 /// The faults of `faults` at the confirming level.
-fn serious(faults: &[crate::sampler::faults::NpuFault]) -> Checked {
+fn serious(faults: &[NpuFault]) -> Checked {
     faults
         .iter()
         .filter(|f| f.level >= account::CONFIRM_LEVEL)
@@ -303,7 +449,7 @@ enum Wake {
     /// The NPU fell idle over a whole window.
     Idle,
     /// The driver reports a fault at the confirming level that no probe has checked.
-    Fault(crate::sampler::faults::NpuFault),
+    Fault(NpuFault),
 }
 
 /// How often a pause looks at the driver's faults (the sampler reads them every
@@ -1475,6 +1621,97 @@ mod tests {
             }
         }
     }
+    // The faults a request was answered beside: a probe checks those present before and
+    // after it; a success remembers them, a failure does not; a cleared fault is forgotten.
+    #[test]
+    fn answered_faults_table() {
+        use crate::driver::fault_levels::FaultLevel;
+        let f = |npu: u32, level: FaultLevel| NpuFault {
+            npu,
+            code: 0x80C9_8001,
+            hex: "0x80C98001".into(),
+            text: None,
+            level,
+        };
+        let key = |npu: u32| (npu, 0x80C9_8001u32);
+        let set = |npus: &[u32]| -> Checked { npus.iter().map(|n| key(*n)).collect() };
+        let serious_level = FaultLevel::RestartNPU;
+        /// (what, answered before, faults before the probe, faults after, failed) →
+        /// (checked, answered after)
+        type Row = (
+            &'static str,
+            Checked,
+            Checked,
+            Vec<NpuFault>,
+            bool,
+            Checked,
+            Checked,
+        );
+        let rows: Vec<Row> = vec![
+            (
+                "a success beside a standing fault remembers it",
+                set(&[]),
+                set(&[1]),
+                vec![f(1, serious_level)],
+                false,
+                set(&[1]),
+                set(&[1]),
+            ),
+            (
+                "a failure does not",
+                set(&[]),
+                set(&[1]),
+                vec![f(1, serious_level)],
+                true,
+                set(&[1]),
+                set(&[]),
+            ),
+            (
+                "a fault that appeared during the probe was not checked",
+                set(&[]),
+                set(&[]),
+                vec![f(1, serious_level)],
+                false,
+                set(&[]),
+                set(&[]),
+            ),
+            (
+                "a cleared fault is forgotten",
+                set(&[1, 2]),
+                set(&[1, 2]),
+                vec![f(2, serious_level)],
+                true,
+                set(&[2]),
+                set(&[2]),
+            ),
+            (
+                "below the confirming level nothing is checked",
+                set(&[]),
+                set(&[]),
+                vec![f(1, FaultLevel::SubHealthFault)],
+                false,
+                set(&[]),
+                set(&[]),
+            ),
+        ];
+        for (what, mut answered, before, after, failed, checked, answered_after) in rows {
+            assert_eq!(
+                remember_answered(&mut answered, &before, &after, failed),
+                checked,
+                "{what}"
+            );
+            assert_eq!(answered, answered_after, "{what}");
+        }
+        // A remembered fault no longer explains a failure; another one does.
+        let faults = [f(1, FaultLevel::SeparateNPU), f(2, serious_level)];
+        assert_eq!(
+            unanswered_worst(&faults, &set(&[1])).map(|f| f.npu),
+            Some(2)
+        );
+        assert_eq!(unanswered_worst(&faults, &set(&[])).map(|f| f.npu), Some(1));
+        assert_eq!(unanswered_worst(&faults, &set(&[1, 2])), None);
+    }
+
     /// A busy NPU (95 %) whose driver reports `fault` (at `level`) from `from` on.
     struct FaultAt {
         from: Instant,
@@ -1484,11 +1721,11 @@ mod tests {
         fn peak(&self, _: Duration) -> Option<f64> {
             Some(95.0)
         }
-        fn faults(&self) -> Vec<crate::sampler::faults::NpuFault> {
+        fn faults(&self) -> Vec<NpuFault> {
             if Instant::now() < self.from {
                 return Vec::new();
             }
-            vec![crate::sampler::faults::NpuFault {
+            vec![NpuFault {
                 npu: 3,
                 code: 0x80C9_8001,
                 hex: "0x80C98001".into(),

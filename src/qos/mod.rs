@@ -141,6 +141,164 @@ struct Inner {
     lowered_left: u32,
 }
 
+impl Inner {
+    /// Starts, renews or runs down the lowering: a cause renews its hold, and it ends
+    /// [`LOWER_HOLD`] evaluations after the cause cleared.
+    fn lower(&mut self, lowered_by: Option<String>) {
+        match lowered_by {
+            Some(why) => {
+                self.lowered_by = Some(why);
+                self.lowered_left = LOWER_HOLD;
+            }
+            None => {
+                self.lowered_left = self.lowered_left.saturating_sub(1);
+                if self.lowered_left == 0 {
+                    self.lowered_by = None;
+                }
+            }
+        }
+    }
+}
+
+/// The admission cap after an evaluation that moved the level from `before` to `after`:
+/// the requests `running` (at least 1) when the level leaves `normal`, none back at
+/// `normal`, else unchanged.
+fn next_admission_cap(
+    cap: Option<u32>,
+    before: Level,
+    after: Level,
+    running: Option<f64>,
+) -> Option<u32> {
+    if before == Level::Normal && after != Level::Normal {
+        running
+            .filter(|r| r.is_finite() && *r >= 0.0)
+            .map(|r| (r.round() as u32).max(1))
+    } else if after == Level::Normal {
+        None
+    } else {
+        cap
+    }
+}
+
+/// Latency: the last virtual probe (a failure scores 0), when recent enough. Ages on the
+/// monotonic clock.
+fn latency_component(cfg: &QosConfig, probe: Option<&ProbeRecord>, now: Instant) -> Component {
+    let probe = probe.filter(|p| now.saturating_duration_since(p.at) <= cfg.max_input_age);
+    let budget = cfg.ttft_budget.as_secs_f64();
+    let Some(p) = probe else {
+        return Component {
+            name: "latency".into(),
+            weight: cfg.weights.latency,
+            score: None,
+            input: "no recent virtual probe".to_owned(),
+            age_ms: None,
+            series: Vec::new(),
+        };
+    };
+    let ttft = p.ttft_ms.map(|t| t / 1e3);
+    let mut input = match ttft {
+        Some(t) => format!("time to first token {t:.3} s (budget {budget} s)"),
+        None => format!("probe {}", p.outcome),
+    };
+    if let Some(tpot) = p.tpot_ms {
+        input.push_str(&format!(", {tpot:.1} ms per output token"));
+    }
+    Component {
+        name: "latency".into(),
+        weight: cfg.weights.latency,
+        score: Some(score::latency_score(ttft, budget)),
+        input,
+        age_ms: Some(now.saturating_duration_since(p.at).as_millis() as u64),
+        series: Vec::new(),
+    }
+}
+
+/// Memory: KV-cache headroom from a recent scrape (`metrics`), else why there is none.
+fn memory_component(
+    cfg: &QosConfig,
+    metrics: Option<&EngineMetrics>,
+    scrape_error: Option<&str>,
+    scrape_age: Option<u64>,
+) -> Component {
+    let sources = metrics.map(|m| m.sources).unwrap_or_default();
+    let series: Vec<Cow<'static, str>> = [sources.kv_cache_usage, sources.waiting_for_capacity]
+        .into_iter()
+        .flatten()
+        .map(Cow::Borrowed)
+        .collect();
+    let (score, input) = match metrics.and_then(|m| m.kv_cache_usage) {
+        Some(kv) => (
+            Some(score::memory_score(kv, cfg.kv_headroom_full)),
+            format!(
+                "KV-cache usage {:.1} %{}",
+                kv * 100.0,
+                match metrics.and_then(|m| m.waiting_for_capacity) {
+                    Some(c) if c > 0.0 => format!(", {c} requests waiting for capacity"),
+                    _ => String::new(),
+                }
+            ),
+        ),
+        None => (
+            None,
+            scrape_error.map_or_else(
+                || "no KV-cache figure".to_owned(),
+                |e| format!("scrape failed: {e}"),
+            ),
+        ),
+    };
+    Component {
+        name: "memory".into(),
+        weight: cfg.weights.memory,
+        score,
+        input,
+        age_ms: scrape_age,
+        series,
+    }
+}
+
+/// Progress: whether the engine's token counters advance while requests run, from a recent
+/// scrape (`metrics`).
+fn progress_component(
+    cfg: &QosConfig,
+    metrics: Option<&EngineMetrics>,
+    state: progress::State,
+    stalled_for: Option<Duration>,
+    scrape_age: Option<u64>,
+) -> Component {
+    let sources = metrics.map(|m| m.sources).unwrap_or_default();
+    let series: Vec<Cow<'static, str>> = [
+        sources.running,
+        sources.prompt_tokens,
+        sources.generation_tokens,
+    ]
+    .into_iter()
+    .flatten()
+    .map(Cow::Borrowed)
+    .collect();
+    let input = match (metrics.is_some(), state) {
+        (false, _) => "no recent /metrics scrape".to_owned(),
+        (true, progress::State::Unknown) => {
+            "unknown (needs two scrapes with the running gauge and both token counters)".to_owned()
+        }
+        (true, progress::State::Idle) => "idle: no request running".to_owned(),
+        (true, progress::State::Advancing) => {
+            "requests running, token counters advancing".to_owned()
+        }
+        (true, progress::State::Stalled) => format!(
+            "requests running, no token advanced for {:.1} s",
+            stalled_for.unwrap_or_default().as_secs_f64()
+        ),
+    };
+    Component {
+        name: "progress".into(),
+        weight: cfg.weights.progress,
+        score: Progress::score(state),
+        input,
+        age_ms: scrape_age,
+        series,
+    }
+}
+
 /// Evaluations a lowering holds after the fault behind it cleared, so a code the driver
 /// reports on and off does not flap the level (and every router and readiness behind it).
 pub const LOWER_HOLD: u32 = 3;
@@ -234,114 +392,19 @@ impl QosState {
         let now_ms = unix_ms();
         let now = Instant::now();
         let mut i = self.lock();
-        let w = cfg.weights;
-        let mut components = Vec::with_capacity(3);
-        // Latency: the last virtual probe (a failure scores 0). Ages on the monotonic clock.
-        let probe = probe.filter(|p| now.saturating_duration_since(p.at) <= cfg.max_input_age);
-        let budget = cfg.ttft_budget.as_secs_f64();
-        components.push(match probe {
-            Some(p) => {
-                let ttft = p.ttft_ms.map(|t| t / 1e3);
-                let mut input = match ttft {
-                    Some(t) => format!("time to first token {t:.3} s (budget {budget} s)"),
-                    None => format!("probe {}", p.outcome),
-                };
-                if let Some(tpot) = p.tpot_ms {
-                    input.push_str(&format!(", {tpot:.1} ms per output token"));
-                }
-                Component {
-                    name: "latency".into(),
-                    weight: w.latency,
-                    score: Some(score::latency_score(ttft, budget)),
-                    input,
-                    age_ms: Some(now.saturating_duration_since(p.at).as_millis() as u64),
-                    series: Vec::new(),
-                }
-            }
-            None => Component {
-                name: "latency".into(),
-                weight: w.latency,
-                score: None,
-                input: "no recent virtual probe".to_owned(),
-                age_ms: None,
-                series: Vec::new(),
-            },
-        });
         let metrics = i
             .metrics
             .filter(|(_, at)| now.saturating_duration_since(*at) <= self.scrape_max_age);
         let scrape_age =
             metrics.map(|(_, at)| now.saturating_duration_since(at).as_millis() as u64);
-        let sources = metrics.map(|(m, _)| m.sources).unwrap_or_default();
-        let memory_series: Vec<Cow<'static, str>> =
-            [sources.kv_cache_usage, sources.waiting_for_capacity]
-                .into_iter()
-                .flatten()
-                .map(Cow::Borrowed)
-                .collect();
-        let progress_series: Vec<Cow<'static, str>> = [
-            sources.running,
-            sources.prompt_tokens,
-            sources.generation_tokens,
-        ]
-        .into_iter()
-        .flatten()
-        .map(Cow::Borrowed)
-        .collect();
-        components.push(match metrics.and_then(|(m, _)| m.kv_cache_usage) {
-            Some(kv) => Component {
-                name: "memory".into(),
-                weight: w.memory,
-                score: Some(score::memory_score(kv, cfg.kv_headroom_full)),
-                input: format!(
-                    "KV-cache usage {:.1} %{}",
-                    kv * 100.0,
-                    match metrics.and_then(|(m, _)| m.waiting_for_capacity) {
-                        Some(c) if c > 0.0 => format!(", {c} requests waiting for capacity"),
-                        _ => String::new(),
-                    }
-                ),
-                age_ms: scrape_age,
-                series: memory_series,
-            },
-            None => Component {
-                name: "memory".into(),
-                weight: w.memory,
-                score: None,
-                input: i.scrape_error.clone().map_or_else(
-                    || "no KV-cache figure".to_owned(),
-                    |e| format!("scrape failed: {e}"),
-                ),
-                age_ms: scrape_age,
-                series: memory_series,
-            },
-        });
         let state = i.progress.state_at(now, self.scrape_max_age);
-        components.push(Component {
-            name: "progress".into(),
-            weight: w.progress,
-            score: Progress::score(state),
-            input: match (metrics.is_some(), state) {
-                (false, _) => "no recent /metrics scrape".to_owned(),
-                (true, progress::State::Unknown) => {
-                    "unknown (needs two scrapes with the running gauge and both token counters)"
-                        .to_owned()
-                }
-                (true, progress::State::Idle) => "idle: no request running".to_owned(),
-                (true, progress::State::Advancing) => {
-                    "requests running, token counters advancing".to_owned()
-                }
-                (true, progress::State::Stalled) => format!(
-                    "requests running, no token advanced for {:.1} s",
-                    i.progress
-                        .stalled_for(now, self.scrape_max_age)
-                        .unwrap_or_default()
-                        .as_secs_f64()
-                ),
-            },
-            age_ms: scrape_age,
-            series: progress_series,
-        });
+        let stalled_for = i.progress.stalled_for(now, self.scrape_max_age);
+        let m = metrics.map(|(m, _)| m);
+        let components = vec![
+            latency_component(cfg, probe, now),
+            memory_component(cfg, m.as_ref(), i.scrape_error.as_deref(), scrape_age),
+            progress_component(cfg, m.as_ref(), state, stalled_for, scrape_age),
+        ];
         let parts: Vec<(Option<f64>, f64)> =
             components.iter().map(|c| (c.score, c.weight)).collect();
         let score = score::combine(&parts).map(|(s, _)| s);
@@ -349,18 +412,7 @@ impl QosState {
         // Eviction needs positive evidence that the engine is stuck.
         let evictable = state == progress::State::Stalled;
         let scored = i.levels.update(score, evictable);
-        match lowered_by {
-            Some(why) => {
-                i.lowered_by = Some(why);
-                i.lowered_left = LOWER_HOLD;
-            }
-            None => {
-                i.lowered_left = i.lowered_left.saturating_sub(1);
-                if i.lowered_left == 0 {
-                    i.lowered_by = None;
-                }
-            }
-        }
+        i.lower(lowered_by);
         let after = match &i.lowered_by {
             Some(_) => scored.max(Level::Throttle),
             None => scored,
@@ -368,14 +420,8 @@ impl QosState {
         i.score = score;
         i.components = components;
         i.evaluations += 1;
-        if before == Level::Normal && after != Level::Normal {
-            i.admission_cap = metrics
-                .and_then(|(m, _)| m.running)
-                .filter(|r| r.is_finite() && *r >= 0.0)
-                .map(|r| (r.round() as u32).max(1));
-        } else if after == Level::Normal {
-            i.admission_cap = None;
-        }
+        i.admission_cap =
+            next_admission_cap(i.admission_cap, before, after, m.and_then(|m| m.running));
         let transition = (before != after).then(|| {
             i.level_since_unix_ms = now_ms;
             Transition {
@@ -495,6 +541,29 @@ impl QosState {
 mod tests {
     use super::*;
     use crate::probe::outcome::Accounting;
+
+    // The admission cap is taken when the level leaves normal (at least 1, from a sane
+    // gauge), kept while it stays away, dropped back at normal.
+    #[test]
+    fn admission_cap_table() {
+        use Level::{Degrade, Normal, Throttle};
+        for (cap, before, after, running, want) in [
+            (None, Normal, Throttle, Some(7.4), Some(7)),
+            (None, Normal, Degrade, Some(0.0), Some(1)),
+            (None, Normal, Throttle, Some(f64::NAN), None),
+            (None, Normal, Throttle, Some(-1.0), None),
+            (None, Normal, Throttle, None, None),
+            (Some(7), Throttle, Degrade, Some(30.0), Some(7)),
+            (Some(7), Throttle, Normal, Some(30.0), None),
+            (None, Normal, Normal, Some(30.0), None),
+        ] {
+            assert_eq!(
+                next_admission_cap(cap, before, after, running),
+                want,
+                "{cap:?} {before:?} -> {after:?} at {running:?}"
+            );
+        }
+    }
 
     fn probe(ok: bool, ttft_ms: f64) -> ProbeRecord {
         ProbeRecord {

@@ -398,6 +398,7 @@ fn base_rel(base: &Path, p: &Path) -> PathBuf {
     }
 }
 
+/// One `[[engine]]` table as an engine: its section, its environment, its addresses.
 fn engine(
     t: &EngineTable,
     index: usize,
@@ -405,114 +406,11 @@ fn engine(
     agent_env_json: Option<&Path>,
     choice: super::PolicyChoice,
 ) -> Result<super::EngineSpec, KeyError> {
-    let inline_keys: Vec<&str> = [
-        ("engine_type", t.engine_type.is_some()),
-        ("dispatch_profile", t.dispatch_profile.is_some()),
-        ("served_model_name", t.served_model_name.is_some()),
-        ("headless", t.headless.is_some()),
-        ("kv_transfer_config", t.kv_transfer_config.is_some()),
-        ("health_check_config", t.health_check_config.is_some()),
-        ("mgmt_tls_config", t.mgmt_tls_config.is_some()),
-        ("infer_tls_config", t.infer_tls_config.is_some()),
-    ]
-    .into_iter()
-    .filter_map(|(k, set)| set.then_some(k))
-    .collect();
-    let (section, role, origin) = match (&t.config_path, t.role) {
-        (Some(cfg), role) => {
-            if let Some(k) = inline_keys.first() {
-                return Err((
-                    k.to_string(),
-                    "not allowed with config_path: the engine section comes from that file"
-                        .to_owned(),
-                ));
-            }
-            let role = role.ok_or_else(|| {
-                (
-                    "role".to_owned(),
-                    "required with config_path (prefill, decode, union)".to_owned(),
-                )
-            })?;
-            let path = if cfg.is_relative() {
-                base.join(cfg)
-            } else {
-                cfg.clone()
-            };
-            let section = super::resolve::user_config(&path, role)
-                .map_err(|e| ("config_path".to_owned(), format!("{}: {e}", path.display())))?;
-            (
-                section,
-                role,
-                format!("{} ({})", path.display(), role.section()),
-            )
-        }
-        (None, role) => {
-            let mut engine_config = serde_json::Map::new();
-            if let Some(v) = to_json("served_model_name", &t.served_model_name)? {
-                engine_config.insert("served_model_name".into(), v);
-            }
-            if let Some(h) = t.headless {
-                engine_config.insert("headless".into(), Value::Bool(h));
-            }
-            if let Some(v) = to_json("kv_transfer_config", &t.kv_transfer_config)? {
-                engine_config.insert("kv_transfer_config".into(), v);
-            }
-            let mut sec = serde_json::Map::new();
-            if let Some(v) = to_json("engine_type", &t.engine_type)? {
-                sec.insert("engine_type".into(), v);
-            }
-            if let Some(v) = to_json("dispatch_profile", &t.dispatch_profile)? {
-                sec.insert("dispatch_profile".into(), v);
-            }
-            if let Some(v) = to_json("health_check_config", &t.health_check_config)? {
-                sec.insert("health_check_config".into(), v);
-            }
-            sec.insert("engine_config".into(), Value::Object(engine_config));
-            let section = EngineSection::from_parts(
-                &Value::Object(sec),
-                to_json("mgmt_tls_config", &t.mgmt_tls_config)?.as_ref(),
-                to_json("infer_tls_config", &t.infer_tls_config)?.as_ref(),
-                base,
-            )
-            .map_err(|e| (String::new(), e))?;
-            (section, role.unwrap_or(Role::Union), "inline".to_owned())
-        }
+    let (section, role, origin) = match &t.config_path {
+        Some(cfg) => section_from_file(t, cfg, base)?,
+        None => inline_section(t, base)?,
     };
-    let engine_env = if let Some(vars) = &t.engine_env {
-        let vars = vars
-            .iter()
-            .map(|(k, v)| {
-                let s = match v {
-                    toml::Value::String(s) => s.clone(),
-                    toml::Value::Integer(i) => i.to_string(),
-                    other => {
-                        return Err((
-                            format!("engine_env.{k}"),
-                            format!("must be a string or an integer, got {other}"),
-                        ));
-                    }
-                };
-                Ok((k.clone(), s))
-            })
-            .collect::<Result<BTreeMap<_, _>, KeyError>>()?;
-        EngineEnv::Table { vars }
-    } else if let Some(p) = t.env_config_path.as_deref().or(agent_env_json) {
-        let path = if p.is_relative() {
-            base.join(p)
-        } else {
-            p.to_owned()
-        };
-        let key = if t.env_config_path.is_some() {
-            "env_config_path"
-        } else {
-            "env_config_path (from [agent])"
-        };
-        let doc = super::resolve::env_json(&path)
-            .map_err(|e| (key.to_owned(), format!("{}: {e}", path.display())))?;
-        EngineEnv::EnvJson { path, doc }
-    } else {
-        EngineEnv::AgentProcess
-    };
+    let engine_env = engine_env(t, base, agent_env_json)?;
     let mgmt_host = t.mgmt_host.clone().unwrap_or_else(|| t.host.clone());
     let mgmt_listen =
         listen_addr(&mgmt_host, t.mgmt_port).map_err(|e| ("mgmt_host".to_owned(), e))?;
@@ -542,6 +440,119 @@ fn engine(
         },
         origin,
     )
+}
+
+/// The engine section read from MindIE's `user_config.json` at `cfg` for the table's role,
+/// with its role and where it came from; the engine keys of the table are not allowed then.
+fn section_from_file(
+    t: &EngineTable,
+    cfg: &Path,
+    base: &Path,
+) -> Result<(EngineSection, Role, String), KeyError> {
+    let inline_keys: Vec<&str> = [
+        ("engine_type", t.engine_type.is_some()),
+        ("dispatch_profile", t.dispatch_profile.is_some()),
+        ("served_model_name", t.served_model_name.is_some()),
+        ("headless", t.headless.is_some()),
+        ("kv_transfer_config", t.kv_transfer_config.is_some()),
+        ("health_check_config", t.health_check_config.is_some()),
+        ("mgmt_tls_config", t.mgmt_tls_config.is_some()),
+        ("infer_tls_config", t.infer_tls_config.is_some()),
+    ]
+    .into_iter()
+    .filter_map(|(k, set)| set.then_some(k))
+    .collect();
+    if let Some(k) = inline_keys.first() {
+        return Err((
+            k.to_string(),
+            "not allowed with config_path: the engine section comes from that file".to_owned(),
+        ));
+    }
+    let role = t.role.ok_or_else(|| {
+        (
+            "role".to_owned(),
+            "required with config_path (prefill, decode, union)".to_owned(),
+        )
+    })?;
+    let path = base_rel(base, cfg);
+    let section = super::resolve::user_config(&path, role)
+        .map_err(|e| ("config_path".to_owned(), format!("{}: {e}", path.display())))?;
+    let origin = format!("{} ({})", path.display(), role.section());
+    Ok((section, role, origin))
+}
+
+/// The engine section written inline in the table, as MindIE's JSON would hold it (the
+/// role is `union` unless the table says).
+fn inline_section(t: &EngineTable, base: &Path) -> Result<(EngineSection, Role, String), KeyError> {
+    let mut engine_config = serde_json::Map::new();
+    if let Some(v) = to_json("served_model_name", &t.served_model_name)? {
+        engine_config.insert("served_model_name".into(), v);
+    }
+    if let Some(h) = t.headless {
+        engine_config.insert("headless".into(), Value::Bool(h));
+    }
+    if let Some(v) = to_json("kv_transfer_config", &t.kv_transfer_config)? {
+        engine_config.insert("kv_transfer_config".into(), v);
+    }
+    let mut sec = serde_json::Map::new();
+    if let Some(v) = to_json("engine_type", &t.engine_type)? {
+        sec.insert("engine_type".into(), v);
+    }
+    if let Some(v) = to_json("dispatch_profile", &t.dispatch_profile)? {
+        sec.insert("dispatch_profile".into(), v);
+    }
+    if let Some(v) = to_json("health_check_config", &t.health_check_config)? {
+        sec.insert("health_check_config".into(), v);
+    }
+    sec.insert("engine_config".into(), Value::Object(engine_config));
+    let section = EngineSection::from_parts(
+        &Value::Object(sec),
+        to_json("mgmt_tls_config", &t.mgmt_tls_config)?.as_ref(),
+        to_json("infer_tls_config", &t.infer_tls_config)?.as_ref(),
+        base,
+    )
+    .map_err(|e| (String::new(), e))?;
+    Ok((section, t.role.unwrap_or(Role::Union), "inline".to_owned()))
+}
+
+/// Where the engine's environment is read from: the table's `engine_env`, else an
+/// `env.json` (the table's, else `[agent]`'s), else the agent's own process.
+fn engine_env(
+    t: &EngineTable,
+    base: &Path,
+    agent_env_json: Option<&Path>,
+) -> Result<EngineEnv, KeyError> {
+    if let Some(vars) = &t.engine_env {
+        let vars = vars
+            .iter()
+            .map(|(k, v)| {
+                let s = match v {
+                    toml::Value::String(s) => s.clone(),
+                    toml::Value::Integer(i) => i.to_string(),
+                    other => {
+                        return Err((
+                            format!("engine_env.{k}"),
+                            format!("must be a string or an integer, got {other}"),
+                        ));
+                    }
+                };
+                Ok((k.clone(), s))
+            })
+            .collect::<Result<BTreeMap<_, _>, KeyError>>()?;
+        return Ok(EngineEnv::Table { vars });
+    }
+    let Some(p) = t.env_config_path.as_deref().or(agent_env_json) else {
+        return Ok(EngineEnv::AgentProcess);
+    };
+    let path = base_rel(base, p);
+    let key = if t.env_config_path.is_some() {
+        "env_config_path"
+    } else {
+        "env_config_path (from [agent])"
+    };
+    let doc = super::resolve::env_json(&path)
+        .map_err(|e| (key.to_owned(), format!("{}: {e}", path.display())))?;
+    Ok(EngineEnv::EnvJson { path, doc })
 }
 
 #[cfg(test)]

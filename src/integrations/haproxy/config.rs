@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 /// A state HAProxy puts a server in, through the agent check's answer
-/// (`crate::actions::haproxy` has the words each one sends).
+/// (`AgentCheck::line` in the folder's rule has the words each one sends).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, strum::EnumIter)]
 #[serde(rename_all = "lowercase")]
 pub enum HaproxyState {

@@ -1,6 +1,6 @@
 //! `[agent.kubernetes]` (the Kubernetes API mode, opt-in: the table turns it on) and
 //! `[engine.kubernetes]` (how the engine's pod is found). What the mode does is in
-//! [`crate::k8s`] and `docs/kubernetes.md`.
+//! `integrations::kubernetes` and `docs/kubernetes.md`.
 
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;

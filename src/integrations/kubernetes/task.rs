@@ -1,5 +1,5 @@
 //! The Kubernetes API mode's loop for one engine (I/O only; the rules are
-//! [`crate::actions`]'): every second it reads the engine's facts, keeps the readiness-gate
+//! [`crate::integrations`]'): every second it reads the engine's facts, keeps the readiness-gate
 //! condition on its pod in step with `/readyz` (patched when it changes, and again every
 //! `resync_period`), and at a held `evict` tries an eviction through the gate
 //! ([`super::eviction`]). The pod is looked up at start, every `resync_period`, and
