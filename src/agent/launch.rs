@@ -107,68 +107,7 @@ impl Running {
         let shared = &self.shared;
         let state = Arc::new(Monitor::new(spec.clone(), p.devices.clone()));
         let cancel = CancellationToken::new();
-        let mut tasks = JoinSet::new();
-        if let Some((saved, carry)) = &restored {
-            state.restore(saved, *carry);
-            if carry.health
-                && let Some(at) = saved.engine_started_at
-            {
-                // The saved state is this engine process's only if it did not restart
-                // while no agent watched it.
-                tasks.spawn(monitor::tasks::identity_task(
-                    state.clone(),
-                    p.client.metrics(),
-                    at,
-                    cancel.clone(),
-                ));
-            }
-        }
-        tasks.spawn(monitor::tasks::health_task(
-            state.clone(),
-            p.client.health(),
-            cancel.clone(),
-        ));
-        let peaks = monitor::inputs::RingPeaks {
-            shared: shared.clone(),
-            devices: p.devices.clone(),
-        };
-        let cube_shared = shared.clone();
-        let cube_devices = p.devices.clone();
-        let cube = move || {
-            cube_devices
-                .iter()
-                .map(|&i| {
-                    let d = &cube_shared.devices[usize::from(i)];
-                    (d.info.id, d.source().backend())
-                })
-                .collect()
-        };
-        tasks.spawn(monitor::tasks::virtual_inference_task(
-            state.clone(),
-            p.client.prober(spec),
-            peaks.clone(),
-            monitor::inputs::ScrapeSignals {
-                state: state.clone(),
-                metrics: p.client.metrics(),
-            },
-            cube,
-            cancel.clone(),
-        ));
-        tasks.spawn(monitor::tasks::qos_task(
-            state.clone(),
-            p.client.metrics(),
-            peaks.clone(),
-            cancel.clone(),
-        ));
-        tasks.spawn(crate::integrations::observe::run(
-            state.clone(),
-            cancel.clone(),
-        ));
-        for started in &self.started {
-            if let Some(task) = started.engine_task(state.clone(), cancel.clone()) {
-                tasks.spawn(task);
-            }
-        }
+        let tasks = self.spawn_engine_tasks(&p, &state, restored.as_ref(), &cancel);
         let scope = Arc::new(metrics::Exposition {
             shared: shared.clone(),
             engines: vec![state.clone()],
@@ -200,6 +139,81 @@ impl Running {
             tasks,
             cancel,
         })
+    }
+
+    /// The engine's tasks, from `restored` when it applies: the identity check of a saved
+    /// state, `/health`, virtual inference, QoS, the journal's observer, and each started
+    /// integration's task.
+    fn spawn_engine_tasks(
+        &self,
+        p: &Prepared,
+        state: &Arc<Monitor>,
+        restored: Option<&(EngineState, Carry)>,
+        cancel: &CancellationToken,
+    ) -> JoinSet<()> {
+        let (spec, shared) = (&p.spec, &self.shared);
+        let mut tasks = JoinSet::new();
+        if let Some((saved, carry)) = restored {
+            state.restore(saved, *carry);
+            if carry.health
+                && let Some(at) = saved.engine_started_at
+            {
+                // The saved state is this engine process's only if it did not restart
+                // while no agent watched it.
+                tasks.spawn(monitor::tasks::identity_task(
+                    state.clone(),
+                    p.client.metrics(),
+                    at,
+                    cancel.clone(),
+                ));
+            }
+        }
+        tasks.spawn(monitor::tasks::health_task(
+            state.clone(),
+            p.client.health(),
+            cancel.clone(),
+        ));
+        let peaks = monitor::inputs::RingPeaks {
+            shared: shared.clone(),
+            devices: p.devices.clone(),
+        };
+        let (cube_shared, cube_devices) = (shared.clone(), p.devices.clone());
+        let cube = move || {
+            cube_devices
+                .iter()
+                .map(|&i| {
+                    let d = &cube_shared.devices[usize::from(i)];
+                    (d.info.id, d.source().backend())
+                })
+                .collect()
+        };
+        tasks.spawn(monitor::tasks::virtual_inference_task(
+            state.clone(),
+            p.client.prober(spec),
+            peaks.clone(),
+            monitor::inputs::ScrapeSignals {
+                state: state.clone(),
+                metrics: p.client.metrics(),
+            },
+            cube,
+            cancel.clone(),
+        ));
+        tasks.spawn(monitor::tasks::qos_task(
+            state.clone(),
+            p.client.metrics(),
+            peaks,
+            cancel.clone(),
+        ));
+        tasks.spawn(crate::integrations::observe::run(
+            state.clone(),
+            cancel.clone(),
+        ));
+        for started in &self.started {
+            if let Some(task) = started.engine_task(state.clone(), cancel.clone()) {
+                tasks.spawn(task);
+            }
+        }
+        tasks
     }
 
     /// The admin server over the current engines, on `socket`.

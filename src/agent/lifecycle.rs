@@ -5,7 +5,7 @@
 use super::{AgentError, Running, handover, start, summary};
 
 use crate::config::AgentConfig;
-use crate::continuity::handover::{HandoverError, Predecessor};
+use crate::continuity::handover::{HandoverError, Listener, Predecessor};
 use crate::continuity::sockets::{Inherited, Origin};
 use crate::continuity::{self, StateDir};
 use crate::service::signals::{Signalled, Signals};
@@ -112,126 +112,111 @@ fn startup(cfg: &AgentConfig, opts: &RunOptions) -> Result<Startup, AgentError> 
     })
 }
 
+/// How the serving phase ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    /// SIGTERM or SIGINT.
+    Stopped,
+    /// A new agent took the sockets and the state.
+    HandedOver,
+}
+
 /// Runs until SIGTERM or SIGINT; SIGHUP applies `reload()`'s config. systemd is told when
 /// the agent is ready, reloading and stopping, and its watchdog is pinged while the sampler
 /// lives. A new agent started with the same state directory takes over ([`continuity`]).
+/// Its phases: starting (a stop request cancels it), serving (signals and hand-overs),
+/// stopping (a second stop request exits at once), and, after a hand-over under
+/// `--after-handover wait`, idle until SIGTERM.
 pub async fn run(cfg: AgentConfig, reload: Reloader, opts: RunOptions) -> Result<(), AgentError> {
     // Handlers first: a SIGHUP during start-up must not kill the agent.
     let mut signals = Signals::install()
         .map_err(|e| AgentError::Runtime(format!("cannot install signal handlers: {e}")))?;
     let mut systemd = Systemd::from_env();
-    // A stop during start-up stops at once; a reload is applied right after start. Signals
-    // from before this point (caught since the first line of main) count the same.
+    let Some((mut running, reload_pending)) = starting(cfg, &opts, &mut signals).await? else {
+        return Ok(());
+    };
+    let mut handover = running.after_start().await;
+    systemd.store_sockets(&running.sockets());
+    announce_ready(&running, &mut systemd);
+    let ended = running
+        .serving(
+            &mut signals,
+            &mut systemd,
+            &reload,
+            &handover,
+            reload_pending,
+        )
+        .await;
+    systemd.stopping();
+    if ended == Ended::Stopped
+        && let Some(h) = handover.take()
+    {
+        h.remove();
+    }
+    stopping(running, &mut signals).await;
+    if ended == Ended::HandedOver && opts.after_handover == AfterHandover::Wait {
+        idle_after_handover(&mut signals).await;
+    }
+    tracing::info!("stopped");
+    if let Some(l) = crate::logging::global() {
+        l.flush();
+    }
+    Ok(())
+}
+
+/// Starts the agent, or `None` when a stop request came first; with whether a reload was
+/// asked for meanwhile (it is applied right after the start). Signals from before this
+/// point (caught since the first line of main) count the same.
+async fn starting(
+    cfg: AgentConfig,
+    opts: &RunOptions,
+    signals: &mut Signals,
+) -> Result<Option<(Running, bool)>, AgentError> {
     let mut reload_pending = false;
     match signals.early() {
         Some(Signalled::Stop(name)) => {
             tracing::info!("received {name} while starting; not starting");
-            return Ok(());
+            return Ok(None);
         }
         Some(Signalled::Reload) => reload_pending = true,
         None => {}
     }
-    let boot = startup(&cfg, &opts)?;
+    let boot = startup(&cfg, opts)?;
     let starting = start(cfg, boot);
     tokio::pin!(starting);
-    let mut running = loop {
+    loop {
         tokio::select! {
-            r = &mut starting => break r?,
+            r = &mut starting => return Ok(Some((r?, reload_pending))),
             req = signals.next() => match req {
                 Signalled::Stop(name) => {
                     tracing::info!("received {name} while starting; not starting");
-                    return Ok(());
+                    return Ok(None);
                 }
                 Signalled::Reload => reload_pending = true,
             },
         }
-    };
-    let mut handover = running.after_start().await;
-    systemd.store_sockets(&running.sockets());
+    }
+}
+
+/// Tells systemd the agent is ready, with its status line and its liveness check.
+fn announce_ready(running: &Running, systemd: &mut Systemd) {
     let (roster, shared) = (running.roster(), running.shared().clone());
-    let status = {
-        let (roster, shared) = (roster.clone(), shared.clone());
-        Box::new(move || summary(&roster, &shared))
-    };
-    let liveness = running.liveness_probe();
+    let status = Box::new(move || summary(&roster, &shared));
     systemd.ready(Probe {
         status,
-        alive: liveness,
+        alive: running.liveness_probe(),
         runtime: tokio::runtime::Handle::current(),
     });
     tracing::info!("ready: {}", running.summary());
-    let mut handed_over = false;
-    loop {
-        let req = if std::mem::take(&mut reload_pending) {
-            Signalled::Reload
-        } else {
-            tokio::select! {
-                req = signals.next() => req,
-                conn = handover::accept(handover.as_ref()) => {
-                    if running.hand_over(conn).await {
-                        handed_over = true;
-                        break;
-                    }
-                    continue;
-                }
-            }
-        };
-        match req {
-            Signalled::Stop(name) => {
-                tracing::info!("received {name}; shutting down");
-                break;
-            }
-            Signalled::Reload => {
-                tracing::info!("received SIGHUP; reloading the configuration");
-                systemd.reloading();
-                let before: Vec<String> = running.sockets().into_iter().map(|(n, _)| n).collect();
-                let outcome = match reload() {
-                    Err(e) => Err(e),
-                    Ok(new) => running.reload(new).await,
-                };
-                // systemd keeps what the agent listens on now, and nothing it closed.
-                let now = running.sockets();
-                let gone: Vec<String> = before
-                    .into_iter()
-                    .filter(|n| now.iter().all(|(m, _)| m != n))
-                    .collect();
-                systemd.forget_sockets(&gone);
-                systemd.store_sockets(&now);
-                match outcome {
-                    Ok(s) if s.failed.is_empty() => {
-                        tracing::info!("configuration reloaded: {s}");
-                        systemd.reloaded(&running.summary());
-                    }
-                    Ok(s) => {
-                        tracing::error!("configuration reloaded in part: {s}");
-                        systemd.reloaded(&format!(
-                            "{} (last reload in part: {} did not start)",
-                            running.summary(),
-                            s.failed.join(", ")
-                        ));
-                    }
-                    Err(e) => {
-                        tracing::error!(
-                            "configuration rejected, the previous one keeps running: {e}"
-                        );
-                        systemd.reloaded(&format!(
-                            "{} (last reload rejected: {e})",
-                            running.summary()
-                        ));
-                    }
-                }
-            }
-        }
-    }
-    systemd.stopping();
-    if !handed_over && let Some(h) = handover.take() {
-        h.remove();
-    }
+}
+
+/// Stops the agent; a second stop request meanwhile exits at once.
+async fn stopping(running: Running, signals: &mut Signals) {
     let stopping = running.stop();
     tokio::pin!(stopping);
     loop {
         tokio::select! {
-            _ = &mut stopping => break,
+            _ = &mut stopping => return,
             req = signals.next() => match req {
                 // A second stop request: the operator wants out now.
                 Signalled::Stop(name) => {
@@ -245,25 +230,97 @@ pub async fn run(cfg: AgentConfig, reload: Reloader, opts: RunOptions) -> Result
             },
         }
     }
-    if handed_over && opts.after_handover == AfterHandover::Wait {
-        tracing::info!(
-            "handed over; idle until SIGTERM (--after-handover wait: an exit would restart this container)"
-        );
+}
+
+/// After a hand-over under `--after-handover wait`: idle until SIGTERM (an exit would
+/// restart the container).
+async fn idle_after_handover(signals: &mut Signals) {
+    tracing::info!(
+        "handed over; idle until SIGTERM (--after-handover wait: an exit would restart this container)"
+    );
+    loop {
+        match signals.next().await {
+            Signalled::Stop(name) => {
+                tracing::info!("received {name}; exiting");
+                return;
+            }
+            Signalled::Reload => tracing::info!("received SIGHUP after handing over; ignored"),
+        }
+    }
+}
+
+impl Running {
+    /// Serves until a stop request or a hand-over: each SIGHUP reloads (`reload_pending`: one
+    /// came while starting), each connection on the hand-over socket may take over.
+    async fn serving(
+        &mut self,
+        signals: &mut Signals,
+        systemd: &mut Systemd,
+        reload: &Reloader,
+        handover: &Option<Listener>,
+        mut reload_pending: bool,
+    ) -> Ended {
         loop {
-            match signals.next().await {
-                Signalled::Stop(name) => {
-                    tracing::info!("received {name}; exiting");
-                    break;
+            let req = if std::mem::take(&mut reload_pending) {
+                Signalled::Reload
+            } else {
+                tokio::select! {
+                    req = signals.next() => req,
+                    conn = handover::accept(handover.as_ref()) => {
+                        if self.hand_over(conn).await {
+                            return Ended::HandedOver;
+                        }
+                        continue;
+                    }
                 }
-                Signalled::Reload => tracing::info!("received SIGHUP after handing over; ignored"),
+            };
+            match req {
+                Signalled::Stop(name) => {
+                    tracing::info!("received {name}; shutting down");
+                    return Ended::Stopped;
+                }
+                Signalled::Reload => self.on_sighup(systemd, reload).await,
             }
         }
     }
-    tracing::info!("stopped");
-    if let Some(l) = crate::logging::global() {
-        l.flush();
+
+    /// SIGHUP: reloads the configuration `reload` reads, keeps systemd's store of sockets
+    /// to what the agent listens on now, and says how it went.
+    async fn on_sighup(&mut self, systemd: &mut Systemd, reload: &Reloader) {
+        tracing::info!("received SIGHUP; reloading the configuration");
+        systemd.reloading();
+        let before: Vec<String> = self.sockets().into_iter().map(|(n, _)| n).collect();
+        let outcome = match reload() {
+            Err(e) => Err(e),
+            Ok(new) => self.reload(new).await,
+        };
+        // systemd keeps what the agent listens on now, and nothing it closed.
+        let now = self.sockets();
+        let gone: Vec<String> = before
+            .into_iter()
+            .filter(|n| now.iter().all(|(m, _)| m != n))
+            .collect();
+        systemd.forget_sockets(&gone);
+        systemd.store_sockets(&now);
+        match outcome {
+            Ok(s) if s.failed.is_empty() => {
+                tracing::info!("configuration reloaded: {s}");
+                systemd.reloaded(&self.summary());
+            }
+            Ok(s) => {
+                tracing::error!("configuration reloaded in part: {s}");
+                systemd.reloaded(&format!(
+                    "{} (last reload in part: {} did not start)",
+                    self.summary(),
+                    s.failed.join(", ")
+                ));
+            }
+            Err(e) => {
+                tracing::error!("configuration rejected, the previous one keeps running: {e}");
+                systemd.reloaded(&format!("{} (last reload rejected: {e})", self.summary()));
+            }
+        }
     }
-    Ok(())
 }
 
 impl Running {

@@ -11,21 +11,21 @@ mod lifecycle;
 mod listeners;
 pub mod preflight;
 mod reload;
+mod start;
 
 use launch::{EngineRun, Prepared};
 pub use lifecycle::{AfterHandover, Reloader, RunOptions, Startup, run};
-use listeners::{ListenerRun, acquire};
+use listeners::ListenerRun;
 pub use reload::ReloadSummary;
+pub use start::start;
 
-use crate::config::{AgentConfig, AgentSettings, EngineSpec, ListenerLimits};
+use crate::config::{AgentConfig, AgentSettings, ListenerLimits};
 use crate::continuity::handover::Predecessor;
-use crate::continuity::statefile::{self, Persister};
+use crate::continuity::statefile::Persister;
 use crate::continuity::{self, StateDir};
-use crate::integrations::{Integration, Listen, REGISTRY, Started};
-use crate::monitor::saved::{Carry, EngineState};
-use crate::monitor::{self, Monitor};
+use crate::integrations::Started;
+use crate::monitor::Monitor;
 use crate::sampler::{Sampler, SamplerConfig, Shared, StartError};
-use crate::server;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -61,7 +61,7 @@ pub struct Running {
     integration_listeners: Vec<ListenerRun>,
     roster: Roster,
     liveness_cfg: Arc<LivenessCfg>,
-    /// Connection limits of every listener, the cap sized at start ([`server::conn::fd_budget`]).
+    /// Connection limits of every listener, the cap sized at start ([`crate::server::conn::fd_budget`]).
     limits: ListenerLimits,
     /// What the integrations run for the whole agent (the Kubernetes API mode's client),
     /// fixed at start.
@@ -290,181 +290,6 @@ pub(crate) fn apply_fault_table(agent: &AgentSettings, shared: &Shared, reload: 
             shared.fault_levels.table().origin
         ),
     }
-}
-
-/// Starts everything inside the current tokio runtime, from what `startup` takes over.
-pub async fn start(cfg: AgentConfig, mut startup: Startup) -> Result<Running, AgentError> {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let sampler_cfg = sampler_config(&cfg);
-    let driver = driver_config(&cfg.agent);
-    let started = tokio::task::spawn_blocking(move || Sampler::start(&driver, &sampler_cfg))
-        .await
-        .map_err(|e| AgentError::Runtime(format!("sampler start-up panicked: {e}")))?;
-    // Without NPU figures the agent still serves /status from /health (virtual inference is
-    // disabled by its AI Cube condition): a crash loop would make Node Manager see refused
-    // polls, i.e. abnormal, and kill a healthy engine. Bad settings are still fatal.
-    let sampler = match started {
-        Ok(s) => s,
-        Err(e @ StartError::NoBackend { .. }) => Sampler::without_backend(&e.to_string()),
-        Err(e) => return Err(e.into()),
-    };
-    // The checks check-config makes too, so both give the same error.
-    preflight::host(&cfg, npu_ids(&sampler).as_deref())
-        .map_err(|e| AgentError::Config(e.to_string()))?;
-    apply_fault_table(&cfg.agent, sampler.shared(), false);
-    let own: Vec<(&'static dyn Integration, Listen)> = REGISTRY
-        .iter()
-        .filter_map(|i| Some((*i, i.listen(&cfg.agent)?)))
-        .collect();
-    let listeners = cfg.engines.len() + usize::from(cfg.agent.admin_listen.is_some()) + own.len();
-    let budget = server::conn::fd_budget(
-        cfg.agent.listeners.max_connections,
-        listeners,
-        cfg.engines.len(),
-    );
-    if budget.lowered_from.is_some() {
-        tracing::warn!("{budget}");
-    } else {
-        tracing::info!("{budget}");
-    }
-    let limits = ListenerLimits {
-        max_connections: budget.max_connections,
-        ..cfg.agent.listeners
-    };
-    let mut running = Running {
-        limits,
-        shared: sampler.shared().clone(),
-        sampler,
-        cfg: cfg.clone(),
-        engines: Vec::new(),
-        admin: None,
-        integration_listeners: Vec::new(),
-        roster: Roster::default(),
-        liveness_cfg: Arc::new(LivenessCfg(std::sync::Mutex::new(
-            cfg.agent.sampler_stuck_after,
-        ))),
-        started: REGISTRY
-            .iter()
-            .filter_map(|i| i.start(&cfg.agent))
-            .collect(),
-        state_dir: startup.state_dir.clone(),
-        persister: None,
-        predecessor: None,
-    };
-    // Everything fallible (devices, clients, TLS, binding) before anything is spawned.
-    let wait = startup.wait_for_ports;
-    let mut ready = Vec::new();
-    for (i, spec) in cfg.engines.iter().enumerate() {
-        let p = running.prepare(spec)?;
-        // The file and the key, as check-config names them.
-        let what = format!(
-            "{}: {}engine {}'s /status",
-            cfg.source,
-            cfg.engine_error(i, "mgmt_port", "").place,
-            spec.name
-        );
-        let socket = acquire(spec.mgmt_listen, &mut startup.inherited, wait, &what).await?;
-        ready.push((p, socket));
-    }
-    let admin_socket = match cfg.agent.admin_listen {
-        Some(addr) => {
-            let what = format!("{}: [agent] admin_listen: admin listener", cfg.source);
-            let socket = acquire(addr, &mut startup.inherited, wait, &what).await?;
-            let access = server::auth::AdminAccess::load(&cfg.agent.admin_auth)
-                .map_err(AgentError::Config)?;
-            Some((addr, socket, Arc::new(access)))
-        }
-        None => None,
-    };
-    let mut own_sockets = Vec::new();
-    for (i, listen) in own {
-        let what = format!("{}: {}: {}", cfg.source, listen.key, listen.label);
-        let socket = acquire(listen.addr, &mut startup.inherited, wait, &what).await?;
-        own_sockets.push((i, listen, socket));
-    }
-    for (addr, origin) in startup.inherited.close_unclaimed() {
-        tracing::info!(
-            "closed the socket on {addr} from {}: no engine or listener is configured there now",
-            origin.as_str()
-        );
-    }
-    // The agent handing over stops accepting and writes its state now; connections that
-    // arrive meanwhile wait in the sockets' backlog.
-    if let Some(pred) = startup.predecessor.take() {
-        pred.take().await.map_err(|e| {
-            AgentError::Runtime(format!(
-                "taking over from the running agent (pid {}): {e}",
-                pred.pid
-            ))
-        })?;
-        running.predecessor = Some(pred);
-    }
-    let mut found = match &running.state_dir {
-        Some(d) => statefile::load(&d.state_file()),
-        None => statefile::Found::none(),
-    };
-    for (p, socket) in ready {
-        let restored = found.take(&p.spec.name, &p.spec.engine_url());
-        if let Some(s) = &restored {
-            tracing::info!(
-                engine = %p.spec.name,
-                "resuming from the saved state: {}",
-                describe(s, &p.spec)
-            );
-        }
-        let run = running.launch(p, socket, restored.map(|s| (s, Carry::ALL)))?;
-        running.engines.push(run);
-    }
-    let left = found.left();
-    if !left.is_empty() {
-        tracing::info!(
-            "the state file also holds {} (not configured now): not used",
-            left.join(", ")
-        );
-    }
-    running.publish_roster();
-    if let Some((addr, socket, access)) = admin_socket {
-        let engines = running.engines.iter().map(|e| e.state.clone()).collect();
-        let (scheme, auth) = (
-            if access.tls.is_some() {
-                "https"
-            } else {
-                "http"
-            },
-            access.describe(),
-        );
-        let admin = running.launch_admin(addr, socket, engines, access)?;
-        tracing::info!(
-            "admin listener on {scheme}://{} (/metrics, /status/detail, /qos: {auth}; /healthz: open)",
-            admin.bound
-        );
-        running.admin = Some(admin);
-    }
-    for (i, listen, socket) in own_sockets {
-        let run = running.launch_integration(i, &listen, socket)?;
-        running.integration_listeners.push(run);
-    }
-    running.start_persister();
-    Ok(running)
-}
-
-/// One line on a saved state, for the log.
-fn describe(s: &EngineState, spec: &EngineSpec) -> String {
-    let evicts =
-        spec.qos.enabled && spec.qos.eviction && s.qos.level == crate::qos::score::Level::Evict;
-    let verdict = monitor::verdict::status(s.health.state, s.vi.abnormal, evicts).as_str();
-    let phase = if s.vi.abnormal {
-        monitor::vi_state::Phase::Stopped
-    } else {
-        s.vi.phase
-    };
-    format!(
-        "{verdict}, virtual inference {}{}, failure count {}, QoS level {}",
-        phase.as_str(),
-        if s.vi.warmup_done { " (warmed up)" } else { "" },
-        s.vi.failure_count,
-        s.qos.level.as_str()
-    )
 }
 
 #[cfg(test)]
