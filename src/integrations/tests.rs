@@ -273,22 +273,24 @@ fn the_journal_records_what_changed() {
     let words = |e: Vec<crate::monitor::journal::Entry>| -> Vec<ActionRecord> {
         e.iter().map(ActionRecord::from).collect()
     };
-    let first = words(changes(None, &a0, 7));
-    let got: Vec<((I, &str), &str, &str)> = first
-        .iter()
-        .map(|e| {
-            (
-                (e.integration, e.action.as_str()),
-                e.from.as_str(),
-                e.to.as_str(),
-            )
-        })
-        .collect();
+    // (who, what), from, to.
+    let moves = |e: &[ActionRecord]| -> Vec<((I, String), String, String)> {
+        e.iter()
+            .map(|e| {
+                let what = (e.integration, e.action.clone());
+                (what, e.from.clone(), e.to.clone())
+            })
+            .collect()
+    };
+    let at = |who: I, what: &str, from: &str, to: &str| {
+        ((who, what.to_owned()), from.to_owned(), to.to_owned())
+    };
+    let got = moves(&words(changes(None, &a0, 7)));
     assert_eq!(
         got,
         [
-            ((I::NodeManager, "status"), "start", "normal"),
-            ((I::Kubelet, "readyz"), "start", "ready")
+            at(I::NodeManager, "status", "start", "normal"),
+            at(I::Kubelet, "readyz", "start", "ready")
         ]
     );
     assert!(changes(Some(&s0), &a0, 8).is_empty());
@@ -296,21 +298,12 @@ fn the_journal_records_what_changed() {
     let a1 = Answers::from_facts(facts(OK, Degrade), &cfgd);
     let s1 = ObservedState::of(&a1);
     let e = words(changes(Some(&s0), &a1, 9));
-    let got: Vec<((I, &str), &str, &str)> = e
-        .iter()
-        .map(|e| {
-            (
-                (e.integration, e.action.as_str()),
-                e.from.as_str(),
-                e.to.as_str(),
-            )
-        })
-        .collect();
+    let got = moves(&e);
     assert_eq!(
         got,
         [
-            ((I::Agent, "level"), "normal", "degrade"),
-            ((I::Kubelet, "readyz"), "ready", "not_ready")
+            at(I::Agent, "level", "normal", "degrade"),
+            at(I::Kubelet, "readyz", "ready", "not_ready")
         ]
     );
     assert_eq!(e[0].reason, "score 0.400");
