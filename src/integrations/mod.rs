@@ -253,4 +253,4 @@ pub fn active(spec: &EngineSpec, agent: &AgentSettings) -> Vec<Active> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

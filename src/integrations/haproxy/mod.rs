@@ -182,3 +182,6 @@ pub fn agent_check(f: &ActionInputs, map: &HaproxyMap) -> AgentCheck {
         reason,
     }
 }
+
+#[cfg(test)]
+mod tests;

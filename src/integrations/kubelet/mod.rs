@@ -240,3 +240,6 @@ fn probe_answer(code: StatusCode, line: String) -> Response {
     )
         .into_response()
 }
+
+#[cfg(test)]
+mod tests;

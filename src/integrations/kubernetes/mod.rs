@@ -135,3 +135,33 @@ pub fn eviction_ground(f: &ActionInputs) -> Option<String> {
         )
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::eviction_ground;
+    use crate::integrations::tests::facts;
+    use crate::monitor::verdict::Status;
+    use crate::qos::score::Level;
+    use Level::{Degrade, Evict, Throttle};
+    use Status::Abnormal;
+    const OK: Status = Status::Normal;
+    const NORMAL: Level = Level::Normal;
+
+    #[test]
+    fn eviction_needs_a_held_evict_on_every_input() {
+        assert!(eviction_ground(&facts(OK, Evict)).is_some());
+        assert!(eviction_ground(&facts(Abnormal, Evict)).is_some());
+        for level in [NORMAL, Throttle, Degrade] {
+            assert_eq!(eviction_ground(&facts(OK, level)), None, "{level:?}");
+        }
+        let mut f = facts(OK, Evict);
+        f.inputs_complete = false;
+        assert_eq!(
+            eviction_ground(&f),
+            None,
+            "a score resting on a missing input"
+        );
+        // An abnormal verdict alone is the kubelet's (a restart), not an eviction.
+        assert_eq!(eviction_ground(&facts(Abnormal, NORMAL)), None);
+    }
+}
