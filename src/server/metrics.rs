@@ -8,16 +8,21 @@
 //! `npu_health_agent_`.
 
 use crate::driver::fault_levels::FaultLevel;
+use crate::integrations::kubelet::Answers;
 use crate::integrations::kubernetes::told::{Outcome, PodAction};
+use crate::monitor::journal::Told;
 use crate::monitor::verdict::HealthState;
+use crate::monitor::vi_state::ViState;
 use crate::monitor::{Monitor, Status};
 use crate::qos::score::Level;
-use crate::sampler::Shared;
+use crate::sampler::faults::NpuFault;
+use crate::sampler::{DeviceSnapshot, Shared};
 use crate::window;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 use strum::IntoEnumIterator;
@@ -84,85 +89,27 @@ fn family<L: EncodeLabelSet>(
 }
 
 impl Exposition {
+    /// The NPU families, in the order dashboards and tests expect them.
     fn encode_npus(&self, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let now = self.shared.ring.now_ns();
-        let snaps: Vec<_> = self
+        let snaps: Vec<DeviceSnapshot> = self
             .devices
             .iter()
             .map(|&i| self.shared.devices[usize::from(i)].snapshot(now))
             .collect();
-        let id = |s: &crate::sampler::DeviceSnapshot| -> Labels {
-            vec![("id", s.id.to_string()), ("model_name", s.name.clone())]
-        };
-        family(
-            enc,
-            "npu_chip_info_cube_utilization",
-            "AI Cube utilization of the NPU chip, percent (last valid reading)",
-            MetricType::Gauge,
-            snaps
-                .iter()
-                .filter_map(|s| s.last_value.map(|v| (id(s), f64::from(v)))),
-        )?;
-        family(
-            enc,
-            "npu_chip_info_hbm_used_memory",
-            "HBM in use, MB",
-            MetricType::Gauge,
-            snaps
-                .iter()
-                .filter_map(|s| s.hbm_used_mb.map(|v| (id(s), v as f64))),
-        )?;
-        family(
-            enc,
-            "npu_chip_info_hbm_total_memory",
-            "HBM total, MB",
-            MetricType::Gauge,
-            snaps
-                .iter()
-                .filter_map(|s| s.hbm_total_mb.map(|v| (id(s), v as f64))),
-        )?;
-        family(
-            enc,
-            "npu_chip_info_health_status",
-            "1 when the driver reports the chip healthy (health code 0), 0 for an alarm (1-3), 2147483647 when the driver reports the device does not exist (npu-exporter's value for a health it cannot read)",
-            MetricType::Gauge,
-            snaps.iter().filter_map(|s| {
-                if s.device_gone {
-                    return Some((id(s), HEALTH_GONE));
-                }
-                s.health.map(|h| (id(s), if h == 0 { 1.0 } else { 0.0 }))
-            }),
-        )?;
-        family(
-            enc,
-            "npu_health_agent_device_health_code",
-            "The driver's health code of the chip: 0 normal, 1 minor, 2 major, 3 critical alarm (absent when unknown or gone)",
-            MetricType::Gauge,
-            snaps
-                .iter()
-                .filter(|s| !s.device_gone)
-                .filter_map(|s| s.health.map(|h| (id(s), f64::from(h)))),
-        )?;
-        // npu-exporter's error-code gauges: the chip's first ten codes, one family per
-        // position (`npu_chip_info_error_code`, then `_1` … `_9`), each the code in decimal;
-        // none when the chip reports no code (collector_for_npu.go, MaxErrorCodeLen = 10).
-        for k in 0..ERROR_CODE_FAMILIES {
-            let name = if k == 0 {
-                "npu_chip_info_error_code".to_owned()
-            } else {
-                format!("npu_chip_info_error_code_{k}")
-            };
-            family(
-                enc,
-                &name,
-                "the npu error code (npu-exporter's name: the k-th of the chip's current fault codes, in decimal)",
-                MetricType::Gauge,
-                snaps
-                    .iter()
-                    .filter(|s| !s.device_gone)
-                    .filter_map(|s| s.faults.get(k).map(|f| (id(s), f64::from(f.code)))),
-            )?;
-        }
+        encode_chip_info(enc, &snaps)?;
+        self.encode_device_faults(enc, &snaps)?;
+        self.encode_cube_window(enc, &snaps)?;
+        encode_device_sources(enc, &snaps)?;
+        self.encode_driver_errors(enc)
+    }
+
+    /// The driver's current fault codes by handling level, and whether the device is gone.
+    fn encode_device_faults(
+        &self,
+        enc: &mut DescriptorEncoder,
+        snaps: &[DeviceSnapshot],
+    ) -> Result<(), std::fmt::Error> {
         family(
             enc,
             "npu_health_agent_device_fault_level",
@@ -172,15 +119,7 @@ impl Exposition {
                 .iter()
                 .zip(&self.devices)
                 .filter(|(s, _)| s.faults_age_ms.is_some())
-                .flat_map(|(s, &i)| {
-                    let faults = self.shared.faults_of(i);
-                    FaultLevel::iter().filter_map(move |level| {
-                        let n = faults.iter().filter(|f| f.level == level).count();
-                        let mut l = id(s);
-                        l.push(("level", level.as_str().to_owned()));
-                        (n > 0).then_some((l, n as f64))
-                    })
-                }),
+                .flat_map(|(s, &i)| fault_level_rows(s, &self.shared.faults_of(i))),
         )?;
         family(
             enc,
@@ -189,8 +128,16 @@ impl Exposition {
             MetricType::Gauge,
             snaps
                 .iter()
-                .map(|s| (id(s), if s.device_gone { 1.0 } else { 0.0 })),
-        )?;
+                .map(|s| (device_labels(s), flag(s.device_gone))),
+        )
+    }
+
+    /// The AI Cube figures over the probe window: peak, mean and sample counts.
+    fn encode_cube_window(
+        &self,
+        enc: &mut DescriptorEncoder,
+        snaps: &[DeviceSnapshot],
+    ) -> Result<(), std::fmt::Error> {
         let report = window::query(&self.shared.ring, &self.devices, self.window);
         family(
             enc,
@@ -200,7 +147,7 @@ impl Exposition {
             snaps
                 .iter()
                 .zip(&report.devices)
-                .filter_map(|(s, w)| w.peak.map(|p| (id(s), f64::from(p)))),
+                .filter_map(|(s, w)| w.peak.map(|p| (device_labels(s), f64::from(p)))),
         )?;
         family(
             enc,
@@ -210,7 +157,7 @@ impl Exposition {
             snaps
                 .iter()
                 .zip(&report.devices)
-                .filter_map(|(s, w)| w.mean.map(|m| (id(s), (m * 100.0).round() / 100.0))),
+                .filter_map(|(s, w)| w.mean.map(|m| (device_labels(s), round_hundredths(m)))),
         )?;
         family(
             enc,
@@ -218,45 +165,19 @@ impl Exposition {
             "Samples in the probe window, by validity",
             MetricType::Gauge,
             snaps.iter().zip(&report.devices).flat_map(|(s, w)| {
-                let mut valid = id(s);
-                valid.push(("valid", "true".to_owned()));
-                let mut invalid = id(s);
-                invalid.push(("valid", "false".to_owned()));
-                [(valid, f64::from(w.valid)), (invalid, f64::from(w.invalid))]
+                [
+                    (with(device_labels(s), "valid", "true"), f64::from(w.valid)),
+                    (
+                        with(device_labels(s), "valid", "false"),
+                        f64::from(w.invalid),
+                    ),
+                ]
             }),
-        )?;
-        family(
-            enc,
-            "npu_health_agent_device_backend",
-            "1 for the backend serving the NPU's AI Cube figures (dcmi, npu-smi, none)",
-            MetricType::Gauge,
-            snaps.iter().map(|s| {
-                let mut l = id(s);
-                l.push(("backend", s.backend.as_str().to_owned()));
-                (l, 1.0)
-            }),
-        )?;
-        family(
-            enc,
-            "npu_health_agent_device_source",
-            "1 for the call serving the NPU's AI Cube figures (source) and why (reason); see docs/fake-driver.md and docs/driver.md (the fallback chain)",
-            MetricType::Gauge,
-            snaps.iter().map(|s| {
-                let mut l = id(s);
-                l.push(("source", s.source.name().into_owned()));
-                l.push(("reason", s.source_reason.as_str().to_owned()));
-                (l, 1.0)
-            }),
-        )?;
-        family(
-            enc,
-            "npu_health_agent_device_stale",
-            "1 while the NPU has no fresh reading (hung driver call or silent npu-smi)",
-            MetricType::Gauge,
-            snaps
-                .iter()
-                .map(|s| (id(s), if s.stale { 1.0 } else { 0.0 })),
-        )?;
+        )
+    }
+
+    /// Failed AI Cube reads of each exposed NPU, by return code.
+    fn encode_driver_errors(&self, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
         family(
             enc,
             "npu_health_agent_driver_errors",
@@ -264,14 +185,12 @@ impl Exposition {
             MetricType::Counter,
             self.devices.iter().flat_map(|&i| {
                 let d = &self.shared.devices[usize::from(i)];
-                let base = vec![("id", d.info.id.to_string())];
+                let base: Labels = vec![("id", d.info.id.to_string())];
                 d.errors_by_code().into_iter().map(move |(code, n)| {
-                    let mut l = base.clone();
-                    l.push((
-                        "code",
-                        code.map_or_else(|| "other".to_owned(), |c| c.to_string()),
-                    ));
-                    (l, n as f64)
+                    (
+                        with(base.clone(), "code", &error_code_label(code)),
+                        n as f64,
+                    )
                 })
             }),
         )
@@ -325,8 +244,17 @@ impl Exposition {
         )
     }
 
+    /// The engine families, in the order dashboards and tests expect them.
     fn encode_engines(&self, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let name = |e: &Monitor| -> Labels { vec![("engine", e.spec.name.clone())] };
+        self.encode_answers(enc)?;
+        self.encode_actions(enc)?;
+        self.encode_probes(enc)?;
+        self.encode_qos(enc)?;
+        self.encode_engine_histograms(enc)
+    }
+
+    /// What the agent answers about each engine: the verdict, `/readyz` and `/livez`.
+    fn encode_answers(&self, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
         family(
             enc,
             "npu_health_agent_status",
@@ -335,16 +263,17 @@ impl Exposition {
             self.engines.iter().flat_map(|e| {
                 let current = e.peek_status();
                 [Status::Initial, Status::Normal, Status::Abnormal].map(|st| {
-                    let mut l = name(e);
-                    l.push(("status", st.as_str().to_owned()));
-                    (l, if st == current { 1.0 } else { 0.0 })
+                    (
+                        with(engine_labels(e), "status", st.as_str()),
+                        flag(st == current),
+                    )
                 })
             }),
         )?;
-        let answers: Vec<(Labels, crate::integrations::kubelet::Answers)> = self
+        let answers: Vec<(Labels, Answers)> = self
             .engines
             .iter()
-            .map(|e| (name(e), crate::integrations::kubelet::Answers::of(e)))
+            .map(|e| (engine_labels(e), Answers::of(e)))
             .collect();
         family(
             enc,
@@ -353,7 +282,7 @@ impl Exposition {
             MetricType::Gauge,
             answers
                 .iter()
-                .map(|(l, a)| (l.clone(), if a.readiness.ready { 1.0 } else { 0.0 })),
+                .map(|(l, a)| (l.clone(), flag(a.readiness.ready))),
         )?;
         family(
             enc,
@@ -362,29 +291,22 @@ impl Exposition {
             MetricType::Gauge,
             answers
                 .iter()
-                .map(|(l, a)| (l.clone(), if a.liveness.live { 1.0 } else { 0.0 })),
-        )?;
+                .map(|(l, a)| (l.clone(), flag(a.liveness.live))),
+        )
+    }
+
+    /// What the integrations did or were told: Kubernetes API calls and router states.
+    fn encode_actions(&self, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
         family(
             enc,
             "npu_health_agent_kubernetes_actions",
             "Kubernetes API calls that act on the engine's pod, by action (condition, eviction, mindcluster_annotation) and outcome (done, refused, failed, pod_gone); present with [agent.kubernetes] only",
             MetricType::Counter,
             self.engines.iter().flat_map(|e| {
-                let totals = e.acted.kubernetes().map(|k| k.totals);
-                totals.into_iter().flat_map(move |t| {
-                    PodAction::iter().flat_map(move |a| {
-                        Outcome::iter().map({
-                            let t = t.clone();
-                            move |o| {
-                                let mut l = name(e);
-                                l.push(("action", a.as_str().to_owned()));
-                                l.push(("outcome", o.as_str().to_owned()));
-                                let n = t.get(&a).and_then(|m| m.get(&o)).copied().unwrap_or(0);
-                                (l, n as f64)
-                            }
-                        })
-                    })
-                })
+                e.acted
+                    .kubernetes()
+                    .map(|k| kubernetes_action_rows(&engine_labels(e), &k.totals))
+                    .unwrap_or_default()
             }),
         )?;
         family(
@@ -398,35 +320,31 @@ impl Exposition {
                     .iter()
                     .filter_map(|router| {
                         let now = seen.get(&router.id())?.told;
-                        Some(router.router_states().into_iter().map(move |st| {
-                            let mut l = name(e);
-                            l.push(("router", router.id().as_str().to_owned()));
-                            l.push(("state", st.word().to_owned()));
-                            (l, if st == now { 1.0 } else { 0.0 })
-                        }))
+                        let l = with(engine_labels(e), "router", router.id().as_str());
+                        Some(one_hot(
+                            &l,
+                            "state",
+                            router.router_states(),
+                            now,
+                            Told::word,
+                        ))
                     })
                     .flatten()
                     .collect::<Vec<_>>()
             }),
-        )?;
+        )
+    }
+
+    /// The engine's own health and the virtual inference probes.
+    fn encode_probes(&self, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
         family(
             enc,
             "npu_health_agent_engine_reachable",
             "1 while the engine's /health answers healthy (or is slow while the engine serves)",
             MetricType::Gauge,
-            self.engines.iter().map(|e| {
-                (
-                    name(e),
-                    if matches!(
-                        e.health_detail().state,
-                        HealthState::Healthy | HealthState::Slow
-                    ) {
-                        1.0
-                    } else {
-                        0.0
-                    },
-                )
-            }),
+            self.engines
+                .iter()
+                .map(|e| (engine_labels(e), flag(reachable(e.health_detail().state)))),
         )?;
         family(
             enc,
@@ -435,11 +353,10 @@ impl Exposition {
             MetricType::Counter,
             self.engines.iter().flat_map(|e| {
                 let (ok, failed) = e.vi.outcomes();
-                let mut s = name(e);
-                s.push(("outcome", "success".to_owned()));
-                let mut f = name(e);
-                f.push(("outcome", "failure".to_owned()));
-                [(s, ok as f64), (f, failed as f64)]
+                [
+                    (with(engine_labels(e), "outcome", "success"), ok as f64),
+                    (with(engine_labels(e), "outcome", "failure"), failed as f64),
+                ]
             }),
         )?;
         family(
@@ -449,20 +366,23 @@ impl Exposition {
             MetricType::Gauge,
             self.engines
                 .iter()
-                .map(|e| (name(e), e.vi.failure_count() as f64)),
-        )?;
+                .map(|e| (engine_labels(e), e.vi.failure_count() as f64)),
+        )
+    }
+
+    /// The QoS score, its level and components, and how long the engine has stalled.
+    fn encode_qos(&self, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
         family(
             enc,
             "inference_node_health",
             "QoS score of the engine in [0, 1] (absent until there is one); see docs/qos.md",
             MetricType::Gauge,
             self.engines.iter().filter_map(|e| {
-                let score = e.qos.score()?;
                 let l: Labels = vec![
                     ("model", e.spec.model.clone().unwrap_or_default()),
                     ("engine", e.spec.name.clone()),
                 ];
-                Some((l, score))
+                Some((l, e.qos.score()?))
             }),
         )?;
         family(
@@ -474,12 +394,13 @@ impl Exposition {
                 .iter()
                 .filter(|e| e.spec.qos.enabled)
                 .flat_map(|e| {
-                    let current = e.qos.level();
-                    Level::iter().map(move |lv| {
-                        let mut l = name(e);
-                        l.push(("level", lv.as_str().to_owned()));
-                        (l, if lv == current { 1.0 } else { 0.0 })
-                    })
+                    one_hot(
+                        &engine_labels(e),
+                        "level",
+                        Level::iter(),
+                        e.qos.level(),
+                        Level::as_str,
+                    )
                 }),
         )?;
         family(
@@ -488,11 +409,10 @@ impl Exposition {
             "Score of each QoS component in [0, 1] (absent when its input is missing)",
             MetricType::Gauge,
             self.engines.iter().flat_map(|e| {
-                e.qos.components().into_iter().filter_map(|c| {
-                    let mut l = name(e);
-                    l.push(("component", c.name.to_string()));
-                    Some((l, c.score?))
-                })
+                e.qos
+                    .components()
+                    .into_iter()
+                    .filter_map(|c| Some((with(engine_labels(e), "component", &c.name), c.score?)))
             }),
         )?;
         family(
@@ -505,12 +425,16 @@ impl Exposition {
                 .filter(|e| e.spec.qos.scrapes())
                 .map(|e| {
                     (
-                        name(e),
+                        engine_labels(e),
                         e.qos.stalled_for().map_or(0.0, |d| d.as_secs_f64()),
                     )
                 }),
-        )?;
-        type Read = fn(&crate::monitor::vi_state::ViState) -> (Vec<(f64, u64)>, u64, f64);
+        )
+    }
+
+    /// The per-engine histograms: probe latency and detection time.
+    fn encode_engine_histograms(&self, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        type Read = fn(&ViState) -> (Vec<(f64, u64)>, u64, f64);
         let histograms: [(&str, &str, Read); 2] = [
             (
                 "npu_health_agent_virtual_probe_duration_seconds",
@@ -523,14 +447,15 @@ impl Exposition {
                 |vi| vi.detection_histogram(),
             ),
         ];
+        // Like `family`, no descriptor without a series.
+        if self.engines.is_empty() {
+            return Ok(());
+        }
         for (metric, help, read) in histograms {
-            if self.engines.is_empty() {
-                break;
-            }
             let mut m = enc.encode_descriptor(metric, help, None, MetricType::Histogram)?;
             for e in &self.engines {
                 let (buckets, count, sum) = read(&e.vi);
-                m.encode_family(&name(e))?
+                m.encode_family(&engine_labels(e))?
                     .encode_histogram::<NoLabelSet>(sum, count, &buckets, None)?;
             }
         }
@@ -560,6 +485,208 @@ impl Exposition {
             );
         }
     }
+}
+
+/// The labels of every engine series: its name.
+fn engine_labels(e: &Monitor) -> Labels {
+    vec![("engine", e.spec.name.clone())]
+}
+
+/// One row per state in `states`, labelled `key` = its word: 1 for `current`, 0 for the rest.
+fn one_hot<T: PartialEq + Copy>(
+    base: &Labels,
+    key: &'static str,
+    states: impl IntoIterator<Item = T>,
+    current: T,
+    word: fn(T) -> &'static str,
+) -> Vec<(Labels, f64)> {
+    states
+        .into_iter()
+        .map(|st| (with(base.clone(), key, word(st)), flag(st == current)))
+        .collect()
+}
+
+/// Every action × outcome pair, with its count in `totals` (0 when absent).
+fn kubernetes_action_rows(
+    base: &Labels,
+    totals: &BTreeMap<PodAction, BTreeMap<Outcome, u64>>,
+) -> Vec<(Labels, f64)> {
+    PodAction::iter()
+        .flat_map(|a| {
+            Outcome::iter().map(move |o| {
+                let l = with(
+                    with(base.clone(), "action", a.as_str()),
+                    "outcome",
+                    o.as_str(),
+                );
+                let n = totals.get(&a).and_then(|m| m.get(&o)).copied().unwrap_or(0);
+                (l, n as f64)
+            })
+        })
+        .collect()
+}
+
+/// Whether `/health` counts as reachable: healthy, or slow while the engine serves.
+fn reachable(state: HealthState) -> bool {
+    matches!(state, HealthState::Healthy | HealthState::Slow)
+}
+
+/// The labels of every NPU series: the logic id and the chip name.
+fn device_labels(s: &DeviceSnapshot) -> Labels {
+    vec![("id", s.id.to_string()), ("model_name", s.name.clone())]
+}
+
+/// `labels` with one more label.
+fn with(mut labels: Labels, key: &'static str, value: &str) -> Labels {
+    labels.push((key, value.to_owned()));
+    labels
+}
+
+/// A condition as a gauge value.
+fn flag(on: bool) -> f64 {
+    if on { 1.0 } else { 0.0 }
+}
+
+/// A window mean as exported: two decimals.
+fn round_hundredths(v: f64) -> f64 {
+    (v * 100.0).round() / 100.0
+}
+
+/// `npu_chip_info_health_status` of a chip: npu-exporter's 1 for health 0, 0 for an alarm,
+/// [`HEALTH_GONE`] for a gone device; none when the health is unknown.
+fn chip_health_status(s: &DeviceSnapshot) -> Option<f64> {
+    if s.device_gone {
+        return Some(HEALTH_GONE);
+    }
+    s.health.map(|h| flag(h == 0))
+}
+
+/// npu-exporter's name of the `k`-th error-code family: `npu_chip_info_error_code`, then
+/// `_1` … `_9`.
+fn error_code_family(k: usize) -> String {
+    if k == 0 {
+        "npu_chip_info_error_code".to_owned()
+    } else {
+        format!("npu_chip_info_error_code_{k}")
+    }
+}
+
+/// The `code` label of a driver error count (`other` for the unlisted codes).
+fn error_code_label(code: Option<i32>) -> String {
+    code.map_or_else(|| "other".to_owned(), |c| c.to_string())
+}
+
+/// One row per handling level that has a code among `faults`, with how many it has.
+fn fault_level_rows(s: &DeviceSnapshot, faults: &[NpuFault]) -> Vec<(Labels, f64)> {
+    FaultLevel::iter()
+        .filter_map(|level| {
+            let n = faults.iter().filter(|f| f.level == level).count();
+            (n > 0).then(|| (with(device_labels(s), "level", level.as_str()), n as f64))
+        })
+        .collect()
+}
+
+/// npu-exporter's families: utilization, HBM, health and the error codes.
+fn encode_chip_info(
+    enc: &mut DescriptorEncoder,
+    snaps: &[DeviceSnapshot],
+) -> Result<(), std::fmt::Error> {
+    family(
+        enc,
+        "npu_chip_info_cube_utilization",
+        "AI Cube utilization of the NPU chip, percent (last valid reading)",
+        MetricType::Gauge,
+        snaps
+            .iter()
+            .filter_map(|s| s.last_value.map(|v| (device_labels(s), f64::from(v)))),
+    )?;
+    family(
+        enc,
+        "npu_chip_info_hbm_used_memory",
+        "HBM in use, MB",
+        MetricType::Gauge,
+        snaps
+            .iter()
+            .filter_map(|s| s.hbm_used_mb.map(|v| (device_labels(s), v as f64))),
+    )?;
+    family(
+        enc,
+        "npu_chip_info_hbm_total_memory",
+        "HBM total, MB",
+        MetricType::Gauge,
+        snaps
+            .iter()
+            .filter_map(|s| s.hbm_total_mb.map(|v| (device_labels(s), v as f64))),
+    )?;
+    family(
+        enc,
+        "npu_chip_info_health_status",
+        "1 when the driver reports the chip healthy (health code 0), 0 for an alarm (1-3), 2147483647 when the driver reports the device does not exist (npu-exporter's value for a health it cannot read)",
+        MetricType::Gauge,
+        snaps
+            .iter()
+            .filter_map(|s| chip_health_status(s).map(|v| (device_labels(s), v))),
+    )?;
+    family(
+        enc,
+        "npu_health_agent_device_health_code",
+        "The driver's health code of the chip: 0 normal, 1 minor, 2 major, 3 critical alarm (absent when unknown or gone)",
+        MetricType::Gauge,
+        snaps
+            .iter()
+            .filter(|s| !s.device_gone)
+            .filter_map(|s| s.health.map(|h| (device_labels(s), f64::from(h)))),
+    )?;
+    // npu-exporter's error-code gauges: the chip's first ten codes, one family per
+    // position, each the code in decimal; none when the chip reports no code
+    // (collector_for_npu.go, MaxErrorCodeLen = 10).
+    for k in 0..ERROR_CODE_FAMILIES {
+        family(
+            enc,
+            &error_code_family(k),
+            "the npu error code (npu-exporter's name: the k-th of the chip's current fault codes, in decimal)",
+            MetricType::Gauge,
+            snaps.iter().filter(|s| !s.device_gone).filter_map(|s| {
+                s.faults
+                    .get(k)
+                    .map(|f| (device_labels(s), f64::from(f.code)))
+            }),
+        )?;
+    }
+    Ok(())
+}
+
+/// Which backend and call serve each NPU's AI Cube figures, and whether they are fresh.
+fn encode_device_sources(
+    enc: &mut DescriptorEncoder,
+    snaps: &[DeviceSnapshot],
+) -> Result<(), std::fmt::Error> {
+    family(
+        enc,
+        "npu_health_agent_device_backend",
+        "1 for the backend serving the NPU's AI Cube figures (dcmi, npu-smi, none)",
+        MetricType::Gauge,
+        snaps
+            .iter()
+            .map(|s| (with(device_labels(s), "backend", s.backend.as_str()), 1.0)),
+    )?;
+    family(
+        enc,
+        "npu_health_agent_device_source",
+        "1 for the call serving the NPU's AI Cube figures (source) and why (reason); see docs/fake-driver.md and docs/driver.md (the fallback chain)",
+        MetricType::Gauge,
+        snaps.iter().map(|s| {
+            let l = with(device_labels(s), "source", &s.source.name());
+            (with(l, "reason", s.source_reason.as_str()), 1.0)
+        }),
+    )?;
+    family(
+        enc,
+        "npu_health_agent_device_stale",
+        "1 while the NPU has no fresh reading (hung driver call or silent npu-smi)",
+        MetricType::Gauge,
+        snaps.iter().map(|s| (device_labels(s), flag(s.stale))),
+    )
 }
 
 /// A label value in the text format: backslash, double quote and newline escaped.

@@ -6,7 +6,6 @@
 //! `time_scale` so tests fit in seconds.
 
 use serde::Serialize;
-use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -109,108 +108,138 @@ pub async fn run(
         .no_proxy()
         .build()
         .expect("plain HTTP client builds");
-    let start = Instant::now();
-    let n = opts.status_urls.len();
-    let statuses = Arc::new(Mutex::new(vec![NmStatus::Initial; n]));
-    let report = Arc::new(Mutex::new(NmReport::default()));
-    let poller = {
-        let statuses = statuses.clone();
-        let report = report.clone();
-        let opts = opts.clone();
-        let cancel = cancel.clone();
-        async move {
-            loop {
-                for (i, url) in opts.status_urls.iter().enumerate() {
-                    let t0 = Instant::now();
-                    let res = tokio::time::timeout(opts.poll_timeout, async {
-                        let r = client
-                            .get(url)
-                            .header("Connection", "close")
-                            .header("Accept", "application/json")
-                            .send()
-                            .await
-                            .map_err(|e| e.to_string())?;
-                        if !r.status().is_success() {
-                            return Err(format!("HTTP {}", r.status()));
-                        }
-                        r.bytes().await.map_err(|e| e.to_string())
-                    })
-                    .await;
-                    let (detected, error) = match res {
-                        Err(_) => (NmStatus::Abnormal, Some("timeout".to_owned())),
-                        Ok(Err(e)) => (NmStatus::Abnormal, Some(e)),
-                        Ok(Ok(body)) => (NmStatus::parse(&body), None),
-                    };
-                    let mut st = statuses.lock().unwrap_or_else(|p| p.into_inner());
-                    let in_grace = start.elapsed() < opts.grace_period;
-                    let kept = if (in_grace && detected == NmStatus::Abnormal)
-                        || st[i] == NmStatus::Paused
-                    {
-                        st[i]
-                    } else {
-                        detected
-                    };
-                    st[i] = kept;
-                    report
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .polls
-                        .push(Poll {
-                            at_ms: start.elapsed().as_millis() as u64,
-                            endpoint: i,
-                            detected,
-                            kept,
-                            error,
-                            latency_ms: t0.elapsed().as_secs_f64() * 1e3,
-                        });
-                }
-                tokio::select! {
-                    _ = cancel.cancelled() => return,
-                    _ = tokio::time::sleep(opts.poll_interval) => {}
-                }
-            }
-        }
+    let nm = Nm {
+        start: Instant::now(),
+        statuses: Mutex::new(vec![NmStatus::Initial; opts.status_urls.len()]),
+        report: Mutex::new(NmReport::default()),
+        opts,
     };
-    let heartbeat = {
-        let statuses = statuses.clone();
-        let report = report.clone();
-        async move {
-            let mut consecutive = 0u32;
-            loop {
-                tokio::select! {
-                    _ = cancel.cancelled() => return,
-                    _ = tokio::time::sleep(opts.heartbeat_interval) => {}
-                }
-                let any_abnormal = statuses
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .contains(&NmStatus::Abnormal);
-                consecutive = if any_abnormal { consecutive + 1 } else { 0 };
-                let mut r = report.lock().unwrap_or_else(|p| p.into_inner());
-                r.heartbeats += 1;
-                r.max_consecutive_abnormal = r.max_consecutive_abnormal.max(consecutive);
-                if consecutive >= opts.threshold {
-                    r.killed_at_ms = Some(start.elapsed().as_millis() as u64);
-                    return;
-                }
-            }
-        }
-    };
+    let poller = nm.poll_loop(&client, &cancel);
     tokio::pin!(poller);
     tokio::select! {
         _ = &mut poller => {}
-        _ = heartbeat => {
-            if report.lock().unwrap_or_else(|p| p.into_inner()).killed_at_ms.is_some() {
+        _ = nm.heartbeat_loop(&cancel) => {
+            if nm.report().killed_at_ms.is_some() {
                 on_kill();
             }
         }
     }
-    report.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    nm.report().clone()
+}
+
+/// The emulator's state, shared by its poll loop and its heartbeat loop.
+struct Nm {
+    opts: NmOptions,
+    start: Instant,
+    /// The status kept for each endpoint.
+    statuses: Mutex<Vec<NmStatus>>,
+    report: Mutex<NmReport>,
+}
+
+impl Nm {
+    fn report(&self) -> std::sync::MutexGuard<'_, NmReport> {
+        self.report.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn elapsed_ms(&self) -> u64 {
+        self.start.elapsed().as_millis() as u64
+    }
+
+    /// Polls every endpoint once a poll interval until `cancel`.
+    async fn poll_loop(&self, client: &reqwest::Client, cancel: &CancellationToken) {
+        loop {
+            for (i, url) in self.opts.status_urls.iter().enumerate() {
+                let t0 = Instant::now();
+                let (detected, error) = poll(client, url, self.opts.poll_timeout).await;
+                let in_grace = self.start.elapsed() < self.opts.grace_period;
+                let kept = {
+                    let mut st = self.statuses.lock().unwrap_or_else(|p| p.into_inner());
+                    st[i] = kept_status(st[i], detected, in_grace);
+                    st[i]
+                };
+                self.report().polls.push(Poll {
+                    at_ms: self.elapsed_ms(),
+                    endpoint: i,
+                    detected,
+                    kept,
+                    error,
+                    latency_ms: t0.elapsed().as_secs_f64() * 1e3,
+                });
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(self.opts.poll_interval) => {}
+            }
+        }
+    }
+
+    /// Counts the heartbeats with an abnormal endpoint until `cancel` or the kill decision
+    /// (then in the report).
+    async fn heartbeat_loop(&self, cancel: &CancellationToken) {
+        let mut consecutive = 0u32;
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(self.opts.heartbeat_interval) => {}
+            }
+            let any_abnormal = self
+                .statuses
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains(&NmStatus::Abnormal);
+            consecutive = if any_abnormal { consecutive + 1 } else { 0 };
+            let mut r = self.report();
+            r.heartbeats += 1;
+            r.max_consecutive_abnormal = r.max_consecutive_abnormal.max(consecutive);
+            if consecutive >= self.opts.threshold {
+                r.killed_at_ms = Some(self.elapsed_ms());
+                return;
+            }
+        }
+    }
+}
+
+/// One `GET /status`: the status detected, and why the poll failed (then abnormal).
+async fn poll(
+    client: &reqwest::Client,
+    url: &str,
+    timeout: Duration,
+) -> (NmStatus, Option<String>) {
+    let res = tokio::time::timeout(timeout, async {
+        let r = client
+            .get(url)
+            .header("Connection", "close")
+            .header("Accept", "application/json")
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        if !r.status().is_success() {
+            return Err(format!("HTTP {}", r.status()));
+        }
+        r.bytes().await.map_err(|e| e.to_string())
+    })
+    .await;
+    match res {
+        Err(_) => (NmStatus::Abnormal, Some("timeout".to_owned())),
+        Ok(Err(e)) => (NmStatus::Abnormal, Some(e)),
+        Ok(Ok(body)) => (NmStatus::parse(&body), None),
+    }
+}
+
+/// The status Node Manager keeps after a poll: inside the grace period a detected
+/// `abnormal` keeps the old status, and a `paused` endpoint stays paused.
+fn kept_status(old: NmStatus, detected: NmStatus, in_grace: bool) -> NmStatus {
+    if (in_grace && detected == NmStatus::Abnormal) || old == NmStatus::Paused {
+        old
+    } else {
+        detected
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
     use std::sync::atomic::{AtomicU8, Ordering};
 
     /// Serves `/status` with whatever `status` holds: 0 normal, 1 abnormal.
@@ -307,6 +336,28 @@ mod tests {
             "{}",
             r.max_consecutive_abnormal
         );
+    }
+
+    #[test]
+    fn grace_keeps_the_old_status_on_abnormal_and_paused_stays_paused() {
+        use NmStatus::{Abnormal, Initial, Normal, Paused};
+        // (old, detected, in grace, kept)
+        let rows = [
+            (Initial, Abnormal, true, Initial),
+            (Initial, Abnormal, false, Abnormal),
+            (Initial, Normal, true, Normal),
+            (Normal, Abnormal, true, Normal),
+            (Abnormal, Normal, false, Normal),
+            (Paused, Normal, false, Paused),
+            (Paused, Abnormal, false, Paused),
+        ];
+        for (old, detected, in_grace, kept) in rows {
+            assert_eq!(
+                kept_status(old, detected, in_grace),
+                kept,
+                "{old:?} {detected:?} {in_grace}"
+            );
+        }
     }
 
     #[test]

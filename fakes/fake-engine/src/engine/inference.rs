@@ -80,39 +80,107 @@ pub(super) async fn completions(
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
     let parsed: Result<CompletionRequest, _> = serde_json::from_slice(&body);
-    {
-        let mut s = e.stats.lock().unwrap_or_else(|p| p.into_inner());
-        s.completions += 1;
-        if id.as_deref().is_some_and(|i| i.contains("_virtual")) {
-            s.virtual_completions += 1;
-        }
-        s.last_request_id = id.clone();
-        s.last_content_type = headers
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
-        s.last_body = serde_json::from_slice(&body).ok();
-    }
-    let req = match parsed {
+    record_request(&e, &headers, &body, id.as_deref());
+    let req = match accepted(parsed, &e.opts.model, &e.opts.aliases) {
         Ok(r) => r,
-        Err(err) => {
-            return (
-                StatusCode::BAD_REQUEST,
-                axum::Json(json!({"object": "error", "message": err.to_string()})),
-            )
-                .into_response();
-        }
+        Err(refused) => return refused.answer(),
     };
-    // vLLM accepts a missing or empty model and answers for the served one.
-    if req.model.as_deref().is_some_and(|m| {
-        !m.is_empty() && m != e.opts.model && !e.opts.aliases.iter().any(|a| a == m)
-    }) {
-        return (
-            StatusCode::NOT_FOUND,
-            axum::Json(json!({"object": "error", "message": format!("The model `{}` does not exist.", req.model.unwrap_or_default())})),
-        )
-            .into_response();
+    let f = wait_to_run(&e).await;
+    if let Some(failed) = injected_failure(&f) {
+        return failed;
     }
+    // vLLM echoes the caller's id; without one it makes a random one.
+    let id = id.unwrap_or_else(|| format!("{:016x}", e.rng_u64()));
+    let waiting = Gauge::enter(&e.waiting);
+    let Ok(permit) = e.slots.clone().acquire_owned().await else {
+        return StatusCode::SERVICE_UNAVAILABLE.into_response();
+    };
+    drop(waiting);
+    let n_prompt = prompt_tokens(&req.prompt);
+    let max_tokens = req.max_tokens.unwrap_or(16).clamp(1, 4096);
+    if req.stream {
+        let stream = async_stream(e.clone(), permit, n_prompt, max_tokens, &f, id);
+        return Response::builder()
+            .header(header::CONTENT_TYPE, "text/event-stream; charset=utf-8")
+            .body(Body::from_stream(stream))
+            .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response());
+    }
+    decode(&e, permit, n_prompt, max_tokens, &f).await;
+    if f.garbage_body {
+        return (StatusCode::OK, "<html>upstream error</html>").into_response();
+    }
+    axum::Json(json!({
+        "id": format!("cmpl-{id}"),
+        "object": "text_completion",
+        "model": e.opts.model,
+        "choices": [{"index": 0, "text": " x".repeat(max_tokens as usize), "finish_reason": "length"}],
+        "usage": {"prompt_tokens": n_prompt, "completion_tokens": max_tokens, "total_tokens": n_prompt + max_tokens},
+    }))
+    .into_response()
+}
+
+/// Counts the request in `/fake/stats` and keeps what it carried, parsed or not.
+fn record_request(e: &Engine, headers: &HeaderMap, body: &[u8], id: Option<&str>) {
+    let mut s = e.stats.lock().unwrap_or_else(|p| p.into_inner());
+    s.completions += 1;
+    if id.is_some_and(|i| i.contains("_virtual")) {
+        s.virtual_completions += 1;
+    }
+    s.last_request_id = id.map(str::to_owned);
+    s.last_content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    s.last_body = serde_json::from_slice(body).ok();
+}
+
+/// Why vLLM refuses a completion request before running it.
+#[derive(Debug)]
+enum Refused {
+    /// The body does not parse (400), with serde's message.
+    BadBody(String),
+    /// A model it does not serve (404), as named.
+    UnknownModel(String),
+}
+
+impl Refused {
+    /// vLLM's answer.
+    fn answer(self) -> Response {
+        match self {
+            Refused::BadBody(message) => (
+                StatusCode::BAD_REQUEST,
+                axum::Json(json!({"object": "error", "message": message})),
+            )
+                .into_response(),
+            Refused::UnknownModel(model) => (
+                StatusCode::NOT_FOUND,
+                axum::Json(json!({"object": "error", "message": format!("The model `{model}` does not exist.")})),
+            )
+                .into_response(),
+        }
+    }
+}
+
+/// The request, or why vLLM refuses it: a missing or empty model is the served one.
+fn accepted(
+    parsed: Result<CompletionRequest, serde_json::Error>,
+    model: &str,
+    aliases: &[String],
+) -> Result<CompletionRequest, Refused> {
+    let req = parsed.map_err(|err| Refused::BadBody(err.to_string()))?;
+    if req
+        .model
+        .as_deref()
+        .is_some_and(|m| !m.is_empty() && m != model && !aliases.iter().any(|a| a == m))
+    {
+        return Err(Refused::UnknownModel(req.model.unwrap_or_default()));
+    }
+    Ok(req)
+}
+
+/// Waits out what holds a request back (a pause, sleep mode, the injected latency) and
+/// never returns under a hang; the faults in force then.
+async fn wait_to_run(e: &Engine) -> Faults {
     if let Some(until) = e.paused() {
         tokio::time::sleep_until(until.into()).await;
     }
@@ -132,37 +200,42 @@ pub(super) async fn completions(
         // Accepted and never answered, nothing scheduled: the NPU stays idle.
         std::future::pending::<()>().await;
     }
+    f
+}
+
+/// The error answer an injected failure gives instead of a completion, if any.
+fn injected_failure(f: &Faults) -> Option<Response> {
     if f.http_5xx {
-        return (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            axum::Json(json!({"object": "error", "message": "injected failure"})),
-        )
-            .into_response();
+        return Some(
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                axum::Json(json!({"object": "error", "message": "injected failure"})),
+            )
+                .into_response(),
+        );
     }
     if f.engine_dead {
-        return (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            axum::Json(json!({"error": {"message": "The server had an error while processing your request.", "type": "InternalServerError", "param": null, "code": 500}})),
-        )
-            .into_response();
+        return Some(
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                axum::Json(json!({"error": {"message": "The server had an error while processing your request.", "type": "InternalServerError", "param": null, "code": 500}})),
+            )
+                .into_response(),
+        );
     }
-    // vLLM echoes the caller's id; without one it makes a random one.
-    let id = id.unwrap_or_else(|| format!("{:016x}", e.rng_u64()));
-    let waiting = Gauge::enter(&e.waiting);
-    let Ok(permit) = e.slots.clone().acquire_owned().await else {
-        return StatusCode::SERVICE_UNAVAILABLE.into_response();
-    };
-    drop(waiting);
-    let n_prompt = prompt_tokens(&req.prompt);
-    let max_tokens = req.max_tokens.unwrap_or(16).clamp(1, 4096);
-    let engine = e.clone();
-    if req.stream {
-        let stream = async_stream(engine, permit, n_prompt, max_tokens, &f, id);
-        return Response::builder()
-            .header(header::CONTENT_TYPE, "text/event-stream; charset=utf-8")
-            .body(Body::from_stream(stream))
-            .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response());
-    }
+    None
+}
+
+/// Runs a plain (not streamed) request to its end: the first token after the TTFT, the
+/// others one TPOT (plus jitter) apart, counted as they come out. The slot is freed before
+/// the request leaves the running count.
+async fn decode(
+    e: &Engine,
+    permit: tokio::sync::OwnedSemaphorePermit,
+    n_prompt: u64,
+    max_tokens: u64,
+    f: &Faults,
+) {
     let _running = Gauge::enter(&e.running);
     tokio::time::sleep(e.opts.ttft).await;
     // vLLM reports no partial prefill: the prompt counts when its first token comes out.
@@ -174,17 +247,6 @@ pub(super) async fn completions(
     }
     e.finished.fetch_add(1, Ordering::Relaxed);
     drop(permit);
-    if f.garbage_body {
-        return (StatusCode::OK, "<html>upstream error</html>").into_response();
-    }
-    axum::Json(json!({
-        "id": format!("cmpl-{id}"),
-        "object": "text_completion",
-        "model": e.opts.model,
-        "choices": [{"index": 0, "text": " x".repeat(max_tokens as usize), "finish_reason": "length"}],
-        "usage": {"prompt_tokens": n_prompt, "completion_tokens": max_tokens, "total_tokens": n_prompt + max_tokens},
-    }))
-    .into_response()
 }
 
 pub(super) fn async_stream(
@@ -255,5 +317,32 @@ impl RunningOwned {
 impl Drop for RunningOwned {
     fn drop(&mut self) {
         self.0.running.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{CompletionRequest, Refused, accepted};
+
+    #[test]
+    fn a_missing_empty_served_or_aliased_model_is_accepted_another_or_a_bad_body_refused() {
+        let aliases = ["alias".to_owned()];
+        let check = |body: &str| {
+            let parsed = serde_json::from_str::<CompletionRequest>(body);
+            accepted(parsed, "m", &aliases)
+        };
+        for ok in [
+            r#"{"prompt":"x"}"#,
+            r#"{"model":"","prompt":"x"}"#,
+            r#"{"model":"m"}"#,
+            r#"{"model":"alias"}"#,
+        ] {
+            assert!(check(ok).is_ok(), "{ok}");
+        }
+        assert!(matches!(
+            check(r#"{"model":"other"}"#),
+            Err(Refused::UnknownModel(m)) if m == "other"
+        ));
+        assert!(matches!(check("not json"), Err(Refused::BadBody(_))));
     }
 }

@@ -1,11 +1,12 @@
 //! `GET /metrics`: the Prometheus series the profile exports (vLLM's names and types per
 //! version), with the faults' effect on them.
 
-use super::Engine;
+use super::{Engine, Faults};
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
+use std::fmt::Write;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -38,57 +39,86 @@ pub(super) fn unix_now() -> f64 {
 /// the `_created` line of every counter. The queue, the tokens and the KV cache live on
 /// engine 0; the other engines read 0.
 pub(super) fn metrics_text(e: &Engine) -> String {
-    use std::fmt::Write;
+    let mut w = Writer {
+        out: String::new(),
+        engines: e.opts.data_parallel.max(1),
+        model: &e.opts.model,
+    };
+    // prometheus_client's process collector, first as it writes it (vLLM 0.32's fixture).
+    let started = *e.process_start.lock().unwrap_or_else(|p| p.into_inner());
+    let _ = writeln!(
+        w.out,
+        "# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.\n# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds {started:?}"
+    );
+    write_gauges(&mut w, e);
+    write_counters(&mut w, e);
+    w.out
+}
+
+/// The text being written, and what every series' labels need.
+struct Writer<'a> {
+    out: String,
+    /// Data-parallel engines: one series each.
+    engines: u32,
+    model: &'a str,
+}
+
+impl Writer<'_> {
+    /// One series for every engine: `value` on engine 0, 0 elsewhere (a `_created` timestamp
+    /// on all). `extra` is one `key="value"` label.
+    fn series(&mut self, name: &str, kind: &str, help: &str, rows: &[(&str, f64)]) {
+        let _ = writeln!(self.out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        let everywhere = name.ends_with("_created");
+        for i in 0..self.engines {
+            for (extra, v) in rows {
+                let v = if i == 0 || everywhere { *v } else { 0.0 };
+                let labels = series_labels(i, self.model, extra);
+                let _ = writeln!(self.out, "{name}{{{labels}}} {v:?}");
+            }
+        }
+    }
+}
+
+/// The labels of engine `i`'s series: `extra` placed in name order among `engine` and
+/// `model_name`, as prometheus_client writes vLLM's labels.
+fn series_labels(i: u32, model: &str, extra: &str) -> String {
+    match extra {
+        "" => format!("engine=\"{i}\",model_name=\"{model}\""),
+        x if x < "model_name" => format!("engine=\"{i}\",{x},model_name=\"{model}\""),
+        x => format!("engine=\"{i}\",model_name=\"{model}\",{x}"),
+    }
+}
+
+/// The KV-cache usage shown: the forced figure, else the share of the running slots taken,
+/// plus the injected pressure, within 0..1.
+fn kv_cache_usage(f: &Faults, running: f64, max_running: usize) -> f64 {
+    (f.kv_cache_usage
+        .unwrap_or_else(|| running / max_running.max(1) as f64)
+        + f.kv_cache_pressure)
+        .clamp(0.0, 1.0)
+}
+
+/// The scheduler's gauges the profile exports: the queue, the sleep state, the KV cache.
+fn write_gauges(w: &mut Writer, e: &Engine) {
     let f = e.faults();
     let p = e.opts.profile;
     let running = e.running.load(Ordering::Acquire) as f64;
     let waiting = e.waiting.load(Ordering::Acquire) as f64;
-    let kv = (f
-        .kv_cache_usage
-        .unwrap_or_else(|| running / e.opts.max_running.max(1) as f64)
-        + f.kv_cache_pressure)
-        .clamp(0.0, 1.0);
-    let m = &e.opts.model;
-    let engines = e.opts.data_parallel.max(1);
-    let mut out = String::new();
-    // prometheus_client's process collector, first as it writes it (vLLM 0.32's fixture).
-    let started = *e.process_start.lock().unwrap_or_else(|p| p.into_inner());
-    let _ = writeln!(
-        out,
-        "# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.\n# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds {started:?}"
-    );
-    // One series for every engine: `value` on engine 0, 0 elsewhere (a `_created` timestamp
-    // on all). `extra` is one `key="value"` label, placed in name order among `engine` and
-    // `model_name` as prometheus_client writes vLLM's labels.
-    let mut series = |name: &str, kind: &str, help: &str, rows: &[(&str, f64)]| {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        let everywhere = name.ends_with("_created");
-        for i in 0..engines {
-            for (extra, v) in rows {
-                let v = if i == 0 || everywhere { *v } else { 0.0 };
-                let labels = match *extra {
-                    "" => format!("engine=\"{i}\",model_name=\"{m}\""),
-                    x if x < "model_name" => format!("engine=\"{i}\",{x},model_name=\"{m}\""),
-                    x => format!("engine=\"{i}\",model_name=\"{m}\",{x}"),
-                };
-                let _ = writeln!(out, "{name}{{{labels}}} {v:?}");
-            }
-        }
-    };
-    series(
+    let kv = kv_cache_usage(&f, running, e.opts.max_running);
+    w.series(
         "vllm:num_requests_running",
         "gauge",
         "Number of requests in model execution batches.",
         &[("", running)],
     );
-    series(
+    w.series(
         "vllm:num_requests_waiting",
         "gauge",
         "Number of requests waiting to be processed.",
         &[("", waiting)],
     );
     if p.waiting_by_reason() {
-        series(
+        w.series(
             "vllm:num_requests_waiting_by_reason",
             "gauge",
             "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for scheduling capacity; 'deferred' = deferred by transient constraints (LoRA budget, KV transfer, blocked status). Sum of all reasons equals vllm:num_requests_waiting.",
@@ -100,7 +130,7 @@ pub(super) fn metrics_text(e: &Engine) -> String {
     }
     if p.sleep_state() {
         let asleep = f.asleep;
-        series(
+        w.series(
             "vllm:engine_sleep_state",
             "gauge",
             "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.",
@@ -120,8 +150,12 @@ pub(super) fn metrics_text(e: &Engine) -> String {
         } else {
             "KV-cache usage. 1 means 100 percent usage."
         };
-        series(name, "gauge", help, &[("", kv)]);
+        w.series(name, "gauge", help, &[("", kv)]);
     }
+}
+
+/// The token and request counters, each with its `_created` gauge.
+fn write_counters(w: &mut Writer, e: &Engine) {
     let created = e.created;
     let prompt = e.prompt_tokens.load(Ordering::Relaxed) as f64;
     let generation = e.generation_tokens.load(Ordering::Relaxed) as f64;
@@ -151,9 +185,8 @@ pub(super) fn metrics_text(e: &Engine) -> String {
             success,
         ),
     ] {
-        series(&format!("{base}_total"), "counter", help, &rows);
+        w.series(&format!("{base}_total"), "counter", help, &rows);
         let created_rows: Vec<(&str, f64)> = rows.iter().map(|(l, _)| (*l, created)).collect();
-        series(&format!("{base}_created"), "gauge", help, &created_rows);
+        w.series(&format!("{base}_created"), "gauge", help, &created_rows);
     }
-    out
 }

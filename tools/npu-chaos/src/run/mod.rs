@@ -702,12 +702,9 @@ mod tests {
         }
     }
 
-    // The kubelet row's verdicts: a liveness restart of a healthy engine (or one that only
-    // had to leave the load) is a false kill; a fault needs its action, in time.
-    #[test]
-    fn kubelet_verdicts() {
-        use crate::experiment::KubeletExpect as K;
-        let exp = |expect: Expect, kubelet: K| Experiment {
+    /// An engine-hang experiment on the kubelet row, expecting `expect` and `kubelet`.
+    fn kubelet_experiment(expect: Expect, kubelet: crate::experiment::KubeletExpect) -> Experiment {
+        Experiment {
             name: "x".into(),
             target: crate::experiment::Target::Engine,
             fault: Fault::EngineHang,
@@ -720,108 +717,125 @@ mod tests {
             known_false_kills: Vec::new(),
             kubelet,
             driver_codes: Vec::new(),
-        };
-        let out =
-            |k: K, live: u32, exit: u32, restart: Option<u64>, detected: Option<u64>| Outcome {
-                experiment: "x".into(),
-                target: crate::experiment::Target::Engine,
-                fault: "engine_hang".into(),
-                policy: Policy::Agent,
-                integration: Integration::Kubelet,
-                cadence: None,
-                router: None,
-                node_manager: NodeManagerKind::Emulator,
-                expect: String::new(),
-                verdict: Verdict::Error,
-                detected_after_ms: detected,
-                abnormal_after_ms: None,
-                killed_at_ms: None,
-                first_injected_ms: Some(0),
-                injected_ms: 0,
-                guard_events: Vec::new(),
-                load: Default::default(),
-                load_after_abnormal: None,
-                router_actions: Vec::new(),
-                error: None,
-                ran_again_after: None,
-                kubelet: Some(KubeletOutcome {
-                    expect: k,
-                    actions: Vec::new(),
-                    liveness_restarts: live,
-                    exit_restarts: exit,
-                    not_ready_after_ms: None,
-                    restart_after_ms: restart,
-                    not_ready_ms: 0,
-                }),
-                kill_evidence: Vec::new(),
-                agent_supervisor: crate::agent::Supervisor::Direct,
-                agent_supervisor_note: None,
-                agent_ops: Vec::new(),
-                polls: Vec::new(),
-                timeline: Vec::new(),
-            };
+        }
+    }
+
+    /// A kubelet row's outcome: the restarts seen (by liveness, after an exit), when the
+    /// restart came and when the fault was detected.
+    fn kubelet_outcome(
+        k: crate::experiment::KubeletExpect,
+        live: u32,
+        exit: u32,
+        restart: Option<u64>,
+        detected: Option<u64>,
+    ) -> Outcome {
+        Outcome {
+            experiment: "x".into(),
+            target: crate::experiment::Target::Engine,
+            fault: "engine_hang".into(),
+            policy: Policy::Agent,
+            integration: Integration::Kubelet,
+            cadence: None,
+            router: None,
+            node_manager: NodeManagerKind::Emulator,
+            expect: String::new(),
+            verdict: Verdict::Error,
+            detected_after_ms: detected,
+            abnormal_after_ms: None,
+            killed_at_ms: None,
+            first_injected_ms: Some(0),
+            injected_ms: 0,
+            guard_events: Vec::new(),
+            load: Default::default(),
+            load_after_abnormal: None,
+            router_actions: Vec::new(),
+            error: None,
+            ran_again_after: None,
+            kubelet: Some(KubeletOutcome {
+                expect: k,
+                actions: Vec::new(),
+                liveness_restarts: live,
+                exit_restarts: exit,
+                not_ready_after_ms: None,
+                restart_after_ms: restart,
+                not_ready_ms: 0,
+            }),
+            kill_evidence: Vec::new(),
+            agent_supervisor: crate::agent::Supervisor::Direct,
+            agent_supervisor_note: None,
+            agent_ops: Vec::new(),
+            polls: Vec::new(),
+            timeline: Vec::new(),
+        }
+    }
+
+    // The kubelet row's verdicts: a liveness restart of a healthy engine (or one that only
+    // had to leave the load) is a false kill; a fault needs its action, in time.
+    #[test]
+    fn kubelet_verdicts() {
+        use crate::experiment::KubeletExpect as K;
         let fault = Expect::DetectWithin(Duration::from_secs(60));
         let rows = [
             (
                 "benign, no restart",
-                exp(Expect::Healthy, K::NoRestart),
-                out(K::NoRestart, 0, 0, None, None),
+                kubelet_experiment(Expect::Healthy, K::NoRestart),
+                kubelet_outcome(K::NoRestart, 0, 0, None, None),
                 false,
                 Verdict::Pass,
             ),
             (
                 "benign, restarted",
-                exp(Expect::Healthy, K::NoRestart),
-                out(K::NoRestart, 1, 0, Some(5), None),
+                kubelet_experiment(Expect::Healthy, K::NoRestart),
+                kubelet_outcome(K::NoRestart, 1, 0, Some(5), None),
                 false,
                 Verdict::FalseKill,
             ),
             (
                 "benign, restarted, known",
-                exp(Expect::Healthy, K::NoRestart),
-                out(K::NoRestart, 1, 0, Some(5), None),
+                kubelet_experiment(Expect::Healthy, K::NoRestart),
+                kubelet_outcome(K::NoRestart, 1, 0, Some(5), None),
                 true,
                 Verdict::KnownFalseKill,
             ),
             (
                 "hang restarted",
-                exp(fault, K::Restart),
-                out(K::Restart, 1, 0, Some(5), Some(5)),
+                kubelet_experiment(fault, K::Restart),
+                kubelet_outcome(K::Restart, 1, 0, Some(5), Some(5)),
                 false,
                 Verdict::Pass,
             ),
             (
                 "crash restarted after exit",
-                exp(fault, K::Restart),
-                out(K::Restart, 0, 1, Some(5), Some(5)),
+                kubelet_experiment(fault, K::Restart),
+                kubelet_outcome(K::Restart, 0, 1, Some(5), Some(5)),
                 false,
                 Verdict::Pass,
             ),
             (
                 "hang not restarted",
-                exp(fault, K::Restart),
-                out(K::Restart, 0, 0, None, None),
+                kubelet_experiment(fault, K::Restart),
+                kubelet_outcome(K::Restart, 0, 0, None, None),
                 false,
                 Verdict::Missed,
             ),
             (
                 "restarted before the fault",
-                exp(fault, K::Restart),
-                out(K::Restart, 1, 0, None, None),
+                kubelet_experiment(fault, K::Restart),
+                kubelet_outcome(K::Restart, 1, 0, None, None),
                 false,
                 Verdict::FalseKill,
             ),
             (
                 "own restart, taken out",
-                exp(fault, K::NotReady),
-                out(K::NotReady, 0, 0, None, Some(1)),
+                kubelet_experiment(fault, K::NotReady),
+                kubelet_outcome(K::NotReady, 0, 0, None, Some(1)),
                 false,
                 Verdict::Pass,
             ),
             (
                 "own restart, restarted too",
-                exp(fault, K::NotReady),
-                out(K::NotReady, 1, 0, Some(3), Some(1)),
+                kubelet_experiment(fault, K::NotReady),
+                kubelet_outcome(K::NotReady, 1, 0, Some(3), Some(1)),
                 false,
                 Verdict::FalseKill,
             ),
@@ -829,8 +843,8 @@ mod tests {
         for (name, e, o, known, want) in rows {
             assert_eq!(kubelet_verdict(&e, &o, known, false), want, "{name}");
         }
-        let e = exp(fault, K::Restart);
-        let o = out(K::Restart, 0, 0, None, None);
+        let e = kubelet_experiment(fault, K::Restart);
+        let o = kubelet_outcome(K::Restart, 0, 0, None, None);
         assert_eq!(
             kubelet_verdict(&e, &o, false, true),
             Verdict::NotDetectableByDesign
