@@ -417,6 +417,42 @@ fn the_layout_in_figures() {
     assert!(arrows > 0, "no arrow found under {}", src.display());
 }
 
+// No function of shipped code is over 100 lines without a reason given beside it (a line
+// `// Long because: …` among the comments and attributes above its `fn`): a long loop is a
+// machine of named steps, a long function a list of named ones. The agent, the tools, the
+// fakes and the binding.
+#[test]
+fn no_function_over_100_lines_without_a_reason() {
+    let long: Vec<String> = functions(root(), &["src", "tools", "fakes", "crates"])
+        .into_iter()
+        .filter(|f| f.lines > 100 && !f.reason)
+        .map(|f| format!("{}:{} {} ({} lines)", f.file, f.line, f.name, f.lines))
+        .collect();
+    assert!(
+        long.is_empty(),
+        "over 100 lines without `// Long because:` above: {long:#?}"
+    );
+}
+
+// The check itself: a 101-line function is found, its reason is read, and a test module's
+// function is not shipped code.
+#[test]
+fn a_long_function_is_found() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("src")).unwrap();
+    let body = "    let _ = 1;\n".repeat(99);
+    let text = format!(
+        "pub fn long() {{\n{body}}}\n\n// Long because: a table.\nfn table() {{\n{body}}}\n\n#[cfg(test)]\nmod tests {{\n    fn t() {{\n{body}    }}\n}}\n"
+    );
+    std::fs::write(dir.path().join("src/a.rs"), text).unwrap();
+    let fns = functions(dir.path(), &["src"]);
+    let got: Vec<(&str, usize, bool)> = fns
+        .iter()
+        .map(|f| (f.name.as_str(), f.lines, f.reason))
+        .collect();
+    assert_eq!(got, [("long", 101, false), ("table", 101, true)]);
+}
+
 // The check itself: a graph with a cycle is found out.
 #[test]
 fn a_cycle_is_found() {
