@@ -312,7 +312,14 @@ fn functions(base: &Path, dirs: &[&str]) -> Vec<Function> {
     let mut out = Vec::new();
     for f in files
         .iter()
-        .filter(|f| !f.ends_with("tests.rs") && !f.components().any(|c| c.as_os_str() == "target"))
+        // Shipped code: not a crate's integration tests (`tests/`), nor a build's output.
+        .filter(|f| {
+            let rel = f.strip_prefix(base).unwrap_or(f);
+            !f.ends_with("tests.rs")
+                && !rel
+                    .components()
+                    .any(|c| c.as_os_str() == "target" || c.as_os_str() == "tests")
+        })
     {
         let text = std::fs::read_to_string(f).unwrap();
         let all: Vec<&str> = text.lines().collect();
