@@ -368,6 +368,92 @@ fn functions(base: &Path, dirs: &[&str]) -> Vec<Function> {
     out
 }
 
+/// Each integration: its name, its homes (its folder now; before the integrations wing, the
+/// files it lived in) and the names that are its own in code.
+const INTEGRATIONS: &[(&str, &[&str], &[&str])] = &[
+    (
+        "node_manager",
+        &["integrations/node_manager/"],
+        &["Integration::NodeManager", "node_manager", "NodeManager"],
+    ),
+    (
+        "kubelet",
+        &["integrations/kubelet/"],
+        &[
+            "Readiness",
+            "Liveness",
+            "readyz",
+            "livez",
+            "NotReadyOn",
+            "Integration::Kubelet",
+        ],
+    ),
+    (
+        "kubernetes_api",
+        &[
+            "integrations/kubernetes/",
+            "k8s/",
+            "actions/eviction.rs",
+            "config/kubernetes.rs",
+        ],
+        &[
+            "k8s::",
+            "KubeRecord",
+            "ApiMode",
+            "KubernetesConfig",
+            "PodSelector",
+            "PodAction",
+            "GateMemory",
+            "eviction_ground",
+            "KubernetesApi",
+            "kubernetes::",
+        ],
+    ),
+    (
+        "haproxy",
+        &[
+            "integrations/haproxy/",
+            "actions/haproxy.rs",
+            "server/agent_check.rs",
+        ],
+        &[
+            "HaproxyState",
+            "HaproxyMap",
+            "AgentCheck",
+            "agent_check",
+            "haproxy_agent_listen",
+            "Haproxy",
+            "HAPROXY_",
+        ],
+    ),
+    ("envoy", &["integrations/envoy/"], &["envoy", "Envoy"]),
+];
+
+/// The files of `src` outside `homes` whose shipped code (comments and strings left out)
+/// names one of `names`.
+fn naming_files(src: &Path, homes: &[&str], names: &[&str]) -> Vec<String> {
+    let mut files = Vec::new();
+    rust_files(src, &mut files);
+    let mut out = Vec::new();
+    for f in files.iter().filter(|f| !f.ends_with("tests.rs")) {
+        let rel = f.strip_prefix(src).unwrap().display().to_string();
+        if homes.iter().any(|h| rel.starts_with(h)) {
+            continue;
+        }
+        let text = std::fs::read_to_string(f).unwrap();
+        let code: String = shipped_lines(&text)
+            .into_iter()
+            .map(|(_, c)| c.split('"').step_by(2).collect::<Vec<_>>().join("\"\""))
+            .collect::<Vec<_>>()
+            .join("\n");
+        if names.iter().any(|n| code.contains(n)) {
+            out.push(rel);
+        }
+    }
+    out.sort();
+    out
+}
+
 // Figures of the layout, for a review or a closing note: shipped files, modules, import
 // arrows, arrows back up (an arrow inside a cycle), cycles, and the ten longest functions.
 // Of this checkout, or of the one `NPU_HEALTH_LAYOUT_OF` names (an older one, to compare):
@@ -413,6 +499,17 @@ fn the_layout_in_figures() {
     );
     for b in &back {
         println!("  back up: {b}");
+    }
+    println!("the files outside each integration's home whose code names it:");
+    for (name, homes, names) in INTEGRATIONS {
+        let files = naming_files(&src, homes, names);
+        let folders: BTreeSet<&str> = files.iter().map(|f| f.split('/').next().unwrap()).collect();
+        println!(
+            "  {name}: {} files in {} folders: {}",
+            files.len(),
+            folders.len(),
+            files.join(" ")
+        );
     }
     let fns = functions(&base, &["src", "tools", "fakes", "crates"]);
     let over = fns.iter().filter(|f| f.lines > 100).count();
