@@ -380,8 +380,9 @@ const INTEGRATIONS: &[(&str, &[&str], &[&str])] = &[
         "kubelet",
         &["integrations/kubelet/"],
         &[
-            "Readiness",
-            "Liveness",
+            "kubelet::",
+            "Readiness {",
+            "Liveness {",
             "readyz",
             "livez",
             "NotReadyOn",
