@@ -208,6 +208,17 @@ impl Running {
             state.clone(),
             cancel.clone(),
         ));
+        // The stopped-process rule's evidence, under the agent policy when it is on.
+        if spec
+            .agent_policy_in_force()
+            .is_some_and(|a| !a.stopped_process_grace.is_zero())
+        {
+            tasks.spawn(monitor::tasks::process_task(
+                state.clone(),
+                crate::probe::process::ProcRoot::default(),
+                cancel.clone(),
+            ));
+        }
         for started in &self.started {
             if let Some(task) = started.engine_task(state.clone(), cancel.clone()) {
                 tasks.spawn(task);

@@ -233,7 +233,7 @@ impl Running {
 fn describe(s: &EngineState, spec: &EngineSpec) -> String {
     let evicts =
         spec.qos.enabled && spec.qos.eviction && s.qos.level == crate::qos::score::Level::Evict;
-    let verdict = monitor::verdict::status(s.health.state, s.vi.abnormal, evicts).as_str();
+    let verdict = monitor::verdict::status(s.health.state, s.vi.abnormal, evicts, false).as_str();
     let phase = if s.vi.abnormal {
         monitor::vi_state::Phase::Stopped
     } else {

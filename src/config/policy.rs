@@ -60,6 +60,13 @@ pub struct AgentPolicy {
     /// one-token request in milliseconds). Default 2 s.
     #[serde(with = "super::duration")]
     pub confirm_timeout: Duration,
+    /// The engine's process (the one listening on its port, or one of its children such as
+    /// vLLM's `EngineCore`) stopped this long (`T` in `/proc/<pid>/stat`: SIGSTOP, a
+    /// debugger's stop) makes the engine `abnormal`: a stopped process answers nothing.
+    /// Default 2 s; `0s` turns the rule off. Needs the engine's processes in sight
+    /// (`/proc`, docs/policy.md).
+    #[serde(with = "super::duration")]
+    pub stopped_process_grace: Duration,
 }
 
 impl Default for AgentPolicy {
@@ -69,6 +76,7 @@ impl Default for AgentPolicy {
             confirm_failures: 2,
             confirm_interval: Duration::from_secs(1),
             confirm_timeout: Duration::from_secs(2),
+            stopped_process_grace: Duration::from_secs(2),
         }
     }
 }
@@ -76,8 +84,12 @@ impl Default for AgentPolicy {
 impl AgentPolicy {
     /// Checks every value against its bound; `Err((key, message))`.
     pub fn validate(&self) -> Result<(), super::KeyError> {
-        use bounds::{CONFIRM_FAILURES, CONFIRM_INTERVAL, CONFIRM_TIMEOUT, HEALTH_FAILURE_GRACE};
+        use bounds::{
+            CONFIRM_FAILURES, CONFIRM_INTERVAL, CONFIRM_TIMEOUT, HEALTH_FAILURE_GRACE,
+            STOPPED_PROCESS_GRACE,
+        };
         HEALTH_FAILURE_GRACE.check("health_failure_grace", self.health_failure_grace)?;
+        STOPPED_PROCESS_GRACE.check("stopped_process_grace", self.stopped_process_grace)?;
         CONFIRM_FAILURES.check("confirm_failures", self.confirm_failures)?;
         CONFIRM_INTERVAL.check("confirm_interval", self.confirm_interval)?;
         CONFIRM_TIMEOUT.check("confirm_timeout", self.confirm_timeout)?;
@@ -121,6 +133,8 @@ pub mod bounds {
     pub const CONFIRM_FAILURES: Within<u32> = Within::new(1, 100);
     pub const CONFIRM_INTERVAL: Within<Duration> = Within::new(ms(10), secs(600));
     pub const CONFIRM_TIMEOUT: Within<Duration> = Within::new(ms(50), secs(600));
+    /// `0s` turns the rule off.
+    pub const STOPPED_PROCESS_GRACE: Within<Duration> = Within::new(ms(0), secs(600));
 }
 
 #[cfg(test)]

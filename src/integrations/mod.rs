@@ -157,6 +157,8 @@ pub enum AbnormalCause {
     VirtualInference,
     /// A held QoS `evict` with `qos.eviction` on.
     QosEviction,
+    /// One of the engine's processes stopped past `agent_policy.stopped_process_grace`.
+    EngineStopped,
 }
 
 /// What the action rules read of one engine, taken at one instant.
@@ -191,6 +193,8 @@ impl ActionInputs {
         let cause = (status == Status::Abnormal).then(|| {
             if health.state == HealthState::Unhealthy {
                 AbnormalCause::Health
+            } else if m.engine_stopped() {
+                AbnormalCause::EngineStopped
             } else if m.vi.abnormal() {
                 AbnormalCause::VirtualInference
             } else {

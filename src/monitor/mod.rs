@@ -101,6 +101,23 @@ pub struct Monitor {
     /// The engine process's start time as its `/metrics` last showed it (Unix seconds): the
     /// identity a saved state is checked against ([`saved`]).
     engine_started_at: Mutex<Option<f64>>,
+    /// The engine's processes as `/proc` last showed them (the agent policy's stopped-process
+    /// rule).
+    process: Mutex<ProcessSeen>,
+}
+
+/// The engine's processes as last seen.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProcessSeen {
+    /// The process listening on the engine's port.
+    pub pid: Option<u32>,
+    /// How many processes the engine has (the listener and its descendants).
+    pub processes: usize,
+    /// The first stopped one, and since when (tokio's clock; not on the wire).
+    #[serde(skip)]
+    pub stopped: Option<(u32, tokio::time::Instant)>,
+    /// Why no process is in sight, when none is.
+    pub not_found: Option<String>,
 }
 
 impl Monitor {
@@ -125,6 +142,7 @@ impl Monitor {
             acted: acted::ActionMemory::default(),
             journal: journal::Journal::default(),
             engine_started_at: Mutex::new(None),
+            process: Mutex::new(ProcessSeen::default()),
         }
     }
 
@@ -182,7 +200,71 @@ impl Monitor {
         if health.answers() && !self.started.swap(true, Ordering::AcqRel) {
             self.start.notify_one();
         }
-        verdict::status(health, self.vi.abnormal(), self.qos_evicts())
+        verdict::status(
+            health,
+            self.vi.abnormal(),
+            self.qos_evicts(),
+            self.engine_stopped(),
+        )
+    }
+
+    /// Notes what `/proc` showed of the engine's processes at `now`.
+    pub fn record_process(&self, found: &crate::probe::process::Lookup, now: tokio::time::Instant) {
+        use crate::probe::process::Lookup;
+        let mut p = self.process.lock().unwrap_or_else(|p| p.into_inner());
+        let before = p.stopped;
+        match found {
+            Lookup::Found { pid, states } => {
+                p.pid = Some(*pid);
+                p.processes = states.len();
+                p.not_found = None;
+                p.stopped = match (found.stopped(), before) {
+                    (Some(s), Some((was, since))) if s == was => Some((was, since)),
+                    (Some(s), _) => Some((s, now)),
+                    (None, _) => None,
+                };
+            }
+            Lookup::NotFound(why) => {
+                *p = ProcessSeen {
+                    not_found: Some(why.clone()),
+                    ..ProcessSeen::default()
+                };
+            }
+        }
+        match (before, p.stopped) {
+            (None, Some((pid, _))) => tracing::warn!(
+                engine = %self.spec.name,
+                "the engine's process {pid} is stopped (SIGSTOP or a debugger): it answers nothing"
+            ),
+            (Some((pid, _)), None) => tracing::info!(
+                engine = %self.spec.name,
+                "the engine's process {pid} is no longer stopped"
+            ),
+            _ => {}
+        }
+    }
+
+    /// The engine's processes as last seen.
+    pub fn process_seen(&self) -> ProcessSeen {
+        self.process
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// The stopped process and how long it has been stopped, if one is.
+    pub fn stopped_for(&self) -> Option<(u32, std::time::Duration)> {
+        let p = self.process.lock().unwrap_or_else(|p| p.into_inner());
+        p.stopped.map(|(pid, since)| (pid, since.elapsed()))
+    }
+
+    /// The agent policy's stopped-process rule holds now (off under the reference policy).
+    pub fn engine_stopped(&self) -> bool {
+        let grace = self
+            .spec
+            .agent_policy_in_force()
+            .map(|a| a.stopped_process_grace);
+        verdict::stopped(self.stopped_for().map(|(_, d)| d), grace)
     }
 
     /// `qos.eviction` is on and the QoS level is a held `evict`.
@@ -193,7 +275,12 @@ impl Monitor {
 
     /// The verdict without side effects (for `/status/detail`, logs and metrics).
     pub fn peek_status(&self) -> Status {
-        verdict::status(self.health(), self.vi.abnormal(), self.qos_evicts())
+        verdict::status(
+            self.health(),
+            self.vi.abnormal(),
+            self.qos_evicts(),
+            self.engine_stopped(),
+        )
     }
 
     /// Why the verdict is what it is.
@@ -208,6 +295,14 @@ impl Monitor {
                 "/health answered before and fails now: {}",
                 h.last_error.unwrap_or_default()
             ),
+            Status::Abnormal if self.engine_stopped() => {
+                let (pid, d) = self.stopped_for().unwrap_or_default();
+                format!(
+                    "the engine's process {pid} is stopped (SIGSTOP or a debugger) for {:.1} s, past agent_policy.stopped_process_grace ({:?})",
+                    d.as_secs_f64(),
+                    self.spec.agent_policy.stopped_process_grace
+                )
+            }
             Status::Abnormal if self.vi.abnormal() => format!(
                 "virtual inference is abnormal: {}",
                 self.vi.abnormal_reason().unwrap_or_default()

@@ -599,6 +599,37 @@ pub async fn health_task<T: HealthTransport>(
     }
 }
 
+/// Time between two looks at the engine's processes (the stopped-process rule's sample).
+pub const PROCESS_PERIOD: Duration = Duration::from_millis(500);
+
+/// Looks at the engine's processes (`/proc` under `root`) every [`PROCESS_PERIOD`] until
+/// cancelled: the agent policy's stopped-process rule reads it. The look runs on a blocking
+/// thread (a full look-up reads every process's open files).
+pub async fn process_task(
+    state: Arc<Monitor>,
+    root: crate::probe::process::ProcRoot,
+    cancel: CancellationToken,
+) {
+    let port = state.spec.port;
+    let mut watch = Some(crate::probe::process::Watch::new(root));
+    let mut tick = tokio::time::interval(PROCESS_PERIOD);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let Some(mut w) = watch.take() else { return };
+        let looked = tokio::task::spawn_blocking(move || {
+            let found = w.sample(port);
+            (w, found)
+        });
+        let Ok((w, found)) = looked.await else { return };
+        state.record_process(&found, tokio::time::Instant::now());
+        watch = Some(w);
+    }
+}
+
 /// How long the identity check waits for the engine's `/metrics` at most.
 const IDENTITY_PATIENCE: Duration = Duration::from_secs(600);
 

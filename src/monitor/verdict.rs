@@ -167,14 +167,28 @@ pub fn judge(outcome: &HealthOutcome, excused: bool, grace: Option<Grace>) -> He
     }
 }
 
-/// The verdict, from the `/health` state, virtual inference, and a held QoS `evict` that
-/// `qos.eviction` turns into a verdict.
-pub fn status(health: HealthState, vi_abnormal: bool, qos_evicts: bool) -> Status {
+/// The verdict, from the `/health` state, virtual inference, a held QoS `evict` that
+/// `qos.eviction` turns into a verdict, and (under the agent policy) an engine process
+/// stopped past its grace ([`stopped`]).
+pub fn status(health: HealthState, vi_abnormal: bool, qos_evicts: bool, stopped: bool) -> Status {
     match health {
         HealthState::NeverAnswered => Status::Initial,
         HealthState::Unhealthy => Status::Abnormal,
-        _ if vi_abnormal || qos_evicts => Status::Abnormal,
+        _ if vi_abnormal || qos_evicts || stopped => Status::Abnormal,
         _ => Status::Normal,
+    }
+}
+
+/// The agent policy's stopped-process rule: one of the engine's processes has been stopped
+/// (`T`: SIGSTOP, a debugger) for `grace` or longer. A `grace` of zero turns it off; the
+/// reference policy has no such rule (its caller passes `None`).
+pub fn stopped(
+    stopped_for: Option<std::time::Duration>,
+    grace: Option<std::time::Duration>,
+) -> bool {
+    match (stopped_for, grace) {
+        (Some(d), Some(g)) => !g.is_zero() && d >= g,
+        _ => false,
     }
 }
 
@@ -292,8 +306,8 @@ mod tests {
         for (o, excused, grace, want) in rows {
             assert_eq!(judge(&outcome(o), excused, grace), want, "{o} {grace:?}");
         }
-        assert_eq!(status(Failing, false, false), Status::Normal);
-        assert_eq!(status(Failing, true, false), Status::Abnormal);
+        assert_eq!(status(Failing, false, false, false), Status::Normal);
+        assert_eq!(status(Failing, true, false, false), Status::Abnormal);
     }
 
     // §3.3: the verdict from the /health state, virtual inference and held QoS evict.
@@ -311,7 +325,34 @@ mod tests {
             (AgentError, false, false, Status::Normal),
         ];
         for (h, vi, qos, want) in rows {
-            assert_eq!(status(h, vi, qos), want, "{h:?} vi {vi} qos {qos}");
+            assert_eq!(status(h, vi, qos, false), want, "{h:?} vi {vi} qos {qos}");
+        }
+        // A stopped engine process: abnormal whatever /health says, once it has answered.
+        assert_eq!(status(Failing, false, false, true), Status::Abnormal);
+        assert_eq!(status(Healthy, false, false, true), Status::Abnormal);
+        assert_eq!(status(NeverAnswered, false, false, true), Status::Initial);
+    }
+
+    // The stopped-process rule (agent policy): stopped for the grace or longer; a zero grace
+    // or the reference policy (no grace at all) never fires.
+    #[test]
+    fn stopped_table() {
+        let s = std::time::Duration::from_secs;
+        let ms = std::time::Duration::from_millis;
+        let rows = [
+            (None, Some(s(2)), false),
+            (Some(ms(1999)), Some(s(2)), false),
+            (Some(s(2)), Some(s(2)), true),
+            (Some(s(60)), Some(s(2)), true),
+            (Some(s(60)), Some(s(0)), false),
+            (Some(s(60)), None, false),
+        ];
+        for (stopped_for, grace, want) in rows {
+            assert_eq!(
+                stopped(stopped_for, grace),
+                want,
+                "{stopped_for:?} {grace:?}"
+            );
         }
     }
 

@@ -1,13 +1,14 @@
 //! Talking to the engine: the HealthCollector (`/health`), the HTTP client that carries the
 //! virtual request and the scrapes, the parsers of what the engine answers (its `/metrics`,
-//! the server-sent events of a streamed probe), and the outcome types a probe hands to the
-//! monitor. No policy lives here: a probe returns what
+//! the server-sent events of a streamed probe), the engine's processes as `/proc` shows them
+//! ([`process`]), and the outcome types a probe hands to the monitor. No policy lives here: a probe returns what
 //! happened, and [`crate::monitor`] decides what it means.
 
 pub mod engine_metrics;
 pub mod health;
 pub mod http;
 pub mod outcome;
+pub mod process;
 pub mod sse;
 
 use engine_metrics::EngineMetrics;

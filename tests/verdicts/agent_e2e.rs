@@ -6,7 +6,7 @@
 #![cfg(feature = "fake-driver")]
 
 use crate::support;
-use crate::support::stack::Stack;
+use crate::support::stack::{Launch, Stack};
 use fake_engine::node_manager::{self, NmOptions, NmReport, NmStatus};
 use npu_health_agent::monitor::vi_state::Phase;
 use npu_health_agent::probe::outcome::Accounting;
@@ -328,5 +328,41 @@ fn unavailable_usage_does_not_count_failures() {
     assert_eq!(
         stack.get(&stack.status_url()).unwrap().1,
         r#"{"status":"normal"}"#
+    );
+}
+
+// A stopped engine process (SIGSTOP) answers nothing: under the agent policy the
+// stopped-process rule makes it abnormal and says which process, instead of waiting out
+// /health's grace (15 s); the health state is still within that grace when it does.
+#[test]
+fn a_stopped_engine_process_is_abnormal_naming_it() {
+    let stack = Stack::start_launch(Launch {
+        policy: "agent",
+        ..Launch::default()
+    });
+    stack.wait_for_status("normal", Duration::from_secs(30));
+    let pid = stack.engine.as_ref().expect("engine").id();
+    let signal = |sig: &str| {
+        std::process::Command::new("kill")
+            .args([sig, &pid.to_string()])
+            .status()
+            .expect("kill")
+    };
+    assert!(signal("-STOP").success());
+    stack.wait_for_status("abnormal", Duration::from_secs(30));
+    let detail = stack.detail();
+    let reason = detail["reason"].as_str().unwrap_or_default().to_owned();
+    let _ = signal("-CONT");
+    assert!(
+        reason.contains(&format!("process {pid} is stopped")),
+        "{reason}\n{}",
+        stack.agent_log()
+    );
+    assert!(
+        stack
+            .agent_log()
+            .contains("is stopped (SIGSTOP or a debugger)"),
+        "{}",
+        stack.agent_log()
     );
 }
