@@ -58,7 +58,7 @@ fn main() {
     let Lookup::Found { states, .. } = &found else {
         panic!("not found: {found:?}");
     };
-    let pids: Vec<u32> = states.iter().map(|(p, _)| *p).collect();
+    let pids: Vec<u32> = states.iter().map(|(p, ..)| *p).collect();
     let full = per_call(&mut || drop(lookup(&root, port)), ROUNDS / 10);
     let sample = per_call(&mut || drop(states_of(&root, &pids)), ROUNDS);
     // The watch as the agent runs it, in real time: one sample every PROCESS_PERIOD for

@@ -113,9 +113,10 @@ pub struct ProcessSeen {
     pub pid: Option<u32>,
     /// How many processes the engine has (the listener and its descendants).
     pub processes: usize,
-    /// The first stopped one, and since when (tokio's clock; not on the wire).
+    /// The first stopped one, its CPU ticks when it was first seen stopped, and since when
+    /// (tokio's clock; not on the wire).
     #[serde(skip)]
-    pub stopped: Option<(u32, tokio::time::Instant)>,
+    pub stopped: Option<(u32, u64, tokio::time::Instant)>,
     /// Why no process is in sight, when none is.
     pub not_found: Option<String>,
 }
@@ -218,9 +219,12 @@ impl Monitor {
                 p.pid = Some(*pid);
                 p.processes = states.len();
                 p.not_found = None;
+                // Stopped all along: the same process, seen stopped at each sample, and no CPU
+                // time spent in between (one stopped and continued between two samples has
+                // run, so its stop starts again).
                 p.stopped = match (found.stopped(), before) {
-                    (Some(s), Some((was, since))) if s == was => Some((was, since)),
-                    (Some(s), _) => Some((s, now)),
+                    (Some(s), Some(b)) if (s.0, s.1) == (b.0, b.1) => Some(b),
+                    (Some((pid, ticks)), _) => Some((pid, ticks, now)),
                     (None, _) => None,
                 };
             }
@@ -232,11 +236,11 @@ impl Monitor {
             }
         }
         match (before, p.stopped) {
-            (None, Some((pid, _))) => tracing::warn!(
+            (None, Some((pid, ..))) => tracing::warn!(
                 engine = %self.spec.name,
                 "the engine's process {pid} is stopped (SIGSTOP or a debugger): it answers nothing"
             ),
-            (Some((pid, _)), None) => tracing::info!(
+            (Some((pid, ..)), None) => tracing::info!(
                 engine = %self.spec.name,
                 "the engine's process {pid} is no longer stopped"
             ),
@@ -255,7 +259,7 @@ impl Monitor {
     /// The stopped process and how long it has been stopped, if one is.
     pub fn stopped_for(&self) -> Option<(u32, std::time::Duration)> {
         let p = self.process.lock().unwrap_or_else(|p| p.into_inner());
-        p.stopped.map(|(pid, since)| (pid, since.elapsed()))
+        p.stopped.map(|(pid, _, since)| (pid, since.elapsed()))
     }
 
     /// The agent policy's stopped-process rule holds now (off under the reference policy).

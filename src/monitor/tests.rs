@@ -716,3 +716,44 @@ fn carry_and_forget_reset_only_what_they_say() {
     assert!(!new.started.load(Ordering::Acquire));
     assert!(!new.vi.warmup_done());
 }
+
+// The stopped-process rule over samples (agent policy): a process seen stopped with the same
+// CPU ticks for the grace is `abnormal`; one that ran in between (its ticks moved) starts its
+// stop again; the reference policy never applies it.
+#[tokio::test(start_paused = true)]
+async fn a_process_stopped_all_along_is_abnormal_after_the_grace() {
+    use crate::probe::process::{Lookup, ProcState};
+    let mut agent = spec("");
+    agent.policy.value = crate::config::policy::Policy::Agent;
+    let m = Monitor::new(agent, vec![0]);
+    m.record_health(&outcome("ok"), true);
+    let found = |ticks: u64, state: ProcState| Lookup::Found {
+        pid: 10,
+        states: vec![(10, ProcState::Live('S'), 1), (11, state, ticks)],
+    };
+    let at = |secs: u64| tokio::time::Instant::now() + Duration::from_secs(secs);
+    m.record_process(&found(5, ProcState::Stopped), tokio::time::Instant::now());
+    tokio::time::advance(Duration::from_secs(1)).await;
+    m.record_process(&found(5, ProcState::Stopped), at(0));
+    assert_eq!(m.peek_status(), Status::Normal, "1 s: within the grace");
+    tokio::time::advance(Duration::from_secs(1)).await;
+    m.record_process(&found(5, ProcState::Stopped), at(0));
+    assert_eq!(m.peek_status(), Status::Abnormal, "2 s stopped");
+    assert!(
+        m.reason().contains("process 11 is stopped"),
+        "{}",
+        m.reason()
+    );
+    // It ran between two samples (SIGCONT then SIGSTOP): its stop starts again.
+    m.record_process(&found(6, ProcState::Stopped), at(0));
+    assert_eq!(m.peek_status(), Status::Normal);
+    m.record_process(&found(6, ProcState::Live('R')), at(0));
+    assert_eq!(m.stopped_for(), None);
+    // The reference policy has no such rule.
+    let reference = Monitor::new(spec(""), vec![0]);
+    reference.record_health(&outcome("ok"), true);
+    reference.record_process(&found(5, ProcState::Stopped), at(0));
+    tokio::time::advance(Duration::from_secs(60)).await;
+    reference.record_process(&found(5, ProcState::Stopped), at(0));
+    assert_eq!(reference.peek_status(), Status::Normal);
+}

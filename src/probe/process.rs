@@ -40,20 +40,27 @@ pub enum ProcState {
 }
 
 impl ProcState {
-    /// The state a `/proc/<pid>/stat` line names; `None` for a line that is not one.
-    pub fn of_stat(line: &str) -> Option<(ProcState, u32)> {
+    /// The state, the parent and the CPU time (`utime + stime`, in clock ticks) a
+    /// `/proc/<pid>/stat` line names; `None` for a line that is not one.
+    pub fn of_stat(line: &str) -> Option<(ProcState, u32, u64)> {
         // `pid (comm) S ppid …`: the command may hold spaces and parentheses, so the state
-        // follows the last `)`.
+        // follows the last `)`. utime and stime are the 14th and 15th fields of the line,
+        // the 12th and 13th after the state.
         let rest = &line[line.rfind(')')? + 1..];
-        let mut fields = rest.split_whitespace();
-        let state = fields.next()?.chars().next()?;
-        let ppid = fields.next()?.parse().ok()?;
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let state = fields.first()?.chars().next()?;
+        let ppid = fields.get(1)?.parse().ok()?;
+        let cpu = fields
+            .get(11)
+            .zip(fields.get(12))
+            .and_then(|(u, s)| Some(u.parse::<u64>().ok()? + s.parse::<u64>().ok()?))
+            .unwrap_or(0);
         let s = match state {
             'T' | 't' => ProcState::Stopped,
             'Z' | 'X' | 'x' => ProcState::Dead,
             c => ProcState::Live(c),
         };
-        Some((s, ppid))
+        Some((s, ppid, cpu))
     }
 }
 
@@ -63,21 +70,22 @@ pub enum Lookup {
     /// The process listening on the port, and the states of it and its descendants.
     Found {
         pid: u32,
-        /// (pid, state), the listener first.
-        states: Vec<(u32, ProcState)>,
+        /// (pid, state, CPU ticks), the listener first.
+        states: Vec<(u32, ProcState, u64)>,
     },
     /// No process in sight holds the port: why, in words.
     NotFound(String),
 }
 
 impl Lookup {
-    /// The first stopped process among those found.
-    pub fn stopped(&self) -> Option<u32> {
+    /// The first stopped process among those found, with its CPU ticks (a process stopped
+    /// all along has the same ticks at every sample).
+    pub fn stopped(&self) -> Option<(u32, u64)> {
         match self {
             Lookup::Found { states, .. } => states
                 .iter()
-                .find(|(_, s)| *s == ProcState::Stopped)
-                .map(|(p, _)| *p),
+                .find(|(_, s, _)| *s == ProcState::Stopped)
+                .map(|(p, _, t)| (*p, *t)),
             Lookup::NotFound(_) => None,
         }
     }
@@ -124,8 +132,8 @@ fn socket_inode(target: &Path) -> Option<u64> {
     t.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
 }
 
-/// Every pid in `root`, with its state and parent.
-fn processes(root: &ProcRoot) -> Vec<(u32, ProcState, u32)> {
+/// Every pid in `root`, with its state, parent and CPU ticks.
+fn processes(root: &ProcRoot) -> Vec<(u32, ProcState, u32, u64)> {
     let Ok(dir) = std::fs::read_dir(&root.0) else {
         return Vec::new();
     };
@@ -133,25 +141,25 @@ fn processes(root: &ProcRoot) -> Vec<(u32, ProcState, u32)> {
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
         .filter_map(|pid| {
             let stat = std::fs::read_to_string(root.0.join(pid.to_string()).join("stat")).ok()?;
-            let (state, ppid) = ProcState::of_stat(&stat)?;
-            Some((pid, state, ppid))
+            let (state, ppid, cpu) = ProcState::of_stat(&stat)?;
+            Some((pid, state, ppid, cpu))
         })
         .collect()
 }
 
-/// `pid` and its descendants among `all`, `pid` first.
-pub fn tree(all: &[(u32, ProcState, u32)], pid: u32) -> Vec<(u32, ProcState)> {
-    let Some(&(_, state, _)) = all.iter().find(|(p, _, _)| *p == pid) else {
+/// `pid` and its descendants among `all` (pid, state, parent, CPU ticks), `pid` first.
+pub fn tree(all: &[(u32, ProcState, u32, u64)], pid: u32) -> Vec<(u32, ProcState, u64)> {
+    let Some(&(_, state, _, cpu)) = all.iter().find(|(p, ..)| *p == pid) else {
         return Vec::new();
     };
-    let mut out = vec![(pid, state)];
+    let mut out = vec![(pid, state, cpu)];
     let mut i = 0;
     while i < out.len() {
         let parent = out[i].0;
-        for &(p, s, pp) in all {
+        for &(p, s, pp, t) in all {
             // A pid seen already is not walked again (a malformed root cannot loop it).
-            if pp == parent && out.iter().all(|(q, _)| *q != p) {
-                out.push((p, s));
+            if pp == parent && out.iter().all(|(q, ..)| *q != p) {
+                out.push((p, s, t));
             }
         }
         i += 1;
@@ -159,13 +167,14 @@ pub fn tree(all: &[(u32, ProcState, u32)], pid: u32) -> Vec<(u32, ProcState)> {
     out
 }
 
-/// The states of `pids` now; `None` when one of them is gone (look the tree up again).
-pub fn states_of(root: &ProcRoot, pids: &[u32]) -> Option<Vec<(u32, ProcState)>> {
+/// The states and CPU ticks of `pids` now; `None` when one of them is gone (look the tree
+/// up again).
+pub fn states_of(root: &ProcRoot, pids: &[u32]) -> Option<Vec<(u32, ProcState, u64)>> {
     pids.iter()
         .map(|&pid| {
             let stat = std::fs::read_to_string(root.0.join(pid.to_string()).join("stat")).ok()?;
-            let (state, _) = ProcState::of_stat(&stat)?;
-            (state != ProcState::Dead).then_some((pid, state))
+            let (state, _, cpu) = ProcState::of_stat(&stat)?;
+            (state != ProcState::Dead).then_some((pid, state, cpu))
         })
         .collect()
 }
@@ -223,7 +232,7 @@ impl Watch {
                 None
             };
             if let Some(states) = states {
-                k.pids = states.iter().map(|(p, _)| *p).collect();
+                k.pids = states.iter().map(|(p, ..)| *p).collect();
                 return Lookup::Found { pid: k.pid, states };
             }
             // Gone, or no longer the listener: look for the new one at once.
@@ -237,7 +246,7 @@ impl Watch {
         }
         match find(&self.root, port) {
             Ok((pid, inodes, states)) => {
-                let pids = states.iter().map(|(p, _)| *p).collect();
+                let pids = states.iter().map(|(p, ..)| *p).collect();
                 self.known = Some(Known {
                     pid,
                     inodes,
@@ -264,7 +273,7 @@ impl Watch {
 /// `pid` and its descendants with their states, from each one's `task/*/children` (the
 /// kernel's list, so no other process is read); `None` where the kernel has no such file
 /// (`CONFIG_PROC_CHILDREN` off) or `pid` is gone.
-fn tree_by_children(root: &ProcRoot, pid: u32) -> Option<Vec<(u32, ProcState)>> {
+fn tree_by_children(root: &ProcRoot, pid: u32) -> Option<Vec<(u32, ProcState, u64)>> {
     let mut pids = vec![pid];
     let mut i = 0;
     while i < pids.len() {
@@ -287,7 +296,7 @@ fn tree_by_children(root: &ProcRoot, pid: u32) -> Option<Vec<(u32, ProcState)>> 
 
 /// Finds the engine's processes for `port` from scratch: the sockets listening on it, the
 /// process holding one, and its tree; `Err` says why none is in sight.
-type Found = (u32, BTreeSet<u64>, Vec<(u32, ProcState)>);
+type Found = (u32, BTreeSet<u64>, Vec<(u32, ProcState, u64)>);
 
 fn find(root: &ProcRoot, port: u16) -> Result<Found, String> {
     let inodes = listening_inodes(root, port);
@@ -299,7 +308,7 @@ fn find(root: &ProcRoot, port: u16) -> Result<Found, String> {
     let all = processes(root);
     let pid = all
         .iter()
-        .map(|(p, _, _)| *p)
+        .map(|(p, ..)| *p)
         .find(|p| holds(root, *p, &inodes))
         .ok_or_else(|| {
             format!(
@@ -325,19 +334,24 @@ mod tests {
 
     #[test]
     fn the_state_follows_the_last_parenthesis() {
+        let line = "42 (python3) S 1 42 42 0 -1 4194304 100 0 0 0 700 50 0 0 20 0 1";
         assert_eq!(
-            ProcState::of_stat("42 (python3) S 1 42 42 0 -1"),
-            Some((ProcState::Live('S'), 1))
+            ProcState::of_stat(line),
+            Some((ProcState::Live('S'), 1, 750))
         );
         assert_eq!(
-            ProcState::of_stat("43 (VLLM::EngineCore) T 42 42 42 0 -1"),
-            Some((ProcState::Stopped, 42))
+            ProcState::of_stat("43 (VLLM::EngineCore) T 42 42 42 0 -1 0 0 0 0 0 9 1 0"),
+            Some((ProcState::Stopped, 42, 10))
         );
         assert_eq!(
             ProcState::of_stat("44 (a) b) (c) t 42 1"),
-            Some((ProcState::Stopped, 42))
+            Some((ProcState::Stopped, 42, 0)),
+            "a short line has no CPU figure"
         );
-        assert_eq!(ProcState::of_stat("45 (x) Z 1"), Some((ProcState::Dead, 1)));
+        assert_eq!(
+            ProcState::of_stat("45 (x) Z 1"),
+            Some((ProcState::Dead, 1, 0))
+        );
         assert_eq!(ProcState::of_stat("garbage"), None);
         assert_eq!(ProcState::of_stat("46 (x) R notanumber"), None);
     }
@@ -356,23 +370,23 @@ mod tests {
     #[test]
     fn the_tree_is_the_listener_and_its_descendants() {
         let all = [
-            (1, ProcState::Live('S'), 0),
-            (10, ProcState::Live('S'), 1),
-            (11, ProcState::Stopped, 10),
-            (12, ProcState::Live('R'), 11),
-            (20, ProcState::Stopped, 1),
+            (1, ProcState::Live('S'), 0, 1),
+            (10, ProcState::Live('S'), 1, 2),
+            (11, ProcState::Stopped, 10, 3),
+            (12, ProcState::Live('R'), 11, 4),
+            (20, ProcState::Stopped, 1, 5),
         ];
         let t = tree(&all, 10);
         assert_eq!(
             t,
             [
-                (10, ProcState::Live('S')),
-                (11, ProcState::Stopped),
-                (12, ProcState::Live('R'))
+                (10, ProcState::Live('S'), 2),
+                (11, ProcState::Stopped, 3),
+                (12, ProcState::Live('R'), 4)
             ]
         );
         let found = Lookup::Found { pid: 10, states: t };
-        assert_eq!(found.stopped(), Some(11), "a child stopped");
+        assert_eq!(found.stopped(), Some((11, 3)), "a child stopped");
         assert_eq!(tree(&all, 99), Vec::new());
     }
 
@@ -413,7 +427,7 @@ mod tests {
         let state = |want: ProcState| {
             (0..100).any(|_| {
                 let s = states_of(&ProcRoot::default(), &[pid]);
-                if s.as_deref() == Some(&[(pid, want)][..]) {
+                if s.is_some_and(|s| s.len() == 1 && s[0].0 == pid && s[0].1 == want) {
                     return true;
                 }
                 std::thread::sleep(std::time::Duration::from_millis(20));

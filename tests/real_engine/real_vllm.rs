@@ -308,6 +308,46 @@ fn healthy_engine_is_normal_and_scores_well_under_load_with_a_clean_log() {
     );
 }
 
+// A stopped engine, under the agent policy: SIGSTOP of the API server (the process on the
+// engine's port) is seen through /proc and makes the engine abnormal, naming the process,
+// in seconds rather than after /health's 15 s grace; the same for its EngineCore (a child).
+// The times are printed (BENCHMARKS.md), not asserted.
+#[test]
+fn a_stopped_engine_is_abnormal_in_seconds() {
+    if !real_vllm::enabled("a_stopped_engine_is_abnormal_in_seconds") {
+        return;
+    }
+    let _one = lock();
+    for (what, pid_of) in [
+        (
+            "API server",
+            (|v: &RealVllm| v.api_pid) as fn(&RealVllm) -> u32,
+        ),
+        ("EngineCore", |v: &RealVllm| v.engine_core_pid),
+    ] {
+        let v = RealVllm::up("stopped", &[]);
+        let agent = Agent::start_with(&v, "agent", "", "");
+        agent.wait_for("normal", Duration::from_secs(120));
+        let pid = pid_of(&v);
+        signal(pid, "STOP");
+        let took = agent.wait_for("abnormal", Duration::from_secs(60));
+        let reason = agent.detail()["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        signal(pid, "CONT");
+        assert!(
+            reason.contains(&format!("process {pid} is stopped")),
+            "{what}: {reason}\n{}",
+            agent.log()
+        );
+        println!(
+            "SIGSTOP of the {what} (pid {pid}) -> abnormal after {:.1} s",
+            took.as_secs_f64()
+        );
+    }
+}
+
 // (b) A silent hang: SIGSTOP of the EngineCore. /health stays 200, /metrics answers frozen
 // (f), and /status is abnormal within the reference timing (6 counted failures, each a 5 s
 // timeout and a 5 s interval). Before that, a SIGSTOP released before the count is reached

@@ -32,6 +32,9 @@ pub fn not_applicable(fault: Fault) -> Option<&'static str> {
         Fault::AgentRestart | Fault::AgentCrash | Fault::AgentUpgrade | Fault::AgentOutage(_) => {
             None
         }
+        Fault::EngineStop => Some(
+            "the real rows emulate hangs by stopping the EngineCore, so they run with the stopped-process rule off; a real vLLM stopped is tests/real_engine's (real_vllm::a_stopped_engine_is_abnormal_in_seconds)",
+        ),
         Fault::MemoryPressure(_) => Some(
             "a real vLLM's KV-cache usage cannot be raised on demand without changing the load itself",
         ),

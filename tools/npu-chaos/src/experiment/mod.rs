@@ -51,6 +51,9 @@ pub enum Fault {
     EngineHang,
     /// The engine process is killed.
     EngineCrash,
+    /// The engine's process is stopped (SIGSTOP) for the fault window, then continued
+    /// (SIGCONT): it answers nothing meanwhile (a real engine: its API server).
+    EngineStop,
     /// Requests hang, AI Cube at 0 %, HBM full.
     NpuHangIdle,
     /// AI Cube ≥ 90 %, requests running, no token produced.
@@ -110,6 +113,7 @@ impl Fault {
         Some(match s {
             "engine_hang" => Fault::EngineHang,
             "engine_crash" => Fault::EngineCrash,
+            "engine_stop" => Fault::EngineStop,
             "npu_hang_idle" => Fault::NpuHangIdle,
             "npu_busy_stuck" => Fault::NpuBusyStuck,
             "driver_error" => Fault::DriverError,
@@ -217,6 +221,7 @@ impl fmt::Display for Fault {
             Fault::SlowHealth(d) => write!(f, "slow_health_{}s", d.as_secs()),
             Fault::EngineHang => f.write_str("engine_hang"),
             Fault::EngineCrash => f.write_str("engine_crash"),
+            Fault::EngineStop => f.write_str("engine_stop"),
             Fault::NpuHangIdle => f.write_str("npu_hang_idle"),
             Fault::NpuBusyStuck => f.write_str("npu_busy_stuck"),
             Fault::DriverError => f.write_str("driver_error"),

@@ -42,8 +42,15 @@ pub(super) fn agent_toml(
             use npu_health_agent::config::policy::bounds as p;
             use npu_health_agent::config::policy::{AGENT_STALL_WINDOW, AgentPolicy};
             let a = AgentPolicy::default();
+            // A real engine's hangs are emulated by stopping its EngineCore (SIGSTOP): the
+            // stopped-process rule would catch the emulation, not the hang it stands for, so
+            // it is off there and those rows keep measuring the hang's own evidence.
+            let stopped = match engine {
+                EngineKind::Vllm => "stopped_process_grace = \"0s\"\n",
+                EngineKind::Fake => "",
+            };
             format!(
-                "stall_window = \"{}\"\n[engine.agent_policy]\nhealth_failure_grace = \"{}\"\nconfirm_interval = \"{}\"\nconfirm_timeout = \"{}\"\n",
+                "stall_window = \"{}\"\n[engine.agent_policy]\nhealth_failure_grace = \"{}\"\nconfirm_interval = \"{}\"\nconfirm_timeout = \"{}\"\n{stopped}",
                 d(AGENT_STALL_WINDOW.as_secs_f64(), q::STALL_WINDOW),
                 d(
                     a.health_failure_grace.as_secs_f64(),

@@ -110,6 +110,7 @@ pub(super) fn engine_patches(fault: Fault, s: f64) -> Option<(Value, Value)> {
         | Fault::CpuStress(_)
         | Fault::LongStreams(_)
         | Fault::EngineCrash
+        | Fault::EngineStop
         | Fault::AgentRestart
         | Fault::AgentCrash
         | Fault::AgentUpgrade
@@ -150,6 +151,7 @@ pub(super) async fn inject(
         }
         Fault::EngineCrash if stack.real.is_some() => stack.signal_real("KILL").await?,
         Fault::EngineCrash => stack.kill_engine().await,
+        Fault::EngineStop => stack.signal_engine("STOP").await?,
         other if stack.real.is_some() => inject_real(stack, other, s).await?,
         other => {
             if let Some((on, _)) = engine_patches(other, s) {
@@ -212,6 +214,9 @@ pub(super) async fn remove(
         ) {
             let _ = stack.signal_real("CONT").await;
         }
+    }
+    if fault == Fault::EngineStop {
+        let _ = stack.signal_engine("CONT").await;
     }
     if let Some(st) = held.stress.take() {
         tokio::task::spawn_blocking(move || st.stop()).await.ok();

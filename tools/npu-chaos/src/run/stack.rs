@@ -463,6 +463,26 @@ impl Stack {
         }
     }
 
+    /// Sends `sig` to the engine's own process: the fake engine, or a real engine's API
+    /// server (the process listening on its port).
+    pub(super) async fn signal_engine(&self, sig: &str) -> Result<(), String> {
+        let pid = match (&self.engine, &self.real) {
+            (Some(e), _) => e.id(),
+            (None, Some((r, _))) => Some(r.api_pid),
+            (None, None) => None,
+        };
+        let pid = pid.ok_or_else(|| "the engine has no process".to_owned())?;
+        let status = tokio::process::Command::new("kill")
+            .args([format!("-{sig}"), pid.to_string()])
+            .status()
+            .await
+            .map_err(|e| format!("kill -{sig} {pid}: {e}"))?;
+        status
+            .success()
+            .then_some(())
+            .ok_or_else(|| format!("kill -{sig} {pid}: {status}"))
+    }
+
     /// Sends `sig` to the real engine's EngineCore.
     pub(super) async fn signal_real(&self, sig: &str) -> Result<(), String> {
         match &self.real {
