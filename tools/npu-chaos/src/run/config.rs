@@ -14,26 +14,16 @@ use std::time::Duration;
 /// EngineCore leaves `/health` answering 200, and a crashed one refuses the connection.
 pub(super) const REAL_ENGINE_HEALTH_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The agent's config for one experiment.
-pub(super) fn agent_toml(
-    engine_port: u16,
-    mgmt_port: u16,
-    devices: usize,
+/// The `[engine.qos]` and `[engine.agent_policy]` keys of `policy` for `engine`, durations
+/// through `d` (scaled). Under `agent` the preset turns stall detection and QoS eviction on;
+/// its durations are written here only because they are scaled.
+fn policy_keys(
     policy: Policy,
-    s: f64,
     engine: EngineKind,
-    model: &str,
+    d: &dyn Fn(f64, npu_health_agent::config::bounds::Within<Duration>) -> String,
 ) -> String {
     use npu_health_agent::config::qos::bounds as q;
-    use npu_health_agent::config::timing::bounds as e;
-    // Scaled, and kept within the agent's bounds (a very small scale would leave them).
-    let d = |secs: f64, within: npu_health_agent::config::bounds::Within<Duration>| {
-        fmt_duration(within.clamp(Duration::from_secs_f64(secs * s)))
-    };
-    let ids: Vec<String> = (0..devices).map(|i| i.to_string()).collect();
-    // Under `agent` the preset turns stall detection and QoS eviction on; its durations are
-    // written here only because they are scaled.
-    let policy_keys = match policy {
+    match policy {
         // (The peer does not run the agent: this config is written and not used.)
         Policy::Reference | Policy::Mindie => {
             "stall_detection = false\neviction = false\n".to_owned()
@@ -60,7 +50,27 @@ pub(super) fn agent_toml(
                 d(a.confirm_timeout.as_secs_f64(), p::CONFIRM_TIMEOUT),
             )
         }
+    }
+}
+
+/// The agent's config for one experiment.
+pub(super) fn agent_toml(
+    engine_port: u16,
+    mgmt_port: u16,
+    devices: usize,
+    policy: Policy,
+    s: f64,
+    engine: EngineKind,
+    model: &str,
+) -> String {
+    use npu_health_agent::config::qos::bounds as q;
+    use npu_health_agent::config::timing::bounds as e;
+    // Scaled, and kept within the agent's bounds (a very small scale would leave them).
+    let d = |secs: f64, within: npu_health_agent::config::bounds::Within<Duration>| {
+        fmt_duration(within.clamp(Duration::from_secs_f64(secs * s)))
     };
+    let ids: Vec<String> = (0..devices).map(|i| i.to_string()).collect();
+    let policy_keys = policy_keys(policy, engine, &d);
     format!(
         r#"[agent]
 sample_period = "{sample}"
