@@ -141,11 +141,6 @@ pub static REGISTRY: &[&dyn Integration] = &[
     &envoy::Envoy,
 ];
 
-/// The integration whose name is `id`.
-pub fn find(id: journal::Integration) -> Option<&'static dyn Integration> {
-    REGISTRY.iter().copied().find(|i| i.id() == id)
-}
-
 /// Why the verdict is `abnormal`, as far as the actions care.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -111,12 +111,6 @@ impl Told {
             Told::Api(_, outcome) => outcome.as_str(),
         }
     }
-
-    /// Whether `other` is the same thing told (the same integration and action), so a
-    /// change from one to the other is a change of state.
-    pub fn same_kind(self, other: Told) -> bool {
-        std::mem::discriminant(&self) == std::mem::discriminant(&other)
-    }
 }
 
 /// One action: what an integration was told or asked, what it was told before, the level

@@ -101,24 +101,9 @@ pub struct Monitor {
     /// The engine process's start time as its `/metrics` last showed it (Unix seconds): the
     /// identity a saved state is checked against ([`saved`]).
     engine_started_at: Mutex<Option<f64>>,
-    /// The engine's processes as `/proc` last showed them (the agent policy's stopped-process
-    /// rule).
-    process: Mutex<ProcessSeen>,
-}
-
-/// The engine's processes as last seen.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct ProcessSeen {
-    /// The process listening on the engine's port.
-    pub pid: Option<u32>,
-    /// How many processes the engine has (the listener and its descendants).
-    pub processes: usize,
-    /// The first stopped one, its CPU ticks when it was first seen stopped, and since when
-    /// (tokio's clock; not on the wire).
-    #[serde(skip)]
-    pub stopped: Option<(u32, u64, tokio::time::Instant)>,
-    /// Why no process is in sight, when none is.
-    pub not_found: Option<String>,
+    /// The engine's process seen stopped at every sample since: its pid, its CPU ticks then,
+    /// and when (the agent policy's stopped-process rule).
+    stopped: Mutex<Option<(u32, u64, tokio::time::Instant)>>,
 }
 
 impl Monitor {
@@ -143,7 +128,7 @@ impl Monitor {
             acted: acted::ActionMemory::default(),
             journal: journal::Journal::default(),
             engine_started_at: Mutex::new(None),
-            process: Mutex::new(ProcessSeen::default()),
+            stopped: Mutex::new(None),
         }
     }
 
@@ -211,31 +196,17 @@ impl Monitor {
 
     /// Notes what `/proc` showed of the engine's processes at `now`.
     pub fn record_process(&self, found: &crate::probe::process::Lookup, now: tokio::time::Instant) {
-        use crate::probe::process::Lookup;
-        let mut p = self.process.lock().unwrap_or_else(|p| p.into_inner());
-        let before = p.stopped;
-        match found {
-            Lookup::Found { pid, states } => {
-                p.pid = Some(*pid);
-                p.processes = states.len();
-                p.not_found = None;
-                // Stopped all along: the same process, seen stopped at each sample, and no CPU
-                // time spent in between (one stopped and continued between two samples has
-                // run, so its stop starts again).
-                p.stopped = match (found.stopped(), before) {
-                    (Some(s), Some(b)) if (s.0, s.1) == (b.0, b.1) => Some(b),
-                    (Some((pid, ticks)), _) => Some((pid, ticks, now)),
-                    (None, _) => None,
-                };
-            }
-            Lookup::NotFound(why) => {
-                *p = ProcessSeen {
-                    not_found: Some(why.clone()),
-                    ..ProcessSeen::default()
-                };
-            }
-        }
-        match (before, p.stopped) {
+        let mut stopped = self.stopped.lock().unwrap_or_else(|p| p.into_inner());
+        let before = *stopped;
+        // Stopped all along: the same process, seen stopped at each sample, and no CPU time
+        // spent in between (one stopped and continued between two samples has run, so its
+        // stop starts again). Nothing in sight is nothing stopped.
+        *stopped = match (found.stopped(), before) {
+            (Some(s), Some(b)) if (s.0, s.1) == (b.0, b.1) => Some(b),
+            (Some((pid, ticks)), _) => Some((pid, ticks, now)),
+            (None, _) => None,
+        };
+        match (before, *stopped) {
             (None, Some((pid, ..))) => tracing::warn!(
                 engine = %self.spec.name,
                 "the engine's process {pid} is stopped (SIGSTOP or a debugger): it answers nothing"
@@ -248,18 +219,10 @@ impl Monitor {
         }
     }
 
-    /// The engine's processes as last seen.
-    pub fn process_seen(&self) -> ProcessSeen {
-        self.process
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
     /// The stopped process and how long it has been stopped, if one is.
     pub fn stopped_for(&self) -> Option<(u32, std::time::Duration)> {
-        let p = self.process.lock().unwrap_or_else(|p| p.into_inner());
-        p.stopped.map(|(pid, _, since)| (pid, since.elapsed()))
+        let stopped = self.stopped.lock().unwrap_or_else(|p| p.into_inner());
+        stopped.map(|(pid, _, since)| (pid, since.elapsed()))
     }
 
     /// The agent policy's stopped-process rule holds now (off under the reference policy).
