@@ -67,6 +67,19 @@ pub struct AgentPolicy {
     /// (`/proc`, docs/policy.md).
     #[serde(with = "super::duration")]
     pub stopped_process_grace: Duration,
+    /// No sign of life (docs/policy.md, rule 11): requests running, the NPU busy, and none of
+    /// the engine's scheduler signals (prompt and generation token counters, KV-cache usage,
+    /// running and waiting counts) moved for this long, and a virtual request sent meanwhile
+    /// went unanswered: `abnormal`. Default 8 s; `0s` turns the rule off. With chunked prefill
+    /// off, one prefill step longer than this reads as no sign of life (docs/policy.md).
+    #[serde(with = "super::duration")]
+    pub progress_window: Duration,
+    /// The floor of a probe's timeout learned from the engine's own answers (docs/policy.md,
+    /// rule 12): a periodic probe sent to an idle NPU times out after ten times the slowest
+    /// of the engine's last 8 answers, at least this, at most the request timeout. Default
+    /// 500 ms; `0s` turns the rule off (the request timeout, as the reference).
+    #[serde(with = "super::duration")]
+    pub learned_timeout_floor: Duration,
 }
 
 impl Default for AgentPolicy {
@@ -77,6 +90,8 @@ impl Default for AgentPolicy {
             confirm_interval: Duration::from_secs(1),
             confirm_timeout: Duration::from_secs(2),
             stopped_process_grace: Duration::from_secs(2),
+            progress_window: Duration::from_secs(8),
+            learned_timeout_floor: Duration::from_millis(500),
         }
     }
 }
@@ -86,13 +101,15 @@ impl AgentPolicy {
     pub fn validate(&self) -> Result<(), super::KeyError> {
         use bounds::{
             CONFIRM_FAILURES, CONFIRM_INTERVAL, CONFIRM_TIMEOUT, HEALTH_FAILURE_GRACE,
-            STOPPED_PROCESS_GRACE,
+            LEARNED_TIMEOUT_FLOOR, PROGRESS_WINDOW, STOPPED_PROCESS_GRACE,
         };
         HEALTH_FAILURE_GRACE.check("health_failure_grace", self.health_failure_grace)?;
         STOPPED_PROCESS_GRACE.check("stopped_process_grace", self.stopped_process_grace)?;
         CONFIRM_FAILURES.check("confirm_failures", self.confirm_failures)?;
         CONFIRM_INTERVAL.check("confirm_interval", self.confirm_interval)?;
         CONFIRM_TIMEOUT.check("confirm_timeout", self.confirm_timeout)?;
+        PROGRESS_WINDOW.check("progress_window", self.progress_window)?;
+        LEARNED_TIMEOUT_FLOOR.check("learned_timeout_floor", self.learned_timeout_floor)?;
         Ok(())
     }
 }
@@ -135,6 +152,10 @@ pub mod bounds {
     pub const CONFIRM_TIMEOUT: Within<Duration> = Within::new(ms(50), secs(600));
     /// `0s` turns the rule off.
     pub const STOPPED_PROCESS_GRACE: Within<Duration> = Within::new(ms(0), secs(600));
+    /// `0s` turns the rule off.
+    pub const PROGRESS_WINDOW: Within<Duration> = Within::new(ms(0), secs(600));
+    /// `0s` turns the rule off.
+    pub const LEARNED_TIMEOUT_FLOOR: Within<Duration> = Within::new(ms(0), secs(600));
 }
 
 #[cfg(test)]

@@ -35,6 +35,12 @@
 //!   abnormal at once — the driver has explained the failure, there is nothing left to
 //!   confirm. A fault alone never does: the loop probes at once when one appears
 //!   ([`fault_effect`]), and a probe that succeeds leaves the engine `normal`;
+//! - no sign of life (rule 11): a failure on a busy NPU while the engine has shown no sign of
+//!   life for `progress_window` — requests running, and not one of its scheduler's figures
+//!   (both token counters, the KV-cache usage, the running and waiting counts) moved, and no
+//!   virtual request served meanwhile — makes the engine abnormal at once: the failed probe
+//!   confirms the quiet, and the quiet the failure. The loop probes as soon as a quiet shows
+//!   ([`quiet_probe`]), with a timeout that reaches the window;
 //! - fast confirmation: a counted failure makes the engine abnormal from `confirm_failures`
 //!   on (instead of `max_failure_count`) when it is confirmed: for an idle failure, the NPU
 //!   stayed idle over the whole streak (the ring, not only each probe's window) and the
@@ -77,6 +83,12 @@ pub struct AgentRules {
     pub confirm_interval: Duration,
     /// Timeout of a re-probe after an idle failure.
     pub confirm_timeout: Duration,
+    /// No sign of life for this long on a busy NPU, and a failed probe: abnormal (`None`:
+    /// the rule is off).
+    pub progress_window: Option<Duration>,
+    /// The floor of the learned timeout of a probe to an idle NPU (`None`: off, the request
+    /// timeout).
+    pub learned_timeout_floor: Option<Duration>,
 }
 
 /// Which request of the loop a probe was.
@@ -99,6 +111,10 @@ pub struct Observation {
     /// How long the engine has made no progress by its `/metrics` (`None`: not stalled, or
     /// unknown). Read only when stall detection is on.
     pub stalled_for: Option<Duration>,
+    /// Agent policy: how long the engine has shown no sign of life with requests running
+    /// (read fresh, for a failure on a busy NPU with rule 11 on); `None`: not quiet, or
+    /// unknown.
+    pub quiet_for: Option<Duration>,
     /// Time since a virtual request was last served.
     pub since_served: Duration,
     /// The V6 read of requests waiting for capacity; `None` when not read
@@ -243,6 +259,21 @@ pub fn account(rules: &Rules, obs: &Observation) -> Accounted {
                 stalled: None,
             };
         }
+        if let Some(quiet) = no_sign_of_life(rules, obs) {
+            let e = obs.failure.as_ref().map(ToString::to_string).unwrap_or_default();
+            let why = format!(
+                "no sign of life for {:.1} s: requests running on a busy NPU (AI Cube peak {}), and no token, KV-cache usage, running or waiting count moved",
+                quiet.as_secs_f64(),
+                obs.peak.unwrap_or_default()
+            );
+            return Accounted {
+                accounting: Accounting::NoSignOfLife,
+                count: obs.count + 1,
+                abnormal: Some(format!("a virtual request failed ({e}) with {why}")),
+                why: Some(why),
+                stalled: Some(quiet),
+            };
+        }
     }
     match obs.peak {
         Some(p) if p < threshold && failed => {
@@ -293,6 +324,73 @@ fn reset() -> Accounted {
         abnormal: None,
         why: None,
         stalled: None,
+    }
+}
+
+/// Rule 11: how long a busy, failed probe's engine has shown no sign of life (no virtual
+/// request served either), when that reaches `progress_window`.
+fn no_sign_of_life(rules: &Rules, obs: &Observation) -> Option<Duration> {
+    let window = rules.agent?.progress_window?;
+    if obs.failure.is_none() || obs.peak? < rules.npu_usage_threshold {
+        return None;
+    }
+    obs.quiet_for
+        .map(|q| q.min(obs.since_served))
+        .filter(|q| *q >= window)
+}
+
+/// Rule 11's probe: when the engine has been quiet for `quiet` with the rule on, the timeout
+/// of a probe sent now — long enough to reach the window (a failure before it would prove
+/// nothing), at least the quick probe's. `None`: the rule is off.
+pub fn quiet_probe(
+    agent: &AgentRules,
+    timing: &Timing,
+    quiet: Duration,
+    last_ok: Option<Duration>,
+) -> Option<Duration> {
+    let window = agent.progress_window?;
+    Some(confirm_timeout(agent, timing, last_ok).max(window.saturating_sub(quiet)))
+}
+
+/// Rule 12: the timeout of a periodic probe to an idle NPU, learned from the engine's own
+/// answers: ten times the slowest of `recent` (the last successful probes), at least
+/// `learned_timeout_floor`, at most the request timeout. `None` (the request timeout): the
+/// rule is off, or no answer has been seen yet.
+pub fn learned_timeout(
+    agent: &AgentRules,
+    timing: &Timing,
+    recent: &[Duration],
+) -> Option<Duration> {
+    let floor = agent.learned_timeout_floor?;
+    let slowest = recent.iter().max()?;
+    Some(
+        slowest
+            .saturating_mul(LEARNED_FACTOR)
+            .max(floor)
+            .min(timing.request_timeout),
+    )
+}
+
+/// How many times the slowest recent answer a learned timeout waits (rule 12).
+pub const LEARNED_FACTOR: u32 = 10;
+/// How many recent answers a learned timeout remembers (rule 12).
+pub const LEARNED_ANSWERS: usize = 8;
+
+/// The timeout of the next periodic probe: `planned` (the request timeout, or a confirming
+/// probe's), except that a regular probe to an idle NPU takes the learned timeout
+/// ([`learned_timeout`]) under the agent policy.
+pub fn probe_timeout(
+    rules: &Rules,
+    timing: &Timing,
+    planned: Duration,
+    idle_now: bool,
+    recent: &[Duration],
+) -> Duration {
+    match rules.agent {
+        Some(a) if idle_now && planned == timing.request_timeout => {
+            learned_timeout(&a, timing, recent).unwrap_or(planned)
+        }
+        _ => planned,
     }
 }
 
@@ -366,6 +464,21 @@ pub fn next_sleep(
             Some(confirm_timeout(&agent, timing, obs.last_ok_latency)),
         )),
         Accounting::IncrementedStalled => Some((agent.confirm_interval, None)),
+        // Rule 11: quiet, but not yet for the window: probe again when it is reached.
+        Accounting::Reset | Accounting::Unchanged
+            if obs.failure.is_some()
+                && agent.progress_window.is_some_and(|w| {
+                    obs.quiet_for
+                        .is_some_and(|q| q < w && obs.peak.is_some_and(|p| p >= rules.npu_usage_threshold))
+                }) =>
+        {
+            let w = agent.progress_window.unwrap_or_default();
+            let q = obs.quiet_for.unwrap_or_default();
+            Some((
+                w.saturating_sub(q),
+                Some(confirm_timeout(&agent, timing, obs.last_ok_latency)),
+            ))
+        }
         Accounting::Reset if obs.failure.is_some() && obs.stalled_for.is_some() => {
             Some((timing.interval, None))
         }
@@ -499,6 +612,8 @@ mod tests {
                 confirm_failures: 2,
                 confirm_interval: S(1),
                 confirm_timeout: S(2),
+                progress_window: Some(S(8)),
+                learned_timeout_floor: Some(Duration::from_millis(500)),
             }),
             ..v5()
         }
@@ -523,6 +638,7 @@ mod tests {
             failure: failed.then_some(ProbeFailure::Timeout),
             peak,
             stalled_for: None,
+            quiet_for: None,
             since_served: S(3600),
             capacity: None,
             count,
@@ -928,6 +1044,71 @@ mod tests {
                 0,
                 false,
             ),
+            // Rule 11: no sign of life.
+            (
+                "busy but stuck: quiet for the window, the probe failed → abnormal at once",
+                with(probe(true, Some(95.0), 0), &|o| {
+                    o.quiet_for = Some(S(8));
+                    o.since_served = S(30);
+                }),
+                NoSignOfLife,
+                1,
+                true,
+            ),
+            (
+                "quiet below the window → reset, as without the rule",
+                with(probe(true, Some(95.0), 0), &|o| {
+                    o.quiet_for = Some(S(7));
+                    o.since_served = S(30);
+                }),
+                Reset,
+                0,
+                false,
+            ),
+            (
+                "a probe served during the quiet is a sign of life",
+                with(probe(true, Some(95.0), 0), &|o| {
+                    o.quiet_for = Some(S(20));
+                    o.since_served = S(5);
+                }),
+                Reset,
+                0,
+                false,
+            ),
+            (
+                "quiet on an idle NPU: the idle rules decide",
+                with(idle(0), &|o| o.quiet_for = Some(S(20))),
+                Incremented,
+                1,
+                false,
+            ),
+            (
+                "quiet during a hot reload: /health's grace decides",
+                with(probe(true, Some(95.0), 0), &|o| {
+                    o.quiet_for = Some(S(20));
+                    o.health_failed = true;
+                }),
+                UnchangedHealthFailing,
+                0,
+                false,
+            ),
+            (
+                "quiet while asleep: not counted",
+                with(probe(true, Some(95.0), 0), &|o| {
+                    o.quiet_for = Some(S(20));
+                    o.asleep = true;
+                }),
+                UnchangedAsleep,
+                0,
+                false,
+            ),
+            (
+                "quiet with usage unavailable: unchanged",
+                with(probe(true, None, 0), &|o| o.quiet_for = Some(S(20))),
+                Unchanged,
+                0,
+                false,
+            ),
             (
                 "a fault during a hot reload: /health's grace still decides",
                 with(idle(0), &|o| {
@@ -970,6 +1151,23 @@ mod tests {
             (a.accounting, a.count, a.abnormal),
             (Reset, 0, None),
             "MindIE V5 has no driver-fault rule"
+        );
+        let quiet = with(probe(true, Some(95.0), 0), &|o| o.quiet_for = Some(S(60)));
+        let a = account(&v5(), &quiet);
+        assert_eq!((a.accounting, a.count), (Reset, 0), "MindIE V5 has no rule 11");
+        let off = Rules {
+            agent: agent().agent.map(|a| AgentRules {
+                progress_window: None,
+                ..a
+            }),
+            ..agent()
+        };
+        let a = account(&off, &quiet);
+        assert_eq!((a.accounting, a.count), (Reset, 0), "progress_window = 0s: off");
+        let why = account(&agent(), &quiet).abnormal.unwrap();
+        assert!(
+            why.contains("no sign of life for 60.0 s") && why.contains("KV-cache"),
+            "the reason says what stayed still and for how long: {why}"
         );
         let a = account(
             &agent(),
@@ -1056,6 +1254,65 @@ mod tests {
         assert_eq!(run(&rules, probe(false, Some(0.0), 0)), None);
         assert_eq!(run(&rules, probe(true, None, 0)), None);
         assert_eq!(run(&v5(), probe(true, Some(0.0), 0)), None);
+        let mut quiet = probe(true, Some(95.0), 0);
+        quiet.quiet_for = Some(S(5));
+        assert_eq!(
+            run(&rules, quiet),
+            Some((S(3), Some(S(2)))),
+            "quiet below the window: probe again when the window is reached"
+        );
+    }
+
+    // Rule 11's probe reaches the window; rule 12's timeout is learned from the engine's
+    // answers, within its floor and the request timeout, and only for a regular probe to an
+    // idle NPU.
+    #[test]
+    fn quiet_and_learned_timeouts() {
+        let t = Timing::default();
+        let a = agent().agent.unwrap();
+        let ms = Duration::from_millis;
+        assert_eq!(quiet_probe(&a, &t, S(5), None), Some(S(3)), "to the window");
+        assert_eq!(quiet_probe(&a, &t, S(7), None), Some(S(2)), "the quick probe's floor");
+        assert_eq!(
+            quiet_probe(&a, &t, S(7), Some(S(2))),
+            Some(S(4)),
+            "twice the engine's known pace"
+        );
+        let off = AgentRules {
+            progress_window: None,
+            learned_timeout_floor: None,
+            ..a
+        };
+        assert_eq!(quiet_probe(&off, &t, S(5), None), None);
+        let rows: [(&str, &[Duration], Option<Duration>); 5] = [
+            ("no answer yet: the request timeout", &[], None),
+            ("tens of milliseconds: the floor", &[ms(20), ms(40)], Some(ms(500))),
+            ("ten times the slowest", &[ms(20), ms(120), ms(60)], Some(ms(1200))),
+            ("at most the request timeout", &[ms(900)], Some(t.request_timeout)),
+            ("one slow answer counts", &[ms(10), ms(300)], Some(S(3))),
+        ];
+        for (what, recent, want) in rows {
+            assert_eq!(learned_timeout(&a, &t, recent), want, "{what}");
+        }
+        assert_eq!(learned_timeout(&off, &t, &[ms(20)]), None, "off");
+        let rules = agent();
+        let recent = [ms(20)];
+        assert_eq!(probe_timeout(&rules, &t, t.request_timeout, true, &recent), ms(500));
+        assert_eq!(
+            probe_timeout(&rules, &t, t.request_timeout, false, &recent),
+            t.request_timeout,
+            "a busy NPU: the request timeout"
+        );
+        assert_eq!(
+            probe_timeout(&rules, &t, S(2), true, &recent),
+            S(2),
+            "a confirming probe keeps its own"
+        );
+        assert_eq!(
+            probe_timeout(&v5(), &t, t.request_timeout, true, &recent),
+            t.request_timeout,
+            "the reference: 5 s"
+        );
     }
 
     // After a probe: the confirming sleep and timeout while a streak is open, else the

@@ -30,6 +30,12 @@ pub trait EngineSignals {
     /// advancing), from the latest `/metrics` scrapes; `None` when it is not stalled or that
     /// is unknown.
     fn stalled_for(&self) -> Option<Duration>;
+    /// How long the engine has shown no sign of life with requests running (rule 11), from
+    /// the latest `/metrics` reads; `None` when it is not quiet or that is unknown. Default:
+    /// unknown.
+    fn quiet_for(&self) -> Option<Duration> {
+        None
+    }
     /// Requests waiting for KV-cache capacity, read from the engine now (V6 rule).
     fn waiting_for_capacity(&self) -> impl Future<Output = CapacityWaiting> + Send;
     /// Whether the engine's `/health` failed at or after `since` (agent policy). Default:
@@ -123,6 +129,10 @@ impl<M: MetricsSource + Sync> EngineSignals for ScrapeSignals<M> {
         self.state.qos.stalled_for()
     }
 
+    fn quiet_for(&self) -> Option<Duration> {
+        self.state.qos.quiet_for()
+    }
+
     async fn waiting_for_capacity(&self) -> CapacityWaiting {
         let timeout = self.state.spec.timing.request_timeout;
         self.capacity_of(&self.metrics.scrape(timeout).await)
@@ -141,6 +151,11 @@ impl<M: MetricsSource + Sync> EngineSignals for ScrapeSignals<M> {
             .request_timeout
             .min(Duration::from_secs(2));
         let read = self.metrics.scrape(timeout).await;
+        // A fresh read is one more scrape for progress and the signs of life: the verdict
+        // that follows reads them as they are now, not as the last periodic scrape left them.
+        if read.is_ok() {
+            self.state.qos.record_scrape(read.clone());
+        }
         let capacity = Some(self.capacity_of(&read));
         match read {
             Ok(m) => FreshMetrics {

@@ -47,6 +47,9 @@ impl LoopConfig {
                     confirm_failures: i64::from(a.confirm_failures),
                     confirm_interval: a.confirm_interval,
                     confirm_timeout: a.confirm_timeout,
+                    progress_window: (!a.progress_window.is_zero()).then_some(a.progress_window),
+                    learned_timeout_floor: (!a.learned_timeout_floor.is_zero())
+                        .then_some(a.learned_timeout_floor),
                 }),
             },
             timing: spec.timing.clone(),
@@ -82,6 +85,10 @@ struct Periodic {
     timeout: Duration,
     /// The last successful periodic probe's latency: the engine's pace when it answers.
     last_ok: Option<Duration>,
+    /// The latencies of the last successful periodic probes, newest last (rule 12).
+    recent_ok: std::collections::VecDeque<Duration>,
+    /// Agent policy: when a quiet engine last woke the loop (rule 11: at most once a window).
+    quiet_woke: Option<tokio::time::Instant>,
     /// Agent policy: the driver fault that woke the loop for this probe.
     woke_for: Option<NpuFault>,
     /// Agent policy: the faults at the confirming level a virtual request was answered beside
@@ -168,6 +175,7 @@ async fn warm_up(io: &Io<'_, impl Prober, impl PeakSource, impl EngineSignals>) 
             failure: r.outcome.clone().err(),
             peak: None,
             stalled_for: None,
+            quiet_for: None,
             since_served: Duration::ZERO,
             capacity: None,
             count: 0,
@@ -207,6 +215,8 @@ fn begin(io: &Io<'_, impl Prober, impl PeakSource, impl EngineSignals>) -> State
         streak: None,
         timeout: t.request_timeout,
         last_ok: None,
+        recent_ok: std::collections::VecDeque::with_capacity(account::LEARNED_ANSWERS),
+        quiet_woke: None,
         woke_for: None,
         answered: Checked::new(),
     };
@@ -227,7 +237,19 @@ async fn probe(
     } else {
         Checked::new()
     };
-    let r = io.prober.send(p.timeout).await;
+    // Rule 12: a regular probe to an idle NPU waits as long as the engine's own answers say.
+    // (The ring is read for it only when the rule is on.)
+    let timeout = if rules.agent.is_some_and(|a| a.learned_timeout_floor.is_some()) {
+        let idle_now = io
+            .peaks
+            .peak(t.window)
+            .is_some_and(|u| u < rules.npu_usage_threshold);
+        let recent: Vec<Duration> = p.recent_ok.iter().copied().collect();
+        account::probe_timeout(rules, t, p.timeout, idle_now, &recent)
+    } else {
+        p.timeout
+    };
+    let r = io.prober.send(timeout).await;
     let peak = io.peaks.peak(t.window);
     p.cadence = account::next_cadence(t, rules.npu_usage_threshold, p.cadence, peak);
     state.set_interval(p.cadence.interval(t));
@@ -237,6 +259,10 @@ async fn probe(
     if !failed {
         p.last_served = tokio::time::Instant::now();
         p.last_ok = Some(r.latency);
+        if p.recent_ok.len() == account::LEARNED_ANSWERS {
+            p.recent_ok.pop_front();
+        }
+        p.recent_ok.push_back(r.latency);
     }
     let a = account::account(rules, &seen.obs);
     log_accounting(cfg, &seen.obs, &a);
@@ -320,6 +346,12 @@ async fn observe(
             && peak.is_some_and(|p| p >= rules.npu_usage_threshold))
         .then(|| io.signals.stalled_for())
         .flatten(),
+        // After the fresh read: the signs of life as they are now.
+        quiet_for: (agent_read
+            && rules.agent.is_some_and(|a| a.progress_window.is_some())
+            && peak.is_some_and(|p| p >= rules.npu_usage_threshold))
+        .then(|| io.signals.quiet_for())
+        .flatten(),
         since_served: p.last_served.elapsed(),
         capacity,
         count: io.state.failure_count(),
@@ -364,8 +396,24 @@ async fn sleep(
         .next
         .busy
         .then_some((t.window, rules.npu_usage_threshold));
-    match self::pause(pause.next.sleep, io.peaks, idle, &pause.checked).await {
+    // Rule 11: a quiet engine is probed at once, at most once a window.
+    let quiet = || match agent.progress_window {
+        Some(w) if p.quiet_woke.is_none_or(|at| at.elapsed() >= w) => io.signals.quiet_for(),
+        _ => None,
+    };
+    let woke = self::pause(pause.next.sleep, io.peaks, idle, &pause.checked, quiet).await;
+    match woke {
         Wake::Elapsed => {}
+        Wake::Quiet(q) => {
+            tracing::info!(
+                engine,
+                quiet_s = q.as_secs_f64(),
+                "requests running and no sign of life for {:.1} s (no token, KV-cache usage, running or waiting count moved); probing now",
+                q.as_secs_f64()
+            );
+            p.quiet_woke = Some(tokio::time::Instant::now());
+            p.timeout = account::quiet_probe(&agent, t, q, p.last_ok).unwrap_or(p.timeout);
+        }
         Wake::Idle => {
             tracing::info!(
                 engine,
@@ -450,6 +498,8 @@ enum Wake {
     Idle,
     /// The driver reports a fault at the confirming level that no probe has checked.
     Fault(NpuFault),
+    /// The engine has shown no sign of life for this long with requests running (rule 11).
+    Quiet(Duration),
 }
 
 /// How often a pause looks at the driver's faults (the sampler reads them every
@@ -459,12 +509,13 @@ const FAULT_POLL: Duration = Duration::from_millis(100);
 
 /// Sleeps `sleep`, or less: when `idle` is `(window, threshold)` and the NPU stays below
 /// `threshold` over a whole `window`, or when a driver fault at the confirming level that is
-/// not in `checked` appears.
+/// not in `checked` appears, or when `quiet` says the engine has gone quiet.
 async fn pause(
     sleep: Duration,
     peaks: &impl PeakSource,
     idle: Option<(Duration, f64)>,
     checked: &Checked,
+    quiet: impl Fn() -> Option<Duration>,
 ) -> Wake {
     let end = tokio::time::Instant::now() + sleep;
     // The window must not reach back before the sleep: the probe itself was busy.
@@ -487,6 +538,9 @@ async fn pause(
             && peaks.peak(window).is_some_and(|p| p < threshold)
         {
             return Wake::Idle;
+        }
+        if let Some(q) = quiet() {
+            return Wake::Quiet(q);
         }
         tokio::time::sleep(FAULT_POLL.min(end - now)).await;
     }
@@ -533,6 +587,11 @@ fn log_accounting(cfg: &LoopConfig, obs: &Observation, a: &account::Accounted) {
             engine,
             peak,
             "virtual inference failed while {why}; the driver explains the failure"
+        ),
+        Accounting::NoSignOfLife => tracing::error!(
+            engine,
+            peak,
+            "virtual inference failed with {why}"
         ),
         Accounting::UnchangedHealthFailing | Accounting::UnchangedAsleep => tracing::info!(
             engine,
@@ -1355,8 +1414,188 @@ mod tests {
             confirm_failures: 2,
             confirm_interval: Duration::from_secs(1),
             confirm_timeout: Duration::from_secs(2),
+            progress_window: None,
+            learned_timeout_floor: None,
         });
         c
+    }
+
+    /// The agent policy with issue 40's evidence at its defaults (rules 11 and 12).
+    fn evidence_cfg() -> LoopConfig {
+        let mut c = agent_cfg();
+        if let Some(a) = c.rules.agent.as_mut() {
+            a.progress_window = Some(Duration::from_secs(8));
+            a.learned_timeout_floor = Some(Duration::from_millis(500));
+        }
+        c
+    }
+
+    // Rule 12: an idle engine that answered in 20 ms is given 500 ms (the floor), not 5 s;
+    // the confirming re-probe keeps its 2 s; the hang is abnormal 3.5 s after the first
+    // failing probe was sent instead of 8 s.
+    #[tokio::test(start_paused = true)]
+    async fn agent_policy_learns_the_probe_timeout_from_the_engines_answers() {
+        let mut script = vec![(MS, FakeProber::ok())];
+        script.extend((0..3).map(|_| (Duration::from_millis(20), FakeProber::ok())));
+        script.extend((0..5).map(|_| (Duration::from_secs(600), FakeProber::ok())));
+        let p = FakeProber::new(script);
+        let st = ViState::default();
+        let signals = agent_signals(false, false, 100.0);
+        let ended = run_with(
+            &evidence_cfg(),
+            &p,
+            &ConstPeak(0.0),
+            &signals,
+            &st,
+            Duration::from_secs(3600),
+        )
+        .await;
+        assert!(ended && st.abnormal());
+        let calls = p.calls();
+        assert_eq!(calls.len(), 6, "warm-up, 3 answers, the failure, one re-probe");
+        assert_eq!(calls[1].1, Duration::from_secs(5), "no answer seen yet: 5 s");
+        assert_eq!(calls[2].1, Duration::from_millis(500), "learned: the floor");
+        assert_eq!(calls[4].1, Duration::from_millis(500));
+        assert_eq!(calls[5].1, Duration::from_secs(2), "the confirming timeout");
+        assert_eq!(calls[5].0 - calls[4].0, Duration::from_millis(500 + 1000));
+        // A busy NPU keeps the request timeout: its answers are slow for a reason.
+        let p = FakeProber::new(vec![
+            (MS, FakeProber::ok()),
+            (Duration::from_millis(20), FakeProber::ok()),
+            (Duration::from_millis(20), FakeProber::ok()),
+        ]);
+        let st = ViState::default();
+        run_with(
+            &evidence_cfg(),
+            &p,
+            &ConstPeak(95.0),
+            &signals,
+            &st,
+            Duration::from_secs(30),
+        )
+        .await;
+        assert_eq!(p.calls()[2].1, Duration::from_secs(5));
+    }
+
+    /// An engine that goes quiet at `from` (its last scrape before then counted: the quiet
+    /// reads 5 s at once, as the first flat scrape shows it), and comes back to life at
+    /// `until`.
+    struct Quiet {
+        from: Instant,
+        until: Option<Instant>,
+    }
+    impl EngineSignals for Quiet {
+        fn stalled_for(&self) -> Option<Duration> {
+            self.quiet_for()
+        }
+        fn quiet_for(&self) -> Option<Duration> {
+            let now = Instant::now();
+            (now >= self.from && self.until.is_none_or(|u| now < u))
+                .then(|| now - self.from + Duration::from_secs(5))
+        }
+        async fn waiting_for_capacity(&self) -> CapacityWaiting {
+            CapacityWaiting::NotExported
+        }
+    }
+
+    // Rule 11, busy but stuck: the loop sleeps the busy interval (20 s), the engine shows
+    // quiet 10 s in (since 5 s in); the loop probes at once with a timeout that reaches the 8 s window (3 s),
+    // and the failure is abnormal: no sign of life. 6 s after the quiet began, not ~50 s.
+    #[tokio::test(start_paused = true)]
+    async fn agent_policy_probes_a_quiet_engine_and_finds_no_sign_of_life() {
+        let start = Instant::now();
+        let p = FakeProber::new(vec![
+            (MS, FakeProber::ok()),
+            (Duration::from_millis(200), FakeProber::ok()),
+            (Duration::from_secs(600), FakeProber::ok()),
+        ]);
+        let st = ViState::default();
+        let signals = Quiet {
+            from: start + Duration::from_secs(10),
+            until: None,
+        };
+        let ended = run_with(
+            &evidence_cfg(),
+            &p,
+            &ConstPeak(95.0),
+            &signals,
+            &st,
+            Duration::from_secs(3600),
+        )
+        .await;
+        assert!(ended && st.abnormal());
+        let calls = p.calls();
+        assert_eq!(calls.len(), 3, "{calls:?}");
+        assert!(
+            calls[2].1 > Duration::from_millis(2900) && calls[2].1 <= Duration::from_secs(3),
+            "to the window: 8 s - 5 s and the time since the quiet showed: {:?}",
+            calls[2].1
+        );
+        let woke = calls[2].0 - start;
+        assert!(
+            woke >= Duration::from_secs(10) && woke < Duration::from_millis(10200),
+            "probed within a pause poll of the quiet: {woke:?}"
+        );
+        let why = st.abnormal_reason().unwrap();
+        assert!(why.contains("no sign of life for 8.0 s"), "{why}");
+        assert_eq!(st.failure_count(), 1);
+        // Off (progress_window = 0s): the busy interval runs its course, no abnormal.
+        let p = FakeProber::new(vec![
+            (MS, FakeProber::ok()),
+            (Duration::from_millis(200), FakeProber::ok()),
+            (Duration::from_secs(600), FakeProber::ok()),
+        ]);
+        let st = ViState::default();
+        let signals = Quiet {
+            from: Instant::now() + Duration::from_secs(3),
+            until: None,
+        };
+        run_with(
+            &agent_cfg(),
+            &p,
+            &ConstPeak(95.0),
+            &signals,
+            &st,
+            Duration::from_secs(15),
+        )
+        .await;
+        assert!(!st.abnormal());
+        assert_eq!(p.calls().len(), 2, "no wake: the busy interval runs");
+    }
+
+    // A long prefill with chunked prefill off, within the window: one flat step. The quiet
+    // wakes the loop once; the probe waits for the step and is answered: never abnormal, and
+    // no second wake within the window.
+    #[tokio::test(start_paused = true)]
+    async fn a_quiet_step_that_ends_within_the_window_is_not_abnormal() {
+        let start = Instant::now();
+        let p = FakeProber::new(vec![
+            (MS, FakeProber::ok()),
+            (Duration::from_millis(200), FakeProber::ok()),
+            (Duration::from_millis(2500), FakeProber::ok()),
+            (Duration::from_millis(200), FakeProber::ok()),
+        ]);
+        let st = ViState::default();
+        let signals = Quiet {
+            from: start + Duration::from_secs(3),
+            until: Some(start + Duration::from_secs(7)),
+        };
+        run_with(
+            &evidence_cfg(),
+            &p,
+            &ConstPeak(95.0),
+            &signals,
+            &st,
+            Duration::from_secs(30),
+        )
+        .await;
+        assert!(!st.abnormal());
+        let calls = p.calls();
+        assert!(calls.len() >= 3, "{calls:?}");
+        assert!(
+            calls.len() == 3 || calls[3].0 - start >= Duration::from_secs(20),
+            "one wake, then the busy interval: {calls:?}"
+        );
     }
 
     /// Warm-up, then probes that never answer, on an idle NPU.
@@ -1570,6 +1809,8 @@ mod tests {
             confirm_failures: 2,
             confirm_interval: Duration::from_secs(1),
             confirm_timeout: Duration::from_secs(2),
+            progress_window: None,
+            learned_timeout_floor: None,
         };
         let t = Timing::default();
         for (last_ok, want) in [

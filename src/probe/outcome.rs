@@ -85,6 +85,9 @@ pub enum Accounting {
     /// Failed while the driver reports a fault at `RestartBusiness` or worse on one of the
     /// engine's NPUs: abnormal at once, the driver explains the failure (agent policy).
     DriverFault,
+    /// Failed with the NPU busy while the engine showed no sign of life for
+    /// `progress_window` with requests running: abnormal at once (agent policy, rule 11).
+    NoSignOfLife,
     Reset,
     /// Warm-up requests are not counted; a failed warm-up is abnormal at once.
     WarmUp,

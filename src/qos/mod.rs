@@ -81,6 +81,9 @@ pub struct QosReport {
     pub components: Vec<Component>,
     pub progress: progress::State,
     pub stalled_for_s: Option<f64>,
+    /// How long no sign of life moved with requests running (docs/policy.md, rule 11).
+    #[serde(default)]
+    pub quiet_for_s: Option<f64>,
     pub scrapes: u64,
     pub scrape_failures: u64,
     pub eviction_answers_abnormal: bool,
@@ -371,6 +374,13 @@ impl QosState {
         }
     }
 
+    /// How long the engine has shown no sign of life with requests running.
+    pub fn quiet_for(&self) -> Option<Duration> {
+        self.lock()
+            .progress
+            .quiet_for(Instant::now(), self.scrape_max_age)
+    }
+
     /// How long the engine has been stalled (requests running, no token advancing).
     pub fn stalled_for(&self) -> Option<Duration> {
         self.lock()
@@ -505,6 +515,10 @@ impl QosState {
             stalled_for_s: i
                 .progress
                 .stalled_for(Instant::now(), self.scrape_max_age)
+                .map(|d| d.as_secs_f64()),
+            quiet_for_s: i
+                .progress
+                .quiet_for(Instant::now(), self.scrape_max_age)
                 .map(|d| d.as_secs_f64()),
             scrapes: i.scrapes,
             scrape_failures: i.scrape_failures,
@@ -818,6 +832,8 @@ mod tests {
                 state: progress::State::Stalled,
                 stalled_since_unix_ms: Some(crate::clock::unix_ms() - 20_000),
                 last_ok_unix_ms: Some(crate::clock::unix_ms()),
+                signs: None,
+                quiet_since_unix_ms: None,
             },
             admission_cap: Some(3),
         });

@@ -14,6 +14,15 @@
 //! request served (`probe::virtual_inference`), and `stall_window` must exceed the longest
 //! prefill the engine is expected to run (docs/qos.md).
 //!
+//! **Signs of life** (the agent policy's rule 11, docs/policy.md) are wider than tokens: the
+//! scheduler's own figures, which vLLM refreshes after every engine step — the two token
+//! counters, the KV-cache usage, and the running and waiting counts. A chunked prefill moves
+//! the KV-cache usage at every chunk (its blocks are allocated chunk by chunk), a burst moves
+//! the counts; a stuck step freezes all of them, since vLLM's API server only repeats the
+//! last figures its engine core sent. The engine is *quiet* while requests are running and
+//! not one of them changed since the previous scrape ([`Progress::quiet_for`]); an engine
+//! that does not export the KV-cache usage is never quiet (its prefill would be invisible).
+//!
 //! A failed scrape brings no news: it leaves the last state and the stall start as they were,
 //! and the next successful scrape is compared with the last successful one. Readers decide
 //! how old a state may be ([`Progress::state_at`], [`Progress::stalled_for`]).
@@ -46,6 +55,36 @@ pub struct Saved {
     pub state: State,
     pub stalled_since_unix_ms: Option<u64>,
     pub last_ok_unix_ms: Option<u64>,
+    /// The signs of life of the last successful scrape (absent in a file written before
+    /// they were kept).
+    #[serde(default)]
+    pub signs: Option<Signs>,
+    #[serde(default)]
+    pub quiet_since_unix_ms: Option<u64>,
+}
+
+/// The scheduler's figures one scrape showed: what moves while the engine works.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Signs {
+    pub prompt_tokens: f64,
+    pub generation_tokens: f64,
+    pub kv_cache_usage: f64,
+    pub running: f64,
+    /// Absent from some engines; compared when present.
+    pub waiting: Option<f64>,
+}
+
+impl Signs {
+    /// The signs in a scrape; `None` when a figure the rule needs is missing.
+    pub fn of(m: &EngineMetrics) -> Option<Signs> {
+        Some(Signs {
+            prompt_tokens: m.prompt_tokens?,
+            generation_tokens: m.generation_tokens?,
+            kv_cache_usage: m.kv_cache_usage?,
+            running: m.running?,
+            waiting: m.waiting,
+        })
+    }
 }
 
 /// Tracks the token counters across scrapes.
@@ -58,6 +97,10 @@ pub struct Progress {
     stalled_since: Option<Instant>,
     /// Time of the last successful scrape.
     last_ok: Option<Instant>,
+    /// The signs of life of the last successful scrape.
+    signs: Option<Signs>,
+    /// Since when no sign of life changed with requests running.
+    quiet_since: Option<Instant>,
 }
 
 impl Default for Progress {
@@ -67,6 +110,8 @@ impl Default for Progress {
             state: State::Unknown,
             stalled_since: None,
             last_ok: None,
+            signs: None,
+            quiet_since: None,
         }
     }
 }
@@ -79,6 +124,7 @@ impl Progress {
         let counters = m.prompt_tokens.zip(m.generation_tokens);
         let previous = self.last;
         let previous_at = self.last_ok;
+        self.observe_signs(Signs::of(m), previous_at, now);
         self.last = counters.map(|(p, g)| (p, g, running.is_some_and(|r| r > 0.0)));
         self.last_ok = Some(now);
         self.state = match (running, counters, previous) {
@@ -108,6 +154,35 @@ impl Progress {
         }
     }
 
+    /// Quiet: requests running and not one sign of life changed since the previous scrape.
+    /// The quiet began no later than that scrape if requests were running then, else now.
+    fn observe_signs(&mut self, signs: Option<Signs>, previous_at: Option<Instant>, now: Instant) {
+        let before = self.signs;
+        self.signs = signs;
+        match (signs, before) {
+            (Some(s), Some(b)) if s.running > 0.0 && s == b => {
+                if self.quiet_since.is_none() {
+                    self.quiet_since = Some(match previous_at {
+                        Some(t) if b.running > 0.0 => t,
+                        _ => now,
+                    });
+                }
+            }
+            _ => self.quiet_since = None,
+        }
+    }
+
+    /// How long the engine has shown no sign of life at `now`; `None` unless the last
+    /// successful scrape (no older than `max_age`) says it is quiet.
+    pub fn quiet_for(&self, now: Instant, max_age: Duration) -> Option<Duration> {
+        match self.last_ok {
+            Some(t) if now.saturating_duration_since(t) <= max_age => self
+                .quiet_since
+                .map(|s| now.saturating_duration_since(s)),
+            _ => None,
+        }
+    }
+
     /// The state, or `Unknown` when the last successful scrape is older than `max_age`.
     pub fn state_at(&self, now: Instant, max_age: Duration) -> State {
         match self.last_ok {
@@ -132,6 +207,8 @@ impl Progress {
             state: self.state,
             stalled_since_unix_ms: self.stalled_since.map(crate::clock::unix_ms_of),
             last_ok_unix_ms: self.last_ok.map(crate::clock::unix_ms_of),
+            signs: self.signs,
+            quiet_since_unix_ms: self.quiet_since.map(crate::clock::unix_ms_of),
         }
     }
 
@@ -142,6 +219,8 @@ impl Progress {
             state: s.state,
             stalled_since: s.stalled_since_unix_ms.map(crate::clock::instant_of),
             last_ok: s.last_ok_unix_ms.map(crate::clock::instant_of),
+            signs: s.signs,
+            quiet_since: s.quiet_since_unix_ms.map(crate::clock::instant_of),
         }
     }
 
@@ -249,6 +328,70 @@ mod tests {
         p.observe(None, Instant::now());
         assert_eq!(p.state_at(Instant::now(), AGE), State::Unknown, "16 s old");
         assert_eq!(stalled(&p), None);
+    }
+
+    fn signs(running: f64, prompt: f64, gen_: f64, kv: f64, waiting: f64) -> EngineMetrics {
+        EngineMetrics {
+            kv_cache_usage: Some(kv),
+            waiting: Some(waiting),
+            ..m(running, prompt, gen_)
+        }
+    }
+
+    fn quiet(p: &Progress) -> Option<Duration> {
+        p.quiet_for(Instant::now(), AGE)
+    }
+
+    // Each sign of life, alone, ends a quiet; a scrape that repeats the last one with
+    // requests running is quiet since that last one.
+    #[tokio::test(start_paused = true)]
+    async fn any_sign_of_life_ends_a_quiet() {
+        let base = (2.0, 100.0, 10.0, 0.25, 1.0);
+        let moved: [(&str, EngineMetrics); 5] = [
+            ("prompt tokens", signs(2.0, 101.0, 10.0, 0.25, 1.0)),
+            ("generation tokens", signs(2.0, 100.0, 11.0, 0.25, 1.0)),
+            ("KV-cache usage (a prefill chunk)", signs(2.0, 100.0, 10.0, 0.26, 1.0)),
+            ("running count", signs(3.0, 100.0, 10.0, 0.25, 1.0)),
+            ("waiting count", signs(2.0, 100.0, 10.0, 0.25, 2.0)),
+        ];
+        for (what, next) in moved {
+            let mut p = Progress::default();
+            let b = signs(base.0, base.1, base.2, base.3, base.4);
+            p.observe(Some(&b), Instant::now());
+            tokio::time::advance(Duration::from_secs(5)).await;
+            p.observe(Some(&b), Instant::now());
+            assert_eq!(quiet(&p), Some(Duration::from_secs(5)), "{what}: quiet");
+            tokio::time::advance(Duration::from_secs(5)).await;
+            p.observe(Some(&next), Instant::now());
+            assert_eq!(quiet(&p), None, "{what} moved: a sign of life");
+        }
+    }
+
+    // Quiet needs requests running and the KV-cache figure; a failed scrape is no news; an
+    // old state is unknown; the quiet outlives the agent through the state file.
+    #[tokio::test(start_paused = true)]
+    async fn quiet_needs_running_requests_and_the_kv_figure() {
+        let mut p = Progress::default();
+        let idle = signs(0.0, 100.0, 10.0, 0.0, 0.0);
+        p.observe(Some(&idle), Instant::now());
+        tokio::time::advance(Duration::from_secs(5)).await;
+        p.observe(Some(&idle), Instant::now());
+        assert_eq!(quiet(&p), None, "nothing running is idle, never quiet");
+        let no_kv = m(2.0, 100.0, 10.0);
+        p.observe(Some(&no_kv), Instant::now());
+        p.observe(Some(&no_kv), Instant::now());
+        assert_eq!(quiet(&p), None, "no KV-cache figure: a prefill would be invisible");
+        let stuck = signs(2.0, 100.0, 10.0, 0.5, 0.0);
+        p.observe(Some(&stuck), Instant::now());
+        tokio::time::advance(Duration::from_secs(5)).await;
+        p.observe(Some(&stuck), Instant::now());
+        tokio::time::advance(Duration::from_secs(2)).await;
+        p.observe(None, Instant::now());
+        assert_eq!(quiet(&p), Some(Duration::from_secs(7)), "a failed scrape: no news");
+        let restored = Progress::restored(&p.saved());
+        assert_eq!(quiet(&restored), Some(Duration::from_secs(7)), "kept across a restart");
+        tokio::time::advance(Duration::from_secs(14)).await;
+        assert_eq!(quiet(&p), None, "the last good scrape is too old");
     }
 
     #[tokio::test(start_paused = true)]

@@ -18,8 +18,12 @@ pub(super) async fn get_faults(State(e): State<Arc<Engine>>) -> Response {
 
 /// A patch: any subset of [`Faults`], plus `pause_ms` (hot reload: completions wait and
 /// `/health` answers 503 for that long), `long_prefill_ms` (one request prefills a long prompt
-/// for that long with nothing else decoding: running, the NPU busy, both token counters flat
-/// until its first token, as vLLM counts them) and `restart_ms` (the engine restarts under its
+/// for that long with chunked prefill, vLLM's default: running, the NPU busy, both token
+/// counters flat until its first token, as vLLM counts them, and the KV-cache usage growing
+/// chunk by chunk, 16 chunks, while other requests are served beside it),
+/// `long_prefill_unchunked_ms` (the same prompt in one step, chunked prefill off: its KV-cache
+/// blocks taken at once, then nothing moves — no token, no new request scheduled — until the
+/// step ends) and `restart_ms` (the engine restarts under its
 /// own supervisor: the listener closes, open connections drop, the counters start again from
 /// 0, and it listens again after that long).
 pub(super) async fn patch_faults(
@@ -39,7 +43,7 @@ pub(super) async fn patch_faults(
             Some(Instant::now() + Duration::from_millis(ms));
     }
     let mut restarting = false;
-    for key in ["long_prefill_ms", "restart_ms"] {
+    for key in ["long_prefill_ms", "long_prefill_unchunked_ms", "restart_ms"] {
         let Some(v) = patch.as_object_mut().and_then(|o| o.remove(key)) else {
             continue;
         };
@@ -52,14 +56,15 @@ pub(super) async fn patch_faults(
         };
         let d = Duration::from_millis(ms);
         let engine = e.clone();
-        if key == "long_prefill_ms" {
-            tokio::spawn(async move {
-                let _running = RunningOwned::enter(engine.clone());
-                tokio::time::sleep(d).await;
-                engine.prompt_tokens.fetch_add(32_768, Ordering::Relaxed);
-                engine.generation_tokens.fetch_add(1, Ordering::Relaxed);
-                engine.finished.fetch_add(1, Ordering::Relaxed);
-            });
+        if key == "long_prefill_ms" || key == "long_prefill_unchunked_ms" {
+            let chunks = if key == "long_prefill_ms" {
+                PREFILL_CHUNKS
+            } else {
+                *e.step_until.lock().unwrap_or_else(|p| p.into_inner()) =
+                    Some(Instant::now() + d);
+                1
+            };
+            tokio::spawn(long_prefill(engine, d, chunks));
         } else {
             restarting = true;
             *e.process_start.lock().unwrap_or_else(|p| p.into_inner()) =
@@ -96,16 +101,47 @@ pub(super) async fn patch_faults(
             .into_response();
     }
     let listening = next.listening;
+    let stuck = next.npu_busy_stuck;
     *e.faults.lock().unwrap_or_else(|p| p.into_inner()) = next.clone();
+    if stuck {
+        e.freeze();
+    } else {
+        *e.frozen.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
     if !restarting {
         e.listening.send_replace(listening);
     }
     axum::Json(next).into_response()
 }
 
+/// Chunks of a chunked long prefill.
+const PREFILL_CHUNKS: u64 = 16;
+/// KV-cache share a long prefill's prompt takes, in 1/10,000.
+const PREFILL_KV: u64 = 5_000;
+
+/// One request prefilling a 32,768-token prompt for `d` in `chunks` steps: its KV-cache
+/// blocks are taken chunk by chunk (all at once for one chunk), its prompt is counted with
+/// its first token, and its blocks are freed when it finishes.
+async fn long_prefill(e: Arc<Engine>, d: Duration, chunks: u64) {
+    let running = RunningOwned::enter(e.clone());
+    for _ in 0..chunks {
+        e.prefill_kv
+            .fetch_add(PREFILL_KV / chunks, Ordering::AcqRel);
+        tokio::time::sleep(d / chunks as u32).await;
+    }
+    e.prompt_tokens.fetch_add(32_768, Ordering::Relaxed);
+    e.generation_tokens.fetch_add(1, Ordering::Relaxed);
+    e.finished.fetch_add(1, Ordering::Relaxed);
+    e.prefill_kv
+        .fetch_sub(PREFILL_KV / chunks * chunks, Ordering::AcqRel);
+    drop(running);
+}
+
 pub(super) async fn reset(State(e): State<Arc<Engine>>) -> Response {
     *e.faults.lock().unwrap_or_else(|p| p.into_inner()) = Faults::default();
     *e.pause_until.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    *e.frozen.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    *e.step_until.lock().unwrap_or_else(|p| p.into_inner()) = None;
     e.listening.send_replace(true);
     axum::Json(Faults::default()).into_response()
 }

@@ -184,6 +184,8 @@ async fn wait_to_run(e: &Engine) -> Faults {
     if let Some(until) = e.paused() {
         tokio::time::sleep_until(until.into()).await;
     }
+    // The scheduler sees a new request only between steps.
+    e.after_step().await;
     while e.faults().asleep {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -194,6 +196,7 @@ async fn wait_to_run(e: &Engine) -> Faults {
     if f.npu_busy_stuck {
         // Requests are running (scheduled) but produce nothing, with the NPU spinning.
         let _running = Gauge::enter(&e.running);
+        e.freeze();
         std::future::pending::<()>().await;
     }
     if f.hang {
@@ -243,6 +246,7 @@ async fn decode(
     e.generation_tokens.fetch_add(1, Ordering::Relaxed);
     for _ in 1..max_tokens {
         tokio::time::sleep(e.opts.tpot + e.jitter(f.jitter_ms)).await;
+        e.after_step().await;
         e.generation_tokens.fetch_add(1, Ordering::Relaxed);
     }
     e.finished.fetch_add(1, Ordering::Relaxed);
@@ -269,6 +273,7 @@ pub(super) fn async_stream(
         for i in 0..max_tokens {
             if i > 0 {
                 tokio::time::sleep(e.opts.tpot + e.jitter(jitter_ms)).await;
+                e.after_step().await;
             }
             e.generation_tokens.fetch_add(1, Ordering::Relaxed);
             if i == 1 && error_after_first {

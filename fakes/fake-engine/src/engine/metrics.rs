@@ -91,7 +91,7 @@ fn series_labels(i: u32, model: &str, extra: &str) -> String {
 
 /// The KV-cache usage shown: the forced figure, else the share of the running slots taken,
 /// plus the injected pressure, within 0..1.
-fn kv_cache_usage(f: &Faults, running: f64, max_running: usize) -> f64 {
+pub(super) fn kv_cache_usage(f: &Faults, running: f64, max_running: usize) -> f64 {
     (f.kv_cache_usage
         .unwrap_or_else(|| running / max_running.max(1) as f64)
         + f.kv_cache_pressure)
@@ -102,9 +102,8 @@ fn kv_cache_usage(f: &Faults, running: f64, max_running: usize) -> f64 {
 fn write_gauges(w: &mut Writer, e: &Engine) {
     let f = e.faults();
     let p = e.opts.profile;
-    let running = e.running.load(Ordering::Acquire) as f64;
-    let waiting = e.waiting.load(Ordering::Acquire) as f64;
-    let kv = kv_cache_usage(&f, running, e.opts.max_running);
+    let s = e.scheduler(&f);
+    let (running, waiting, kv) = (s.running, s.waiting, s.kv);
     w.series(
         "vllm:num_requests_running",
         "gauge",

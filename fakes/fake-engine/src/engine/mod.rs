@@ -61,6 +61,9 @@ pub struct Faults {
     /// False closes the inference listener (connections refused); true opens it again.
     pub listening: bool,
     /// Completions hang with the NPU busy (AI Cube ≥ 90 %) and requests running: busy but stuck.
+    /// As a stuck vLLM step does, it freezes the scheduler's figures in `/metrics` (running,
+    /// waiting, KV-cache usage) at their values when the step stuck: vLLM's API server only
+    /// repeats what its engine core last sent.
     pub npu_busy_stuck: bool,
     /// Forces the AI Cube figure written for the NPUs.
     pub npu_usage: Option<u8>,
@@ -185,6 +188,13 @@ struct Engine {
     opts: EngineOptions,
     faults: Mutex<Faults>,
     pause_until: Mutex<Option<Instant>>,
+    /// One engine step in progress until then (an unchunked long prefill): nothing else is
+    /// scheduled, no token comes out, new requests are not yet seen by the scheduler.
+    step_until: Mutex<Option<Instant>>,
+    /// The scheduler's figures frozen by a stuck step (`npu_busy_stuck`).
+    frozen: Mutex<Option<Frozen>>,
+    /// KV-cache share held by long prefills in progress, in 1/10,000.
+    prefill_kv: AtomicU64,
     running: AtomicU64,
     waiting: AtomicU64,
     prompt_tokens: AtomicU64,
@@ -248,6 +258,56 @@ impl Engine {
     }
 }
 
+/// The scheduler's figures as a stuck step left them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Frozen {
+    running: f64,
+    waiting: f64,
+    kv: f64,
+}
+
+impl Engine {
+    /// The step in progress, if one holds the scheduler.
+    fn step_held(&self) -> Option<Instant> {
+        let until = *self.step_until.lock().unwrap_or_else(|p| p.into_inner());
+        until.filter(|u| *u > Instant::now())
+    }
+
+    /// Waits out a step in progress (a token or a new request waits for the step to end).
+    async fn after_step(&self) {
+        while let Some(u) = self.step_held() {
+            tokio::time::sleep_until(u.into()).await;
+        }
+    }
+
+    /// The scheduler's running and waiting counts and KV-cache usage as `/metrics` shows
+    /// them: frozen by a stuck step, else live.
+    fn scheduler(&self, f: &Faults) -> Frozen {
+        if let Some(frozen) = *self.frozen.lock().unwrap_or_else(|p| p.into_inner()) {
+            return frozen;
+        }
+        let running = self.running.load(Ordering::Acquire) as f64;
+        let prefill = self.prefill_kv.load(Ordering::Acquire) as f64 / 10_000.0;
+        Frozen {
+            running,
+            waiting: self.waiting.load(Ordering::Acquire) as f64,
+            kv: (metrics::kv_cache_usage(f, running, self.opts.max_running) + prefill)
+                .clamp(0.0, 1.0),
+        }
+    }
+
+    /// Freezes the scheduler's figures as they are now (a step stuck), once, and only with
+    /// a request running: a step runs only with work scheduled.
+    fn freeze(&self) {
+        let f = self.faults();
+        let now = self.scheduler(&f);
+        let mut frozen = self.frozen.lock().unwrap_or_else(|p| p.into_inner());
+        if frozen.is_none() && now.running > 0.0 {
+            *frozen = Some(now);
+        }
+    }
+}
+
 /// Decrements a gauge when a request ends, however it ends (client gone included).
 struct Gauge<'a>(&'a AtomicU64);
 impl<'a> Gauge<'a> {
@@ -270,6 +330,9 @@ pub async fn run(opts: EngineOptions, cancel: CancellationToken) -> std::io::Res
         opts,
         faults: Mutex::new(Faults::default()),
         pause_until: Mutex::new(None),
+        step_until: Mutex::new(None),
+        frozen: Mutex::new(None),
+        prefill_kv: AtomicU64::new(0),
         running: AtomicU64::new(0),
         waiting: AtomicU64::new(0),
         prompt_tokens: AtomicU64::new(0),
@@ -719,6 +782,69 @@ mod tests {
             e.metric("vllm:prompt_tokens_total").await,
             0.0,
             "counters start again"
+        );
+    }
+
+    // The signs of life as vLLM shows them: a chunked long prefill moves the KV-cache usage
+    // chunk by chunk and serves a request beside it; an unchunked one takes its blocks at once
+    // and then nothing moves, a request beside it waiting for the step; a stuck step freezes
+    // running, waiting and the KV-cache usage while requests keep arriving.
+    #[tokio::test]
+    async fn signs_of_life_move_as_vllm_moves_them() {
+        let e = start().await;
+        let body = json!({"model": "m", "prompt": "1", "max_tokens": 1});
+        let kv = "vllm:kv_cache_usage_perc";
+        e.faults(json!({"long_prefill_ms": 800})).await;
+        let mut seen = Vec::new();
+        for _ in 0..6 {
+            seen.push(e.metric(kv).await);
+            tokio::time::sleep(Duration::from_millis(110)).await;
+        }
+        seen.dedup();
+        assert!(seen.len() >= 4, "the KV-cache usage grows chunk by chunk: {seen:?}");
+        let t = Instant::now();
+        assert_eq!(e.complete(body.clone()).await.status(), 200);
+        assert!(t.elapsed() < Duration::from_millis(200), "served beside the chunks");
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert_eq!(e.metric(kv).await, 0.0, "its blocks freed when it finished");
+        e.faults(json!({"long_prefill_unchunked_ms": 600})).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let first = e.metric(kv).await;
+        assert!(first >= 0.49, "one step takes the prompt's blocks at once: {first}");
+        let t = Instant::now();
+        assert_eq!(e.complete(body.clone()).await.status(), 200);
+        assert!(
+            t.elapsed() >= Duration::from_millis(450),
+            "a request waits for the step: {:?}",
+            t.elapsed()
+        );
+        // Busy but stuck: frozen with one request running, however many arrive.
+        e.faults(json!({"npu_busy_stuck": true})).await;
+        let c = e.client.clone();
+        let url = format!("{}/v1/completions", e.base);
+        for _ in 0..3 {
+            let (c, url, b) = (c.clone(), url.clone(), body.clone());
+            tokio::spawn(async move { c.post(&url).json(&b).send().await });
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let frozen = (
+            e.metric("vllm:num_requests_running").await,
+            e.metric("vllm:num_requests_waiting").await,
+            e.metric(kv).await,
+        );
+        assert_eq!(frozen.0, 1.0, "frozen when the first request stuck");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let later = (
+            e.metric("vllm:num_requests_running").await,
+            e.metric("vllm:num_requests_waiting").await,
+            e.metric(kv).await,
+        );
+        assert_eq!(frozen, later, "nothing moves");
+        e.faults(json!({"npu_busy_stuck": false})).await;
+        assert_ne!(
+            e.metric("vllm:num_requests_running").await,
+            1.0,
+            "live again: the stuck requests are counted"
         );
     }
 
