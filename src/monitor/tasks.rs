@@ -89,6 +89,8 @@ struct Periodic {
     recent_ok: std::collections::VecDeque<Duration>,
     /// Agent policy: when a quiet engine last woke the loop (rule 11: at most once a window).
     quiet_woke: Option<tokio::time::Instant>,
+    /// When the last periodic probe ended (rule 12 reads the NPU since then).
+    probe_ended: Option<tokio::time::Instant>,
     /// Agent policy: the driver fault that woke the loop for this probe.
     woke_for: Option<NpuFault>,
     /// Agent policy: the faults at the confirming level a virtual request was answered beside
@@ -217,6 +219,7 @@ fn begin(io: &Io<'_, impl Prober, impl PeakSource, impl EngineSignals>) -> State
         last_ok: None,
         recent_ok: std::collections::VecDeque::with_capacity(account::LEARNED_ANSWERS),
         quiet_woke: None,
+        probe_ended: None,
         woke_for: None,
         answered: Checked::new(),
     };
@@ -238,18 +241,24 @@ async fn probe(
         Checked::new()
     };
     // Rule 12: a regular probe to an idle NPU waits as long as the engine's own answers say.
-    // (The ring is read for it only when the rule is on.)
+    // The NPU is idle since the last probe's own work faded ([`PROBE_SETTLE`] after it
+    // ended; the whole window would see that work). The ring is read only with the rule on.
     let timeout = if rules.agent.is_some_and(|a| a.learned_timeout_floor.is_some()) {
-        let idle_now = io
-            .peaks
-            .peak(t.window)
-            .is_some_and(|u| u < rules.npu_usage_threshold);
+        let since = p.probe_ended.map_or(t.window, |e| {
+            e.elapsed().saturating_sub(PROBE_SETTLE).min(t.window)
+        });
+        let idle_now = !since.is_zero()
+            && io
+                .peaks
+                .peak(since)
+                .is_some_and(|u| u < rules.npu_usage_threshold);
         let recent: Vec<Duration> = p.recent_ok.iter().copied().collect();
         account::probe_timeout(rules, t, p.timeout, idle_now, &recent)
     } else {
         p.timeout
     };
     let r = io.prober.send(timeout).await;
+    p.probe_ended = Some(tokio::time::Instant::now());
     let peak = io.peaks.peak(t.window);
     p.cadence = account::next_cadence(t, rules.npu_usage_threshold, p.cadence, peak);
     state.set_interval(p.cadence.interval(t));
@@ -419,7 +428,10 @@ async fn sleep(
                 engine,
                 "the NPU fell idle during the busy interval; probing now"
             );
-            p.timeout = account::confirm_timeout(&agent, t, p.last_ok);
+            // The quick timeout, or the learned one when the engine's answers say less.
+            let recent: Vec<Duration> = p.recent_ok.iter().copied().collect();
+            let quick = account::confirm_timeout(&agent, t, p.last_ok);
+            p.timeout = account::learned_timeout(&agent, t, &recent).map_or(quick, |l| l.min(quick));
         }
         Wake::Fault(f) => {
             tracing::warn!(
@@ -488,6 +500,10 @@ fn serious(faults: &[NpuFault]) -> Checked {
         .map(|f| (f.npu, f.code))
         .collect()
 }
+
+/// How long after a probe ended its own work may still show in the ring (the sampler's
+/// period and the driver's refresh), which rule 12's idle reading leaves out.
+const PROBE_SETTLE: Duration = Duration::from_millis(100);
 
 /// Why a [`pause`] ended.
 #[derive(Debug)]
@@ -1892,6 +1908,18 @@ mod tests {
                 assert_eq!(calls[2].1, Duration::from_secs(5));
             }
         }
+        // Rule 12: the engine answered in 1 ms, so the probe when the NPU falls idle waits
+        // the learned 500 ms (the floor), not the quick 2 s.
+        let p = FakeProber::new(vec![
+            (MS, FakeProber::ok()),
+            (MS, FakeProber::ok()),
+            (MS, FakeProber::ok()),
+        ]);
+        let st = ViState::default();
+        let peaks = Drop(Instant::now() + Duration::from_secs(3));
+        let c = evidence_cfg();
+        run_with(&c, &p, &peaks, &NoSignals, &st, Duration::from_secs(30)).await;
+        assert_eq!(p.calls()[2].1, Duration::from_millis(500));
     }
     // The faults a request was answered beside: a probe checks those present before and
     // after it; a success remembers them, a failure does not; a cleared fault is forgotten.

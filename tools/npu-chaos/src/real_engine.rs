@@ -50,7 +50,7 @@ pub fn not_applicable(fault: Fault) -> Option<&'static str> {
         Fault::EngineSleep => {
             Some("vLLM's sleep mode needs its device memory allocator; the CPU build has none")
         }
-        Fault::LongPrefill(_) => Some(
+        Fault::LongPrefill(_) | Fault::LongPrefillUnchunked(_) => Some(
             "the test model's 1024-token context prefills in well under a second on the CPU build",
         ),
         Fault::SlowHealthWithLatency(..) => Some(

@@ -67,8 +67,11 @@ pub enum Fault {
     /// vLLM's sleep mode for the experiment's duration: `engine_sleep_state` says so,
     /// completions wait, `/health` answers.
     EngineSleep,
-    /// One request prefills a long prompt this long, with nothing else decoding.
+    /// One request prefills a long prompt this long, with nothing else decoding (chunked
+    /// prefill, vLLM's default: the KV-cache usage grows chunk by chunk).
     LongPrefill(Duration),
+    /// The same in one engine step, chunked prefill off: nothing moves until it ends.
+    LongPrefillUnchunked(Duration),
     /// This many extra streams opened within 1 s (0 to saturation), the KV cache near full.
     Burst(u32),
     /// `/health` answers after the first duration, and the network adds the second.
@@ -97,7 +100,7 @@ pub enum Fault {
 impl Fault {
     /// Parses a fault name; the error lists the known forms.
     pub fn parse(s: &str) -> Result<Fault, String> {
-        let known = "known: network_latency_<N>ms, cpu_stress_<N>pct, memory_pressure_<N>pct, hot_reload_<N>s, long_streams_<N>, batch_jitter_<N>ms, slow_health_<N>s, slow_health_<N>s_latency_<M>ms, long_prefill_<N>s, burst_<N>, engine_restart_<N>s, degraded_<N>ms, agent_outage_<N>s, engine_sleep, engine_hang, engine_crash, npu_hang_idle, npu_busy_stuck, driver_error, driver_hang, http_5xx, agent_restart, agent_crash, agent_upgrade, npu_fault_code";
+        let known = "known: network_latency_<N>ms, cpu_stress_<N>pct, memory_pressure_<N>pct, hot_reload_<N>s, long_streams_<N>, batch_jitter_<N>ms, slow_health_<N>s, slow_health_<N>s_latency_<M>ms, long_prefill_<N>s, long_prefill_unchunked_<N>s, burst_<N>, engine_restart_<N>s, degraded_<N>ms, agent_outage_<N>s, engine_sleep, engine_hang, engine_crash, npu_hang_idle, npu_busy_stuck, driver_error, driver_hang, http_5xx, agent_restart, agent_crash, agent_upgrade, npu_fault_code";
         if let Some(f) = Fault::fixed(s) {
             return Ok(f);
         }
@@ -165,7 +168,7 @@ impl Fault {
         let ms = Duration::from_millis;
         let secs = Duration::from_secs;
         type Make<'a> = &'a dyn Fn(u64) -> Result<Fault, String>;
-        let forms: [(&str, &str, Make); 12] = [
+        let forms: [(&str, &str, Make); 13] = [
             ("network_latency_", "ms", &|n| {
                 Ok(Fault::NetworkLatency(ms(n)))
             }),
@@ -177,6 +180,10 @@ impl Fault {
             ("long_streams_", "", &|n| count(n).map(Fault::LongStreams)),
             ("batch_jitter_", "ms", &|n| Ok(Fault::BatchJitter(ms(n)))),
             ("slow_health_", "s", &|n| Ok(Fault::SlowHealth(secs(n)))),
+            // (Before `long_prefill_`, whose prefix it shares.)
+            ("long_prefill_unchunked_", "s", &|n| {
+                Ok(Fault::LongPrefillUnchunked(secs(n)))
+            }),
             ("long_prefill_", "s", &|n| Ok(Fault::LongPrefill(secs(n)))),
             ("degraded_", "ms", &|n| Ok(Fault::Degraded(ms(n)))),
             ("engine_restart_", "s", &|n| {
@@ -229,6 +236,9 @@ impl fmt::Display for Fault {
             Fault::Http5xx => f.write_str("http_5xx"),
             Fault::EngineSleep => f.write_str("engine_sleep"),
             Fault::LongPrefill(d) => write!(f, "long_prefill_{}s", d.as_secs()),
+            Fault::LongPrefillUnchunked(d) => {
+                write!(f, "long_prefill_unchunked_{}s", d.as_secs())
+            }
             Fault::Burst(n) => write!(f, "burst_{n}"),
             Fault::SlowHealthWithLatency(h, l) => {
                 write!(

@@ -399,6 +399,7 @@ experiments:
             "http_5xx",
             "engine_sleep",
             "long_prefill_12s",
+            "long_prefill_unchunked_8s",
             "burst_64",
             "slow_health_3s_latency_100ms",
             "engine_restart_8s",

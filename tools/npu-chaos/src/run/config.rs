@@ -14,12 +14,17 @@ use std::time::Duration;
 /// EngineCore leaves `/health` answering 200, and a crashed one refuses the connection.
 pub(super) const REAL_ENGINE_HEALTH_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The least floor of the learned probe timeout at any scale (rule 12): what it guards
+/// against, an answer slowed by a loaded machine, takes real time.
+const LEARNED_FLOOR_MIN: Duration = Duration::from_millis(100);
+
 /// The `[engine.qos]` and `[engine.agent_policy]` keys of `policy` for `engine`, durations
 /// through `d` (scaled). Under `agent` the preset turns stall detection and QoS eviction on;
 /// its durations are written here only because they are scaled.
 fn policy_keys(
     policy: Policy,
     engine: EngineKind,
+    scale: f64,
     d: &dyn Fn(f64, npu_health_agent::config::bounds::Within<Duration>) -> String,
 ) -> String {
     use npu_health_agent::config::qos::bounds as q;
@@ -28,19 +33,37 @@ fn policy_keys(
         Policy::Reference | Policy::Mindie => {
             "stall_detection = false\neviction = false\n".to_owned()
         }
-        Policy::Agent => {
+        Policy::Agent | Policy::AgentBefore40 => {
             use npu_health_agent::config::policy::bounds as p;
             use npu_health_agent::config::policy::{AGENT_STALL_WINDOW, AgentPolicy};
             let a = AgentPolicy::default();
             // A real engine's hangs are emulated by stopping its EngineCore (SIGSTOP): the
             // stopped-process rule would catch the emulation, not the hang it stands for, so
             // it is off there and those rows keep measuring the hang's own evidence.
-            let stopped = match engine {
-                EngineKind::Vllm => "stopped_process_grace = \"0s\"\n",
-                EngineKind::Fake => "",
+            let stopped = match (engine, policy) {
+                (EngineKind::Vllm, _) | (_, Policy::AgentBefore40) => {
+                    "stopped_process_grace = \"0s\"\n"
+                }
+                _ => "",
+            };
+            // Issue 40's evidence: off for the "before" column; else the window scaled, and
+            // the learned timeout's floor scaled but at least 100 ms, since what it guards
+            // against (a slow answer on a loaded machine) is not compressed by the scale.
+            let evidence = match policy {
+                Policy::AgentBefore40 => {
+                    "progress_window = \"0s\"\nlearned_timeout_floor = \"0s\"\n".to_owned()
+                }
+                _ => format!(
+                    "progress_window = \"{}\"\nlearned_timeout_floor = \"{}\"\n",
+                    d(a.progress_window.as_secs_f64(), p::PROGRESS_WINDOW),
+                    fmt_duration(
+                        Duration::from_secs_f64(a.learned_timeout_floor.as_secs_f64() * scale)
+                            .max(LEARNED_FLOOR_MIN)
+                    ),
+                ),
             };
             format!(
-                "stall_window = \"{}\"\n[engine.agent_policy]\nhealth_failure_grace = \"{}\"\nconfirm_interval = \"{}\"\nconfirm_timeout = \"{}\"\n{stopped}",
+                "stall_window = \"{}\"\n[engine.agent_policy]\nhealth_failure_grace = \"{}\"\nconfirm_interval = \"{}\"\nconfirm_timeout = \"{}\"\n{stopped}{evidence}",
                 d(AGENT_STALL_WINDOW.as_secs_f64(), q::STALL_WINDOW),
                 d(
                     a.health_failure_grace.as_secs_f64(),
@@ -70,7 +93,7 @@ pub(super) fn agent_toml(
         fmt_duration(within.clamp(Duration::from_secs_f64(secs * s)))
     };
     let ids: Vec<String> = (0..devices).map(|i| i.to_string()).collect();
-    let policy_keys = policy_keys(policy, engine, &d);
+    let policy_keys = policy_keys(policy, engine, s, &d);
     format!(
         r#"[agent]
 sample_period = "{sample}"
@@ -104,7 +127,7 @@ max_input_age = "{max_age}"
 ttft_budget = "{ttft_budget}"
 {policy_keys}"#,
         policy = match policy {
-            Policy::Agent => "agent",
+            Policy::Agent | Policy::AgentBefore40 => "agent",
             Policy::Reference | Policy::Mindie => "reference",
         },
         sample = fmt_duration(scaled(Duration::from_millis(50), s).max(Duration::from_millis(10))),

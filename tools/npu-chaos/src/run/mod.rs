@@ -144,7 +144,7 @@ fn verdict(
     out: &Outcome,
     result: Result<(), String>,
 ) -> (Verdict, Option<String>) {
-    let not_by_design = (e.agent_policy_only && policy != Policy::Agent)
+    let not_by_design = (e.agent_policy_only && !policy.is_agent())
         || opts
             .row
             .cadence()
@@ -153,7 +153,7 @@ fn verdict(
     // A router row's Node Manager sees what the `1s` row's does: its known kills too.
     let nm_label = opts.row.cadence().map(|c| c.label());
     let known = e.known_false_kills.iter().any(|(p, row)| {
-        p == policy.as_str()
+        (p == policy.as_str() || (p == "agent" && policy.is_agent()))
             && (*row == opts.row.label()
                 || (opts.row.router().is_some() && Some(row) == nm_label.as_ref()))
     });

@@ -22,6 +22,12 @@ pub enum Policy {
     /// eviction (docs/policy.md).
     #[value(alias = "full")]
     Agent,
+    /// `policy = "agent"` as it was before issue 40's evidence: the stopped-process rule,
+    /// rule 11 (no sign of life) and rule 12 (the learned probe timeout) off. The "before"
+    /// column of a before/after table, in the same run (docs/chaos.md).
+    #[value(name = "agent-before-40")]
+    #[serde(rename = "agent-before-40")]
+    AgentBefore40,
     /// Not the agent: MindIE's released engine server (PyMotor 3.0.0b2, unmodified) serves
     /// `/status` from its own virtual inference, on the same fake engine and NPUs. Its timing
     /// is fixed, so it runs only at `--time-scale 1`.
@@ -36,8 +42,14 @@ impl Policy {
         match self {
             Policy::Reference => "reference",
             Policy::Agent => "agent",
+            Policy::AgentBefore40 => "agent-before-40",
             Policy::Mindie => "mindie-3.0.0b2",
         }
+    }
+
+    /// The agent policy, with or without issue 40's evidence.
+    pub fn is_agent(self) -> bool {
+        matches!(self, Policy::Agent | Policy::AgentBefore40)
     }
 
     /// Why this policy cannot run the experiment here, if it cannot.
