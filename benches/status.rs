@@ -12,8 +12,11 @@
 //! - the agent's RSS;
 //! - time from process start to the first `/status` answer.
 
+mod common;
+
+use common::{FakeEngine, free_port, get, spawn_agent, wait_for};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const BODY: &str = r#"{"status":"normal"}"#;
@@ -33,11 +36,7 @@ fn main() {
     let agent = PathBuf::from(env!("CARGO_BIN_EXE_npu-health-agent"));
     let dir = tempfile::tempdir().unwrap();
     let scenario = dir.path().join("scenario.toml");
-    std::fs::write(
-        &scenario,
-        "model = \"910B\"\ncards = 16\n[default]\naicube = { square = { high = 70, low = 2, width_ms = 300, period_ms = 1300 } }\n",
-    )
-    .unwrap();
+    std::fs::write(&scenario, common::SCENARIO_16).unwrap();
     println!(
         "## `/status` and the agent process (`cargo bench --features fake-driver --bench status`)\n"
     );
@@ -155,107 +154,6 @@ fn median(v: &[f64]) -> f64 {
     v[v.len() / 2]
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-struct FakeEngine {
-    child: Child,
-    port: u16,
-}
-
-impl FakeEngine {
-    fn start(agent: &Path) -> FakeEngine {
-        let (port, control) = (free_port(), free_port());
-        let child = npu_health_agent::fake::engine_command(agent, port, control, "m", &[])
-            .spawn()
-            .unwrap();
-        wait_for(
-            &format!("http://127.0.0.1:{port}/health"),
-            |_| true,
-            Duration::from_secs(10),
-        );
-        FakeEngine { child, port }
-    }
-}
-
-impl Drop for FakeEngine {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn write_config(
-    dir: &Path,
-    name: &str,
-    engines: &[FakeEngine],
-    m1: u16,
-    m2: u16,
-    admin: Option<u16>,
-) -> PathBuf {
-    let admin = admin
-        .map(|a| format!("admin_listen = \"127.0.0.1:{a}\"\n"))
-        .unwrap_or_default();
-    let engine = |n: &str, port: u16, mgmt: u16, devices: &str| {
-        format!(
-            "[[engine]]\nname = \"{n}\"\nengine_type = \"vllm\"\nserved_model_name = \"m\"\nhost = \"127.0.0.1\"\nport = {port}\nmgmt_port = {mgmt}\ndevices = {devices}\nengine_env = {{ ASCEND_GLOBAL_LOG_LEVEL = \"3\" }}\n[engine.health_check_config]\nenable_virtual_inference = true\n"
-        )
-    };
-    let text = format!(
-        "[agent]\nsample_period = \"10ms\"\n{admin}\n{}\n{}",
-        engine("a", engines[0].port, m1, "[0, 1, 2, 3, 4, 5, 6, 7]"),
-        engine("b", engines[1].port, m2, "[8, 9, 10, 11, 12, 13, 14, 15]")
-    );
-    let p = dir.join(format!("{name}.toml"));
-    std::fs::write(&p, text).unwrap();
-    p
-}
-
-fn spawn_agent(agent: &Path, toml: &Path, scenario: &Path) -> Child {
-    Command::new(agent)
-        .args(["--fake", "run", "--config"])
-        .arg(toml)
-        .env("FAKE_NPU_SCENARIO", scenario)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap()
-}
-
-/// Minimal HTTP GET over a real socket; `None` until something answers.
-fn get(url: &str) -> Option<String> {
-    use std::io::{Read, Write};
-    let rest = url.strip_prefix("http://")?;
-    let (authority, path) = rest.split_once('/')?;
-    let mut s = std::net::TcpStream::connect(authority).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        "GET /{path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    out.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())
-}
-
-fn wait_for(url: &str, ok: impl Fn(&str) -> bool, limit: Duration) {
-    let end = Instant::now() + limit;
-    while Instant::now() < end {
-        if get(url).is_some_and(|b| ok(&b)) {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    panic!("{url} did not answer as expected within {limit:?}");
-}
-
 /// Milliseconds from spawning the agent to its first `/status` answer, over several runs.
 fn start_to_first_answer(agent: &Path, dir: &Path, scenario: &Path) -> Vec<f64> {
     let engines = [FakeEngine::start(agent), FakeEngine::start(agent)];
@@ -289,6 +187,28 @@ fn start_to_first_answer(agent: &Path, dir: &Path, scenario: &Path) -> Vec<f64> 
         let _ = child.wait();
     }
     out
+}
+
+/// The status bench's config: sampling at 100 Hz, the admin listener when asked.
+fn write_config(
+    dir: &Path,
+    name: &str,
+    engines: &[FakeEngine],
+    m1: u16,
+    m2: u16,
+    admin: Option<u16>,
+) -> PathBuf {
+    let admin = admin
+        .map(|a| format!("admin_listen = \"127.0.0.1:{a}\"\n"))
+        .unwrap_or_default();
+    common::write_config_with(
+        dir,
+        name,
+        engines,
+        (m1, m2),
+        &format!("sample_period = \"10ms\"\n{admin}"),
+        "",
+    )
 }
 
 fn rss_kib(pid: u32) -> u64 {

@@ -260,7 +260,11 @@ pub fn account(rules: &Rules, obs: &Observation) -> Accounted {
             };
         }
         if let Some(quiet) = no_sign_of_life(rules, obs) {
-            let e = obs.failure.as_ref().map(ToString::to_string).unwrap_or_default();
+            let e = obs
+                .failure
+                .as_ref()
+                .map(ToString::to_string)
+                .unwrap_or_default();
             let why = format!(
                 "no sign of life for {:.1} s: requests running on a busy NPU (AI Cube peak {}), and no token, KV-cache usage, running or waiting count moved",
                 quiet.as_secs_f64(),
@@ -468,8 +472,9 @@ pub fn next_sleep(
         Accounting::Reset | Accounting::Unchanged
             if obs.failure.is_some()
                 && agent.progress_window.is_some_and(|w| {
-                    obs.quiet_for
-                        .is_some_and(|q| q < w && obs.peak.is_some_and(|p| p >= rules.npu_usage_threshold))
+                    obs.quiet_for.is_some_and(|q| {
+                        q < w && obs.peak.is_some_and(|p| p >= rules.npu_usage_threshold)
+                    })
                 }) =>
         {
             let w = agent.progress_window.unwrap_or_default();
@@ -1154,7 +1159,11 @@ mod tests {
         );
         let quiet = with(probe(true, Some(95.0), 0), &|o| o.quiet_for = Some(S(60)));
         let a = account(&v5(), &quiet);
-        assert_eq!((a.accounting, a.count), (Reset, 0), "MindIE V5 has no rule 11");
+        assert_eq!(
+            (a.accounting, a.count),
+            (Reset, 0),
+            "MindIE V5 has no rule 11"
+        );
         let off = Rules {
             agent: agent().agent.map(|a| AgentRules {
                 progress_window: None,
@@ -1163,7 +1172,11 @@ mod tests {
             ..agent()
         };
         let a = account(&off, &quiet);
-        assert_eq!((a.accounting, a.count), (Reset, 0), "progress_window = 0s: off");
+        assert_eq!(
+            (a.accounting, a.count),
+            (Reset, 0),
+            "progress_window = 0s: off"
+        );
         let why = account(&agent(), &quiet).abnormal.unwrap();
         assert!(
             why.contains("no sign of life for 60.0 s") && why.contains("KV-cache"),
@@ -1272,7 +1285,11 @@ mod tests {
         let a = agent().agent.unwrap();
         let ms = Duration::from_millis;
         assert_eq!(quiet_probe(&a, &t, S(5), None), Some(S(3)), "to the window");
-        assert_eq!(quiet_probe(&a, &t, S(7), None), Some(S(2)), "the quick probe's floor");
+        assert_eq!(
+            quiet_probe(&a, &t, S(7), None),
+            Some(S(2)),
+            "the quick probe's floor"
+        );
         assert_eq!(
             quiet_probe(&a, &t, S(7), Some(S(2))),
             Some(S(4)),
@@ -1286,9 +1303,21 @@ mod tests {
         assert_eq!(quiet_probe(&off, &t, S(5), None), None);
         let rows: [(&str, &[Duration], Option<Duration>); 5] = [
             ("no answer yet: the request timeout", &[], None),
-            ("tens of milliseconds: the floor", &[ms(20), ms(40)], Some(ms(500))),
-            ("ten times the slowest", &[ms(20), ms(120), ms(60)], Some(ms(1200))),
-            ("at most the request timeout", &[ms(900)], Some(t.request_timeout)),
+            (
+                "tens of milliseconds: the floor",
+                &[ms(20), ms(40)],
+                Some(ms(500)),
+            ),
+            (
+                "ten times the slowest",
+                &[ms(20), ms(120), ms(60)],
+                Some(ms(1200)),
+            ),
+            (
+                "at most the request timeout",
+                &[ms(900)],
+                Some(t.request_timeout),
+            ),
             ("one slow answer counts", &[ms(10), ms(300)], Some(S(3))),
         ];
         for (what, recent, want) in rows {
@@ -1297,7 +1326,10 @@ mod tests {
         assert_eq!(learned_timeout(&off, &t, &[ms(20)]), None, "off");
         let rules = agent();
         let recent = [ms(20)];
-        assert_eq!(probe_timeout(&rules, &t, t.request_timeout, true, &recent), ms(500));
+        assert_eq!(
+            probe_timeout(&rules, &t, t.request_timeout, true, &recent),
+            ms(500)
+        );
         assert_eq!(
             probe_timeout(&rules, &t, t.request_timeout, false, &recent),
             t.request_timeout,

@@ -196,6 +196,7 @@ impl Monitor {
 
     /// Notes what `/proc` showed of the engine's processes at `now`.
     pub fn record_process(&self, found: &crate::probe::process::Lookup, now: tokio::time::Instant) {
+        self.record_sight(found);
         let mut stopped = self.stopped.lock().unwrap_or_else(|p| p.into_inner());
         let before = *stopped;
         // Stopped all along: the same process, seen stopped at each sample, and no CPU time
@@ -217,6 +218,47 @@ impl Monitor {
             ),
             _ => {}
         }
+    }
+
+    /// Whether the engine's processes are in sight, as the condition `engine_processes`
+    /// (informational: it never blocks virtual inference), so an operator can tell when the
+    /// stopped-process rule is silent (another PID namespace, another user's processes).
+    /// Logged when it changes between in sight and not.
+    fn record_sight(&self, found: &crate::probe::process::Lookup) {
+        use crate::probe::process::Lookup;
+        let (value, note, seen) = match found {
+            Lookup::Found { pid, states } => (
+                format!("pid {pid}: {} process(es) in sight", states.len()),
+                String::new(),
+                true,
+            ),
+            Lookup::NotFound(why) => (
+                format!("not in sight: {why}"),
+                "the stopped-process rule cannot see the engine (on Kubernetes: the pod needs the host's PID namespace, docs/policy.md rule 10)".to_owned(),
+                false,
+            ),
+        };
+        let before = self
+            .conditions()
+            .into_iter()
+            .find(|c| c.name == "engine_processes");
+        if before.as_ref().is_some_and(|c| c.value == value) {
+            return;
+        }
+        let was_seen = before.map(|c| c.note.is_empty());
+        if was_seen != Some(seen) {
+            if seen {
+                tracing::info!(engine = %self.spec.name, "engine processes: {value}");
+            } else {
+                tracing::info!(engine = %self.spec.name, "engine processes {value}; {note}");
+            }
+        }
+        self.set_condition(gates::Condition {
+            name: "engine_processes".into(),
+            value,
+            ok: Some(true),
+            note,
+        });
     }
 
     /// The stopped process and how long it has been stopped, if one is.

@@ -243,7 +243,10 @@ async fn probe(
     // Rule 12: a regular probe to an idle NPU waits as long as the engine's own answers say.
     // The NPU is idle since the last probe's own work faded ([`PROBE_SETTLE`] after it
     // ended; the whole window would see that work). The ring is read only with the rule on.
-    let timeout = if rules.agent.is_some_and(|a| a.learned_timeout_floor.is_some()) {
+    let timeout = if rules
+        .agent
+        .is_some_and(|a| a.learned_timeout_floor.is_some())
+    {
         let since = p.probe_ended.map_or(t.window, |e| {
             e.elapsed().saturating_sub(PROBE_SETTLE).min(t.window)
         });
@@ -431,7 +434,8 @@ async fn sleep(
             // The quick timeout, or the learned one when the engine's answers say less.
             let recent: Vec<Duration> = p.recent_ok.iter().copied().collect();
             let quick = account::confirm_timeout(&agent, t, p.last_ok);
-            p.timeout = account::learned_timeout(&agent, t, &recent).map_or(quick, |l| l.min(quick));
+            p.timeout =
+                account::learned_timeout(&agent, t, &recent).map_or(quick, |l| l.min(quick));
         }
         Wake::Fault(f) => {
             tracing::warn!(
@@ -604,11 +608,9 @@ fn log_accounting(cfg: &LoopConfig, obs: &Observation, a: &account::Accounted) {
             peak,
             "virtual inference failed while {why}; the driver explains the failure"
         ),
-        Accounting::NoSignOfLife => tracing::error!(
-            engine,
-            peak,
-            "virtual inference failed with {why}"
-        ),
+        Accounting::NoSignOfLife => {
+            tracing::error!(engine, peak, "virtual inference failed with {why}")
+        }
         Accounting::UnchangedHealthFailing | Accounting::UnchangedAsleep => tracing::info!(
             engine,
             peak,
@@ -820,7 +822,12 @@ pub async fn qos_task<M: MetricsSource>(
                 if let Ok(m) = &r {
                     state.record_engine_start(m.process_start_time);
                 }
-                state.qos.record_scrape(r);
+                // Whether the NPU worked since the previous scrape: the signs of life hold
+                // an engine that should be working to them.
+                let busy = npus
+                    .peak(q.metrics_period)
+                    .map(|p| p >= state.spec.health_check_config.npu_usage_threshold);
+                state.qos.record_scrape_beside(r, busy);
             }
             _ = evaluate.tick(), if q.enabled => {
                 let probe = state.vi.last_probe().filter(|p| !p.warmup);
@@ -1468,8 +1475,16 @@ mod tests {
         .await;
         assert!(ended && st.abnormal());
         let calls = p.calls();
-        assert_eq!(calls.len(), 6, "warm-up, 3 answers, the failure, one re-probe");
-        assert_eq!(calls[1].1, Duration::from_secs(5), "no answer seen yet: 5 s");
+        assert_eq!(
+            calls.len(),
+            6,
+            "warm-up, 3 answers, the failure, one re-probe"
+        );
+        assert_eq!(
+            calls[1].1,
+            Duration::from_secs(5),
+            "no answer seen yet: 5 s"
+        );
         assert_eq!(calls[2].1, Duration::from_millis(500), "learned: the floor");
         assert_eq!(calls[4].1, Duration::from_millis(500));
         assert_eq!(calls[5].1, Duration::from_secs(2), "the confirming timeout");

@@ -757,3 +757,38 @@ async fn a_process_stopped_all_along_is_abnormal_after_the_grace() {
     reference.record_process(&found(5, ProcState::Stopped), at(0));
     assert_eq!(reference.peek_status(), Status::Normal);
 }
+
+// Whether the engine's processes are in sight is a condition an operator can read: silent
+// rule or not. It never blocks virtual inference.
+#[tokio::test(start_paused = true)]
+async fn the_engine_processes_in_sight_or_why_not_is_a_condition() {
+    use crate::probe::process::{Lookup, ProcState};
+    let m = Monitor::new(spec(""), vec![0]);
+    let sight = |m: &Monitor| {
+        m.conditions()
+            .into_iter()
+            .find(|c| c.name == "engine_processes")
+    };
+    assert!(sight(&m).is_none(), "nothing looked yet");
+    m.record_process(
+        &Lookup::NotFound("no process in sight holds port 8000".to_owned()),
+        tokio::time::Instant::now(),
+    );
+    let c = sight(&m).unwrap();
+    assert_eq!(c.ok, Some(true), "informational");
+    assert!(
+        c.value
+            .contains("not in sight: no process in sight holds port 8000")
+    );
+    assert!(c.note.contains("PID namespace"), "{}", c.note);
+    m.record_process(
+        &Lookup::Found {
+            pid: 10,
+            states: vec![(10, ProcState::Live('S'), 1), (11, ProcState::Live('R'), 3)],
+        },
+        tokio::time::Instant::now(),
+    );
+    let c = sight(&m).unwrap();
+    assert_eq!(c.value, "pid 10: 2 process(es) in sight");
+    assert!(c.note.is_empty());
+}

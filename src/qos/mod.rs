@@ -356,12 +356,22 @@ impl QosState {
 
     /// Records one scrape of `/metrics` (`Err`: why it failed).
     pub fn record_scrape(&self, result: Result<EngineMetrics, String>) {
+        self.record_scrape_beside(result, None);
+    }
+
+    /// [`QosState::record_scrape`], with whether the engine's NPU was busy since the
+    /// previous scrape (`None`: not known), for the signs of life.
+    pub fn record_scrape_beside(
+        &self,
+        result: Result<EngineMetrics, String>,
+        npu_busy: Option<bool>,
+    ) {
         let now = Instant::now();
         let mut i = self.lock();
         i.scrapes += 1;
         match result {
             Ok(m) => {
-                i.progress.observe(Some(&m), now);
+                i.progress.observe_beside(Some(&m), now, npu_busy);
                 i.metrics = Some((m, now));
                 i.scrape_error = None;
             }
@@ -834,6 +844,7 @@ mod tests {
                 last_ok_unix_ms: Some(crate::clock::unix_ms()),
                 signs: None,
                 quiet_since_unix_ms: None,
+                working: true,
             },
             admission_cap: Some(3),
         });

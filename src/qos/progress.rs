@@ -19,9 +19,14 @@
 //! counters, the KV-cache usage, and the running and waiting counts. A chunked prefill moves
 //! the KV-cache usage at every chunk (its blocks are allocated chunk by chunk), a burst moves
 //! the counts; a stuck step freezes all of them, since vLLM's API server only repeats the
-//! last figures its engine core sent. The engine is *quiet* while requests are running and
-//! not one of them changed since the previous scrape ([`Progress::quiet_for`]); an engine
-//! that does not export the KV-cache usage is never quiet (its prefill would be invisible).
+//! last figures its engine core sent. The engine is *quiet* while it should be working —
+//! requests running by its own count, or its NPU busy (a stuck step can freeze the count at 0:
+//! the step that stuck was the one admitting a request, measured on real vLLM) — and not one
+//! of them changed since the previous scrape ([`Progress::quiet_for`]). The quiet is measured
+//! from the earlier scrape if the engine should have been working then too, else from now:
+//! an engine idle for an hour that starts a long unchunked prefill is quiet from the first
+//! scrape that saw it work. An engine that does not export the KV-cache usage is never quiet
+//! (its prefill would be invisible).
 //!
 //! A failed scrape brings no news: it leaves the last state and the stall start as they were,
 //! and the next successful scrape is compared with the last successful one. Readers decide
@@ -61,6 +66,8 @@ pub struct Saved {
     pub signs: Option<Signs>,
     #[serde(default)]
     pub quiet_since_unix_ms: Option<u64>,
+    #[serde(default)]
+    pub working: bool,
 }
 
 /// The scheduler's figures one scrape showed: what moves while the engine works.
@@ -99,8 +106,10 @@ pub struct Progress {
     last_ok: Option<Instant>,
     /// The signs of life of the last successful scrape.
     signs: Option<Signs>,
-    /// Since when no sign of life changed with requests running.
+    /// Since when no sign of life changed while the engine should have been working.
     quiet_since: Option<Instant>,
+    /// The last scrape found the engine working: requests running, or its NPU busy.
+    working: bool,
 }
 
 impl Default for Progress {
@@ -112,6 +121,7 @@ impl Default for Progress {
             last_ok: None,
             signs: None,
             quiet_since: None,
+            working: false,
         }
     }
 }
@@ -119,12 +129,23 @@ impl Default for Progress {
 impl Progress {
     /// Takes one scrape made at `now` (`None`: the scrape failed, which changes nothing).
     pub fn observe(&mut self, m: Option<&EngineMetrics>, now: Instant) {
+        self.observe_beside(m, now, None);
+    }
+
+    /// [`Progress::observe`], with whether the engine's NPU was busy over the time since the
+    /// previous scrape (`None`: not known; the last known state stands).
+    pub fn observe_beside(
+        &mut self,
+        m: Option<&EngineMetrics>,
+        now: Instant,
+        npu_busy: Option<bool>,
+    ) {
         let Some(m) = m else { return };
         let running = m.running;
         let counters = m.prompt_tokens.zip(m.generation_tokens);
         let previous = self.last;
         let previous_at = self.last_ok;
-        self.observe_signs(Signs::of(m), previous_at, now);
+        self.observe_signs(Signs::of(m), previous_at, now, npu_busy);
         self.last = counters.map(|(p, g)| (p, g, running.is_some_and(|r| r > 0.0)));
         self.last_ok = Some(now);
         self.state = match (running, counters, previous) {
@@ -154,16 +175,26 @@ impl Progress {
         }
     }
 
-    /// Quiet: requests running and not one sign of life changed since the previous scrape.
-    /// The quiet began no later than that scrape if requests were running then, else now.
-    fn observe_signs(&mut self, signs: Option<Signs>, previous_at: Option<Instant>, now: Instant) {
-        let before = self.signs;
+    /// Quiet: the engine should be working (requests running, or its NPU busy) and not one
+    /// sign of life changed since the previous scrape. The quiet began no later than that
+    /// scrape if the engine should have been working then too, else now.
+    fn observe_signs(
+        &mut self,
+        signs: Option<Signs>,
+        previous_at: Option<Instant>,
+        now: Instant,
+        npu_busy: Option<bool>,
+    ) {
+        let (before, was_working) = (self.signs, self.working);
+        let working = signs.is_some_and(|s| s.running > 0.0)
+            || npu_busy.unwrap_or(was_working && signs.is_some());
         self.signs = signs;
+        self.working = working;
         match (signs, before) {
-            (Some(s), Some(b)) if s.running > 0.0 && s == b => {
+            (Some(s), Some(b)) if working && s == b => {
                 if self.quiet_since.is_none() {
                     self.quiet_since = Some(match previous_at {
-                        Some(t) if b.running > 0.0 => t,
+                        Some(t) if was_working => t,
                         _ => now,
                     });
                 }
@@ -176,9 +207,9 @@ impl Progress {
     /// successful scrape (no older than `max_age`) says it is quiet.
     pub fn quiet_for(&self, now: Instant, max_age: Duration) -> Option<Duration> {
         match self.last_ok {
-            Some(t) if now.saturating_duration_since(t) <= max_age => self
-                .quiet_since
-                .map(|s| now.saturating_duration_since(s)),
+            Some(t) if now.saturating_duration_since(t) <= max_age => {
+                self.quiet_since.map(|s| now.saturating_duration_since(s))
+            }
             _ => None,
         }
     }
@@ -209,6 +240,7 @@ impl Progress {
             last_ok_unix_ms: self.last_ok.map(crate::clock::unix_ms_of),
             signs: self.signs,
             quiet_since_unix_ms: self.quiet_since.map(crate::clock::unix_ms_of),
+            working: self.working,
         }
     }
 
@@ -221,6 +253,7 @@ impl Progress {
             last_ok: s.last_ok_unix_ms.map(crate::clock::instant_of),
             signs: s.signs,
             quiet_since: s.quiet_since_unix_ms.map(crate::clock::instant_of),
+            working: s.working,
         }
     }
 
@@ -350,7 +383,10 @@ mod tests {
         let moved: [(&str, EngineMetrics); 5] = [
             ("prompt tokens", signs(2.0, 101.0, 10.0, 0.25, 1.0)),
             ("generation tokens", signs(2.0, 100.0, 11.0, 0.25, 1.0)),
-            ("KV-cache usage (a prefill chunk)", signs(2.0, 100.0, 10.0, 0.26, 1.0)),
+            (
+                "KV-cache usage (a prefill chunk)",
+                signs(2.0, 100.0, 10.0, 0.26, 1.0),
+            ),
             ("running count", signs(3.0, 100.0, 10.0, 0.25, 1.0)),
             ("waiting count", signs(2.0, 100.0, 10.0, 0.25, 2.0)),
         ];
@@ -380,18 +416,68 @@ mod tests {
         let no_kv = m(2.0, 100.0, 10.0);
         p.observe(Some(&no_kv), Instant::now());
         p.observe(Some(&no_kv), Instant::now());
-        assert_eq!(quiet(&p), None, "no KV-cache figure: a prefill would be invisible");
+        assert_eq!(
+            quiet(&p),
+            None,
+            "no KV-cache figure: a prefill would be invisible"
+        );
         let stuck = signs(2.0, 100.0, 10.0, 0.5, 0.0);
         p.observe(Some(&stuck), Instant::now());
         tokio::time::advance(Duration::from_secs(5)).await;
         p.observe(Some(&stuck), Instant::now());
         tokio::time::advance(Duration::from_secs(2)).await;
         p.observe(None, Instant::now());
-        assert_eq!(quiet(&p), Some(Duration::from_secs(7)), "a failed scrape: no news");
+        assert_eq!(
+            quiet(&p),
+            Some(Duration::from_secs(7)),
+            "a failed scrape: no news"
+        );
         let restored = Progress::restored(&p.saved());
-        assert_eq!(quiet(&restored), Some(Duration::from_secs(7)), "kept across a restart");
+        assert_eq!(
+            quiet(&restored),
+            Some(Duration::from_secs(7)),
+            "kept across a restart"
+        );
         tokio::time::advance(Duration::from_secs(14)).await;
         assert_eq!(quiet(&p), None, "the last good scrape is too old");
+    }
+
+    // A stuck step can freeze the running count at 0 (real vLLM: the step that stuck was
+    // admitting a request); the busy NPU says the engine should be working. And an engine idle
+    // for long that starts a long unchunked prefill (vLLM publishes nothing until the step
+    // ends) is quiet from the first scrape that saw its NPU busy, not from the idle hour.
+    #[tokio::test(start_paused = true)]
+    async fn a_busy_npu_makes_a_frozen_idle_count_quiet_from_when_it_began() {
+        let mut p = Progress::default();
+        let idle = signs(0.0, 100.0, 10.0, 0.0, 0.0);
+        for _ in 0..12 {
+            p.observe_beside(Some(&idle), Instant::now(), Some(false));
+            tokio::time::advance(Duration::from_secs(5)).await;
+        }
+        assert_eq!(quiet(&p), None, "idle: not working");
+        p.observe_beside(Some(&idle), Instant::now(), Some(true));
+        assert_eq!(
+            quiet(&p),
+            Some(Duration::ZERO),
+            "quiet from the first busy scrape"
+        );
+        tokio::time::advance(Duration::from_secs(5)).await;
+        p.observe_beside(Some(&idle), Instant::now(), Some(true));
+        assert_eq!(quiet(&p), Some(Duration::from_secs(5)));
+        tokio::time::advance(Duration::from_secs(1)).await;
+        p.observe_beside(Some(&idle), Instant::now(), None);
+        assert_eq!(
+            quiet(&p),
+            Some(Duration::from_secs(6)),
+            "a fresh read without the NPU keeps the last known state"
+        );
+        tokio::time::advance(Duration::from_secs(1)).await;
+        p.observe_beside(
+            Some(&signs(0.0, 32_868.0, 11.0, 0.0, 0.0)),
+            Instant::now(),
+            Some(true),
+        );
+        assert_eq!(quiet(&p), None, "the prompt landed: a sign of life");
     }
 
     #[tokio::test(start_paused = true)]

@@ -60,8 +60,7 @@ pub(super) async fn patch_faults(
             let chunks = if key == "long_prefill_ms" {
                 PREFILL_CHUNKS
             } else {
-                *e.step_until.lock().unwrap_or_else(|p| p.into_inner()) =
-                    Some(Instant::now() + d);
+                *e.step_until.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now() + d);
                 1
             };
             tokio::spawn(long_prefill(engine, d, chunks));
@@ -101,12 +100,14 @@ pub(super) async fn patch_faults(
             .into_response();
     }
     let listening = next.listening;
-    let stuck = next.npu_busy_stuck;
+    let before = e.faults();
     *e.faults.lock().unwrap_or_else(|p| p.into_inner()) = next.clone();
-    if stuck {
-        e.freeze();
-    } else {
+    // A new hang or stuck step freezes the figures afresh; none leaves them live.
+    if (before.hang, before.npu_busy_stuck) != (next.hang, next.npu_busy_stuck) {
         *e.frozen.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+    if next.hang || next.npu_busy_stuck {
+        e.freeze();
     }
     if !restarting {
         e.listening.send_replace(listening);

@@ -246,7 +246,7 @@ async fn decode(
     e.generation_tokens.fetch_add(1, Ordering::Relaxed);
     for _ in 1..max_tokens {
         tokio::time::sleep(e.opts.tpot + e.jitter(f.jitter_ms)).await;
-        e.after_step().await;
+        e.next_token().await;
         e.generation_tokens.fetch_add(1, Ordering::Relaxed);
     }
     e.finished.fetch_add(1, Ordering::Relaxed);
@@ -273,7 +273,7 @@ pub(super) fn async_stream(
         for i in 0..max_tokens {
             if i > 0 {
                 tokio::time::sleep(e.opts.tpot + e.jitter(jitter_ms)).await;
-                e.after_step().await;
+                e.next_token().await;
             }
             e.generation_tokens.fetch_add(1, Ordering::Relaxed);
             if i == 1 && error_after_first {

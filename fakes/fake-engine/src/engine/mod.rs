@@ -35,7 +35,8 @@ use metrics::{metrics, unix_now};
 #[serde(default, deny_unknown_fields)]
 pub struct Faults {
     /// Completions are accepted and never answered, nothing runs on the NPU; `/health` is
-    /// unaffected (a silent hang with the NPU idle).
+    /// unaffected (a silent hang with the NPU idle). Requests already decoding stop too, and
+    /// `/metrics` repeats the scheduler's figures as they were (a stopped vLLM engine core).
     pub hang: bool,
     /// Completions answer HTTP 500.
     pub http_5xx: bool,
@@ -234,6 +235,10 @@ impl Engine {
         if f.npu_busy_stuck {
             return 95;
         }
+        if f.hang {
+            // Requests held, nothing computed.
+            return 0;
+        }
         match self.running.load(Ordering::Acquire) {
             0 => 0,
             n => (u64::from(self.opts.busy_usage) + 5 * (n - 1)).min(95) as u8,
@@ -273,10 +278,24 @@ impl Engine {
         until.filter(|u| *u > Instant::now())
     }
 
-    /// Waits out a step in progress (a token or a new request waits for the step to end).
+    /// Waits out a step in progress (a new request waits for the step to end).
     async fn after_step(&self) {
         while let Some(u) = self.step_held() {
             tokio::time::sleep_until(u.into()).await;
+        }
+    }
+
+    /// Waits until the next token of a request already decoding may come out: after a step
+    /// in progress, and never while the engine hangs or is stuck (a stuck vLLM step holds
+    /// every request in the batch, not only the new ones).
+    async fn next_token(&self) {
+        loop {
+            self.after_step().await;
+            let f = self.faults();
+            if !(f.hang || f.npu_busy_stuck) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
 
@@ -296,13 +315,13 @@ impl Engine {
         }
     }
 
-    /// Freezes the scheduler's figures as they are now (a step stuck), once, and only with
-    /// a request running: a step runs only with work scheduled.
+    /// Freezes the scheduler's figures as they are now, once: a hung engine at once, a stuck
+    /// step only with a request running (a step runs only with work scheduled).
     fn freeze(&self) {
         let f = self.faults();
         let now = self.scheduler(&f);
         let mut frozen = self.frozen.lock().unwrap_or_else(|p| p.into_inner());
-        if frozen.is_none() && now.running > 0.0 {
+        if frozen.is_none() && (f.hang || now.running > 0.0) {
             *frozen = Some(now);
         }
     }
@@ -801,16 +820,25 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(110)).await;
         }
         seen.dedup();
-        assert!(seen.len() >= 4, "the KV-cache usage grows chunk by chunk: {seen:?}");
+        assert!(
+            seen.len() >= 4,
+            "the KV-cache usage grows chunk by chunk: {seen:?}"
+        );
         let t = Instant::now();
         assert_eq!(e.complete(body.clone()).await.status(), 200);
-        assert!(t.elapsed() < Duration::from_millis(200), "served beside the chunks");
+        assert!(
+            t.elapsed() < Duration::from_millis(200),
+            "served beside the chunks"
+        );
         tokio::time::sleep(Duration::from_millis(400)).await;
         assert_eq!(e.metric(kv).await, 0.0, "its blocks freed when it finished");
         e.faults(json!({"long_prefill_unchunked_ms": 600})).await;
         tokio::time::sleep(Duration::from_millis(50)).await;
         let first = e.metric(kv).await;
-        assert!(first >= 0.49, "one step takes the prompt's blocks at once: {first}");
+        assert!(
+            first >= 0.49,
+            "one step takes the prompt's blocks at once: {first}"
+        );
         let t = Instant::now();
         assert_eq!(e.complete(body.clone()).await.status(), 200);
         assert!(

@@ -76,9 +76,7 @@ pub(super) fn engine_patches(fault: Fault, s: f64) -> Option<(Value, Value)> {
         Fault::EngineHang => (json!({"hang": true}), json!({"hang": false})),
         Fault::EngineSleep => (json!({"asleep": true}), json!({"asleep": false})),
         Fault::LongPrefill(d) => (json!({"long_prefill_ms": ms(d)}), json!({})),
-        Fault::LongPrefillUnchunked(d) => {
-            (json!({"long_prefill_unchunked_ms": ms(d)}), json!({}))
-        }
+        Fault::LongPrefillUnchunked(d) => (json!({"long_prefill_unchunked_ms": ms(d)}), json!({})),
         // The KV cache near full while the burst queues.
         Fault::Burst(_) => (
             json!({"kv_cache_usage": 0.95}),

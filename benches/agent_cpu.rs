@@ -1,0 +1,98 @@
+//! The whole agent's CPU at the defaults, with 16 NPUs, and what issue 40's evidence costs
+//! (docs/policy.md rules 10–12), measured side by side in one run:
+//!
+//!     cargo bench --features fake-driver --bench agent_cpu
+//!
+//! Starts, as real processes, two fake engines and the agent (release build, fake libdcmi.so
+//! with 16 NPUs, two engines of 8 NPUs each, every key at its default: the agent policy,
+//! sampling every 50 ms, the QoS scrapes, the virtual probes, the stopped-process look at
+//! `/proc` every 500 ms). The engines are idle but for the probes. Alternating rounds, each a
+//! fresh agent warmed up for 5 s and then measured over `ROUND` by `utime + stime` of
+//! `/proc/<agent>/stat`: once with issue 40's evidence off (`stopped_process_grace`,
+//! `progress_window` and `learned_timeout_floor` at `0s`), once at the defaults. Prints a
+//! Markdown report (copied into BENCHMARKS.md).
+
+mod common;
+
+use common::{FakeEngine, free_port, spawn_agent, wait_for};
+use std::time::{Duration, Instant};
+
+/// One measured round.
+const ROUND: Duration = Duration::from_secs(30);
+/// Rounds per configuration.
+const ROUNDS: usize = 3;
+
+/// The agent's CPU time so far, in clock ticks (`utime + stime`).
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
+fn main() {
+    let agent = std::path::PathBuf::from(env!("CARGO_BIN_EXE_npu-health-agent"));
+    let dir = tempfile::tempdir().unwrap();
+    let scenario = dir.path().join("scenario.toml");
+    std::fs::write(&scenario, common::SCENARIO_16).unwrap();
+    let engines = [FakeEngine::start(&agent), FakeEngine::start(&agent)];
+    let hz: f64 = std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok()?.trim().parse().ok())
+        .unwrap_or(100.0);
+    let off = "[engine.agent_policy]\nstopped_process_grace = \"0s\"\nprogress_window = \"0s\"\nlearned_timeout_floor = \"0s\"\n";
+    let configs = [("issue 40's evidence off", off), ("the defaults", "")];
+    let mut results: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
+    for round in 0..ROUNDS {
+        for (i, (_, extra)) in configs.iter().enumerate() {
+            let (m1, m2) = (free_port(), free_port());
+            let toml = common::write_config_with(
+                dir.path(),
+                &format!("r{round}c{i}"),
+                &engines,
+                (m1, m2),
+                "",
+                extra,
+            );
+            let mut child = spawn_agent(&agent, &toml, &scenario);
+            wait_for(
+                &format!("http://127.0.0.1:{m1}/status"),
+                |b| b.contains("normal"),
+                Duration::from_secs(30),
+            );
+            std::thread::sleep(Duration::from_secs(5));
+            let (t0, c0) = (Instant::now(), cpu_ticks(child.id()));
+            std::thread::sleep(ROUND);
+            let (t1, c1) = (Instant::now(), cpu_ticks(child.id()));
+            let pct = (c1 - c0) as f64 / hz / (t1 - t0).as_secs_f64() * 100.0;
+            results[i].push(pct);
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+    println!(
+        "## The whole agent's CPU with 16 NPUs (`cargo bench --features fake-driver --bench agent_cpu`)\n"
+    );
+    println!(
+        "Machine: {} cores. Agent: release build, fake libdcmi.so with 16 NPUs, 2 idle fake engines of 8 NPUs each, every key at its default; {ROUNDS} alternating rounds of {} s each, CPU from `/proc/<agent>/stat` (10 ms ticks: ±{:.3} point per round).\n",
+        std::thread::available_parallelism().map_or(1, |n| n.get()),
+        ROUND.as_secs(),
+        100.0 / hz / ROUND.as_secs_f64()
+    );
+    println!("| configuration | CPU % of one core (median) | rounds |\n|---|---|---|");
+    let mut medians = Vec::new();
+    for ((name, _), v) in configs.iter().zip(&results) {
+        let mut s = v.clone();
+        s.sort_by(|a, b| a.total_cmp(b));
+        let m = s[s.len() / 2];
+        medians.push(m);
+        let rounds: Vec<String> = v.iter().map(|x| format!("{x:.3}")).collect();
+        println!("| {name} | {m:.3} % | {} |", rounds.join(", "));
+    }
+    println!(
+        "\nIssue 40's evidence costs {:+.3} point of a core (the medians' difference).",
+        medians[1] - medians[0]
+    );
+}
