@@ -3,14 +3,21 @@ byte-level BPE tokenizer trained here, so no model hub is involved.
 
 Shape (docs/real-vllm.md): hidden 128, 2 layers, 2 heads (head size 64, which the CPU
 attention backend accepts), intermediate 256, 2048 positions; float32, about 2 MB.
-Usage: make_model.py OUT_DIR
+`--max-positions N` gives the same model (same weights, same tokenizer) N positions: the long
+variant (`scripts/real-vllm up --model long`) has 32768, for prefills of tens of thousands of
+tokens.
+Usage: make_model.py OUT_DIR [--max-positions N]
 """
 
+import argparse
 import os
 import random
-import sys
 
-out = sys.argv[1]
+parser = argparse.ArgumentParser()
+parser.add_argument("out")
+parser.add_argument("--max-positions", type=int, default=2048)
+args = parser.parse_args()
+out = args.out
 os.makedirs(out, exist_ok=True)
 
 import torch  # noqa: E402
@@ -58,7 +65,7 @@ config = LlamaConfig(
     num_hidden_layers=2,
     num_attention_heads=2,
     num_key_value_heads=2,
-    max_position_embeddings=2048,
+    max_position_embeddings=args.max_positions,
     bos_token_id=fast.bos_token_id,
     eos_token_id=fast.eos_token_id,
     pad_token_id=fast.pad_token_id,
@@ -68,4 +75,4 @@ torch.manual_seed(1234)
 model = LlamaForCausalLM(config).to(torch.float32)
 model.save_pretrained(out, safe_serialization=True)
 params = sum(p.numel() for p in model.parameters())
-print(f"tiny model: vocab {vocab}, {params} parameters, in {out}")
+print(f"tiny model: vocab {vocab}, {params} parameters, {args.max_positions} positions, in {out}")

@@ -597,6 +597,81 @@ fn virtual_filter_plugin_keeps_probes_out_of_request_success() {
     }
 }
 
+// Busy but stuck, for real: the fault plugin (`plugins/vllm-fault-inject`) holds the Worker's
+// model step under 2 streams of load, `/health` stays 200 and every scheduler signal
+// freezes. `spin` (a busy loop: the Worker burns a core, so the fake AI Cube reads busy) is
+// the case; `block` (the Worker sleeps: the AI Cube reads idle) is measured beside it. Under
+// the agent policy the engine becomes abnormal; the time and the reason are printed, not
+// asserted (the rule for this case is being written). A stall that lands on a step admitting
+// a new request with nothing else running freezes `num_requests_running` at 0 (the step
+// before published it); that one is retried, so the test measures a stall with requests
+// running.
+#[test]
+fn busy_but_stuck_real_vllm_is_abnormal() {
+    if !real_vllm::enabled("busy_but_stuck_real_vllm_is_abnormal") {
+        return;
+    }
+    let _one = lock();
+    for mode in ["spin", "block"] {
+        let v = RealVllm::up("stuck", &["--fault-plugin"]);
+        let agent = Agent::start_with(&v, "agent", "", "");
+        agent.wait_for("normal", Duration::from_secs(120));
+        let load = Load::start(&v.url(), "tiny", 2, 200, Duration::from_millis(150));
+        std::thread::sleep(Duration::from_secs(5));
+        let running = || {
+            let text = http("GET", &format!("{}/metrics", v.url()), None)
+                .map(|(_, b)| b)
+                .unwrap_or_default();
+            npu_health_agent::probe::engine_metrics::parse(&text)
+                .running
+                .unwrap_or(0.0)
+        };
+        let mut at_zero = 0;
+        let stuck_at = loop {
+            std::fs::write(v.stuck_file(), mode).unwrap();
+            let at = Instant::now();
+            std::thread::sleep(Duration::from_secs(1));
+            if running() > 0.0 {
+                break at;
+            }
+            at_zero += 1;
+            assert!(at_zero < 10, "every stall froze running at 0");
+            std::fs::remove_file(v.stuck_file()).unwrap();
+            std::thread::sleep(Duration::from_millis(700 + 130 * at_zero));
+        };
+        let mut health = std::collections::BTreeMap::<u16, u32>::new();
+        let took = loop {
+            let code = http("GET", &format!("{}/health", v.url()), None).map_or(0, |(c, _)| c);
+            *health.entry(code).or_default() += 1;
+            if agent.status().as_deref() == Some("abnormal") {
+                break stuck_at.elapsed();
+            }
+            assert!(
+                stuck_at.elapsed() < Duration::from_secs(120),
+                "{mode}: not abnormal 120 s into the stall; detail {}\nagent log:\n{}",
+                agent.detail(),
+                agent.log()
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        };
+        let detail = agent.detail();
+        let _ = std::fs::remove_file(v.stuck_file());
+        let seen = load.stop_seen();
+        println!(
+            "busy but stuck ({mode}), {at_zero} stall(s) at running 0 retried: abnormal {:.1} s after the stuck file; reason {}; /health codes {health:?}; {} streams finished",
+            took.as_secs_f64(),
+            detail["reason"],
+            seen.done
+        );
+        println!("{mode} actions: {}", detail["actions"]);
+        assert_eq!(
+            health.keys().copied().collect::<Vec<_>>(),
+            [200],
+            "{mode}: /health stayed 200"
+        );
+    }
+}
+
 /// The QoS level in `/status/detail`.
 fn level(agent: &Agent) -> String {
     agent.detail()["qos"]["level"]

@@ -50,6 +50,12 @@ impl RealVllm {
         RealVllm(RealEngine::from_up(&script(), name, &out).unwrap_or_else(|e| panic!("{e}")))
     }
 
+    /// The fault plugin's stuck file (`up --fault-plugin` puts it in the instance's state
+    /// directory): while it exists the Worker's model step does not return.
+    pub fn stuck_file(&self) -> PathBuf {
+        self.state.join("stuck")
+    }
+
     /// Base URL of its OpenAI server.
     pub fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
