@@ -424,18 +424,24 @@ async fn sleep(
                 q.as_secs_f64()
             );
             p.quiet_woke = Some(tokio::time::Instant::now());
-            p.timeout = account::quiet_probe(&agent, t, q, p.last_ok).unwrap_or(p.timeout);
+            // On a busy NPU the probe must reach the window (rule 11); on an idle one the
+            // idle rules decide, and the quick (or learned) timeout is enough.
+            let idle = io
+                .peaks
+                .peak(t.window)
+                .is_some_and(|u| u < rules.npu_usage_threshold);
+            p.timeout = if idle {
+                quick_timeout(&agent, t, &p)
+            } else {
+                account::quiet_probe(&agent, t, q, p.last_ok).unwrap_or(p.timeout)
+            };
         }
         Wake::Idle => {
             tracing::info!(
                 engine,
                 "the NPU fell idle during the busy interval; probing now"
             );
-            // The quick timeout, or the learned one when the engine's answers say less.
-            let recent: Vec<Duration> = p.recent_ok.iter().copied().collect();
-            let quick = account::confirm_timeout(&agent, t, p.last_ok);
-            p.timeout =
-                account::learned_timeout(&agent, t, &recent).map_or(quick, |l| l.min(quick));
+            p.timeout = quick_timeout(&agent, t, &p);
         }
         Wake::Fault(f) => {
             tracing::warn!(
@@ -451,6 +457,14 @@ async fn sleep(
         }
     }
     next_probe(io.state, p)
+}
+
+/// The timeout of a probe the loop sends early to an idle NPU: the quick one, or the
+/// learned one (rule 12) when the engine's answers say less.
+fn quick_timeout(agent: &account::AgentRules, t: &Timing, p: &Periodic) -> Duration {
+    let recent: Vec<Duration> = p.recent_ok.iter().copied().collect();
+    let quick = account::confirm_timeout(agent, t, p.last_ok);
+    account::learned_timeout(agent, t, &recent).map_or(quick, |l| l.min(quick))
 }
 
 /// The most severe of `faults` that no answered request was seen beside.

@@ -576,7 +576,6 @@ async fn the_fake_at_profile_0_33_conforms() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "the fake's npu_busy_stuck holds new requests only: one already decoding finishes, so its counters move (being changed to freeze its gauges)"]
 async fn the_fake_at_profile_0_33_freezes_when_busy_stuck() {
     let f = fake(Profile::V0_33).await;
     for line in stuck_freezes(&f.base, "tiny", &Stuck::Fake(f.control.clone())).await {
