@@ -343,6 +343,15 @@ fn no_sign_of_life(rules: &Rules, obs: &Observation) -> Option<Duration> {
         .filter(|q| *q >= window)
 }
 
+/// Rule 11: a failure on a busy NPU whose engine is quiet, but not yet for the window: how
+/// long until the window is reached.
+fn quiet_below_window(rules: &Rules, obs: &Observation) -> Option<Duration> {
+    let window = rules.agent?.progress_window?;
+    let quiet = obs.quiet_for?;
+    (obs.failure.is_some() && quiet < window && obs.peak? >= rules.npu_usage_threshold)
+        .then(|| window - quiet)
+}
+
 /// Rule 11's probe: when the engine has been quiet for `quiet` with the rule on, the timeout
 /// of a probe sent now — long enough to reach the window (a failure before it would prove
 /// nothing), at least the quick probe's. `None`: the rule is off.
@@ -469,18 +478,9 @@ pub fn next_sleep(
         )),
         Accounting::IncrementedStalled => Some((agent.confirm_interval, None)),
         // Rule 11: quiet, but not yet for the window: probe again when it is reached.
-        Accounting::Reset | Accounting::Unchanged
-            if obs.failure.is_some()
-                && agent.progress_window.is_some_and(|w| {
-                    obs.quiet_for.is_some_and(|q| {
-                        q < w && obs.peak.is_some_and(|p| p >= rules.npu_usage_threshold)
-                    })
-                }) =>
-        {
-            let w = agent.progress_window.unwrap_or_default();
-            let q = obs.quiet_for.unwrap_or_default();
+        Accounting::Reset | Accounting::Unchanged if quiet_below_window(rules, obs).is_some() => {
             Some((
-                w.saturating_sub(q),
+                quiet_below_window(rules, obs).unwrap_or_default(),
                 Some(confirm_timeout(&agent, timing, obs.last_ok_latency)),
             ))
         }

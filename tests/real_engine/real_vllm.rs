@@ -901,3 +901,95 @@ fn real_main_and_draft_behind_haproxy_follow_the_levels() {
     );
     assert!(only(&out, "tiny-draft"), "{out:?}");
 }
+
+/// Sends one prompt of `tokens` tokens (the tiny tokenizer's "1 " is one token; a head of its
+/// own keeps vLLM's prefix cache out) with `max_tokens` 1; its latency and HTTP status.
+fn long_prompt(url: &str, tokens: usize) -> (Duration, u16) {
+    let head = format!(
+        "p{}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    );
+    let body = serde_json::json!({
+        "model": "tiny",
+        "prompt": format!("{head} {}", "1 ".repeat(tokens - 1)),
+        "max_tokens": 1,
+    })
+    .to_string();
+    let t = Instant::now();
+    let code = support::stack::http_waiting(
+        "POST",
+        &format!("{url}/v1/completions"),
+        Some(&body),
+        &[("Content-Type", "application/json")],
+        Duration::from_secs(120),
+    )
+    .map_or(0, |(c, _, _)| c);
+    (t.elapsed(), code)
+}
+
+// Issue 40's benign twins of a busy-but-stuck engine, on a real vLLM serving the long-context
+// model (docs/real-vllm.md, "Long prefills"): a prompt near the model's limit with chunked
+// prefill on (vLLM's default: the KV-cache usage grows at each 2048-token chunk), and with it
+// off at the documented bound (one engine step of about 7 s with nothing moving; rule 11's
+// bound is its 8 s `progress_window`). The agent policy at its defaults must never answer
+// `abnormal` during either, nor after.
+#[test]
+fn long_prefills_near_the_limit_are_never_abnormal() {
+    if !real_vllm::enabled("long_prefills_near_the_limit_are_never_abnormal") {
+        return;
+    }
+    let _one = lock();
+    let runs: [(&str, &[&str], usize); 2] = [
+        ("chunked, 30,000 tokens", &["--model", "long"], 30_000),
+        (
+            "unchunked, 33,000 tokens",
+            &[
+                "--model",
+                "long",
+                "--",
+                "--max-model-len",
+                "40960",
+                "--no-enable-chunked-prefill",
+            ],
+            33_000,
+        ),
+    ];
+    for (what, args, tokens) in runs {
+        let v = RealVllm::up("long", args);
+        let agent = Agent::start_with(&v, "agent", "", "");
+        agent.wait_for("normal", Duration::from_secs(120));
+        // Twice: the second after the first's probes and scrapes have settled.
+        for round in 0..2 {
+            std::thread::sleep(Duration::from_secs(7));
+            let url = v.url();
+            let prompt = std::thread::spawn(move || long_prompt(&url, tokens));
+            let mut seen = std::collections::BTreeSet::new();
+            while !prompt.is_finished() {
+                seen.insert(agent.status().unwrap_or_default());
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            let (took, code) = prompt.join().unwrap();
+            for _ in 0..50 {
+                seen.insert(agent.status().unwrap_or_default());
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            println!(
+                "long prefill, {what}, round {round}: answered {code} after {:.2} s; /status said {seen:?}; QoS quiet {} s",
+                took.as_secs_f64(),
+                agent.detail()["qos"]["quiet_for_s"]
+            );
+            assert_eq!(code, 200, "{what}: the prompt was served");
+            assert!(
+                !seen.contains("abnormal"),
+                "{what}: a long prefill read as a hang; detail {}\nagent log:\n{}",
+                agent.detail(),
+                agent.log()
+            );
+        }
+        drop(agent);
+        v.down();
+    }
+}
