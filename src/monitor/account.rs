@@ -232,52 +232,11 @@ pub fn account(rules: &Rules, obs: &Observation) -> Accounted {
     }
     let failed = obs.failure.is_some();
     let threshold = rules.npu_usage_threshold;
-    if failed && rules.agent.is_some() {
-        if obs.health_failed {
-            return keep(
-                Accounting::UnchangedHealthFailing,
-                Some("the engine's /health fails too; its grace decides".to_owned()),
-            );
-        }
-        if obs.asleep {
-            return keep(
-                Accounting::UnchangedAsleep,
-                Some("the engine is asleep (vllm:engine_sleep_state)".to_owned()),
-            );
-        }
-        if let (Some(f), Some(e)) = (&obs.driver_fault, &obs.failure)
-            && f.level >= CONFIRM_LEVEL
-        {
-            return Accounted {
-                accounting: Accounting::DriverFault,
-                count: obs.count + 1,
-                abnormal: Some(format!(
-                    "a virtual request failed ({e}) while {}: the driver explains the failure",
-                    f.describe()
-                )),
-                why: Some(f.describe()),
-                stalled: None,
-            };
-        }
-        if let Some(quiet) = no_sign_of_life(rules, obs) {
-            let e = obs
-                .failure
-                .as_ref()
-                .map(ToString::to_string)
-                .unwrap_or_default();
-            let why = format!(
-                "no sign of life for {:.1} s: requests running on a busy NPU (AI Cube peak {}), and no token, KV-cache usage, running or waiting count moved",
-                quiet.as_secs_f64(),
-                obs.peak.unwrap_or_default()
-            );
-            return Accounted {
-                accounting: Accounting::NoSignOfLife,
-                count: obs.count + 1,
-                abnormal: Some(format!("a virtual request failed ({e}) with {why}")),
-                why: Some(why),
-                stalled: Some(quiet),
-            };
-        }
+    if failed
+        && rules.agent.is_some()
+        && let Some(a) = agent_first(rules, obs)
+    {
+        return a;
     }
     match obs.peak {
         Some(p) if p < threshold && failed => {
@@ -319,6 +278,58 @@ pub fn account(rules: &Rules, obs: &Observation) -> Accounted {
         },
         None => reset(),
     }
+}
+
+/// The agent policy's rules that come before the reference's for a failed probe, in order:
+/// `/health` failing, asleep, a driver fault, no sign of life (rule 11). `None`: none applies.
+fn agent_first(rules: &Rules, obs: &Observation) -> Option<Accounted> {
+    let keep = |accounting, why: &str| Accounted {
+        accounting,
+        count: obs.count,
+        abnormal: None,
+        why: Some(why.to_owned()),
+        stalled: None,
+    };
+    if obs.health_failed {
+        return Some(keep(
+            Accounting::UnchangedHealthFailing,
+            "the engine's /health fails too; its grace decides",
+        ));
+    }
+    if obs.asleep {
+        return Some(keep(
+            Accounting::UnchangedAsleep,
+            "the engine is asleep (vllm:engine_sleep_state)",
+        ));
+    }
+    let e = obs.failure.as_ref()?;
+    if let Some(f) = &obs.driver_fault
+        && f.level >= CONFIRM_LEVEL
+    {
+        return Some(Accounted {
+            accounting: Accounting::DriverFault,
+            count: obs.count + 1,
+            abnormal: Some(format!(
+                "a virtual request failed ({e}) while {}: the driver explains the failure",
+                f.describe()
+            )),
+            why: Some(f.describe()),
+            stalled: None,
+        });
+    }
+    let quiet = no_sign_of_life(rules, obs)?;
+    let why = format!(
+        "no sign of life for {:.1} s: the engine should be working (its NPU busy, AI Cube peak {}), and no token, KV-cache usage, running or waiting count moved",
+        quiet.as_secs_f64(),
+        obs.peak.unwrap_or_default()
+    );
+    Some(Accounted {
+        accounting: Accounting::NoSignOfLife,
+        count: obs.count + 1,
+        abnormal: Some(format!("a virtual request failed ({e}) with {why}")),
+        why: Some(why),
+        stalled: Some(quiet),
+    })
 }
 
 fn reset() -> Accounted {

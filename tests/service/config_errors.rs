@@ -399,10 +399,16 @@ fn check_config_reads_the_fault_code_table_and_names_what_is_wrong() {
 #[test]
 fn check_config_binds_every_listener_and_names_the_key() {
     let dir = tempfile::tempdir().unwrap();
-    let config = write_config(dir.path(), "");
+    // The free port may be taken by a test running beside this one before it is held here:
+    // choose again until this test holds it.
+    let (config, mgmt, held) = loop {
+        let config = write_config(dir.path(), "");
+        let mgmt = mgmt_port_of(&std::fs::read_to_string(&config).unwrap());
+        if let Ok(held) = std::net::TcpListener::bind(("127.0.0.1", mgmt)) {
+            break (config, mgmt, held);
+        }
+    };
     let text = std::fs::read_to_string(&config).unwrap();
-    let mgmt = mgmt_port_of(&text);
-    let held = std::net::TcpListener::bind(("127.0.0.1", mgmt)).unwrap();
     let mut check = agent();
     check.args(["check-config", "--config"]).arg(&config);
     let check = run_within(check, dir.path(), Duration::from_secs(20));

@@ -72,6 +72,7 @@ const DETAIL_PATHS: &[&str] = &[
     "qos.stall_detection.skip_when_capacity_waiting",
     "qos.stall_detection.window_s",
     "qos.stalled_for_s",
+    "qos.quiet_for_s",
     "policy",
     "policy_source",
     "reason",
