@@ -25,7 +25,73 @@ pub const EXIT_USAGE: u8 = 2;
 /// Exit code when no driver backend can serve AI Cube figures.
 pub const EXIT_NO_BACKEND: u8 = 3;
 
-const DRIVER_FLAGS_NOTE: &str = "Driver flags (--dcmi-lib, --npu-smi, --backend, --dcmi-no-owner-check, --npu-smi-delay) go before the command: npu-health-agent [FLAGS] <COMMAND>; see npu-health-agent --help.";
+const DRIVER_FLAGS_NOTE: &str = "Driver flags (--dcmi-lib, --npu-smi, --backend, --dcmi-no-owner-check, --npu-smi-delay) go before the command: npu-health-agent [FLAGS] <COMMAND> (after it works too); see npu-health-agent --help.";
+
+/// The driver flags, with whether each takes a value: the program's, listed once in
+/// `--help`, and accepted after the command as well ([`driver_flags_first`]).
+const DRIVER_FLAGS: [(&str, bool); 6] = [
+    ("--dcmi-lib", true),
+    ("--npu-smi", true),
+    ("--backend", true),
+    ("--dcmi-no-owner-check", false),
+    ("--npu-smi-delay", true),
+    ("--fake", false),
+];
+
+/// The command line with the driver flags found after the command moved before it, where
+/// clap takes them: `sample --backend npu-smi --npu-smi X` reads as `--backend npu-smi
+/// --npu-smi X sample`, as scripts and units written before the flags became the program's
+/// have them. Nothing after a `--` moves, and a flag's value moves with it (`--npu-smi X` or
+/// `--npu-smi=X`).
+pub fn driver_flags_first(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    let flag_of = |a: &std::ffi::OsString| {
+        let a = a.to_str()?;
+        DRIVER_FLAGS.iter().find_map(|(f, takes)| {
+            if a == *f {
+                Some(*takes)
+            } else if *takes && a.strip_prefix(f).is_some_and(|r| r.starts_with('=')) {
+                Some(false)
+            } else {
+                None
+            }
+        })
+    };
+    // The command: the first word that is neither a flag nor a flag's value.
+    let mut command = None;
+    let mut i = 1;
+    while i < args.len() {
+        let a = args[i].to_str().unwrap_or("");
+        if !a.starts_with('-') {
+            command = Some(i);
+            break;
+        }
+        let takes_value =
+            flag_of(&args[i]).unwrap_or(false) || a == "--log-format" || a == "--exit-with-parent";
+        i += if takes_value { 2 } else { 1 };
+    }
+    let Some(command) = command else { return args };
+    let (mut before, mut moved, mut rest) = (args[..command].to_vec(), Vec::new(), Vec::new());
+    let mut tail = args[command..].iter();
+    while let Some(a) = tail.next() {
+        if a == "--" {
+            rest.push(a.clone());
+            rest.extend(tail.by_ref().cloned());
+            break;
+        }
+        match flag_of(a) {
+            Some(takes_value) => {
+                moved.push(a.clone());
+                if takes_value && let Some(v) = tail.next() {
+                    moved.push(v.clone());
+                }
+            }
+            None => rest.push(a.clone()),
+        }
+    }
+    before.extend(moved);
+    before.extend(rest);
+    before
+}
 
 /// Health agent for LLM inference nodes on Huawei Ascend NPUs.
 #[derive(Debug, Parser)]
@@ -269,7 +335,7 @@ impl<E: Into<anyhow::Error>> From<E> for CliError {
 pub fn main() -> ExitCode {
     // Before anything else: a signal during start-up is remembered, not fatal.
     crate::service::signals::install_early();
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(driver_flags_first(std::env::args_os().collect()));
     if let Some(parent) = cli.exit_with_parent
         && let Err(e) = exit_with_parent(parent)
     {
@@ -510,5 +576,62 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Demo(args) => runtime(2)?.block_on(demo::demo(args)),
         #[cfg(feature = "fake-driver")]
         Command::FakeEngine(args) => runtime(2)?.block_on(demo::fake_engine(args)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn moved(line: &str) -> String {
+        let args = line.split(' ').map(std::ffi::OsString::from).collect();
+        driver_flags_first(args)
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    // Issue 42: the driver flags after the command read as before it; values move with
+    // their flag; before the command, after `--`, and other flags stay where they are.
+    #[test]
+    fn driver_flags_after_the_command_move_before_it() {
+        let rows = [
+            (
+                "a sample --backend npu-smi --npu-smi /x/npu-smi --window 2s",
+                "a --backend npu-smi --npu-smi /x/npu-smi sample --window 2s",
+            ),
+            (
+                "a run --config c.toml --dcmi-lib=/lib/libdcmi.so --dcmi-no-owner-check",
+                "a --dcmi-lib=/lib/libdcmi.so --dcmi-no-owner-check run --config c.toml",
+            ),
+            (
+                "a --dcmi-lib /lib/x.so --log-format json run --npu-smi-delay 2",
+                "a --dcmi-lib /lib/x.so --log-format json --npu-smi-delay 2 run",
+            ),
+            (
+                "a --npu-smi /bin/n devices --json",
+                "a --npu-smi /bin/n devices --json",
+            ),
+            ("a demo -- --npu-smi x", "a demo -- --npu-smi x"),
+            ("a --help", "a --help"),
+        ];
+        for (given, want) in rows {
+            assert_eq!(moved(given), want, "{given}");
+        }
+        // And clap takes both forms the same.
+        let parse = |line: &str| {
+            let args = line.split(' ').map(std::ffi::OsString::from).collect();
+            Cli::try_parse_from(driver_flags_first(args)).map(|c| {
+                (
+                    c.driver.npu_smi.clone(),
+                    c.driver.backend.map(|b| format!("{b:?}")),
+                )
+            })
+        };
+        let before = parse("a --backend npu-smi --npu-smi /x sample").unwrap();
+        let after = parse("a sample --backend npu-smi --npu-smi /x").unwrap();
+        assert_eq!(before, after);
+        assert_eq!(before.0.as_deref(), Some(std::path::Path::new("/x")));
     }
 }

@@ -731,3 +731,40 @@ fn driver_flags_are_listed_once_not_in_every_command() {
         "{r}"
     );
 }
+
+// Issue 42: the driver flags work after the command too, as scripts and units written before
+// they became the program's have them: the same answer either way.
+#[test]
+fn driver_flags_work_before_or_after_the_command() {
+    let run = |args: &[&str]| {
+        let out = Command::new(support::agent())
+            .env_remove("FAKE_NPU_SCENARIO")
+            .args(args)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        v
+    };
+    // What the flags decide (the ages in the answer differ from run to run).
+    let chosen = |v: serde_json::Value| -> Vec<(serde_json::Value, serde_json::Value)> {
+        v["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| (d["id"].clone(), d["backend"].clone()))
+            .collect()
+    };
+    let before = chosen(run(&["--fake", "--backend", "dcmi", "devices", "--json"]));
+    let after = chosen(run(&["devices", "--json", "--fake", "--backend", "dcmi"]));
+    assert_eq!(before, after);
+    assert!(
+        !before.is_empty() && before.iter().all(|(_, b)| b == "dcmi"),
+        "{before:?}"
+    );
+}
