@@ -584,7 +584,6 @@ async fn pause(
 /// grep for it).
 fn log_accounting(cfg: &LoopConfig, obs: &Observation, a: &account::Accounted) {
     let engine = cfg.engine.as_str();
-    let max = cfg.rules.max_failure_count;
     let peak = obs.peak.unwrap_or_default();
     let why = a.why.as_deref().unwrap_or_default();
     match a.accounting {
@@ -598,8 +597,8 @@ fn log_accounting(cfg: &LoopConfig, obs: &Observation, a: &account::Accounted) {
             tracing::warn!(
                 engine,
                 peak,
-                "virtual inference failed while the NPU is idle. Current failure count: {}/{max}",
-                a.count
+                "virtual inference failed while the NPU is idle. Current failure count: {}",
+                count_words(&cfg.rules, a.count)
             );
         }
         Accounting::IncrementedStalled => {
@@ -608,8 +607,8 @@ fn log_accounting(cfg: &LoopConfig, obs: &Observation, a: &account::Accounted) {
                 engine,
                 peak,
                 stalled_s = stalled,
-                "virtual inference failed while the NPU is busy and the engine has made no progress for {stalled:.0} s (stall detection). Current failure count: {}/{max}",
-                a.count
+                "virtual inference failed while the NPU is busy and the engine has made no progress for {stalled:.0} s (stall detection). Current failure count: {}",
+                count_words(&cfg.rules, a.count)
             );
         }
         Accounting::UnchangedCapacityWaiting => tracing::info!(
@@ -652,9 +651,45 @@ fn log_accounting(cfg: &LoopConfig, obs: &Observation, a: &account::Accounted) {
         tracing::error!(
             engine,
             verdict = "abnormal",
+            "{}",
+            abnormal_words(&cfg.rules, a)
+        );
+    }
+}
+
+/// The failure count as the log shows it: the reference's `count/max`, and under the agent
+/// policy the count that makes the engine abnormal when its failures are confirmed, so a
+/// line saying `1/6` is not followed by an abnormal verdict at 2 unexplained.
+fn count_words(rules: &Rules, count: i64) -> String {
+    let max = rules.max_failure_count;
+    match rules.agent {
+        Some(a) if a.confirm_failures < max => format!(
+            "{count}/{max} (agent policy: abnormal at {} when confirmed)",
+            a.confirm_failures
+        ),
+        _ => format!("{count}/{max}"),
+    }
+}
+
+/// The line that says a probe made the engine abnormal: the reference's wording when the
+/// count reached its maximum; else what made it abnormal sooner (agent policy).
+fn abnormal_words(rules: &Rules, a: &account::Accounted) -> String {
+    if a.count >= rules.max_failure_count || rules.agent.is_none() {
+        return format!(
             "Reach maximum failure count ({}); status is abnormal",
             a.count
         );
+    }
+    match a.accounting {
+        Accounting::DriverFault | Accounting::NoSignOfLife => format!(
+            "Abnormal at failure count {} ({}); status is abnormal",
+            a.count,
+            a.why.as_deref().unwrap_or_default()
+        ),
+        _ => format!(
+            "Reach confirmed failure count ({}, agent policy: confirm_failures); status is abnormal",
+            a.count
+        ),
     }
 }
 
@@ -1465,6 +1500,42 @@ mod tests {
             a.learned_timeout_floor = Some(Duration::from_millis(500));
         }
         c
+    }
+
+    // Issue 42: under the agent policy the log says at which count a confirmed failure is
+    // abnormal, and the abnormal line says why it came before the reference's maximum; the
+    // reference keeps MindIE's wording.
+    #[test]
+    fn the_failure_count_lines_say_what_makes_the_engine_abnormal() {
+        let (reference, agent) = (cfg(6).rules, agent_cfg().rules);
+        assert_eq!(count_words(&reference, 1), "1/6");
+        assert_eq!(
+            count_words(&agent, 1),
+            "1/6 (agent policy: abnormal at 2 when confirmed)"
+        );
+        let at = |count, accounting| account::Accounted {
+            accounting,
+            count,
+            abnormal: Some(String::new()),
+            why: Some("no sign of life for 8.0 s".to_owned()),
+            stalled: None,
+        };
+        assert_eq!(
+            abnormal_words(&reference, &at(6, Accounting::Incremented)),
+            "Reach maximum failure count (6); status is abnormal"
+        );
+        assert_eq!(
+            abnormal_words(&agent, &at(6, Accounting::Incremented)),
+            "Reach maximum failure count (6); status is abnormal"
+        );
+        assert_eq!(
+            abnormal_words(&agent, &at(2, Accounting::Incremented)),
+            "Reach confirmed failure count (2, agent policy: confirm_failures); status is abnormal"
+        );
+        assert_eq!(
+            abnormal_words(&agent, &at(1, Accounting::NoSignOfLife)),
+            "Abnormal at failure count 1 (no sign of life for 8.0 s); status is abnormal"
+        );
     }
 
     // Rule 12: an idle engine that answered in 20 ms is given 500 ms (the floor), not 5 s;
