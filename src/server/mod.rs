@@ -60,19 +60,50 @@ pub fn engine_router(view: EngineView) -> Router {
         .route("/qos", get(engine_qos))
         .route("/metrics", get(engine_metrics));
     let routes = REGISTRY.iter().flat_map(|i| i.routes());
-    routes
-        .fold(own, |r, route| {
-            let answer = route.answer;
-            r.route(
-                route.path,
-                get(
-                    move |State(v): State<EngineView>, headers: HeaderMap| async move {
-                        answer(&v.engine, &headers)
-                    },
-                ),
-            )
-        })
-        .with_state(view)
+    let routes = routes.fold(own, |r, route| {
+        let answer = route.answer;
+        r.route(
+            route.path,
+            get(
+                move |State(v): State<EngineView>, headers: HeaderMap| async move {
+                    answer(&v.engine, &headers)
+                },
+            ),
+        )
+    });
+    with_fallbacks(routes).with_state(view)
+}
+
+/// Both listeners' answers to a path no route serves and to a method no route takes.
+fn with_fallbacks<S: Clone + Send + Sync + 'static>(r: Router<S>) -> Router<S> {
+    r.fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+}
+
+/// A path no route serves: a 404 that says so in one line (an empty body left a user
+/// guessing whether the agent or something in front of it answered).
+async fn not_found(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        format!(
+            "npu-health-agent: no route {method} {} on this listener (docs/endpoints.md lists them)\n",
+            crate::logging::quote(uri.path())
+        ),
+    )
+        .into_response()
+}
+
+/// A route asked with another method than GET: a 405 that says which it takes.
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    (
+        StatusCode::METHOD_NOT_ALLOWED,
+        [(header::ALLOW, "GET, HEAD")],
+        format!(
+            "npu-health-agent: {} answers GET only, not {method}\n",
+            crate::logging::quote(uri.path())
+        ),
+    )
+        .into_response()
 }
 
 /// Router of the admin listener; every route but `/healthz` behind `access`.
@@ -94,10 +125,9 @@ pub fn admin_router(view: AdminView, access: Arc<auth::AdminAccess>) -> Router {
         .iter()
         .flat_map(|i| i.routes())
         .filter(|r| r.on_admin);
-    routes
-        .fold(open, |r, route| {
-            let answer = route.answer;
-            r.route(
+    let routes = routes.fold(open, |r, route| {
+        let answer = route.answer;
+        r.route(
                 &format!("/engines/{{name}}{}", route.path),
                 get(
                     move |State(v): State<AdminView>,
@@ -107,8 +137,8 @@ pub fn admin_router(view: AdminView, access: Arc<auth::AdminAccess>) -> Router {
                     },
                 ),
             )
-        })
-        .with_state(view)
+    });
+    with_fallbacks(routes).with_state(view)
 }
 
 /// The engine named `name` on the admin listener: `f` of it, or a 404. The route is open (the
@@ -340,4 +370,47 @@ pub fn listener_on(socket: &std::net::TcpListener) -> Result<TcpListener, String
         .try_clone()
         .map_err(|e| format!("cannot duplicate the listening socket: {e}"))?;
     TcpListener::from_std(dup).map_err(|e| format!("cannot register the listening socket: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tower::ServiceExt;
+
+    async fn ask(router: Router, method: &str, path: &str) -> (StatusCode, Option<String>, String) {
+        let req = axum::http::Request::builder()
+            .method(method)
+            .uri(path)
+            .body(axum::body::Body::empty())
+            .unwrap();
+        let r = router.oneshot(req).await.unwrap();
+        let allow = r
+            .headers()
+            .get(header::ALLOW)
+            .map(|v| v.to_str().unwrap().to_owned());
+        let status = r.status();
+        let body = axum::body::to_bytes(r.into_body(), 1 << 16).await.unwrap();
+        (status, allow, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    // Issue 42: a 404 or a 405 says what happened in its body (both listeners' routers end
+    // with these fallbacks).
+    #[tokio::test]
+    async fn unknown_paths_and_methods_answer_with_a_line_that_says_so() {
+        let router = with_fallbacks(Router::new().route("/status", get(|| async { "ok" })));
+        let (code, _, body) = ask(router.clone(), "GET", "/nope").await;
+        assert_eq!(code, StatusCode::NOT_FOUND);
+        assert_eq!(
+            body,
+            "npu-health-agent: no route GET \"/nope\" on this listener (docs/endpoints.md lists them)\n"
+        );
+        let (code, allow, body) = ask(router.clone(), "POST", "/status").await;
+        assert_eq!(code, StatusCode::METHOD_NOT_ALLOWED);
+        assert_eq!(allow.as_deref(), Some("GET, HEAD"));
+        assert_eq!(
+            body,
+            "npu-health-agent: \"/status\" answers GET only, not POST\n"
+        );
+        assert_eq!(ask(router, "GET", "/status").await.2, "ok");
+    }
 }
