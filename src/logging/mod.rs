@@ -58,10 +58,12 @@ pub fn init(format: LogFormat, default: &str) -> LogHandle {
         .ok()
         .filter(|v| !v.trim().is_empty());
     // An invalid RUST_LOG is reported and ignored (the config's level then applies).
-    let env_filter = env.as_deref().and_then(|v| EnvFilter::try_new(v).ok());
+    let env_filter = env
+        .as_deref()
+        .and_then(|v| EnvFilter::try_new(quiet_dependencies(v)).ok());
     let env_invalid = env.is_some() && env_filter.is_none();
     let from_env = env_filter.is_some();
-    let filter = env_filter.unwrap_or_else(|| EnvFilter::new(default));
+    let filter = env_filter.unwrap_or_else(|| EnvFilter::new(quiet_dependencies(default)));
     let (filter_layer, handle) = reload::Layer::new(filter);
     let installed = tracing_subscriber::registry()
         .with(filter_layer)
@@ -79,6 +81,29 @@ pub fn init(format: LogFormat, default: &str) -> LogHandle {
         structured,
         env_filter: from_env,
     }
+}
+
+/// Dependencies' own lines that only repeat, without context, a failure the agent logs
+/// itself: kube's HTTP trace layer writes `ERROR failed with status 500 Internal Server
+/// Error` for every 5xx answer of the Kubernetes API, beside the agent's WARN naming the
+/// call and the pod. Turned off unless the directives name the target themselves (an
+/// operator debugging the client asks for it by name: `kube_client=debug`).
+const QUIET_TARGETS: &[&str] = &["kube_client::client::builder"];
+
+/// `directives` with each of [`QUIET_TARGETS`] turned off, unless they name it.
+fn quiet_dependencies(directives: &str) -> String {
+    let mut out = directives.trim().to_string();
+    for target in QUIET_TARGETS {
+        let crate_name = target.split("::").next().unwrap_or(target);
+        if !out.contains(crate_name) {
+            if !out.is_empty() {
+                out.push(',');
+            }
+            out.push_str(target);
+            out.push_str("=off");
+        }
+    }
+    out
 }
 
 /// The text format: `2026-11-30T00:23:05.123456Z  WARN message key=value ...`.
@@ -129,7 +154,7 @@ impl LogHandle {
             return Ok(());
         }
         let directives = level.unwrap_or(default);
-        let filter = EnvFilter::try_new(directives)
+        let filter = EnvFilter::try_new(quiet_dependencies(directives))
             .map_err(|e| format!("log_level {directives:?} is not a valid filter: {e}"))?;
         if let Some(h) = &self.filter {
             h.reload(filter)
@@ -161,4 +186,26 @@ pub fn set_global(h: LogHandle) {
 /// The handle set by [`set_global`], if any.
 pub fn global() -> Option<&'static LogHandle> {
     HANDLE.get()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::quiet_dependencies;
+
+    #[test]
+    fn kube_clients_own_failure_lines_are_off_unless_named() {
+        assert_eq!(
+            quiet_dependencies("info"),
+            "info,kube_client::client::builder=off"
+        );
+        assert_eq!(
+            quiet_dependencies(" debug "),
+            "debug,kube_client::client::builder=off"
+        );
+        assert_eq!(quiet_dependencies(""), "kube_client::client::builder=off");
+        assert_eq!(
+            quiet_dependencies("info,kube_client=debug"),
+            "info,kube_client=debug"
+        );
+    }
 }

@@ -192,7 +192,7 @@ pub trait KubeApi: Send + Sync {
         node: Option<&str>,
         namespace: Option<&str>,
         labels: Option<&str>,
-    ) -> impl Future<Output = Result<Vec<PodInfo>, ApiError>> + Send;
+    ) -> impl Future<Output = Result<Arc<[PodInfo]>, ApiError>> + Send;
     fn get_pod(
         &self,
         namespace: &str,
@@ -219,6 +219,9 @@ pub trait KubeApi: Send + Sync {
         key: &str,
         value: &str,
     ) -> impl Future<Output = Result<(), ApiError>> + Send;
+    /// A pod the loop knew is gone (a 404 on it): lists answered before are stale
+    /// ([`super::shared::SharedLists`]).
+    fn pod_gone(&self) {}
 }
 
 /// The files `[agent.kubernetes]` names with `api_server`, read as the client reads them;
@@ -503,7 +506,7 @@ impl KubeApi for KubeClient {
         node: Option<&str>,
         namespace: Option<&str>,
         labels: Option<&str>,
-    ) -> Result<Vec<PodInfo>, ApiError> {
+    ) -> Result<Arc<[PodInfo]>, ApiError> {
         let mut lp = ListParams::default();
         if let Some(n) = node {
             lp = lp.fields(&format!("spec.nodeName={n}"));
@@ -514,7 +517,12 @@ impl KubeApi for KubeClient {
         let list: ObjectList<Pod> = self
             .call_for(pods(namespace).list(&lp), LIST_LIMIT, "a list of pods")
             .await?;
-        Ok(list.items.iter().map(PodInfo::of).collect())
+        Ok(list
+            .items
+            .iter()
+            .map(PodInfo::of)
+            .collect::<Vec<_>>()
+            .into())
     }
 
     async fn get_pod(&self, namespace: &str, name: &str) -> Result<PodInfo, ApiError> {

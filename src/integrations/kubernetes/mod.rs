@@ -12,6 +12,7 @@ pub mod api;
 pub mod config;
 pub mod eviction;
 pub mod pods;
+pub mod shared;
 pub mod task;
 pub mod told;
 
@@ -21,6 +22,7 @@ use crate::monitor::Monitor;
 use crate::monitor::journal;
 use api::KubeClient;
 use config::{EvictionMode, KubernetesConfig, MINDCLUSTER_ANNOTATION};
+use shared::SharedLists;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
@@ -76,12 +78,13 @@ impl Integration for KubernetesApi {
     }
 }
 
-/// The mode as started: its settings, the node, and the client (or why there is none).
-#[derive(Debug, Clone)]
+/// The mode as started: its settings, the node, the client (or why there is none), shared
+/// by every engine's loop ([`shared`]: one pod list per resync), and when it started.
 pub struct ApiMode {
     pub cfg: KubernetesConfig,
     pub node: Option<String>,
-    pub client: Result<KubeClient, String>,
+    pub client: Result<Arc<SharedLists<KubeClient>>, String>,
+    pub origin: tokio::time::Instant,
 }
 
 impl Started for ApiMode {
@@ -92,6 +95,7 @@ impl Started for ApiMode {
                 self.cfg.clone(),
                 self.node.clone(),
                 m,
+                self.origin,
                 cancel,
             ))),
             Err(why) => {
@@ -120,7 +124,8 @@ impl ApiMode {
         Arc::new(ApiMode {
             cfg: cfg.clone(),
             node,
-            client,
+            client: client.map(|c| Arc::new(SharedLists::new(c, cfg.resync_period))),
+            origin: tokio::time::Instant::now(),
         })
     }
 }

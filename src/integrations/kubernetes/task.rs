@@ -13,6 +13,7 @@ use super::api::{ApiError, KubeApi, PodInfo};
 use super::eviction;
 use super::eviction_ground;
 use super::pods::{self, EngineAddr};
+use super::shared::next_resync;
 use super::told::{Attempt, ConditionSet, Outcome, PodAction};
 use crate::clock::unix_ms;
 use crate::integrations::ActionInputs;
@@ -97,6 +98,8 @@ struct Loop<'a, A> {
     m: &'a Monitor,
     pod: Option<PodInfo>,
     next_lookup: Instant,
+    /// The mode's start: the resyncs' schedule.
+    origin: Instant,
     next_resync: Instant,
     /// `(status, reason)` as last set, and when the status last changed.
     sent: Option<(&'static str, &'static str)>,
@@ -107,12 +110,15 @@ struct Loop<'a, A> {
     quiet: Quiet,
 }
 
-/// Runs until `cancel`. `api` is the engine's client; `m` its monitor.
+/// Runs until `cancel`. `api` is the engine's client; `m` its monitor; `origin` the mode's
+/// start, from which every engine's resyncs fall on one schedule
+/// ([`super::shared::next_resync`]), so their pod lists are one.
 pub async fn run(
     api: impl KubeApi,
     cfg: KubernetesConfig,
     node: Option<String>,
     m: Arc<Monitor>,
+    origin: Instant,
     cancel: CancellationToken,
 ) {
     let now = Instant::now();
@@ -123,7 +129,8 @@ pub async fn run(
         m: &m,
         pod: None,
         next_lookup: now,
-        next_resync: now + cfg.resync_period,
+        origin,
+        next_resync: next_resync(origin, now, cfg.resync_period),
         sent: None,
         transition: Time(k8s_openapi::jiff::Timestamp::now()),
         condition_retry_at: None,
@@ -166,7 +173,7 @@ impl<A: KubeApi> Loop<'_, A> {
         let now = Instant::now();
         let resync = now >= self.next_resync;
         if resync {
-            self.next_resync = now + self.cfg.resync_period;
+            self.next_resync = next_resync(self.origin, now, self.cfg.resync_period);
         }
         if resync || (self.pod.is_none() && now >= self.next_lookup) {
             self.lookup().await;
@@ -258,6 +265,7 @@ impl<A: KubeApi> Loop<'_, A> {
 
     /// The pod is gone (a 404 on it): forget it and look again at the next tick.
     fn pod_gone(&mut self) {
+        self.api.pod_gone();
         self.pod = None;
         self.sent = None;
         self.next_lookup = Instant::now();
