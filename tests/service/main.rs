@@ -15,4 +15,5 @@ mod listener_limits;
 mod module_layering;
 mod property_surfaces;
 mod service_cli;
+mod soak;
 mod systemd_restart;
