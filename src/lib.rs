@@ -37,10 +37,13 @@ pub mod tls;
 pub mod view;
 pub mod window;
 
-/// Version string shown by `--version`: crate version and git revision.
+/// Version string shown by `--version`: crate version, git revision, a hash of the sources
+/// and manifest, and `fake-driver` when the fakes are built in (build.rs).
 pub const VERSION: &str = concat!(
     env!("CARGO_PKG_VERSION"),
     " (git ",
     env!("NPU_HEALTH_AGENT_GIT_HASH"),
+    ", ",
+    env!("NPU_HEALTH_AGENT_BUILD"),
     ")"
 );

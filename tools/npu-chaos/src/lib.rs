@@ -27,48 +27,60 @@ use run::{Cadence, EngineKind, Outcome, Policy, RunOptions};
 use std::path::{Path, PathBuf};
 
 /// The agent binary next to this one (cargo builds both into the same directory). Refused
-/// when it is clearly older than the agent library this binary was last built against:
-/// `cargo build -p npu-chaos` after a change to the agent rebuilds the library and this
-/// binary, not the agent's, and an old agent would be tested without anyone noticing. (A
-/// change to the runner alone rebuilds only the runner; that agent is still current.)
+/// unless it was built from the same sources as the agent library this runner links, with
+/// the fakes: `cargo build -p npu-chaos` after a change to the agent rebuilds the library and
+/// this binary, not the agent's, and `scripts/build-deb` (or any build without
+/// `--features fake-driver`) writes an agent without the fakes. Both are told apart by what
+/// `--version` says (build.rs hashes the sources), not by the files' times: a `cargo bench`
+/// writes a newer library of the same sources, and that agent is current.
 pub fn agent_exe() -> Result<PathBuf, String> {
     let me = std::env::current_exe().map_err(|e| format!("cannot locate this binary: {e}"))?;
     let agent = me.with_file_name("npu-health-agent");
-    let build = "build both with `cargo build --release --features fake-driver` (same profile)";
-    let Some(agent_time) = modified(&agent) else {
-        return Err(format!("{} not found: {build}", agent.display()));
-    };
-    if let Some((lib, lib_time)) = newest_agent_library(&me)
-        && lib_time
-            .duration_since(agent_time)
-            .is_ok_and(|d| d > std::time::Duration::from_secs(120))
-    {
+    if !agent.is_file() {
         return Err(format!(
-            "{} is older than the agent library {}: {build}",
-            agent.display(),
-            lib.display()
+            "{} not found: build both with `cargo build --release --features fake-driver` (same profile)",
+            agent.display()
         ));
     }
+    let out = std::process::Command::new(&agent)
+        .arg("--version")
+        .output()
+        .map_err(|e| format!("{} --version: {e}", agent.display()))?;
+    let theirs = String::from_utf8_lossy(&out.stdout);
+    current(&agent, theirs.trim(), npu_health_agent::VERSION)?;
     Ok(agent)
 }
 
-fn modified(p: &Path) -> Option<std::time::SystemTime> {
-    std::fs::metadata(p).and_then(|m| m.modified()).ok()
-}
-
-/// The newest `deps/libnpu_health_agent-*.rlib` beside `exe`, with its time.
-fn newest_agent_library(exe: &Path) -> Option<(PathBuf, std::time::SystemTime)> {
-    let deps = exe.parent()?.join("deps");
-    std::fs::read_dir(deps)
-        .ok()?
-        .filter_map(|e| {
-            let path = e.ok()?.path();
-            let name = path.file_name()?.to_str()?;
-            (name.starts_with("libnpu_health_agent-") && name.ends_with(".rlib"))
-                .then(|| Some((modified(&path)?, path)))?
-        })
-        .max()
-        .map(|(t, p)| (p, t))
+/// Whether `version` (the agent binary's `--version` line) is of the library `ours`: the same
+/// sources and the fakes. `Err` says what differs and what to run.
+fn current(agent: &Path, version: &str, ours: &str) -> Result<(), String> {
+    let build = |v: &str| {
+        v.split_once("source ")
+            .map(|(_, rest)| rest.trim_end_matches(')').to_owned())
+    };
+    let rebuild = "rebuild it with `cargo build --release --features fake-driver` (the profile of this runner)";
+    let (Some(theirs), Some(ours)) = (build(version), build(ours)) else {
+        return Err(format!(
+            "{} says {version:?}, not which sources it was built from: {rebuild}",
+            agent.display()
+        ));
+    };
+    let hash = |b: &str| b.split(',').next().unwrap_or_default().to_owned();
+    if !theirs.ends_with("fake-driver") {
+        return Err(format!(
+            "{} was built without the fakes (scripts/build-deb, or a build without --features fake-driver): {rebuild}",
+            agent.display()
+        ));
+    }
+    if hash(&theirs) != hash(&ours) {
+        return Err(format!(
+            "{} was built from other sources ({}) than the agent library of this runner ({}): {rebuild}",
+            agent.display(),
+            hash(&theirs),
+            hash(&ours)
+        ));
+    }
+    Ok(())
 }
 
 /// The repository root: two levels above `scripts/real-vllm` (its default is relative, so
@@ -275,4 +287,42 @@ async fn run_each(
         }
     }
     Ok(outcomes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::current;
+    use std::path::Path;
+
+    const OURS: &str = "0.1.0 (git 7d4e77def2bb, source 00aa11bb22cc33dd, fake-driver)";
+
+    #[test]
+    fn the_agent_must_be_of_the_same_sources_with_the_fakes() {
+        let a = Path::new("target/release/npu-health-agent");
+        // Another commit of the same sources (a `cargo bench` library) is current.
+        assert_eq!(
+            current(
+                a,
+                "npu-health-agent 0.1.0 (git 000000000000, source 00aa11bb22cc33dd, fake-driver)",
+                OURS
+            ),
+            Ok(())
+        );
+        let e = current(
+            a,
+            "npu-health-agent 0.1.0 (git 7d4e77def2bb, source 00aa11bb22cc33dd)",
+            OURS,
+        )
+        .unwrap_err();
+        assert!(e.contains("without the fakes"), "{e}");
+        let e = current(
+            a,
+            "npu-health-agent 0.1.0 (git 7d4e77def2bb, source ffff11bb22cc33dd, fake-driver)",
+            OURS,
+        )
+        .unwrap_err();
+        assert!(e.contains("other sources (ffff11bb22cc33dd)"), "{e}");
+        let e = current(a, "npu-health-agent 0.1.0 (git 7d4e77def2bb)", OURS).unwrap_err();
+        assert!(e.contains("not which sources"), "{e}");
+    }
 }
