@@ -169,6 +169,14 @@ pub fn load(path: &Path) -> Result<AgentConfig, ConfigError> {
     parse(&text, path)
 }
 
+/// The 1-based line and column (in characters) of byte `offset` of `text`.
+fn line_column(text: &str, offset: usize) -> (usize, usize) {
+    let before = text.get(..offset.min(text.len())).unwrap_or(text);
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().unwrap_or("").chars().count() + 1;
+    (line, column)
+}
+
 /// Parses `agent.toml` text; `path` names the file and resolves relative paths.
 pub fn parse(text: &str, path: &Path) -> Result<AgentConfig, ConfigError> {
     let file = path.display().to_string();
@@ -183,9 +191,15 @@ pub fn parse(text: &str, path: &Path) -> Result<AgentConfig, ConfigError> {
             .unwrap_or_default();
         ConfigError::new(&file, place, super::unknown::rewrite_serde(e.message()))
     };
-    // A syntax error: the first, as the parser met it.
+    // A syntax error: the first, as the parser met it, at its line and column (an editor
+    // jumps to `file:line:column`).
     if let Some(e) = errors.first() {
-        return Err(fail(e));
+        let mut err = fail(e);
+        if let Some(span) = e.span() {
+            let (line, column) = line_column(text, span.start);
+            err.file = format!("{file}:{line}:{column}");
+        }
+        return Err(err);
     }
     let written = Written::of(doc.get_ref());
     let parsed =
@@ -561,6 +575,21 @@ mod tests {
 
     fn parse_str(text: &str) -> Result<AgentConfig, ConfigError> {
         parse(text, Path::new("/etc/npu-health-agent/agent.toml"))
+    }
+
+    // Issue 42: a syntax error names its line and column.
+    #[test]
+    fn a_syntax_error_names_its_line_and_column() {
+        let e = parse_str("[agent\nx = 1\n").unwrap_err();
+        assert_eq!(e.file, "/etc/npu-health-agent/agent.toml:1:7", "{e}");
+        assert!(e.to_string().contains("unclosed table"), "{e}");
+        let e = parse_str("# a comment\n[agent]\nsample_period = \n").unwrap_err();
+        assert_eq!(e.file, "/etc/npu-health-agent/agent.toml:3:17", "{e}");
+        let e = parse_str("[agent]\nname = \"\u{e9}\u{e9}\" x\n").unwrap_err();
+        assert_eq!(e.file, "/etc/npu-health-agent/agent.toml:2:13", "{e}");
+        // Errors that are not syntax keep the key as their place.
+        let e = parse_str("[agent]\nsample_period = 5\n").unwrap_err();
+        assert_eq!(e.file, "/etc/npu-health-agent/agent.toml", "{e}");
     }
 
     const INLINE: &str = r#"
