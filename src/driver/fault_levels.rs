@@ -4,7 +4,9 @@
 //! per level); its device plugin isolates NPUs by it. The agent reads the same file, so a
 //! code means the same thing to both. Without the file a small built-in table is used
 //! ([`BUILT_IN`], its origin beside it). A code in neither is [`FaultLevel::Unclassified`].
-//! See docs/fault-codes.md.
+//! The file is read as the configuration's own files are ([`crate::config::read`]: a regular
+//! file of at most 4 MiB, a FIFO refused without waiting for a writer). See
+//! docs/fault-codes.md.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -104,11 +106,9 @@ pub const BUILT_IN: &[(u64, FaultLevel)] = &[
 /// Why a `faultCode.json` cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum TableError {
-    #[error("{}: {source}", .path.display())]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    /// Not a regular file, too large, missing, unreadable, not UTF-8.
+    #[error("{}: {why}", .path.display())]
+    Read { path: PathBuf, why: String },
     #[error("{}: not JSON: {source}", .path.display())]
     Json {
         path: PathBuf,
@@ -153,12 +153,13 @@ impl FaultTable {
         }
     }
 
-    /// Reads `path`. A code listed under two levels takes the more severe (the shipped file
-    /// has one such code, `A2301001`).
+    /// Reads `path` through the configuration's bounded reader, which never waits on a FIFO
+    /// and stops at 4 MiB (a `/dev/zero` or a runaway file once grew the agent past its
+    /// unit's `MemoryMax`). Blocking file I/O: call it off the async runtime.
     pub fn load(path: &Path) -> Result<FaultTable, TableError> {
-        let text = std::fs::read_to_string(path).map_err(|source| TableError::Read {
+        let text = crate::config::read::text(path).map_err(|why| TableError::Read {
             path: path.to_owned(),
-            source,
+            why,
         })?;
         FaultTable::parse(&text, path)
     }
@@ -311,6 +312,64 @@ mod tests {
         assert!(err(r#"{"SeparateNPUCodes": [80]}"#).contains("[0] is 80"));
         assert!(err(r#"{"Other": []}"#).contains("no list the agent knows"));
         assert!(err(r#"{"SeparateNPUCodes": ["12345678901234567"]}"#).contains("not a hex code"));
+    }
+
+    /// `load(path)` on a thread; a regression that blocks fails after `limit` instead of
+    /// hanging the test run.
+    fn load_within(path: &Path, limit: std::time::Duration) -> Result<FaultTable, TableError> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let path = path.to_owned();
+        std::thread::spawn(move || tx.send(FaultTable::load(&path)));
+        rx.recv_timeout(limit)
+            .expect("the load did not return: it blocked on the file")
+    }
+
+    fn mkfifo(p: &Path) {
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            p,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::RUSR | rustix::fs::Mode::WUSR,
+            0,
+        )
+        .unwrap();
+    }
+
+    // Issue 41: a FIFO as faultCode.json hung check-config, the start and a reload (opening
+    // it waits for a writer that never comes).
+    #[test]
+    fn a_fifo_is_refused_without_waiting_for_a_writer() {
+        let d = tempfile::tempdir().unwrap();
+        let fifo = d.path().join("faultCode.json");
+        mkfifo(&fifo);
+        let e = load_within(&fifo, std::time::Duration::from_secs(30))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with(&fifo.display().to_string())
+                && e.contains("is a FIFO, not a regular file"),
+            "{e}"
+        );
+    }
+
+    // Issue 41: /dev/zero grew the agent to 2.1 GB, 22 MB of codes past its MemoryMax.
+    #[test]
+    fn dev_zero_and_a_file_over_4_mib_are_refused() {
+        let e = load_within(Path::new("/dev/zero"), std::time::Duration::from_secs(30))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("/dev/zero: is a character device"), "{e}");
+        let d = tempfile::tempdir().unwrap();
+        let big = d.path().join("faultCode.json");
+        // Valid JSON just over the bound: the size, not the content, refuses it.
+        let pad = " ".repeat(crate::config::read::MAX_BYTES as usize);
+        std::fs::write(
+            &big,
+            format!("{{\"SeparateNPUCodes\": [\"80E18402\"]}}{pad}"),
+        )
+        .unwrap();
+        let e = FaultTable::load(&big).unwrap_err().to_string();
+        assert!(e.contains("is larger than 4 MiB"), "{e}");
     }
 
     #[test]
