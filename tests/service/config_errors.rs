@@ -489,8 +489,8 @@ fn without_a_driver_check_config_says_the_npus_were_not_checked() {
     );
 }
 
-// MindCluster's faultCode.json: a malformed one fails check-config with the key and what is
-// wrong; a good one is named with its count, and lists the agent does not know are named.
+// MindCluster's faultCode.json: a malformed one (a bad entry, a key written twice, no code
+// at all) fails check-config with the key and what is wrong; a good one is named with its count, and lists the agent does not know are named.
 #[test]
 fn check_config_reads_the_fault_code_table_and_names_what_is_wrong() {
     let dir = tempfile::tempdir().unwrap();
@@ -518,6 +518,26 @@ fn check_config_reads_the_fault_code_table_and_names_what_is_wrong() {
         "{}",
         bad.stderr
     );
+    // Issue 41: two lists under one key, and a table of empty lists, passed.
+    for (text, want) in [
+        (
+            r#"{"SeparateNPUCodes": ["80E18402"], "SeparateNPUCodes": ["80E3A201"]}"#,
+            "\"SeparateNPUCodes\" is written twice",
+        ),
+        (
+            r#"{"SeparateNPUCodes": [], "RestartNPUCodes": []}"#,
+            "every list is empty (SeparateNPUCodes, RestartNPUCodes)",
+        ),
+    ] {
+        std::fs::write(&table, text).unwrap();
+        let bad = check();
+        assert_eq!(bad.code, Some(2), "{}", bad.stderr);
+        assert!(
+            bad.last_line().contains("[agent] fault_code_file") && bad.last_line().contains(want),
+            "{want}\n{}",
+            bad.stderr
+        );
+    }
     std::fs::write(
         &table,
         r#"{"SeparateNPUCodes": ["80E18402"], "RestartBusinessCodes": ["80E01801"], "SwitchFaultCodes": []}"#,
