@@ -23,6 +23,7 @@ use crate::config::{AgentConfig, AgentSettings, ListenerLimits};
 use crate::continuity::handover::Predecessor;
 use crate::continuity::statefile::Persister;
 use crate::continuity::{self, StateDir};
+use crate::driver::fault_levels::{self, FaultTable, TableError};
 use crate::integrations::Started;
 use crate::monitor::Monitor;
 use crate::sampler::{Sampler, SamplerConfig, Shared, StartError};
@@ -272,16 +273,36 @@ pub fn npu_ids(sampler: &Sampler) -> Option<Vec<u32>> {
     (!ids.is_empty()).then_some(ids)
 }
 
-/// Puts `[agent] fault_code_file`'s table in force. A table that cannot be read never stops
-/// the agent (check-config refuses it): at start the built-in table is used, on a reload the
-/// table in force is kept; either way the log says why.
-pub(crate) fn apply_fault_table(agent: &AgentSettings, shared: &Shared, reload: bool) {
-    match crate::driver::fault_levels::FaultTable::configured(agent.fault_code_file.as_deref()) {
+/// `[agent] fault_code_file`'s table (see [`FaultTable::configured`]), read on a blocking
+/// thread: the read is bounded and never waits on a FIFO, but it is file I/O all the same,
+/// and the runtime's threads serve the listeners and the signal loop.
+pub(crate) async fn read_fault_table(agent: &AgentSettings) -> Result<FaultTable, TableError> {
+    let file = agent.fault_code_file.clone();
+    let named = file.clone();
+    tokio::task::spawn_blocking(move || FaultTable::configured(file.as_deref()))
+        .await
+        .unwrap_or_else(|e| {
+            Err(TableError::Read {
+                path: named.unwrap_or_else(|| fault_levels::DEFAULT_PATH.into()),
+                why: format!("the read did not finish: {e}"),
+            })
+        })
+}
+
+/// Puts the table [`read_fault_table`] read in force. A table that cannot be read never
+/// stops the agent (check-config refuses it): at start the built-in table is used, on a
+/// reload the table in force is kept; either way the log names the file and says why.
+pub(crate) fn apply_fault_table(
+    table: Result<FaultTable, TableError>,
+    shared: &Shared,
+    reload: bool,
+) {
+    match table {
         Ok(t) => {
             tracing::info!("fault-code levels from {}", t.describe());
             shared.fault_levels.set_table(t);
         }
-        Err(e) if reload => tracing::error!(
+        Err(e) if reload => tracing::warn!(
             "[agent] fault_code_file: {e}; the fault-code levels in force ({}) are kept",
             shared.fault_levels.table().origin
         ),

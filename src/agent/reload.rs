@@ -16,6 +16,7 @@
 
 use super::{AgentError, EngineRun, Prepared, Running};
 use crate::config::{AgentConfig, AgentSettings, EngineSpec};
+use crate::driver::fault_levels::{FaultTable, TableError};
 use crate::integrations::{Integration, Listen, REGISTRY};
 use crate::monitor::Monitor;
 use crate::monitor::saved::{Carry, EngineState};
@@ -203,6 +204,9 @@ impl Running {
             ..ReloadSummary::default()
         };
         self.check(&new)?;
+        // Read before anything changes, off the runtime's threads; a bad table does not
+        // reject the reload, it keeps the one in force.
+        let table = super::read_fault_table(&new.agent).await;
         let running: Vec<&EngineSpec> = self.engines.iter().map(|e| &e.state.spec).collect();
         let plan = plan(&running, &new.engines);
         let ready = self.prepare_reload(&plan, &new)?;
@@ -212,7 +216,7 @@ impl Running {
         let stops: Vec<_> = sorted.retired.into_iter().map(EngineRun::stop).collect();
         futures_util::future::join_all(stops).await;
         let old_admin = self.admin.take();
-        self.apply_agent(&new);
+        self.apply_agent(&new, table);
         self.start_engines(
             &new,
             sorted.kept,
@@ -332,8 +336,8 @@ impl Running {
     }
 
     /// Puts the new `[agent]` settings in force, but for the start-only ones: the sampling
-    /// period, the stuck threshold, the fault-code table.
-    fn apply_agent(&mut self, new: &AgentConfig) {
+    /// period, the stuck threshold, the fault-code table (`table`, read from `new`'s file).
+    fn apply_agent(&mut self, new: &AgentConfig, table: Result<FaultTable, TableError>) {
         self.cfg.agent = keep_start_only(&self.cfg.agent, &new.agent);
         self.cfg.source = new.source.clone();
         if new.agent.sample_period != self.sampler.period() {
@@ -345,7 +349,7 @@ impl Running {
             }
         }
         self.liveness_cfg.set(self.cfg.agent.sampler_stuck_after);
-        super::apply_fault_table(&new.agent, &self.shared, true);
+        super::apply_fault_table(table, &self.shared, true);
     }
 
     /// Starts the new and changed engines (a changed one with what carries over of its old

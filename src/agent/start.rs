@@ -7,7 +7,7 @@ use super::launch::Prepared;
 use super::listeners::acquire;
 use super::{
     AgentError, LivenessCfg, Roster, Running, Startup, apply_fault_table, driver_config, npu_ids,
-    preflight, sampler_config,
+    preflight, read_fault_table, sampler_config,
 };
 use crate::config::{AgentConfig, EngineSpec, ListenerLimits};
 use crate::continuity::statefile;
@@ -34,7 +34,7 @@ pub async fn start(cfg: AgentConfig, mut startup: Startup) -> Result<Running, Ag
     // The checks check-config makes too, so both give the same error.
     preflight::host(&cfg, npu_ids(&sampler).as_deref())
         .map_err(|e| AgentError::Config(e.to_string()))?;
-    apply_fault_table(&cfg.agent, sampler.shared(), false);
+    apply_fault_table(read_fault_table(&cfg.agent).await, sampler.shared(), false);
     let own: Vec<(&'static dyn Integration, Listen)> = REGISTRY
         .iter()
         .filter_map(|i| Some((*i, i.listen(&cfg.agent)?)))

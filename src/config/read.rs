@@ -1,5 +1,6 @@
 //! Reading the files a configuration names: `agent.toml`, MindIE's `user_config.json` and
-//! `env.json`, and the TLS material. Regular files only (a symlink to one is fine), at most
+//! `env.json`, the TLS material, and MindCluster's `faultCode.json` (`fault_code_file`, read
+//! by the driver's `fault_levels`). Regular files only (a symlink to one is fine), at most
 //! [`MAX_BYTES`].
 //!
 //! Why not `std::fs::read`: opening a FIFO blocks until a writer appears, so a FIFO named as

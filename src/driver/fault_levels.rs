@@ -4,9 +4,12 @@
 //! per level); its device plugin isolates NPUs by it. The agent reads the same file, so a
 //! code means the same thing to both. Without the file a small built-in table is used
 //! ([`BUILT_IN`], its origin beside it). A code in neither is [`FaultLevel::Unclassified`].
-//! See docs/fault-codes.md.
+//! The file is read as the configuration's own files are ([`crate::config::read`]: a regular
+//! file of at most 4 MiB, a FIFO refused without waiting for a writer). See
+//! docs/fault-codes.md.
 
-use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 /// Where MindCluster's device plugin image installs the table
@@ -101,14 +104,15 @@ pub const BUILT_IN: &[(u64, FaultLevel)] = &[
     (0x8C20_4E00, FaultLevel::RestartBusiness), // tsdaemon heartbeat lost
 ];
 
+/// How many repeated codes [`FaultTable::describe`] names; the line stays one line.
+const SHOWN_REPEATS: usize = 8;
+
 /// Why a `faultCode.json` cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum TableError {
-    #[error("{}: {source}", .path.display())]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    /// Not a regular file, too large, missing, unreadable, not UTF-8.
+    #[error("{}: {why}", .path.display())]
+    Read { path: PathBuf, why: String },
     #[error("{}: not JSON: {source}", .path.display())]
     Json {
         path: PathBuf,
@@ -126,6 +130,9 @@ pub struct FaultTable {
     pub origin: String,
     /// Keys of the file the agent does not know (a newer MindCluster); ignored.
     pub unknown_keys: Vec<String>,
+    /// Codes the file lists more than once (MindCluster's own file does), in order; each
+    /// takes the most severe of its levels.
+    pub repeated: Vec<u64>,
 }
 
 impl FaultTable {
@@ -150,44 +157,56 @@ impl FaultTable {
                 BUILT_IN.len()
             ),
             unknown_keys: Vec::new(),
+            repeated: Vec::new(),
         }
     }
 
-    /// Reads `path`. A code listed under two levels takes the more severe (the shipped file
-    /// has one such code, `A2301001`).
+    /// Reads `path` through the configuration's bounded reader, which never waits on a FIFO
+    /// and stops at 4 MiB (a `/dev/zero` or a runaway file once grew the agent past its
+    /// unit's `MemoryMax`). Blocking file I/O: call it off the async runtime.
     pub fn load(path: &Path) -> Result<FaultTable, TableError> {
-        let text = std::fs::read_to_string(path).map_err(|source| TableError::Read {
+        let text = crate::config::read::text(path).map_err(|why| TableError::Read {
             path: path.to_owned(),
-            source,
+            why,
         })?;
         FaultTable::parse(&text, path)
     }
 
-    /// Parses the text of a `faultCode.json` (`path` names it in errors).
+    /// Parses the text of a `faultCode.json` (`path` names it in errors). A code listed more
+    /// than once takes the most severe of its levels (MindCluster's own file lists
+    /// `A2301001` under two levels, `B4060011` twice in one); a list key written twice, or a
+    /// table without a single code, is refused.
     pub fn parse(text: &str, path: &Path) -> Result<FaultTable, TableError> {
         let shape = |what: String| TableError::Shape {
             path: path.to_owned(),
             what,
         };
-        let value: serde_json::Value =
-            serde_json::from_str(text).map_err(|source| TableError::Json {
-                path: path.to_owned(),
-                source,
-            })?;
-        let serde_json::Value::Object(map) = value else {
-            return Err(shape(
-                "the top level must be an object of code lists".to_owned(),
-            ));
-        };
+        let Entries(entries) = serde_json::from_str(text).map_err(|source| {
+            if source.classify() == serde_json::error::Category::Data {
+                shape("the top level must be an object of code lists".to_owned())
+            } else {
+                TableError::Json {
+                    path: path.to_owned(),
+                    source,
+                }
+            }
+        })?;
         let mut levels: HashMap<u64, FaultLevel> = HashMap::new();
+        let mut seen_keys = HashSet::new();
         let mut unknown_keys = Vec::new();
-        let mut known = 0;
-        for (key, list) in &map {
+        let mut known = Vec::new();
+        let mut repeated = Vec::new();
+        for (key, list) in &entries {
+            if !seen_keys.insert(key.as_str()) {
+                return Err(shape(format!(
+                    "\"{key}\" is written twice; a JSON reader would keep one list and drop the other silently: merge them into one"
+                )));
+            }
             let Some(level) = FaultLevel::of_key(key) else {
                 unknown_keys.push(key.clone());
                 continue;
             };
-            known += 1;
+            known.push(key.as_str());
             let serde_json::Value::Array(codes) = list else {
                 return Err(shape(format!("\"{key}\" must be a list of hex strings")));
             };
@@ -196,20 +215,39 @@ impl FaultTable {
                     .as_str()
                     .and_then(parse_code)
                     .ok_or_else(|| shape(format!("\"{key}\"[{i}] is {c}, not a hex code")))?;
-                let slot = levels.entry(code).or_insert(level);
-                *slot = (*slot).max(level);
+                match levels.entry(code) {
+                    Entry::Vacant(v) => {
+                        v.insert(level);
+                    }
+                    Entry::Occupied(mut o) => {
+                        repeated.push(code);
+                        let most = (*o.get()).max(level);
+                        o.insert(most);
+                    }
+                }
             }
         }
-        if known == 0 {
+        // Each repeated code once, where it was first repeated (a set, not a search of the
+        // list: a 4 MiB file holds some 380,000 codes).
+        let mut named = HashSet::new();
+        repeated.retain(|c| named.insert(*c));
+        if known.is_empty() {
             return Err(shape(
                 "no list the agent knows (NotHandleFaultCodes, RestartBusinessCodes, SeparateNPUCodes, …)"
                     .to_owned(),
             ));
         }
+        if levels.is_empty() {
+            return Err(shape(format!(
+                "every list is empty ({}): a table without codes classifies nothing; list the codes, or leave fault_code_file unset",
+                known.join(", ")
+            )));
+        }
         Ok(FaultTable {
             levels,
             origin: path.display().to_string(),
             unknown_keys,
+            repeated,
         })
     }
 
@@ -221,18 +259,29 @@ impl FaultTable {
             .unwrap_or(FaultLevel::Unclassified)
     }
 
-    /// `<origin> (<N> codes; lists not read: …)`, as `check-config` and the log say it.
+    /// `<origin> (<N> codes; lists not read: …; listed more than once: …)`, as
+    /// `check-config` and the log say it.
     pub fn describe(&self) -> String {
-        format!(
-            "{} ({} codes{})",
-            self.origin,
-            self.len(),
-            if self.unknown_keys.is_empty() {
-                String::new()
-            } else {
-                format!("; lists not read: {}", self.unknown_keys.join(", "))
+        let mut notes = String::new();
+        if !self.unknown_keys.is_empty() {
+            notes += &format!("; lists not read: {}", self.unknown_keys.join(", "));
+        }
+        if !self.repeated.is_empty() {
+            let mut codes: Vec<String> = self
+                .repeated
+                .iter()
+                .take(SHOWN_REPEATS)
+                .map(|c| format!("{c:08X}"))
+                .collect();
+            if self.repeated.len() > SHOWN_REPEATS {
+                codes.push(format!("… {} more", self.repeated.len() - SHOWN_REPEATS));
             }
-        )
+            notes += &format!(
+                "; listed more than once, the most severe level holds: {}",
+                codes.join(", ")
+            );
+        }
+        format!("{} ({} codes{notes})", self.origin, self.len())
     }
 
     /// How many codes it classifies.
@@ -243,6 +292,34 @@ impl FaultTable {
     /// Whether it classifies none.
     pub fn is_empty(&self) -> bool {
         self.levels.is_empty()
+    }
+}
+
+/// The top-level object's entries in the file's order, a key written twice kept twice
+/// (`serde_json::Value`'s map keeps the last one and says nothing).
+struct Entries(Vec<(String, serde_json::Value)>);
+
+impl<'de> serde::Deserialize<'de> for Entries {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_map(EntriesVisitor)
+    }
+}
+
+struct EntriesVisitor;
+
+impl<'de> serde::de::Visitor<'de> for EntriesVisitor {
+    type Value = Entries;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("an object of code lists")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Entries, A::Error> {
+        let mut entries = Vec::new();
+        while let Some(entry) = map.next_entry()? {
+            entries.push(entry);
+        }
+        Ok(Entries(entries))
     }
 }
 
@@ -311,6 +388,123 @@ mod tests {
         assert!(err(r#"{"SeparateNPUCodes": [80]}"#).contains("[0] is 80"));
         assert!(err(r#"{"Other": []}"#).contains("no list the agent knows"));
         assert!(err(r#"{"SeparateNPUCodes": ["12345678901234567"]}"#).contains("not a hex code"));
+    }
+
+    /// `load(path)` on a thread; a regression that blocks fails after `limit` instead of
+    /// hanging the test run.
+    fn load_within(path: &Path, limit: std::time::Duration) -> Result<FaultTable, TableError> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let path = path.to_owned();
+        std::thread::spawn(move || tx.send(FaultTable::load(&path)));
+        rx.recv_timeout(limit)
+            .expect("the load did not return: it blocked on the file")
+    }
+
+    fn mkfifo(p: &Path) {
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            p,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::RUSR | rustix::fs::Mode::WUSR,
+            0,
+        )
+        .unwrap();
+    }
+
+    // Issue 41: a FIFO as faultCode.json hung check-config, the start and a reload (opening
+    // it waits for a writer that never comes).
+    #[test]
+    fn a_fifo_is_refused_without_waiting_for_a_writer() {
+        let d = tempfile::tempdir().unwrap();
+        let fifo = d.path().join("faultCode.json");
+        mkfifo(&fifo);
+        let e = load_within(&fifo, std::time::Duration::from_secs(30))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with(&fifo.display().to_string())
+                && e.contains("is a FIFO, not a regular file"),
+            "{e}"
+        );
+    }
+
+    // Issue 41: /dev/zero grew the agent to 2.1 GB, 22 MB of codes past its MemoryMax.
+    #[test]
+    fn dev_zero_and_a_file_over_4_mib_are_refused() {
+        let e = load_within(Path::new("/dev/zero"), std::time::Duration::from_secs(30))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("/dev/zero: is a character device"), "{e}");
+        let d = tempfile::tempdir().unwrap();
+        let big = d.path().join("faultCode.json");
+        // Valid JSON just over the bound: the size, not the content, refuses it.
+        let pad = " ".repeat(crate::config::read::MAX_BYTES as usize);
+        std::fs::write(
+            &big,
+            format!("{{\"SeparateNPUCodes\": [\"80E18402\"]}}{pad}"),
+        )
+        .unwrap();
+        let e = FaultTable::load(&big).unwrap_err().to_string();
+        assert!(e.contains("is larger than 4 MiB"), "{e}");
+    }
+
+    // Issue 41: serde_json keeps the last of two lists under one key and says nothing.
+    #[test]
+    fn a_list_key_written_twice_is_refused() {
+        let e = parse(
+            r#"{"SeparateNPUCodes": ["80E18402"], "NotHandleFaultCodes": ["81078603"],
+                "SeparateNPUCodes": ["80E3A201"]}"#,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("\"SeparateNPUCodes\" is written twice") && e.contains("merge them"),
+            "{e}"
+        );
+        let e = parse(r#"{"SeparateNPUCodes": ["80E18402"], "Other": [], "Other": []}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("\"Other\" is written twice"), "{e}");
+    }
+
+    // Issue 41: a table whose lists were all empty passed check-config and classified nothing.
+    #[test]
+    fn a_table_whose_lists_are_all_empty_is_refused() {
+        let e = parse(r#"{"SeparateNPUCodes": [], "RestartNPUCodes": [], "Other": ["1"]}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("every list is empty (SeparateNPUCodes, RestartNPUCodes)"),
+            "{e}"
+        );
+    }
+
+    // MindCluster's own faultCode.json lists a code twice in one list (`B4060011`), once in
+    // two cases (`80818c00`, `80818C00`) and one under two levels (`A2301001`): it is
+    // accepted, the most severe level holds, and the repeats are named, not silent.
+    #[test]
+    fn a_code_listed_more_than_once_takes_the_most_severe_level_and_is_named() {
+        let t = parse(
+            r#"{"RestartBusinessCodes": ["B4060011", "A2301001", "B4060011"],
+                "SeparateNPUCodes": ["80818c00", "A2301001", "80818C00"]}"#,
+        )
+        .unwrap();
+        assert_eq!(t.level(0xA230_1001), FaultLevel::SeparateNPU);
+        assert_eq!(t.level(0xB406_0011), FaultLevel::RestartBusiness);
+        assert_eq!(t.repeated, [0xB406_0011, 0xA230_1001, 0x8081_8C00]);
+        assert_eq!(
+            t.describe(),
+            "faultCode.json (3 codes; listed more than once, the most severe level holds: B4060011, A2301001, 80818C00)"
+        );
+        let many: Vec<String> = (1..=10).map(|c| format!("\"{c:X}\"")).collect();
+        let list = many.join(", ");
+        let t = parse(&format!(r#"{{"NotHandleFaultCodes": [{list}, {list}]}}"#)).unwrap();
+        assert_eq!(t.repeated.len(), 10);
+        assert!(
+            t.describe().ends_with(": 00000001, 00000002, 00000003, 00000004, 00000005, 00000006, 00000007, 00000008, … 2 more)"),
+            "{}",
+            t.describe()
+        );
     }
 
     #[test]

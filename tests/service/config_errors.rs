@@ -315,6 +315,154 @@ fn sighup_with_a_fifo_as_the_config_is_rejected_and_sigterm_still_stops() {
     assert_eq!(code, Some(0), "{}", read_log());
 }
 
+/// `run` on `config`, its stderr (at `info`) in `log`; killed if the test fails before it
+/// stopped, so a wedged agent never outlives its test.
+struct Running {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Running {
+    fn start(config: &Path, log: PathBuf) -> Running {
+        let child = agent()
+            .args(["run", "--config"])
+            .arg(config)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        Running { child, log }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits up to a generous limit for `f`; fails with the log if it never holds.
+    fn wait(&self, what: &str, f: impl Fn(&str) -> bool) {
+        let end = Instant::now() + Duration::from_secs(20);
+        while !f(&self.log()) {
+            assert!(Instant::now() < end, "{what}\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn signal(&self, sig: rustix::process::Signal) {
+        rustix::process::kill_process(rustix::process::Pid::from_child(&self.child), sig).unwrap();
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// [`write_config`] with `[agent] fault_code_file = table`.
+fn write_config_with_table(dir: &Path, table: &Path) -> PathBuf {
+    let config = write_config(dir, "");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        format!("[agent]\nfault_code_file = {table:?}\n\n{text}"),
+    )
+    .unwrap();
+    config
+}
+
+// Issue 41: a FIFO as faultCode.json hung check-config, and `run` before it bound a port.
+// check-config fails with the file and why; `run` starts on the built-in table, says why,
+// serves, and stops at SIGTERM.
+#[test]
+fn a_fifo_as_the_fault_code_file_fails_check_config_and_run_starts_without_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("faultCode.json");
+    mkfifo(&table);
+    let config = write_config_with_table(dir.path(), &table);
+    let mut check = agent();
+    check.args(["check-config", "--config"]).arg(&config);
+    let e = run_within(check, dir.path(), Duration::from_secs(30));
+    assert_eq!(e.code, Some(2), "{}", e.stderr);
+    let want = format!(
+        "[agent] fault_code_file: {}: is a FIFO, not a regular file",
+        table.display()
+    );
+    assert!(e.last_line().contains(&want), "{want}\n{}", e.stderr);
+
+    let mgmt = mgmt_port_of(&std::fs::read_to_string(&config).unwrap());
+    let mut run = Running::start(&config, dir.path().join("agent.log"));
+    run.wait("serving", |_| {
+        http("GET", &format!("http://127.0.0.1:{mgmt}/status"), None).is_some()
+    });
+    assert!(
+        run.log().contains(&want) && run.log().contains("using the built-in"),
+        "{}",
+        run.log()
+    );
+    run.signal(rustix::process::Signal::TERM);
+    assert_eq!(
+        wait_exit(&mut run.child, Duration::from_secs(15)),
+        Some(0),
+        "{}",
+        run.log()
+    );
+}
+
+// Issue 41: faultCode.json replaced by a FIFO, then SIGHUP, left the main loop stuck for
+// good (SIGTERM and SIGHUP ignored). The reload goes through, the table in force stays with a
+// warning that names the file and why, /status still answers, a second SIGHUP is handled, and
+// SIGTERM stops the agent.
+#[test]
+fn sighup_with_a_fifo_as_the_fault_code_file_keeps_the_table_and_sigterm_still_stops() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("faultCode.json");
+    std::fs::write(
+        &table,
+        r#"{"SeparateNPUCodes": ["80E18402"], "RestartBusinessCodes": ["80E01801"]}"#,
+    )
+    .unwrap();
+    let config = write_config_with_table(dir.path(), &table);
+    let mgmt = mgmt_port_of(&std::fs::read_to_string(&config).unwrap());
+    let status = || http("GET", &format!("http://127.0.0.1:{mgmt}/status"), None);
+    let mut run = Running::start(&config, dir.path().join("agent.log"));
+    run.wait("serving", |_| status().is_some());
+    let origin = format!("{} (2 codes)", table.display());
+    assert!(run.log().contains(&origin), "{}", run.log());
+    std::fs::remove_file(&table).unwrap();
+    mkfifo(&table);
+    run.signal(rustix::process::Signal::HUP);
+    run.wait("the reload", |l| l.contains("configuration reloaded"));
+    let warning = run
+        .log()
+        .lines()
+        .find(|l| l.contains("is a FIFO"))
+        .map(str::to_owned)
+        .unwrap_or_else(|| panic!("no line says why:\n{}", run.log()));
+    assert!(
+        warning.contains("WARN")
+            && warning.contains(&format!("[agent] fault_code_file: {}", table.display()))
+            && warning.contains(&format!(
+                "the fault-code levels in force ({}) are kept",
+                table.display()
+            )),
+        "{warning}"
+    );
+    assert!(status().is_some(), "/status still answers");
+    run.signal(rustix::process::Signal::HUP);
+    run.wait("the second reload", |l| {
+        l.matches("configuration reloaded").count() == 2
+    });
+    run.signal(rustix::process::Signal::TERM);
+    assert_eq!(
+        wait_exit(&mut run.child, Duration::from_secs(15)),
+        Some(0),
+        "{}",
+        run.log()
+    );
+}
+
 // With no driver backend `run` starts anyway (without NPU figures), so check-config does not
 // fail on the NPUs it cannot check; it says so.
 #[test]
@@ -341,8 +489,8 @@ fn without_a_driver_check_config_says_the_npus_were_not_checked() {
     );
 }
 
-// MindCluster's faultCode.json: a malformed one fails check-config with the key and what is
-// wrong; a good one is named with its count, and lists the agent does not know are named.
+// MindCluster's faultCode.json: a malformed one (a bad entry, a key written twice, no code
+// at all) fails check-config with the key and what is wrong; a good one is named with its count, and lists the agent does not know are named.
 #[test]
 fn check_config_reads_the_fault_code_table_and_names_what_is_wrong() {
     let dir = tempfile::tempdir().unwrap();
@@ -370,6 +518,26 @@ fn check_config_reads_the_fault_code_table_and_names_what_is_wrong() {
         "{}",
         bad.stderr
     );
+    // Issue 41: two lists under one key, and a table of empty lists, passed.
+    for (text, want) in [
+        (
+            r#"{"SeparateNPUCodes": ["80E18402"], "SeparateNPUCodes": ["80E3A201"]}"#,
+            "\"SeparateNPUCodes\" is written twice",
+        ),
+        (
+            r#"{"SeparateNPUCodes": [], "RestartNPUCodes": []}"#,
+            "every list is empty (SeparateNPUCodes, RestartNPUCodes)",
+        ),
+    ] {
+        std::fs::write(&table, text).unwrap();
+        let bad = check();
+        assert_eq!(bad.code, Some(2), "{}", bad.stderr);
+        assert!(
+            bad.last_line().contains("[agent] fault_code_file") && bad.last_line().contains(want),
+            "{want}\n{}",
+            bad.stderr
+        );
+    }
     std::fs::write(
         &table,
         r#"{"SeparateNPUCodes": ["80E18402"], "RestartBusinessCodes": ["80E01801"], "SwitchFaultCodes": []}"#,
