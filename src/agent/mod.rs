@@ -303,7 +303,7 @@ pub(crate) fn apply_fault_table(
             shared.fault_levels.set_table(t);
         }
         Err(e) if reload => tracing::warn!(
-            "[agent] fault_code_file: {e}; the fault-code levels in force ({}) are kept",
+            "[agent] fault_code_file: {e}; the levels in force, read before from {}, are kept",
             shared.fault_levels.table().origin
         ),
         Err(e) => tracing::error!(

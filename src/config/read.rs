@@ -32,7 +32,7 @@ pub fn bytes(path: &Path) -> Result<Vec<u8>, String> {
         .file_type();
     if !kind.is_file() {
         return Err(format!(
-            "is {}, not a regular file; config files must be regular files (or symlinks to one)",
+            "is {}, not a regular file; only a regular file (or a symlink to one) is read",
             describe(kind)
         ));
     }

@@ -444,7 +444,7 @@ fn sighup_with_a_fifo_as_the_fault_code_file_keeps_the_table_and_sigterm_still_s
         warning.contains("WARN")
             && warning.contains(&format!("[agent] fault_code_file: {}", table.display()))
             && warning.contains(&format!(
-                "the fault-code levels in force ({}) are kept",
+                "the levels in force, read before from {}, are kept",
                 table.display()
             )),
         "{warning}"
