@@ -13,6 +13,7 @@
 //! Handlers only read shared state; none waits on the engine or the driver.
 
 pub mod auth;
+pub mod compress;
 pub mod conn;
 pub mod live;
 pub mod metrics;
@@ -191,20 +192,35 @@ fn every_engine<T: serde::Serialize>(
     axum::Json(wire::to_json(&wire::Engines { engines })).into_response()
 }
 
-async fn engine_metrics(State(v): State<EngineView>) -> Response {
-    (
-        [(header::CONTENT_TYPE, metrics::CONTENT_TYPE)],
-        metrics::render(&v.metrics),
-    )
-        .into_response()
+async fn engine_metrics(State(v): State<EngineView>, headers: HeaderMap) -> Response {
+    metrics_answer(metrics::render(&v.metrics), &headers)
 }
 
-async fn admin_metrics(State(v): State<AdminView>) -> Response {
-    (
-        [(header::CONTENT_TYPE, metrics::CONTENT_TYPE)],
-        metrics::render(&v.metrics),
-    )
-        .into_response()
+async fn admin_metrics(State(v): State<AdminView>, headers: HeaderMap) -> Response {
+    metrics_answer(metrics::render(&v.metrics), &headers)
+}
+
+/// The exposition, gzipped when the request accepts it (Prometheus asks for gzip at every
+/// scrape: a tenth of the bytes, BENCHMARKS.md). `Vary` tells caches the answer depends on it.
+fn metrics_answer(text: String, headers: &HeaderMap) -> Response {
+    let vary = (header::VARY, "Accept-Encoding");
+    if compress::accepts_gzip(headers.get_all(header::ACCEPT_ENCODING)) {
+        match compress::gzip(text.as_bytes()) {
+            Ok(body) => {
+                return (
+                    [
+                        (header::CONTENT_TYPE, metrics::CONTENT_TYPE),
+                        (header::CONTENT_ENCODING, "gzip"),
+                        vary,
+                    ],
+                    body,
+                )
+                    .into_response();
+            }
+            Err(e) => tracing::warn!("/metrics: gzip failed ({e}); answering plain text"),
+        }
+    }
+    ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE), vary], text).into_response()
 }
 
 async fn admin_detail(State(v): State<AdminView>) -> Response {
