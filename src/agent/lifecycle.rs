@@ -2,11 +2,12 @@
 //! sockets, a running agent handing over), and [`run`]: start, serve, reload on SIGHUP, hand
 //! over or stop on SIGTERM.
 
-use super::{AgentError, Running, handover, start, summary};
+use super::{AgentError, Running, handover, preflight, start, summary};
 
 use crate::config::AgentConfig;
 use crate::continuity::handover::{HandoverError, Listener, Predecessor};
 use crate::continuity::sockets::{Inherited, Origin};
+use crate::continuity::trust::Checked;
 use crate::continuity::{self, StateDir};
 use crate::service::signals::{Signalled, Signals};
 use crate::service::systemd::{Probe, Systemd};
@@ -48,21 +49,14 @@ pub type Reloader = Box<dyn Fn() -> Result<AgentConfig, String> + Send + Sync>;
 /// What `run` takes over at start: the state directory, systemd's sockets, and a running
 /// agent (through the state directory's handover socket).
 fn startup(cfg: &AgentConfig, opts: &RunOptions) -> Result<Startup, AgentError> {
-    let configured = cfg.agent.state_dir.as_deref();
-    let state_dir = StateDir::resolve(configured).and_then(|d| match d.create() {
-        Ok(()) => Some(d),
-        Err(e) => {
-            tracing::warn!("{e}: the agent's state will not survive a restart, and no agent can take over from this one");
-            None
-        }
-    });
+    let state_dir = state_dir(cfg)?;
     match &state_dir {
         Some(d) => tracing::info!(
             "state directory {} ({}): the state survives a restart; a new agent started with it takes over from this one",
             d.path().display(),
             d.from
         ),
-        None if configured.is_none() => tracing::warn!(
+        None if cfg.agent.state_dir.is_none() => tracing::warn!(
             "no state directory ([agent] state_dir, or systemd's RuntimeDirectory=): a restart of the agent forgets what it saw, and no agent can take over from this one"
         ),
         None => {}
@@ -110,6 +104,28 @@ fn startup(cfg: &AgentConfig, opts: &RunOptions) -> Result<Startup, AgentError> 
         predecessor,
         wait_for_ports: opts.wait_for_ports,
     })
+}
+
+/// The state directory, created (mode 0700) if missing; `None` without one, or when it
+/// cannot be created. One that another user could change is refused, with the line
+/// `check-config` gives ([`preflight::state_dir`]).
+fn state_dir(cfg: &AgentConfig) -> Result<Option<StateDir>, AgentError> {
+    let refuse = |e: crate::config::ConfigError| AgentError::Config(e.to_string());
+    let Some((d, checked)) = preflight::state_dir(cfg).map_err(refuse)? else {
+        return Ok(None);
+    };
+    if let Checked::Missing { .. } = checked {
+        if let Err(e) = d.create() {
+            tracing::warn!(
+                "{e}: the agent's state will not survive a restart, and no agent can take over from this one"
+            );
+            return Ok(None);
+        }
+        // What was created, and what was there before the check and the creation.
+        d.check()
+            .map_err(|e| refuse(preflight::untrusted(cfg, &d, e)))?;
+    }
+    Ok(Some(d))
 }
 
 /// How the serving phase ended.
