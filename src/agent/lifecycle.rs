@@ -17,6 +17,9 @@ use std::time::Duration;
 /// back, and a running agent handing over.
 pub struct Startup {
     pub state_dir: Option<StateDir>,
+    /// No other agent writes in the state directory once the predecessor (if any) has
+    /// released it: what writes cut short left there may go.
+    pub sole_writer: bool,
     pub inherited: Inherited,
     pub predecessor: Option<Predecessor>,
     /// How long to wait for a port another process holds.
@@ -72,6 +75,8 @@ fn startup(cfg: &AgentConfig, opts: &RunOptions) -> Result<Startup, AgentError> 
         );
     }
     let mut predecessor = None;
+    // An agent that listens there and did not hand over may still write there.
+    let mut sole_writer = true;
     if let Some(d) = &state_dir {
         match continuity::handover::connect(&d.handover_socket()) {
             Ok(None) => {}
@@ -89,17 +94,24 @@ fn startup(cfg: &AgentConfig, opts: &RunOptions) -> Result<Startup, AgentError> 
             }
             // Whatever listens there did not hand over: start as if nothing ran (a port it
             // still holds then fails to bind, with the reason).
-            Err(e @ HandoverError::Protocol { .. }) => tracing::warn!(
-                "no handover: {e}; stop it first (its ports stay its own until it stops)"
-            ),
-            Err(e) => tracing::warn!(
-                "no handover from the agent at {}: {e}",
-                d.handover_socket().display()
-            ),
+            Err(e @ HandoverError::Protocol { .. }) => {
+                sole_writer = false;
+                tracing::warn!(
+                    "no handover: {e}; stop it first (its ports stay its own until it stops)"
+                )
+            }
+            Err(e) => {
+                sole_writer = false;
+                tracing::warn!(
+                    "no handover from the agent at {}: {e}",
+                    d.handover_socket().display()
+                )
+            }
         }
     }
     Ok(Startup {
         state_dir,
+        sole_writer,
         inherited,
         predecessor,
         wait_for_ports: opts.wait_for_ports,
