@@ -133,7 +133,7 @@ fn state_dir(cfg: &AgentConfig) -> Result<Option<StateDir>, AgentError> {
             );
             return Ok(None);
         }
-        // What was created, and what was there before the check and the creation.
+        // Again: what was created, and whatever appeared on the path meanwhile.
         d.check()
             .map_err(|e| refuse(preflight::untrusted(cfg, &d, e)))?;
     }

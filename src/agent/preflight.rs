@@ -2,9 +2,9 @@
 //! reload, and by `check-config`): the admin listener's token and TLS files, the Kubernetes
 //! API mode's token and CA files (with `api_server`), every TLS file
 //! an engine uses, read as the listeners and the client will read them, the NPUs the
-//! engines name, and who may change the state directory. Here rather than in [`crate::config`], which knows only the text: loading
-//! these files is the TLS layer's and the server's work, and the configuration does not
-//! call up into them.
+//! engines name, and who may change the state directory (at start and by `check-config`).
+//! Here rather than in [`crate::config`], which knows only the text: loading these files is
+//! the TLS layer's and the server's work, and the configuration does not call up into them.
 
 use crate::config::engine::devices_from;
 use crate::config::{AgentConfig, ConfigError, EngineSpec, KeyError};
