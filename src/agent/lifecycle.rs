@@ -2,11 +2,12 @@
 //! sockets, a running agent handing over), and [`run`]: start, serve, reload on SIGHUP, hand
 //! over or stop on SIGTERM.
 
-use super::{AgentError, Running, handover, start, summary};
+use super::{AgentError, Running, handover, preflight, start, summary};
 
 use crate::config::AgentConfig;
 use crate::continuity::handover::{HandoverError, Listener, Predecessor};
 use crate::continuity::sockets::{Inherited, Origin};
+use crate::continuity::trust::Checked;
 use crate::continuity::{self, StateDir};
 use crate::service::signals::{Signalled, Signals};
 use crate::service::systemd::{Probe, Systemd};
@@ -16,6 +17,9 @@ use std::time::Duration;
 /// back, and a running agent handing over.
 pub struct Startup {
     pub state_dir: Option<StateDir>,
+    /// No other agent writes in the state directory once the predecessor (if any) has
+    /// released it: what writes cut short left there may go.
+    pub sole_writer: bool,
     pub inherited: Inherited,
     pub predecessor: Option<Predecessor>,
     /// How long to wait for a port another process holds.
@@ -48,21 +52,14 @@ pub type Reloader = Box<dyn Fn() -> Result<AgentConfig, String> + Send + Sync>;
 /// What `run` takes over at start: the state directory, systemd's sockets, and a running
 /// agent (through the state directory's handover socket).
 fn startup(cfg: &AgentConfig, opts: &RunOptions) -> Result<Startup, AgentError> {
-    let configured = cfg.agent.state_dir.as_deref();
-    let state_dir = StateDir::resolve(configured).and_then(|d| match d.create() {
-        Ok(()) => Some(d),
-        Err(e) => {
-            tracing::warn!("{e}: the agent's state will not survive a restart, and no agent can take over from this one");
-            None
-        }
-    });
+    let state_dir = state_dir(cfg)?;
     match &state_dir {
         Some(d) => tracing::info!(
             "state directory {} ({}): the state survives a restart; a new agent started with it takes over from this one",
             d.path().display(),
             d.from
         ),
-        None if configured.is_none() => tracing::warn!(
+        None if cfg.agent.state_dir.is_none() => tracing::warn!(
             "no state directory ([agent] state_dir, or systemd's RuntimeDirectory=): a restart of the agent forgets what it saw, and no agent can take over from this one"
         ),
         None => {}
@@ -78,6 +75,8 @@ fn startup(cfg: &AgentConfig, opts: &RunOptions) -> Result<Startup, AgentError> 
         );
     }
     let mut predecessor = None;
+    // An agent that listens there and did not hand over may still write there.
+    let mut sole_writer = true;
     if let Some(d) = &state_dir {
         match continuity::handover::connect(&d.handover_socket()) {
             Ok(None) => {}
@@ -95,21 +94,50 @@ fn startup(cfg: &AgentConfig, opts: &RunOptions) -> Result<Startup, AgentError> 
             }
             // Whatever listens there did not hand over: start as if nothing ran (a port it
             // still holds then fails to bind, with the reason).
-            Err(e @ HandoverError::Protocol { .. }) => tracing::warn!(
-                "no handover: {e}; stop it first (its ports stay its own until it stops)"
-            ),
-            Err(e) => tracing::warn!(
-                "no handover from the agent at {}: {e}",
-                d.handover_socket().display()
-            ),
+            Err(e @ HandoverError::Protocol { .. }) => {
+                sole_writer = false;
+                tracing::warn!(
+                    "no handover: {e}; stop it first (its ports stay its own until it stops)"
+                )
+            }
+            Err(e) => {
+                sole_writer = false;
+                tracing::warn!(
+                    "no handover from the agent at {}: {e}",
+                    d.handover_socket().display()
+                )
+            }
         }
     }
     Ok(Startup {
         state_dir,
+        sole_writer,
         inherited,
         predecessor,
         wait_for_ports: opts.wait_for_ports,
     })
+}
+
+/// The state directory, created (mode 0700) if missing; `None` without one, or when it
+/// cannot be created. One that another user could change is refused, with the line
+/// `check-config` gives ([`preflight::state_dir`]).
+fn state_dir(cfg: &AgentConfig) -> Result<Option<StateDir>, AgentError> {
+    let refuse = |e: crate::config::ConfigError| AgentError::Config(e.to_string());
+    let Some((d, checked)) = preflight::state_dir(cfg).map_err(refuse)? else {
+        return Ok(None);
+    };
+    if let Checked::Missing { .. } = checked {
+        if let Err(e) = d.create() {
+            tracing::warn!(
+                "{e}: the agent's state will not survive a restart, and no agent can take over from this one"
+            );
+            return Ok(None);
+        }
+        // Again: what was created, and whatever appeared on the path meanwhile.
+        d.check()
+            .map_err(|e| refuse(preflight::untrusted(cfg, &d, e)))?;
+    }
+    Ok(Some(d))
 }
 
 /// How the serving phase ended.

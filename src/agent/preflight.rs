@@ -1,13 +1,15 @@
 //! What the configuration needs of the host, checked before it is used (at start, at a
 //! reload, and by `check-config`): the admin listener's token and TLS files, the Kubernetes
 //! API mode's token and CA files (with `api_server`), every TLS file
-//! an engine uses, read as the listeners and the client will read them, and the NPUs the
-//! engines name. Here rather than in [`crate::config`], which knows only the text: loading
-//! these files is the TLS layer's and the server's work, and the configuration does not
-//! call up into them.
+//! an engine uses, read as the listeners and the client will read them, the NPUs the
+//! engines name, and who may change the state directory (at start and by `check-config`).
+//! Here rather than in [`crate::config`], which knows only the text: loading these files is
+//! the TLS layer's and the server's work, and the configuration does not call up into them.
 
 use crate::config::engine::devices_from;
 use crate::config::{AgentConfig, ConfigError, EngineSpec, KeyError};
+use crate::continuity::StateDir;
+use crate::continuity::trust::{Checked, Untrusted};
 
 /// What needs the host: every TLS file an engine uses must be a readable regular file with
 /// usable contents, and every NPU an engine names must be among `npus`, the logic ids the
@@ -88,6 +90,21 @@ fn tls(spec: &EngineSpec) -> Result<(), KeyError> {
         })?;
     }
     Ok(())
+}
+
+/// The state directory `run` uses (`None`: none), and whether it exists yet; refused when a
+/// user other than the agent's could change it ([`crate::continuity::trust`]).
+pub fn state_dir(cfg: &AgentConfig) -> Result<Option<(StateDir, Checked)>, ConfigError> {
+    let Some(d) = StateDir::resolve(cfg.agent.state_dir.as_deref()) else {
+        return Ok(None);
+    };
+    let checked = d.check().map_err(|e| untrusted(cfg, &d, e))?;
+    Ok(Some((d, checked)))
+}
+
+/// The error for a state directory another user could change, at the setting that names it.
+pub fn untrusted(cfg: &AgentConfig, d: &StateDir, e: Untrusted) -> ConfigError {
+    ConfigError::new(&cfg.source, d.from, e.to_string())
 }
 
 /// Every listener the configuration asks for, bound and released at once, as `run` will

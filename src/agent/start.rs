@@ -72,6 +72,10 @@ pub async fn start(cfg: AgentConfig, mut startup: Startup) -> Result<Running, Ag
         })?;
         running.predecessor = Some(pred);
     }
+    // Only now: the agent handing over writes through a temporary file until it released.
+    if startup.sole_writer {
+        running.remove_stale_writes();
+    }
     running.launch_engines(sockets.engines)?;
     running.serve_listeners(sockets.admin, sockets.own)?;
     running.start_persister();
@@ -165,6 +169,21 @@ impl Running {
             admin,
             own: own_sockets,
         })
+    }
+
+    /// Removes the temporary state files that crashes left in the state directory.
+    fn remove_stale_writes(&self) {
+        let Some(d) = &self.state_dir else { return };
+        match statefile::remove_stale(&d.state_file()) {
+            Ok(r) if r.files == 0 => {}
+            Ok(r) => tracing::info!(
+                "removed {} temporary state file(s), {} bytes, left in {} by writes cut short",
+                r.files,
+                r.bytes,
+                d.path().display()
+            ),
+            Err(e) => tracing::warn!("{e}: temporary state files a crash left stay"),
+        }
     }
 
     /// Starts each engine on its socket, from its saved state when the state file has it,

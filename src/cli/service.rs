@@ -3,6 +3,7 @@
 use super::CliError;
 use crate::config::policy::Policy;
 use crate::config::{AgentConfig, EngineSpec};
+use crate::continuity::trust::Checked;
 use crate::driver::Backend;
 use crate::driver::fault_levels::FaultTable;
 use crate::monitor::gates::Condition;
@@ -40,6 +41,7 @@ pub fn check_config(cfg: &AgentConfig) -> Result<(), CliError> {
         s.shutdown();
     }
     crate::agent::preflight::host(cfg, npus.as_deref())?;
+    let state_dir = crate::agent::preflight::state_dir(cfg)?;
     for note in crate::agent::preflight::listeners(cfg)? {
         eprintln!("{}: {note}", cfg.source);
     }
@@ -62,12 +64,16 @@ pub fn check_config(cfg: &AgentConfig) -> Result<(), CliError> {
         cfg.source,
         faults.describe()
     );
-    match crate::continuity::StateDir::resolve(cfg.agent.state_dir.as_deref()) {
-        Some(d) => eprintln!(
-            "{}: state directory {} ({}): each engine's state survives a restart of the agent, and a new agent started with it takes over from a running one",
+    match state_dir {
+        Some((d, checked)) => eprintln!(
+            "{}: state directory {} ({}{}): each engine's state survives a restart of the agent, and a new agent started with it takes over from a running one",
             cfg.source,
             d.path().display(),
-            d.from
+            d.from,
+            match checked {
+                Checked::Exists => "",
+                Checked::Missing { .. } => ", created mode 0700 at start",
+            }
         ),
         None => eprintln!(
             "{}: no state directory ([agent] state_dir, or systemd's RuntimeDirectory=): a restart of the agent forgets what it saw, and no agent can take over from a running one",

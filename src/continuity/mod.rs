@@ -15,11 +15,12 @@
 //!
 //! The state directory is `[agent] state_dir`, else systemd's `RUNTIME_DIRECTORY` (the
 //! unit's `RuntimeDirectory=`); without either, nothing survives a restart and the agent
-//! says so at start.
+//! says so at start. Only the agent's user may be able to change it ([`trust`]).
 
 pub mod handover;
 pub mod sockets;
 pub mod statefile;
+pub mod trust;
 
 use std::path::{Path, PathBuf};
 
@@ -67,6 +68,11 @@ impl StateDir {
     /// The handover socket.
     pub fn handover_socket(&self) -> PathBuf {
         self.path.join(SOCKET_NAME)
+    }
+
+    /// Whether only the agent's user can change the directory and the path to it.
+    pub fn check(&self) -> Result<trust::Checked, trust::Untrusted> {
+        trust::check(&self.path, self.from)
     }
 
     /// Creates the directory (mode 0700) if it is missing.

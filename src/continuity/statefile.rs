@@ -3,8 +3,10 @@
 //!
 //! Written atomically (a temporary file in the same directory, then `rename`), at most
 //! [`MAX_BYTES`], checked every [`CHECK_EVERY`] and written only when an engine's state
-//! changed. Read back only if it is a regular file of at most [`MAX_BYTES`], parses, is of a
-//! format this agent knows, was written no more than [`MAX_AGE`] ago and not in the future.
+//! changed. The temporary file is always a new one (`O_EXCL`, no link followed), and those a
+//! crash left behind are removed at start ([`remove_stale`]). Read back only if it is a
+//! regular file of the agent's own user (not a link) of at most [`MAX_BYTES`], parses, is of
+//! a format this agent knows, was written no more than [`MAX_AGE`] ago and not in the future.
 //! Anything else is ignored with one warning saying why, and the agent starts clean: a bad
 //! file never stops the agent. An engine's entry is used only for the engine of the same
 //! name at the same address.
@@ -13,6 +15,7 @@ use crate::monitor::saved::EngineState;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::io::{Read, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -95,6 +98,12 @@ pub enum Ignored {
     Unreadable(String),
     #[error("it is not a regular file")]
     NotAFile,
+    #[error("it is a symbolic link; the agent reads only a file it wrote itself")]
+    Link,
+    #[error(
+        "it is owned by uid {owner}, not by uid {me} the agent runs as; the agent reads only a file it wrote itself"
+    )]
+    NotOwned { owner: u32, me: u32 },
     #[error("it is {0} bytes, over the {MAX_BYTES} a state file may hold")]
     TooLarge(u64),
     #[error("it does not parse: {0}")]
@@ -109,20 +118,40 @@ pub enum Ignored {
 
 /// Reads the file at `path`; `Ok(None)` when there is none.
 pub fn read(path: &Path, now_unix_ms: u64) -> Result<Option<StateFile>, Ignored> {
-    let meta = match std::fs::symlink_metadata(path) {
-        Ok(m) => m,
+    use rustix::fs::OFlags;
+    // No link followed, no wait for a FIFO's writer; what is checked is what was opened.
+    let flags = OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY;
+    let file = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(flags.bits() as i32)
+        .open(path)
+    {
+        Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) => {
+            return Err(Ignored::Link);
+        }
         Err(e) => return Err(Ignored::Unreadable(e.to_string())),
     };
+    let meta = file
+        .metadata()
+        .map_err(|e| Ignored::Unreadable(e.to_string()))?;
     if !meta.file_type().is_file() {
         return Err(Ignored::NotAFile);
+    }
+    let me = rustix::process::geteuid().as_raw();
+    if meta.uid() != me {
+        return Err(Ignored::NotOwned {
+            owner: meta.uid(),
+            me,
+        });
     }
     if meta.len() > MAX_BYTES {
         return Err(Ignored::TooLarge(meta.len()));
     }
     let mut text = Vec::new();
-    std::fs::File::open(path)
-        .and_then(|f| f.take(MAX_BYTES + 1).read_to_end(&mut text))
+    file.take(MAX_BYTES + 1)
+        .read_to_end(&mut text)
         .map_err(|e| Ignored::Unreadable(e.to_string()))?;
     if text.len() as u64 > MAX_BYTES {
         return Err(Ignored::TooLarge(text.len() as u64));
@@ -208,12 +237,7 @@ pub fn write(path: &Path, engines: &[EngineState]) -> Result<(), String> {
     let bytes = render(engines)?;
     let tmp = tmp_path(path);
     let result = (|| {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode_0600()
-            .open(&tmp)?;
+        let mut f = create_new(&tmp)?;
         f.write_all(&bytes)?;
         f.sync_data()?;
         std::fs::rename(&tmp, path)
@@ -224,20 +248,80 @@ pub fn write(path: &Path, engines: &[EngineState]) -> Result<(), String> {
     })
 }
 
+/// A new file at `tmp`, mode 0600: never one that was there, never through a link. What is
+/// in the way (this pid's leftover from before a crash, or anything else) is removed (an
+/// unlink, which does not follow a link) and the creation tried once more.
+fn create_new(tmp: &Path) -> std::io::Result<std::fs::File> {
+    let open = || {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+            .open(tmp)
+    };
+    match open() {
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            std::fs::remove_file(tmp)?;
+            open()
+        }
+        r => r,
+    }
+}
+
+/// The temporary file this process writes `path` through: `<name>.<pid>.tmp`.
 fn tmp_path(path: &Path) -> PathBuf {
     let mut name = path.file_name().unwrap_or_default().to_owned();
     name.push(format!(".{}.tmp", std::process::id()));
     path.with_file_name(name)
 }
 
-trait Mode0600 {
-    fn mode_0600(&mut self) -> &mut Self;
+/// Whether `name` is a temporary file of `state` (`<state>.<digits>.tmp`, any pid).
+fn is_tmp_of(name: &std::ffi::OsStr, state: &std::ffi::OsStr) -> bool {
+    let (Some(name), Some(state)) = (name.to_str(), state.to_str()) else {
+        return false;
+    };
+    name.strip_prefix(state)
+        .and_then(|r| r.strip_prefix('.'))
+        .and_then(|r| r.strip_suffix(".tmp"))
+        .is_some_and(|pid| !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()))
 }
 
-impl Mode0600 for std::fs::OpenOptions {
-    fn mode_0600(&mut self) -> &mut Self {
-        std::os::unix::fs::OpenOptionsExt::mode(self, 0o600)
+/// What [`remove_stale`] removed.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Removed {
+    pub files: usize,
+    /// Their size (a link counts 0).
+    pub bytes: u64,
+}
+
+/// Removes the temporary files of `path` that writes cut short left beside it (a crash
+/// between the creation and the rename), whatever pid wrote them. For a start, once no
+/// other agent writes there.
+pub fn remove_stale(path: &Path) -> Result<Removed, String> {
+    let (Some(dir), Some(state)) = (path.parent(), path.file_name()) else {
+        return Ok(Removed::default());
+    };
+    let entries =
+        std::fs::read_dir(dir).map_err(|e| format!("cannot list {}: {e}", dir.display()))?;
+    let mut removed = Removed::default();
+    for entry in entries.flatten() {
+        if !is_tmp_of(&entry.file_name(), state) {
+            continue;
+        }
+        // Of the entry itself, not of what a link points to.
+        let Ok(meta) = entry.metadata() else { continue };
+        if meta.is_dir() {
+            continue;
+        }
+        let p = entry.path();
+        std::fs::remove_file(&p).map_err(|e| format!("cannot remove {}: {e}", p.display()))?;
+        removed.files += 1;
+        if meta.is_file() {
+            removed.bytes += meta.len();
+        }
     }
+    Ok(removed)
 }
 
 /// Where the states come from: every engine monitored now.
@@ -388,6 +472,116 @@ mod tests {
         let sub = d.path().join("dir");
         std::fs::create_dir(&sub).unwrap();
         assert_eq!(read(&sub, NOW).unwrap_err(), Ignored::NotAFile);
+    }
+
+    // Issue 41: the state file is read only if the agent's user wrote it, never through a
+    // link (a planted one made a healthy engine read `abnormal` at start).
+    #[test]
+    fn a_link_or_another_users_file_is_not_read() {
+        let d = tempfile::tempdir().unwrap();
+        let good = d.path().join("good.json");
+        std::fs::write(&good, header(NOW, FORMAT)).unwrap();
+        assert!(read(&good, NOW).unwrap().is_some());
+        let p = d.path().join("state.json");
+        std::os::unix::fs::symlink(&good, &p).unwrap();
+        assert_eq!(read(&p, NOW).unwrap_err(), Ignored::Link);
+        if !rustix::process::geteuid().is_root() {
+            eprintln!("note: not root, so no file of another user to read; skipped that part");
+            return;
+        }
+        std::fs::remove_file(&p).unwrap();
+        std::fs::write(&p, header(NOW, FORMAT)).unwrap();
+        std::os::unix::fs::chown(&p, Some(4_000_000), None).unwrap();
+        assert_eq!(
+            read(&p, NOW).unwrap_err(),
+            Ignored::NotOwned {
+                owner: 4_000_000,
+                me: 0
+            }
+        );
+    }
+
+    // Issue 41: a link planted at the temporary path made the agent (root) overwrite the
+    // file it pointed to. The link is removed, not written through, and a leftover file of
+    // the same name (this pid's, from before a crash) is replaced.
+    #[test]
+    fn what_is_at_the_temporary_path_is_replaced_never_written_through() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("state.json");
+        let victim = d.path().join("victim");
+        std::fs::write(&victim, "precious").unwrap();
+        std::os::unix::fs::symlink(&victim, tmp_path(&p)).unwrap();
+        write(&p, &[]).unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+        assert!(std::fs::symlink_metadata(&p).unwrap().is_file());
+        assert!(read(&p, crate::clock::unix_ms()).unwrap().is_some());
+        assert!(!tmp_path(&p).exists());
+        std::fs::write(tmp_path(&p), "left by a crash").unwrap();
+        write(&p, &[]).unwrap();
+        assert!(read(&p, crate::clock::unix_ms()).unwrap().is_some());
+        assert!(!tmp_path(&p).exists());
+    }
+
+    #[test]
+    fn a_temporary_file_is_the_state_files_name_a_pid_and_tmp() {
+        for (name, want) in [
+            ("state.json.123.tmp", true),
+            ("state.json.1.tmp", true),
+            ("state.json..tmp", false),
+            ("state.json.12a.tmp", false),
+            ("state.json.123.tmp.x", false),
+            ("state.json", false),
+            ("other.json.123.tmp", false),
+            ("xstate.json.123.tmp", false),
+        ] {
+            assert_eq!(
+                is_tmp_of(name.as_ref(), "state.json".as_ref()),
+                want,
+                "{name}"
+            );
+        }
+    }
+
+    // Issue 41: 30 crashes mid-write left 29 temporary files, up to 4 MiB each, and nothing
+    // removed them. At start every one goes (any pid, a link too), and nothing else.
+    #[test]
+    fn stale_temporary_files_of_any_pid_are_removed_and_counted() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("state.json");
+        write(&p, &[]).unwrap();
+        std::fs::write(d.path().join("state.json.123.tmp"), [b'x'; 100]).unwrap();
+        std::fs::write(d.path().join("state.json.4567.tmp"), [b'x'; 20]).unwrap();
+        let victim = d.path().join("victim");
+        std::fs::write(&victim, "precious").unwrap();
+        std::os::unix::fs::symlink(&victim, d.path().join("state.json.9.tmp")).unwrap();
+        std::fs::create_dir(d.path().join("state.json.8.tmp")).unwrap();
+        for keep in ["state.json.x.tmp", "other.json.1.tmp"] {
+            std::fs::write(d.path().join(keep), "").unwrap();
+        }
+        assert_eq!(
+            remove_stale(&p),
+            Ok(Removed {
+                files: 3,
+                bytes: 120
+            })
+        );
+        let mut left: Vec<String> = std::fs::read_dir(d.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        assert_eq!(
+            left,
+            [
+                "other.json.1.tmp",
+                "state.json",
+                "state.json.8.tmp",
+                "state.json.x.tmp",
+                "victim"
+            ]
+        );
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+        assert_eq!(remove_stale(&p), Ok(Removed::default()));
     }
 
     #[test]

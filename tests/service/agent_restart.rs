@@ -453,3 +453,68 @@ fn a_state_saved_for_another_engine_process_is_dropped() {
     );
     assert!(log.contains("warm-up request succeeded"), "{log}");
 }
+
+/// The agent's state file as JSON, once it parses.
+fn state_file(s: &Stack) -> Option<serde_json::Value> {
+    serde_json::from_slice(&std::fs::read(s.path("run/state.json")).ok()?).ok()
+}
+
+// Issue 41: 30 SIGKILLs during a state write left 29 `state.json.<pid>.tmp` files, up to
+// 4 MiB each, and a link planted at the temporary path made the agent (root) overwrite the
+// file it pointed to. A start removes what crashes left (any pid, a link too) and says so;
+// a link at the running agent's own temporary path is replaced, not written through.
+#[test]
+fn stale_temporary_files_go_at_start_and_a_link_at_the_temporary_path_is_not_followed() {
+    let mut s = stack();
+    let end = Instant::now() + Duration::from_secs(30);
+    while state_file(&s).is_none() {
+        assert!(Instant::now() < end, "no state file:\n{}", s.agent_log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pid = s.agent.id().to_string();
+    std::process::Command::new("kill")
+        .args(["-KILL", &pid])
+        .status()
+        .unwrap();
+    let _ = s.agent.wait();
+    let victim = s.path("victim");
+    std::fs::write(&victim, "precious").unwrap();
+    std::fs::write(s.path("run/state.json.4000001.tmp"), vec![b'x'; 4096]).unwrap();
+    std::fs::write(s.path("run/state.json.4000002.tmp"), vec![b'x'; 100]).unwrap();
+    std::os::unix::fs::symlink(&victim, s.path("run/state.json.4000003.tmp")).unwrap();
+    s.agent = s.spawn_agent();
+    s.wait_for_status("normal", Duration::from_secs(30));
+    let log = s.last_agent_log();
+    assert!(
+        log.contains("removed 3 temporary state file(s), 4196 bytes"),
+        "{log}"
+    );
+    for n in 1..=3 {
+        let p = s.path(&format!("run/state.json.400000{n}.tmp"));
+        assert!(
+            std::fs::symlink_metadata(&p).is_err(),
+            "{} stays",
+            p.display()
+        );
+    }
+    // The next write of the agent running now goes to its own temporary path.
+    let own = s.path(&format!("run/state.json.{}.tmp", s.agent.id()));
+    std::os::unix::fs::symlink(&victim, &own).unwrap();
+    hang_until_abnormal(&s);
+    let end = Instant::now() + Duration::from_secs(30);
+    while state_file(&s).is_none_or(|f| f["engines"][0]["vi"]["abnormal"] != true) {
+        assert!(
+            Instant::now() < end,
+            "abnormal never saved:\n{}",
+            s.agent_log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+    assert!(std::fs::symlink_metadata(&own).is_err(), "the link stays");
+    assert!(
+        !s.last_agent_log().contains("cannot write"),
+        "{}",
+        s.agent_log()
+    );
+}

@@ -728,3 +728,128 @@ fn the_readme_host_mode_example_is_shipped_and_passes_check_config() {
         ended.stderr
     );
 }
+
+/// `write_config`'s agent.toml with `[agent] state_dir = dir`.
+fn write_config_with_state_dir(dir: &Path, state: &Path) -> PathBuf {
+    let config = write_config(dir, "");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        format!(
+            "[agent]\nstate_dir = {:?}\n{text}",
+            state.display().to_string()
+        ),
+    )
+    .unwrap();
+    config
+}
+
+/// An unprivileged user for the state directory's owner (made once, kept): its uid and name.
+fn unprivileged_user() -> Option<(u32, &'static str)> {
+    const NAME: &str = "npuha-test-other";
+    let uid = || {
+        let out = Command::new("id").args(["-u", NAME]).output().ok()?;
+        String::from_utf8(out.stdout).ok()?.trim().parse().ok()
+    };
+    if let Some(u) = uid() {
+        return Some((u, NAME));
+    }
+    // Another test process may make it at the same moment: its uid is what counts.
+    let _ = Command::new("useradd")
+        .args([
+            "--system",
+            "--no-create-home",
+            "--shell",
+            "/usr/sbin/nologin",
+            NAME,
+        ])
+        .status();
+    uid().map(|u| (u, NAME))
+}
+
+// Issue 41: a state directory another user could write was trusted whole (that user planted
+// the state a healthy engine read as `abnormal`, and a link the root agent wrote through),
+// and check-config said nothing. Both refuse it now with the same line, naming the
+// directory, what was found and the fix; `run` refuses before it serves.
+#[test]
+fn check_config_and_run_refuse_a_state_directory_another_user_can_change() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    std::fs::create_dir(&state).unwrap();
+    let config = write_config_with_state_dir(dir.path(), &state);
+    let refused = |want: &[String]| {
+        let (check, run) = both(&config, dir.path());
+        assert_eq!(check.code, Some(2), "check-config: {}", check.stderr);
+        assert_eq!(run.code, Some(2), "run: {}", run.stderr);
+        assert_eq!(check.last_line(), run.last_line(), "{}", run.stderr);
+        let line = check.last_line();
+        assert!(
+            line.starts_with(&format!(
+                "npu-health-agent: {}: [agent] state_dir: the state directory {} ",
+                config.display(),
+                state.display()
+            )),
+            "{line}"
+        );
+        for w in want {
+            assert!(line.contains(w.as_str()), "{w:?} in\n{line}");
+        }
+        assert!(
+            !state.join("state.json").exists(),
+            "run refused before writing"
+        );
+    };
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o777)).unwrap();
+    refused(&[
+        "is writable by its group and all users (mode 0777)".into(),
+        format!("`chmod 0700 {}`", state.display()),
+    ]);
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let mut check = agent();
+    check.args(["check-config", "--config"]).arg(&config);
+    let check = run_within(check, dir.path(), Duration::from_secs(20));
+    assert_eq!(
+        check.code,
+        Some(0),
+        "the agent's own 0700 directory: {}",
+        check.stderr
+    );
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("note: not root, so no directory of another user to make; skipped that part");
+        return;
+    }
+    let Some((uid, name)) = unprivileged_user() else {
+        eprintln!("note: useradd made no user; skipped the directory of another user");
+        return;
+    };
+    std::os::unix::fs::chown(&state, Some(uid), None).unwrap();
+    refused(&[
+        format!("is owned by uid {uid} ({name}), not by uid 0 (root) the agent runs as"),
+        format!(
+            "`chown root {} && chmod 0700 {}`",
+            state.display(),
+            state.display()
+        ),
+    ]);
+    // Root's own directory in one of that user's: the user can swap it for another.
+    std::os::unix::fs::chown(&state, Some(0), None).unwrap();
+    let theirs = dir.path().join("theirs");
+    std::fs::create_dir(&theirs).unwrap();
+    std::os::unix::fs::chown(&theirs, Some(uid), None).unwrap();
+    let inner = theirs.join("state");
+    std::fs::create_dir(&inner).unwrap();
+    let config = write_config_with_state_dir(dir.path(), &inner);
+    let (check, run) = both(&config, dir.path());
+    assert_eq!((check.code, run.code), (Some(2), Some(2)), "{}", run.stderr);
+    assert_eq!(check.last_line(), run.last_line());
+    assert!(
+        check.last_line().contains(&format!(
+            "{}, above the state directory {}, is owned by uid {uid} ({name})",
+            theirs.display(),
+            inner.display()
+        )),
+        "{}",
+        check.last_line()
+    );
+}
