@@ -199,3 +199,53 @@ fn detail_and_qos_keep_their_shape_and_read_back_into_the_typed_structs() {
     assert_eq!(wire::to_json(&typed), qos);
     assert_eq!(typed.engine, "e2e");
 }
+
+/// `GET /metrics` with `accept` as `Accept-Encoding`: the answer's head (lower case) and body.
+fn metrics_raw(port: u16, accept: Option<&str>) -> (String, Vec<u8>) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let enc = accept
+        .map(|a| format!("Accept-Encoding: {a}\r\n"))
+        .unwrap_or_default();
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: x\r\n{enc}Connection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    let at = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    (
+        String::from_utf8_lossy(&raw[..at]).to_ascii_lowercase(),
+        raw[at + 4..].to_vec(),
+    )
+}
+
+// Issue 42: `/metrics` is gzipped when the scraper asks (Prometheus always does), and is the
+// same exposition once unzipped; plain otherwise, or when gzip is refused with q=0.
+#[test]
+fn metrics_are_gzipped_when_asked_and_plain_otherwise() {
+    use std::io::Read;
+    let stack = Stack::start("max_failure_count = 3");
+    let (head, plain) = metrics_raw(stack.mgmt_port, None);
+    assert!(!head.contains("content-encoding"), "{head}");
+    assert!(head.contains("vary: accept-encoding"), "{head}");
+    let (head, zipped) = metrics_raw(stack.mgmt_port, Some("gzip, deflate"));
+    assert!(head.contains("content-encoding: gzip"), "{head}");
+    assert!(zipped.len() * 4 < plain.len(), "{} of {}", zipped.len(), plain.len());
+    let mut text = String::new();
+    flate2::read::GzDecoder::new(&zipped[..])
+        .read_to_string(&mut text)
+        .expect("a gzip stream");
+    let names = |t: &str| -> BTreeSet<String> {
+        t.lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| l.split(['{', ' ']).next().map(str::to_owned))
+            .collect()
+    };
+    assert_eq!(names(&text), names(&String::from_utf8_lossy(&plain)));
+    assert!(text.contains("npu_chip_info_cube_utilization"), "{text}");
+    let (head, _) = metrics_raw(stack.mgmt_port, Some("gzip;q=0"));
+    assert!(!head.contains("content-encoding"), "{head}");
+}
