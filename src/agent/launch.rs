@@ -113,6 +113,7 @@ impl Running {
             engines: vec![state.clone()],
             devices: p.devices.clone(),
             window: spec.timing.window,
+            npu_exporter_names: self.cfg.agent.npu_exporter_names,
         });
         let router = server::engine_router(EngineView {
             engine: state.clone(),
@@ -240,6 +241,7 @@ impl Running {
             engines,
             devices: (0..self.shared.devices.len() as u16).collect(),
             window: longest_window(&self.cfg),
+            npu_exporter_names: self.cfg.agent.npu_exporter_names,
         });
         let tls = access.tls.clone();
         let router = server::admin_router(

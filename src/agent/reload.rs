@@ -115,6 +115,10 @@ fn restart_only(old: &AgentSettings, new: &AgentSettings) -> Vec<&'static str> {
     );
     check("kubernetes", old.kubernetes != new.kubernetes);
     check("state_dir", old.state_dir != new.state_dir);
+    check(
+        "npu_exporter_names",
+        old.npu_exporter_names != new.npu_exporter_names,
+    );
     out
 }
 
@@ -133,6 +137,7 @@ fn keep_start_only(running: &AgentSettings, new: &AgentSettings) -> AgentSetting
         listeners: running.listeners,
         kubernetes: running.kubernetes.clone(),
         state_dir: running.state_dir.clone(),
+        npu_exporter_names: running.npu_exporter_names,
         ..new.clone()
     }
 }

@@ -90,6 +90,11 @@ pub struct AgentSettings {
     /// MindCluster's `faultCode.json` (the levels of the driver's fault codes); `None`: its
     /// install path if the file is there, else the built-in table (docs/fault-codes.md).
     pub fault_code_file: Option<PathBuf>,
+    /// Also export the NPU families under Huawei npu-exporter's names (`npu_chip_info_*`),
+    /// beside the agent's own (`npu_health_agent_chip_*`). Off by default: on a node that
+    /// also runs npu-exporter every such series would exist twice and a sum would double
+    /// (docs/operator-views.md, "Beside npu-exporter"). Start-only.
+    pub npu_exporter_names: bool,
 }
 
 /// Access to the admin listener. With neither key it is open (bind it to loopback then);
@@ -166,6 +171,7 @@ impl Default for AgentSettings {
             kubernetes: None,
             state_dir: None,
             fault_code_file: None,
+            npu_exporter_names: false,
         }
     }
 }

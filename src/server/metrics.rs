@@ -1,11 +1,12 @@
 //! Prometheus metrics, encoded at scrape time from the shared state (nothing on the sampling
 //! or probing path updates a metric object).
 //!
-//! NPU metrics reuse npu-exporter's names where the meaning matches, so existing dashboards
-//! work: `npu_chip_info_cube_utilization`, `npu_chip_info_hbm_used_memory`,
-//! `npu_chip_info_hbm_total_memory`, `npu_chip_info_health_status`, `npu_chip_info_error_code`
-//! (and `_1` … `_9`). The rest is prefixed
-//! `npu_health_agent_`.
+//! Every family is prefixed `npu_health_agent_`. The NPU families whose meaning matches Huawei
+//! npu-exporter's keep its names after the prefix `npu_health_agent_chip_` (`cube_utilization`,
+//! `hbm_used_memory`, `hbm_total_memory`, `health_status`, `error_code` and `_1` … `_9`), and
+//! with `[agent] npu_exporter_names` are also exported under npu-exporter's own names
+//! (`npu_chip_info_*`) for dashboards written for it, on nodes that do not run it (where it
+//! runs, each series would exist twice and a sum would double).
 
 use crate::driver::fault_levels::FaultLevel;
 use crate::integrations::kubelet::Answers;
@@ -54,7 +55,12 @@ pub struct Exposition {
     pub devices: Vec<u16>,
     /// Window of the peak gauge.
     pub window: Duration,
+    /// Also npu-exporter's names for the chip families ([`CHIP_PREFIXES`]).
+    pub npu_exporter_names: bool,
 }
+
+/// The prefixes of the chip families: the agent's own, then npu-exporter's.
+pub const CHIP_PREFIXES: [&str; 2] = ["npu_health_agent_chip_", "npu_chip_info_"];
 
 impl Collector for Exposition {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
@@ -97,7 +103,14 @@ impl Exposition {
             .iter()
             .map(|&i| self.shared.devices[usize::from(i)].snapshot(now))
             .collect();
-        encode_chip_info(enc, &snaps)?;
+        let prefixes = if self.npu_exporter_names {
+            &CHIP_PREFIXES[..]
+        } else {
+            &CHIP_PREFIXES[..1]
+        };
+        for prefix in prefixes {
+            encode_chip_info(enc, prefix, &snaps)?;
+        }
         self.encode_device_faults(enc, &snaps)?;
         self.encode_cube_window(enc, &snaps)?;
         encode_device_sources(enc, &snaps)?;
@@ -561,13 +574,13 @@ fn chip_health_status(s: &DeviceSnapshot) -> Option<f64> {
     s.health.map(|h| flag(h == 0))
 }
 
-/// npu-exporter's name of the `k`-th error-code family: `npu_chip_info_error_code`, then
+/// npu-exporter's name of the `k`-th error-code family after `prefix`: `error_code`, then
 /// `_1` … `_9`.
-fn error_code_family(k: usize) -> String {
+fn error_code_family(prefix: &str, k: usize) -> String {
     if k == 0 {
-        "npu_chip_info_error_code".to_owned()
+        format!("{prefix}error_code")
     } else {
-        format!("npu_chip_info_error_code_{k}")
+        format!("{prefix}error_code_{k}")
     }
 }
 
@@ -586,14 +599,16 @@ fn fault_level_rows(s: &DeviceSnapshot, faults: &[NpuFault]) -> Vec<(Labels, f64
         .collect()
 }
 
-/// npu-exporter's families: utilization, HBM, health and the error codes.
+/// npu-exporter's families under `prefix` ([`CHIP_PREFIXES`]): utilization, HBM, health and
+/// the error codes; the agent's own health code once, with its own prefix.
 fn encode_chip_info(
     enc: &mut DescriptorEncoder,
+    prefix: &str,
     snaps: &[DeviceSnapshot],
 ) -> Result<(), std::fmt::Error> {
     family(
         enc,
-        "npu_chip_info_cube_utilization",
+        &format!("{prefix}cube_utilization"),
         "AI Cube utilization of the NPU chip, percent (last valid reading)",
         MetricType::Gauge,
         snaps
@@ -602,7 +617,7 @@ fn encode_chip_info(
     )?;
     family(
         enc,
-        "npu_chip_info_hbm_used_memory",
+        &format!("{prefix}hbm_used_memory"),
         "HBM in use, MB",
         MetricType::Gauge,
         snaps
@@ -611,7 +626,7 @@ fn encode_chip_info(
     )?;
     family(
         enc,
-        "npu_chip_info_hbm_total_memory",
+        &format!("{prefix}hbm_total_memory"),
         "HBM total, MB",
         MetricType::Gauge,
         snaps
@@ -620,30 +635,32 @@ fn encode_chip_info(
     )?;
     family(
         enc,
-        "npu_chip_info_health_status",
+        &format!("{prefix}health_status"),
         "1 when the driver reports the chip healthy (health code 0), 0 for an alarm (1-3), 2147483647 when the driver reports the device does not exist (npu-exporter's value for a health it cannot read)",
         MetricType::Gauge,
         snaps
             .iter()
             .filter_map(|s| chip_health_status(s).map(|v| (device_labels(s), v))),
     )?;
-    family(
-        enc,
-        "npu_health_agent_device_health_code",
-        "The driver's health code of the chip: 0 normal, 1 minor, 2 major, 3 critical alarm (absent when unknown or gone)",
-        MetricType::Gauge,
-        snaps
-            .iter()
-            .filter(|s| !s.device_gone)
-            .filter_map(|s| s.health.map(|h| (device_labels(s), f64::from(h)))),
-    )?;
+    if prefix == CHIP_PREFIXES[0] {
+        family(
+            enc,
+            "npu_health_agent_device_health_code",
+            "The driver's health code of the chip: 0 normal, 1 minor, 2 major, 3 critical alarm (absent when unknown or gone)",
+            MetricType::Gauge,
+            snaps
+                .iter()
+                .filter(|s| !s.device_gone)
+                .filter_map(|s| s.health.map(|h| (device_labels(s), f64::from(h)))),
+        )?;
+    }
     // npu-exporter's error-code gauges: the chip's first ten codes, one family per
     // position, each the code in decimal; none when the chip reports no code
     // (collector_for_npu.go, MaxErrorCodeLen = 10).
     for k in 0..ERROR_CODE_FAMILIES {
         family(
             enc,
-            &error_code_family(k),
+            &error_code_family(prefix, k),
             "the npu error code (npu-exporter's name: the k-th of the chip's current fault codes, in decimal)",
             MetricType::Gauge,
             snaps.iter().filter(|s| !s.device_gone).filter_map(|s| {

@@ -440,8 +440,9 @@ fn defect2_gone_npus_never_make_the_engine_abnormal() {
     let m = stack.metrics();
     for id in ["0", "1"] {
         let gone = format!("npu_health_agent_device_gone{{id=\"{id}\",model_name=\"910B3\"}} 1");
-        let health =
-            format!("npu_chip_info_health_status{{id=\"{id}\",model_name=\"910B3\"}} 2147483647");
+        let health = format!(
+            "npu_health_agent_chip_health_status{{id=\"{id}\",model_name=\"910B3\"}} 2147483647"
+        );
         assert!(m.contains(&gone), "{gone} missing:\n{m}");
         assert!(m.contains(&health), "{health} missing:\n{m}");
     }

@@ -119,16 +119,19 @@ fn a_fault_on_an_engine_that_answers_is_published_and_the_engine_stays_normal() 
             .collect()
     };
     assert_eq!(
-        value("npu_chip_info_error_code{id=\"1\""),
+        value("npu_health_agent_chip_error_code{id=\"1\""),
         [f64::from(SEPARATE)],
         "{m}"
     );
     assert_eq!(
-        value("npu_chip_info_error_code_1{id=\"1\""),
+        value("npu_health_agent_chip_error_code_1{id=\"1\""),
         [f64::from(NOT_HANDLE)],
         "{m}"
     );
-    assert!(value("npu_chip_info_error_code_2{").is_empty(), "{m}");
+    assert!(
+        value("npu_health_agent_chip_error_code_2{").is_empty(),
+        "{m}"
+    );
     let level = |l: &str| {
         value(&format!(
             "npu_health_agent_device_fault_level{{id=\"1\",model_name=\"910B3\",level=\"{l}\"}}"

@@ -143,16 +143,22 @@ fn the_dashboard_reads_only_what_a_live_agent_exports() {
         .into_iter()
         .flat_map(|(_, r)| r.selectors.into_keys())
         .collect();
-    for npu_exporter in [
-        "npu_chip_info_cube_utilization",
-        "npu_chip_info_hbm_used_memory",
-        "npu_chip_info_health_status",
+    // The chip families under the agent's own names (never npu-exporter's, which a node
+    // running npu-exporter would have twice).
+    for chip in [
+        "npu_health_agent_chip_cube_utilization",
+        "npu_health_agent_chip_hbm_used_memory",
+        "npu_health_agent_chip_health_status",
     ] {
         assert!(
-            names.iter().any(|n| n.as_str() == npu_exporter),
-            "npu-exporter's {npu_exporter} is used"
+            names.iter().any(|n| n.as_str() == chip),
+            "the dashboard uses {chip}"
         );
     }
+    assert!(
+        !names.iter().any(|n| n.starts_with("npu_chip_info_")),
+        "the dashboard uses npu-exporter's names: {names:?}"
+    );
     println!(
         "{} queries, {} metric names, all exported",
         queries(&d).len(),

@@ -137,7 +137,7 @@ fn single_engine_mode_mirrors_the_engine_server_flags() {
     assert_eq!(d.role, Role::Prefill);
     let (_, metrics) = http("GET", &format!("http://127.0.0.1:{mgmt}/metrics"), None).unwrap();
     assert!(
-        metrics.contains("npu_chip_info_cube_utilization{id=\"0\""),
+        metrics.contains("npu_health_agent_chip_cube_utilization{id=\"0\""),
         "{metrics}"
     );
     assert!(

@@ -164,7 +164,10 @@ fn hung_engine_with_idle_npu_is_detected_and_killed() {
     let fast =
         value("npu_health_agent_virtual_probe_duration_seconds_bucket{engine=\"e2e\",le=\"0.25\"}");
     assert!(count - fast >= 3.0, "count {count}, at most 0.25 s: {fast}");
-    assert_eq!(value("npu_chip_info_cube_utilization{id=\"0\""), 0.0);
+    assert_eq!(
+        value("npu_health_agent_chip_cube_utilization{id=\"0\""),
+        0.0
+    );
     assert_eq!(value("npu_health_agent_device_stale{id=\"0\""), 0.0);
 }
 

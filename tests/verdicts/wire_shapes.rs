@@ -233,7 +233,12 @@ fn metrics_are_gzipped_when_asked_and_plain_otherwise() {
     assert!(head.contains("vary: accept-encoding"), "{head}");
     let (head, zipped) = metrics_raw(stack.mgmt_port, Some("gzip, deflate"));
     assert!(head.contains("content-encoding: gzip"), "{head}");
-    assert!(zipped.len() * 4 < plain.len(), "{} of {}", zipped.len(), plain.len());
+    assert!(
+        zipped.len() * 4 < plain.len(),
+        "{} of {}",
+        zipped.len(),
+        plain.len()
+    );
     let mut text = String::new();
     flate2::read::GzDecoder::new(&zipped[..])
         .read_to_string(&mut text)
@@ -245,7 +250,48 @@ fn metrics_are_gzipped_when_asked_and_plain_otherwise() {
             .collect()
     };
     assert_eq!(names(&text), names(&String::from_utf8_lossy(&plain)));
-    assert!(text.contains("npu_chip_info_cube_utilization"), "{text}");
+    assert!(
+        text.contains("npu_health_agent_chip_cube_utilization"),
+        "{text}"
+    );
     let (head, _) = metrics_raw(stack.mgmt_port, Some("gzip;q=0"));
     assert!(!head.contains("content-encoding"), "{head}");
+}
+
+// Issue 42: the chip families carry the agent's prefix only, so a node that also runs Huawei's
+// npu-exporter never has one series twice; `npu_exporter_names` adds npu-exporter's names,
+// with the same samples.
+#[test]
+fn npu_exporter_names_are_exported_only_when_asked() {
+    let own = |t: &str| -> Vec<String> {
+        t.lines()
+            .filter(|l| l.starts_with("npu_health_agent_chip_"))
+            .map(|l| l.replace("npu_health_agent_chip_", ""))
+            .filter(|l| !l.starts_with("cube_utilization"))
+            .collect()
+    };
+    let stack = Stack::start("max_failure_count = 3");
+    let text = stack.metrics();
+    assert!(
+        text.contains("npu_health_agent_chip_cube_utilization{"),
+        "{text}"
+    );
+    assert!(!text.contains("npu_chip_info_"), "{text}");
+    drop(stack);
+    let stack = Stack::start_launch(crate::support::stack::Launch {
+        health_check: "max_failure_count = 3",
+        agent_extra: "npu_exporter_names = true",
+        ..Default::default()
+    });
+    let text = stack.metrics();
+    let theirs: Vec<String> = text
+        .lines()
+        .filter(|l| l.starts_with("npu_chip_info_"))
+        .map(|l| l.replace("npu_chip_info_", ""))
+        .filter(|l| !l.starts_with("cube_utilization"))
+        .collect();
+    assert!(!theirs.is_empty(), "{text}");
+    // The same series and values (AI Cube moves between lines; the rest holds still).
+    assert_eq!(theirs, own(&text), "{text}");
+    assert!(text.contains("npu_chip_info_cube_utilization{"), "{text}");
 }

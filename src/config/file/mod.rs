@@ -88,6 +88,7 @@ struct AgentTable {
     kubernetes: Option<crate::integrations::kubernetes::config::KubernetesConfig>,
     state_dir: Option<PathBuf>,
     fault_code_file: Option<PathBuf>,
+    npu_exporter_names: bool,
 }
 
 impl Default for AgentTable {
@@ -119,6 +120,7 @@ impl Default for AgentTable {
             kubernetes: None,
             state_dir: None,
             fault_code_file: None,
+            npu_exporter_names: d.npu_exporter_names,
         }
     }
 }
@@ -361,6 +363,7 @@ fn agent_settings(t: &AgentTable, base: &Path) -> Result<AgentSettings, KeyError
         policy: t.policy,
         state_dir: t.state_dir.as_ref().map(|p| base_rel(base, p)),
         fault_code_file: t.fault_code_file.as_ref().map(|p| base_rel(base, p)),
+        npu_exporter_names: t.npu_exporter_names,
         kubernetes: match &t.kubernetes {
             Some(k) => {
                 k.validate()
