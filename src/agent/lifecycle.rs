@@ -98,6 +98,9 @@ async fn startup(cfg: &AgentConfig, opts: &RunOptions) -> Result<Startup, AgentE
             Err(e @ HandoverError::Protocol { .. }) => tracing::warn!(
                 "no handover: {e}; stop it first (its ports stay its own until it stops)"
             ),
+            Err(e @ HandoverError::ForeignAgent { .. }) => tracing::warn!(
+                "no handover: {e} (whoever can write the state directory can put a socket there; give the agent a directory only its user can write)"
+            ),
             Err(e) => tracing::warn!(
                 "no handover from the agent at {}: {e}",
                 d.handover_socket().display()

@@ -38,8 +38,9 @@
 //! socket but for that rare overlap, and the one that answers answers from the latest
 //! state.
 //!
-//! Only a peer with the agent's own user id (or root) may connect (`SO_PEERCRED`); the
-//! socket file is mode 0600.
+//! Each side checks the other's user id (`SO_PEERCRED`): only the agent's own user, or root,
+//! may take over, and a new agent takes sockets only from its own user or root. The socket
+//! file is mode 0600.
 
 use serde::{Deserialize, Serialize};
 use std::io::{self, IoSlice, IoSliceMut};
@@ -119,6 +120,10 @@ pub enum HandoverError {
     /// The peer runs as another user (and not as root).
     #[error("uid {peer} may not take over an agent running as uid {me}")]
     PeerIdentity { peer: u32, me: u32 },
+    /// The agent on the handover socket runs as another user (and not as root): its
+    /// sockets are not taken.
+    #[error("{} is served by uid {peer}, neither this agent's uid {me} nor root: its sockets are not taken", path.display())]
+    ForeignAgent { path: PathBuf, peer: u32, me: u32 },
     /// The new agent would start accepting too long after its `take`: the old one may be
     /// accepting again by now.
     #[error("{took:?} after `take`, over {ACCEPT_WITHIN:?}: the running agent may accept again")]
@@ -375,7 +380,8 @@ pub type Offered = Vec<(SocketAddr, TcpListener)>;
 
 /// Connects to the agent running with the state directory whose socket is `path`, and takes
 /// its offer: `Ok(None)` when none runs there (no socket, or a stale one nobody listens on).
-/// An offer that does not fit is answered `refused`, with the reason.
+/// An agent of another user is refused before a word is said; an offer that does not fit
+/// is answered `refused`, with the reason.
 pub async fn connect(path: &Path) -> Result<Option<(Predecessor, Offered)>, HandoverError> {
     let connect_error = |source| HandoverError::Connect {
         path: path.to_owned(),
@@ -399,6 +405,14 @@ pub async fn connect(path: &Path) -> Result<Option<(Predecessor, Offered)>, Hand
             )));
         }
     };
+    let (peer, me) = peer_uid(&sock)?;
+    if !trusted(peer, me) {
+        return Err(HandoverError::ForeignAgent {
+            path: path.to_owned(),
+            peer,
+            me,
+        });
+    }
     say(
         &sock,
         &Message::Hello {
@@ -782,6 +796,19 @@ mod tests {
             matches!(&told, HandoverError::Refused { why } if *why == e.to_string()),
             "{told}"
         );
+    }
+
+    #[test]
+    fn only_the_same_user_or_root_is_trusted() {
+        for (peer, me, ok) in [
+            (1000, 1000, true),
+            (0, 1000, true),
+            (0, 0, true),
+            (1000, 0, false),
+            (1001, 1000, false),
+        ] {
+            assert_eq!(trusted(peer, me), ok, "peer {peer}, me {me}");
+        }
     }
 
     // Issue 41: a new agent that said `take` and hung left nobody accepting for 10 s. The

@@ -606,3 +606,68 @@ fn a_successor_that_takes_and_hangs_gets_the_listeners_back_and_is_told() {
         s.agent_log()
     );
 }
+
+/// Stops `s`'s agent with SIGTERM (it removes its handover socket) and waits for it.
+fn stop_agent(s: &mut Stack) {
+    signal(&s.agent, "TERM");
+    assert!(exits_within(&mut s.agent, Duration::from_secs(30)).is_some());
+}
+
+// Issue 41: a user who could write the state directory ran a handover socket of their own,
+// and the new agent took that user's listening socket and served their answers. Here the
+// other user runs a genuine agent on the same ports; the new agent refuses it, says why, and
+// fails on the port it cannot have, as without a handover.
+#[test]
+fn a_handover_socket_of_another_user_is_refused() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    use std::os::unix::process::CommandExt;
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("skipped: running another user's agent takes root");
+        return;
+    }
+    const OTHER: u32 = 65534;
+    let mut s = stack();
+    stop_agent(&mut s);
+    // The other user can read the config and write the state directory.
+    for (p, mode) in [(s.dir.path().to_owned(), 0o755), (s.path("run"), 0o777)] {
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    let mut other = std::process::Command::new(support::agent())
+        .args(["--fake", "run", "--config"])
+        .arg(s.path("agent.toml"))
+        .env("FAKE_NPU_SCENARIO", s.path("scenario.toml"))
+        .env("RUST_LOG", "info")
+        .uid(OTHER)
+        .gid(OTHER)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(s.path("other.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let sock = s.path("run/handover.sock");
+    let end = Instant::now() + Duration::from_secs(30);
+    while !std::fs::metadata(&sock).is_ok_and(|m| m.uid() == OTHER) {
+        let other_log = std::fs::read_to_string(s.path("other.log")).unwrap_or_default();
+        assert!(
+            Instant::now() < end,
+            "the other user's agent never listened:\n{other_log}"
+        );
+        assert!(
+            other.try_wait().unwrap().is_none(),
+            "the other user's agent exited:\n{other_log}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut new = s.spawn_agent();
+    let exited = exits_within(&mut new, Duration::from_secs(30));
+    let log = s.last_agent_log();
+    let _ = other.kill();
+    let _ = other.wait();
+    let (st, _) = exited.unwrap_or_else(|| panic!("the new agent runs on:\n{log}"));
+    assert_eq!(st.code(), Some(1), "{log}");
+    assert!(!log.contains("taking over from the running agent"), "{log}");
+    assert!(
+        log.contains(&format!("uid {OTHER}")),
+        "the refusal names the uid:\n{log}"
+    );
+    assert!(log.contains("Address already in use"), "{log}");
+}
