@@ -8,7 +8,9 @@
 //!
 //! 1. new → old `hello`;
 //! 2. old → new `offer`: the addresses of its listening sockets, and the sockets. Both
-//!    processes now hold the *same* sockets: nothing closes, nothing is reset;
+//!    processes now hold the *same* sockets: nothing closes, nothing is reset. The new agent
+//!    checks each one (a listening TCP socket bound to the address offered with it) and
+//!    answers `refused` with the reason if one is not;
 //! 3. the new agent starts its sampler and prepares its engines (everything that can fail),
 //!    then sends `take`. The old one goes on serving meanwhile. If the new one fails or goes
 //!    away before `take`, the old one just keeps serving;
@@ -114,6 +116,9 @@ pub enum HandoverError {
     /// The sockets of an offer do not match its addresses, or are too many for one.
     #[error("{0}")]
     Sockets(String),
+    /// A socket offered is not a listening TCP socket bound to the address offered with it.
+    #[error("the socket offered for {addr} {why}")]
+    BadSocket { addr: SocketAddr, why: String },
     /// A socket of this agent could not be duplicated to be offered.
     #[error("cannot duplicate the socket on {addr}: {source}")]
     Duplicate { addr: SocketAddr, source: io::Error },
@@ -380,8 +385,8 @@ pub type Offered = Vec<(SocketAddr, TcpListener)>;
 
 /// Connects to the agent running with the state directory whose socket is `path`, and takes
 /// its offer: `Ok(None)` when none runs there (no socket, or a stale one nobody listens on).
-/// An agent of another user is refused before a word is said; an offer that does not fit
-/// is answered `refused`, with the reason.
+/// An agent of another user is refused before a word is said; an offer with a socket that
+/// is not fit to serve is answered `refused`, with the reason.
 pub async fn connect(path: &Path) -> Result<Option<(Predecessor, Offered)>, HandoverError> {
     let connect_error = |source| HandoverError::Connect {
         path: path.to_owned(),
@@ -461,7 +466,7 @@ pub async fn connect(path: &Path) -> Result<Option<(Predecessor, Offered)>, Hand
     }
 }
 
-/// The sockets of an offer, with the address each was offered for.
+/// The sockets of an offer, each checked against the address offered with it.
 fn check_offer(listeners: Vec<SocketAddr>, fds: Vec<OwnedFd>) -> Result<Offered, HandoverError> {
     if fds.len() != listeners.len() {
         return Err(HandoverError::Sockets(format!(
@@ -473,8 +478,30 @@ fn check_offer(listeners: Vec<SocketAddr>, fds: Vec<OwnedFd>) -> Result<Offered,
     listeners
         .into_iter()
         .zip(fds)
-        .map(|(addr, fd)| Ok((addr, TcpListener::from(fd))))
+        .map(|(addr, fd)| Ok((addr, check_socket(addr, fd)?)))
         .collect()
+}
+
+/// `fd` if it is a listening TCP socket bound to `addr`, the address it was offered for.
+fn check_socket(addr: SocketAddr, fd: OwnedFd) -> Result<TcpListener, HandoverError> {
+    use rustix::net::sockopt;
+    let bad = |why: String| HandoverError::BadSocket { addr, why };
+    let kind = sockopt::socket_type(&fd).map_err(|e| bad(format!("cannot be inspected: {e}")))?;
+    if kind != rustix::net::SocketType::STREAM {
+        return Err(bad("is not a stream socket".to_owned()));
+    }
+    let bound = rustix::net::getsockname(&fd)
+        .ok()
+        .and_then(|a| SocketAddr::try_from(a).ok());
+    match bound {
+        None => return Err(bad("is not a TCP socket".to_owned())),
+        Some(b) if b != addr => return Err(bad(format!("is bound to {b}"))),
+        Some(_) => {}
+    }
+    if !sockopt::socket_acceptconn(&fd).map_err(|e| bad(format!("cannot be inspected: {e}")))? {
+        return Err(bad("is not listening".to_owned()));
+    }
+    Ok(TcpListener::from(fd))
 }
 
 impl Predecessor {
@@ -796,6 +823,69 @@ mod tests {
             matches!(&told, HandoverError::Refused { why } if *why == e.to_string()),
             "{told}"
         );
+    }
+
+    fn bound(kind: rustix::net::SocketType) -> (SocketAddr, OwnedFd) {
+        let fd = rustix::net::socket(rustix::net::AddressFamily::INET, kind, None).unwrap();
+        rustix::net::bind(&fd, &"127.0.0.1:0".parse::<SocketAddr>().unwrap()).unwrap();
+        let addr = SocketAddr::try_from(rustix::net::getsockname(&fd).unwrap()).unwrap();
+        (addr, fd)
+    }
+
+    // Issue 41: an offered socket that did not listen left the new agent "ready" while its
+    // /status was refused for good. Each unfit socket is refused, naming its address and
+    // what is wrong, and the running agent is told the same.
+    #[tokio::test]
+    async fn each_unfit_socket_of_an_offer_is_refused_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let listening = TcpListener::bind("127.0.0.1:0").unwrap();
+        let elsewhere: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let unix = dir.path().join("unix.sock");
+        let cases: Vec<(&str, SocketAddr, OwnedFd, String)> = vec![
+            {
+                let (addr, fd) = bound(rustix::net::SocketType::STREAM);
+                (
+                    "bound, not listening",
+                    addr,
+                    fd,
+                    "is not listening".to_owned(),
+                )
+            },
+            {
+                let (addr, fd) = bound(rustix::net::SocketType::DGRAM);
+                ("UDP", addr, fd, "is not a stream socket".to_owned())
+            },
+            (
+                "listening elsewhere",
+                elsewhere,
+                listening.try_clone().unwrap().into(),
+                format!("is bound to {}", listening.local_addr().unwrap()),
+            ),
+            (
+                "a unix socket",
+                elsewhere,
+                std::os::unix::net::UnixListener::bind(&unix)
+                    .unwrap()
+                    .into(),
+                "is not a TCP socket".to_owned(),
+            ),
+        ];
+        for (i, (what, addr, fd, wrong)) in cases.into_iter().enumerate() {
+            let path = dir.path().join(format!("handover-{i}.sock"));
+            let old = offering(&path, vec![(addr, fd)]);
+            let e = connect(&path).await.unwrap_err();
+            assert!(matches!(e, HandoverError::BadSocket { .. }), "{what}: {e}");
+            assert_eq!(
+                e.to_string(),
+                format!("the socket offered for {addr} {wrong}"),
+                "{what}"
+            );
+            let (_, told) = old.await.unwrap();
+            assert!(
+                matches!(&told, Err(HandoverError::Refused { why }) if *why == e.to_string()),
+                "{what}: {told:?}"
+            );
+        }
     }
 
     #[test]

@@ -459,6 +459,7 @@ fn a_state_saved_for_another_engine_process_is_dropped() {
 mod peer {
     use serde_json::{Value, json};
     use std::io::{Read, Write};
+    use std::os::fd::BorrowedFd;
     use std::os::unix::net::UnixStream;
 
     fn frame(v: &Value) -> Vec<u8> {
@@ -474,6 +475,24 @@ mod peer {
         w.write_all(&frame(&v)).unwrap();
     }
 
+    /// Sends `v` with `fds` attached.
+    pub fn say_with(s: &UnixStream, v: Value, fds: &[BorrowedFd<'_>]) {
+        use std::mem::MaybeUninit;
+        let f = frame(&v);
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(4))];
+        let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
+        assert!(control.push(rustix::net::SendAncillaryMessage::ScmRights(fds)));
+        let n = rustix::net::sendmsg(
+            s,
+            &[std::io::IoSlice::new(&f)],
+            &mut control,
+            rustix::net::SendFlags::NOSIGNAL,
+        )
+        .unwrap();
+        let mut w = s;
+        w.write_all(&f[n..]).unwrap();
+    }
+
     /// The next message (descriptors attached are closed), `None` once the other side
     /// closed the connection.
     pub fn hear(s: &UnixStream) -> Option<Value> {
@@ -487,6 +506,10 @@ mod peer {
 
     pub fn hello() -> Value {
         json!({"msg": "hello", "protocol": 1, "pid": std::process::id(), "agent": "test peer"})
+    }
+
+    pub fn offer(listeners: &[std::net::SocketAddr]) -> Value {
+        json!({"msg": "offer", "protocol": 1, "pid": std::process::id(), "agent": "test peer", "listeners": listeners})
     }
 }
 
@@ -670,4 +693,53 @@ fn a_handover_socket_of_another_user_is_refused() {
         "the refusal names the uid:\n{log}"
     );
     assert!(log.contains("Address already in use"), "{log}");
+}
+
+// Issue 41: a running agent that offered a socket that was not listening left the new agent
+// "ready" while /status was refused for good. The new agent checks each socket, refuses the
+// handover saying why (the running agent serves on), and fails on the port it cannot have.
+#[test]
+fn an_offered_socket_that_is_not_listening_is_refused_and_the_running_agent_told_why() {
+    use std::os::fd::AsFd;
+    let mut s = stack();
+    stop_agent(&mut s);
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{}", s.mgmt_port).parse().unwrap();
+    // The running agent's listener, and a socket on the same address that does not listen.
+    let tcp = || {
+        let fd = rustix::net::socket(
+            rustix::net::AddressFamily::INET,
+            rustix::net::SocketType::STREAM,
+            None,
+        )
+        .unwrap();
+        rustix::net::sockopt::set_socket_reuseaddr(&fd, true).unwrap();
+        rustix::net::sockopt::set_socket_reuseport(&fd, true).unwrap();
+        rustix::net::bind(&fd, &addr).unwrap();
+        fd
+    };
+    let listening = tcp();
+    rustix::net::listen(&listening, 16).unwrap();
+    let not_listening = tcp();
+    let handover = std::os::unix::net::UnixListener::bind(s.path("run/handover.sock")).unwrap();
+    let mut new = s.spawn_agent();
+    let (conn, _) = handover.accept().unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    assert_eq!(peer::hear(&conn).expect("hello")["msg"], "hello");
+    peer::say_with(&conn, peer::offer(&[addr]), &[not_listening.as_fd()]);
+    let answer = peer::hear(&conn);
+    let exited = exits_within(&mut new, Duration::from_secs(30));
+    let log = s.last_agent_log();
+    let answer = answer.unwrap_or_else(|| panic!("no answer to the offer:\n{log}"));
+    assert_eq!(answer["msg"], "refused", "{answer}\n{log}");
+    let why = answer["why"].as_str().unwrap();
+    assert!(
+        why.contains(&addr.to_string()) && why.contains("not listening"),
+        "{why}"
+    );
+    let (st, _) = exited.unwrap_or_else(|| panic!("the new agent runs on:\n{log}"));
+    assert_eq!(st.code(), Some(1), "{log}");
+    assert!(log.contains(why), "{log}");
+    assert!(!log.contains("ready:"), "{log}");
+    drop(listening);
 }
