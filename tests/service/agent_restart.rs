@@ -2,7 +2,9 @@
 //! engine stays `abnormal`, a count in progress resumes, a warm engine is not warmed up
 //! again), a bad state file is ignored with a warning, a reload that changes a hung engine's
 //! table keeps it `abnormal`, a state saved for another engine process is dropped, and a
-//! second agent takes over from a running one under a `/status` poll without one failure.
+//! second agent takes over from a running one under a `/status` poll without one failure. A
+//! handover peer that stalls, runs as another user or offers a socket that does not listen
+//! costs a bounded time and nothing else (issue 41).
 //! systemd's own restart paths (its file-descriptor store) are in `systemd_restart.rs`.
 
 #![cfg(feature = "fake-driver")]
