@@ -51,7 +51,7 @@ pub type Reloader = Box<dyn Fn() -> Result<AgentConfig, String> + Send + Sync>;
 
 /// What `run` takes over at start: the state directory, systemd's sockets, and a running
 /// agent (through the state directory's handover socket).
-fn startup(cfg: &AgentConfig, opts: &RunOptions) -> Result<Startup, AgentError> {
+async fn startup(cfg: &AgentConfig, opts: &RunOptions) -> Result<Startup, AgentError> {
     let state_dir = state_dir(cfg)?;
     match &state_dir {
         Some(d) => tracing::info!(
@@ -78,7 +78,7 @@ fn startup(cfg: &AgentConfig, opts: &RunOptions) -> Result<Startup, AgentError> 
     // An agent that listens there and did not hand over may still write there.
     let mut sole_writer = true;
     if let Some(d) = &state_dir {
-        match continuity::handover::connect(&d.handover_socket()) {
+        match continuity::handover::connect(&d.handover_socket()).await {
             Ok(None) => {}
             Ok(Some((p, sockets))) => {
                 tracing::info!(
@@ -98,6 +98,12 @@ fn startup(cfg: &AgentConfig, opts: &RunOptions) -> Result<Startup, AgentError> 
                 sole_writer = false;
                 tracing::warn!(
                     "no handover: {e}; stop it first (its ports stay its own until it stops)"
+                )
+            }
+            Err(e @ HandoverError::ForeignAgent { .. }) => {
+                sole_writer = false;
+                tracing::warn!(
+                    "no handover: {e} (whoever can write the state directory can put a socket there; give the agent a directory only its user can write)"
                 )
             }
             Err(e) => {
@@ -163,7 +169,14 @@ pub async fn run(cfg: AgentConfig, reload: Reloader, opts: RunOptions) -> Result
     let Some((mut running, reload_pending)) = starting(cfg, &opts, &mut signals).await? else {
         return Ok(());
     };
-    let mut handover = running.after_start().await;
+    let mut handover = match running.after_start().await {
+        Ok(h) => h,
+        Err(e) => {
+            systemd.stopping();
+            stopping(running, &mut signals).await;
+            return Err(e);
+        }
+    };
     systemd.store_sockets(&running.sockets());
     announce_ready(&running, &mut systemd);
     let ended = running
@@ -209,8 +222,11 @@ async fn starting(
         Some(Signalled::Reload) => reload_pending = true,
         None => {}
     }
-    let boot = startup(&cfg, opts)?;
-    let starting = start(cfg, boot);
+    // Taking over from a running agent is part of the start: a stop request ends it too.
+    let starting = async move {
+        let boot = startup(&cfg, opts).await?;
+        start(cfg, boot).await
+    };
     tokio::pin!(starting);
     loop {
         tokio::select! {
@@ -292,14 +308,17 @@ impl Running {
             let req = if std::mem::take(&mut reload_pending) {
                 Signalled::Reload
             } else {
-                tokio::select! {
-                    req = signals.next() => req,
-                    conn = handover::accept(handover.as_ref()) => {
-                        if self.hand_over(conn).await {
-                            return Ended::HandedOver;
-                        }
-                        continue;
-                    }
+                let conn = tokio::select! {
+                    req = signals.next() => Ok(req),
+                    conn = handover::accept(handover.as_ref()) => Err(conn),
+                };
+                match conn {
+                    Ok(req) => req,
+                    Err(conn) => match self.hand_over(conn, signals, &mut reload_pending).await {
+                        handover::Outcome::HandedOver => return Ended::HandedOver,
+                        handover::Outcome::ServingOn => continue,
+                        handover::Outcome::Stop(name) => Signalled::Stop(name),
+                    },
                 }
             };
             match req {

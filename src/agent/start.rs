@@ -10,6 +10,7 @@ use super::{
     preflight, read_fault_table, sampler_config,
 };
 use crate::config::{AgentConfig, EngineSpec, ListenerLimits};
+use crate::continuity::handover::{HandoverError, Predecessor};
 use crate::continuity::statefile;
 use crate::integrations::{Integration, Listen, REGISTRY};
 use crate::monitor;
@@ -63,23 +64,33 @@ pub async fn start(cfg: AgentConfig, mut startup: Startup) -> Result<Running, Ag
     let sockets = running.acquire_sockets(&cfg, own, &mut startup).await?;
     // The agent handing over stops accepting and writes its state now; connections that
     // arrive meanwhile wait in the sockets' backlog.
-    if let Some(pred) = startup.predecessor.take() {
-        pred.take().await.map_err(|e| {
-            AgentError::Runtime(format!(
-                "taking over from the running agent (pid {}): {e}",
-                pred.pid
-            ))
-        })?;
+    if let Some(mut pred) = startup.predecessor.take() {
+        pred.take().await.map_err(|e| taking_over(&pred, e))?;
         running.predecessor = Some(pred);
     }
     // Only now: the agent handing over writes through a temporary file until it released.
     if startup.sole_writer {
         running.remove_stale_writes();
     }
-    running.launch_engines(sockets.engines)?;
+    let saved = match &running.state_dir {
+        Some(d) => statefile::load(&d.state_file()),
+        None => statefile::Found::none(),
+    };
+    // Past its window the running agent accepts again: this one must not start to.
+    if let Some(p) = &running.predecessor {
+        p.in_time().map_err(|e| taking_over(p, e))?;
+    }
+    running.launch_engines(sockets.engines, saved)?;
     running.serve_listeners(sockets.admin, sockets.own)?;
     running.start_persister();
     Ok(running)
+}
+
+fn taking_over(p: &Predecessor, e: HandoverError) -> AgentError {
+    AgentError::Runtime(format!(
+        "taking over from the running agent (pid {}): {e}",
+        p.pid
+    ))
 }
 
 /// The sampler for `cfg`. Without NPU figures the agent still serves `/status` from
@@ -186,16 +197,13 @@ impl Running {
         }
     }
 
-    /// Starts each engine on its socket, from its saved state when the state file has it,
-    /// and publishes the roster.
+    /// Starts each engine on its socket, from its saved state when `found` (the state file)
+    /// has it, and publishes the roster.
     fn launch_engines(
         &mut self,
         ready: Vec<(Prepared, std::net::TcpListener)>,
+        mut found: statefile::Found,
     ) -> Result<(), AgentError> {
-        let mut found = match &self.state_dir {
-            Some(d) => statefile::load(&d.state_file()),
-            None => statefile::Found::none(),
-        };
         for (p, socket) in ready {
             let restored = found.take(&p.spec.name, &p.spec.engine_url());
             if let Some(s) = &restored {

@@ -8,29 +8,52 @@
 //!
 //! 1. new → old `hello`;
 //! 2. old → new `offer`: the addresses of its listening sockets, and the sockets. Both
-//!    processes now hold the *same* sockets: nothing closes, nothing is reset;
+//!    processes now hold the *same* sockets: nothing closes, nothing is reset. The new agent
+//!    checks each one (a listening TCP socket bound to the address offered with it) and
+//!    answers `refused` with the reason if one is not;
 //! 3. the new agent starts its sampler and prepares its engines (everything that can fail),
 //!    then sends `take`. The old one goes on serving meanwhile. If the new one fails or goes
 //!    away before `take`, the old one just keeps serving;
 //! 4. the old agent stops accepting, writes its state file, and answers `released`. A
 //!    connection arriving now waits in the sockets' backlog;
 //! 5. the new agent loads the state file, starts its engines from it, accepts, and sends
-//!    `serving`. The old one finishes the requests it had accepted, stops and exits (or,
-//!    under Kubernetes, waits for its SIGTERM). If `serving` does not come within
-//!    [`SERVING_WAIT`], the old agent accepts again and carries on.
+//!    `serving`. The old one closes the connection, finishes the requests it had accepted and
+//!    stops (or, under Kubernetes, waits for its SIGTERM).
 //!
-//! So at no moment do two processes accept on the same socket, and the one that answers
-//! always answers from the latest state. Only a peer with the agent's own user id (or root)
-//! may connect; the socket file is mode 0600.
+//! Every step has a deadline, so a peer that stalls costs a bounded time, and the agents'
+//! main loops serve their signals throughout (they race these steps with them):
+//!
+//! | Step | Deadline |
+//! |---|---|
+//! | connecting, `hello`, `offer`, sending any message | [`STEP`] (5 s) |
+//! | `take` after the offer (the old agent serves meanwhile) | [`TAKE_WAIT`] (60 s) |
+//! | the old agent's state write after its pause | [`STATE_WRITE_WAIT`] (500 ms) |
+//! | `serving`, counted from the old agent's pause | [`PAUSE_WINDOW`] (2 s) |
+//! | the new agent accepting, counted from its `take` | [`ACCEPT_WITHIN`] (1.5 s) |
+//! | the old agent closing after `serving` | [`GOODBYE_WAIT`] (1 s) |
+//!
+//! Nobody accepts from the old agent's pause until the new one accepts or the old one
+//! accepts again: at most [`PAUSE_WINDOW`]. Past it, the old agent says `refused` and
+//! accepts again. The new agent accepts only within [`ACCEPT_WITHIN`] of its `take`, which
+//! came before the pause, so it is done half a second before the old one gives up; and if
+//! the old one said `refused` anyway, the new one stops. So no two processes accept on a
+//! socket but for that rare overlap, and the one that answers answers from the latest
+//! state.
+//!
+//! Each side checks the other's user id (`SO_PEERCRED`): only the agent's own user, or root,
+//! may take over, and a new agent takes sockets only from its own user or root. The socket
+//! file is mode 0600.
 
 use serde::{Deserialize, Serialize};
-use std::io::{self, Read, Write};
+use std::io::{self, IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
 use std::net::{SocketAddr, TcpListener};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+use tokio::io::Interest;
+use tokio::net::UnixStream;
+use tokio::time::Instant;
 
 /// The protocol's version: both sides must speak the same.
 pub const PROTOCOL: u32 = 1;
@@ -38,13 +61,22 @@ pub const PROTOCOL: u32 = 1;
 const MAX_MESSAGE: usize = 64 * 1024;
 /// The most sockets one offer carries (engines' mgmt listeners and the admin listener).
 pub const MAX_SOCKETS: usize = 64;
+/// A quick step's limit: connecting, `hello`, `offer`, and sending any message.
+pub const STEP: Duration = Duration::from_secs(5);
 /// How long the old agent waits for `take` after its offer: the new one starts its
-/// sampler and prepares its engines meanwhile.
+/// sampler and prepares its engines meanwhile, while the old one serves.
 pub const TAKE_WAIT: Duration = Duration::from_secs(60);
-/// How long the old agent waits for `serving` after `released` before it accepts again.
-pub const SERVING_WAIT: Duration = Duration::from_secs(10);
-/// A quick step's limit (`hello`, `offer`, `released`).
-const STEP: Duration = Duration::from_secs(10);
+/// The longest time nobody accepts: from the old agent's pause until `serving`. Node
+/// Manager's poll times out after 1–2 s, and 5 failures in a row kill the node.
+pub const PAUSE_WINDOW: Duration = Duration::from_secs(2);
+/// How long the old agent's last state write may take, of [`PAUSE_WINDOW`].
+pub const STATE_WRITE_WAIT: Duration = Duration::from_millis(500);
+/// How long after its `take` the new agent may still start accepting: [`PAUSE_WINDOW`] less
+/// a margin, since the old agent counts from its pause, which comes after the `take`.
+pub const ACCEPT_WITHIN: Duration = Duration::from_millis(1500);
+/// How long the new agent waits, after `serving`, for the old one to close the connection
+/// (or to say `refused`: it gave up waiting and accepts again).
+pub const GOODBYE_WAIT: Duration = Duration::from_secs(1);
 
 /// What went wrong in a handover, by family: the caller decides from the family whether
 /// the other agent said no, went quiet, spoke another protocol or was not allowed.
@@ -84,19 +116,27 @@ pub enum HandoverError {
     /// The sockets of an offer do not match its addresses, or are too many for one.
     #[error("{0}")]
     Sockets(String),
+    /// A socket offered is not a listening TCP socket bound to the address offered with it.
+    #[error("the socket offered for {addr} {why}")]
+    BadSocket { addr: SocketAddr, why: String },
     /// A socket of this agent could not be duplicated to be offered.
     #[error("cannot duplicate the socket on {addr}: {source}")]
     Duplicate { addr: SocketAddr, source: io::Error },
     /// The peer runs as another user (and not as root).
     #[error("uid {peer} may not take over an agent running as uid {me}")]
     PeerIdentity { peer: u32, me: u32 },
+    /// The agent on the handover socket runs as another user (and not as root): its
+    /// sockets are not taken.
+    #[error("{} is served by uid {peer}, neither this agent's uid {me} nor root: its sockets are not taken", path.display())]
+    ForeignAgent { path: PathBuf, peer: u32, me: u32 },
+    /// The new agent would start accepting too long after its `take`: the old one may be
+    /// accepting again by now.
+    #[error("{took:?} after `take`, over {ACCEPT_WITHIN:?}: the running agent may accept again")]
+    Late { took: Duration },
     /// Reading, writing or accepting on the handover socket failed (the other agent
     /// went away, or sent something that is not a message).
     #[error("{during}: {source}")]
     Io { during: String, source: io::Error },
-    /// The thread that does the blocking steps panicked.
-    #[error("the handover thread panicked: {0}")]
-    Panicked(String),
 }
 
 impl HandoverError {
@@ -143,27 +183,52 @@ impl Message {
     }
 }
 
+/// Whether a peer running as uid `peer` may hand over to, or take over from, an agent
+/// running as uid `me`: the same user, or root.
+fn trusted(peer: u32, me: u32) -> bool {
+    peer == me || peer == 0
+}
+
+/// The uid of the process at the other end of `sock`, with this process's.
+fn peer_uid(sock: &UnixStream) -> Result<(u32, u32), HandoverError> {
+    let cred = rustix::net::sockopt::socket_peercred(sock)
+        .map_err(|e| HandoverError::io("reading the peer's credentials")(e.into()))?;
+    Ok((cred.uid.as_raw(), rustix::process::geteuid().as_raw()))
+}
+
 /// Sends `m` with `fds` attached.
-fn send(sock: &UnixStream, m: &Message, fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+async fn send(sock: &UnixStream, m: &Message, fds: &[BorrowedFd<'_>]) -> io::Result<()> {
     let body = serde_json::to_vec(m).map_err(io::Error::other)?;
     let mut frame = (body.len() as u32).to_be_bytes().to_vec();
     frame.extend_from_slice(&body);
-    let mut space = vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_SOCKETS))];
-    let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
-    if !fds.is_empty() && !control.push(rustix::net::SendAncillaryMessage::ScmRights(fds)) {
-        return Err(io::Error::other("too many sockets for one message"));
-    }
-    let sent = rustix::net::sendmsg(
-        sock,
-        &[io::IoSlice::new(&frame)],
-        &mut control,
-        rustix::net::SendFlags::NOSIGNAL,
-    )?;
+    let sent = sock
+        .async_io(Interest::WRITABLE, || {
+            let mut space =
+                vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_SOCKETS))];
+            let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
+            if !fds.is_empty() && !control.push(rustix::net::SendAncillaryMessage::ScmRights(fds)) {
+                return Err(io::Error::other("too many sockets for one message"));
+            }
+            Ok(rustix::net::sendmsg(
+                sock,
+                &[IoSlice::new(&frame)],
+                &mut control,
+                rustix::net::SendFlags::NOSIGNAL,
+            )?)
+        })
+        .await?;
     // The descriptors went with the first byte; the rest of a long frame follows plainly.
     let mut rest = &frame[sent..];
-    let mut w = sock;
     while !rest.is_empty() {
-        let n = w.write(rest)?;
+        let n = sock
+            .async_io(Interest::WRITABLE, || {
+                Ok(rustix::net::send(
+                    sock,
+                    rest,
+                    rustix::net::SendFlags::NOSIGNAL,
+                )?)
+            })
+            .await?;
         if n == 0 {
             return Err(io::ErrorKind::WriteZero.into());
         }
@@ -172,33 +237,43 @@ fn send(sock: &UnixStream, m: &Message, fds: &[BorrowedFd<'_>]) -> io::Result<()
     Ok(())
 }
 
+fn closed() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::UnexpectedEof,
+        "the other agent closed the connection",
+    )
+}
+
 /// Receives one message and the descriptors that came with it.
-fn recv(sock: &UnixStream) -> io::Result<(Message, Vec<OwnedFd>)> {
+async fn recv(sock: &UnixStream) -> io::Result<(Message, Vec<OwnedFd>)> {
     let mut head = [0u8; 4];
     let mut got = 0;
     let mut fds = Vec::new();
     // The descriptors come with the frame's first bytes: read the header with recvmsg.
     while got < head.len() {
-        let mut space = vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_SOCKETS))];
-        let mut control = rustix::net::RecvAncillaryBuffer::new(&mut space);
-        let r = rustix::net::recvmsg(
-            sock,
-            &mut [io::IoSliceMut::new(&mut head[got..])],
-            &mut control,
-            rustix::net::RecvFlags::CMSG_CLOEXEC,
-        )?;
-        for m in control.drain() {
-            if let rustix::net::RecvAncillaryMessage::ScmRights(it) = m {
-                fds.extend(it);
-            }
+        let n = sock
+            .async_io(Interest::READABLE, || {
+                let mut space =
+                    vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_SOCKETS))];
+                let mut control = rustix::net::RecvAncillaryBuffer::new(&mut space);
+                let r = rustix::net::recvmsg(
+                    sock,
+                    &mut [IoSliceMut::new(&mut head[got..])],
+                    &mut control,
+                    rustix::net::RecvFlags::CMSG_CLOEXEC,
+                )?;
+                for m in control.drain() {
+                    if let rustix::net::RecvAncillaryMessage::ScmRights(it) = m {
+                        fds.extend(it);
+                    }
+                }
+                Ok(r.bytes)
+            })
+            .await?;
+        if n == 0 {
+            return Err(closed());
         }
-        if r.bytes == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "the other agent closed the connection",
-            ));
-        }
-        got += r.bytes;
+        got += n;
     }
     let len = u32::from_be_bytes(head) as usize;
     if len > MAX_MESSAGE {
@@ -208,37 +283,43 @@ fn recv(sock: &UnixStream) -> io::Result<(Message, Vec<OwnedFd>)> {
         ));
     }
     let mut body = vec![0u8; len];
-    let mut r = sock;
-    r.read_exact(&mut body)?;
+    let mut got = 0;
+    while got < len {
+        let n = sock
+            .async_io(Interest::READABLE, || {
+                let (n, _) =
+                    rustix::net::recv(sock, &mut body[got..], rustix::net::RecvFlags::empty())?;
+                Ok(n)
+            })
+            .await?;
+        if n == 0 {
+            return Err(closed());
+        }
+        got += n;
+    }
     let m =
         serde_json::from_slice(&body).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
     Ok((m, fds))
 }
 
-/// Receives the message `want` (by name) within `limit`; a `refused` or any other message
-/// is an error naming it.
-fn expect(
+/// Receives the message `want` (by name) by `deadline` (`limit` from the step's start, for
+/// the error); a `refused` or any other message is an error naming it.
+async fn expect_by(
     sock: &UnixStream,
     want: &'static str,
+    deadline: Instant,
     limit: Duration,
 ) -> Result<(Message, Vec<OwnedFd>), HandoverError> {
-    sock.set_read_timeout(Some(limit))
-        .map_err(HandoverError::io("setting the read timeout"))?;
-    match recv(sock) {
+    let Ok(got) = tokio::time::timeout_at(deadline, recv(sock)).await else {
+        return Err(HandoverError::Timeout { want, limit });
+    };
+    match got {
         Ok((m, fds)) if m.name() == want => Ok((m, fds)),
         Ok((Message::Refused { why }, _)) => Err(HandoverError::Refused { why }),
         Ok((m, _)) => Err(HandoverError::Unexpected {
             want,
             got: m.name(),
         }),
-        Err(e)
-            if matches!(
-                e.kind(),
-                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-            ) =>
-        {
-            Err(HandoverError::Timeout { want, limit })
-        }
         Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Err(HandoverError::Closed { want }),
         Err(e) => Err(HandoverError::Io {
             during: format!("waiting for `{want}`"),
@@ -247,29 +328,43 @@ fn expect(
     }
 }
 
-fn say(sock: &UnixStream, m: &Message, fds: &[BorrowedFd<'_>]) -> Result<(), HandoverError> {
+/// [`expect_by`] within `limit` from now.
+async fn expect(
+    sock: &UnixStream,
+    want: &'static str,
+    limit: Duration,
+) -> Result<(Message, Vec<OwnedFd>), HandoverError> {
+    expect_by(sock, want, Instant::now() + limit, limit).await
+}
+
+/// Sends `m` with `fds`, within [`STEP`].
+async fn say(sock: &UnixStream, m: &Message, fds: &[BorrowedFd<'_>]) -> Result<(), HandoverError> {
     if fds.len() > MAX_SOCKETS {
         return Err(HandoverError::Sockets(format!(
             "{} sockets, and one offer carries at most {MAX_SOCKETS}",
             fds.len()
         )));
     }
-    sock.set_write_timeout(Some(STEP))
-        .map_err(HandoverError::io("setting the write timeout"))?;
-    send(sock, m, fds).map_err(HandoverError::io(format!("sending `{}`", m.name())))
+    let during = || format!("sending `{}`", m.name());
+    match tokio::time::timeout(STEP, send(sock, m, fds)).await {
+        Ok(r) => r.map_err(HandoverError::io(during())),
+        Err(_) => Err(HandoverError::Io {
+            during: during(),
+            source: io::Error::new(io::ErrorKind::TimedOut, format!("not sent within {STEP:?}")),
+        }),
+    }
 }
 
-/// Runs `f` on a blocking thread with a clone of `sock`.
-async fn blocking<T: Send + 'static>(
-    sock: &UnixStream,
-    f: impl FnOnce(&UnixStream) -> Result<T, HandoverError> + Send + 'static,
-) -> Result<T, HandoverError> {
-    let s = sock
-        .try_clone()
-        .map_err(HandoverError::io("duplicating the handover socket"))?;
-    tokio::task::spawn_blocking(move || f(&s))
-        .await
-        .map_err(|e| HandoverError::Panicked(e.to_string()))?
+/// Tells the other agent why this one will not go on, as well as it can (it may be gone).
+async fn refuse(sock: &UnixStream, why: &str) {
+    let _ = say(
+        sock,
+        &Message::Refused {
+            why: why.to_owned(),
+        },
+        &[],
+    )
+    .await;
 }
 
 // --- The new agent's side ------------------------------------------------------------------
@@ -281,6 +376,8 @@ pub struct Predecessor {
     /// Its process id and version, for the logs.
     pub pid: u32,
     pub agent: String,
+    /// When this agent said `take` ([`ACCEPT_WITHIN`] counts from it).
+    taken_at: Option<Instant>,
 }
 
 /// The listening sockets an offer carried, with the address each is bound to.
@@ -288,10 +385,16 @@ pub type Offered = Vec<(SocketAddr, TcpListener)>;
 
 /// Connects to the agent running with the state directory whose socket is `path`, and takes
 /// its offer: `Ok(None)` when none runs there (no socket, or a stale one nobody listens on).
-pub fn connect(path: &Path) -> Result<Option<(Predecessor, Offered)>, HandoverError> {
-    let sock = match UnixStream::connect(path) {
-        Ok(s) => s,
-        Err(e)
+/// An agent of another user is refused before a word is said; an offer with a socket that
+/// is not fit to serve is answered `refused`, with the reason.
+pub async fn connect(path: &Path) -> Result<Option<(Predecessor, Offered)>, HandoverError> {
+    let connect_error = |source| HandoverError::Connect {
+        path: path.to_owned(),
+        source,
+    };
+    let sock = match tokio::time::timeout(STEP, UnixStream::connect(path)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e))
             if matches!(
                 e.kind(),
                 io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused
@@ -299,13 +402,22 @@ pub fn connect(path: &Path) -> Result<Option<(Predecessor, Offered)>, HandoverEr
         {
             return Ok(None);
         }
-        Err(source) => {
-            return Err(HandoverError::Connect {
-                path: path.to_owned(),
-                source,
-            });
+        Ok(Err(source)) => return Err(connect_error(source)),
+        Err(_) => {
+            return Err(connect_error(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("not accepted within {STEP:?}"),
+            )));
         }
     };
+    let (peer, me) = peer_uid(&sock)?;
+    if !trusted(peer, me) {
+        return Err(HandoverError::ForeignAgent {
+            path: path.to_owned(),
+            peer,
+            me,
+        });
+    }
     say(
         &sock,
         &Message::Hello {
@@ -314,8 +426,9 @@ pub fn connect(path: &Path) -> Result<Option<(Predecessor, Offered)>, HandoverEr
             agent: crate::VERSION.to_owned(),
         },
         &[],
-    )?;
-    let (offer, fds) = expect(&sock, "offer", STEP)?;
+    )
+    .await?;
+    let (offer, fds) = expect(&sock, "offer", STEP).await?;
     let Message::Offer {
         protocol,
         pid,
@@ -328,12 +441,33 @@ pub fn connect(path: &Path) -> Result<Option<(Predecessor, Offered)>, HandoverEr
             got: offer.name(),
         });
     };
-    if protocol != PROTOCOL {
-        return Err(HandoverError::Protocol {
+    let checked = if protocol != PROTOCOL {
+        Err(HandoverError::Protocol {
             peer: format!("the running agent (pid {pid}, {agent})"),
             theirs: protocol,
-        });
+        })
+    } else {
+        check_offer(listeners, fds)
+    };
+    match checked {
+        Ok(sockets) => Ok(Some((
+            Predecessor {
+                sock,
+                pid,
+                agent,
+                taken_at: None,
+            },
+            sockets,
+        ))),
+        Err(e) => {
+            refuse(&sock, &e.to_string()).await;
+            Err(e)
+        }
     }
+}
+
+/// The sockets of an offer, each checked against the address offered with it.
+fn check_offer(listeners: Vec<SocketAddr>, fds: Vec<OwnedFd>) -> Result<Offered, HandoverError> {
     if fds.len() != listeners.len() {
         return Err(HandoverError::Sockets(format!(
             "the running agent offered {} addresses and {} sockets",
@@ -341,38 +475,78 @@ pub fn connect(path: &Path) -> Result<Option<(Predecessor, Offered)>, HandoverEr
             fds.len()
         )));
     }
-    let sockets = listeners
+    listeners
         .into_iter()
         .zip(fds)
-        .map(|(a, fd)| (a, TcpListener::from(fd)))
-        .collect();
-    Ok(Some((Predecessor { sock, pid, agent }, sockets)))
+        .map(|(addr, fd)| Ok((addr, check_socket(addr, fd)?)))
+        .collect()
+}
+
+/// `fd` if it is a listening TCP socket bound to `addr`, the address it was offered for.
+fn check_socket(addr: SocketAddr, fd: OwnedFd) -> Result<TcpListener, HandoverError> {
+    use rustix::net::sockopt;
+    let bad = |why: String| HandoverError::BadSocket { addr, why };
+    let kind = sockopt::socket_type(&fd).map_err(|e| bad(format!("cannot be inspected: {e}")))?;
+    if kind != rustix::net::SocketType::STREAM {
+        return Err(bad("is not a stream socket".to_owned()));
+    }
+    let bound = rustix::net::getsockname(&fd)
+        .ok()
+        .and_then(|a| SocketAddr::try_from(a).ok());
+    match bound {
+        None => return Err(bad("is not a TCP socket".to_owned())),
+        Some(b) if b != addr => return Err(bad(format!("is bound to {b}"))),
+        Some(_) => {}
+    }
+    if !sockopt::socket_acceptconn(&fd).map_err(|e| bad(format!("cannot be inspected: {e}")))? {
+        return Err(bad("is not listening".to_owned()));
+    }
+    Ok(TcpListener::from(fd))
 }
 
 impl Predecessor {
     /// Asks the running agent to stop accepting and write its state; returns once it has.
-    pub async fn take(&self) -> Result<(), HandoverError> {
-        blocking(&self.sock, |s| {
-            say(s, &Message::Take, &[])?;
-            expect(s, "released", STEP).map(|_| ())
-        })
-        .await
+    pub async fn take(&mut self) -> Result<(), HandoverError> {
+        self.taken_at = Some(Instant::now());
+        say(&self.sock, &Message::Take, &[]).await?;
+        expect(&self.sock, "released", ACCEPT_WITHIN)
+            .await
+            .map(|_| ())
     }
 
-    /// Tells it this agent serves now: it finishes what it accepted and stops.
-    pub fn serving(self) -> Result<(), HandoverError> {
-        say(&self.sock, &Message::Serving, &[])
+    /// Whether this agent may still start accepting ([`ACCEPT_WITHIN`] of its `take`).
+    pub fn in_time(&self) -> Result<(), HandoverError> {
+        match self.taken_at.map(|t| t.elapsed()) {
+            Some(took) if took > ACCEPT_WITHIN => Err(HandoverError::Late { took }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Tells it this agent serves now, and waits for it to close the connection: `Refused`
+    /// when it said it accepts again instead (it gave up waiting), another error when it
+    /// could not be told or did not close.
+    pub async fn serving(self) -> Result<(), HandoverError> {
+        let told = say(&self.sock, &Message::Serving, &[]).await;
+        // A `refused` sent before it closed is still there to read, even if the send failed.
+        let during = "waiting for the running agent to close the connection";
+        match tokio::time::timeout(GOODBYE_WAIT, recv(&self.sock)).await {
+            Ok(Ok((Message::Refused { why }, _))) => Err(HandoverError::Refused { why }),
+            Ok(Err(e)) if e.kind() == io::ErrorKind::UnexpectedEof => told,
+            Ok(Ok((m, _))) => told.and(Err(HandoverError::Unexpected {
+                want: "the connection closed",
+                got: m.name(),
+            })),
+            Ok(Err(e)) => told.and(Err(HandoverError::io(during)(e))),
+            Err(_) => told.and(Err(HandoverError::io(during)(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("still open {GOODBYE_WAIT:?} after `serving`"),
+            )))),
+        }
     }
 
     /// Tells it this agent will not take over (it keeps serving).
-    pub fn refuse(self, why: &str) {
-        let _ = say(
-            &self.sock,
-            &Message::Refused {
-                why: why.to_owned(),
-            },
-            &[],
-        );
+    pub async fn refuse(self, why: &str) {
+        refuse(&self.sock, why).await;
     }
 }
 
@@ -400,7 +574,7 @@ impl Listener {
             }
         };
         if std::fs::symlink_metadata(path).is_ok() {
-            if !replace && UnixStream::connect(path).is_ok() {
+            if !replace && std::os::unix::net::UnixStream::connect(path).is_ok() {
                 return Err(HandoverError::Held {
                     path: path.to_owned(),
                 });
@@ -424,19 +598,15 @@ impl Listener {
 
     /// The next agent that connects, if it runs as this agent's user or root.
     pub async fn accept(&self) -> Result<UnixStream, HandoverError> {
-        let during = || HandoverError::io("accepting on the handover socket");
-        let (s, _) = self.inner.accept().await.map_err(during())?;
-        let s = s.into_std().map_err(during())?;
-        s.set_nonblocking(false).map_err(during())?;
-        let cred = rustix::net::sockopt::socket_peercred(&s)
-            .map_err(|e| HandoverError::io("reading the peer's credentials")(e.into()))?;
-        let me = rustix::process::geteuid();
-        if cred.uid != me && !cred.uid.is_root() {
-            let e = HandoverError::PeerIdentity {
-                peer: cred.uid.as_raw(),
-                me: me.as_raw(),
-            };
-            let _ = say(&s, &Message::Refused { why: e.to_string() }, &[]);
+        let (s, _) = self
+            .inner
+            .accept()
+            .await
+            .map_err(HandoverError::io("accepting on the handover socket"))?;
+        let (peer, me) = peer_uid(&s)?;
+        if !trusted(peer, me) {
+            let e = HandoverError::PeerIdentity { peer, me };
+            refuse(&s, &e.to_string()).await;
             return Err(e);
         }
         Ok(s)
@@ -466,60 +636,62 @@ impl Successor {
         sock: UnixStream,
         sockets: Vec<(SocketAddr, OwnedFd)>,
     ) -> Result<Successor, HandoverError> {
-        blocking(&sock, move |s| {
-            let (hello, _) = expect(s, "hello", STEP)?;
-            let Message::Hello {
-                protocol,
-                pid,
-                agent,
-            } = hello
-            else {
-                return Err(HandoverError::Unexpected {
-                    want: "hello",
-                    got: hello.name(),
-                });
+        let (hello, _) = expect(&sock, "hello", STEP).await?;
+        let Message::Hello {
+            protocol,
+            pid,
+            agent,
+        } = hello
+        else {
+            return Err(HandoverError::Unexpected {
+                want: "hello",
+                got: hello.name(),
+            });
+        };
+        if protocol != PROTOCOL {
+            let e = HandoverError::Protocol {
+                peer: format!("the new agent (pid {pid}, {agent})"),
+                theirs: protocol,
             };
-            if protocol != PROTOCOL {
-                let e = HandoverError::Protocol {
-                    peer: format!("the new agent (pid {pid}, {agent})"),
-                    theirs: protocol,
-                };
-                let _ = say(s, &Message::Refused { why: e.to_string() }, &[]);
-                return Err(e);
-            }
-            let fds: Vec<BorrowedFd<'_>> = sockets.iter().map(|(_, fd)| fd.as_fd()).collect();
-            say(
-                s,
-                &Message::Offer {
-                    protocol: PROTOCOL,
-                    pid: std::process::id(),
-                    agent: crate::VERSION.to_owned(),
-                    listeners: sockets.iter().map(|(a, _)| *a).collect(),
-                },
-                &fds,
-            )?;
-            Ok((pid, agent))
-        })
-        .await
-        .map(|(pid, agent)| Successor { sock, pid, agent })
+            refuse(&sock, &e.to_string()).await;
+            return Err(e);
+        }
+        let fds: Vec<BorrowedFd<'_>> = sockets.iter().map(|(_, fd)| fd.as_fd()).collect();
+        say(
+            &sock,
+            &Message::Offer {
+                protocol: PROTOCOL,
+                pid: std::process::id(),
+                agent: crate::VERSION.to_owned(),
+                listeners: sockets.iter().map(|(a, _)| *a).collect(),
+            },
+            &fds,
+        )
+        .await?;
+        Ok(Successor { sock, pid, agent })
     }
 
     /// Waits for `take` ([`TAKE_WAIT`]).
     pub async fn wait_take(&self) -> Result<(), HandoverError> {
-        blocking(&self.sock, |s| expect(s, "take", TAKE_WAIT).map(|_| ())).await
+        expect(&self.sock, "take", TAKE_WAIT).await.map(|_| ())
     }
 
     /// Says the sockets are released and the state written.
     pub async fn released(&self) -> Result<(), HandoverError> {
-        blocking(&self.sock, |s| say(s, &Message::Released, &[])).await
+        say(&self.sock, &Message::Released, &[]).await
     }
 
-    /// Waits for `serving` ([`SERVING_WAIT`]).
-    pub async fn wait_serving(&self) -> Result<(), HandoverError> {
-        blocking(&self.sock, |s| {
-            expect(s, "serving", SERVING_WAIT).map(|_| ())
-        })
-        .await
+    /// Waits for `serving` until [`PAUSE_WINDOW`] after `paused` (when this agent stopped
+    /// accepting).
+    pub async fn wait_serving(&self, paused: Instant) -> Result<(), HandoverError> {
+        expect_by(&self.sock, "serving", paused + PAUSE_WINDOW, PAUSE_WINDOW)
+            .await
+            .map(|_| ())
+    }
+
+    /// Tells it this agent goes on serving, with why.
+    pub async fn refuse(self, why: &str) {
+        refuse(&self.sock, why).await;
     }
 }
 
@@ -527,69 +699,78 @@ impl Successor {
 mod tests {
     use super::*;
 
+    /// A running agent's side on a fresh handover socket: offers `sockets` to the first agent
+    /// that connects, and waits for `take`.
+    fn offering(
+        path: &Path,
+        sockets: Vec<(SocketAddr, OwnedFd)>,
+    ) -> tokio::task::JoinHandle<(Successor, Result<(), HandoverError>)> {
+        let listener = Listener::bind(path, false).unwrap();
+        tokio::spawn(async move {
+            let s = listener.accept().await.unwrap();
+            let succ = Successor::offer(s, sockets).await.unwrap();
+            let took = succ.wait_take().await;
+            (succ, took)
+        })
+    }
+
     // The whole exchange over a real unix socket, the listening sockets riding along: the
     // successor gets the same socket (a connection made to it before the handover is
-    // accepted by the successor).
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    // accepted by the successor), and `serving` returns once the old agent has closed.
+    #[tokio::test]
     async fn an_offer_carries_the_listening_sockets_and_the_steps_follow() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("handover.sock");
-        let listener = Listener::bind(&path, false).unwrap();
         let tcp = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = tcp.local_addr().unwrap();
+        let old = offering(&path, vec![(addr, tcp.try_clone().unwrap().into())]);
         let old = tokio::spawn(async move {
-            let s = listener.accept().await.unwrap();
-            let fd: OwnedFd = tcp.try_clone().unwrap().into();
-            let succ = Successor::offer(s, vec![(addr, fd)]).await.unwrap();
-            succ.wait_take().await.unwrap();
+            let (succ, took) = old.await.unwrap();
+            took.unwrap();
+            let paused = Instant::now();
             succ.released().await.unwrap();
-            succ.wait_serving().await.unwrap();
-            (succ.pid, listener)
+            succ.wait_serving(paused).await.unwrap();
+            succ.pid
         });
         // A client connects before the handover: it waits in the shared backlog.
         let client = std::net::TcpStream::connect(addr).unwrap();
-        let p = path.clone();
-        let (pred, sockets) = tokio::task::spawn_blocking(move || connect(&p))
-            .await
-            .unwrap()
-            .unwrap()
-            .expect("a running agent");
+        let (mut pred, sockets) = connect(&path).await.unwrap().expect("a running agent");
         assert_eq!(sockets.len(), 1);
         assert_eq!(sockets[0].0, addr);
         assert_eq!(sockets[0].1.local_addr().unwrap(), addr);
         pred.take().await.unwrap();
+        pred.in_time().unwrap();
         let (accepted, peer) = sockets[0].1.accept().unwrap();
         assert_eq!(peer, client.local_addr().unwrap());
         drop(accepted);
-        pred.serving().unwrap();
-        let (pid, listener) = old.await.unwrap();
-        assert_eq!(pid, std::process::id());
-        listener.remove();
-        assert!(!path.exists());
+        pred.serving().await.unwrap();
+        assert_eq!(old.await.unwrap(), std::process::id());
     }
 
-    #[test]
-    fn no_agent_running_is_not_an_error() {
+    #[tokio::test]
+    async fn no_agent_running_is_not_an_error() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("handover.sock");
-        assert!(connect(&path).unwrap().is_none());
+        assert!(connect(&path).await.unwrap().is_none());
         // A stale socket file: nobody listens.
         drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
-        assert!(connect(&path).unwrap().is_none());
+        assert!(connect(&path).await.unwrap().is_none());
     }
 
     // The caller tells these apart (a new agent that went away is expected; one that is
     // silent is not), so each family must come out as its own variant.
-    #[test]
-    fn each_way_a_step_fails_is_its_own_variant() {
+    #[tokio::test(start_paused = true)]
+    async fn each_way_a_step_fails_is_its_own_variant() {
         let (a, b) = UnixStream::pair().unwrap();
-        let why = "its engines did not start".to_owned();
-        say(&a, &Message::Refused { why: why.clone() }, &[]).unwrap();
+        let why = "its engines did not start";
+        refuse(&a, why).await;
+        let e = expect(&b, "take", STEP).await.unwrap_err();
         assert!(
-            matches!(expect(&b, "take", STEP), Err(HandoverError::Refused { why: w }) if w == why)
+            matches!(&e, HandoverError::Refused { why: w } if w == why),
+            "{e}"
         );
-        say(&a, &Message::Serving, &[]).unwrap();
-        let e = expect(&b, "take", STEP).unwrap_err();
+        say(&a, &Message::Serving, &[]).await.unwrap();
+        let e = expect(&b, "take", STEP).await.unwrap_err();
         assert!(
             matches!(
                 e,
@@ -600,14 +781,13 @@ mod tests {
             ),
             "{e}"
         );
-        let limit = Duration::from_millis(20);
-        let e = expect(&b, "take", limit).unwrap_err();
+        let e = expect(&b, "take", TAKE_WAIT).await.unwrap_err();
         assert!(
-            matches!(e, HandoverError::Timeout { want: "take", .. }),
+            matches!(e, HandoverError::Timeout { want: "take", limit } if limit == TAKE_WAIT),
             "{e}"
         );
         drop(a);
-        let e = expect(&b, "take", STEP).unwrap_err();
+        let e = expect(&b, "take", STEP).await.unwrap_err();
         assert!(matches!(e, HandoverError::Closed { want: "take" }), "{e}");
         assert_eq!(
             e.to_string(),
@@ -615,29 +795,162 @@ mod tests {
         );
     }
 
-    #[test]
-    fn an_offer_in_another_protocol_is_a_protocol_error_naming_the_agent() {
+    #[tokio::test]
+    async fn an_offer_in_another_protocol_is_refused_naming_the_agent() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("handover.sock");
-        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
-        let old = std::thread::spawn(move || {
-            let (s, _) = listener.accept().unwrap();
-            expect(&s, "hello", STEP).unwrap();
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        let old = tokio::spawn(async move {
+            let (s, _) = listener.accept().await.unwrap();
+            expect(&s, "hello", STEP).await.unwrap();
             let offer = Message::Offer {
                 protocol: PROTOCOL + 1,
                 pid: 7,
                 agent: "0.9".to_owned(),
                 listeners: Vec::new(),
             };
-            say(&s, &offer, &[]).unwrap();
+            say(&s, &offer, &[]).await.unwrap();
+            expect(&s, "take", STEP).await.unwrap_err()
         });
-        let e = connect(&path).unwrap_err();
-        old.join().unwrap();
+        let e = connect(&path).await.unwrap_err();
         assert!(
             matches!(&e, HandoverError::Protocol { theirs, .. } if *theirs == PROTOCOL + 1),
             "{e}"
         );
         assert!(e.to_string().contains("pid 7, 0.9"), "{e}");
+        let told = old.await.unwrap();
+        assert!(
+            matches!(&told, HandoverError::Refused { why } if *why == e.to_string()),
+            "{told}"
+        );
+    }
+
+    fn bound(kind: rustix::net::SocketType) -> (SocketAddr, OwnedFd) {
+        let fd = rustix::net::socket(rustix::net::AddressFamily::INET, kind, None).unwrap();
+        rustix::net::bind(&fd, &"127.0.0.1:0".parse::<SocketAddr>().unwrap()).unwrap();
+        let addr = SocketAddr::try_from(rustix::net::getsockname(&fd).unwrap()).unwrap();
+        (addr, fd)
+    }
+
+    // Issue 41: an offered socket that did not listen left the new agent "ready" while its
+    // /status was refused for good. Each unfit socket is refused, naming its address and
+    // what is wrong, and the running agent is told the same.
+    #[tokio::test]
+    async fn each_unfit_socket_of_an_offer_is_refused_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let listening = TcpListener::bind("127.0.0.1:0").unwrap();
+        let elsewhere: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let unix = dir.path().join("unix.sock");
+        let cases: Vec<(&str, SocketAddr, OwnedFd, String)> = vec![
+            {
+                let (addr, fd) = bound(rustix::net::SocketType::STREAM);
+                (
+                    "bound, not listening",
+                    addr,
+                    fd,
+                    "is not listening".to_owned(),
+                )
+            },
+            {
+                let (addr, fd) = bound(rustix::net::SocketType::DGRAM);
+                ("UDP", addr, fd, "is not a stream socket".to_owned())
+            },
+            (
+                "listening elsewhere",
+                elsewhere,
+                listening.try_clone().unwrap().into(),
+                format!("is bound to {}", listening.local_addr().unwrap()),
+            ),
+            (
+                "a unix socket",
+                elsewhere,
+                std::os::unix::net::UnixListener::bind(&unix)
+                    .unwrap()
+                    .into(),
+                "is not a TCP socket".to_owned(),
+            ),
+        ];
+        for (i, (what, addr, fd, wrong)) in cases.into_iter().enumerate() {
+            let path = dir.path().join(format!("handover-{i}.sock"));
+            let old = offering(&path, vec![(addr, fd)]);
+            let e = connect(&path).await.unwrap_err();
+            assert!(matches!(e, HandoverError::BadSocket { .. }), "{what}: {e}");
+            assert_eq!(
+                e.to_string(),
+                format!("the socket offered for {addr} {wrong}"),
+                "{what}"
+            );
+            let (_, told) = old.await.unwrap();
+            assert!(
+                matches!(&told, Err(HandoverError::Refused { why }) if *why == e.to_string()),
+                "{what}: {told:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn only_the_same_user_or_root_is_trusted() {
+        for (peer, me, ok) in [
+            (1000, 1000, true),
+            (0, 1000, true),
+            (0, 0, true),
+            (1000, 0, false),
+            (1001, 1000, false),
+        ] {
+            assert_eq!(trusted(peer, me), ok, "peer {peer}, me {me}");
+        }
+    }
+
+    // Issue 41: a new agent that said `take` and hung left nobody accepting for 10 s. The
+    // running agent waits for `serving` [`PAUSE_WINDOW`] from its pause and says `refused`;
+    // a new agent that comes to serve after that is late by its own count, and stops when
+    // it reads the refusal.
+    #[tokio::test(start_paused = true)]
+    async fn a_new_agent_that_takes_and_hangs_is_refused_when_the_window_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("handover.sock");
+        let tcp = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = tcp.local_addr().unwrap();
+        let old = offering(&path, vec![(addr, tcp.into())]);
+        let old = tokio::spawn(async move {
+            let (succ, took) = old.await.unwrap();
+            took.unwrap();
+            let paused = Instant::now();
+            succ.released().await.unwrap();
+            let e = succ.wait_serving(paused).await.unwrap_err();
+            let waited = paused.elapsed();
+            succ.refuse(&e.to_string()).await;
+            (e, waited)
+        });
+        let (mut pred, _sockets) = connect(&path).await.unwrap().unwrap();
+        pred.take().await.unwrap();
+        let (e, waited) = old.await.unwrap();
+        assert!(
+            matches!(
+                e,
+                HandoverError::Timeout {
+                    want: "serving",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert_eq!(waited, PAUSE_WINDOW);
+        let late = pred.in_time().unwrap_err();
+        assert!(matches!(late, HandoverError::Late { .. }), "{late}");
+        let told = pred.serving().await.unwrap_err();
+        assert!(
+            matches!(&told, HandoverError::Refused { why } if why.contains("no `serving` within 2s")),
+            "{told}"
+        );
+    }
+
+    // The window's arithmetic: the new agent is done half a second before the old one gives
+    // up, even if the old one paused the moment the `take` left.
+    #[test]
+    fn the_new_agent_accepts_inside_the_old_agents_window() {
+        assert!(STATE_WRITE_WAIT < ACCEPT_WITHIN);
+        assert_eq!(PAUSE_WINDOW - ACCEPT_WITHIN, Duration::from_millis(500));
     }
 
     #[test]
@@ -657,16 +970,18 @@ mod tests {
         assert!(Listener::bind(&path, true).is_ok());
     }
 
-    #[test]
-    fn garbage_and_oversized_messages_are_errors() {
+    #[tokio::test]
+    async fn garbage_and_oversized_messages_are_errors() {
         let (a, b) = UnixStream::pair().unwrap();
-        let mut w = &a;
-        w.write_all(&8u32.to_be_bytes()).unwrap();
-        w.write_all(b"not json").unwrap();
-        assert!(recv(&b).is_err());
-        w.write_all(&(MAX_MESSAGE as u32 + 1).to_be_bytes())
-            .unwrap();
-        let e = recv(&b).unwrap_err();
+        let write = |bytes: &[u8]| {
+            let n = a.try_write(bytes).unwrap();
+            assert_eq!(n, bytes.len());
+        };
+        write(&8u32.to_be_bytes());
+        write(b"not json");
+        assert!(recv(&b).await.is_err());
+        write(&(MAX_MESSAGE as u32 + 1).to_be_bytes());
+        let e = recv(&b).await.unwrap_err();
         assert!(e.to_string().contains("bytes"), "{e}");
     }
 }
