@@ -423,3 +423,191 @@ fn env_sources_are_authoritative() {
             .is_some()
     );
 }
+
+/// The keys a table of the configuration knows, as its unknown-key error lists them (`text`
+/// writes `zz_not_a_key` in that table).
+fn known_keys(text: &str) -> Vec<String> {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("agent.toml");
+    std::fs::write(&p, text).unwrap();
+    let e = super::file::load(&p)
+        .err()
+        .unwrap_or_else(|| panic!("zz_not_a_key accepted in:\n{text}"));
+    let m = e.to_string();
+    let list = m
+        .split_once("known keys: ")
+        .map(|(_, l)| l.trim_end_matches(')').to_owned())
+        .unwrap_or_else(|| panic!("no list of known keys in {m:?}"));
+    list.split(", ").map(str::to_owned).collect()
+}
+
+/// The keys in the first column of the tables of `docs/configuration.md`'s section `heading`
+/// (up to the next heading of the same or a higher level), without `(alias …)` notes.
+fn documented_keys(heading: &str) -> Vec<String> {
+    let doc = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/configuration.md"),
+    )
+    .unwrap();
+    let start = doc
+        .find(&format!("\n{heading}\n"))
+        .unwrap_or_else(|| panic!("docs/configuration.md has no {heading:?}"));
+    let body = &doc[start + heading.len() + 2..];
+    let end = body
+        .lines()
+        .position(|l| l.starts_with('#'))
+        .map_or(body.len(), |n| {
+            body.lines().take(n).map(|l| l.len() + 1).sum::<usize>()
+        });
+    let mut keys = Vec::new();
+    for cell in body[..end]
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .filter_map(|l| l.split(" |").next())
+    {
+        // `key` or `key` (alias `other`): every name in backquotes of the first cell.
+        keys.extend(
+            cell.split('`')
+                .enumerate()
+                .filter(|(i, _)| i % 2 == 0)
+                .map(|(_, k)| k.to_owned())
+                .filter(|k| !k.is_empty() && !k.starts_with("--")),
+        );
+    }
+    keys
+}
+
+// Issue 42: docs/configuration.md lists every key of every table, and no key that is not one:
+// the keys come from the types themselves (each table's unknown-key error lists them), so a
+// key added, renamed or removed without its line in the reference fails here.
+#[test]
+fn the_configuration_reference_lists_every_key_and_no_other() {
+    const Z: &str = "zz_not_a_key = 1";
+    let engine = |table: &str| format!("{BASE}[engine.{table}]\n{Z}\n");
+    let tables: Vec<(&str, String, &str)> = vec![
+        (
+            "## `[agent]`",
+            BASE.replace("[agent]\n", &format!("[agent]\n{Z}\n")),
+            "",
+        ),
+        (
+            "## `[[engine]]`",
+            BASE.replace("name = \"a\"\n", &format!("name = \"a\"\n{Z}\n")),
+            "",
+        ),
+        (
+            "### `health_check_config`",
+            format!("{BASE}[engine.health_check_config]\n{Z}\n"),
+            "",
+        ),
+        ("## `[engine.timing]`", engine("timing"), ""),
+        ("## `[engine.qos]`", engine("qos"), ""),
+        ("## `[engine.agent_policy]`", engine("agent_policy"), ""),
+        (
+            "## `[engine.actions]` and `[engine.actions.haproxy]`",
+            engine("actions"),
+            "",
+        ),
+        (
+            "## `[engine.actions]` and `[engine.actions.haproxy]`",
+            engine("actions.haproxy"),
+            "haproxy.",
+        ),
+        (
+            "## `[agent.kubernetes]` and `[engine.kubernetes]`",
+            BASE.replace(
+                "[agent]\n",
+                &format!("[agent]\n[agent.kubernetes]\n{Z}\n[agent]\n"),
+            )
+            .replacen("[agent]\n", "", 1),
+            "",
+        ),
+        (
+            "## `[agent.kubernetes]` and `[engine.kubernetes]`",
+            engine("kubernetes"),
+            "",
+        ),
+    ];
+    let mut problems = Vec::new();
+    for (heading, text, prefix) in &tables {
+        let documented = documented_keys(heading);
+        let known = known_keys(text);
+        // A sub-table is a key of its table with a section of its own.
+        let sub_tables = [
+            "kubernetes",
+            "timing",
+            "qos",
+            "agent_policy",
+            "actions",
+            "haproxy",
+            "health_check_config",
+        ];
+        for k in known.iter().filter(|k| !sub_tables.contains(&k.as_str())) {
+            let k = format!("{prefix}{k}");
+            if !documented.contains(&k) {
+                problems.push(format!("{heading}: `{k}` is a key and is not documented"));
+            }
+        }
+        for k in documented.iter().filter(|k| k.starts_with(prefix)) {
+            let bare = &k[prefix.len()..];
+            // A sub-table's keys (`haproxy.x`) are checked with it.
+            if prefix.is_empty() && bare.contains('.') {
+                continue;
+            }
+            let all: Vec<&Vec<String>> = tables
+                .iter()
+                .filter(|(h, _, p)| h == heading && p == prefix)
+                .map(|_| &known)
+                .collect();
+            if !all.iter().any(|ks| ks.iter().any(|x| x == bare)) {
+                problems.push(format!("{heading}: `{k}` is documented and is not a key"));
+            }
+        }
+    }
+    // The two tables under one heading share its list: what one of them lacks the other has.
+    problems.retain(|p| {
+        let Some((heading, rest)) = p.split_once(": `") else {
+            return true;
+        };
+        let Some(key) = rest.split('`').next() else {
+            return true;
+        };
+        !(p.ends_with("is documented and is not a key")
+            && tables
+                .iter()
+                .filter(|(h, ..)| *h == heading)
+                .any(|(_, text, prefix)| {
+                    key.strip_prefix(prefix)
+                        .is_some_and(|b| known_keys(text).iter().any(|x| x == b))
+                }))
+    });
+    assert!(problems.is_empty(), "\n{}", problems.join("\n"));
+}
+
+// Issue 42: every flag of `run` and of the program is in docs/configuration.md (the flags
+// come from the command-line types; hidden ones, internal to `demo`, aside).
+#[test]
+fn the_configuration_reference_names_every_flag_of_run() {
+    use clap::CommandFactory;
+    let doc = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/configuration.md"),
+    )
+    .unwrap();
+    let cli = crate::cli::Cli::command();
+    let run = cli
+        .get_subcommands()
+        .find(|c| c.get_name() == "run")
+        .expect("a run command");
+    let missing: Vec<String> = cli
+        .get_arguments()
+        .chain(run.get_arguments())
+        .filter(|a| !a.is_hide_set())
+        .filter_map(|a| a.get_long())
+        .filter(|l| !matches!(*l, "help" | "version"))
+        .map(|l| format!("--{l}"))
+        .filter(|f| !doc.contains(&format!("`{f}")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "not in docs/configuration.md: {missing:?}"
+    );
+}
