@@ -154,6 +154,18 @@ pub struct DriverArgs {
     pub log_format: LogFormat,
 }
 
+/// `check-config`'s arguments: what to check, and as whom.
+#[derive(Debug, Args, Clone)]
+pub struct CheckConfigArgs {
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// Check as the agent running as USER would (the unit's `User=`, `npu-health-agent` for
+    /// the package): the state directory must be USER's, the token files readable by USER.
+    /// Default: the user running this.
+    #[arg(long, value_name = "USER")]
+    pub user: Option<String>,
+}
+
 /// What to monitor: `--config agent.toml`, or MindIE's engine-server flags for one engine.
 #[derive(Debug, Args, Clone)]
 pub struct ConfigArgs {
@@ -244,7 +256,7 @@ pub enum Command {
     Run(RunArgs),
     /// Validate the configuration and print it with defaults filled in.
     #[command(after_help = DRIVER_FLAGS_NOTE)]
-    CheckConfig(ConfigArgs),
+    CheckConfig(CheckConfigArgs),
     /// Print, per engine, each condition virtual inference needs and whether it will run.
     #[command(after_help = DRIVER_FLAGS_NOTE)]
     Doctor {
@@ -545,7 +557,9 @@ fn run(cli: Cli) -> Result<(), CliError> {
             runtime(cfg.agent.worker_threads)?.block_on(crate::agent::run(cfg, reload, opts))?;
             Ok(())
         }
-        Command::CheckConfig(c) => service::check_config(&c.load(&cli.driver)?),
+        Command::CheckConfig(c) => {
+            service::check_config(&c.config.load(&cli.driver)?, c.user.as_deref())
+        }
         Command::Doctor { config, json } => {
             let cfg = config.load(&cli.driver)?;
             runtime(cfg.agent.worker_threads)?.block_on(service::doctor(cfg, json))

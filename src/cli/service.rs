@@ -24,7 +24,14 @@ use std::time::Duration;
 /// the driver reports ([`crate::agent::preflight::host`]); this starts the same sampler for
 /// that, and stops it. Without a driver backend `run` starts anyway (without NPU figures),
 /// so this does not fail either: it says on stderr that the NPUs were not checked.
-pub fn check_config(cfg: &AgentConfig) -> Result<(), CliError> {
+///
+/// `user` (`--user`): check as the agent running as that user would (the unit's `User=`): the
+/// state directory must be that user's, and a token file it cannot read is a warning.
+pub fn check_config(cfg: &AgentConfig, user: Option<&str>) -> Result<(), CliError> {
+    let account = user
+        .map(crate::agent::preflight::Account::lookup)
+        .transpose()
+        .map_err(|e| crate::config::ConfigError::new(&cfg.source, "", e))?;
     let sampler = match Sampler::start(
         &crate::agent::driver_config(&cfg.agent),
         &crate::agent::sampler_config(cfg),
@@ -41,7 +48,7 @@ pub fn check_config(cfg: &AgentConfig) -> Result<(), CliError> {
         s.shutdown();
     }
     crate::agent::preflight::host(cfg, npus.as_deref())?;
-    let state_dir = crate::agent::preflight::state_dir(cfg)?;
+    let state_dir = crate::agent::preflight::state_dir_as(cfg, account.as_ref())?;
     for note in crate::agent::preflight::listeners(cfg)? {
         eprintln!("{}: {note}", cfg.source);
     }
@@ -64,6 +71,29 @@ pub fn check_config(cfg: &AgentConfig) -> Result<(), CliError> {
         cfg.source,
         faults.describe()
     );
+    match &account {
+        Some(a) => {
+            for w in crate::agent::preflight::unreadable_token_files(cfg, a) {
+                eprintln!("{}: warning: {w}", cfg.source);
+            }
+        }
+        // Root reads every file; the package's service user may not.
+        None if rustix::process::geteuid().is_root()
+            && (cfg.agent.admin_auth.token_file.is_some()
+                || cfg
+                    .agent
+                    .kubernetes
+                    .as_ref()
+                    .is_some_and(|k| k.token_file.is_some()))
+            && crate::agent::preflight::Account::lookup("npu-health-agent").is_ok() =>
+        {
+            eprintln!(
+                "{}: note: checked as root, who reads every token file; the package's unit runs the agent as npu-health-agent: `check-config --user npu-health-agent` checks as it",
+                cfg.source
+            );
+        }
+        None => {}
+    }
     match state_dir {
         Some((d, checked)) => eprintln!(
             "{}: state directory {} ({}{}): each engine's state survives a restart of the agent, and a new agent started with it takes over from a running one",

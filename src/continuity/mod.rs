@@ -75,6 +75,11 @@ impl StateDir {
         trust::check(&self.path, self.from)
     }
 
+    /// [`StateDir::check`] for an agent running as `user`.
+    pub fn check_as(&self, user: trust::User) -> Result<trust::Checked, trust::Untrusted> {
+        trust::check_as(&self.path, self.from, user)
+    }
+
     /// Creates the directory (mode 0700) if it is missing.
     pub fn create(&self) -> Result<(), String> {
         use std::os::unix::fs::DirBuilderExt;

@@ -197,8 +197,8 @@ pub fn check(dir: &Path, from: &'static str) -> Result<Checked, Untrusted> {
     check_as(dir, from, User::me())
 }
 
-/// [`check`] for an agent running as `me`.
-fn check_as(dir: &Path, from: &'static str, me: User) -> Result<Checked, Untrusted> {
+/// [`check`] for an agent running as `me` (`check-config --user`).
+pub fn check_as(dir: &Path, from: &'static str, me: User) -> Result<Checked, Untrusted> {
     let flaw = |place: Place, at: &Path, f: Flaw, owner: u32| -> Untrusted {
         let (at, dir) = (at.to_owned(), dir.to_owned());
         match (place, f) {

@@ -853,3 +853,89 @@ fn check_config_and_run_refuse_a_state_directory_another_user_can_change() {
         check.last_line()
     );
 }
+
+// Issue 42: `check-config --user` checks as the unit's user: a root-only token file passed
+// `check-config` run as root and then failed the start as `npu-health-agent`; now it is a
+// warning naming the file, its owner and mode, and the fix. An unknown user is an error, and
+// a state directory of root's is refused for another user, as `run` as that user would.
+#[test]
+fn check_config_as_the_units_user_warns_of_a_token_file_it_cannot_read() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("admin.token");
+    std::fs::write(&token, "0123456789abcdef0123456789abcdef\n").unwrap();
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let [admin] = free_ports();
+    let config = write_config(dir.path(), "");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        format!(
+            "[agent]\nadmin_listen = \"127.0.0.1:{admin}\"\nadmin_token_file = \"{}\"\n\n{text}",
+            token.display()
+        ),
+    )
+    .unwrap();
+    let check = |user: Option<&str>| {
+        let mut c = agent();
+        c.args(["check-config", "--config"]).arg(&config);
+        if let Some(u) = user {
+            c.args(["--user", u]);
+        }
+        run_within(c, dir.path(), Duration::from_secs(20))
+    };
+    let euid = rustix::process::geteuid();
+    // As the user running it: no warning (root reads every file; another user owns it).
+    let me = check(None);
+    assert_eq!(me.code, Some(0), "{}", me.stderr);
+    assert!(!me.stderr.contains("warning:"), "{}", me.stderr);
+    if euid.is_root() {
+        let nobody = check(Some("nobody"));
+        assert_eq!(nobody.code, Some(0), "{}", nobody.stderr);
+        assert!(
+            nobody.stderr.contains(&format!(
+                "warning: [agent] admin_token_file: {} (uid 0, gid 0, mode 0600) is not readable by nobody",
+                token.display()
+            )) && nobody.stderr.contains("chmod 0640"),
+            "{}",
+            nobody.stderr
+        );
+        std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let readable = check(Some("nobody"));
+        assert!(!readable.stderr.contains("warning:"), "{}", readable.stderr);
+        // A state directory of root's is not nobody's.
+        let state = dir.path().join("state");
+        std::fs::create_dir(&state).unwrap();
+        std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let text = std::fs::read_to_string(&config).unwrap();
+        std::fs::write(
+            &config,
+            text.replacen(
+                "[agent]\n",
+                &format!("[agent]\nstate_dir = \"{}\"\n", state.display()),
+                1,
+            ),
+        )
+        .unwrap();
+        let refused = check(Some("nobody"));
+        assert_eq!(refused.code, Some(2), "{}", refused.stderr);
+        assert!(
+            refused
+                .last_line()
+                .contains("is owned by uid 0 (root), not by uid"),
+            "{}",
+            refused.stderr
+        );
+    } else {
+        eprintln!("skipped the other-user half: it needs root");
+    }
+    let unknown = check(Some("no-such-user-here"));
+    assert_eq!(unknown.code, Some(2), "{}", unknown.stderr);
+    assert!(
+        unknown
+            .last_line()
+            .contains("--user no-such-user-here: no such user"),
+        "{}",
+        unknown.stderr
+    );
+}

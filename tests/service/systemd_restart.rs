@@ -42,6 +42,12 @@ struct Host {
 
 impl Host {
     fn start() -> Option<Host> {
+        Host::start_with(false)
+    }
+
+    /// With `named_state_dir`, the config names the unit's `RuntimeDirectory=` as
+    /// `state_dir`, as the shipped config does (`deploy/debian/agent.toml`).
+    fn start_with(named_state_dir: bool) -> Option<Host> {
         let dir = tempfile::tempdir().unwrap();
         let sd = manager(&dir.path().join("systemd"))?;
         let files: Vec<PathBuf> = ["npu0", "npu1"]
@@ -62,10 +68,19 @@ impl Host {
                 .spawn()
                 .expect("start fake engine");
         let toml = dir.path().join("agent.toml");
-        // No state_dir: the unit's RuntimeDirectory= is the state directory.
+        // Without state_dir the unit's RuntimeDirectory= is the state directory; the shipped
+        // config names it too.
+        let state_dir = if named_state_dir {
+            format!(
+                "state_dir = \"{}\"\n",
+                sd.runtime_dir().join("npu-health-agent").display()
+            )
+        } else {
+            String::new()
+        };
         std::fs::write(
             &toml,
-            format!("[agent]\nsample_period = \"20ms\"\npolicy = \"reference\"\nadmin_listen = \"127.0.0.1:{admin}\"\n\n[[engine]]\nname = \"e2e\"\nengine_type = \"vllm\"\nserved_model_name = \"m\"\nhost = \"127.0.0.1\"\nport = {port}\nmgmt_port = {mgmt}\ndevices = [0, 1]\nengine_env = {{ ASCEND_GLOBAL_LOG_LEVEL = \"3\" }}\n{FAST_TIMING}\n[engine.health_check_config]\nenable_virtual_inference = true\n"),
+            format!("[agent]\nsample_period = \"20ms\"\npolicy = \"reference\"\n{state_dir}admin_listen = \"127.0.0.1:{admin}\"\n\n[[engine]]\nname = \"e2e\"\nengine_type = \"vllm\"\nserved_model_name = \"m\"\nhost = \"127.0.0.1\"\nport = {port}\nmgmt_port = {mgmt}\ndevices = [0, 1]\nengine_env = {{ ASCEND_GLOBAL_LOG_LEVEL = \"3\" }}\n{FAST_TIMING}\n[engine.health_check_config]\nenable_virtual_inference = true\n"),
         )
         .unwrap();
         let text = |p: &Path| p.display().to_string();
@@ -255,6 +270,65 @@ fn restart_crash_and_upgrade_under_systemd_refuse_no_poll_and_forget_nothing() {
         log.matches("warm-up request succeeded").count(),
         1,
         "only the first process warmed the engine up:\n{log}"
+    );
+}
+
+// Issue 42: docs/deploy.md's upgrade steps on a live host, as written: `check-config --user`
+// from a shell (no RUNTIME_DIRECTORY in its environment) passes while the unit runs, each
+// port noted as the one a new agent takes over; then the package's daemon-reload and
+// try-restart refuse no poll. With the config as it was shipped before (no `state_dir`: the
+// unit's RuntimeDirectory= alone), the same command failed: "Address already in use".
+#[test]
+fn check_config_passes_on_a_live_host_as_the_upgrade_steps_run_it() {
+    let Some(h) = Host::start_with(true) else {
+        return;
+    };
+    let config = h.dir.path().join("agent.toml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    let before = h.dir.path().join("agent-before.toml");
+    std::fs::write(
+        &before,
+        text.lines()
+            .filter(|l| !l.starts_with("state_dir"))
+            .collect::<Vec<_>>()
+            .join("\n"),
+    )
+    .unwrap();
+    let check = |config: &Path| {
+        let out = std::process::Command::new(support::agent())
+            .args(["--fake", "check-config", "--config"])
+            .arg(config)
+            .args(["--user", "root"])
+            .env_remove("RUNTIME_DIRECTORY")
+            .env("FAKE_NPU_SCENARIO", h.dir.path().join("scenario.toml"))
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = check(&before);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("Address already in use"), "{err}");
+    let (code, err) = check(&config);
+    assert_eq!(code, Some(0), "{err}\n{}", h.log());
+    assert!(
+        err.contains("is in use by the running agent, which hands it over to a new one"),
+        "{err}"
+    );
+    let first = h.main_pid();
+    let poller = Poller::start(h.url());
+    std::thread::sleep(Duration::from_millis(300));
+    h.sd.systemctl(&["daemon-reload"]).unwrap();
+    h.sd.systemctl(&["try-restart", UNIT]).unwrap();
+    h.wait_new_main(first);
+    std::thread::sleep(Duration::from_millis(500));
+    let polls = poller.finish();
+    assert!(
+        polls.iter().all(Option::is_some),
+        "failed polls: {polls:?}\n{}",
+        h.log()
     );
 }
 
