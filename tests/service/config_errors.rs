@@ -690,16 +690,31 @@ fn check_config_accepts_ports_held_by_the_running_agent() {
 fn the_readme_host_mode_example_is_shipped_and_passes_check_config() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
-    let start = "Host mode watches any number of engines from one `agent.toml`:\n\n```toml\n";
-    let from = readme.find(start).expect("the README's host-mode example") + start.len();
+    let start = "One engine (`examples/minimal.toml`; every other key has a default):\n\n```toml\n";
+    let from = readme.find(start).expect("the README's shortest config") + start.len();
     let block = &readme[from..from + readme[from..].find("```").unwrap()];
-    let shipped = std::fs::read_to_string(root.join("examples/agent.toml")).unwrap();
+    let minimal = std::fs::read_to_string(root.join("examples/minimal.toml")).unwrap();
     assert_eq!(
-        block, shipped,
-        "README.md's example differs from examples/agent.toml"
+        block, minimal,
+        "README.md's example differs from examples/minimal.toml"
     );
-
+    let shipped = std::fs::read_to_string(root.join("examples/agent.toml")).unwrap();
     let dir = tempfile::tempdir().unwrap();
+    let [m] = free_ports();
+    let config = dir.path().join("minimal.toml");
+    std::fs::write(
+        &config,
+        minimal.replace("mgmt_port = 9001", &format!("mgmt_port = {m}")),
+    )
+    .unwrap();
+    let mut check = agent();
+    check
+        .env("FAKE_NPU_SCENARIO", root.join("examples/fake-npus.toml"))
+        .args(["check-config", "--config"])
+        .arg(&config);
+    let ended = run_within(check, dir.path(), Duration::from_secs(20));
+    assert_eq!(ended.code, Some(0), "{}", ended.stderr);
+
     std::fs::copy(
         root.join("examples/user_config.json"),
         dir.path().join("user_config.json"),
