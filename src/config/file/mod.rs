@@ -88,6 +88,9 @@ struct AgentTable {
     kubernetes: Option<crate::integrations::kubernetes::config::KubernetesConfig>,
     state_dir: Option<PathBuf>,
     fault_code_file: Option<PathBuf>,
+    pod_resources_socket: Option<PathBuf>,
+    #[serde(with = "duration")]
+    pod_resources_period: Duration,
 }
 
 impl Default for AgentTable {
@@ -119,6 +122,8 @@ impl Default for AgentTable {
             kubernetes: None,
             state_dir: None,
             fault_code_file: None,
+            pod_resources_socket: None,
+            pod_resources_period: super::agent::DEFAULT_POD_RESOURCES_PERIOD,
         }
     }
 }
@@ -288,6 +293,19 @@ impl Written {
 }
 
 fn agent_settings(t: &AgentTable, base: &Path) -> Result<AgentSettings, KeyError> {
+    let pod_resources = match &t.pod_resources_socket {
+        Some(socket) => Some(super::PodResourcesSettings {
+            socket: socket.clone(),
+            period: t.pod_resources_period,
+        }),
+        None if t.pod_resources_period != super::agent::DEFAULT_POD_RESOURCES_PERIOD => {
+            return Err((
+                "pod_resources_period".to_owned(),
+                "is set, but there is no pod_resources_socket (the pod labels are off)".to_owned(),
+            ));
+        }
+        None => None,
+    };
     let admin_listen = match &t.admin_listen {
         None => None,
         Some(s) => Some(s.parse().map_err(|_| {
@@ -361,6 +379,7 @@ fn agent_settings(t: &AgentTable, base: &Path) -> Result<AgentSettings, KeyError
         policy: t.policy,
         state_dir: t.state_dir.as_ref().map(|p| base_rel(base, p)),
         fault_code_file: t.fault_code_file.as_ref().map(|p| base_rel(base, p)),
+        pod_resources,
         kubernetes: match &t.kubernetes {
             Some(k) => {
                 k.validate()

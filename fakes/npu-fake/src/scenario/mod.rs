@@ -534,9 +534,15 @@ mod tests {
         .unwrap();
         let phy: Vec<u32> = s.devices.iter().map(|d| d.phy_id).collect();
         assert_eq!(phy, [4, 1, 0]);
-        let err = Scenario::parse("cards = 2\n[[device]]\nid = 0\nphy_id = 1\n", Path::new("."))
-            .unwrap_err();
-        assert!(err.contains("devices 0 and 1 have the same phy_id 1"), "{err}");
+        let err = Scenario::parse(
+            "cards = 2\n[[device]]\nid = 0\nphy_id = 1\n",
+            Path::new("."),
+        )
+        .unwrap_err();
+        assert!(
+            err.contains("devices 0 and 1 have the same phy_id 1"),
+            "{err}"
+        );
         let err = Scenario::parse("[default]\nphy_id = 1\n", Path::new(".")).unwrap_err();
         assert!(err.contains("not [default]"), "{err}");
     }
