@@ -113,6 +113,7 @@ impl Running {
             engines: vec![state.clone()],
             devices: p.devices.clone(),
             window: spec.timing.window,
+            pods: self.pod_labels(),
         });
         let router = server::engine_router(EngineView {
             engine: state.clone(),
@@ -240,6 +241,7 @@ impl Running {
             engines,
             devices: (0..self.shared.devices.len() as u16).collect(),
             window: longest_window(&self.cfg),
+            pods: self.pod_labels(),
         });
         let tls = access.tls.clone();
         let router = server::admin_router(
@@ -258,6 +260,11 @@ impl Running {
             "admin".to_owned(),
         )
         .map_err(|e| AgentError::Runtime(format!("admin listener: {e}")))
+    }
+
+    /// The pod labels the metrics carry, when they are on.
+    fn pod_labels(&self) -> Option<Arc<crate::pod_resources::PodLabels>> {
+        self.pods.as_ref().map(|p| p.labels.clone())
     }
 
     /// `i`'s own listener (`listen`) over the engines of the moment, on `socket`.

@@ -115,6 +115,7 @@ fn restart_only(old: &AgentSettings, new: &AgentSettings) -> Vec<&'static str> {
     );
     check("kubernetes", old.kubernetes != new.kubernetes);
     check("state_dir", old.state_dir != new.state_dir);
+    check("pod_resources", old.pod_resources != new.pod_resources);
     out
 }
 
@@ -133,6 +134,7 @@ fn keep_start_only(running: &AgentSettings, new: &AgentSettings) -> AgentSetting
         listeners: running.listeners,
         kubernetes: running.kubernetes.clone(),
         state_dir: running.state_dir.clone(),
+        pod_resources: running.pod_resources.clone(),
         ..new.clone()
     }
 }
@@ -573,11 +575,15 @@ mod tests {
                 stall_timeout: std::time::Duration::from_secs(5),
             },
             state_dir: Some("/run/x".into()),
+            pod_resources: Some(crate::config::PodResourcesSettings {
+                socket: "/run/k.sock".into(),
+                period: std::time::Duration::from_secs(1),
+            }),
             ..AgentSettings::default()
         };
         assert_eq!(
             restart_only(&a, &c).len(),
-            13,
+            14,
             "every start-only key differs"
         );
         let kept = keep_start_only(&a, &c);

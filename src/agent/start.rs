@@ -59,6 +59,7 @@ pub async fn start(cfg: AgentConfig, mut startup: Startup) -> Result<Running, Ag
         state_dir: startup.state_dir.clone(),
         persister: None,
         predecessor: None,
+        pods: None,
     };
     let sockets = running.acquire_sockets(&cfg, own, &mut startup).await?;
     // The agent handing over stops accepting and writes its state now; connections that
@@ -72,6 +73,7 @@ pub async fn start(cfg: AgentConfig, mut startup: Startup) -> Result<Running, Ag
         })?;
         running.predecessor = Some(pred);
     }
+    running.pods = super::PodsPoll::start(&cfg.agent, &running.sampler);
     running.launch_engines(sockets.engines)?;
     running.serve_listeners(sockets.admin, sockets.own)?;
     running.start_persister();
