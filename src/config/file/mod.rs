@@ -292,20 +292,22 @@ impl Written {
     }
 }
 
-fn agent_settings(t: &AgentTable, base: &Path) -> Result<AgentSettings, KeyError> {
-    let pod_resources = match &t.pod_resources_socket {
-        Some(socket) => Some(super::PodResourcesSettings {
+/// `pod_resources_socket` and `pod_resources_period`: the pod labels, on with the socket.
+fn pod_resources(t: &AgentTable) -> Result<Option<super::PodResourcesSettings>, KeyError> {
+    match &t.pod_resources_socket {
+        Some(socket) => Ok(Some(super::PodResourcesSettings {
             socket: socket.clone(),
             period: t.pod_resources_period,
-        }),
-        None if t.pod_resources_period != super::agent::DEFAULT_POD_RESOURCES_PERIOD => {
-            return Err((
-                "pod_resources_period".to_owned(),
-                "is set, but there is no pod_resources_socket (the pod labels are off)".to_owned(),
-            ));
-        }
-        None => None,
-    };
+        })),
+        None if t.pod_resources_period != super::agent::DEFAULT_POD_RESOURCES_PERIOD => Err((
+            "pod_resources_period".to_owned(),
+            "is set, but there is no pod_resources_socket (the pod labels are off)".to_owned(),
+        )),
+        None => Ok(None),
+    }
+}
+
+fn agent_settings(t: &AgentTable, base: &Path) -> Result<AgentSettings, KeyError> {
     let admin_listen = match &t.admin_listen {
         None => None,
         Some(s) => Some(s.parse().map_err(|_| {
@@ -379,7 +381,7 @@ fn agent_settings(t: &AgentTable, base: &Path) -> Result<AgentSettings, KeyError
         policy: t.policy,
         state_dir: t.state_dir.as_ref().map(|p| base_rel(base, p)),
         fault_code_file: t.fault_code_file.as_ref().map(|p| base_rel(base, p)),
-        pod_resources,
+        pod_resources: pod_resources(t)?,
         kubernetes: match &t.kubernetes {
             Some(k) => {
                 k.validate()
