@@ -58,20 +58,24 @@ pub enum Apply {
     Drop,
 }
 
+/// What one call gave, as the rule sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Call {
+    /// The kubelet answered: the holders of the NPUs.
+    Answered(Assignment),
+    /// No answer (the log says why).
+    Failed,
+}
+
 /// The rule: an answer is put in force; a failure keeps the labels of the last answer until
 /// `keep` has passed since it, then drops them once.
-pub fn after(
-    state: &State,
-    result: Result<Assignment, ()>,
-    now: Instant,
-    keep: Duration,
-) -> (State, Apply) {
-    match (result, state) {
-        (Ok(a), _) => (State::Answered { at: now }, Apply::Set(a)),
-        (Err(()), State::Answered { at }) if now.duration_since(*at) >= keep => {
+pub fn after(state: &State, call: Call, now: Instant, keep: Duration) -> (State, Apply) {
+    match (call, state) {
+        (Call::Answered(a), _) => (State::Answered { at: now }, Apply::Set(a)),
+        (Call::Failed, State::Answered { at }) if now.duration_since(*at) >= keep => {
             (State::Dropped, Apply::Drop)
         }
-        (Err(()), s) => (s.clone(), Apply::Keep),
+        (Call::Failed, s) => (s.clone(), Apply::Keep),
     }
 }
 
@@ -112,7 +116,7 @@ pub async fn run(poll: Poll, labels: Arc<PodLabels>, cancel: CancellationToken) 
             () = cancel.cancelled() => return,
             r = grpc::list(&poll.socket, deadline, MAX_ANSWER) => r,
         };
-        let result = match called {
+        let call = match called {
             Ok(list) => {
                 let (a, notes) = assign(&list, &poll.npus);
                 if notes != last_notes {
@@ -128,15 +132,15 @@ pub async fn run(poll: Poll, labels: Arc<PodLabels>, cancel: CancellationToken) 
                     );
                 }
                 failures = 0;
-                Ok(a)
+                Call::Answered(a)
             }
             Err(e) => {
                 failures += 1;
                 log_failure(&poll, &state, &e);
-                Err(())
+                Call::Failed
             }
         };
-        let (next, apply) = after(&state, result, Instant::now(), keep);
+        let (next, apply) = after(&state, call, Instant::now(), keep);
         match apply {
             Apply::Set(a) => labels.set(a),
             Apply::Keep => {}
@@ -184,48 +188,52 @@ mod tests {
         a
     }
 
-    // The rule as a table: (state before, the call, seconds since the last answer) →
-    // (state after, what is applied). Keep is 30 s (3 periods of 10 s).
+    /// (state before, the call, seconds since the last answer, state after, what is applied)
+    type Case<'a> = (&'a State, Call, u64, State, Apply);
+
+    // The rule as a table. Keep is 30 s (3 periods of 10 s); an answer comes at t0.
     #[test]
     fn labels_outlive_failed_calls_for_the_keep_time_then_go() {
         let t0 = Instant::now();
         let keep = keep_for(Duration::from_secs(10));
         assert_eq!(keep, Duration::from_secs(30));
         let answered = State::Answered { at: t0 };
-        let cases: [(&State, Result<Assignment, ()>, u64, State, Apply); 7] = [
+        let cases: [Case; 7] = [
             (
                 &State::NeverAnswered,
-                Ok(some()),
+                Call::Answered(some()),
                 0,
                 answered.clone(),
                 Apply::Set(some()),
             ),
             (
                 &State::NeverAnswered,
-                Err(()),
+                Call::Failed,
                 40,
                 State::NeverAnswered,
                 Apply::Keep,
             ),
-            (&answered, Err(()), 10, answered.clone(), Apply::Keep),
-            (&answered, Err(()), 29, answered.clone(), Apply::Keep),
-            (&answered, Err(()), 30, State::Dropped, Apply::Drop),
-            (&State::Dropped, Err(()), 90, State::Dropped, Apply::Keep),
+            (&answered, Call::Failed, 10, answered.clone(), Apply::Keep),
+            (&answered, Call::Failed, 29, answered.clone(), Apply::Keep),
+            (&answered, Call::Failed, 30, State::Dropped, Apply::Drop),
             (
                 &State::Dropped,
-                Ok(Assignment::default()),
+                Call::Failed,
+                90,
+                State::Dropped,
+                Apply::Keep,
+            ),
+            (
+                &State::Dropped,
+                Call::Answered(Assignment::default()),
                 0,
                 answered.clone(),
                 Apply::Set(Assignment::default()),
             ),
         ];
-        for (i, (before, result, secs, want_state, want_apply)) in cases.into_iter().enumerate() {
+        for (i, (before, call, secs, want_state, want_apply)) in cases.into_iter().enumerate() {
             let now = t0 + Duration::from_secs(secs);
-            let (state, apply) = after(before, result, now, keep);
-            let want_state = match want_state {
-                State::Answered { .. } if secs == 0 => State::Answered { at: now },
-                s => s,
-            };
+            let (state, apply) = after(before, call, now, keep);
             assert_eq!((state, apply), (want_state, want_apply), "case {i}");
         }
     }
