@@ -208,6 +208,69 @@ mod tests {
         assert!(e.contains("declares 1 bytes and 6 follow"), "{e}");
     }
 
+    /// Serves one call on a fresh socket: headers, then `data` (if any), then `grpc-status`
+    /// in trailers, or in the headers when `data` is `None` (trailers-only).
+    async fn one_answer(
+        data: Option<Vec<u8>>,
+        status: &'static str,
+    ) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kubelet.sock");
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        tokio::spawn(async move {
+            let (io, _) = listener.accept().await.unwrap();
+            let mut conn = h2::server::handshake(io).await.unwrap();
+            let (_, mut respond) = conn.accept().await.unwrap().unwrap();
+            let mut head = http::Response::builder().header("content-type", "application/grpc");
+            if data.is_none() {
+                head = head.header("grpc-status", status);
+            }
+            let mut send = respond
+                .send_response(head.body(()).unwrap(), data.is_none())
+                .unwrap();
+            if let Some(d) = data {
+                let _ = send.send_data(d.into(), false);
+                let mut t = http::HeaderMap::new();
+                t.insert("grpc-status", status.parse().unwrap());
+                let _ = send.send_trailers(t);
+            }
+            // Serve until the client goes.
+            while conn.accept().await.is_some() {}
+        });
+        (dir, path)
+    }
+
+    // Issue 42: an answer larger than the bound is refused from its 5-byte prefix, before
+    // its bytes arrive; a gRPC error comes back with its code and message.
+    #[tokio::test]
+    async fn an_oversized_answer_or_a_grpc_error_is_refused_by_name() {
+        let second = Duration::from_secs(10);
+        let mut big = vec![0];
+        big.extend_from_slice(&(5u32 << 20).to_be_bytes());
+        big.extend_from_slice(&[0; 64]);
+        let (_dir, path) = one_answer(Some(big), "0").await;
+        let e = list(&path, second, 4 << 20).await.unwrap_err();
+        assert_eq!(e.to_string(), "the answer is larger than 4194304 bytes");
+
+        let (_dir, path) = one_answer(Some(vec![0, 0, 0, 0, 2, 0x0a, 0x00]), "0").await;
+        assert_eq!(
+            list(&path, second, 1024).await.unwrap(),
+            ListPodResourcesResponse {
+                pod_resources: vec![Default::default()],
+            }
+        );
+        let (_dir, path) = one_answer(Some(vec![0, 0, 0, 0, 2, 0x0a, 0x00]), "0").await;
+        let e = list(&path, second, 1).await.unwrap_err();
+        assert!(matches!(e, CallError::TooLarge { limit: 1 }), "{e}");
+
+        let (_dir, path) = one_answer(None, "12").await;
+        let e = list(&path, second, 1024).await.unwrap_err();
+        assert_eq!(e.to_string(), "the kubelet answered grpc-status 12");
+        let (_dir, path) = one_answer(Some(vec![0, 0, 0, 0, 0]), "14").await;
+        let e = list(&path, second, 1024).await.unwrap_err();
+        assert_eq!(e.to_string(), "the kubelet answered grpc-status 14");
+    }
+
     #[test]
     fn grpc_status_other_than_zero_is_an_error_with_its_message() {
         let mut h = http::HeaderMap::new();
