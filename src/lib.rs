@@ -7,6 +7,7 @@
 //! virtual request, `/metrics`) and [`qos`] (its score) → [`server`] (`/status`, `/status/detail`, `/metrics`)
 //! and [`integrations`] (what the verdict and the level tell each system that acts on them:
 //! Node Manager, the kubelet, the Kubernetes API, HAProxy, Envoy; one folder each).
+//! [`pod_resources`] asks the kubelet which pod holds each NPU (the pod labels of `/metrics`).
 //! [`config`] says what to monitor,
 //! [`agent`] wires it together (and reloads it on SIGHUP), [`continuity`] carries the
 //! listening sockets and each engine's state across the agent's own restarts and upgrades
@@ -27,6 +28,7 @@ pub mod fake;
 pub mod integrations;
 pub mod logging;
 pub mod monitor;
+pub mod pod_resources;
 pub mod probe;
 pub mod qos;
 pub mod ring;

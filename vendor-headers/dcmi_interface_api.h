@@ -166,6 +166,9 @@ int dcmi_get_device_num_in_card(int card_id, int *device_num);
 int dcmi_get_device_id_in_card(int card_id, int *device_id_max, int *mcu_id, int *cpu_id);
 int dcmi_get_device_type(int card_id, int device_id, enum dcmi_unit_type *device_type);
 int dcmi_get_device_logic_id(int *device_logic_id, int card_id, int device_id);
+/* The chip's physical id (what the Ascend device plugin names its devices by, "Ascend910-<phy>").
+ * MindCluster's copy of the header: component/ascend-common/devmanager/dcmi/dcmi_interface_api.h. */
+int dcmi_get_device_phyid_from_logicid(unsigned int logicid, unsigned int *phyid);
 int dcmi_get_device_chip_info(int card_id, int device_id, struct dcmi_chip_info *chip_info);
 int dcmi_get_device_utilization_rate(int card_id, int device_id, int input_type,
                                      unsigned int *utilization_rate);
@@ -195,6 +198,8 @@ int dcmi_subscribe_fault_event(int card_id, int device_id, struct dcmi_event_fil
 int dcmiv2_init(void);
 int dcmiv2_get_device_list(int *device_list, int *device_cnt, int list_len);
 int dcmiv2_get_device_chip_info(int dev_id, struct dcmi_chip_info_v2 *chip_info);
+/* The same on a 950 (MindCluster: devmanager/dcmi/dcmi_interface_api_v2.h). */
+int dcmiv2_get_chip_phy_id_by_dev_id(unsigned int dev_id, unsigned int *phyid);
 int dcmiv2_get_device_utilization_rate(int dev_id, int input_type, unsigned int *utilization_rate);
 int dcmiv2_get_device_multi_utilization_rate(int dev_id,
                                              struct dcmi_multi_utilization_info *util_info);

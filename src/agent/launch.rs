@@ -114,6 +114,7 @@ impl Running {
             devices: p.devices.clone(),
             window: spec.timing.window,
             npu_exporter_names: self.cfg.agent.npu_exporter_names,
+            pods: self.pod_labels(),
         });
         let router = server::engine_router(EngineView {
             engine: state.clone(),
@@ -242,6 +243,7 @@ impl Running {
             devices: (0..self.shared.devices.len() as u16).collect(),
             window: longest_window(&self.cfg),
             npu_exporter_names: self.cfg.agent.npu_exporter_names,
+            pods: self.pod_labels(),
         });
         let tls = access.tls.clone();
         let router = server::admin_router(
@@ -260,6 +262,11 @@ impl Running {
             "admin".to_owned(),
         )
         .map_err(|e| AgentError::Runtime(format!("admin listener: {e}")))
+    }
+
+    /// The pod labels the metrics carry, when they are on.
+    fn pod_labels(&self) -> Option<Arc<crate::pod_resources::PodLabels>> {
+        self.pods.as_ref().map(|p| p.labels.clone())
     }
 
     /// `i`'s own listener (`listen`) over the engines of the moment, on `socket`.

@@ -26,6 +26,7 @@ use crate::continuity::{self, StateDir};
 use crate::driver::fault_levels::{self, FaultTable, TableError};
 use crate::integrations::Started;
 use crate::monitor::Monitor;
+use crate::pod_resources::{self, PodLabels};
 use crate::sampler::{Sampler, SamplerConfig, Shared, StartError};
 use std::sync::Arc;
 use std::time::Duration;
@@ -73,6 +74,51 @@ pub struct Running {
     persister: Option<Persister>,
     /// The agent this one took over from, until this one serves.
     predecessor: Option<Predecessor>,
+    /// Who holds each NPU (`[agent] pod_resources_socket`), and the poll that keeps it; `None`:
+    /// no pod labels.
+    pods: Option<PodsPoll>,
+}
+
+/// The pod labels in force and the task that polls the kubelet for them.
+struct PodsPoll {
+    labels: Arc<PodLabels>,
+    task: tokio::task::JoinHandle<()>,
+    cancel: tokio_util::sync::CancellationToken,
+}
+
+impl PodsPoll {
+    /// Starts polling as `[agent]` says, over the NPUs of `sampler`; `None` when off.
+    fn start(agent: &AgentSettings, sampler: &Sampler) -> Option<PodsPoll> {
+        let settings = agent.pod_resources.as_ref()?;
+        let npus = sampler
+            .devices()
+            .iter()
+            .map(|d| (d.info.id, d.info.phy_id))
+            .collect();
+        let poll = pod_resources::task::Poll::new(settings, npus);
+        tracing::info!(
+            "pod labels from the kubelet's PodResources API at {} every {}",
+            poll.socket.display(),
+            humantime::format_duration(poll.period)
+        );
+        let labels = Arc::new(PodLabels::default());
+        let cancel = tokio_util::sync::CancellationToken::new();
+        let task = tokio::spawn(pod_resources::task::run(
+            poll,
+            labels.clone(),
+            cancel.clone(),
+        ));
+        Some(PodsPoll {
+            labels,
+            task,
+            cancel,
+        })
+    }
+
+    async fn stop(self) {
+        self.cancel.cancel();
+        let _ = self.task.await;
+    }
 }
 
 /// The stuck threshold of the liveness test (changes on reload).
@@ -178,6 +224,7 @@ impl Running {
             engines,
             admin,
             integration_listeners,
+            pods,
             ..
         } = self;
         let mut stops: Vec<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>> =
@@ -187,6 +234,9 @@ impl Running {
                 .collect();
         for l in admin.into_iter().chain(integration_listeners) {
             stops.push(Box::pin(l.stop()));
+        }
+        if let Some(p) = pods {
+            stops.push(Box::pin(p.stop()));
         }
         futures_util::future::join_all(stops).await;
         // After the engines stopped: nothing changes the state any more.

@@ -119,6 +119,7 @@ fn restart_only(old: &AgentSettings, new: &AgentSettings) -> Vec<&'static str> {
         "npu_exporter_names",
         old.npu_exporter_names != new.npu_exporter_names,
     );
+    check("pod_resources", old.pod_resources != new.pod_resources);
     out
 }
 
@@ -138,6 +139,7 @@ fn keep_start_only(running: &AgentSettings, new: &AgentSettings) -> AgentSetting
         kubernetes: running.kubernetes.clone(),
         state_dir: running.state_dir.clone(),
         npu_exporter_names: running.npu_exporter_names,
+        pod_resources: running.pod_resources.clone(),
         ..new.clone()
     }
 }
@@ -578,11 +580,15 @@ mod tests {
                 stall_timeout: std::time::Duration::from_secs(5),
             },
             state_dir: Some("/run/x".into()),
+            pod_resources: Some(crate::config::PodResourcesSettings {
+                socket: "/run/k.sock".into(),
+                period: std::time::Duration::from_secs(1),
+            }),
             ..AgentSettings::default()
         };
         assert_eq!(
             restart_only(&a, &c).len(),
-            13,
+            14,
             "every start-only key differs"
         );
         let kept = keep_start_only(&a, &c);

@@ -60,6 +60,7 @@ pub async fn start(cfg: AgentConfig, mut startup: Startup) -> Result<Running, Ag
         state_dir: startup.state_dir.clone(),
         persister: None,
         predecessor: None,
+        pods: None,
     };
     let sockets = running.acquire_sockets(&cfg, own, &mut startup).await?;
     // The agent handing over stops accepting and writes its state now; connections that
@@ -80,6 +81,7 @@ pub async fn start(cfg: AgentConfig, mut startup: Startup) -> Result<Running, Ag
     if let Some(p) = &running.predecessor {
         p.in_time().map_err(|e| taking_over(p, e))?;
     }
+    running.pods = super::PodsPoll::start(&cfg.agent, &running.sampler);
     running.launch_engines(sockets.engines, saved)?;
     running.serve_listeners(sockets.admin, sockets.own)?;
     running.start_persister();

@@ -95,6 +95,52 @@ pub struct AgentSettings {
     /// also runs npu-exporter every such series would exist twice and a sum would double
     /// (docs/operator-views.md, "Beside npu-exporter"). Start-only.
     pub npu_exporter_names: bool,
+    /// The pod labels of the NPU and engine series, from the kubelet's PodResources API
+    /// (`pod_resources_socket`, `pod_resources_period`); `None`: off.
+    pub pod_resources: Option<PodResourcesSettings>,
+}
+
+/// `[agent] pod_resources_socket` and `pod_resources_period`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PodResourcesSettings {
+    /// The kubelet's PodResources socket.
+    pub socket: PathBuf,
+    /// Time between two `List` calls. Default 10 s.
+    #[serde(with = "duration")]
+    pub period: Duration,
+}
+
+/// The kubelet's PodResources socket, where the kubelet serves it (`PodResourcesSocket` of
+/// the Kubernetes repository's `staging/src/k8s.io/kubelet/pkg/apis/podresources/v1/constants.go`).
+pub const POD_RESOURCES_SOCKET: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
+
+/// Default of `pod_resources_period`.
+pub const DEFAULT_POD_RESOURCES_PERIOD: Duration = Duration::from_secs(10);
+
+impl PodResourcesSettings {
+    /// `pod_resources_socket`: absolute, and short enough for a unix socket's address;
+    /// `pod_resources_period` within its bounds.
+    pub fn validate(&self) -> Result<(), KeyError> {
+        let key = "pod_resources_socket";
+        let p = &self.socket;
+        if !p.is_absolute() {
+            return Err((
+                key.to_owned(),
+                format!("{:?} is not an absolute path", p.display()),
+            ));
+        }
+        let len = p.as_os_str().len();
+        if len > SOCKET_PATH_MAX {
+            return Err((
+                key.to_owned(),
+                format!(
+                    "{:?} is {len} bytes, over the {SOCKET_PATH_MAX} a unix socket path holds",
+                    p.display()
+                ),
+            ));
+        }
+        bounds::POD_RESOURCES_PERIOD.check("pod_resources_period", self.period)
+    }
 }
 
 /// Access to the admin listener. With neither key it is open (bind it to loopback then);
@@ -172,6 +218,7 @@ impl Default for AgentSettings {
             state_dir: None,
             fault_code_file: None,
             npu_exporter_names: false,
+            pod_resources: None,
         }
     }
 }
@@ -207,6 +254,9 @@ impl AgentSettings {
         STALL_TIMEOUT.check("stall_timeout", l.stall_timeout)?;
         if let Some(d) = &s.state_dir {
             check_state_dir(d).map_err(|m| ("state_dir".to_owned(), m))?;
+        }
+        if let Some(p) = &s.pod_resources {
+            p.validate()?;
         }
         Ok(())
     }
@@ -251,4 +301,5 @@ pub mod bounds {
     pub const HEADER_READ_TIMEOUT: Within<Duration> = Within::new(ms(100), secs(120));
     pub const IDLE_TIMEOUT: Within<Duration> = Within::new(secs(1), secs(3600));
     pub const STALL_TIMEOUT: Within<Duration> = Within::new(secs(1), secs(600));
+    pub const POD_RESOURCES_PERIOD: Within<Duration> = Within::new(ms(100), secs(600));
 }

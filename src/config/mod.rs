@@ -32,7 +32,7 @@ pub mod unknown;
 
 pub use agent::{
     AdminAuthConfig, AdminTls, AgentSettings, BackendChoice, DEFAULT_SAMPLER_STUCK_AFTER,
-    ListenerLimits, check_log_filter,
+    ListenerLimits, PodResourcesSettings, check_log_filter,
 };
 pub use effective::{AgentConfig, SingleEngine};
 pub use engine::{

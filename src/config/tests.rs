@@ -134,6 +134,10 @@ fn cases() -> Vec<Case> {
         case("haproxy_agent_listen is a mgmt_port", agent("haproxy_agent_listen = \"127.0.0.1:9001\""), "[agent] haproxy_agent_listen", "port `9001` is also the mgmt_port of engine \"a\""),
         case("haproxy_agent_listen is an engine's port", agent("haproxy_agent_listen = \"127.0.0.1:8000\""), "[agent] haproxy_agent_listen", "`127.0.0.1:8000` is the inference address of engine \"a\""),
         case("haproxy_agent_listen is the admin listener", agent("haproxy_agent_listen = \"0.0.0.0:9400\""), "[agent] haproxy_agent_listen", "`0.0.0.0:9400` is also [agent] admin_listen"),
+        case("pod_resources_socket relative", agent("pod_resources_socket = \"pod-resources/kubelet.sock\""), "[agent] pod_resources_socket", "\"pod-resources/kubelet.sock\" is not an absolute path"),
+        case("pod_resources_socket too long", agent(&format!("pod_resources_socket = \"/{}\"", "x".repeat(107))), "[agent] pod_resources_socket", "is 108 bytes, over the 107 a unix socket path holds"),
+        case("pod_resources_period", agent("pod_resources_socket = \"/k.sock\"\npod_resources_period = \"20m\""), "[agent] pod_resources_period", "`20m` is outside 100ms..=10m"),
+        case("pod_resources_period without a socket", agent("pod_resources_period = \"1s\""), "[agent] pod_resources_period", "there is no pod_resources_socket"),
         case("haproxy maxconn zero", then("[engine.actions.haproxy]\nmaxconn = 0"), "[[engine]] #1 (a) actions.haproxy.maxconn", "would leave HAProxy's queued requests waiting"),
         case("haproxy state unknown", then("[engine.actions.haproxy]\ndegrade = \"backup\""), "[[engine]] #1 (a) actions.haproxy.degrade", "unknown variant `backup`"),
         // [engine.timing]
@@ -609,5 +613,29 @@ fn the_configuration_reference_names_every_flag_of_run() {
     assert!(
         missing.is_empty(),
         "not in docs/configuration.md: {missing:?}"
+    );
+}
+
+// Issue 42: the pod labels are off unless the socket is named; named, the period defaults
+// to 10 s.
+#[test]
+fn the_pod_labels_are_off_by_default_and_on_with_the_socket() {
+    let parse = |text: &str| super::file::parse(text, Path::new("/etc/a/agent.toml")).unwrap();
+    assert_eq!(parse(BASE).agent.pod_resources, None);
+    let on = BASE.replace(
+        "[agent]\n",
+        "[agent]\npod_resources_socket = \"/var/lib/kubelet/pod-resources/kubelet.sock\"\n",
+    );
+    assert_eq!(
+        parse(&on).agent.pod_resources,
+        Some(PodResourcesSettings {
+            socket: agent::POD_RESOURCES_SOCKET.into(),
+            period: Duration::from_secs(10),
+        })
+    );
+    let fast = on.replace("[agent]\n", "[agent]\npod_resources_period = \"250ms\"\n");
+    assert_eq!(
+        parse(&fast).agent.pod_resources.map(|p| p.period),
+        Some(Duration::from_millis(250))
     );
 }

@@ -115,6 +115,9 @@ pub struct DeviceInfo {
     pub chip: Option<u32>,
     /// Chip name, e.g. `910B3`.
     pub name: String,
+    /// Physical id, as the Ascend device plugin names the NPU (`Ascend910-<phy>`); `None`
+    /// when the driver does not say (see docs/driver.md).
+    pub phy_id: Option<u32>,
 }
 
 impl DeviceInfo {

@@ -15,6 +15,7 @@ use crate::monitor::journal::Told;
 use crate::monitor::verdict::HealthState;
 use crate::monitor::vi_state::ViState;
 use crate::monitor::{Monitor, Status};
+use crate::pod_resources::{Assignment, Holder, PodLabels};
 use crate::qos::score::Level;
 use crate::sampler::faults::NpuFault;
 use crate::sampler::{DeviceSnapshot, Shared};
@@ -57,6 +58,8 @@ pub struct Exposition {
     pub window: Duration,
     /// Also npu-exporter's names for the chip families ([`CHIP_PREFIXES`]).
     pub npu_exporter_names: bool,
+    /// Who holds each NPU (`[agent] pod_resources_socket`); `None`: no pod labels.
+    pub pods: Option<Arc<PodLabels>>,
 }
 
 /// The prefixes of the chip families: the agent's own, then npu-exporter's.
@@ -64,9 +67,11 @@ pub const CHIP_PREFIXES: [&str; 2] = ["npu_health_agent_chip_", "npu_chip_info_"
 
 impl Collector for Exposition {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        self.encode_npus(&mut enc)?;
+        // One reading of the pod labels for the whole scrape.
+        let pods = Pods::of(self);
+        self.encode_npus(&mut enc, &pods)?;
         self.encode_sampler(&mut enc)?;
-        self.encode_engines(&mut enc)
+        self.encode_engines(&mut enc, &pods)
     }
 }
 
@@ -96,7 +101,7 @@ fn family<L: EncodeLabelSet>(
 
 impl Exposition {
     /// The NPU families, in the order dashboards and tests expect them.
-    fn encode_npus(&self, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+    fn encode_npus(&self, enc: &mut DescriptorEncoder, pods: &Pods) -> Result<(), std::fmt::Error> {
         let now = self.shared.ring.now_ns();
         let snaps: Vec<DeviceSnapshot> = self
             .devices
@@ -109,11 +114,11 @@ impl Exposition {
             &CHIP_PREFIXES[..1]
         };
         for prefix in prefixes {
-            encode_chip_info(enc, prefix, &snaps)?;
+            encode_chip_info(enc, prefix, &snaps, pods)?;
         }
-        self.encode_device_faults(enc, &snaps)?;
-        self.encode_cube_window(enc, &snaps)?;
-        encode_device_sources(enc, &snaps)?;
+        self.encode_device_faults(enc, &snaps, pods)?;
+        self.encode_cube_window(enc, &snaps, pods)?;
+        encode_device_sources(enc, &snaps, pods)?;
         self.encode_driver_errors(enc)
     }
 
@@ -122,6 +127,7 @@ impl Exposition {
         &self,
         enc: &mut DescriptorEncoder,
         snaps: &[DeviceSnapshot],
+        pods: &Pods,
     ) -> Result<(), std::fmt::Error> {
         family(
             enc,
@@ -132,7 +138,7 @@ impl Exposition {
                 .iter()
                 .zip(&self.devices)
                 .filter(|(s, _)| s.faults_age_ms.is_some())
-                .flat_map(|(s, &i)| fault_level_rows(s, &self.shared.faults_of(i))),
+                .flat_map(|(s, &i)| fault_level_rows(s, &self.shared.faults_of(i), pods)),
         )?;
         family(
             enc,
@@ -141,7 +147,7 @@ impl Exposition {
             MetricType::Gauge,
             snaps
                 .iter()
-                .map(|s| (device_labels(s), flag(s.device_gone))),
+                .map(|s| (device_labels(s, pods), flag(s.device_gone))),
         )
     }
 
@@ -150,6 +156,7 @@ impl Exposition {
         &self,
         enc: &mut DescriptorEncoder,
         snaps: &[DeviceSnapshot],
+        pods: &Pods,
     ) -> Result<(), std::fmt::Error> {
         let report = window::query(&self.shared.ring, &self.devices, self.window);
         family(
@@ -160,17 +167,17 @@ impl Exposition {
             snaps
                 .iter()
                 .zip(&report.devices)
-                .filter_map(|(s, w)| w.peak.map(|p| (device_labels(s), f64::from(p)))),
+                .filter_map(|(s, w)| w.peak.map(|p| (device_labels(s, pods), f64::from(p)))),
         )?;
         family(
             enc,
             "npu_health_agent_cube_window_mean",
             "Mean AI Cube utilization over the probe window, percent (absent when unavailable)",
             MetricType::Gauge,
-            snaps
-                .iter()
-                .zip(&report.devices)
-                .filter_map(|(s, w)| w.mean.map(|m| (device_labels(s), round_hundredths(m)))),
+            snaps.iter().zip(&report.devices).filter_map(|(s, w)| {
+                w.mean
+                    .map(|m| (device_labels(s, pods), round_hundredths(m)))
+            }),
         )?;
         family(
             enc,
@@ -179,9 +186,12 @@ impl Exposition {
             MetricType::Gauge,
             snaps.iter().zip(&report.devices).flat_map(|(s, w)| {
                 [
-                    (with(device_labels(s), "valid", "true"), f64::from(w.valid)),
                     (
-                        with(device_labels(s), "valid", "false"),
+                        with(device_labels(s, pods), "valid", "true"),
+                        f64::from(w.valid),
+                    ),
+                    (
+                        with(device_labels(s, pods), "valid", "false"),
                         f64::from(w.invalid),
                     ),
                 ]
@@ -258,16 +268,24 @@ impl Exposition {
     }
 
     /// The engine families, in the order dashboards and tests expect them.
-    fn encode_engines(&self, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        self.encode_answers(enc)?;
-        self.encode_actions(enc)?;
-        self.encode_probes(enc)?;
-        self.encode_qos(enc)?;
-        self.encode_engine_histograms(enc)
+    fn encode_engines(
+        &self,
+        enc: &mut DescriptorEncoder,
+        pods: &Pods,
+    ) -> Result<(), std::fmt::Error> {
+        self.encode_answers(enc, pods)?;
+        self.encode_actions(enc, pods)?;
+        self.encode_probes(enc, pods)?;
+        self.encode_qos(enc, pods)?;
+        self.encode_engine_histograms(enc, pods)
     }
 
     /// What the agent answers about each engine: the verdict, `/readyz` and `/livez`.
-    fn encode_answers(&self, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+    fn encode_answers(
+        &self,
+        enc: &mut DescriptorEncoder,
+        pods: &Pods,
+    ) -> Result<(), std::fmt::Error> {
         family(
             enc,
             "npu_health_agent_status",
@@ -277,7 +295,7 @@ impl Exposition {
                 let current = e.peek_status();
                 [Status::Initial, Status::Normal, Status::Abnormal].map(|st| {
                     (
-                        with(engine_labels(e), "status", st.as_str()),
+                        with(engine_labels(e, pods), "status", st.as_str()),
                         flag(st == current),
                     )
                 })
@@ -286,7 +304,7 @@ impl Exposition {
         let answers: Vec<(Labels, Answers)> = self
             .engines
             .iter()
-            .map(|e| (engine_labels(e), Answers::of(e)))
+            .map(|e| (engine_labels(e, pods), Answers::of(e)))
             .collect();
         family(
             enc,
@@ -309,7 +327,11 @@ impl Exposition {
     }
 
     /// What the integrations did or were told: Kubernetes API calls and router states.
-    fn encode_actions(&self, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+    fn encode_actions(
+        &self,
+        enc: &mut DescriptorEncoder,
+        pods: &Pods,
+    ) -> Result<(), std::fmt::Error> {
         family(
             enc,
             "npu_health_agent_kubernetes_actions",
@@ -318,7 +340,7 @@ impl Exposition {
             self.engines.iter().flat_map(|e| {
                 e.acted
                     .kubernetes()
-                    .map(|k| kubernetes_action_rows(&engine_labels(e), &k.totals))
+                    .map(|k| kubernetes_action_rows(&engine_labels(e, pods), &k.totals))
                     .unwrap_or_default()
             }),
         )?;
@@ -333,7 +355,7 @@ impl Exposition {
                     .iter()
                     .filter_map(|router| {
                         let now = seen.get(&router.id())?.told;
-                        let l = with(engine_labels(e), "router", router.id().as_str());
+                        let l = with(engine_labels(e, pods), "router", router.id().as_str());
                         Some(one_hot(
                             &l,
                             "state",
@@ -349,15 +371,22 @@ impl Exposition {
     }
 
     /// The engine's own health and the virtual inference probes.
-    fn encode_probes(&self, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+    fn encode_probes(
+        &self,
+        enc: &mut DescriptorEncoder,
+        pods: &Pods,
+    ) -> Result<(), std::fmt::Error> {
         family(
             enc,
             "npu_health_agent_engine_reachable",
             "1 while the engine's /health answers healthy (or is slow while the engine serves)",
             MetricType::Gauge,
-            self.engines
-                .iter()
-                .map(|e| (engine_labels(e), flag(reachable(e.health_detail().state)))),
+            self.engines.iter().map(|e| {
+                (
+                    engine_labels(e, pods),
+                    flag(reachable(e.health_detail().state)),
+                )
+            }),
         )?;
         family(
             enc,
@@ -367,8 +396,14 @@ impl Exposition {
             self.engines.iter().flat_map(|e| {
                 let (ok, failed) = e.vi.outcomes();
                 [
-                    (with(engine_labels(e), "outcome", "success"), ok as f64),
-                    (with(engine_labels(e), "outcome", "failure"), failed as f64),
+                    (
+                        with(engine_labels(e, pods), "outcome", "success"),
+                        ok as f64,
+                    ),
+                    (
+                        with(engine_labels(e, pods), "outcome", "failure"),
+                        failed as f64,
+                    ),
                 ]
             }),
         )?;
@@ -379,22 +414,23 @@ impl Exposition {
             MetricType::Gauge,
             self.engines
                 .iter()
-                .map(|e| (engine_labels(e), e.vi.failure_count() as f64)),
+                .map(|e| (engine_labels(e, pods), e.vi.failure_count() as f64)),
         )
     }
 
     /// The QoS score, its level and components, and how long the engine has stalled.
-    fn encode_qos(&self, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+    fn encode_qos(&self, enc: &mut DescriptorEncoder, pods: &Pods) -> Result<(), std::fmt::Error> {
         family(
             enc,
             "inference_node_health",
             "QoS score of the engine in [0, 1] (absent until there is one); see docs/qos.md",
             MetricType::Gauge,
             self.engines.iter().filter_map(|e| {
-                let l: Labels = vec![
+                let mut l: Labels = vec![
                     ("model", e.spec.model.clone().unwrap_or_default()),
                     ("engine", e.spec.name.clone()),
                 ];
+                l.extend(pods.of_engine(e));
                 Some((l, e.qos.score()?))
             }),
         )?;
@@ -408,7 +444,7 @@ impl Exposition {
                 .filter(|e| e.spec.qos.enabled)
                 .flat_map(|e| {
                     one_hot(
-                        &engine_labels(e),
+                        &engine_labels(e, pods),
                         "level",
                         Level::iter(),
                         e.qos.level(),
@@ -422,10 +458,9 @@ impl Exposition {
             "Score of each QoS component in [0, 1] (absent when its input is missing)",
             MetricType::Gauge,
             self.engines.iter().flat_map(|e| {
-                e.qos
-                    .components()
-                    .into_iter()
-                    .filter_map(|c| Some((with(engine_labels(e), "component", &c.name), c.score?)))
+                e.qos.components().into_iter().filter_map(|c| {
+                    Some((with(engine_labels(e, pods), "component", &c.name), c.score?))
+                })
             }),
         )?;
         family(
@@ -438,7 +473,7 @@ impl Exposition {
                 .filter(|e| e.spec.qos.scrapes())
                 .map(|e| {
                     (
-                        engine_labels(e),
+                        engine_labels(e, pods),
                         e.qos.stalled_for().map_or(0.0, |d| d.as_secs_f64()),
                     )
                 }),
@@ -446,7 +481,11 @@ impl Exposition {
     }
 
     /// The per-engine histograms: probe latency and detection time.
-    fn encode_engine_histograms(&self, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+    fn encode_engine_histograms(
+        &self,
+        enc: &mut DescriptorEncoder,
+        pods: &Pods,
+    ) -> Result<(), std::fmt::Error> {
         type Read = fn(&ViState) -> (Vec<(f64, u64)>, u64, f64);
         let histograms: [(&str, &str, Read); 2] = [
             (
@@ -468,7 +507,7 @@ impl Exposition {
             let mut m = enc.encode_descriptor(metric, help, None, MetricType::Histogram)?;
             for e in &self.engines {
                 let (buckets, count, sum) = read(&e.vi);
-                m.encode_family(&engine_labels(e))?
+                m.encode_family(&engine_labels(e, pods))?
                     .encode_histogram::<NoLabelSet>(sum, count, &buckets, None)?;
             }
         }
@@ -500,9 +539,11 @@ impl Exposition {
     }
 }
 
-/// The labels of every engine series: its name.
-fn engine_labels(e: &Monitor) -> Labels {
-    vec![("engine", e.spec.name.clone())]
+/// The labels of every engine series: its name, and its pod's.
+fn engine_labels(e: &Monitor, pods: &Pods) -> Labels {
+    let mut l = vec![("engine", e.spec.name.clone())];
+    l.extend(pods.of_engine(e));
+    l
 }
 
 /// One row per state in `states`, labelled `key` = its word: 1 for `current`, 0 for the rest.
@@ -544,9 +585,66 @@ fn reachable(state: HealthState) -> bool {
     matches!(state, HealthState::Healthy | HealthState::Slow)
 }
 
-/// The labels of every NPU series: the logic id and the chip name.
-fn device_labels(s: &DeviceSnapshot) -> Labels {
-    vec![("id", s.id.to_string()), ("model_name", s.name.clone())]
+/// The labels of every NPU series: the logic id, the chip name, and its pod's.
+fn device_labels(s: &DeviceSnapshot, pods: &Pods) -> Labels {
+    let mut l = vec![("id", s.id.to_string()), ("model_name", s.name.clone())];
+    l.extend(pods.of_npu(s.id));
+    l
+}
+
+/// The pod labels of one scrape (issue 42; docs/kubernetes.md, "Pod labels on the NPU
+/// series"). Off (`[agent] pod_resources_socket` unset), the series carry none. On, every
+/// NPU and engine series carries `namespace`, `pod` and `container`, empty where no pod
+/// holds the NPU (or the engine's NPUs are not all one pod's), as npu-exporter writes its
+/// own (`namespace`, `pod_name`, `container_name`). The labels' names are written in
+/// [`pod_labels`] only.
+struct Pods {
+    /// The holders in force; `None`: off.
+    held: Option<Arc<Assignment>>,
+    /// Each ring index's logic id (an engine names its NPUs by ring index).
+    ids: Vec<u32>,
+}
+
+impl Pods {
+    fn of(x: &Exposition) -> Pods {
+        Pods {
+            held: x.pods.as_ref().map(|p| p.now()),
+            ids: x.shared.devices.iter().map(|d| d.info.id).collect(),
+        }
+    }
+
+    /// The pod labels of the NPU with logic id `id`.
+    fn of_npu(&self, id: u32) -> Labels {
+        match &self.held {
+            None => Labels::new(),
+            Some(a) => pod_labels(a.npu(id)),
+        }
+    }
+
+    /// The pod labels of engine `e`: those of the pod that holds all its NPUs.
+    fn of_engine(&self, e: &Monitor) -> Labels {
+        let Some(a) = &self.held else {
+            return Labels::new();
+        };
+        let ids: Vec<u32> = e
+            .devices
+            .iter()
+            .filter_map(|&i| self.ids.get(usize::from(i)).copied())
+            .collect();
+        pod_labels(a.engine(&ids).as_ref())
+    }
+}
+
+/// `namespace`, `pod`, `container` of `held`, empty when no pod holds it.
+fn pod_labels(held: Option<&Holder>) -> Labels {
+    let (namespace, pod, container) = held.map_or_else(Default::default, |h| {
+        (h.namespace.clone(), h.pod.clone(), h.container.clone())
+    });
+    vec![
+        ("namespace", namespace),
+        ("pod", pod),
+        ("container", container),
+    ]
 }
 
 /// `labels` with one more label.
@@ -590,11 +688,16 @@ fn error_code_label(code: Option<i32>) -> String {
 }
 
 /// One row per handling level that has a code among `faults`, with how many it has.
-fn fault_level_rows(s: &DeviceSnapshot, faults: &[NpuFault]) -> Vec<(Labels, f64)> {
+fn fault_level_rows(s: &DeviceSnapshot, faults: &[NpuFault], pods: &Pods) -> Vec<(Labels, f64)> {
     FaultLevel::iter()
         .filter_map(|level| {
             let n = faults.iter().filter(|f| f.level == level).count();
-            (n > 0).then(|| (with(device_labels(s), "level", level.as_str()), n as f64))
+            (n > 0).then(|| {
+                (
+                    with(device_labels(s, pods), "level", level.as_str()),
+                    n as f64,
+                )
+            })
         })
         .collect()
 }
@@ -605,6 +708,7 @@ fn encode_chip_info(
     enc: &mut DescriptorEncoder,
     prefix: &str,
     snaps: &[DeviceSnapshot],
+    pods: &Pods,
 ) -> Result<(), std::fmt::Error> {
     family(
         enc,
@@ -613,7 +717,7 @@ fn encode_chip_info(
         MetricType::Gauge,
         snaps
             .iter()
-            .filter_map(|s| s.last_value.map(|v| (device_labels(s), f64::from(v)))),
+            .filter_map(|s| s.last_value.map(|v| (device_labels(s, pods), f64::from(v)))),
     )?;
     family(
         enc,
@@ -622,7 +726,7 @@ fn encode_chip_info(
         MetricType::Gauge,
         snaps
             .iter()
-            .filter_map(|s| s.hbm_used_mb.map(|v| (device_labels(s), v as f64))),
+            .filter_map(|s| s.hbm_used_mb.map(|v| (device_labels(s, pods), v as f64))),
     )?;
     family(
         enc,
@@ -631,7 +735,7 @@ fn encode_chip_info(
         MetricType::Gauge,
         snaps
             .iter()
-            .filter_map(|s| s.hbm_total_mb.map(|v| (device_labels(s), v as f64))),
+            .filter_map(|s| s.hbm_total_mb.map(|v| (device_labels(s, pods), v as f64))),
     )?;
     family(
         enc,
@@ -640,7 +744,7 @@ fn encode_chip_info(
         MetricType::Gauge,
         snaps
             .iter()
-            .filter_map(|s| chip_health_status(s).map(|v| (device_labels(s), v))),
+            .filter_map(|s| chip_health_status(s).map(|v| (device_labels(s, pods), v))),
     )?;
     if prefix == CHIP_PREFIXES[0] {
         family(
@@ -651,7 +755,7 @@ fn encode_chip_info(
             snaps
                 .iter()
                 .filter(|s| !s.device_gone)
-                .filter_map(|s| s.health.map(|h| (device_labels(s), f64::from(h)))),
+                .filter_map(|s| s.health.map(|h| (device_labels(s, pods), f64::from(h)))),
         )?;
     }
     // npu-exporter's error-code gauges: the chip's first ten codes, one family per
@@ -666,7 +770,7 @@ fn encode_chip_info(
             snaps.iter().filter(|s| !s.device_gone).filter_map(|s| {
                 s.faults
                     .get(k)
-                    .map(|f| (device_labels(s), f64::from(f.code)))
+                    .map(|f| (device_labels(s, pods), f64::from(f.code)))
             }),
         )?;
     }
@@ -677,15 +781,19 @@ fn encode_chip_info(
 fn encode_device_sources(
     enc: &mut DescriptorEncoder,
     snaps: &[DeviceSnapshot],
+    pods: &Pods,
 ) -> Result<(), std::fmt::Error> {
     family(
         enc,
         "npu_health_agent_device_backend",
         "1 for the backend serving the NPU's AI Cube figures (dcmi, npu-smi, none)",
         MetricType::Gauge,
-        snaps
-            .iter()
-            .map(|s| (with(device_labels(s), "backend", s.backend.as_str()), 1.0)),
+        snaps.iter().map(|s| {
+            (
+                with(device_labels(s, pods), "backend", s.backend.as_str()),
+                1.0,
+            )
+        }),
     )?;
     family(
         enc,
@@ -693,7 +801,7 @@ fn encode_device_sources(
         "1 for the call serving the NPU's AI Cube figures (source) and why (reason); see docs/fake-driver.md and docs/driver.md (the fallback chain)",
         MetricType::Gauge,
         snaps.iter().map(|s| {
-            let l = with(device_labels(s), "source", &s.source.name());
+            let l = with(device_labels(s, pods), "source", &s.source.name());
             (with(l, "reason", s.source_reason.as_str()), 1.0)
         }),
     )?;
@@ -702,7 +810,9 @@ fn encode_device_sources(
         "npu_health_agent_device_stale",
         "1 while the NPU has no fresh reading (hung driver call or silent npu-smi)",
         MetricType::Gauge,
-        snaps.iter().map(|s| (device_labels(s), flag(s.stale))),
+        snaps
+            .iter()
+            .map(|s| (device_labels(s, pods), flag(s.stale))),
     )
 }
 

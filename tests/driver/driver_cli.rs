@@ -535,3 +535,23 @@ fn devices_on_npu_smi_show_the_fault_codes_the_tool_prints() {
     assert_eq!(clean["faults"], serde_json::json!([]), "{clean}");
     assert!(clean["faults_age_ms"].is_u64(), "read, and none: {clean}");
 }
+
+// Issue 42: the pod labels find an NPU by the physical id the Ascend device plugin names it
+// by (`Ascend910-<phy>`), so `devices --json` shows that id as the driver gives it: through
+// DCMI, through npu-smi's `Chip Phy-ID` column (910_93), and none where npu-smi has no such
+// column (910B).
+#[test]
+fn devices_shows_each_npus_physical_id_as_the_driver_gives_it() {
+    let sc = scenario(
+        "model = \"910_93\"\ncards = 1\n[npu_smi]\nwatch_period_ms = 50\n[[device]]\nid = 0\nphy_id = 5\n[[device]]\nid = 1\nphy_id = 4\n",
+    );
+    for lib in [Some(fake_lib()), None] {
+        let v = json(&run_agent(&sc, lib.as_deref(), &["devices", "--json"]));
+        assert_eq!(device(&v, 0)["phy_id"], 5, "{lib:?}: {v}");
+        assert_eq!(device(&v, 1)["phy_id"], 4, "{lib:?}: {v}");
+    }
+    let sc = scenario("model = \"910B\"\ncards = 1\n[npu_smi]\nwatch_period_ms = 50\n");
+    let v = json(&run_agent(&sc, None, &["devices", "--json"]));
+    assert_eq!(device(&v, 0)["backend"], "npu-smi", "{v}");
+    assert!(device(&v, 0)["phy_id"].is_null(), "{v}");
+}

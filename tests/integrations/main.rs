@@ -10,6 +10,7 @@ mod support;
 mod fleet;
 mod live_page_browser;
 mod operator_views;
+mod pod_labels;
 mod prometheus_live;
 mod prometheus_rules;
 mod router_envoy;

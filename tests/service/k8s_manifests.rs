@@ -2,7 +2,8 @@
 //! in the ConfigMap goes through the agent's own loader, the DaemonSet's command line through
 //! the agent's own flag parser, and every value the other manifests must agree with (the
 //! probes' and the Service's port, the token's Secret, the service account token, the state
-//! directory's volume, the examples' mgmt port and readiness gate) is the value those parsed.
+//! directory's volume, the kubelet's PodResources socket's read-only hostPath, the examples'
+//! mgmt port and readiness gate) is the value those parsed.
 //! The Kubernetes schemas and the rules about the manifests alone stay in
 //! scripts/validate-k8s. Each rule here is shown to fail on a copy with one mistake.
 
@@ -13,6 +14,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use npu_health_agent::agent::AfterHandover;
 use npu_health_agent::agent::preflight;
 use npu_health_agent::cli::{Cli, Command};
+use npu_health_agent::config::agent::POD_RESOURCES_SOCKET;
 use npu_health_agent::integrations::kubernetes::config::DEFAULT_CONDITION_TYPE;
 use npu_health_agent::logging::LogFormat;
 use serde::Deserialize;
@@ -338,6 +340,39 @@ fn check(files: &Files, scratch: &Path, out: &mut Vec<String>) -> Result<(), Str
         }
     }
 
+    // pod_resources_socket (issue 42): the kubelet's socket in its directory on the host,
+    // mounted read-only in the agent: the directory, not the socket, whose inode a restarted
+    // kubelet replaces.
+    let kubelet = Path::new(POD_RESOURCES_SOCKET);
+    match &file.agent.pod_resources {
+        None => out.push("configmap.yaml: agent.toml sets no [agent] pod_resources_socket (the pod labels of /metrics)".into()),
+        Some(p) => {
+            let host_dir = |m: &&k8s_openapi::api::core::v1::VolumeMount| {
+                let v = volumes.iter().find(|v| v.name == m.name)?;
+                Some(Path::new(&v.host_path.as_ref()?.path).to_owned())
+            };
+            let mount = mounts
+                .iter()
+                .find(|m| Some(Path::new(&m.mount_path)) == p.socket.parent());
+            match mount.map(|m| (m, host_dir(&m))) {
+                Some((m, Some(dir)))
+                    if Some(dir.as_path()) == kubelet.parent()
+                        && p.socket.file_name() == kubelet.file_name()
+                        && m.sub_path.is_none() =>
+                {
+                    if m.read_only != Some(true) {
+                        out.push(format!("{at}: the kubelet's {} is mounted writable", dir.display()));
+                    }
+                }
+                _ => out.push(format!(
+                    "{at}: pod_resources_socket {} is not the kubelet's {} through a hostPath of its directory",
+                    p.socket.display(),
+                    kubelet.display()
+                )),
+            }
+        }
+    }
+
     // The examples: the engine's probes on the mgmt_port of the [[engine]] whose port is the
     // startupProbe's, and the readiness gate on the condition the agent sets.
     let file_name = "examples/vllm-with-agent-probes.yaml";
@@ -492,6 +527,36 @@ fn each_mistake_about_the_agent_in_the_manifests_is_found() {
             "    # [agent.kubernetes]\n",
             "    [agent.kubernetes]\n",
             "automountServiceAccountToken is Some(false), and [agent.kubernetes] is set",
+        ),
+        mistake(
+            cm,
+            "    pod_resources_socket = \"/var/lib/kubelet/pod-resources/kubelet.sock\"\n",
+            "",
+            "sets no [agent] pod_resources_socket",
+        ),
+        mistake(
+            cm,
+            "pod_resources_socket = \"/var/lib/kubelet/pod-resources/kubelet.sock\"",
+            "pod_resources_socket = \"/var/lib/kubelet/kubelet.sock\"",
+            "is not the kubelet's /var/lib/kubelet/pod-resources/kubelet.sock",
+        ),
+        mistake(
+            cm,
+            "pod_resources_socket = \"/var/lib/kubelet/pod-resources/kubelet.sock\"",
+            "pod_resources_socket = \"/var/lib/kubelet/pod-resources/other.sock\"",
+            "is not the kubelet's",
+        ),
+        mistake(
+            ds,
+            "            path: /var/lib/kubelet/pod-resources\n",
+            "            path: /var/lib/kubelet/device-plugins\n",
+            "is not the kubelet's",
+        ),
+        mistake(
+            ds,
+            "mountPath: /var/lib/kubelet/pod-resources\n              readOnly: true",
+            "mountPath: /var/lib/kubelet/pod-resources",
+            "the kubelet's /var/lib/kubelet/pod-resources is mounted writable",
         ),
         mistake(
             ds,

@@ -7,6 +7,7 @@
 pub mod fake_engine;
 pub mod kube_api;
 pub mod load;
+pub mod pod_resources;
 pub mod prometheus;
 pub mod promql;
 #[cfg(feature = "fake-driver")]

@@ -31,6 +31,8 @@ pub struct Launch<'a> {
     pub engine_extra: &'a str,
     /// Keys added to each fake NPU of the scenario.
     pub device_extra: &'a str,
+    /// Keys added to the first and to the second fake NPU (e.g. their `phy_id`).
+    pub per_device: [&'a str; 2],
     /// Top-level scenario keys (e.g. `prerelease_layout = "4-byte"`).
     pub scenario_top: &'a str,
     /// Global agent flags before `run` (e.g. `--dcmi-lib <path>`).
@@ -109,6 +111,7 @@ impl Stack {
             health_check,
             engine_extra,
             device_extra,
+            per_device,
             scenario_top,
             agent_args,
             agent_extra,
@@ -127,7 +130,7 @@ impl Stack {
         let scenario = dir.path().join("scenario.toml");
         std::fs::write(
             &scenario,
-            format!("model = \"910B\"\ncards = 2\n{scenario_top}\n[[device]]\nid = 0\naicube = {{ file = \"npu0\" }}\n{device_extra}\n[[device]]\nid = 1\naicube = {{ file = \"npu1\" }}\n{device_extra}\n"),
+            format!("model = \"910B\"\ncards = 2\n{scenario_top}\n[[device]]\nid = 0\naicube = {{ file = \"npu0\" }}\n{device_extra}\n{}\n[[device]]\nid = 1\naicube = {{ file = \"npu1\" }}\n{device_extra}\n{}\n", per_device[0], per_device[1]),
         )
         .unwrap();
         let [engine_port, control_port, mgmt_port] = free_ports();

@@ -320,6 +320,13 @@ pub struct DcmiLib {
         ) -> ::std::os::raw::c_int,
         ::libloading::Error,
     >,
+    pub dcmi_get_device_phyid_from_logicid: Result<
+        unsafe extern "C" fn(
+            logicid: ::std::os::raw::c_uint,
+            phyid: *mut ::std::os::raw::c_uint,
+        ) -> ::std::os::raw::c_int,
+        ::libloading::Error,
+    >,
     pub dcmi_get_device_chip_info: Result<
         unsafe extern "C" fn(
             card_id: ::std::os::raw::c_int,
@@ -414,6 +421,13 @@ pub struct DcmiLib {
         ) -> ::std::os::raw::c_int,
         ::libloading::Error,
     >,
+    pub dcmiv2_get_chip_phy_id_by_dev_id: Result<
+        unsafe extern "C" fn(
+            dev_id: ::std::os::raw::c_uint,
+            phyid: *mut ::std::os::raw::c_uint,
+        ) -> ::std::os::raw::c_int,
+        ::libloading::Error,
+    >,
     pub dcmiv2_get_device_utilization_rate: Result<
         unsafe extern "C" fn(
             dev_id: ::std::os::raw::c_int,
@@ -496,6 +510,8 @@ impl DcmiLib {
             unsafe { __library.get(b"dcmi_get_device_type\0") }.map(|sym| *sym);
         let dcmi_get_device_logic_id =
             unsafe { __library.get(b"dcmi_get_device_logic_id\0") }.map(|sym| *sym);
+        let dcmi_get_device_phyid_from_logicid =
+            unsafe { __library.get(b"dcmi_get_device_phyid_from_logicid\0") }.map(|sym| *sym);
         let dcmi_get_device_chip_info =
             unsafe { __library.get(b"dcmi_get_device_chip_info\0") }.map(|sym| *sym);
         let dcmi_get_device_utilization_rate =
@@ -519,6 +535,8 @@ impl DcmiLib {
             unsafe { __library.get(b"dcmiv2_get_device_list\0") }.map(|sym| *sym);
         let dcmiv2_get_device_chip_info =
             unsafe { __library.get(b"dcmiv2_get_device_chip_info\0") }.map(|sym| *sym);
+        let dcmiv2_get_chip_phy_id_by_dev_id =
+            unsafe { __library.get(b"dcmiv2_get_chip_phy_id_by_dev_id\0") }.map(|sym| *sym);
         let dcmiv2_get_device_utilization_rate =
             unsafe { __library.get(b"dcmiv2_get_device_utilization_rate\0") }.map(|sym| *sym);
         let dcmiv2_get_device_multi_utilization_rate =
@@ -542,6 +560,7 @@ impl DcmiLib {
             dcmi_get_device_id_in_card,
             dcmi_get_device_type,
             dcmi_get_device_logic_id,
+            dcmi_get_device_phyid_from_logicid,
             dcmi_get_device_chip_info,
             dcmi_get_device_utilization_rate,
             dcmi_get_device_multi_utilization_rate,
@@ -554,6 +573,7 @@ impl DcmiLib {
             dcmiv2_init,
             dcmiv2_get_device_list,
             dcmiv2_get_device_chip_info,
+            dcmiv2_get_chip_phy_id_by_dev_id,
             dcmiv2_get_device_utilization_rate,
             dcmiv2_get_device_multi_utilization_rate,
             dcmiv2_get_device_hbm_info,
@@ -653,6 +673,18 @@ impl DcmiLib {
                 .expect("Expected function, got error."))(
                 device_logic_id, card_id, device_id
             )
+        }
+    }
+    pub unsafe fn dcmi_get_device_phyid_from_logicid(
+        &self,
+        logicid: ::std::os::raw::c_uint,
+        phyid: *mut ::std::os::raw::c_uint,
+    ) -> ::std::os::raw::c_int {
+        unsafe {
+            (self
+                .dcmi_get_device_phyid_from_logicid
+                .as_ref()
+                .expect("Expected function, got error."))(logicid, phyid)
         }
     }
     pub unsafe fn dcmi_get_device_chip_info(
@@ -826,6 +858,18 @@ impl DcmiLib {
                 .dcmiv2_get_device_chip_info
                 .as_ref()
                 .expect("Expected function, got error."))(dev_id, chip_info)
+        }
+    }
+    pub unsafe fn dcmiv2_get_chip_phy_id_by_dev_id(
+        &self,
+        dev_id: ::std::os::raw::c_uint,
+        phyid: *mut ::std::os::raw::c_uint,
+    ) -> ::std::os::raw::c_int {
+        unsafe {
+            (self
+                .dcmiv2_get_chip_phy_id_by_dev_id
+                .as_ref()
+                .expect("Expected function, got error."))(dev_id, phyid)
         }
     }
     pub unsafe fn dcmiv2_get_device_utilization_rate(

@@ -222,6 +222,7 @@ impl Dcmi {
                 card,
                 chip,
                 name: self.chip_name_v1(card, chip),
+                phy_id: self.phy_id_or_none(logic_id),
             });
         }
         Ok(chips)
@@ -294,9 +295,38 @@ impl Dcmi {
                 card: id,
                 chip: 0,
                 name,
+                phy_id: self.phy_id_or_none(logic_id),
             });
         }
         Ok(chips)
+    }
+
+    /// The physical id of the chip with logic id `logic_id`.
+    #[doc(alias = "dcmi_get_device_phyid_from_logicid")]
+    #[doc(alias = "dcmiv2_get_chip_phy_id_by_dev_id")]
+    pub fn phy_id(&self, logic_id: u32) -> Result<u32, DcmiError> {
+        let f = match self.api() {
+            Api::V1 => sym!(self, dcmi_get_device_phyid_from_logicid),
+            Api::V2 => sym!(self, dcmiv2_get_chip_phy_id_by_dev_id),
+        };
+        let mut phy: u32 = 0;
+        // SAFETY: `phy` is a valid out-pointer.
+        DcmiError::check(unsafe { f(logic_id, &mut phy) })?;
+        Ok(phy)
+    }
+
+    /// [`Dcmi::phy_id`] at enumeration: a chip whose physical id the driver does not give
+    /// is still sampled (only the pod labels need the id), so the failure is logged and
+    /// the id left unknown.
+    fn phy_id_or_none(&self, logic_id: u32) -> Option<u32> {
+        match self.phy_id(logic_id) {
+            Ok(p) => Some(p),
+            Err(DcmiError::SymbolMissing { .. }) => None,
+            Err(e) => {
+                tracing::warn!(logic_id, error = %e, "the chip's physical id is unknown");
+                None
+            }
+        }
     }
 
     /// The multi-utilization figures, as written by the driver (released name first, then

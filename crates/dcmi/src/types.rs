@@ -25,6 +25,9 @@ pub struct NpuChip {
     pub chip: i32,
     /// Chip name from chip info, e.g. `910B3`.
     pub name: String,
+    /// Physical id, which the Ascend device plugin names its devices by; `None` when the
+    /// driver does not say (the call is missing or fails).
+    pub phy_id: Option<u32>,
 }
 
 /// HBM figures of one chip, in MB.

@@ -145,6 +145,20 @@ macro_rules! export_dcmi {
         }
 
         /// # Safety
+        /// `phy` writable.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn dcmi_get_device_phyid_from_logicid(logic: u32, phy: *mut u32) -> i32 {
+            $crate::dcmi::phy_id(logic, out!(phy))
+        }
+
+        /// # Safety
+        /// `phy` writable.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn dcmiv2_get_chip_phy_id_by_dev_id(id: u32, phy: *mut u32) -> i32 {
+            $crate::dcmi::phy_id_v2(id, out!(phy))
+        }
+
+        /// # Safety
         /// `info` writable.
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn dcmi_get_device_chip_info(

@@ -391,7 +391,7 @@ fn mapping(s: &Scenario, out: &mut impl Write) -> i32 {
             }
             text.push_str("Chip Name\n");
             for d in &s.devices {
-                for v in [d.logic_id, d.logic_id, 0, d.logic_id] {
+                for v in [d.logic_id, d.logic_id, 0, d.phy_id] {
                     col(&mut text, &v.to_string());
                 }
                 text.push_str(&format!("Ascend {}\n", s.model.chip_name()));
@@ -414,7 +414,7 @@ fn mapping(s: &Scenario, out: &mut impl Write) -> i32 {
                     col(&mut text, &d.chip.to_string());
                     col(&mut text, &d.logic_id.to_string());
                     if a3 {
-                        col(&mut text, &d.logic_id.to_string());
+                        col(&mut text, &d.phy_id.to_string());
                     }
                     text.push_str(&format!("Ascend {}\n", model.chip_name()));
                 }

@@ -89,6 +89,9 @@ struct AgentTable {
     state_dir: Option<PathBuf>,
     fault_code_file: Option<PathBuf>,
     npu_exporter_names: bool,
+    pod_resources_socket: Option<PathBuf>,
+    #[serde(with = "duration")]
+    pod_resources_period: Duration,
 }
 
 impl Default for AgentTable {
@@ -121,6 +124,8 @@ impl Default for AgentTable {
             state_dir: None,
             fault_code_file: None,
             npu_exporter_names: d.npu_exporter_names,
+            pod_resources_socket: None,
+            pod_resources_period: super::agent::DEFAULT_POD_RESOURCES_PERIOD,
         }
     }
 }
@@ -289,6 +294,21 @@ impl Written {
     }
 }
 
+/// `pod_resources_socket` and `pod_resources_period`: the pod labels, on with the socket.
+fn pod_resources(t: &AgentTable) -> Result<Option<super::PodResourcesSettings>, KeyError> {
+    match &t.pod_resources_socket {
+        Some(socket) => Ok(Some(super::PodResourcesSettings {
+            socket: socket.clone(),
+            period: t.pod_resources_period,
+        })),
+        None if t.pod_resources_period != super::agent::DEFAULT_POD_RESOURCES_PERIOD => Err((
+            "pod_resources_period".to_owned(),
+            "is set, but there is no pod_resources_socket (the pod labels are off)".to_owned(),
+        )),
+        None => Ok(None),
+    }
+}
+
 fn agent_settings(t: &AgentTable, base: &Path) -> Result<AgentSettings, KeyError> {
     let admin_listen = match &t.admin_listen {
         None => None,
@@ -364,6 +384,7 @@ fn agent_settings(t: &AgentTable, base: &Path) -> Result<AgentSettings, KeyError
         state_dir: t.state_dir.as_ref().map(|p| base_rel(base, p)),
         fault_code_file: t.fault_code_file.as_ref().map(|p| base_rel(base, p)),
         npu_exporter_names: t.npu_exporter_names,
+        pod_resources: pod_resources(t)?,
         kubernetes: match &t.kubernetes {
             Some(k) => {
                 k.validate()

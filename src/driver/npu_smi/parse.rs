@@ -183,6 +183,8 @@ pub struct MappedChip {
     /// Logic id; on a 950 (no `Chip Logic ID` column) the NPU id is the logical id.
     pub logic_id: u32,
     pub name: String,
+    /// `Chip Phy-ID`, where the layout has the column (910_93, 950); `None` elsewhere.
+    pub phy_id: Option<u32>,
 }
 
 /// Why `npu-smi info -m` output could not be read.
@@ -221,6 +223,7 @@ fn parse_mapping_inner(text: &str) -> Result<Vec<MappedChip>, String> {
     }
     let chip_col = col("Chip ID");
     let logic_col = col("Chip Logic ID");
+    let phy_col = col("Chip Phy-ID");
     let mut chips = Vec::new();
     for line in lines {
         let tokens: Vec<&str> = line.split_whitespace().collect();
@@ -248,11 +251,13 @@ fn parse_mapping_inner(text: &str) -> Result<Vec<MappedChip>, String> {
             Some(i) => (Some(chip_col.map(num).transpose()?.unwrap_or(0)), num(i)?),
             None => (None, npu),
         };
+        let phy_id = phy_col.map(num).transpose()?;
         chips.push(MappedChip {
             npu,
             chip,
             logic_id,
             name,
+            phy_id,
         });
     }
     Ok(chips)
@@ -592,7 +597,8 @@ mod tests {
                 npu: 4,
                 chip: Some(0),
                 logic_id: 4,
-                name: "Ascend 910B3".into()
+                name: "Ascend 910B3".into(),
+                phy_id: None,
             }]
         );
     }
@@ -607,6 +613,7 @@ mod tests {
         assert_eq!(chips[0].logic_id, 3);
         assert_eq!(chips[0].npu, 3);
         assert_eq!(chips[0].chip, None);
+        assert_eq!(chips[0].phy_id, Some(3));
     }
 
     #[test]

@@ -49,6 +49,7 @@ impl DeviceBackend for Dcmi {
                 card: c.card as u32,
                 chip: (api == Api::V1).then_some(c.chip as u32),
                 name: c.name.clone(),
+                phy_id: c.phy_id,
             })
             .collect();
         self.running = Some(Started {

@@ -43,6 +43,7 @@ impl DeviceBackend for NpuSmi {
                 card: m.npu,
                 chip: m.chip,
                 name: m.name,
+                phy_id: m.phy_id,
             })
             .collect())
     }

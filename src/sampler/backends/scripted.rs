@@ -134,6 +134,7 @@ mod tests {
                 card: id,
                 chip: Some(0),
                 name: "scripted".to_owned(),
+                phy_id: Some(id),
             },
             cube,
             hbm_mb: (1024, 65536),

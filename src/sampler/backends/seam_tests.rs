@@ -33,6 +33,7 @@ impl DeviceBackend for Minimal {
                 card: id,
                 chip: None,
                 name: "minimal".to_owned(),
+                phy_id: None,
             })
             .collect())
     }

@@ -217,6 +217,30 @@ pub fn logic_id(out: &mut i32, card: i32, chip: i32) -> i32 {
     })())
 }
 
+/// `dcmi_get_device_phyid_from_logicid`.
+pub fn phy_id(logic: u32, out: &mut u32) -> i32 {
+    rc((|| {
+        let dev = v1()?
+            .scenario
+            .device_by_logic(i32::try_from(logic).map_err(|_| ERR_INVALID_DEVICE_ID)?)
+            .ok_or(ERR_INVALID_DEVICE_ID)?;
+        *out = dev.phy_id;
+        Ok(())
+    })())
+}
+
+/// `dcmiv2_get_chip_phy_id_by_dev_id`.
+pub fn phy_id_v2(dev: u32, out: &mut u32) -> i32 {
+    rc((|| {
+        let dev = v2()?
+            .scenario
+            .device_by_logic(i32::try_from(dev).map_err(|_| ERR_INVALID_DEVICE_ID)?)
+            .ok_or(ERR_INVALID_DEVICE_ID)?;
+        *out = dev.phy_id;
+        Ok(())
+    })())
+}
+
 fn fill_chip_info(model: Model, info: &mut ChipInfo, mcu: bool) {
     fn put(dst: &mut [u8; 32], s: &str) {
         *dst = [0; 32];

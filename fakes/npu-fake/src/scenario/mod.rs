@@ -135,6 +135,9 @@ pub enum PrereleaseLayout {
 pub struct DeviceSpec {
     /// Logic id the override applies to (ignored in `[default]`).
     pub id: Option<u32>,
+    /// Physical id (`dcmi_get_device_phyid_from_logicid`, the `Chip Phy-ID` of `npu-smi
+    /// info -m`); default: the logic id. Only in `[[device]]`.
+    pub phy_id: Option<u32>,
     pub aicube: Option<ProgrammeSpec>,
     pub hbm_total_mb: Option<u64>,
     pub hbm_used_mb: Option<u64>,
@@ -252,6 +255,7 @@ fn default_prerelease() -> PrereleaseLayout {
 #[derive(Debug, Clone)]
 pub struct Device {
     pub logic_id: u32,
+    pub phy_id: u32,
     pub card: u32,
     pub chip: u32,
     pub aicube: Programme,
@@ -347,6 +351,7 @@ impl Scenario {
                 .transpose()?;
             devices.push(Device {
                 logic_id,
+                phy_id: over.and_then(|d| d.phy_id).unwrap_or(logic_id),
                 card: logic_id / chips,
                 chip: logic_id % chips,
                 aicube: resolve(spec, base)?,
@@ -378,6 +383,17 @@ impl Scenario {
                     .and_then(|d| d.error_codes_error)
                     .or(file.default.error_codes_error),
             });
+        }
+        if file.default.phy_id.is_some() {
+            return Err("phy_id belongs in a [[device]], not [default]".to_owned());
+        }
+        for (i, d) in devices.iter().enumerate() {
+            if let Some(other) = devices[..i].iter().find(|o| o.phy_id == d.phy_id) {
+                return Err(format!(
+                    "devices {} and {} have the same phy_id {}",
+                    other.logic_id, d.logic_id, d.phy_id
+                ));
+            }
         }
         Ok(Scenario {
             model: file.model,
@@ -507,6 +523,28 @@ mod tests {
         assert_eq!(s.devices[0].health, 1);
         assert_eq!(s.devices[3].health, 2);
         assert_eq!((s.devices[3].card, s.devices[3].chip), (1, 1));
+    }
+
+    #[test]
+    fn phy_ids_default_to_the_logic_id_and_must_differ() {
+        let s = Scenario::parse(
+            "cards = 3\n[[device]]\nid = 0\nphy_id = 4\n[[device]]\nid = 2\nphy_id = 0\n",
+            Path::new("."),
+        )
+        .unwrap();
+        let phy: Vec<u32> = s.devices.iter().map(|d| d.phy_id).collect();
+        assert_eq!(phy, [4, 1, 0]);
+        let err = Scenario::parse(
+            "cards = 2\n[[device]]\nid = 0\nphy_id = 1\n",
+            Path::new("."),
+        )
+        .unwrap_err();
+        assert!(
+            err.contains("devices 0 and 1 have the same phy_id 1"),
+            "{err}"
+        );
+        let err = Scenario::parse("[default]\nphy_id = 1\n", Path::new(".")).unwrap_err();
+        assert!(err.contains("not [default]"), "{err}");
     }
 
     #[test]

@@ -1,0 +1,38 @@
+//! Which pod holds each NPU, from the kubelet's PodResources API, for the `namespace`, `pod`
+//! and `container` labels of the NPU and engine series (issue 42; dcgm-exporter and
+//! npu-exporter label theirs the same way).
+//!
+//! [`grpc`] calls `List` on the kubelet's Unix socket ([`config`'s
+//! `pod_resources_socket`](crate::config::PodResourcesSettings)), [`proto`] decodes the
+//! answer, [`devices`] maps the Ascend device plugin's device ids to the agent's NPUs, and
+//! [`task`] polls, off every request's path, keeping the labels in force in [`PodLabels`]
+//! for `/metrics` to read.
+
+pub mod devices;
+pub mod grpc;
+pub mod proto;
+pub mod task;
+
+pub use devices::{Assignment, Holder};
+
+use std::sync::{Arc, RwLock};
+
+/// The holders in force: written by the poll, read by each scrape.
+#[derive(Debug, Default)]
+pub struct PodLabels {
+    current: RwLock<Arc<Assignment>>,
+}
+
+impl PodLabels {
+    /// The assignment in force now (the readers never wait on the poll).
+    pub fn now(&self) -> Arc<Assignment> {
+        self.current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn set(&self, a: Assignment) {
+        *self.current.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(a);
+    }
+}
