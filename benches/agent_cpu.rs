@@ -14,7 +14,7 @@
 
 mod common;
 
-use common::{FakeEngine, free_port, spawn_agent, wait_for};
+use common::{FakeEngine, cpu_ticks, free_port, spawn_agent, wait_for};
 use std::time::{Duration, Instant};
 
 /// One measured round.
@@ -22,26 +22,13 @@ const ROUND: Duration = Duration::from_secs(30);
 /// Rounds per configuration.
 const ROUNDS: usize = 3;
 
-/// The agent's CPU time so far, in clock ticks (`utime + stime`).
-fn cpu_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let rest = &stat[stat.rfind(')').unwrap() + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
-}
-
 fn main() {
     let agent = std::path::PathBuf::from(env!("CARGO_BIN_EXE_npu-health-agent"));
     let dir = tempfile::tempdir().unwrap();
     let scenario = dir.path().join("scenario.toml");
     std::fs::write(&scenario, common::SCENARIO_16).unwrap();
     let engines = [FakeEngine::start(&agent), FakeEngine::start(&agent)];
-    let hz: f64 = std::process::Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8(o.stdout).ok()?.trim().parse().ok())
-        .unwrap_or(100.0);
+    let hz = common::ticks_per_second();
     let off = "[engine.agent_policy]\nstopped_process_grace = \"0s\"\nprogress_window = \"0s\"\nlearned_timeout_floor = \"0s\"\n";
     let configs = [("issue 40's evidence off", off), ("the defaults", "")];
     let mut results: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];

@@ -12,19 +12,12 @@
 
 mod common;
 
-use common::{FakeEngine, free_port, spawn_agent, wait_for};
+use common::{FakeEngine, cpu_ticks, free_port, spawn_agent, wait_for};
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
 const SCRAPES: usize = 400;
 const ROUNDS: usize = 3;
-
-fn cpu_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let rest = &stat[stat.rfind(')').unwrap() + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
-}
 
 /// One scrape: the body's bytes as they came, and whether they were gzipped.
 fn scrape(port: u16, gzip: bool) -> (Vec<u8>, bool) {
@@ -65,12 +58,7 @@ fn main() {
     let scenario = dir.path().join("scenario.toml");
     std::fs::write(&scenario, common::SCENARIO_16).unwrap();
     let engines = [FakeEngine::start(&agent), FakeEngine::start(&agent)];
-    let hz: f64 = std::process::Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8(o.stdout).ok()?.trim().parse().ok())
-        .unwrap_or(100.0);
+    let hz = common::ticks_per_second();
     let (m1, m2, admin) = (free_port(), free_port(), free_port());
     let toml = common::write_config_with(
         dir.path(),

@@ -1,6 +1,6 @@
 //! What the benchmarks that run the agent as a process share: fake engines, a free port, the
-//! agent's config (two engines of 8 NPUs each), the agent spawned on the fake driver, and a
-//! minimal HTTP GET. Each bench includes it with `mod common;`.
+//! agent's config (two engines of 8 NPUs each), the agent spawned on the fake driver, a
+//! minimal HTTP GET, and a process's CPU time. Each bench includes it with `mod common;`.
 #![allow(dead_code)]
 
 use std::path::Path;
@@ -108,4 +108,22 @@ pub fn wait_for(url: &str, ok: impl Fn(&str) -> bool, limit: Duration) {
         std::thread::sleep(Duration::from_millis(20));
     }
     panic!("{url} did not answer as expected within {limit:?}");
+}
+
+/// A process's CPU time so far, in clock ticks (`utime + stime` of `/proc/<pid>/stat`).
+pub fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
+/// Clock ticks per second (`getconf CLK_TCK`; 100 where it cannot be read).
+pub fn ticks_per_second() -> f64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok()?.trim().parse().ok())
+        .unwrap_or(100.0)
 }

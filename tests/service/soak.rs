@@ -189,6 +189,26 @@ fn hostile(
     })
 }
 
+/// A stack with every listener: a state directory (handovers), the admin listener behind a
+/// token, and HAProxy's agent check; with the token's directory (kept while the stack runs:
+/// every new agent and reload reads it) and the admin and agent-check ports.
+fn guarded_stack() -> (Stack, tempfile::TempDir, u16, u16) {
+    let [admin_port, check_port] = free_ports();
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("admin.token");
+    std::fs::write(&token, TOKEN).unwrap();
+    let agent_extra = format!(
+        "admin_listen = \"127.0.0.1:{admin_port}\"\nadmin_token_file = \"{}\"\nhaproxy_agent_listen = \"127.0.0.1:{check_port}\"",
+        token.display()
+    );
+    let s = Stack::start_launch(Launch {
+        state_dir: true,
+        agent_extra: &agent_extra,
+        ..Launch::default()
+    });
+    (s, dir, admin_port, check_port)
+}
+
 /// A poll's outcome, and when.
 type Polled = (f64, Result<String, String>);
 
@@ -209,19 +229,7 @@ fn soak_nothing_leaks_and_no_poll_fails_outside_an_outage() {
                 | 1
         });
     println!("soak: {secs} s, seed {seed} (NPU_SOAK_SEED={seed} replays the schedule)");
-    let [admin_port, check_port] = free_ports();
-    let dir = tempfile::tempdir().unwrap();
-    let token = dir.path().join("admin.token");
-    std::fs::write(&token, TOKEN).unwrap();
-    let agent_extra = format!(
-        "admin_listen = \"127.0.0.1:{admin_port}\"\nadmin_token_file = \"{}\"\nhaproxy_agent_listen = \"127.0.0.1:{check_port}\"",
-        token.display()
-    );
-    let mut s = Stack::start_launch(Launch {
-        state_dir: true,
-        agent_extra: &agent_extra,
-        ..Launch::default()
-    });
+    let (mut s, _token_dir, admin_port, check_port) = guarded_stack();
     let mgmt: SocketAddr = format!("127.0.0.1:{}", s.mgmt_port).parse().unwrap();
     let admin: SocketAddr = format!("127.0.0.1:{admin_port}").parse().unwrap();
     let check: SocketAddr = format!("127.0.0.1:{check_port}").parse().unwrap();
@@ -541,19 +549,7 @@ fn status_answer_time_under_each_attack_against_a_quiet_baseline() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(4);
-    let [admin_port, check_port] = free_ports();
-    let dir = tempfile::tempdir().unwrap();
-    let token = dir.path().join("admin.token");
-    std::fs::write(&token, TOKEN).unwrap();
-    let agent_extra = format!(
-        "admin_listen = \"127.0.0.1:{admin_port}\"\nadmin_token_file = \"{}\"\nhaproxy_agent_listen = \"127.0.0.1:{check_port}\"",
-        token.display()
-    );
-    let s = Stack::start_launch(Launch {
-        state_dir: true,
-        agent_extra: &agent_extra,
-        ..Launch::default()
-    });
+    let (s, _token_dir, admin_port, check_port) = guarded_stack();
     let t = Arc::new(Targets {
         mgmt: format!("127.0.0.1:{}", s.mgmt_port).parse().unwrap(),
         admin: format!("127.0.0.1:{admin_port}").parse().unwrap(),

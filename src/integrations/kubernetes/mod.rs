@@ -83,7 +83,7 @@ impl Integration for KubernetesApi {
 pub struct ApiMode {
     pub cfg: KubernetesConfig,
     pub node: Option<String>,
-    pub client: Result<Arc<SharedLists<KubeClient>>, String>,
+    pub client: Result<SharedLists<KubeClient>, String>,
     pub origin: tokio::time::Instant,
 }
 
@@ -124,7 +124,7 @@ impl ApiMode {
         Arc::new(ApiMode {
             cfg: cfg.clone(),
             node,
-            client: client.map(|c| Arc::new(SharedLists::new(c, cfg.resync_period))),
+            client: client.map(|c| SharedLists::new(c, cfg.resync_period)),
             origin: tokio::time::Instant::now(),
         })
     }

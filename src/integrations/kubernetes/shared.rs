@@ -29,8 +29,25 @@ type Question = (Option<String>, Option<String>, Option<String>);
 /// A list as answered, and when the answer came.
 type Answer = Option<(Instant, Result<Arc<[PodInfo]>, ApiError>)>;
 
-/// `A`'s calls, with `list_pods` shared (the other calls go through as they are).
-pub struct SharedLists<A> {
+/// `A`'s calls, with `list_pods` shared (the other calls go through as they are). A clone
+/// shares the lists: each engine's loop holds one.
+pub struct SharedLists<A>(Arc<Shared<A>>);
+
+impl<A> Clone for SharedLists<A> {
+    fn clone(&self) -> Self {
+        SharedLists(self.0.clone())
+    }
+}
+
+impl<A> std::ops::Deref for SharedLists<A> {
+    type Target = Shared<A>;
+    fn deref(&self) -> &Shared<A> {
+        &self.0
+    }
+}
+
+/// What the clones of a [`SharedLists`] share.
+pub struct Shared<A> {
     inner: A,
     /// A list younger than this answers a new question at once.
     fresh: Duration,
@@ -46,13 +63,13 @@ pub struct SharedLists<A> {
 impl<A: KubeApi> SharedLists<A> {
     /// `inner`'s calls, a list shared for half of `resync_period`.
     pub fn new(inner: A, resync_period: Duration) -> SharedLists<A> {
-        SharedLists {
+        SharedLists(Arc::new(Shared {
             inner,
             fresh: resync_period / 2,
             answers: Mutex::new(HashMap::new()),
             stale_before: Mutex::new(None),
             sent: std::sync::atomic::AtomicU64::new(0),
-        }
+        }))
     }
 
     /// Lists answered until now are stale: the next question is sent again.
@@ -136,48 +153,6 @@ impl<A: KubeApi> KubeApi for SharedLists<A> {
     }
 }
 
-impl<A: KubeApi> KubeApi for Arc<A> {
-    async fn list_pods(
-        &self,
-        node: Option<&str>,
-        namespace: Option<&str>,
-        labels: Option<&str>,
-    ) -> Result<Arc<[PodInfo]>, ApiError> {
-        A::list_pods(self, node, namespace, labels).await
-    }
-
-    async fn get_pod(&self, namespace: &str, name: &str) -> Result<PodInfo, ApiError> {
-        A::get_pod(self, namespace, name).await
-    }
-
-    async fn set_condition(
-        &self,
-        namespace: &str,
-        name: &str,
-        condition: &PodCondition,
-    ) -> Result<(), ApiError> {
-        A::set_condition(self, namespace, name, condition).await
-    }
-
-    async fn evict(&self, namespace: &str, name: &str) -> Result<(), ApiError> {
-        A::evict(self, namespace, name).await
-    }
-
-    async fn annotate(
-        &self,
-        namespace: &str,
-        name: &str,
-        key: &str,
-        value: &str,
-    ) -> Result<(), ApiError> {
-        A::annotate(self, namespace, name, key, value).await
-    }
-
-    fn pod_gone(&self) {
-        A::pod_gone(self);
-    }
-}
-
 /// The first multiple of `period` after `origin` that is later than `now`: where every
 /// engine's next resync falls, so their lists are one.
 pub fn next_resync(origin: Instant, now: Instant, period: Duration) -> Instant {
@@ -233,18 +208,18 @@ mod tests {
         }
     }
 
-    fn shared(delay_ms: u64, fail: bool) -> Arc<SharedLists<Counting>> {
-        Arc::new(SharedLists::new(
+    fn shared(delay_ms: u64, fail: bool) -> SharedLists<Counting> {
+        SharedLists::new(
             Counting {
                 asked: AtomicU64::new(0),
                 delay: Duration::from_millis(delay_ms),
                 fail,
             },
             Duration::from_secs(30),
-        ))
+        )
     }
 
-    async fn ask_together(s: &Arc<SharedLists<Counting>>, n: usize, ns: Option<&str>) {
+    async fn ask_together(s: &SharedLists<Counting>, n: usize, ns: Option<&str>) {
         let mut set = tokio::task::JoinSet::new();
         for _ in 0..n {
             let s = s.clone();
