@@ -258,33 +258,25 @@ fn room(conns: impl Iterator<Item = Candidate>, own: usize, total: usize, cap: u
 
 impl Registry {
     /// The connections as [`room`] weighs them, for a new one from `from` (none: an accept
-    /// error, no new connection).
-    fn candidates(&self, from: Option<IpAddr>) -> Vec<Candidate> {
+    /// error, no new connection). Lazy: most accepts fit and read none of it.
+    fn candidates(&self, from: Option<IpAddr>) -> impl Iterator<Item = Candidate> + '_ {
         let now = now_ms();
-        self.conns
-            .iter()
-            .map(|(&id, e)| Candidate {
-                id,
-                last_ms: e.activity.last_ms.load(Ordering::Relaxed),
-                busy: e.activity.busy.load(Ordering::Relaxed),
-                fresh: e.activity.fresh(now),
-                heard: e.activity.heard.load(Ordering::Relaxed),
-                held: self.held.get(&e.source).copied().unwrap_or(0),
-                same_source: Some(e.source) == from,
-            })
-            .collect()
+        self.conns.iter().map(move |(&id, e)| Candidate {
+            id,
+            last_ms: e.activity.last_ms.load(Ordering::Relaxed),
+            busy: e.activity.busy.load(Ordering::Relaxed),
+            fresh: e.activity.fresh(now),
+            heard: e.activity.heard.load(Ordering::Relaxed),
+            held: self.held.get(&e.source).copied().unwrap_or(0),
+            same_source: Some(e.source) == from,
+        })
     }
 
     /// Makes room for a connection from `from` under `cap`: closes the connection [`room`]
     /// picks, if any.
     fn admit(&mut self, from: IpAddr, cap: usize) -> Room {
         let own = self.held.get(&from).copied().unwrap_or(0);
-        let r = room(
-            self.candidates(Some(from)).into_iter(),
-            own,
-            self.conns.len(),
-            cap,
-        );
+        let r = room(self.candidates(Some(from)), own, self.conns.len(), cap);
         if let Room::Close(id, _) = r {
             self.shed(id);
         }
@@ -293,7 +285,7 @@ impl Registry {
 
     /// Closes an idle connection of the source holding the most; false when there is none.
     fn shed_one(&mut self) -> bool {
-        match victim(self.candidates(None).into_iter()) {
+        match victim(self.candidates(None)) {
             Some(id) => {
                 self.shed(id);
                 true
