@@ -167,8 +167,9 @@ pub struct AdminTls {
 /// `idle_timeout`, `stall_timeout`; see `server::conn`).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct ListenerLimits {
-    /// Concurrent connections per listener; past it the least recently active idle
-    /// connection is closed to make room.
+    /// Concurrent connections per listener, a share of them per source address
+    /// (`server::conn::share`); past either the least recently active idle connection is
+    /// closed to make room.
     pub max_connections: usize,
     /// A request's headers must arrive within this (also bounds a TLS handshake).
     #[serde(with = "duration")]

@@ -18,14 +18,17 @@
 //!   once the peer's receive window has stayed shut (it reads nothing) or sent data has gone
 //!   unacknowledged for that long, the kernel closes the connection, and whatever it held
 //!   (an `/events` slot) is freed.
-//! - **A cap.** At most `max_connections` at once. When a new connection arrives at the cap,
-//!   the least recently active connection with no request in its handler is closed to make
-//!   room, so a fresh `/status` poll is always answered; a connection accepted less than
-//!   250 ms ago that has sent no request yet (a poll in its TLS handshake) goes last, after
-//!   every older idle one; among the rest, one whose peer never sent a byte goes before one
-//!   that did (a flood of silent connections, all fresh at its start, never outlasts a poll
-//!   that has begun its handshake); if every connection is inside a handler (none of ours
-//!   waits on anything), the new one is closed instead.
+//! - **A cap, shared fairly.** At most `max_connections` at once, and at most a share of
+//!   them ([`share`]: a quarter, at least 8) from one source (an IPv4 address, an IPv6 /64),
+//!   as HAProxy's `src_conn_cur` limits do. A new connection from a source at its share
+//!   closes that source's own least recently active idle connection, so a flood from one
+//!   address never costs another address a slot (Node Manager's poll comes from its own pod
+//!   or host). A new connection at the cap closes an idle one of the source holding the most.
+//!   Within the source that pays, a connection accepted less than 250 ms ago that has sent no
+//!   request yet (a poll in its TLS handshake, or a plain one before its head) goes last,
+//!   after every older idle one; among the rest, one whose peer never sent a byte goes
+//!   before one that did; then the least recently active. If every connection that could
+//!   pay is inside a handler (none of ours waits on anything), the new one is closed instead.
 //! - **Accept errors** (EMFILE: out of file descriptors) close the least recently active idle
 //!   connection too, and are logged; identical warnings are rate-limited by the log layer.
 //! - **Stopping** (SIGTERM, or a SIGHUP reload that restarts the engine, whose socket the new
@@ -38,8 +41,10 @@ use crate::config::ListenerLimits;
 use axum::Router;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
+use std::cmp::Reverse;
 use std::collections::HashMap;
 use std::io;
+use std::net::{IpAddr, Ipv6Addr};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -64,6 +69,27 @@ const NO_HEAD: u64 = u64::MAX;
 /// for a TLS handshake and a request head on a loaded host. A flood of idle connections
 /// older than this goes first, so a Node Manager poll that just connected is answered.
 const FRESH_GRACE_MS: u64 = 250;
+
+/// The fewest connections one source may hold whatever the cap ([`share`]): a client's pool
+/// of keep-alive connections, and a few polls beside it.
+const MIN_SHARE: usize = 8;
+
+/// The connections one source may hold under `cap`: a quarter of it, at least [`MIN_SHARE`]
+/// (all of a cap smaller than that). A quarter leaves three quarters to the others when one
+/// source floods, and is far more than a poller holds (Node Manager, Prometheus and the
+/// kubelet each keep a few at most).
+pub fn share(cap: usize) -> usize {
+    (cap / 4).max(MIN_SHARE).min(cap)
+}
+
+/// Who holds a connection, for [`share`]: the peer's IPv4 address, or its IPv6 /64 (one host
+/// takes new addresses in its /64 at will; an IPv4 peer on a dual-stack socket is IPv4).
+pub fn source(ip: IpAddr) -> IpAddr {
+    match ip.to_canonical() {
+        IpAddr::V6(a) => IpAddr::V6(Ipv6Addr::from(u128::from(a) & !(u64::MAX as u128))),
+        v4 => v4,
+    }
+}
 
 /// The send buffer of each accepted socket (`SO_SNDBUF`; the kernel doubles it for its own
 /// bookkeeping): the largest answer, `/metrics` with many engines, is ~40 kB, so an answer
@@ -150,6 +176,8 @@ impl Activity {
 struct Registered {
     activity: Arc<Activity>,
     shed: CancellationToken,
+    /// [`source`] of its peer.
+    source: IpAddr,
 }
 
 /// The connections of one listener.
@@ -157,6 +185,8 @@ struct Registered {
 struct Registry {
     next: u64,
     conns: HashMap<u64, Registered>,
+    /// Connections held by each [`source`].
+    held: HashMap<IpAddr, usize>,
 }
 
 /// A connection as [`victim`] weighs it.
@@ -171,37 +201,130 @@ struct Candidate {
     fresh: bool,
     /// The peer has sent a byte.
     heard: bool,
+    /// Connections its source holds.
+    held: usize,
+    /// Its source is the new connection's.
+    same_source: bool,
 }
 
-/// The connection to close to make room, among those with no request in their handler:
-/// not a fresh one ([`Activity::fresh`]) while any other exists, then one whose peer never
-/// sent a byte before one that did, then the least recently active (ties: the older id).
-/// `None` when every connection is busy.
+/// The connection to close to make room, among those with no request in their handler: one
+/// of the source holding the most, and within it not a fresh one ([`Activity::fresh`]) while
+/// any other exists, then one whose peer never sent a byte before one that did, then the
+/// least recently active (ties: the older id). `None` when every connection is busy.
 fn victim(conns: impl Iterator<Item = Candidate>) -> Option<u64> {
     conns
         .filter(|c| c.busy == 0)
-        .min_by_key(|c| (c.fresh, c.heard, c.last_ms, c.id))
+        .min_by_key(|c| (Reverse(c.held), c.fresh, c.heard, c.last_ms, c.id))
         .map(|c| c.id)
 }
 
+/// Which limit a new connection met.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Limit {
+    /// Its source holds its [`share`].
+    Share,
+    /// The listener holds `max_connections`.
+    Cap,
+}
+
+/// What the accept loop does with a new connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Room {
+    /// It fits.
+    Fits,
+    /// Close this connection to make room.
+    Close(u64, Limit),
+    /// Every connection that could make room is busy: close the new one.
+    Refuse(Limit),
+}
+
+/// Room for a new connection whose source holds `own` of the listener's `total` under `cap`,
+/// given the connections held (`conns`): a source at its [`share`] pays with one of its own,
+/// the cap is paid by the source holding the most ([`victim`]).
+fn room(conns: impl Iterator<Item = Candidate>, own: usize, total: usize, cap: usize) -> Room {
+    let limit = if own >= share(cap) {
+        Limit::Share
+    } else if total >= cap {
+        Limit::Cap
+    } else {
+        return Room::Fits;
+    };
+    let pick = match limit {
+        Limit::Share => victim(conns.filter(|c| c.same_source)),
+        Limit::Cap => victim(conns),
+    };
+    pick.map_or(Room::Refuse(limit), |id| Room::Close(id, limit))
+}
+
 impl Registry {
-    /// Closes the least recently active idle connection; false when there is none.
-    fn shed_one(&mut self) -> bool {
+    /// The connections as [`room`] weighs them, for a new one from `from` (none: an accept
+    /// error, no new connection). Lazy: most accepts fit and read none of it.
+    fn candidates(&self, from: Option<IpAddr>) -> impl Iterator<Item = Candidate> + '_ {
         let now = now_ms();
-        let pick = victim(self.conns.iter().map(|(&id, e)| Candidate {
+        self.conns.iter().map(move |(&id, e)| Candidate {
             id,
             last_ms: e.activity.last_ms.load(Ordering::Relaxed),
             busy: e.activity.busy.load(Ordering::Relaxed),
             fresh: e.activity.fresh(now),
             heard: e.activity.heard.load(Ordering::Relaxed),
-        }));
-        match pick.and_then(|id| self.conns.remove(&id)) {
-            Some(e) => {
-                e.shed.cancel();
+            held: self.held.get(&e.source).copied().unwrap_or(0),
+            same_source: Some(e.source) == from,
+        })
+    }
+
+    /// Makes room for a connection from `from` under `cap`: closes the connection [`room`]
+    /// picks, if any.
+    fn admit(&mut self, from: IpAddr, cap: usize) -> Room {
+        let own = self.held.get(&from).copied().unwrap_or(0);
+        let r = room(self.candidates(Some(from)), own, self.conns.len(), cap);
+        if let Room::Close(id, _) = r {
+            self.shed(id);
+        }
+        r
+    }
+
+    /// Closes an idle connection of the source holding the most; false when there is none.
+    fn shed_one(&mut self) -> bool {
+        match victim(self.candidates(None)) {
+            Some(id) => {
+                self.shed(id);
                 true
             }
             None => false,
         }
+    }
+
+    fn shed(&mut self, id: u64) {
+        if let Some(e) = self.remove(id) {
+            e.shed.cancel();
+        }
+    }
+
+    fn insert(&mut self, source: IpAddr, activity: Arc<Activity>, shed: CancellationToken) -> u64 {
+        let id = self.next;
+        self.next += 1;
+        *self.held.entry(source).or_default() += 1;
+        self.conns.insert(
+            id,
+            Registered {
+                activity,
+                shed,
+                source,
+            },
+        );
+        id
+    }
+
+    /// Forgets connection `id` (closed, or shed earlier: then nothing).
+    fn remove(&mut self, id: u64) -> Option<Registered> {
+        let e = self.conns.remove(&id)?;
+        if let Some(n) = self.held.get_mut(&e.source) {
+            *n -= 1;
+            if *n == 0 {
+                self.held.remove(&e.source);
+            }
+        }
+        Some(e)
     }
 }
 
@@ -309,35 +432,37 @@ pub async fn serve(
         bound_socket(&stream, &limits);
         let activity = Arc::new(Activity::default());
         let shed = CancellationToken::new();
+        let (cap, from) = (limits.max_connections, source(peer.ip()));
         let id = {
             let mut reg = lock(&registry);
-            if reg.conns.len() >= limits.max_connections {
-                if reg.shed_one() {
+            let room = reg.admit(from, cap);
+            let share = share(cap);
+            match room {
+                Room::Fits => {}
+                Room::Close(_, Limit::Share) => tracing::warn!(
+                    listener = %name,
+                    "{share} connections from one source (its share of the cap of {cap}): closed its least recently active idle one"
+                ),
+                Room::Close(_, Limit::Cap) => tracing::warn!(
+                    listener = %name,
+                    "{cap} connections (the cap): closed the least recently active idle one of the source holding the most"
+                ),
+                Room::Refuse(limit) => {
+                    let held = match limit {
+                        Limit::Share => format!(
+                            "{share} connections from one source (its share of the cap of {cap})"
+                        ),
+                        Limit::Cap => format!("{cap} connections (the cap)"),
+                    };
                     tracing::warn!(
                         listener = %name,
-                        "{} connections (the cap): closed the least recently active idle one",
-                        limits.max_connections
-                    );
-                } else {
-                    tracing::warn!(
-                        listener = %name,
-                        "{} connections (the cap), all inside a handler: closed the new one",
-                        limits.max_connections
+                        "{held}, all inside a handler: closed the new one"
                     );
                     drop(stream);
                     continue;
                 }
             }
-            let id = reg.next;
-            reg.next += 1;
-            reg.conns.insert(
-                id,
-                Registered {
-                    activity: Arc::clone(&activity),
-                    shed: shed.clone(),
-                },
-            );
-            id
+            reg.insert(from, Arc::clone(&activity), shed.clone())
         };
         let conn = Connection {
             router: router.clone(),
@@ -350,7 +475,7 @@ pub async fn serve(
         let registry = Arc::clone(&registry);
         conns.spawn(async move {
             conn.run(stream, peer).await;
-            lock(&registry).conns.remove(&id);
+            lock(&registry).remove(id);
         });
     }
     drop(listener);
@@ -593,6 +718,8 @@ mod tests {
                         busy,
                         fresh,
                         heard,
+                        held: 1,
+                        same_source: false,
                     }),
             )
         };
@@ -633,6 +760,88 @@ mod tests {
         );
     }
 
+    // Fair slots (issue 41): one source cannot hold every slot. A source at its share pays
+    // with its own connection, whatever the others' age; the cap is paid by the source
+    // holding the most; a new peer's connection in its handshake is never the one closed.
+    #[test]
+    fn a_source_at_its_share_or_the_biggest_at_the_cap_makes_room() {
+        // (id, last activity, busy, fresh, heard, held by its source, same source as the new)
+        type Row = (u64, u64, u32, bool, bool, usize, bool);
+        let room_for = |cs: &[Row], own: usize, cap: usize| {
+            room(
+                cs.iter().map(
+                    |&(id, last_ms, busy, fresh, heard, held, same_source)| Candidate {
+                        id,
+                        last_ms,
+                        busy,
+                        fresh,
+                        heard,
+                        held,
+                        same_source,
+                    },
+                ),
+                own,
+                cs.len(),
+                cap,
+            )
+        };
+        let flood = |from: u64, n: u64, held: usize, same: bool| -> Vec<Row> {
+            (from..from + n)
+                .map(|id| (id, 100 + id, 0, true, false, held, same))
+                .collect()
+        };
+        // Cap 16, share 8. The flooder holds 8 young silent connections, a poll from another
+        // source (id 1) is older, silent so far, and fresh: the flooder's next one closes the
+        // flooder's own oldest (id 10), not the poll.
+        let mut conns = vec![(1, 50, 0, true, false, 1, false)];
+        conns.extend(flood(10, 8, 8, true));
+        assert_eq!(room_for(&conns, 8, 16), Room::Close(10, Limit::Share));
+        // All of the flooder's busy: its new one is refused; the poll stays.
+        let busy: Vec<Row> = conns
+            .iter()
+            .map(|&(id, l, _, f, h, n, same)| (id, l, u32::from(same), f, h, n, same))
+            .collect();
+        assert_eq!(room_for(&busy, 8, 16), Room::Refuse(Limit::Share));
+        // Below its share and below the cap: it fits.
+        assert_eq!(room_for(&conns[..5], 4, 16), Room::Fits);
+        // At the cap (8) with the flood at 7 (share 8): a new source's connection closes the
+        // flooder's oldest, not the other source's fresh one nor its own.
+        let mut full = vec![(1, 50, 0, true, true, 1, false)];
+        full.extend(flood(10, 7, 7, false));
+        assert_eq!(room_for(&full, 0, 8), Room::Close(10, Limit::Cap));
+        // The source holding the most pays even with a young connection, before an old idle
+        // one of a source holding fewer.
+        let mixed = [
+            (1, 1, 0, false, true, 2, false),
+            (2, 2, 0, false, true, 2, false),
+            (3, 90, 0, true, true, 3, false),
+            (4, 91, 0, true, true, 3, false),
+            (5, 92, 0, true, true, 3, false),
+        ];
+        assert_eq!(room_for(&mixed, 0, 5), Room::Close(3, Limit::Cap));
+        // Every source holding one: the order within a source decides (the oldest idle).
+        let even = [
+            (1, 30, 0, false, true, 1, false),
+            (2, 10, 0, false, true, 1, false),
+            (3, 5, 0, true, false, 1, false),
+        ];
+        assert_eq!(room_for(&even, 0, 3), Room::Close(2, Limit::Cap));
+    }
+
+    #[test]
+    fn a_share_is_a_quarter_of_the_cap_at_least_eight_and_a_source_is_an_address_or_a_64() {
+        let shares: Vec<usize> = [4, 8, 16, 32, 256, 1000].map(share).to_vec();
+        assert_eq!(shares, [4, 8, 8, 8, 64, 250]);
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert_eq!(source(ip("10.0.0.5")), ip("10.0.0.5"));
+        assert_eq!(source(ip("::ffff:10.0.0.5")), ip("10.0.0.5"));
+        assert_eq!(
+            source(ip("2001:db8:1:2:aaaa:bbbb:cccc:dddd")),
+            ip("2001:db8:1:2::")
+        );
+        assert_ne!(source(ip("2001:db8:1:3::1")), source(ip("2001:db8:1:2::1")));
+    }
+
     #[test]
     fn the_cap_fits_the_descriptor_limit() {
         // One engine and the admin listener under systemd's default soft limit: fits.
@@ -654,20 +863,30 @@ mod tests {
     fn shedding_cancels_and_forgets_the_victim() {
         let mut reg = Registry::default();
         let mut tokens = Vec::new();
-        for (id, last, busy) in [(0u64, 30u64, 0u32), (1, 10, 0), (2, 1, 1)] {
+        let from: IpAddr = [127, 0, 0, 1].into();
+        for (last, busy) in [(30u64, 0u32), (10, 0), (1, 1)] {
             let activity = Arc::new(Activity::default());
             activity.last_ms.store(last, Ordering::Relaxed);
             activity.busy.store(busy, Ordering::Relaxed);
             let shed = CancellationToken::new();
             tokens.push(shed.clone());
-            reg.conns.insert(id, Registered { activity, shed });
+            reg.insert(from, activity, shed);
         }
+        assert_eq!(reg.held[&from], 3);
         assert!(reg.shed_one());
         assert!(tokens[1].is_cancelled() && !tokens[0].is_cancelled());
         assert!(reg.shed_one());
         assert!(tokens[0].is_cancelled());
         assert!(!reg.shed_one(), "the busy one stays");
         assert!(!tokens[2].is_cancelled());
+        assert_eq!(reg.held[&from], 1, "the shed ones are no longer held");
+        assert!(
+            reg.remove(1).is_none(),
+            "a shed one's own end forgets nothing twice"
+        );
+        assert_eq!(reg.held[&from], 1);
+        reg.remove(2);
+        assert!(reg.held.is_empty());
     }
 
     fn limits(max_connections: usize, header: Duration, idle: Duration) -> ListenerLimits {
@@ -854,6 +1073,52 @@ mod tests {
             got < BIG,
             "cut before the whole answer: {got} of {BIG} bytes"
         );
+    }
+
+    /// A connection to `addr` from `from` (any of 127/8 reaches a loopback listener on Linux).
+    async fn connect_from(from: [u8; 4], addr: std::net::SocketAddr) -> TcpStream {
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.bind((from, 0).into()).unwrap();
+        sock.connect(addr).await.unwrap()
+    }
+
+    // Issue 41: one source flooding a listener (cap 16, share 8) with young silent
+    // connections cannot take the slot of a connection from another source that has not sent
+    // its request yet (as a poll in its TLS handshake): that one is answered after the
+    // flood, and the flooder holds at most its share.
+    #[tokio::test]
+    async fn a_flood_from_one_source_never_closes_another_sources_waiting_connection() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (addr, _cancel) = listen(limits(
+            16,
+            Duration::from_secs(3600),
+            Duration::from_secs(3600),
+        ))
+        .await;
+        let mut poll = connect_from([127, 0, 0, 2], addr).await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let mut flood = Vec::new();
+        for _ in 0..40 {
+            flood.push(connect_from([127, 0, 0, 1], addr).await);
+        }
+        // Every flood connection accepted (the last ones close the flood's own).
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        poll.write_all(b"GET /status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut out = String::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), poll.read_to_string(&mut out)).await;
+        assert!(
+            out.starts_with("HTTP/1.1 200") && out.ends_with("ok"),
+            "the other source's connection was closed: {out:?}"
+        );
+        let mut open = 0;
+        for s in &mut flood {
+            if !closed_within(s, Duration::from_millis(20)).await {
+                open += 1;
+            }
+        }
+        assert_eq!(open, share(16), "the flooder holds its share");
     }
 
     #[tokio::test]

@@ -370,13 +370,21 @@ pub fn detail(e: &Monitor, shared: &Shared, win: Duration) -> wire::EngineDetail
     }
 }
 
+/// The listen backlog of every listener: connections the kernel completes before the agent
+/// accepts them. std's 128 filled in a connection flood on a loaded host, and the kernel then
+/// dropped every new handshake whoever sent it, so Node Manager's poll waited for a SYN
+/// retransmission (1 s, then 3 s), before the connection cap could tell it from the flood
+/// (issue 41). The kernel caps it at `net.core.somaxconn` (4096 by default).
+pub const LISTEN_BACKLOG: i32 = 4096;
+
 /// Binds a listener, naming the address on failure. A std socket, so the agent can keep a
 /// duplicate of it and hand the same socket to a new server on reload (no refused polls).
 pub fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, String> {
-    let l =
-        std::net::TcpListener::bind(addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
-    l.set_nonblocking(true)
-        .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    let fail = |e: std::io::Error| format!("cannot listen on {addr}: {e}");
+    let l = std::net::TcpListener::bind(addr).map_err(fail)?;
+    // A second listen() on a listening socket only sets its backlog.
+    rustix::net::listen(&l, LISTEN_BACKLOG).map_err(|e| fail(e.into()))?;
+    l.set_nonblocking(true).map_err(fail)?;
     Ok(l)
 }
 
@@ -428,5 +436,20 @@ mod tests {
             "npu-health-agent: \"/status\" answers GET only, not POST\n"
         );
         assert_eq!(ask(router, "GET", "/status").await.2, "ok");
+    }
+
+    // Issue 41: a flood the agent has not accepted yet does not fill the backlog, so a new
+    // handshake still completes (std's backlog of 128 dropped the handshakes past it, and a
+    // poll waited for a SYN retransmission).
+    #[test]
+    fn the_kernel_completes_far_more_handshakes_than_std_backlog_before_an_accept() {
+        let l = bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = l.local_addr().unwrap();
+        let held: Vec<std::net::TcpStream> = (0..400)
+            .map_while(|_| {
+                std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(2)).ok()
+            })
+            .collect();
+        assert_eq!(held.len(), 400, "handshakes completed before any accept");
     }
 }

@@ -341,9 +341,9 @@ fn now_ms() -> u64 {
 }
 
 // A server line that names no engine of this agent (or none) is out of rotation, and
-// HAProxy's stats page says why.
+// HAProxy's stats page says why, naming neither the name asked nor the engines here.
 #[test]
-fn an_unknown_engine_name_takes_the_server_out_with_the_reason() {
+fn an_unknown_engine_name_takes_the_server_out_and_names_no_engine() {
     let Some(bin) = routers::haproxy("an_unknown_engine_name") else {
         return;
     };
@@ -360,7 +360,7 @@ fn an_unknown_engine_name_takes_the_server_out_with_the_reason() {
     });
     assert_eq!(
         s["last_agt"],
-        "via agent : down (no engine named \"prefill-7\" here (engines: e2e))"
+        "via agent : down (no engine of that name here)"
     );
 }
 
@@ -422,4 +422,83 @@ fn garbage_slow_senders_and_floods_never_block_the_agent_check() {
     let log = stack.agent_log();
     assert!(log.contains("agent check answered down"), "{log}");
     assert!(!log.contains("panicked"), "{log}");
+}
+
+// Issue 41: 20,000 polls naming no engine here (a distinct unknown name each, some over-long
+// lines, some not UTF-8, some empty) are each answered `down` with the fixed line of their
+// kind, which names neither the engine here nor what was sent, and write a few log lines in
+// all (they wrote one each, 2.89 MB), none with the client's text.
+#[test]
+fn twenty_thousand_bad_polls_write_a_few_log_lines_and_echo_nothing() {
+    let [agent_port] = free_ports();
+    let agent_extra = format!("haproxy_agent_listen = \"127.0.0.1:{agent_port}\"");
+    let stack = Stack::start_launch(Launch {
+        agent_extra: &agent_extra,
+        ..Launch::default()
+    });
+    let addr = format!("127.0.0.1:{agent_port}");
+    assert!(ask(&addr, b"e2e\n").starts_with("up ready"));
+    let before = stack.agent_log().len();
+    const THREADS: usize = 4;
+    const POLLS: usize = 20_000;
+    let answers: Vec<String> = (0..THREADS)
+        .map(|t| {
+            let addr = addr.clone();
+            std::thread::spawn(move || {
+                let mut odd = Vec::new();
+                for i in (t..POLLS).step_by(THREADS) {
+                    let sent: Vec<u8> = match i % 100 {
+                        0 => vec![b'x'; 600],
+                        1 => b"\xff\xfe-secret\n".to_vec(),
+                        2 => b"\n".to_vec(),
+                        _ => format!("secret-{i}\n").into_bytes(),
+                    };
+                    let a = ask(&addr, &sent);
+                    let fixed = [
+                        "down ready 100% maxconn:100000 #no engine of that name here\n",
+                        "down ready 100% maxconn:100000 #no engine name: more than 512 bytes without a newline\n",
+                        "down ready 100% maxconn:100000 #no engine name: not UTF-8 text\n",
+                    ];
+                    if !fixed.contains(&a.as_str()) && !a.contains("agent-send") {
+                        odd.push(a);
+                    }
+                }
+                odd
+            })
+        })
+        .flat_map(|t| t.join().unwrap())
+        .collect();
+    let log = stack.agent_log();
+    let added = &log[before..];
+    let lines: Vec<&str> = added
+        .lines()
+        .filter(|l| l.contains("agent check"))
+        .collect();
+    println!(
+        "{POLLS} bad polls: {} log lines about them, the log grew by {} bytes",
+        lines.len(),
+        added.len()
+    );
+    assert!(
+        answers.is_empty(),
+        "answers other than the fixed ones: {:?}",
+        &answers[..answers.len().min(5)]
+    );
+    assert!(
+        !added.contains("secret") && !added.contains("xxxx"),
+        "{added}"
+    );
+    assert!(
+        (1..=8).contains(&lines.len()),
+        "{} lines:\n{}",
+        lines.len(),
+        lines.join("\n")
+    );
+    for kind in ["unknown name", "over-long line", "not UTF-8", "no name"] {
+        assert!(
+            lines.iter().any(|l| l.contains(kind)),
+            "no line of kind {kind:?}:\n{}",
+            lines.join("\n")
+        );
+    }
 }

@@ -7,8 +7,11 @@
 //! - **The name** must arrive within [`NAME_WAIT`] of the accept (HAProxy sends it with the
 //!   connection), and is at most [`MAX_NAME`] bytes up to the first newline. Past the wait,
 //!   what arrived is the name; nothing is a missing name. A missing, unknown, non-UTF-8 or
-//!   too long name is answered `down` with the reason, so a server line that names no engine
-//!   here is out of rotation and says why on HAProxy's stats page.
+//!   too long name is answered `down` with a fixed phrase for its kind ([`BadPoll`]), so a
+//!   server line that names no engine here is out of rotation and says why on HAProxy's
+//!   stats page, while a stranger probing the port learns no engine's name. Each is logged
+//!   as a warning naming its kind, never what the client sent, so the log layer's rate
+//!   limit ([`crate::logging::ratelimit`]) holds a flood of them to a line per kind.
 //! - **The answer** is written within [`WRITE_WAIT`], then the connection is closed.
 //! - **A cap**: at most `max_connections` at once (`[agent] max_connections`). At the cap the
 //!   oldest connection is closed unanswered to make room: a connection lives at most
@@ -65,40 +68,61 @@ pub fn asked(bytes: &[u8]) -> Asked {
     }
 }
 
-/// The answer to `asked` among `engines`; a poll of a known engine counts as a poll of its
-/// verdict (the first healthy one starts virtual inference, as Node Manager's does) and is
-/// recorded in the engine's router state.
-pub fn answer(engines: &[Arc<Monitor>], asked: &Asked) -> AgentCheck {
-    let name = match asked {
-        Asked::Name(n) => n,
-        Asked::Nothing => {
-            return AgentCheck::unknown(
-                "no engine name: set agent-send \"<engine name>\\n\" on the server line".into(),
-            );
-        }
-        Asked::TooLong => {
-            return AgentCheck::unknown(format!(
-                "no engine name: more than {MAX_NAME} bytes without a newline"
-            ));
-        }
-        Asked::NotText => return AgentCheck::unknown("no engine name: not UTF-8 text".into()),
-    };
-    match engines.iter().find(|e| &e.spec.name == name) {
-        Some(e) => {
-            e.status();
-            let a = agent_check(&ActionInputs::of(e), &e.spec.actions.haproxy);
-            e.told_router(Told::Haproxy(a.state), &a.reason);
-            a
-        }
-        None => {
-            let known: Vec<&str> = engines.iter().map(|e| e.spec.name.as_str()).collect();
-            let shown: String = name.chars().take(64).collect();
-            AgentCheck::unknown(format!(
-                "no engine named {shown:?} here (engines: {})",
-                known.join(", ")
-            ))
+/// A poll that names no engine here, by kind: what it is answered and logged as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BadPoll {
+    /// Nothing, or only spaces (no `agent-send` on the server line).
+    NoName,
+    /// More than [`MAX_NAME`] bytes without a newline.
+    TooLong,
+    /// Bytes that are not UTF-8.
+    NotText,
+    /// A name no engine of this agent has.
+    UnknownName,
+}
+
+impl BadPoll {
+    /// The answer's text after `#`: fixed, so it names no engine and echoes nothing.
+    pub fn shown(self) -> &'static str {
+        match self {
+            BadPoll::NoName => {
+                "no engine name: set agent-send \"<engine name>\\n\" on the server line"
+            }
+            BadPoll::TooLong => "no engine name: more than 512 bytes without a newline",
+            BadPoll::NotText => "no engine name: not UTF-8 text",
+            BadPoll::UnknownName => "no engine of that name here",
         }
     }
+
+    /// The kind, as the log line's `kind` field.
+    pub fn kind(self) -> &'static str {
+        match self {
+            BadPoll::NoName => "no name",
+            BadPoll::TooLong => "over-long line",
+            BadPoll::NotText => "not UTF-8",
+            BadPoll::UnknownName => "unknown name",
+        }
+    }
+}
+
+/// The answer to `asked` among `engines`, or what kind of bad poll it is; a poll of a known
+/// engine counts as a poll of its verdict (the first healthy one starts virtual inference, as
+/// Node Manager's does) and is recorded in the engine's router state.
+pub fn answer(engines: &[Arc<Monitor>], asked: &Asked) -> Result<AgentCheck, BadPoll> {
+    let name = match asked {
+        Asked::Name(n) => n,
+        Asked::Nothing => return Err(BadPoll::NoName),
+        Asked::TooLong => return Err(BadPoll::TooLong),
+        Asked::NotText => return Err(BadPoll::NotText),
+    };
+    let e = engines
+        .iter()
+        .find(|e| &e.spec.name == name)
+        .ok_or(BadPoll::UnknownName)?;
+    e.status();
+    let a = agent_check(&ActionInputs::of(e), &e.spec.actions.haproxy);
+    e.told_router(Told::Haproxy(a.state), &a.reason);
+    Ok(a)
 }
 
 /// Reads what HAProxy sends: up to the first newline, [`MAX_NAME`] + 1 bytes, the peer's
@@ -128,11 +152,19 @@ async fn one(mut stream: TcpStream, engines: Engines, cancel: CancellationToken,
         let bytes = read_name(&mut stream).await;
         let asked = asked(&bytes);
         let list: Vec<Arc<Monitor>> = engines.read().unwrap_or_else(|p| p.into_inner()).clone();
-        let a = answer(&list, &asked);
-        if !matches!(asked, Asked::Name(ref n) if list.iter().any(|e| &e.spec.name == n)) {
-            tracing::warn!(listener = %name, "agent check answered down: {}", a.reason);
-        }
-        let line = a.line();
+        let line = match answer(&list, &asked) {
+            Ok(a) => a.line(),
+            Err(bad) => {
+                // The kind only: the same line for every such poll, so the log layer's
+                // rate limit holds a flood of them to one line (and a count) per interval.
+                tracing::warn!(
+                    listener = %name,
+                    kind = bad.kind(),
+                    "agent check answered down: the poll names no engine here"
+                );
+                AgentCheck::unknown(bad.shown()).line()
+            }
+        };
         let _ = tokio::time::timeout(WRITE_WAIT, async {
             stream.write_all(line.as_bytes()).await?;
             stream.shutdown().await
@@ -214,15 +246,56 @@ mod tests {
         assert_eq!(asked(b"\xff\xfe\n"), Asked::NotText);
     }
 
-    #[test]
-    fn an_unknown_or_missing_name_is_down_with_the_reason() {
-        let a = answer(&[], &Asked::Name("draft".into()));
-        assert_eq!(
-            a.line(),
-            "down ready 100% maxconn:100000 #no engine named \"draft\" here (engines: )\n"
+    fn monitor(name: &str) -> Arc<Monitor> {
+        let toml = format!(
+            "[[engine]]\nname = \"{name}\"\nhost = \"127.0.0.1\"\nport = 8000\nmgmt_port = 9000\nengine_type = \"vllm\"\nserved_model_name = \"m\"\n"
         );
-        let a = answer(&[], &Asked::Nothing);
-        assert!(a.line().starts_with("down ready"), "{}", a.line());
-        assert!(a.reason.contains("agent-send"), "{}", a.reason);
+        let spec = crate::config::file::parse(&toml, std::path::Path::new("agent.toml"))
+            .unwrap()
+            .engines
+            .remove(0);
+        Arc::new(Monitor::new(spec, vec![0]))
+    }
+
+    // An unknown name is answered without the names of the engines here and without the
+    // name asked; each kind of bad poll has one fixed answer.
+    #[test]
+    fn an_unknown_or_missing_name_is_down_and_names_nothing() {
+        let engines = [monitor("prefill-main")];
+        let asked_for = Asked::Name("draft-secret".into());
+        assert_eq!(answer(&engines, &asked_for), Err(BadPoll::UnknownName));
+        assert_eq!(
+            AgentCheck::unknown(BadPoll::UnknownName.shown()).line(),
+            "down ready 100% maxconn:100000 #no engine of that name here\n"
+        );
+        assert!(answer(&engines, &Asked::Name("prefill-main".into())).is_ok());
+        let kinds = [
+            (Asked::Nothing, BadPoll::NoName),
+            (Asked::TooLong, BadPoll::TooLong),
+            (Asked::NotText, BadPoll::NotText),
+        ];
+        for (asked, kind) in kinds {
+            assert_eq!(answer(&engines, &asked), Err(kind));
+        }
+        for kind in [
+            BadPoll::NoName,
+            BadPoll::TooLong,
+            BadPoll::NotText,
+            BadPoll::UnknownName,
+        ] {
+            let line = AgentCheck::unknown(kind.shown()).line();
+            assert!(line.starts_with("down ready 100% "), "{line}");
+            assert!(
+                !line.contains("prefill") && !line.contains("secret"),
+                "{line}"
+            );
+            assert!(kind.shown().len() <= super::super::MAX_REASON, "{line}");
+        }
+        assert!(BadPoll::NoName.shown().contains("agent-send"));
+        assert!(
+            BadPoll::TooLong
+                .shown()
+                .contains(&format!("{MAX_NAME} bytes"))
+        );
     }
 }

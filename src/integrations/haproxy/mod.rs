@@ -9,7 +9,10 @@
 //! which HAProxy treats as drained) and the connection cap (`[engine.actions.haproxy]
 //! maxconn`, 100000 by default, outside `queue`; never `maxconn:0`, HAProxy's "no cap", after
 //! which it leaves the requests already queued waiting until `timeout queue`). Text after `#`
-//! is the reason HAProxy shows on its stats page (`last_agt`) for `up` and `down`.
+//! is what HAProxy shows on its stats page (`last_agt`) for `up` and `down`: a fixed phrase
+//! ([`AgentCheck::shown`]) naming the level or the kind of fault, never a score, the verdict's
+//! reason or anything a client sent, since whoever reaches the port reads it. The whole
+//! reason stays in `/status/detail` (`routers.haproxy`).
 //!
 //! Checked against HAProxy 2.6.12 (Debian's `haproxy`), docs/degradation.md: `drain`,
 //! `maint` and `down` each send new requests to a `backup` server and let the ones in flight
@@ -19,7 +22,7 @@
 pub mod config;
 pub mod listener;
 
-use super::{ActionInputs, Engines, Integration, Listen, Serving};
+use super::{AbnormalCause, ActionInputs, Engines, Integration, Listen, Serving};
 use crate::config::{AgentSettings, EngineSpec, ListenerLimits};
 use crate::monitor::journal::{self, Told};
 use crate::monitor::verdict::Status;
@@ -29,9 +32,9 @@ use strum::IntoEnumIterator;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-/// Longest reason sent after `#`, in bytes: HAProxy keeps 127 bytes of `via agent : down
-/// (<reason>)` for its stats page (`HCHK_DESC_LEN`, 128 with the NUL, in haproxy/haproxy
-/// `include/haproxy/defaults.h`) and cuts the rest.
+/// Longest text sent after `#`, in bytes: HAProxy keeps 127 bytes of `via agent : down
+/// (<text>)` for its stats page (`HCHK_DESC_LEN`, 128 with the NUL, in haproxy/haproxy
+/// `include/haproxy/defaults.h`) and cuts the rest. Every [`AgentCheck::shown`] fits.
 pub const MAX_REASON: usize = 108;
 
 /// HAProxy's agent check, in the registry.
@@ -96,7 +99,10 @@ pub struct AgentCheck {
     /// The connection cap sent (`maxconn:N`): the admission cap at `queue`, else the
     /// configured open cap.
     pub maxconn: u32,
-    /// Why, in one line.
+    /// What the line says after `#`: a fixed phrase, so no score, no engine's error text and
+    /// no client's bytes reach whoever can connect to the port.
+    pub shown: &'static str,
+    /// Why, in full, for the agent's own record (`/status/detail`); never sent.
     pub reason: String,
 }
 
@@ -112,54 +118,66 @@ impl AgentCheck {
         format!(
             "{words} 100% maxconn:{} #{}\n",
             self.maxconn.max(1),
-            clean(&self.reason)
+            self.shown
         )
     }
 
-    /// The answer for a poll that names no engine this agent watches (or none at all).
-    pub fn unknown(reason: String) -> AgentCheck {
+    /// The answer for a poll that names no engine this agent watches (or none at all):
+    /// `down`, so a server line naming no engine here stays out of rotation.
+    pub fn unknown(shown: &'static str) -> AgentCheck {
         AgentCheck {
             state: HaproxyState::Down,
             maxconn: HAPROXY_OPEN_MAXCONN,
-            reason,
+            shown,
+            reason: shown.to_owned(),
         }
     }
 }
 
-/// `s` on one line of at most [`MAX_REASON`] bytes. A longer one is cut at the last space
-/// that fits and ends in `...`, so the stats page never shows half a word or a dangling `(`.
-fn clean(s: &str) -> String {
-    let mut out: String = s
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect();
-    if out.len() > MAX_REASON {
-        const MORE: &str = "...";
-        let mut end = MAX_REASON - MORE.len();
-        while !out.is_char_boundary(end) {
-            end -= 1;
-        }
-        out.truncate(end);
-        if let Some(space) = out.rfind(' ') {
-            out.truncate(space);
-        }
-        let kept = out.trim_end_matches([' ', ',', ';', ':', '(']).len();
-        out.truncate(kept);
-        out.push_str(MORE);
+/// What the stats page shows for the verdict `abnormal`: the kind of fault only.
+fn abnormal_shown(cause: Option<AbnormalCause>) -> &'static str {
+    match cause {
+        Some(AbnormalCause::Health) => "abnormal: /health fails",
+        Some(AbnormalCause::VirtualInference) => "abnormal: virtual inference",
+        Some(AbnormalCause::QosEviction) => "abnormal: QoS eviction",
+        Some(AbnormalCause::EngineStopped) => "abnormal: an engine process stopped",
+        None => "abnormal",
     }
-    out
+}
+
+/// What the stats page shows for a level: the level, not its score.
+fn level_shown(level: Level) -> &'static str {
+    match level {
+        Level::Normal => "QoS level normal",
+        Level::Throttle => "QoS level throttle",
+        Level::Degrade => "QoS level degrade",
+        Level::Evict => "QoS level evict",
+    }
 }
 
 /// The agent check's rule: the verdict `abnormal` and each level take the state `map` names
 /// for them; `normal` is `ready`; an engine whose `/health` never answered is `down`.
 pub fn agent_check(f: &ActionInputs, map: &HaproxyMap) -> AgentCheck {
-    let (state, reason) = match (f.status, f.level) {
-        (Status::Initial, _) => (HaproxyState::Down, format!("starting: {}", f.reason)),
-        (Status::Abnormal, _) => (map.abnormal, format!("abnormal: {}", f.reason)),
-        (_, Level::Normal) => (HaproxyState::Ready, f.level_words()),
-        (_, Level::Throttle) => (map.throttle, f.level_words()),
-        (_, Level::Degrade) => (map.degrade, f.level_words()),
-        (_, Level::Evict) => (map.evict, f.level_words()),
+    let (state, shown, reason) = match (f.status, f.level) {
+        (Status::Initial, _) => (
+            HaproxyState::Down,
+            "starting",
+            format!("starting: {}", f.reason),
+        ),
+        (Status::Abnormal, _) => (
+            map.abnormal,
+            abnormal_shown(f.cause),
+            format!("abnormal: {}", f.reason),
+        ),
+        (_, level) => {
+            let state = match level {
+                Level::Normal => HaproxyState::Ready,
+                Level::Throttle => map.throttle,
+                Level::Degrade => map.degrade,
+                Level::Evict => map.evict,
+            };
+            (state, level_shown(level), f.level_words())
+        }
     };
     let maxconn = match state {
         HaproxyState::Queue => f.admission_cap.unwrap_or(1).clamp(1, map.maxconn.max(1)),
@@ -179,6 +197,7 @@ pub fn agent_check(f: &ActionInputs, map: &HaproxyMap) -> AgentCheck {
     AgentCheck {
         state,
         maxconn,
+        shown,
         reason,
     }
 }
