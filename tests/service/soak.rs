@@ -10,9 +10,9 @@
 //! most a few over the warm-up's, RSS at most 32 MiB over it, no temporary file left, and the
 //! logs growing no faster in the last third than in the first.
 //!
-//! CI runs it for [`DEFAULT_SECS`]; the full soak is 30 minutes on the release build
+//! CI runs it for [`DEFAULT_SECS`]; the full soak is 30 minutes
 //! (BENCHMARKS.md has the figures):
-//! `NPU_SOAK_SECS=1800 cargo test --release --features fake-driver --test service soak -- --nocapture`
+//! `NPU_SOAK_SECS=1800 cargo test --features fake-driver --test service soak_nothing_leaks -- --nocapture`
 
 #![cfg(feature = "fake-driver")]
 
