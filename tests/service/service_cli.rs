@@ -764,3 +764,50 @@ fn driver_flags_work_before_or_after_the_command() {
         "{before:?}"
     );
 }
+
+// Issue 42: the shipped unit's command line, with driver flags after `run` as drop-ins and
+// scripts written before the flags became the program's have them, is taken as it was (here
+// through `check-config`, which reads the same flags, on a config of one fake engine).
+#[test]
+fn the_shipped_units_command_takes_driver_flags_after_run() {
+    let unit = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/deploy/systemd/npu-health-agent.service"
+    ))
+    .unwrap();
+    let exec = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("ExecStart="))
+        .expect("the unit's ExecStart");
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("agent.toml");
+    let [port, mgmt] = support::stack::free_ports();
+    std::fs::write(
+        &config,
+        format!("[[engine]]\nname = \"a\"\nengine_type = \"vllm\"\nserved_model_name = \"m\"\nhost = \"127.0.0.1\"\nport = {port}\nmgmt_port = {mgmt}\ndevices = [0]\n"),
+    )
+    .unwrap();
+    let args: Vec<String> = exec
+        .split_whitespace()
+        .skip(1)
+        .map(|a| match a {
+            "run" => "check-config".to_owned(),
+            "/etc/npu-health-agent/agent.toml" => config.display().to_string(),
+            other => other.to_owned(),
+        })
+        .chain(["--dcmi-no-owner-check", "--npu-smi-delay", "2", "--fake"].map(str::to_owned))
+        .collect();
+    let out = Command::new(support::agent())
+        .env_remove("FAKE_NPU_SCENARIO")
+        .args(&args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["agent"]["npu_smi_delay"], 2, "{v}");
+    assert_eq!(v["agent"]["dcmi_no_owner_check"], true, "{v}");
+}
