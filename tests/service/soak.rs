@@ -72,6 +72,8 @@ fn poll(addr: SocketAddr) -> Result<String, String> {
 #[derive(Debug, Clone, Copy)]
 struct Sample {
     at_s: f64,
+    /// The agent process sampled (a handover or a restart makes a new one).
+    pid: u32,
     rss_kib: u64,
     fds: usize,
     threads: u64,
@@ -110,6 +112,7 @@ fn sample(s: &Stack, started: Instant) -> Option<Sample> {
         .sum();
     Some(Sample {
         at_s: started.elapsed().as_secs_f64(),
+        pid,
         rss_kib: status_field(pid, "VmRSS:")?,
         fds: std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count(),
         threads: status_field(pid, "Threads:")?,
@@ -264,7 +267,16 @@ fn soak_nothing_leaks_and_no_poll_fails_outside_an_outage() {
     let (mut hung, mut engine_down) = (false, false);
     let end = started + Duration::from_secs(secs);
     while Instant::now() < end {
-        let event = rng.below(6) as usize;
+        // Handovers and restarts about ten times each over the run (at most every other
+        // event in a short run), so that agent processes also live long enough for a leak
+        // of their own to show; the other four kinds share the rest.
+        let steps = secs / STEP.as_secs();
+        let rare = (steps / 10).clamp(3, 1000);
+        let event = match rng.below(2 * rare) {
+            0 => 0,
+            1 => 1,
+            n => 2 + (n % 4) as usize,
+        };
         counts[event] += 1;
         match event {
             0 => {
@@ -386,10 +398,36 @@ fn soak_nothing_leaks_and_no_poll_fails_outside_an_outage() {
         max(last, |x| x.threads),
         rate(last)
     );
+    // The longest-lived agent process: what it held a while after it started, and at its end.
+    let mut by_pid: Vec<(u32, Vec<Sample>)> = Vec::new();
+    for x in &samples {
+        match by_pid.iter_mut().find(|(p, _)| *p == x.pid) {
+            Some((_, v)) => v.push(*x),
+            None => by_pid.push((x.pid, vec![*x])),
+        }
+    }
+    let (pid, life) = by_pid.iter().max_by_key(|(_, v)| v.len()).expect("samples");
+    let (from, to) = (life[life.len().min(3) - 1], life[life.len() - 1]);
+    println!(
+        "soak: {} agent processes; the longest-lived, pid {pid}, sampled from {:.0} s to {:.0} s: RSS {} -> {} KiB, fds {} -> {}, threads {} -> {}",
+        by_pid.len(),
+        from.at_s,
+        to.at_s,
+        from.rss_kib,
+        to.rss_kib,
+        from.fds,
+        to.fds,
+        from.threads,
+        to.threads
+    );
     assert!(
         failed.is_empty(),
         "polls failed outside the outages {outages:?}: {failed:?}\n{}",
         s.agent_log()
+    );
+    assert!(
+        to.rss_kib <= from.rss_kib + 32 * 1024 && to.fds <= from.fds + 8,
+        "the longest-lived agent grew: {life:?}"
     );
     assert!(
         max(last, |x| x.fds as u64) <= max(first, |x| x.fds as u64) + 8,
