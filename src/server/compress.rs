@@ -1,7 +1,7 @@
 //! gzip for answers that ask for it (`/metrics`): whether a request's `Accept-Encoding`
 //! takes gzip (RFC 9110 §12.5.3: a coding with `q=0` is refused, `*` stands for any coding
 //! not named), and the compression itself, at level 1 (BENCHMARKS.md: on a 16-NPU scrape it
-//! keeps most of the gain of the default level for a third of its CPU).
+//! makes 13.4 % of the bytes where the default level 6 makes 10.7 %, in 45 % of its time).
 
 use axum::http::header::{GetAll, HeaderValue};
 use std::io::Write;
