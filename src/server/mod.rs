@@ -201,7 +201,7 @@ async fn admin_metrics(State(v): State<AdminView>, headers: HeaderMap) -> Respon
 }
 
 /// The exposition, gzipped when the request accepts it (Prometheus asks for gzip at every
-/// scrape: a tenth of the bytes, BENCHMARKS.md). `Vary` tells caches the answer depends on it.
+/// scrape: 13 % of the bytes, BENCHMARKS.md). `Vary` tells caches the answer depends on it.
 fn metrics_answer(text: String, headers: &HeaderMap) -> Response {
     let vary = (header::VARY, "Accept-Encoding");
     if compress::accepts_gzip(headers.get_all(header::ACCEPT_ENCODING)) {
