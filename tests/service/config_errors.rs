@@ -401,6 +401,11 @@ fn a_fifo_as_the_fault_code_file_fails_check_config_and_run_starts_without_it() 
         "{}",
         run.log()
     );
+    stops_on_sigterm(&mut run);
+}
+
+/// SIGTERM stops `run`, with exit 0, within 15 s.
+fn stops_on_sigterm(run: &mut Running) {
     run.signal(rustix::process::Signal::TERM);
     assert_eq!(
         wait_exit(&mut run.child, Duration::from_secs(15)),
@@ -454,13 +459,7 @@ fn sighup_with_a_fifo_as_the_fault_code_file_keeps_the_table_and_sigterm_still_s
     run.wait("the second reload", |l| {
         l.matches("configuration reloaded").count() == 2
     });
-    run.signal(rustix::process::Signal::TERM);
-    assert_eq!(
-        wait_exit(&mut run.child, Duration::from_secs(15)),
-        Some(0),
-        "{}",
-        run.log()
-    );
+    stops_on_sigterm(&mut run);
 }
 
 // With no driver backend `run` starts anyway (without NPU figures), so check-config does not
