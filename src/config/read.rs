@@ -97,6 +97,19 @@ fn describe(kind: std::fs::FileType) -> &'static str {
     }
 }
 
+/// Makes a FIFO at `p` (owner read and write), for the tests that show nothing waits on one.
+#[cfg(test)]
+pub(crate) fn mkfifo(p: &Path) {
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        p,
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::RUSR | rustix::fs::Mode::WUSR,
+        0,
+    )
+    .unwrap();
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -143,14 +156,7 @@ mod tests {
     fn devices_fifos_and_directories_are_refused_without_reading() {
         let d = tempfile::tempdir().unwrap();
         let fifo = d.path().join("fifo");
-        rustix::fs::mknodat(
-            rustix::fs::CWD,
-            &fifo,
-            rustix::fs::FileType::Fifo,
-            rustix::fs::Mode::RUSR | rustix::fs::Mode::WUSR,
-            0,
-        )
-        .unwrap();
+        mkfifo(&fifo);
         // No writer: a blocking open would never return.
         assert!(text(&fifo).unwrap_err().contains("is a FIFO"));
         assert!(

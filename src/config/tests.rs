@@ -215,14 +215,7 @@ impl ReplaceAdmin for Input {
 
 /// The fixtures cases name: a FIFO, a file over the cap, TLS material, user_config.json.
 fn fixtures(dir: &Path) {
-    rustix::fs::mknodat(
-        rustix::fs::CWD,
-        dir.join("fifo"),
-        rustix::fs::FileType::Fifo,
-        rustix::fs::Mode::RUSR | rustix::fs::Mode::WUSR,
-        0,
-    )
-    .unwrap();
+    super::read::mkfifo(&dir.join("fifo"));
     std::fs::write(
         dir.join("big"),
         vec![b'#'; super::read::MAX_BYTES as usize + 1],

@@ -400,16 +400,7 @@ mod tests {
             .expect("the load did not return: it blocked on the file")
     }
 
-    fn mkfifo(p: &Path) {
-        rustix::fs::mknodat(
-            rustix::fs::CWD,
-            p,
-            rustix::fs::FileType::Fifo,
-            rustix::fs::Mode::RUSR | rustix::fs::Mode::WUSR,
-            0,
-        )
-        .unwrap();
-    }
+    use crate::config::read::mkfifo;
 
     // Issue 41: a FIFO as faultCode.json hung check-config, the start and a reload (opening
     // it waits for a writer that never comes).
