@@ -337,10 +337,16 @@ impl DeviceStatus {
         self.hung.load(Ordering::Acquire)
     }
 
-    /// Marks the device hung (a DCMI call blocked past the deadline); returns true the first time.
+    /// Marks the device hung (a DCMI call blocked past the deadline); returns true the first
+    /// time, which also marks it stale. It stays stale until a valid reading (from npu-smi, or
+    /// from DCMI again): the watchdog calls this on every check while the call stays blocked,
+    /// and neither that nor a fallback answering NA may flip the flag back and forth.
     pub fn set_hung(&self) -> bool {
-        self.stale.store(true, Ordering::Release);
-        !self.hung.swap(true, Ordering::AcqRel)
+        let first = !self.hung.swap(true, Ordering::AcqRel);
+        if first {
+            self.stale.store(true, Ordering::Release);
+        }
+        first
     }
 
     /// A DCMI AI Cube read on the device succeeded again: it is no longer hung.
@@ -374,7 +380,11 @@ impl DeviceStatus {
             .unwrap_or(COUNTED_CODES.len());
         self.errors_by_code[slot].fetch_add(1, Ordering::Relaxed);
         self.last_seen_ns.store(ts_ns.max(1), Ordering::Release);
-        self.stale.store(false, Ordering::Release);
+        // A failed read is an answer, so the source is not silent; but a hung device's
+        // fallback answering NA does not make its figures fresh.
+        if !self.is_hung() {
+            self.stale.store(false, Ordering::Release);
+        }
         self.failing.swap(code, Ordering::AcqRel) != code
     }
 
@@ -488,6 +498,34 @@ mod tests {
             Source::DCMI_PROBING,
             SourceReason::Probing,
         )
+    }
+
+    // The watchdog marks a hung device on every check while the call stays blocked; the
+    // fallback's rows come in between. Stale must follow the readings, not that race.
+    #[test]
+    fn a_hung_device_stays_stale_until_a_valid_reading_and_only_then_fresh() {
+        let d = device();
+        assert!(d.set_hung());
+        assert!(d.is_stale());
+        d.record_error(1, crate::sampler::watchdog::codes::NA);
+        assert!(d.is_stale(), "npu-smi answering NA is no reading");
+        assert!(!d.set_hung(), "still hung: not a new hang");
+        d.record_value(2, 40);
+        assert!(!d.is_stale(), "npu-smi serves it");
+        assert!(!d.set_hung());
+        assert!(
+            !d.is_stale(),
+            "the watchdog's next check does not undo the reading"
+        );
+        d.record_error(3, crate::sampler::watchdog::codes::NA);
+        assert!(
+            !d.is_stale(),
+            "an error answer from a serving source is not silence"
+        );
+        assert!(d.clear_hung());
+        d.set_stale();
+        d.record_error(4, crate::sampler::watchdog::codes::NA);
+        assert!(!d.is_stale(), "not hung: a failed read is an answer");
     }
 
     #[test]

@@ -109,6 +109,11 @@ fn hung_call_becomes_stale_without_blocking_readers_and_moves_to_npu_smi() {
         }),
         "device 1 never produced npu-smi readings"
     );
+    // Served by npu-smi while the DCMI call stays blocked: fresh, and it stays fresh
+    // although the watchdog sees the blocked call on every check (every 20 ms here).
+    assert!(wait_for(Duration::from_secs(5), || !shared.devices[1].is_stale()));
+    assert_never(Duration::from_secs(1), || shared.devices[1].is_stale());
+    assert!(shared.devices[1].is_hung());
     // After three deadlines every DCMI device leaves the stuck thread.
     assert!(wait_for(Duration::from_secs(10), || shared.devices[0]
         .source()
@@ -130,6 +135,43 @@ fn hung_call_becomes_stale_without_blocking_readers_and_moves_to_npu_smi() {
         invalid > 0,
         "the stuck period left invalid samples for device 0"
     );
+    sampler.shutdown();
+}
+
+/// Polls `cond` every 2 ms for `span`; panics the first time it holds.
+fn assert_never(span: Duration, mut cond: impl FnMut() -> bool) {
+    let end = Instant::now() + span;
+    let mut polls = 0;
+    while Instant::now() < end {
+        assert!(!cond(), "held at poll {polls}");
+        polls += 1;
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+// The real npu-smi goes through the same driver, so a hung device's watch may well print NA.
+// An NA row is an answer, not a reading: the device stays stale, without a flicker a scrape
+// could catch (the alert's `for:` restarts at every 0).
+#[test]
+fn a_hung_device_whose_npu_smi_reports_na_stays_stale() {
+    let sc = scenario(&HUNG.replace("aicube = { constant = 60 }", "aicube = { file = \"npu1\" }"));
+    std::fs::write(sc.dir.path().join("npu1"), "NA\n").unwrap();
+    if !in_child(
+        "a_hung_device_whose_npu_smi_reports_na_stays_stale",
+        &[("FAKE_NPU_SCENARIO", &sc.path)],
+    ) {
+        return;
+    }
+    let sampler = Sampler::start(&driver(BackendChoice::Auto), &fast_cfg()).unwrap();
+    let shared = sampler.shared().clone();
+    assert!(wait_for(Duration::from_secs(10), || shared.devices[1]
+        .is_hung()
+        && shared.devices[1].source() == Source::NPU_SMI));
+    // NA rows arrive (the error count moves) while the device reads stale throughout.
+    let before = shared.devices[1].snapshot(shared.ring.now_ns()).errors;
+    assert_never(Duration::from_secs(1), || !shared.devices[1].is_stale());
+    let after = shared.devices[1].snapshot(shared.ring.now_ns()).errors;
+    assert!(after > before + 10, "NA rows: {before} -> {after}");
     sampler.shutdown();
 }
 
