@@ -14,7 +14,7 @@
 
 mod common;
 
-use common::{FakeEngine, cpu_ticks, free_port, spawn_agent, wait_for};
+use common::{FakeEngine, cpu_ticks, free_port};
 use std::time::{Duration, Instant};
 
 /// One measured round.
@@ -23,10 +23,8 @@ const ROUND: Duration = Duration::from_secs(30);
 const ROUNDS: usize = 3;
 
 fn main() {
-    let agent = std::path::PathBuf::from(env!("CARGO_BIN_EXE_npu-health-agent"));
-    let dir = tempfile::tempdir().unwrap();
-    let scenario = dir.path().join("scenario.toml");
-    std::fs::write(&scenario, common::SCENARIO_16).unwrap();
+    let agent = common::agent_exe();
+    let (dir, scenario) = common::scenario_16();
     let engines = [FakeEngine::start(&agent), FakeEngine::start(&agent)];
     let hz = common::ticks_per_second();
     let off = "[engine.agent_policy]\nstopped_process_grace = \"0s\"\nprogress_window = \"0s\"\nlearned_timeout_floor = \"0s\"\n";
@@ -43,13 +41,7 @@ fn main() {
                 "",
                 extra,
             );
-            let mut child = spawn_agent(&agent, &toml, &scenario);
-            wait_for(
-                &format!("http://127.0.0.1:{m1}/status"),
-                |b| b.contains("normal"),
-                Duration::from_secs(30),
-            );
-            std::thread::sleep(Duration::from_secs(5));
+            let mut child = common::spawn_agent_settled(&agent, &toml, &scenario, m1);
             let (t0, c0) = (Instant::now(), cpu_ticks(child.id()));
             std::thread::sleep(ROUND);
             let (t1, c1) = (Instant::now(), cpu_ticks(child.id()));
@@ -71,9 +63,7 @@ fn main() {
     println!("| configuration | CPU % of one core (median) | rounds |\n|---|---|---|");
     let mut medians = Vec::new();
     for ((name, _), v) in configs.iter().zip(&results) {
-        let mut s = v.clone();
-        s.sort_by(|a, b| a.total_cmp(b));
-        let m = s[s.len() / 2];
+        let m = common::median(v);
         medians.push(m);
         let rounds: Vec<String> = v.iter().map(|x| format!("{x:.3}")).collect();
         println!("| {name} | {m:.3} % | {} |", rounds.join(", "));

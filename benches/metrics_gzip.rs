@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::{FakeEngine, cpu_ticks, free_port, spawn_agent, wait_for};
+use common::{FakeEngine, cpu_ticks, free_port, median};
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
@@ -47,16 +47,9 @@ fn scrape(port: u16, gzip: bool) -> (Vec<u8>, bool) {
     )
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 fn main() {
-    let agent = std::path::PathBuf::from(env!("CARGO_BIN_EXE_npu-health-agent"));
-    let dir = tempfile::tempdir().unwrap();
-    let scenario = dir.path().join("scenario.toml");
-    std::fs::write(&scenario, common::SCENARIO_16).unwrap();
+    let agent = common::agent_exe();
+    let (dir, scenario) = common::scenario_16();
     let engines = [FakeEngine::start(&agent), FakeEngine::start(&agent)];
     let hz = common::ticks_per_second();
     let (m1, m2, admin) = (free_port(), free_port(), free_port());
@@ -68,13 +61,7 @@ fn main() {
         &format!("admin_listen = \"127.0.0.1:{admin}\""),
         "",
     );
-    let mut child = spawn_agent(&agent, &toml, &scenario);
-    wait_for(
-        &format!("http://127.0.0.1:{m1}/status"),
-        |b| b.contains("normal"),
-        Duration::from_secs(30),
-    );
-    std::thread::sleep(Duration::from_secs(5));
+    let mut child = common::spawn_agent_settled(&agent, &toml, &scenario, m1);
     let pid = child.id();
     let (plain, was) = scrape(admin, false);
     assert!(!was);
@@ -123,13 +110,13 @@ fn main() {
     println!(
         "| plain text | {} | {:.3} ms |",
         plain.len(),
-        median(cpu_plain)
+        median(&cpu_plain)
     );
     println!(
         "| `Accept-Encoding: gzip` (level 1) | {} ({:.1} %) | {:.3} ms |",
         zipped.len(),
         zipped.len() as f64 / plain.len() as f64 * 100.0,
-        median(cpu_gzip)
+        median(&cpu_gzip)
     );
     println!("\nThe same text, each level, in the bench process:\n");
     println!("| level | bytes | time per compression |");

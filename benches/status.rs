@@ -14,7 +14,7 @@
 
 mod common;
 
-use common::{FakeEngine, free_port, get, spawn_agent, wait_for};
+use common::{FakeEngine, free_port, get, median, spawn_agent, wait_for};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -33,10 +33,8 @@ fn main() {
         eprintln!("wrk is not installed (apt-get install wrk)");
         std::process::exit(2);
     }
-    let agent = PathBuf::from(env!("CARGO_BIN_EXE_npu-health-agent"));
-    let dir = tempfile::tempdir().unwrap();
-    let scenario = dir.path().join("scenario.toml");
-    std::fs::write(&scenario, common::SCENARIO_16).unwrap();
+    let agent = common::agent_exe();
+    let (dir, scenario) = common::scenario_16();
     println!(
         "## `/status` and the agent process (`cargo bench --features fake-driver --bench status`)\n"
     );
@@ -146,12 +144,6 @@ fn fmt_s(s: f64) -> String {
     } else {
         format!("{:.1} ms", s * 1e3)
     }
-}
-
-fn median(v: &[f64]) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
 }
 
 /// Milliseconds from spawning the agent to its first `/status` answer, over several runs.

@@ -3,12 +3,32 @@
 //! minimal HTTP GET, and a process's CPU time. Each bench includes it with `mod common;`.
 #![allow(dead_code)]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// A scenario of 16 fake NPUs whose AI Cube figure is a square wave.
 pub const SCENARIO_16: &str = "model = \"910B\"\ncards = 16\n[default]\naicube = { square = { high = 70, low = 2, width_ms = 300, period_ms = 1300 } }\n";
+
+/// The agent binary this bench was built with.
+pub fn agent_exe() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_npu-health-agent"))
+}
+
+/// A scratch directory with [`SCENARIO_16`] written in it, and the scenario's path.
+pub fn scenario_16() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let scenario = dir.path().join("scenario.toml");
+    std::fs::write(&scenario, SCENARIO_16).unwrap();
+    (dir, scenario)
+}
+
+/// The middle value of `v` (the upper one of an even count).
+pub fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
 
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -80,6 +100,19 @@ pub fn spawn_agent(agent: &Path, toml: &Path, scenario: &Path) -> Child {
         .stderr(Stdio::null())
         .spawn()
         .unwrap()
+}
+
+/// [`spawn_agent`], returned once `/status` on `mgmt` reads normal and 5 s more have passed
+/// (the start's own work done).
+pub fn spawn_agent_settled(agent: &Path, toml: &Path, scenario: &Path, mgmt: u16) -> Child {
+    let child = spawn_agent(agent, toml, scenario);
+    wait_for(
+        &format!("http://127.0.0.1:{mgmt}/status"),
+        |b| b.contains("normal"),
+        Duration::from_secs(30),
+    );
+    std::thread::sleep(Duration::from_secs(5));
+    child
 }
 
 /// Minimal HTTP GET over a real socket; `None` until something answers.

@@ -299,12 +299,7 @@ fn without_a_state_directory_a_second_agent_is_refused_with_a_way_out() {
 
 /// Writes `text` as the state file and restarts the agent on it.
 fn restart_on(s: &mut Stack, text: &[u8]) {
-    let pid = s.agent.id().to_string();
-    std::process::Command::new("kill")
-        .args(["-KILL", &pid])
-        .status()
-        .unwrap();
-    let _ = s.agent.wait();
+    s.stop_agent("KILL");
     let path = s.path("run/state.json");
     let _ = std::fs::remove_file(&path);
     let _ = std::fs::remove_dir_all(&path);
@@ -473,12 +468,7 @@ fn stale_temporary_files_go_at_start_and_a_link_at_the_temporary_path_is_not_fol
         assert!(Instant::now() < end, "no state file:\n{}", s.agent_log());
         std::thread::sleep(Duration::from_millis(20));
     }
-    let pid = s.agent.id().to_string();
-    std::process::Command::new("kill")
-        .args(["-KILL", &pid])
-        .status()
-        .unwrap();
-    let _ = s.agent.wait();
+    s.stop_agent("KILL");
     let victim = s.path("victim");
     std::fs::write(&victim, "precious").unwrap();
     std::fs::write(s.path("run/state.json.4000001.tmp"), vec![b'x'; 4096]).unwrap();

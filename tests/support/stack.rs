@@ -270,6 +270,13 @@ impl Stack {
     /// Stops the agent with `signal` (`TERM`, `KILL`), waits for it to exit, and starts a new
     /// one at once.
     pub fn restart_agent(&mut self, signal: &str) {
+        self.stop_agent(signal);
+        self.agent = self.spawn_agent();
+    }
+
+    /// Stops the agent with `signal` and waits for it to exit (a new one is the caller's:
+    /// `self.agent = self.spawn_agent()`).
+    pub fn stop_agent(&mut self, signal: &str) {
         let pid = self.agent.id().to_string();
         let ok = std::process::Command::new("kill")
             .args([format!("-{signal}"), pid])
@@ -278,7 +285,6 @@ impl Stack {
             .success();
         assert!(ok, "kill -{signal} of the agent failed");
         let _ = self.agent.wait();
-        self.agent = self.spawn_agent();
     }
 
     /// Blocking GET returning (status code, body).
