@@ -438,9 +438,9 @@ fn known_keys(text: &str) -> Vec<String> {
     list.split(", ").map(str::to_owned).collect()
 }
 
-/// The keys in the first column of the tables of `docs/configuration.md`'s section `heading`
-/// (up to the next heading of the same or a higher level), without `(alias …)` notes.
-fn documented_keys(heading: &str) -> Vec<String> {
+/// The table rows of `docs/configuration.md`'s section `heading` (up to the next heading)
+/// that name a key, each without its leading `` | ` ``.
+fn documented_rows(heading: &str) -> Vec<String> {
     let doc = std::fs::read_to_string(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/configuration.md"),
     )
@@ -449,16 +449,19 @@ fn documented_keys(heading: &str) -> Vec<String> {
         .find(&format!("\n{heading}\n"))
         .unwrap_or_else(|| panic!("docs/configuration.md has no {heading:?}"));
     let body = &doc[start + heading.len() + 2..];
-    let end = body
-        .lines()
-        .position(|l| l.starts_with('#'))
-        .map_or(body.len(), |n| {
-            body.lines().take(n).map(|l| l.len() + 1).sum::<usize>()
-        });
-    let mut keys = Vec::new();
-    for cell in body[..end]
-        .lines()
+    body.lines()
+        .take_while(|l| !l.starts_with('#'))
         .filter_map(|l| l.strip_prefix("| `"))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The keys in the first column of the tables of `docs/configuration.md`'s section `heading`
+/// (up to the next heading of the same or a higher level), without `(alias …)` notes.
+fn documented_keys(heading: &str) -> Vec<String> {
+    let mut keys = Vec::new();
+    for cell in documented_rows(heading)
+        .iter()
         .filter_map(|l| l.split(" |").next())
     {
         // `key` or `key` (alias `other`): every name in backquotes of the first cell.
@@ -578,6 +581,74 @@ fn the_configuration_reference_lists_every_key_and_no_other() {
                 }))
     });
     assert!(problems.is_empty(), "\n{}", problems.join("\n"));
+}
+
+// Issue 48: `sample_period = 50` got "invalid type: integer `50`, expected a string". Every
+// duration key (each key docs/configuration.md bounds with a range of durations) shows a bare
+// number written as a duration, at its own place.
+#[test]
+fn every_duration_key_shows_a_bare_number_as_a_duration() {
+    // Each table's section of the reference, and the config with `{key} = 50` in that table.
+    const LINE: &str = "{key} = 50\n";
+    let engine = |table: &str| format!("{BASE}[engine.{table}]\n{LINE}");
+    let tables = [
+        (
+            "## `[agent]`",
+            BASE.replace("[agent]\n", &format!("[agent]\n{LINE}")),
+        ),
+        ("## `[engine.timing]`", engine("timing")),
+        ("## `[engine.qos]`", engine("qos")),
+        ("## `[engine.agent_policy]`", engine("agent_policy")),
+        (
+            "## `[agent.kubernetes]` and `[engine.kubernetes]`",
+            BASE.replacen(
+                "\n[[engine]]",
+                &format!("[agent.kubernetes]\n{LINE}\n[[engine]]"),
+                1,
+            ),
+        ),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("agent.toml");
+    let (mut checked, mut problems) = (Vec::new(), Vec::new());
+    for (heading, text) in &tables {
+        for row in documented_rows(heading) {
+            let key = row.split('`').next().unwrap_or_default().to_owned();
+            // A bound: a range whose low end is a duration with its unit (`50ms..=10m`).
+            let cells = row.split_once(" | ").map_or("", |(_, rest)| rest);
+            let is_duration = cells.split('`').any(|c| {
+                c.split_once("..=").is_some_and(|(lo, _)| {
+                    lo.ends_with(char::is_alphabetic) && humantime::parse_duration(lo).is_ok()
+                })
+            });
+            if !is_duration {
+                continue;
+            }
+            std::fs::write(&p, text.replace("{key}", &key)).unwrap();
+            match super::file::load(&p) {
+                Err(e)
+                    if e.place.trim_end_matches(": ").ends_with(&key)
+                        && e.message.contains("`50` has no unit")
+                        && e.message.contains("\"50ms\" or \"50s\"") => {}
+                other => problems.push(format!("{heading} {key}: {other:?}")),
+            }
+            checked.push(key);
+        }
+    }
+    assert!(problems.is_empty(), "\n{}", problems.join("\n"));
+    for key in [
+        "sample_period",
+        "window",
+        "stall_window",
+        "progress_window",
+        "resync_period",
+    ] {
+        assert!(
+            checked.iter().any(|k| k == key),
+            "{key} not found: {checked:?}"
+        );
+    }
+    assert!(checked.len() >= 30, "{checked:?}");
 }
 
 // Issue 42: every flag of `run` and of the program is in docs/configuration.md (the flags
