@@ -168,11 +168,11 @@ async fn start_sampler(cfg: &AgentConfig) -> Result<Result<Sampler, StartError>,
 fn fault_levels(cfg: &AgentConfig, sampler: &Result<Sampler, StartError>) -> String {
     match FaultTable::configured(cfg.agent.fault_code_file.as_deref()) {
         Ok(t) => {
-            let origin = t.origin.clone();
+            let described = t.describe();
             if let Ok(s) = sampler {
                 s.shared().fault_levels.set_table(t);
             }
-            format!("levels from {origin}")
+            format!("levels from {described}")
         }
         Err(e) => format!("[agent] fault_code_file: {e}; levels from the built-in table"),
     }
