@@ -173,6 +173,9 @@ fn cases() -> Vec<Case> {
         case("npu_usage_threshold NaN", then("[engine.health_check_config]\nnpu_usage_threshold = nan"), "[[engine]] #1 (a) health_check_config.npu_usage_threshold", "`NaN` is not a finite number"),
         case("max_failure_count inf", then("[engine.health_check_config]\nmax_failure_count = inf"), "[[engine]] #1 (a) health_check_config.max_failure_count", "`inf` is not a finite number"),
         case("user_config.json health_collector_timeout", Input::Text(uc_engine("{dir}/slow.json")), "[[engine]] #1 (a) config_path", "health_collector_timeout must be <= 3600, got 86400"),
+        // Issue 48: no model for the virtual request, named where the engine was written.
+        case("inline served_model_name missing", set("served_model_name = \"m\"\n", ""), "[[engine]] #1 (a) served_model_name", "missing: virtual inference is on, and its request names the model (on by default for an engine in agent.toml)"),
+        case("user_config.json served_model_name missing", Input::Text(uc_engine("{dir}/nomodel.json")), "[[engine]] #1 (a) config_path", "motor_engine_prefill_config.engine_config.served_model_name (or motor_engine_prefill_config.engine_config.model) is missing in {dir}/nomodel.json: virtual inference is on"),
         // Files that are not regular files, or too large.
         case("config is a FIFO", Input::File("{dir}/fifo"), "", "is a FIFO, not a regular file"),
         case("config is /dev/zero", Input::File("/dev/zero"), "", "is a character device, not a regular file"),
@@ -232,6 +235,11 @@ fn fixtures(dir: &Path) {
     std::fs::write(
         dir.join("slow.json"),
         section(r#", "health_check_config": {"health_collector_timeout": 86400}"#),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("nomodel.json"),
+        r#"{"motor_engine_prefill_config": {"engine_type": "vllm", "engine_config": {}, "health_check_config": {"enable_virtual_inference": true}}}"#,
     )
     .unwrap();
     std::fs::write(
@@ -321,6 +329,158 @@ fn the_base_config_and_every_default_are_valid() {
     host(&super::file::load(&p2).unwrap(), None).unwrap();
 }
 
+/// The engine-server flags of single-engine mode: the prefill engine of `uc` on 127.0.0.1.
+fn single_flags(
+    uc: &Path,
+    port: u16,
+    mgmt: u16,
+    devices: Option<Vec<u32>>,
+) -> crate::config::SingleEngine {
+    crate::config::SingleEngine {
+        config_path: uc.to_path_buf(),
+        role: Role::Prefill,
+        host: "127.0.0.1".to_owned(),
+        port,
+        mgmt_port: mgmt,
+        dp_rank: 0,
+        devices,
+        env_config_path: None,
+        qos: crate::config::qos::QosConfig::default(),
+        qos_set: Vec::new(),
+    }
+}
+
+// Issue 48: virtual inference is on by default for an engine written in agent.toml; an
+// engine read from MindIE's user_config.json, in host or single-engine mode, keeps MindIE's
+// default (off), and a value written anywhere wins.
+#[test]
+fn virtual_inference_is_on_by_default_only_for_engines_written_in_agent_toml() {
+    let dir = tempfile::tempdir().unwrap();
+    let uc = dir.path().join("user_config.json");
+    std::fs::write(
+        &uc,
+        r#"{"motor_engine_prefill_config": {"engine_type": "vllm", "engine_config": {"served_model_name": "m"}}}"#,
+    )
+    .unwrap();
+    let enabled = |text: &str| {
+        let p = dir.path().join("agent.toml");
+        std::fs::write(&p, text).unwrap();
+        super::file::load(&p).unwrap().engines[0]
+            .health_check_config
+            .enable_virtual_inference
+    };
+    assert!(enabled(BASE), "inline, nothing written: on");
+    assert!(
+        enabled(&format!(
+            "{BASE}[engine.health_check_config]\nnpu_usage_threshold = 10\n"
+        )),
+        "inline, the table without the key: on"
+    );
+    assert!(!enabled(&format!(
+        "{BASE}[engine.health_check_config]\nenable_virtual_inference = false\n"
+    )));
+    assert!(
+        !enabled(&uc_engine(&uc.display().to_string())),
+        "from user_config.json: MindIE's default"
+    );
+    let single = AgentConfig::single(
+        &single_flags(&uc, 8000, 9001, None),
+        AgentSettings::default(),
+    )
+    .unwrap();
+    assert!(
+        !single.engines[0]
+            .health_check_config
+            .enable_virtual_inference,
+        "single-engine mode: MindIE's default"
+    );
+    // In single-engine mode a missing model names MindIE's JSON path in the file itself.
+    std::fs::write(
+        &uc,
+        r#"{"motor_engine_prefill_config": {"engine_type": "vllm", "health_check_config": {"enable_virtual_inference": true}}}"#,
+    )
+    .unwrap();
+    let e = AgentConfig::single(
+        &single_flags(&uc, 8000, 9001, None),
+        AgentSettings::default(),
+    )
+    .unwrap_err();
+    assert_eq!(
+        (e.file.clone(), e.place.as_str()),
+        (uc.display().to_string(), "")
+    );
+    assert!(
+        e.message
+            .starts_with("motor_engine_prefill_config.engine_config.served_model_name (or motor_engine_prefill_config.engine_config.model) is missing in "),
+        "{e}"
+    );
+}
+
+// Issue 48: what check-config says of a valid configuration that may not do what was meant:
+// each engine with virtual inference off, with the key that turns it on where the engine was
+// written (agent.toml, or MindIE's JSON path in its file), and each /status on loopback, with
+// the key that moves it (the flag in single-engine mode).
+#[test]
+fn virtual_inference_off_and_a_status_on_loopback_name_the_key_to_set() {
+    let dir = tempfile::tempdir().unwrap();
+    let uc = dir.path().join("user_config.json");
+    std::fs::write(
+        &uc,
+        r#"{"motor_engine_prefill_config": {"engine_type": "vllm", "engine_config": {"served_model_name": "m"}}}"#,
+    )
+    .unwrap();
+    let text = format!(
+        "{BASE}[engine.health_check_config]\nenable_virtual_inference = false\n{}mgmt_host = \"0.0.0.0\"\n[[engine]]\nname = \"c\"\nconfig_path = \"user_config.json\"\nrole = \"prefill\"\nhost = \"127.0.0.1\"\nport = 8002\nmgmt_host = \"::1\"\nmgmt_port = 9003\n",
+        B
+    );
+    let p = dir.path().join("agent.toml");
+    std::fs::write(&p, text).unwrap();
+    let cfg = super::file::load(&p).unwrap();
+    let hung = "virtual inference is off, so a hung engine (alive, /health 200, no token out) is never reported abnormal";
+    assert_eq!(
+        cfg.virtual_inference_off(),
+        [
+            format!(
+                "engine a: {hung}; set [[engine]] #1 (a) health_check_config.enable_virtual_inference = true"
+            ),
+            format!(
+                "engine c: {hung}; set motor_engine_prefill_config.health_check_config.enable_virtual_inference to true in {}",
+                uc.display()
+            ),
+        ]
+    );
+    let unreachable =
+        "a loopback address: a Node Manager on another host or in another pod cannot reach it";
+    assert_eq!(
+        cfg.loopback_status(),
+        [
+            format!(
+                "engine a's /status listens on 127.0.0.1:9001, {unreachable}; set [[engine]] #1 (a) mgmt_host to \"0.0.0.0\" or the node's address where it polls from elsewhere"
+            ),
+            format!(
+                "engine c's /status listens on [::1]:9003, {unreachable}; set [[engine]] #3 (c) mgmt_host to \"0.0.0.0\" or the node's address where it polls from elsewhere"
+            ),
+        ]
+    );
+    let single = AgentConfig::single(
+        &single_flags(&uc, 8000, 9001, None),
+        AgentSettings::default(),
+    )
+    .unwrap();
+    assert_eq!(
+        single.virtual_inference_off(),
+        [format!(
+            "engine prefill-0: {hung}; set motor_engine_prefill_config.health_check_config.enable_virtual_inference to true in {}",
+            uc.display()
+        )]
+    );
+    assert!(
+        single.loopback_status()[0].contains("; set --host to \"0.0.0.0\""),
+        "{:?}",
+        single.loopback_status()
+    );
+}
+
 #[test]
 fn single_engine_mode_names_the_flag() {
     let dir = tempfile::tempdir().unwrap();
@@ -330,18 +490,7 @@ fn single_engine_mode_names_the_flag() {
         r#"{"motor_engine_prefill_config": {"engine_type": "vllm", "engine_config": {"served_model_name": "m"}}}"#,
     )
     .unwrap();
-    let flags = |port: u16, mgmt: u16, devices: Option<Vec<u32>>| crate::config::SingleEngine {
-        config_path: uc.clone(),
-        role: crate::config::mindie::Role::Prefill,
-        host: "127.0.0.1".to_owned(),
-        port,
-        mgmt_port: mgmt,
-        dp_rank: 0,
-        devices,
-        env_config_path: None,
-        qos: crate::config::qos::QosConfig::default(),
-        qos_set: Vec::new(),
-    };
+    let flags = |port, mgmt, devices| single_flags(&uc, port, mgmt, devices);
     let single = |f| AgentConfig::single(&f, AgentSettings::default());
     let e = single(flags(8000, 8000, None)).unwrap_err();
     assert_eq!(
