@@ -2,10 +2,12 @@
 //! reload, and by `check-config`): the admin listener's token and TLS files, the Kubernetes
 //! API mode's token and CA files (with `api_server`), every TLS file
 //! an engine uses, read as the listeners and the client will read them, the NPUs the
-//! engines name, and who may change the state directory (at start and by `check-config`).
+//! engines name, and who may change the state directory (at start and by `check-config`;
+//! what the agent's user may open is [`super::account`]'s).
 //! Here rather than in [`crate::config`], which knows only the text: loading these files is
 //! the TLS layer's and the server's work, and the configuration does not call up into them.
 
+use super::account::Account;
 use crate::config::engine::devices_from;
 use crate::config::{AgentConfig, ConfigError, EngineSpec, KeyError};
 use crate::continuity::StateDir;
@@ -124,112 +126,6 @@ pub fn state_dir_as(
         err
     })?;
     Ok(Some((d, checked)))
-}
-
-/// A user the agent runs as: its ids, as `/etc/passwd` and `/etc/group` give them.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Account {
-    pub name: String,
-    pub uid: u32,
-    pub gid: u32,
-    /// Supplementary groups (`/etc/group` members).
-    pub groups: Vec<u32>,
-}
-
-impl Account {
-    /// `name` (or a number) from `/etc/passwd` and `/etc/group`.
-    pub fn lookup(name: &str) -> Result<Account, String> {
-        Account::lookup_in(
-            name,
-            &std::fs::read_to_string("/etc/passwd").unwrap_or_default(),
-            &std::fs::read_to_string("/etc/group").unwrap_or_default(),
-        )
-    }
-
-    fn lookup_in(name: &str, passwd: &str, group: &str) -> Result<Account, String> {
-        let entry = passwd
-            .lines()
-            .map(|l| l.split(':').collect::<Vec<_>>())
-            .find(|f| f.len() >= 4 && (f[0] == name || f[2] == name))
-            .ok_or_else(|| {
-                format!("--user {name}: no such user in /etc/passwd (give the unit's User=)")
-            })?;
-        let (uid, gid) = match (entry[2].parse(), entry[3].parse()) {
-            (Ok(u), Ok(g)) => (u, g),
-            _ => {
-                return Err(format!(
-                    "--user {name}: /etc/passwd's entry has no numeric ids"
-                ));
-            }
-        };
-        let user = entry[0];
-        let groups = group
-            .lines()
-            .map(|l| l.split(':').collect::<Vec<_>>())
-            .filter(|f| f.len() >= 4 && f[3].split(',').any(|m| m == user))
-            .filter_map(|f| f[2].parse().ok())
-            .collect();
-        Ok(Account {
-            name: user.to_owned(),
-            uid,
-            gid,
-            groups,
-        })
-    }
-
-    /// Whether this user may read a file of `owner`:`group` with `mode`, by the permission
-    /// bits (root reads anything).
-    pub fn may_read(&self, owner: u32, group: u32, mode: u32) -> bool {
-        if self.uid == 0 {
-            return true;
-        }
-        if owner == self.uid {
-            return mode & 0o400 != 0;
-        }
-        if group == self.gid || self.groups.contains(&group) {
-            return mode & 0o040 != 0;
-        }
-        mode & 0o004 != 0
-    }
-}
-
-/// The token files the configuration names that `account` could not read, each as a warning
-/// naming the key, the file's owner and mode, and the fix (`run` as that user would fail).
-pub fn unreadable_token_files(cfg: &AgentConfig, account: &Account) -> Vec<String> {
-    use std::os::unix::fs::MetadataExt;
-    let mut files: Vec<(&str, &std::path::Path)> = Vec::new();
-    if let Some(f) = &cfg.agent.admin_auth.token_file {
-        files.push(("[agent] admin_token_file", f));
-    }
-    if let Some(f) = cfg
-        .agent
-        .kubernetes
-        .as_ref()
-        .and_then(|k| k.token_file.as_ref())
-    {
-        files.push(("[agent.kubernetes] token_file", f));
-    }
-    files
-        .into_iter()
-        .filter_map(|(key, f)| {
-            let m = std::fs::metadata(f).ok()?;
-            (!account.may_read(m.uid(), m.gid(), m.mode())).then(|| {
-                format!(
-                    "{key}: {} (uid {}, gid {}, mode {:04o}) is not readable by {} (uid {}): the agent running as {} fails to start; `chown root:{} {} && chmod 0640 {}` (docs/deploy.md, \"The admin token\")",
-                    f.display(),
-                    m.uid(),
-                    m.gid(),
-                    m.mode() & 0o7777,
-                    account.name,
-                    account.uid,
-                    account.name,
-                    account.name,
-                    f.display(),
-                    f.display()
-                )
-            })
-        })
-        .collect()
 }
 
 /// The error for a state directory another user could change, at the setting that names it.

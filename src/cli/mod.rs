@@ -1,6 +1,7 @@
 //! Command line: flags, commands, and the mapping of errors to exit codes.
 //!
-//! Exit codes: 0 ok, 1 runtime failure, 2 bad usage or config, 3 no usable driver backend.
+//! Exit codes: 0 ok, 1 runtime failure, 2 bad usage or config, 3 no usable driver backend,
+//! 4 `doctor`: virtual inference will not run for an engine.
 //! Errors print as one line: the cause chain joined with ": ".
 
 #[cfg(feature = "fake-driver")]
@@ -24,6 +25,8 @@ use std::time::Duration;
 pub const EXIT_USAGE: u8 = 2;
 /// Exit code when no driver backend can serve AI Cube figures.
 pub const EXIT_NO_BACKEND: u8 = 3;
+/// Exit code of `doctor` when a condition blocks virtual inference for an engine.
+pub const EXIT_VIRTUAL_INFERENCE_BLOCKED: u8 = 4;
 
 const DRIVER_FLAGS_NOTE: &str = "Driver flags (--dcmi-lib, --npu-smi, --backend, --dcmi-no-owner-check, --npu-smi-delay) go before the command: npu-health-agent [FLAGS] <COMMAND> (after it works too); see npu-health-agent --help.";
 
@@ -257,7 +260,8 @@ pub enum Command {
     /// Validate the configuration and print it with defaults filled in.
     #[command(after_help = DRIVER_FLAGS_NOTE)]
     CheckConfig(CheckConfigArgs),
-    /// Print, per engine, each condition virtual inference needs and whether it will run.
+    /// Print, per engine, each condition virtual inference needs and whether it will run
+    /// (exit 4 when it will not run for an engine).
     #[command(after_help = DRIVER_FLAGS_NOTE)]
     Doctor {
         #[command(flatten)]

@@ -1,8 +1,10 @@
 //! `check-config` and `doctor`: what the agent will do, before it does it.
 
 use super::CliError;
+use crate::agent::account::Account;
 use crate::config::policy::Policy;
 use crate::config::{AgentConfig, EngineSpec};
+use crate::continuity::StateDir;
 use crate::continuity::trust::Checked;
 use crate::driver::Backend;
 use crate::driver::fault_levels::FaultTable;
@@ -26,10 +28,14 @@ use std::time::Duration;
 /// so this does not fail either: it says on stderr that the NPUs were not checked.
 ///
 /// `user` (`--user`): check as the agent running as that user would (the unit's `User=`): the
-/// state directory must be that user's, and a token file it cannot read is a warning.
+/// state directory must be that user's, and every file the agent cannot start without must
+/// be one it can open ([`crate::agent::account`]).
+///
+/// A valid configuration that may not do what was meant is said last, before the verdict: a
+/// `WARNING` per engine with virtual inference off, a note per `/status` on loopback.
 pub fn check_config(cfg: &AgentConfig, user: Option<&str>) -> Result<(), CliError> {
     let account = user
-        .map(crate::agent::preflight::Account::lookup)
+        .map(Account::lookup)
         .transpose()
         .map_err(|e| crate::config::ConfigError::new(&cfg.source, "", e))?;
     let sampler = match Sampler::start(
@@ -49,6 +55,10 @@ pub fn check_config(cfg: &AgentConfig, user: Option<&str>) -> Result<(), CliErro
     }
     crate::agent::preflight::host(cfg, npus.as_deref())?;
     let state_dir = crate::agent::preflight::state_dir_as(cfg, account.as_ref())?;
+    match &account {
+        Some(a) => reachable_as(cfg, a)?,
+        None => root_note(cfg),
+    }
     for note in crate::agent::preflight::listeners(cfg)? {
         eprintln!("{}: {note}", cfg.source);
     }
@@ -71,29 +81,53 @@ pub fn check_config(cfg: &AgentConfig, user: Option<&str>) -> Result<(), CliErro
         cfg.source,
         faults.describe()
     );
-    match &account {
-        Some(a) => {
-            for w in crate::agent::preflight::unreadable_token_files(cfg, a) {
-                eprintln!("{}: warning: {w}", cfg.source);
-            }
-        }
-        // Root reads every file; the package's service user may not.
-        None if rustix::process::geteuid().is_root()
-            && (cfg.agent.admin_auth.token_file.is_some()
-                || cfg
-                    .agent
-                    .kubernetes
-                    .as_ref()
-                    .is_some_and(|k| k.token_file.is_some()))
-            && crate::agent::preflight::Account::lookup("npu-health-agent").is_ok() =>
-        {
-            eprintln!(
-                "{}: note: checked as root, who reads every token file; the package's unit runs the agent as npu-health-agent: `check-config --user npu-health-agent` checks as it",
-                cfg.source
-            );
-        }
-        None => {}
+    print_state_dir(cfg, state_dir);
+    for note in cfg.loopback_status() {
+        eprintln!("{}: note: {note}", cfg.source);
     }
+    for warning in cfg.virtual_inference_off() {
+        eprintln!("{}: WARNING: {warning}", cfg.source);
+    }
+    eprintln!(
+        "{}: configuration is valid ({} engine(s))",
+        cfg.source,
+        cfg.engines.len()
+    );
+    Ok(())
+}
+
+/// `--user`: fails when `account` cannot open a file the agent cannot start without, naming
+/// each; a file it starts without is a `WARNING`.
+fn reachable_as(cfg: &AgentConfig, account: &Account) -> Result<(), CliError> {
+    let found = crate::agent::account::unreachable_files(cfg, account);
+    for w in &found.warnings {
+        eprintln!("{}: WARNING: {w}", cfg.source);
+    }
+    match found.error(&cfg.source) {
+        Some(e) => Err(CliError::usage(e)),
+        None => Ok(()),
+    }
+}
+
+/// Without `--user`, as root: root reads every file, and the package's service user may not.
+fn root_note(cfg: &AgentConfig) {
+    let tokens = cfg.agent.admin_auth.token_file.is_some()
+        || cfg
+            .agent
+            .kubernetes
+            .as_ref()
+            .is_some_and(|k| k.token_file.is_some());
+    if rustix::process::geteuid().is_root() && tokens && Account::lookup("npu-health-agent").is_ok()
+    {
+        eprintln!(
+            "{}: note: checked as root, who reads every token file; the package's unit runs the agent as npu-health-agent: `check-config --user npu-health-agent` checks as it",
+            cfg.source
+        );
+    }
+}
+
+/// What survives the agent's own restarts, and whether a new agent can take over.
+fn print_state_dir(cfg: &AgentConfig, state_dir: Option<(StateDir, Checked)>) {
     match state_dir {
         Some((d, checked)) => eprintln!(
             "{}: state directory {} ({}{}): each engine's state survives a restart of the agent, and a new agent started with it takes over from a running one",
@@ -110,15 +144,10 @@ pub fn check_config(cfg: &AgentConfig, user: Option<&str>) -> Result<(), CliErro
             cfg.source
         ),
     }
-    eprintln!(
-        "{}: configuration is valid ({} engine(s))",
-        cfg.source,
-        cfg.engines.len()
-    );
-    Ok(())
 }
 
-/// Evaluates every condition for every engine, probing `/health` once.
+/// Evaluates every condition for every engine, probing `/health` once; fails with
+/// [`super::EXIT_VIRTUAL_INFERENCE_BLOCKED`] when virtual inference will not run for one.
 pub async fn doctor(cfg: AgentConfig, json_out: bool) -> Result<(), CliError> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let sampler = start_sampler(&cfg).await?;
@@ -136,7 +165,31 @@ pub async fn doctor(cfg: AgentConfig, json_out: bool) -> Result<(), CliError> {
     } else {
         print_text(&cfg, &reports, &devices, &table_note);
     }
-    Ok(())
+    blocked(&reports)
+}
+
+/// `doctor`'s exit: [`super::EXIT_VIRTUAL_INFERENCE_BLOCKED`] when a condition blocks virtual
+/// inference for an engine, naming each such engine and its conditions; one that only waits
+/// for a condition still to come (`/health` not answered yet) is no failure.
+fn blocked(reports: &[Report]) -> Result<(), CliError> {
+    let engines: Vec<String> = reports
+        .iter()
+        .filter(|r| !r.will_run)
+        .filter_map(|r| {
+            let by = names_where(&r.conditions, Some(false));
+            (!by.is_empty()).then(|| format!("{} (blocked by {})", r.spec.name, by.join(", ")))
+        })
+        .collect();
+    if engines.is_empty() {
+        return Ok(());
+    }
+    Err(CliError {
+        code: super::EXIT_VIRTUAL_INFERENCE_BLOCKED,
+        error: anyhow::anyhow!(
+            "virtual inference will not run for engine {}",
+            engines.join(", engine ")
+        ),
+    })
 }
 
 /// What `doctor` found for one engine.
@@ -168,11 +221,11 @@ async fn start_sampler(cfg: &AgentConfig) -> Result<Result<Sampler, StartError>,
 fn fault_levels(cfg: &AgentConfig, sampler: &Result<Sampler, StartError>) -> String {
     match FaultTable::configured(cfg.agent.fault_code_file.as_deref()) {
         Ok(t) => {
-            let origin = t.origin.clone();
+            let described = t.describe();
             if let Ok(s) = sampler {
                 s.shared().fault_levels.set_table(t);
             }
-            format!("levels from {origin}")
+            format!("levels from {described}")
         }
         Err(e) => format!("[agent] fault_code_file: {e}; levels from the built-in table"),
     }

@@ -29,13 +29,18 @@ pub struct AgentConfig {
 impl AgentConfig {
     /// An error about `key` of engine `index` (a path inside its table: `timing.window`).
     pub fn engine_error(&self, index: usize, key: &str, message: impl Into<String>) -> ConfigError {
-        let place = match self.form {
+        ConfigError::new(&self.source, self.engine_place(index, key), message)
+    }
+
+    /// Where `key` of engine `index` is set: `[[engine]] #2 (decode-0) timing.window` in
+    /// `agent.toml`, the flag (or the key of `user_config.json`) in single-engine mode.
+    pub fn engine_place(&self, index: usize, key: &str) -> String {
+        match self.form {
             Form::Host => {
                 engine_place(index, self.engines.get(index).map(|e| e.name.as_str()), key)
             }
             Form::Single => single_place(key),
-        };
-        ConfigError::new(&self.source, place, message)
+        }
     }
 }
 

@@ -232,10 +232,7 @@ pub(super) fn build_engine(
         && section.engine_type == EngineType::Vllm
         && section.model.is_none()
     {
-        return Err((
-            String::new(),
-            "engine_config.served_model_name (or model) is needed: the virtual request names the model".to_owned(),
-        ));
+        return Err(missing_model(role, &origin));
     }
     let spec = EngineSpec {
         name,
@@ -263,6 +260,74 @@ pub(super) fn build_engine(
     };
     spec.validate()?;
     Ok(spec)
+}
+
+/// The `user_config.json` an engine's section was read from (its `origin` is `<file>
+/// (<section>)`), or `None` for an engine written inline.
+pub(super) fn origin_file(origin: &str) -> Option<&str> {
+    if origin == "inline" {
+        return None;
+    }
+    Some(origin.rsplit_once(" (").map_or(origin, |(file, _)| file))
+}
+
+/// Every file the agent reads for `spec`, with the key that names it (a path inside the
+/// engine's table): its `user_config.json`, its `env.json`, and the TLS files it uses, as
+/// the listener and the client read them (the client's certificate and key only where they
+/// exist).
+pub fn files_read(spec: &EngineSpec) -> Vec<(String, PathBuf)> {
+    let mut files = Vec::new();
+    if let Some(f) = origin_file(&spec.origin) {
+        files.push(("config_path".to_owned(), PathBuf::from(f)));
+    }
+    if let EngineEnv::EnvJson { path, .. } = &spec.engine_env {
+        files.push(("env_config_path".to_owned(), path.clone()));
+    }
+    let m = &spec.mgmt_tls_config;
+    let mut tls = |config: &str, key: &str, path: &PathBuf| {
+        if !path.as_os_str().is_empty() {
+            files.push((format!("{config}.{key}"), path.clone()));
+        }
+    };
+    if m.enable_tls {
+        tls("mgmt_tls_config", "cert_file", &m.cert_file);
+        tls("mgmt_tls_config", "key_file", &m.key_file);
+        tls("mgmt_tls_config", "crl_file", &m.crl_file);
+    }
+    let c = &spec.infer_tls_config;
+    if c.enable_tls {
+        tls("infer_tls_config", "ca_file", &c.ca_file);
+        tls("infer_tls_config", "crl_file", &c.crl_file);
+        // The client certificate is optional (as for the reference's client context): read
+        // where it exists, which the reader of this list finds out.
+        tls("infer_tls_config", "cert_file", &c.cert_file);
+        tls("infer_tls_config", "key_file", &c.key_file);
+    }
+    files
+}
+
+/// A vLLM engine with virtual inference on and no model for its request, named where the
+/// engine was written: the inline key in `agent.toml`, else MindIE's JSON path in the file
+/// `origin` names (`<file> (<section>)`; the place is then `config_path`, or the file itself
+/// in single-engine mode).
+fn missing_model(role: Role, origin: &str) -> KeyError {
+    const WHY: &str = "virtual inference is on, and its request names the model";
+    if origin == "inline" {
+        return (
+            "served_model_name".to_owned(),
+            format!(
+                "missing: {WHY} (on by default for an engine in agent.toml); set it, or `enable_virtual_inference = false` in [engine.health_check_config]"
+            ),
+        );
+    }
+    let file = origin_file(origin).unwrap_or(origin);
+    let section = role.section();
+    (
+        "config_path".to_owned(),
+        format!(
+            "{section}.engine_config.served_model_name (or {section}.engine_config.model) is missing in {file}: {WHY} ({section}.health_check_config.enable_virtual_inference)"
+        ),
+    )
 }
 
 impl EngineSpec {

@@ -51,9 +51,12 @@ pub(super) fn single_place(key: &str) -> String {
         "mgmt_port" => "--mgmt-port",
         "host" | "mgmt_host" => "--host",
         "dp_rank" => "--dp-rank",
+        "env_config_path" => "--env-config-path",
         "qos.stall_window" => "--stall-window",
         "qos.probe_max_tokens" => "--qos-probe-max-tokens",
         k if k == "devices" || k.starts_with("devices[") => "--devices",
+        // The file is the error's own (`--config-path`).
+        "config_path" => "",
         other => other,
     }
     .to_owned()

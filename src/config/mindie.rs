@@ -1,7 +1,9 @@
 //! Reading MindIE's `user_config.json` (one role's engine section) and `env.json`.
 //!
 //! Defaults and validation follow the reference (virtual-inference-reference §4, V5):
-//! `health_check_config` defaults 3 / false / 6 / 5 / 3, the two collector fields must be
+//! `health_check_config` defaults 3 / false / 6 / 5 / 3 (an engine written inline in
+//! `agent.toml` turns virtual inference on by default: [`HealthCheckConfig::inline_defaults`]),
+//! the two collector fields must be
 //! integers (not booleans, not strings) and at least 1, and an unknown key is an error, as it
 //! is for MindIE's dataclass. Error texts carry the reference's wording
 //! (`<name> must be an integer, got <repr>`, `<name> must be >= 1, got <n>`), with values shown
@@ -157,9 +159,29 @@ const HEALTH_KEYS: [&str; 5] = [
 ];
 
 impl HealthCheckConfig {
-    /// Builds the config from a `health_check_config` object (absent or null: defaults).
+    /// The defaults of an engine written inline in `agent.toml`: MindIE's, with virtual
+    /// inference on. Hang detection is what the agent is for; MindIE's own files
+    /// (`user_config.json`, single-engine mode) keep MindIE's `false`, so they mean there
+    /// what they mean to MindIE.
+    pub fn inline_defaults() -> HealthCheckConfig {
+        HealthCheckConfig {
+            enable_virtual_inference: true,
+            ..HealthCheckConfig::default()
+        }
+    }
+
+    /// Builds the config from a `health_check_config` object (absent or null: MindIE's
+    /// defaults).
     pub fn from_value(v: Option<&Value>) -> Result<HealthCheckConfig, String> {
-        let mut cfg = HealthCheckConfig::default();
+        HealthCheckConfig::from_value_over(HealthCheckConfig::default(), v)
+    }
+
+    /// [`HealthCheckConfig::from_value`], with `defaults` for the keys left out.
+    pub fn from_value_over(
+        defaults: HealthCheckConfig,
+        v: Option<&Value>,
+    ) -> Result<HealthCheckConfig, String> {
+        let mut cfg = defaults;
         let obj = match v {
             None | Some(Value::Null) => return Ok(cfg),
             Some(Value::Object(o)) => o,
@@ -366,16 +388,24 @@ impl EngineSection {
             .get("motor_deploy_config")
             .and_then(|d| d.get("tls_config"));
         let tls = |key: &str| sec.get(key).or_else(|| deploy_tls.and_then(|t| t.get(key)));
-        EngineSection::from_parts(sec, tls("mgmt_tls_config"), tls("infer_tls_config"), base)
-            .map_err(|e| format!("{section}: {e}"))
+        EngineSection::from_parts(
+            sec,
+            tls("mgmt_tls_config"),
+            tls("infer_tls_config"),
+            base,
+            HealthCheckConfig::default(),
+        )
+        .map_err(|e| format!("{section}: {e}"))
     }
 
-    /// Parses an engine section object (also used for inline engines in the agent config).
+    /// Parses an engine section object (also used for inline engines in the agent config);
+    /// `health_defaults` fills the `health_check_config` keys left out.
     pub fn from_parts(
         sec: &Value,
         mgmt_tls: Option<&Value>,
         infer_tls: Option<&Value>,
         base: &Path,
+        health_defaults: HealthCheckConfig,
     ) -> Result<EngineSection, String> {
         let engine_type = match sec.get("engine_type") {
             None => return Err("engine_type is required (vllm or sglang)".to_owned()),
@@ -422,7 +452,10 @@ impl EngineSection {
             dispatch_profile,
             model,
             headless,
-            health_check_config: HealthCheckConfig::from_value(sec.get("health_check_config"))?,
+            health_check_config: HealthCheckConfig::from_value_over(
+                health_defaults,
+                sec.get("health_check_config"),
+            )?,
             mgmt_tls_config: TlsConfig::from_value("mgmt_tls_config", mgmt_tls, base)?,
             infer_tls_config: TlsConfig::from_value("infer_tls_config", infer_tls, base)?,
         })
@@ -675,9 +708,10 @@ mod tests {
     #[test]
     fn engine_type_is_required_and_checked() {
         let base = Path::new("/");
-        let err = EngineSection::from_parts(&json!({}), None, None, base).unwrap_err();
+        let d = HealthCheckConfig::default;
+        let err = EngineSection::from_parts(&json!({}), None, None, base, d()).unwrap_err();
         assert!(err.contains("engine_type is required"), "{err}");
-        let err = EngineSection::from_parts(&json!({"engine_type": "trt"}), None, None, base)
+        let err = EngineSection::from_parts(&json!({"engine_type": "trt"}), None, None, base, d())
             .unwrap_err();
         assert!(err.contains("'trt'"), "{err}");
     }

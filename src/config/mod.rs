@@ -11,10 +11,12 @@
 //! checked: each table's type checks itself beside its bounds ([`agent`], [`engine`],
 //! [`timing`], [`qos`], [`policy`], [`kubernetes`], [`actions`]), and [`effective`] the whole,
 //! so that `check-config`, `run` and a reload apply the same checks. Every error names the
-//! file, the table and the key; [`read`] says how every file named is read. Configuration is
-//! the bottom layer: it names no runtime module.
+//! file, the table and the key; [`read`] says how every file named is read; `advice` is
+//! what `check-config` says of a valid configuration that may not do what was meant.
+//! Configuration is the bottom layer: it names no runtime module.
 
 pub mod actions;
+mod advice;
 pub mod agent;
 pub mod bounds;
 pub mod duration;

@@ -173,6 +173,9 @@ fn cases() -> Vec<Case> {
         case("npu_usage_threshold NaN", then("[engine.health_check_config]\nnpu_usage_threshold = nan"), "[[engine]] #1 (a) health_check_config.npu_usage_threshold", "`NaN` is not a finite number"),
         case("max_failure_count inf", then("[engine.health_check_config]\nmax_failure_count = inf"), "[[engine]] #1 (a) health_check_config.max_failure_count", "`inf` is not a finite number"),
         case("user_config.json health_collector_timeout", Input::Text(uc_engine("{dir}/slow.json")), "[[engine]] #1 (a) config_path", "health_collector_timeout must be <= 3600, got 86400"),
+        // Issue 48: no model for the virtual request, named where the engine was written.
+        case("inline served_model_name missing", set("served_model_name = \"m\"\n", ""), "[[engine]] #1 (a) served_model_name", "missing: virtual inference is on, and its request names the model (on by default for an engine in agent.toml)"),
+        case("user_config.json served_model_name missing", Input::Text(uc_engine("{dir}/nomodel.json")), "[[engine]] #1 (a) config_path", "motor_engine_prefill_config.engine_config.served_model_name (or motor_engine_prefill_config.engine_config.model) is missing in {dir}/nomodel.json: virtual inference is on"),
         // Files that are not regular files, or too large.
         case("config is a FIFO", Input::File("{dir}/fifo"), "", "is a FIFO, not a regular file"),
         case("config is /dev/zero", Input::File("/dev/zero"), "", "is a character device, not a regular file"),
@@ -232,6 +235,11 @@ fn fixtures(dir: &Path) {
     std::fs::write(
         dir.join("slow.json"),
         section(r#", "health_check_config": {"health_collector_timeout": 86400}"#),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("nomodel.json"),
+        r#"{"motor_engine_prefill_config": {"engine_type": "vllm", "engine_config": {}, "health_check_config": {"enable_virtual_inference": true}}}"#,
     )
     .unwrap();
     std::fs::write(
@@ -321,6 +329,158 @@ fn the_base_config_and_every_default_are_valid() {
     host(&super::file::load(&p2).unwrap(), None).unwrap();
 }
 
+/// The engine-server flags of single-engine mode: the prefill engine of `uc` on 127.0.0.1.
+fn single_flags(
+    uc: &Path,
+    port: u16,
+    mgmt: u16,
+    devices: Option<Vec<u32>>,
+) -> crate::config::SingleEngine {
+    crate::config::SingleEngine {
+        config_path: uc.to_path_buf(),
+        role: Role::Prefill,
+        host: "127.0.0.1".to_owned(),
+        port,
+        mgmt_port: mgmt,
+        dp_rank: 0,
+        devices,
+        env_config_path: None,
+        qos: crate::config::qos::QosConfig::default(),
+        qos_set: Vec::new(),
+    }
+}
+
+// Issue 48: virtual inference is on by default for an engine written in agent.toml; an
+// engine read from MindIE's user_config.json, in host or single-engine mode, keeps MindIE's
+// default (off), and a value written anywhere wins.
+#[test]
+fn virtual_inference_is_on_by_default_only_for_engines_written_in_agent_toml() {
+    let dir = tempfile::tempdir().unwrap();
+    let uc = dir.path().join("user_config.json");
+    std::fs::write(
+        &uc,
+        r#"{"motor_engine_prefill_config": {"engine_type": "vllm", "engine_config": {"served_model_name": "m"}}}"#,
+    )
+    .unwrap();
+    let enabled = |text: &str| {
+        let p = dir.path().join("agent.toml");
+        std::fs::write(&p, text).unwrap();
+        super::file::load(&p).unwrap().engines[0]
+            .health_check_config
+            .enable_virtual_inference
+    };
+    assert!(enabled(BASE), "inline, nothing written: on");
+    assert!(
+        enabled(&format!(
+            "{BASE}[engine.health_check_config]\nnpu_usage_threshold = 10\n"
+        )),
+        "inline, the table without the key: on"
+    );
+    assert!(!enabled(&format!(
+        "{BASE}[engine.health_check_config]\nenable_virtual_inference = false\n"
+    )));
+    assert!(
+        !enabled(&uc_engine(&uc.display().to_string())),
+        "from user_config.json: MindIE's default"
+    );
+    let single = AgentConfig::single(
+        &single_flags(&uc, 8000, 9001, None),
+        AgentSettings::default(),
+    )
+    .unwrap();
+    assert!(
+        !single.engines[0]
+            .health_check_config
+            .enable_virtual_inference,
+        "single-engine mode: MindIE's default"
+    );
+    // In single-engine mode a missing model names MindIE's JSON path in the file itself.
+    std::fs::write(
+        &uc,
+        r#"{"motor_engine_prefill_config": {"engine_type": "vllm", "health_check_config": {"enable_virtual_inference": true}}}"#,
+    )
+    .unwrap();
+    let e = AgentConfig::single(
+        &single_flags(&uc, 8000, 9001, None),
+        AgentSettings::default(),
+    )
+    .unwrap_err();
+    assert_eq!(
+        (e.file.clone(), e.place.as_str()),
+        (uc.display().to_string(), "")
+    );
+    assert!(
+        e.message
+            .starts_with("motor_engine_prefill_config.engine_config.served_model_name (or motor_engine_prefill_config.engine_config.model) is missing in "),
+        "{e}"
+    );
+}
+
+// Issue 48: what check-config says of a valid configuration that may not do what was meant:
+// each engine with virtual inference off, with the key that turns it on where the engine was
+// written (agent.toml, or MindIE's JSON path in its file), and each /status on loopback, with
+// the key that moves it (the flag in single-engine mode).
+#[test]
+fn virtual_inference_off_and_a_status_on_loopback_name_the_key_to_set() {
+    let dir = tempfile::tempdir().unwrap();
+    let uc = dir.path().join("user_config.json");
+    std::fs::write(
+        &uc,
+        r#"{"motor_engine_prefill_config": {"engine_type": "vllm", "engine_config": {"served_model_name": "m"}}}"#,
+    )
+    .unwrap();
+    let text = format!(
+        "{BASE}[engine.health_check_config]\nenable_virtual_inference = false\n{}mgmt_host = \"0.0.0.0\"\n[[engine]]\nname = \"c\"\nconfig_path = \"user_config.json\"\nrole = \"prefill\"\nhost = \"127.0.0.1\"\nport = 8002\nmgmt_host = \"::1\"\nmgmt_port = 9003\n",
+        B
+    );
+    let p = dir.path().join("agent.toml");
+    std::fs::write(&p, text).unwrap();
+    let cfg = super::file::load(&p).unwrap();
+    let hung = "virtual inference is off, so a hung engine (alive, /health 200, no token out) is never reported abnormal";
+    assert_eq!(
+        cfg.virtual_inference_off(),
+        [
+            format!(
+                "engine a: {hung}; set [[engine]] #1 (a) health_check_config.enable_virtual_inference = true"
+            ),
+            format!(
+                "engine c: {hung}; set motor_engine_prefill_config.health_check_config.enable_virtual_inference to true in {}",
+                uc.display()
+            ),
+        ]
+    );
+    let unreachable =
+        "a loopback address: a Node Manager on another host or in another pod cannot reach it";
+    assert_eq!(
+        cfg.loopback_status(),
+        [
+            format!(
+                "engine a's /status listens on 127.0.0.1:9001, {unreachable}; set [[engine]] #1 (a) mgmt_host to \"0.0.0.0\" or the node's address where it polls from elsewhere"
+            ),
+            format!(
+                "engine c's /status listens on [::1]:9003, {unreachable}; set [[engine]] #3 (c) mgmt_host to \"0.0.0.0\" or the node's address where it polls from elsewhere"
+            ),
+        ]
+    );
+    let single = AgentConfig::single(
+        &single_flags(&uc, 8000, 9001, None),
+        AgentSettings::default(),
+    )
+    .unwrap();
+    assert_eq!(
+        single.virtual_inference_off(),
+        [format!(
+            "engine prefill-0: {hung}; set motor_engine_prefill_config.health_check_config.enable_virtual_inference to true in {}",
+            uc.display()
+        )]
+    );
+    assert!(
+        single.loopback_status()[0].contains("; set --host to \"0.0.0.0\""),
+        "{:?}",
+        single.loopback_status()
+    );
+}
+
 #[test]
 fn single_engine_mode_names_the_flag() {
     let dir = tempfile::tempdir().unwrap();
@@ -330,18 +490,7 @@ fn single_engine_mode_names_the_flag() {
         r#"{"motor_engine_prefill_config": {"engine_type": "vllm", "engine_config": {"served_model_name": "m"}}}"#,
     )
     .unwrap();
-    let flags = |port: u16, mgmt: u16, devices: Option<Vec<u32>>| crate::config::SingleEngine {
-        config_path: uc.clone(),
-        role: crate::config::mindie::Role::Prefill,
-        host: "127.0.0.1".to_owned(),
-        port,
-        mgmt_port: mgmt,
-        dp_rank: 0,
-        devices,
-        env_config_path: None,
-        qos: crate::config::qos::QosConfig::default(),
-        qos_set: Vec::new(),
-    };
+    let flags = |port, mgmt, devices| single_flags(&uc, port, mgmt, devices);
     let single = |f| AgentConfig::single(&f, AgentSettings::default());
     let e = single(flags(8000, 8000, None)).unwrap_err();
     assert_eq!(
@@ -438,9 +587,9 @@ fn known_keys(text: &str) -> Vec<String> {
     list.split(", ").map(str::to_owned).collect()
 }
 
-/// The keys in the first column of the tables of `docs/configuration.md`'s section `heading`
-/// (up to the next heading of the same or a higher level), without `(alias …)` notes.
-fn documented_keys(heading: &str) -> Vec<String> {
+/// The table rows of `docs/configuration.md`'s section `heading` (up to the next heading)
+/// that name a key, each without its leading `` | ` ``.
+fn documented_rows(heading: &str) -> Vec<String> {
     let doc = std::fs::read_to_string(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/configuration.md"),
     )
@@ -449,16 +598,19 @@ fn documented_keys(heading: &str) -> Vec<String> {
         .find(&format!("\n{heading}\n"))
         .unwrap_or_else(|| panic!("docs/configuration.md has no {heading:?}"));
     let body = &doc[start + heading.len() + 2..];
-    let end = body
-        .lines()
-        .position(|l| l.starts_with('#'))
-        .map_or(body.len(), |n| {
-            body.lines().take(n).map(|l| l.len() + 1).sum::<usize>()
-        });
-    let mut keys = Vec::new();
-    for cell in body[..end]
-        .lines()
+    body.lines()
+        .take_while(|l| !l.starts_with('#'))
         .filter_map(|l| l.strip_prefix("| `"))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The keys in the first column of the tables of `docs/configuration.md`'s section `heading`
+/// (up to the next heading of the same or a higher level), without `(alias …)` notes.
+fn documented_keys(heading: &str) -> Vec<String> {
+    let mut keys = Vec::new();
+    for cell in documented_rows(heading)
+        .iter()
         .filter_map(|l| l.split(" |").next())
     {
         // `key` or `key` (alias `other`): every name in backquotes of the first cell.
@@ -578,6 +730,74 @@ fn the_configuration_reference_lists_every_key_and_no_other() {
                 }))
     });
     assert!(problems.is_empty(), "\n{}", problems.join("\n"));
+}
+
+// Issue 48: `sample_period = 50` got "invalid type: integer `50`, expected a string". Every
+// duration key (each key docs/configuration.md bounds with a range of durations) shows a bare
+// number written as a duration, at its own place.
+#[test]
+fn every_duration_key_shows_a_bare_number_as_a_duration() {
+    // Each table's section of the reference, and the config with `{key} = 50` in that table.
+    const LINE: &str = "{key} = 50\n";
+    let engine = |table: &str| format!("{BASE}[engine.{table}]\n{LINE}");
+    let tables = [
+        (
+            "## `[agent]`",
+            BASE.replace("[agent]\n", &format!("[agent]\n{LINE}")),
+        ),
+        ("## `[engine.timing]`", engine("timing")),
+        ("## `[engine.qos]`", engine("qos")),
+        ("## `[engine.agent_policy]`", engine("agent_policy")),
+        (
+            "## `[agent.kubernetes]` and `[engine.kubernetes]`",
+            BASE.replacen(
+                "\n[[engine]]",
+                &format!("[agent.kubernetes]\n{LINE}\n[[engine]]"),
+                1,
+            ),
+        ),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("agent.toml");
+    let (mut checked, mut problems) = (Vec::new(), Vec::new());
+    for (heading, text) in &tables {
+        for row in documented_rows(heading) {
+            let key = row.split('`').next().unwrap_or_default().to_owned();
+            // A bound: a range whose low end is a duration with its unit (`50ms..=10m`).
+            let cells = row.split_once(" | ").map_or("", |(_, rest)| rest);
+            let is_duration = cells.split('`').any(|c| {
+                c.split_once("..=").is_some_and(|(lo, _)| {
+                    lo.ends_with(char::is_alphabetic) && humantime::parse_duration(lo).is_ok()
+                })
+            });
+            if !is_duration {
+                continue;
+            }
+            std::fs::write(&p, text.replace("{key}", &key)).unwrap();
+            match super::file::load(&p) {
+                Err(e)
+                    if e.place.trim_end_matches(": ").ends_with(&key)
+                        && e.message.contains("`50` has no unit")
+                        && e.message.contains("\"50ms\" or \"50s\"") => {}
+                other => problems.push(format!("{heading} {key}: {other:?}")),
+            }
+            checked.push(key);
+        }
+    }
+    assert!(problems.is_empty(), "\n{}", problems.join("\n"));
+    for key in [
+        "sample_period",
+        "window",
+        "stall_window",
+        "progress_window",
+        "resync_period",
+    ] {
+        assert!(
+            checked.iter().any(|k| k == key),
+            "{key} not found: {checked:?}"
+        );
+    }
+    assert!(checked.len() >= 30, "{checked:?}");
 }
 
 // Issue 42: every flag of `run` and of the program is in docs/configuration.md (the flags

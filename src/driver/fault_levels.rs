@@ -152,10 +152,8 @@ impl FaultTable {
     pub fn built_in() -> FaultTable {
         FaultTable {
             levels: BUILT_IN.iter().copied().collect(),
-            origin: format!(
-                "built-in ({} codes of mind-cluster's faultCode.json at ada4c99)",
-                BUILT_IN.len()
-            ),
+            // The count is `describe`'s to say, once.
+            origin: "built-in (mind-cluster's faultCode.json at ada4c99)".to_owned(),
             unknown_keys: Vec::new(),
             repeated: Vec::new(),
         }
@@ -510,6 +508,19 @@ mod tests {
             );
             assert_eq!(serde_json::from_str::<FaultLevel>(&json).unwrap(), l);
         }
+    }
+
+    // Issue 48: check-config printed "built-in (15 codes of …) (15 codes)".
+    #[test]
+    fn the_built_in_table_says_its_count_once() {
+        let t = FaultTable::built_in();
+        assert_eq!(
+            t.describe(),
+            format!(
+                "built-in (mind-cluster's faultCode.json at ada4c99) ({} codes)",
+                BUILT_IN.len()
+            )
+        );
     }
 
     #[test]

@@ -713,6 +713,16 @@ fn the_readme_host_mode_example_is_shipped_and_passes_check_config() {
         .arg(&config);
     let ended = run_within(check, dir.path(), Duration::from_secs(20));
     assert_eq!(ended.code, Some(0), "{}", ended.stderr);
+    // Issue 48: the shortest config runs virtual inference (on by default in agent.toml),
+    // polled from elsewhere; the built-in fault-code table says its count once.
+    assert!(!ended.stderr.contains("WARNING"), "{}", ended.stderr);
+    assert!(!ended.stderr.contains("loopback"), "{}", ended.stderr);
+    let levels = ended
+        .stderr
+        .lines()
+        .find(|l| l.contains("fault-code levels from built-in"))
+        .unwrap_or_else(|| panic!("{}", ended.stderr));
+    assert_eq!(levels.matches("codes").count(), 1, "{levels}");
 
     std::fs::copy(
         root.join("examples/user_config.json"),
@@ -868,28 +878,58 @@ fn check_config_and_run_refuse_a_state_directory_another_user_can_change() {
     );
 }
 
-// Issue 42: `check-config --user` checks as the unit's user: a root-only token file passed
-// `check-config` run as root and then failed the start as `npu-health-agent`; now it is a
-// warning naming the file, its owner and mode, and the fix. An unknown user is an error, and
-// a state directory of root's is refused for another user, as `run` as that user would.
+/// The name `/etc/group` gives `user`'s primary group (Debian's `nobody` is in `nogroup`).
+fn primary_group(user: &str) -> String {
+    let passwd = std::fs::read_to_string("/etc/passwd").unwrap();
+    let gid = passwd
+        .lines()
+        .map(|l| l.split(':').collect::<Vec<_>>())
+        .find(|f| f[0] == user)
+        .map(|f| f[3].to_owned())
+        .unwrap();
+    std::fs::read_to_string("/etc/group")
+        .unwrap()
+        .lines()
+        .map(|l| l.split(':').collect::<Vec<_>>())
+        .find(|f| f.get(2) == Some(&gid.as_str()))
+        .map_or(gid.clone(), |f| f[0].to_owned())
+}
+
+// Issue 42, then 48: `check-config --user` checks as the unit's user. A root-only token file
+// passed `check-config` run as root and failed the start; issue 42 made it a warning (exit 0),
+// and a token inside a 0700 directory of root's passed with no word (R8). Now each fails
+// (exit 2), naming the file or the directory, its owner and mode, and the fix, with the
+// user's primary group as /etc/group names it; every file the agent needs is checked (here
+// also the engine's env.json). An unknown user is an error, and a state directory of root's is
+// refused for another user, as `run` as that user would.
 #[test]
-fn check_config_as_the_units_user_warns_of_a_token_file_it_cannot_read() {
+fn check_config_as_the_units_user_fails_on_a_file_it_cannot_open() {
     use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &Path, m: u32| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
+    };
     let dir = tempfile::tempdir().unwrap();
+    // tempdir makes it 0700: the unit's user could not reach anything in it.
+    mode(dir.path(), 0o755);
     let token = dir.path().join("admin.token");
     std::fs::write(&token, "0123456789abcdef0123456789abcdef\n").unwrap();
-    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
+    mode(&token, 0o600);
+    let env_json = dir.path().join("env.json");
+    std::fs::write(&env_json, "{\"motor_common_env\": {}}").unwrap();
     let [admin] = free_ports();
-    let config = write_config(dir.path(), "");
+    let config = write_config(dir.path(), "env_config_path = \"env.json\"");
     let text = std::fs::read_to_string(&config).unwrap();
-    std::fs::write(
-        &config,
-        format!(
-            "[agent]\nadmin_listen = \"127.0.0.1:{admin}\"\nadmin_token_file = \"{}\"\n\n{text}",
-            token.display()
-        ),
-    )
-    .unwrap();
+    let with_token = |token: &Path| {
+        std::fs::write(
+            &config,
+            format!(
+                "[agent]\nadmin_listen = \"127.0.0.1:{admin}\"\nadmin_token_file = \"{}\"\n\n{text}",
+                token.display()
+            ),
+        )
+        .unwrap();
+    };
+    with_token(&token);
     let check = |user: Option<&str>| {
         let mut c = agent();
         c.args(["check-config", "--config"]).arg(&config);
@@ -899,28 +939,53 @@ fn check_config_as_the_units_user_warns_of_a_token_file_it_cannot_read() {
         run_within(c, dir.path(), Duration::from_secs(20))
     };
     let euid = rustix::process::geteuid();
-    // As the user running it: no warning (root reads every file; another user owns it).
+    // As the user running it: nothing to say (root reads every file; another user owns it).
     let me = check(None);
     assert_eq!(me.code, Some(0), "{}", me.stderr);
-    assert!(!me.stderr.contains("warning:"), "{}", me.stderr);
+    assert!(!me.stderr.contains("WARNING"), "{}", me.stderr);
     if euid.is_root() {
+        let group = primary_group("nobody");
+        mode(&env_json, 0o600);
         let nobody = check(Some("nobody"));
-        assert_eq!(nobody.code, Some(0), "{}", nobody.stderr);
+        assert_eq!(nobody.code, Some(2), "{}", nobody.stderr);
+        let t = token.display();
+        let want = format!(
+            "[agent] admin_token_file: {t} (uid 0, gid 0, mode 0600) is not readable by nobody (uid 65534): the agent running as nobody fails to start; `chown root:{group} {t} && chmod 0640 {t}`; the same for 1 more: [[engine]] #1 (a) env_config_path ({})",
+            env_json.display()
+        );
         assert!(
-            nobody.stderr.contains(&format!(
-                "warning: [agent] admin_token_file: {} (uid 0, gid 0, mode 0600) is not readable by nobody",
-                token.display()
-            )) && nobody.stderr.contains("chmod 0640"),
-            "{}",
+            nobody.last_line().contains(&want),
+            "{want}\n{}",
             nobody.stderr
         );
-        std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o644)).unwrap();
+        mode(&token, 0o644);
+        mode(&env_json, 0o644);
         let readable = check(Some("nobody"));
-        assert!(!readable.stderr.contains("warning:"), "{}", readable.stderr);
+        assert_eq!(readable.code, Some(0), "{}", readable.stderr);
+        // R8: a readable token inside a directory of root's that nobody cannot search.
+        let secret = dir.path().join("secret");
+        std::fs::create_dir(&secret).unwrap();
+        mode(&secret, 0o700);
+        let inside = secret.join("token");
+        std::fs::rename(&token, &inside).unwrap();
+        with_token(&inside);
+        let behind = check(Some("nobody"));
+        assert_eq!(behind.code, Some(2), "{}", behind.stderr);
+        let d = secret.display();
+        let want = format!(
+            "[agent] admin_token_file: {} is inside {d} (uid 0, gid 0, mode 0700), which nobody (uid 65534) cannot search: the agent running as nobody fails to start; `chgrp {group} {d} && chmod g+x {d}`",
+            inside.display()
+        );
+        assert!(
+            behind.last_line().contains(&want),
+            "{want}\n{}",
+            behind.stderr
+        );
+        mode(&secret, 0o711);
         // A state directory of root's is not nobody's.
         let state = dir.path().join("state");
         std::fs::create_dir(&state).unwrap();
-        std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o700)).unwrap();
+        mode(&state, 0o700);
         let text = std::fs::read_to_string(&config).unwrap();
         std::fs::write(
             &config,

@@ -289,7 +289,7 @@ fn mgmt_tls_serves_status_over_https() {
     std::fs::write(
         &toml,
         format!(
-            "[[engine]]\nengine_type = \"vllm\"\nserved_model_name = \"m\"\nhost = \"127.0.0.1\"\nport = {}\nmgmt_port = {mgmt}\nmgmt_tls_config = {{ enable_tls = true, cert_file = \"server.crt\", key_file = \"server.key\" }}\n",
+            "[[engine]]\nengine_type = \"vllm\"\nserved_model_name = \"m\"\nhost = \"127.0.0.1\"\nport = {}\nmgmt_port = {mgmt}\nmgmt_tls_config = {{ enable_tls = true, cert_file = \"server.crt\", key_file = \"server.key\" }}\n[engine.health_check_config]\nenable_virtual_inference = false\n",
             engine.port
         ),
     )
@@ -440,6 +440,50 @@ fn check_config_prints_defaults_and_rejects_bad_keys() {
     assert_eq!(out.status.code(), Some(2));
 }
 
+// Issue 48: check-config said "configuration is valid" of an engine whose virtual inference
+// is off (MindIE's default in user_config.json, which single-engine mode keeps) and whose
+// /status only loopback reaches; now a WARNING names the engine and MindIE's key, and a note
+// the flag that moves /status, before the verdict. It still exits 0.
+#[test]
+fn check_config_warns_of_virtual_inference_off_and_notes_a_status_on_loopback() {
+    let dir = tempfile::tempdir().unwrap();
+    let uc = dir.path().join("user_config.json");
+    std::fs::write(
+        &uc,
+        r#"{"motor_engine_prefill_config": {"engine_type": "vllm", "engine_config": {"served_model_name": "m"}}}"#,
+    )
+    .unwrap();
+    let [port, mgmt] = free_ports();
+    let out = agent()
+        .args(["check-config", "--config-path"])
+        .arg(&uc)
+        .args(single_engine_flags(port, mgmt))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let lines: Vec<&str> = err.lines().collect();
+    let n = lines.len();
+    assert!(n >= 3, "{err}");
+    let file = uc.display();
+    assert_eq!(
+        lines[n - 3],
+        format!(
+            "{file}: note: engine prefill-0's /status listens on 127.0.0.1:{mgmt}, a loopback address: a Node Manager on another host or in another pod cannot reach it; set --host to \"0.0.0.0\" or the node's address where it polls from elsewhere"
+        )
+    );
+    assert_eq!(
+        lines[n - 2],
+        format!(
+            "{file}: WARNING: engine prefill-0: virtual inference is off, so a hung engine (alive, /health 200, no token out) is never reported abnormal; set motor_engine_prefill_config.health_check_config.enable_virtual_inference to true in {file}"
+        )
+    );
+    assert_eq!(
+        lines[n - 1],
+        format!("{file}: configuration is valid (1 engine(s))")
+    );
+}
+
 // Single-engine mode: under the default policy (agent) stall detection and eviction are on,
 // the V6 rule off; under `--policy reference` all three are off (V5 parity); the flags turn
 // them on, and a bad value names its flag.
@@ -582,10 +626,19 @@ fn doctor_reports_each_condition_and_the_verdict() {
     ] {
         assert!(names.contains(&want), "{want} missing from {names:?}");
     }
-    // With env.json saying "1" for the prefill engine, it will not run, and the table says why.
+    // With env.json saying "1" for the prefill engine, it will not run, the table says why,
+    // and doctor exits 4 naming the engine (issue 48: it exited 0, so a canary could not tell).
     let mut c = agent();
     base(&mut c);
     let out = c.arg("--env-config-path").arg(&env_json).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{err}");
+    assert!(
+        err.trim_end().ends_with(
+            "virtual inference will not run for engine prefill-0 (blocked by ASCEND_GLOBAL_LOG_LEVEL)"
+        ),
+        "{err}"
+    );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.contains("will NOT run: blocked by ASCEND_GLOBAL_LOG_LEVEL"),
@@ -603,11 +656,19 @@ fn doctor_reports_each_condition_and_the_verdict() {
     // No engine listening: health is pending, so it will not run yet.
     drop(engine);
     let [closed] = free_ports::<1>();
+    // Waiting for /health is no failure: it runs once the engine answers.
     let pending = |extra: &[&str]| {
         let mut c = agent();
         doctor_on(&mut c, closed);
         c.args(extra);
-        c.output().unwrap().stdout
+        let out = c.output().unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
     };
     let v: serde_json::Value = serde_json::from_slice(&pending(&["--json"])).unwrap();
     assert_eq!(v["engines"][0]["virtual_inference_will_run"], false);

@@ -29,7 +29,7 @@
 
 use super::BackendChoice;
 use super::engine::build_engine;
-use super::mindie::{EngineSection, Role};
+use super::mindie::{EngineSection, HealthCheckConfig, Role};
 use super::policy::{AgentPolicy, Policy};
 use super::qos::QosConfig;
 use super::{
@@ -520,7 +520,7 @@ fn section_from_file(
 }
 
 /// The engine section written inline in the table, as MindIE's JSON would hold it (the
-/// role is `union` unless the table says).
+/// role is `union` unless the table says; virtual inference is on unless it says).
 fn inline_section(t: &EngineTable, base: &Path) -> Result<(EngineSection, Role, String), KeyError> {
     let mut engine_config = serde_json::Map::new();
     if let Some(v) = to_json("served_model_name", &t.served_model_name)? {
@@ -548,6 +548,7 @@ fn inline_section(t: &EngineTable, base: &Path) -> Result<(EngineSection, Role, 
         to_json("mgmt_tls_config", &t.mgmt_tls_config)?.as_ref(),
         to_json("infer_tls_config", &t.infer_tls_config)?.as_ref(),
         base,
+        HealthCheckConfig::inline_defaults(),
     )
     .map_err(|e| (String::new(), e))?;
     Ok((section, t.role.unwrap_or(Role::Union), "inline".to_owned()))
