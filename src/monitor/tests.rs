@@ -102,7 +102,10 @@ struct AlwaysFail;
 impl Prober for AlwaysFail {
     async fn send(&self, _t: Duration) -> ProbeResult {
         ProbeResult::new(
-            Err(ProbeFailure::Transport("refused".into())),
+            Err(ProbeFailure::Transport(
+                Transport::Refused,
+                "refused".into(),
+            )),
             Duration::from_millis(1),
         )
     }
@@ -231,7 +234,7 @@ impl Prober for FailSecond {
         let n = self.0.fetch_add(1, Ordering::SeqCst);
         ProbeResult::new(
             if n == 1 {
-                Err(ProbeFailure::Timeout)
+                Err(ProbeFailure::Timeout(Duration::from_secs(5)))
             } else {
                 Ok(())
             },
@@ -383,7 +386,10 @@ async fn held_evict_answers_abnormal_only_with_qos_eviction() {
         st.record_health(&outcome("ok"), true);
         // A failed periodic probe is the latency input.
         st.vi.record(
-            &ProbeResult::new(Err(ProbeFailure::Timeout), Duration::from_secs(5)),
+            &ProbeResult::new(
+                Err(ProbeFailure::Timeout(Duration::from_secs(5))),
+                Duration::from_secs(5),
+            ),
             false,
             Some(95.0),
             Accounting::Reset,
