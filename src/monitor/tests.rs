@@ -798,3 +798,30 @@ async fn the_engine_processes_in_sight_or_why_not_is_a_condition() {
     assert_eq!(c.value, "pid 10: 2 process(es) in sight");
     assert!(c.note.is_empty());
 }
+
+// Issue 48: a `/health` failure within the grace reads the cause last, as every reason does,
+// and names /health once.
+#[test]
+fn a_health_failure_within_the_grace_ends_with_its_cause() {
+    let mut agent = spec("enable_virtual_inference = true");
+    agent.policy.value = crate::config::policy::Policy::Agent;
+    let st = Monitor::new(agent, vec![0]);
+    st.record_health(&outcome("ok"), true);
+    let cause = crate::probe::outcome::ProbeFailure::Status(503).to_string();
+    st.record_health(
+        &HealthOutcome::Unhealthy {
+            reason: cause.clone(),
+            unreachable: false,
+            timed_out: false,
+            transport: None,
+        },
+        true,
+    );
+    assert_eq!(st.status(), Status::Normal, "within the grace");
+    let why = st.reason();
+    assert!(
+        why.starts_with("/health fails for ") && why.ends_with(&format!("): {cause}")),
+        "{why}"
+    );
+    assert_eq!(why.matches("/health").count(), 1, "{why}");
+}

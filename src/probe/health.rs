@@ -98,12 +98,12 @@ impl<T: HealthTransport> HealthCollector<T> {
                 }
                 Fetch::Response { status, .. } => {
                     timed_out = false;
-                    last = format!("/health: {}", ProbeFailure::Status(status));
+                    last = ProbeFailure::Status(status).to_string();
                     break;
                 }
                 Fetch::Timeout => {
                     timed_out = true;
-                    last = format!("/health: {}", ProbeFailure::Timeout(self.timeout));
+                    last = ProbeFailure::Timeout(self.timeout).to_string();
                     if attempt < self.attempts {
                         tracing::info!(
                             "Health check timed out (attempt {attempt}/{}), retrying...",
@@ -113,7 +113,7 @@ impl<T: HealthTransport> HealthCollector<T> {
                 }
                 Fetch::Error(class, e) => {
                     timed_out = false;
-                    last = format!("/health: {}", ProbeFailure::Transport(class, e));
+                    last = ProbeFailure::Transport(class, e).to_string();
                     failed = Some(class);
                     break;
                 }
@@ -340,7 +340,7 @@ mod tests {
                     assert!(!unreachable, "{class:?}");
                     assert_eq!(transport, Some(class));
                     let words = crate::probe::cause::words(class);
-                    assert_eq!(reason, format!("/health: {words}: x"));
+                    assert_eq!(reason, format!("{words}: x"));
                 }
                 other => panic!("{other:?}"),
             }
