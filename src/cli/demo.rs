@@ -3,14 +3,23 @@
 //! Starts, as real processes on loopback, the agent (`--fake run`, so the fake `libdcmi.so`
 //! is dlopen'd through the production path) and, once it answers `initial`, the fake engine
 //! (whose load drives the fake NPU usage through small files); prints the URLs and shows
-//! `/status` going `initial` → `normal`. Ctrl-C (or `--duration`) stops both; the demo fails
-//! if the agent dies or `/status` never goes `initial` → `normal`.
+//! `/status` going `initial` → `normal`. Ctrl-C (or `--duration`, or a closed stdout, as
+//! `demo | head -1` leaves it) stops both and removes the demo's files; the demo fails if the
+//! agent dies or `/status` never goes `initial` → `normal`.
+//!
+//! The children run in process groups of their own, so a terminal's Ctrl-C (SIGINT to the
+//! whole foreground group) reaches the demo alone, and the agent gets one stop request, the
+//! demo's SIGTERM: a second one would make it exit at once, with a WARN, skipping its
+//! graceful stop.
 
 use super::CliError;
 use anyhow::Context;
 use fake_engine::engine::{EngineOptions, run as run_engine};
+use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use tokio::process::{Child, Command};
 use tokio_util::sync::CancellationToken;
@@ -162,6 +171,36 @@ fn fault_keys() -> Vec<String> {
     keys
 }
 
+/// Set once a write to stdout failed (its reader is gone: `demo | head -1`).
+static STDOUT_GONE: AtomicBool = AtomicBool::new(false);
+
+/// Prints one line to stdout. A failed write (EPIPE: Rust ignores SIGPIPE, so a closed pipe
+/// is an error here, not a signal) is remembered: the watch then stops the demo as Ctrl-C
+/// does, instead of a panic that leaves the children to their parent-death signal and the
+/// files behind.
+fn say(line: &str) {
+    let mut out = std::io::stdout().lock();
+    if writeln!(out, "{line}").and_then(|()| out.flush()).is_err() {
+        STDOUT_GONE.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Whether stdout's reader is gone: a write failed, or stdout is a pipe whose read end
+/// closed (poll says POLLERR before anything is written).
+fn stdout_gone() -> bool {
+    use rustix::event::{PollFd, PollFlags, Timespec, poll};
+    if STDOUT_GONE.load(Ordering::SeqCst) {
+        return true;
+    }
+    let out = std::io::stdout();
+    let mut fds = [PollFd::new(&out, PollFlags::empty())];
+    let now = Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    poll(&mut fds, Some(&now)).is_ok_and(|_| fds[0].revents().contains(PollFlags::ERR))
+}
+
 async fn stop(mut child: Child, name: &str) {
     if let Some(pid) = child
         .id()
@@ -227,6 +266,8 @@ impl Setup {
                 "RUST_LOG",
                 std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".to_owned()),
             )
+            .stdin(Stdio::null())
+            .process_group(0)
             .kill_on_drop(true)
             .spawn()
             .context("starting the agent")?;
@@ -235,35 +276,56 @@ impl Setup {
 
     /// Where to look, and what to try.
     fn print_urls(&self) -> Result<(), CliError> {
-        let (engine_port, control_port) = (self.engine_port, self.control_port);
-        let (mgmt_port, admin_port) = (self.mgmt_port, self.admin_port);
-        println!("demo: files in {}", self.dir.display());
-        println!(
-            "demo: fake engine   http://127.0.0.1:{engine_port}  (faults: http://127.0.0.1:{control_port}/fake/faults)"
-        );
-        println!("demo: /status       http://127.0.0.1:{mgmt_port}/status");
-        println!("demo: detail        http://127.0.0.1:{mgmt_port}/status/detail");
-        println!("demo: QoS           http://127.0.0.1:{mgmt_port}/qos");
-        println!(
-            "demo: metrics       http://127.0.0.1:{mgmt_port}/metrics  (all: http://127.0.0.1:{admin_port}/metrics)"
-        );
-        println!(
-            "demo: kubelet       http://127.0.0.1:{mgmt_port}/readyz  http://127.0.0.1:{mgmt_port}/livez"
-        );
-        println!("demo: live page     http://127.0.0.1:{admin_port}/");
         let cfg =
             crate::config::file::load(&self.agent_toml).context("reading the demo's agent.toml")?;
-        if let Some(e) = cfg.engines.first() {
-            println!(
-                "demo: try  curl -X POST -d '{{\"hang\":true}}' http://127.0.0.1:{control_port}/fake/faults  ({})",
-                hang_hint(e)
-            );
+        for line in self.guide(cfg.engines.first()) {
+            say(&line);
         }
-        println!(
+        Ok(())
+    }
+
+    /// The lines [`Setup::print_urls`] prints: the URLs, `top`, a fault to try, and how an
+    /// `abnormal` clears (`engine`: the demo's engine as configured).
+    fn guide(&self, engine: Option<&crate::config::EngineSpec>) -> Vec<String> {
+        let (engine_port, control_port) = (self.engine_port, self.control_port);
+        let (mgmt, admin) = (
+            format!("http://127.0.0.1:{}", self.mgmt_port),
+            format!("http://127.0.0.1:{}", self.admin_port),
+        );
+        let faults = format!("http://127.0.0.1:{control_port}/fake/faults");
+        let mut lines = vec![
+            format!("demo: files in {}", self.dir.display()),
+            format!("demo: fake engine   http://127.0.0.1:{engine_port}  (faults: {faults})"),
+            format!("demo: /status       {mgmt}/status"),
+            format!("demo: detail        {mgmt}/status/detail"),
+            format!("demo: QoS           {mgmt}/qos"),
+            format!("demo: metrics       {mgmt}/metrics  (all: {admin}/metrics)"),
+            format!("demo: kubelet       {mgmt}/readyz  {mgmt}/livez"),
+            format!("demo: live page     {admin}/"),
+            format!(
+                "demo: top           {} top --admin {admin}",
+                self.exe.display()
+            ),
+        ];
+        if let Some(e) = engine {
+            lines.push(format!(
+                "demo: try  curl -X POST -d '{{\"hang\":true}}' {faults}  ({})",
+                hang_hint(e)
+            ));
+        }
+        lines.push(format!(
             "demo:      fault keys: {} (docs/fake-driver.md); POST /fake/reset clears them",
             fault_keys().join(", ")
+        ));
+        lines.push(
+            "demo:      but an abnormal /status stays abnormal until the engine restarts (MindIE's rule: \
+             clearing the fault, or restarting the agent, does not clear it)"
+                .to_owned(),
         );
-        Ok(())
+        lines.push(format!(
+            "demo:      restart the fake engine (its listener closes for 3 s):  curl -X POST -d '{{\"hang\":false,\"restart_ms\":3000}}' {faults}"
+        ));
+        lines
     }
 
     /// Starts the fake engine, and `load` streams of requests to it.
@@ -273,7 +335,7 @@ impl Setup {
         load: usize,
         stop_load: &CancellationToken,
     ) -> Result<Child, CliError> {
-        println!("demo: starting the fake engine");
+        say("demo: starting the fake engine");
         let npu_files = [self.dir.join("npu0"), self.dir.join("npu1")];
         let mut cmd = Command::from(crate::fake::engine_command(
             &self.exe,
@@ -284,6 +346,8 @@ impl Setup {
         ));
         let engine = cmd
             .args(["--exit-with-parent", &self.me])
+            .stdin(Stdio::null())
+            .process_group(0)
             .kill_on_drop(true)
             .spawn()
             .context("starting the fake engine")?;
@@ -306,6 +370,8 @@ enum Ended {
     Deadline,
     /// The agent died: how to see why.
     AgentExited(String),
+    /// Nobody reads stdout any more.
+    StdoutGone,
 }
 
 /// What the demo has seen of the agent, and the engine once started.
@@ -342,11 +408,11 @@ impl Watch {
             Ok(r) => r.json().await.unwrap_or_default(),
             Err(_) => serde_json::Value::Null,
         };
-        println!(
+        say(&format!(
             "demo: {:>6.1}s  /status {status}  {}",
             self.started.elapsed().as_secs_f64(),
             detail["reason"].as_str().unwrap_or("")
-        );
+        ));
         self.seen_initial |= status == r#"{"status":"initial"}"#;
         self.seen_normal |= status == r#"{"status":"normal"}"#;
         self.last_status = status;
@@ -365,10 +431,10 @@ impl Watch {
         if let (Some(level), Some(score)) = (q["level"].as_str(), q["score"].as_f64())
             && level != self.last_level
         {
-            println!(
+            say(&format!(
                 "demo: {:>6.1}s  QoS level {level} (score {score:.3})",
                 self.started.elapsed().as_secs_f64()
-            );
+            ));
             self.last_level = level.to_owned();
         }
     }
@@ -397,6 +463,9 @@ async fn watch(
                 s.agent_toml.display()
             )));
         }
+        if stdout_gone() {
+            return Ok(Ended::StdoutGone);
+        }
         w.status(&client, s.mgmt_port).await;
         w.qos(&client, s.mgmt_port).await;
         if w.engine.is_none() && w.seen_initial {
@@ -407,10 +476,10 @@ async fn watch(
         }
         tokio::select! {
             req = signals.next() => {
-                println!("demo: {}; stopping the agent and the fake engine", match req {
+                say(&format!("demo: {}; stopping the agent and the fake engine", match req {
                     crate::service::signals::Signalled::Stop(name) => name,
                     crate::service::signals::Signalled::Reload => "SIGHUP",
-                });
+                }));
                 return Ok(Ended::Signalled);
             }
             _ = tokio::time::sleep(Duration::from_millis(100)) => {}
@@ -450,6 +519,10 @@ pub async fn demo(args: DemoArgs) -> Result<(), CliError> {
     let _ = std::fs::remove_dir_all(&setup.dir);
     match ended {
         Ended::Signalled => Ok(()),
+        Ended::StdoutGone => {
+            eprintln!("demo: stdout closed; stopped the agent and the fake engine");
+            Ok(())
+        }
         Ended::AgentExited(why) => Err(CliError::from(anyhow::anyhow!(why))),
         Ended::Deadline if !(w.seen_initial && w.seen_normal) => {
             Err(CliError::from(anyhow::anyhow!(
@@ -504,6 +577,65 @@ mod tests {
         assert!(
             hint.contains("policy reference") && hint.contains("after 6 failed probes, 5s apart"),
             "{hint}"
+        );
+    }
+
+    fn setup(dir: &Path) -> Setup {
+        let (scenario, agent_toml) = write_files(dir, 1, 2, 3).unwrap();
+        Setup {
+            exe: PathBuf::from("/opt/x/npu-health-agent"),
+            dir: dir.to_owned(),
+            me: "1".into(),
+            engine_port: 1,
+            control_port: 4,
+            mgmt_port: 2,
+            admin_port: 3,
+            scenario,
+            agent_toml,
+        }
+    }
+
+    // Issue 48: the demo prints the `top` command for its own agent (one that parses, for
+    // the admin listener's address), among the other URLs.
+    #[test]
+    fn the_guide_prints_top_against_the_demos_agent() {
+        use clap::Parser;
+        let dir = tempfile::tempdir().unwrap();
+        let lines = setup(dir.path()).guide(None);
+        let top = lines
+            .iter()
+            .find_map(|l| l.strip_prefix("demo: top"))
+            .unwrap_or_else(|| panic!("no top line: {lines:#?}"));
+        let argv: Vec<&str> = top.split_whitespace().collect();
+        assert_eq!(argv[0], "/opt/x/npu-health-agent", "{top}");
+        match super::super::Cli::try_parse_from(&argv).unwrap().command {
+            super::super::Command::Top(t) => assert_eq!(t.admin, "http://127.0.0.1:3"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    // Issue 48: clearing the fault does not clear an abnormal; the guide says what does (an
+    // engine restart), and how to restart the fake engine with a patch it takes.
+    #[test]
+    fn the_guide_says_how_an_abnormal_clears() {
+        let dir = tempfile::tempdir().unwrap();
+        let lines = setup(dir.path()).guide(None);
+        let text = lines.join("\n");
+        assert!(
+            text.contains("an abnormal /status stays abnormal until the engine restarts"),
+            "{text}"
+        );
+        let restart = lines
+            .iter()
+            .find(|l| l.contains("restart the fake engine"))
+            .unwrap_or_else(|| panic!("{text}"));
+        let body = restart.split('\'').nth(1).unwrap();
+        let patch: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(patch["hang"], false, "{restart}");
+        assert!(patch["restart_ms"].as_u64().is_some(), "{restart}");
+        assert!(
+            restart.ends_with("http://127.0.0.1:4/fake/faults"),
+            "{restart}"
         );
     }
 

@@ -212,7 +212,7 @@ pub struct ConfigArgs {
     /// --stall-window (single-engine mode; host mode: [engine.qos]).
     #[arg(long)]
     pub stall_detection: bool,
-    /// Stall detection window [default: 60s].
+    /// Stall detection window [default: 30s; 60s under --policy reference].
     #[arg(long, value_parser = parse_duration, requires = "stall_detection")]
     pub stall_window: Option<Duration>,
     /// MindIE V6 rule: do not count an idle failure while requests wait for capacity.
@@ -597,6 +597,8 @@ fn run(cli: Cli) -> Result<(), CliError> {
     }
 }
 
+#[cfg(test)]
+mod help_tests;
 #[cfg(test)]
 mod tests {
     use super::*;

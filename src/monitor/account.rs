@@ -310,7 +310,7 @@ fn agent_first(rules: &Rules, obs: &Observation) -> Option<Accounted> {
             accounting: Accounting::DriverFault,
             count: obs.count + 1,
             abnormal: Some(format!(
-                "a virtual request failed ({e}) while {}: the driver explains the failure",
+                "{}: the driver explains why a virtual request failed: {e}",
                 f.describe()
             )),
             why: Some(f.describe()),
@@ -326,7 +326,7 @@ fn agent_first(rules: &Rules, obs: &Observation) -> Option<Accounted> {
     Some(Accounted {
         accounting: Accounting::NoSignOfLife,
         count: obs.count + 1,
-        abnormal: Some(format!("a virtual request failed ({e}) with {why}")),
+        abnormal: Some(format!("{why}; a virtual request failed: {e}")),
         why: Some(why),
         stalled: Some(quiet),
     })
@@ -651,7 +651,7 @@ mod tests {
     fn probe(failed: bool, peak: Option<f64>, count: i64) -> Observation {
         Observation {
             stage: Stage::Periodic,
-            failure: failed.then_some(ProbeFailure::Timeout),
+            failure: failed.then_some(ProbeFailure::Timeout(S(5))),
             peak,
             stalled_for: None,
             quiet_for: None,
@@ -1193,6 +1193,10 @@ mod tests {
             why.contains("no sign of life for 60.0 s") && why.contains("KV-cache"),
             "the reason says what stayed still and for how long: {why}"
         );
+        assert!(
+            why.ends_with("; a virtual request failed: timed out after 5s"),
+            "the probe's own error comes last (issue 48): {why}"
+        );
         let a = account(
             &agent(),
             &with(idle(0), &|o| {
@@ -1203,6 +1207,10 @@ mod tests {
         assert!(
             why.contains("0x80E18402") && why.contains("HBM rows") && why.contains("SeparateNPU"),
             "the reason names the code, its text and its level: {why}"
+        );
+        assert!(
+            why.ends_with("a virtual request failed: timed out after 5s"),
+            "the probe's own error comes last (issue 48): {why}"
         );
     }
 
@@ -1485,7 +1493,7 @@ mod tests {
         );
         assert_eq!(
             a.abnormal.as_deref(),
-            Some("warm-up request failed: timed out")
+            Some("warm-up request failed: timed out after 5s")
         );
     }
 

@@ -324,10 +324,10 @@ impl Monitor {
                 self.qos.below_evict()
             ),
             Status::Normal if h.state == HealthState::Failing => format!(
-                "/health fails ({}) for {:.1} s, within agent_policy.health_failure_grace ({:?})",
-                h.last_error.unwrap_or_default(),
+                "/health fails for {:.1} s, within agent_policy.health_failure_grace ({:?}): {}",
                 h.failing_for_ms.unwrap_or_default() as f64 / 1e3,
-                self.spec.agent_policy.health_failure_grace
+                self.spec.agent_policy.health_failure_grace,
+                h.last_error.unwrap_or_default()
             ),
             Status::Normal => match self.vi.phase() {
                 Phase::Disabled => {
@@ -512,9 +512,9 @@ impl Monitor {
             HealthState::Failing => tracing::warn!(
                 engine = %name,
                 verdict = self.peek_status().as_str(),
-                "/health fails ({}); abnormal if it still fails after {:?} (agent_policy.health_failure_grace)",
-                last_error.unwrap_or_default(),
-                self.spec.agent_policy.health_failure_grace
+                "/health fails; abnormal if it still fails after {:?} (agent_policy.health_failure_grace): {}",
+                self.spec.agent_policy.health_failure_grace,
+                last_error.unwrap_or_default()
             ),
             HealthState::Unhealthy => tracing::warn!(
                 engine = %name,

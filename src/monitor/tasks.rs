@@ -925,7 +925,7 @@ mod tests {
             Ok(())
         }
         fn fail() -> Result<(), ProbeFailure> {
-            Err(ProbeFailure::Timeout)
+            Err(ProbeFailure::Timeout(Duration::from_secs(5)))
         }
         fn calls(&self) -> Vec<(Instant, Duration)> {
             self.calls.lock().unwrap().clone()
@@ -943,7 +943,7 @@ mod tests {
             };
             if delay > timeout {
                 tokio::time::sleep(timeout).await;
-                return ProbeResult::new(Err(ProbeFailure::Timeout), timeout);
+                return ProbeResult::new(Err(ProbeFailure::Timeout(timeout)), timeout);
             }
             tokio::time::sleep(delay).await;
             ProbeResult::new(outcome, delay)

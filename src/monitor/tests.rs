@@ -102,7 +102,10 @@ struct AlwaysFail;
 impl Prober for AlwaysFail {
     async fn send(&self, _t: Duration) -> ProbeResult {
         ProbeResult::new(
-            Err(ProbeFailure::Transport("refused".into())),
+            Err(ProbeFailure::Transport(
+                Transport::Refused,
+                "refused".into(),
+            )),
             Duration::from_millis(1),
         )
     }
@@ -231,7 +234,7 @@ impl Prober for FailSecond {
         let n = self.0.fetch_add(1, Ordering::SeqCst);
         ProbeResult::new(
             if n == 1 {
-                Err(ProbeFailure::Timeout)
+                Err(ProbeFailure::Timeout(Duration::from_secs(5)))
             } else {
                 Ok(())
             },
@@ -383,7 +386,10 @@ async fn held_evict_answers_abnormal_only_with_qos_eviction() {
         st.record_health(&outcome("ok"), true);
         // A failed periodic probe is the latency input.
         st.vi.record(
-            &ProbeResult::new(Err(ProbeFailure::Timeout), Duration::from_secs(5)),
+            &ProbeResult::new(
+                Err(ProbeFailure::Timeout(Duration::from_secs(5))),
+                Duration::from_secs(5),
+            ),
             false,
             Some(95.0),
             Accounting::Reset,
@@ -791,4 +797,31 @@ async fn the_engine_processes_in_sight_or_why_not_is_a_condition() {
     let c = sight(&m).unwrap();
     assert_eq!(c.value, "pid 10: 2 process(es) in sight");
     assert!(c.note.is_empty());
+}
+
+// Issue 48: a `/health` failure within the grace reads the cause last, as every reason does,
+// and names /health once.
+#[test]
+fn a_health_failure_within_the_grace_ends_with_its_cause() {
+    let mut agent = spec("enable_virtual_inference = true");
+    agent.policy.value = crate::config::policy::Policy::Agent;
+    let st = Monitor::new(agent, vec![0]);
+    st.record_health(&outcome("ok"), true);
+    let cause = crate::probe::outcome::ProbeFailure::Status(503).to_string();
+    st.record_health(
+        &HealthOutcome::Unhealthy {
+            reason: cause.clone(),
+            unreachable: false,
+            timed_out: false,
+            transport: None,
+        },
+        true,
+    );
+    assert_eq!(st.status(), Status::Normal, "within the grace");
+    let why = st.reason();
+    assert!(
+        why.starts_with("/health fails for ") && why.ends_with(&format!("): {cause}")),
+        "{why}"
+    );
+    assert_eq!(why.matches("/health").count(), 1, "{why}");
 }

@@ -6,6 +6,8 @@
 //! *unhealthy* (→ `abnormal`); a failure before that means the engine was never reached
 //! (→ `initial`).
 
+use super::outcome::ProbeFailure;
+pub use super::outcome::Transport;
 use std::time::Duration;
 
 /// What one transport attempt returned.
@@ -17,59 +19,6 @@ pub enum Fetch {
     Timeout,
     /// No usable answer: the class, and the error as the client described it.
     Error(Transport, String),
-}
-
-/// Why a request got no usable answer. Only [`Transport::Refused`] is evidence that the
-/// engine process went away (nothing listens on its port), so only it can be the "down" half
-/// of a restart; a garbled answer came from a process that is still there.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    serde::Serialize,
-    serde::Deserialize,
-    strum::IntoStaticStr,
-    strum::EnumIter,
-)]
-#[serde(rename_all = "snake_case")]
-#[strum(serialize_all = "snake_case")]
-pub enum Transport {
-    /// Connection refused: nothing listens on the engine's port.
-    Refused,
-    /// The connection was reset or closed before a whole answer.
-    Reset,
-    /// The answer was not HTTP: a bad status line, garbage bytes, bad framing.
-    Protocol,
-    /// The answer's body was larger than the agent reads.
-    BodyTooLarge,
-    /// TLS failed (handshake, certificate).
-    Tls,
-    /// The agent itself ran out of something (file descriptors): says nothing about the engine.
-    Local,
-    /// Any other connect failure (unreachable host, name resolution).
-    Connect,
-    /// Anything else.
-    Other,
-}
-
-impl Transport {
-    /// Every class that is not evidence the engine went away (all but `Refused`).
-    pub const NOT_DOWN: [Transport; 7] = [
-        Transport::Reset,
-        Transport::Protocol,
-        Transport::BodyTooLarge,
-        Transport::Tls,
-        Transport::Local,
-        Transport::Connect,
-        Transport::Other,
-    ];
-
-    /// The class's name in reasons and `/status/detail` (serde's name, by the same rule).
-    pub fn as_str(self) -> &'static str {
-        self.into()
-    }
 }
 
 /// Something that can `GET /health` once with a timeout (the real client or a test double).
@@ -149,12 +98,12 @@ impl<T: HealthTransport> HealthCollector<T> {
                 }
                 Fetch::Response { status, .. } => {
                     timed_out = false;
-                    last = format!("/health answered HTTP {status}");
+                    last = ProbeFailure::Status(status).to_string();
                     break;
                 }
                 Fetch::Timeout => {
                     timed_out = true;
-                    last = format!("/health timed out after {:?}", self.timeout);
+                    last = ProbeFailure::Timeout(self.timeout).to_string();
                     if attempt < self.attempts {
                         tracing::info!(
                             "Health check timed out (attempt {attempt}/{}), retrying...",
@@ -164,7 +113,7 @@ impl<T: HealthTransport> HealthCollector<T> {
                 }
                 Fetch::Error(class, e) => {
                     timed_out = false;
-                    last = format!("/health: {} ({e})", class.as_str());
+                    last = ProbeFailure::Transport(class, e).to_string();
                     failed = Some(class);
                     break;
                 }
@@ -390,7 +339,8 @@ mod tests {
                 } => {
                     assert!(!unreachable, "{class:?}");
                     assert_eq!(transport, Some(class));
-                    assert!(reason.contains(class.as_str()), "{reason}");
+                    let words = crate::probe::cause::words(class);
+                    assert_eq!(reason, format!("{words}: x"));
                 }
                 other => panic!("{other:?}"),
             }

@@ -23,6 +23,7 @@
 //! is not retried (nothing listens: the engine is down).
 
 use super::Prober;
+use super::cause;
 use super::health::{Fetch, HealthTransport, Transport};
 use super::outcome::{ProbeFailure, ProbeResult};
 use super::sse::Stream;
@@ -168,96 +169,15 @@ fn closed_before_response(e: &reqwest::Error) -> bool {
     false
 }
 
-/// The class of a transport error, from its source chain: the first I/O error, hyper error
-/// or TLS error found decides.
-pub fn classify(e: &(dyn std::error::Error + 'static)) -> Transport {
-    let mut cur = Some(e);
-    while let Some(c) = cur {
-        if let Some(io) = c.downcast_ref::<std::io::Error>() {
-            use rustix::io::Errno;
-            // An io::Error's source() skips the error it wraps: look at it here.
-            if io
-                .get_ref()
-                .is_some_and(|i| i.downcast_ref::<rustls::Error>().is_some())
-            {
-                return Transport::Tls;
-            }
-            if Errno::from_io_error(io).is_some_and(|x| x == Errno::MFILE || x == Errno::NFILE) {
-                return Transport::Local;
-            }
-            match io.kind() {
-                std::io::ErrorKind::ConnectionRefused => return Transport::Refused,
-                std::io::ErrorKind::ConnectionReset
-                | std::io::ErrorKind::ConnectionAborted
-                | std::io::ErrorKind::BrokenPipe
-                | std::io::ErrorKind::UnexpectedEof => return Transport::Reset,
-                std::io::ErrorKind::InvalidData => return Transport::Protocol,
-                _ => {}
-            }
-        }
-        if c.downcast_ref::<rustls::Error>().is_some() {
-            return Transport::Tls;
-        }
-        if let Some(h) = c.downcast_ref::<hyper::Error>() {
-            if h.is_parse() || h.is_parse_status() || h.is_parse_too_large() {
-                return Transport::Protocol;
-            }
-            if h.is_incomplete_message() || h.is_closed() || h.is_canceled() {
-                return Transport::Reset;
-            }
-        }
-        cur = c.source();
-    }
-    match e.downcast_ref::<reqwest::Error>() {
-        Some(r) if r.is_connect() => Transport::Connect,
-        Some(r) if r.is_decode() => Transport::Protocol,
-        Some(r) if r.is_body() => Transport::Reset,
-        _ => Transport::Other,
-    }
+async fn read_limited(resp: reqwest::Response) -> Result<Vec<u8>, ProbeFailure> {
+    read_up_to(resp, MAX_BODY).await
 }
 
-/// The error and its causes on one line, without the request's URL: the engine's address
-/// stays out of reasons that open routes (`/readyz`, the admin port's
-/// `/engines/<name>/readyz`) serve to anyone; the log line names the engine instead.
-fn describe(e: &reqwest::Error) -> String {
-    let mut s = e.to_string();
-    if let Some(u) = e.url() {
-        s = s.replace(&format!(" for url ({u})"), "");
-    }
-    let mut cur = std::error::Error::source(e);
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
-}
-
-/// A request without a usable answer: its class and the client's description.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct FetchError(Transport, String);
-
-impl FetchError {
-    fn of(e: &reqwest::Error) -> FetchError {
-        FetchError(classify(e), describe(e))
-    }
-}
-
-impl std::fmt::Display for FetchError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} ({})", self.1, self.0.as_str())
-    }
-}
-
-async fn read_limited(resp: reqwest::Response) -> Result<Vec<u8>, String> {
-    read_up_to(resp, MAX_BODY).await.map_err(|e| e.to_string())
-}
-
-async fn read_up_to(mut resp: reqwest::Response, limit: usize) -> Result<Vec<u8>, FetchError> {
+async fn read_up_to(mut resp: reqwest::Response, limit: usize) -> Result<Vec<u8>, ProbeFailure> {
     let mut body = Vec::new();
-    while let Some(chunk) = resp.chunk().await.map_err(|e| FetchError::of(&e))? {
+    while let Some(chunk) = resp.chunk().await.map_err(|e| cause::of(&e))? {
         if body.len() + chunk.len() > limit {
-            return Err(FetchError(
+            return Err(ProbeFailure::Transport(
                 Transport::BodyTooLarge,
                 format!("body larger than {limit} bytes"),
             ));
@@ -267,27 +187,22 @@ async fn read_up_to(mut resp: reqwest::Response, limit: usize) -> Result<Vec<u8>
     Ok(body)
 }
 
-/// `GET url` under `timeout`: `Ok(None)` when it timed out, else the status and at most
-/// `limit` bytes of body (`Err`: transport error or a larger body).
+/// `GET url` under `timeout`: the status and at most `limit` bytes of body, or why not (a
+/// timeout, a transport error, a larger body).
 async fn get(
     client: &reqwest::Client,
     url: &str,
     timeout: Duration,
     limit: usize,
-) -> Result<Option<(u16, Vec<u8>)>, FetchError> {
+) -> Result<(u16, Vec<u8>), ProbeFailure> {
     let fut = async {
-        let resp = client
-            .get(url)
-            .send()
-            .await
-            .map_err(|e| FetchError::of(&e))?;
+        let resp = client.get(url).send().await.map_err(|e| cause::of(&e))?;
         let status = resp.status().as_u16();
         Ok((status, read_up_to(resp, limit).await?))
     };
-    match tokio::time::timeout(timeout, fut).await {
-        Err(_) => Ok(None),
-        Ok(r) => r.map(Some),
-    }
+    tokio::time::timeout(timeout, fut)
+        .await
+        .unwrap_or(Err(ProbeFailure::Timeout(timeout)))
 }
 
 /// `GET /health` over HTTP.
@@ -300,12 +215,13 @@ pub struct HttpHealth {
 impl HealthTransport for HttpHealth {
     async fn get(&self, timeout: Duration) -> Fetch {
         match get(&self.client, &self.url, timeout, MAX_BODY).await {
-            Ok(None) => Fetch::Timeout,
-            Err(FetchError(class, e)) => Fetch::Error(class, e),
-            Ok(Some((status, body))) => Fetch::Response {
+            Ok((status, body)) => Fetch::Response {
                 status,
                 body: String::from_utf8_lossy(&body).into_owned(),
             },
+            Err(ProbeFailure::Transport(class, e)) => Fetch::Error(class, e),
+            // `get` fails otherwise only by its timeout.
+            Err(_) => Fetch::Timeout,
         }
     }
 }
@@ -322,15 +238,13 @@ impl crate::probe::MetricsSource for HttpMetrics {
         &self,
         timeout: Duration,
     ) -> Result<crate::probe::engine_metrics::EngineMetrics, String> {
-        match get(&self.client, &self.url, timeout, MAX_METRICS_BODY)
-            .await
-            .map_err(|e| e.to_string())?
-        {
-            None => Err(format!("GET /metrics timed out after {timeout:?}")),
-            Some((status, _)) if !(200..300).contains(&status) => {
-                Err(format!("GET /metrics answered HTTP {status}"))
+        let failed = |f: ProbeFailure| format!("GET /metrics: {f}");
+        match get(&self.client, &self.url, timeout, MAX_METRICS_BODY).await {
+            Err(f) => Err(failed(f)),
+            Ok((status, _)) if !(200..300).contains(&status) => {
+                Err(failed(ProbeFailure::Status(status)))
             }
-            Some((_, body)) => Ok(crate::probe::engine_metrics::parse(
+            Ok((_, body)) => Ok(crate::probe::engine_metrics::parse(
                 &String::from_utf8_lossy(&body),
             )),
         }
@@ -361,11 +275,7 @@ impl HttpProber {
         started: Instant,
     ) -> Result<(Duration, Option<Duration>), ProbeFailure> {
         let mut st = Stream::default();
-        while let Some(chunk) = resp
-            .chunk()
-            .await
-            .map_err(|e| ProbeFailure::Transport(describe(&e)))?
-        {
+        while let Some(chunk) = resp.chunk().await.map_err(|e| cause::of(&e))? {
             st.feed(&chunk, Instant::now())
                 .map_err(ProbeFailure::BadStream)?;
         }
@@ -392,7 +302,7 @@ impl HttpProber {
             Err(e) if closed_before_response(&e) => {
                 tracing::debug!(
                     "virtual request: the connection closed before any response byte ({}); sending it again",
-                    describe(&e)
+                    cause::raw(&e)
                 );
                 attempt().await
             }
@@ -405,15 +315,12 @@ impl Prober for HttpProber {
     async fn send(&self, timeout: Duration) -> ProbeResult {
         let started = Instant::now();
         let fut = async {
-            let resp = self
-                .post()
-                .await
-                .map_err(|e| ProbeFailure::Transport(describe(&e)))?;
+            let resp = self.post().await.map_err(|e| cause::of(&e))?;
             let status = resp.status();
             if self.stream && status.is_success() {
                 return self.streamed(resp, started).await.map(Some);
             }
-            let body = read_limited(resp).await.map_err(ProbeFailure::Transport)?;
+            let body = read_limited(resp).await?;
             if !status.is_success() {
                 return Err(ProbeFailure::Status(status.as_u16()));
             }
@@ -422,7 +329,7 @@ impl Prober for HttpProber {
             Ok(None)
         };
         let (outcome, timing) = match tokio::time::timeout(timeout, fut).await {
-            Err(_) => (Err(ProbeFailure::Timeout), None),
+            Err(_) => (Err(ProbeFailure::Timeout(timeout)), None),
             Ok(Ok(t)) => (Ok(()), t),
             Ok(Err(e)) => (Err(e), None),
         };
@@ -530,20 +437,6 @@ mod tests {
         }
     }
 
-    #[test]
-    fn local_and_tls_errors_are_classed_by_their_source() {
-        let emfile = std::io::Error::from_raw_os_error(24);
-        assert_eq!(classify(&emfile), Transport::Local);
-        let tls = std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            rustls::Error::General("bad certificate".into()),
-        );
-        assert_eq!(classify(&tls), Transport::Tls);
-        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
-        assert_eq!(classify(&refused), Transport::Refused);
-        assert_eq!(classify(&std::fmt::Error), Transport::Other);
-    }
-
     /// Serves one connection with `response` (raw HTTP; empty: never answer) and returns
     /// what the client sent.
     async fn one_shot(response: &'static str) -> (u16, tokio::task::JoinHandle<String>) {
@@ -596,7 +489,10 @@ mod tests {
         );
         let (port, _) = one_shot("").await;
         let r = prober_for(port).send(Duration::from_millis(200)).await;
-        assert_eq!(r.outcome, Err(ProbeFailure::Timeout));
+        assert_eq!(
+            r.outcome,
+            Err(ProbeFailure::Timeout(Duration::from_millis(200)))
+        );
         // Nothing listening: a transport error, reported, not a panic. The port is held by a
         // socket that is bound and never listens (a connection to it is refused), so no other
         // test's listener can take it meanwhile, as it could a port bound and released.
@@ -605,7 +501,10 @@ mod tests {
         let free = held.local_addr().unwrap().port();
         let r = prober_for(free).send(Duration::from_secs(5)).await;
         assert!(
-            matches!(r.outcome, Err(ProbeFailure::Transport(ref e)) if e.contains("onnect")),
+            matches!(
+                r.outcome,
+                Err(ProbeFailure::Transport(Transport::Refused, _))
+            ),
             "{r:?}"
         );
     }
@@ -634,7 +533,10 @@ mod tests {
             .unwrap_or(false)
         });
         let r = prober_for(port).send(Duration::from_millis(200)).await;
-        assert_eq!(r.outcome, Err(ProbeFailure::Timeout));
+        assert_eq!(
+            r.outcome,
+            Err(ProbeFailure::Timeout(Duration::from_millis(200)))
+        );
         assert!(
             server.await.unwrap(),
             "the connection stayed open after the timeout"

@@ -1,9 +1,11 @@
 //! Talking to the engine: the HealthCollector (`/health`), the HTTP client that carries the
 //! virtual request and the scrapes, the parsers of what the engine answers (its `/metrics`,
 //! the server-sent events of a streamed probe), the engine's processes as `/proc` shows them
-//! ([`process`]), and the outcome types a probe hands to the monitor. No policy lives here: a probe returns what
-//! happened, and [`crate::monitor`] decides what it means.
+//! ([`process`]), the outcome types a probe hands to the monitor, and a failure in words
+//! ([`cause`]). No policy lives here: a probe returns what happened, and [`crate::monitor`]
+//! decides what it means.
 
+pub mod cause;
 pub mod engine_metrics;
 pub mod health;
 pub mod http;

@@ -1,16 +1,19 @@
 //! What one virtual request returned, and what the monitor keeps of it: shared by the probe
 //! client ([`super::http`]), the virtual inference loop ([`crate::monitor`]) and QoS
-//! ([`crate::qos`]), so none of them reaches into another for these types.
+//! ([`crate::qos`]), so none of them reaches into another for these types. The failure and
+//! its class serve `/health` and `/metrics` too.
 
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
-/// Why a virtual request failed.
+/// Why a request to the engine failed: the virtual request, and `/health` and `/metrics`
+/// in their reasons. Its `Display`, the words an operator reads, is in [`super::cause`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ProbeFailure {
-    Timeout,
-    /// Connection refused, reset, TLS error.
-    Transport(String),
+    /// No whole answer within this timeout.
+    Timeout(Duration),
+    /// No usable answer (refused, reset, TLS, not HTTP): its class and the client's error.
+    Transport(Transport, String),
     /// Non-2xx status.
     Status(u16),
     /// 2xx but the body is not JSON.
@@ -20,15 +23,56 @@ pub enum ProbeFailure {
     BadStream(String),
 }
 
-impl std::fmt::Display for ProbeFailure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ProbeFailure::Timeout => write!(f, "timed out"),
-            ProbeFailure::Transport(e) => write!(f, "transport error: {e}"),
-            ProbeFailure::Status(s) => write!(f, "HTTP {s}"),
-            ProbeFailure::BadBody(e) => write!(f, "body is not JSON: {e}"),
-            ProbeFailure::BadStream(e) => write!(f, "bad stream: {e}"),
-        }
+/// Why a request got no usable answer. Only [`Transport::Refused`] is evidence that the
+/// engine process went away (nothing listens on its port), so only it can be the "down" half
+/// of a restart; a garbled answer came from a process that is still there.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    serde::Serialize,
+    serde::Deserialize,
+    strum::IntoStaticStr,
+    strum::EnumIter,
+)]
+#[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
+pub enum Transport {
+    /// Connection refused: nothing listens on the engine's port.
+    Refused,
+    /// The connection was reset or closed before a whole answer.
+    Reset,
+    /// The answer was not HTTP: a bad status line, garbage bytes, bad framing.
+    Protocol,
+    /// The answer's body was larger than the agent reads.
+    BodyTooLarge,
+    /// TLS failed (handshake, certificate).
+    Tls,
+    /// The agent itself ran out of something (file descriptors): says nothing about the engine.
+    Local,
+    /// Any other connect failure (unreachable host, name resolution).
+    Connect,
+    /// Anything else.
+    Other,
+}
+
+impl Transport {
+    /// Every class that is not evidence the engine went away (all but `Refused`).
+    pub const NOT_DOWN: [Transport; 7] = [
+        Transport::Reset,
+        Transport::Protocol,
+        Transport::BodyTooLarge,
+        Transport::Tls,
+        Transport::Local,
+        Transport::Connect,
+        Transport::Other,
+    ];
+
+    /// The class's name in `/status/detail` (serde's name, by the same rule).
+    pub fn as_str(self) -> &'static str {
+        self.into()
     }
 }
 

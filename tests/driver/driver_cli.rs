@@ -555,3 +555,69 @@ fn devices_shows_each_npus_physical_id_as_the_driver_gives_it() {
     assert_eq!(device(&v, 0)["backend"], "npu-smi", "{v}");
     assert!(device(&v, 0)["phy_id"].is_null(), "{v}");
 }
+
+/// Asserts that each line of `text` has its cells where the title line has its columns:
+/// a left-aligned cell starts where its title starts, a right-aligned one (`right`) ends
+/// where its title ends. Cells hold no spaces but in the last column.
+fn assert_columns(text: &str, titles: &[&str], right: &[&str]) {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut from = 0;
+    let edges: Vec<(usize, usize)> = titles
+        .iter()
+        .map(|t| {
+            let at = from
+                + lines[0][from..]
+                    .find(t)
+                    .unwrap_or_else(|| panic!("{t}: {text}"));
+            from = at + t.len();
+            (at, from)
+        })
+        .collect();
+    for line in &lines[1..] {
+        for (t, (start, end)) in titles.iter().zip(&edges).take(titles.len() - 1) {
+            let ok = if right.contains(t) {
+                line[..*end].ends_with(|c: char| c != ' ') && line[*end..].starts_with(' ')
+            } else {
+                line[*start..].starts_with(|c: char| c != ' ')
+                    && (*start == 0 || line[..*start].ends_with(' '))
+            };
+            assert!(ok, "{t} out of its column in {line:?}:\n{text}");
+        }
+    }
+}
+
+// Issue 48: `devices` and `sample` line up their columns on a host of many NPUs with values
+// missing (a failed HBM read, a device gone, an NPU without a reading), through the binary.
+#[test]
+fn devices_and_sample_line_up_their_columns() {
+    let sc = scenario(
+        "model = \"910B\"\ncards = 12\n\
+         [[device]]\nid = 3\nhbm_error = -8005\nhealth = 0xFFFFFFFF\n\
+         [[device]]\nid = 11\naicube = \"na\"\n",
+    );
+    let out = run_agent(&sc, Some(&fake_lib()), &["devices"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(text.lines().count(), 13, "{text}");
+    assert!(
+        text.contains("device gone") && text.contains("n/a"),
+        "{text}"
+    );
+    let titles = [
+        "ID", "CARD", "CHIP", "NAME", "BACKEND", "AI CUBE", "HBM MB", "HEALTH", "WHY",
+    ];
+    assert_columns(&text, &titles, &[]);
+    let out = run_agent(
+        &sc,
+        Some(&fake_lib()),
+        &["sample", "--window", "300ms", "--period", "50ms"],
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        text.lines().count(),
+        13,
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let titles = ["ID", "BACKEND", "PEAK", "MEAN", "VALID", "INVALID"];
+    assert_columns(&text, &titles, &["PEAK", "MEAN", "VALID", "INVALID"]);
+}

@@ -1,7 +1,8 @@
 //! The shipped Prometheus rules: the plain rules file and the PrometheusRule carry the same
 //! groups; every alert has a severity, a summary naming what it is about and a runbook
 //! section that exists; `promtool check rules` and the `promtool test rules` unit tests in
-//! deploy/prometheus/tests/ pass (where promtool is installed; required under `CI=true`).
+//! deploy/prometheus/tests/ pass (where promtool is installed; required under `CI=true`);
+//! the runbook's `curl` lines carry the admin token where the route needs it.
 
 use crate::support::prometheus::{self, repo};
 use serde_yaml_ng::Value;
@@ -109,6 +110,111 @@ fn every_alert_has_a_severity_a_summary_and_a_runbook_section() {
             "{name}: not in docs/runbook.md's threshold table"
         );
     }
+}
+
+/// The admin listener's routes that `docs/endpoints.md` lists as guarded (its access column).
+fn guarded_admin_routes() -> Vec<String> {
+    let endpoints = std::fs::read_to_string(repo().join("docs/endpoints.md")).unwrap();
+    let (_, admin) = endpoints
+        .split_once("## The admin listener")
+        .expect("docs/endpoints.md has the admin listener's section");
+    let admin = admin.split("\n## ").next().unwrap_or_default();
+    admin
+        .lines()
+        .filter_map(|l| {
+            let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+            let access = cells.iter().rev().find(|c| !c.is_empty())?;
+            let route = cells.get(1)?.strip_prefix("`GET ")?.strip_suffix('`')?;
+            access.starts_with("guarded").then(|| route.to_owned())
+        })
+        .collect()
+}
+
+/// A value of `key = "..."` in `text`.
+fn quoted_value<'a>(text: &'a str, key: &str) -> Option<&'a str> {
+    let (_, rest) = text.split_once(&format!("{key} = \""))?;
+    Some(rest.split_once('"')?.0)
+}
+
+// Issue 48: every `curl` line of the runbook that reads a route the admin token guards
+// carries the token, and the runbook says how to get it where the shipped Kubernetes
+// config keeps it (the Secret the DaemonSet mounts, the file the ConfigMap names).
+#[test]
+fn the_runbooks_curl_lines_carry_the_admin_token() {
+    let runbook = std::fs::read_to_string(repo().join("docs/runbook.md")).unwrap();
+    let guarded = guarded_admin_routes();
+    for must in ["/status/detail", "/qos", "/metrics"] {
+        assert!(guarded.iter().any(|r| r == must), "{must}: {guarded:?}");
+    }
+    let mut checked = 0;
+    for line in runbook.lines().filter(|l| l.contains("curl ")) {
+        let reads = |route: &String| {
+            line.match_indices(route.as_str()).any(|(at, _)| {
+                let after = &line[at + route.len()..];
+                line[..at].ends_with(":9400") && !after.starts_with(|c: char| c.is_alphanumeric())
+            })
+        };
+        if guarded.iter().any(reads) {
+            assert!(
+                line.contains(r#"-H "Authorization: Bearer $TOKEN""#),
+                "docs/runbook.md: a guarded route read without the token: {line}"
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 2, "{checked} curl lines of guarded routes");
+    let configmap =
+        std::fs::read_to_string(repo().join("deploy/kubernetes/configmap.yaml")).unwrap();
+    let token_file = quoted_value(&configmap, "admin_token_file").expect("admin_token_file");
+    let daemonset =
+        std::fs::read_to_string(repo().join("deploy/kubernetes/daemonset.yaml")).unwrap();
+    let secret = daemonset
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("secretName: "))
+        .expect("the admin token's Secret");
+    assert!(
+        runbook.contains(&format!("get secret {secret} ")) && runbook.contains(token_file),
+        "docs/runbook.md says how to read the token: the Secret {secret}, mounted as {token_file}"
+    );
+    assert!(runbook.contains("TOKEN=$("), "docs/runbook.md sets TOKEN");
+}
+
+// Issue 48: the README sends a reader to the runbook for how an `abnormal` clears; every
+// link into the runbook, from the README and the other docs, names a section it has.
+#[test]
+fn every_link_into_the_runbook_names_a_section_it_has() {
+    let runbook = std::fs::read_to_string(repo().join("docs/runbook.md")).unwrap();
+    let anchors: BTreeSet<String> = runbook
+        .lines()
+        .filter_map(|l| l.strip_prefix('#'))
+        .map(|h| anchor(h.trim_start_matches('#')))
+        .collect();
+    let mut docs = vec![repo().join("README.md")];
+    for e in std::fs::read_dir(repo().join("docs")).unwrap().flatten() {
+        if e.path().extension().is_some_and(|x| x == "md") {
+            docs.push(e.path());
+        }
+    }
+    let mut links = Vec::new();
+    for doc in docs {
+        let text = std::fs::read_to_string(&doc).unwrap();
+        for (at, _) in text.match_indices("runbook.md#") {
+            let frag: String = text[at + "runbook.md#".len()..]
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '-' || *c == '_')
+                .collect();
+            assert!(
+                anchors.contains(&frag),
+                "{}: a link to docs/runbook.md#{frag}, a section it does not have",
+                doc.display()
+            );
+            links.push(frag);
+        }
+    }
+    assert!(
+        links.iter().any(|l| l == "how-an-abnormal-clears"),
+        "the README or a doc links to how an abnormal clears: {links:?}"
+    );
 }
 
 fn promtool(args: &[&str], test: &str) -> Option<(bool, String)> {

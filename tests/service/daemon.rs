@@ -974,22 +974,33 @@ fn descendants(pid: u32) -> Vec<u32> {
 
 // Issue 11 §5: the README's main command. SIGTERM, SIGINT and SIGHUP to `demo` each stop
 // the demo and everything it started (the agent and the fake engine); and so does a SIGKILL,
-// which no handler sees (issue 28: the children have the parent-death signal).
+// which no handler sees (issue 28: the children have the parent-death signal). Issue 48: the
+// demo runs as a terminal's foreground process group, and Ctrl-C is SIGINT to that whole
+// group; a clean stop logs no WARN and removes the demo's files; a closed stdout (`demo |
+// head -1`) stops it as Ctrl-C does; the `top` command it prints runs against its agent.
 #[test]
-fn demo_stops_everything_it_started_on_sigterm_sigint_sighup_and_sigkill() {
+fn demo_stops_everything_it_started_on_a_signal_or_a_closed_stdout() {
     use rustix::process::Signal;
     use std::io::BufRead;
-    for (sig, name) in [
-        (Signal::TERM, "SIGTERM"),
-        (Signal::INT, "SIGINT"),
-        (Signal::HUP, "SIGHUP"),
-        (Signal::KILL, "SIGKILL"),
-    ] {
+    use std::os::unix::process::CommandExt;
+    let logs = tempfile::tempdir().unwrap();
+    for (i, (sig, name)) in [
+        (Some(Signal::TERM), "SIGTERM"),
+        (Some(Signal::INT), "Ctrl-C (SIGINT to the process group)"),
+        (Some(Signal::HUP), "SIGHUP"),
+        (Some(Signal::KILL), "SIGKILL"),
+        (None, "stdout closed after its first line"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let err = logs.path().join(format!("demo-{i}.err"));
         let mut demo = Command::new(support::agent())
             .arg("demo")
             .env_remove("RUST_LOG")
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(std::fs::File::create(&err).unwrap())
+            .process_group(0)
             .spawn()
             .unwrap();
         let pid = demo.id();
@@ -998,22 +1009,35 @@ fn demo_stops_everything_it_started_on_sigterm_sigint_sighup_and_sigkill() {
         for line in lines.by_ref() {
             let line = line.unwrap();
             seen.push(line.clone());
-            if line.contains("/status {\"status\":\"normal\"}") {
+            if sig.is_none() || line.contains("/status {\"status\":\"normal\"}") {
                 break;
             }
         }
+        let files = seen
+            .first()
+            .and_then(|l| l.strip_prefix("demo: files in "))
+            .map(PathBuf::from)
+            .unwrap_or_else(|| panic!("{name}: no files line: {seen:#?}"));
         let kids = descendants(pid);
+        let started = if sig.is_none() { 1 } else { 2 };
         assert!(
-            kids.len() >= 2,
-            "{name}: the agent and the fake engine run: {kids:?}\n{seen:#?}"
+            kids.len() >= started,
+            "{name}: the agent (and the fake engine) run: {kids:?}\n{seen:#?}"
         );
-        signal(&demo, sig);
-        let code = wait_exit(&mut demo, Duration::from_secs(20));
-        if sig == Signal::KILL {
-            assert_eq!(code, None, "{name}: killed, no exit code");
-        } else {
-            assert_eq!(code, Some(0), "{name}");
+        let mut lines = Some(lines);
+        match sig {
+            None => lines = None,
+            Some(Signal::INT) => {
+                let group = rustix::process::Pid::from_raw(pid as i32).unwrap();
+                rustix::process::kill_process_group(group, Signal::INT).unwrap();
+            }
+            Some(Signal::TERM) => {
+                demo_top_runs(&seen);
+                signal(&demo, Signal::TERM);
+            }
+            Some(s) => signal(&demo, s),
         }
+        let code = wait_exit(&mut demo, Duration::from_secs(20));
         let end = Instant::now() + Duration::from_secs(10);
         while kids.iter().any(|&k| alive(k)) && Instant::now() < end {
             std::thread::sleep(Duration::from_millis(50));
@@ -1027,8 +1051,45 @@ fn demo_stops_everything_it_started_on_sigterm_sigint_sighup_and_sigkill() {
                 }
             }
         }
-        let rest: Vec<String> = lines.map_while(Result::ok).collect();
+        let rest: Vec<String> = lines
+            .map(|l| l.map_while(Result::ok).collect())
+            .unwrap_or_default();
         assert!(left.is_empty(), "{name}: left running: {left:?}\n{rest:#?}");
+        let stderr = std::fs::read_to_string(&err).unwrap();
+        if sig == Some(Signal::KILL) {
+            assert_eq!(code, None, "{name}: killed, no exit code");
+            let _ = std::fs::remove_dir_all(&files);
+        } else {
+            assert_eq!(code, Some(0), "{name}\n{stderr}");
+            assert!(!files.exists(), "{name}: {} left behind", files.display());
+            for bad in [" WARN ", " ERROR ", "did not stop"] {
+                assert!(
+                    !stderr.contains(bad),
+                    "{name}: a clean stop said {bad:?}:\n{stderr}"
+                );
+            }
+        }
         eprintln!("{name}: demo and its {} processes stopped", kids.len());
     }
+}
+
+/// Runs the `top` command the demo printed, once: it draws the demo's engine.
+fn demo_top_runs(seen: &[String]) {
+    let line = seen
+        .iter()
+        .find_map(|l| l.strip_prefix("demo: top"))
+        .unwrap_or_else(|| panic!("no top line: {seen:#?}"));
+    let argv: Vec<&str> = line.split_whitespace().collect();
+    let out = Command::new(argv[0])
+        .args(&argv[1..])
+        .args(["--once", "--width", "100"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{line}: {out:?}");
+    assert!(
+        text.lines()
+            .any(|l| l.contains("demo") && l.contains("normal")),
+        "{line}:\n{text}"
+    );
 }

@@ -184,7 +184,10 @@ fn busy_engine_with_failing_probes_is_never_abnormal() {
     assert!(!vi.abnormal, "{vi:?}");
     assert_eq!(vi.failure_count, 0);
     let last = vi.last_probe.as_ref().expect("a probe ran");
-    assert_eq!(last.outcome, "failed: HTTP 500", "{vi:?}");
+    assert_eq!(
+        last.outcome, "failed: the engine answered HTTP 500 Internal Server Error",
+        "{vi:?}"
+    );
     assert_eq!(last.accounting, Accounting::Reset);
     assert!(last.peak.unwrap_or_default() >= 60.0, "{vi:?}");
 }
