@@ -260,6 +260,47 @@ impl Stream {
         }
         out
     }
+
+    /// Reads until the agent ends the stream (at most `limit`): the events, and whether it
+    /// ended it as HTTP/1.1 ends a chunked body (its last, empty chunk) rather than by closing
+    /// the connection under it (what a stop that runs out of drain does).
+    fn read_to_end(&mut self, limit: Duration) -> (Vec<(String, String)>, bool) {
+        let end = Instant::now() + limit;
+        let (mut out, mut tail) = (Vec::new(), Vec::new());
+        let mut buf = [0u8; 16384];
+        loop {
+            assert!(
+                Instant::now() < end,
+                "the stream still runs after {limit:?}"
+            );
+            match self.s.read(&mut buf) {
+                Ok(0) => break,
+                Err(e) => {
+                    println!("the stream failed: {e}");
+                    break;
+                }
+                Ok(n) => {
+                    tail.extend_from_slice(&buf[..n]);
+                    let keep = tail.len().saturating_sub(16);
+                    tail.drain(..keep);
+                    // The chunk framing is not parsed: the events are read from the raw bytes,
+                    // which is enough for the frames' JSON.
+                    out.extend(self.parser.feed(&buf[..n]).unwrap_or_default());
+                }
+            }
+        }
+        // Each read starts on a chunk's boundary or inside one: the last chunk is `0` after a
+        // chunk's `\r\n`, or the first bytes read.
+        let last = b"0\r\n\r\n";
+        let clean = tail == last || tail.ends_with(b"\r\n0\r\n\r\n");
+        if !clean {
+            println!(
+                "the stream's last bytes: {:?}",
+                String::from_utf8_lossy(&tail)
+            );
+        }
+        (out, clean)
+    }
 }
 
 // One subscriber sees the hello (two NPUs, two engines, 50 ms sampling), then every sample
@@ -433,6 +474,64 @@ fn stalled_events_subscribers_free_their_slots() {
     let events = ninth.unwrap().read_for(Duration::from_secs(1));
     assert_eq!(events[0].0, "hello");
     drop(stalled);
+}
+
+/// What an agent logs when a stop ran out of drain with requests still in flight.
+const DRAIN_RAN_OUT: &str = "still in flight";
+
+// Issue 48: an open /events stream counted as a request in flight, so every stop waited out
+// the whole 5 s drain and then cut the connection (the demo then SIGKILLed the agent). Now
+// the old agent's stream ends when it hands over; the client reconnects to the new agent,
+// whose stream ends at its SIGTERM. Each end is the stream's own (the chunked body's last,
+// empty chunk), not a connection cut when the drain ran out, and neither agent logs that a
+// drain ran out. Both exit 0.
+#[test]
+fn an_open_stream_ends_at_once_on_a_handover_and_on_a_stop() {
+    let mut v = Views::start_with_state_dir();
+    let mut s = Stream::open(v.admin, None).unwrap();
+    assert_eq!(s.read_for(Duration::from_millis(300))[0].0, "hello");
+    let started = Instant::now();
+    let new = v.spawn_agent();
+    let mut old = std::mem::replace(&mut v.agent, new);
+    let (_, clean) = s.read_to_end(Duration::from_secs(60));
+    let handed_over = started.elapsed();
+    assert!(
+        clean,
+        "the old agent's stream was cut, not ended:\n{}",
+        v.log()
+    );
+    let exited = old.wait().unwrap();
+    let old_stopped = started.elapsed();
+    assert!(exited.success(), "the old agent: {exited}\n{}", v.log());
+    assert!(!v.log_of(1).contains(DRAIN_RAN_OUT), "{}", v.log_of(1));
+
+    let mut s = None;
+    v.wait(
+        "a stream from the new agent",
+        Duration::from_secs(20),
+        || {
+            s = Stream::open(v.admin, None).ok();
+            s.is_some()
+        },
+    );
+    let mut s = s.unwrap();
+    assert_eq!(s.read_for(Duration::from_millis(300))[0].0, "hello");
+    let stop = Instant::now();
+    Views::signal(&v.agent, "TERM");
+    let (_, clean) = s.read_to_end(Duration::from_secs(60));
+    let stream_ended = stop.elapsed();
+    assert!(
+        clean,
+        "the new agent's stream was cut, not ended:\n{}",
+        v.log()
+    );
+    let exited = v.agent.wait().unwrap();
+    let stopped = stop.elapsed();
+    assert!(exited.success(), "the new agent: {exited}\n{}", v.log());
+    assert!(!v.log_of(2).contains(DRAIN_RAN_OUT), "{}", v.log_of(2));
+    println!(
+        "handover: the old stream ended {handed_over:.2?} after the new agent's start, the old agent exited at {old_stopped:.2?}; SIGTERM: the stream ended after {stream_ended:.2?}, the agent exited after {stopped:.2?} (the drain is 5 s)"
+    );
 }
 
 // The page is open (it holds no data) and has no external asset; its stream needs the
