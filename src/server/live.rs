@@ -136,7 +136,7 @@ pub async fn events(State(v): State<AdminView>, stop: Option<Extension<Stopping>
             .into_response();
     };
     let s = &v.metrics;
-    let hello = event("hello", &view::hello(&s.shared, &s.engines));
+    let hello = event("hello", &view::hello(&s.shared, &s.engines, &v.node));
     let mut tick = tokio::time::interval(view::FRAME_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let stream = Stream {

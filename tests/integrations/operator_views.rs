@@ -303,7 +303,7 @@ impl Stream {
     }
 }
 
-// One subscriber sees the hello (two NPUs, two engines, 50 ms sampling), then every sample
+// One subscriber sees the hello (the host, two NPUs, two engines, 50 ms sampling), then every sample
 // at the sampling resolution (median interval 50 ms, NPU 0's 100 ms burst among them), in
 // at most 4 frames a second, and the engines' verdicts as /status serves them. A ninth
 // subscriber is refused with 503 while eight are open, and let in once one leaves; /status
@@ -316,6 +316,7 @@ fn events_carry_every_sample_at_a_bounded_rate_to_a_bounded_number_of_subscriber
     let (name, data) = &events[0];
     assert_eq!(name, "hello");
     let hello: Hello = serde_json::from_str(data).unwrap();
+    assert_eq!(hello.node, support::views::node_name(), "the host named");
     assert_eq!(hello.period_ms, 50.0);
     assert_eq!(hello.engines, ["a", "b"]);
     assert_eq!(hello.npus.len(), 2);
@@ -369,6 +370,17 @@ fn events_carry_every_sample_at_a_bounded_rate_to_a_bounded_number_of_subscriber
     for (e, m) in engines.engines.iter().zip(v.mgmt) {
         assert_eq!(Some(e.status.as_str().to_owned()), v.status(m), "{e:?}");
         assert!(e.ready && e.live, "{e:?}");
+        // The agent policy's limit (confirm_failures), beside the reference's.
+        assert_eq!((e.failure_limit, e.max_failure_count), (2, 6), "{e:?}");
+    }
+    // And /status/detail, typed.
+    let (_, body) = v.admin_get("/status/detail").unwrap();
+    let detail: npu_health_agent::server::wire::Engines<
+        npu_health_agent::server::wire::EngineDetail,
+    > = serde_json::from_str(&body).unwrap();
+    for e in &detail.engines {
+        let vi = &e.virtual_inference;
+        assert_eq!((vi.failure_limit, vi.max_failure_count), (2, 6), "{vi:?}");
     }
     // NPU 1's fault code, on its line and on its engine's card with what it does there.
     assert_eq!(

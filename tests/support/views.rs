@@ -278,3 +278,14 @@ fn log_name(n: u32) -> String {
         format!("agent-{n}.log")
     }
 }
+
+/// The name an agent started by this test process gives its node when it has no Kubernetes
+/// node name (`view::node_name`): `$NODE_NAME`, else the host name.
+pub fn node_name() -> String {
+    std::env::var("NODE_NAME")
+        .ok()
+        .filter(|n| !n.trim().is_empty())
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+        .map(|n| n.trim().to_owned())
+        .unwrap_or_default()
+}
