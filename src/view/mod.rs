@@ -9,6 +9,8 @@
 //! readiness, liveness, and the recent changes). The first `samples` frame carries the last
 //! [`HISTORY`] so a chart is full at once.
 
+pub mod top;
+
 use crate::config::{AgentSettings, EngineSpec};
 use crate::integrations::kubelet::Answers;
 use crate::monitor::Monitor;

@@ -587,7 +587,7 @@ fn top(args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
-// `top --once` prints one frame: both engines with the verdict /status serves, both NPUs;
+// `top --once` prints one frame: the host, both engines with the verdict /status serves, both NPUs;
 // a bad address or a missing token is a one-line error and a failure exit.
 #[test]
 fn top_once_prints_one_frame_and_names_what_is_wrong() {
@@ -610,7 +610,11 @@ fn top_once_prints_one_frame_and_names_what_is_wrong() {
         String::from_utf8_lossy(&out.stderr)
     );
     println!("{text}");
-    assert!(text.contains("npu-health-agent top"), "{text}");
+    let node = support::views::node_name();
+    assert!(
+        text.starts_with(&format!("npu-health-agent top · {node} · {url} · ")),
+        "the host named:\n{text}"
+    );
     for (name, m) in ["a", "b"].into_iter().zip(v.mgmt) {
         let status = v.status(m).unwrap();
         assert!(
@@ -696,15 +700,18 @@ fn tmux_present() -> bool {
     found
 }
 
-// `top` live in a real terminal (tmux): it draws both engines and a sparkline per NPU,
-// redraws as samples arrive, and exits cleanly on `q` and on Ctrl-C (the session ends
-// with it).
+// `top` live in a real terminal (tmux): it names the host, draws both engines and a
+// sparkline per NPU, redraws as samples arrive, and exits cleanly on `q` and on Ctrl-C (the
+// session ends with it). Issue 48: when the agent dies, `top` no longer exits with a raw
+// `error decoding response body`: it stays, says since when the agent is unreachable, keeps
+// the last figures marked stale, and is live again by itself once an agent is back.
 #[test]
-fn top_in_tmux_refreshes_and_quits_on_q_and_ctrl_c() {
+fn top_in_tmux_names_the_host_survives_the_agent_going_away_and_quits_on_q_and_ctrl_c() {
     if !tmux_present() {
         return;
     }
-    let v = Views::start(false, false);
+    let mut v = Views::start(false, false);
+    let node = support::views::node_name();
     for (k, key) in ["q", "C-c"].into_iter().enumerate() {
         let t = Tmux(format!("npu-top-{}-{k}", std::process::id()));
         let cmd = format!(
@@ -733,6 +740,10 @@ fn top_in_tmux_refreshes_and_quits_on_q_and_ctrl_c() {
                 first.contains("ENGINE") && first.contains("NPU 1") && first.contains("normal")
             },
         );
+        assert!(
+            first.starts_with(&format!("npu-health-agent top · {node} · ")),
+            "{first}"
+        );
         let mut second = String::new();
         v.wait("top redraws", Duration::from_secs(10), || {
             second = t.pane();
@@ -751,6 +762,7 @@ fn top_in_tmux_refreshes_and_quits_on_q_and_ctrl_c() {
                 )
                 .unwrap();
             }
+            top_through_the_agent_going_away(&mut v, &t);
         }
         let o = t.cmd(&["send-keys", "-t", "top", key]);
         assert!(o.status.success());
@@ -760,6 +772,43 @@ fn top_in_tmux_refreshes_and_quits_on_q_and_ctrl_c() {
             || !t.alive(),
         );
     }
+}
+
+/// The agent is killed under `top` in `t`, then started again on the same ports.
+fn top_through_the_agent_going_away(v: &mut Views, t: &Tmux) {
+    Views::signal(&v.agent, "KILL");
+    let _ = v.agent.wait();
+    let mut stale = String::new();
+    v.wait(
+        "top says the agent is unreachable",
+        Duration::from_secs(15),
+        || {
+            stale = t.pane();
+            stale.contains("AGENT UNREACHABLE since ")
+        },
+    );
+    assert!(t.alive(), "top is still running:\n{stale}");
+    for kept in [
+        "stale, as of",
+        "a              normal",
+        "b              normal",
+        "NPU 1   last",
+    ] {
+        assert!(stale.contains(kept), "{kept:?} on screen:\n{stale}");
+    }
+    println!("{stale}");
+    std::fs::write(
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join("top-stale.txt"),
+        &stale,
+    )
+    .unwrap();
+    v.agent = v.spawn_agent();
+    let mut back = String::new();
+    v.wait("top is live again", Duration::from_secs(30), || {
+        back = t.pane();
+        !back.contains("UNREACHABLE") && !back.contains("stale") && back.contains("NPU 1   now")
+    });
+    assert!(t.alive(), "{back}");
 }
 
 mod promql_reader {
