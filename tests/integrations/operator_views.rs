@@ -802,6 +802,13 @@ fn top_through_the_agent_going_away(v: &mut Views, t: &Tmux) {
         &stale,
     )
     .unwrap();
+    if std::env::var("NPU_HEALTH_SCREENSHOTS").as_deref() == Ok("1") {
+        std::fs::write(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/top-stale.txt"),
+            &stale,
+        )
+        .unwrap();
+    }
     v.agent = v.spawn_agent();
     let mut back = String::new();
     v.wait("top is live again", Duration::from_secs(30), || {
