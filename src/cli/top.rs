@@ -428,4 +428,112 @@ mod tests {
         );
         assert_eq!(words(&anyhow!("no data")), "no data");
     }
+
+    /// `top`'s flags for an agent at `url`.
+    fn args(url: &str) -> TopArgs {
+        TopArgs {
+            admin: url.to_owned(),
+            token_file: None,
+            ca_file: None,
+            once: false,
+            seconds: 10,
+            width: None,
+        }
+    }
+
+    /// An "agent" on a real socket that answers one `/events` with `answer`, then holds the
+    /// connection open (`hold`) or closes it; its URL.
+    async fn agent(answer: &'static [u8], hold: bool) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", l.local_addr().unwrap());
+        tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut head = Vec::new();
+            while !head.ends_with(b"\r\n\r\n") {
+                let mut b = [0u8; 1];
+                if s.read(&mut b).await.unwrap_or(0) == 0 {
+                    return;
+                }
+                head.push(b[0]);
+            }
+            s.write_all(answer).await.unwrap();
+            if hold {
+                std::future::pending::<()>().await;
+            }
+        });
+        url
+    }
+
+    const HEAD: &[u8] =
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+
+    /// The step after opening the stream of an agent that answers `answer`.
+    async fn step_after(answer: &'static [u8], hold: bool) -> (String, Duration) {
+        let a = args(&agent(answer, hold).await);
+        let mut link = Link::Open(open(&a).await.unwrap(), SseParser::default());
+        // The bytes before a break come first, as a chunk without a whole event.
+        loop {
+            // Paused time: a step that waits for ever fails here instead of hanging.
+            let step = tokio::time::timeout(SILENT * 2, link.step(&a)).await;
+            match step.expect("a step within twice the silence") {
+                Step::Lost(why, Link::Down(at)) => return (why, at - Instant::now()),
+                Step::Lost(..) => panic!("lost, and not down"),
+                Step::Events(e, next) => {
+                    assert!(e.is_empty(), "{e:?}");
+                    link = next;
+                }
+            }
+        }
+    }
+
+    // Issue 48: the link's failures, on a real socket (time paused: the 5 s of silence pass
+    // at once). Each is said in words and tried again, none ends `top`: an agent that says
+    // nothing for 5 s (hung, or a link gone without a reset), one that ends its stream (a
+    // stop, a reload, a handover: tried again soon), one whose connection breaks mid-frame.
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_an_ended_and_a_broken_stream_are_each_told_and_tried_again() {
+        let (why, retry) = step_after(HEAD, true).await;
+        assert_eq!(why, "no data for 5 s");
+        assert_eq!(retry, RETRY);
+        let ended: &[u8] = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n";
+        let (why, retry) = step_after(ended, false).await;
+        assert!(why.starts_with("the agent ended the stream"), "{why}");
+        assert_eq!(retry, RETRY_SOON);
+        let broken: &[u8] =
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n40\r\nevent: hel";
+        let (why, retry) = step_after(broken, false).await;
+        assert!(why.starts_with("the connection broke ("), "{why}");
+        assert!(!why.contains("error decoding response body"), "{why}");
+        assert_eq!(retry, RETRY);
+    }
+
+    // A try that fails says why, in words, and sets the next try; one that succeeds opens a
+    // stream.
+    #[tokio::test]
+    async fn a_try_that_fails_is_told_and_one_that_succeeds_opens_the_stream() {
+        let refused = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            format!("http://{}", l.local_addr().unwrap())
+        };
+        let a = args(&refused);
+        match Link::Down(Instant::now()).step(&a).await {
+            Step::Lost(why, Link::Down(_)) => {
+                assert!(
+                    why.starts_with(&format!("cannot reach the agent at {refused}/events: ")),
+                    "{why}"
+                );
+                assert!(
+                    !why.contains("client error"),
+                    "one cause, not the chain: {why}"
+                );
+            }
+            _ => panic!("not lost"),
+        }
+        let a = args(&agent(HEAD, true).await);
+        assert!(matches!(
+            Link::Down(Instant::now()).step(&a).await,
+            Step::Events(e, Link::Open(..)) if e.is_empty()
+        ));
+    }
 }
