@@ -237,8 +237,10 @@ async fn live(args: &TopArgs, mut link: Link, mut model: Model) -> anyhow::Resul
     ratatui::restore();
     result
 }
+
 /// Longest event `top` accepts from the agent (a `hello` with hundreds of NPUs is tens of
-/// kilobytes); a longer one ends the view with an error rather than growing without bound.
+/// kilobytes); a longer one ends the stream with an error (`--once`: exit 1; live: said, and
+/// tried again) rather than growing without bound.
 pub const MAX_EVENT: usize = 4 << 20;
 
 /// Splits a server-sent event stream into `(event, data)` pairs.
