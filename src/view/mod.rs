@@ -3,11 +3,12 @@
 //! functions and read back by the views and the tests with the same types.
 //!
 //! `GET /events` is a server-sent event stream of three frames: `hello` once (the node, the
-//! NPUs and engines, the sampling period), then `samples` every [`FRAME_INTERVAL`] (every ring sample
-//! since the last frame, at the sampling resolution: a 100 ms burst is two or more points at
-//! 50 ms) and `engines` every [`ENGINES_EVERY`] frames (verdict, level, score, last probe,
-//! readiness, liveness, and the recent changes). The first `samples` frame carries the last
-//! [`HISTORY`] so a chart is full at once.
+//! NPUs and engines, the sampling period), then `samples` every [`FRAME_INTERVAL`] (every
+//! ring sample since the last frame, at the sampling resolution: a 100 ms burst is two or
+//! more points at 50 ms) and `engines` every [`ENGINES_EVERY`] frames (verdict, level, score,
+//! failures against their limit, last probe, readiness, liveness, and the recent changes).
+//! The first `samples` frame carries the last [`HISTORY`] so a chart is full at once.
+//! [`top`] is what `npu-health-agent top` makes of them.
 
 pub mod top;
 
