@@ -251,6 +251,7 @@ impl Running {
                 metrics: scope,
                 stuck_after: self.cfg.agent.sampler_stuck_after,
                 hub: Arc::default(),
+                node: crate::view::node_name(&self.cfg.agent).into(),
             },
             access,
         );

@@ -124,12 +124,17 @@ impl ListenerRun {
         Ok(())
     }
 
-    /// Stops accepting and lets in-flight requests finish, for at most [`DRAIN`].
+    /// Stops accepting and lets in-flight requests finish, for at most [`DRAIN`]; says so
+    /// when that ran out (the stop waited the whole drain).
     pub(super) async fn stop(self) {
         self.cancel.cancel();
         let mut task = self.task;
         if tokio::time::timeout(DRAIN, &mut task).await.is_err() {
             task.abort();
+            tracing::warn!(
+                listener = %self.name,
+                "requests still in flight {DRAIN:?} after the stop; their connections were closed"
+            );
         }
     }
 }

@@ -1,21 +1,18 @@
 //! `npu-health-agent top`: a terminal view of a running agent, like `npu-smi info` or nvtop.
-//! It reads the admin listener's `GET /events` stream ([`crate::view`]), keeps the last
-//! seconds of every NPU's samples, and draws with ratatui: per engine the verdict, level,
-//! score, readiness, liveness and last probe; per NPU a sparkline of AI Cube (each column the
-//! highest sample of its slice, so a 100 ms burst shows). `q`, Esc or Ctrl-C quits.
-//! `--once` prints one plain-text frame and exits, for scripts.
+//! It reads the admin listener's `GET /events` stream ([`crate::view`]) into the view's model
+//! ([`crate::view::top`], which also draws it), in the terminal's width. `q`, Esc or Ctrl-C
+//! quits. When the stream breaks or goes silent, the view stays up: it says since when the
+//! agent is out of reach, greys the last figures, and tries again every 2 s until a new
+//! stream begins. `--once` prints one plain-text frame and exits, for scripts.
 
-use crate::view::{EngineLine, EnginesFrame, Hello, Npu, Samples};
+use crate::view::top::{Model, buffer_text};
 use anyhow::{Context, anyhow, bail};
 use clap::Args;
 use ratatui::buffer::Buffer;
-use ratatui::layout::{Constraint, Layout, Rect};
-use ratatui::style::{Color, Modifier, Style};
-use ratatui::text::{Line, Span};
-use ratatui::widgets::{Block, Paragraph, Sparkline, Widget};
-use std::collections::VecDeque;
+use ratatui::layout::Rect;
 use std::path::PathBuf;
 use std::time::Duration;
+use tokio::time::Instant;
 
 /// `top`'s flags.
 #[derive(Debug, Clone, Args)]
@@ -40,244 +37,210 @@ pub struct TopArgs {
     pub width: Option<u16>,
 }
 
-/// What the view holds: the last frames and each NPU's recent samples.
-#[derive(Debug, Default)]
-pub struct Model {
-    pub hello: Option<Hello>,
-    pub engines: Option<EnginesFrame>,
-    /// Per NPU (ring index): `(ring ms, value)`, oldest first.
-    pub samples: Vec<VecDeque<(f64, Option<u8>)>>,
-    pub now_ms: f64,
-    /// Seconds kept and drawn.
-    pub seconds: u32,
-    pub source: String,
+/// How long the live view waits for a byte of the stream before it calls the agent out of
+/// reach: the agent sends a frame every 250 ms, so this much silence is a hung agent or a
+/// link gone without a reset.
+const SILENT: Duration = Duration::from_secs(5);
+/// Between two tries to reach a lost agent.
+const RETRY: Duration = Duration::from_secs(2);
+/// The first try after the agent ended the stream itself (a stop, a reload, a handover: the
+/// next agent may already listen).
+const RETRY_SOON: Duration = Duration::from_millis(250);
+
+/// Where the live view's connection is.
+enum Link {
+    /// Reading the stream.
+    Open(reqwest::Response, SseParser),
+    /// No stream: the next try at this instant.
+    Down(Instant),
 }
 
-impl Model {
-    /// An empty model drawing `seconds` of samples.
-    pub fn new(source: String, seconds: u32) -> Model {
-        Model {
-            seconds: seconds.clamp(1, 60),
-            source,
-            ..Model::default()
-        }
-    }
+/// What happened on the link: what to show, and the link after it.
+enum Step {
+    /// Events from the stream, each `(event, data)`.
+    Events(Vec<(String, String)>, Link),
+    /// The agent is out of reach, in words; the next try is set.
+    Lost(String, Link),
+}
 
-    /// Applies one server-sent event; an unknown event or bad JSON is an error naming it.
-    pub fn apply(&mut self, event: &str, data: &str) -> anyhow::Result<()> {
-        match event {
-            "hello" => {
-                let h: Hello = serde_json::from_str(data).context("a bad hello frame")?;
-                self.samples = vec![VecDeque::new(); h.npus.len()];
-                self.hello = Some(h);
-            }
-            "samples" => {
-                let s: Samples = serde_json::from_str(data).context("a bad samples frame")?;
-                self.now_ms = s.now_ms;
-                let keep_from = s.now_ms - f64::from(self.seconds) * 1e3;
-                for n in s.npus {
-                    let Some(q) = self.samples.get_mut(usize::from(n.i)) else {
-                        continue;
-                    };
-                    q.extend(n.t.into_iter().zip(n.v));
-                    while q.front().is_some_and(|(t, _)| *t < keep_from) {
-                        q.pop_front();
-                    }
+impl Link {
+    /// Waits for the next thing on the link: a chunk of the stream, its end or silence, or a
+    /// new stream after a try.
+    async fn step(self, args: &TopArgs) -> Step {
+        match self {
+            Link::Open(mut resp, mut parser) => {
+                let down = |why: String, after: Duration| {
+                    Step::Lost(why, Link::Down(Instant::now() + after))
+                };
+                match tokio::time::timeout(SILENT, resp.chunk()).await {
+                    Err(_) => down(format!("no data for {} s", SILENT.as_secs()), RETRY),
+                    Ok(Ok(None)) => down(
+                        "the agent ended the stream (it stopped, reloads or hands over)".into(),
+                        RETRY_SOON,
+                    ),
+                    // The body's error names the client's layer ("error decoding response
+                    // body"); its cause says what happened ("unexpected EOF").
+                    Ok(Err(e)) => down(
+                        format!("the connection broke ({})", anyhow!(e).root_cause()),
+                        RETRY,
+                    ),
+                    Ok(Ok(Some(chunk))) => match parser.feed(&chunk) {
+                        Ok(events) => Step::Events(events, Link::Open(resp, parser)),
+                        Err(e) => down(e, RETRY),
+                    },
                 }
             }
-            "engines" => {
-                self.engines = Some(serde_json::from_str(data).context("a bad engines frame")?);
+            Link::Down(at) => {
+                tokio::time::sleep_until(at).await;
+                match open(args).await {
+                    Ok(resp) => Step::Events(Vec::new(), Link::Open(resp, SseParser::default())),
+                    Err(e) => Step::Lost(words(&e), Link::Down(Instant::now() + RETRY)),
+                }
             }
-            _ => {}
         }
-        Ok(())
-    }
-
-    /// Whether every kind of frame arrived once (what `--once` waits for).
-    pub fn complete(&self) -> bool {
-        self.hello.is_some() && self.engines.is_some() && self.now_ms > 0.0
-    }
-
-    /// The sparkline of NPU `i`, `width` columns over the last `seconds`: each column the
-    /// highest valid sample of its slice (`None`: no valid sample in it).
-    pub fn columns(&self, i: usize, width: usize) -> Vec<Option<u64>> {
-        let mut cols = vec![None; width];
-        let Some(q) = self.samples.get(i) else {
-            return cols;
-        };
-        let span = f64::from(self.seconds) * 1e3;
-        let start = self.now_ms - span;
-        for &(t, v) in q {
-            let Some(v) = v else { continue };
-            let c = ((t - start) / span * width as f64).floor();
-            if c < 0.0 || c >= width as f64 {
-                continue;
-            }
-            let slot = &mut cols[c as usize];
-            *slot = Some(slot.map_or(u64::from(v), |m: u64| m.max(u64::from(v))));
-        }
-        cols
-    }
-
-    /// Draws the whole view into `buf`: the title, the engines, the NPUs.
-    pub fn render(&self, area: Rect, buf: &mut Buffer) {
-        let [head, eng, npu_area] =
-            Layout::vertical(self.rows().map(Constraint::Length)).areas(area);
-        self.render_title(head, buf);
-        self.render_engines(eng, buf);
-        self.render_npus(npu_area, buf);
-    }
-
-    /// The title line: where from, which version, the sampling period.
-    fn render_title(&self, area: Rect, buf: &mut Buffer) {
-        let title = match &self.hello {
-            Some(h) => format!(
-                "npu-health-agent top · {} · v{} · sampling every {} ms · q quits",
-                self.source, h.version, h.period_ms
-            ),
-            None => format!("npu-health-agent top · {} · connecting…", self.source),
-        };
-        Paragraph::new(title)
-            .style(Style::new().add_modifier(Modifier::BOLD))
-            .render(area, buf);
-    }
-
-    /// The engines box: a header, then two lines per engine.
-    fn render_engines(&self, area: Rect, buf: &mut Buffer) {
-        let mut lines = vec![
-            Line::from(format!(
-                "{:<14} {:<9} {:<9} {:>6}  {:<9} {:<8} {}",
-                "ENGINE", "VERDICT", "LEVEL", "SCORE", "READY", "LIVE", "LAST PROBE"
-            ))
-            .style(Style::new().add_modifier(Modifier::DIM)),
-        ];
-        let engines = self.engines.as_ref();
-        for e in engines.map(|e| e.engines.as_slice()).unwrap_or_default() {
-            lines.extend(engine_lines(e));
-        }
-        Paragraph::new(lines)
-            .block(Block::bordered().title(" engines "))
-            .render(area, buf);
-    }
-
-    /// The NPU box: per NPU a label and a sparkline of AI Cube, as many as fit.
-    fn render_npus(&self, area: Rect, buf: &mut Buffer) {
-        let inner = Block::bordered().title(format!(" AI Cube, last {} s ", self.seconds));
-        let npu_inner = inner.inner(area);
-        inner.render(area, buf);
-        let Some(h) = &self.hello else { return };
-        for (k, n) in h.npus.iter().enumerate() {
-            let y = npu_inner.y + (k as u16) * 2;
-            if y >= npu_inner.bottom() {
-                break;
-            }
-            let row = Rect::new(
-                npu_inner.x,
-                y,
-                npu_inner.width,
-                2.min(npu_inner.bottom() - y),
-            );
-            self.render_npu(n, row, buf);
-        }
-    }
-
-    /// One NPU's row: now, peak and the backend's flags, then its sparkline.
-    fn render_npu(&self, n: &Npu, row: Rect, buf: &mut Buffer) {
-        let label_w = 26u16;
-        let [label, spark] =
-            Layout::horizontal([Constraint::Length(label_w), Constraint::Min(10)]).areas(row);
-        let last = self
-            .samples
-            .get(usize::from(n.index))
-            .and_then(|q| q.iter().rev().find_map(|(_, v)| *v));
-        let cols = self.columns(usize::from(n.index), usize::from(spark.width));
-        let peak = cols.iter().flatten().max().copied();
-        let state = self
-            .engines
-            .as_ref()
-            .and_then(|e| e.npus.iter().find(|s| s.i == n.index));
-        let flags = state.map_or(String::new(), |s| {
-            format!(
-                "{}{}{}",
-                s.backend,
-                if s.stale { " STALE" } else { "" },
-                if s.hung { " HUNG" } else { "" }
-            )
-        });
-        Paragraph::new(vec![
-            Line::from(format!(
-                "NPU {:<3} now {:>3}  peak {:>3}",
-                n.id,
-                last.map_or_else(|| "-".to_owned(), |v| v.to_string()),
-                peak.map_or_else(|| "-".to_owned(), |v| v.to_string())
-            )),
-            Line::from(format!("  {flags}")).style(Style::new().add_modifier(Modifier::DIM)),
-        ])
-        .render(label, buf);
-        Sparkline::default()
-            .data(cols)
-            .max(100)
-            .style(Style::new().fg(Color::Cyan))
-            .render(spark, buf);
-    }
-
-    /// Rows of the title, the engines box (borders, header, two lines per engine) and the
-    /// NPU box (borders, two lines per NPU).
-    fn rows(&self) -> [u16; 3] {
-        let e = self.engines.as_ref().map_or(0, |e| e.engines.len()) as u16;
-        let n = self.hello.as_ref().map_or(0, |h| h.npus.len()) as u16;
-        [1, 3 + e * 2, 2 + n * 2]
-    }
-
-    /// Rows the view needs.
-    pub fn height(&self) -> u16 {
-        self.rows().iter().sum()
     }
 }
 
-/// One engine's two lines: verdict, level, score, readiness, liveness and last probe; then
-/// what the routers were told and why.
-fn engine_lines(e: &EngineLine) -> [Line<'static>; 2] {
-    let verdict_color = match e.status.as_str() {
-        "normal" => Color::Green,
-        "abnormal" => Color::Red,
-        _ => Color::Yellow,
-    };
-    let probe = match &e.last_probe {
-        Some(p) => format!("{} in {:.1} ms", p.outcome, p.latency_ms),
-        None => "none yet".to_owned(),
-    };
-    let status = Line::from(vec![
-        Span::raw(format!("{:<14} ", e.name)),
-        Span::styled(
-            format!("{:<9} ", e.status.as_str()),
-            Style::new().fg(verdict_color),
-        ),
-        Span::raw(format!(
-            "{:<9} {:>6}  {:<9} {:<8} {probe}",
-            e.level.as_str(),
-            e.score
-                .map_or_else(|| "-".to_owned(), |s| format!("{s:.3}")),
-            if e.ready { "ready" } else { "NOT READY" },
-            if e.live { "live" } else { "RESTART" },
-        )),
-    ]);
-    let routers: Vec<String> = e
-        .routers
-        .iter()
-        .map(|(r, state)| format!("{r} {state}"))
-        .collect();
-    let reason = if routers.is_empty() {
-        e.reason.clone()
+/// Applies what happened on the link to `model`; the link to wait on next. A frame the
+/// model cannot read ends the stream like a broken link: said, and tried again.
+fn apply(model: &mut Model, step: Step) -> Link {
+    match step {
+        Step::Events(events, link) => {
+            model.heard(unix_ms());
+            for (e, d) in events {
+                if let Err(err) = model.apply(&e, &d) {
+                    model.lose(format!("{err:#}"), unix_ms());
+                    return Link::Down(Instant::now() + RETRY);
+                }
+            }
+            link
+        }
+        Step::Lost(why, link) => {
+            model.lose(why, unix_ms());
+            link
+        }
+    }
+}
+
+/// An error in words: what failed, then its first cause when that says more (not the whole
+/// chain of the HTTP client's layers).
+fn words(e: &anyhow::Error) -> String {
+    let (top, root) = (e.to_string(), e.root_cause().to_string());
+    if top == root {
+        top
     } else {
-        format!("{} · {}", routers.join(", "), e.reason)
-    };
-    let reason = Line::from(format!("  {reason}")).style(Style::new().add_modifier(Modifier::DIM));
-    [status, reason]
+        format!("{top}: {root}")
+    }
+}
+
+/// Milliseconds since the epoch, now.
+fn unix_ms() -> u64 {
+    crate::clock::unix_ms()
+}
+
+/// Runs `top`. The first connection must succeed (a wrong address or token is a one-line
+/// error and exit 1); after it, the live view never exits on its own.
+pub async fn run(args: TopArgs) -> anyhow::Result<()> {
+    let resp = open(&args).await?;
+    let model = Model::new(args.admin.clone(), args.seconds);
+    if args.once {
+        return once(&args, resp, model).await;
+    }
+    live(&args, Link::Open(resp, SseParser::default()), model).await
+}
+
+/// `--once`: waits for one complete frame and prints it as plain text.
+async fn once(args: &TopArgs, mut resp: reqwest::Response, mut model: Model) -> anyhow::Result<()> {
+    let mut parser = SseParser::default();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !model.complete() {
+        let chunk = tokio::time::timeout_at(deadline, resp.chunk())
+            .await
+            .map_err(|_| anyhow!("no complete frame from {} within 10 s", args.admin))??
+            .ok_or_else(|| anyhow!("{} closed the stream", args.admin))?;
+        for (e, d) in parser
+            .feed(&chunk)
+            .map_err(|e| anyhow!("{}: {e}", args.admin))?
+        {
+            model.apply(&e, &d)?;
+        }
+    }
+    let width = once_width(args.width, terminal_width());
+    let area = Rect::new(0, 0, width, model.height(width));
+    let mut buf = Buffer::empty(area);
+    model.render(area, &mut buf);
+    print!("{}", buffer_text(&buf));
+    Ok(())
+}
+
+/// The terminal's width, when stdout is a terminal that tells it: piped, crossterm would
+/// answer a fallback (80, or `tput cols`), narrower than the documented 100; a terminal
+/// that answers 0 columns (a pseudo-terminal nobody sized) tells nothing.
+fn terminal_width() -> Option<u16> {
+    std::io::IsTerminal::is_terminal(&std::io::stdout())
+        .then(|| ratatui::crossterm::terminal::size().ok())
+        .flatten()
+        .map(|(w, _)| w)
+}
+
+/// The `--once` frame's width: `--width`, else the terminal's, else 100; at least 60.
+fn once_width(flag: Option<u16>, terminal: Option<u16>) -> u16 {
+    flag.or(terminal.filter(|&w| w > 0)).unwrap_or(100).max(60)
+}
+
+/// The live view: redraws at every chunk, key and second, until `q`, Esc or Ctrl-C.
+async fn live(args: &TopArgs, mut link: Link, mut model: Model) -> anyhow::Result<()> {
+    use ratatui::crossterm::event::{Event, KeyCode, KeyEventKind, KeyModifiers};
+    let (keys_tx, mut keys) = tokio::sync::mpsc::channel::<Event>(16);
+    // crossterm's reads block: a thread of their own, ended with the process.
+    std::thread::spawn(move || {
+        while let Ok(e) = ratatui::crossterm::event::read() {
+            if keys_tx.blocking_send(e).is_err() {
+                return;
+            }
+        }
+    });
+    model.retry_s = RETRY.as_secs();
+    let mut terminal = ratatui::init();
+    // The "since" of a lost agent counts on screen while nothing else happens.
+    let mut second = tokio::time::interval(Duration::from_secs(1));
+    let result = async {
+        loop {
+            model.clock_unix_ms = unix_ms();
+            terminal.draw(|f| model.render(f.area(), f.buffer_mut()))?;
+            let step = link.step(args);
+            tokio::pin!(step);
+            let next = loop {
+                tokio::select! {
+                    k = keys.recv() => match k {
+                        Some(Event::Key(k)) if k.kind == KeyEventKind::Press => {
+                            let ctrl_c = k.code == KeyCode::Char('c') && k.modifiers.contains(KeyModifiers::CONTROL);
+                            if ctrl_c || matches!(k.code, KeyCode::Char('q') | KeyCode::Esc) {
+                                return Ok(());
+                            }
+                        }
+                        // A resize: drawn again at the new size below.
+                        Some(_) => {}
+                        None => return Ok(()),
+                    },
+                    s = &mut step => break s,
+                    _ = second.tick() => {}
+                    _ = tokio::signal::ctrl_c() => return Ok(()),
+                }
+                model.clock_unix_ms = unix_ms();
+                terminal.draw(|f| model.render(f.area(), f.buffer_mut()))?;
+            };
+            link = apply(&mut model, next);
+        }
+    }
+    .await;
+    ratatui::restore();
+    result
 }
 
 /// Longest event `top` accepts from the agent (a `hello` with hundreds of NPUs is tens of
-/// kilobytes); a longer one ends the view with an error rather than growing without bound.
+/// kilobytes); a longer one ends the stream with an error (`--once`: exit 1; live: said, and
+/// tried again) rather than growing without bound.
 pub const MAX_EVENT: usize = 4 << 20;
 
 /// Splits a server-sent event stream into `(event, data)` pairs.
@@ -323,21 +286,6 @@ impl SseParser {
         }
         Ok(out)
     }
-}
-
-/// The plain text of a buffer, one line per row, trailing spaces cut.
-pub fn buffer_text(buf: &Buffer) -> String {
-    let area = buf.area;
-    let mut out = String::new();
-    for y in area.top()..area.bottom() {
-        let mut line = String::new();
-        for x in area.left()..area.right() {
-            line.push_str(buf[(x, y)].symbol());
-        }
-        out.push_str(line.trim_end());
-        out.push('\n');
-    }
-    out
 }
 
 fn client(args: &TopArgs) -> anyhow::Result<reqwest::Client> {
@@ -402,99 +350,9 @@ async fn body_start(mut resp: reqwest::Response) -> String {
     String::from_utf8_lossy(&body).into_owned()
 }
 
-/// Runs `top`.
-pub async fn run(args: TopArgs) -> anyhow::Result<()> {
-    let mut resp = open(&args).await?;
-    let mut model = Model::new(args.admin.clone(), args.seconds);
-    let mut parser = SseParser::default();
-    if args.once {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        while !model.complete() {
-            let chunk = tokio::time::timeout_at(deadline, resp.chunk())
-                .await
-                .map_err(|_| anyhow!("no complete frame from {} within 10 s", args.admin))??
-                .ok_or_else(|| anyhow!("{} closed the stream", args.admin))?;
-            for (e, d) in parser
-                .feed(&chunk)
-                .map_err(|e| anyhow!("{}: {e}", args.admin))?
-            {
-                model.apply(&e, &d)?;
-            }
-        }
-        // The terminal's width only when stdout is one: piped, crossterm would answer a
-        // fallback (80, or `tput cols`), narrower than the documented 100.
-        let terminal = std::io::IsTerminal::is_terminal(&std::io::stdout());
-        let width = args
-            .width
-            .or_else(|| {
-                terminal
-                    .then(|| ratatui::crossterm::terminal::size().ok().map(|(w, _)| w))
-                    .flatten()
-            })
-            .unwrap_or(100)
-            .max(60);
-        let area = Rect::new(0, 0, width, model.height());
-        let mut buf = Buffer::empty(area);
-        model.render(area, &mut buf);
-        print!("{}", buffer_text(&buf));
-        return Ok(());
-    }
-    live(resp, model, parser).await
-}
-
-/// The live view: redraws at every frame and key, until `q`, Esc or Ctrl-C.
-async fn live(
-    mut resp: reqwest::Response,
-    mut model: Model,
-    mut parser: SseParser,
-) -> anyhow::Result<()> {
-    use ratatui::crossterm::event::{Event, KeyCode, KeyEventKind, KeyModifiers};
-    let (keys_tx, mut keys) = tokio::sync::mpsc::channel::<Event>(16);
-    // crossterm's reads block: a thread of their own, ended with the process.
-    std::thread::spawn(move || {
-        while let Ok(e) = ratatui::crossterm::event::read() {
-            if keys_tx.blocking_send(e).is_err() {
-                return;
-            }
-        }
-    });
-    let mut terminal = ratatui::init();
-    let result = async {
-        loop {
-            terminal.draw(|f| model.render(f.area(), f.buffer_mut()))?;
-            tokio::select! {
-                k = keys.recv() => match k {
-                    Some(Event::Key(k)) if k.kind == KeyEventKind::Press => {
-                        let ctrl_c = k.code == KeyCode::Char('c') && k.modifiers.contains(KeyModifiers::CONTROL);
-                        if ctrl_c || matches!(k.code, KeyCode::Char('q') | KeyCode::Esc) {
-                            return Ok(());
-                        }
-                    }
-                    Some(_) => {}
-                    None => return Ok(()),
-                },
-                chunk = resp.chunk() => match chunk? {
-                    Some(c) => {
-                        for (e, d) in parser.feed(&c).map_err(|e| anyhow!("{e}"))? {
-                            model.apply(&e, &d)?;
-                        }
-                    }
-                    None => bail!("the agent closed the stream"),
-                },
-                _ = tokio::signal::ctrl_c() => return Ok(()),
-            }
-        }
-    }
-    .await;
-    ratatui::restore();
-    result
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const HELLO: &str = r#"{"version":"0.1.0","period_ms":50.0,"frame_interval_ms":250,"history_s":60.0,"npus":[{"index":0,"id":0,"name":"910B","engines":["a"]}],"engines":["a"]}"#;
 
     #[test]
     fn sse_blocks_split_across_reads_are_joined() {
@@ -543,58 +401,141 @@ mod tests {
         assert!(err.contains("without its end"), "{err}");
     }
 
-    // A 100 ms burst among 50 ms samples shows in its column (each column is the highest
-    // sample of its slice); failed readings are gaps, not zeros; old samples are dropped.
+    // `--once`'s width: the flag, else the terminal's, else 100 (a piped stdout has none; a
+    // terminal nobody sized answers 0), never under 60.
     #[test]
-    fn a_short_burst_shows_in_the_sparkline() {
-        let mut m = Model::new("test".into(), 10);
-        m.apply("hello", HELLO).unwrap();
-        let mut t = Vec::new();
-        let mut v = Vec::new();
-        for k in 0..400u32 {
-            let ms = f64::from(k) * 50.0;
-            t.push(ms);
-            v.push(match k {
-                300 | 301 => Some(90),
-                310 => None,
-                _ => Some(5),
-            });
+    fn the_once_width_is_the_flag_then_the_terminal_then_100() {
+        let rows = [
+            ((Some(120), Some(200)), 120),
+            ((None, Some(200)), 200),
+            ((None, None), 100),
+            ((None, Some(0)), 100),
+            ((None, Some(40)), 60),
+        ];
+        for ((flag, terminal), want) in rows {
+            assert_eq!(once_width(flag, terminal), want, "{flag:?} {terminal:?}");
         }
-        let frame = serde_json::json!({"now_ms": 19_999.0, "npus": [{"i": 0, "t": t, "v": v}]});
-        m.apply("samples", &frame.to_string()).unwrap();
-        assert_eq!(m.samples[0].len(), 200, "10 s of 50 ms samples kept");
-        let cols = m.columns(0, 20);
-        assert_eq!(
-            cols.iter().filter(|c| **c == Some(90)).count(),
-            1,
-            "{cols:?}"
-        );
-        assert!(cols.iter().all(|c| c.is_some()));
-        assert!(m.apply("samples", "{not json").is_err());
     }
 
+    // What the live view says when the link fails: the failure and its first cause, not the
+    // HTTP client's whole chain.
     #[test]
-    fn a_frame_renders_the_engine_and_the_npu() {
-        let mut m = Model::new("http://x".into(), 10);
-        m.apply("hello", HELLO).unwrap();
-        m.apply(
-            "samples",
-            r#"{"now_ms": 1000.0, "npus": [{"i": 0, "t": [900.0, 950.0], "v": [85, 7]}]}"#,
-        )
-        .unwrap();
-        m.apply("engines", r#"{"at_unix_ms": 1, "engines": [{"name": "a", "status": "abnormal", "reason": "virtual inference is abnormal", "policy": "agent", "level": "degrade", "score": 0.41, "ready": false, "ready_reason": "r", "live": false, "live_reason": "l", "failure_count": 6, "max_failure_count": 6, "last_probe": {"at_unix_ms": 1, "success": false, "outcome": "failed: timed out", "latency_ms": 2000.0}}], "recent": [], "npus": [{"i": 0, "backend": "dcmi", "stale": false, "hung": false, "health": 0, "hbm_used_mb": 1, "hbm_total_mb": 2}]}"#).unwrap();
-        assert!(m.complete());
-        let area = Rect::new(0, 0, 100, m.height());
-        let mut buf = Buffer::empty(area);
-        m.render(area, &mut buf);
-        let text = buffer_text(&buf);
-        assert!(text.contains("abnormal"), "{text}");
-        assert!(
-            text.contains("degrade    0.410  NOT READY RESTART"),
-            "{text}"
+    fn an_error_reads_as_what_failed_and_why() {
+        let e = anyhow!(std::io::Error::other("unexpected EOF"))
+            .context("error sending request")
+            .context("cannot reach the agent at http://x/events");
+        assert_eq!(
+            words(&e),
+            "cannot reach the agent at http://x/events: unexpected EOF"
         );
-        assert!(text.contains("failed: timed out in 2000.0 ms"), "{text}");
-        assert!(text.contains("NPU 0   now   7  peak  85"), "{text}");
-        assert!(text.contains("dcmi"), "{text}");
+        assert_eq!(words(&anyhow!("no data")), "no data");
+    }
+
+    /// `top`'s flags for an agent at `url`.
+    fn args(url: &str) -> TopArgs {
+        TopArgs {
+            admin: url.to_owned(),
+            token_file: None,
+            ca_file: None,
+            once: false,
+            seconds: 10,
+            width: None,
+        }
+    }
+
+    /// An "agent" on a real socket that answers one `/events` with `answer`, then holds the
+    /// connection open (`hold`) or closes it; its URL.
+    async fn agent(answer: &'static [u8], hold: bool) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", l.local_addr().unwrap());
+        tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut head = Vec::new();
+            while !head.ends_with(b"\r\n\r\n") {
+                let mut b = [0u8; 1];
+                if s.read(&mut b).await.unwrap_or(0) == 0 {
+                    return;
+                }
+                head.push(b[0]);
+            }
+            s.write_all(answer).await.unwrap();
+            if hold {
+                std::future::pending::<()>().await;
+            }
+        });
+        url
+    }
+
+    const HEAD: &[u8] =
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+
+    /// The step after opening the stream of an agent that answers `answer`.
+    async fn step_after(answer: &'static [u8], hold: bool) -> (String, Duration) {
+        let a = args(&agent(answer, hold).await);
+        let mut link = Link::Open(open(&a).await.unwrap(), SseParser::default());
+        // The bytes before a break come first, as a chunk without a whole event.
+        loop {
+            // Paused time: a step that waits for ever fails here instead of hanging.
+            let step = tokio::time::timeout(SILENT * 2, link.step(&a)).await;
+            match step.expect("a step within twice the silence") {
+                Step::Lost(why, Link::Down(at)) => return (why, at - Instant::now()),
+                Step::Lost(..) => panic!("lost, and not down"),
+                Step::Events(e, next) => {
+                    assert!(e.is_empty(), "{e:?}");
+                    link = next;
+                }
+            }
+        }
+    }
+
+    // Issue 48: the link's failures, on a real socket (time paused: the 5 s of silence pass
+    // at once). Each is said in words and tried again, none ends `top`: an agent that says
+    // nothing for 5 s (hung, or a link gone without a reset), one that ends its stream (a
+    // stop, a reload, a handover: tried again soon), one whose connection breaks mid-frame.
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_an_ended_and_a_broken_stream_are_each_told_and_tried_again() {
+        let (why, retry) = step_after(HEAD, true).await;
+        assert_eq!(why, "no data for 5 s");
+        assert_eq!(retry, RETRY);
+        let ended: &[u8] = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n";
+        let (why, retry) = step_after(ended, false).await;
+        assert!(why.starts_with("the agent ended the stream"), "{why}");
+        assert_eq!(retry, RETRY_SOON);
+        let broken: &[u8] =
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n40\r\nevent: hel";
+        let (why, retry) = step_after(broken, false).await;
+        assert!(why.starts_with("the connection broke ("), "{why}");
+        assert!(!why.contains("error decoding response body"), "{why}");
+        assert_eq!(retry, RETRY);
+    }
+
+    // A try that fails says why, in words, and sets the next try; one that succeeds opens a
+    // stream.
+    #[tokio::test]
+    async fn a_try_that_fails_is_told_and_one_that_succeeds_opens_the_stream() {
+        let refused = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            format!("http://{}", l.local_addr().unwrap())
+        };
+        let a = args(&refused);
+        match Link::Down(Instant::now()).step(&a).await {
+            Step::Lost(why, Link::Down(_)) => {
+                assert!(
+                    why.starts_with(&format!("cannot reach the agent at {refused}/events: ")),
+                    "{why}"
+                );
+                assert!(
+                    !why.contains("client error"),
+                    "one cause, not the chain: {why}"
+                );
+            }
+            _ => panic!("not lost"),
+        }
+        let a = args(&agent(HEAD, true).await);
+        assert!(matches!(
+            Link::Down(Instant::now()).step(&a).await,
+            Step::Events(e, Link::Open(..)) if e.is_empty()
+        ));
     }
 }

@@ -35,7 +35,9 @@
 //!   server takes over): the request in flight on each connection is finished, then the
 //!   connection closes. A connection accepted just before, whose first request has not come
 //!   in yet, waits up to 250 ms for it and answers it, rather than closing unanswered (a
-//!   Node Manager poll without an answer reads as `abnormal`).
+//!   Node Manager poll without an answer reads as `abnormal`). An answer that never ends by
+//!   itself (an `/events` stream) is told through [`Stopping`] and ends at once, so an open
+//!   page or `top` never holds a stop, a reload or a handover for the whole drain.
 
 use crate::config::ListenerLimits;
 use axum::Router;
@@ -61,6 +63,12 @@ fn now_ms() -> u64 {
     let start = *START.get_or_init(Instant::now);
     u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
+
+/// The listener's stop, in every request's extensions: a handler whose answer never ends by
+/// itself (the `/events` stream) ends it when this fires. Without it, the stream counted as a
+/// request in flight and every stop, reload and handover waited out the whole drain.
+#[derive(Debug, Clone)]
+pub struct Stopping(pub CancellationToken);
 
 /// No request head is awaited (one is inside the handler).
 const NO_HEAD: u64 = u64::MAX;
@@ -547,9 +555,11 @@ impl Connection {
     ) {
         let router = self.router.clone();
         let activity = Arc::clone(&self.activity);
+        let stopping = self.cancel.clone();
         let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
             req.extensions_mut()
                 .insert(super::auth::ClientCert(client_cert));
+            req.extensions_mut().insert(Stopping(stopping.clone()));
             let busy = BusyGuard::enter(&activity);
             let router = router.clone();
             async move {

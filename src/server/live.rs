@@ -8,10 +8,15 @@
 //! - **backpressure:** a frame is built only when the previous one was handed to the socket,
 //!   so a slow reader holds one frame, not a queue; one that stops reading is closed by the
 //!   listener's idle timeout. Missed ticks are not caught up: the next frame carries every
-//!   sample since the last one sent (bounded by the ring's history).
+//!   sample since the last one sent (bounded by the ring's history);
+//! - **stop:** a stream ends as soon as its listener stops (a stop, a reload that restarts the
+//!   admin listener, a handover), so it never holds one up; the client reconnects to
+//!   whichever agent accepts next.
 
 use super::AdminView;
+use super::conn::Stopping;
 use crate::view;
+use axum::Extension;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -20,6 +25,7 @@ use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use tokio_util::sync::CancellationToken;
 
 /// Most `/events` streams at once on one admin listener.
 pub const MAX_SUBSCRIBERS: usize = 8;
@@ -74,7 +80,18 @@ struct Stream {
     frames: u32,
     tick: tokio::time::Interval,
     pending: VecDeque<Event>,
+    /// The listener's stop (`None`: served without [`crate::server::serve`], as in a unit
+    /// test; the stream then ends with its client only).
+    stop: Option<CancellationToken>,
     _subscriber: Subscriber,
+}
+
+/// Fires when `stop` does; never without one.
+async fn stopped(stop: &Option<CancellationToken>) {
+    match stop {
+        Some(t) => t.cancelled().await,
+        None => std::future::pending().await,
+    }
 }
 
 fn event<T: serde::Serialize>(name: &str, data: &T) -> Event {
@@ -86,7 +103,11 @@ fn event<T: serde::Serialize>(name: &str, data: &T) -> Event {
 impl Stream {
     async fn next(mut self) -> Option<(Result<Event, Infallible>, Stream)> {
         if self.pending.is_empty() {
-            self.tick.tick().await;
+            tokio::select! {
+                biased;
+                () = stopped(&self.stop) => return None,
+                _ = self.tick.tick() => {}
+            }
             let s = &self.view.metrics;
             self.pending.push_back(event(
                 "samples",
@@ -103,8 +124,9 @@ impl Stream {
     }
 }
 
-/// `GET /events`: the stream, or 503 past [`MAX_SUBSCRIBERS`].
-pub async fn events(State(v): State<AdminView>) -> Response {
+/// `GET /events`: the stream, or 503 past [`MAX_SUBSCRIBERS`]. It ends when its listener
+/// stops ([`Stopping`]).
+pub async fn events(State(v): State<AdminView>, stop: Option<Extension<Stopping>>) -> Response {
     let Some(subscriber) = v.hub.join() else {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -114,7 +136,7 @@ pub async fn events(State(v): State<AdminView>) -> Response {
             .into_response();
     };
     let s = &v.metrics;
-    let hello = event("hello", &view::hello(&s.shared, &s.engines));
+    let hello = event("hello", &view::hello(&s.shared, &s.engines, &v.node));
     let mut tick = tokio::time::interval(view::FRAME_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let stream = Stream {
@@ -123,6 +145,7 @@ pub async fn events(State(v): State<AdminView>) -> Response {
         frames: 0,
         tick,
         pending: VecDeque::from([hello]),
+        stop: stop.map(|Extension(Stopping(t))| t),
         _subscriber: subscriber,
     };
     let body = futures_util::stream::unfold(stream, Stream::next);

@@ -51,6 +51,8 @@ pub struct AdminView {
     pub stuck_after: Duration,
     /// The `/events` subscribers.
     pub hub: Arc<live::Hub>,
+    /// The node's name, as the live views show it ([`crate::view::node_name`]).
+    pub node: Arc<str>,
 }
 
 /// Router of one engine's mgmt listener: the agent's own routes, then every integration's
@@ -350,6 +352,7 @@ pub fn detail(e: &Monitor, shared: &Shared, win: Duration) -> wire::EngineDetail
             warmup_done: e.vi.warmup_done(),
             failure_count: e.vi.failure_count(),
             max_failure_count: hc.max_failure_count,
+            failure_limit: crate::view::failure_limit(spec),
             npu_usage_threshold: hc.npu_usage_threshold,
             interval_s: e.vi.interval().as_secs_f64(),
             last_probe: e.vi.last_probe(),

@@ -62,7 +62,12 @@ pub struct VirtualInference {
     pub abnormal_reason: Option<String>,
     pub warmup_done: bool,
     pub failure_count: i64,
+    /// The reference's limit: counted failures that make the engine abnormal.
     pub max_failure_count: i64,
+    /// The limit of the policy in force ([`crate::view::failure_limit`]): under `agent`,
+    /// `confirm_failures` (confirmed failures; an unconfirmed one still counts toward
+    /// `max_failure_count`).
+    pub failure_limit: i64,
     pub npu_usage_threshold: f64,
     pub interval_s: f64,
     pub last_probe: Option<ProbeRecord>,

@@ -2,13 +2,17 @@
 //! `npu-health-agent top` show. Typed frames, built from the shared state by plain
 //! functions and read back by the views and the tests with the same types.
 //!
-//! `GET /events` is a server-sent event stream of three frames: `hello` once (the NPUs and
-//! engines, the sampling period), then `samples` every [`FRAME_INTERVAL`] (every ring sample
-//! since the last frame, at the sampling resolution: a 100 ms burst is two or more points at
-//! 50 ms) and `engines` every [`ENGINES_EVERY`] frames (verdict, level, score, last probe,
-//! readiness, liveness, and the recent changes). The first `samples` frame carries the last
-//! [`HISTORY`] so a chart is full at once.
+//! `GET /events` is a server-sent event stream of three frames: `hello` once (the node, the
+//! NPUs and engines, the sampling period), then `samples` every [`FRAME_INTERVAL`] (every
+//! ring sample since the last frame, at the sampling resolution: a 100 ms burst is two or
+//! more points at 50 ms) and `engines` every [`ENGINES_EVERY`] frames (verdict, level, score,
+//! failures against their limit, last probe, readiness, liveness, and the recent changes).
+//! The first `samples` frame carries the last [`HISTORY`] so a chart is full at once.
+//! [`top`] is what `npu-health-agent top` makes of them.
 
+pub mod top;
+
+use crate::config::{AgentSettings, EngineSpec};
 use crate::integrations::kubelet::Answers;
 use crate::monitor::Monitor;
 use crate::monitor::journal::ActionRecord;
@@ -32,6 +36,9 @@ pub const RECENT: usize = 30;
 /// The `hello` frame.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Hello {
+    /// The node the agent runs on ([`node_name`]): the views' title names it.
+    #[serde(default)]
+    pub node: String,
     pub version: String,
     /// The sampling period in force, milliseconds.
     pub period_ms: f64,
@@ -97,7 +104,11 @@ pub struct EngineLine {
     pub live: bool,
     pub live_reason: String,
     pub failure_count: i64,
+    /// The reference's limit (`max_failure_count`): any counted failure reaches it.
     pub max_failure_count: i64,
+    /// The policy's own limit ([`failure_limit`]): `confirm_failures` under `agent`.
+    #[serde(default)]
+    pub failure_limit: i64,
     pub last_probe: Option<ProbeLine>,
     /// What each router polling the agent was last told (`haproxy`: `drain`, …).
     #[serde(default)]
@@ -149,8 +160,37 @@ pub struct NpuState {
     pub faults: Vec<String>,
 }
 
-/// The `hello` frame for `engines` over `shared`.
-pub fn hello(shared: &Shared, engines: &[Arc<Monitor>]) -> Hello {
+/// The name the views give the agent's node: `[agent.kubernetes] node_name`, else
+/// `$NODE_NAME` (the shipped DaemonSet sets it from `spec.nodeName`), else the host name.
+pub fn node_name(agent: &AgentSettings) -> String {
+    let configured = agent.kubernetes.as_ref().and_then(|k| k.node_name.clone());
+    let env = std::env::var("NODE_NAME").ok();
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").ok();
+    pick_node(configured, env, host)
+}
+
+/// The first of the three that is not blank, trimmed; `unknown host` when none is.
+fn pick_node(configured: Option<String>, env: Option<String>, host: Option<String>) -> String {
+    [configured, env, host]
+        .into_iter()
+        .flatten()
+        .map(|n| n.trim().to_owned())
+        .find(|n| !n.is_empty())
+        .unwrap_or_else(|| "unknown host".to_owned())
+}
+
+/// The counted failures that make `spec`'s engine abnormal under its policy: the agent
+/// policy's `confirm_failures` when lower than `max_failure_count` (a confirmed failure
+/// reaches it; an unconfirmed one still counts toward `max_failure_count`), else
+/// `max_failure_count`, the reference's.
+pub fn failure_limit(spec: &EngineSpec) -> i64 {
+    let max = spec.health_check_config.max_failure_count;
+    spec.agent_policy_in_force()
+        .map_or(max, |a| max.min(i64::from(a.confirm_failures)))
+}
+
+/// The `hello` frame for `engines` over `shared`, on `node`.
+pub fn hello(shared: &Shared, engines: &[Arc<Monitor>], node: &str) -> Hello {
     let npus = shared
         .devices
         .iter()
@@ -167,6 +207,7 @@ pub fn hello(shared: &Shared, engines: &[Arc<Monitor>]) -> Hello {
         })
         .collect();
     Hello {
+        node: node.to_owned(),
         version: env!("CARGO_PKG_VERSION").to_owned(),
         period_ms: shared.sampler.period().as_secs_f64() * 1e3,
         frame_interval_ms: FRAME_INTERVAL.as_millis() as u64,
@@ -239,6 +280,7 @@ pub fn engine_line(m: &Monitor) -> EngineLine {
         live_reason: l.reason,
         failure_count: m.vi.failure_count(),
         max_failure_count: m.spec.health_check_config.max_failure_count,
+        failure_limit: failure_limit(&m.spec),
         last_probe: m.vi.last_probe().map(|p| ProbeLine {
             at_unix_ms: p.at_unix_ms,
             success: p.success,
@@ -337,3 +379,54 @@ pub fn engines(shared: &Shared, engines: &[Arc<Monitor>]) -> EnginesFrame {
 
 /// The admin page: one self-contained HTML file (no external asset), embedded.
 pub const PAGE: &str = include_str!("page.html");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Issue 48: the views name the host. The configured Kubernetes node name first, then the
+    // DaemonSet's $NODE_NAME, then the host name; blanks are skipped.
+    #[test]
+    fn the_node_is_the_first_name_given() {
+        // (configured, $NODE_NAME, host name; "-": not set) → the name shown
+        let rows = [
+            (["n1", "env", "host\n"], "n1"),
+            (["-", "env", "host\n"], "env"),
+            (["-", "", "host\n"], "host"),
+            ([" ", "-", "host"], "host"),
+            (["-", "-", "-"], "unknown host"),
+        ];
+        let given = |v: &str| (v != "-").then(|| v.to_owned());
+        for ([configured, env, host], want) in rows {
+            assert_eq!(pick_node(given(configured), given(env), given(host)), want);
+        }
+    }
+
+    // Issue 48: the page read "failures 2/6" at `abnormal` under the agent policy, whose
+    // limit is 2 (`confirm_failures`); 6 is the reference's `max_failure_count`.
+    #[test]
+    fn the_failure_limit_is_the_policy_in_force() {
+        let spec = |policy: &str, extra: &str| {
+            let text = format!(
+                "[agent]\npolicy = \"{policy}\"\n[[engine]]\nname = \"a\"\nengine_type = \"vllm\"\nserved_model_name = \"m\"\nhost = \"127.0.0.1\"\nport = 8000\nmgmt_port = 9001\n{extra}"
+            );
+            crate::config::file::parse(&text, std::path::Path::new("/x/agent.toml"))
+                .unwrap()
+                .engines
+                .remove(0)
+        };
+        let hc = "[engine.health_check_config]\nmax_failure_count = 1\n";
+        let rows = [
+            (spec("agent", ""), 2),
+            (spec("reference", ""), 6),
+            (spec("agent", hc), 1),
+            (
+                spec("agent", "[engine.agent_policy]\nconfirm_failures = 4\n"),
+                4,
+            ),
+        ];
+        for (spec, want) in rows {
+            assert_eq!(failure_limit(&spec), want, "{:?}", spec.policy);
+        }
+    }
+}

@@ -3,12 +3,15 @@
 //! NPU 0 playing a 100 ms burst every 2 s, behind an admin token typed into the page. The
 //! test reads what the page keeps in its `data-` attributes: the chart received samples at
 //! the sampling rate, the burst is in the plotted data, and each engine's verdict is the
-//! one `/status` serves. It saves a screenshot (`docs/live-page.png` with
-//! `NPU_HEALTH_SCREENSHOTS=1`).
+//! one `/status` serves; the page names the host, the chart has its axes, legend and current
+//! value, and the failure count reads against the policy's own limit. Then the agent is
+//! killed: the page turns stale (grey cards, "agent unreachable since …"), and live again
+//! when an agent is back. It saves two screenshots (`docs/live-page.png` and
+//! `docs/live-page-stale.png` with `NPU_HEALTH_SCREENSHOTS=1`).
 #![cfg(feature = "fake-driver")]
 
 use crate::support::stack::free_ports;
-use crate::support::views::{TOKEN, Views};
+use crate::support::views::{TOKEN, Views, node_name};
 use base64::Engine as _;
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
@@ -191,7 +194,7 @@ fn the_live_page_in_chromium_plots_every_sample_and_the_verdict() {
         );
         return;
     };
-    let v = Views::start(true, false);
+    let mut v = Views::start(true, false);
     let d = Driver::start(&chromedriver, &chromium);
     d.session(
         "POST",
@@ -199,7 +202,7 @@ fn the_live_page_in_chromium_plots_every_sample_and_the_verdict() {
         json!({"url": format!("{}/", v.admin_url())}),
     );
     // No token yet: the page asks for one; typing it connects the stream.
-    let wait_js = |what: &str, script: &str, limit: Duration| -> Value {
+    let wait_js = |v: &Views, what: &str, script: &str, limit: Duration| -> Value {
         let end = Instant::now() + limit;
         loop {
             let r = d.js(script);
@@ -216,6 +219,7 @@ fn the_live_page_in_chromium_plots_every_sample_and_the_verdict() {
         }
     };
     wait_js(
+        &v,
         "the token form",
         "return document.getElementById('auth').classList.contains('show')",
         Duration::from_secs(10),
@@ -229,6 +233,7 @@ fn the_live_page_in_chromium_plots_every_sample_and_the_verdict() {
     let button = d.element("#authf button");
     d.session("POST", &format!("/element/{button}/click"), json!({}));
     wait_js(
+        &v,
         "connected, 5 s of frames",
         "return document.body.dataset.connected === 'true' && Number(document.body.dataset.frames) >= 20",
         Duration::from_secs(20),
@@ -243,6 +248,7 @@ fn the_live_page_in_chromium_plots_every_sample_and_the_verdict() {
     };
     // At least 2 bursts have gone by (one every 2 s): the chart holds one.
     wait_js(
+        &v,
         "the burst in the plotted data",
         "return Number(document.getElementById('npu-0').dataset.max) >= 90",
         Duration::from_secs(10),
@@ -287,11 +293,13 @@ fn the_live_page_in_chromium_plots_every_sample_and_the_verdict() {
     };
     assert!(answer.starts_with("up ready "), "{answer}");
     wait_js(
+        &v,
         "engine a's card shows haproxy ready",
         "const e = document.querySelector('[data-engine=\"a\"]'); return !!e && e.textContent.includes('haproxy ready')",
         Duration::from_secs(10),
     );
     let row = wait_js(
+        &v,
         "the haproxy action in the table",
         "const r = [...document.querySelectorAll('#recent tr')].find(r => r.textContent.includes('haproxy')); return r ? r.textContent : false",
         Duration::from_secs(10),
@@ -301,6 +309,7 @@ fn the_live_page_in_chromium_plots_every_sample_and_the_verdict() {
         row.contains("start") && row.contains("ready") && row.contains("normal"),
         "{row}"
     );
+    page_names_the_host_and_reads_its_chart_and_limits(&d);
     if std::env::var("NPU_HEALTH_SCREENSHOTS").as_deref() == Ok("1") {
         // For the docs' picture: a minute of history, and engine b made slow, then failing,
         // so the page shows levels and actions moving (engine_dead: /health 503, past the
@@ -310,12 +319,149 @@ fn the_live_page_in_chromium_plots_every_sample_and_the_verdict() {
         std::thread::sleep(Duration::from_secs(15));
         v.fault(1, r#"{"latency_ms": 0, "engine_dead": true}"#);
         wait_js(
+            &v,
             "b abnormal on the page",
             "const e = document.querySelector('[data-engine=\"b\"]'); return e && e.dataset.status === 'abnormal'",
             Duration::from_secs(90),
         );
         std::thread::sleep(Duration::from_secs(3));
     }
+    let out = screenshot(&d, "live-page.png");
+    println!(
+        "page: median interval {interval} ms, {samples} samples, {points} plotted, max {max}; screenshot {}",
+        out.display(),
+    );
+
+    // Issue 48: the agent dies. The page stayed green with a small grey "disconnected"; now
+    // it turns stale: the banner says since when, the cards are grey, the tab says so.
+    let frames_before = d.js("return Number(document.body.dataset.frames)");
+    Views::signal(&v.agent, "KILL");
+    let _ = v.agent.wait();
+    wait_js(
+        &v,
+        "the page turns stale",
+        "return document.body.dataset.stale === 'true'",
+        Duration::from_secs(15),
+    );
+    let banner = d.js("return document.getElementById('stale').textContent");
+    let banner = banner.as_str().unwrap_or_default();
+    assert!(
+        banner.starts_with("agent unreachable since ") && banner.contains("not live"),
+        "{banner}"
+    );
+    assert_eq!(
+        d.js("return document.getElementById('stale').offsetHeight > 0"),
+        json!(true),
+        "the banner is shown"
+    );
+    let borders = d.js(
+        "return [...document.querySelectorAll('.engine')].map(e => getComputedStyle(e).borderLeftColor)",
+    );
+    assert_eq!(
+        borders,
+        json!([GREY, GREY]),
+        "the cards are grey, whatever their last verdict"
+    );
+    let title = d.js("return document.title");
+    assert!(
+        title
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("(unreachable)"),
+        "{title}"
+    );
+    let nodata = d.js(
+        "const n = document.getElementById('npu-0'); return [n.querySelector('.nodata').textContent, n.querySelector('.now').textContent]",
+    );
+    assert!(
+        nodata[0]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("no data since ")
+            && nodata[1].as_str().unwrap_or_default().starts_with("last"),
+        "{nodata}"
+    );
+    let out = screenshot(&d, "live-page-stale.png");
+    println!("stale: {banner}; screenshot {}", out.display());
+
+    // An agent is back on the same ports: the page reconnects by itself and is live again,
+    // each card with the verdict /status serves.
+    v.agent = v.spawn_agent();
+    wait_js(
+        &v,
+        "the page live again",
+        &format!(
+            "return document.body.dataset.stale === 'false' && document.body.dataset.connected === 'true' && Number(document.body.dataset.frames) > {frames_before}"
+        ),
+        Duration::from_secs(30),
+    );
+    for (name, m) in ["a", "b"].into_iter().zip(v.mgmt) {
+        v.wait(
+            &format!("engine {name}'s card shows /status"),
+            Duration::from_secs(30),
+            || {
+                let shown = d.js(&format!(
+                    "const e = document.querySelector('[data-engine=\"{name}\"]'); return e && e.dataset.status"
+                ));
+                shown.as_str().map(str::to_owned) == v.status(m)
+            },
+        );
+    }
+    let border = d.js(
+        "return getComputedStyle(document.querySelector('[data-engine=\"a\"]')).borderLeftColor",
+    );
+    assert_ne!(border, json!(GREY), "engine a's card is live again");
+    assert_eq!(
+        d.js("return document.getElementById('stale').offsetHeight"),
+        json!(0)
+    );
+}
+
+/// The stale cards' border (`#adb5bd`), as the browser computes it.
+const GREY: &str = "rgb(173, 181, 189)";
+
+/// Issue 48: the title and heading name the host; the chart has its axes, its legend and
+/// the current value; the failure count reads against the agent policy's limit (2), not the
+/// reference's (6).
+fn page_names_the_host_and_reads_its_chart_and_limits(d: &Driver) {
+    let node = node_name();
+    assert_eq!(
+        d.js("return document.title"),
+        json!(format!("{node} · npu-health-agent"))
+    );
+    assert_eq!(
+        d.js("return document.getElementById('node').textContent"),
+        json!(node)
+    );
+    assert_eq!(
+        d.js("return document.querySelector('[data-engine=\"a\"] .failures').textContent"),
+        json!("failures 0/2 (6 unconfirmed)")
+    );
+    assert_eq!(
+        d.js(
+            "return [...document.querySelectorAll('#npu-0 .yaxis span, #npu-0 .xaxis span')].map(s => s.textContent).join(' ')"
+        ),
+        json!("100 % 75 50 25 0 −60 s −45 s −30 s −15 s now")
+    );
+    let legend = d.js("return document.getElementById('legend').textContent");
+    let legend = legend.as_str().unwrap_or_default();
+    assert!(
+        legend.contains("80 % and over") && legend.contains("failed reading"),
+        "{legend}"
+    );
+    // NPU 1 reads 20 %, with a failed read every 2 s.
+    let now = d.js(
+        "const n = document.getElementById('npu-1'); return [n.dataset.now, n.querySelector('.now').textContent]",
+    );
+    assert!(
+        now == json!(["20", "now 20 %"]) || now == json!(["", "now: failed reading"]),
+        "{now}"
+    );
+}
+
+/// Saves a screenshot of the page as `name` in the test's directory (and in `docs/` with
+/// `NPU_HEALTH_SCREENSHOTS=1`); its path.
+fn screenshot(d: &Driver, name: &str) -> PathBuf {
     let shot = d.session("GET", "/screenshot", json!(null));
     let png = base64::engine::general_purpose::STANDARD
         .decode(shot.as_str().unwrap())
@@ -325,18 +471,16 @@ fn the_live_page_in_chromium_plots_every_sample_and_the_verdict() {
         "{} bytes",
         png.len()
     );
-    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("live-page.png");
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
     std::fs::write(&out, &png).unwrap();
     if std::env::var("NPU_HEALTH_SCREENSHOTS").as_deref() == Ok("1") {
         std::fs::write(
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/live-page.png"),
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("docs")
+                .join(name),
             &png,
         )
         .unwrap();
     }
-    println!(
-        "page: median interval {interval} ms, {samples} samples, {points} plotted, max {max}; screenshot {} ({} bytes)",
-        out.display(),
-        png.len()
-    );
+    out
 }

@@ -260,9 +260,50 @@ impl Stream {
         }
         out
     }
+
+    /// Reads until the agent ends the stream (at most `limit`): the events, and whether it
+    /// ended it as HTTP/1.1 ends a chunked body (its last, empty chunk) rather than by closing
+    /// the connection under it (what a stop that runs out of drain does).
+    fn read_to_end(&mut self, limit: Duration) -> (Vec<(String, String)>, bool) {
+        let end = Instant::now() + limit;
+        let (mut out, mut tail) = (Vec::new(), Vec::new());
+        let mut buf = [0u8; 16384];
+        loop {
+            assert!(
+                Instant::now() < end,
+                "the stream still runs after {limit:?}"
+            );
+            match self.s.read(&mut buf) {
+                Ok(0) => break,
+                Err(e) => {
+                    println!("the stream failed: {e}");
+                    break;
+                }
+                Ok(n) => {
+                    tail.extend_from_slice(&buf[..n]);
+                    let keep = tail.len().saturating_sub(16);
+                    tail.drain(..keep);
+                    // The chunk framing is not parsed: the events are read from the raw bytes,
+                    // which is enough for the frames' JSON.
+                    out.extend(self.parser.feed(&buf[..n]).unwrap_or_default());
+                }
+            }
+        }
+        // Each read starts on a chunk's boundary or inside one: the last chunk is `0` after a
+        // chunk's `\r\n`, or the first bytes read.
+        let last = b"0\r\n\r\n";
+        let clean = tail == last || tail.ends_with(b"\r\n0\r\n\r\n");
+        if !clean {
+            println!(
+                "the stream's last bytes: {:?}",
+                String::from_utf8_lossy(&tail)
+            );
+        }
+        (out, clean)
+    }
 }
 
-// One subscriber sees the hello (two NPUs, two engines, 50 ms sampling), then every sample
+// One subscriber sees the hello (the host, two NPUs, two engines, 50 ms sampling), then every sample
 // at the sampling resolution (median interval 50 ms, NPU 0's 100 ms burst among them), in
 // at most 4 frames a second, and the engines' verdicts as /status serves them. A ninth
 // subscriber is refused with 503 while eight are open, and let in once one leaves; /status
@@ -275,6 +316,7 @@ fn events_carry_every_sample_at_a_bounded_rate_to_a_bounded_number_of_subscriber
     let (name, data) = &events[0];
     assert_eq!(name, "hello");
     let hello: Hello = serde_json::from_str(data).unwrap();
+    assert_eq!(hello.node, support::views::node_name(), "the host named");
     assert_eq!(hello.period_ms, 50.0);
     assert_eq!(hello.engines, ["a", "b"]);
     assert_eq!(hello.npus.len(), 2);
@@ -328,6 +370,17 @@ fn events_carry_every_sample_at_a_bounded_rate_to_a_bounded_number_of_subscriber
     for (e, m) in engines.engines.iter().zip(v.mgmt) {
         assert_eq!(Some(e.status.as_str().to_owned()), v.status(m), "{e:?}");
         assert!(e.ready && e.live, "{e:?}");
+        // The agent policy's limit (confirm_failures), beside the reference's.
+        assert_eq!((e.failure_limit, e.max_failure_count), (2, 6), "{e:?}");
+    }
+    // And /status/detail, typed.
+    let (_, body) = v.admin_get("/status/detail").unwrap();
+    let detail: npu_health_agent::server::wire::Engines<
+        npu_health_agent::server::wire::EngineDetail,
+    > = serde_json::from_str(&body).unwrap();
+    for e in &detail.engines {
+        let vi = &e.virtual_inference;
+        assert_eq!((vi.failure_limit, vi.max_failure_count), (2, 6), "{vi:?}");
     }
     // NPU 1's fault code, on its line and on its engine's card with what it does there.
     assert_eq!(
@@ -435,6 +488,64 @@ fn stalled_events_subscribers_free_their_slots() {
     drop(stalled);
 }
 
+/// What an agent logs when a stop ran out of drain with requests still in flight.
+const DRAIN_RAN_OUT: &str = "still in flight";
+
+// Issue 48: an open /events stream counted as a request in flight, so every stop waited out
+// the whole 5 s drain and then cut the connection (the demo then SIGKILLed the agent). Now
+// the old agent's stream ends when it hands over; the client reconnects to the new agent,
+// whose stream ends at its SIGTERM. Each end is the stream's own (the chunked body's last,
+// empty chunk), not a connection cut when the drain ran out, and neither agent logs that a
+// drain ran out. Both exit 0.
+#[test]
+fn an_open_stream_ends_at_once_on_a_handover_and_on_a_stop() {
+    let mut v = Views::start_with_state_dir();
+    let mut s = Stream::open(v.admin, None).unwrap();
+    assert_eq!(s.read_for(Duration::from_millis(300))[0].0, "hello");
+    let started = Instant::now();
+    let new = v.spawn_agent();
+    let mut old = std::mem::replace(&mut v.agent, new);
+    let (_, clean) = s.read_to_end(Duration::from_secs(60));
+    let handed_over = started.elapsed();
+    assert!(
+        clean,
+        "the old agent's stream was cut, not ended:\n{}",
+        v.log()
+    );
+    let exited = old.wait().unwrap();
+    let old_stopped = started.elapsed();
+    assert!(exited.success(), "the old agent: {exited}\n{}", v.log());
+    assert!(!v.log_of(1).contains(DRAIN_RAN_OUT), "{}", v.log_of(1));
+
+    let mut s = None;
+    v.wait(
+        "a stream from the new agent",
+        Duration::from_secs(20),
+        || {
+            s = Stream::open(v.admin, None).ok();
+            s.is_some()
+        },
+    );
+    let mut s = s.unwrap();
+    assert_eq!(s.read_for(Duration::from_millis(300))[0].0, "hello");
+    let stop = Instant::now();
+    Views::signal(&v.agent, "TERM");
+    let (_, clean) = s.read_to_end(Duration::from_secs(60));
+    let stream_ended = stop.elapsed();
+    assert!(
+        clean,
+        "the new agent's stream was cut, not ended:\n{}",
+        v.log()
+    );
+    let exited = v.agent.wait().unwrap();
+    let stopped = stop.elapsed();
+    assert!(exited.success(), "the new agent: {exited}\n{}", v.log());
+    assert!(!v.log_of(2).contains(DRAIN_RAN_OUT), "{}", v.log_of(2));
+    println!(
+        "handover: the old stream ended {handed_over:.2?} after the new agent's start, the old agent exited at {old_stopped:.2?}; SIGTERM: the stream ended after {stream_ended:.2?}, the agent exited after {stopped:.2?} (the drain is 5 s)"
+    );
+}
+
 // The page is open (it holds no data) and has no external asset; its stream needs the
 // token like every admin route.
 #[test]
@@ -476,7 +587,7 @@ fn top(args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
-// `top --once` prints one frame: both engines with the verdict /status serves, both NPUs;
+// `top --once` prints one frame: the host, both engines with the verdict /status serves, both NPUs;
 // a bad address or a missing token is a one-line error and a failure exit.
 #[test]
 fn top_once_prints_one_frame_and_names_what_is_wrong() {
@@ -499,7 +610,11 @@ fn top_once_prints_one_frame_and_names_what_is_wrong() {
         String::from_utf8_lossy(&out.stderr)
     );
     println!("{text}");
-    assert!(text.contains("npu-health-agent top"), "{text}");
+    let node = support::views::node_name();
+    assert!(
+        text.starts_with(&format!("npu-health-agent top · {node} · {url} · ")),
+        "the host named:\n{text}"
+    );
     for (name, m) in ["a", "b"].into_iter().zip(v.mgmt) {
         let status = v.status(m).unwrap();
         assert!(
@@ -585,15 +700,18 @@ fn tmux_present() -> bool {
     found
 }
 
-// `top` live in a real terminal (tmux): it draws both engines and a sparkline per NPU,
-// redraws as samples arrive, and exits cleanly on `q` and on Ctrl-C (the session ends
-// with it).
+// `top` live in a real terminal (tmux): it names the host, draws both engines and a
+// sparkline per NPU, redraws as samples arrive, and exits cleanly on `q` and on Ctrl-C (the
+// session ends with it). Issue 48: when the agent dies, `top` no longer exits with a raw
+// `error decoding response body`: it stays, says since when the agent is unreachable, keeps
+// the last figures marked stale, and is live again by itself once an agent is back.
 #[test]
-fn top_in_tmux_refreshes_and_quits_on_q_and_ctrl_c() {
+fn top_in_tmux_names_the_host_survives_the_agent_going_away_and_quits_on_q_and_ctrl_c() {
     if !tmux_present() {
         return;
     }
-    let v = Views::start(false, false);
+    let mut v = Views::start(false, false);
+    let node = support::views::node_name();
     for (k, key) in ["q", "C-c"].into_iter().enumerate() {
         let t = Tmux(format!("npu-top-{}-{k}", std::process::id()));
         let cmd = format!(
@@ -622,6 +740,10 @@ fn top_in_tmux_refreshes_and_quits_on_q_and_ctrl_c() {
                 first.contains("ENGINE") && first.contains("NPU 1") && first.contains("normal")
             },
         );
+        assert!(
+            first.starts_with(&format!("npu-health-agent top · {node} · ")),
+            "{first}"
+        );
         let mut second = String::new();
         v.wait("top redraws", Duration::from_secs(10), || {
             second = t.pane();
@@ -640,6 +762,7 @@ fn top_in_tmux_refreshes_and_quits_on_q_and_ctrl_c() {
                 )
                 .unwrap();
             }
+            top_through_the_agent_going_away(&mut v, &t);
         }
         let o = t.cmd(&["send-keys", "-t", "top", key]);
         assert!(o.status.success());
@@ -649,6 +772,53 @@ fn top_in_tmux_refreshes_and_quits_on_q_and_ctrl_c() {
             || !t.alive(),
         );
     }
+}
+
+/// The agent is killed under `top` in `t`, then started again on the same ports.
+fn top_through_the_agent_going_away(v: &mut Views, t: &Tmux) {
+    Views::signal(&v.agent, "KILL");
+    let _ = v.agent.wait();
+    // tmux may capture a redraw half done: wait for the whole stale screen, the last
+    // figures kept under it.
+    let kept = [
+        "AGENT UNREACHABLE since ",
+        "stale, as of",
+        "a              normal",
+        "b              normal",
+        "NPU 1   last",
+    ];
+    let mut stale = String::new();
+    support::wait_or_panic(
+        "top says the agent is unreachable, the last figures kept",
+        Duration::from_secs(15),
+        Duration::from_millis(100),
+        || format!("{}\n{}", t.pane(), v.log()),
+        || {
+            stale = t.pane();
+            kept.iter().all(|k| stale.contains(k))
+        },
+    );
+    assert!(t.alive(), "top is still running:\n{stale}");
+    println!("{stale}");
+    std::fs::write(
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join("top-stale.txt"),
+        &stale,
+    )
+    .unwrap();
+    if std::env::var("NPU_HEALTH_SCREENSHOTS").as_deref() == Ok("1") {
+        std::fs::write(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/top-stale.txt"),
+            &stale,
+        )
+        .unwrap();
+    }
+    v.agent = v.spawn_agent();
+    let mut back = String::new();
+    v.wait("top is live again", Duration::from_secs(30), || {
+        back = t.pane();
+        !back.contains("UNREACHABLE") && !back.contains("stale") && back.contains("NPU 1   now")
+    });
+    assert!(t.alive(), "{back}");
 }
 
 mod promql_reader {

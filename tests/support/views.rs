@@ -3,6 +3,7 @@
 //! the default 50 ms sampling period. Optionally an admin token and the Kubernetes API mode
 //! against the stand-in API server (so every family the dashboard reads is exported). The
 //! HAProxy agent-check listener is open too, so a test can poll it as HAProxy would.
+//! Optionally a state directory, so a second agent process takes over from the first.
 
 use super::kube_api::{self, StandIn};
 use super::stack::{free_ports, http, http_with};
@@ -26,6 +27,9 @@ pub struct Views {
     pub control: [u16; 2],
     pub token: bool,
     pub api: Option<StandIn>,
+    /// Agent processes started so far (each logs to its own file: `agent.log`,
+    /// `agent-2.log`, …).
+    pub agents: u32,
 }
 
 impl Drop for Views {
@@ -61,6 +65,22 @@ impl Views {
 
     /// [`Views::start_with`] with `agent_lines` added to the agent's `[agent]` table.
     pub fn start_agent(token: bool, kubernetes: bool, npus: Npus, agent_lines: &str) -> Views {
+        Views::launch(token, kubernetes, npus, agent_lines, false)
+    }
+
+    /// [`Views::start`] with a state directory (`run/` in the test's directory): an agent
+    /// started again with [`Views::spawn_agent`] takes over from the running one.
+    pub fn start_with_state_dir() -> Views {
+        Views::launch(false, false, Npus::Burst, "", true)
+    }
+
+    fn launch(
+        token: bool,
+        kubernetes: bool,
+        npus: Npus,
+        agent_lines: &str,
+        state_dir: bool,
+    ) -> Views {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
         for f in ["npu0", "npu1", "npu2"] {
@@ -91,6 +111,9 @@ impl Views {
         let mut agent_extra = format!(
             "admin_listen = \"127.0.0.1:{admin}\"\nhaproxy_agent_listen = \"127.0.0.1:{haproxy}\"\n{agent_lines}"
         );
+        if state_dir {
+            agent_extra.push_str(&format!("state_dir = {:?}\n", d.join("run")));
+        }
         if token {
             std::fs::write(d.join("admin.token"), format!("{TOKEN}\n")).unwrap();
             agent_extra.push_str(&format!(
@@ -154,6 +177,7 @@ impl Views {
             control: [c_a, c_b],
             token,
             api,
+            agents: 1,
         };
         for m in v.mgmt {
             v.wait(
@@ -199,8 +223,41 @@ impl Views {
         format!("http://127.0.0.1:{}", self.admin)
     }
 
+    /// Every agent process's log, oldest first.
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("agent.log")).unwrap_or_default()
+        (1..=self.agents)
+            .map(|n| std::fs::read_to_string(self.path().join(log_name(n))).unwrap_or_default())
+            .collect::<Vec<_>>()
+            .join("--- next agent process ---\n")
+    }
+
+    /// The log of agent process `n` (1: the first).
+    pub fn log_of(&self, n: u32) -> String {
+        std::fs::read_to_string(self.path().join(log_name(n))).unwrap_or_default()
+    }
+
+    /// Starts one more agent process with the same configuration, logging to its own file;
+    /// with a state directory it takes over from a running one. The caller owns it (and
+    /// may put it in `self.agent`).
+    pub fn spawn_agent(&mut self) -> Child {
+        self.agents += 1;
+        let d = self.path();
+        super::spawn_agent_logged(
+            &d.join("agent.toml"),
+            &d.join("scenario.toml"),
+            &[],
+            &d.join(log_name(self.agents)),
+        )
+    }
+
+    /// Sends `signal` (`TERM`, `KILL`) to the agent process `child`.
+    pub fn signal(child: &Child, signal: &str) {
+        let ok = std::process::Command::new("kill")
+            .args([format!("-{signal}"), child.id().to_string()])
+            .status()
+            .expect("kill")
+            .success();
+        assert!(ok, "kill -{signal} {}", child.id());
     }
 
     pub fn path(&self) -> &Path {
@@ -211,4 +268,24 @@ impl Views {
     pub fn wait(&self, what: &str, limit: Duration, done: impl FnMut() -> bool) {
         super::wait_or_panic(what, limit, Duration::from_millis(100), || self.log(), done);
     }
+}
+
+/// The log file of agent process `n`.
+fn log_name(n: u32) -> String {
+    if n == 1 {
+        "agent.log".to_owned()
+    } else {
+        format!("agent-{n}.log")
+    }
+}
+
+/// The name an agent started by this test process gives its node when it has no Kubernetes
+/// node name (`view::node_name`): `$NODE_NAME`, else the host name.
+pub fn node_name() -> String {
+    std::env::var("NODE_NAME")
+        .ok()
+        .filter(|n| !n.trim().is_empty())
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+        .map(|n| n.trim().to_owned())
+        .unwrap_or_default()
 }
