@@ -8,7 +8,8 @@
 //! the host's processes: the figure is printed with their count.
 
 use npu_health_agent::monitor::tasks::PROCESS_PERIOD;
-use npu_health_agent::probe::process::{Lookup, ProcRoot, Watch, lookup, states_of};
+use npu_health_agent::probe::process::{Lookup, Watch, lookup, states_of};
+use npu_health_agent::proc_sockets::ProcRoot;
 use std::time::{Duration, Instant};
 
 const CHILDREN: usize = 4;
@@ -54,20 +55,20 @@ fn main() {
                 .is_some_and(|n| n.parse::<u32>().is_ok())
         })
         .count();
-    let found = lookup(&root, port);
+    let found = lookup(&root, "127.0.0.1", port);
     let Lookup::Found { states, .. } = &found else {
         panic!("not found: {found:?}");
     };
     let pids: Vec<u32> = states.iter().map(|(p, ..)| *p).collect();
-    let full = per_call(&mut || drop(lookup(&root, port)), ROUNDS / 10);
+    let full = per_call(&mut || drop(lookup(&root, "127.0.0.1", port)), ROUNDS / 10);
     let sample = per_call(&mut || drop(states_of(&root, &pids)), ROUNDS);
     // The watch as the agent runs it, in real time: one sample every PROCESS_PERIOD for
     // `WATCH` (its re-checks of the known listener included), the thread's CPU over that time.
-    let mut watch = Watch::new(root.clone());
-    drop(watch.sample(port));
+    let mut watch = Watch::new(root.clone(), "127.0.0.1", port);
+    drop(watch.sample());
     let (start, cpu) = (Instant::now(), cpu_ns());
     while start.elapsed() < WATCH {
-        drop(watch.sample(port));
+        drop(watch.sample());
         std::thread::sleep(PROCESS_PERIOD);
     }
     let used = cpu_ns().saturating_sub(cpu) as f64;
