@@ -6,6 +6,7 @@
 //! add, remove or restart one engine without touching the others' verdict state.
 
 mod handover;
+mod holders;
 mod launch;
 mod lifecycle;
 mod listeners;
