@@ -155,7 +155,7 @@ pub fn in_use(
     match (problems.first(), handed.first()) {
         (Some((_, words)), _) => Err(words.clone()),
         (None, Some(pid)) => Ok(format!(
-            "{what} {addr} is in use by the running agent (pid {pid}), which hands it over to a new one"
+            "{what} {addr} is in use by the running agent, which hands it over to a new one (pid {pid})"
         )),
         (None, None) => Err(format!(
             "no listening socket of this network namespace is in the way: a socket bound without listening holds the port; `ss -tanp 'sport = :{}'` names it",
@@ -226,12 +226,12 @@ mod tests {
             (
                 "0.0.0.0:9001",
                 ours,
-                Ok("in use by the running agent (pid 700), which hands it over"),
+                Ok("in use by the running agent, which hands it over to a new one (pid 700)"),
             ),
             (
                 "127.0.0.1:9400",
                 ours,
-                Ok("in use by the running agent (pid 700)"),
+                Ok("in use by the running agent, which hands it over to a new one (pid 700)"),
             ),
             // The agent's, but at a wildcard's address: not taken over by a new agent.
             (

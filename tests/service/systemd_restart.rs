@@ -357,7 +357,7 @@ fn check_config_on_a_live_host_passes_only_the_agents_own_ports_and_names_any_ot
     );
     let (code, err) = check(&config);
     let note = format!(
-        "engine e2e's /status 127.0.0.1:{} is in use by the running agent (pid {agent}), which hands it over to a new one",
+        "engine e2e's /status 127.0.0.1:{} is in use by the running agent, which hands it over to a new one (pid {agent})",
         h.mgmt
     );
     case(
