@@ -217,7 +217,7 @@ impl Running {
         {
             tasks.spawn(monitor::tasks::process_task(
                 state.clone(),
-                crate::probe::process::ProcRoot::default(),
+                crate::proc_sockets::ProcRoot::default(),
                 cancel.clone(),
             ));
         }

@@ -7,6 +7,7 @@
 
 pub mod account;
 mod handover;
+mod holders;
 mod launch;
 mod lifecycle;
 mod listeners;

@@ -135,70 +135,78 @@ pub fn untrusted(cfg: &AgentConfig, d: &StateDir, e: Untrusted) -> ConfigError {
 
 /// Every listener the configuration asks for, bound and released at once, as `run` will
 /// bind it: a port in use or an address that is not on this host fails here, naming the
-/// key. A port held by the agent already running with the same state directory is fine (a
-/// new agent takes its sockets over); that is returned as a note.
+/// key. A port in use is put to the kernel (who holds it, [`super::holders`]): one that the
+/// agent running with the same state directory holds at that address is fine (a new agent
+/// takes its sockets over), returned as a note; any other holder fails, named.
 pub fn listeners(cfg: &AgentConfig) -> Result<Vec<String>, ConfigError> {
-    let running = crate::continuity::StateDir::resolve(cfg.agent.state_dir.as_deref())
-        .is_some_and(|d| std::os::unix::net::UnixStream::connect(d.handover_socket()).is_ok());
-    let mut notes = Vec::new();
-    // `err(not_here, message)`: the error at the key for an address that is not on this
-    // host (`not_here`), else at the key for the port; `addr_key` names the address's key.
-    let mut check = |addr: std::net::SocketAddr,
-                     what: &str,
-                     addr_key: &str,
-                     err: &dyn Fn(bool, String) -> ConfigError|
-     -> Result<(), ConfigError> {
-        use std::io::ErrorKind::{AddrInUse, AddrNotAvailable};
-        let e = match std::net::TcpListener::bind(addr) {
-            Ok(_) => return Ok(()),
-            Err(e) => e,
-        };
-        let at = format!("cannot listen on {addr} for {what}: {e}");
-        match e.kind() {
-            AddrInUse if running => {
-                notes.push(format!(
-                    "{what} {addr} is in use by the running agent, which hands it over to a new one"
-                ));
-                Ok(())
-            }
-            AddrNotAvailable => Err(err(
-                true,
-                format!(
-                    "{at}: {} is not an address of this host (see {addr_key})",
-                    addr.ip()
-                ),
-            )),
-            AddrInUse => Err(err(
-                false,
-                format!(
-                    "{at} (another process holds the port; `ss -ltnp 'sport = :{}'` names it)",
-                    addr.port()
-                ),
-            )),
-            _ => Err(err(false, at)),
-        }
-    };
+    use std::io::ErrorKind::{AddrInUse, AddrNotAvailable};
+    let dir = crate::continuity::StateDir::resolve(cfg.agent.state_dir.as_deref());
+    let dir = dir.as_ref().map(|d| (d.path(), d.from));
+    // (address, what, the address's key, where an error goes)
+    let mut wanted: Vec<(std::net::SocketAddr, String, &str, Site)> = Vec::new();
     if let Some(a) = cfg.agent.admin_listen {
-        check(a, "the admin listener", "admin_listen", &|_, m| {
-            ConfigError::new(&cfg.source, "[agent] admin_listen", m)
-        })?;
+        let site = Site::Agent("[agent] admin_listen");
+        wanted.push((a, "the admin listener".into(), "admin_listen", site));
     }
     for l in crate::integrations::REGISTRY
         .iter()
         .filter_map(|i| i.listen(&cfg.agent))
     {
-        check(l.addr, l.label, l.key, &|_, m| {
-            ConfigError::new(&cfg.source, l.key, m)
-        })?;
+        wanted.push((l.addr, l.label.into(), l.key, Site::Agent(l.key)));
     }
     for (i, spec) in cfg.engines.iter().enumerate() {
         // The address is mgmt_host's, else host's (the engine's); the port mgmt_port's.
-        check(
-            spec.mgmt_listen,
-            &format!("engine {}'s /status", spec.name),
-            "mgmt_host, which defaults to host",
-            &|not_here, m| cfg.engine_error(i, if not_here { "mgmt_host" } else { "mgmt_port" }, m),
-        )?;
+        let what = format!("engine {}'s /status", spec.name);
+        let addr_key = "mgmt_host, which defaults to host";
+        wanted.push((spec.mgmt_listen, what, addr_key, Site::Engine(i)));
+    }
+    let addrs: Vec<_> = wanted.iter().map(|w| w.0).collect();
+    // The kernel's view, read once, at the first port in use.
+    let mut seen = None;
+    let mut notes = Vec::new();
+    for (addr, what, addr_key, site) in &wanted {
+        let e = match std::net::TcpListener::bind(addr) {
+            Ok(_) => continue,
+            Err(e) => e,
+        };
+        let at = format!("cannot listen on {addr} for {what}: {e}");
+        match e.kind() {
+            AddrInUse => {
+                let seen = seen.get_or_insert_with(|| {
+                    super::holders::Seen::read(&crate::proc_sockets::ProcRoot::default(), &addrs)
+                });
+                match super::holders::in_use(*addr, what, seen, dir) {
+                    Ok(note) => notes.push(note),
+                    Err(why) => return Err(site.error(cfg, false, format!("{at}: {why}"))),
+                }
+            }
+            AddrNotAvailable => {
+                let m = format!(
+                    "{at}: {} is not an address of this host (see {addr_key})",
+                    addr.ip()
+                );
+                return Err(site.error(cfg, true, m));
+            }
+            _ => return Err(site.error(cfg, false, at)),
+        }
     }
     Ok(notes)
+}
+
+/// Where a listener's error is told: a key of `[agent]` (or an integration's), or an
+/// engine's `mgmt_host` (the address is not on this host) or `mgmt_port`.
+enum Site {
+    Agent(&'static str),
+    Engine(usize),
+}
+
+impl Site {
+    fn error(&self, cfg: &AgentConfig, not_here: bool, m: String) -> ConfigError {
+        match self {
+            Site::Agent(key) => ConfigError::new(&cfg.source, *key, m),
+            Site::Engine(i) => {
+                cfg.engine_error(*i, if not_here { "mgmt_host" } else { "mgmt_port" }, m)
+            }
+        }
+    }
 }

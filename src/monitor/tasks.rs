@@ -730,14 +730,16 @@ pub const PROCESS_PERIOD: Duration = Duration::from_millis(500);
 
 /// Looks at the engine's processes (`/proc` under `root`) every [`PROCESS_PERIOD`] until
 /// cancelled: the agent policy's stopped-process rule reads it. The look runs on a blocking
-/// thread (a full look-up reads every process's open files).
+/// thread (a look-up reads processes' open files, a bounded number per look).
 pub async fn process_task(
     state: Arc<Monitor>,
-    root: crate::probe::process::ProcRoot,
+    root: crate::proc_sockets::ProcRoot,
     cancel: CancellationToken,
 ) {
-    let port = state.spec.port;
-    let mut watch = Some(crate::probe::process::Watch::new(root));
+    let spec = &state.spec;
+    let mut watch = Some(crate::probe::process::Watch::new(
+        root, &spec.host, spec.port,
+    ));
     let mut tick = tokio::time::interval(PROCESS_PERIOD);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -747,7 +749,7 @@ pub async fn process_task(
         }
         let Some(mut w) = watch.take() else { return };
         let looked = tokio::task::spawn_blocking(move || {
-            let found = w.sample(port);
+            let found = w.sample();
             (w, found)
         });
         let Ok((w, found)) = looked.await else { return };

@@ -19,7 +19,8 @@ use fake_engine::engine::EngineOptions;
 use fake_engine::profile::Profile;
 use npu_health_agent::probe::Prober;
 use npu_health_agent::probe::engine_metrics::{self, EngineMetrics};
-use npu_health_agent::probe::process::{self, Lookup, ProcRoot, ProcState};
+use npu_health_agent::probe::process::{self, Lookup, ProcState};
+use npu_health_agent::proc_sockets::ProcRoot;
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
@@ -415,8 +416,9 @@ async fn decoding_moves(base: &str, model: &str) -> String {
 /// its descendants, none stopped. (The fake runs inside this test process, so its tree is the
 /// test binary's own.)
 fn processes(base: &str) -> String {
-    let port: u16 = base.rsplit_once(':').unwrap().1.parse().unwrap();
-    match process::lookup(&ProcRoot::default(), port) {
+    let (host, port) = base.rsplit_once("://").unwrap().1.rsplit_once(':').unwrap();
+    let port: u16 = port.parse().unwrap();
+    match process::lookup(&ProcRoot::default(), host, port) {
         Lookup::Found { pid, states } => {
             assert!(!states.is_empty());
             assert!(

@@ -337,28 +337,107 @@ fn unavailable_usage_does_not_count_failures() {
     );
 }
 
+/// A process listening at `at` (the fake engine's binary, which answers nothing of the
+/// agent's there), killed when dropped: a local user's process on the engine's port.
+struct Neighbour(std::process::Child);
+
+impl Neighbour {
+    fn listen(at: &str, control: &str) -> Neighbour {
+        let child = std::process::Command::new(support::agent())
+            .args([
+                "fake-engine",
+                "--model",
+                "m",
+                "--listen",
+                at,
+                "--control",
+                control,
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start a neighbour");
+        let addr: std::net::SocketAddr = at.parse().unwrap();
+        let end = std::time::Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(addr).is_err() {
+            assert!(std::time::Instant::now() < end, "{at} never listened");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Neighbour(child)
+    }
+}
+
+impl Drop for Neighbour {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn signal(sig: &str, pid: u32) -> bool {
+    std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .expect("kill")
+        .success()
+}
+
 // A stopped engine process (SIGSTOP) answers nothing: under the agent policy the
 // stopped-process rule makes it abnormal and says which process, instead of waiting out
 // /health's grace (15 s); the health state is still within that grace when it does.
+// Issue 48, R1: processes listening on the engine's port at 127.0.0.2 and [::1] before the
+// engine restarted were watched instead of it (the first holder of the port), and their
+// SIGSTOP made the healthy engine abnormal. The agent watches the engine's own socket.
 #[test]
-fn a_stopped_engine_process_is_abnormal_naming_it() {
-    let stack = Stack::start_launch(Launch {
+fn a_stopped_engine_process_is_abnormal_naming_it_and_a_stopped_neighbour_on_its_port_is_not() {
+    let mut stack = Stack::start_launch(Launch {
         policy: "agent",
+        engine_extra: "[engine.agent_policy]\nstopped_process_grace = \"500ms\"\n",
         ..Launch::default()
     });
-    stack.wait_for_status("normal", Duration::from_secs(30));
+    let port = stack.engine_port;
+    let [c1, c2] = support::stack::free_ports();
+    let mut neighbours = vec![Neighbour::listen(
+        &format!("127.0.0.2:{port}"),
+        &format!("127.0.0.2:{c1}"),
+    )];
+    if std::net::TcpListener::bind("[::1]:0").is_ok() {
+        neighbours.push(Neighbour::listen(
+            &format!("[::1]:{port}"),
+            &format!("[::1]:{c2}"),
+        ));
+    }
+    // The engine restarts: its process is looked up again, the neighbours listening already.
+    stack.kill_engine();
+    stack.start_engine();
     let pid = stack.engine.as_ref().expect("engine").id();
-    let signal = |sig: &str| {
-        std::process::Command::new("kill")
-            .args([sig, &pid.to_string()])
-            .status()
-            .expect("kill")
-    };
-    assert!(signal("-STOP").success());
+    let watched = format!("pid {pid}:");
+    stack.wait_until(
+        "the new engine process watched",
+        Duration::from_secs(30),
+        |d| {
+            d["conditions"].as_array().into_iter().flatten().any(|c| {
+                c["name"] == "engine_processes"
+                    && c["value"].as_str().is_some_and(|v| v.starts_with(&watched))
+            })
+        },
+    );
+    stack.wait_for_status("normal", Duration::from_secs(30));
+    for n in &neighbours {
+        assert!(signal("-STOP", n.0.id()));
+    }
+    // Four process periods, each past the 500 ms grace if a neighbour were watched.
+    let end = std::time::Instant::now() + Duration::from_secs(2);
+    while std::time::Instant::now() < end {
+        let (_, body) = stack.get(&stack.status_url()).expect("/status answers");
+        assert_eq!(body, r#"{"status":"normal"}"#, "{}", stack.agent_log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(signal("-STOP", pid));
     stack.wait_for_status("abnormal", Duration::from_secs(30));
     let detail = stack.detail();
     let reason = detail["reason"].as_str().unwrap_or_default().to_owned();
-    let _ = signal("-CONT");
+    let _ = signal("-CONT", pid);
     assert!(
         reason.contains(&format!("process {pid} is stopped")),
         "{reason}\n{}",
