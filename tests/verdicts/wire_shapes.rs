@@ -83,6 +83,7 @@ const DETAIL_PATHS: &[&str] = &[
     "virtual_inference.abnormal",
     "virtual_inference.abnormal_reason",
     "virtual_inference.failure_count",
+    "virtual_inference.failure_limit",
     "virtual_inference.interval_s",
     "virtual_inference.last_probe",
     "virtual_inference.last_probe.accounting",
