@@ -427,12 +427,13 @@ async fn first_answer(
     let mut request = std::pin::pin!(request);
     let late = tokio::select! {
         biased;
-        r = &mut pending.answer => Some(r),
+        r = &mut pending.answer => r,
         r = &mut request => return own(r),
     };
-    match late {
-        Some(r) if r.outcome.is_ok() => pending.answered(r),
-        _ => own(request.await),
+    if late.outcome.is_ok() {
+        pending.answered(late)
+    } else {
+        own(request.await)
     }
 }
 
