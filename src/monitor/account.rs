@@ -418,6 +418,21 @@ pub fn probe_timeout(
     }
 }
 
+/// Rule 12: whether a request sent with `timeout` goes on waiting for its answer after that
+/// timeout passes, until the request timeout: under the agent policy, whenever `timeout` is
+/// shorter (the learned one, or a quick probe's). The shorter timeout decides when the loop
+/// counts the failure and confirms; an answer within the request timeout is still an answer.
+pub fn keeps_waiting(rules: &Rules, timing: &Timing, timeout: Duration) -> bool {
+    rules.agent.is_some() && timeout < timing.request_timeout
+}
+
+/// Rule 12: the timeout of a probe sent while an earlier request still waits for its answer
+/// for `pending_left` ([`keeps_waiting`]): at least that long, so the failure this probe may
+/// confirm is never decided while the first request could still answer.
+pub fn reaching_pending(planned: Duration, pending_left: Option<Duration>) -> Duration {
+    pending_left.map_or(planned, |left| planned.max(left))
+}
+
 /// Stall detection: how long a busy, failed probe's engine has shown no sign of life, when
 /// that reaches the window; the stall ends at the last served probe.
 fn stalled(rules: &Rules, obs: &Observation, peak: f64) -> Option<Duration> {
@@ -1364,6 +1379,42 @@ mod tests {
             t.request_timeout,
             "the reference: 5 s"
         );
+    }
+
+    // Issue 48, R2: under the agent policy a timeout shorter than the request timeout ends the
+    // wait, not the request (it may still answer until the request timeout); the next probe
+    // waits at least until then. The reference never shortens a timeout.
+    #[test]
+    fn a_shorter_timeout_ends_the_wait_not_the_request() {
+        let t = Timing::default();
+        let ms = Duration::from_millis;
+        for (what, rules, timeout, keeps) in [
+            ("agent, learned 500 ms", agent(), ms(500), true),
+            ("agent, quick 2 s", agent(), S(2), true),
+            ("agent, the request timeout", agent(), S(5), false),
+            ("agent, rule 11's probe past it", agent(), S(8), false),
+            ("reference", v5(), S(5), false),
+        ] {
+            assert_eq!(keeps_waiting(&rules, &t, timeout), keeps, "{what}");
+        }
+        for (what, planned, left, want) in [
+            ("nothing pending", S(2), None, S(2)),
+            (
+                "the re-probe 1.5 s after a learned failure",
+                S(2),
+                Some(ms(3500)),
+                ms(3500),
+            ),
+            (
+                "the re-probe outlasts what is left",
+                S(2),
+                Some(ms(1000)),
+                S(2),
+            ),
+            ("a pending request at its end", S(5), Some(S(0)), S(5)),
+        ] {
+            assert_eq!(reaching_pending(planned, left), want, "{what}");
+        }
     }
 
     // After a probe: the confirming sleep and timeout while a streak is open, else the

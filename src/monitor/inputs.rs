@@ -30,10 +30,15 @@ pub trait EngineSignals {
     /// advancing), from the latest `/metrics` scrapes; `None` when it is not stalled or that
     /// is unknown.
     fn stalled_for(&self) -> Option<Duration>;
-    /// How long the engine has shown no sign of life with requests running (rule 11), from
-    /// the latest `/metrics` reads; `None` when it is not quiet or that is unknown. Default:
-    /// unknown.
+    /// How long the engine has shown no sign of life while it should be working (requests
+    /// running, or its NPU busy: rule 11), from the latest `/metrics` reads; `None` when it is
+    /// not quiet or that is unknown. Default: unknown.
     fn quiet_for(&self) -> Option<Duration> {
+        None
+    }
+    /// How many requests the engine reported running at its latest `/metrics` read; `None`
+    /// when unknown. Default: unknown.
+    fn requests_running(&self) -> Option<f64> {
         None
     }
     /// Requests waiting for KV-cache capacity, read from the engine now (V6 rule).
@@ -131,6 +136,10 @@ impl<M: MetricsSource + Sync> EngineSignals for ScrapeSignals<M> {
 
     fn quiet_for(&self) -> Option<Duration> {
         self.state.qos.quiet_for()
+    }
+
+    fn requests_running(&self) -> Option<f64> {
+        self.state.qos.requests_running()
     }
 
     async fn waiting_for_capacity(&self) -> CapacityWaiting {

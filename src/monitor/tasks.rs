@@ -16,9 +16,11 @@ use crate::config::Timing;
 use crate::probe::MetricsSource;
 use crate::probe::Prober;
 use crate::probe::health::{HealthCollector, HealthTransport};
-use crate::probe::outcome::{Accounting, ProbeResult};
+use crate::probe::outcome::{Accounting, ProbeFailure, ProbeResult};
 use crate::qos::score::Level;
 use crate::sampler::faults::NpuFault;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -60,22 +62,24 @@ impl LoopConfig {
 /// Where the virtual inference loop is (reference §1.4–§1.5). Each state is one
 /// [`step`]: the I/O of one phase, then the next state.
 #[derive(Debug)]
-enum State {
+enum State<'a> {
     /// The one warm-up request (skipped when it was sent before the agent restarted).
     WarmUp,
     /// The periodic loop begins: the regular cadence, phase `running`.
     Begin,
     /// One periodic probe: the request, the evidence beside it, its accounting.
-    Probe(Periodic),
+    Probe(Periodic<'a>),
+    /// A request's outcome to account: a probe's, or a pending request's late answer.
+    Settle(Periodic<'a>, Sent),
     /// The sleep before the next probe (cut short under the agent policy).
-    Pause(Periodic, Pause),
+    Pause(Periodic<'a>, Pause),
     /// Abnormal, or the warm-up failed: the loop is over.
     Stopped,
 }
 
 /// What the periodic loop carries from one probe to the next.
 #[derive(Debug)]
-struct Periodic {
+struct Periodic<'a> {
     cadence: account::Cadence,
     /// When a virtual request was last served (stall detection's evidence of life).
     last_served: tokio::time::Instant,
@@ -97,6 +101,83 @@ struct Periodic {
     /// (they no longer explain a failure while they stay: a chip can report a code for weeks
     /// and work).
     answered: Checked,
+    /// Agent policy: the request that missed a timeout shorter than the request timeout,
+    /// still waiting for its answer.
+    pending: Option<Pending<'a>>,
+}
+
+impl Periodic<'_> {
+    /// What a probe's accounting reads of it.
+    fn known(&self) -> Known<'_> {
+        Known {
+            answered: &self.answered,
+            last_served: self.last_served,
+            streak_tokens: self.streak.and_then(|s| s.tokens),
+            last_ok: self.last_ok,
+        }
+    }
+}
+
+/// What the loop knew before a probe that its accounting reads (apart from the pending
+/// request, which the evidence reads need not wait on).
+struct Known<'p> {
+    answered: &'p Checked,
+    last_served: tokio::time::Instant,
+    /// The token counters when the open streak began.
+    streak_tokens: Option<f64>,
+    last_ok: Option<Duration>,
+}
+
+/// A request sent with a timeout shorter than the request timeout (the learned one, rule 12,
+/// or a quick probe's) that passed without an answer. The loop counted the failure and went
+/// on, but the request waits for its answer until the request timeout: an answer by then is
+/// an answer (a slow engine, not a hung one), and the next probe waits at least that long.
+struct Pending<'a> {
+    /// The request itself, sent with the request timeout.
+    answer: Pin<Box<dyn Future<Output = ProbeResult> + Send + 'a>>,
+    sent: tokio::time::Instant,
+    /// The faults at the confirming level when it was sent.
+    before: Checked,
+    /// The shorter timeout it missed.
+    missed: Duration,
+}
+
+impl std::fmt::Debug for Pending<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pending")
+            .field("sent", &self.sent)
+            .field("missed", &self.missed)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Pending<'_> {
+    /// How long it may still answer, with `request_timeout`.
+    fn left(&self, request_timeout: Duration) -> Duration {
+        (self.sent + request_timeout).saturating_duration_since(tokio::time::Instant::now())
+    }
+
+    /// Its late answer, as an outcome to account.
+    fn answered(self, r: ProbeResult) -> Sent {
+        Sent {
+            r,
+            at: self.sent,
+            before: self.before,
+            late: Some(self.missed),
+        }
+    }
+}
+
+/// A request's outcome as the loop accounts it.
+#[derive(Debug)]
+struct Sent {
+    r: ProbeResult,
+    /// When the request was sent.
+    at: tokio::time::Instant,
+    /// The faults at the confirming level then (agent policy; empty under the reference).
+    before: Checked,
+    /// Set for a late answer: the shorter timeout the request had missed.
+    late: Option<Duration>,
 }
 
 /// The sleep after a probe.
@@ -144,18 +225,22 @@ pub async fn run_virtual_inference(
 }
 
 /// One phase of the loop.
-async fn step(io: &Io<'_, impl Prober, impl PeakSource, impl EngineSignals>, s: State) -> State {
+async fn step<'a>(
+    io: &Io<'a, impl Prober, impl PeakSource, impl EngineSignals>,
+    s: State<'a>,
+) -> State<'a> {
     match s {
         State::WarmUp => warm_up(io).await,
         State::Begin => begin(io),
         State::Probe(p) => probe(io, p).await,
+        State::Settle(p, sent) => settle(io, p, sent).await,
         State::Pause(p, pause) => sleep(io, p, pause).await,
         State::Stopped => State::Stopped,
     }
 }
 
 /// The reference's loop condition, checked before every periodic probe: not abnormal.
-fn next_probe(state: &ViState, p: Periodic) -> State {
+fn next_probe<'a>(state: &ViState, p: Periodic<'a>) -> State<'a> {
     if state.abnormal() {
         State::Stopped
     } else {
@@ -164,7 +249,7 @@ fn next_probe(state: &ViState, p: Periodic) -> State {
 }
 
 /// Sends the warm-up request; a failure is abnormal and ends the loop.
-async fn warm_up(io: &Io<'_, impl Prober, impl PeakSource, impl EngineSignals>) -> State {
+async fn warm_up<'a>(io: &Io<'a, impl Prober, impl PeakSource, impl EngineSignals>) -> State<'a> {
     let (engine, state) = (io.cfg.engine.as_str(), io.state);
     state.set_phase(Phase::WarmingUp);
     // No AI Cube reading during warm-up (reference): only the request.
@@ -206,7 +291,7 @@ async fn warm_up(io: &Io<'_, impl Prober, impl PeakSource, impl EngineSignals>) 
 }
 
 /// Enters the periodic loop at the regular cadence.
-fn begin(io: &Io<'_, impl Prober, impl PeakSource, impl EngineSignals>) -> State {
+fn begin<'a>(io: &Io<'a, impl Prober, impl PeakSource, impl EngineSignals>) -> State<'a> {
     let t = &io.cfg.timing;
     let cadence = account::Cadence::Regular;
     io.state.set_interval(cadence.interval(t));
@@ -222,27 +307,36 @@ fn begin(io: &Io<'_, impl Prober, impl PeakSource, impl EngineSignals>) -> State
         probe_ended: None,
         woke_for: None,
         answered: Checked::new(),
+        pending: None,
     };
     next_probe(io.state, p)
 }
 
-/// Sends one periodic request, reads the evidence beside it, applies its accounting and
-/// plans the pause.
-async fn probe(
-    io: &Io<'_, impl Prober, impl PeakSource, impl EngineSignals>,
-    mut p: Periodic,
-) -> State {
-    let (cfg, state) = (io.cfg, io.state);
-    let (t, rules) = (&cfg.timing, &cfg.rules);
-    let started = tokio::time::Instant::now();
-    let before = if rules.agent.is_some() {
+/// Sends one periodic request, then accounts for its outcome ([`settle`]).
+async fn probe<'a>(
+    io: &Io<'a, impl Prober, impl PeakSource, impl EngineSignals>,
+    mut p: Periodic<'a>,
+) -> State<'a> {
+    let before = if io.cfg.rules.agent.is_some() {
         serious(&io.peaks.faults())
     } else {
         Checked::new()
     };
-    // Rule 12: a regular probe to an idle NPU waits as long as the engine's own answers say.
-    // The NPU is idle since the last probe's own work faded ([`PROBE_SETTLE`] after it
-    // ended; the whole window would see that work). The ring is read only with the rule on.
+    let timeout = probe_timeout(io, &p);
+    let sent = send(io, &mut p, timeout, before).await;
+    settle(io, p, sent).await
+}
+
+/// The timeout of the next periodic probe. Rule 12: a regular probe to an idle NPU waits as
+/// long as the engine's own answers say. The NPU is idle since the last probe's own work
+/// faded ([`PROBE_SETTLE`] after it ended; the whole window would see that work); the ring is
+/// read only with the rule on. While an earlier request still waits for its answer, the
+/// probe waits at least as long ([`account::reaching_pending`]).
+fn probe_timeout(
+    io: &Io<'_, impl Prober, impl PeakSource, impl EngineSignals>,
+    p: &Periodic<'_>,
+) -> Duration {
+    let (t, rules) = (&io.cfg.timing, &io.cfg.rules);
     let timeout = if rules
         .agent
         .is_some_and(|a| a.learned_timeout_floor.is_some())
@@ -260,14 +354,120 @@ async fn probe(
     } else {
         p.timeout
     };
-    let r = io.prober.send(timeout).await;
+    account::reaching_pending(
+        timeout,
+        p.pending.as_ref().map(|l| l.left(t.request_timeout)),
+    )
+}
+
+/// Sends one request with `timeout`; an earlier request still pending may answer first, and
+/// its answer is then the outcome. Under the agent policy a timeout shorter than the request
+/// timeout ends only the wait ([`account::keeps_waiting`]): the request goes on to the
+/// request timeout, kept in `p.pending`.
+async fn send<'a>(
+    io: &Io<'a, impl Prober, impl PeakSource, impl EngineSignals>,
+    p: &mut Periodic<'a>,
+    timeout: Duration,
+    before: Checked,
+) -> Sent {
+    let (engine, full) = (io.cfg.engine.as_str(), io.cfg.timing.request_timeout);
+    let at = tokio::time::Instant::now();
+    let pending = p.pending.take();
+    if !account::keeps_waiting(&io.cfg.rules, &io.cfg.timing, timeout) {
+        return first_answer(io.prober.send(timeout), pending, at, before).await;
+    }
+    let mut request: Pin<Box<dyn Future<Output = ProbeResult> + Send + 'a>> =
+        Box::pin(io.prober.send(full));
+    let raced = tokio::time::timeout(
+        timeout,
+        first_answer(&mut request, pending, at, before.clone()),
+    )
+    .await;
+    if let Ok(sent) = raced {
+        return sent;
+    }
+    tracing::info!(
+        engine,
+        "no answer to the virtual request within {:.2} s; it waits for its answer up to the request timeout ({:.2} s)",
+        timeout.as_secs_f64(),
+        full.as_secs_f64()
+    );
+    p.pending = Some(Pending {
+        answer: request,
+        sent: at,
+        before: before.clone(),
+        missed: timeout,
+    });
+    Sent {
+        r: ProbeResult::new(Err(ProbeFailure::Timeout), timeout),
+        at,
+        before,
+        late: None,
+    }
+}
+
+/// The outcome of `request`, unless `pending` answers first: the engine answered, and that
+/// answer is the outcome. A pending request that fails is dropped: its failure was counted
+/// when its shorter timeout passed.
+async fn first_answer(
+    request: impl Future<Output = ProbeResult>,
+    pending: Option<Pending<'_>>,
+    at: tokio::time::Instant,
+    before: Checked,
+) -> Sent {
+    let own = |r| Sent {
+        r,
+        at,
+        before,
+        late: None,
+    };
+    let Some(mut pending) = pending else {
+        return own(request.await);
+    };
+    let mut request = std::pin::pin!(request);
+    let late = tokio::select! {
+        biased;
+        r = &mut pending.answer => r,
+        r = &mut request => return own(r),
+    };
+    if late.outcome.is_ok() {
+        pending.answered(late)
+    } else {
+        own(request.await)
+    }
+}
+
+/// Accounts for one request's outcome: reads the evidence beside it, applies its
+/// accounting and plans the pause.
+async fn settle<'a>(
+    io: &Io<'a, impl Prober, impl PeakSource, impl EngineSignals>,
+    mut p: Periodic<'a>,
+    sent: Sent,
+) -> State<'a> {
+    let (cfg, state) = (io.cfg, io.state);
+    let (t, rules) = (&cfg.timing, &cfg.rules);
+    let Sent {
+        r,
+        at: started,
+        before,
+        late,
+    } = sent;
+    if let Some(missed) = late {
+        tracing::info!(
+            engine = cfg.engine.as_str(),
+            latency_s = r.latency.as_secs_f64(),
+            "the virtual request answered after {:.2} s, past its {:.2} s timeout and within the request timeout: the engine is slow, not hung",
+            r.latency.as_secs_f64(),
+            missed.as_secs_f64()
+        );
+    }
     p.probe_ended = Some(tokio::time::Instant::now());
     let peak = io.peaks.peak(t.window);
     p.cadence = account::next_cadence(t, rules.npu_usage_threshold, p.cadence, peak);
     state.set_interval(p.cadence.interval(t));
     let failed = r.outcome.is_err();
     let since = p.streak.map_or(started, |s| s.since);
-    let seen = observe(io, &p, &r, peak, started, since).await;
+    let seen = observe(io, p.known(), &r, peak, started, since).await;
     if !failed {
         p.last_served = tokio::time::Instant::now();
         p.last_ok = Some(r.latency);
@@ -315,7 +515,7 @@ struct Seen {
 /// capacity figure for an idle failure, the stall for a busy failure.
 async fn observe(
     io: &Io<'_, impl Prober, impl PeakSource, impl EngineSignals>,
-    p: &Periodic,
+    p: Known<'_>,
     r: &ProbeResult,
     peak: Option<f64>,
     started: tokio::time::Instant,
@@ -331,7 +531,7 @@ async fn observe(
         Vec::new()
     };
     let driver_fault = if agent_read {
-        unanswered_worst(&faults_after, &p.answered)
+        unanswered_worst(&faults_after, p.answered)
     } else {
         None
     };
@@ -376,7 +576,7 @@ async fn observe(
         } else {
             None
         },
-        tokens_advanced: match (p.streak.and_then(|s| s.tokens), fresh.tokens) {
+        tokens_advanced: match (p.streak_tokens, fresh.tokens) {
             (Some(before), Some(now)) => Some(now > before),
             _ => None,
         },
@@ -394,11 +594,11 @@ async fn observe(
 /// whole window) during the busy interval is probed at once, with the confirming timeout —
 /// the load ended, or the engine stopped; and so is a new driver fault at the confirming
 /// level.
-async fn sleep(
-    io: &Io<'_, impl Prober, impl PeakSource, impl EngineSignals>,
-    mut p: Periodic,
+async fn sleep<'a>(
+    io: &Io<'a, impl Prober, impl PeakSource, impl EngineSignals>,
+    mut p: Periodic<'a>,
     pause: Pause,
-) -> State {
+) -> State<'a> {
     let (engine, t, rules) = (io.cfg.engine.as_str(), &io.cfg.timing, &io.cfg.rules);
     let Some(agent) = rules.agent else {
         tokio::time::sleep(pause.next.sleep).await;
@@ -413,16 +613,19 @@ async fn sleep(
         Some(w) if p.quiet_woke.is_none_or(|at| at.elapsed() >= w) => io.signals.quiet_for(),
         _ => None,
     };
-    let woke = self::pause(pause.next.sleep, io.peaks, idle, &pause.checked, quiet).await;
+    let woke = self::pause(
+        pause.next.sleep,
+        io.peaks,
+        idle,
+        &pause.checked,
+        quiet,
+        &mut p.pending,
+    )
+    .await;
     match woke {
         Wake::Elapsed => {}
+        Wake::Answered(sent) => return State::Settle(p, sent),
         Wake::Quiet(q) => {
-            tracing::info!(
-                engine,
-                quiet_s = q.as_secs_f64(),
-                "requests running and no sign of life for {:.1} s (no token, KV-cache usage, running or waiting count moved); probing now",
-                q.as_secs_f64()
-            );
             p.quiet_woke = Some(tokio::time::Instant::now());
             // On a busy NPU the probe must reach the window (rule 11); on an idle one the
             // idle rules decide, and the quick (or learned) timeout is enough.
@@ -430,6 +633,12 @@ async fn sleep(
                 .peaks
                 .peak(t.window)
                 .is_some_and(|u| u < rules.npu_usage_threshold);
+            tracing::info!(
+                engine,
+                quiet_s = q.as_secs_f64(),
+                "{}",
+                quiet_words(q, io.signals.requests_running(), idle)
+            );
             p.timeout = if idle {
                 quick_timeout(&agent, t, &p)
             } else {
@@ -459,9 +668,29 @@ async fn sleep(
     next_probe(io.state, p)
 }
 
+/// Why a quiet engine woke the loop (rule 11), for the log: "requests running" only when the
+/// engine's own count says so, since an engine with none running is quiet too when its NPU
+/// was busy; `idle_now`: the NPU has been idle over the last window since.
+fn quiet_words(quiet: Duration, running: Option<f64>, idle_now: bool) -> String {
+    let working = match running {
+        Some(1.0) => "1 request running".to_owned(),
+        Some(n) if n > 0.0 => format!("{n} requests running"),
+        _ => "no request running by the engine's count but its NPU was busy".to_owned(),
+    };
+    format!(
+        "{working}, and no sign of life for {:.1} s (no token, KV-cache usage, running or waiting count moved); probing now{}",
+        quiet.as_secs_f64(),
+        if idle_now {
+            " (the NPU is idle now: the idle rules decide)"
+        } else {
+            ""
+        }
+    )
+}
+
 /// The timeout of a probe the loop sends early to an idle NPU: the quick one, or the
 /// learned one (rule 12) when the engine's answers say less.
-fn quick_timeout(agent: &account::AgentRules, t: &Timing, p: &Periodic) -> Duration {
+fn quick_timeout(agent: &account::AgentRules, t: &Timing, p: &Periodic<'_>) -> Duration {
     let recent: Vec<Duration> = p.recent_ok.iter().copied().collect();
     let quick = account::confirm_timeout(agent, t, p.last_ok);
     account::learned_timeout(agent, t, &recent).map_or(quick, |l| l.min(quick))
@@ -532,8 +761,11 @@ enum Wake {
     Idle,
     /// The driver reports a fault at the confirming level that no probe has checked.
     Fault(NpuFault),
-    /// The engine has shown no sign of life for this long with requests running (rule 11).
+    /// The engine has shown no sign of life for this long while it should be working (rule
+    /// 11).
     Quiet(Duration),
+    /// A pending request answered: the engine is slow, not hung.
+    Answered(Sent),
 }
 
 /// How often a pause looks at the driver's faults (the sampler reads them every
@@ -543,13 +775,15 @@ const FAULT_POLL: Duration = Duration::from_millis(100);
 
 /// Sleeps `sleep`, or less: when `idle` is `(window, threshold)` and the NPU stays below
 /// `threshold` over a whole `window`, or when a driver fault at the confirming level that is
-/// not in `checked` appears, or when `quiet` says the engine has gone quiet.
+/// not in `checked` appears, or when `quiet` says the engine has gone quiet, or when the
+/// `pending` request answers (one that fails is dropped).
 async fn pause(
     sleep: Duration,
     peaks: &impl PeakSource,
     idle: Option<(Duration, f64)>,
     checked: &Checked,
     quiet: impl Fn() -> Option<Duration>,
+    pending: &mut Option<Pending<'_>>,
 ) -> Wake {
     let end = tokio::time::Instant::now() + sleep;
     // The window must not reach back before the sleep: the probe itself was busy.
@@ -576,7 +810,24 @@ async fn pause(
         if let Some(q) = quiet() {
             return Wake::Quiet(q);
         }
-        tokio::time::sleep(FAULT_POLL.min(end - now)).await;
+        let tick = tokio::time::sleep(FAULT_POLL.min(end - now));
+        let answer = match pending.as_mut() {
+            Some(l) => tokio::select! {
+                biased;
+                r = &mut l.answer => Some(r),
+                _ = tick => None,
+            },
+            None => {
+                tick.await;
+                None
+            }
+        };
+        if let Some(r) = answer
+            && let Some(l) = pending.take()
+            && r.outcome.is_ok()
+        {
+            return Wake::Answered(l.answered(r));
+        }
     }
 }
 
@@ -1540,9 +1791,10 @@ mod tests {
         );
     }
 
-    // Rule 12: an idle engine that answered in 20 ms is given 500 ms (the floor), not 5 s;
-    // the confirming re-probe keeps its 2 s; the hang is abnormal 3.5 s after the first
-    // failing probe was sent instead of 8 s.
+    // Rule 12: an idle engine that answered in 20 ms is given 500 ms (the floor), not 5 s,
+    // before the loop counts the failure and re-probes; the request itself waits on to the
+    // request timeout, and so does the confirming re-probe, which is sent 1.5 s in: the hang
+    // is abnormal 5 s after the first failing probe was sent (8 s without the rule).
     #[tokio::test(start_paused = true)]
     async fn agent_policy_learns_the_probe_timeout_from_the_engines_answers() {
         let mut script = vec![(MS, FakeProber::ok())];
@@ -1567,15 +1819,21 @@ mod tests {
             6,
             "warm-up, 3 answers, the failure, one re-probe"
         );
-        assert_eq!(
-            calls[1].1,
-            Duration::from_secs(5),
-            "no answer seen yet: 5 s"
+        assert!(
+            calls[1..].iter().all(|c| c.1 == Duration::from_secs(5)),
+            "every request may answer until the request timeout: {calls:?}"
         );
-        assert_eq!(calls[2].1, Duration::from_millis(500), "learned: the floor");
-        assert_eq!(calls[4].1, Duration::from_millis(500));
-        assert_eq!(calls[5].1, Duration::from_secs(2), "the confirming timeout");
-        assert_eq!(calls[5].0 - calls[4].0, Duration::from_millis(500 + 1000));
+        assert_eq!(
+            calls[5].0 - calls[4].0,
+            Duration::from_millis(500 + 1000),
+            "learned: the floor, then the confirming interval"
+        );
+        let last = st.last_probe().unwrap();
+        assert_eq!(
+            (last.failure_count, last.latency_ms),
+            (2, 3500.0),
+            "the re-probe waited until the first request's request timeout"
+        );
         // A busy NPU keeps the request timeout: its answers are slow for a reason.
         let p = FakeProber::new(vec![
             (MS, FakeProber::ok()),
@@ -1593,6 +1851,190 @@ mod tests {
         )
         .await;
         assert_eq!(p.calls()[2].1, Duration::from_secs(5));
+    }
+
+    /// Warm-up, three answers in 20 ms (the engine's fast past), then every answer after
+    /// `then` (`None`: never), on an idle NPU under the agent policy with issue 40's evidence,
+    /// for a minute: (abnormal, how long its detection took, the failure count at the end).
+    async fn after_a_fast_past(then: Option<Duration>) -> (bool, Option<Duration>, i64) {
+        let mut script = vec![(MS, FakeProber::ok())];
+        script.extend((0..3).map(|_| (Duration::from_millis(20), FakeProber::ok())));
+        let then = then.unwrap_or(Duration::from_secs(600));
+        script.extend((0..30).map(|_| (then, FakeProber::ok())));
+        let p = FakeProber::new(script);
+        let st = ViState::default();
+        let signals = agent_signals(false, false, 100.0);
+        let limit = Duration::from_secs(60);
+        run_with(&evidence_cfg(), &p, &ConstPeak(0.0), &signals, &st, limit).await;
+        let (_, n, took) = st.detection_histogram();
+        let took = (n > 0).then(|| Duration::from_secs_f64(took));
+        (st.abnormal(), took, st.failure_count())
+    }
+
+    // Issue 48, R2: an idle engine whose answers turn slow after a fast past. The learned
+    // timeout (500 ms) passes and the failure counts, but the request waits on to the request
+    // timeout and the confirming re-probe waits until then too: an answer within the request
+    // timeout is an answer, the count goes back to 0, and the slow pace widens the learned
+    // timeout. Only an engine that leaves a request unanswered for the whole request timeout
+    // is confirmed hung, 5 s after that request was sent. (Before: 2.1 s answers were
+    // confirmed a hang 3.5 s in, as the attack found; 1.5 s ones were not.)
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_engine_that_still_answers_is_never_confirmed_hung() {
+        let ms = |n| Some(Duration::from_millis(n));
+        let rows: [(&str, Option<Duration>, bool, Option<Duration>); 6] = [
+            ("1.5 s answers", ms(1500), false, None),
+            ("2.1 s answers (the attack's least)", ms(2100), false, None),
+            ("3 s answers (the attack's most)", ms(3000), false, None),
+            (
+                "4.9 s answers: within the request timeout",
+                ms(4900),
+                false,
+                None,
+            ),
+            (
+                "6 s answers: past the request timeout (a failure by the reference's measure too)",
+                ms(6000),
+                true,
+                Some(Duration::from_secs(5)),
+            ),
+            (
+                "no answer: a hang",
+                None,
+                true,
+                Some(Duration::from_secs(5)),
+            ),
+        ];
+        for (what, then, abnormal, took) in rows {
+            let (was, detected, count) = after_a_fast_past(then).await;
+            assert_eq!((was, detected), (abnormal, took), "{what}");
+            if !abnormal {
+                assert_eq!(count, 0, "{what}: the last answer reset the count");
+            }
+        }
+    }
+
+    // A late answer comes while the loop pauses before its re-probe: it ends the pause and
+    // is accounted as the answer it is (the count back to 0, the learned timeout widened to
+    // the request timeout), so no re-probe is sent for it.
+    #[tokio::test(start_paused = true)]
+    async fn a_late_answer_during_the_pause_resets_the_count_and_widens_the_timeout() {
+        let mut script = vec![(MS, FakeProber::ok())];
+        script.extend((0..3).map(|_| (Duration::from_millis(20), FakeProber::ok())));
+        script.push((Duration::from_millis(1200), FakeProber::ok()));
+        script.extend((0..3).map(|_| (Duration::from_millis(1200), FakeProber::ok())));
+        let p = FakeProber::new(script);
+        let st = ViState::default();
+        let signals = agent_signals(false, false, 100.0);
+        let limit = Duration::from_secs(30);
+        run_with(&evidence_cfg(), &p, &ConstPeak(0.0), &signals, &st, limit).await;
+        let calls = p.calls();
+        assert!(calls.len() >= 6, "{calls:?}");
+        assert_eq!(
+            calls[5].0 - calls[4].0,
+            Duration::from_millis(1200) + Duration::from_secs(5),
+            "answered 1.2 s in (during the 1 s confirming pause that began at 0.5 s), then the regular interval: no re-probe"
+        );
+        assert!(!st.abnormal());
+        let (ok, failed) = st.outcomes();
+        assert!(
+            failed == 1 && ok >= 5,
+            "{ok} answers, {failed} missed timeout"
+        );
+        assert_eq!(
+            calls[6].0 - calls[5].0,
+            Duration::from_millis(1200) + Duration::from_secs(5),
+            "the learned timeout now waits for the slow pace: no failure"
+        );
+    }
+
+    /// The log lines the code under test writes on this thread while the guard lives.
+    #[derive(Clone, Default)]
+    struct Lines(Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Lines {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    impl Lines {
+        fn capture(&self) -> tracing::subscriber::DefaultGuard {
+            let w = self.clone();
+            tracing::subscriber::set_default(
+                tracing_subscriber::fmt()
+                    .with_writer(move || w.clone())
+                    .with_ansi(false)
+                    .finish(),
+            )
+        }
+        fn text(&self) -> String {
+            String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+        }
+    }
+
+    /// Quiet from the instant it holds (for 5 s already then), with `running` requests by the
+    /// engine's count.
+    struct QuietWith(Instant, f64);
+    impl EngineSignals for QuietWith {
+        fn stalled_for(&self) -> Option<Duration> {
+            None
+        }
+        fn quiet_for(&self) -> Option<Duration> {
+            let now = Instant::now();
+            (now >= self.0).then(|| now - self.0 + Duration::from_secs(5))
+        }
+        fn requests_running(&self) -> Option<f64> {
+            Some(self.1)
+        }
+        async fn waiting_for_capacity(&self) -> CapacityWaiting {
+            CapacityWaiting::NotExported
+        }
+    }
+
+    // Issue 48: the line that says why a quiet engine woke the loop says "requests running"
+    // only when the engine counts some; one quiet with none running (its NPU busy, or the
+    // engine idle after a busy blip) says so.
+    #[tokio::test(start_paused = true)]
+    async fn the_quiet_line_says_requests_running_only_when_the_engine_counts_them() {
+        for (running, npu, says, never) in [
+            (
+                0.0,
+                95.0,
+                "no request running by the engine's count but its NPU was busy, and no sign of life",
+                "requests running",
+            ),
+            (
+                2.0,
+                95.0,
+                "2 requests running, and no sign of life",
+                "no request",
+            ),
+            (
+                0.0,
+                0.0,
+                "(the NPU is idle now: the idle rules decide)",
+                "requests running",
+            ),
+        ] {
+            let lines = Lines::default();
+            let _guard = lines.capture();
+            let p = FakeProber::new(vec![(MS, FakeProber::ok()), (MS, FakeProber::ok())]);
+            let signals = QuietWith(Instant::now() + Duration::from_secs(3), running);
+            let st = ViState::default();
+            let limit = Duration::from_secs(8);
+            run_with(&evidence_cfg(), &p, &ConstPeak(npu), &signals, &st, limit).await;
+            let text = lines.text();
+            let line = text
+                .lines()
+                .find(|l| l.contains("probing now"))
+                .unwrap_or_else(|| panic!("no wake line: {text}"));
+            assert!(
+                line.contains(says) && !line.contains(never),
+                "{running} running: {line}"
+            );
+        }
     }
 
     /// An engine that goes quiet at `from` (its last scrape before then counted: the quiet
@@ -1644,10 +2086,10 @@ mod tests {
         assert!(ended && st.abnormal());
         let calls = p.calls();
         assert_eq!(calls.len(), 3, "{calls:?}");
+        let waited = st.last_probe().unwrap().latency_ms;
         assert!(
-            calls[2].1 > Duration::from_millis(2900) && calls[2].1 <= Duration::from_secs(3),
-            "to the window: 8 s - 5 s and the time since the quiet showed: {:?}",
-            calls[2].1
+            waited > 2900.0 && waited <= 3000.0,
+            "to the window: 8 s - 5 s and the time since the quiet showed: {waited} ms"
         );
         let woke = calls[2].0 - start;
         assert!(
@@ -1736,7 +2178,16 @@ mod tests {
         let calls = p.calls();
         assert_eq!(calls.len(), 3, "warm-up, the failure, one re-probe");
         assert_eq!(calls[1].1, Duration::from_secs(5));
-        assert_eq!(calls[2].1, Duration::from_secs(2), "the confirming timeout");
+        assert_eq!(
+            calls[2].1,
+            Duration::from_secs(5),
+            "sent to wait up to the request timeout"
+        );
+        assert_eq!(
+            st.last_probe().unwrap().latency_ms,
+            2000.0,
+            "the confirming timeout: the first request had its whole 5 s"
+        );
         assert_eq!(calls[2].0 - calls[1].0, Duration::from_secs(5 + 1));
         assert_eq!(st.failure_count(), 2);
         assert!(
@@ -1984,12 +2435,17 @@ mod tests {
                 Some(if Instant::now() < self.0 { 95.0 } else { 0.0 })
             }
         }
+        // The engine answers twice, then (under the agent policy) no more: the probe when the
+        // NPU falls idle counts a failure after its quick timeout, and the re-probe follows.
+        let hung = (Duration::from_secs(600), FakeProber::ok());
         for agent in [true, false] {
-            let p = FakeProber::new(vec![
-                (MS, FakeProber::ok()),
-                (MS, FakeProber::ok()),
-                (MS, FakeProber::ok()),
-            ]);
+            let mut script = vec![(MS, FakeProber::ok()), (MS, FakeProber::ok())];
+            script.extend(if agent {
+                [hung.clone(), hung.clone()]
+            } else {
+                [(MS, FakeProber::ok()), (MS, FakeProber::ok())]
+            });
+            let p = FakeProber::new(script);
             let st = ViState::default();
             let c = if agent { agent_cfg() } else { cfg(6) };
             let start = Instant::now();
@@ -2004,24 +2460,34 @@ mod tests {
                     gap >= Duration::from_secs(5) && gap < Duration::from_secs(6),
                     "{gap:?}"
                 );
-                assert_eq!(calls[2].1, Duration::from_secs(2), "the confirming timeout");
+                assert_eq!(
+                    calls[3].0 - calls[2].0,
+                    Duration::from_secs(2 + 1),
+                    "the confirming timeout, then the confirming interval"
+                );
             } else {
                 assert_eq!(gap, Duration::from_secs(20) + MS);
-                assert_eq!(calls[2].1, Duration::from_secs(5));
             }
+            assert_eq!(
+                calls[2].1,
+                Duration::from_secs(5),
+                "answers count until 5 s"
+            );
         }
-        // Rule 12: the engine answered in 1 ms, so the probe when the NPU falls idle waits
-        // the learned 500 ms (the floor), not the quick 2 s.
+        // Rule 12: the engine answered in 1 ms, so the probe when the NPU falls idle counts
+        // its failure after the learned 500 ms (the floor), not the quick 2 s.
         let p = FakeProber::new(vec![
             (MS, FakeProber::ok()),
             (MS, FakeProber::ok()),
-            (MS, FakeProber::ok()),
+            hung.clone(),
+            hung,
         ]);
         let st = ViState::default();
         let peaks = Drop(Instant::now() + Duration::from_secs(3));
         let c = evidence_cfg();
         run_with(&c, &p, &peaks, &NoSignals, &st, Duration::from_secs(30)).await;
-        assert_eq!(p.calls()[2].1, Duration::from_millis(500));
+        let calls = p.calls();
+        assert_eq!(calls[3].0 - calls[2].0, Duration::from_millis(500 + 1000));
     }
     // The faults a request was answered beside: a probe checks those present before and
     // after it; a success remembers them, a failure does not; a cleared fault is forgotten.
@@ -2179,7 +2645,11 @@ mod tests {
             woke >= Duration::from_secs(7) && woke <= Duration::from_secs(7) + FAULT_POLL,
             "probed {woke:?} after the start, the fault came at 7 s"
         );
-        assert_eq!(calls[2].1, Duration::from_secs(2), "the confirming timeout");
+        assert_eq!(
+            st.last_probe().unwrap().latency_ms,
+            2000.0,
+            "the confirming timeout"
+        );
         assert_eq!(st.failure_count(), 1);
         assert_eq!(st.last_probe().unwrap().accounting, Accounting::DriverFault);
         let why = st.abnormal_reason().unwrap();

@@ -384,11 +384,18 @@ impl QosState {
         }
     }
 
-    /// How long the engine has shown no sign of life with requests running.
+    /// How long the engine has shown no sign of life while it should be working.
     pub fn quiet_for(&self) -> Option<Duration> {
         self.lock()
             .progress
             .quiet_for(Instant::now(), self.scrape_max_age)
+    }
+
+    /// The engine's running count at the last scrape; `None` when unknown.
+    pub fn requests_running(&self) -> Option<f64> {
+        self.lock()
+            .progress
+            .running(Instant::now(), self.scrape_max_age)
     }
 
     /// How long the engine has been stalled (requests running, no token advancing).

@@ -214,6 +214,15 @@ impl Progress {
         }
     }
 
+    /// The running count of the last successful scrape (no older than `max_age`); `None`
+    /// when unknown.
+    pub fn running(&self, now: Instant, max_age: Duration) -> Option<f64> {
+        match self.last_ok {
+            Some(t) if now.saturating_duration_since(t) <= max_age => self.signs.map(|s| s.running),
+            _ => None,
+        }
+    }
+
     /// The state, or `Unknown` when the last successful scrape is older than `max_age`.
     pub fn state_at(&self, now: Instant, max_age: Duration) -> State {
         match self.last_ok {
@@ -464,6 +473,11 @@ mod tests {
         tokio::time::advance(Duration::from_secs(5)).await;
         p.observe_beside(Some(&idle), Instant::now(), Some(true));
         assert_eq!(quiet(&p), Some(Duration::from_secs(5)));
+        assert_eq!(
+            p.running(Instant::now(), AGE),
+            Some(0.0),
+            "quiet with nothing running by the engine's count (the loop's line says so)"
+        );
         tokio::time::advance(Duration::from_secs(1)).await;
         p.observe_beside(Some(&idle), Instant::now(), None);
         assert_eq!(

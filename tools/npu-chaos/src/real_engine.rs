@@ -66,6 +66,9 @@ pub fn not_applicable(fault: Fault) -> Option<&'static str> {
         Fault::Degraded(_) => Some(
             "a real vLLM's KV-cache usage cannot be raised on demand without changing the load itself",
         ),
+        Fault::SlowAnswers(..) => Some(
+            "a real vLLM's completions cannot be slowed alone: the proxy's latency slows its /health and /metrics too",
+        ),
     }
 }
 

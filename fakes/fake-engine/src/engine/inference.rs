@@ -190,8 +190,9 @@ async fn wait_to_run(e: &Engine) -> Faults {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let f = e.faults();
-    if f.latency_ms > 0 {
-        tokio::time::sleep(Duration::from_millis(f.latency_ms)).await;
+    let delay = e.delay_before_run(&f);
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
     }
     if f.npu_busy_stuck {
         // Requests are running (scheduled) but produce nothing, with the NPU spinning.

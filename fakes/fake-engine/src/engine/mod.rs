@@ -55,8 +55,12 @@ pub struct Faults {
     pub health_status: Option<u16>,
     /// Completions answer 200 with a body that is not JSON.
     pub garbage_body: bool,
-    /// Added to every completion.
+    /// Added to every completion, before it runs (nothing is running meanwhile: the NPU
+    /// stays idle).
     pub latency_ms: u64,
+    /// Random extra delay before every completion runs, up to this, on top of `latency_ms`
+    /// (an engine slow to answer for a while, its NPU idle).
+    pub latency_spread_ms: u64,
     /// Random extra latency per decoded token, up to this (batch jitter).
     pub jitter_ms: u64,
     /// False closes the inference listener (connections refused); true opens it again.
@@ -104,6 +108,7 @@ impl Default for Faults {
             health_status: None,
             garbage_body: false,
             latency_ms: 0,
+            latency_spread_ms: 0,
             jitter_ms: 0,
             listening: true,
             npu_busy_stuck: false,
@@ -243,6 +248,12 @@ impl Engine {
             0 => 0,
             n => (u64::from(self.opts.busy_usage) + 5 * (n - 1)).min(95) as u8,
         }
+    }
+
+    /// How long a completion waits before it runs: `latency_ms`, plus up to
+    /// `latency_spread_ms` at random.
+    fn delay_before_run(&self, f: &Faults) -> Duration {
+        Duration::from_millis(f.latency_ms) + self.jitter(f.latency_spread_ms)
     }
 
     fn jitter(&self, max_ms: u64) -> Duration {
@@ -666,6 +677,38 @@ mod tests {
             .await;
         let t = Instant::now();
         assert_eq!(e.complete(body.clone()).await.status(), 200);
+        assert!(t.elapsed() >= Duration::from_millis(150));
+        // An engine slow to answer for a while: the wait comes before the request runs, so
+        // nothing is running and the NPU stays idle meanwhile.
+        e.faults(json!({"latency_ms": 150, "latency_spread_ms": 100}))
+            .await;
+        let t = Instant::now();
+        let slow = tokio::spawn({
+            let (client, url) = (e.client.clone(), format!("{}/v1/completions", e.base));
+            let body = body.clone();
+            async move { client.post(url).json(&body).send().await.unwrap().status() }
+        });
+        let waiting = loop {
+            let s: Value = e
+                .client
+                .get(format!("{}/fake/stats", e.control))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            if s["completions"] == 4 {
+                break s;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        assert_eq!(
+            (&waiting["running"], &waiting["npu_usage"]),
+            (&json!(0), &json!(0)),
+            "{waiting}"
+        );
+        assert_eq!(slow.await.unwrap(), 200);
         assert!(t.elapsed() >= Duration::from_millis(150));
         let refused = e
             .client

@@ -82,6 +82,9 @@ pub enum Fault {
     /// A degraded engine: every completion this much later (time to first token past its
     /// budget) and the KV cache at 97 %, tokens still flowing: the QoS level `degrade`.
     Degraded(Duration),
+    /// An engine slow to answer for a while: every completion waits a time drawn between the
+    /// two before it runs (nothing running meanwhile, its NPU idle), tokens as usual.
+    SlowAnswers(Duration, Duration),
     /// The agent is restarted: SIGTERM, then started again at once (`systemctl restart`).
     AgentRestart,
     /// The agent is killed (SIGKILL) and started again after the shipped unit's
@@ -100,12 +103,15 @@ pub enum Fault {
 impl Fault {
     /// Parses a fault name; the error lists the known forms.
     pub fn parse(s: &str) -> Result<Fault, String> {
-        let known = "known: network_latency_<N>ms, cpu_stress_<N>pct, memory_pressure_<N>pct, hot_reload_<N>s, long_streams_<N>, batch_jitter_<N>ms, slow_health_<N>s, slow_health_<N>s_latency_<M>ms, long_prefill_<N>s, long_prefill_unchunked_<N>s, burst_<N>, engine_restart_<N>s, degraded_<N>ms, agent_outage_<N>s, engine_sleep, engine_hang, engine_crash, npu_hang_idle, npu_busy_stuck, driver_error, driver_hang, http_5xx, agent_restart, agent_crash, agent_upgrade, npu_fault_code";
+        let known = "known: network_latency_<N>ms, cpu_stress_<N>pct, memory_pressure_<N>pct, hot_reload_<N>s, long_streams_<N>, batch_jitter_<N>ms, slow_health_<N>s, slow_health_<N>s_latency_<M>ms, slow_answers_<MIN>_<MAX>ms, long_prefill_<N>s, long_prefill_unchunked_<N>s, burst_<N>, engine_restart_<N>s, degraded_<N>ms, agent_outage_<N>s, engine_sleep, engine_hang, engine_crash, npu_hang_idle, npu_busy_stuck, driver_error, driver_hang, http_5xx, agent_restart, agent_crash, agent_upgrade, npu_fault_code";
         if let Some(f) = Fault::fixed(s) {
             return Ok(f);
         }
         // Before `slow_health_<N>s`, which would read its number as `<N>s_latency_<M>m`.
         if let Some(f) = Fault::slow_health_with_latency(s) {
+            return f;
+        }
+        if let Some(f) = Fault::slow_answers(s) {
             return f;
         }
         Fault::with_number(s).unwrap_or_else(|| Err(format!("unknown fault {s:?} ({known})")))
@@ -145,6 +151,30 @@ impl Fault {
             Ok(Fault::SlowHealthWithLatency(
                 Duration::from_secs(h),
                 Duration::from_millis(whole(latency)?),
+            ))
+        }))
+    }
+
+    /// `slow_answers_<MIN>_<MAX>ms`, if `s` has that shape.
+    fn slow_answers(s: &str) -> Option<Result<Fault, String>> {
+        let range = s.strip_prefix("slow_answers_")?;
+        let Some((min, max)) = range.strip_suffix("ms").and_then(|r| r.split_once('_')) else {
+            return Some(Err(format!(
+                "{s:?}: expected slow_answers_<MIN>_<MAX>ms, e.g. slow_answers_2000_3000ms"
+            )));
+        };
+        let whole = |n: &str| {
+            n.parse::<u64>()
+                .map_err(|_| format!("{s:?}: {n:?} is not a whole number"))
+        };
+        Some(whole(min).and_then(|min| {
+            let max = whole(max)?;
+            if min > max {
+                return Err(format!("{s:?}: the least delay is above the most"));
+            }
+            Ok(Fault::SlowAnswers(
+                Duration::from_millis(min),
+                Duration::from_millis(max),
             ))
         }))
     }
@@ -250,6 +280,9 @@ impl fmt::Display for Fault {
             }
             Fault::EngineRestart(d) => write!(f, "engine_restart_{}s", d.as_secs()),
             Fault::Degraded(d) => write!(f, "degraded_{}ms", d.as_millis()),
+            Fault::SlowAnswers(min, max) => {
+                write!(f, "slow_answers_{}_{}ms", min.as_millis(), max.as_millis())
+            }
             Fault::AgentRestart => f.write_str("agent_restart"),
             Fault::AgentCrash => f.write_str("agent_crash"),
             Fault::AgentUpgrade => f.write_str("agent_upgrade"),

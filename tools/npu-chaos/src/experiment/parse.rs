@@ -404,6 +404,8 @@ experiments:
             "slow_health_3s_latency_100ms",
             "engine_restart_8s",
             "degraded_2500ms",
+            "slow_answers_2000_3000ms",
+            "slow_answers_0_500ms",
             "agent_restart",
             "agent_crash",
             "agent_upgrade",
@@ -420,6 +422,9 @@ experiments:
             "cpu_stress_101pct",
             "network_latency_fastms",
             "long_streams_0",
+            "slow_answers_3000_2000ms",
+            "slow_answers_2000ms",
+            "slow_answers_2s_3s",
             "explode",
         ] {
             assert!(Fault::parse(bad).is_err(), "{bad}");

@@ -91,6 +91,10 @@ pub(super) fn engine_patches(fault: Fault, s: f64) -> Option<(Value, Value)> {
             json!({"latency_ms": ms(d), "kv_cache_usage": 0.97}),
             json!({"latency_ms": 0, "kv_cache_usage": null}),
         ),
+        Fault::SlowAnswers(min, max) => (
+            json!({"latency_ms": ms(min), "latency_spread_ms": ms(max) - ms(min)}),
+            json!({"latency_ms": 0, "latency_spread_ms": 0}),
+        ),
         Fault::NpuHangIdle => (
             json!({"hang": true, "hbm_used_mb": 65536}),
             json!({"hang": false, "hbm_used_mb": null}),
