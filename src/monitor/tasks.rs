@@ -399,7 +399,7 @@ async fn send<'a>(
         missed: timeout,
     });
     Sent {
-        r: ProbeResult::new(Err(ProbeFailure::Timeout), timeout),
+        r: ProbeResult::new(Err(ProbeFailure::Timeout(timeout)), timeout),
         at,
         before,
         late: None,
