@@ -12,7 +12,8 @@
 //! [`agent`] wires it together (and reloads it on SIGHUP), [`continuity`] carries the
 //! listening sockets and each engine's state across the agent's own restarts and upgrades
 //! ([`clock`] converts the times it saves), [`service`] speaks systemd's
-//! notify protocol and handles signals, [`logging`] writes text, JSON or journald, and the
+//! notify protocol and handles signals, [`slots`] shares every listener's connections fairly
+//! among their sources, [`logging`] writes text, JSON or journald, and the
 //! binary's commands live in [`cli`]. No `unsafe` here: the DCMI binding is the crate
 //! `crates/dcmi` (re-exported as [`driver::dcmi`]).
 #![forbid(unsafe_code)]
@@ -35,6 +36,7 @@ pub mod ring;
 pub mod sampler;
 pub mod server;
 pub mod service;
+pub mod slots;
 pub mod tls;
 pub mod view;
 pub mod window;
