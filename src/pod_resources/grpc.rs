@@ -145,7 +145,14 @@ async fn answer(
             ));
         }
     }
-    Ok(proto::decode_list(unframe(&message)?, bounds)?)
+    unframe(&message)?;
+    // Off the runtime's threads: an answer shaped for the most work (a million empty pods)
+    // takes a while to walk, and the threads serving /status must not wait on it.
+    let bounds = *bounds;
+    let decode = move || Ok(proto::decode_list(unframe(&message)?, &bounds)?);
+    tokio::task::spawn_blocking(decode)
+        .await
+        .map_err(|e| CallError::Protocol(format!("the decoder panicked: {e}")))?
 }
 
 /// The length a gRPC message's 5-byte prefix declares, once the prefix is there.

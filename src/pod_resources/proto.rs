@@ -64,8 +64,8 @@ pub struct Bounds {
 }
 
 impl Bounds {
-    /// The agent's bounds; at most some 3 MB built from an answer (the answer itself is at
-    /// most 4 MiB, [`crate::pod_resources::task::MAX_ANSWER`]).
+    /// The agent's bounds: a few MB at most built from an answer, whatever its shape (the
+    /// answer itself is at most 4 MiB, [`crate::pod_resources::task::MAX_ANSWER`]).
     pub const AGENT: Bounds = Bounds {
         pod_name: 253,
         namespace: 63,
