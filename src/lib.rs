@@ -12,9 +12,10 @@
 //! [`agent`] wires it together (and reloads it on SIGHUP), [`continuity`] carries the
 //! listening sockets and each engine's state across the agent's own restarts and upgrades
 //! ([`clock`] converts the times it saves), [`service`] speaks systemd's
-//! notify protocol and handles signals, [`logging`] writes text, JSON or journald,
-//! [`proc_sockets`] reads who holds a socket from `/proc` (for the stopped-process rule and
-//! `check-config`), and the binary's commands live in [`cli`]. No `unsafe` here: the DCMI binding is the crate
+//! notify protocol and handles signals, [`slots`] shares every listener's connections fairly
+//! among their sources, [`logging`] writes text, JSON or journald, [`proc_sockets`] reads who
+//! holds a socket from `/proc` (for the stopped-process rule and `check-config`), and the
+//! binary's commands live in [`cli`]. No `unsafe` here: the DCMI binding is the crate
 //! `crates/dcmi` (re-exported as [`driver::dcmi`]).
 #![forbid(unsafe_code)]
 
@@ -37,6 +38,7 @@ pub mod ring;
 pub mod sampler;
 pub mod server;
 pub mod service;
+pub mod slots;
 pub mod tls;
 pub mod view;
 pub mod window;

@@ -8,7 +8,7 @@ use crate::config::AgentConfig;
 use crate::continuity::handover::{HandoverError, Listener, Predecessor};
 use crate::continuity::sockets::{Inherited, Origin};
 use crate::continuity::trust::Checked;
-use crate::continuity::{self, StateDir};
+use crate::continuity::{self, HoldError, StateDir};
 use crate::service::signals::{Signalled, Signals};
 use crate::service::systemd::{Probe, Systemd};
 use std::time::Duration;
@@ -124,12 +124,13 @@ async fn startup(cfg: &AgentConfig, opts: &RunOptions) -> Result<Startup, AgentE
     })
 }
 
-/// The state directory, created (mode 0700) if missing; `None` without one, or when it
-/// cannot be created. One that another user could change is refused, with the line
-/// `check-config` gives ([`preflight::state_dir`]).
+/// The state directory, created (mode 0700) if missing, and held open from now on
+/// ([`StateDir::hold`]); `None` without one, or when it cannot be created or opened. One that
+/// another user could change is refused, with the line `check-config` gives
+/// ([`preflight::state_dir`]).
 fn state_dir(cfg: &AgentConfig) -> Result<Option<StateDir>, AgentError> {
     let refuse = |e: crate::config::ConfigError| AgentError::Config(e.to_string());
-    let Some((d, checked)) = preflight::state_dir(cfg).map_err(refuse)? else {
+    let Some((mut d, checked)) = preflight::state_dir(cfg).map_err(refuse)? else {
         return Ok(None);
     };
     if let Checked::Missing { .. } = checked {
@@ -143,7 +144,16 @@ fn state_dir(cfg: &AgentConfig) -> Result<Option<StateDir>, AgentError> {
         d.check()
             .map_err(|e| refuse(preflight::untrusted(cfg, &d, e)))?;
     }
-    Ok(Some(d))
+    match d.hold() {
+        Ok(()) => Ok(Some(d)),
+        Err(HoldError::Untrusted(e)) => Err(refuse(preflight::untrusted(cfg, &d, e))),
+        Err(e @ HoldError::Open { .. }) => {
+            tracing::warn!(
+                "{e}: the agent's state will not survive a restart, and no agent can take over from this one"
+            );
+            Ok(None)
+        }
+    }
 }
 
 /// How the serving phase ended.

@@ -178,10 +178,12 @@ impl Running {
 
     /// Starts writing the state file on every change (with a state directory).
     fn start_persister(&mut self) {
-        let Some(dir) = &self.state_dir else { return };
+        let Some(place) = self.state_dir.as_ref().and_then(|d| d.state()) else {
+            return;
+        };
         let roster = self.roster.clone();
         self.persister = Some(Persister::start(
-            dir.state_file(),
+            place.clone(),
             Box::new(move || {
                 roster
                     .read()
@@ -251,7 +253,7 @@ impl Running {
 
 /// Stops `p` after its last write, and says how that went.
 async fn last_write(p: Persister) {
-    let path = p.path().to_owned();
+    let path = p.path();
     match p.finish().await {
         Ok(()) => tracing::info!("state written to {}", path.display()),
         Err(e) => tracing::error!("{e}"),

@@ -73,8 +73,8 @@ pub async fn start(cfg: AgentConfig, mut startup: Startup) -> Result<Running, Ag
     if startup.sole_writer {
         running.remove_stale_writes();
     }
-    let saved = match &running.state_dir {
-        Some(d) => statefile::load(&d.state_file()),
+    let saved = match running.state_dir.as_ref().and_then(|d| d.state()) {
+        Some(place) => statefile::load(place),
         None => statefile::Found::none(),
     };
     // Past its window the running agent accepts again: this one must not start to.
@@ -187,7 +187,8 @@ impl Running {
     /// Removes the temporary state files that crashes left in the state directory.
     fn remove_stale_writes(&self) {
         let Some(d) = &self.state_dir else { return };
-        match statefile::remove_stale(&d.state_file()) {
+        let Some(place) = d.state() else { return };
+        match statefile::remove_stale(place) {
             Ok(r) if r.files == 0 => {}
             Ok(r) => tracing::info!(
                 "removed {} temporary state file(s), {} bytes, left in {} by writes cut short",

@@ -168,7 +168,7 @@ pub struct AdminTls {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct ListenerLimits {
     /// Concurrent connections per listener, a share of them per source address
-    /// (`server::conn::share`); past either the least recently active idle connection is
+    /// (`slots::share`); past either the least recently active idle connection is
     /// closed to make room.
     pub max_connections: usize,
     /// A request's headers must arrive within this (also bounds a TLS handshake).

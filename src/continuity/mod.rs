@@ -15,7 +15,9 @@
 //!
 //! The state directory is `[agent] state_dir`, else systemd's `RUNTIME_DIRECTORY` (the
 //! unit's `RuntimeDirectory=`); without either, nothing survives a restart and the agent
-//! says so at start. Only the agent's user may be able to change it ([`trust`]).
+//! says so at start. Only the agent's user may be able to change it ([`trust`]), and once
+//! checked it is held open ([`StateDir::hold`]): the state goes to the directory checked,
+//! whatever is put in its path's place later.
 
 pub mod handover;
 pub mod sockets;
@@ -25,11 +27,27 @@ pub mod trust;
 use std::path::{Path, PathBuf};
 
 /// Where the state file and the handover socket live.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct StateDir {
     path: PathBuf,
     /// What named it: `[agent] state_dir`, `--state-dir` or `RUNTIME_DIRECTORY`.
     pub from: &'static str,
+    /// The state file in the directory held open ([`StateDir::hold`]).
+    held: Option<statefile::Place>,
+}
+
+/// Why the directory could not be held.
+#[derive(Debug, thiserror::Error)]
+pub enum HoldError {
+    #[error("cannot open the state directory {} ({from}): {source}", path.display())]
+    Open {
+        path: PathBuf,
+        from: &'static str,
+        source: std::io::Error,
+    },
+    /// What was opened is not what was checked: another user could change it.
+    #[error(transparent)]
+    Untrusted(#[from] trust::Untrusted),
 }
 
 /// The handover socket's file name.
@@ -45,6 +63,7 @@ impl StateDir {
             return Some(StateDir {
                 path: p.to_owned(),
                 from: "[agent] state_dir",
+                held: None,
             });
         }
         let env = std::env::var_os("RUNTIME_DIRECTORY")?;
@@ -52,6 +71,7 @@ impl StateDir {
         (first.is_absolute()).then_some(StateDir {
             path: first,
             from: "RUNTIME_DIRECTORY",
+            held: None,
         })
     }
 
@@ -68,6 +88,28 @@ impl StateDir {
     /// The handover socket.
     pub fn handover_socket(&self) -> PathBuf {
         self.path.join(SOCKET_NAME)
+    }
+
+    /// Opens the directory, once [`StateDir::check`] passed, and holds it: the state file is
+    /// read, written and cleaned up relative to it from now on ([`StateDir::state`]). What
+    /// was opened is checked again (owned by the agent's user, writable by no one else), so
+    /// a directory swapped in between is refused.
+    pub fn hold(&mut self) -> Result<(), HoldError> {
+        let open = |source| HoldError::Open {
+            path: self.path.clone(),
+            from: self.from,
+            source,
+        };
+        let place = statefile::Place::open(&self.path, self.from, STATE_NAME).map_err(open)?;
+        let (owner, mode) = place.owner_and_mode().map_err(open)?;
+        trust::check_opened(&self.path, self.from, owner, mode, trust::User::me())?;
+        self.held = Some(place);
+        Ok(())
+    }
+
+    /// The state file in the directory held; `None` before [`StateDir::hold`].
+    pub fn state(&self) -> Option<&statefile::Place> {
+        self.held.as_ref()
     }
 
     /// Whether only the agent's user can change the directory and the path to it.

@@ -10,13 +10,23 @@
 //! Anything else is ignored with one warning saying why, and the agent starts clean: a bad
 //! file never stops the agent. An engine's entry is used only for the engine of the same
 //! name at the same address.
+//!
+//! Every one of these is done relative to the state directory held open since the start
+//! ([`Place`]), by name, never through the directory's path again: the directory was checked
+//! at start ([`super::trust`]), and a parent that becomes writable by others later lets them
+//! put a link to another place where the directory was (issue 48). The writes still land in
+//! the directory checked; the persister says so in the log ([`Place::doubt`]).
 
 use crate::monitor::saved::EngineState;
+use rustix::fs::{AtFlags, Mode, OFlags};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
+use std::ffi::OsStr;
 use std::io::{Read, Write};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
@@ -42,6 +52,90 @@ pub struct StateFile {
     pub pid: u32,
     pub saved_at_unix_ms: u64,
     pub engines: Vec<EngineState>,
+}
+
+/// The state file in its directory, held open: every read, write and removal is relative to
+/// the directory's descriptor, by name, with no link followed, so a directory put in the
+/// path's place while the agent runs receives none of them.
+#[derive(Debug, Clone)]
+pub struct Place {
+    dir: Arc<OwnedFd>,
+    /// The directory's path, for messages and [`Place::doubt`].
+    dir_path: PathBuf,
+    /// What named the directory (`[agent] state_dir`, …).
+    from: &'static str,
+    name: &'static str,
+}
+
+impl Place {
+    /// The file `name` in the directory at `dir_path` (named by `from`), the directory opened
+    /// now. Links on the path are followed: the caller checked the path just before
+    /// ([`super::trust`]), and checks what was opened ([`Place::owner_and_mode`]).
+    pub fn open(dir_path: &Path, from: &'static str, name: &'static str) -> std::io::Result<Place> {
+        let fd = rustix::fs::open(
+            dir_path,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        Ok(Place {
+            dir: Arc::new(fd),
+            dir_path: dir_path.to_owned(),
+            from,
+            name,
+        })
+    }
+
+    /// The file's path, as the messages give it.
+    pub fn path(&self) -> PathBuf {
+        self.dir_path.join(self.name)
+    }
+
+    /// The owner (uid) and mode of the directory held.
+    pub fn owner_and_mode(&self) -> std::io::Result<(u32, u32)> {
+        let st = rustix::fs::fstat(&*self.dir)?;
+        Ok((st.st_uid, st.st_mode))
+    }
+
+    /// Why the directory's path may no longer lead to the directory held, if it may not: the
+    /// path is no longer trusted (a parent became writable by others: [`super::trust`]), or
+    /// it leads elsewhere already. The state is still written to the directory held; a
+    /// restarted agent reads the path.
+    pub fn doubt(&self) -> Option<String> {
+        let mut why = Vec::new();
+        if let Err(e) = super::trust::check(&self.dir_path, self.from) {
+            why.push(e.to_string());
+        }
+        let held = rustix::fs::fstat(&*self.dir)
+            .ok()
+            .map(|s| (s.st_dev, s.st_ino));
+        let named = rustix::fs::stat(&self.dir_path)
+            .ok()
+            .map(|s| (s.st_dev, s.st_ino));
+        if held.is_none() || named != held {
+            why.push(format!(
+                "{} ({}) is no longer the directory the agent opened at start (moved, or replaced by another or a link)",
+                self.dir_path.display(),
+                self.from
+            ));
+        }
+        (!why.is_empty()).then(|| why.join("; "))
+    }
+
+    /// Opens `name` in the directory held with `flags` (and `O_NOFOLLOW`, `O_CLOEXEC`).
+    fn open_at(&self, name: &OsStr, flags: OFlags, mode: Mode) -> std::io::Result<std::fs::File> {
+        let fd = rustix::fs::openat(
+            &*self.dir,
+            name,
+            flags | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            mode,
+        )?;
+        Ok(std::fs::File::from(fd))
+    }
+
+    /// Removes `name` from the directory held (a link itself, never what it points to).
+    fn unlink(&self, name: &OsStr) -> std::io::Result<()> {
+        Ok(rustix::fs::unlinkat(&*self.dir, name, AtFlags::empty())?)
+    }
 }
 
 /// What was found at start.
@@ -116,16 +210,11 @@ pub enum Ignored {
     TooOld(Duration),
 }
 
-/// Reads the file at `path`; `Ok(None)` when there is none.
-pub fn read(path: &Path, now_unix_ms: u64) -> Result<Option<StateFile>, Ignored> {
-    use rustix::fs::OFlags;
+/// Reads the file at `place`; `Ok(None)` when there is none.
+pub fn read(place: &Place, now_unix_ms: u64) -> Result<Option<StateFile>, Ignored> {
     // No link followed, no wait for a FIFO's writer; what is checked is what was opened.
-    let flags = OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY;
-    let file = match std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(flags.bits() as i32)
-        .open(path)
-    {
+    let flags = OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY;
+    let file = match place.open_at(OsStr::new(place.name), flags, Mode::empty()) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) if e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) => {
@@ -140,9 +229,9 @@ pub fn read(path: &Path, now_unix_ms: u64) -> Result<Option<StateFile>, Ignored>
         return Err(Ignored::NotAFile);
     }
     let me = rustix::process::geteuid().as_raw();
-    if meta.uid() != me {
+    if std::os::unix::fs::MetadataExt::uid(&meta) != me {
         return Err(Ignored::NotOwned {
-            owner: meta.uid(),
+            owner: std::os::unix::fs::MetadataExt::uid(&meta),
             me,
         });
     }
@@ -179,10 +268,11 @@ pub fn read(path: &Path, now_unix_ms: u64) -> Result<Option<StateFile>, Ignored>
     Ok(Some(file))
 }
 
-/// What the agent finds at `path` at start, with one log line for a file it ignores.
-pub fn load(path: &Path) -> Found {
+/// What the agent finds at `place` at start, with one log line for a file it ignores.
+pub fn load(place: &Place) -> Found {
     let now = crate::clock::unix_ms();
-    match read(path, now) {
+    let path = place.path();
+    match read(place, now) {
         Ok(None) => Found::none(),
         Ok(Some(f)) => {
             let age = Duration::from_millis(now.saturating_sub(f.saved_at_unix_ms));
@@ -232,48 +322,42 @@ fn render(engines: &[EngineState]) -> Result<Vec<u8>, String> {
     Ok(bytes)
 }
 
-/// Writes `engines` to `path` atomically (a temporary file beside it, then a rename).
-pub fn write(path: &Path, engines: &[EngineState]) -> Result<(), String> {
+/// Writes `engines` to `place` atomically (a temporary file beside it, then a rename).
+pub fn write(place: &Place, engines: &[EngineState]) -> Result<(), String> {
     let bytes = render(engines)?;
-    let tmp = tmp_path(path);
+    let tmp = tmp_name(place.name);
     let result = (|| {
-        let mut f = create_new(&tmp)?;
+        let mut f = create_new(place, &tmp)?;
         f.write_all(&bytes)?;
         f.sync_data()?;
-        std::fs::rename(&tmp, path)
+        rustix::fs::renameat(&*place.dir, &tmp, &*place.dir, place.name)?;
+        Ok::<(), std::io::Error>(())
     })();
     result.map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        format!("cannot write {}: {e}", path.display())
+        let _ = place.unlink(&tmp);
+        format!("cannot write {}: {e}", place.path().display())
     })
 }
 
-/// A new file at `tmp`, mode 0600: never one that was there, never through a link. What is
-/// in the way (this pid's leftover from before a crash, or anything else) is removed (an
-/// unlink, which does not follow a link) and the creation tried once more.
-fn create_new(tmp: &Path) -> std::io::Result<std::fs::File> {
-    let open = || {
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
-            .open(tmp)
-    };
-    match open() {
+/// A new file `tmp` in the directory held, mode 0600: never one that was there, never
+/// through a link. What is in the way (this pid's leftover from before a crash, or anything
+/// else) is removed (an unlink, which does not follow a link) and the creation tried once
+/// more.
+fn create_new(place: &Place, tmp: &OsStr) -> std::io::Result<std::fs::File> {
+    let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL;
+    let mode = Mode::from_raw_mode(0o600);
+    match place.open_at(tmp, flags, mode) {
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-            std::fs::remove_file(tmp)?;
-            open()
+            place.unlink(tmp)?;
+            place.open_at(tmp, flags, mode)
         }
         r => r,
     }
 }
 
-/// The temporary file this process writes `path` through: `<name>.<pid>.tmp`.
-fn tmp_path(path: &Path) -> PathBuf {
-    let mut name = path.file_name().unwrap_or_default().to_owned();
-    name.push(format!(".{}.tmp", std::process::id()));
-    path.with_file_name(name)
+/// The temporary file this process writes `name` through: `<name>.<pid>.tmp`.
+fn tmp_name(name: &str) -> std::ffi::OsString {
+    format!("{name}.{}.tmp", std::process::id()).into()
 }
 
 /// Whether `name` is a temporary file of `state` (`<state>.<digits>.tmp`, any pid).
@@ -295,30 +379,36 @@ pub struct Removed {
     pub bytes: u64,
 }
 
-/// Removes the temporary files of `path` that writes cut short left beside it (a crash
+/// Removes the temporary files of `place` that writes cut short left beside it (a crash
 /// between the creation and the rename), whatever pid wrote them. For a start, once no
 /// other agent writes there.
-pub fn remove_stale(path: &Path) -> Result<Removed, String> {
-    let (Some(dir), Some(state)) = (path.parent(), path.file_name()) else {
-        return Ok(Removed::default());
-    };
+pub fn remove_stale(place: &Place) -> Result<Removed, String> {
+    let dir = place.dir_path.display();
     let entries =
-        std::fs::read_dir(dir).map_err(|e| format!("cannot list {}: {e}", dir.display()))?;
+        rustix::fs::Dir::read_from(&*place.dir).map_err(|e| format!("cannot list {dir}: {e}"))?;
     let mut removed = Removed::default();
     for entry in entries.flatten() {
-        if !is_tmp_of(&entry.file_name(), state) {
+        let name = OsStr::from_bytes(entry.file_name().to_bytes()).to_owned();
+        if !is_tmp_of(&name, OsStr::new(place.name)) {
             continue;
         }
         // Of the entry itself, not of what a link points to.
-        let Ok(meta) = entry.metadata() else { continue };
-        if meta.is_dir() {
+        let Ok(st) = rustix::fs::statat(&*place.dir, &name, AtFlags::SYMLINK_NOFOLLOW) else {
+            continue;
+        };
+        let kind = rustix::fs::FileType::from_raw_mode(st.st_mode);
+        if kind == rustix::fs::FileType::Directory {
             continue;
         }
-        let p = entry.path();
-        std::fs::remove_file(&p).map_err(|e| format!("cannot remove {}: {e}", p.display()))?;
+        place.unlink(&name).map_err(|e| {
+            format!(
+                "cannot remove {}: {e}",
+                place.dir_path.join(&name).display()
+            )
+        })?;
         removed.files += 1;
-        if meta.is_file() {
-            removed.bytes += meta.len();
+        if kind == rustix::fs::FileType::RegularFile {
+            removed.bytes += u64::try_from(st.st_size).unwrap_or(0);
         }
     }
     Ok(removed)
@@ -329,7 +419,7 @@ pub type Source = Box<dyn Fn() -> Vec<EngineState> + Send + Sync>;
 
 /// Writes the state file whenever an engine's state changes.
 pub struct Persister {
-    path: PathBuf,
+    place: Place,
     source: std::sync::Arc<Source>,
     cancel: CancellationToken,
     task: tokio::task::JoinHandle<()>,
@@ -340,13 +430,13 @@ type Last = std::sync::Arc<std::sync::Mutex<Option<Vec<u8>>>>;
 
 impl Persister {
     /// Starts checking every [`CHECK_EVERY`].
-    pub fn start(path: PathBuf, source: Source) -> Persister {
+    pub fn start(place: Place, source: Source) -> Persister {
         let source = std::sync::Arc::new(source);
         let cancel = CancellationToken::new();
         let last: Last = Default::default();
-        let task = tokio::spawn(run(path.clone(), source.clone(), last, cancel.clone()));
+        let task = tokio::spawn(run(place.clone(), source.clone(), last, cancel.clone()));
         Persister {
-            path,
+            place,
             source,
             cancel,
             task,
@@ -358,20 +448,24 @@ impl Persister {
     pub async fn finish(self) -> Result<(), String> {
         self.cancel.cancel();
         let _ = self.task.await;
-        let (path, source) = (self.path.clone(), self.source.clone());
-        tokio::task::spawn_blocking(move || write(&path, &source()))
-            .await
-            .map_err(|e| format!("the state writer panicked: {e}"))?
+        let (place, source) = (self.place.clone(), self.source.clone());
+        let (doubt, written) =
+            tokio::task::spawn_blocking(move || (place.doubt(), write(&place, &source())))
+                .await
+                .map_err(|e| format!("the state writer panicked: {e}"))?;
+        say_doubt(&self.place, &mut None, doubt);
+        written
     }
 
     /// The file written.
-    pub fn path(&self) -> &Path {
-        &self.path
+    pub fn path(&self) -> PathBuf {
+        self.place.path()
     }
 }
 
-async fn run(path: PathBuf, source: std::sync::Arc<Source>, last: Last, cancel: CancellationToken) {
+async fn run(place: Place, source: std::sync::Arc<Source>, last: Last, cancel: CancellationToken) {
     let mut failing = false;
+    let mut doubted: Option<String> = None;
     loop {
         tokio::select! {
             () = cancel.cancelled() => return,
@@ -385,14 +479,16 @@ async fn run(path: PathBuf, source: std::sync::Arc<Source>, last: Last, cancel: 
         if !changed {
             continue;
         }
-        let p = path.clone();
-        let written = tokio::task::spawn_blocking(move || write(&p, &engines))
-            .await
-            .unwrap_or_else(|e| Err(format!("the state writer panicked: {e}")));
+        let p = place.clone();
+        let (doubt, written) =
+            tokio::task::spawn_blocking(move || (p.doubt(), write(&p, &engines)))
+                .await
+                .unwrap_or_else(|e| (None, Err(format!("the state writer panicked: {e}"))));
+        say_doubt(&place, &mut doubted, doubt);
         match written {
             Ok(()) => {
                 if failing {
-                    tracing::info!("state file {} written again", path.display());
+                    tracing::info!("state file {} written again", place.path().display());
                 }
                 failing = false;
                 *last.lock().unwrap_or_else(|p| p.into_inner()) = Some(key);
@@ -407,9 +503,37 @@ async fn run(path: PathBuf, source: std::sync::Arc<Source>, last: Last, cancel: 
     }
 }
 
+/// Logs a change of [`Place::doubt`] (`now`; `said`: the last one logged).
+fn say_doubt(place: &Place, said: &mut Option<String>, now: Option<String>) {
+    if *said == now {
+        return;
+    }
+    match &now {
+        Some(why) => tracing::warn!(
+            "{why}; the state is still written to the directory opened at start, by its descriptor, never through the path; a restarted agent reads the path"
+        ),
+        None => tracing::info!(
+            "the state directory {} is trusted again and is the directory the agent opened",
+            place.dir_path.display()
+        ),
+    }
+    *said = now;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `p`, a `state.json`, in its directory held open.
+    fn at(p: &Path) -> Place {
+        assert_eq!(p.file_name(), Some(OsStr::new("state.json")));
+        Place::open(p.parent().unwrap(), "[agent] state_dir", "state.json").unwrap()
+    }
+
+    /// The temporary file this process writes `p` through.
+    fn tmp_path(p: &Path) -> PathBuf {
+        p.with_file_name(tmp_name("state.json"))
+    }
 
     fn file(dir: &Path, text: &[u8]) -> PathBuf {
         let p = dir.join("state.json");
@@ -429,9 +553,9 @@ mod tests {
     fn a_missing_file_is_no_state_and_a_good_one_reads_back() {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("state.json");
-        assert_eq!(read(&p, NOW), Ok(None));
-        write(&p, &[]).unwrap();
-        let f = read(&p, crate::clock::unix_ms()).unwrap().unwrap();
+        assert_eq!(read(&at(&p), NOW), Ok(None));
+        write(&at(&p), &[]).unwrap();
+        let f = read(&at(&p), crate::clock::unix_ms()).unwrap().unwrap();
         assert_eq!(f.format, FORMAT);
         assert_eq!(f.pid, std::process::id());
         use std::os::unix::fs::PermissionsExt;
@@ -454,24 +578,34 @@ mod tests {
         ];
         for text in corrupt {
             let p = file(d.path(), text);
-            let e = read(&p, NOW).unwrap_err();
+            let e = read(&at(&p), NOW).unwrap_err();
             assert!(matches!(e, Ignored::Corrupt(_)), "{text:?}: {e}");
         }
         let p = file(d.path(), header(NOW, 99).as_bytes());
-        assert_eq!(read(&p, NOW).unwrap_err(), Ignored::Format(99));
+        assert_eq!(read(&at(&p), NOW).unwrap_err(), Ignored::Format(99));
         let p = file(d.path(), header(NOW + 3_600_000, FORMAT).as_bytes());
-        assert!(matches!(read(&p, NOW).unwrap_err(), Ignored::Future(_)));
+        assert!(matches!(
+            read(&at(&p), NOW).unwrap_err(),
+            Ignored::Future(_)
+        ));
         let p = file(d.path(), header(NOW - 2 * 3_600_000, FORMAT).as_bytes());
-        assert!(matches!(read(&p, NOW).unwrap_err(), Ignored::TooOld(_)));
+        assert!(matches!(
+            read(&at(&p), NOW).unwrap_err(),
+            Ignored::TooOld(_)
+        ));
         // Slightly ahead (clocks) is fine.
         let p = file(d.path(), header(NOW + 1_000, FORMAT).as_bytes());
-        assert!(read(&p, NOW).unwrap().is_some());
+        assert!(read(&at(&p), NOW).unwrap().is_some());
         let big = vec![b' '; MAX_BYTES as usize + 1];
         let p = file(d.path(), &big);
-        assert!(matches!(read(&p, NOW).unwrap_err(), Ignored::TooLarge(_)));
-        let sub = d.path().join("dir");
+        assert!(matches!(
+            read(&at(&p), NOW).unwrap_err(),
+            Ignored::TooLarge(_)
+        ));
+        let e = tempfile::tempdir().unwrap();
+        let sub = e.path().join("state.json");
         std::fs::create_dir(&sub).unwrap();
-        assert_eq!(read(&sub, NOW).unwrap_err(), Ignored::NotAFile);
+        assert_eq!(read(&at(&sub), NOW).unwrap_err(), Ignored::NotAFile);
     }
 
     // Issue 41: the state file is read only if the agent's user wrote it, never through a
@@ -481,10 +615,11 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let good = d.path().join("good.json");
         std::fs::write(&good, header(NOW, FORMAT)).unwrap();
-        assert!(read(&good, NOW).unwrap().is_some());
+        let held = Place::open(d.path(), "[agent] state_dir", "good.json").unwrap();
+        assert!(read(&held, NOW).unwrap().is_some());
         let p = d.path().join("state.json");
         std::os::unix::fs::symlink(&good, &p).unwrap();
-        assert_eq!(read(&p, NOW).unwrap_err(), Ignored::Link);
+        assert_eq!(read(&at(&p), NOW).unwrap_err(), Ignored::Link);
         if !rustix::process::geteuid().is_root() {
             eprintln!("note: not root, so no file of another user to read; skipped that part");
             return;
@@ -493,7 +628,7 @@ mod tests {
         std::fs::write(&p, header(NOW, FORMAT)).unwrap();
         std::os::unix::fs::chown(&p, Some(4_000_000), None).unwrap();
         assert_eq!(
-            read(&p, NOW).unwrap_err(),
+            read(&at(&p), NOW).unwrap_err(),
             Ignored::NotOwned {
                 owner: 4_000_000,
                 me: 0
@@ -511,14 +646,14 @@ mod tests {
         let victim = d.path().join("victim");
         std::fs::write(&victim, "precious").unwrap();
         std::os::unix::fs::symlink(&victim, tmp_path(&p)).unwrap();
-        write(&p, &[]).unwrap();
+        write(&at(&p), &[]).unwrap();
         assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
         assert!(std::fs::symlink_metadata(&p).unwrap().is_file());
-        assert!(read(&p, crate::clock::unix_ms()).unwrap().is_some());
+        assert!(read(&at(&p), crate::clock::unix_ms()).unwrap().is_some());
         assert!(!tmp_path(&p).exists());
         std::fs::write(tmp_path(&p), "left by a crash").unwrap();
-        write(&p, &[]).unwrap();
-        assert!(read(&p, crate::clock::unix_ms()).unwrap().is_some());
+        write(&at(&p), &[]).unwrap();
+        assert!(read(&at(&p), crate::clock::unix_ms()).unwrap().is_some());
         assert!(!tmp_path(&p).exists());
     }
 
@@ -548,7 +683,7 @@ mod tests {
     fn stale_temporary_files_of_any_pid_are_removed_and_counted() {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("state.json");
-        write(&p, &[]).unwrap();
+        write(&at(&p), &[]).unwrap();
         std::fs::write(d.path().join("state.json.123.tmp"), [b'x'; 100]).unwrap();
         std::fs::write(d.path().join("state.json.4567.tmp"), [b'x'; 20]).unwrap();
         let victim = d.path().join("victim");
@@ -559,7 +694,7 @@ mod tests {
             std::fs::write(d.path().join(keep), "").unwrap();
         }
         assert_eq!(
-            remove_stale(&p),
+            remove_stale(&at(&p)),
             Ok(Removed {
                 files: 3,
                 bytes: 120
@@ -581,7 +716,7 @@ mod tests {
             ]
         );
         assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
-        assert_eq!(remove_stale(&p), Ok(Removed::default()));
+        assert_eq!(remove_stale(&at(&p)), Ok(Removed::default()));
     }
 
     #[test]
@@ -595,10 +730,10 @@ mod tests {
         let mut f: StateFile = serde_json::from_str(&text).unwrap();
         f.saved_at_unix_ms = crate::clock::unix_ms();
         std::fs::write(&p, serde_json::to_vec(&f).unwrap()).unwrap();
-        let mut found = load(&p);
+        let mut found = load(&at(&p));
         assert_eq!(found.len(), 1);
         assert!(found.take("e2e", "http://127.0.0.1:1").is_none());
-        let mut found = load(&p);
+        let mut found = load(&at(&p));
         assert!(found.take("other", "http://127.0.0.1:8000").is_none());
         assert_eq!(found.left(), vec!["e2e"]);
         let s = found.take("e2e", "http://127.0.0.1:8000").unwrap();
@@ -609,7 +744,7 @@ mod tests {
     /// The file at `p` once `done` holds of it (for at most 10 s).
     async fn read_when(p: &Path, done: impl Fn(&StateFile) -> bool) -> StateFile {
         for _ in 0..500 {
-            if let Ok(Some(f)) = read(p, crate::clock::unix_ms())
+            if let Ok(Some(f)) = read(&at(p), crate::clock::unix_ms())
                 && done(&f)
             {
                 return f;
@@ -626,10 +761,10 @@ mod tests {
         let p = d.path().join("state.json");
         let state = std::sync::Arc::new(std::sync::Mutex::new(Vec::<EngineState>::new()));
         let s2 = state.clone();
-        let per = Persister::start(p.clone(), Box::new(move || s2.lock().unwrap().clone()));
+        let per = Persister::start(at(&p), Box::new(move || s2.lock().unwrap().clone()));
         let first = read_when(&p, |_| true).await;
         tokio::time::sleep(CHECK_EVERY * 5).await;
-        let again = read(&p, crate::clock::unix_ms()).unwrap().unwrap();
+        let again = read(&at(&p), crate::clock::unix_ms()).unwrap().unwrap();
         assert_eq!(
             first.saved_at_unix_ms, again.saved_at_unix_ms,
             "no change, no write"
@@ -645,5 +780,50 @@ mod tests {
         let changed = read_when(&p, |g| serde_json::to_value(&g.engines).unwrap() == want).await;
         assert!(changed.saved_at_unix_ms >= first.saved_at_unix_ms);
         per.finish().await.unwrap();
+    }
+    // Issue 48, R11: the state directory was checked at start only, and written through its
+    // path: once a parent became writable by others, they could swap the directory for a
+    // link to another place while the agent ran, and its writes went there. Held open, the
+    // directory checked gets every write, the other place none, and the doubt is said.
+    #[tokio::test]
+    async fn a_state_directory_swapped_for_a_link_after_start_gets_no_write_through_it() {
+        let d = tempfile::tempdir().unwrap();
+        let base = d.path().canonicalize().unwrap();
+        let dir = base.join("state");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+            .unwrap();
+        let elsewhere = base.join("elsewhere");
+        std::fs::create_dir(&elsewhere).unwrap();
+        let place = Place::open(&dir, "[agent] state_dir", "state.json").unwrap();
+        assert_eq!(place.doubt(), None);
+        let text = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/state-v1.json"),
+        )
+        .unwrap();
+        let engines = serde_json::from_str::<StateFile>(&text).unwrap().engines;
+        let state = Arc::new(std::sync::Mutex::new(Vec::<EngineState>::new()));
+        let s2 = state.clone();
+        let per = Persister::start(place.clone(), Box::new(move || s2.lock().unwrap().clone()));
+        let moved = base.join("moved");
+        read_when(&dir.join("state.json"), |_| true).await;
+        // The swap: the directory moved away, a link to another place in its path.
+        std::fs::rename(&dir, &moved).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &dir).unwrap();
+        *state.lock().unwrap() = engines.clone();
+        let want = serde_json::to_value(&engines).unwrap();
+        read_when(&moved.join("state.json"), |f| {
+            serde_json::to_value(&f.engines).unwrap() == want
+        })
+        .await;
+        per.finish().await.unwrap();
+        assert_eq!(remove_stale(&place), Ok(Removed::default()));
+        let there: Vec<_> = std::fs::read_dir(&elsewhere).unwrap().collect();
+        assert!(there.is_empty(), "written through the link: {there:?}");
+        let doubt = place.doubt().expect("the path leads elsewhere now");
+        assert!(
+            doubt.contains("is no longer the directory the agent opened at start"),
+            "{doubt}"
+        );
     }
 }

@@ -299,6 +299,32 @@ pub fn check_as(dir: &Path, from: &'static str, me: User) -> Result<Checked, Unt
     Ok(Checked::Exists)
 }
 
+/// The directory the agent opened after checking `dir` (named by `from`): owned by `owner`,
+/// of mode `mode`, for an agent running as `me`; an error when another user could change it
+/// (it was swapped between the check and the open).
+pub fn check_opened(
+    dir: &Path,
+    from: &'static str,
+    owner: u32,
+    mode: u32,
+    me: User,
+) -> Result<(), Untrusted> {
+    match judge(Place::Target, owner, mode, me.0) {
+        None => Ok(()),
+        Some(Flaw::Owner(o)) => Err(Untrusted::NotOwned {
+            dir: dir.to_owned(),
+            owner: User(o),
+            me,
+            from,
+        }),
+        Some(Flaw::Writable(mode)) => Err(Untrusted::Writable {
+            dir: dir.to_owned(),
+            mode,
+            from,
+        }),
+    }
+}
+
 /// The names along `p` (`..` kept, `.` and `/` dropped).
 fn parts(p: &Path) -> impl Iterator<Item = OsString> + '_ {
     p.components().filter_map(|c| match c {

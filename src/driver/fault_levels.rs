@@ -209,10 +209,21 @@ impl FaultTable {
                 return Err(shape(format!("\"{key}\" must be a list of hex strings")));
             };
             for (i, c) in codes.iter().enumerate() {
-                let code = c
-                    .as_str()
-                    .and_then(parse_code)
-                    .ok_or_else(|| shape(format!("\"{key}\"[{i}] is {c}, not a hex code")))?;
+                let code = match c.as_str().map(parse_code) {
+                    Some(Ok(code)) => code,
+                    Some(Err(why)) => {
+                        return Err(shape(format!(
+                            "\"{key}\"[{i}] is {}, not a hex code: {why}",
+                            crate::logging::quote(c.as_str().unwrap_or_default())
+                        )));
+                    }
+                    None => {
+                        return Err(shape(format!(
+                            "\"{key}\"[{i}] is {}, not a hex code",
+                            crate::logging::clip(&c.to_string())
+                        )));
+                    }
+                };
                 match levels.entry(code) {
                     Entry::Vacant(v) => {
                         v.insert(level);
@@ -321,17 +332,43 @@ impl<'de> serde::de::Visitor<'de> for EntriesVisitor {
     }
 }
 
-/// A code as `faultCode.json` writes it: hex without `0x` (an `0x` is accepted), at most
-/// 16 digits (some codes are wider than the 32 bits of the DCMI list).
-fn parse_code(s: &str) -> Option<u64> {
+/// Why a string is not a fault code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum NotACode {
+    #[error("no hex digit")]
+    Empty,
+    #[error("more than 16 hex digits")]
+    TooLong,
+    /// `+80E18402`: Rust's own hex parser takes a leading `+`, a fault code has no sign.
+    #[error("a sign is not part of a hex code")]
+    Sign,
+    #[error("{0:?} is not a hex digit")]
+    NotHex(char),
+}
+
+/// A code as `faultCode.json` and `npu-smi` write it: hex digits only, without `0x` (an
+/// `0x` is accepted), at most 16 of them (some codes are wider than the 32 bits of the DCMI
+/// list).
+pub fn parse_code(s: &str) -> Result<u64, NotACode> {
     let hex = s
         .strip_prefix("0x")
         .or_else(|| s.strip_prefix("0X"))
         .unwrap_or(s);
-    if hex.is_empty() || hex.len() > 16 {
-        return None;
+    if let Some(c) = hex.chars().find(|c| !c.is_ascii_hexdigit()) {
+        return Err(if c == '+' || c == '-' {
+            NotACode::Sign
+        } else {
+            NotACode::NotHex(c)
+        });
     }
-    u64::from_str_radix(hex, 16).ok()
+    if hex.is_empty() {
+        return Err(NotACode::Empty);
+    }
+    if hex.len() > 16 {
+        return Err(NotACode::TooLong);
+    }
+    // Only hex digits, at most 16: fits.
+    u64::from_str_radix(hex, 16).map_err(|_| NotACode::TooLong)
 }
 
 #[cfg(test)]
@@ -386,6 +423,44 @@ mod tests {
         assert!(err(r#"{"SeparateNPUCodes": [80]}"#).contains("[0] is 80"));
         assert!(err(r#"{"Other": []}"#).contains("no list the agent knows"));
         assert!(err(r#"{"SeparateNPUCodes": ["12345678901234567"]}"#).contains("not a hex code"));
+    }
+
+    // Issue 48, N8: `+80E18402` was read as 80E18402 (Rust's hex parser takes a sign). A
+    // code is hex digits alone, an `0x` before them at most.
+    #[test]
+    fn a_code_is_hex_digits_alone_and_a_sign_is_refused_by_name() {
+        let rows: &[(&str, Result<u64, NotACode>)] = &[
+            ("80E18402", Ok(0x80E1_8402)),
+            ("80e18402", Ok(0x80E1_8402)),
+            ("0x80E18402", Ok(0x80E1_8402)),
+            ("0X80E18402", Ok(0x80E1_8402)),
+            ("110001024", Ok(0x1_1000_1024)),
+            ("FFFFFFFFFFFFFFFF", Ok(u64::MAX)),
+            ("+80E18402", Err(NotACode::Sign)),
+            ("-80E18402", Err(NotACode::Sign)),
+            ("0x+80E18402", Err(NotACode::Sign)),
+            ("+", Err(NotACode::Sign)),
+            ("", Err(NotACode::Empty)),
+            ("0x", Err(NotACode::Empty)),
+            ("12345678901234567", Err(NotACode::TooLong)),
+            (" 80E18402", Err(NotACode::NotHex(' '))),
+            ("80E1_8402", Err(NotACode::NotHex('_'))),
+            ("xyz", Err(NotACode::NotHex('x'))),
+            ("８０", Err(NotACode::NotHex('８'))),
+        ];
+        for (text, want) in rows {
+            assert_eq!(parse_code(text), *want, "{text:?}");
+        }
+        let e = parse(r#"{"SeparateNPUCodes": ["+80E18402"]}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("\"SeparateNPUCodes\"[0] is \"+80E18402\", not a hex code: a sign is not part of a hex code"),
+            "{e}"
+        );
+        // What is quoted from the file is cut, however long the entry.
+        let long = format!(r#"{{"SeparateNPUCodes": ["{}"]}}"#, "z".repeat(100_000));
+        assert!(parse(&long).unwrap_err().to_string().len() < 1_000);
     }
 
     /// `load(path)` on a thread; a regression that blocks fails after `limit` instead of

@@ -17,7 +17,7 @@
 //! agent's and are passed over without a note.
 
 use super::proto::ListPodResourcesResponse;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// The prefix of the Ascend device plugin's resource names.
 pub const RESOURCE_PREFIX: &str = "huawei.com/";
@@ -113,60 +113,137 @@ impl Assignment {
     }
 }
 
+/// Most notes kept of one answer (and so logged of it): those first in order, so the same
+/// answer gives the same notes whatever the order of its pods.
+pub const MAX_NOTES: usize = 16;
+
+/// Most holders a note names for an NPU listed more than once.
+const NAMED_HOLDERS: usize = 3;
+
+/// The notes of one answer, compared as a set: what the decoder skipped (a line per kind,
+/// always kept), then the [`MAX_NOTES`] first in order of the others, and how many there
+/// were in all. A note names at most a holder (names within
+/// [`Bounds`](super::proto::Bounds)), a resource and a device id, so each is short.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Notes {
+    over: Vec<String>,
+    kept: BTreeSet<String>,
+    total: usize,
+}
+
+impl Notes {
+    /// Adds `note`; only the [`MAX_NOTES`] first in order are kept.
+    pub fn push(&mut self, note: String) {
+        self.total += 1;
+        let room = self.kept.len() < MAX_NOTES;
+        if room || self.kept.last().is_some_and(|last| note < *last) {
+            self.kept.insert(note);
+            if self.kept.len() > MAX_NOTES {
+                self.kept.pop_last();
+            }
+        }
+    }
+
+    /// Adds a line of what the decoder skipped (at most one per kind): always kept.
+    pub fn over(&mut self, line: String) {
+        self.over.push(line);
+    }
+
+    /// The notes kept: what the decoder skipped, then the others in order.
+    pub fn kept(&self) -> impl Iterator<Item = &str> {
+        self.over.iter().chain(&self.kept).map(String::as_str)
+    }
+
+    /// Whether `note` is among those kept.
+    pub fn has(&self, note: &str) -> bool {
+        self.kept.contains(note) || self.over.iter().any(|o| o == note)
+    }
+
+    /// How many were added and not kept (a note added twice counts twice).
+    pub fn more(&self) -> usize {
+        self.total - self.kept.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.total == 0 && self.over.is_empty()
+    }
+}
+
+/// A container's names, borrowed from the answer.
+type Names<'a> = (&'a str, &'a str, &'a str);
+
 /// The holders of the agent's NPUs (`npus`: logic id and physical id, if the driver gave
-/// one) in `list`, and a note for each device id of the plugin that names none of them.
-pub fn assign(
-    list: &ListPodResourcesResponse,
-    npus: &[(u32, Option<u32>)],
-) -> (Assignment, Vec<String>) {
-    let mut notes = Vec::new();
-    let mut claims: BTreeMap<u32, Vec<Holder>> = BTreeMap::new();
+/// one) in `list`, and a note for each device id of the plugin that names none of them and
+/// for what the decoder skipped. Each NPU's claims are a set of borrowed names: ten thousand
+/// ids of one NPU in one container are one claim, never ten thousand copies of its names.
+pub fn assign(list: &ListPodResourcesResponse, npus: &[(u32, Option<u32>)]) -> (Assignment, Notes) {
+    let mut notes = Notes::default();
+    for line in list.skipped.lines(&super::proto::Bounds::AGENT) {
+        notes.over(line);
+    }
+    let no_phy = npus.iter().any(|(_, p)| p.is_none());
+    let mut claims: BTreeMap<u32, BTreeSet<Names>> = BTreeMap::new();
     for pod in &list.pod_resources {
         for c in &pod.containers {
-            let holder = Holder {
-                namespace: pod.namespace.clone(),
-                pod: pod.name.clone(),
-                container: c.name.clone(),
-            };
+            let names = (pod.namespace.as_str(), pod.name.as_str(), c.name.as_str());
             for d in &c.devices {
                 for id in &d.device_ids {
-                    match name_of(&d.resource_name, id) {
-                        Named::Other => {}
-                        Named::Unmapped(why) => notes.push(format!("{holder}: {why}; skipped")),
-                        Named::Whole(phy) => match npus.iter().find(|(_, p)| *p == Some(phy)) {
-                            Some((logic, _)) => claims.entry(*logic).or_default().push(holder.clone()),
-                            None => notes.push(format!(
-                                "{holder}: {id:?} names physical id {phy}, which no NPU of this agent has{}; skipped",
-                                if npus.iter().any(|(_, p)| p.is_none()) {
-                                    " (the driver did not give every NPU's physical id)"
-                                } else {
-                                    ""
-                                }
-                            )),
-                        },
+                    let phy = match name_of(&d.resource_name, id) {
+                        Named::Other => continue,
+                        Named::Unmapped(why) => {
+                            notes.push(format!("{}: {why}; skipped", holder(names)));
+                            continue;
+                        }
+                        Named::Whole(phy) => phy,
+                    };
+                    match npus.iter().find(|(_, p)| *p == Some(phy)) {
+                        Some((logic, _)) => {
+                            claims.entry(*logic).or_default().insert(names);
+                        }
+                        None => notes.push(format!(
+                            "{}: {id:?} names physical id {phy}, which no NPU of this agent has{}; skipped",
+                            holder(names),
+                            if no_phy {
+                                " (the driver did not give every NPU's physical id)"
+                            } else {
+                                ""
+                            }
+                        )),
                     }
                 }
             }
         }
     }
     let mut holders = BTreeMap::new();
-    for (logic, mut by) in claims {
-        by.sort();
-        by.dedup();
-        match by.as_slice() {
-            [one] => {
-                holders.insert(logic, one.clone());
-            }
-            many => {
-                let names: Vec<String> = many.iter().map(ToString::to_string).collect();
-                notes.push(format!(
-                    "NPU {logic} is listed for {}; no pod labels for it",
-                    names.join(" and ")
-                ));
-            }
+    for (logic, by) in claims {
+        if by.len() == 1 {
+            holders.insert(logic, holder(*by.first().expect("one claim")));
+            continue;
         }
+        let mut names: Vec<String> = by
+            .iter()
+            .take(NAMED_HOLDERS)
+            .map(|n| holder(*n).to_string())
+            .collect();
+        if by.len() > NAMED_HOLDERS {
+            names.push(format!("{} more", by.len() - NAMED_HOLDERS));
+        }
+        notes.push(format!(
+            "NPU {logic} is listed for {}; no pod labels for it",
+            names.join(" and ")
+        ));
     }
     (Assignment { holders }, notes)
+}
+
+/// The holder of `names`.
+fn holder((namespace, pod, container): Names) -> Holder {
+    Holder {
+        namespace: namespace.to_owned(),
+        pod: pod.to_owned(),
+        container: container.to_owned(),
+    }
 }
 
 #[cfg(test)]
@@ -288,18 +365,20 @@ mod tests {
                     )],
                 ),
             ],
+            ..Default::default()
         };
         let (a, notes) = assign(&list, &npus);
         assert_eq!(a.npu(0), Some(&holder("serving", "vllm-a", "engine")));
         assert_eq!(a.npu(1), Some(&holder("serving", "vllm-a", "engine")));
         assert_eq!(a.npu(2), Some(&holder("serving", "vllm-b", "engine")));
         assert_eq!(a.npu(3), None);
+        let notes: Vec<&str> = notes.kept().collect();
         assert_eq!(notes.len(), 2, "{notes:#?}");
-        assert!(notes[0].starts_with("batch/job container main: \"Ascend910-7\" names physical id 7, which no NPU of this agent has (the driver did not give every NPU's physical id)"), "{notes:#?}");
         assert!(
-            notes[1].contains("\"Ascend910-6-0\" of huawei.com/Ascend910 is a part of an NPU"),
+            notes[0].contains("\"Ascend910-6-0\" of huawei.com/Ascend910 is a part of an NPU"),
             "{notes:#?}"
         );
+        assert!(notes[1].starts_with("batch/job container main: \"Ascend910-7\" names physical id 7, which no NPU of this agent has (the driver did not give every NPU's physical id)"), "{notes:#?}");
     }
 
     // An NPU listed for two containers (which the plugin does not do for a whole NPU) gets no
@@ -311,12 +390,105 @@ mod tests {
                 pod("a", "p", &[("c", "huawei.com/Ascend910", &["Ascend910-0"])]),
                 pod("b", "q", &[("d", "huawei.com/Ascend910", &["Ascend910-0"])]),
             ],
+            ..Default::default()
         };
         let (a, notes) = assign(&list, &[(0, Some(0))]);
         assert_eq!(a.npu(0), None);
         assert_eq!(
-            notes,
+            notes.kept().collect::<Vec<_>>(),
             ["NPU 0 is listed for a/p container c and b/q container d; no pod labels for it"]
+        );
+    }
+
+    // Issue 48, R4: a kubelet lists pods in any order; the notes of one answer are the same
+    // set whatever the order, and at most MAX_NOTES of them are kept, however many ids are
+    // unmappable (460,000 distinct ones once gave 920,000 log lines).
+    #[test]
+    fn the_notes_are_one_bounded_set_whatever_the_order_of_the_pods() {
+        let npus = [(0, Some(0)), (1, Some(1))];
+        let unmapped: Vec<String> = (0..4096).map(|i| format!("Ascend910-0-{i}")).collect();
+        let unmapped: Vec<&str> = unmapped.iter().map(String::as_str).collect();
+        let pods = vec![
+            pod(
+                "s",
+                "a",
+                &[("c", "huawei.com/Ascend910", &["Ascend910-0", "Ascend910-9"])],
+            ),
+            pod("s", "b", &[("c", "huawei.com/Ascend910", &unmapped)]),
+            pod(
+                "s",
+                "c",
+                &[("c", "huawei.com/Ascend910", &["Ascend910-1", "x"])],
+            ),
+        ];
+        let mut reversed = pods.clone();
+        reversed.reverse();
+        let list = |p: Vec<PodResources>| ListPodResourcesResponse {
+            pod_resources: p,
+            ..Default::default()
+        };
+        let (a, notes) = assign(&list(pods), &npus);
+        let (b, again) = assign(&list(reversed), &npus);
+        assert_eq!(
+            (&a, &notes),
+            (&b, &again),
+            "the same answer in another order"
+        );
+        assert_eq!(a.npu(0), Some(&holder("s", "a", "c")));
+        assert_eq!(a.npu(1), Some(&holder("s", "c", "c")));
+        assert_eq!(notes.kept().count(), MAX_NOTES);
+        assert_eq!(notes.more(), 4096 + 2 - MAX_NOTES);
+        let longest = notes.kept().map(str::len).max().unwrap();
+        assert!(longest < 200, "{longest} bytes");
+        // What is kept is the first in order, so a note of pod a is among them.
+        assert!(notes.has("s/a container c: \"Ascend910-9\" names physical id 9, which no NPU of this agent has; skipped"), "{notes:#?}");
+    }
+
+    // Issue 48, R3: an NPU claimed by thousands of containers is one note naming three of
+    // them, not a line of every name.
+    #[test]
+    fn an_npu_claimed_by_many_containers_names_three_and_counts_the_rest() {
+        let pods: Vec<PodResources> = (0..1000)
+            .map(|i| {
+                pod(
+                    "s",
+                    &format!("p{i:04}"),
+                    &[("c", "huawei.com/Ascend910", &["Ascend910-0"])],
+                )
+            })
+            .collect();
+        let (a, notes) = assign(
+            &ListPodResourcesResponse {
+                pod_resources: pods,
+                ..Default::default()
+            },
+            &[(0, Some(0))],
+        );
+        assert_eq!(a.npu(0), None);
+        assert_eq!(
+            notes.kept().collect::<Vec<_>>(),
+            [
+                "NPU 0 is listed for s/p0000 container c and s/p0001 container c and s/p0002 container c and 997 more; no pod labels for it"
+            ]
+        );
+    }
+
+    // What the decoder skipped is a note too.
+    #[test]
+    fn what_the_decoder_skipped_is_noted() {
+        let list = ListPodResourcesResponse {
+            skipped: crate::pod_resources::proto::Skipped {
+                ids: 7,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let (_, notes) = assign(&list, &[]);
+        assert_eq!(
+            notes.kept().collect::<Vec<_>>(),
+            [
+                "the answer is over the agent's bounds: 7 device id(s) past the first 4096 in all skipped"
+            ]
         );
     }
 

@@ -9,7 +9,7 @@
 //! `ListPodResourcesResponse`, then trailers whose `grpc-status` must be 0; an error may come
 //! as trailers alone, in the headers.
 
-use super::proto::{self, DecodeError, ListPodResourcesResponse};
+use super::proto::{self, Bounds, DecodeError, ListPodResourcesResponse};
 use bytes::Bytes;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -17,6 +17,12 @@ use tokio::net::UnixStream;
 
 /// The method's path.
 pub const LIST_PATH: &str = "/v1.PodResourcesLister/List";
+
+/// The largest header list taken from the kubelet (HTTP/2's `SETTINGS_MAX_HEADER_LIST_SIZE`;
+/// h2's default is 16 MiB). A gRPC answer's headers are a content type, a status and a
+/// message: a few hundred bytes. A 15 MB `content-type` once went to the log on every poll
+/// (issue 48); over this, h2 refuses the answer before it is built.
+pub const MAX_HEADER_LIST: u32 = 16 << 10;
 
 /// Why a `List` failed, naming what was wrong.
 #[derive(Debug, thiserror::Error)]
@@ -42,14 +48,15 @@ pub enum CallError {
     Timeout(Duration),
 }
 
-/// Calls `List` on the socket at `path`: the answer, decoded, of at most `max` bytes.
-/// `deadline` is sent as `grpc-timeout` and bounds the whole call.
+/// Calls `List` on the socket at `path`: the answer, of at most `max` bytes, decoded within
+/// `bounds`. `deadline` is sent as `grpc-timeout` and bounds the whole call.
 pub async fn list(
     path: &Path,
     deadline: Duration,
     max: usize,
+    bounds: &Bounds,
 ) -> Result<ListPodResourcesResponse, CallError> {
-    tokio::time::timeout(deadline, call(path, deadline, max))
+    tokio::time::timeout(deadline, call(path, deadline, max, bounds))
         .await
         .unwrap_or(Err(CallError::Timeout(deadline)))
 }
@@ -58,6 +65,7 @@ async fn call(
     path: &Path,
     deadline: Duration,
     max: usize,
+    bounds: &Bounds,
 ) -> Result<ListPodResourcesResponse, CallError> {
     let io = UnixStream::connect(path)
         .await
@@ -65,11 +73,14 @@ async fn call(
             path: path.to_owned(),
             source,
         })?;
-    let (client, conn) = h2::client::handshake(io).await?;
+    let (client, conn) = h2::client::Builder::new()
+        .max_header_list_size(MAX_HEADER_LIST)
+        .handshake(io)
+        .await?;
     // The connection is driven here, beside the call, rather than on a task of its own: when
     // the call ends (or its deadline drops it) the socket goes with it, whatever the kubelet
     // does.
-    let call = answer(client, deadline, max);
+    let call = answer(client, deadline, max, bounds);
     tokio::pin!(call, conn);
     tokio::select! {
         biased;
@@ -85,6 +96,7 @@ async fn answer(
     client: h2::client::SendRequest<Bytes>,
     deadline: Duration,
     max: usize,
+    bounds: &Bounds,
 ) -> Result<ListPodResourcesResponse, CallError> {
     let mut client = client.ready().await?;
     let request = http::Request::post(format!("http://localhost{LIST_PATH}"))
@@ -110,7 +122,8 @@ async fn answer(
         .unwrap_or("");
     if !content_type.starts_with("application/grpc") {
         return Err(CallError::Protocol(format!(
-            "content-type {content_type:?}, not application/grpc"
+            "content-type {}, not application/grpc",
+            crate::logging::quote(content_type)
         )));
     }
     let mut message = Vec::new();
@@ -132,7 +145,14 @@ async fn answer(
             ));
         }
     }
-    Ok(proto::decode_list(unframe(&message)?)?)
+    unframe(&message)?;
+    // Off the runtime's threads: an answer shaped for the most work (a million empty pods)
+    // takes a while to walk, and the threads serving /status must not wait on it.
+    let bounds = *bounds;
+    let decode = move || Ok(proto::decode_list(unframe(&message)?, &bounds)?);
+    tokio::task::spawn_blocking(decode)
+        .await
+        .map_err(|e| CallError::Protocol(format!("the decoder panicked: {e}")))?
 }
 
 /// The length a gRPC message's 5-byte prefix declares, once the prefix is there.
@@ -174,7 +194,12 @@ fn status(headers: &http::HeaderMap) -> Result<(), CallError> {
         .to_str()
         .ok()
         .and_then(|c| c.parse::<u32>().ok())
-        .ok_or_else(|| CallError::Protocol(format!("grpc-status {code:?} is not a number")))?;
+        .ok_or_else(|| {
+            CallError::Protocol(format!(
+                "grpc-status {} is not a number",
+                crate::logging::quote(&String::from_utf8_lossy(code.as_bytes()))
+            ))
+        })?;
     if code == 0 {
         return Ok(());
     }
@@ -214,6 +239,15 @@ mod tests {
         data: Option<Vec<u8>>,
         status: &'static str,
     ) -> (tempfile::TempDir, PathBuf) {
+        answer_typed("application/grpc".to_owned(), data, status).await
+    }
+
+    /// [`one_answer`] with `content_type`.
+    async fn answer_typed(
+        content_type: String,
+        data: Option<Vec<u8>>,
+        status: &'static str,
+    ) -> (tempfile::TempDir, PathBuf) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("kubelet.sock");
         let listener = tokio::net::UnixListener::bind(&path).unwrap();
@@ -221,7 +255,7 @@ mod tests {
             let (io, _) = listener.accept().await.unwrap();
             let mut conn = h2::server::handshake(io).await.unwrap();
             let (_, mut respond) = conn.accept().await.unwrap().unwrap();
-            let mut head = http::Response::builder().header("content-type", "application/grpc");
+            let mut head = http::Response::builder().header("content-type", content_type);
             if data.is_none() {
                 head = head.header("grpc-status", status);
             }
@@ -249,26 +283,64 @@ mod tests {
         big.extend_from_slice(&(5u32 << 20).to_be_bytes());
         big.extend_from_slice(&[0; 64]);
         let (_dir, path) = one_answer(Some(big), "0").await;
-        let e = list(&path, second, 4 << 20).await.unwrap_err();
+        let e = list(&path, second, 4 << 20, &Bounds::AGENT)
+            .await
+            .unwrap_err();
         assert_eq!(e.to_string(), "the answer is larger than 4194304 bytes");
 
         let (_dir, path) = one_answer(Some(vec![0, 0, 0, 0, 2, 0x0a, 0x00]), "0").await;
         assert_eq!(
-            list(&path, second, 1024).await.unwrap(),
+            list(&path, second, 1024, &Bounds::AGENT).await.unwrap(),
             ListPodResourcesResponse {
                 pod_resources: vec![Default::default()],
+                ..Default::default()
             }
         );
         let (_dir, path) = one_answer(Some(vec![0, 0, 0, 0, 2, 0x0a, 0x00]), "0").await;
-        let e = list(&path, second, 1).await.unwrap_err();
+        let e = list(&path, second, 1, &Bounds::AGENT).await.unwrap_err();
         assert!(matches!(e, CallError::TooLarge { limit: 1 }), "{e}");
 
         let (_dir, path) = one_answer(None, "12").await;
-        let e = list(&path, second, 1024).await.unwrap_err();
+        let e = list(&path, second, 1024, &Bounds::AGENT).await.unwrap_err();
         assert_eq!(e.to_string(), "the kubelet answered grpc-status 12");
         let (_dir, path) = one_answer(Some(vec![0, 0, 0, 0, 0]), "14").await;
-        let e = list(&path, second, 1024).await.unwrap_err();
+        let e = list(&path, second, 1024, &Bounds::AGENT).await.unwrap_err();
         assert_eq!(e.to_string(), "the kubelet answered grpc-status 14");
+    }
+
+    // Issue 48, R4: a 15 MB content-type went uncut into the log on every poll. A header
+    // list over MAX_HEADER_LIST is refused by h2 before it is built; a smaller odd header is
+    // quoted, cut.
+    #[tokio::test]
+    async fn a_huge_or_odd_header_is_refused_and_what_is_said_of_it_is_cut() {
+        let second = Duration::from_secs(10);
+        let ok = Some(vec![0, 0, 0, 0, 0]);
+        let (_dir, path) = answer_typed("x".repeat(4 << 20), ok.clone(), "0").await;
+        let e = list(&path, second, 1024, &Bounds::AGENT)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.len() < 1024,
+            "{} bytes: {}",
+            e.len(),
+            crate::logging::clip(&e)
+        );
+        let (_dir, path) = answer_typed("y".repeat(10_000), ok, "0").await;
+        let e = list(&path, second, 1024, &Bounds::AGENT)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("the answer is not gRPC: content-type \"yyy"),
+            "{e}"
+        );
+        assert!(e.contains("more bytes)"), "cut: {e}");
+        assert!(e.len() < 1024, "{} bytes", e.len());
+        let mut h = http::HeaderMap::new();
+        h.insert("grpc-status", "7".repeat(100_000).parse().unwrap());
+        let e = status(&h).unwrap_err().to_string();
+        assert!(e.len() < 1024, "{} bytes", e.len());
     }
 
     #[test]

@@ -4,9 +4,10 @@
 //!
 //! [`grpc`] calls `List` on the kubelet's Unix socket ([`config`'s
 //! `pod_resources_socket`](crate::config::PodResourcesSettings)), [`proto`] decodes the
-//! answer, [`devices`] maps the Ascend device plugin's device ids to the agent's NPUs, and
-//! [`task`] polls, off every request's path, keeping the labels in force in [`PodLabels`]
-//! for `/metrics` to read.
+//! answer, keeping at most its bounds of it, [`devices`] maps the Ascend device plugin's
+//! device ids to the agent's NPUs, and [`task`] polls, off every request's path, keeping the
+//! labels in force in [`PodLabels`] for `/metrics` to read. A hostile socket costs bounded
+//! memory and log (issue 48): every step is bounded, not only the answer's bytes.
 
 pub mod devices;
 pub mod grpc;

@@ -15,11 +15,147 @@
 //! of messages do not justify a code generator and `protoc` in the build; the decoder reads
 //! bytes it is given and never trusts a length, so garbage is an error that names the field
 //! and the byte offset, never a panic. The caller bounds the input's size.
+//!
+//! A bound in bytes is not a bound on what the bytes build: a 230 KB answer (a 100 KB pod
+//! name and 10,000 device ids) once became 971 MB of notes (issue 48). So the decoder keeps at
+//! most [`Bounds`] of each thing, whatever the size of the answer: a name over Kubernetes' own
+//! limit drops what it names (the pod, the container, the resource's ids), an item past a
+//! count is dropped, each is counted in [`Skipped`], and the rest is kept.
 
-/// `ListPodResourcesResponse`.
+/// `ListPodResourcesResponse`, as far as [`Bounds`] keep it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ListPodResourcesResponse {
     pub pod_resources: Vec<PodResources>,
+    /// Not a field of the message: what the decoder dropped past its bounds.
+    pub skipped: Skipped,
+}
+
+/// What the decoder keeps of one answer, at most.
+///
+/// The names' bounds are Kubernetes' own (the "Object Names and IDs" page of
+/// kubernetes.io; `k8s.io/apimachinery/pkg/util/validation/validation.go`): a pod's name is a
+/// DNS subdomain, at most 253 bytes (`DNS1123SubdomainMaxLength`); a namespace and a
+/// container's name are DNS labels, at most 63 (`DNS1123LabelMaxLength`); a resource's name is
+/// a qualified name, a DNS subdomain prefix, `/` and at most 63 bytes (`huawei.com/Ascend910`).
+/// A kubelet cannot list a longer one, so a longer one is not a kubelet's. The counts are many
+/// times what a node holds: the kubelet runs 110 pods by default (`--max-pods`), and an Ascend
+/// node has at most 16 NPUs, a few vNPUs each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    /// Bytes of a pod's name.
+    pub pod_name: usize,
+    /// Bytes of a namespace.
+    pub namespace: usize,
+    /// Bytes of a container's name.
+    pub container_name: usize,
+    /// Bytes of a resource's name.
+    pub resource_name: usize,
+    /// Bytes of one device id (the device plugin API sets none; the Ascend plugin's longest,
+    /// `Ascend910-2c-<vdev>-<physical id>`, is under 32).
+    pub device_id: usize,
+    /// Pods kept.
+    pub pods: usize,
+    /// Containers kept, over all pods.
+    pub containers: usize,
+    /// Device ids kept of one container.
+    pub ids_per_container: usize,
+    /// Device ids kept, over all containers.
+    pub ids: usize,
+}
+
+impl Bounds {
+    /// The agent's bounds: a few MB at most built from an answer, whatever its shape (the
+    /// answer itself is at most 4 MiB, [`crate::pod_resources::task::MAX_ANSWER`]).
+    pub const AGENT: Bounds = Bounds {
+        pod_name: 253,
+        namespace: 63,
+        container_name: 63,
+        resource_name: 253 + 1 + 63,
+        device_id: 253,
+        pods: 1024,
+        containers: 4096,
+        ids_per_container: 256,
+        ids: 4096,
+    };
+}
+
+/// How many of each thing an answer held past [`Bounds`], dropped.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Skipped {
+    /// Pods whose name or namespace is over its bound (their containers with them).
+    pub pod_names: u64,
+    /// Containers whose name is over its bound (their devices with them).
+    pub container_names: u64,
+    /// Device lists whose resource name is over its bound (their ids with them).
+    pub resource_names: u64,
+    /// Device ids over their bound.
+    pub long_ids: u64,
+    /// Pods past the count of pods.
+    pub pods: u64,
+    /// Containers past the count of containers.
+    pub containers: u64,
+    /// Device ids past the count of one container.
+    pub ids_in_container: u64,
+    /// Device ids past the count in all.
+    pub ids: u64,
+}
+
+impl Skipped {
+    /// Whether nothing was dropped.
+    pub fn is_empty(&self) -> bool {
+        *self == Skipped::default()
+    }
+
+    /// One line per kind dropped, saying how many, past which bound (`b`).
+    pub fn lines(&self, b: &Bounds) -> Vec<String> {
+        let rows = [
+            (
+                self.pod_names,
+                format!(
+                    "pod(s) whose name is over {} bytes or namespace over {} (Kubernetes' limits), with their containers",
+                    b.pod_name, b.namespace
+                ),
+            ),
+            (
+                self.container_names,
+                format!(
+                    "container(s) whose name is over {} bytes (Kubernetes' limit), with their devices",
+                    b.container_name
+                ),
+            ),
+            (
+                self.resource_names,
+                format!(
+                    "device list(s) whose resource name is over {} bytes, with their ids",
+                    b.resource_name
+                ),
+            ),
+            (
+                self.long_ids,
+                format!("device id(s) over {} bytes", b.device_id),
+            ),
+            (self.pods, format!("pod(s) past the first {}", b.pods)),
+            (
+                self.containers,
+                format!("container(s) past the first {} in all", b.containers),
+            ),
+            (
+                self.ids_in_container,
+                format!(
+                    "device id(s) past the first {} of a container",
+                    b.ids_per_container
+                ),
+            ),
+            (
+                self.ids,
+                format!("device id(s) past the first {} in all", b.ids),
+            ),
+        ];
+        rows.into_iter()
+            .filter(|(n, _)| *n > 0)
+            .map(|(n, what)| format!("the answer is over the agent's bounds: {n} {what} skipped"))
+            .collect()
+    }
 }
 
 /// `PodResources`: the devices assigned to one pod's containers.
@@ -55,71 +191,266 @@ pub struct DecodeError {
     pub what: String,
 }
 
-/// Decodes a `ListPodResourcesResponse` (the gRPC message, without its 5-byte prefix).
-pub fn decode_list(bytes: &[u8]) -> Result<ListPodResourcesResponse, DecodeError> {
+/// Decodes a `ListPodResourcesResponse` (the gRPC message, without its 5-byte prefix),
+/// keeping at most `bounds` of it.
+pub fn decode_list(bytes: &[u8], bounds: &Bounds) -> Result<ListPodResourcesResponse, DecodeError> {
     let mut out = ListPodResourcesResponse::default();
-    let mut r = Reader::new(bytes, 0, String::new());
+    let mut kept = Kept::default();
+    let mut r = Reader::new(bytes, 0, None);
+    let mut at = 0;
     while let Some(f) = r.field()? {
-        if f.number == 1 {
-            let name = format!("pod_resources[{}]", out.pod_resources.len());
-            let (body, at) = r.len_field(&f, &name)?;
-            out.pod_resources.push(pod(body, at, r.child(&name))?);
-        } else {
+        if f.number != 1 {
             r.skip(&f)?;
+            continue;
+        }
+        let name = Name::Item("pod_resources", at);
+        at += 1;
+        let (body, base) = r.len_field(&f, name)?;
+        let place = Place { up: None, name };
+        if out.pod_resources.len() >= bounds.pods {
+            out.skipped.pods += 1;
+            // Still read: a malformed pod is a malformed answer, kept or not.
+            let mut none = (Kept::full(), Skipped::default());
+            pod(body, base, place, bounds, &mut none.0, &mut none.1)?;
+            continue;
+        }
+        if let Some(p) = pod(body, base, place, bounds, &mut kept, &mut out.skipped)? {
+            out.pod_resources.push(p);
         }
     }
     Ok(out)
 }
 
-fn pod(bytes: &[u8], base: usize, path: String) -> Result<PodResources, DecodeError> {
+/// What the decoder has kept so far of the counts bounded over the whole answer.
+#[derive(Debug, Default)]
+struct Kept {
+    containers: usize,
+    ids: usize,
+    /// Keep nothing more (what is read now is only checked).
+    full: bool,
+}
+
+impl Kept {
+    fn full() -> Kept {
+        Kept {
+            full: true,
+            ..Kept::default()
+        }
+    }
+}
+
+/// One pod, or `None` when its name or namespace is over its bound. Its names are read
+/// first, wherever they are in the message, so a dropped pod builds nothing.
+fn pod(
+    bytes: &[u8],
+    base: usize,
+    place: Place<'_>,
+    b: &Bounds,
+    kept: &mut Kept,
+    skipped: &mut Skipped,
+) -> Result<Option<PodResources>, DecodeError> {
     let mut out = PodResources::default();
-    let mut r = Reader::new(bytes, base, path);
+    let mut long = false;
+    let mut r = Reader::new(bytes, base, Some(place));
     while let Some(f) = r.field()? {
-        match f.number {
-            1 => out.name = r.string(&f, "name")?,
-            2 => out.namespace = r.string(&f, "namespace")?,
-            3 => {
-                let name = format!("containers[{}]", out.containers.len());
-                let (body, at) = r.len_field(&f, &name)?;
-                out.containers.push(container(body, at, r.child(&name))?);
+        let (slot, max, name) = match f.number {
+            1 => (&mut out.name, b.pod_name, "name"),
+            2 => (&mut out.namespace, b.namespace, "namespace"),
+            _ => {
+                r.skip(&f)?;
+                continue;
             }
-            _ => r.skip(&f)?,
+        };
+        match r.bounded_string(&f, Name::Plain(name), max)? {
+            Some(s) => *slot = s.to_owned(),
+            None => long = true,
         }
     }
-    Ok(out)
+    skipped.pod_names += u64::from(long && !kept.full);
+    let mut r = Reader::new(bytes, base, Some(place));
+    let mut at = 0;
+    while let Some(f) = r.field()? {
+        if f.number != 3 {
+            r.skip(&f)?;
+            continue;
+        }
+        let name = Name::Item("containers", at);
+        at += 1;
+        let (body, base) = r.len_field(&f, name)?;
+        let inner = Place {
+            up: Some(&place),
+            name,
+        };
+        if long || kept.full || kept.containers >= b.containers {
+            skipped.containers += u64::from(!long && !kept.full);
+            let mut none = (Kept::full(), Skipped::default());
+            container(body, base, inner, b, &mut none.0, &mut none.1)?;
+            continue;
+        }
+        if let Some(c) = container(body, base, inner, b, kept, skipped)? {
+            kept.containers += 1;
+            out.containers.push(c);
+        }
+    }
+    Ok((!long).then_some(out))
 }
 
-fn container(bytes: &[u8], base: usize, path: String) -> Result<ContainerResources, DecodeError> {
+/// One container, or `None` when its name is over its bound (or `kept` is full).
+fn container(
+    bytes: &[u8],
+    base: usize,
+    place: Place<'_>,
+    b: &Bounds,
+    kept: &mut Kept,
+    skipped: &mut Skipped,
+) -> Result<Option<ContainerResources>, DecodeError> {
     let mut out = ContainerResources::default();
-    let mut r = Reader::new(bytes, base, path);
+    let mut long = false;
+    let mut r = Reader::new(bytes, base, Some(place));
     while let Some(f) = r.field()? {
-        match f.number {
-            1 => out.name = r.string(&f, "name")?,
-            2 => {
-                let name = format!("devices[{}]", out.devices.len());
-                let (body, at) = r.len_field(&f, &name)?;
-                out.devices.push(devices(body, at, r.child(&name))?);
-            }
-            _ => r.skip(&f)?,
+        if f.number != 1 {
+            r.skip(&f)?;
+            continue;
+        }
+        match r.bounded_string(&f, Name::Plain("name"), b.container_name)? {
+            Some(s) => out.name = s.to_owned(),
+            None => long = true,
         }
     }
-    Ok(out)
+    let keep = !long && !kept.full;
+    skipped.container_names += u64::from(long && !kept.full);
+    let mut ids = Ids {
+        own: 0,
+        keep,
+        kept,
+        skipped,
+    };
+    let mut r = Reader::new(bytes, base, Some(place));
+    let mut at = 0;
+    while let Some(f) = r.field()? {
+        if f.number != 2 {
+            r.skip(&f)?;
+            continue;
+        }
+        let name = Name::Item("devices", at);
+        at += 1;
+        let (body, base) = r.len_field(&f, name)?;
+        let inner = Place {
+            up: Some(&place),
+            name,
+        };
+        // A list left without an id (all dropped, or none sent) says nothing: not kept, so
+        // the lists kept are at most the ids kept.
+        if let Some(d) =
+            devices(body, base, inner, b, &mut ids)?.filter(|d| !d.device_ids.is_empty())
+        {
+            out.devices.push(d);
+        }
+    }
+    Ok(keep.then_some(out))
 }
 
-fn devices(bytes: &[u8], base: usize, path: String) -> Result<ContainerDevices, DecodeError> {
+/// The ids of one container as they are kept: how many so far, whether at all, and the
+/// answer's counts.
+struct Ids<'k> {
+    own: usize,
+    keep: bool,
+    kept: &'k mut Kept,
+    skipped: &'k mut Skipped,
+}
+
+/// One device list, or `None` when its resource name is over its bound (or its container
+/// is not kept).
+fn devices(
+    bytes: &[u8],
+    base: usize,
+    place: Place<'_>,
+    b: &Bounds,
+    ids: &mut Ids<'_>,
+) -> Result<Option<ContainerDevices>, DecodeError> {
     let mut out = ContainerDevices::default();
-    let mut r = Reader::new(bytes, base, path);
+    let mut long = false;
+    let mut r = Reader::new(bytes, base, Some(place));
     while let Some(f) = r.field()? {
-        match f.number {
-            1 => out.resource_name = r.string(&f, "resource_name")?,
-            2 => {
-                let name = format!("device_ids[{}]", out.device_ids.len());
-                out.device_ids.push(r.string(&f, &name)?);
-            }
-            _ => r.skip(&f)?,
+        if f.number != 1 {
+            r.skip(&f)?;
+            continue;
+        }
+        match r.bounded_string(&f, Name::Plain("resource_name"), b.resource_name)? {
+            Some(s) => out.resource_name = s.to_owned(),
+            None => long = true,
         }
     }
-    Ok(out)
+    let keep = !long && ids.keep;
+    ids.skipped.resource_names += u64::from(long && ids.keep);
+    let mut r = Reader::new(bytes, base, Some(place));
+    let mut at = 0;
+    while let Some(f) = r.field()? {
+        if f.number != 2 {
+            r.skip(&f)?;
+            continue;
+        }
+        let name = Name::Item("device_ids", at);
+        at += 1;
+        let Some(id) = r.bounded_string(&f, name, b.device_id)? else {
+            ids.skipped.long_ids += u64::from(keep);
+            continue;
+        };
+        if !keep {
+            continue;
+        }
+        if ids.own >= b.ids_per_container {
+            ids.skipped.ids_in_container += 1;
+        } else if ids.kept.ids >= b.ids {
+            ids.skipped.ids += 1;
+        } else {
+            ids.own += 1;
+            ids.kept.ids += 1;
+            out.device_ids.push(id.to_owned());
+        }
+    }
+    Ok(keep.then_some(out))
+}
+
+/// A field's name as an error gives it; made into text only for an error (an answer holds
+/// millions of fields).
+#[derive(Debug, Clone, Copy)]
+enum Name {
+    /// The message itself.
+    None,
+    /// `name`.
+    Plain(&'static str),
+    /// `containers[3]`.
+    Item(&'static str, usize),
+    /// `field 9`: a field this decoder does not read.
+    Number(u64),
+}
+
+impl std::fmt::Display for Name {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Name::None => Ok(()),
+            Name::Plain(n) => f.write_str(n),
+            Name::Item(n, i) => write!(f, "{n}[{i}]"),
+            Name::Number(n) => write!(f, "field {n}"),
+        }
+    }
+}
+
+/// Where a message is in the answer: its field and the message that holds it.
+#[derive(Debug, Clone, Copy)]
+struct Place<'p> {
+    up: Option<&'p Place<'p>>,
+    name: Name,
+}
+
+impl std::fmt::Display for Place<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let Some(up) = self.up {
+            write!(f, "{up}.")?;
+        }
+        write!(f, "{}", self.name)
+    }
 }
 
 /// Protobuf's wire types (the low three bits of a field's key).
@@ -139,29 +470,30 @@ struct Field {
 }
 
 /// Reads the fields of one message: `bytes` is the message, `base` its offset in the whole
-/// answer (for errors), `path` its place in the answer.
-struct Reader<'a> {
+/// answer (for errors), `place` its place in the answer (`None`: the answer itself).
+struct Reader<'a, 'p> {
     bytes: &'a [u8],
     pos: usize,
     base: usize,
-    path: String,
+    place: Option<Place<'p>>,
 }
 
-impl<'a> Reader<'a> {
-    fn new(bytes: &'a [u8], base: usize, path: String) -> Reader<'a> {
+impl<'a, 'p> Reader<'a, 'p> {
+    fn new(bytes: &'a [u8], base: usize, place: Option<Place<'p>>) -> Reader<'a, 'p> {
         Reader {
             bytes,
             pos: 0,
             base,
-            path,
+            place,
         }
     }
 
-    fn error(&self, field: &str, at: usize, what: impl Into<String>) -> DecodeError {
-        let path = match (self.path.is_empty(), field.is_empty()) {
-            (true, true) => "the message".to_owned(),
-            (_, true) => self.path.clone(),
-            (_, false) => self.child(field),
+    fn error(&self, field: Name, at: usize, what: impl Into<String>) -> DecodeError {
+        let path = match (self.place, field) {
+            (None, Name::None) => "the message".to_owned(),
+            (Some(p), Name::None) => p.to_string(),
+            (None, field) => field.to_string(),
+            (Some(p), field) => format!("{p}.{field}"),
         };
         DecodeError {
             path,
@@ -176,7 +508,7 @@ impl<'a> Reader<'a> {
             return Ok(None);
         }
         let offset = self.pos;
-        let key = self.varint("")?;
+        let key = self.varint(Name::None)?;
         let number = key >> 3;
         let wire = match key & 7 {
             0 => WireType::Varint,
@@ -186,14 +518,14 @@ impl<'a> Reader<'a> {
             // 3 and 4 are proto2's groups, which no field of this API uses.
             w => {
                 return Err(self.error(
-                    "",
+                    Name::None,
                     offset,
                     format!("field key {key} has wire type {w}, which this API never uses"),
                 ));
             }
         };
         if number == 0 {
-            return Err(self.error("", offset, "field number 0 is not a field"));
+            return Err(self.error(Name::None, offset, "field number 0 is not a field"));
         }
         Ok(Some(Field {
             number,
@@ -202,7 +534,7 @@ impl<'a> Reader<'a> {
         }))
     }
 
-    fn varint(&mut self, field: &str) -> Result<u64, DecodeError> {
+    fn varint(&mut self, field: Name) -> Result<u64, DecodeError> {
         let start = self.pos;
         let mut v: u64 = 0;
         for shift in (0..64).step_by(7) {
@@ -219,7 +551,7 @@ impl<'a> Reader<'a> {
     }
 
     /// The next `n` bytes, and their offset in this message.
-    fn take(&mut self, n: u64, field: &str, at: usize) -> Result<(&'a [u8], usize), DecodeError> {
+    fn take(&mut self, n: u64, field: Name, at: usize) -> Result<(&'a [u8], usize), DecodeError> {
         let left = self.bytes.len() - self.pos;
         let n = usize::try_from(n)
             .ok()
@@ -237,7 +569,7 @@ impl<'a> Reader<'a> {
     }
 
     /// A length-delimited field's bytes, and their offset in the whole answer.
-    fn len_field(&mut self, f: &Field, field: &str) -> Result<(&'a [u8], usize), DecodeError> {
+    fn len_field(&mut self, f: &Field, field: Name) -> Result<(&'a [u8], usize), DecodeError> {
         if f.wire != WireType::Len {
             return Err(self.error(
                 field,
@@ -250,39 +582,35 @@ impl<'a> Reader<'a> {
         Ok((b, self.base + at))
     }
 
-    /// The path of this message's field `name`.
-    fn child(&self, name: &str) -> String {
-        if self.path.is_empty() {
-            name.to_owned()
-        } else {
-            format!("{}.{name}", self.path)
-        }
-    }
-
-    fn string(&mut self, f: &Field, field: &str) -> Result<String, DecodeError> {
+    /// A string field of at most `max` bytes, not copied; `None` when longer (it must
+    /// still be UTF-8).
+    fn bounded_string(
+        &mut self,
+        f: &Field,
+        field: Name,
+        max: usize,
+    ) -> Result<Option<&'a str>, DecodeError> {
         let (b, _) = self.len_field(f, field)?;
-        String::from_utf8(b.to_vec()).map_err(|e| {
+        let s = std::str::from_utf8(b).map_err(|e| {
             self.error(
                 field,
                 f.offset,
-                format!(
-                    "not UTF-8 (at byte {} of the string)",
-                    e.utf8_error().valid_up_to()
-                ),
+                format!("not UTF-8 (at byte {} of the string)", e.valid_up_to()),
             )
-        })
+        })?;
+        Ok((s.len() <= max).then_some(s))
     }
 
     /// Skips a field this decoder does not read.
     fn skip(&mut self, f: &Field) -> Result<(), DecodeError> {
-        let name = format!("field {}", f.number);
+        let name = Name::Number(f.number);
         match f.wire {
-            WireType::Varint => self.varint(&name).map(|_| ()),
-            WireType::Fixed64 => self.take(8, &name, f.offset).map(|_| ()),
-            WireType::Fixed32 => self.take(4, &name, f.offset).map(|_| ()),
+            WireType::Varint => self.varint(name).map(|_| ()),
+            WireType::Fixed64 => self.take(8, name, f.offset).map(|_| ()),
+            WireType::Fixed32 => self.take(4, name, f.offset).map(|_| ()),
             WireType::Len => {
-                let n = self.varint(&name)?;
-                self.take(n, &name, f.offset).map(|_| ())
+                let n = self.varint(name)?;
+                self.take(n, name, f.offset).map(|_| ())
             }
         }
     }
@@ -348,7 +676,7 @@ mod tests {
             s(1, "other"),
         ]);
         bytes.extend(len(1, &pod));
-        let got = decode_list(&bytes).unwrap();
+        let got = decode_list(&bytes, &Bounds::AGENT).unwrap();
         assert_eq!(
             got,
             ListPodResourcesResponse {
@@ -370,10 +698,11 @@ mod tests {
                         containers: vec![],
                     },
                 ],
+                skipped: Skipped::default(),
             }
         );
         assert_eq!(
-            decode_list(&[]).unwrap(),
+            decode_list(&[], &Bounds::AGENT).unwrap(),
             ListPodResourcesResponse::default()
         );
     }
@@ -383,24 +712,24 @@ mod tests {
         let good = one_pod();
         // Cut inside the first device id: the length runs past the end.
         let cut = &good[..good.len() - 12];
-        let e = decode_list(cut).unwrap_err();
+        let e = decode_list(cut, &Bounds::AGENT).unwrap_err();
         assert_eq!(e.path, "pod_resources[0]", "{e}");
         assert!(e.what.contains("past the"), "{e}");
 
         let bad_utf8 = len(1, &len(2, &[0xff, 0xfe]));
-        let e = decode_list(&bad_utf8).unwrap_err();
+        let e = decode_list(&bad_utf8, &Bounds::AGENT).unwrap_err();
         assert_eq!(e.path, "pod_resources[0].namespace");
         assert_eq!(e.offset, 2);
         assert!(e.to_string().contains("not UTF-8"), "{e}");
 
         let wrong_type = len(1, &[1 << 3, 5]);
-        let e = decode_list(&wrong_type).unwrap_err();
+        let e = decode_list(&wrong_type, &Bounds::AGENT).unwrap_err();
         assert_eq!(e.path, "pod_resources[0].name");
         assert!(e.what.contains("not length-delimited"), "{e}");
 
         let group = [3 << 3 | 3];
         assert!(
-            decode_list(&group)
+            decode_list(&group, &Bounds::AGENT)
                 .unwrap_err()
                 .what
                 .contains("wire type 3")
@@ -409,41 +738,276 @@ mod tests {
             0x10, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01,
         ];
         assert!(
-            decode_list(&endless)
+            decode_list(&endless, &Bounds::AGENT)
                 .unwrap_err()
                 .what
                 .contains("longer than 10 bytes")
         );
         assert!(
-            decode_list(&[0x0a])
+            decode_list(&[0x0a], &Bounds::AGENT)
                 .unwrap_err()
                 .what
                 .contains("ends inside a varint")
         );
         assert!(
-            decode_list(&[0x00])
+            decode_list(&[0x00], &Bounds::AGENT)
                 .unwrap_err()
                 .what
                 .contains("field number 0")
         );
         let huge = [0x0a, 0xff, 0xff, 0xff, 0xff, 0x0f];
-        let e = decode_list(&huge).unwrap_err();
+        let e = decode_list(&huge, &Bounds::AGENT).unwrap_err();
         assert_eq!(
             e.to_string(),
             "ListPodResourcesResponse: pod_resources[0] at byte 0: a length of 4294967295 bytes, past the 0 left"
         );
     }
 
+    /// A container's device lists: a resource and its ids.
+    type Lists<'a> = &'a [(&'a str, Vec<String>)];
+
+    /// A pod of `containers`, each a name and its lists.
+    fn pod_bytes(ns: &str, name: &str, containers: &[(&str, Lists)]) -> Vec<u8> {
+        let mut pod = cat(&[s(1, name), s(2, ns)]);
+        for (c, lists) in containers {
+            let mut ctr = s(1, c);
+            for (resource, ids) in *lists {
+                let mut devs = s(1, resource);
+                for id in ids {
+                    devs.extend(s(2, id));
+                }
+                ctr.extend(len(2, &devs));
+            }
+            pod.extend(len(3, &ctr));
+        }
+        len(1, &pod)
+    }
+
+    fn ids(n: usize, f: impl Fn(usize) -> String) -> Vec<String> {
+        (0..n).map(f).collect()
+    }
+
+    const ASCEND: &str = "huawei.com/Ascend910";
+
+    // Issue 48, R3: a name over Kubernetes' own limit is not a kubelet's; what it names is
+    // dropped and counted, and everything else in the answer is kept.
+    #[test]
+    fn a_name_over_kubernetes_limits_drops_what_it_names_and_the_rest_is_kept() {
+        let b = Bounds::AGENT;
+        let one = || ids(1, |_| "Ascend910-0".to_owned());
+        let long_id = "A".repeat(b.device_id + 1);
+        let bytes = cat(&[
+            pod_bytes("ns", &"p".repeat(b.pod_name), &[("c", &[(ASCEND, one())])]),
+            pod_bytes(
+                "ns",
+                &"p".repeat(b.pod_name + 1),
+                &[("c", &[(ASCEND, one())])],
+            ),
+            pod_bytes(
+                &"n".repeat(b.namespace + 1),
+                "q",
+                &[("c", &[(ASCEND, one())])],
+            ),
+            pod_bytes(
+                "ns",
+                "r",
+                &[
+                    (&"c".repeat(b.container_name + 1), &[(ASCEND, one())]),
+                    ("kept", &[(ASCEND, vec!["Ascend910-1".into(), long_id])]),
+                    ("c2", &[(&"huawei.com/".repeat(40), one())]),
+                ],
+            ),
+        ]);
+        let got = decode_list(&bytes, &b).unwrap();
+        let names: Vec<usize> = got.pod_resources.iter().map(|p| p.name.len()).collect();
+        assert_eq!(names, [b.pod_name, 1], "the pods within the limits");
+        let r = &got.pod_resources[1];
+        let containers: Vec<&str> = r.containers.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(containers, ["kept", "c2"]);
+        assert_eq!(r.containers[0].devices[0].device_ids, ["Ascend910-1"]);
+        assert!(
+            r.containers[1].devices.is_empty(),
+            "the list of a long resource name"
+        );
+        assert_eq!(
+            got.skipped,
+            Skipped {
+                pod_names: 2,
+                container_names: 1,
+                resource_names: 1,
+                long_ids: 1,
+                ..Skipped::default()
+            }
+        );
+        let lines = got.skipped.lines(&b);
+        assert_eq!(lines.len(), 4, "{lines:#?}");
+        assert_eq!(
+            lines[0],
+            "the answer is over the agent's bounds: 2 pod(s) whose name is over 253 bytes or namespace over 63 (Kubernetes' limits), with their containers skipped"
+        );
+        // A name over its bound must still be text: garbage is an error, kept or not.
+        let bad = len(1, &cat(&[len(1, &vec![0xff; b.pod_name + 1])]));
+        assert!(
+            decode_list(&bad, &b)
+                .unwrap_err()
+                .what
+                .contains("not UTF-8")
+        );
+    }
+
+    /// What `l` holds in memory: every struct, string and vector by its capacity.
+    fn built(l: &ListPodResourcesResponse) -> usize {
+        use std::mem::size_of;
+        let ids = |d: &ContainerDevices| -> usize {
+            d.device_ids.capacity() * size_of::<String>()
+                + d.device_ids.iter().map(String::capacity).sum::<usize>()
+        };
+        let lists = |c: &ContainerResources| -> usize {
+            c.devices.capacity() * size_of::<ContainerDevices>()
+                + c.devices
+                    .iter()
+                    .map(|d| d.resource_name.capacity() + ids(d))
+                    .sum::<usize>()
+        };
+        let containers = |p: &PodResources| -> usize {
+            p.containers.capacity() * size_of::<ContainerResources>()
+                + p.containers
+                    .iter()
+                    .map(|c| c.name.capacity() + lists(c))
+                    .sum::<usize>()
+        };
+        l.pod_resources.capacity() * size_of::<PodResources>()
+            + l.pod_resources
+                .iter()
+                .map(|p| p.name.capacity() + p.namespace.capacity() + containers(p))
+                .sum::<usize>()
+    }
+
+    // Issue 48, R3: answers under the 4 MiB a call reads, each shaped to build the most per
+    // byte, build a few MB at most, and never more than the bounds' counts.
+    #[test]
+    fn a_hostile_answer_builds_no_more_than_the_bounds() {
+        let b = Bounds::AGENT;
+        let four_mib = 4 << 20;
+        // One-byte ids in one container; in many containers; many empty pods; many pods
+        // of a container each; the 100 KB pod name with 10,000 ids of the attack. Written
+        // as bytes, repeated: building them field by field takes seconds in a debug build.
+        let list_of = |ids: &[u8]| len(2, &cat(&[s(1, ASCEND), ids.to_vec()]));
+        let tiny_ids = len(
+            1,
+            &cat(&[
+                s(1, "p"),
+                s(2, "n"),
+                len(3, &cat(&[s(1, "c"), list_of(&s(2, "A").repeat(1_300_000))])),
+            ]),
+        );
+        let container = len(3, &cat(&[s(1, "c"), list_of(&s(2, "7").repeat(20))]));
+        let many_containers = len(1, &cat(&[s(1, "p"), s(2, "n"), container.repeat(40_000)]));
+        let empty_pods = len(1, &[]).repeat(1_000_000);
+        let small_pods = len(
+            1,
+            &cat(&[
+                s(1, "p"),
+                s(2, "n"),
+                len(3, &cat(&[s(1, "c"), list_of(&s(2, "A"))])),
+            ]),
+        )
+        .repeat(80_000);
+        let attack = pod_bytes(
+            "n",
+            &"p".repeat(100_000),
+            &[(
+                "c",
+                &[(ASCEND, ids(10_000, |i| format!("Ascend910-{i}-x")))],
+            )],
+        );
+        for (what, bytes) in [
+            ("1.3 M one-byte ids", tiny_ids),
+            ("40,000 containers of 20 ids", many_containers),
+            ("a million empty pods", empty_pods),
+            ("80,000 pods of one container", small_pods),
+            ("a 100 KB pod name and 10,000 ids", attack),
+        ] {
+            assert!(bytes.len() <= four_mib, "{what}: {} bytes", bytes.len());
+            let got = decode_list(&bytes, &b).unwrap();
+            let kept_ids: usize = got
+                .pod_resources
+                .iter()
+                .flat_map(|p| &p.containers)
+                .flat_map(|c| &c.devices)
+                .map(|d| d.device_ids.len())
+                .sum();
+            let kept_containers: usize = got.pod_resources.iter().map(|p| p.containers.len()).sum();
+            let mb = built(&got) as f64 / 1e6;
+            assert!(
+                mb < 8.0,
+                "{what}: {mb:.1} MB built from {} bytes",
+                bytes.len()
+            );
+            assert!(got.pod_resources.len() <= b.pods, "{what}");
+            assert!(kept_containers <= b.containers, "{what}");
+            assert!(kept_ids <= b.ids, "{what}");
+            assert!(!got.skipped.is_empty(), "{what}: something was over");
+        }
+    }
+
+    #[test]
+    fn device_ids_are_kept_up_to_their_count_per_container_and_in_all() {
+        let b = Bounds {
+            ids_per_container: 3,
+            ids: 5,
+            containers: 3,
+            pods: 2,
+            ..Bounds::AGENT
+        };
+        let n = |k| ids(k, |i| format!("Ascend910-{i}"));
+        let bytes = cat(&[
+            pod_bytes(
+                "n",
+                "p",
+                &[
+                    ("a", &[(ASCEND, n(2)), (ASCEND, n(2))]),
+                    ("b", &[(ASCEND, n(4))]),
+                ],
+            ),
+            pod_bytes(
+                "n",
+                "q",
+                &[("c", &[(ASCEND, n(1))]), ("d", &[(ASCEND, n(1))])],
+            ),
+            pod_bytes("n", "r", &[("e", &[(ASCEND, n(1))])]),
+        ]);
+        let got = decode_list(&bytes, &b).unwrap();
+        let kept: Vec<Vec<usize>> = got
+            .pod_resources
+            .iter()
+            .flat_map(|p| &p.containers)
+            .map(|c| c.devices.iter().map(|d| d.device_ids.len()).collect())
+            .collect();
+        // a: 2 + 1 (its third id ends it); b: 2 (5 in all); c: none left, its list not kept.
+        assert_eq!(kept, [vec![2, 1], vec![2], vec![]]);
+        assert_eq!(
+            got.skipped,
+            Skipped {
+                ids_in_container: 1,
+                ids: 3,
+                containers: 1,
+                pods: 1,
+                ..Skipped::default()
+            }
+        );
+    }
+
     proptest::proptest! {
         #[test]
         fn any_bytes_decode_or_fail_without_a_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512)) {
-            let _ = decode_list(&bytes);
+            let _ = decode_list(&bytes, &Bounds::AGENT);
         }
 
         #[test]
         fn any_cut_of_a_good_answer_decodes_or_fails_without_a_panic(cut in 0usize..200) {
             let good = one_pod();
-            let _ = decode_list(&good[..cut.min(good.len())]);
+            let _ = decode_list(&good[..cut.min(good.len())], &Bounds::AGENT);
         }
     }
 }

@@ -4,11 +4,19 @@
 //! The rule is [`after`], a pure function of what the last call gave; the loop ([`run`])
 //! only calls, applies and logs. Nothing here runs on the path of `/status` or `/metrics`:
 //! they read the labels in force ([`PodLabels::now`]), an `Arc` clone.
+//!
+//! What is logged of an answer is bounded as the answer is ([`NoteLog`]): its notes are
+//! compared with those last logged as a set (a kubelet lists pods in any order), at most
+//! [`MAX_NOTES`] of them are written, and a new set at most once per
+//! [`RATE_LIMIT_INTERVAL`], the changes in between counted. A failed call's line is cut
+//! ([`crate::logging::clip`]), and the log layer folds its repeats.
 
 use super::PodLabels;
-use super::devices::{Assignment, assign};
+use super::devices::{Assignment, MAX_NOTES, Notes, assign};
 use super::grpc::{self, CallError};
+use super::proto::Bounds;
 use crate::config::PodResourcesSettings;
+use crate::logging::RATE_LIMIT_INTERVAL;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -106,7 +114,7 @@ pub async fn run(poll: Poll, labels: Arc<PodLabels>, cancel: CancellationToken) 
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut state = State::default();
     let mut failures: u64 = 0;
-    let mut last_notes: Vec<String> = Vec::new();
+    let mut note_log = NoteLog::default();
     loop {
         tokio::select! {
             () = cancel.cancelled() => return,
@@ -114,16 +122,13 @@ pub async fn run(poll: Poll, labels: Arc<PodLabels>, cancel: CancellationToken) 
         }
         let called = tokio::select! {
             () = cancel.cancelled() => return,
-            r = grpc::list(&poll.socket, deadline, MAX_ANSWER) => r,
+            r = grpc::list(&poll.socket, deadline, MAX_ANSWER, &Bounds::AGENT) => r,
         };
         let call = match called {
             Ok(list) => {
                 let (a, notes) = assign(&list, &poll.npus);
-                if notes != last_notes {
-                    for n in &notes {
-                        tracing::warn!("pod labels: {n}");
-                    }
-                    last_notes = notes;
+                for line in note_log.lines(notes, Instant::now(), RATE_LIMIT_INTERVAL) {
+                    tracing::warn!("pod labels: {line}");
                 }
                 if failures > 0 {
                     tracing::info!(
@@ -165,9 +170,69 @@ fn log_failure(poll: &Poll, state: &State, e: &CallError) {
         State::NeverAnswered | State::Dropped => "; no pod labels",
     };
     tracing::warn!(
-        "pod labels: List on the kubelet's PodResources API at {} failed: {e}{kept}",
-        poll.socket.display()
+        "pod labels: List on the kubelet's PodResources API at {} failed: {}{kept}",
+        poll.socket.display(),
+        crate::logging::clip(&e.to_string())
     );
+}
+
+/// What the log has said of the answers' notes: the set last logged, when, and how many
+/// new sets were held back since.
+#[derive(Debug, Default)]
+pub struct NoteLog {
+    said: Notes,
+    at: Option<Instant>,
+    held: u64,
+}
+
+impl NoteLog {
+    /// The lines to log for an answer's `notes` at `now`: none when they are the notes last
+    /// logged (in any order), nor within `every` of the last lines (the change is counted and
+    /// logged once `every` has passed, if it lasts); else each note not logged last time,
+    /// and a line for those not kept and the changes held back.
+    pub fn lines(&mut self, notes: Notes, now: Instant, every: Duration) -> Vec<String> {
+        if notes == self.said {
+            return Vec::new();
+        }
+        let fresh: Vec<String> = notes
+            .kept()
+            .filter(|n| !self.said.has(n))
+            .map(str::to_owned)
+            .collect();
+        let more_changed = notes.more() != self.said.more() && notes.more() > 0;
+        if fresh.is_empty() && !more_changed {
+            // Fewer notes than before: nothing new to say.
+            self.said = notes;
+            return Vec::new();
+        }
+        if self.at.is_some_and(|at| now.duration_since(at) < every) {
+            self.held += 1;
+            return Vec::new();
+        }
+        let mut out = fresh;
+        let mut tail = Vec::new();
+        if notes.more() > 0 {
+            tail.push(format!(
+                "{} more note(s) of this answer not logged (the first {MAX_NOTES} in order are)",
+                notes.more()
+            ));
+        }
+        if self.held > 0 {
+            tail.push(format!(
+                "the notes changed {} more time(s) in {:.0} s, not logged",
+                self.held,
+                self.at
+                    .map_or(0.0, |at| now.duration_since(at).as_secs_f64())
+            ));
+        }
+        if !tail.is_empty() {
+            out.push(tail.join("; "));
+        }
+        self.said = notes;
+        self.at = Some(now);
+        self.held = 0;
+        out
+    }
 }
 
 #[cfg(test)]
@@ -238,6 +303,54 @@ mod tests {
         }
     }
 
+    fn notes(items: &[&str]) -> Notes {
+        let mut n = Notes::default();
+        for i in items {
+            n.push((*i).to_owned());
+        }
+        n
+    }
+
+    // Issue 48, R4: the same notes in another order are not logged again; a change logs
+    // only what is new, at most once per interval, the changes in between counted; past
+    // MAX_NOTES one line counts the rest.
+    #[test]
+    fn notes_are_logged_as_a_set_once_per_change_and_at_most_once_per_interval() {
+        let t0 = Instant::now();
+        let every = Duration::from_secs(10);
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut log = NoteLog::default();
+        assert_eq!(log.lines(notes(&["a", "b"]), at(0), every), ["a", "b"]);
+        assert!(
+            log.lines(notes(&["b", "a"]), at(2), every).is_empty(),
+            "reordered"
+        );
+        assert!(log.lines(notes(&["a"]), at(3), every).is_empty(), "fewer");
+        // New notes within the interval of the last lines: held, then logged with the count.
+        assert!(log.lines(notes(&["a", "c"]), at(4), every).is_empty());
+        assert!(log.lines(notes(&["a", "d"]), at(6), every).is_empty());
+        assert_eq!(
+            log.lines(notes(&["a", "d"]), at(12), every),
+            ["d", "the notes changed 2 more time(s) in 12 s, not logged"]
+        );
+        assert!(log.lines(notes(&["d", "a"]), at(60), every).is_empty());
+        // Many notes: MAX_NOTES lines and one that counts the rest.
+        let many: Vec<String> = (0..1000).map(|i| format!("n{i:04}")).collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        let lines = log.lines(notes(&many), at(70), every);
+        assert_eq!(lines.len(), MAX_NOTES + 1);
+        assert_eq!(
+            lines[MAX_NOTES],
+            format!(
+                "{} more note(s) of this answer not logged (the first {MAX_NOTES} in order are)",
+                1000 - MAX_NOTES
+            )
+        );
+        let mut shuffled = many.clone();
+        shuffled.reverse();
+        assert!(log.lines(notes(&shuffled), at(90), every).is_empty());
+    }
+
     #[test]
     fn a_call_waits_at_most_five_seconds_or_one_period() {
         assert_eq!(
@@ -256,7 +369,7 @@ mod tests {
     async fn a_dead_socket_leaves_no_labels_and_names_the_path() {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("kubelet.sock");
-        let e = grpc::list(&socket, Duration::from_secs(1), MAX_ANSWER)
+        let e = grpc::list(&socket, Duration::from_secs(1), MAX_ANSWER, &Bounds::AGENT)
             .await
             .unwrap_err();
         assert!(e.to_string().contains(&socket.display().to_string()), "{e}");

@@ -21,7 +21,7 @@ pub mod wire;
 
 pub use conn::serve;
 
-use crate::integrations::REGISTRY;
+use crate::integrations::{REGISTRY, kubelet};
 use crate::monitor::Monitor;
 use crate::sampler::Shared;
 use crate::window;
@@ -129,14 +129,14 @@ pub fn admin_router(view: AdminView, access: Arc<auth::AdminAccess>) -> Router {
         .flat_map(|i| i.routes())
         .filter(|r| r.on_admin);
     let routes = routes.fold(open, |r, route| {
-        let answer = route.answer;
+        let (answer, path) = (route.answer, route.path);
         r.route(
-                &format!("/engines/{{name}}{}", route.path),
+                &format!("/engines/{{name}}{path}"),
                 get(
                     move |State(v): State<AdminView>,
                           Path(name): Path<String>,
                           headers: HeaderMap| async move {
-                        named(&v, &name, |e| answer(e, &headers))
+                        named(&v, &name, path, |e| answer(e, &headers))
                     },
                 ),
             )
@@ -144,17 +144,16 @@ pub fn admin_router(view: AdminView, access: Arc<auth::AdminAccess>) -> Router {
     with_fallbacks(routes).with_state(view)
 }
 
-/// The engine named `name` on the admin listener: `f` of it, or a 404. The route is open (the
-/// kubelet's probes carry no credentials), so the 404 names no other engine: the list is
-/// `/status/detail`'s, behind the token.
-fn named(v: &AdminView, name: &str, f: impl Fn(&Monitor) -> Response) -> Response {
-    match v.metrics.engines.iter().find(|e| e.spec.name == name) {
+/// The engine named `name` on the admin listener: `f` of it, or the open routes' answer to a
+/// name no engine has ([`kubelet::unknown_engine`]: a fixed 404, what was asked in the log).
+fn named(v: &AdminView, name: &str, route: &str, f: impl Fn(&Monitor) -> Response) -> Response {
+    let engines = &v.metrics.engines;
+    match engines.iter().find(|e| e.spec.name == name) {
         Some(e) => f(e),
-        None => (
-            StatusCode::NOT_FOUND,
-            format!("no engine named {} here\n", crate::logging::quote(name)),
-        )
-            .into_response(),
+        None => {
+            let known: Vec<&str> = engines.iter().map(|e| e.spec.name.as_str()).collect();
+            kubelet::unknown_engine(name, route, &known)
+        }
     }
 }
 

@@ -184,3 +184,123 @@ fn without_the_socket_the_series_carry_no_pod_labels() {
     let stack = Stack::start_launch(Launch::default());
     assert_eq!(holders(&stack.metrics()), ["-", "-", "-"]);
 }
+
+/// The agent's peak resident memory (`VmHWM` of /proc/<pid>/status), in KiB.
+fn peak_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .expect("VmHWM in /proc/<pid>/status")
+}
+
+/// Waits until the stand-in has been asked `n` more times than `from` (the agent polls
+/// every 200 ms).
+fn wait_asked(kubelet: &PodResourcesServer, from: u64, n: u64, stack: &Stack) {
+    let end = Instant::now() + Duration::from_secs(30);
+    while kubelet.asked() < from + n {
+        assert!(
+            Instant::now() < end,
+            "{} polls in 30 s\nagent log:\n{}",
+            kubelet.asked() - from,
+            stack.agent_log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+// Issue 48, R3 and R4: a hostile PodResources socket. Its answers, under the 4 MiB a call
+// reads, once built 971 MB from 230 KB, put a 1 MB pod name on every series of /metrics,
+// and logged 920,000 lines; its 15 MB content-type was logged on every poll. Here, listed in
+// another order on every call: the pod that holds NPU 1, a pod with a 1 MB name that holds
+// NPU 0, one with a 10 KB name and 2,000 ids, one with 20,000 distinct ids no NPU has. The
+// agent keeps the good pod's labels, drops the rest, logs each note once and little, stays
+// small, and answers; then a 15 MB header on every answer is refused, and logged short.
+#[test]
+fn a_hostile_pod_resources_socket_costs_the_agent_bounded_memory_and_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("kubelet.sock");
+    let ascend = "huawei.com/Ascend910";
+    let ids = |n: usize, f: &dyn Fn(usize) -> String| -> Vec<String> { (0..n).map(f).collect() };
+    let many = |ns: &str, name: &str, ids: Vec<String>| {
+        let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+        pod(ns, name, "c", ascend, &ids)
+    };
+    let kubelet = PodResourcesServer::start(
+        &socket,
+        vec![
+            pod("serving", "vllm-a", "engine", ascend, &["Ascend910-7"]),
+            pod("n", &"q".repeat(1 << 20), "c", ascend, &["Ascend910-6"]),
+            many(
+                "n",
+                &"p".repeat(10_000),
+                ids(2_000, &|i| format!("Ascend910-{i}-x")),
+            ),
+            many("n", "flood", ids(20_000, &|i| format!("Ascend910-6-{i}"))),
+        ],
+    );
+    kubelet.rotate();
+    let agent_extra = format!(
+        "pod_resources_socket = {:?}\npod_resources_period = \"200ms\"",
+        socket.display().to_string()
+    );
+    let stack = Stack::start_launch(Launch {
+        agent_extra: &agent_extra,
+        per_device: ["phy_id = 6", "phy_id = 7"],
+        ..Launch::default()
+    });
+    let pid = stack.agent.id();
+    wait_asked(&kubelet, 0, 6, &stack);
+
+    let metrics = stack.metrics();
+    let log = stack.agent_log();
+    let notes = log.lines().filter(|l| l.contains("pod labels:")).count();
+    let peak = peak_rss_kib(pid);
+    println!(
+        "hostile answers: /metrics {} bytes, agent log {} bytes, {notes} pod-label lines, peak RSS {peak} KiB",
+        metrics.len(),
+        log.len()
+    );
+    assert!(
+        !metrics.contains("qqqq"),
+        "the 1 MB pod name reached /metrics"
+    );
+    assert!(metrics.len() < 64 << 10, "/metrics {} bytes", metrics.len());
+    // One set of notes, however the pods are ordered: at most MAX_NOTES (16), the line that
+    // counts the rest, and the decoder's skips.
+    assert!(notes <= 24, "{notes} pod-label lines");
+    assert!(log.len() < 64 << 10, "agent log {} bytes", log.len());
+    assert!(
+        log.contains(
+            "the answer is over the agent's bounds: 2 pod(s) whose name is over 253 bytes"
+        ) && log.contains("device id(s) past the first 256 of a container skipped"),
+        "{log}"
+    );
+    assert!(peak < 128 << 10, "peak RSS {peak} KiB");
+    wait_for(
+        &stack,
+        "the good pod",
+        ["//", "serving/vllm-a/engine", "//"],
+    );
+
+    // A 15 MB content-type on every answer: refused by h2 before it is built, the line cut.
+    kubelet.set_content_type("x".repeat(15 << 20));
+    wait_asked(&kubelet, kubelet.asked(), 3, &stack);
+    assert_eq!(
+        stack.get(&stack.status_url()),
+        Some((200, "{\"status\":\"normal\"}".to_owned()))
+    );
+    let log = stack.agent_log();
+    let peak = peak_rss_kib(pid);
+    println!(
+        "a 15 MB header: agent log {} bytes, peak RSS {peak} KiB",
+        log.len()
+    );
+    assert!(log.len() < 64 << 10, "agent log {} bytes", log.len());
+    assert!(
+        log.contains("pod labels: List on the kubelet's PodResources API at"),
+        "the failure is logged:\n{log}"
+    );
+    assert!(peak < 128 << 10, "peak RSS {peak} KiB");
+}

@@ -200,9 +200,16 @@ fn the_open_engine_probes_name_no_other_engine_and_no_address() {
     );
     let (code, body) = get("/engines/a/livez").unwrap();
     assert!(!body.contains("127.0.0.1"), "{code} {body}");
+    // Issue 48, R10: the answer to an unknown name is fixed (it echoed the name); the
+    // operator's log names what was asked.
     let (code, body) = get("/engines/nope/readyz").unwrap();
     assert_eq!(code, 404, "{body}");
-    assert_eq!(body, "no engine named \"nope\" here\n");
+    assert_eq!(body, "no engine of that name here\n");
+    wait_for("the log names the name asked", dir.path(), || {
+        log(dir.path()).contains(
+            "GET /engines/<name>/readyz asked for \"nope\", which no engine here has (engines: a)",
+        )
+    });
 }
 
 #[test]

@@ -6,7 +6,10 @@
 //! NUMA topology, the containers' CPU ids), as a kubelet's does.
 //!
 //! The pods it lists can be changed while it serves ([`PodResourcesServer::set`]); stopped,
-//! its socket stays on disk with nobody listening, as a dead kubelet's does.
+//! its socket stays on disk with nobody listening, as a dead kubelet's does. As a hostile
+//! socket it can also list the pods in another order on every call, as a real kubelet may
+//! ([`PodResourcesServer::rotate`]), and answer with any `content-type`
+//! ([`PodResourcesServer::set_content_type`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -42,11 +45,21 @@ pub fn pod(namespace: &str, name: &str, container: &str, resource: &str, ids: &[
     }
 }
 
+/// How the stand-in answers, besides the pods.
+#[derive(Debug, Clone)]
+struct Manner {
+    /// Each call lists the pods rotated by one more place.
+    rotate: bool,
+    content_type: String,
+}
+
 /// The running stand-in.
 pub struct PodResourcesServer {
     pub socket: PathBuf,
     pods: Arc<Mutex<Vec<Pod>>>,
+    manner: Arc<Mutex<Manner>>,
     calls: Arc<AtomicU64>,
+    asked: Arc<AtomicU64>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -57,20 +70,32 @@ impl PodResourcesServer {
         let listener = std::os::unix::net::UnixListener::bind(socket).expect("bind the socket");
         listener.set_nonblocking(true).unwrap();
         let pods = Arc::new(Mutex::new(pods));
+        let manner = Arc::new(Mutex::new(Manner {
+            rotate: false,
+            content_type: "application/grpc".to_owned(),
+        }));
         let calls = Arc::new(AtomicU64::new(0));
+        let asked = Arc::new(AtomicU64::new(0));
         let (stop, stopped) = tokio::sync::oneshot::channel();
-        let (p, c) = (pods.clone(), calls.clone());
+        let shared = Shared {
+            pods: pods.clone(),
+            manner: manner.clone(),
+            calls: calls.clone(),
+            asked: asked.clone(),
+        };
         let thread = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .unwrap();
-            rt.block_on(serve(listener, p, c, stopped));
+            rt.block_on(serve(listener, shared, stopped));
         });
         PodResourcesServer {
             socket: socket.to_owned(),
             pods,
+            manner,
             calls,
+            asked,
             stop: Some(stop),
             thread: Some(thread),
         }
@@ -81,9 +106,24 @@ impl PodResourcesServer {
         *self.pods.lock().unwrap() = pods;
     }
 
+    /// Lists the pods in another order on every call (rotated by one more place each time).
+    pub fn rotate(&self) {
+        self.manner.lock().unwrap().rotate = true;
+    }
+
+    /// Answers with `content_type` from now on.
+    pub fn set_content_type(&self, content_type: String) {
+        self.manner.lock().unwrap().content_type = content_type;
+    }
+
     /// `List` calls answered so far.
     pub fn calls(&self) -> u64 {
         self.calls.load(Ordering::SeqCst)
+    }
+
+    /// Requests received so far, answered or not.
+    pub fn asked(&self) -> u64 {
+        self.asked.load(Ordering::SeqCst)
     }
 
     /// Stops listening and drops every connection; the socket file stays, with nobody
@@ -104,10 +144,18 @@ impl Drop for PodResourcesServer {
     }
 }
 
+/// What the serving thread shares with the handle.
+#[derive(Clone)]
+struct Shared {
+    pods: Arc<Mutex<Vec<Pod>>>,
+    manner: Arc<Mutex<Manner>>,
+    calls: Arc<AtomicU64>,
+    asked: Arc<AtomicU64>,
+}
+
 async fn serve(
     listener: std::os::unix::net::UnixListener,
-    pods: Arc<Mutex<Vec<Pod>>>,
-    calls: Arc<AtomicU64>,
+    shared: Shared,
     mut stopped: tokio::sync::oneshot::Receiver<()>,
 ) {
     let listener = tokio::net::UnixListener::from_std(listener).unwrap();
@@ -117,15 +165,14 @@ async fn serve(
             c = listener.accept() => c,
         };
         let Ok((io, _)) = conn else { continue };
-        let (pods, calls) = (pods.clone(), calls.clone());
+        let shared = shared.clone();
         // Connections end with the runtime when the stand-in stops.
         tokio::spawn(async move {
             let Ok(mut h2) = h2::server::handshake(io).await else {
                 return;
             };
             while let Some(Ok((request, respond))) = h2.accept().await {
-                let (pods, calls) = (pods.clone(), calls.clone());
-                tokio::spawn(answer(request, respond, pods, calls));
+                tokio::spawn(answer(request, respond, shared.clone()));
             }
         });
     }
@@ -136,9 +183,9 @@ async fn serve(
 async fn answer(
     request: http::Request<h2::RecvStream>,
     mut respond: h2::server::SendResponse<bytes::Bytes>,
-    pods: Arc<Mutex<Vec<Pod>>>,
-    calls: Arc<AtomicU64>,
+    shared: Shared,
 ) {
+    shared.asked.fetch_add(1, Ordering::SeqCst);
     let (head, mut body) = request.into_parts();
     let grpc = head
         .headers
@@ -170,19 +217,27 @@ async fn answer(
         );
         return;
     }
-    let message = encode_list(&pods.lock().unwrap());
+    let manner = shared.manner.lock().unwrap().clone();
+    let message = {
+        let mut pods = shared.pods.lock().unwrap().clone();
+        if manner.rotate && !pods.is_empty() {
+            let n = shared.calls.load(Ordering::SeqCst) as usize % pods.len();
+            pods.rotate_left(n);
+        }
+        encode_list(&pods)
+    };
     let mut framed = vec![0];
     framed.extend_from_slice(&(message.len() as u32).to_be_bytes());
     framed.extend_from_slice(&message);
     let head = http::Response::builder()
         .status(200)
-        .header("content-type", "application/grpc")
+        .header("content-type", manner.content_type)
         .body(())
         .unwrap();
     let Ok(mut send) = respond.send_response(head, false) else {
         return;
     };
-    calls.fetch_add(1, Ordering::SeqCst);
+    shared.calls.fetch_add(1, Ordering::SeqCst);
     let _ = send.send_data(framed.into(), false);
     let mut trailers = http::HeaderMap::new();
     trailers.insert("grpc-status", "0".parse().unwrap());

@@ -96,8 +96,8 @@ fn a_hang_fails_both_and_a_closed_port_only_readiness() {
     );
     let (code, _, body) = get(&format!("http://127.0.0.1:{admin}/engines/nope/livez"));
     assert_eq!(code, 404);
-    // The route is open: the answer names no engine but the one asked for.
-    assert_eq!(body, "no engine named \"nope\" here\n");
+    // The route is open: the answer names no engine, not even the one asked for.
+    assert_eq!(body, "no engine of that name here\n");
 }
 
 // A degraded engine (time to first token past its budget, the KV cache nearly full, nothing

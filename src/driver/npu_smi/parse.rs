@@ -312,9 +312,15 @@ pub fn parse_health(text: &str) -> Result<ChipHealth, HealthError> {
                     value
                         .split_whitespace()
                         .map(|c| {
-                            u32::from_str_radix(c, 16).map_err(|_| {
+                            // The fault table's rule (a sign is no part of a code), in 32 bits.
+                            let code = crate::driver::fault_levels::parse_code(c)
+                                .map_err(|why| why.to_string())
+                                .and_then(|v| {
+                                    u32::try_from(v).map_err(|_| "wider than 32 bits".to_owned())
+                                });
+                            code.map_err(|why| {
                                 HealthError(format!(
-                                    "Error Code {} is not hex",
+                                    "Error Code {} is not hex: {why}",
                                     crate::logging::quote(c)
                                 ))
                             })
@@ -379,6 +385,14 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("is not hex"), "{e}");
+        // Issue 48, N8: a signed code is not read as the code.
+        let e = parse_health("\tHealth Status : OK\n\tError Code : +80E18402\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("\"+80E18402\" is not hex: a sign is not part of a hex code"),
+            "{e}"
+        );
         let e = parse_health("\tHealth Status : OK\n")
             .unwrap_err()
             .to_string();

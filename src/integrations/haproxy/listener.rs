@@ -13,11 +13,14 @@
 //!   as a warning naming its kind, never what the client sent, so the log layer's rate
 //!   limit ([`crate::logging::ratelimit`]) holds a flood of them to a line per kind.
 //! - **The answer** is written within [`WRITE_WAIT`], then the connection is closed.
-//! - **A cap**: at most `max_connections` at once (`[agent] max_connections`). At the cap the
-//!   oldest connection is closed unanswered to make room: a connection lives at most
-//!   [`NAME_WAIT`] plus [`WRITE_WAIT`], and HAProxy's own sends its name at once, so the
-//!   oldest is a slow sender. HAProxy keeps a server's state when an agent check gets no
-//!   answer, so nothing it routes changes for one lost poll.
+//! - **A cap, shared fairly**: at most `max_connections` at once (`[agent] max_connections`),
+//!   and at most a share of them from one source, as on the HTTP listeners: the same slots
+//!   ([`crate::slots`]). Two local flooders once left 17 % of HAProxy-like polls unanswered
+//!   (issue 48), when the oldest connection was closed at the cap whoever held it. Now a
+//!   source at its share pays with its own connection, and the cap is paid by the source
+//!   holding the most; a connection waiting for its name is spared the longest. A connection
+//!   lives at most [`NAME_WAIT`] plus [`WRITE_WAIT`]. HAProxy keeps a server's state when an
+//!   agent check gets no answer, so nothing it routes changes for one lost poll.
 //! - **Stopping** (SIGTERM, a handover, a reload that moves the listener) stops accepting;
 //!   the answers in progress finish.
 
@@ -25,7 +28,7 @@ use super::{AgentCheck, agent_check};
 use crate::integrations::{ActionInputs, Engines};
 use crate::monitor::Monitor;
 use crate::monitor::journal::Told;
-use std::collections::BTreeMap;
+use crate::slots::{self, Activity, BusyGuard, Registry};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -126,8 +129,8 @@ pub fn answer(engines: &[Arc<Monitor>], asked: &Asked) -> Result<AgentCheck, Bad
 }
 
 /// Reads what HAProxy sends: up to the first newline, [`MAX_NAME`] + 1 bytes, the peer's
-/// close, or [`NAME_WAIT`], whichever comes first.
-async fn read_name(stream: &mut TcpStream) -> Vec<u8> {
+/// close, or [`NAME_WAIT`], whichever comes first; each byte stamps `activity`.
+async fn read_name(stream: &mut TcpStream, activity: &Activity) -> Vec<u8> {
     let mut buf = Vec::with_capacity(64);
     let deadline = tokio::time::Instant::now() + NAME_WAIT;
     let mut chunk = [0u8; MAX_NAME + 1];
@@ -136,6 +139,7 @@ async fn read_name(stream: &mut TcpStream) -> Vec<u8> {
         let read = tokio::time::timeout_at(deadline, stream.read(&mut chunk[..room])).await;
         match read {
             Ok(Ok(n)) if n > 0 => {
+                activity.heard();
                 buf.extend_from_slice(&chunk[..n]);
                 if buf.contains(&b'\n') || buf.len() > MAX_NAME {
                     return buf;
@@ -147,9 +151,18 @@ async fn read_name(stream: &mut TcpStream) -> Vec<u8> {
     }
 }
 
-async fn one(mut stream: TcpStream, engines: Engines, cancel: CancellationToken, name: Arc<str>) {
+/// One connection: its name read, its line answered, until `shed` (the slots made room).
+async fn one(
+    mut stream: TcpStream,
+    engines: Engines,
+    shed: CancellationToken,
+    activity: Arc<Activity>,
+    name: Arc<str>,
+) {
     let work = async {
-        let bytes = read_name(&mut stream).await;
+        let bytes = read_name(&mut stream, &activity).await;
+        // Answering: not a connection to close to make room.
+        let _busy = BusyGuard::enter(&activity);
         let asked = asked(&bytes);
         let list: Vec<Arc<Monitor>> = engines.read().unwrap_or_else(|p| p.into_inner()).clone();
         let line = match answer(&list, &asked) {
@@ -172,13 +185,14 @@ async fn one(mut stream: TcpStream, engines: Engines, cancel: CancellationToken,
         .await;
     };
     tokio::select! {
-        _ = cancel.cancelled() => {}
+        _ = shed.cancelled() => {}
         () = work => {}
     }
 }
 
-/// Serves the agent check on `listener` until `cancel`, at most `max_connections` at once;
-/// then lets the answers in progress finish. `name` names the listener in log lines.
+/// Serves the agent check on `listener` until `cancel`, at most `max_connections` at once
+/// and a share of them per source ([`crate::slots`]); then lets the answers in progress
+/// finish. `name` names the listener in log lines.
 pub async fn serve(
     listener: TcpListener,
     engines: Engines,
@@ -187,16 +201,14 @@ pub async fn serve(
     cancel: CancellationToken,
 ) {
     let name: Arc<str> = name.into();
-    // Connections by accept order: the first is the oldest, closed at the cap.
-    let live: Arc<Mutex<BTreeMap<u64, CancellationToken>>> = Arc::default();
-    let mut next = 0u64;
+    let registry = Arc::new(Mutex::new(Registry::default()));
     let mut conns = tokio::task::JoinSet::new();
     loop {
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             _ = cancel.cancelled() => break,
             Some(_) = conns.join_next(), if !conns.is_empty() => continue,
             r = listener.accept() => match r {
-                Ok((s, _)) => s,
+                Ok(x) => x,
                 Err(e) => {
                     tracing::warn!(listener = %name, "accept failed: {e}");
                     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -204,26 +216,20 @@ pub async fn serve(
                 }
             },
         };
-        let token = CancellationToken::new();
-        {
-            let mut live = live.lock().unwrap_or_else(|p| p.into_inner());
-            if live.len() >= max_connections.max(1)
-                && let Some((_, oldest)) = live.pop_first()
-            {
-                oldest.cancel();
-                tracing::warn!(
-                    listener = %name,
-                    "{max_connections} connections (the cap): closed the oldest unanswered"
-                );
+        let activity = Arc::new(Activity::default());
+        let shed = CancellationToken::new();
+        let (cap, from) = (max_connections, slots::source(peer.ip()));
+        let id = {
+            let mut reg = slots::lock(&registry);
+            if !reg.admit(from, cap).keeps_new(&name, cap) {
+                continue;
             }
-            live.insert(next, token.clone());
-        }
-        let id = next;
-        next += 1;
-        let (live, engines, name) = (live.clone(), engines.clone(), name.clone());
+            reg.insert(from, Arc::clone(&activity), shed.clone())
+        };
+        let (registry, engines, name) = (registry.clone(), engines.clone(), name.clone());
         conns.spawn(async move {
-            one(stream, engines, token, name).await;
-            live.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+            one(stream, engines, shed, activity, name).await;
+            slots::lock(&registry).remove(id);
         });
     }
     while conns.join_next().await.is_some() {}
@@ -297,5 +303,44 @@ mod tests {
                 .shown()
                 .contains(&format!("{MAX_NAME} bytes"))
         );
+    }
+    /// A connection to `addr` from `from` (any of 127/8 reaches a loopback listener on Linux).
+    async fn connect_from(from: [u8; 4], addr: std::net::SocketAddr) -> TcpStream {
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.bind((from, 0).into()).unwrap();
+        sock.connect(addr).await.unwrap()
+    }
+
+    // Issue 48, R7: one source flooding the agent-check listener (cap 32, share 8) cannot
+    // close the connection of a poll from another source that waits for its answer: before,
+    // the oldest connection was closed at the cap, whoever held it, and two local flooders
+    // left 17 % of HAProxy-like polls unanswered. The poll sends its name without a newline,
+    // so it waits NAME_WAIT for more while the flood arrives, then is answered.
+    #[tokio::test]
+    async fn a_flood_from_one_source_never_closes_another_sources_poll() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let engines: Engines = Arc::new(std::sync::RwLock::new(vec![monitor("main")]));
+        let cancel = CancellationToken::new();
+        let server = tokio::spawn(serve(l, engines, 32, "test".into(), cancel.clone()));
+        let mut poll = connect_from([127, 0, 0, 2], addr).await;
+        poll.write_all(b"main").await.unwrap();
+        let mut flood = Vec::new();
+        // Each flood connection sends a byte too, as a poll does: only the source tells
+        // them apart.
+        for _ in 0..64 {
+            let mut s = connect_from([127, 0, 0, 1], addr).await;
+            s.write_all(b"x").await.unwrap();
+            flood.push(s);
+        }
+        let mut line = String::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), poll.read_to_string(&mut line)).await;
+        assert!(
+            line.ends_with('\n') && !line.contains("no engine"),
+            "the poll was closed unanswered: {line:?}"
+        );
+        cancel.cancel();
+        drop(flood);
+        server.await.unwrap();
     }
 }

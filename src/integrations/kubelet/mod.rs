@@ -18,6 +18,8 @@ use super::{AbnormalCause, ActionInputs, Integration, Route};
 use crate::config::actions::ActionsConfig;
 use crate::config::{AgentSettings, EngineSpec};
 use crate::integrations::envoy;
+use crate::logging::RATE_LIMIT_INTERVAL;
+use crate::logging::ratelimit::{Decision, RateLimiter};
 use crate::monitor::Monitor;
 use crate::monitor::journal;
 use crate::monitor::verdict::Status;
@@ -27,6 +29,8 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use config::NotReadyOn;
 use serde::{Deserialize, Serialize};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 /// The kubelet, in the registry.
 pub struct Kubelet;
@@ -227,6 +231,68 @@ pub fn livez(e: &Monitor) -> Response {
         StatusCode::SERVICE_UNAVAILABLE
     };
     probe_answer(code, l.reason)
+}
+
+/// The one line an open `/engines/<name>/…` route answers, with a 404, for a name no engine
+/// here has, whatever was asked (docs/endpoints.md, "A name no engine has").
+pub const UNKNOWN_ENGINE: &str = "no engine of that name here";
+
+/// What an open route of the admin listener (`/engines/<name>/readyz`, `/livez`) answers
+/// for a name no engine here has: 404 and [`UNKNOWN_ENGINE`], never the name asked (the route
+/// is open: it hands no stranger's text back). The operator finds what was asked in the log:
+/// a warning naming it and the engines here, at most one per interval ([`UnknownNames`]).
+pub fn unknown_engine(asked: &str, route: &str, engines: &[&str]) -> Response {
+    static SEEN: OnceLock<Mutex<UnknownNames>> = OnceLock::new();
+    let seen = SEEN.get_or_init(|| Mutex::new(UnknownNames::new(RATE_LIMIT_INTERVAL)));
+    let line =
+        seen.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .note(asked, route, engines, Instant::now());
+    if let Some(line) = line {
+        tracing::warn!("{line}");
+    }
+    probe_answer(StatusCode::NOT_FOUND, UNKNOWN_ENGINE.to_owned())
+}
+
+/// The log's side of names no engine has: one line per interval, naming the last name asked
+/// (quoted, cut) and counting the requests not logged since. The log layer's own rate limit
+/// folds identical lines only, and each name asked makes a line of its own.
+#[derive(Debug)]
+pub struct UnknownNames {
+    lines: RateLimiter<()>,
+}
+
+impl UnknownNames {
+    /// At most one line per `every`.
+    pub fn new(every: Duration) -> UnknownNames {
+        UnknownNames {
+            lines: RateLimiter::new(every),
+        }
+    }
+
+    /// The line to log for a request of `route` naming `asked` among `engines` at `now`, if
+    /// one is due.
+    pub fn note(
+        &mut self,
+        asked: &str,
+        route: &str,
+        engines: &[&str],
+        now: Instant,
+    ) -> Option<String> {
+        let Decision::Write { suppressed } = self.lines.check(&(), now) else {
+            return None;
+        };
+        let more = if suppressed > 0 {
+            format!("; {suppressed} more such request(s) since the last line")
+        } else {
+            String::new()
+        };
+        Some(format!(
+            "GET /engines/<name>{route} asked for {}, which no engine here has (engines: {}); answered 404 (a router or a probe names a wrong engine?){more}",
+            crate::logging::quote(asked),
+            engines.join(", ")
+        ))
+    }
 }
 
 fn probe_answer(code: StatusCode, line: String) -> Response {
