@@ -28,7 +28,7 @@ const READYZ: Route = Route {
 
 /// Every route of the integrations on each engine's listener: `/readyz`, then each
 /// integration's ([`Integration::routes`]), in the list's order.
-pub fn all() -> impl Iterator<Item = Route> {
+pub(crate) fn all() -> impl Iterator<Item = Route> {
     std::iter::once(READYZ).chain(REGISTRY.iter().flat_map(|i| i.routes().iter().copied()))
 }
 
@@ -64,13 +64,13 @@ pub(crate) fn readyz_heard_by(
 
 /// The one line an open `/engines/<name>/…` route answers, with a 404, for a name no engine
 /// here has, whatever was asked (docs/endpoints.md, "A name no engine has").
-pub const UNKNOWN_ENGINE: &str = "no engine of that name here";
+pub(crate) const UNKNOWN_ENGINE: &str = "no engine of that name here";
 
 /// What an open route of the admin listener (`/engines/<name>/readyz`, `/livez`) answers
 /// for a name no engine here has: 404 and [`UNKNOWN_ENGINE`], never the name asked (the route
 /// is open: it hands no stranger's text back). The operator finds what was asked in the log:
-/// a warning naming it and the engines here, at most one per interval ([`UnknownNames`]).
-pub fn unknown_engine(asked: &str, route: &str, engines: &[&str]) -> Response {
+/// a warning naming it and the engines here, at most one per interval (`UnknownNames`).
+pub(crate) fn unknown_engine(asked: &str, route: &str, engines: &[&str]) -> Response {
     static SEEN: OnceLock<Mutex<UnknownNames>> = OnceLock::new();
     let seen = SEEN.get_or_init(|| Mutex::new(UnknownNames::new(RATE_LIMIT_INTERVAL)));
     let line =

@@ -17,7 +17,7 @@ use strum::IntoEnumIterator;
 use told::EnvoyState;
 
 /// Its name in the journal, `/status/detail` and the metrics.
-pub const ID: Id = Id("envoy");
+pub(crate) const ID: Id = Id("envoy");
 
 /// The host state Envoy read, as the journal records it.
 impl From<EnvoyState> for Told {

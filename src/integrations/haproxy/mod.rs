@@ -39,7 +39,7 @@ use tokio_util::sync::CancellationToken;
 pub const MAX_REASON: usize = 108;
 
 /// Its name in the journal, `/status/detail` and the metrics.
-pub const ID: Id = Id("haproxy");
+pub(crate) const ID: Id = Id("haproxy");
 
 /// The state an agent check's answer put the server in, as the journal records it.
 impl From<HaproxyState> for Told {

@@ -17,7 +17,7 @@ use axum::response::Response;
 use told::{Live, Ready};
 
 /// Its name in the journal, `/status/detail` and the metrics.
-pub const ID: Id = Id("kubelet");
+pub(crate) const ID: Id = Id("kubelet");
 
 /// What `/readyz` answered, as the journal records it.
 impl From<Ready> for Told {

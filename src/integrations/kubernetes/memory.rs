@@ -38,7 +38,7 @@ impl Memory for KubeMemory {
 }
 
 /// A copy of the record of `m` (`/status/detail`'s `kubernetes`, the metrics of its calls).
-pub fn record(m: &Monitor) -> Option<KubeRecord> {
+pub(crate) fn record(m: &Monitor) -> Option<KubeRecord> {
     m.acted.with(|k: &mut KubeMemory| k.record.clone())
 }
 

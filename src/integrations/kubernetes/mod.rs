@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 use told::{Outcome, PodAction};
 
 /// Its name in the journal, `/status/detail` and the metrics.
-pub const ID: Id = Id("kubernetes_api");
+pub(crate) const ID: Id = Id("kubernetes_api");
 
 /// The call `action` on the pod, ended as `outcome`, as the journal records it.
 pub(crate) fn told_call(action: PodAction, outcome: Outcome) -> Told {

@@ -13,10 +13,10 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 
 /// Its name in the journal, `/status/detail` and the metrics.
-pub const ID: Id = Id("node_manager");
+pub(crate) const ID: Id = Id("node_manager");
 
 /// The verdict `/status` serves, as the journal records what Node Manager is told.
-pub fn told(s: Status) -> Told {
+pub(crate) fn told(s: Status) -> Told {
     Told::state(ID, "status", s.as_str())
 }
 
