@@ -106,6 +106,7 @@ impl Running {
         let spec = &p.spec;
         let shared = &self.shared;
         let state = Arc::new(Monitor::new(spec.clone(), p.devices.clone()));
+        crate::integrations::equip(&state);
         let cancel = CancellationToken::new();
         let tasks = self.spawn_engine_tasks(&p, &state, restored.as_ref(), &cancel);
         let scope = Arc::new(metrics::Exposition {

@@ -2,8 +2,8 @@
 //! probes, the Kubernetes API and HAProxy's agent check (the rules are in
 //! [`crate::integrations`]).
 
+use crate::integrations::answers::config::NotReadyOn;
 use crate::integrations::haproxy::config::HaproxyMap;
-use crate::integrations::kubelet::config::NotReadyOn;
 use crate::integrations::kubernetes::config::PodSelector;
 use serde::{Deserialize, Serialize};
 

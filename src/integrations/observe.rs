@@ -3,8 +3,9 @@
 //! opened after the fact still show what was done. Reads only: the verdict is peeked, no
 //! probe is started.
 
-use super::kubelet::Answers;
+use super::answers::Answers;
 use super::kubelet::told::{Live, Ready};
+use super::node_manager;
 use crate::clock::unix_ms;
 use crate::monitor::Monitor;
 use crate::monitor::journal::{Entry, Told};
@@ -50,7 +51,8 @@ pub fn changes(before: Option<&ObservedState>, a: &Answers, at_unix_ms: u64) -> 
         level: now.level,
         reason: reason.to_owned(),
     };
-    let (verdict, ready) = (Told::Verdict(now.status), Told::Ready(Ready::of(now.ready)));
+    let verdict = node_manager::told(now.status);
+    let ready = Told::from(Ready::of(now.ready));
     let Some(b) = before else {
         // Where the record starts: the verdict and readiness found.
         return vec![
@@ -60,25 +62,26 @@ pub fn changes(before: Option<&ObservedState>, a: &Answers, at_unix_ms: u64) -> 
     };
     let mut out = Vec::new();
     if b.status != now.status {
-        out.push(entry(verdict, Some(Told::Verdict(b.status)), &f.reason));
+        let was = node_manager::told(b.status);
+        out.push(entry(verdict, Some(was), &f.reason));
     }
     if b.level != now.level {
         let score = f
             .score
             .map_or_else(|| "no score".to_owned(), |s| format!("score {s:.3}"));
-        let told = Told::Level(now.level);
-        out.push(entry(told, Some(Told::Level(b.level)), &score));
+        let told = Told::from(now.level);
+        out.push(entry(told, Some(Told::from(b.level)), &score));
     }
     if b.ready != now.ready {
         out.push(entry(
             ready,
-            Some(Told::Ready(Ready::of(b.ready))),
+            Some(Told::from(Ready::of(b.ready))),
             &r.reason,
         ));
     }
     if b.live != now.live {
         let (told, was) = (Live::of(now.live), Live::of(b.live));
-        out.push(entry(Told::Live(told), Some(Told::Live(was)), &l.reason));
+        out.push(entry(Told::from(told), Some(Told::from(was)), &l.reason));
     }
     out
 }

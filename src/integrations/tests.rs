@@ -1,8 +1,9 @@
 //! What the integrations read of an engine (`ActionInputs`) and what the journal's observer
-//! records of it. The rules' tables are beside each integration's rule.
+//! records of it. The rules' tables are beside each rule (`answers/tests.rs`, each folder's).
 
-use super::kubelet::{Answers, liveness, readiness};
-use super::{AbnormalCause, ActionInputs, observe};
+use super::answers::{Answers, liveness, readiness};
+use super::facts::{AbnormalCause, ActionInputs};
+use super::observe;
 use crate::config::actions::ActionsConfig;
 use crate::monitor::Monitor;
 use crate::monitor::journal::ActionRecord;
@@ -97,8 +98,8 @@ async fn facts_of_a_monitor() {
 // thing that changed (verdict, level, readiness, liveness), none while nothing changes.
 #[test]
 fn the_journal_records_what_changed() {
-    use crate::monitor::journal::Integration as I;
     use observe::{ObservedState, changes};
+    type I = &'static str;
     let cfgd = ActionsConfig::default();
     let a0 = Answers::from_facts(facts(OK, NORMAL), &cfgd);
     let s0 = ObservedState::of(&a0);
@@ -106,23 +107,27 @@ fn the_journal_records_what_changed() {
         e.iter().map(ActionRecord::from).collect()
     };
     // (who, what), from, to.
-    let moves = |e: &[ActionRecord]| -> Vec<((I, String), String, String)> {
+    let moves = |e: &[ActionRecord]| -> Vec<((String, String), String, String)> {
         e.iter()
             .map(|e| {
-                let what = (e.integration, e.action.clone());
+                let what = (e.integration.clone(), e.action.clone());
                 (what, e.from.clone(), e.to.clone())
             })
             .collect()
     };
     let at = |who: I, what: &str, from: &str, to: &str| {
-        ((who, what.to_owned()), from.to_owned(), to.to_owned())
+        (
+            (who.to_owned(), what.to_owned()),
+            from.to_owned(),
+            to.to_owned(),
+        )
     };
     let got = moves(&words(changes(None, &a0, 7)));
     assert_eq!(
         got,
         [
-            at(I::NodeManager, "status", "start", "normal"),
-            at(I::Kubelet, "readyz", "start", "ready")
+            at("node_manager", "status", "start", "normal"),
+            at("kubelet", "readyz", "start", "ready")
         ]
     );
     assert!(changes(Some(&s0), &a0, 8).is_empty());
@@ -134,15 +139,15 @@ fn the_journal_records_what_changed() {
     assert_eq!(
         got,
         [
-            at(I::Agent, "level", "normal", "degrade"),
-            at(I::Kubelet, "readyz", "ready", "not_ready")
+            at("agent", "level", "normal", "degrade"),
+            at("kubelet", "readyz", "ready", "not_ready")
         ]
     );
     assert_eq!(e[0].reason, "score 0.400");
     assert!(e.iter().all(|e| e.at_unix_ms == 9));
     // -> abnormal: the verdict and liveness change too, with the verdict's reason.
     let a2 = Answers::from_facts(facts(Abnormal, Evict), &cfgd);
-    let got: Vec<((I, String), String, String)> = words(changes(Some(&s1), &a2, 10))
+    let got: Vec<((String, String), String, String)> = words(changes(Some(&s1), &a2, 10))
         .into_iter()
         .map(|e| ((e.integration, e.action), e.to, e.reason))
         .collect();
@@ -153,13 +158,13 @@ fn the_journal_records_what_changed() {
     assert_eq!(
         got[0],
         (
-            (I::NodeManager, "status".to_owned()),
+            ("node_manager".to_owned(), "status".to_owned()),
             "abnormal".to_owned(),
             "why".to_owned()
         )
     );
-    assert_eq!(got[1].0, (I::Agent, "level".to_owned()));
-    assert_eq!(got[2].0, (I::Kubelet, "livez".to_owned()));
+    assert_eq!(got[1].0, ("agent".to_owned(), "level".to_owned()));
+    assert_eq!(got[2].0, ("kubelet".to_owned(), "livez".to_owned()));
     assert_eq!(got[2].1, "restart");
     assert_eq!(got.len(), 3, "readiness was already not ready: {got:?}");
 }

@@ -1,15 +1,19 @@
-//! What the agent did about an engine through the integrations that keep a memory: the
-//! Kubernetes API mode's record (the readiness-gate condition, evictions; its shape is
-//! [`crate::integrations::kubernetes::told`]) and what each router that polls the agent was
-//! last told (typed, [`Told`]). Kept beside the verdict so `/status/detail` shows each
-//! attempt and its outcome, and in the state file so a restart keeps it; nothing here feeds
-//! the verdict.
+//! What the integrations keep of an engine beyond the journal: what each router that polls
+//! the agent was last told (typed, [`Told`]), and each integration's own memory ([`Memory`]:
+//! the Kubernetes API mode's record and eviction gate), kept beside the verdict so
+//! `/status/detail` shows it and, under the integration's own keys, in the state file so a
+//! restart keeps it ([`Kept`]). Nothing here names an integration, and nothing here feeds the
+//! verdict.
 
-use super::journal::{Integration, Told};
+use super::journal::{Id, Told};
 use crate::clock::unix_ms;
-use crate::integrations::kubernetes::told::{GateMemory, KubeRecord};
-use serde::{Deserialize, Serialize};
+use serde::de::{MapAccess, Visitor};
+use serde::ser::SerializeMap;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::value::RawValue;
+use std::any::Any;
 use std::collections::BTreeMap;
+use std::fmt;
 use std::sync::Mutex;
 
 /// What a router that polls the agent was last told about an engine.
@@ -39,38 +43,172 @@ pub struct RouterSeen {
     pub reason: String,
 }
 
-/// The record behind a lock (`None` while the mode is off), the eviction gate's memory, and
-/// the routers' states (with the last answer's reason).
+/// One integration's memory of an engine: its own type, in the engine's monitor, saved in the
+/// state file under its own keys. Made with `Default` the first time the integration asks for
+/// it ([`ActionMemory::with`]), or when the agent equips the engine ([`ActionMemory::equip`]).
+pub trait Memory: Any + Send + fmt::Debug {
+    /// Its entries in the state file, in the order written (`null` for what it does not hold:
+    /// the keys are there either way).
+    fn save(&self) -> Vec<(&'static str, Box<RawValue>)>;
+
+    /// Takes back what an agent before saved under its keys in `saved` (an unreadable entry
+    /// reads as nothing kept).
+    fn restore(&mut self, saved: &Kept);
+}
+
+/// What the integrations kept of one engine in the state file: their keys, in order, each with
+/// its JSON as written (flattened into the engine's entry, beside the monitor's own keys).
+#[derive(Debug, Clone, Default)]
+pub struct Kept(Vec<(String, Box<RawValue>)>);
+
+impl Kept {
+    /// The entry under `key`, read as `T`; `None` when absent or unreadable.
+    pub fn get<T: serde::de::DeserializeOwned>(&self, key: &str) -> Option<T> {
+        let (_, raw) = self.0.iter().find(|(k, _)| k == key)?;
+        serde_json::from_str(raw.get()).ok()
+    }
+
+    /// Adds the entry `key`, replacing one of that key.
+    fn put(&mut self, key: &str, value: Box<RawValue>) {
+        match self.0.iter_mut().find(|(k, _)| k == key) {
+            Some((_, v)) => *v = value,
+            None => self.0.push((key.to_owned(), value)),
+        }
+    }
+}
+
+/// As JSON text: two [`Kept`] are equal when they write the same file.
+impl PartialEq for Kept {
+    fn eq(&self, other: &Kept) -> bool {
+        self.0.len() == other.0.len()
+            && self
+                .0
+                .iter()
+                .zip(&other.0)
+                .all(|((a, x), (b, y))| a == b && x.get() == y.get())
+    }
+}
+
+impl Serialize for Kept {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(Some(self.0.len()))?;
+        for (k, v) in &self.0 {
+            map.serialize_entry(k, v)?;
+        }
+        map.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for Kept {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Kept, D::Error> {
+        struct Entries;
+        impl<'de> Visitor<'de> for Entries {
+            type Value = Kept;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("the integrations' entries")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<Kept, A::Error> {
+                let mut kept = Kept::default();
+                // Read as values (the flattened entry is buffered, which a raw value cannot
+                // come through), written back as text.
+                while let Some((k, v)) = m.next_entry::<String, serde_json::Value>()? {
+                    let raw =
+                        serde_json::value::to_raw_value(&v).map_err(serde::de::Error::custom)?;
+                    kept.put(&k, raw);
+                }
+                Ok(kept)
+            }
+        }
+        d.deserialize_map(Entries)
+    }
+}
+
+/// The routers' states (with the last answer's reason), each integration's memory, and what
+/// a restored state kept that no memory took yet.
 #[derive(Debug, Default)]
 pub struct ActionMemory {
-    record: Mutex<Option<KubeRecord>>,
-    gate: Mutex<Option<GateMemory>>,
-    routers: Mutex<BTreeMap<Integration, (Seen, String)>>,
+    memories: Mutex<Memories>,
+    routers: Mutex<BTreeMap<Id, (Seen, String)>>,
+}
+
+/// The memories in the order they were made, and what was restored before they were.
+#[derive(Debug, Default)]
+struct Memories {
+    made: Vec<Box<dyn Memory>>,
+    restored: Kept,
+}
+
+impl Memories {
+    /// The memory of type `T`, made (from what was restored) if there is none yet.
+    fn of<T: Memory + Default>(&mut self) -> &mut T {
+        let at = match self
+            .made
+            .iter()
+            .position(|m| (m.as_ref() as &dyn Any).is::<T>())
+        {
+            Some(at) => at,
+            None => {
+                let mut m = T::default();
+                m.restore(&self.restored);
+                self.made.push(Box::new(m));
+                self.made.len() - 1
+            }
+        };
+        (self.made[at].as_mut() as &mut dyn Any)
+            .downcast_mut::<T>()
+            .expect("the type was just checked")
+    }
 }
 
 impl ActionMemory {
-    /// A copy of the record.
-    pub fn kubernetes(&self) -> Option<KubeRecord> {
-        self.record
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+    /// `f` of the memory of type `T` (made on first use, from what a restart restored).
+    pub fn with<T: Memory + Default, R>(&self, f: impl FnOnce(&mut T) -> R) -> R {
+        let mut g = self.memories.lock().unwrap_or_else(|p| p.into_inner());
+        f(g.of::<T>())
     }
 
-    /// Changes the record (creating it).
-    pub fn update(&self, f: impl FnOnce(&mut KubeRecord)) {
-        let mut g = self.record.lock().unwrap_or_else(|p| p.into_inner());
-        f(g.get_or_insert_with(KubeRecord::default));
+    /// Makes `memories` now, each from what was restored, unless one of its type is made: the
+    /// agent equips a new engine with every integration's, so the state file holds their keys
+    /// from the first write.
+    pub fn equip(&self, memories: Vec<Box<dyn Memory>>) {
+        let mut g = self.memories.lock().unwrap_or_else(|p| p.into_inner());
+        for mut m in memories {
+            let id = (m.as_ref() as &dyn Any).type_id();
+            if !g
+                .made
+                .iter()
+                .any(|o| (o.as_ref() as &dyn Any).type_id() == id)
+            {
+                m.restore(&g.restored);
+                g.made.push(m);
+            }
+        }
     }
 
-    /// The eviction gate's memory, as last written.
-    pub fn gate(&self) -> Option<GateMemory> {
-        *self.gate.lock().unwrap_or_else(|p| p.into_inner())
+    /// What the memories keep, for the state file: each memory's entries in the order made,
+    /// then what was restored and no memory took.
+    pub fn saved(&self) -> Kept {
+        let g = self.memories.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out = Kept::default();
+        for (k, v) in g.made.iter().flat_map(|m| m.save()) {
+            out.put(k, v);
+        }
+        for (k, v) in &g.restored.0 {
+            if !out.0.iter().any(|(o, _)| o == k) {
+                out.0.push((k.clone(), v.clone()));
+            }
+        }
+        out
     }
 
-    /// Keeps the eviction gate's memory.
-    pub fn set_gate(&self, g: GateMemory) {
-        *self.gate.lock().unwrap_or_else(|p| p.into_inner()) = Some(g);
+    /// Takes back what an agent before kept (an agent restart): every memory made takes its
+    /// entries now, one made later at its making.
+    pub fn restore(&self, saved: &Kept) {
+        let mut g = self.memories.lock().unwrap_or_else(|p| p.into_inner());
+        g.restored = saved.clone();
+        for m in &mut g.made {
+            m.restore(saved);
+        }
     }
 
     /// Notes an answer to a router's poll (`told` names the router); when the state changed,
@@ -106,7 +244,7 @@ impl ActionMemory {
     }
 
     /// What each router was last told, typed, by router.
-    pub fn routers_told(&self) -> BTreeMap<Integration, Seen> {
+    pub fn routers_told(&self) -> BTreeMap<Id, Seen> {
         self.routers
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -133,42 +271,81 @@ impl ActionMemory {
             })
             .collect()
     }
-
-    /// Takes back a saved record and gate memory (an agent restart).
-    pub fn restore(&self, record: Option<KubeRecord>, gate: Option<GateMemory>) {
-        *self.record.lock().unwrap_or_else(|p| p.into_inner()) = record;
-        *self.gate.lock().unwrap_or_else(|p| p.into_inner()) = gate;
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::integrations::haproxy::config::HaproxyState;
+
+    const ROUTER: Id = Id("router");
 
     #[test]
     fn a_router_state_change_is_noted_once() {
         let a = ActionMemory::default();
-        let told = |s| Told::Haproxy(s);
+        let told = |s| Told::state(ROUTER, "poll", s);
+        assert_eq!(a.router_saw(told("up"), "normal"), Some(None));
+        assert_eq!(a.router_saw(told("up"), "normal (score 0.9)"), None);
         assert_eq!(
-            a.router_saw(told(HaproxyState::Ready), "normal"),
-            Some(None)
-        );
-        assert_eq!(
-            a.router_saw(told(HaproxyState::Ready), "normal (score 0.9)"),
-            None
-        );
-        assert_eq!(
-            a.router_saw(told(HaproxyState::Drain), "degrade"),
-            Some(Some(told(HaproxyState::Ready)))
+            a.router_saw(told("down"), "degrade"),
+            Some(Some(told("up")))
         );
         let r = a.routers();
-        assert_eq!(r["haproxy"].polls, 3);
-        assert_eq!(r["haproxy"].state, "drain");
-        assert_eq!(r["haproxy"].reason, "degrade");
+        assert_eq!(r["router"].polls, 3);
+        assert_eq!(r["router"].state, "down");
+        assert_eq!(r["router"].reason, "degrade");
+        assert_eq!(a.routers_told()[&ROUTER].told, told("down"));
+    }
+
+    /// A memory of two keys, as an integration keeps one.
+    #[derive(Debug, Default)]
+    struct Counts {
+        first: Option<u64>,
+        second: Option<u64>,
+    }
+
+    impl Memory for Counts {
+        fn save(&self) -> Vec<(&'static str, Box<RawValue>)> {
+            let raw = |v: &Option<u64>| serde_json::value::to_raw_value(v).unwrap();
+            vec![("first", raw(&self.first)), ("second", raw(&self.second))]
+        }
+
+        fn restore(&mut self, saved: &Kept) {
+            self.first = saved.get("first").flatten();
+            self.second = saved.get("second").flatten();
+        }
+    }
+
+    fn text(k: &Kept) -> String {
+        serde_json::to_string(k).unwrap()
+    }
+
+    // A memory writes its keys in its own order, null included, and takes them back whether
+    // it was made before the restore or after it; what no memory took is written back (as a
+    // JSON value: an object's keys sorted).
+    #[test]
+    fn a_memory_is_saved_under_its_keys_and_restored_whenever_it_is_made() {
+        let a = ActionMemory::default();
+        assert_eq!(text(&a.saved()), "{}", "no memory made, nothing written");
+        a.equip(vec![Box::new(Counts::default())]);
+        assert_eq!(text(&a.saved()), r#"{"first":null,"second":null}"#);
+        a.with(|c: &mut Counts| c.second = Some(2));
+        let saved = a.saved();
+        assert_eq!(text(&saved), r#"{"first":null,"second":2}"#);
+        let file: Kept = serde_json::from_str(r#"{"second":2,"other":{"b":1,"a":2}}"#).unwrap();
+        let later = ActionMemory::default();
+        later.restore(&file);
+        assert_eq!(later.with(|c: &mut Counts| c.second), Some(2), "made after");
+        let before = ActionMemory::default();
+        before.equip(vec![Box::new(Counts::default())]);
+        before.restore(&file);
         assert_eq!(
-            a.routers_told()[&Integration::Haproxy].told,
-            told(HaproxyState::Drain)
+            before.with(|c: &mut Counts| c.second),
+            Some(2),
+            "made before"
+        );
+        assert_eq!(
+            text(&before.saved()),
+            r#"{"first":null,"second":2,"other":{"a":2,"b":1}}"#
         );
     }
 }

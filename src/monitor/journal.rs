@@ -2,15 +2,13 @@
 //! [`KEPT`]): what Node Manager was told (the verdict), what the kubelet was told (readiness,
 //! liveness), the Kubernetes API calls, what HAProxy and Envoy were told, and the QoS level
 //! behind them all. For `/status/detail` (`actions`) and the operator views (the admin page,
-//! `top`). Filled by [`crate::integrations::observe`], the routers' listeners and the Kubernetes
-//! API mode's loop; nothing here feeds a decision. What was told is typed ([`Told`], each
-//! integration's own states); the words are made only for the wire ([`ActionRecord`]).
+//! `top`). Filled by [`crate::integrations::observe`], the routers' answers and the Kubernetes
+//! API mode's loop; nothing here feeds a decision.
+//!
+//! The journal names no integration: each one makes its own [`Told`] from its own typed
+//! states (`From<HaproxyState> for Told` in its folder), under its own [`Id`]. The words are
+//! made once, where the [`Told`] is made, and written only at the wire ([`ActionRecord`]).
 
-use super::verdict::Status;
-use crate::integrations::envoy::told::EnvoyState;
-use crate::integrations::haproxy::config::HaproxyState;
-use crate::integrations::kubelet::told::{Live, Ready};
-use crate::integrations::kubernetes::told::{Outcome, PodAction};
 use crate::qos::score::Level;
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
@@ -19,97 +17,79 @@ use std::sync::Mutex;
 /// Changes kept per engine.
 pub const KEPT: usize = 50;
 
-/// Who an action is for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Integration {
-    /// The agent's own grading: the QoS level (`action` `level`).
-    Agent,
-    /// MindIE's Node Manager: the verdict `/status` serves (`status`).
-    NodeManager,
-    /// The kubelet: what `/readyz` (`readyz`: `ready`, `not_ready`) and `/livez` (`livez`:
-    /// `live`, `restart`) answer.
-    Kubelet,
-    /// The Kubernetes API mode's calls (`condition`, `eviction`, `mindcluster_annotation`;
-    /// `to` is the outcome).
-    KubernetesApi,
-    /// HAProxy's agent check (`agent_check`: `ready`, `queue`, `drain`, `maint`, `down`).
-    Haproxy,
-    /// Envoy's health check (`health_check`: `healthy`, `degraded`, `unhealthy`).
-    Envoy,
-}
+/// Who an action is for: an integration's name in the journal, `/status/detail` and the
+/// metrics (`node_manager`, `kubelet`, …), given by the integration itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Id(pub &'static str);
 
-impl Integration {
+impl Id {
+    /// The name, as the wire writes it.
     pub fn as_str(self) -> &'static str {
-        match self {
-            Integration::Agent => "agent",
-            Integration::NodeManager => "node_manager",
-            Integration::Kubelet => "kubelet",
-            Integration::KubernetesApi => "kubernetes_api",
-            Integration::Haproxy => "haproxy",
-            Integration::Envoy => "envoy",
-        }
+        self.0
     }
 }
 
-/// What one integration was told or asked, typed; its words on the wire are
-/// [`Told::action`] and [`Told::word`].
+/// The agent's own grading: the QoS level (`action` `level`).
+pub const AGENT: Id = Id("agent");
+
+/// What one integration was told or asked, in its words: made by the integration from its own
+/// typed state, compared by those words (one word per state).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Told {
-    /// Node Manager: the verdict `/status` serves.
-    Verdict(Status),
-    /// The agent's own grading: the QoS level.
-    Level(Level),
-    /// The kubelet: what `/readyz` answers.
-    Ready(Ready),
-    /// The kubelet: what `/livez` answers.
-    Live(Live),
-    /// HAProxy: the state its agent check was answered.
-    Haproxy(HaproxyState),
-    /// Envoy: the host state its health check read.
-    Envoy(EnvoyState),
-    /// The Kubernetes API mode: a call on the pod, and how it ended.
-    Api(PodAction, Outcome),
+pub struct Told {
+    integration: Id,
+    action: &'static str,
+    word: &'static str,
+    call: bool,
 }
 
 impl Told {
-    /// Who was told.
-    pub fn integration(self) -> Integration {
-        match self {
-            Told::Verdict(_) => Integration::NodeManager,
-            Told::Level(_) => Integration::Agent,
-            Told::Ready(_) | Told::Live(_) => Integration::Kubelet,
-            Told::Haproxy(_) => Integration::Haproxy,
-            Told::Envoy(_) => Integration::Envoy,
-            Told::Api(..) => Integration::KubernetesApi,
+    /// `integration`'s `action` told the state `word` (`kubelet`, `readyz`, `not_ready`).
+    pub const fn state(integration: Id, action: &'static str, word: &'static str) -> Told {
+        Told {
+            integration,
+            action,
+            word,
+            call: false,
         }
+    }
+
+    /// A call `integration` made (`kubernetes_api`, `eviction`) and how it ended (`refused`):
+    /// a call has no state before it.
+    pub const fn call(integration: Id, action: &'static str, outcome: &'static str) -> Told {
+        Told {
+            integration,
+            action,
+            word: outcome,
+            call: true,
+        }
+    }
+
+    /// Who was told.
+    pub fn integration(self) -> Id {
+        self.integration
     }
 
     /// What acted or was told: `status`, `level`, `readyz`, `livez`, `agent_check`,
     /// `health_check`, or the API call.
     pub fn action(self) -> &'static str {
-        match self {
-            Told::Verdict(_) => "status",
-            Told::Level(_) => "level",
-            Told::Ready(_) => "readyz",
-            Told::Live(_) => "livez",
-            Told::Haproxy(_) => "agent_check",
-            Told::Envoy(_) => "health_check",
-            Told::Api(call, _) => call.as_str(),
-        }
+        self.action
     }
 
     /// The state told, in the integration's words (an API call: its outcome).
     pub fn word(self) -> &'static str {
-        match self {
-            Told::Verdict(s) => s.as_str(),
-            Told::Level(l) => l.as_str(),
-            Told::Ready(r) => r.as_str(),
-            Told::Live(l) => l.as_str(),
-            Told::Haproxy(h) => h.as_str(),
-            Told::Envoy(e) => e.as_str(),
-            Told::Api(_, outcome) => outcome.as_str(),
-        }
+        self.word
+    }
+
+    /// A call, not a state (nothing was told before it).
+    pub fn is_call(self) -> bool {
+        self.call
+    }
+}
+
+/// The agent's own grading: the QoS level.
+impl From<Level> for Told {
+    fn from(l: Level) -> Told {
+        Told::state(AGENT, "level", l.as_str())
     }
 }
 
@@ -131,7 +111,8 @@ pub struct Entry {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ActionRecord {
     pub at_unix_ms: u64,
-    pub integration: Integration,
+    /// Who ([`Id`]): `agent`, `node_manager`, `kubelet`, `kubernetes_api`, `haproxy`, `envoy`.
+    pub integration: String,
     /// What acted or was told ([`Told::action`]).
     pub action: String,
     /// The state before (`start` at the first one); empty for an API call.
@@ -146,14 +127,14 @@ pub struct ActionRecord {
 
 impl From<&Entry> for ActionRecord {
     fn from(e: &Entry) -> ActionRecord {
-        let from = match (e.before, e.told) {
-            (_, Told::Api(..)) => "",
-            (Some(b), _) => b.word(),
-            (None, _) => "start",
+        let from = match e.before {
+            _ if e.told.is_call() => "",
+            Some(b) => b.word(),
+            None => "start",
         };
         ActionRecord {
             at_unix_ms: e.at_unix_ms,
-            integration: e.told.integration(),
+            integration: e.told.integration().as_str().to_owned(),
             action: e.told.action().to_owned(),
             from: from.to_owned(),
             to: e.told.word().to_owned(),
@@ -198,8 +179,8 @@ mod tests {
         for i in 0..(KEPT as u64 + 5) {
             j.push(Entry {
                 at_unix_ms: i,
-                told: Told::Level(Level::Throttle),
-                before: Some(Told::Level(Level::Normal)),
+                told: Told::from(Level::Throttle),
+                before: Some(Told::from(Level::Normal)),
                 level: Level::Throttle,
                 reason: String::new(),
             });
@@ -212,10 +193,11 @@ mod tests {
         );
     }
 
-    // Every word on the wire comes from the typed states: the first entry reads from
-    // `start`, an API call from nothing.
+    // Every word on the wire comes from the Told an integration made: the first entry reads
+    // from `start`, a call from nothing.
     #[test]
     fn the_words_are_made_at_the_wire() {
+        const ROUTER: Id = Id("router");
         let e = |told, before| Entry {
             at_unix_ms: 1,
             told,
@@ -223,40 +205,32 @@ mod tests {
             level: Level::Normal,
             reason: "why".into(),
         };
-        let r = ActionRecord::from(&e(Told::Ready(Ready::NotReady), None));
+        let words = |r: ActionRecord| (r.integration, r.action, r.from, r.to);
+        let up = Told::state(ROUTER, "poll", "up");
+        let down = Told::state(ROUTER, "poll", "down");
         assert_eq!(
-            (
-                r.integration,
-                r.action.as_str(),
-                r.from.as_str(),
-                r.to.as_str()
-            ),
-            (Integration::Kubelet, "readyz", "start", "not_ready")
+            words(ActionRecord::from(&e(up, None))),
+            ("router".into(), "poll".into(), "start".into(), "up".into())
         );
-        let r = ActionRecord::from(&e(
-            Told::Haproxy(HaproxyState::Drain),
-            Some(Told::Haproxy(HaproxyState::Ready)),
-        ));
         assert_eq!(
-            (
-                r.integration,
-                r.action.as_str(),
-                r.from.as_str(),
-                r.to.as_str()
-            ),
-            (Integration::Haproxy, "agent_check", "ready", "drain")
+            words(ActionRecord::from(&e(down, Some(up)))),
+            ("router".into(), "poll".into(), "up".into(), "down".into())
         );
-        let r = ActionRecord::from(&e(Told::Api(PodAction::Eviction, Outcome::Refused), None));
+        let call = Told::call(ROUTER, "eviction", "refused");
         assert_eq!(
+            words(ActionRecord::from(&e(call, Some(up)))),
             (
-                r.integration,
-                r.action.as_str(),
-                r.from.as_str(),
-                r.to.as_str()
-            ),
-            (Integration::KubernetesApi, "eviction", "", "refused")
+                "router".into(),
+                "eviction".into(),
+                String::new(),
+                "refused".into()
+            )
         );
-        assert_eq!(Told::Envoy(EnvoyState::Degraded).word(), "degraded");
-        assert_eq!(Told::Live(Live::Restart).action(), "livez");
+        let level = Told::from(Level::Throttle);
+        assert_eq!(
+            (level.integration(), level.action(), level.word()),
+            (AGENT, "level", "throttle")
+        );
+        assert_ne!(up, down, "compared by their words");
     }
 }

@@ -5,8 +5,9 @@
 //! Kept: the `/health` state (answered before, failing since, for the agent policy's grace),
 //! the start latch and the restart bookkeeping, virtual inference (the latched `abnormal`
 //! and why, the failure count, warm-up sent, the last probe), the QoS level and its hold,
-//! the progress tracking behind stall detection, and the Kubernetes API mode's record and
-//! eviction gate (cooldown, back-off). Times are wall-clock milliseconds ([`crate::clock`]).
+//! the progress tracking behind stall detection, and what each integration keeps of the
+//! engine under its own keys ([`super::acted::Kept`]: the Kubernetes API mode's record and
+//! eviction gate, its cooldown and back-off). Times are wall-clock milliseconds ([`crate::clock`]).
 //! Counters and histograms start again from zero (they are Prometheus counters: a reset is
 //! what a scraper expects of a new process).
 //!
@@ -16,9 +17,8 @@
 //! calls [`Monitor::forget`] on a mismatch.
 
 use super::verdict::HealthState;
-use super::{Monitor, vi_state};
+use super::{Monitor, acted, vi_state};
 use crate::config::EngineSpec;
-use crate::integrations::kubernetes::told::{GateMemory, KubeRecord};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::Ordering;
 
@@ -42,8 +42,10 @@ pub struct EngineState {
     pub rearms: u64,
     pub vi: vi_state::Saved,
     pub qos: crate::qos::Saved,
-    pub kubernetes: Option<KubeRecord>,
-    pub eviction_gate: Option<GateMemory>,
+    /// What each integration keeps, under its own keys, after the monitor's (the Kubernetes
+    /// API mode: `kubernetes`, `eviction_gate`).
+    #[serde(flatten)]
+    pub kept: acted::Kept,
 }
 
 /// The `/health` state as saved (not the time of the last healthy answer: it changes at
@@ -176,8 +178,7 @@ impl Monitor {
             rearms: self.rearms(),
             vi,
             qos: self.qos.saved(),
-            kubernetes: self.acted.kubernetes(),
-            eviction_gate: self.acted.gate(),
+            kept: self.acted.saved(),
         }
     }
 
@@ -212,7 +213,7 @@ impl Monitor {
         if carry.qos {
             self.qos.restore(&s.qos);
         }
-        self.acted.restore(s.kubernetes.clone(), s.eviction_gate);
+        self.acted.restore(&s.kept);
     }
 
     /// Forgets a restored state that turned out to belong to another engine process (it

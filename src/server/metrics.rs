@@ -9,7 +9,7 @@
 //! runs, each series would exist twice and a sum would double).
 
 use crate::driver::fault_levels::FaultLevel;
-use crate::integrations::kubelet::Answers;
+use crate::integrations::Answers;
 use crate::integrations::kubernetes::told::{Outcome, PodAction};
 use crate::monitor::journal::Told;
 use crate::monitor::verdict::HealthState;
@@ -338,8 +338,7 @@ impl Exposition {
             "Kubernetes API calls that act on the engine's pod, by action (condition, eviction, mindcluster_annotation) and outcome (done, refused, failed, pod_gone); present with [agent.kubernetes] only",
             MetricType::Counter,
             self.engines.iter().flat_map(|e| {
-                e.acted
-                    .kubernetes()
+                crate::integrations::kubernetes::memory::record(e)
                     .map(|k| kubernetes_action_rows(&engine_labels(e, pods), &k.totals))
                     .unwrap_or_default()
             }),

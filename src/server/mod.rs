@@ -21,7 +21,7 @@ pub mod wire;
 
 pub use conn::serve;
 
-use crate::integrations::{REGISTRY, kubelet};
+use crate::integrations::routes;
 use crate::monitor::Monitor;
 use crate::sampler::Shared;
 use crate::window;
@@ -62,8 +62,7 @@ pub fn engine_router(view: EngineView) -> Router {
         .route("/status/detail", get(engine_detail))
         .route("/qos", get(engine_qos))
         .route("/metrics", get(engine_metrics));
-    let routes = REGISTRY.iter().flat_map(|i| i.routes());
-    let routes = routes.fold(own, |r, route| {
+    let routes = routes::all().fold(own, |r, route| {
         let answer = route.answer;
         r.route(
             route.path,
@@ -124,11 +123,7 @@ pub fn admin_router(view: AdminView, access: Arc<auth::AdminAccess>) -> Router {
     let open = guarded
         .route("/healthz", get(healthz))
         .route("/", get(live::page));
-    let routes = REGISTRY
-        .iter()
-        .flat_map(|i| i.routes())
-        .filter(|r| r.on_admin);
-    let routes = routes.fold(open, |r, route| {
+    let routes = routes::all().filter(|r| r.on_admin).fold(open, |r, route| {
         let (answer, path) = (route.answer, route.path);
         r.route(
                 &format!("/engines/{{name}}{path}"),
@@ -145,14 +140,14 @@ pub fn admin_router(view: AdminView, access: Arc<auth::AdminAccess>) -> Router {
 }
 
 /// The engine named `name` on the admin listener: `f` of it, or the open routes' answer to a
-/// name no engine has ([`kubelet::unknown_engine`]: a fixed 404, what was asked in the log).
+/// name no engine has ([`routes::unknown_engine`]: a fixed 404, what was asked in the log).
 fn named(v: &AdminView, name: &str, route: &str, f: impl Fn(&Monitor) -> Response) -> Response {
     let engines = &v.metrics.engines;
     match engines.iter().find(|e| e.spec.name == name) {
         Some(e) => f(e),
         None => {
             let known: Vec<&str> = engines.iter().map(|e| e.spec.name.as_str()).collect();
-            kubelet::unknown_engine(name, route, &known)
+            routes::unknown_engine(name, route, &known)
         }
     }
 }
@@ -366,7 +361,7 @@ pub fn detail(e: &Monitor, shared: &Shared, win: Duration) -> wire::EngineDetail
             truncated: report.truncated,
             devices,
         },
-        kubernetes: e.acted.kubernetes(),
+        kubernetes: crate::integrations::kubernetes::memory::record(e),
         routers: e.acted.routers(),
         actions: e.journal.entries().iter().map(Into::into).collect(),
     }

@@ -13,7 +13,7 @@
 pub mod top;
 
 use crate::config::{AgentSettings, EngineSpec};
-use crate::integrations::kubelet::Answers;
+use crate::integrations::Answers;
 use crate::monitor::Monitor;
 use crate::monitor::journal::ActionRecord;
 use crate::monitor::verdict::Status;

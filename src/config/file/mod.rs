@@ -842,7 +842,7 @@ mgmt_port = 9001
     // value named with its table and key.
     #[test]
     fn actions_and_kubernetes_keys() {
-        use crate::integrations::kubelet::config::NotReadyOn;
+        use crate::integrations::answers::config::NotReadyOn;
         use crate::integrations::kubernetes::config::{DEFAULT_CONDITION_TYPE, EvictionMode};
         let c = parse_str(INLINE).unwrap();
         assert_eq!(

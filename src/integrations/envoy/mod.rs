@@ -1,20 +1,30 @@
-//! Envoy: its active health check polls the kubelet's `/readyz` (on the engine's listener, or
-//! `/engines/<name>/readyz` on the admin one), so Envoy's rule is the readiness rule, read in
-//! Envoy's words ([`told::EnvoyState`]): 503 is `unhealthy`, a 200 with
-//! `x-envoy-degraded: true` (at `degrade`) is `degraded`. An answer to Envoy's health checker
-//! (`user-agent: Envoy/HC`) is recorded as what Envoy was told. Checked against Envoy 1.40
-//! (docs/degradation.md).
+//! Envoy: its active health check polls `/readyz` (on the engine's listener, or
+//! `/engines/<name>/readyz` on the admin one), so Envoy's rule is the agent's readiness rule,
+//! read in Envoy's words ([`told::EnvoyState`]): 503 is `unhealthy`, a 200 with
+//! `x-envoy-degraded: true` (at `degrade`) is `degraded`. It hears every `/readyz` answer
+//! through the seam's hook ([`Integration::heard_readyz`]): it adds `x-envoy-degraded` at
+//! `degrade`, and records an answer to Envoy's health checker (`user-agent: Envoy/HC`) as
+//! what Envoy was told. Checked against Envoy 1.40 (docs/degradation.md).
 
 pub mod told;
 
-use super::Integration;
 use crate::config::{AgentSettings, EngineSpec};
-use crate::integrations::kubelet::Readiness;
-use crate::monitor::Monitor;
-use crate::monitor::journal::{self, Told};
-use axum::http::{HeaderMap, header};
+use crate::integrations::answers::Readiness;
+use crate::integrations::seam::{Integration, Readyz};
+use crate::monitor::journal::{Id, Told};
+use axum::http::{HeaderMap, HeaderValue, header};
 use strum::IntoEnumIterator;
 use told::EnvoyState;
+
+/// Its name in the journal, `/status/detail` and the metrics.
+pub(crate) const ID: Id = Id("envoy");
+
+/// The host state Envoy read, as the journal records it.
+impl From<EnvoyState> for Told {
+    fn from(s: EnvoyState) -> Told {
+        Told::state(ID, "health_check", s.as_str())
+    }
+}
 
 /// The header that makes a passing answer `degraded` to Envoy.
 pub const DEGRADED: &str = "x-envoy-degraded";
@@ -26,8 +36,8 @@ const HEALTH_CHECKER: &str = "Envoy/HC";
 pub struct Envoy;
 
 impl Integration for Envoy {
-    fn id(&self) -> journal::Integration {
-        journal::Integration::Envoy
+    fn id(&self) -> Id {
+        ID
     }
 
     fn describe(&self, spec: &EngineSpec, agent: &AgentSettings) -> String {
@@ -42,7 +52,17 @@ impl Integration for Envoy {
     }
 
     fn router_states(&self) -> Vec<Told> {
-        EnvoyState::iter().map(Told::Envoy).collect()
+        EnvoyState::iter().map(Told::from).collect()
+    }
+
+    fn heard_readyz(&self, a: &Readyz<'_>, extra: &mut HeaderMap) {
+        if is_health_checker(a.asked) {
+            a.engine
+                .told_router(Told::from(state(a.readiness)), &a.readiness.reason);
+        }
+        if a.readiness.degraded {
+            extra.insert(DEGRADED, HeaderValue::from_static("true"));
+        }
     }
 }
 
@@ -61,11 +81,4 @@ pub fn is_health_checker(headers: &HeaderMap) -> bool {
         .get(header::USER_AGENT)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|ua| ua.starts_with(HEALTH_CHECKER))
-}
-
-/// Records the answer `r` as what Envoy was told, when Envoy's health checker asked.
-pub fn note(e: &Monitor, headers: &HeaderMap, r: &Readiness) {
-    if is_health_checker(headers) {
-        e.told_router(Told::Envoy(state(r)), &r.reason);
-    }
 }

@@ -25,7 +25,8 @@
 //!   the answers in progress finish.
 
 use super::{AgentCheck, agent_check};
-use crate::integrations::{ActionInputs, Engines};
+use crate::integrations::facts::ActionInputs;
+use crate::integrations::seam::Engines;
 use crate::monitor::Monitor;
 use crate::monitor::journal::Told;
 use crate::slots::{self, Activity, BusyGuard, Registry};
@@ -124,7 +125,7 @@ pub fn answer(engines: &[Arc<Monitor>], asked: &Asked) -> Result<AgentCheck, Bad
         .ok_or(BadPoll::UnknownName)?;
     e.status();
     let a = agent_check(&ActionInputs::of(e), &e.spec.actions.haproxy);
-    e.told_router(Told::Haproxy(a.state), &a.reason);
+    e.told_router(Told::from(a.state), &a.reason);
     Ok(a)
 }
 

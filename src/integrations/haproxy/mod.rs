@@ -22,9 +22,10 @@
 pub mod config;
 pub mod listener;
 
-use super::{AbnormalCause, ActionInputs, Engines, Integration, Listen, Serving};
 use crate::config::{AgentSettings, EngineSpec, ListenerLimits};
-use crate::monitor::journal::{self, Told};
+use crate::integrations::facts::{AbnormalCause, ActionInputs};
+use crate::integrations::seam::{Engines, Integration, Listen, Serving};
+use crate::monitor::journal::{Id, Told};
 use crate::monitor::verdict::Status;
 use crate::qos::score::Level;
 use config::{HAPROXY_OPEN_MAXCONN, HaproxyMap, HaproxyState};
@@ -37,12 +38,22 @@ use tokio_util::sync::CancellationToken;
 /// `include/haproxy/defaults.h`) and cuts the rest. Every [`AgentCheck::shown`] fits.
 pub const MAX_REASON: usize = 108;
 
+/// Its name in the journal, `/status/detail` and the metrics.
+pub(crate) const ID: Id = Id("haproxy");
+
+/// The state an agent check's answer put the server in, as the journal records it.
+impl From<HaproxyState> for Told {
+    fn from(s: HaproxyState) -> Told {
+        Told::state(ID, "agent_check", s.as_str())
+    }
+}
+
 /// HAProxy's agent check, in the registry.
 pub struct Haproxy;
 
 impl Integration for Haproxy {
-    fn id(&self) -> journal::Integration {
-        journal::Integration::Haproxy
+    fn id(&self) -> Id {
+        ID
     }
 
     fn describe(&self, spec: &EngineSpec, agent: &AgentSettings) -> String {
@@ -61,7 +72,7 @@ impl Integration for Haproxy {
     }
 
     fn router_states(&self) -> Vec<Told> {
-        HaproxyState::iter().map(Told::Haproxy).collect()
+        HaproxyState::iter().map(Told::from).collect()
     }
 
     fn listen(&self, agent: &AgentSettings) -> Option<Listen> {

@@ -2,7 +2,7 @@
 
 use super::agent_check;
 use super::config::{HaproxyMap, HaproxyState as H};
-use crate::integrations::AbnormalCause;
+use crate::integrations::facts::AbnormalCause;
 use crate::integrations::tests::facts;
 use crate::monitor::verdict::Status;
 use crate::qos::score::Level;

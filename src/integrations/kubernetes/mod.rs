@@ -1,37 +1,52 @@
 //! The Kubernetes API mode (`[agent.kubernetes]`, opt-in): for each engine, find its pod on
 //! this node ([`pods`]), keep a readiness-gate condition on it that follows the `/readyz`
 //! rule, and at a held `evict` create an Eviction (or set MindCluster's fault annotation).
-//! The readiness rule is the kubelet's ([`crate::integrations::kubelet::readiness`]), the
+//! The readiness rule is the agent's ([`crate::integrations::answers::readiness`]), the
 //! eviction rule is [`eviction_ground`] and its gate [`eviction`]; [`api`] makes the calls;
 //! [`task`] is the loop (I/O only); [`config`] is `[agent.kubernetes]` and
 //! `[engine.kubernetes]`. What it did is the engine's record ([`told`], kept in the engine's
-//! monitor), which `/status/detail` shows; nothing it does or fails to do changes the
+//! monitor and its state file as this integration's [`memory`]), which `/status/detail` shows; nothing it does or fails to do changes the
 //! verdict, and no handler waits on it.
 
 pub mod api;
 pub mod config;
 pub mod eviction;
+pub mod memory;
 pub mod pods;
 pub mod shared;
 pub mod task;
 pub mod told;
 
 use crate::config::{AgentSettings, EngineSpec};
-use crate::integrations::{ActionInputs, Integration, Serving, Started};
+use crate::integrations::facts::ActionInputs;
+use crate::integrations::seam::{Integration, Serving, Started};
 use crate::monitor::Monitor;
-use crate::monitor::journal;
+use crate::monitor::journal::{Id, Told};
 use api::KubeClient;
 use config::{EvictionMode, KubernetesConfig, MINDCLUSTER_ANNOTATION};
 use shared::SharedLists;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
+use told::{Outcome, PodAction};
+
+/// Its name in the journal, `/status/detail` and the metrics.
+pub(crate) const ID: Id = Id("kubernetes_api");
+
+/// The call `action` on the pod, ended as `outcome`, as the journal records it.
+pub(crate) fn told_call(action: PodAction, outcome: Outcome) -> Told {
+    Told::call(ID, action.as_str(), outcome.as_str())
+}
 
 /// The Kubernetes API mode, in the registry.
 pub struct KubernetesApi;
 
 impl Integration for KubernetesApi {
-    fn id(&self) -> journal::Integration {
-        journal::Integration::KubernetesApi
+    fn id(&self) -> Id {
+        ID
+    }
+
+    fn memory(&self) -> Option<Box<dyn crate::monitor::acted::Memory>> {
+        Some(Box::<memory::KubeMemory>::default())
     }
 
     fn preflight(&self, agent: &AgentSettings) -> Result<(), (String, String)> {

@@ -12,18 +12,18 @@
 use super::api::{ApiError, KubeApi, PodInfo};
 use super::eviction;
 use super::eviction_ground;
+use super::memory;
 use super::pods::{self, EngineAddr};
 use super::shared::next_resync;
 use super::told::{Attempt, ConditionSet, Outcome, PodAction};
 use crate::clock::unix_ms;
-use crate::integrations::ActionInputs;
-use crate::integrations::kubelet::{self, Readiness};
+use crate::integrations::answers::{Readiness, readiness};
+use crate::integrations::facts::ActionInputs;
 use crate::integrations::kubernetes::config::{
     EvictionMode, KubernetesConfig, MINDCLUSTER_ANNOTATION, MINDCLUSTER_POD_LABEL,
     MINDCLUSTER_VALUE,
 };
 use crate::monitor::Monitor;
-use crate::monitor::journal::Told;
 use k8s_openapi::api::core::v1::PodCondition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use std::sync::Arc;
@@ -136,13 +136,13 @@ pub async fn run(
         condition_retry_at: None,
         condition_backoff: CONDITION_RETRY.min(cfg.resync_period),
         // A restarted agent keeps the cooldown and back-off its predecessor saved.
-        gate: match m.acted.gate() {
+        gate: match memory::gate(&m) {
             Some(g) => eviction::EvictionGate::remembering(cfg.eviction_cooldown, g),
             None => eviction::EvictionGate::new(cfg.eviction_cooldown),
         },
         quiet: Quiet::default(),
     };
-    m.acted.update(|r| {
+    memory::update(&m, |r| {
         r.eviction = cfg.eviction.as_str().to_owned();
         r.eviction_cooldown_s = cfg.eviction_cooldown.as_secs_f64();
     });
@@ -157,7 +157,7 @@ pub async fn run(
 
 /// Records that the mode cannot act for `m` at all, and why.
 pub fn inactive(m: &Monitor, cfg: &KubernetesConfig, why: &str) {
-    m.acted.update(|r| {
+    memory::update(m, |r| {
         r.inactive = Some(why.to_owned());
         r.eviction = cfg.eviction.as_str().to_owned();
         r.eviction_cooldown_s = cfg.eviction_cooldown.as_secs_f64();
@@ -240,7 +240,7 @@ impl<A: KubeApi> Loop<'_, A> {
                 }
                 let key = p.key();
                 self.pod = Some(p);
-                self.m.acted.update(|r| {
+                memory::update(self.m, |r| {
                     r.pod = Some(key);
                     r.pod_error = None;
                 });
@@ -251,7 +251,7 @@ impl<A: KubeApi> Loop<'_, A> {
                     self.pod = None;
                 }
                 let pod = self.pod.as_ref().map(PodInfo::key);
-                self.m.acted.update(|r| {
+                memory::update(self.m, |r| {
                     r.pod = pod;
                     r.pod_error = Some(why.clone());
                     if api_failed {
@@ -272,7 +272,7 @@ impl<A: KubeApi> Loop<'_, A> {
     }
 
     async fn condition(&mut self, facts: &ActionInputs, resync: bool) {
-        let r = kubelet::readiness(facts, &self.m.spec.actions);
+        let r = readiness(facts, &self.m.spec.actions);
         let (status, reason, message) = condition_of(facts, &r);
         let changed = self.sent != Some((status, reason));
         let now = Instant::now();
@@ -311,7 +311,7 @@ impl<A: KubeApi> Loop<'_, A> {
                     set_at_unix_ms: unix_ms(),
                 };
                 let detail = format!("{status} ({reason}): {message}");
-                self.m.acted.update(|rec| {
+                memory::update(self.m, |rec| {
                     rec.condition = Some(set);
                     if status_changed {
                         rec.push(Attempt {
@@ -325,14 +325,14 @@ impl<A: KubeApi> Loop<'_, A> {
                 });
                 if status_changed {
                     self.m.note(
-                        Told::Api(PodAction::Condition, Outcome::Done),
+                        super::told_call(PodAction::Condition, Outcome::Done),
                         None,
                         &format!("{}: {detail}", pod.key()),
                     );
                 }
             }
             Err(e) if e.code() == Some(404) => {
-                self.m.acted.update(|rec| {
+                memory::update(self.m, |rec| {
                     rec.api_error(
                         format!("setting the condition: pod {} is gone", pod.key()),
                         unix_ms(),
@@ -349,7 +349,7 @@ impl<A: KubeApi> Loop<'_, A> {
                 self.quiet.fail(&engine, "condition", &why);
                 self.condition_retry_at = Some(now + self.condition_backoff);
                 self.condition_backoff = (self.condition_backoff * 2).min(self.cfg.resync_period);
-                self.m.acted.update(|rec| rec.api_error(why, unix_ms()));
+                memory::update(self.m, |rec| rec.api_error(why, unix_ms()));
             }
         }
     }
@@ -358,13 +358,13 @@ impl<A: KubeApi> Loop<'_, A> {
         let ground = eviction_ground(facts);
         let now = Instant::now();
         match self.gate.step(now, ground.is_some()) {
-            eviction::Step::Idle => self.m.acted.update(|r| {
+            eviction::Step::Idle => memory::update(self.m, |r| {
                 r.eviction_blocked_until_unix_ms = None;
                 r.eviction_blocked_why = None;
             }),
             eviction::Step::Wait { until, cooldown } => {
                 let at = unix_ms() + until.saturating_duration_since(now).as_millis() as u64;
-                self.m.acted.update(|r| {
+                memory::update(self.m, |r| {
                     r.eviction_blocked_until_unix_ms = Some(at);
                     r.eviction_blocked_why = Some(if cooldown {
                         format!(
@@ -403,7 +403,7 @@ impl<A: KubeApi> Loop<'_, A> {
                     Err(e) => (Outcome::Failed, eviction::Attempted::Failed, e.to_string()),
                 };
                 let backoff = self.gate.record(now, attempted);
-                self.m.acted.set_gate(self.gate.memory());
+                memory::set_gate(self.m, self.gate.memory());
                 match (&result, backoff) {
                     (Ok(()), _) => {
                         tracing::warn!(engine = %engine, pod = %pod.key(), "Kubernetes API: {action} of pod {} done: {ground}", pod.key())
@@ -422,11 +422,11 @@ impl<A: KubeApi> Loop<'_, A> {
                     (Err(_), None) => {}
                 }
                 self.m.note(
-                    Told::Api(action, outcome),
+                    super::told_call(action, outcome),
                     None,
                     &format!("{}: {detail}", pod.key()),
                 );
-                self.m.acted.update(|r| {
+                memory::update(self.m, |r| {
                     r.push(Attempt {
                         at_unix_ms: unix_ms(),
                         action,

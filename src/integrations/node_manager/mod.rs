@@ -2,21 +2,30 @@
 //! and kills the node after 5 `abnormal` answers in a row. The rule is the monitor's verdict
 //! ([`crate::monitor::verdict`], under the policy in force); the answer is 200 with a body of
 //! exactly `{"status":"initial"|"normal"|"abnormal"}`, as MindIE's engine server gives it.
-//! What it was told is [`crate::monitor::journal::Told::Verdict`].
+//! What it was told is [`told`] of the verdict.
 
-use super::{Integration, Route};
 use crate::config::{AgentSettings, EngineSpec};
+use crate::integrations::seam::{Integration, Route};
 use crate::monitor::Monitor;
-use crate::monitor::journal;
+use crate::monitor::journal::{Id, Told};
+use crate::monitor::verdict::Status;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
+
+/// Its name in the journal, `/status/detail` and the metrics.
+pub(crate) const ID: Id = Id("node_manager");
+
+/// The verdict `/status` serves, as the journal records what Node Manager is told.
+pub(crate) fn told(s: Status) -> Told {
+    Told::state(ID, "status", s.as_str())
+}
 
 /// Node Manager, in the registry.
 pub struct NodeManager;
 
 impl Integration for NodeManager {
-    fn id(&self) -> journal::Integration {
-        journal::Integration::NodeManager
+    fn id(&self) -> Id {
+        ID
     }
 
     fn routes(&self) -> &'static [Route] {

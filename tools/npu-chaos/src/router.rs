@@ -115,11 +115,10 @@ pub fn note_actions(
     journal: &[npu_health_agent::monitor::journal::ActionRecord],
     t0_unix_ms: i64,
 ) {
-    use npu_health_agent::monitor::journal::Integration;
     for r in journal {
-        let router = match r.integration {
-            Integration::Haproxy => "haproxy",
-            Integration::Envoy => "envoy",
+        let router = match r.integration.as_str() {
+            "haproxy" => "haproxy",
+            "envoy" => "envoy",
             _ => continue,
         };
         let a = RouterAction {
@@ -363,13 +362,13 @@ fn envoy_config(p: &Placement<'_>, front: u16, draft: u16, admin: u16, s: f64) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use npu_health_agent::monitor::journal::{ActionRecord, Integration};
+    use npu_health_agent::monitor::journal::ActionRecord;
     use npu_health_agent::qos::score::Level;
 
-    fn record(at: u64, integration: Integration, from: &str, to: &str) -> ActionRecord {
+    fn record(at: u64, integration: &str, from: &str, to: &str) -> ActionRecord {
         ActionRecord {
             at_unix_ms: at,
-            integration,
+            integration: integration.to_owned(),
             action: "agent_check".into(),
             from: from.into(),
             to: to.into(),
@@ -383,9 +382,9 @@ mod tests {
     #[test]
     fn router_actions_are_noted_once_and_judged_by_their_state() {
         let journal = vec![
-            record(1_000, Integration::Haproxy, "start", "ready"),
-            record(1_500, Integration::NodeManager, "normal", "abnormal"),
-            record(2_000, Integration::Haproxy, "ready", "queue"),
+            record(1_000, "haproxy", "start", "ready"),
+            record(1_500, "node_manager", "normal", "abnormal"),
+            record(2_000, "haproxy", "ready", "queue"),
         ];
         let mut seen = Vec::new();
         note_actions(&mut seen, &journal, 1_200);
@@ -393,7 +392,7 @@ mod tests {
         assert_eq!(seen.len(), 2, "{seen:?}");
         assert_eq!((seen[0].t_ms, seen[1].t_ms), (-200, 800));
         assert!(!seen.iter().any(RouterAction::takes_main_out), "{seen:?}");
-        let later = [record(3_000, Integration::Envoy, "healthy", "unhealthy")];
+        let later = [record(3_000, "envoy", "healthy", "unhealthy")];
         note_actions(&mut seen, &later, 1_200);
         assert_eq!(seen[2].router, "envoy");
         assert!(seen[2].takes_main_out());

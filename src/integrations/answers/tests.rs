@@ -1,11 +1,11 @@
-//! The kubelet's rules as tables: which verdict and level open or close `/readyz` and
-//! `/livez`.
+//! The readiness and liveness rules as tables: which verdict and level open or close
+//! `/readyz` and `/livez`.
 
 use super::config::NotReadyOn;
 use super::{liveness, readiness};
 use crate::config::actions::ActionsConfig;
+use crate::integrations::facts::{AbnormalCause, ActionInputs};
 use crate::integrations::tests::facts;
-use crate::integrations::{AbnormalCause, ActionInputs};
 use crate::monitor::verdict::{HealthState, Status};
 use crate::monitor::vi_state::Phase;
 use crate::qos::score::Level;
@@ -161,44 +161,4 @@ fn liveness_table() {
         assert_eq!(l.live, want, "{name}: {}", l.reason);
         assert!(!l.reason.contains('\n'), "one line: {}", l.reason);
     }
-}
-
-// Issue 48, R10: an unknown name on the open routes is answered with one fixed 404 whatever
-// was asked (it echoed the name), and the operator's log names what was asked, at most once
-// per interval, with a count of the rest.
-#[test]
-fn an_unknown_engine_name_is_a_fixed_404_and_one_log_line_per_interval() {
-    use super::{UNKNOWN_ENGINE, UnknownNames, unknown_engine};
-    use std::time::{Duration, Instant};
-    for asked in ["nope", "<script>x</script>", &"n".repeat(100_000), "a\nb"] {
-        let r = unknown_engine(asked, "/readyz", &["e2e"]);
-        assert_eq!(r.status(), axum::http::StatusCode::NOT_FOUND);
-        let body =
-            futures_util::FutureExt::now_or_never(axum::body::to_bytes(r.into_body(), 1 << 20))
-                .unwrap()
-                .unwrap();
-        let body = String::from_utf8_lossy(&body);
-        assert_eq!(body, format!("{UNKNOWN_ENGINE}\n"), "asked {}", asked.len());
-    }
-    let t0 = Instant::now();
-    let at = |ms: u64| t0 + Duration::from_millis(ms);
-    let mut seen = UnknownNames::new(Duration::from_secs(10));
-    let first = seen.note("prefil-main", "/readyz", &["prefill-main", "decode"], at(0));
-    assert_eq!(
-        first.as_deref(),
-        Some(
-            "GET /engines/<name>/readyz asked for \"prefil-main\", which no engine here has (engines: prefill-main, decode); answered 404 (a router or a probe names a wrong engine?)"
-        )
-    );
-    for i in 1..1000 {
-        assert_eq!(seen.note(&format!("x{i}"), "/livez", &[], at(i)), None);
-    }
-    let next = seen
-        .note(&"y".repeat(100_000), "/livez", &[], at(10_000))
-        .unwrap();
-    assert!(
-        next.ends_with("999 more such request(s) since the last line"),
-        "{next}"
-    );
-    assert!(next.len() < 1024, "cut: {} bytes", next.len());
 }

@@ -1,6 +1,6 @@
-//! The kubelet's configuration table: `[engine.actions] not_ready_on`, the states of the
-//! engine that make `/readyz` fail (and the readiness gate `False`). Data only: the
-//! configuration ([`crate::config::actions`]) reads it, the rule is [`super::readiness`].
+//! The readiness rule's table: `[engine.actions] not_ready_on`, the states of the engine that
+//! make `/readyz` fail (and the readiness gate `False`). Data only: the configuration
+//! ([`crate::config::actions`]) reads it, the rule is [`super::readiness`].
 
 use serde::{Deserialize, Serialize};
 
