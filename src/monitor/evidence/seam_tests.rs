@@ -54,6 +54,7 @@ impl Source for Canary {
     }
 }
 
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::config::file;
