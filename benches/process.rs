@@ -10,7 +10,7 @@
 //! them cost 47 % of a core): a look-up reads at most `Watch::SCAN_BUDGET` entries per
 //! sample, so one sample's budget is the most it costs per period.
 
-use npu_health_agent::monitor::tasks::PROCESS_PERIOD;
+use npu_health_agent::monitor::evidence::processes::PROCESS_PERIOD;
 use npu_health_agent::probe::process::{Lookup, Watch, lookup, states_of};
 use npu_health_agent::proc_sockets::{ProcRoot, Scan};
 use std::time::{Duration, Instant};

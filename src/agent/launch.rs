@@ -144,9 +144,9 @@ impl Running {
         })
     }
 
-    /// The engine's tasks, from `restored` when it applies: the identity check of a saved
-    /// state, `/health`, virtual inference, QoS, the journal's observer, and each started
-    /// integration's task.
+    /// The engine's tasks, from `restored` when it applies: the monitor's own loops (one per
+    /// source of evidence, [`monitor::evidence::SOURCES`]), the journal's observer, and each
+    /// started integration's task.
     fn spawn_engine_tasks(
         &self,
         p: &Prepared,
@@ -154,74 +154,23 @@ impl Running {
         restored: Option<&(EngineState, Carry)>,
         cancel: &CancellationToken,
     ) -> JoinSet<()> {
-        let (spec, shared) = (&p.spec, &self.shared);
-        let mut tasks = JoinSet::new();
+        let mut saved_start = None;
         if let Some((saved, carry)) = restored {
             state.restore(saved, *carry);
-            if carry.health
-                && let Some(at) = saved.engine_started_at
-            {
-                // The saved state is this engine process's only if it did not restart
-                // while no agent watched it.
-                tasks.spawn(monitor::tasks::identity_task(
-                    state.clone(),
-                    p.client.metrics(),
-                    at,
-                    cancel.clone(),
-                ));
-            }
+            // The saved state is this engine process's only if it did not restart while no
+            // agent watched it: the identity source checks.
+            saved_start = saved.engine_started_at.filter(|_| carry.health);
         }
-        tasks.spawn(monitor::tasks::health_task(
-            state.clone(),
-            p.client.health(),
-            cancel.clone(),
-        ));
-        let peaks = monitor::inputs::RingPeaks {
-            shared: shared.clone(),
-            devices: p.devices.clone(),
+        let with = monitor::evidence::Loops {
+            client: &p.client,
+            shared: &self.shared,
+            saved_start,
         };
-        let (cube_shared, cube_devices) = (shared.clone(), p.devices.clone());
-        let cube = move || {
-            cube_devices
-                .iter()
-                .map(|&i| {
-                    let d = &cube_shared.devices[usize::from(i)];
-                    (d.info.id, d.source().backend())
-                })
-                .collect()
-        };
-        tasks.spawn(monitor::tasks::virtual_inference_task(
-            state.clone(),
-            p.client.prober(spec),
-            peaks.clone(),
-            monitor::inputs::ScrapeSignals {
-                state: state.clone(),
-                metrics: p.client.metrics(),
-            },
-            cube,
-            cancel.clone(),
-        ));
-        tasks.spawn(monitor::tasks::qos_task(
-            state.clone(),
-            p.client.metrics(),
-            peaks,
-            cancel.clone(),
-        ));
+        let mut tasks = state.spawn_loops(&with, cancel);
         tasks.spawn(crate::integrations::observe::run(
             state.clone(),
             cancel.clone(),
         ));
-        // The stopped-process rule's evidence, under the agent policy when it is on.
-        if spec
-            .agent_policy_in_force()
-            .is_some_and(|a| !a.stopped_process_grace.is_zero())
-        {
-            tasks.spawn(monitor::tasks::process_task(
-                state.clone(),
-                crate::proc_sockets::ProcRoot::default(),
-                cancel.clone(),
-            ));
-        }
         for started in &self.started {
             if let Some(task) = started.engine_task(state.clone(), cancel.clone()) {
                 tasks.spawn(task);

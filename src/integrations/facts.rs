@@ -52,25 +52,22 @@ pub struct ActionInputs {
 impl ActionInputs {
     /// The facts of `m` now.
     pub fn of(m: &Monitor) -> ActionInputs {
-        let status = m.peek_status();
+        use crate::monitor::evidence::Kind;
+        // The monitor's one verdict: its status, cause and reason come from one walk.
+        let verdict = m.verdict();
         let health = m.health_detail();
-        let cause = (status == Status::Abnormal).then(|| {
-            if health.state == HealthState::Unhealthy {
-                AbnormalCause::Health
-            } else if m.engine_stopped() {
-                AbnormalCause::EngineStopped
-            } else if m.vi.abnormal() {
-                AbnormalCause::VirtualInference
-            } else {
-                AbnormalCause::QosEviction
-            }
+        let cause = verdict.cause.map(|c| match c.kind {
+            Kind::Health => AbnormalCause::Health,
+            Kind::EngineStopped => AbnormalCause::EngineStopped,
+            Kind::VirtualInference => AbnormalCause::VirtualInference,
+            Kind::QosEviction => AbnormalCause::QosEviction,
         });
         let components = m.qos.components();
         ActionInputs {
-            status,
+            status: verdict.status,
             cause,
             // One line, whatever the engine's error said.
-            reason: m.reason().replace(['\n', '\r'], " "),
+            reason: verdict.reason.replace(['\n', '\r'], " "),
             port_closed: health.last_transport_error == Some(Transport::Refused),
             health: health.state,
             phase: m.vi.phase(),

@@ -1,6 +1,6 @@
 //! The rules of virtual inference as plain functions (virtual-inference-reference §1.4–§1.5):
 //! what one probe does to the failure count, and how long to sleep before the next. The
-//! loop in [`super::tasks`] gathers an [`Observation`], calls [`account`] and
+//! loop in [`super::evidence::virtual_inference`] gathers an [`Observation`], calls [`account`] and
 //! [`next_cadence`], and applies what they return; every rule is a row of the tables below.
 //!
 //! Failure accounting, in the reference's order:
@@ -52,9 +52,10 @@
 //! back to the base interval (5 s) only after a peak below the usage threshold; otherwise,
 //! and when the peak is unavailable, unchanged.
 
+use super::evidence::driver_faults::CONFIRM_LEVEL;
+pub use super::evidence::driver_faults::{FaultEffect, fault_effect, worst};
 use super::inputs::CapacityWaiting;
 use crate::config::Timing;
-use crate::driver::fault_levels::FaultLevel;
 use crate::probe::outcome::{Accounting, ProbeFailure};
 use crate::sampler::faults::NpuFault;
 use std::time::Duration;
@@ -138,55 +139,6 @@ pub struct Observation {
     /// Agent policy: the most severe fault the driver reported on the engine's NPUs when
     /// the failure was checked; `None` when there is none, or the probe succeeded.
     pub driver_fault: Option<NpuFault>,
-}
-
-/// The level from which a driver fault confirms a failed probe, and makes the loop probe at
-/// once when it appears (agent policy).
-pub const CONFIRM_LEVEL: FaultLevel = FaultLevel::RestartBusiness;
-
-/// What a driver fault does to an engine on the NPU.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FaultEffect {
-    /// Published, nothing else (every level under `reference`; `NotHandleFault`,
-    /// `RestartRequest` and unclassified codes under `agent`).
-    Published,
-    /// The QoS level is one band lower, at most `throttle` (`SubHealthFault`, agent policy).
-    LowersQos,
-    /// One immediate confirming probe; a failure is abnormal at once (`RestartBusiness` or
-    /// worse, agent policy).
-    Confirms,
-}
-
-impl FaultEffect {
-    /// In words, for `/status/detail`, `doctor` and the live page.
-    pub fn describe(self) -> &'static str {
-        match self {
-            FaultEffect::Published => "published only",
-            FaultEffect::LowersQos => "QoS level one band lower, at most throttle",
-            FaultEffect::Confirms => {
-                "one immediate confirming probe; a failed virtual request is abnormal at once"
-            }
-        }
-    }
-}
-
-/// What a fault at `level` does under the policy in force (`agent`: the agent policy).
-pub fn fault_effect(agent: bool, level: FaultLevel) -> FaultEffect {
-    match level {
-        _ if !agent => FaultEffect::Published,
-        l if l >= CONFIRM_LEVEL => FaultEffect::Confirms,
-        FaultLevel::SubHealthFault => FaultEffect::LowersQos,
-        _ => FaultEffect::Published,
-    }
-}
-
-/// The most severe of `faults` (the first of equals).
-pub fn worst(faults: &[NpuFault]) -> Option<&NpuFault> {
-    faults.iter().fold(None, |w: Option<&NpuFault>, f| match w {
-        Some(w) if w.level >= f.level => Some(w),
-        _ => Some(f),
-    })
 }
 
 /// What one probe did to the failure count.
@@ -624,6 +576,7 @@ pub fn next_cadence(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::driver::fault_levels::FaultLevel;
 
     const S: fn(u64) -> Duration = Duration::from_secs;
 

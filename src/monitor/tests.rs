@@ -7,15 +7,18 @@ use crate::driver::Backend;
 use crate::probe::MetricsSource;
 use crate::probe::Prober;
 use crate::probe::health::Fetch;
+use crate::probe::health::HealthOutcome;
 use crate::probe::health::{HealthTransport, Transport};
 use crate::probe::outcome::{Accounting, ProbeFailure, ProbeResult};
 use crate::qos::score::Level;
+use evidence::health::health_task;
+use evidence::qos::qos_task;
+use evidence::virtual_inference::virtual_inference_task;
 use inputs::{CapacityWaiting, EngineSignals, PeakSource, ScrapeSignals};
 use std::collections::VecDeque;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
-use tasks::{health_task, qos_task, virtual_inference_task};
 use tokio_util::sync::CancellationToken;
 
 fn spec(hc: &str) -> EngineSpec {

@@ -329,10 +329,11 @@ pub fn detail(e: &Monitor, shared: &Shared, win: Duration) -> wire::EngineDetail
         .collect();
     let spec = &e.spec;
     let hc = &spec.health_check_config;
+    let verdict = e.verdict();
     wire::EngineDetail {
         engine: spec.name.clone(),
-        status: e.peek_status(),
-        reason: e.reason(),
+        status: verdict.status,
+        reason: verdict.reason,
         role: spec.role,
         policy: spec.policy.value,
         policy_source: spec.policy.source.clone(),
