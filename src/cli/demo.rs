@@ -104,6 +104,7 @@ pub async fn fake_engine(a: FakeEngineArgs) -> Result<(), CliError> {
         profile: a.profile,
         data_parallel: a.data_parallel,
         keep_alive: a.keep_alive,
+        ..EngineOptions::default()
     };
     run_engine(opts, cancel).await.context("fake engine")?;
     Ok(())
