@@ -135,3 +135,132 @@ pub(super) fn metrics_text(e: &Engine) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::{EngineOptions, run};
+    use crate::profile::Profile;
+    use serde_json::{Value, json};
+    use std::time::{Duration, Instant};
+    use tokio_util::sync::CancellationToken;
+
+    /// The fake at profile `sglang`, its /health polling every 50 ms for up to 300 ms; its
+    /// inference and control bases.
+    async fn start() -> (String, String, CancellationToken) {
+        let [p, c] = crate::launch::free_ports::<2>().unwrap();
+        let opts = EngineOptions {
+            listen: format!("127.0.0.1:{p}").parse().unwrap(),
+            control: format!("127.0.0.1:{c}").parse().unwrap(),
+            model: "m".into(),
+            profile: Profile::Sglang,
+            ttft: Duration::from_millis(5),
+            tpot: Duration::from_millis(1),
+            health_poll: Duration::from_millis(50),
+            health_budget: Duration::from_millis(300),
+            ..EngineOptions::default()
+        };
+        let cancel = CancellationToken::new();
+        tokio::spawn(run(opts, cancel.clone()));
+        let base = format!("http://127.0.0.1:{p}");
+        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        for _ in 0..200 {
+            if client.get(format!("{base}/metrics")).send().await.is_ok() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        (base, format!("http://127.0.0.1:{c}"), cancel)
+    }
+
+    // SGLang's /health: 200 empty after a poll when the scheduler runs; under a hang, 503
+    // only once its budget is spent; /health_generate the same handler.
+    #[tokio::test]
+    async fn health_waits_a_poll_when_fine_and_its_budget_when_nothing_comes_out() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let (base, control, cancel) = start().await;
+        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        let get = |path: &str| client.get(format!("{base}{path}")).send();
+        let t = Instant::now();
+        let h = get("/health").await.unwrap();
+        assert_eq!(h.status(), 200);
+        assert!(t.elapsed() >= Duration::from_millis(50), "one poll first");
+        assert_eq!(h.text().await.unwrap(), "");
+        assert_eq!(get("/health_generate").await.unwrap().status(), 200);
+        let r = client
+            .post(format!("{control}/fake/faults"))
+            .json(&json!({"hang": true}))
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success());
+        let t = Instant::now();
+        assert_eq!(get("/health").await.unwrap().status(), 503);
+        assert!(
+            t.elapsed() >= Duration::from_millis(300),
+            "after the budget"
+        );
+        let refused = client
+            .post(format!("{control}/fake/faults"))
+            .json(&json!({"hang": false, "health_false": true}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(refused.status(), 400, "SGLang never answers false");
+        cancel.cancel();
+    }
+
+    // /generate and /v1/completions take the id from `rid`; the series are SGLang's.
+    #[tokio::test]
+    async fn generate_completions_and_sglang_metrics() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let (base, control, cancel) = start().await;
+        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        let r: Value = client
+            .post(format!("{base}/generate"))
+            .json(&json!({"text": "hello", "sampling_params": {"max_new_tokens": 3}, "rid": "g1"}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(r["meta_info"]["completion_tokens"], 3, "{r}");
+        assert_eq!(r["meta_info"]["id"], "g1");
+        let r = client
+            .post(format!("{base}/v1/completions"))
+            .json(&json!({"model": "any", "prompt": "1", "max_tokens": 1, "rid": "1_virtual"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "another model name is taken");
+        let stats: Value = client
+            .get(format!("{control}/fake/stats"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(stats["last_request_id"], "1_virtual", "{stats}");
+        assert_eq!(stats["virtual_completions"], 1);
+        let m = client
+            .get(format!("{base}/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        for name in [
+            "sglang:num_running_reqs{",
+            "sglang:num_queue_reqs{",
+            "sglang:token_usage{",
+            "sglang:gen_throughput{",
+            "sglang:generation_tokens_total{engine_type=\"unified\",is_streaming=\"false\",model_name=\"m\"} 4.0",
+        ] {
+            assert!(m.contains(name), "{name} in\n{m}");
+        }
+        assert!(!m.contains("vllm:") && !m.contains("_created"), "{m}");
+        cancel.cancel();
+    }
+}
