@@ -2,22 +2,20 @@
 //! ([`EngineKind`]) and listed once ([`of`]).
 //!
 //! A kind is one file: the Prometheus names of the series the agent reads ([`MetricNames`],
-//! which [`crate::probe::engine_metrics`] maps into the one neutral [`EngineMetrics`] the
+//! which the probe's `engine_metrics` maps into the one neutral `EngineMetrics` the
 //! rules read), its virtual request ([`VirtualRequest`]), whether virtual inference applies to
 //! it (and why not), and what its `/health` answer means. The rest of the agent never asks
-//! which kind it has: the HTTP client ([`crate::probe::http::EngineClient`]) sends the kind's
+//! which kind it has: the HTTP client (the probe's `EngineClient`) sends the kind's
 //! request, scrapes with its names and reads `/health` its way, and the virtual-inference gate
-//! ([`crate::monitor::gates`]) asks it. The kinds hold data and pure functions; they name the
+//! (the monitor's `gates`) asks it. The kinds hold data and pure functions; they name the
 //! configuration and nothing that runs.
-//!
-//! [`EngineMetrics`]: crate::probe::engine_metrics::EngineMetrics
 
 mod mindie;
 mod sglang;
 mod vllm;
 
 #[cfg(test)]
-mod seam_tests;
+mod tests;
 
 use crate::config::EngineSpec;
 use crate::config::engine_type::EngineType;
@@ -27,7 +25,7 @@ use serde_json::{Value, json};
 ///
 /// The virtual request must be answered in OpenAI's completion shape (a JSON body, or, when
 /// it asks to stream, server-sent events whose tokens are `choices` and which end with
-/// `[DONE]`): that is what [`crate::probe::http`] times and checks.
+/// `[DONE]`): that is what the probe's HTTP client times and checks.
 pub trait EngineKind: Send + Sync + 'static {
     /// The names of the series the agent reads from the engine's `/metrics`.
     fn metric_names(&self) -> &'static MetricNames;
@@ -123,48 +121,4 @@ fn openai_completion(model: Option<&str>, tokens: u32) -> VirtualRequest {
 /// `false` after lower-casing (not trimmed).
 fn not_false(body: &str) -> bool {
     body.to_lowercase() != "false"
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use strum::IntoEnumIterator;
-
-    // Every name of a kind starts with its prefix (a line is skipped on the prefix alone).
-    #[test]
-    fn every_kinds_names_start_with_its_prefix() {
-        for t in EngineType::iter() {
-            let n = of(t).metric_names();
-            let mut all: Vec<&str> = [
-                n.running,
-                n.waiting,
-                n.prompt_tokens,
-                n.generation_tokens,
-                n.kv_cache_usage,
-            ]
-            .concat();
-            all.extend(n.waiting_for_capacity.iter().map(|l| l.name));
-            all.extend(n.asleep.iter().map(|l| l.name));
-            assert!(!all.is_empty(), "{t}");
-            for name in all {
-                assert!(name.starts_with(n.prefix), "{t}: {name}");
-            }
-        }
-    }
-
-    // The fake engine's profiles name the agent's kinds: each profile is one kind, and each
-    // kind has a profile.
-    #[cfg(feature = "fake-driver")]
-    #[test]
-    fn the_fake_engines_profiles_name_the_same_kinds() {
-        use fake_engine::profile::Profile;
-        let mut kinds: Vec<EngineType> = Profile::iter()
-            .map(|p| EngineType::parse(p.kind()).unwrap_or_else(|| panic!("{p}: {}", p.kind())))
-            .collect();
-        kinds.sort_by_key(|t| t.as_str());
-        kinds.dedup();
-        let mut all: Vec<EngineType> = EngineType::iter().collect();
-        all.sort_by_key(|t| t.as_str());
-        assert_eq!(kinds, all);
-    }
 }

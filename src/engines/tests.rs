@@ -1,10 +1,12 @@
-//! The engine seam seen from a new kind: one written here, test-only, with metric names, a
-//! request and a `/health` of its own that no kind in the list shares, is talked to by the
-//! agent's own HTTP client through [`EngineKind`] alone, against a real server on a real
-//! socket. It needs no line in any other file.
+//! The engines wing's tests: every kind's names start with its prefix, the fake engine's
+//! profiles name the same kinds, and the seam seen from a new kind: one written here,
+//! test-only, with metric names, a request and a `/health` of its own that no kind in the
+//! list shares, is talked to by the agent's own HTTP client through [`EngineKind`] alone,
+//! against a real server on a real socket. It needs no line in any other file.
 
-use super::{EngineKind, MetricNames, VirtualRequest};
+use super::{EngineKind, MetricNames, VirtualRequest, of};
 use crate::config::EngineSpec;
+use crate::config::engine_type::EngineType;
 use crate::probe::health::{HealthCollector, HealthOutcome};
 use crate::probe::http::EngineClient;
 use crate::probe::{MetricsSource, Prober};
@@ -14,6 +16,7 @@ use axum::routing::{get, post};
 use serde_json::{Value, json};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use strum::IntoEnumIterator;
 
 /// A kind whose engine speaks a dialect of its own: `seam:` metrics, `POST /seam/generate`
 /// with the id in `request_id`, and a `/health` that says `ok`.
@@ -158,4 +161,42 @@ async fn the_agent_talks_to_a_new_kind_through_the_trait_alone() {
         health.probe().await,
         HealthOutcome::Unhealthy { .. }
     ));
+}
+
+// Every name of a kind starts with its prefix (a line is skipped on the prefix alone).
+#[test]
+fn every_kinds_names_start_with_its_prefix() {
+    for t in EngineType::iter() {
+        let n = of(t).metric_names();
+        let mut all: Vec<&str> = [
+            n.running,
+            n.waiting,
+            n.prompt_tokens,
+            n.generation_tokens,
+            n.kv_cache_usage,
+        ]
+        .concat();
+        all.extend(n.waiting_for_capacity.iter().map(|l| l.name));
+        all.extend(n.asleep.iter().map(|l| l.name));
+        assert!(!all.is_empty(), "{t}");
+        for name in all {
+            assert!(name.starts_with(n.prefix), "{t}: {name}");
+        }
+    }
+}
+
+// The fake engine's profiles name the agent's kinds: each profile is one kind, and each
+// kind has a profile.
+#[cfg(feature = "fake-driver")]
+#[test]
+fn the_fake_engines_profiles_name_the_same_kinds() {
+    use fake_engine::profile::Profile;
+    let mut kinds: Vec<EngineType> = Profile::iter()
+        .map(|p| EngineType::parse(p.kind()).unwrap_or_else(|| panic!("{p}: {}", p.kind())))
+        .collect();
+    kinds.sort_by_key(|t| t.as_str());
+    kinds.dedup();
+    let mut all: Vec<EngineType> = EngineType::iter().collect();
+    all.sort_by_key(|t| t.as_str());
+    assert_eq!(kinds, all);
 }
