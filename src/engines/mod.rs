@@ -14,9 +14,6 @@ mod mindie;
 mod sglang;
 mod vllm;
 
-#[cfg(test)]
-mod tests;
-
 use crate::config::EngineSpec;
 use crate::config::engine_type::EngineType;
 use serde_json::{Value, json};
@@ -122,3 +119,6 @@ fn openai_completion(model: Option<&str>, tokens: u32) -> VirtualRequest {
 fn not_false(body: &str) -> bool {
     body.to_lowercase() != "false"
 }
+
+#[cfg(test)]
+mod tests;
