@@ -4,7 +4,7 @@
 //! [`driver`] (dlopen'd `libdcmi.so`, `npu-smi` fallback) → [`sampler`] (one OS thread owns
 //! every driver call) → [`ring`] (lock-free sample ring) → [`window`] (peak-window readers)
 //! → [`monitor`] (one engine's loops, rules and verdict, fed by [`probe`]: `/health`, the
-//! virtual request, `/metrics`) and [`qos`] (its score) → [`server`] (`/status`, `/status/detail`, `/metrics`)
+//! virtual request, `/metrics`, each as the engine's kind in [`engines`] has them) and [`qos`] (its score) → [`server`] (`/status`, `/status/detail`, `/metrics`)
 //! and [`integrations`] (what the verdict and the level tell each system that acts on them:
 //! Node Manager, the kubelet, the Kubernetes API, HAProxy, Envoy; one folder each).
 //! [`pod_resources`] asks the kubelet which pod holds each NPU (the pod labels of `/metrics`).
@@ -25,6 +25,7 @@ pub mod clock;
 pub mod config;
 pub mod continuity;
 pub mod driver;
+pub mod engines;
 #[cfg(feature = "fake-driver")]
 pub mod fake;
 pub mod integrations;

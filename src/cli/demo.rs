@@ -66,7 +66,8 @@ pub struct FakeEngineArgs {
     /// Requests decoded at once.
     #[arg(long, default_value_t = 64)]
     pub max_running: usize,
-    /// The engine imitated: vLLM 0.8, 0.10, 0.18, 0.33, or mindie (MindIE's engine server).
+    /// The engine imitated: vLLM 0.8, 0.10, 0.18, 0.33, mindie (MindIE's engine server) or
+    /// sglang (SGLang's server).
     #[arg(long, default_value = "0.33")]
     pub profile: fake_engine::profile::Profile,
     /// Data-parallel engines (one `engine` label value each in /metrics).
@@ -75,6 +76,12 @@ pub struct FakeEngineArgs {
     /// Close a keep-alive connection idle this long (uvicorn's 5 s).
     #[arg(long, default_value = "5s", value_parser = super::parse_duration)]
     pub keep_alive: Duration,
+    /// Profile sglang: how often its /health looks for an output (SGLang's 1 s).
+    #[arg(long, default_value = "1s", value_parser = super::parse_duration)]
+    pub health_poll: Duration,
+    /// Profile sglang: how long its /health waits for one before 503 (SGLang's 20 s).
+    #[arg(long, default_value = "20s", value_parser = super::parse_duration)]
+    pub health_budget: Duration,
 }
 
 /// Runs the fake engine until SIGTERM/SIGINT.
@@ -104,6 +111,8 @@ pub async fn fake_engine(a: FakeEngineArgs) -> Result<(), CliError> {
         profile: a.profile,
         data_parallel: a.data_parallel,
         keep_alive: a.keep_alive,
+        health_poll: a.health_poll,
+        health_budget: a.health_budget,
     };
     run_engine(opts, cancel).await.context("fake engine")?;
     Ok(())

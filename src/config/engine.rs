@@ -1,9 +1,8 @@
 //! An engine: where it is and what it runs ([`EngineSpec`]), built from its table or from
 //! the engine-server flags ([`build_engine`]), its bounds and its check.
 
-use super::mindie::{
-    self, DispatchProfile, EngineSection, EngineType, HealthCheckConfig, Role, TlsConfig,
-};
+use super::engine_type::EngineType;
+use super::mindie::{self, DispatchProfile, EngineSection, HealthCheckConfig, Role, TlsConfig};
 use super::qos::QosConfig;
 use super::timing::Timing;
 use super::{KeyError, actions, policy, resolve};
@@ -229,7 +228,7 @@ pub(super) fn build_engine(
         },
     };
     if section.health_check_config.enable_virtual_inference
-        && section.engine_type == EngineType::Vllm
+        && section.engine_type.request_names_model()
         && section.model.is_none()
     {
         return Err(missing_model(role, &origin));

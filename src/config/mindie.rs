@@ -11,6 +11,7 @@
 //! bound (`<name> must be <= <max>, got <n>`): an hour-long `/health` timeout or a hundred
 //! retries are never meant.
 
+use super::engine_type::EngineType;
 use bounds::{HEALTH_COLLECTOR_TIMEOUT_MAX, RETRY_ATTEMPTS_MAX};
 use serde::Serialize;
 use serde_json::Value;
@@ -46,14 +47,6 @@ impl Role {
     pub fn env_section(self) -> String {
         format!("motor_engine_{}_env", self.as_str())
     }
-}
-
-/// `engine_type`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum EngineType {
-    Vllm,
-    Sglang,
 }
 
 /// How prefill and decode hand over work (reference §4.4).
@@ -407,16 +400,21 @@ impl EngineSection {
         base: &Path,
         health_defaults: HealthCheckConfig,
     ) -> Result<EngineSection, String> {
+        // The words come from the list of kinds, so the errors name every kind.
         let engine_type = match sec.get("engine_type") {
-            None => return Err("engine_type is required (vllm or sglang)".to_owned()),
-            Some(Value::String(s)) if s == "vllm" => EngineType::Vllm,
-            Some(Value::String(s)) if s == "sglang" => EngineType::Sglang,
-            Some(v) => {
+            None => {
                 return Err(format!(
-                    "engine_type must be 'vllm' or 'sglang', got {}",
-                    py_repr(v)
+                    "engine_type is required ({})",
+                    EngineType::one_of()
                 ));
             }
+            Some(v) => v.as_str().and_then(EngineType::parse).ok_or_else(|| {
+                format!(
+                    "engine_type must be {}, got {}",
+                    EngineType::one_of(),
+                    py_repr(v)
+                )
+            })?,
         };
         let engine_config = sec.get("engine_config");
         let dispatch_profile = match sec.get("dispatch_profile") {
@@ -714,6 +712,10 @@ mod tests {
         let err = EngineSection::from_parts(&json!({"engine_type": "trt"}), None, None, base, d())
             .unwrap_err();
         assert!(err.contains("'trt'"), "{err}");
+        assert!(
+            err.contains("'vllm', 'sglang' or 'mindie'"),
+            "every kind named: {err}"
+        );
     }
 
     #[test]

@@ -22,6 +22,7 @@ pub mod bounds;
 pub mod duration;
 pub mod effective;
 pub mod engine;
+pub mod engine_type;
 mod error;
 pub mod file;
 pub mod mindie;

@@ -7,7 +7,6 @@
 //! answering is what triggers the start.
 
 use crate::config::EngineSpec;
-use crate::config::mindie::EngineType;
 use crate::driver::Backend;
 use serde::Serialize;
 
@@ -55,15 +54,14 @@ pub fn log_level_allows(value: Option<&str>) -> bool {
 pub fn static_conditions(spec: &EngineSpec) -> Vec<Condition> {
     let hc = &spec.health_check_config;
     let mut v = Vec::new();
-    v.push(match spec.engine_type {
-        EngineType::Vllm => Condition::new("engine_type", "vllm", true, ""),
-        EngineType::Sglang => Condition::new(
-            "engine_type",
-            "sglang",
-            false,
-            "virtual inference is not supported for SGLang engines; disabled",
-        ),
-    });
+    // The engine's kind says whether virtual inference applies to it (src/engines/).
+    let applies = crate::engines::of(spec.engine_type).virtual_inference(spec);
+    v.push(Condition::new(
+        "engine_type",
+        spec.engine_type.as_str(),
+        applies.is_ok(),
+        applies.err().unwrap_or_default(),
+    ));
     v.push(Condition::new(
         "enable_virtual_inference",
         hc.enable_virtual_inference.to_string(),
@@ -269,9 +267,11 @@ mod tests {
             let s = spec(&format!("npu_usage_threshold = {t}"), "");
             assert_eq!(verdict(&s, "npu_usage_threshold"), ok, "{t}");
         }
-        let mut s = spec("", "");
-        s.engine_type = EngineType::Sglang;
-        assert!(!verdict(&s, "engine_type"));
+        let mut s = spec("", "policy = \"reference\"");
+        s.engine_type = crate::config::engine_type::EngineType::Sglang;
+        assert!(!verdict(&s, "engine_type"), "as MindIE V5");
+        s.policy.value = crate::config::policy::Policy::Agent;
+        assert!(verdict(&s, "engine_type"), "the agent policy probes SGLang");
         let s = spec("enable_virtual_inference = false", "");
         let c = static_conditions(&s);
         assert_eq!(

@@ -1,5 +1,7 @@
-//! Reading the engine's `/metrics` for the QoS score and stall detection: vLLM's names
-//! (every release from 0.8.5) and SGLang's.
+//! The engine's `/metrics` mapped into one neutral set of figures ([`EngineMetrics`]) that the
+//! QoS score, stall detection and the agent policy's "no sign of life" rule read, whatever
+//! the engine's kind: each kind names its own series ([`MetricNames`], in its file of
+//! `src/engines/`), and [`parse_as`] reads those names.
 //!
 //! Only the few series the agent uses are read. Counts (requests, tokens) are summed over
 //! their label sets (one vLLM process exposes one `engine` label value per data-parallel
@@ -11,45 +13,14 @@
 //! number makes the series unknown rather than wrong. `_created` lines (prometheus_client
 //! exports one per counter) are other names and never read. The parser never panics on any
 //! text (property test).
-//!
-//! Names, and where they come from:
-//! - vLLM: `vllm:kv_cache_usage_perc` from 0.11 (0.9.2–0.10.2 export it beside
-//!   `vllm:gpu_cache_usage_perc`, 0.8.5 only the old name); `vllm:num_requests_waiting_by_reason`
-//!   from 0.20.2 (absent in 0.18.0); docs/real-vllm.md has the table.
-//! - SGLang (`python/sglang/srt/observability/metrics_collector.py`, v0.5.23; older releases
-//!   in `srt/metrics/collector.py`): gauges `sglang:num_running_reqs`, `sglang:num_queue_reqs`,
-//!   `sglang:token_usage` (a 0..1 fraction of the KV pool, the fullest pool); counters
-//!   `sglang:prompt_tokens_total`, `sglang:generation_tokens_total`. SGLang has no
-//!   waiting-for-capacity series.
 
+use crate::config::engine_type::EngineType;
+use crate::engines::{self, MetricNames};
 use serde::Serialize;
 
-/// Series read, each with its names (current vLLM first, then older vLLM, then SGLang).
-const RUNNING: &[&str] = &["vllm:num_requests_running", "sglang:num_running_reqs"];
-const WAITING: &[&str] = &["vllm:num_requests_waiting", "sglang:num_queue_reqs"];
-const WAITING_BY_REASON: &[&str] = &["vllm:num_requests_waiting_by_reason"];
-const PROMPT_TOKENS: &[&str] = &[
-    "vllm:prompt_tokens_total",
-    "vllm:prompt_tokens",
-    "sglang:prompt_tokens_total",
-];
-const GENERATION_TOKENS: &[&str] = &[
-    "vllm:generation_tokens_total",
-    "vllm:generation_tokens",
-    "sglang:generation_tokens_total",
-];
-const KV_CACHE: &[&str] = &[
-    "vllm:kv_cache_usage_perc",
-    "vllm:gpu_cache_usage_perc",
-    "sglang:token_usage",
-];
-
-/// The process start time prometheus_client's process collector exports (vLLM's API server).
+/// The process start time prometheus_client's process collector exports (vLLM's API server,
+/// SGLang's): every kind's.
 const PROCESS_START: &str = "process_start_time_seconds";
-
-/// vLLM's sleep mode gauge (from 0.18): one series per `sleep_state` (`awake`,
-/// `weights_offloaded`, `discard_all`), 1 on the current one.
-const SLEEP_STATE: &str = "vllm:engine_sleep_state";
 
 /// One scrape of the engine's metrics; `None` is unknown.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
@@ -112,16 +83,24 @@ impl Agg {
     }
 }
 
-/// The series the agent reads, in `EngineMetrics` order, each with its names (current first).
-const SERIES: [&[&str]; 6] = [
-    RUNNING,
-    WAITING,
-    WAITING_BY_REASON,
-    PROMPT_TOKENS,
-    GENERATION_TOKENS,
-    KV_CACHE,
-];
-const MAX_NAMES: usize = 3;
+/// The series the agent reads, in [`EngineMetrics`] order: the capacity one is index 2.
+const SERIES: usize = 6;
+const CAPACITY: usize = 2;
+
+/// Each series' names over `kinds`, in their order (one kind's names, current first, then
+/// the next kind's).
+fn names_of(kinds: &[&'static MetricNames]) -> [Vec<&'static str>; SERIES] {
+    let mut out: [Vec<&'static str>; SERIES] = Default::default();
+    for k in kinds {
+        out[0].extend(k.running);
+        out[1].extend(k.waiting);
+        out[CAPACITY].extend(k.waiting_for_capacity.iter().map(|l| l.name));
+        out[3].extend(k.prompt_tokens);
+        out[4].extend(k.generation_tokens);
+        out[5].extend(k.kv_cache_usage);
+    }
+    out
+}
 
 /// Byte offset of the `}` closing a label set that starts after `{`, skipping quoted
 /// values (which may hold `}`, `,` and escaped quotes).
@@ -193,9 +172,21 @@ fn label<'a>(labels: &'a str, key: &str) -> Option<&'a str> {
     }
 }
 
-/// Parses Prometheus text exposition into the series the agent reads.
+/// Parses Prometheus text exposition with the names of every kind, in the list's order
+/// (vLLM's, then SGLang's): for a text whose kind is not known (the chaos runner, tests).
 pub fn parse(text: &str) -> EngineMetrics {
-    let mut aggs = [[Agg::default(); MAX_NAMES]; SERIES.len()];
+    use strum::IntoEnumIterator;
+    let kinds: Vec<&'static MetricNames> = EngineType::iter()
+        .map(|t| engines::of(t).metric_names())
+        .collect();
+    parse_as(text, &kinds)
+}
+
+/// Parses Prometheus text exposition into the series the agent reads, under the names of
+/// `kinds` (the engine's own kind, in the agent).
+pub fn parse_as(text: &str, kinds: &[&'static MetricNames]) -> EngineMetrics {
+    let names = names_of(kinds);
+    let mut aggs: [Vec<Agg>; SERIES] = names.clone().map(|n| vec![Agg::default(); n.len()]);
     let mut asleep = None;
     let mut process_start_time = None;
     for line in text.lines() {
@@ -209,29 +200,39 @@ pub fn parse(text: &str) -> EngineMetrics {
             continue;
         }
         // Most lines are other series: decided on the name alone.
-        if !name.starts_with("vllm:") && !name.starts_with("sglang:") {
+        if !kinds.iter().any(|k| name.starts_with(k.prefix)) {
             continue;
         }
-        if name == SLEEP_STATE {
+        if let Some(sleep) = kinds
+            .iter()
+            .filter_map(|k| k.asleep.as_ref())
+            .find(|s| s.name == name)
+        {
             if let Some((labels, value)) = labels_and_value(rest) {
                 let on = value.parse::<f64>().is_ok_and(|v| v > 0.0);
-                let other = label(labels, "sleep_state").is_some_and(|s| s != "awake");
+                let other = label(labels, sleep.label).is_some_and(|s| s != sleep.value);
                 asleep = Some(asleep.unwrap_or(false) || (on && other));
             }
             continue;
         }
-        let Some((series, alias)) = SERIES
+        let Some((series, alias)) = names
             .iter()
             .enumerate()
-            .find_map(|(i, names)| names.iter().position(|n| *n == name).map(|a| (i, a)))
+            .find_map(|(i, ns)| ns.iter().position(|n| *n == name).map(|a| (i, a)))
         else {
             continue;
         };
         let Some((labels, value)) = labels_and_value(rest) else {
             continue;
         };
-        if SERIES[series] == WAITING_BY_REASON && label(labels, "reason") != Some("capacity") {
-            continue;
+        if series == CAPACITY {
+            let only = kinds
+                .iter()
+                .filter_map(|k| k.waiting_for_capacity.as_ref())
+                .find(|l| l.name == name);
+            if only.is_some_and(|l| label(labels, l.label) != Some(l.value)) {
+                continue;
+            }
         }
         let agg = &mut aggs[series][alias];
         match value.parse::<f64>() {
@@ -244,7 +245,7 @@ pub fn parse(text: &str) -> EngineMetrics {
     let first = |series: usize| -> Option<(Agg, &'static str)> {
         aggs[series]
             .iter()
-            .zip(SERIES[series])
+            .zip(&names[series])
             .find(|(a, _)| a.present())
             .map(|(a, n)| (*a, *n))
     };
@@ -254,7 +255,7 @@ pub fn parse(text: &str) -> EngineMetrics {
     EngineMetrics {
         running: sum(0),
         waiting: sum(1),
-        waiting_for_capacity: sum(2),
+        waiting_for_capacity: sum(CAPACITY),
         prompt_tokens: sum(3),
         generation_tokens: sum(4),
         kv_cache_usage: good(5).map(|a| a.max.min(1.0)),
@@ -263,7 +264,7 @@ pub fn parse(text: &str) -> EngineMetrics {
         sources: Sources {
             running: name(0),
             waiting: name(1),
-            waiting_for_capacity: name(2),
+            waiting_for_capacity: name(CAPACITY),
             prompt_tokens: name(3),
             generation_tokens: name(4),
             kv_cache_usage: name(5),
@@ -367,48 +368,17 @@ vllm:request_success_total{finished_reason="stop"} 9.0
         assert_eq!(parse("garbage {{{ \n}}} 1\n"), EngineMetrics::default());
     }
 
-    // SGLang v0.5.23's names and labels (shape from its metrics_collector.py, served through
-    // prometheus_client's multiprocess collector: labels sorted, no `_created` lines); the
-    // token counters are split by `is_streaming` and summed.
-    const SGLANG: &str = r#"
-# HELP sglang:num_running_reqs The number of running requests.
-# TYPE sglang:num_running_reqs gauge
-sglang:num_running_reqs{engine_type="unified",model_name="m",moe_ep_rank="0",pp_rank="0",tp_rank="0"} 3.0
-# HELP sglang:num_queue_reqs The number of requests in the waiting queue.
-# TYPE sglang:num_queue_reqs gauge
-sglang:num_queue_reqs{engine_type="unified",model_name="m",moe_ep_rank="0",pp_rank="0",tp_rank="0"} 1.0
-# HELP sglang:token_usage The token usage.
-# TYPE sglang:token_usage gauge
-sglang:token_usage{engine_type="unified",model_name="m",moe_ep_rank="0",pp_rank="0",tp_rank="0"} 0.12
-# HELP sglang:prompt_tokens_total Number of prefill tokens processed.
-# TYPE sglang:prompt_tokens_total counter
-sglang:prompt_tokens_total{engine_type="unified",is_streaming="false",model_name="m"} 1234.0
-sglang:prompt_tokens_total{engine_type="unified",is_streaming="true",model_name="m"} 66.0
-# HELP sglang:generation_tokens_total Number of generation tokens processed.
-# TYPE sglang:generation_tokens_total counter
-sglang:generation_tokens_total{engine_type="unified",is_streaming="true",model_name="m"} 56.0
-sglang:time_to_first_token_seconds_count{engine_type="unified",is_streaming="true",model_name="m"} 1.0
-"#;
-
+    // A text whose kind is unknown is read with every kind's names, in the list's order.
     #[test]
-    fn reads_sglang_names() {
-        let m = parse(SGLANG);
+    fn parse_reads_every_kinds_names() {
+        let m = parse("sglang:num_running_reqs{tp_rank=\"0\"} 3\nsglang:token_usage 0.5\n");
         assert_eq!(m.running, Some(3.0));
-        assert_eq!(m.waiting, Some(1.0));
-        assert_eq!(m.kv_cache_usage, Some(0.12));
-        assert_eq!(m.prompt_tokens, Some(1300.0), "both is_streaming values");
-        assert_eq!(m.generation_tokens, Some(56.0));
-        assert_eq!(m.waiting_for_capacity, None, "SGLang has no such series");
+        assert_eq!(m.sources.kv_cache_usage, Some("sglang:token_usage"));
+        let both = parse("sglang:num_running_reqs 3\nvllm:num_requests_running 2\n");
         assert_eq!(
-            m.sources,
-            Sources {
-                running: Some("sglang:num_running_reqs"),
-                waiting: Some("sglang:num_queue_reqs"),
-                waiting_for_capacity: None,
-                prompt_tokens: Some("sglang:prompt_tokens_total"),
-                generation_tokens: Some("sglang:generation_tokens_total"),
-                kv_cache_usage: Some("sglang:token_usage"),
-            }
+            both.running,
+            Some(2.0),
+            "vLLM's name comes first in the list"
         );
     }
 

@@ -1,8 +1,10 @@
 //! HealthCollector: probes the engine's `GET /health` as the reference does (§3.4).
 //!
 //! Up to `health_collector_timeout_retry_attempts` attempts, each bounded by
-//! `health_collector_timeout`; only timeouts are retried. Healthy ⇔ 2xx and a body that is not
-//! exactly `false` after lower-casing (not trimmed). A failure after the engine has once answered is
+//! `health_collector_timeout`; only timeouts are retried. Healthy ⇔ 2xx and a body the
+//! engine's kind reads as healthy ([`HealthTransport::healthy_body`]: the reference's rule,
+//! not exactly `false` after lower-casing, unless the kind says otherwise in
+//! `src/engines/`). A failure after the engine has once answered is
 //! *unhealthy* (→ `abnormal`); a failure before that means the engine was never reached
 //! (→ `initial`).
 
@@ -23,7 +25,15 @@ pub enum Fetch {
 
 /// Something that can `GET /health` once with a timeout (the real client or a test double).
 pub trait HealthTransport {
+    /// One attempt.
     fn get(&self, timeout: Duration) -> impl Future<Output = Fetch> + Send;
+
+    /// Whether a 2xx answer with `body` is healthy: the engine's kind says (the HTTP
+    /// transport asks it); by default the reference's rule, healthy unless the body is
+    /// exactly `false` after lower-casing (not trimmed).
+    fn healthy_body(&self, body: &str) -> bool {
+        body.to_lowercase() != "false"
+    }
 }
 
 /// Result of one probe (all attempts).
@@ -85,8 +95,8 @@ impl<T: HealthTransport> HealthCollector<T> {
             match self.transport.get(self.timeout).await {
                 Fetch::Response { status, body } if (200..300).contains(&status) => {
                     self.has_connected = true;
-                    // Exactly `false` after lower-casing, as the reference (no trimming).
-                    if body.to_lowercase() == "false" {
+                    // The kind reads the body (the reference: exactly `false` is not).
+                    if !self.transport.healthy_body(&body) {
                         return HealthOutcome::Unhealthy {
                             reason: "/health answered false".to_owned(),
                             unreachable: false,

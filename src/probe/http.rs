@@ -1,20 +1,22 @@
 //! HTTP to the engine's inference surface: `GET /health` for the HealthCollector, the
-//! virtual `POST /v1/completions`, and `GET /metrics` for the QoS score.
+//! virtual request, and `GET /metrics` for the QoS score, each as the engine's kind has it
+//! ([`crate::engines`]: the request's path and body, the metric names, what a `/health` body
+//! means). The client never asks which kind it has.
 //!
-//! The virtual request is the reference's (§1.8): `Content-Type: application/json`,
-//! `X-Request-Id: <unix µs>_virtual`, body `{"model", "prompt": "1", "max_tokens": 1}`, plus
-//! `kv_transfer_params` for a layerwise (trigger) decode engine. Success is a 2xx status and
-//! a JSON body; with one token the answer is the first token, so its latency is the time to
-//! first token. With `qos.probe_max_tokens` N > 1 the body asks for N tokens with
-//! `"stream": true`, and the server-sent events are timed: the first event carrying a choice
-//! is the first token, the spacing of the rest gives the time per output token (arrival
-//! times: events that arrive in one read share a time); success is a 2xx status, every event
-//! JSON and none an error, at least one token, and the closing `[DONE]`. Every request runs under a timeout; a
-//! request that times out is dropped, which closes its connection, so the engine aborts it
-//! instead of keeping it queued.
+//! The virtual request carries `Content-Type: application/json` and
+//! `X-Request-Id: <unix µs>_virtual` (the reference's, §1.8), and the same id in the body
+//! where the kind takes it from there. Success is a 2xx status and a JSON body; with one
+//! token the answer is the first token, so its latency is the time to first token. When the
+//! kind's request streams (`qos.probe_max_tokens` N > 1), the server-sent events are timed:
+//! the first event carrying a choice is the first token, the spacing of the rest gives the
+//! time per output token (arrival times: events that arrive in one read share a time);
+//! success is a 2xx status, every event JSON and none an error, at least one token, and the
+//! closing `[DONE]`. Every request runs under a timeout; a request that times out is
+//! dropped, which closes its connection, so the engine aborts it instead of keeping it
+//! queued.
 //!
-//! Pooled connections and the server's idle timeout: uvicorn (vLLM, MindIE's engine server)
-//! closes a keep-alive connection after 5 s without a request, the same as the probe
+//! Pooled connections and the server's idle timeout: uvicorn (vLLM, SGLang, MindIE's engine
+//! server) closes a keep-alive connection after 5 s without a request, the same as the probe
 //! interval. A request written on a connection the server is closing at that moment fails
 //! before any response byte, although the engine is fine. Two defences, at the transport:
 //! idle pooled connections are dropped after [`POOL_IDLE`] (below uvicorn's 5 s), and the
@@ -28,9 +30,9 @@ use super::health::{Fetch, HealthTransport, Transport};
 use super::outcome::{ProbeFailure, ProbeResult};
 use super::sse::Stream;
 use crate::config::EngineSpec;
-use crate::config::mindie::{DispatchProfile, Role};
+use crate::engines::{self, EngineKind, MetricNames};
 use crate::tls::{TlsError, client_config};
-use serde_json::{Value, json};
+use serde_json::Value;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Largest response body read (a broken engine must not make the agent buffer without limit).
@@ -41,35 +43,42 @@ const MAX_METRICS_BODY: usize = 16 << 20;
 /// timeout, so the pool does not hand out a connection the server is about to close.
 pub const POOL_IDLE: Duration = Duration::from_secs(2);
 
-/// The body of the virtual request for `role`/`profile`.
-pub fn request_body(role: Role, profile: DispatchProfile, model: &str) -> Value {
-    let mut body = json!({ "model": model, "prompt": "1", "max_tokens": 1 });
-    if role == Role::Decode && profile == DispatchProfile::Trigger {
-        body["kv_transfer_params"] = json!({
-            "do_remote_decode": false,
-            "do_remote_prefill": true,
-            "do_virtual": true,
-        });
-    }
-    body
-}
-
 /// `X-Request-Id` of a virtual request sent at `now`: Unix microseconds and `_virtual`.
 pub fn request_id(now: SystemTime) -> String {
     let us = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros());
     format!("{us}_virtual")
 }
 
-/// A client for one engine's inference surface (HTTP, or HTTPS per `infer_tls_config`).
-#[derive(Debug, Clone)]
+/// A client for one engine's inference surface (HTTP, or HTTPS per `infer_tls_config`), as
+/// its kind talks.
+#[derive(Clone)]
 pub struct EngineClient {
     client: reqwest::Client,
     base: String,
+    kind: &'static dyn EngineKind,
+}
+
+impl std::fmt::Debug for EngineClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineClient")
+            .field("base", &self.base)
+            .finish_non_exhaustive()
+    }
 }
 
 impl EngineClient {
-    /// Builds the client; TLS files are read now so a bad config fails at start.
+    /// Builds the client for `spec`'s kind (its `engine_type`); TLS files are read now so a
+    /// bad config fails at start.
     pub fn new(spec: &EngineSpec) -> Result<EngineClient, TlsError> {
+        EngineClient::of_kind(spec, engines::of(spec.engine_type))
+    }
+
+    /// Builds the client for `kind`, whatever `spec.engine_type` says (a kind outside the
+    /// list: the seam's test kind).
+    pub(crate) fn of_kind(
+        spec: &EngineSpec,
+        kind: &'static dyn EngineKind,
+    ) -> Result<EngineClient, TlsError> {
         let tls = spec.infer_tls_config.enable_tls;
         let cfg = if tls {
             client_config(&spec.infer_tls_config)?
@@ -98,39 +107,37 @@ impl EngineClient {
         Ok(EngineClient {
             client,
             base: spec.engine_url(),
+            kind,
         })
     }
 
-    /// `GET /health` transport for the HealthCollector.
+    /// `GET /health` transport for the HealthCollector, read as the kind reads it.
     pub fn health(&self) -> HttpHealth {
         HttpHealth {
             client: self.client.clone(),
             url: format!("{}/health", self.base),
+            kind: self.kind,
         }
     }
 
-    /// The virtual request sender for `spec`'s role and model.
+    /// The kind's virtual request for `spec`'s role, model and `probe_max_tokens`.
     pub fn prober(&self, spec: &EngineSpec) -> HttpProber {
-        let model = spec.model.clone().unwrap_or_default();
-        let mut body = request_body(spec.role, spec.dispatch_profile, &model);
-        let tokens = spec.qos.probe_max_tokens;
-        if tokens > 1 {
-            body["max_tokens"] = json!(tokens);
-            body["stream"] = json!(true);
-        }
+        let r = self.kind.virtual_request(spec);
         HttpProber {
             client: self.client.clone(),
-            url: format!("{}/v1/completions", self.base),
-            body: body.to_string(),
-            stream: tokens > 1,
+            url: format!("{}{}", self.base, r.path),
+            body: r.body.to_string(),
+            template: r.id_field.map(|f| (r.body, f)),
+            stream: r.stream,
         }
     }
 
-    /// `GET /metrics` of the engine.
+    /// `GET /metrics` of the engine, read with the kind's names.
     pub fn metrics(&self) -> HttpMetrics {
         HttpMetrics {
             client: self.client.clone(),
             url: format!("{}/metrics", self.base),
+            names: self.kind.metric_names(),
         }
     }
 
@@ -206,13 +213,26 @@ async fn get(
 }
 
 /// `GET /health` over HTTP.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct HttpHealth {
     client: reqwest::Client,
     url: String,
+    kind: &'static dyn EngineKind,
+}
+
+impl std::fmt::Debug for HttpHealth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpHealth")
+            .field("url", &self.url)
+            .finish_non_exhaustive()
+    }
 }
 
 impl HealthTransport for HttpHealth {
+    fn healthy_body(&self, body: &str) -> bool {
+        self.kind.healthy_body(body)
+    }
+
     async fn get(&self, timeout: Duration) -> Fetch {
         match get(&self.client, &self.url, timeout, MAX_BODY).await {
             Ok((status, body)) => Fetch::Response {
@@ -231,6 +251,7 @@ impl HealthTransport for HttpHealth {
 pub struct HttpMetrics {
     client: reqwest::Client,
     url: String,
+    names: &'static MetricNames,
 }
 
 impl crate::probe::MetricsSource for HttpMetrics {
@@ -244,27 +265,43 @@ impl crate::probe::MetricsSource for HttpMetrics {
             Ok((status, _)) if !(200..300).contains(&status) => {
                 Err(failed(ProbeFailure::Status(status)))
             }
-            Ok((_, body)) => Ok(crate::probe::engine_metrics::parse(
+            Ok((_, body)) => Ok(crate::probe::engine_metrics::parse_as(
                 &String::from_utf8_lossy(&body),
+                &[self.names],
             )),
         }
     }
 }
 
-/// The virtual `POST /v1/completions`.
+/// The virtual request (`POST /v1/completions` for every kind in the list).
 #[derive(Debug, Clone)]
 pub struct HttpProber {
     client: reqwest::Client,
     url: String,
+    /// The JSON body sent, when it does not carry the request id.
     body: String,
+    /// The body and its key for the request id, when the kind takes the id from the body.
+    template: Option<(Value, &'static str)>,
     /// Stream the answer and time the tokens (`probe_max_tokens` > 1).
     stream: bool,
 }
 
 impl HttpProber {
-    /// The JSON body sent.
+    /// The JSON body sent (without its request id, when it carries one).
     pub fn body(&self) -> &str {
         &self.body
+    }
+
+    /// The body of the request whose id is `id`.
+    fn body_for(&self, id: &str) -> String {
+        match &self.template {
+            None => self.body.clone(),
+            Some((body, field)) => {
+                let mut body = body.clone();
+                body[*field] = Value::from(id);
+                body.to_string()
+            }
+        }
     }
 }
 
@@ -289,12 +326,13 @@ impl HttpProber {
     /// byte (the server's idle close, see the module doc). Same request id both times.
     async fn post(&self) -> Result<reqwest::Response, reqwest::Error> {
         let id = request_id(SystemTime::now());
+        let body = self.body_for(&id);
         let attempt = || {
             self.client
                 .post(&self.url)
                 .header("Content-Type", "application/json")
                 .header("X-Request-Id", &id)
-                .body(self.body.clone())
+                .body(body.clone())
                 .send()
         };
         match attempt().await {
@@ -345,6 +383,7 @@ impl Prober for HttpProber {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     // test_sim_inference.py: request-id format, bodies per role and profile.
     #[test]
@@ -603,32 +642,6 @@ mod tests {
         );
         cancel.cancel();
         server.await.unwrap();
-    }
-
-    #[test]
-    fn layerwise_decode_body_is_exact() {
-        assert_eq!(
-            request_body(Role::Decode, DispatchProfile::Trigger, "m"),
-            json!({"model": "m", "prompt": "1", "max_tokens": 1,
-                   "kv_transfer_params": {"do_remote_decode": false, "do_remote_prefill": true, "do_virtual": true}})
-        );
-    }
-
-    #[test]
-    fn other_roles_and_handoff_decode_send_the_plain_body() {
-        let plain = json!({"model": "m", "prompt": "1", "max_tokens": 1});
-        for (role, profile) in [
-            (Role::Decode, DispatchProfile::Handoff),
-            (Role::Decode, DispatchProfile::Unknown),
-            (Role::Prefill, DispatchProfile::Trigger),
-            (Role::Union, DispatchProfile::Handoff),
-        ] {
-            assert_eq!(
-                request_body(role, profile, "m"),
-                plain,
-                "{role:?} {profile:?}"
-            );
-        }
     }
 
     fn streaming_prober(port: u16) -> HttpProber {

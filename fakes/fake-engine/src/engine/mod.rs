@@ -1,5 +1,6 @@
 //! A fake OpenAI-compatible inference engine that behaves like vLLM where the agent looks, per
-//! [`Profile`] (a vLLM release, or MindIE's engine server in front of vLLM): `GET /health`,
+//! [`Profile`] (a vLLM release, MindIE's engine server in front of vLLM, or SGLang's server,
+//! whose own routes are in `sglang.rs`): `GET /health`,
 //! `POST /v1/completions` (plain and streaming SSE), `GET /metrics` with that release's metric
 //! names and labels, and uvicorn's 5 s keep-alive idle close. While it serves requests it writes an AI Cube
 //! figure into files the fake `libdcmi.so` reads (`aicube = { file = … }` in the scenario), so
@@ -26,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 mod control;
 mod inference;
 mod metrics;
+mod sglang;
 use control::{get_faults, patch_faults, reset, stats};
 use inference::{completions, health};
 use metrics::{metrics, unix_now};
@@ -157,6 +159,11 @@ pub struct EngineOptions {
     /// A keep-alive connection with no request for this long is closed (uvicorn's
     /// `timeout_keep_alive`, 5 s in vLLM and MindIE's engine server).
     pub keep_alive: Duration,
+    /// Profile `sglang`: how often its `/health` looks for an output (1 s in SGLang).
+    pub health_poll: Duration,
+    /// Profile `sglang`: how long its `/health` waits for one before 503
+    /// (`SGLANG_HEALTH_CHECK_TIMEOUT`, 20 s).
+    pub health_budget: Duration,
 }
 
 impl Default for EngineOptions {
@@ -174,6 +181,8 @@ impl Default for EngineOptions {
             profile: Profile::default(),
             data_parallel: 1,
             keep_alive: Duration::from_secs(5),
+            health_poll: Duration::from_secs(1),
+            health_budget: Duration::from_secs(20),
         }
     }
 }
@@ -395,11 +404,15 @@ pub async fn run(opts: EngineOptions, cancel: CancellationToken) -> std::io::Res
 }
 
 async fn serve_inference(engine: Arc<Engine>, cancel: CancellationToken) -> std::io::Result<()> {
-    let router = Router::new()
-        .route("/health", get(health))
-        .route("/v1/completions", post(completions))
-        .route("/metrics", get(metrics))
-        .with_state(engine.clone());
+    let router = if engine.opts.profile.is_sglang() {
+        sglang::router()
+    } else {
+        Router::new()
+            .route("/health", get(health))
+            .route("/v1/completions", post(completions))
+            .route("/metrics", get(metrics))
+    }
+    .with_state(engine.clone());
     let mut rx = engine.listening.subscribe();
     loop {
         if !*rx.borrow_and_update() {
