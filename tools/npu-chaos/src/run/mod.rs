@@ -39,7 +39,6 @@ pub use outcome::{GuardEvent, KubeletOutcome, Outcome, TimelinePoint, Verdict};
 
 use crate::timescale::scaled;
 use emulator::{kill_evidence, start_node_manager};
-use inject::is_driver_fault;
 use observe::{KubeletLink, Observation, observe};
 use stack::{Stack, WantedSupervisor, wanted_supervisor};
 
@@ -190,7 +189,7 @@ fn node_manager_verdict(
         Expect::Healthy if out.killed_at_ms.is_some() => Verdict::FalseKill,
         Expect::Healthy => Verdict::Pass,
         // A driver fault must be reported without killing the (healthy) engine.
-        Expect::DetectWithin(_) if is_driver_fault(e.fault) && out.killed_at_ms.is_some() => {
+        Expect::DetectWithin(_) if e.fault.is_driver_fault() && out.killed_at_ms.is_some() => {
             Verdict::FalseKill
         }
         Expect::DetectWithin(_) if out.detected_after_ms.is_some() => Verdict::Pass,
