@@ -8,6 +8,7 @@
 
 pub mod backends;
 pub mod codes;
+mod dcmi_reads;
 mod dcmi_thread;
 pub mod faults;
 mod liveness;

@@ -32,6 +32,7 @@ mod inject;
 mod observe;
 mod options;
 mod outcome;
+mod processes;
 mod stack;
 
 pub use options::{Cadence, EngineKind, Integration, NodeManagerKind, Policy, Row, RunOptions};
@@ -40,7 +41,8 @@ pub use outcome::{GuardEvent, KubeletOutcome, Outcome, TimelinePoint, Verdict};
 use crate::timescale::scaled;
 use emulator::{kill_evidence, start_node_manager};
 use observe::{KubeletLink, Observation, observe};
-use stack::{Stack, WantedSupervisor, wanted_supervisor};
+use processes::{WantedSupervisor, wanted_supervisor};
+use stack::Stack;
 
 /// The row's directory of the outputs: `1s`, `3s`, `1s-pymotor` or `kubelet`.
 pub fn cadence_dir(opts: &RunOptions) -> String {
@@ -556,7 +558,7 @@ fn fit_load(load: &crate::experiment::Load, engine: EngineKind) -> crate::experi
 mod tests {
     use super::config::{REAL_ENGINE_HEALTH_TIMEOUT, agent_toml};
     use super::emulator::EVIDENCE_POLLS;
-    use super::stack::port_was_taken;
+    use super::processes::port_was_taken;
     use super::*;
     use crate::experiment::Fault;
     use fake_engine::node_manager::NmReport;
