@@ -8,6 +8,7 @@
 //! flight; the window covers the request itself. Abnormal is never cleared by the loop; the
 //! loop stops at the next check.
 
+// Long because: five loops, until issue 49's evidence wing (engineer A) gives each its file.
 use super::Monitor;
 use super::account::{self, Observation, Rules, Stage};
 use super::inputs::{CapacityWaiting, EngineSignals, FreshMetrics, PeakSource};

@@ -368,6 +368,137 @@ fn functions(base: &Path, dirs: &[&str]) -> Vec<Function> {
     out
 }
 
+/// A shipped file's length: its lines before the `#[cfg(test)]` of its test module (all of
+/// them without one), and whether its top (the comments above its first item) says why it is
+/// long: `Long because:`.
+#[derive(Debug, PartialEq)]
+struct FileLength {
+    file: String,
+    lines: usize,
+    reason: bool,
+}
+
+/// The shipped length of `text`: its lines before the `#[cfg(test)]` that opens a test module
+/// (a `#[cfg(test)]` item that is no module does not end the shipped code).
+fn shipped_length(text: &str) -> usize {
+    let lines: Vec<&str> = text.lines().collect();
+    let opens_tests = |i: usize| {
+        lines[i + 1..]
+            .iter()
+            .map(|l| without_visibility(l.trim_start()))
+            .find(|l| !l.starts_with("#[") && !l.starts_with("//"))
+            .is_some_and(|l| l.starts_with("mod "))
+    };
+    (0..lines.len())
+        .find(|&i| lines[i].trim_start().starts_with("#[cfg(test)]") && opens_tests(i))
+        .unwrap_or(lines.len())
+}
+
+/// Whether the top of `text` (its comments, inner attributes and blank lines, up to its first
+/// item) gives a reason for its length.
+fn long_reason_at_top(text: &str) -> bool {
+    text.lines()
+        .take_while(|l| {
+            let t = l.trim_start();
+            t.is_empty() || ["//", "/*", "*", "#!["].iter().any(|p| t.starts_with(p))
+        })
+        .any(|l| l.contains("Long because:"))
+}
+
+/// The shipped files of every Rust file under `dirs` with their lengths, longest first: not a
+/// test module in a file of its own (`tests.rs`), a crate's integration tests (`tests/`) nor a
+/// build's output.
+fn file_lengths(base: &Path, dirs: &[&str]) -> Vec<FileLength> {
+    let mut files = Vec::new();
+    for d in dirs {
+        rust_files(&base.join(d), &mut files);
+    }
+    let mut out: Vec<FileLength> = files
+        .iter()
+        .filter(|f| {
+            let rel = f.strip_prefix(base).unwrap_or(f);
+            !f.ends_with("tests.rs")
+                && !rel
+                    .components()
+                    .any(|c| c.as_os_str() == "target" || c.as_os_str() == "tests")
+        })
+        .map(|f| {
+            let text = std::fs::read_to_string(f).unwrap();
+            FileLength {
+                file: f.strip_prefix(base).unwrap().display().to_string(),
+                lines: shipped_length(&text),
+                reason: long_reason_at_top(&text),
+            }
+        })
+        .collect();
+    out.sort_by(|a, b| b.lines.cmp(&a.lines).then(a.file.cmp(&b.file)));
+    out
+}
+
+/// The most lines a shipped file holds without a reason at its top.
+const MAX_FILE_LINES: usize = 600;
+
+// No shipped file is over 600 lines (its tests aside) without a reason at its top (a line
+// `// Long because: …` among the comments above its first item): past that, a file holds
+// more than one reader keeps in mind, and its items want files that each say what they are
+// for. The agent, the tools, the fakes and the binding.
+#[test]
+fn no_shipped_file_over_600_lines_without_a_reason() {
+    let long: Vec<String> = file_lengths(root(), &["src", "tools", "fakes", "crates"])
+        .into_iter()
+        .filter(|f| f.lines > MAX_FILE_LINES && !f.reason)
+        .map(|f| format!("{} ({} lines)", f.file, f.lines))
+        .collect();
+    assert!(
+        long.is_empty(),
+        "over {MAX_FILE_LINES} shipped lines without `// Long because:` at the top: {long:#?}"
+    );
+}
+
+// The check itself: a 601-line file is found, a reason at its top is read (not one further
+// down), its test module is not counted, nor is a `tests.rs`, and a `#[cfg(test)]` item that
+// is no module does not end the shipped code.
+#[test]
+fn a_long_file_is_found() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("src/m")).unwrap();
+    let body = "const _: u8 = 1;\n".repeat(598);
+    let tests = "#[cfg(test)]\nmod tests {\n    fn t() {}\n}\n";
+    let files = [
+        // 600 shipped lines.
+        ("src/m/fits.rs", format!("//! Fits.\n{body}\n{tests}")),
+        // 601, a `#[cfg(test)]` item among them.
+        (
+            "src/m/long.rs",
+            format!("//! Long.\n#[cfg(test)]\nconst T: u8 = 0;\n{body}{tests}"),
+        ),
+        (
+            "src/m/reasoned.rs",
+            format!("//! Long.\n// Long because: a table.\n\n{body}"),
+        ),
+        (
+            "src/m/reason_below.rs",
+            format!("//! Long.\nuse a::b;\n// Long because: too late.\n{body}"),
+        ),
+        ("src/m/tests.rs", body.repeat(2)),
+    ];
+    for (path, text) in &files {
+        std::fs::write(dir.path().join(path), text).unwrap();
+    }
+    let got: Vec<(String, usize, bool)> = file_lengths(dir.path(), &["src"])
+        .into_iter()
+        .map(|f| (f.file, f.lines, f.reason))
+        .collect();
+    let want = [
+        ("src/m/long.rs", 601, false),
+        ("src/m/reason_below.rs", 601, false),
+        ("src/m/reasoned.rs", 601, true),
+        ("src/m/fits.rs", 600, false),
+    ]
+    .map(|(f, n, r)| (f.to_owned(), n, r));
+    assert_eq!(got, want);
+}
+
 /// Each integration: its name, its homes (its folder now; before the integrations wing, the
 /// files it lived in) and the names that are its own in code.
 const INTEGRATIONS: &[(&str, &[&str], &[&str])] = &[
