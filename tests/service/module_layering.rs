@@ -602,26 +602,8 @@ fn the_layout_in_figures() {
     rust_files(&src, &mut files);
     let shipped = files.iter().filter(|f| !f.ends_with("tests.rs")).count();
     let arrows: usize = g.values().map(BTreeSet::len).sum();
-    let back: Vec<String> = g
-        .iter()
-        .flat_map(|(m, deps)| deps.iter().map(move |d| (m, d)))
-        .filter(|(m, d)| reaches(&g, d, m))
-        .map(|(m, d)| format!("{m} -> {d}"))
-        .collect();
-    let cycles: BTreeSet<Vec<String>> = g
-        .keys()
-        .filter_map(|m| cycle_from(&g, m))
-        .map(|mut c| {
-            c.pop();
-            let at = c
-                .iter()
-                .enumerate()
-                .min_by_key(|(_, m)| *m)
-                .map_or(0, |(i, _)| i);
-            c.rotate_left(at);
-            c
-        })
-        .collect();
+    let back = arrows_back_up(&g);
+    let cycles = cycles_of(&g);
     println!(
         "{}: {shipped} shipped files in src/, {} modules, {arrows} arrows, {} back up, {} cycles",
         base.display(),
@@ -632,6 +614,8 @@ fn the_layout_in_figures() {
     for b in &back {
         println!("  back up: {b}");
     }
+    print_circles(&base);
+    print_visibility(&base);
     println!("the files outside each integration's home whose code names it:");
     for (name, homes, names) in INTEGRATIONS {
         let files = naming_files(&src, homes, names);
@@ -650,7 +634,164 @@ fn the_layout_in_figures() {
         let why = if f.reason { " (a reason is given)" } else { "" };
         println!("  {:4} {}:{} {}{why}", f.lines, f.file, f.line, f.name);
     }
+    let long: Vec<FileLength> = file_lengths(&base, &["src", "tools", "fakes", "crates"])
+        .into_iter()
+        .filter(|f| f.lines > MAX_FILE_LINES)
+        .collect();
+    println!(
+        "shipped files over {MAX_FILE_LINES} lines: {} ({} with a reason):",
+        long.len(),
+        long.iter().filter(|f| f.reason).count()
+    );
+    for f in &long {
+        let why = if f.reason { " (a reason is given)" } else { "" };
+        println!("  {:4} {}{why}", f.lines, f.file);
+    }
     assert!(arrows > 0, "no arrow found under {}", src.display());
+}
+
+/// The arrows of `g` that run back up: each inside a circle (its head reaches its tail).
+fn arrows_back_up(g: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
+    g.iter()
+        .flat_map(|(m, deps)| deps.iter().map(move |d| (m, d)))
+        .filter(|(m, d)| reaches(g, d, m))
+        .map(|(m, d)| format!("{m} -> {d}"))
+        .collect()
+}
+
+/// Prints the circles of the checkout at `base`: between the top-level modules of each crate
+/// under `tools/`, `fakes/` and `crates/` (the agent's are printed above), and between the
+/// files of each folder module of every crate, with the arrows that run back up.
+fn print_circles(base: &Path) {
+    let (mut module_circles, mut module_back) = (Vec::new(), Vec::new());
+    for (name, src) in member_crates_in(base, &["tools", "fakes", "crates"]) {
+        let g = graph_of(&src);
+        module_circles.extend(cycles_of(&g).into_iter().map(|c| format!("{name}: {c:?}")));
+        module_back.extend(
+            arrows_back_up(&g)
+                .into_iter()
+                .map(|a| format!("{name}: {a}")),
+        );
+    }
+    println!(
+        "module level in tools/, fakes/, crates/: {} circles, {} arrows back up",
+        module_circles.len(),
+        module_back.len()
+    );
+    for c in module_circles.iter().chain(&module_back) {
+        println!("  {c}");
+    }
+    let (mut circles, mut back) = (Vec::new(), Vec::new());
+    for (_, src) in all_crates(base) {
+        circles.extend(file_circles(base, &src));
+        let mut folders = Vec::new();
+        folder_modules(&src, &mut folders);
+        for folder in folders {
+            let rel = folder
+                .strip_prefix(base)
+                .unwrap_or(&folder)
+                .display()
+                .to_string();
+            let g = files_graph(&src, &folder);
+            back.extend(
+                arrows_back_up(&g)
+                    .into_iter()
+                    .map(|a| format!("{rel}: {a}")),
+            );
+        }
+    }
+    println!(
+        "file level (the agent, tools/, fakes/, crates/): {} circles, {} arrows back up",
+        circles.len(),
+        back.len()
+    );
+    for c in &circles {
+        println!("  circle: {c}");
+    }
+    for b in &back {
+        println!("  back up: {b}");
+    }
+}
+
+/// How many items of shipped code carry each visibility: `pub`, `pub(crate)`, `pub(super)`,
+/// `pub(in …)` (an item: a `fn`, `struct`, `enum`, `union`, `trait`, `type`, `const`,
+/// `static`, `mod` or `use` whose line starts with its visibility; fields and variants
+/// aside). `tests.rs` and test modules are not shipped.
+fn visibility_counts(src: &Path) -> BTreeMap<&'static str, usize> {
+    // A qualifier first (`pub const fn`, `pub async fn`, `pub unsafe fn`, `pub extern "C"
+    // fn`) still makes one item.
+    const ITEMS: &[&str] = &[
+        "fn ", "struct ", "enum ", "union ", "trait ", "type ", "const ", "static ", "mod ",
+        "use ", "async ", "unsafe ", "extern ",
+    ];
+    let mut files = Vec::new();
+    rust_files(src, &mut files);
+    let mut out = BTreeMap::new();
+    for f in files.iter().filter(|f| !f.ends_with("tests.rs")) {
+        let text = std::fs::read_to_string(f).unwrap();
+        for (_, code) in shipped_lines(&text) {
+            let t = code.trim_start();
+            let vis = match t {
+                _ if t.starts_with("pub ") => "pub",
+                _ if t.starts_with("pub(crate)") => "pub(crate)",
+                _ if t.starts_with("pub(super)") => "pub(super)",
+                _ if t.starts_with("pub(in ") => "pub(in …)",
+                _ => continue,
+            };
+            let item = without_visibility(t);
+            if ITEMS.iter().any(|k| item.starts_with(k)) {
+                *out.entry(vis).or_default() += 1;
+            }
+        }
+    }
+    out
+}
+
+/// Prints `pub` items against restricted ones, in the agent's shipped code and in that of the
+/// crates under `tools/`, `fakes/` and `crates/`.
+fn print_visibility(base: &Path) {
+    for (name, src) in all_crates(base) {
+        let n = visibility_counts(&src);
+        let restricted: usize = n.iter().filter(|(v, _)| **v != "pub").map(|(_, k)| k).sum();
+        println!(
+            "{name}: {} pub items, {restricted} restricted ({} pub(crate), {} pub(super), {} pub(in …))",
+            n.get("pub").unwrap_or(&0),
+            n.get("pub(crate)").unwrap_or(&0),
+            n.get("pub(super)").unwrap_or(&0),
+            n.get("pub(in …)").unwrap_or(&0),
+        );
+    }
+}
+
+// The check itself: each visibility is counted on items of shipped code, not on fields, a
+// `pub const fn` once, nor in a test module.
+#[test]
+fn visibility_is_counted_on_items() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = "\
+pub mod a;
+pub(crate) use a::X;
+pub struct S {
+    pub field: u8,
+}
+pub const fn f() {}
+pub const N: u8 = 1;
+pub(super) fn g() {}
+pub(in crate::a) enum E {}
+#[cfg(test)]
+mod tests {
+    pub fn t() {}
+}
+";
+    std::fs::write(dir.path().join("lib.rs"), text).unwrap();
+    let got = visibility_counts(dir.path());
+    let want = [
+        ("pub", 4),
+        ("pub(crate)", 1),
+        ("pub(in …)", 1),
+        ("pub(super)", 1),
+    ];
+    assert_eq!(got, BTreeMap::from(want));
 }
 
 // No function of shipped code is over 100 lines without a reason given beside it (a line
@@ -863,9 +1004,17 @@ fn the_configurations_files_have_no_arrow_back_up() {
 /// The crates under `parents` (`tools`, `fakes`): each directory there with a `Cargo.toml`
 /// and a `src/`, as (`tools/npu-chaos`, its `src`), in order.
 fn member_crates(parents: &[&str]) -> Vec<(String, PathBuf)> {
+    member_crates_in(root(), parents)
+}
+
+/// [`member_crates`] of the checkout at `base`.
+fn member_crates_in(base: &Path, parents: &[&str]) -> Vec<(String, PathBuf)> {
     let mut crates = Vec::new();
     for parent in parents {
-        for e in std::fs::read_dir(root().join(parent)).unwrap().flatten() {
+        let Ok(dir) = std::fs::read_dir(base.join(parent)) else {
+            continue;
+        };
+        for e in dir.flatten() {
             let dir = e.path();
             if dir.join("Cargo.toml").is_file() && dir.join("src").is_dir() {
                 let name = dir.file_name().unwrap().to_str().unwrap();
@@ -1098,22 +1247,22 @@ fn cycles_of(g: &BTreeMap<String, BTreeSet<String>>) -> BTreeSet<Vec<String>> {
         .collect()
 }
 
-/// Each crate the layout test reads, as (its name, its `src`): the agent, then every crate
-/// under `tools/`, `fakes/` and `crates/`.
-fn all_crates() -> Vec<(String, PathBuf)> {
-    std::iter::once(("agent".to_owned(), root().join("src")))
-        .chain(member_crates(&["tools", "fakes", "crates"]))
+/// Each crate the layout test reads in the checkout at `base`, as (its name, its `src`): the
+/// agent, then every crate under `tools/`, `fakes/` and `crates/`.
+fn all_crates(base: &Path) -> Vec<(String, PathBuf)> {
+    std::iter::once(("agent".to_owned(), base.join("src")))
+        .chain(member_crates_in(base, &["tools", "fakes", "crates"]))
         .collect()
 }
 
 /// The file-level circles of every folder module of the crate whose sources are in `src`, as
-/// `<folder>: a -> b -> a` (the folder relative to the workspace root).
-fn file_circles(src: &Path) -> Vec<String> {
+/// `<folder>: a -> b -> a` (the folder relative to `base`, the checkout).
+fn file_circles(base: &Path, src: &Path) -> Vec<String> {
     let mut folders = Vec::new();
     folder_modules(src, &mut folders);
     let mut out = Vec::new();
     for folder in folders {
-        let rel = folder.strip_prefix(root()).unwrap_or(&folder).display();
+        let rel = folder.strip_prefix(base).unwrap_or(&folder).display();
         for mut c in cycles_of(&files_graph(src, &folder)) {
             c.push(c[0].clone());
             out.push(format!("{rel}: {}", c.join(" -> ")));
@@ -1137,8 +1286,8 @@ const KNOWN_CIRCLES: &[(&str, &str)] = &[(
 #[test]
 fn no_file_level_circle_inside_a_module() {
     let mut found = Vec::new();
-    for (name, src) in all_crates() {
-        let circles = file_circles(&src);
+    for (name, src) in all_crates(root()) {
+        let circles = file_circles(root(), &src);
         for c in &circles {
             println!("{name}: {c}");
         }
@@ -1200,14 +1349,18 @@ fn a_file_level_circle_is_found() {
     assert_eq!(g["sub"], set(&["c"]), "super::super:: and mod.rs's names");
     assert_eq!(g["c"], set(&[]), "test modules reach anywhere");
     assert_eq!(files_graph(src, &src.join("wing"))["y"], set(&["x"]));
-    assert!(file_circles(src).is_empty(), "{:?}", file_circles(src));
+    assert!(
+        file_circles(src, src).is_empty(),
+        "{:?}",
+        file_circles(src, src)
+    );
     std::fs::write(src.join("run/c.rs"), "pub struct Thing;\nuse super::a;\n").unwrap();
     std::fs::write(
         src.join("wing/x/mod.rs"),
         "pub struct X(crate::wing::y::Y);\n",
     )
     .unwrap();
-    let found = file_circles(src);
+    let found = file_circles(src, src);
     assert_eq!(found.len(), 2, "{found:?}");
     assert!(
         found[0].ends_with("run: a -> b -> sub -> c -> a"),

@@ -50,7 +50,6 @@ mod wire;
 
 pub use predecessor::{Predecessor, connect};
 pub use successor::{Listener, Successor};
-pub use wire::Message;
 
 use std::io::{self};
 use std::net::SocketAddr;
@@ -150,7 +149,7 @@ impl HandoverError {
 
 #[cfg(test)]
 mod tests {
-    use super::wire::{expect, recv, refuse, say, trusted};
+    use super::wire::{Message, expect, recv, refuse, say, trusted};
     use super::*;
     use std::net::TcpListener;
     use std::os::fd::OwnedFd;

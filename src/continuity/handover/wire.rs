@@ -16,7 +16,7 @@ use tokio::time::Instant;
 /// One message.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "msg", rename_all = "snake_case")]
-pub enum Message {
+pub(super) enum Message {
     Hello {
         protocol: u32,
         pid: u32,
