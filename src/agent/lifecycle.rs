@@ -2,29 +2,17 @@
 //! sockets, a running agent handing over), and [`run`]: start, serve, reload on SIGHUP, hand
 //! over or stop on SIGTERM.
 
+use super::start::Startup;
 use super::{AgentError, Running, handover, preflight, start, summary};
 
 use crate::config::AgentConfig;
-use crate::continuity::handover::{HandoverError, Listener, Predecessor};
+use crate::continuity::handover::{HandoverError, Listener};
 use crate::continuity::sockets::{Inherited, Origin};
 use crate::continuity::trust::Checked;
 use crate::continuity::{self, HoldError, StateDir};
 use crate::service::signals::{Signalled, Signals};
 use crate::service::systemd::{Probe, Systemd};
 use std::time::Duration;
-
-/// What a start takes over from before it: the state directory, sockets systemd passed
-/// back, and a running agent handing over.
-pub struct Startup {
-    pub state_dir: Option<StateDir>,
-    /// No other agent writes in the state directory once the predecessor (if any) has
-    /// released it: what writes cut short left there may go.
-    pub sole_writer: bool,
-    pub inherited: Inherited,
-    pub predecessor: Option<Predecessor>,
-    /// How long to wait for a port another process holds.
-    pub wait_for_ports: Duration,
-}
 
 /// What the agent does once it has handed over to a new one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]

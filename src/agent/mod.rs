@@ -16,10 +16,10 @@ mod reload;
 mod start;
 
 use launch::{EngineRun, Prepared};
-pub use lifecycle::{AfterHandover, Reloader, RunOptions, Startup, run};
+pub use lifecycle::{AfterHandover, Reloader, RunOptions, run};
 use listeners::ListenerRun;
 pub use reload::ReloadSummary;
-pub use start::start;
+pub use start::{Startup, start};
 
 use crate::config::{AgentConfig, AgentSettings, ListenerLimits};
 use crate::continuity::handover::Predecessor;

@@ -6,11 +6,13 @@
 use super::launch::Prepared;
 use super::listeners::acquire;
 use super::{
-    AgentError, LivenessCfg, Roster, Running, Startup, apply_fault_table, driver_config, npu_ids,
-    preflight, read_fault_table, sampler_config,
+    AgentError, LivenessCfg, Roster, Running, apply_fault_table, driver_config, npu_ids, preflight,
+    read_fault_table, sampler_config,
 };
 use crate::config::{AgentConfig, EngineSpec, ListenerLimits};
+use crate::continuity::StateDir;
 use crate::continuity::handover::{HandoverError, Predecessor};
+use crate::continuity::sockets::Inherited;
 use crate::continuity::statefile;
 use crate::integrations::{Integration, Listen, REGISTRY};
 use crate::monitor;
@@ -20,6 +22,20 @@ use crate::server;
 use crate::server::auth::AdminAccess;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
+
+/// What a start takes over from before it: the state directory, sockets systemd passed
+/// back, and a running agent handing over.
+pub struct Startup {
+    pub state_dir: Option<StateDir>,
+    /// No other agent writes in the state directory once the predecessor (if any) has
+    /// released it: what writes cut short left there may go.
+    pub sole_writer: bool,
+    pub inherited: Inherited,
+    pub predecessor: Option<Predecessor>,
+    /// How long to wait for a port another process holds.
+    pub wait_for_ports: Duration,
+}
 
 /// The sockets the start acquired, with what each serves.
 struct Sockets {

@@ -52,13 +52,17 @@
 //! back to the base interval (5 s) only after a peak below the usage threshold; otherwise,
 //! and when the peak is unavailable, unchanged.
 
-use super::evidence::driver_faults::CONFIRM_LEVEL;
-pub use super::evidence::driver_faults::{FaultEffect, fault_effect, worst};
 use super::inputs::CapacityWaiting;
 use crate::config::Timing;
+use crate::driver::fault_levels::FaultLevel;
 use crate::probe::outcome::{Accounting, ProbeFailure};
 use crate::sampler::faults::NpuFault;
 use std::time::Duration;
+
+/// The level from which a driver fault confirms a failed probe, and makes the loop probe at
+/// once when it appears (agent policy). The accounting's constant: the driver-fault source
+/// ([`super::evidence::driver_faults`]) reads it from here.
+pub const CONFIRM_LEVEL: FaultLevel = FaultLevel::RestartBusiness;
 
 /// The accounting rules of one engine.
 #[derive(Debug, Clone, PartialEq)]
@@ -577,6 +581,7 @@ pub fn next_cadence(
 mod tests {
     use super::*;
     use crate::driver::fault_levels::FaultLevel;
+    use crate::monitor::evidence::driver_faults::{FaultEffect, fault_effect, worst};
 
     const S: fn(u64) -> Duration = Duration::from_secs;
 

@@ -12,6 +12,7 @@
 pub mod devices;
 pub mod grpc;
 pub mod proto;
+mod protowire;
 pub mod task;
 
 pub use devices::{Assignment, Holder};

@@ -7,6 +7,8 @@
 //! the atomics in [`status`]. Control (period change, shutdown) goes through channels.
 
 pub mod backends;
+pub mod codes;
+mod dcmi_reads;
 mod dcmi_thread;
 pub mod faults;
 mod liveness;
@@ -15,12 +17,12 @@ pub mod plausibility;
 pub mod priority;
 pub mod source;
 pub mod status;
+mod watch_rows;
 mod watchdog;
 
 pub use liveness::SamplerStatus;
 pub use source::{Source, SourceReason};
 pub use status::{DeviceSnapshot, DeviceStatus};
-pub use watchdog::codes;
 
 use crate::driver::{Backend, DeviceInfo, DriverConfig};
 use crate::ring::Ring;

@@ -507,7 +507,7 @@ mod tests {
         let d = device();
         assert!(d.set_hung());
         assert!(d.is_stale());
-        d.record_error(1, crate::sampler::watchdog::codes::NA);
+        d.record_error(1, crate::sampler::codes::NA);
         assert!(d.is_stale(), "npu-smi answering NA is no reading");
         assert!(!d.set_hung(), "still hung: not a new hang");
         d.record_value(2, 40);
@@ -517,14 +517,14 @@ mod tests {
             !d.is_stale(),
             "the watchdog's next check does not undo the reading"
         );
-        d.record_error(3, crate::sampler::watchdog::codes::NA);
+        d.record_error(3, crate::sampler::codes::NA);
         assert!(
             !d.is_stale(),
             "an error answer from a serving source is not silence"
         );
         assert!(d.clear_hung());
         d.set_stale();
-        d.record_error(4, crate::sampler::watchdog::codes::NA);
+        d.record_error(4, crate::sampler::codes::NA);
         assert!(!d.is_stale(), "not hung: a failed read is an answer");
     }
 

@@ -126,7 +126,7 @@ pub struct DeviceFault {
     pub hex: String,
     pub text: Option<String>,
     pub level: crate::driver::fault_levels::FaultLevel,
-    pub effect: crate::monitor::account::FaultEffect,
+    pub effect: crate::monitor::evidence::driver_faults::FaultEffect,
     /// The effect in words.
     pub note: String,
 }
@@ -134,7 +134,7 @@ pub struct DeviceFault {
 impl DeviceFault {
     /// `f` as an engine under the agent policy (`agent`) or the reference sees it.
     pub fn of(f: crate::sampler::faults::NpuFault, agent: bool) -> DeviceFault {
-        let effect = crate::monitor::account::fault_effect(agent, f.level);
+        let effect = crate::monitor::evidence::driver_faults::fault_effect(agent, f.level);
         DeviceFault {
             code: f.code,
             hex: f.hex,

@@ -304,7 +304,7 @@ fn engine_faults(shared: &Shared, m: &Monitor) -> Vec<String> {
         .iter()
         .flat_map(|&i| shared.faults_of(i))
         .map(|f| {
-            let effect = crate::monitor::account::fault_effect(agent, f.level);
+            let effect = crate::monitor::evidence::driver_faults::fault_effect(agent, f.level);
             format!("{}: {}", f.describe(), effect.describe())
         })
         .collect()

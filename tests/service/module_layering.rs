@@ -368,6 +368,137 @@ fn functions(base: &Path, dirs: &[&str]) -> Vec<Function> {
     out
 }
 
+/// A shipped file's length: its lines before the `#[cfg(test)]` of its test module (all of
+/// them without one), and whether its top (the comments above its first item) says why it is
+/// long: `Long because:`.
+#[derive(Debug, PartialEq)]
+struct FileLength {
+    file: String,
+    lines: usize,
+    reason: bool,
+}
+
+/// The shipped length of `text`: its lines before the `#[cfg(test)]` that opens a test module
+/// (a `#[cfg(test)]` item that is no module does not end the shipped code).
+fn shipped_length(text: &str) -> usize {
+    let lines: Vec<&str> = text.lines().collect();
+    let opens_tests = |i: usize| {
+        lines[i + 1..]
+            .iter()
+            .map(|l| without_visibility(l.trim_start()))
+            .find(|l| !l.starts_with("#[") && !l.starts_with("//"))
+            .is_some_and(|l| l.starts_with("mod "))
+    };
+    (0..lines.len())
+        .find(|&i| lines[i].trim_start().starts_with("#[cfg(test)]") && opens_tests(i))
+        .unwrap_or(lines.len())
+}
+
+/// Whether the top of `text` (its comments, inner attributes and blank lines, up to its first
+/// item) gives a reason for its length.
+fn long_reason_at_top(text: &str) -> bool {
+    text.lines()
+        .take_while(|l| {
+            let t = l.trim_start();
+            t.is_empty() || ["//", "/*", "*", "#!["].iter().any(|p| t.starts_with(p))
+        })
+        .any(|l| l.contains("Long because:"))
+}
+
+/// The shipped files of every Rust file under `dirs` with their lengths, longest first: not a
+/// test module in a file of its own (`tests.rs`), a crate's integration tests (`tests/`) nor a
+/// build's output.
+fn file_lengths(base: &Path, dirs: &[&str]) -> Vec<FileLength> {
+    let mut files = Vec::new();
+    for d in dirs {
+        rust_files(&base.join(d), &mut files);
+    }
+    let mut out: Vec<FileLength> = files
+        .iter()
+        .filter(|f| {
+            let rel = f.strip_prefix(base).unwrap_or(f);
+            !f.ends_with("tests.rs")
+                && !rel
+                    .components()
+                    .any(|c| c.as_os_str() == "target" || c.as_os_str() == "tests")
+        })
+        .map(|f| {
+            let text = std::fs::read_to_string(f).unwrap();
+            FileLength {
+                file: f.strip_prefix(base).unwrap().display().to_string(),
+                lines: shipped_length(&text),
+                reason: long_reason_at_top(&text),
+            }
+        })
+        .collect();
+    out.sort_by(|a, b| b.lines.cmp(&a.lines).then(a.file.cmp(&b.file)));
+    out
+}
+
+/// The most lines a shipped file holds without a reason at its top.
+const MAX_FILE_LINES: usize = 600;
+
+// No shipped file is over 600 lines (its tests aside) without a reason at its top (a line
+// `// Long because: …` among the comments above its first item): past that, a file holds
+// more than one reader keeps in mind, and its items want files that each say what they are
+// for. The agent, the tools, the fakes and the binding.
+#[test]
+fn no_shipped_file_over_600_lines_without_a_reason() {
+    let long: Vec<String> = file_lengths(root(), &["src", "tools", "fakes", "crates"])
+        .into_iter()
+        .filter(|f| f.lines > MAX_FILE_LINES && !f.reason)
+        .map(|f| format!("{} ({} lines)", f.file, f.lines))
+        .collect();
+    assert!(
+        long.is_empty(),
+        "over {MAX_FILE_LINES} shipped lines without `// Long because:` at the top: {long:#?}"
+    );
+}
+
+// The check itself: a 601-line file is found, a reason at its top is read (not one further
+// down), its test module is not counted, nor is a `tests.rs`, and a `#[cfg(test)]` item that
+// is no module does not end the shipped code.
+#[test]
+fn a_long_file_is_found() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("src/m")).unwrap();
+    let body = "const _: u8 = 1;\n".repeat(598);
+    let tests = "#[cfg(test)]\nmod tests {\n    fn t() {}\n}\n";
+    let files = [
+        // 600 shipped lines.
+        ("src/m/fits.rs", format!("//! Fits.\n{body}\n{tests}")),
+        // 601, a `#[cfg(test)]` item among them.
+        (
+            "src/m/long.rs",
+            format!("//! Long.\n#[cfg(test)]\nconst T: u8 = 0;\n{body}{tests}"),
+        ),
+        (
+            "src/m/reasoned.rs",
+            format!("//! Long.\n// Long because: a table.\n\n{body}"),
+        ),
+        (
+            "src/m/reason_below.rs",
+            format!("//! Long.\nuse a::b;\n// Long because: too late.\n{body}"),
+        ),
+        ("src/m/tests.rs", body.repeat(2)),
+    ];
+    for (path, text) in &files {
+        std::fs::write(dir.path().join(path), text).unwrap();
+    }
+    let got: Vec<(String, usize, bool)> = file_lengths(dir.path(), &["src"])
+        .into_iter()
+        .map(|f| (f.file, f.lines, f.reason))
+        .collect();
+    let want = [
+        ("src/m/long.rs", 601, false),
+        ("src/m/reason_below.rs", 601, false),
+        ("src/m/reasoned.rs", 601, true),
+        ("src/m/fits.rs", 600, false),
+    ]
+    .map(|(f, n, r)| (f.to_owned(), n, r));
+    assert_eq!(got, want);
+}
+
 /// Each integration: its name, its homes (its folder now; before the integrations wing, the
 /// files it lived in) and the names that are its own in code.
 const INTEGRATIONS: &[(&str, &[&str], &[&str])] = &[
@@ -471,26 +602,8 @@ fn the_layout_in_figures() {
     rust_files(&src, &mut files);
     let shipped = files.iter().filter(|f| !f.ends_with("tests.rs")).count();
     let arrows: usize = g.values().map(BTreeSet::len).sum();
-    let back: Vec<String> = g
-        .iter()
-        .flat_map(|(m, deps)| deps.iter().map(move |d| (m, d)))
-        .filter(|(m, d)| reaches(&g, d, m))
-        .map(|(m, d)| format!("{m} -> {d}"))
-        .collect();
-    let cycles: BTreeSet<Vec<String>> = g
-        .keys()
-        .filter_map(|m| cycle_from(&g, m))
-        .map(|mut c| {
-            c.pop();
-            let at = c
-                .iter()
-                .enumerate()
-                .min_by_key(|(_, m)| *m)
-                .map_or(0, |(i, _)| i);
-            c.rotate_left(at);
-            c
-        })
-        .collect();
+    let back = arrows_back_up(&g);
+    let cycles = cycles_of(&g);
     println!(
         "{}: {shipped} shipped files in src/, {} modules, {arrows} arrows, {} back up, {} cycles",
         base.display(),
@@ -501,6 +614,8 @@ fn the_layout_in_figures() {
     for b in &back {
         println!("  back up: {b}");
     }
+    print_circles(&base);
+    print_visibility(&base);
     println!("the files outside each integration's home whose code names it:");
     for (name, homes, names) in INTEGRATIONS {
         let files = naming_files(&src, homes, names);
@@ -519,7 +634,164 @@ fn the_layout_in_figures() {
         let why = if f.reason { " (a reason is given)" } else { "" };
         println!("  {:4} {}:{} {}{why}", f.lines, f.file, f.line, f.name);
     }
+    let long: Vec<FileLength> = file_lengths(&base, &["src", "tools", "fakes", "crates"])
+        .into_iter()
+        .filter(|f| f.lines > MAX_FILE_LINES)
+        .collect();
+    println!(
+        "shipped files over {MAX_FILE_LINES} lines: {} ({} with a reason):",
+        long.len(),
+        long.iter().filter(|f| f.reason).count()
+    );
+    for f in &long {
+        let why = if f.reason { " (a reason is given)" } else { "" };
+        println!("  {:4} {}{why}", f.lines, f.file);
+    }
     assert!(arrows > 0, "no arrow found under {}", src.display());
+}
+
+/// The arrows of `g` that run back up: each inside a circle (its head reaches its tail).
+fn arrows_back_up(g: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
+    g.iter()
+        .flat_map(|(m, deps)| deps.iter().map(move |d| (m, d)))
+        .filter(|(m, d)| reaches(g, d, m))
+        .map(|(m, d)| format!("{m} -> {d}"))
+        .collect()
+}
+
+/// Prints the circles of the checkout at `base`: between the top-level modules of each crate
+/// under `tools/`, `fakes/` and `crates/` (the agent's are printed above), and between the
+/// files of each folder module of every crate, with the arrows that run back up.
+fn print_circles(base: &Path) {
+    let (mut module_circles, mut module_back) = (Vec::new(), Vec::new());
+    for (name, src) in member_crates_in(base, &["tools", "fakes", "crates"]) {
+        let g = graph_of(&src);
+        module_circles.extend(cycles_of(&g).into_iter().map(|c| format!("{name}: {c:?}")));
+        module_back.extend(
+            arrows_back_up(&g)
+                .into_iter()
+                .map(|a| format!("{name}: {a}")),
+        );
+    }
+    println!(
+        "module level in tools/, fakes/, crates/: {} circles, {} arrows back up",
+        module_circles.len(),
+        module_back.len()
+    );
+    for c in module_circles.iter().chain(&module_back) {
+        println!("  {c}");
+    }
+    let (mut circles, mut back) = (Vec::new(), Vec::new());
+    for (_, src) in all_crates(base) {
+        circles.extend(file_circles(base, &src));
+        let mut folders = Vec::new();
+        folder_modules(&src, &mut folders);
+        for folder in folders {
+            let rel = folder
+                .strip_prefix(base)
+                .unwrap_or(&folder)
+                .display()
+                .to_string();
+            let g = files_graph(&src, &folder);
+            back.extend(
+                arrows_back_up(&g)
+                    .into_iter()
+                    .map(|a| format!("{rel}: {a}")),
+            );
+        }
+    }
+    println!(
+        "file level (the agent, tools/, fakes/, crates/): {} circles, {} arrows back up",
+        circles.len(),
+        back.len()
+    );
+    for c in &circles {
+        println!("  circle: {c}");
+    }
+    for b in &back {
+        println!("  back up: {b}");
+    }
+}
+
+/// How many items of shipped code carry each visibility: `pub`, `pub(crate)`, `pub(super)`,
+/// `pub(in …)` (an item: a `fn`, `struct`, `enum`, `union`, `trait`, `type`, `const`,
+/// `static`, `mod` or `use` whose line starts with its visibility; fields and variants
+/// aside). `tests.rs` and test modules are not shipped.
+fn visibility_counts(src: &Path) -> BTreeMap<&'static str, usize> {
+    // A qualifier first (`pub const fn`, `pub async fn`, `pub unsafe fn`, `pub extern "C"
+    // fn`) still makes one item.
+    const ITEMS: &[&str] = &[
+        "fn ", "struct ", "enum ", "union ", "trait ", "type ", "const ", "static ", "mod ",
+        "use ", "async ", "unsafe ", "extern ",
+    ];
+    let mut files = Vec::new();
+    rust_files(src, &mut files);
+    let mut out = BTreeMap::new();
+    for f in files.iter().filter(|f| !f.ends_with("tests.rs")) {
+        let text = std::fs::read_to_string(f).unwrap();
+        for (_, code) in shipped_lines(&text) {
+            let t = code.trim_start();
+            let vis = match t {
+                _ if t.starts_with("pub ") => "pub",
+                _ if t.starts_with("pub(crate)") => "pub(crate)",
+                _ if t.starts_with("pub(super)") => "pub(super)",
+                _ if t.starts_with("pub(in ") => "pub(in …)",
+                _ => continue,
+            };
+            let item = without_visibility(t);
+            if ITEMS.iter().any(|k| item.starts_with(k)) {
+                *out.entry(vis).or_default() += 1;
+            }
+        }
+    }
+    out
+}
+
+/// Prints `pub` items against restricted ones, in the agent's shipped code and in that of the
+/// crates under `tools/`, `fakes/` and `crates/`.
+fn print_visibility(base: &Path) {
+    for (name, src) in all_crates(base) {
+        let n = visibility_counts(&src);
+        let restricted: usize = n.iter().filter(|(v, _)| **v != "pub").map(|(_, k)| k).sum();
+        println!(
+            "{name}: {} pub items, {restricted} restricted ({} pub(crate), {} pub(super), {} pub(in …))",
+            n.get("pub").unwrap_or(&0),
+            n.get("pub(crate)").unwrap_or(&0),
+            n.get("pub(super)").unwrap_or(&0),
+            n.get("pub(in …)").unwrap_or(&0),
+        );
+    }
+}
+
+// The check itself: each visibility is counted on items of shipped code, not on fields, a
+// `pub const fn` once, nor in a test module.
+#[test]
+fn visibility_is_counted_on_items() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = "\
+pub mod a;
+pub(crate) use a::X;
+pub struct S {
+    pub field: u8,
+}
+pub const fn f() {}
+pub const N: u8 = 1;
+pub(super) fn g() {}
+pub(in crate::a) enum E {}
+#[cfg(test)]
+mod tests {
+    pub fn t() {}
+}
+";
+    std::fs::write(dir.path().join("lib.rs"), text).unwrap();
+    let got = visibility_counts(dir.path());
+    let want = [
+        ("pub", 4),
+        ("pub(crate)", 1),
+        ("pub(in …)", 1),
+        ("pub(super)", 1),
+    ];
+    assert_eq!(got, BTreeMap::from(want));
 }
 
 // No function of shipped code is over 100 lines without a reason given beside it (a line
@@ -732,9 +1004,17 @@ fn the_configurations_files_have_no_arrow_back_up() {
 /// The crates under `parents` (`tools`, `fakes`): each directory there with a `Cargo.toml`
 /// and a `src/`, as (`tools/npu-chaos`, its `src`), in order.
 fn member_crates(parents: &[&str]) -> Vec<(String, PathBuf)> {
+    member_crates_in(root(), parents)
+}
+
+/// [`member_crates`] of the checkout at `base`.
+fn member_crates_in(base: &Path, parents: &[&str]) -> Vec<(String, PathBuf)> {
     let mut crates = Vec::new();
     for parent in parents {
-        for e in std::fs::read_dir(root().join(parent)).unwrap().flatten() {
+        let Ok(dir) = std::fs::read_dir(base.join(parent)) else {
+            continue;
+        };
+        for e in dir.flatten() {
             let dir = e.path();
             if dir.join("Cargo.toml").is_file() && dir.join("src").is_dir() {
                 let name = dir.file_name().unwrap().to_str().unwrap();
@@ -820,6 +1100,269 @@ fn a_cycle_through_super_is_found() {
         cycle_from(&g, "a").unwrap(),
         ["a", "b", "c", "a"].map(str::to_owned)
     );
+}
+
+/// The children of a folder module, each a node of its file-level graph: each file beside its
+/// `mod.rs` (by stem) and each sub-folder (all of its files one node). `mod.rs` is the
+/// folder's façade, not a node; `tests.rs` is not shipped.
+fn children(folder: &Path) -> BTreeMap<String, PathBuf> {
+    let mut out = BTreeMap::new();
+    for e in std::fs::read_dir(folder).unwrap().flatten() {
+        let path = e.path();
+        let name = path.file_stem().unwrap().to_str().unwrap().to_owned();
+        let module = path.is_dir() || path.extension().is_some_and(|x| x == "rs");
+        if module && name != "mod" && name != "tests" {
+            out.insert(name, path);
+        }
+    }
+    out
+}
+
+/// The names a folder's `mod.rs` brings in from its children (`pub use inject::{a, b};`,
+/// `use stack::Stack;`), each → the child it comes from: a sibling that names `super::a`
+/// names `inject`.
+fn facade_names(folder: &Path, kids: &BTreeMap<String, PathBuf>) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let Ok(text) = std::fs::read_to_string(folder.join("mod.rs")) else {
+        return out;
+    };
+    let code: Vec<&str> = shipped_lines(&text).into_iter().map(|(_, c)| c).collect();
+    let code = code.join("\n");
+    for (i, _) in code.match_indices("use ") {
+        let stmt = code[i + "use ".len()..].trim_start();
+        let stmt = &stmt[..stmt.find(';').unwrap_or(stmt.len())];
+        let Some((child, names)) = stmt.split_once("::") else {
+            continue;
+        };
+        if !kids.contains_key(child) {
+            continue;
+        }
+        for n in names.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+            if !n.is_empty() && !kids.contains_key(n) {
+                out.insert(n.to_owned(), child.to_owned());
+            }
+        }
+    }
+    out
+}
+
+/// Child → the siblings its shipped code names, inside `folder` (a folder module of the crate
+/// whose sources are in `src`). A child names a sibling by `super::<sibling>` (as many
+/// `super::` as lead from its file up to `folder`), by `crate::<folder's path>::<sibling>`,
+/// or by a name `mod.rs` brings in from that sibling ([`facade_names`]).
+fn files_graph(src: &Path, folder: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let kids = children(folder);
+    let facade = facade_names(folder, &kids);
+    let segments: Vec<String> = folder
+        .strip_prefix(src)
+        .unwrap()
+        .iter()
+        .map(|c| c.to_str().unwrap().to_owned())
+        .collect();
+    let prefix = format!("crate::{}::", segments.join("::"));
+    let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (kid, path) in &kids {
+        let mut files = Vec::new();
+        rust_files(path, &mut files);
+        let mut named = Vec::new();
+        for f in files.iter().filter(|f| !f.ends_with("tests.rs")) {
+            let text = std::fs::read_to_string(f).unwrap();
+            let code: Vec<&str> = shipped_lines(&text).into_iter().map(|(_, c)| c).collect();
+            let code = code.join("\n");
+            for (i, _) in code.match_indices(&prefix) {
+                named.extend(path_heads(&code[i + prefix.len()..]));
+            }
+            let rel = f.strip_prefix(folder).unwrap();
+            let depth = rel.components().count() - usize::from(f.ends_with("mod.rs"));
+            named.extend(heads_after_supers(&code, depth));
+        }
+        let deps = named
+            .into_iter()
+            .filter_map(|n| match kids.contains_key(&n) {
+                true => Some(n),
+                false => facade.get(&n).cloned(),
+            })
+            .filter(|n| n != kid);
+        edges.entry(kid.clone()).or_default().extend(deps);
+    }
+    edges
+}
+
+/// The heads of the paths in `code` that start with exactly `depth` `super::` (a chain is
+/// counted once, from its first `super::`).
+fn heads_after_supers(code: &str, depth: usize) -> Vec<String> {
+    let mut heads = Vec::new();
+    for (i, _) in code.match_indices("super::") {
+        let before = &code[..i];
+        if before.ends_with("super::")
+            || before.ends_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
+        {
+            continue;
+        }
+        let mut rest = &code[i..];
+        let mut supers = 0;
+        while let Some(r) = rest.strip_prefix("super::") {
+            rest = r;
+            supers += 1;
+        }
+        if supers == depth {
+            heads.extend(path_heads(rest));
+        }
+    }
+    heads
+}
+
+/// Every folder module under `src` (a folder with a `mod.rs`), depth first.
+fn folder_modules(src: &Path, out: &mut Vec<PathBuf>) {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(src)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_dir())
+        .collect();
+    dirs.sort();
+    for d in dirs {
+        if d.join("mod.rs").is_file() {
+            out.push(d.clone());
+        }
+        folder_modules(&d, out);
+    }
+}
+
+/// The distinct cycles of `g`, each rotated to start at its least node, without the
+/// repeated last node.
+fn cycles_of(g: &BTreeMap<String, BTreeSet<String>>) -> BTreeSet<Vec<String>> {
+    g.keys()
+        .filter_map(|m| cycle_from(g, m))
+        .map(|mut c| {
+            c.pop();
+            let at = c
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, m)| *m)
+                .map_or(0, |(i, _)| i);
+            c.rotate_left(at);
+            c
+        })
+        .collect()
+}
+
+/// Each crate the layout test reads in the checkout at `base`, as (its name, its `src`): the
+/// agent, then every crate under `tools/`, `fakes/` and `crates/`.
+fn all_crates(base: &Path) -> Vec<(String, PathBuf)> {
+    std::iter::once(("agent".to_owned(), base.join("src")))
+        .chain(member_crates_in(base, &["tools", "fakes", "crates"]))
+        .collect()
+}
+
+/// The file-level circles of every folder module of the crate whose sources are in `src`, as
+/// `<folder>: a -> b -> a` (the folder relative to `base`, the checkout).
+fn file_circles(base: &Path, src: &Path) -> Vec<String> {
+    let mut folders = Vec::new();
+    folder_modules(src, &mut folders);
+    let mut out = Vec::new();
+    for folder in folders {
+        let rel = folder.strip_prefix(base).unwrap_or(&folder).display();
+        for mut c in cycles_of(&files_graph(src, &folder)) {
+            c.push(c[0].clone());
+            out.push(format!("{rel}: {}", c.join(" -> ")));
+        }
+    }
+    out
+}
+
+/// File-level circles known and owned elsewhere, each with its reason: the test tolerates them
+/// and fails once one is gone, so that its line is deleted.
+const KNOWN_CIRCLES: &[(&str, &str)] = &[];
+
+// Inside each folder module, no file (or sub-folder) names a sibling that names it back, in
+// the agent and in every crate under `tools/`, `fakes/` and `crates/`: the files of a folder
+// are layered as its modules are (a circle of files is one file split in several, each
+// needing all the others to be read).
+#[test]
+fn no_file_level_circle_inside_a_module() {
+    let mut found = Vec::new();
+    for (name, src) in all_crates(root()) {
+        let circles = file_circles(root(), &src);
+        for c in &circles {
+            println!("{name}: {c}");
+        }
+        found.extend(circles);
+    }
+    let known: Vec<&str> = KNOWN_CIRCLES.iter().map(|(c, _)| *c).collect();
+    let new: Vec<&String> = found
+        .iter()
+        .filter(|c| !known.contains(&c.as_str()))
+        .collect();
+    assert!(new.is_empty(), "file-level circles: {new:#?}");
+    let gone: Vec<&&str> = known
+        .iter()
+        .filter(|k| !found.iter().any(|c| c == *k))
+        .collect();
+    assert!(
+        gone.is_empty(),
+        "known circles no longer found (delete them from KNOWN_CIRCLES): {gone:#?}"
+    );
+}
+
+// The check itself: a circle of files inside a folder is found however the files name each
+// other (`super::<file>`, `crate::<folder>::<file>`, `super::super::` from a sub-folder's file,
+// a name the folder's `mod.rs` brings in from a file), and so is a circle of sub-folders (as
+// `integrations/envoy` ↔ `integrations/kubelet`); a unit test module is not shipped code.
+#[test]
+fn a_file_level_circle_is_found() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path();
+    let files = [
+        ("lib.rs", "pub mod run;\npub mod wing;\n"),
+        (
+            "run/mod.rs",
+            "mod a;\nmod b;\nmod c;\nmod sub;\npub use c::Thing;\n",
+        ),
+        ("run/a.rs", "use super::b::f;\n"),
+        ("run/b.rs", "pub fn f() {\n    crate::run::sub::g()\n}\n"),
+        ("run/sub/mod.rs", "mod deep;\npub use deep::g;\n"),
+        (
+            "run/sub/deep.rs",
+            "pub fn g() {\n    let _ = super::super::Thing;\n}\n",
+        ),
+        (
+            "run/c.rs",
+            "pub struct Thing;\n#[cfg(test)]\nmod tests {\n    use super::super::a;\n}\n",
+        ),
+        ("wing/mod.rs", "pub mod x;\npub mod y;\n"),
+        ("wing/x/mod.rs", "pub struct X;\n"),
+        ("wing/y/mod.rs", "use super::x::X;\n"),
+    ];
+    for (path, text) in files {
+        std::fs::create_dir_all(src.join(path).parent().unwrap()).unwrap();
+        std::fs::write(src.join(path), text).unwrap();
+    }
+    let set = |s: &[&str]| s.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
+    let g = files_graph(src, &src.join("run"));
+    assert_eq!(g["a"], set(&["b"]), "super::<file>");
+    assert_eq!(g["b"], set(&["sub"]), "crate::<folder>::<file>");
+    assert_eq!(g["sub"], set(&["c"]), "super::super:: and mod.rs's names");
+    assert_eq!(g["c"], set(&[]), "test modules reach anywhere");
+    assert_eq!(files_graph(src, &src.join("wing"))["y"], set(&["x"]));
+    assert!(
+        file_circles(src, src).is_empty(),
+        "{:?}",
+        file_circles(src, src)
+    );
+    std::fs::write(src.join("run/c.rs"), "pub struct Thing;\nuse super::a;\n").unwrap();
+    std::fs::write(
+        src.join("wing/x/mod.rs"),
+        "pub struct X(crate::wing::y::Y);\n",
+    )
+    .unwrap();
+    let found = file_circles(src, src);
+    assert_eq!(found.len(), 2, "{found:?}");
+    assert!(
+        found[0].ends_with("run: a -> b -> sub -> c -> a"),
+        "{found:?}"
+    );
+    assert!(found[1].ends_with("wing: x -> y -> x"), "{found:?}");
 }
 
 /// The lines of `text` with a glob import (`use x::*;`, `pub use x::*;`, `use x::{y, *};`,

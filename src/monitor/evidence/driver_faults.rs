@@ -30,9 +30,8 @@ impl Source for DriverFaults {
     }
 }
 
-/// The level from which a driver fault confirms a failed probe, and makes the loop probe at
-/// once when it appears (agent policy).
-pub const CONFIRM_LEVEL: FaultLevel = FaultLevel::RestartBusiness;
+/// The level from which a driver fault confirms a failed probe (the accounting's constant).
+pub use crate::monitor::account::CONFIRM_LEVEL;
 
 /// What a driver fault does to an engine on the NPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

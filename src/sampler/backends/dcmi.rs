@@ -6,6 +6,7 @@
 use super::{DeviceBackend, Reader, StartCtx, Thread, start_watchdog};
 use crate::driver::dcmi::{Api, Dcmi as Library, LoadError, NpuChip, discovery};
 use crate::driver::{Backend, DeviceInfo, DriverConfig};
+use crate::sampler::dcmi_reads;
 use crate::sampler::dcmi_thread::{self, Control, ControlTx};
 use crate::sampler::status::DeviceStatus;
 use crate::sampler::watchdog::{self, Fallback};
@@ -132,7 +133,7 @@ impl Reader for DcmiReader {
 
     fn settling(&self, dev: &DeviceStatus) -> bool {
         // Two calls disagree (a second or two), or a hand-over awaits the npu-smi probe.
-        (dcmi_thread::on_dcmi(dev.source()) && dev.reason().pending()) || watchdog::settling(dev)
+        (dcmi_reads::on_dcmi(dev.source()) && dev.reason().pending()) || watchdog::settling(dev)
     }
 
     fn fallbacks(&self) -> Vec<Backend> {
@@ -165,7 +166,7 @@ fn start_thread(driver: &DriverConfig, cfg: &SamplerConfig) -> Result<Side, Load
     let (init_tx, init_rx) = crossbeam_channel::bounded(1);
     let (ctl_tx, ctl_rx) = crossbeam_channel::unbounded();
     let (done_tx, done_rx) = crossbeam_channel::bounded::<()>(0);
-    let timing = dcmi_thread::LoopTiming {
+    let timing = dcmi_reads::LoopTiming {
         period: cfg.period,
         hbm_period: cfg.hbm_period,
         fault_period: cfg.fault_period,

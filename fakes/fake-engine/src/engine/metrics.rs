@@ -11,6 +11,12 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 pub(super) async fn metrics(State(e): State<Arc<Engine>>) -> Response {
+    exposition(&e, metrics_text)
+}
+
+/// `/metrics` with the text `text` writes for `e` (a profile of its own passes its writer),
+/// or vLLM's 404 for a profile that serves none.
+pub(super) fn exposition(e: &Engine, text: fn(&Engine) -> String) -> Response {
     if !e.opts.profile.serves_metrics() {
         return (
             StatusCode::NOT_FOUND,
@@ -18,11 +24,7 @@ pub(super) async fn metrics(State(e): State<Arc<Engine>>) -> Response {
         )
             .into_response();
     }
-    let text = if e.opts.profile.is_sglang() {
-        super::sglang::metrics_text(&e)
-    } else {
-        metrics_text(&e)
-    };
+    let text = text(e);
     (
         [(
             header::CONTENT_TYPE,

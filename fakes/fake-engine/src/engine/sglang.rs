@@ -23,7 +23,7 @@
 //!   vLLM engine core does.
 
 use super::inference::{completions, generate, raw};
-use super::metrics::metrics;
+use super::metrics::exposition;
 use super::{Engine, Faults};
 use axum::Router;
 use axum::extract::State;
@@ -42,6 +42,11 @@ pub(super) fn router() -> Router<Arc<Engine>> {
         .route("/v1/completions", post(completions))
         .route("/generate", post(generate).put(generate))
         .route("/metrics", get(metrics))
+}
+
+/// `GET /metrics`: SGLang's names and labels ([`metrics_text`]).
+async fn metrics(State(e): State<Arc<Engine>>) -> Response {
+    exposition(&e, metrics_text)
 }
 
 /// Tokens that came out so far (prompt and generation): a change is an output.

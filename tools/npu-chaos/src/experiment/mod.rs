@@ -244,6 +244,12 @@ impl Fault {
             Fault::AgentRestart | Fault::AgentCrash | Fault::AgentUpgrade | Fault::AgentOutage(_)
         )
     }
+
+    /// A fault of the driver under the engine's NPUs (failed or hung reads), which the agent
+    /// reports but the engine does not feel.
+    pub fn is_driver_fault(self) -> bool {
+        matches!(self, Fault::DriverError | Fault::DriverHang)
+    }
 }
 
 impl fmt::Display for Fault {

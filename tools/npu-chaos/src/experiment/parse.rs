@@ -601,6 +601,17 @@ experiments:
         assert!(!Fault::EngineCrash.is_agent_fault());
     }
 
+    // A driver fault is the driver's alone: neither the engine's nor the agent's.
+    #[test]
+    fn a_driver_fault_is_neither_the_engines_nor_the_agents() {
+        for f in [Fault::DriverError, Fault::DriverHang] {
+            assert!(f.is_driver_fault() && !f.is_agent_fault(), "{f}");
+        }
+        for f in [Fault::EngineHang, Fault::EngineCrash, Fault::AgentCrash] {
+            assert!(!f.is_driver_fault(), "{f}");
+        }
+    }
+
     /// Every shipped experiment file parses: a typo in one that only a long CI stage reads
     /// (the real engine, PyMotor) fails here in seconds instead.
     #[test]

@@ -250,7 +250,3 @@ pub(super) fn driver_flagged(detail: &EngineDetail) -> bool {
         .iter()
         .any(|d| d.stale || d.hung || d.invalid > 0)
 }
-
-pub(super) fn is_driver_fault(f: Fault) -> bool {
-    matches!(f, Fault::DriverError | Fault::DriverHang)
-}

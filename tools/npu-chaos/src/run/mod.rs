@@ -32,6 +32,7 @@ mod inject;
 mod observe;
 mod options;
 mod outcome;
+mod processes;
 mod stack;
 
 pub use options::{Cadence, EngineKind, Integration, NodeManagerKind, Policy, Row, RunOptions};
@@ -39,9 +40,9 @@ pub use outcome::{GuardEvent, KubeletOutcome, Outcome, TimelinePoint, Verdict};
 
 use crate::timescale::scaled;
 use emulator::{kill_evidence, start_node_manager};
-use inject::is_driver_fault;
 use observe::{KubeletLink, Observation, observe};
-use stack::{Stack, WantedSupervisor, wanted_supervisor};
+use processes::{WantedSupervisor, wanted_supervisor};
+use stack::Stack;
 
 /// The row's directory of the outputs: `1s`, `3s`, `1s-pymotor` or `kubelet`.
 pub fn cadence_dir(opts: &RunOptions) -> String {
@@ -190,7 +191,7 @@ fn node_manager_verdict(
         Expect::Healthy if out.killed_at_ms.is_some() => Verdict::FalseKill,
         Expect::Healthy => Verdict::Pass,
         // A driver fault must be reported without killing the (healthy) engine.
-        Expect::DetectWithin(_) if is_driver_fault(e.fault) && out.killed_at_ms.is_some() => {
+        Expect::DetectWithin(_) if e.fault.is_driver_fault() && out.killed_at_ms.is_some() => {
             Verdict::FalseKill
         }
         Expect::DetectWithin(_) if out.detected_after_ms.is_some() => Verdict::Pass,
@@ -557,7 +558,7 @@ fn fit_load(load: &crate::experiment::Load, engine: EngineKind) -> crate::experi
 mod tests {
     use super::config::{REAL_ENGINE_HEALTH_TIMEOUT, agent_toml};
     use super::emulator::EVIDENCE_POLLS;
-    use super::stack::port_was_taken;
+    use super::processes::port_was_taken;
     use super::*;
     use crate::experiment::Fault;
     use fake_engine::node_manager::NmReport;

@@ -2,7 +2,6 @@
 //! on the agent's answers: Node Manager, the kubelet, a router), the engine, and the options
 //! every experiment of a run shares.
 
-use super::inject::is_driver_fault;
 use crate::agent::Supervisor;
 use crate::experiment::Fault;
 use crate::real_engine::RealEngine;
@@ -71,7 +70,7 @@ impl Policy {
         if opts.time_scale != 1.0 {
             return Some("MindIE's engine server has fixed timing (5 s timeout, 6 npu-smi samples 0.5 s apart, 5 s sleep): it runs at --time-scale 1 only".to_owned());
         }
-        if is_driver_fault(fault) {
+        if fault.is_driver_fault() {
             return Some("MindIE's engine server does not report the NPU's reads (it samples npu-smi and keeps no per-NPU state)".to_owned());
         }
         if fault.is_agent_fault() {

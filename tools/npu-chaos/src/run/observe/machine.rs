@@ -5,7 +5,6 @@
 
 use crate::experiment::{Expect, Experiment, Fault, Guard, KubeletExpect};
 use crate::kubelet::Action as KubeletAction;
-use crate::run::inject::is_driver_fault;
 use crate::run::outcome::GuardEvent;
 use crate::timescale::scaled;
 use std::time::Duration;
@@ -46,7 +45,7 @@ impl<'a> Plan<'a> {
             // delay it); a driver fault is watched longer, since killing the healthy engine
             // for it would be a false kill. (The loop stops earlier, at the deadline counted
             // from the first injection.)
-            Expect::DetectWithin(d) if !is_driver_fault(e.fault) => fault_end + sc(d),
+            Expect::DetectWithin(d) if !e.fault.is_driver_fault() => fault_end + sc(d),
             _ => fault_end + sc(LATE_KILL_TAIL),
         };
         let detect_within = match e.expect {
@@ -77,7 +76,7 @@ impl<'a> Plan<'a> {
     /// Whether the loop goes on after a detection: a driver fault is watched on, and so is
     /// an engine taken out of the load (a restart would still be a false one).
     pub(super) fn watches_on(&self) -> bool {
-        is_driver_fault(self.fault) || self.kubelet.is_some_and(|k| k != KubeletExpect::Restart)
+        self.fault.is_driver_fault() || self.kubelet.is_some_and(|k| k != KubeletExpect::Restart)
     }
 
     /// Whether the load goes on for [`super::AFTER_KILL_TAIL`] after a loop that ended well
@@ -88,7 +87,7 @@ impl<'a> Plan<'a> {
             && killed
             && self.kubelet.is_none()
             && self.detect_within.is_some()
-            && !is_driver_fault(self.fault)
+            && !self.fault.is_driver_fault()
     }
 }
 
@@ -198,7 +197,7 @@ pub(super) enum Output {
 /// One sample's decisions, and the state after them (as if the action succeeds).
 pub(super) fn step(state: State, sample: &Sample<'_>, plan: &Plan<'_>) -> (Output, State) {
     let now = sample.now;
-    if sample.flagged && state.phase.first().is_none() && is_driver_fault(plan.fault) {
+    if sample.flagged && state.phase.first().is_none() && plan.fault.is_driver_fault() {
         let why = "an NPU was already reported failing before the driver fault was injected";
         return (Output::Fail(why.to_owned()), state);
     }
@@ -341,7 +340,7 @@ fn detected_at(
             .map(|(at, _)| *at)
     };
     let at = match (plan.expect, plan.kubelet) {
-        (Expect::DetectWithin(_), _) if is_driver_fault(plan.fault) => {
+        (Expect::DetectWithin(_), _) if plan.fault.is_driver_fault() => {
             (sample.flagged && active).then_some(sample.now)
         }
         (Expect::DetectWithin(_), None) => sample.killed.filter(|k| *k >= first),
