@@ -265,7 +265,7 @@ pub fn summary(roster: &Roster, shared: &Shared) -> String {
     let engines = roster.read().unwrap_or_else(|p| p.into_inner());
     let verdicts: Vec<String> = engines
         .iter()
-        .map(|e| format!("{} {}", e.spec.name, e.peek_status().as_str()))
+        .map(|e| format!("{} {}", e.spec().name, e.peek_status().as_str()))
         .collect();
     let mut backends: Vec<(crate::driver::Backend, usize)> = Vec::new();
     for d in &shared.devices {

@@ -75,9 +75,9 @@ pub struct HealthDetail {
 /// Shared state of one engine.
 #[derive(Debug)]
 pub struct Monitor {
-    pub spec: EngineSpec,
+    spec: EngineSpec,
     /// Ring indices of the engine's NPUs.
-    pub devices: Vec<u16>,
+    devices: Vec<u16>,
     /// [`HealthState`] as a `u8`, read by every `/status`.
     health: AtomicU8,
     health_detail: Mutex<HealthDetail>,
@@ -88,15 +88,15 @@ pub struct Monitor {
     down_after_abnormal: AtomicBool,
     /// Bumped at every re-arm; a loop still running from before stops.
     rearm_tx: tokio::sync::watch::Sender<u64>,
-    pub vi: ViState,
-    pub qos: QosState,
+    vi: ViState,
+    qos: QosState,
     conditions: Mutex<Vec<Condition>>,
     rearms: AtomicU64,
     /// What the Kubernetes API mode did about the engine, and what each router was told.
-    pub acted: acted::ActionMemory,
+    acted: acted::ActionMemory,
     /// Every action for every integration, and when ([`journal`]): `/status/detail`'s
     /// `actions`, and the operator views.
-    pub journal: journal::Journal,
+    journal: journal::Journal,
     /// The engine process's start time as its `/metrics` last showed it (Unix seconds): the
     /// identity a saved state is checked against ([`saved`]).
     engine_started_at: Mutex<Option<f64>>,
@@ -129,6 +129,41 @@ impl Monitor {
             engine_started_at: Mutex::new(None),
             stopped: Mutex::new(None),
         }
+    }
+
+    /// The engine's configuration.
+    pub fn spec(&self) -> &EngineSpec {
+        &self.spec
+    }
+
+    /// Ring indices of the engine's NPUs.
+    pub fn devices(&self) -> &[u16] {
+        &self.devices
+    }
+
+    /// Virtual inference's shared state (atomics: what `/status` reads on its hot path).
+    pub fn vi(&self) -> &ViState {
+        &self.vi
+    }
+
+    /// The QoS state (the level is an atomic: `/status` reads it without a lock).
+    pub fn qos(&self) -> &QosState {
+        &self.qos
+    }
+
+    /// What the Kubernetes API mode did about the engine, and what each router was told.
+    pub fn acted(&self) -> &acted::ActionMemory {
+        &self.acted
+    }
+
+    /// Every action for every integration: the record [`Monitor::note`] writes.
+    pub fn journal(&self) -> &journal::Journal {
+        &self.journal
+    }
+
+    /// The journal in words, oldest first: `/status/detail`'s `actions` and the views.
+    pub fn actions(&self) -> Vec<journal::ActionRecord> {
+        self.journal.entries().iter().map(Into::into).collect()
     }
 
     /// Adds what an integration was told (and what it was told before) to the record, with

@@ -143,10 +143,10 @@ pub fn admin_router(view: AdminView, access: Arc<auth::AdminAccess>) -> Router {
 /// name no engine has ([`routes::unknown_engine`]: a fixed 404, what was asked in the log).
 fn named(v: &AdminView, name: &str, route: &str, f: impl Fn(&Monitor) -> Response) -> Response {
     let engines = &v.metrics.engines;
-    match engines.iter().find(|e| e.spec.name == name) {
+    match engines.iter().find(|e| e.spec().name == name) {
         Some(e) => f(e),
         None => {
-            let known: Vec<&str> = engines.iter().map(|e| e.spec.name.as_str()).collect();
+            let known: Vec<&str> = engines.iter().map(|e| e.spec().name.as_str()).collect();
             routes::unknown_engine(name, route, &known)
         }
     }
@@ -237,7 +237,7 @@ async fn healthz(State(v): State<AdminView>) -> Response {
 /// peak and mean over the window, HBM over the engine's NPUs). HBM is shown, not scored: vLLM
 /// preallocates the KV cache, so HBM near 90 % is normal (see `docs/qos.md`).
 pub fn qos(e: &Monitor, shared: &Shared, win: Duration) -> wire::EngineQos {
-    let report = window::query(&shared.ring, &e.devices, win);
+    let report = window::query(&shared.ring, &e.devices(), win);
     qos_from(e, shared, &report, win)
 }
 
@@ -247,10 +247,10 @@ fn qos_from(
     report: &window::WindowReport,
     win: Duration,
 ) -> wire::EngineQos {
-    let q = &e.spec.qos;
+    let q = &e.spec().qos;
     let now = shared.ring.now_ns();
     let (mut used, mut total, mut hbm_devices) = (0u64, 0u64, 0usize);
-    for &i in &e.devices {
+    for &i in e.devices() {
         let s = shared.devices[usize::from(i)].snapshot(now);
         if let (Some(u), Some(t)) = (s.hbm_used_mb, s.hbm_total_mb) {
             used += u;
@@ -261,8 +261,8 @@ fn qos_from(
     let means: Vec<f64> = report.devices.iter().filter_map(|d| d.mean).collect();
     let mean = (!means.is_empty()).then(|| means.iter().sum::<f64>() / means.len() as f64);
     wire::EngineQos {
-        engine: e.spec.name.clone(),
-        model: e.spec.model.clone(),
+        engine: e.spec().name.clone(),
+        model: e.spec().model.clone(),
         evicting: e.qos_evicts(),
         stall_detection: wire::StallDetection {
             enabled: q.stall_detection,
@@ -279,7 +279,7 @@ fn qos_from(
                 .then(|| ((used as f64 / total as f64) * 1000.0).round() / 1000.0),
             scored: false,
         },
-        state: e.qos.report(q),
+        state: e.qos().report(q),
     }
 }
 
@@ -290,10 +290,10 @@ fn round2(v: f64) -> f64 {
 /// `/status/detail` of one engine.
 pub fn detail(e: &Monitor, shared: &Shared, win: Duration) -> wire::EngineDetail {
     let now = shared.ring.now_ns();
-    let report = window::query(&shared.ring, &e.devices, win);
-    let agent = e.spec.agent_policy_in_force().is_some();
+    let report = window::query(&shared.ring, &e.devices(), win);
+    let agent = e.spec().agent_policy_in_force().is_some();
     let devices = e
-        .devices
+        .devices()
         .iter()
         .zip(&report.devices)
         .map(|(&i, w)| {
@@ -327,7 +327,7 @@ pub fn detail(e: &Monitor, shared: &Shared, win: Duration) -> wire::EngineDetail
             }
         })
         .collect();
-    let spec = &e.spec;
+    let spec = &e.spec();
     let hc = &spec.health_check_config;
     let verdict = e.verdict();
     wire::EngineDetail {
@@ -341,16 +341,16 @@ pub fn detail(e: &Monitor, shared: &Shared, win: Duration) -> wire::EngineDetail
         conditions: e.conditions(),
         health: e.health_detail(),
         virtual_inference: wire::VirtualInference {
-            phase: e.vi.phase(),
-            abnormal: e.vi.abnormal(),
-            abnormal_reason: e.vi.abnormal_reason(),
-            warmup_done: e.vi.warmup_done(),
-            failure_count: e.vi.failure_count(),
+            phase: e.vi().phase(),
+            abnormal: e.vi().abnormal(),
+            abnormal_reason: e.vi().abnormal_reason(),
+            warmup_done: e.vi().warmup_done(),
+            failure_count: e.vi().failure_count(),
             max_failure_count: hc.max_failure_count,
             failure_limit: crate::view::failure_limit(spec),
             npu_usage_threshold: hc.npu_usage_threshold,
-            interval_s: e.vi.interval().as_secs_f64(),
-            last_probe: e.vi.last_probe(),
+            interval_s: e.vi().interval().as_secs_f64(),
+            last_probe: e.vi().last_probe(),
             rearms: e.rearms(),
         },
         qos: qos_from(e, shared, &report, win),
@@ -363,8 +363,8 @@ pub fn detail(e: &Monitor, shared: &Shared, win: Duration) -> wire::EngineDetail
             devices,
         },
         kubernetes: crate::integrations::kubernetes::memory::record(e),
-        routers: e.acted.routers(),
-        actions: e.journal.entries().iter().map(Into::into).collect(),
+        routers: e.acted().routers(),
+        actions: e.actions(),
     }
 }
 

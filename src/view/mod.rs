@@ -201,8 +201,8 @@ pub fn hello(shared: &Shared, engines: &[Arc<Monitor>], node: &str) -> Hello {
             name: d.info.name.clone(),
             engines: engines
                 .iter()
-                .filter(|e| e.devices.contains(&(i as u16)))
-                .map(|e| e.spec.name.clone())
+                .filter(|e| e.devices().contains(&(i as u16)))
+                .map(|e| e.spec().name.clone())
                 .collect(),
         })
         .collect();
@@ -213,7 +213,7 @@ pub fn hello(shared: &Shared, engines: &[Arc<Monitor>], node: &str) -> Hello {
         frame_interval_ms: FRAME_INTERVAL.as_millis() as u64,
         history_s: HISTORY.as_secs_f64(),
         npus,
-        engines: engines.iter().map(|e| e.spec.name.clone()).collect(),
+        engines: engines.iter().map(|e| e.spec().name.clone()).collect(),
     }
 }
 
@@ -268,27 +268,27 @@ pub fn engine_line(m: &Monitor) -> EngineLine {
         liveness: l,
     } = Answers::of(m);
     EngineLine {
-        name: m.spec.name.clone(),
+        name: m.spec().name.clone(),
         status: f.status,
         reason: f.reason,
-        policy: m.spec.policy.value.as_str().to_owned(),
+        policy: m.spec().policy.value.as_str().to_owned(),
         level: f.level,
         score: f.score.map(crate::qos::round3),
         ready: r.ready,
         ready_reason: r.reason,
         live: l.live,
         live_reason: l.reason,
-        failure_count: m.vi.failure_count(),
-        max_failure_count: m.spec.health_check_config.max_failure_count,
-        failure_limit: failure_limit(&m.spec),
-        last_probe: m.vi.last_probe().map(|p| ProbeLine {
+        failure_count: m.vi().failure_count(),
+        max_failure_count: m.spec().health_check_config.max_failure_count,
+        failure_limit: failure_limit(&m.spec()),
+        last_probe: m.vi().last_probe().map(|p| ProbeLine {
             at_unix_ms: p.at_unix_ms,
             success: p.success,
             outcome: p.outcome,
             latency_ms: (p.latency_ms * 10.0).round() / 10.0,
         }),
         routers: m
-            .acted
+            .acted()
             .routers()
             .into_iter()
             .map(|(router, seen)| (router, seen.state))
@@ -299,8 +299,8 @@ pub fn engine_line(m: &Monitor) -> EngineLine {
 
 /// The driver's faults on `m`'s NPUs, with what each does to it under its policy.
 fn engine_faults(shared: &Shared, m: &Monitor) -> Vec<String> {
-    let agent = m.spec.agent_policy_in_force().is_some();
-    m.devices
+    let agent = m.spec().agent_policy_in_force().is_some();
+    m.devices()
         .iter()
         .flat_map(|&i| shared.faults_of(i))
         .map(|f| {
@@ -330,11 +330,10 @@ pub fn engines(shared: &Shared, engines: &[Arc<Monitor>]) -> EnginesFrame {
     let mut recent: Vec<Recent> = engines
         .iter()
         .flat_map(|m| {
-            let name = &m.spec.name;
-            m.journal
-                .entries()
+            let name = &m.spec().name;
+            m.actions()
                 .into_iter()
-                .map(|e| from_entry(name, ActionRecord::from(&e)))
+                .map(|a| from_entry(name, a))
                 .collect::<Vec<_>>()
         })
         .collect();

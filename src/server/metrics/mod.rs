@@ -110,8 +110,8 @@ impl Exposition {
             let _ = writeln!(
                 out,
                 "{old}{{engine=\"{}\"}} {}",
-                escape_label(&e.spec.name),
-                e.vi.failure_count()
+                escape_label(&e.spec().name),
+                e.vi().failure_count()
             );
         }
     }
@@ -152,7 +152,7 @@ impl Pods {
             return Labels::new();
         };
         let ids: Vec<u32> = e
-            .devices
+            .devices()
             .iter()
             .filter_map(|&i| self.ids.get(usize::from(i)).copied())
             .collect();
