@@ -530,7 +530,7 @@ impl Running {
 /// so in the log; `None` when it starts over.
 fn carried_over(old: &Monitor, spec: &EngineSpec) -> Option<(EngineState, Carry)> {
     let name = &spec.name;
-    let (carry, reset) = crate::monitor::saved::carry(&old.spec(), spec);
+    let (carry, reset) = crate::monitor::saved::carry(old.spec(), spec);
     if carry.none() {
         tracing::info!(engine = %name, "its state starts over: {} changed", reset.join(", "));
         return None;

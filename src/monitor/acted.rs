@@ -28,20 +28,7 @@ pub struct Seen {
     pub polls: u64,
 }
 
-/// [`Seen`] in words, as `/status/detail`'s `routers` shows it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RouterSeen {
-    /// The state it was told (HAProxy: `ready`, `queue`, `drain`, `maint`, `down`; Envoy:
-    /// `healthy`, `degraded`, `unhealthy`).
-    pub state: String,
-    /// Since when it is told that state.
-    pub since_unix_ms: u64,
-    pub last_poll_unix_ms: u64,
-    /// Polls answered since the agent started.
-    pub polls: u64,
-    /// Why, as the last answer said.
-    pub reason: String,
-}
+pub(crate) use npu_health_wire::RouterSeen;
 
 /// One integration's memory of an engine: its own type, in the engine's monitor, saved in the
 /// state file under its own keys. Made with `Default` the first time the integration asks for

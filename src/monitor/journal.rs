@@ -10,7 +10,6 @@
 //! made once, where the [`Told`] is made, and written only at the wire ([`ActionRecord`]).
 
 use crate::qos::score::Level;
-use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 use std::sync::Mutex;
 
@@ -107,23 +106,7 @@ pub struct Entry {
     pub reason: String,
 }
 
-/// One action in words, as `/status/detail`'s `actions` shows it (made from an [`Entry`]).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ActionRecord {
-    pub at_unix_ms: u64,
-    /// Who ([`Id`]): `agent`, `node_manager`, `kubelet`, `kubernetes_api`, `haproxy`, `envoy`.
-    pub integration: String,
-    /// What acted or was told ([`Told::action`]).
-    pub action: String,
-    /// The state before (`start` at the first one); empty for an API call.
-    pub from: String,
-    /// The state after, or an API call's outcome.
-    pub to: String,
-    /// The QoS level at that moment.
-    pub level: Level,
-    /// Why, in one line.
-    pub reason: String,
-}
+pub(crate) use npu_health_wire::ActionRecord;
 
 impl From<&Entry> for ActionRecord {
     fn from(e: &Entry) -> ActionRecord {

@@ -42,7 +42,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use tokio::sync::Notify;
 use verdict::HealthState;
-pub use verdict::Status;
+pub(crate) use verdict::Status;
 use vi_state::{Phase, ViState};
 
 /// `/health` as last seen.

@@ -8,49 +8,27 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// What the loop is doing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Phase {
-    /// Waiting for the first `/status` with a healthy engine.
-    NotStarted,
-    /// Disabled by a gate (see the conditions).
-    Disabled,
-    WarmingUp,
-    Running,
-    /// Stopped after `abnormal` (or shut down).
-    Stopped,
+pub(crate) use npu_health_wire::Phase;
+
+/// [`Phase`] from its atomic encoding ([`phase_to_u8`]).
+fn phase_from_u8(v: u8) -> Phase {
+    match v {
+        0 => Phase::NotStarted,
+        1 => Phase::Disabled,
+        2 => Phase::WarmingUp,
+        3 => Phase::Running,
+        _ => Phase::Stopped,
+    }
 }
 
-impl Phase {
-    /// As `/status/detail` shows it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Phase::NotStarted => "not_started",
-            Phase::Disabled => "disabled",
-            Phase::WarmingUp => "warming_up",
-            Phase::Running => "running",
-            Phase::Stopped => "stopped",
-        }
-    }
-
-    fn from_u8(v: u8) -> Phase {
-        match v {
-            0 => Phase::NotStarted,
-            1 => Phase::Disabled,
-            2 => Phase::WarmingUp,
-            3 => Phase::Running,
-            _ => Phase::Stopped,
-        }
-    }
-    fn to_u8(self) -> u8 {
-        match self {
-            Phase::NotStarted => 0,
-            Phase::Disabled => 1,
-            Phase::WarmingUp => 2,
-            Phase::Running => 3,
-            Phase::Stopped => 4,
-        }
+/// [`Phase`] as the `u8` the state's atomic holds.
+fn phase_to_u8(p: Phase) -> u8 {
+    match p {
+        Phase::NotStarted => 0,
+        Phase::Disabled => 1,
+        Phase::WarmingUp => 2,
+        Phase::Running => 3,
+        Phase::Stopped => 4,
     }
 }
 
@@ -150,10 +128,10 @@ impl ViState {
 
     /// What the loop is doing.
     pub fn phase(&self) -> Phase {
-        Phase::from_u8(self.phase.load(Ordering::Acquire))
+        phase_from_u8(self.phase.load(Ordering::Acquire))
     }
     pub fn set_phase(&self, p: Phase) {
-        self.phase.store(p.to_u8(), Ordering::Release);
+        self.phase.store(phase_to_u8(p), Ordering::Release);
     }
     pub fn abnormal(&self) -> bool {
         self.abnormal.load(Ordering::Acquire)

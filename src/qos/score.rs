@@ -22,60 +22,23 @@
 
 use serde::Serialize;
 
-/// Degradation levels, best first.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    PartialOrd,
-    Ord,
-    Serialize,
-    serde::Deserialize,
-    strum::EnumIter,
-    strum::FromRepr,
-)]
-#[serde(rename_all = "lowercase")]
-#[repr(u8)]
-pub enum Level {
-    /// Serve normally.
-    Normal,
-    /// Stop admitting new requests, finish in-flight ones.
-    Throttle,
-    /// Route to a smaller draft model.
-    Degrade,
-    /// Take the node out.
-    Evict,
-}
+pub(crate) use npu_health_wire::Level;
 
-impl Level {
-    /// Name as shown in JSON and metrics.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Level::Normal => "normal",
-            Level::Throttle => "throttle",
-            Level::Degrade => "degrade",
-            Level::Evict => "evict",
-        }
-    }
-
-    /// Lowest score of the level (its boundary with the next worse one).
-    fn floor(self) -> f64 {
-        match self {
-            Level::Normal => 0.7,
-            Level::Throttle => 0.5,
-            Level::Degrade => 0.3,
-            Level::Evict => 0.0,
-        }
+/// Lowest score of `l` (its boundary with the next worse level).
+fn floor(l: Level) -> f64 {
+    match l {
+        Level::Normal => 0.7,
+        Level::Throttle => 0.5,
+        Level::Degrade => 0.3,
+        Level::Evict => 0.0,
     }
 }
 
 /// The nominal level of a score, before hysteresis and the eviction hold.
 pub fn nominal(score: f64) -> Level {
-    use strum::IntoEnumIterator;
-    Level::iter()
-        .find(|l| score >= l.floor())
+    Level::ALL
+        .into_iter()
+        .find(|l| score >= floor(*l))
         .unwrap_or(Level::Evict)
 }
 
@@ -163,7 +126,7 @@ impl Levels {
             let Some(better) = Level::from_repr(self.level as u8 - 1) else {
                 break;
             };
-            if s >= better.floor() + self.hysteresis {
+            if s >= floor(better) + self.hysteresis {
                 self.level = better;
             } else {
                 break;

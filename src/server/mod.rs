@@ -237,7 +237,7 @@ async fn healthz(State(v): State<AdminView>) -> Response {
 /// peak and mean over the window, HBM over the engine's NPUs). HBM is shown, not scored: vLLM
 /// preallocates the KV cache, so HBM near 90 % is normal (see `docs/qos.md`).
 pub fn qos(e: &Monitor, shared: &Shared, win: Duration) -> wire::EngineQos {
-    let report = window::query(&shared.ring, &e.devices(), win);
+    let report = window::query(&shared.ring, e.devices(), win);
     qos_from(e, shared, &report, win)
 }
 
@@ -290,7 +290,7 @@ fn round2(v: f64) -> f64 {
 /// `/status/detail` of one engine.
 pub fn detail(e: &Monitor, shared: &Shared, win: Duration) -> wire::EngineDetail {
     let now = shared.ring.now_ns();
-    let report = window::query(&shared.ring, &e.devices(), win);
+    let report = window::query(&shared.ring, e.devices(), win);
     let agent = e.spec().agent_policy_in_force().is_some();
     let devices = e
         .devices()

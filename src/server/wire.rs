@@ -9,11 +9,11 @@
 use crate::config::mindie::Role;
 use crate::monitor::HealthDetail;
 use crate::monitor::gates::Condition;
-use crate::monitor::verdict::Status;
-use crate::monitor::vi_state::Phase;
 use crate::probe::outcome::ProbeRecord;
 use crate::qos::QosReport;
 use crate::sampler::source::{Source, SourceReason};
+use npu_health_wire::Phase;
+use npu_health_wire::Status;
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
 
@@ -48,10 +48,10 @@ pub struct EngineDetail {
     /// What each router that polls the agent was last told (`haproxy`), by router; empty
     /// until one polls.
     #[serde(default)]
-    pub routers: std::collections::BTreeMap<String, crate::monitor::acted::RouterSeen>,
+    pub routers: std::collections::BTreeMap<String, npu_health_wire::RouterSeen>,
     /// The last actions for every integration, oldest first (`monitor::journal`).
     #[serde(default)]
-    pub actions: Vec<crate::monitor::journal::ActionRecord>,
+    pub actions: Vec<npu_health_wire::ActionRecord>,
 }
 
 /// The virtual inference loop, as `/status/detail` shows it.

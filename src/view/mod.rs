@@ -15,10 +15,10 @@ pub mod top;
 use crate::config::{AgentSettings, EngineSpec};
 use crate::integrations::Answers;
 use crate::monitor::Monitor;
-use crate::monitor::journal::ActionRecord;
-use crate::monitor::verdict::Status;
-use crate::qos::score::Level;
 use crate::sampler::Shared;
+use npu_health_wire::ActionRecord;
+use npu_health_wire::Level;
+use npu_health_wire::Status;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::time::Duration;
@@ -280,7 +280,7 @@ pub fn engine_line(m: &Monitor) -> EngineLine {
         live_reason: l.reason,
         failure_count: m.vi().failure_count(),
         max_failure_count: m.spec().health_check_config.max_failure_count,
-        failure_limit: failure_limit(&m.spec()),
+        failure_limit: failure_limit(m.spec()),
         last_probe: m.vi().last_probe().map(|p| ProbeLine {
             at_unix_ms: p.at_unix_ms,
             success: p.success,

@@ -9,7 +9,7 @@ use crate::monitor::journal::Told;
 use crate::monitor::verdict::HealthState;
 use crate::monitor::vi_state::ViState;
 use crate::monitor::{Monitor, Status};
-use crate::qos::score::Level;
+use npu_health_wire::Level;
 use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use std::collections::BTreeMap;
@@ -194,7 +194,7 @@ impl Exposition {
                     one_hot(
                         &engine_labels(e, pods),
                         "level",
-                        Level::iter(),
+                        Level::ALL,
                         e.qos().level(),
                         Level::as_str,
                     )
@@ -254,7 +254,7 @@ impl Exposition {
         for (metric, help, read) in histograms {
             let mut m = enc.encode_descriptor(metric, help, None, MetricType::Histogram)?;
             for e in &self.engines {
-                let (buckets, count, sum) = read(&e.vi());
+                let (buckets, count, sum) = read(e.vi());
                 m.encode_family(&engine_labels(e, pods))?
                     .encode_histogram::<NoLabelSet>(sum, count, &buckets, None)?;
             }
