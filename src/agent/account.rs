@@ -190,7 +190,7 @@ struct Needed {
 /// start without (an error each, named by its key), and those it starts without (the
 /// driver's library, `npu-smi`: a warning each).
 #[derive(Debug, Default)]
-pub struct Unreachable {
+pub(crate) struct Unreachable {
     /// The place (key), the file, and the whole message.
     pub errors: Vec<(String, PathBuf, String)>,
     /// Each a whole line: the key, then the message.
@@ -200,7 +200,7 @@ pub struct Unreachable {
 impl Unreachable {
     /// The one-line error `check-config` fails with: the first file in full, the others by
     /// key and path.
-    pub fn error(&self, source: &str) -> Option<ConfigError> {
+    pub(crate) fn error(&self, source: &str) -> Option<ConfigError> {
         let ((place, _, message), rest) = self.errors.split_first()?;
         let mut message = message.clone();
         if !rest.is_empty() {
@@ -220,7 +220,7 @@ impl Unreachable {
 
 /// Every file `cfg` makes the agent open that `account` could not, checked by
 /// [`Account::blocked`].
-pub fn unreachable_files(cfg: &AgentConfig, account: &Account) -> Unreachable {
+pub(crate) fn unreachable_files(cfg: &AgentConfig, account: &Account) -> Unreachable {
     let mut found = Unreachable::default();
     let mut seen: Vec<PathBuf> = Vec::new();
     for n in needed(cfg) {

@@ -5,7 +5,7 @@
 //! Each engine runs as a unit of its own (probe tasks, listener, cancellation), so a reload can
 //! add, remove or restart one engine without touching the others' verdict state.
 
-pub mod account;
+pub(crate) mod account;
 mod handover;
 mod holders;
 mod launch;

@@ -19,10 +19,10 @@
 //! checked it is held open ([`StateDir::hold`]): the state goes to the directory checked,
 //! whatever is put in its path's place later.
 
-pub mod handover;
-pub mod sockets;
-pub mod statefile;
-pub mod trust;
+pub(crate) mod handover;
+pub(crate) mod sockets;
+pub(crate) mod statefile;
+pub(crate) mod trust;
 
 use std::path::{Path, PathBuf};
 

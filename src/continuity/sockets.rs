@@ -101,7 +101,7 @@ static CAPTURED: std::sync::Mutex<Option<Inherited>> = std::sync::Mutex::new(Non
 /// thing, while the process has one thread: the `listenfd` crate removes the variables from
 /// the environment, which is only sound then. TCP listening sockets, IPv4 or IPv6, are kept;
 /// anything else is noted in `rejected` and closed.
-pub fn capture_systemd() {
+pub(crate) fn capture_systemd() {
     // systemd always names the process; listenfd would take the descriptors without it.
     if std::env::var_os("LISTEN_PID").is_none_or(|p| p.is_empty()) {
         return;
@@ -134,7 +134,7 @@ pub fn capture_systemd() {
 
 /// The name a socket is stored under in systemd's file-descriptor store: its address, in
 /// the characters `FDNAME=` allows (no `:`).
-pub fn fd_name(addr: SocketAddr) -> String {
+pub(crate) fn fd_name(addr: SocketAddr) -> String {
     let ip = addr.ip().to_string().replace(':', "-");
     format!("listen_{ip}_{}", addr.port())
 }

@@ -193,12 +193,12 @@ fn judge(place: Place, owner: u32, mode: u32, me: u32) -> Option<Flaw> {
 
 /// Checks `dir` (named by `from`) and the path that leads to it, for an agent running as
 /// [`User::me`].
-pub fn check(dir: &Path, from: &'static str) -> Result<Checked, Untrusted> {
+pub(crate) fn check(dir: &Path, from: &'static str) -> Result<Checked, Untrusted> {
     check_as(dir, from, User::me())
 }
 
 /// [`check`] for an agent running as `me` (`check-config --user`).
-pub fn check_as(dir: &Path, from: &'static str, me: User) -> Result<Checked, Untrusted> {
+pub(crate) fn check_as(dir: &Path, from: &'static str, me: User) -> Result<Checked, Untrusted> {
     let flaw = |place: Place, at: &Path, f: Flaw, owner: u32| -> Untrusted {
         let (at, dir) = (at.to_owned(), dir.to_owned());
         match (place, f) {
@@ -302,7 +302,7 @@ pub fn check_as(dir: &Path, from: &'static str, me: User) -> Result<Checked, Unt
 /// The directory the agent opened after checking `dir` (named by `from`): owned by `owner`,
 /// of mode `mode`, for an agent running as `me`; an error when another user could change it
 /// (it was swapped between the check and the open).
-pub fn check_opened(
+pub(crate) fn check_opened(
     dir: &Path,
     from: &'static str,
     owner: u32,

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 /// Where MindCluster's device plugin image installs the table
 /// (`component/ascend-device-plugin/pkg/common/fault_code.go`, `build/Dockerfile`).
-pub const DEFAULT_PATH: &str = "/usr/local/faultCode.json";
+pub(crate) const DEFAULT_PATH: &str = "/usr/local/faultCode.json";
 
 /// MindCluster's handling levels, least severe first (its `getMostSeriousFaultType` order),
 /// and `Unclassified` for a code no table names.
@@ -86,7 +86,7 @@ impl std::fmt::Display for FaultLevel {
 /// A few codes of MindCluster's `component/ascend-device-plugin/build/faultCode.json`
 /// (Ascend/mind-cluster, last changed in `ada4c99b3db0d4c8258851f869ac49bb9b9d0bdc`), with
 /// the level that file gives them; used when no file is installed.
-pub const BUILT_IN: &[(u64, FaultLevel)] = &[
+pub(crate) const BUILT_IN: &[(u64, FaultLevel)] = &[
     (0x80E0_1801, FaultLevel::RestartBusiness), // HBM multi-bit ECC on access
     (0x80E1_8400, FaultLevel::NotHandleFault),  // HBM multi-bit ECC, with the host PID
     (0x80E1_8401, FaultLevel::NotHandleFault),  // HBM isolated rows reached 16
@@ -334,7 +334,7 @@ impl<'de> serde::de::Visitor<'de> for EntriesVisitor {
 
 /// Why a string is not a fault code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum NotACode {
+pub(crate) enum NotACode {
     #[error("no hex digit")]
     Empty,
     #[error("more than 16 hex digits")]
@@ -349,7 +349,7 @@ pub enum NotACode {
 /// A code as `faultCode.json` and `npu-smi` write it: hex digits only, without `0x` (an
 /// `0x` is accepted), at most 16 of them (some codes are wider than the 32 bits of the DCMI
 /// list).
-pub fn parse_code(s: &str) -> Result<u64, NotACode> {
+pub(crate) fn parse_code(s: &str) -> Result<u64, NotACode> {
     let hex = s
         .strip_prefix("0x")
         .or_else(|| s.strip_prefix("0X"))

@@ -7,7 +7,7 @@
 //! sampler decides when to call it and the ring stores what it returns.
 
 pub use dcmi;
-pub mod fault_levels;
+pub(crate) mod fault_levels;
 pub mod npu_smi;
 
 use std::ffi::OsString;

@@ -147,7 +147,7 @@ impl Visit for Fields {
 
 /// The text format's field formatter (see the module doc for why it is ours).
 #[derive(Debug, Default, Clone, Copy)]
-pub struct TextFields;
+pub(super) struct TextFields;
 
 impl<'w> FormatFields<'w> for TextFields {
     fn format_fields<R: RecordFields>(&self, mut writer: Writer<'w>, fields: R) -> fmt::Result {

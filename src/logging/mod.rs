@@ -11,7 +11,7 @@ mod format;
 
 pub use format::{QUOTE_MAX, clip, escape_controls, quote};
 pub mod journald;
-pub mod ratelimit;
+pub(crate) mod ratelimit;
 
 use ratelimit::RateLimited;
 use std::sync::OnceLock;

@@ -14,7 +14,7 @@ use std::collections::VecDeque;
 use std::sync::Mutex;
 
 /// Changes kept per engine.
-pub const KEPT: usize = 50;
+pub(crate) const KEPT: usize = 50;
 
 /// Who an action is for: an integration's name in the journal, `/status/detail` and the
 /// metrics (`node_manager`, `kubelet`, …), given by the integration itself.
@@ -29,7 +29,7 @@ impl Id {
 }
 
 /// The agent's own grading: the QoS level (`action` `level`).
-pub const AGENT: Id = Id("agent");
+pub(crate) const AGENT: Id = Id("agent");
 
 /// What one integration was told or asked, in its words: made by the integration from its own
 /// typed state, compared by those words (one word per state).

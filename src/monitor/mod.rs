@@ -24,15 +24,15 @@
 //! shared state), [`inputs`] (what the loops read besides the probe), [`gates`] (the
 //! conditions for virtual inference to run).
 
-pub mod account;
-pub mod acted;
+pub(crate) mod account;
+pub(crate) mod acted;
 pub mod evidence;
-pub mod gates;
-pub mod inputs;
-pub mod journal;
-pub mod saved;
-pub mod verdict;
-pub mod vi_state;
+pub(crate) mod gates;
+pub(crate) mod inputs;
+pub(crate) mod journal;
+pub(crate) mod saved;
+pub(crate) mod verdict;
+pub(crate) mod vi_state;
 
 use crate::config::EngineSpec;
 use crate::qos::QosState;

@@ -95,7 +95,7 @@ impl Carry {
 ///   hold start over.
 /// - Everything else (timing, policy, thresholds, devices, the mgmt listener, actions): all
 ///   kept. A count kept under a new `max_failure_count` goes on toward the new maximum.
-pub fn carry(old: &EngineSpec, new: &EngineSpec) -> (Carry, Vec<&'static str>) {
+pub(crate) fn carry(old: &EngineSpec, new: &EngineSpec) -> (Carry, Vec<&'static str>) {
     let mut why = Vec::new();
     if old.engine_url() != new.engine_url() {
         why.push("the engine's address (host, port, infer_tls_config)");
@@ -129,7 +129,7 @@ const SAME_PROCESS: f64 = 1.0;
 /// Why the engine is not the process a state was saved from: `saved` and `now` are its
 /// `process_start_time_seconds` then and now; `None` when it is the same process, or cannot
 /// be told (the engine does not show it).
-pub fn other_process(saved: f64, now: Option<f64>) -> Option<String> {
+pub(crate) fn other_process(saved: f64, now: Option<f64>) -> Option<String> {
     let now = now?;
     ((now - saved).abs() > SAME_PROCESS).then(|| {
         format!(

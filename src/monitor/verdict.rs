@@ -85,7 +85,12 @@ impl HealthState {
 /// The verdict, from the `/health` state, virtual inference, a held QoS `evict` that
 /// `qos.eviction` turns into a verdict, and (under the agent policy) an engine process
 /// stopped past its grace ([`super::evidence::processes::stopped`]).
-pub fn status(health: HealthState, vi_abnormal: bool, qos_evicts: bool, stopped: bool) -> Status {
+pub(crate) fn status(
+    health: HealthState,
+    vi_abnormal: bool,
+    qos_evicts: bool,
+    stopped: bool,
+) -> Status {
     match health {
         HealthState::NeverAnswered => Status::Initial,
         HealthState::Unhealthy => Status::Abnormal,

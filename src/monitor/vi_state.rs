@@ -49,7 +49,7 @@ pub struct Saved {
 /// Upper bounds of the detection histogram, seconds: the agent policy confirms an idle hang
 /// in about 10 s, a busy stall within its 30 s stall window plus the count, the reference in
 /// six 5 s probes or more.
-pub const DETECTION_BUCKETS: [f64; 12] = [
+pub(crate) const DETECTION_BUCKETS: [f64; 12] = [
     1.0, 2.0, 5.0, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 300.0,
 ];
 

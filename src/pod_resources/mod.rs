@@ -9,13 +9,13 @@
 //! labels in force in [`PodLabels`] for `/metrics` to read. A hostile socket costs bounded
 //! memory and log (issue 48): every step is bounded, not only the answer's bytes.
 
-pub mod devices;
-pub mod grpc;
-pub mod proto;
+pub(crate) mod devices;
+pub(crate) mod grpc;
+pub(crate) mod proto;
 mod protowire;
-pub mod task;
+pub(crate) mod task;
 
-pub use devices::{Assignment, Holder};
+pub(crate) use devices::{Assignment, Holder};
 
 use std::sync::{Arc, RwLock};
 

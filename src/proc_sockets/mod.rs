@@ -17,7 +17,7 @@
 //! ([`Scan`]), which an iterator over one process's descriptors does not give.
 
 mod scan;
-pub mod table;
+pub(crate) mod table;
 
 pub use scan::{Held, Progress, Scan, socket_inode};
 pub use table::{Listening, UnixListening};

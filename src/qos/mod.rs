@@ -8,7 +8,7 @@
 //! `eviction` is on, in which case a held `evict` level answers `abnormal`.
 
 pub mod progress;
-pub mod score;
+pub(crate) mod score;
 
 pub use crate::config::qos::{QosConfig, Weights};
 use crate::probe::engine_metrics::EngineMetrics;

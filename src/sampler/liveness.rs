@@ -48,7 +48,7 @@ pub struct SamplerStatus {
 }
 
 /// Upper bounds (µs) of the pass-lateness histogram.
-pub const LATENESS_BUCKETS_US: [u64; 12] = [
+pub(super) const LATENESS_BUCKETS_US: [u64; 12] = [
     10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 100_000,
 ];
 

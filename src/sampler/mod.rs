@@ -6,17 +6,17 @@
 //! Nothing on the async side ever waits on a driver call: readers only touch the ring and
 //! the atomics in [`status`]. Control (period change, shutdown) goes through channels.
 
-pub mod backends;
+pub(crate) mod backends;
 pub mod codes;
 mod dcmi_reads;
 mod dcmi_thread;
-pub mod faults;
+pub(crate) mod faults;
 mod liveness;
 mod npu_smi_faults;
-pub mod plausibility;
+pub(crate) mod plausibility;
 pub mod priority;
-pub mod source;
-pub mod status;
+pub(crate) mod source;
+pub(crate) mod status;
 mod watch_rows;
 mod watchdog;
 

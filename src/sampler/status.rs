@@ -23,7 +23,7 @@ const UNKNOWN: u64 = u64::MAX;
 
 /// Error codes counted one by one (DCMI return codes, then the agent's pseudo codes); any
 /// other code is counted as "other".
-pub const COUNTED_CODES: [i32; 27] = [
+pub(crate) const COUNTED_CODES: [i32; 27] = [
     -8001, -8002, -8003, -8004, -8005, -8006, -8007, -8008, -8009, -8010, -8011, -8012, -8013,
     -8014, -8015, -8016, -8017, -8020, -8022, -8023, -8255, -99993, -99994, -99995, -99996, -99997,
     -99998,

@@ -13,7 +13,7 @@ use std::sync::Arc;
 /// Whether the connection a request came on presented a client certificate that the TLS
 /// layer verified (set by `server::conn` on every request).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ClientCert(pub bool);
+pub(crate) struct ClientCert(pub bool);
 
 /// What the admin listener requires, loaded from [`AdminAuthConfig`].
 #[derive(Debug, Clone, Default)]
@@ -109,7 +109,11 @@ fn bearer_credentials(value: &[u8]) -> Option<&[u8]> {
 }
 
 /// The middleware in front of every admin route but `/healthz`.
-pub async fn require(State(access): State<Arc<AdminAccess>>, req: Request, next: Next) -> Response {
+pub(crate) async fn require(
+    State(access): State<Arc<AdminAccess>>,
+    req: Request,
+    next: Next,
+) -> Response {
     match refusal(&access, &req) {
         Some(r) => r,
         None => next.run(req).await,

@@ -12,11 +12,11 @@
 //! `GET /` (the live page: static, it holds no data; its stream is guarded).
 //! Handlers only read shared state; none waits on the engine or the driver.
 
-pub mod auth;
-pub mod compress;
-pub mod conn;
-pub mod live;
-pub mod metrics;
+pub(crate) mod auth;
+pub(crate) mod compress;
+pub(crate) mod conn;
+pub(crate) mod live;
+pub(crate) mod metrics;
 pub mod wire;
 
 pub use conn::serve;

@@ -10,7 +10,7 @@
 //! The first `samples` frame carries the last [`HISTORY`] so a chart is full at once.
 //! [`top`] is what `npu-health-agent top` makes of them.
 
-pub mod top;
+pub(crate) mod top;
 
 use crate::config::{AgentSettings, EngineSpec};
 use crate::integrations::Answers;

@@ -24,13 +24,13 @@ pub struct Predecessor {
 }
 
 /// The listening sockets an offer carried, with the address each is bound to.
-pub type Offered = Vec<(SocketAddr, TcpListener)>;
+pub(super) type Offered = Vec<(SocketAddr, TcpListener)>;
 
 /// Connects to the agent running with the state directory whose socket is `path`, and takes
 /// its offer: `Ok(None)` when none runs there (no socket, or a stale one nobody listens on).
 /// An agent of another user is refused before a word is said; an offer with a socket that
 /// is not fit to serve is answered `refused`, with the reason.
-pub async fn connect(path: &Path) -> Result<Option<(Predecessor, Offered)>, HandoverError> {
+pub(crate) async fn connect(path: &Path) -> Result<Option<(Predecessor, Offered)>, HandoverError> {
     let connect_error = |source| HandoverError::Connect {
         path: path.to_owned(),
         source,

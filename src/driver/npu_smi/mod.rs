@@ -3,8 +3,8 @@
 //! calls hang.
 
 pub mod parse;
-pub mod probe;
-pub mod watch;
+pub(crate) mod probe;
+pub(crate) mod watch;
 
 pub use parse::{Cube, MappedChip};
 pub use probe::WatchSupport;
