@@ -205,7 +205,7 @@ impl Running {
     /// Applies `new`; on error nothing changed. Its phases: check and prepare (all that can
     /// fail), then sort the engines and stop those that go, apply the agent's settings, start
     /// the new and changed engines, and restart the listeners that list them.
-    pub async fn reload(&mut self, new: AgentConfig) -> Result<ReloadSummary, String> {
+    pub(crate) async fn reload(&mut self, new: AgentConfig) -> Result<ReloadSummary, String> {
         let mut summary = ReloadSummary {
             needs_restart: restart_only(&self.cfg.agent, &new.agent),
             ..ReloadSummary::default()

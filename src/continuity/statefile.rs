@@ -58,7 +58,7 @@ pub(crate) struct StateFile {
 /// the directory's descriptor, by name, with no link followed, so a directory put in the
 /// path's place while the agent runs receives none of them.
 #[derive(Debug, Clone)]
-pub struct Place {
+pub(crate) struct Place {
     dir: Arc<OwnedFd>,
     /// The directory's path, for messages and [`Place::doubt`].
     dir_path: PathBuf,
@@ -71,7 +71,11 @@ impl Place {
     /// The file `name` in the directory at `dir_path` (named by `from`), the directory opened
     /// now. Links on the path are followed: the caller checked the path just before
     /// ([`super::trust`]), and checks what was opened ([`Place::owner_and_mode`]).
-    pub fn open(dir_path: &Path, from: &'static str, name: &'static str) -> std::io::Result<Place> {
+    pub(crate) fn open(
+        dir_path: &Path,
+        from: &'static str,
+        name: &'static str,
+    ) -> std::io::Result<Place> {
         let fd = rustix::fs::open(
             dir_path,
             OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
@@ -86,12 +90,12 @@ impl Place {
     }
 
     /// The file's path, as the messages give it.
-    pub fn path(&self) -> PathBuf {
+    pub(crate) fn path(&self) -> PathBuf {
         self.dir_path.join(self.name)
     }
 
     /// The owner (uid) and mode of the directory held.
-    pub fn owner_and_mode(&self) -> std::io::Result<(u32, u32)> {
+    pub(crate) fn owner_and_mode(&self) -> std::io::Result<(u32, u32)> {
         let st = rustix::fs::fstat(&*self.dir)?;
         Ok((st.st_uid, st.st_mode))
     }
@@ -100,7 +104,7 @@ impl Place {
     /// path is no longer trusted (a parent became writable by others: [`super::trust`]), or
     /// it leads elsewhere already. The state is still written to the directory held; a
     /// restarted agent reads the path.
-    pub fn doubt(&self) -> Option<String> {
+    pub(crate) fn doubt(&self) -> Option<String> {
         let mut why = Vec::new();
         if let Err(e) = super::trust::check(&self.dir_path, self.from) {
             why.push(e.to_string());

@@ -20,7 +20,7 @@ const MAX_LINKS: usize = 40;
 
 /// What a walk found at the end of the path.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Checked {
+pub(crate) enum Checked {
     /// The state directory exists and only the agent's user can change it.
     Exists,
     /// `first` and what follows it do not exist yet; what leads there is sound.
@@ -29,11 +29,11 @@ pub enum Checked {
 
 /// A user, shown with its name when `/etc/passwd` has it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct User(pub u32);
+pub(crate) struct User(pub u32);
 
 impl User {
     /// The user the agent runs as (its effective uid: the one its files are created with).
-    pub fn me() -> User {
+    pub(crate) fn me() -> User {
         User(rustix::process::geteuid().as_raw())
     }
 
@@ -75,7 +75,7 @@ fn writers(mode: u32) -> Option<&'static str> {
 
 /// A state directory another user could change: what was found, and the way out.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Untrusted {
+pub(crate) enum Untrusted {
     #[error(
         "the state directory {} is owned by {owner}, not by {me} the agent runs as: {owner} could plant the state it reads at start or a link it writes through; `chown {} {} && chmod 0700 {}`, or point {from} at a directory of the agent's own",
         dir.display(), me.chown_name(), dir.display(), dir.display()

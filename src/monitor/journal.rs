@@ -23,7 +23,7 @@ pub struct Id(pub &'static str);
 
 impl Id {
     /// The name, as the wire writes it.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         self.0
     }
 }
@@ -43,7 +43,7 @@ pub struct Told {
 
 impl Told {
     /// `integration`'s `action` told the state `word` (`kubelet`, `readyz`, `not_ready`).
-    pub const fn state(integration: Id, action: &'static str, word: &'static str) -> Told {
+    pub(crate) const fn state(integration: Id, action: &'static str, word: &'static str) -> Told {
         Told {
             integration,
             action,
@@ -54,7 +54,7 @@ impl Told {
 
     /// A call `integration` made (`kubernetes_api`, `eviction`) and how it ended (`refused`):
     /// a call has no state before it.
-    pub const fn call(integration: Id, action: &'static str, outcome: &'static str) -> Told {
+    pub(crate) const fn call(integration: Id, action: &'static str, outcome: &'static str) -> Told {
         Told {
             integration,
             action,
@@ -64,23 +64,23 @@ impl Told {
     }
 
     /// Who was told.
-    pub fn integration(self) -> Id {
+    pub(crate) fn integration(self) -> Id {
         self.integration
     }
 
     /// What acted or was told: `status`, `level`, `readyz`, `livez`, `agent_check`,
     /// `health_check`, or the API call.
-    pub fn action(self) -> &'static str {
+    pub(crate) fn action(self) -> &'static str {
         self.action
     }
 
     /// The state told, in the integration's words (an API call: its outcome).
-    pub fn word(self) -> &'static str {
+    pub(crate) fn word(self) -> &'static str {
         self.word
     }
 
     /// A call, not a state (nothing was told before it).
-    pub fn is_call(self) -> bool {
+    pub(crate) fn is_call(self) -> bool {
         self.call
     }
 }
@@ -129,11 +129,11 @@ impl From<&Entry> for ActionRecord {
 
 /// The last changes of one engine, oldest first.
 #[derive(Debug, Default)]
-pub struct Journal(Mutex<VecDeque<Entry>>);
+pub(crate) struct Journal(Mutex<VecDeque<Entry>>);
 
 impl Journal {
     /// Adds a change, dropping the oldest beyond [`KEPT`].
-    pub fn push(&self, e: Entry) {
+    pub(crate) fn push(&self, e: Entry) {
         let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
         if g.len() == KEPT {
             g.pop_front();
@@ -142,7 +142,7 @@ impl Journal {
     }
 
     /// A copy, oldest first.
-    pub fn entries(&self) -> Vec<Entry> {
+    pub(crate) fn entries(&self) -> Vec<Entry> {
         self.0
             .lock()
             .unwrap_or_else(|p| p.into_inner())

@@ -107,7 +107,7 @@ pub struct Monitor {
 
 impl Monitor {
     /// A fresh engine: `/health` never answered, virtual inference not started.
-    pub fn new(spec: EngineSpec, devices: Vec<u16>) -> Monitor {
+    pub(crate) fn new(spec: EngineSpec, devices: Vec<u16>) -> Monitor {
         let conditions = gates::static_conditions(&spec);
         let vi = ViState::new(spec.timing.interval);
         let qos = QosState::new(&spec.qos);
@@ -132,43 +132,43 @@ impl Monitor {
     }
 
     /// The engine's configuration.
-    pub fn spec(&self) -> &EngineSpec {
+    pub(crate) fn spec(&self) -> &EngineSpec {
         &self.spec
     }
 
     /// Ring indices of the engine's NPUs.
-    pub fn devices(&self) -> &[u16] {
+    pub(crate) fn devices(&self) -> &[u16] {
         &self.devices
     }
 
     /// Virtual inference's shared state (atomics: what `/status` reads on its hot path).
-    pub fn vi(&self) -> &ViState {
+    pub(crate) fn vi(&self) -> &ViState {
         &self.vi
     }
 
     /// The QoS state (the level is an atomic: `/status` reads it without a lock).
-    pub fn qos(&self) -> &QosState {
+    pub(crate) fn qos(&self) -> &QosState {
         &self.qos
     }
 
     /// What the Kubernetes API mode did about the engine, and what each router was told.
-    pub fn acted(&self) -> &acted::ActionMemory {
+    pub(crate) fn acted(&self) -> &acted::ActionMemory {
         &self.acted
     }
 
     /// Every action for every integration: the record [`Monitor::note`] writes.
-    pub fn journal(&self) -> &journal::Journal {
+    pub(crate) fn journal(&self) -> &journal::Journal {
         &self.journal
     }
 
     /// The journal in words, oldest first: `/status/detail`'s `actions` and the views.
-    pub fn actions(&self) -> Vec<journal::ActionRecord> {
+    pub(crate) fn actions(&self) -> Vec<journal::ActionRecord> {
         self.journal.entries().iter().map(Into::into).collect()
     }
 
     /// Adds what an integration was told (and what it was told before) to the record, with
     /// the level now.
-    pub fn note(&self, told: journal::Told, before: Option<journal::Told>, reason: &str) {
+    pub(crate) fn note(&self, told: journal::Told, before: Option<journal::Told>, reason: &str) {
         self.journal.push(journal::Entry {
             at_unix_ms: crate::clock::unix_ms(),
             told,
@@ -180,7 +180,7 @@ impl Monitor {
 
     /// Notes what a router polling the agent was told: in the router's state
     /// ([`acted::ActionMemory::router_saw`]), and in the record when it changed.
-    pub fn told_router(&self, told: journal::Told, reason: &str) {
+    pub(crate) fn told_router(&self, told: journal::Told, reason: &str) {
         if let Some(before) = self.acted.router_saw(told, reason) {
             tracing::info!(
                 engine = %self.spec.name,
@@ -193,7 +193,7 @@ impl Monitor {
     }
 
     /// The enabling conditions as last evaluated.
-    pub fn conditions(&self) -> Vec<Condition> {
+    pub(crate) fn conditions(&self) -> Vec<Condition> {
         self.conditions
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -201,7 +201,7 @@ impl Monitor {
     }
 
     /// How many times virtual inference was re-armed after an engine restart.
-    pub fn rearms(&self) -> u64 {
+    pub(crate) fn rearms(&self) -> u64 {
         self.rearms.load(Ordering::Relaxed)
     }
 
@@ -215,7 +215,7 @@ impl Monitor {
 
     /// Evaluates the start gates now (the configuration's and AI Cube readability of `cube`)
     /// and returns every condition; `doctor` reads them the same way.
-    pub fn evaluate_gates(&self, cube: &[(u32, crate::driver::Backend)]) -> Vec<Condition> {
+    pub(crate) fn evaluate_gates(&self, cube: &[(u32, crate::driver::Backend)]) -> Vec<Condition> {
         // Evaluated now, as the reference does at start (the agent's own environment may
         // have changed since the configuration was read).
         for c in gates::static_conditions(&self.spec) {
@@ -227,7 +227,7 @@ impl Monitor {
 
     /// Evaluates the start gates when the first healthy `/status` arrives; true if virtual
     /// inference may run. `cube` lists (logic id, backend) of the engine's NPUs.
-    pub fn decide_start(&self, cube: &[(u32, crate::driver::Backend)]) -> bool {
+    pub(crate) fn decide_start(&self, cube: &[(u32, crate::driver::Backend)]) -> bool {
         let conditions = self.evaluate_gates(cube);
         let blocking: Vec<&Condition> = conditions
             .iter()

@@ -43,7 +43,8 @@ pub enum HealthState {
 
 impl HealthState {
     /// As shown in `/status/detail`.
-    pub fn as_str(self) -> &'static str {
+    #[cfg(test)]
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             HealthState::NeverAnswered => "never_answered",
             HealthState::Healthy => "healthy",
@@ -56,7 +57,7 @@ impl HealthState {
 
     /// The engine answers well enough for `/status` to look further (healthy, or a failure
     /// that is excused).
-    pub fn answers(self) -> bool {
+    pub(crate) fn answers(self) -> bool {
         matches!(
             self,
             HealthState::Healthy

@@ -24,7 +24,7 @@ pub(crate) const RESOURCE_PREFIX: &str = "huawei.com/";
 
 /// Who holds an NPU: one container of one pod.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Holder {
+pub(crate) struct Holder {
     pub namespace: String,
     pub pod: String,
     pub container: String,
@@ -83,20 +83,20 @@ pub(crate) fn name_of(resource: &str, id: &str) -> Named {
 
 /// The holder of each NPU, by logic id, as of one answer.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Assignment {
+pub(crate) struct Assignment {
     pub holders: BTreeMap<u32, Holder>,
 }
 
 impl Assignment {
     /// Who holds the NPU with logic id `id`.
-    pub fn npu(&self, id: u32) -> Option<&Holder> {
+    pub(crate) fn npu(&self, id: u32) -> Option<&Holder> {
         self.holders.get(&id)
     }
 
     /// The engine's holder: the pod that holds every NPU of `ids`, in its container when one
     /// container holds them all (else the container is empty); `None` when some NPU has no
     /// holder, they belong to different pods, or `ids` is empty.
-    pub fn engine(&self, ids: &[u32]) -> Option<Holder> {
+    pub(crate) fn engine(&self, ids: &[u32]) -> Option<Holder> {
         let mut held = ids.iter().map(|id| self.npu(*id));
         let first = held.next()??.clone();
         let mut out = first;

@@ -21,13 +21,13 @@ use std::sync::{Arc, RwLock};
 
 /// The holders in force: written by the poll, read by each scrape.
 #[derive(Debug, Default)]
-pub struct PodLabels {
+pub(crate) struct PodLabels {
     current: RwLock<Arc<Assignment>>,
 }
 
 impl PodLabels {
     /// The assignment in force now (the readers never wait on the poll).
-    pub fn now(&self) -> Arc<Assignment> {
+    pub(crate) fn now(&self) -> Arc<Assignment> {
         self.current
             .read()
             .unwrap_or_else(|p| p.into_inner())

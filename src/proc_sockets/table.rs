@@ -14,7 +14,7 @@ const UNIX_ACCEPTS: u32 = 0x0001_0000;
 
 /// A listening TCP socket: one row of `net/tcp` or `net/tcp6` in state `LISTEN`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Listening {
+pub(crate) struct Listening {
     /// The address and port it is bound to.
     pub local: SocketAddr,
     /// The user that created it.
@@ -64,7 +64,7 @@ fn hex_socket_addr(s: &str) -> Option<SocketAddr> {
 
 /// A unix socket that accepts connections, with its path: one row of `net/unix`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UnixListening {
+pub(crate) struct UnixListening {
     pub inode: u64,
     pub path: PathBuf,
 }

@@ -61,7 +61,7 @@ impl WatchdogConfig {
 
 /// The `npu-smi` watch children a watchdog may run: how, and whether the HDK supports them.
 #[derive(Debug, Clone)]
-pub struct Fallback {
+pub(crate) struct Fallback {
     /// How watch children are run.
     pub watch: WatchConfig,
     /// Timeout of the capability probe.
@@ -72,7 +72,7 @@ pub struct Fallback {
 
 impl Fallback {
     /// Watch children of `driver`'s `npu-smi`.
-    pub fn new(driver: &DriverConfig, support: Option<WatchSupport>) -> Fallback {
+    pub(crate) fn new(driver: &DriverConfig, support: Option<WatchSupport>) -> Fallback {
         Fallback {
             watch: WatchConfig {
                 npu_smi: driver.npu_smi.clone(),

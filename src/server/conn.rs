@@ -129,7 +129,7 @@ fn out_of_descriptors(e: &io::Error) -> bool {
 /// Serves `router` on `listener` (TLS when `tls` is set) under `limits` until `cancel`; then
 /// lets every connection finish its request in flight (the caller bounds the wait). `name`
 /// names the listener in log lines.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     router: Router,
     tls: Option<Arc<rustls::ServerConfig>>,

@@ -32,7 +32,7 @@ pub(crate) const MAX_SUBSCRIBERS: usize = 8;
 
 /// The subscriber count of one admin listener.
 #[derive(Debug, Default)]
-pub struct Hub {
+pub(crate) struct Hub {
     subscribers: AtomicUsize,
 }
 

@@ -19,7 +19,7 @@ pub(crate) mod live;
 pub(crate) mod metrics;
 pub mod wire;
 
-pub use conn::serve;
+pub(crate) use conn::serve;
 
 use crate::integrations::routes;
 use crate::monitor::Monitor;
@@ -38,14 +38,14 @@ use tokio::net::TcpListener;
 
 /// State of an engine's listener.
 #[derive(Debug, Clone)]
-pub struct EngineView {
+pub(crate) struct EngineView {
     pub engine: Arc<Monitor>,
     pub metrics: Arc<metrics::Exposition>,
 }
 
 /// State of the admin listener.
 #[derive(Debug, Clone)]
-pub struct AdminView {
+pub(crate) struct AdminView {
     pub metrics: Arc<metrics::Exposition>,
     /// `/healthz` fails when the sampler is stuck this long (see `Shared::liveness`).
     pub stuck_after: Duration,
@@ -57,7 +57,7 @@ pub struct AdminView {
 
 /// Router of one engine's mgmt listener: the agent's own routes, then every integration's
 /// ([`Integration::routes`]).
-pub fn engine_router(view: EngineView) -> Router {
+pub(crate) fn engine_router(view: EngineView) -> Router {
     let own = Router::new()
         .route("/status/detail", get(engine_detail))
         .route("/qos", get(engine_qos))
@@ -109,7 +109,7 @@ async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) ->
 }
 
 /// Router of the admin listener; every route but `/healthz` behind `access`.
-pub fn admin_router(view: AdminView, access: Arc<auth::AdminAccess>) -> Router {
+pub(crate) fn admin_router(view: AdminView, access: Arc<auth::AdminAccess>) -> Router {
     let guarded = Router::new()
         .route("/metrics", get(admin_metrics))
         .route("/status/detail", get(admin_detail))
@@ -236,7 +236,7 @@ async fn healthz(State(v): State<AdminView>) -> Response {
 /// components with their inputs and ages, stall detection, and the device signals (AI Cube
 /// peak and mean over the window, HBM over the engine's NPUs). HBM is shown, not scored: vLLM
 /// preallocates the KV cache, so HBM near 90 % is normal (see `docs/qos.md`).
-pub fn qos(e: &Monitor, shared: &Shared, win: Duration) -> wire::EngineQos {
+pub(crate) fn qos(e: &Monitor, shared: &Shared, win: Duration) -> wire::EngineQos {
     let report = window::query(&shared.ring, e.devices(), win);
     qos_from(e, shared, &report, win)
 }
@@ -288,7 +288,7 @@ fn round2(v: f64) -> f64 {
 }
 
 /// `/status/detail` of one engine.
-pub fn detail(e: &Monitor, shared: &Shared, win: Duration) -> wire::EngineDetail {
+pub(crate) fn detail(e: &Monitor, shared: &Shared, win: Duration) -> wire::EngineDetail {
     let now = shared.ring.now_ns();
     let report = window::query(&shared.ring, e.devices(), win);
     let agent = e.spec().agent_policy_in_force().is_some();
@@ -373,11 +373,11 @@ pub fn detail(e: &Monitor, shared: &Shared, win: Duration) -> wire::EngineDetail
 /// dropped every new handshake whoever sent it, so Node Manager's poll waited for a SYN
 /// retransmission (1 s, then 3 s), before the connection cap could tell it from the flood
 /// (issue 41). The kernel caps it at `net.core.somaxconn` (4096 by default).
-pub const LISTEN_BACKLOG: i32 = 4096;
+pub(crate) const LISTEN_BACKLOG: i32 = 4096;
 
 /// Binds a listener, naming the address on failure. A std socket, so the agent can keep a
 /// duplicate of it and hand the same socket to a new server on reload (no refused polls).
-pub fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, String> {
+pub(crate) fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, String> {
     let fail = |e: std::io::Error| format!("cannot listen on {addr}: {e}");
     let l = std::net::TcpListener::bind(addr).map_err(fail)?;
     // A second listen() on a listening socket only sets its backlog.
@@ -387,7 +387,7 @@ pub fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, String> {
 }
 
 /// A tokio listener on a duplicate of `socket`'s descriptor (the same listening socket).
-pub fn listener_on(socket: &std::net::TcpListener) -> Result<TcpListener, String> {
+pub(crate) fn listener_on(socket: &std::net::TcpListener) -> Result<TcpListener, String> {
     let dup = socket
         .try_clone()
         .map_err(|e| format!("cannot duplicate the listening socket: {e}"))?;

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
 
 /// A name the agent writes from a constant and a client reads into a `String`.
-pub type Text = Cow<'static, str>;
+pub(crate) type Text = Cow<'static, str>;
 
 /// `{"engines": [...]}`: every engine, on the admin listener.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -133,7 +133,7 @@ pub struct DeviceFault {
 
 impl DeviceFault {
     /// `f` as an engine under the agent policy (`agent`) or the reference sees it.
-    pub fn of(f: crate::sampler::faults::NpuFault, agent: bool) -> DeviceFault {
+    pub(crate) fn of(f: crate::sampler::faults::NpuFault, agent: bool) -> DeviceFault {
         let effect = crate::monitor::evidence::driver_faults::fault_effect(agent, f.level);
         DeviceFault {
             code: f.code,

@@ -82,7 +82,7 @@ pub(crate) const GOODBYE_WAIT: Duration = Duration::from_secs(1);
 /// What went wrong in a handover, by family: the caller decides from the family whether
 /// the other agent said no, went quiet, spoke another protocol or was not allowed.
 #[derive(Debug, thiserror::Error)]
-pub enum HandoverError {
+pub(crate) enum HandoverError {
     /// The handover socket of a running agent exists but could not be connected to.
     #[error("cannot connect to {}: {source}", path.display())]
     Connect { path: PathBuf, source: io::Error },

@@ -15,7 +15,7 @@ pub(crate) const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Result of the capability probe.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum WatchSupport {
+pub(crate) enum WatchSupport {
     Supported,
     /// Unsupported, with the warning the reference logs.
     Unsupported(String),
@@ -31,7 +31,7 @@ pub(crate) struct RunOutput {
 
 /// Why a short run did not finish.
 #[derive(Debug, thiserror::Error)]
-pub enum RunError {
+pub(crate) enum RunError {
     #[error("cannot run {program}: {source}")]
     Spawn {
         program: String,

@@ -49,7 +49,7 @@ pub enum FaultEffect {
 
 impl FaultEffect {
     /// In words, for `/status/detail`, `doctor` and the live page.
-    pub fn describe(self) -> &'static str {
+    pub(crate) fn describe(self) -> &'static str {
         match self {
             FaultEffect::Published => "published only",
             FaultEffect::LowersQos => "QoS level one band lower, at most throttle",

@@ -122,7 +122,7 @@ impl Monitor {
     }
 
     /// Whether `/health` failed at or after `since` (the agent policy's accounting).
-    pub fn health_failed_since(&self, since: tokio::time::Instant) -> bool {
+    pub(crate) fn health_failed_since(&self, since: tokio::time::Instant) -> bool {
         self.health_detail
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -131,7 +131,7 @@ impl Monitor {
     }
 
     /// Copy of the `/health` details.
-    pub fn health_detail(&self) -> HealthDetail {
+    pub(crate) fn health_detail(&self) -> HealthDetail {
         self.health_detail
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -142,7 +142,7 @@ impl Monitor {
     /// succeeded within `timing.serving_evidence_max_age` (two busy intervals, 40 s, by
     /// default), or token counters advancing in the latest `/metrics` scrape. `None` when the
     /// rule is off (max age zero).
-    pub fn serving_evidence(&self) -> Option<String> {
+    pub(crate) fn serving_evidence(&self) -> Option<String> {
         let fresh = self.spec.timing.serving_evidence_max_age();
         if fresh.is_zero() {
             return None;
@@ -164,7 +164,7 @@ impl Monitor {
     }
 
     /// Applies one `/health` outcome (the rules below).
-    pub fn record_health(&self, outcome: &HealthOutcome, has_connected: bool) {
+    pub(crate) fn record_health(&self, outcome: &HealthOutcome, has_connected: bool) {
         let before = self.health();
         let (after, last_error) = self.update_health_detail(outcome, has_connected);
         self.set_condition(crate::monitor::gates::health_condition(

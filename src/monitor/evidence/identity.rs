@@ -66,7 +66,7 @@ pub(crate) async fn identity_task<M: MetricsSource>(
 
 impl Monitor {
     /// Notes the engine process's start time seen on its `/metrics`.
-    pub fn record_engine_start(&self, at: Option<f64>) {
+    pub(crate) fn record_engine_start(&self, at: Option<f64>) {
         if let Some(at) = at {
             *self
                 .engine_started_at
@@ -76,7 +76,7 @@ impl Monitor {
     }
 
     /// The engine process's start time as last seen (Unix seconds).
-    pub fn engine_started_at(&self) -> Option<f64> {
+    pub(crate) fn engine_started_at(&self) -> Option<f64> {
         *self
             .engine_started_at
             .lock()

@@ -34,7 +34,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 /// One way of finding and reading NPUs.
-pub trait DeviceBackend: Send {
+pub(crate) trait DeviceBackend: Send {
     /// Its name in reports and metrics.
     fn kind(&self) -> Backend;
     /// Finds the NPUs it can serve; `Err` says why it cannot (the next backend is tried).
@@ -58,7 +58,7 @@ pub trait DeviceBackend: Send {
 }
 
 /// What a backend's readers are started with.
-pub struct StartCtx<'a> {
+pub(crate) struct StartCtx<'a> {
     pub shared: Arc<Shared>,
     /// `(ring index, index in what discover returned)` of every selected device.
     pub served: Vec<(usize, usize)>,
@@ -68,7 +68,7 @@ pub struct StartCtx<'a> {
 
 /// A started backend: what the sampler keeps of it. Every method but [`Reader::stop`] has
 /// a default for a backend without the capability.
-pub trait Reader: Send {
+pub(crate) trait Reader: Send {
     /// Changes the sampling period. Default: the backend paces nothing itself.
     fn set_period(&self, _period: Duration) {}
     /// Whether it reads its devices' fault codes (settling waits for the first read).

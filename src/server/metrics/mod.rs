@@ -42,7 +42,7 @@ pub(crate) const DEPRECATED: [(&str, &str); 1] =
 
 /// What one `/metrics` endpoint exposes.
 #[derive(Debug, Clone)]
-pub struct Exposition {
+pub(crate) struct Exposition {
     pub shared: Arc<Shared>,
     pub engines: Vec<Arc<Monitor>>,
     /// Ring indices of the NPUs to expose.
