@@ -16,14 +16,14 @@ pub fn unix_ms() -> u64 {
 }
 
 /// The wall-clock time of `at` (a moment on tokio's clock), in Unix milliseconds.
-pub fn unix_ms_of(at: Instant) -> u64 {
+pub(crate) fn unix_ms_of(at: Instant) -> u64 {
     let ago = Instant::now().saturating_duration_since(at);
     unix_ms().saturating_sub(ago.as_millis() as u64)
 }
 
 /// The moment on tokio's clock of a wall-clock time `ms`; one in the future is now, one
 /// before the clock's start is its start.
-pub fn instant_of(ms: u64) -> Instant {
+pub(crate) fn instant_of(ms: u64) -> Instant {
     let now = Instant::now();
     let ago = Duration::from_millis(unix_ms().saturating_sub(ms));
     now.checked_sub(ago).unwrap_or(now)

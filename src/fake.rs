@@ -62,7 +62,7 @@ pub fn lib_path(name: &str) -> Result<PathBuf, String> {
 pub use fake_engine::launch::{command as engine_command, free_ports};
 
 /// Points `driver` at the fakes (unless the caller gave explicit paths).
-pub fn apply(
+pub(crate) fn apply(
     driver: &mut DriverConfig,
     explicit_lib: bool,
     explicit_npu_smi: bool,

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// Most devices a ring can tell apart.
-pub const MAX_DEVICES: usize = 256;
+pub(crate) const MAX_DEVICES: usize = 256;
 
 const WRITTEN: u64 = 1 << 63;
 const TS_SHIFT: u32 = 16;
@@ -104,12 +104,12 @@ impl Ring {
     }
 
     /// `at` on the ring's clock (0 for instants before the ring existed).
-    pub fn ns_at(&self, at: Instant) -> u64 {
+    pub(crate) fn ns_at(&self, at: Instant) -> u64 {
         at.saturating_duration_since(self.epoch).as_nanos() as u64
     }
 
     /// Total samples ever written.
-    pub fn written(&self) -> u64 {
+    pub(crate) fn written(&self) -> u64 {
         self.head.load(Ordering::Acquire)
     }
 
@@ -121,7 +121,7 @@ impl Ring {
 
     /// Visits samples from newest to oldest until `visit` returns false or the ring's history
     /// ends. Returns true if it stopped because `visit` asked to (history was long enough).
-    pub fn scan_back(&self, mut visit: impl FnMut(&Sample) -> bool) -> bool {
+    pub(crate) fn scan_back(&self, mut visit: impl FnMut(&Sample) -> bool) -> bool {
         let head = self.head.load(Ordering::Acquire);
         let oldest = head.saturating_sub(self.slots.len() as u64);
         for i in (oldest..head).rev() {

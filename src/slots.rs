@@ -45,13 +45,13 @@ const MIN_SHARE: usize = 8;
 /// (all of a cap smaller than that). A quarter leaves three quarters to the others when one
 /// source floods, and is far more than a poller holds (Node Manager, Prometheus and the
 /// kubelet each keep a few at most).
-pub fn share(cap: usize) -> usize {
+pub(crate) fn share(cap: usize) -> usize {
     (cap / 4).max(MIN_SHARE).min(cap)
 }
 
 /// Who holds a connection, for [`share`]: the peer's IPv4 address, or its IPv6 /64 (one host
 /// takes new addresses in its /64 at will; an IPv4 peer on a dual-stack socket is IPv4).
-pub fn source(ip: IpAddr) -> IpAddr {
+pub(crate) fn source(ip: IpAddr) -> IpAddr {
     match ip.to_canonical() {
         IpAddr::V6(a) => IpAddr::V6(Ipv6Addr::from(u128::from(a) & !(u64::MAX as u128))),
         v4 => v4,

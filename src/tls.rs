@@ -39,7 +39,7 @@ fn read(path: &Path) -> Result<Vec<u8>, String> {
 }
 
 /// Reads every certificate of a PEM file.
-pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+pub(crate) fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
     let certs: Vec<_> = CertificateDer::pem_slice_iter(&read(path)?)
         .collect::<Result<_, _>>()
         .map_err(|e| format!("{}: bad PEM: {e}", path.display()))?;
@@ -50,7 +50,7 @@ pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
 }
 
 /// Reads the CRLs of `crl_file` (none when the path is empty).
-pub fn load_crls(path: &Path) -> Result<Vec<CertificateRevocationListDer<'static>>, String> {
+pub(crate) fn load_crls(path: &Path) -> Result<Vec<CertificateRevocationListDer<'static>>, String> {
     if path.as_os_str().is_empty() {
         return Ok(Vec::new());
     }
@@ -66,7 +66,7 @@ pub fn load_crls(path: &Path) -> Result<Vec<CertificateRevocationListDer<'static
 }
 
 /// Reads an unencrypted private key; an encrypted one is refused with a clear message.
-pub fn load_key(path: &Path, passwd_file: &Path) -> Result<PrivateKeyDer<'static>, String> {
+pub(crate) fn load_key(path: &Path, passwd_file: &Path) -> Result<PrivateKeyDer<'static>, String> {
     let text = read(path).map_err(|e| format!("key_file {e}"))?;
     let s = String::from_utf8_lossy(&text);
     if s.contains("ENCRYPTED PRIVATE KEY") || s.contains("Proc-Type: 4,ENCRYPTED") {
@@ -83,7 +83,7 @@ pub fn load_key(path: &Path, passwd_file: &Path) -> Result<PrivateKeyDer<'static
 }
 
 /// Server configuration for the mgmt listener.
-pub fn server_config(tls: &TlsConfig) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+pub(crate) fn server_config(tls: &TlsConfig) -> Result<Arc<rustls::ServerConfig>, TlsError> {
     let err = |message| TlsError {
         config: "mgmt_tls_config",
         message,
@@ -112,7 +112,7 @@ pub fn server_config(tls: &TlsConfig) -> Result<Arc<rustls::ServerConfig>, TlsEr
 /// Server configuration of the admin listener (`[agent] admin_tls`). With a client CA, a
 /// client certificate is verified against it when presented; whether a route requires one is
 /// the admin router's decision (`/healthz` stays open for probes that present none).
-pub fn admin_server_config(
+pub(crate) fn admin_server_config(
     tls: &crate::config::AdminTls,
 ) -> Result<Arc<rustls::ServerConfig>, TlsError> {
     let err = |message| TlsError {
@@ -153,7 +153,7 @@ pub fn admin_server_config(
 }
 
 /// Client configuration for the inference surface.
-pub fn client_config(tls: &TlsConfig) -> Result<rustls::ClientConfig, TlsError> {
+pub(crate) fn client_config(tls: &TlsConfig) -> Result<rustls::ClientConfig, TlsError> {
     let err = |message| TlsError {
         config: "infer_tls_config",
         message,

@@ -25,8 +25,9 @@ pub struct WindowStats {
 }
 
 impl WindowStats {
+    #[cfg(test)]
     /// Whether the window holds at least one valid reading.
-    pub fn available(&self) -> bool {
+    pub(crate) fn available(&self) -> bool {
         self.peak.is_some()
     }
 
@@ -57,7 +58,7 @@ pub struct WindowReport {
 }
 
 /// Peak/mean/counts for `devices` (ring device indices) over the last `window`.
-pub fn query(ring: &Ring, devices: &[u16], window: Duration) -> WindowReport {
+pub(crate) fn query(ring: &Ring, devices: &[u16], window: Duration) -> WindowReport {
     query_at(ring, devices, window, ring.now_ns())
 }
 

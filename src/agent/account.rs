@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 /// A user the agent runs as: its ids, as `/etc/passwd` and `/etc/group` give them.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Account {
+pub(crate) struct Account {
     pub name: String,
     pub uid: u32,
     pub gid: u32,
@@ -28,7 +28,7 @@ const EXECUTE: u32 = 0o1;
 
 impl Account {
     /// `name` (or a number) from `/etc/passwd` and `/etc/group`.
-    pub fn lookup(name: &str) -> Result<Account, String> {
+    pub(crate) fn lookup(name: &str) -> Result<Account, String> {
         Account::lookup_in(
             name,
             &std::fs::read_to_string("/etc/passwd").unwrap_or_default(),
@@ -92,8 +92,9 @@ impl Account {
         mode & (bit << shift) != 0
     }
 
+    #[cfg(test)]
     /// Whether this user may read a file of `owner`:`group` with `mode`.
-    pub fn may_read(&self, owner: u32, group: u32, mode: u32) -> bool {
+    pub(crate) fn may_read(&self, owner: u32, group: u32, mode: u32) -> bool {
         self.has(owner, group, mode, READ)
     }
 
@@ -101,7 +102,7 @@ impl Account {
     /// search, or the file's own mode. `None` when it can, or when the file is not there
     /// (the checks that read the file say so). Symbolic links are followed: the directories
     /// of the path as written and of the file it resolves to are all searched on the way.
-    pub fn blocked(&self, path: &Path, want: Use) -> Option<Blocked> {
+    pub(crate) fn blocked(&self, path: &Path, want: Use) -> Option<Blocked> {
         let real = std::fs::canonicalize(path).ok()?;
         let written = std::path::absolute(path).unwrap_or_else(|_| real.clone());
         let mut dirs: Vec<&Path> = written.ancestors().skip(1).collect();
@@ -135,14 +136,14 @@ impl Account {
 
 /// What the agent does with a file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Use {
+pub(crate) enum Use {
     Read,
     Execute,
 }
 
 /// A file's owner, group and permission bits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Mode {
+pub(crate) struct Mode {
     pub uid: u32,
     pub gid: u32,
     pub bits: u32,
@@ -170,7 +171,7 @@ impl std::fmt::Display for Mode {
 
 /// Why a user cannot open a file.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Blocked {
+pub(crate) enum Blocked {
     /// A directory on the way that the user may not search (no `x` for it).
     Directory { dir: PathBuf, mode: Mode },
     /// The file's own mode.
@@ -190,7 +191,7 @@ struct Needed {
 /// start without (an error each, named by its key), and those it starts without (the
 /// driver's library, `npu-smi`: a warning each).
 #[derive(Debug, Default)]
-pub struct Unreachable {
+pub(crate) struct Unreachable {
     /// The place (key), the file, and the whole message.
     pub errors: Vec<(String, PathBuf, String)>,
     /// Each a whole line: the key, then the message.
@@ -200,7 +201,7 @@ pub struct Unreachable {
 impl Unreachable {
     /// The one-line error `check-config` fails with: the first file in full, the others by
     /// key and path.
-    pub fn error(&self, source: &str) -> Option<ConfigError> {
+    pub(crate) fn error(&self, source: &str) -> Option<ConfigError> {
         let ((place, _, message), rest) = self.errors.split_first()?;
         let mut message = message.clone();
         if !rest.is_empty() {
@@ -220,7 +221,7 @@ impl Unreachable {
 
 /// Every file `cfg` makes the agent open that `account` could not, checked by
 /// [`Account::blocked`].
-pub fn unreachable_files(cfg: &AgentConfig, account: &Account) -> Unreachable {
+pub(crate) fn unreachable_files(cfg: &AgentConfig, account: &Account) -> Unreachable {
     let mut found = Unreachable::default();
     let mut seen: Vec<PathBuf> = Vec::new();
     for n in needed(cfg) {

@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 
 /// What the kernel shows of the sockets in the way of some addresses.
 #[derive(Debug, Default)]
-pub struct Seen {
+pub(super) struct Seen {
     /// Every listening TCP socket of this network namespace.
     pub listening: Vec<Listening>,
     /// The processes holding each socket in the way, by inode.
@@ -38,7 +38,7 @@ pub struct Seen {
 impl Seen {
     /// Reads the tables under `root`, then every process's descriptors once, for the sockets
     /// in the way of `addrs` and the running agents' handover sockets.
-    pub fn read(root: &ProcRoot, addrs: &[SocketAddr]) -> Seen {
+    pub(super) fn read(root: &ProcRoot, addrs: &[SocketAddr]) -> Seen {
         let listening = proc_sockets::tcp_listening(root);
         let handover: Vec<_> = proc_sockets::unix_listening(root)
             .into_iter()
@@ -95,7 +95,7 @@ fn same_dir(a: &Path, b: &Path) -> bool {
 /// configuration's state directory (`state_dir`: the directory and what named it): `Ok`
 /// with a note when it is all the running agent's of that directory, at that address (a new
 /// agent takes it over); else `Err` with who holds it, and the fix where there is one.
-pub fn in_use(
+pub(super) fn in_use(
     addr: SocketAddr,
     what: &str,
     seen: &Seen,

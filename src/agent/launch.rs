@@ -38,7 +38,7 @@ pub(super) struct EngineRun {
 impl EngineRun {
     pub(super) async fn stop(mut self) {
         self.cancel.cancel();
-        let name = self.state.spec.name.clone();
+        let name = self.state.spec().name.clone();
         let drain = async { while self.tasks.join_next().await.is_some() {} };
         let (listener, tasks) =
             tokio::join!(self.listener.stop(), tokio::time::timeout(DRAIN, drain));

@@ -5,7 +5,7 @@
 //! Each engine runs as a unit of its own (probe tasks, listener, cancellation), so a reload can
 //! add, remove or restart one engine without touching the others' verdict state.
 
-pub mod account;
+pub(crate) mod account;
 mod handover;
 mod holders;
 mod launch;
@@ -52,7 +52,7 @@ pub enum AgentError {
 
 /// The engines being monitored now, shared with the systemd status line and the
 /// integrations' listeners.
-pub type Roster = crate::integrations::Engines;
+pub(crate) type Roster = crate::integrations::Engines;
 
 /// A started agent: listeners bound, tasks running.
 pub struct Running {
@@ -157,17 +157,17 @@ impl Running {
     }
 
     /// The engines monitored now.
-    pub fn roster(&self) -> Roster {
+    pub(crate) fn roster(&self) -> Roster {
         self.roster.clone()
     }
 
     /// State shared with the sampler threads.
-    pub fn shared(&self) -> &Arc<Shared> {
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
         &self.shared
     }
 
     /// The one-line summary for systemd's `STATUS=`.
-    pub fn summary(&self) -> String {
+    pub(crate) fn summary(&self) -> String {
         summary(&self.roster, &self.shared)
     }
 
@@ -212,7 +212,7 @@ impl Running {
     }
 
     /// Every listening socket, named as systemd's file-descriptor store keeps it.
-    pub fn sockets(&self) -> Vec<(String, std::os::fd::BorrowedFd<'_>)> {
+    pub(crate) fn sockets(&self) -> Vec<(String, std::os::fd::BorrowedFd<'_>)> {
         use std::os::fd::AsFd;
         self.listeners()
             .map(|l| (continuity::sockets::fd_name(l.bound), l.socket.as_fd()))
@@ -221,7 +221,7 @@ impl Running {
 
     /// Stops the listeners and probes (in-flight requests get [`DRAIN`]), writes the state
     /// file a last time, then stops the sampler (watch children killed and reaped).
-    pub async fn stop(mut self) {
+    pub(crate) async fn stop(mut self) {
         let persister = self.persister.take();
         let Running {
             sampler,
@@ -261,11 +261,11 @@ async fn last_write(p: Persister) {
 }
 
 /// `2 engines: prefill-0 normal, decode-0 initial; 8 NPUs: 8 dcmi` (the systemd status line).
-pub fn summary(roster: &Roster, shared: &Shared) -> String {
+pub(crate) fn summary(roster: &Roster, shared: &Shared) -> String {
     let engines = roster.read().unwrap_or_else(|p| p.into_inner());
     let verdicts: Vec<String> = engines
         .iter()
-        .map(|e| format!("{} {}", e.spec.name, e.peek_status().as_str()))
+        .map(|e| format!("{} {}", e.spec().name, e.peek_status().as_str()))
         .collect();
     let mut backends: Vec<(crate::driver::Backend, usize)> = Vec::new();
     for d in &shared.devices {
@@ -294,7 +294,7 @@ pub fn summary(roster: &Roster, shared: &Shared) -> String {
 }
 
 /// Where the driver pieces are and how far to trust them, as `[agent]` says.
-pub fn driver_config(agent: &AgentSettings) -> crate::driver::DriverConfig {
+pub(crate) fn driver_config(agent: &AgentSettings) -> crate::driver::DriverConfig {
     crate::driver::DriverConfig {
         dcmi_lib: agent.dcmi_lib.clone(),
         npu_smi: agent.npu_smi.clone(),
@@ -306,7 +306,7 @@ pub fn driver_config(agent: &AgentSettings) -> crate::driver::DriverConfig {
 }
 
 /// The sampler `run` starts for `cfg` (`check-config` starts the same to find the NPUs).
-pub fn sampler_config(cfg: &AgentConfig) -> SamplerConfig {
+pub(crate) fn sampler_config(cfg: &AgentConfig) -> SamplerConfig {
     // The live page charts the last 60 s (`view::HISTORY`): keep 5 s more.
     let retention = (longest_window(cfg) + Duration::from_secs(5))
         .max(crate::view::HISTORY + Duration::from_secs(5));
@@ -322,7 +322,7 @@ pub fn sampler_config(cfg: &AgentConfig) -> SamplerConfig {
 
 /// The logic ids of the NPUs a sampler monitors; `None` without a backend (nothing to check
 /// an engine's NPUs against).
-pub fn npu_ids(sampler: &Sampler) -> Option<Vec<u32>> {
+pub(crate) fn npu_ids(sampler: &Sampler) -> Option<Vec<u32>> {
     let ids: Vec<u32> = sampler.devices().iter().map(|d| d.info.id).collect();
     (!ids.is_empty()).then_some(ids)
 }

@@ -96,13 +96,13 @@ fn tls(spec: &EngineSpec) -> Result<(), KeyError> {
 
 /// The state directory `run` uses (`None`: none), and whether it exists yet; refused when a
 /// user other than the agent's could change it ([`crate::continuity::trust`]).
-pub fn state_dir(cfg: &AgentConfig) -> Result<Option<(StateDir, Checked)>, ConfigError> {
+pub(crate) fn state_dir(cfg: &AgentConfig) -> Result<Option<(StateDir, Checked)>, ConfigError> {
     state_dir_as(cfg, None)
 }
 
 /// [`state_dir`] for an agent running as `account` (`check-config --user`; `None`: this
 /// process's user). As root without `--user`, a directory of another user names the flag.
-pub fn state_dir_as(
+pub(crate) fn state_dir_as(
     cfg: &AgentConfig,
     account: Option<&Account>,
 ) -> Result<Option<(StateDir, Checked)>, ConfigError> {
@@ -129,7 +129,7 @@ pub fn state_dir_as(
 }
 
 /// The error for a state directory another user could change, at the setting that names it.
-pub fn untrusted(cfg: &AgentConfig, d: &StateDir, e: Untrusted) -> ConfigError {
+pub(crate) fn untrusted(cfg: &AgentConfig, d: &StateDir, e: Untrusted) -> ConfigError {
     ConfigError::new(&cfg.source, d.from, e.to_string())
 }
 
@@ -138,7 +138,7 @@ pub fn untrusted(cfg: &AgentConfig, d: &StateDir, e: Untrusted) -> ConfigError {
 /// key. A port in use is put to the kernel (who holds it, [`super::holders`]): one that the
 /// agent running with the same state directory holds at that address is fine (a new agent
 /// takes its sockets over), returned as a note; any other holder fails, named.
-pub fn listeners(cfg: &AgentConfig) -> Result<Vec<String>, ConfigError> {
+pub(crate) fn listeners(cfg: &AgentConfig) -> Result<Vec<String>, ConfigError> {
     use std::io::ErrorKind::{AddrInUse, AddrNotAvailable};
     let dir = crate::continuity::StateDir::resolve(cfg.agent.state_dir.as_deref());
     let dir = dir.as_ref().map(|d| (d.path(), d.from));

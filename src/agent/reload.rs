@@ -205,7 +205,7 @@ impl Running {
     /// Applies `new`; on error nothing changed. Its phases: check and prepare (all that can
     /// fail), then sort the engines and stop those that go, apply the agent's settings, start
     /// the new and changed engines, and restart the listeners that list them.
-    pub async fn reload(&mut self, new: AgentConfig) -> Result<ReloadSummary, String> {
+    pub(crate) async fn reload(&mut self, new: AgentConfig) -> Result<ReloadSummary, String> {
         let mut summary = ReloadSummary {
             needs_restart: restart_only(&self.cfg.agent, &new.agent),
             ..ReloadSummary::default()
@@ -214,7 +214,7 @@ impl Running {
         // Read before anything changes, off the runtime's threads; a bad table does not
         // reject the reload, it keeps the one in force.
         let table = super::read_fault_table(&new.agent).await;
-        let running: Vec<&EngineSpec> = self.engines.iter().map(|e| &e.state.spec).collect();
+        let running: Vec<&EngineSpec> = self.engines.iter().map(|e| e.state.spec()).collect();
         let plan = plan(&running, &new.engines);
         let ready = self.prepare_reload(&plan, &new)?;
         // Commit: nothing below fails for a configuration reason.
@@ -336,7 +336,7 @@ impl Running {
             }
         }
         for run in old.into_iter().flatten() {
-            summary.removed.push(run.state.spec.name.clone());
+            summary.removed.push(run.state.spec().name.clone());
             out.retired.push(run);
         }
         out
@@ -371,7 +371,7 @@ impl Running {
     ) {
         let mut by_name: HashMap<String, EngineRun> = kept
             .into_iter()
-            .map(|r| (r.state.spec.name.clone(), r))
+            .map(|r| (r.state.spec().name.clone(), r))
             .collect();
         for (p, socket) in launches {
             let name = p.spec.name.clone();
@@ -393,7 +393,11 @@ impl Running {
             .iter()
             .filter_map(|e| by_name.remove(&e.name))
             .collect();
-        self.cfg.engines = self.engines.iter().map(|e| e.state.spec.clone()).collect();
+        self.cfg.engines = self
+            .engines
+            .iter()
+            .map(|e| e.state.spec().clone())
+            .collect();
         self.publish_roster();
         // The ring was sized at start: a longer window or a shorter period can outgrow it.
         let longest = super::longest_window(&self.cfg);
@@ -441,7 +445,7 @@ impl Running {
                 if kept.contains(&i) {
                     return Err(format!(
                         "engine {name}: mgmt address {addr} is still used by engine {}",
-                        self.engines[i].state.spec.name
+                        self.engines[i].state.spec().name
                     ));
                 }
                 return self.engines[i]
@@ -515,7 +519,7 @@ impl Running {
         {
             return Err(format!(
                 "admin_listen {addr} is engine {}'s mgmt address",
-                self.engines[i].state.spec.name
+                self.engines[i].state.spec().name
             ));
         }
         server::bind(addr).map_err(|e| format!("admin listener: {e}"))
@@ -526,7 +530,7 @@ impl Running {
 /// so in the log; `None` when it starts over.
 fn carried_over(old: &Monitor, spec: &EngineSpec) -> Option<(EngineState, Carry)> {
     let name = &spec.name;
-    let (carry, reset) = crate::monitor::saved::carry(&old.spec, spec);
+    let (carry, reset) = crate::monitor::saved::carry(old.spec(), spec);
     if carry.none() {
         tracing::info!(engine = %name, "its state starts over: {} changed", reset.join(", "));
         return None;

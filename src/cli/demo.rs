@@ -85,7 +85,7 @@ pub struct FakeEngineArgs {
 }
 
 /// Runs the fake engine until SIGTERM/SIGINT.
-pub async fn fake_engine(a: FakeEngineArgs) -> Result<(), CliError> {
+pub(super) async fn fake_engine(a: FakeEngineArgs) -> Result<(), CliError> {
     let cancel = CancellationToken::new();
     let c = cancel.clone();
     tokio::spawn(async move {
@@ -497,7 +497,7 @@ async fn watch(
 }
 
 /// Runs the demo.
-pub async fn demo(args: DemoArgs) -> Result<(), CliError> {
+pub(super) async fn demo(args: DemoArgs) -> Result<(), CliError> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     // SIGTERM, SIGINT and SIGHUP all end the demo, and it stops what it started.
     let mut signals =

@@ -10,7 +10,7 @@ use std::time::Duration;
 const MAX_WINDOW: Duration = Duration::from_secs(600);
 
 /// `devices [--json]`.
-pub fn devices(driver: &DriverConfig, json: bool) -> Result<(), CliError> {
+pub(super) fn devices(driver: &DriverConfig, json: bool) -> Result<(), CliError> {
     let sampler =
         Sampler::start(driver, &SamplerConfig::default()).context("starting the sampler")?;
     if !sampler.wait_settled(Duration::from_secs(10)) {
@@ -86,7 +86,7 @@ fn device_row(s: &DeviceSnapshot) -> Vec<String> {
 }
 
 /// `sample [--window] [--period] [--devices] [--json]`.
-pub fn sample(
+pub(super) fn sample(
     driver: &DriverConfig,
     window: Duration,
     period: Duration,

@@ -22,11 +22,11 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 /// Exit code for bad usage or configuration.
-pub const EXIT_USAGE: u8 = 2;
+pub(crate) const EXIT_USAGE: u8 = 2;
 /// Exit code when no driver backend can serve AI Cube figures.
-pub const EXIT_NO_BACKEND: u8 = 3;
+pub(crate) const EXIT_NO_BACKEND: u8 = 3;
 /// Exit code of `doctor` when a condition blocks virtual inference for an engine.
-pub const EXIT_VIRTUAL_INFERENCE_BLOCKED: u8 = 4;
+pub(crate) const EXIT_VIRTUAL_INFERENCE_BLOCKED: u8 = 4;
 
 const DRIVER_FLAGS_NOTE: &str = "Driver flags (--dcmi-lib, --npu-smi, --backend, --dcmi-no-owner-check, --npu-smi-delay) go before the command: npu-health-agent [FLAGS] <COMMAND> (after it works too); see npu-health-agent --help.";
 
@@ -46,7 +46,7 @@ const DRIVER_FLAGS: [(&str, bool); 6] = [
 /// --npu-smi X sample`, as scripts and units written before the flags became the program's
 /// have them. Nothing after a `--` moves, and a flag's value moves with it (`--npu-smi X` or
 /// `--npu-smi=X`).
-pub fn driver_flags_first(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+pub(crate) fn driver_flags_first(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
     let flag_of = |a: &std::ffi::OsString| {
         let a = a.to_str()?;
         DRIVER_FLAGS.iter().find_map(|(f, takes)| {

@@ -33,7 +33,7 @@ use std::time::Duration;
 ///
 /// A valid configuration that may not do what was meant is said last, before the verdict: a
 /// `WARNING` per engine with virtual inference off, a note per `/status` on loopback.
-pub fn check_config(cfg: &AgentConfig, user: Option<&str>) -> Result<(), CliError> {
+pub(super) fn check_config(cfg: &AgentConfig, user: Option<&str>) -> Result<(), CliError> {
     let account = user
         .map(Account::lookup)
         .transpose()
@@ -148,7 +148,7 @@ fn print_state_dir(cfg: &AgentConfig, state_dir: Option<(StateDir, Checked)>) {
 
 /// Evaluates every condition for every engine, probing `/health` once; fails with
 /// [`super::EXIT_VIRTUAL_INFERENCE_BLOCKED`] when virtual inference will not run for one.
-pub async fn doctor(cfg: AgentConfig, json_out: bool) -> Result<(), CliError> {
+pub(super) async fn doctor(cfg: AgentConfig, json_out: bool) -> Result<(), CliError> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let sampler = start_sampler(&cfg).await?;
     let table_note = fault_levels(&cfg, &sampler);

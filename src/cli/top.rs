@@ -140,7 +140,7 @@ fn unix_ms() -> u64 {
 
 /// Runs `top`. The first connection must succeed (a wrong address or token is a one-line
 /// error and exit 1); after it, the live view never exits on its own.
-pub async fn run(args: TopArgs) -> anyhow::Result<()> {
+pub(crate) async fn run(args: TopArgs) -> anyhow::Result<()> {
     let resp = open(&args).await?;
     let model = Model::new(args.admin.clone(), args.seconds);
     if args.once {
@@ -241,7 +241,7 @@ async fn live(args: &TopArgs, mut link: Link, mut model: Model) -> anyhow::Resul
 /// Longest event `top` accepts from the agent (a `hello` with hundreds of NPUs is tens of
 /// kilobytes); a longer one ends the stream with an error (`--once`: exit 1; live: said, and
 /// tried again) rather than growing without bound.
-pub const MAX_EVENT: usize = 4 << 20;
+pub(crate) const MAX_EVENT: usize = 4 << 20;
 
 /// Splits a server-sent event stream into `(event, data)` pairs.
 #[derive(Debug, Default)]

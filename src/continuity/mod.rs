@@ -19,10 +19,10 @@
 //! checked it is held open ([`StateDir::hold`]): the state goes to the directory checked,
 //! whatever is put in its path's place later.
 
-pub mod handover;
-pub mod sockets;
-pub mod statefile;
-pub mod trust;
+pub(crate) mod handover;
+pub(crate) mod sockets;
+pub(crate) mod statefile;
+pub(crate) mod trust;
 
 use std::path::{Path, PathBuf};
 
@@ -38,7 +38,7 @@ pub struct StateDir {
 
 /// Why the directory could not be held.
 #[derive(Debug, thiserror::Error)]
-pub enum HoldError {
+pub(crate) enum HoldError {
     #[error("cannot open the state directory {} ({from}): {source}", path.display())]
     Open {
         path: PathBuf,
@@ -58,7 +58,7 @@ const STATE_NAME: &str = "state.json";
 impl StateDir {
     /// The configured directory (`[agent] state_dir`), else systemd's `RUNTIME_DIRECTORY`
     /// (its first entry); `None`: nothing survives a restart.
-    pub fn resolve(configured: Option<&Path>) -> Option<StateDir> {
+    pub(crate) fn resolve(configured: Option<&Path>) -> Option<StateDir> {
         if let Some(p) = configured {
             return Some(StateDir {
                 path: p.to_owned(),
@@ -76,17 +76,18 @@ impl StateDir {
     }
 
     /// The directory.
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 
+    #[cfg(test)]
     /// The state file.
-    pub fn state_file(&self) -> PathBuf {
+    pub(crate) fn state_file(&self) -> PathBuf {
         self.path.join(STATE_NAME)
     }
 
     /// The handover socket.
-    pub fn handover_socket(&self) -> PathBuf {
+    pub(crate) fn handover_socket(&self) -> PathBuf {
         self.path.join(SOCKET_NAME)
     }
 
@@ -94,7 +95,7 @@ impl StateDir {
     /// read, written and cleaned up relative to it from now on ([`StateDir::state`]). What
     /// was opened is checked again (owned by the agent's user, writable by no one else), so
     /// a directory swapped in between is refused.
-    pub fn hold(&mut self) -> Result<(), HoldError> {
+    pub(crate) fn hold(&mut self) -> Result<(), HoldError> {
         let open = |source| HoldError::Open {
             path: self.path.clone(),
             from: self.from,
@@ -108,22 +109,22 @@ impl StateDir {
     }
 
     /// The state file in the directory held; `None` before [`StateDir::hold`].
-    pub fn state(&self) -> Option<&statefile::Place> {
+    pub(crate) fn state(&self) -> Option<&statefile::Place> {
         self.held.as_ref()
     }
 
     /// Whether only the agent's user can change the directory and the path to it.
-    pub fn check(&self) -> Result<trust::Checked, trust::Untrusted> {
+    pub(crate) fn check(&self) -> Result<trust::Checked, trust::Untrusted> {
         trust::check(&self.path, self.from)
     }
 
     /// [`StateDir::check`] for an agent running as `user`.
-    pub fn check_as(&self, user: trust::User) -> Result<trust::Checked, trust::Untrusted> {
+    pub(crate) fn check_as(&self, user: trust::User) -> Result<trust::Checked, trust::Untrusted> {
         trust::check_as(&self.path, self.from, user)
     }
 
     /// Creates the directory (mode 0700) if it is missing.
-    pub fn create(&self) -> Result<(), String> {
+    pub(crate) fn create(&self) -> Result<(), String> {
         use std::os::unix::fs::DirBuilderExt;
         match std::fs::metadata(&self.path) {
             Ok(m) if m.is_dir() => Ok(()),

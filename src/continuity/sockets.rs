@@ -13,7 +13,7 @@ use std::os::fd::AsFd;
 
 /// Where a socket came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Origin {
+pub(crate) enum Origin {
     /// systemd passed it back (`LISTEN_FDS`: its file-descriptor store, or a socket unit).
     Systemd,
     /// The agent this one took over from.
@@ -21,7 +21,7 @@ pub enum Origin {
 }
 
 impl Origin {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Origin::Systemd => "systemd",
             Origin::Handover => "the agent handing over",
@@ -39,7 +39,7 @@ pub struct Inherited {
 
 impl Inherited {
     /// What systemd passed, as [`capture_systemd`] took it at start (empty if it did not run).
-    pub fn from_systemd() -> Inherited {
+    pub(crate) fn from_systemd() -> Inherited {
         CAPTURED
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -48,7 +48,7 @@ impl Inherited {
     }
 
     /// Adds a socket taken over; one that is not a bound listening socket is rejected.
-    pub fn add(&mut self, l: TcpListener, origin: Origin) {
+    pub(crate) fn add(&mut self, l: TcpListener, origin: Origin) {
         // Inherited descriptors may lack close-on-exec: keep them from npu-smi's children.
         let _ = rustix::io::fcntl_setfd(l.as_fd(), rustix::io::FdFlags::CLOEXEC);
         if let Err(e) = l.set_nonblocking(true) {
@@ -68,7 +68,7 @@ impl Inherited {
     }
 
     /// The socket bound to `addr`, if one was taken over (never for port 0).
-    pub fn take(&mut self, addr: SocketAddr) -> Option<(TcpListener, Origin)> {
+    pub(crate) fn take(&mut self, addr: SocketAddr) -> Option<(TcpListener, Origin)> {
         if addr.port() == 0 {
             return None;
         }
@@ -78,17 +78,17 @@ impl Inherited {
     }
 
     /// How many are unclaimed.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.sockets.len()
     }
 
     /// Whether none is unclaimed.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.sockets.is_empty()
     }
 
     /// The unclaimed sockets' addresses, closing them.
-    pub fn close_unclaimed(&mut self) -> Vec<(SocketAddr, Origin)> {
+    pub(crate) fn close_unclaimed(&mut self) -> Vec<(SocketAddr, Origin)> {
         self.sockets.drain(..).map(|(a, _, o)| (a, o)).collect()
     }
 }
@@ -101,7 +101,7 @@ static CAPTURED: std::sync::Mutex<Option<Inherited>> = std::sync::Mutex::new(Non
 /// thing, while the process has one thread: the `listenfd` crate removes the variables from
 /// the environment, which is only sound then. TCP listening sockets, IPv4 or IPv6, are kept;
 /// anything else is noted in `rejected` and closed.
-pub fn capture_systemd() {
+pub(crate) fn capture_systemd() {
     // systemd always names the process; listenfd would take the descriptors without it.
     if std::env::var_os("LISTEN_PID").is_none_or(|p| p.is_empty()) {
         return;
@@ -134,7 +134,7 @@ pub fn capture_systemd() {
 
 /// The name a socket is stored under in systemd's file-descriptor store: its address, in
 /// the characters `FDNAME=` allows (no `:`).
-pub fn fd_name(addr: SocketAddr) -> String {
+pub(crate) fn fd_name(addr: SocketAddr) -> String {
     let ip = addr.ip().to_string().replace(':', "-");
     format!("listen_{ip}_{}", addr.port())
 }

@@ -31,21 +31,21 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// The file format this agent writes and reads.
-pub const FORMAT: u32 = 1;
+pub(crate) const FORMAT: u32 = 1;
 /// The largest file written or read (a few KiB per engine in practice).
-pub const MAX_BYTES: u64 = 4 * 1024 * 1024;
+pub(crate) const MAX_BYTES: u64 = 4 * 1024 * 1024;
 /// A file older than this is ignored: the agent was down long enough that Node Manager has
 /// acted on what it saw, and the engine has been restarted or replaced since.
-pub const MAX_AGE: Duration = Duration::from_secs(3600);
+pub(crate) const MAX_AGE: Duration = Duration::from_secs(3600);
 /// A file dated more than this ahead of the clock is ignored (written by a clock that has
 /// since been stepped back, or not by this agent).
-pub const FUTURE_SLACK: Duration = Duration::from_secs(30);
+pub(crate) const FUTURE_SLACK: Duration = Duration::from_secs(30);
 /// How often the persister compares the state with what it last wrote.
-pub const CHECK_EVERY: Duration = Duration::from_millis(100);
+pub(crate) const CHECK_EVERY: Duration = Duration::from_millis(100);
 
 /// The file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct StateFile {
+pub(crate) struct StateFile {
     pub format: u32,
     /// The agent version that wrote it.
     pub agent: String,
@@ -58,7 +58,7 @@ pub struct StateFile {
 /// the directory's descriptor, by name, with no link followed, so a directory put in the
 /// path's place while the agent runs receives none of them.
 #[derive(Debug, Clone)]
-pub struct Place {
+pub(crate) struct Place {
     dir: Arc<OwnedFd>,
     /// The directory's path, for messages and [`Place::doubt`].
     dir_path: PathBuf,
@@ -71,7 +71,11 @@ impl Place {
     /// The file `name` in the directory at `dir_path` (named by `from`), the directory opened
     /// now. Links on the path are followed: the caller checked the path just before
     /// ([`super::trust`]), and checks what was opened ([`Place::owner_and_mode`]).
-    pub fn open(dir_path: &Path, from: &'static str, name: &'static str) -> std::io::Result<Place> {
+    pub(crate) fn open(
+        dir_path: &Path,
+        from: &'static str,
+        name: &'static str,
+    ) -> std::io::Result<Place> {
         let fd = rustix::fs::open(
             dir_path,
             OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
@@ -86,12 +90,12 @@ impl Place {
     }
 
     /// The file's path, as the messages give it.
-    pub fn path(&self) -> PathBuf {
+    pub(crate) fn path(&self) -> PathBuf {
         self.dir_path.join(self.name)
     }
 
     /// The owner (uid) and mode of the directory held.
-    pub fn owner_and_mode(&self) -> std::io::Result<(u32, u32)> {
+    pub(crate) fn owner_and_mode(&self) -> std::io::Result<(u32, u32)> {
         let st = rustix::fs::fstat(&*self.dir)?;
         Ok((st.st_uid, st.st_mode))
     }
@@ -100,7 +104,7 @@ impl Place {
     /// path is no longer trusted (a parent became writable by others: [`super::trust`]), or
     /// it leads elsewhere already. The state is still written to the directory held; a
     /// restarted agent reads the path.
-    pub fn doubt(&self) -> Option<String> {
+    pub(crate) fn doubt(&self) -> Option<String> {
         let mut why = Vec::new();
         if let Err(e) = super::trust::check(&self.dir_path, self.from) {
             why.push(e.to_string());
@@ -140,31 +144,25 @@ impl Place {
 
 /// What was found at start.
 #[derive(Debug, Default)]
-pub struct Found {
+pub(crate) struct Found {
     engines: HashMap<String, EngineState>,
-    /// How old the file was.
-    pub age: Option<Duration>,
 }
 
 impl Found {
     /// Nothing (no file, or a file ignored).
-    pub fn none() -> Found {
+    pub(crate) fn none() -> Found {
         Found::default()
     }
 
-    /// How many engines it holds.
-    pub fn len(&self) -> usize {
+    /// How many engines it holds (the tests read it).
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.engines.len()
-    }
-
-    /// Whether it holds none.
-    pub fn is_empty(&self) -> bool {
-        self.engines.is_empty()
     }
 
     /// The saved state of the engine named `name` at `engine_url`; an entry for that name
     /// at another address is dropped with a log line.
-    pub fn take(&mut self, name: &str, engine_url: &str) -> Option<EngineState> {
+    pub(crate) fn take(&mut self, name: &str, engine_url: &str) -> Option<EngineState> {
         let s = self.engines.remove(name)?;
         if s.engine != engine_url {
             tracing::info!(
@@ -178,7 +176,7 @@ impl Found {
     }
 
     /// Names of the entries no engine took.
-    pub fn left(&self) -> Vec<&str> {
+    pub(crate) fn left(&self) -> Vec<&str> {
         let mut v: Vec<&str> = self.engines.keys().map(String::as_str).collect();
         v.sort_unstable();
         v
@@ -187,7 +185,7 @@ impl Found {
 
 /// Why a file was ignored.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum Ignored {
+pub(crate) enum Ignored {
     #[error("cannot read it: {0}")]
     Unreadable(String),
     #[error("it is not a regular file")]
@@ -211,7 +209,7 @@ pub enum Ignored {
 }
 
 /// Reads the file at `place`; `Ok(None)` when there is none.
-pub fn read(place: &Place, now_unix_ms: u64) -> Result<Option<StateFile>, Ignored> {
+pub(crate) fn read(place: &Place, now_unix_ms: u64) -> Result<Option<StateFile>, Ignored> {
     // No link followed, no wait for a FIFO's writer; what is checked is what was opened.
     let flags = OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY;
     let file = match place.open_at(OsStr::new(place.name), flags, Mode::empty()) {
@@ -269,7 +267,7 @@ pub fn read(place: &Place, now_unix_ms: u64) -> Result<Option<StateFile>, Ignore
 }
 
 /// What the agent finds at `place` at start, with one log line for a file it ignores.
-pub fn load(place: &Place) -> Found {
+pub(crate) fn load(place: &Place) -> Found {
     let now = crate::clock::unix_ms();
     let path = place.path();
     match read(place, now) {
@@ -288,10 +286,7 @@ pub fn load(place: &Place) -> Found {
                 f.agent,
                 f.pid
             );
-            Found {
-                engines,
-                age: Some(age),
-            }
+            Found { engines }
         }
         Err(why) => {
             tracing::warn!(
@@ -323,7 +318,7 @@ fn render(engines: &[EngineState]) -> Result<Vec<u8>, String> {
 }
 
 /// Writes `engines` to `place` atomically (a temporary file beside it, then a rename).
-pub fn write(place: &Place, engines: &[EngineState]) -> Result<(), String> {
+pub(crate) fn write(place: &Place, engines: &[EngineState]) -> Result<(), String> {
     let bytes = render(engines)?;
     let tmp = tmp_name(place.name);
     let result = (|| {
@@ -373,7 +368,7 @@ fn is_tmp_of(name: &std::ffi::OsStr, state: &std::ffi::OsStr) -> bool {
 
 /// What [`remove_stale`] removed.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Removed {
+pub(crate) struct Removed {
     pub files: usize,
     /// Their size (a link counts 0).
     pub bytes: u64,
@@ -382,7 +377,7 @@ pub struct Removed {
 /// Removes the temporary files of `place` that writes cut short left beside it (a crash
 /// between the creation and the rename), whatever pid wrote them. For a start, once no
 /// other agent writes there.
-pub fn remove_stale(place: &Place) -> Result<Removed, String> {
+pub(crate) fn remove_stale(place: &Place) -> Result<Removed, String> {
     let dir = place.dir_path.display();
     let entries =
         rustix::fs::Dir::read_from(&*place.dir).map_err(|e| format!("cannot list {dir}: {e}"))?;
@@ -415,10 +410,10 @@ pub fn remove_stale(place: &Place) -> Result<Removed, String> {
 }
 
 /// Where the states come from: every engine monitored now.
-pub type Source = Box<dyn Fn() -> Vec<EngineState> + Send + Sync>;
+pub(crate) type Source = Box<dyn Fn() -> Vec<EngineState> + Send + Sync>;
 
 /// Writes the state file whenever an engine's state changes.
-pub struct Persister {
+pub(crate) struct Persister {
     place: Place,
     source: std::sync::Arc<Source>,
     cancel: CancellationToken,
@@ -430,7 +425,7 @@ type Last = std::sync::Arc<std::sync::Mutex<Option<Vec<u8>>>>;
 
 impl Persister {
     /// Starts checking every [`CHECK_EVERY`].
-    pub fn start(place: Place, source: Source) -> Persister {
+    pub(crate) fn start(place: Place, source: Source) -> Persister {
         let source = std::sync::Arc::new(source);
         let cancel = CancellationToken::new();
         let last: Last = Default::default();
@@ -445,7 +440,7 @@ impl Persister {
 
     /// Stops checking and writes the state as it is now, whatever was written before: the
     /// last word before the process stops or hands over.
-    pub async fn finish(self) -> Result<(), String> {
+    pub(crate) async fn finish(self) -> Result<(), String> {
         self.cancel.cancel();
         let _ = self.task.await;
         let (place, source) = (self.place.clone(), self.source.clone());
@@ -458,7 +453,7 @@ impl Persister {
     }
 
     /// The file written.
-    pub fn path(&self) -> PathBuf {
+    pub(crate) fn path(&self) -> PathBuf {
         self.place.path()
     }
 }

@@ -20,7 +20,7 @@ const MAX_LINKS: usize = 40;
 
 /// What a walk found at the end of the path.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Checked {
+pub(crate) enum Checked {
     /// The state directory exists and only the agent's user can change it.
     Exists,
     /// `first` and what follows it do not exist yet; what leads there is sound.
@@ -29,11 +29,11 @@ pub enum Checked {
 
 /// A user, shown with its name when `/etc/passwd` has it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct User(pub u32);
+pub(crate) struct User(pub u32);
 
 impl User {
     /// The user the agent runs as (its effective uid: the one its files are created with).
-    pub fn me() -> User {
+    pub(crate) fn me() -> User {
         User(rustix::process::geteuid().as_raw())
     }
 
@@ -75,7 +75,7 @@ fn writers(mode: u32) -> Option<&'static str> {
 
 /// A state directory another user could change: what was found, and the way out.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Untrusted {
+pub(crate) enum Untrusted {
     #[error(
         "the state directory {} is owned by {owner}, not by {me} the agent runs as: {owner} could plant the state it reads at start or a link it writes through; `chown {} {} && chmod 0700 {}`, or point {from} at a directory of the agent's own",
         dir.display(), me.chown_name(), dir.display(), dir.display()
@@ -193,12 +193,12 @@ fn judge(place: Place, owner: u32, mode: u32, me: u32) -> Option<Flaw> {
 
 /// Checks `dir` (named by `from`) and the path that leads to it, for an agent running as
 /// [`User::me`].
-pub fn check(dir: &Path, from: &'static str) -> Result<Checked, Untrusted> {
+pub(crate) fn check(dir: &Path, from: &'static str) -> Result<Checked, Untrusted> {
     check_as(dir, from, User::me())
 }
 
 /// [`check`] for an agent running as `me` (`check-config --user`).
-pub fn check_as(dir: &Path, from: &'static str, me: User) -> Result<Checked, Untrusted> {
+pub(crate) fn check_as(dir: &Path, from: &'static str, me: User) -> Result<Checked, Untrusted> {
     let flaw = |place: Place, at: &Path, f: Flaw, owner: u32| -> Untrusted {
         let (at, dir) = (at.to_owned(), dir.to_owned());
         match (place, f) {
@@ -302,7 +302,7 @@ pub fn check_as(dir: &Path, from: &'static str, me: User) -> Result<Checked, Unt
 /// The directory the agent opened after checking `dir` (named by `from`): owned by `owner`,
 /// of mode `mode`, for an agent running as `me`; an error when another user could change it
 /// (it was swapped between the check and the open).
-pub fn check_opened(
+pub(crate) fn check_opened(
     dir: &Path,
     from: &'static str,
     owner: u32,

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 /// Where MindCluster's device plugin image installs the table
 /// (`component/ascend-device-plugin/pkg/common/fault_code.go`, `build/Dockerfile`).
-pub const DEFAULT_PATH: &str = "/usr/local/faultCode.json";
+pub(crate) const DEFAULT_PATH: &str = "/usr/local/faultCode.json";
 
 /// MindCluster's handling levels, least severe first (its `getMostSeriousFaultType` order),
 /// and `Unclassified` for a code no table names.
@@ -47,7 +47,7 @@ pub enum FaultLevel {
 
 impl FaultLevel {
     /// The name MindCluster uses (and the metrics' `level` label).
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             FaultLevel::Unclassified => "unclassified",
             FaultLevel::NotHandleFault => "NotHandleFault",
@@ -86,7 +86,7 @@ impl std::fmt::Display for FaultLevel {
 /// A few codes of MindCluster's `component/ascend-device-plugin/build/faultCode.json`
 /// (Ascend/mind-cluster, last changed in `ada4c99b3db0d4c8258851f869ac49bb9b9d0bdc`), with
 /// the level that file gives them; used when no file is installed.
-pub const BUILT_IN: &[(u64, FaultLevel)] = &[
+pub(crate) const BUILT_IN: &[(u64, FaultLevel)] = &[
     (0x80E0_1801, FaultLevel::RestartBusiness), // HBM multi-bit ECC on access
     (0x80E1_8400, FaultLevel::NotHandleFault),  // HBM multi-bit ECC, with the host PID
     (0x80E1_8401, FaultLevel::NotHandleFault),  // HBM isolated rows reached 16
@@ -109,7 +109,7 @@ const SHOWN_REPEATS: usize = 8;
 
 /// Why a `faultCode.json` cannot be used.
 #[derive(Debug, thiserror::Error)]
-pub enum TableError {
+pub(crate) enum TableError {
     /// Not a regular file, too large, missing, unreadable, not UTF-8.
     #[error("{}: {why}", .path.display())]
     Read { path: PathBuf, why: String },
@@ -124,7 +124,7 @@ pub enum TableError {
 
 /// Code → level, and where the table came from.
 #[derive(Debug, Clone)]
-pub struct FaultTable {
+pub(crate) struct FaultTable {
     levels: HashMap<u64, FaultLevel>,
     /// The file read, or `built-in (…)`.
     pub origin: String,
@@ -138,7 +138,7 @@ pub struct FaultTable {
 impl FaultTable {
     /// The table `[agent] fault_code_file` names; without one, MindCluster's file at
     /// [`DEFAULT_PATH`] where it exists, else the built-in table.
-    pub fn configured(file: Option<&std::path::Path>) -> Result<FaultTable, TableError> {
+    pub(crate) fn configured(file: Option<&std::path::Path>) -> Result<FaultTable, TableError> {
         match file {
             Some(p) => FaultTable::load(p),
             None if std::path::Path::new(DEFAULT_PATH).exists() => {
@@ -149,7 +149,7 @@ impl FaultTable {
     }
 
     /// The built-in table.
-    pub fn built_in() -> FaultTable {
+    pub(crate) fn built_in() -> FaultTable {
         FaultTable {
             levels: BUILT_IN.iter().copied().collect(),
             // The count is `describe`'s to say, once.
@@ -162,7 +162,7 @@ impl FaultTable {
     /// Reads `path` through the configuration's bounded reader, which never waits on a FIFO
     /// and stops at 4 MiB (a `/dev/zero` or a runaway file once grew the agent past its
     /// unit's `MemoryMax`). Blocking file I/O: call it off the async runtime.
-    pub fn load(path: &Path) -> Result<FaultTable, TableError> {
+    pub(crate) fn load(path: &Path) -> Result<FaultTable, TableError> {
         let text = crate::config::read::text(path).map_err(|why| TableError::Read {
             path: path.to_owned(),
             why,
@@ -174,7 +174,7 @@ impl FaultTable {
     /// than once takes the most severe of its levels (MindCluster's own file lists
     /// `A2301001` under two levels, `B4060011` twice in one); a list key written twice, or a
     /// table without a single code, is refused.
-    pub fn parse(text: &str, path: &Path) -> Result<FaultTable, TableError> {
+    pub(crate) fn parse(text: &str, path: &Path) -> Result<FaultTable, TableError> {
         let shape = |what: String| TableError::Shape {
             path: path.to_owned(),
             what,
@@ -261,7 +261,7 @@ impl FaultTable {
     }
 
     /// The level of `code`.
-    pub fn level(&self, code: u64) -> FaultLevel {
+    pub(crate) fn level(&self, code: u64) -> FaultLevel {
         self.levels
             .get(&code)
             .copied()
@@ -270,7 +270,7 @@ impl FaultTable {
 
     /// `<origin> (<N> codes; lists not read: …; listed more than once: …)`, as
     /// `check-config` and the log say it.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         let mut notes = String::new();
         if !self.unknown_keys.is_empty() {
             notes += &format!("; lists not read: {}", self.unknown_keys.join(", "));
@@ -294,13 +294,8 @@ impl FaultTable {
     }
 
     /// How many codes it classifies.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.levels.len()
-    }
-
-    /// Whether it classifies none.
-    pub fn is_empty(&self) -> bool {
-        self.levels.is_empty()
     }
 }
 
@@ -334,7 +329,7 @@ impl<'de> serde::de::Visitor<'de> for EntriesVisitor {
 
 /// Why a string is not a fault code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum NotACode {
+pub(crate) enum NotACode {
     #[error("no hex digit")]
     Empty,
     #[error("more than 16 hex digits")]
@@ -349,7 +344,7 @@ pub enum NotACode {
 /// A code as `faultCode.json` and `npu-smi` write it: hex digits only, without `0x` (an
 /// `0x` is accepted), at most 16 of them (some codes are wider than the 32 bits of the DCMI
 /// list).
-pub fn parse_code(s: &str) -> Result<u64, NotACode> {
+pub(crate) fn parse_code(s: &str) -> Result<u64, NotACode> {
     let hex = s
         .strip_prefix("0x")
         .or_else(|| s.strip_prefix("0X"))

@@ -7,7 +7,7 @@
 //! sampler decides when to call it and the ring stores what it returns.
 
 pub use dcmi;
-pub mod fault_levels;
+pub(crate) mod fault_levels;
 pub mod npu_smi;
 
 use std::ffi::OsString;
@@ -48,7 +48,7 @@ pub enum Backend {
 
 impl Backend {
     /// The name the CLI, the metrics and `/status/detail` print: `dcmi`, `npu-smi`, `none`.
-    pub const fn as_str(self) -> &'static str {
+    pub(crate) const fn as_str(self) -> &'static str {
         match self {
             Backend::Dcmi => "dcmi",
             Backend::NpuSmi => "npu-smi",
@@ -58,7 +58,7 @@ impl Backend {
     }
 
     /// Whether AI Cube figures come through it.
-    pub const fn reads_cube(self) -> bool {
+    pub(crate) const fn reads_cube(self) -> bool {
         !matches!(self, Backend::Unavailable)
     }
 }
@@ -122,7 +122,7 @@ pub struct DeviceInfo {
 
 impl DeviceInfo {
     /// Target of a watch child for this device.
-    pub fn watch_target(&self) -> npu_smi::WatchTarget {
+    pub(crate) fn watch_target(&self) -> npu_smi::WatchTarget {
         npu_smi::WatchTarget {
             npu: self.card,
             chip: self.chip,

@@ -62,7 +62,7 @@ impl ActionInputs {
             Kind::VirtualInference => AbnormalCause::VirtualInference,
             Kind::QosEviction => AbnormalCause::QosEviction,
         });
-        let components = m.qos.components();
+        let components = m.qos().components();
         ActionInputs {
             status: verdict.status,
             cause,
@@ -70,11 +70,11 @@ impl ActionInputs {
             reason: verdict.reason.replace(['\n', '\r'], " "),
             port_closed: health.last_transport_error == Some(Transport::Refused),
             health: health.state,
-            phase: m.vi.phase(),
-            level: m.qos.level(),
-            score: m.qos.score(),
+            phase: m.vi().phase(),
+            level: m.qos().level(),
+            score: m.qos().score(),
             inputs_complete: !components.is_empty() && components.iter().all(|c| c.score.is_some()),
-            admission_cap: m.qos.admission_cap(),
+            admission_cap: m.qos().admission_cap(),
         }
     }
 

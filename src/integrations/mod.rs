@@ -49,7 +49,7 @@ pub static REGISTRY: &[&dyn Integration] = &[
 /// Gives the engine `m` each integration's memory ([`Integration::memory`]), before its tasks
 /// start: the state file then holds every integration's keys from its first write.
 pub(crate) fn equip(m: &Monitor) {
-    m.acted
+    m.acted()
         .equip(REGISTRY.iter().filter_map(|i| i.memory()).collect());
 }
 

@@ -98,7 +98,7 @@ pub async fn run(m: Arc<Monitor>, cancel: CancellationToken) {
         }
         let a = Answers::of(&m);
         for e in changes(last.as_ref(), &a, unix_ms()) {
-            m.journal.push(e);
+            m.journal().push(e);
         }
         last = Some(ObservedState::of(&a));
     }

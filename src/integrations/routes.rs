@@ -42,7 +42,7 @@ pub(crate) fn readyz_heard_by(
 ) -> Response {
     // A probe is a poll like Node Manager's: the first healthy one starts virtual inference.
     e.status();
-    let r = readiness(&ActionInputs::of(e), &e.spec.actions);
+    let r = readiness(&ActionInputs::of(e), &e.spec().actions);
     let heard = Readyz {
         engine: e,
         asked,

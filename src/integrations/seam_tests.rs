@@ -98,7 +98,7 @@ fn seen(r: Response) -> (StatusCode, HeaderMap, String) {
 
 /// What the journal says the router was told: (from, to).
 fn told_nginx(m: &Monitor) -> Vec<(String, String)> {
-    m.journal
+    m.journal()
         .entries()
         .iter()
         .map(ActionRecord::from)
@@ -134,10 +134,10 @@ async fn a_router_in_one_file_reads_readyz_through_the_hook_and_the_journal_reco
     let (code, _, body) = seen(readyz_heard_by(&list, &m, &asked_by("nginx-check/1.0")));
     assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE, "{body}");
     assert_eq!(told_nginx(&m), [("start".into(), "down".into())]);
-    assert_eq!(m.acted.routers()["nginx"].state, "down");
+    assert_eq!(m.acted().routers()["nginx"].state, "down");
     // The kubelet asking is not the router asking.
     seen(readyz_heard_by(&list, &m, &asked_by("kube-probe/1.31")));
-    assert_eq!(m.acted.routers()["nginx"].polls, 1);
+    assert_eq!(m.acted().routers()["nginx"].polls, 1);
     m.record_health(&HealthOutcome::Healthy, true);
     let with = seen(readyz_heard_by(&list, &m, &asked_by("nginx-check/1.0")));
     assert_eq!(with.0, StatusCode::OK, "{}", with.2);
@@ -148,7 +148,7 @@ async fn a_router_in_one_file_reads_readyz_through_the_hook_and_the_journal_reco
             ("down".into(), "up".into())
         ]
     );
-    let seen_as = m.acted.routers_told()[&ID].told;
+    let seen_as = m.acted().routers_told()[&ID].told;
     assert!(Nginx.router_states().contains(&seen_as));
     let without = seen(readyz_heard_by(REGISTRY, &m, &asked_by("nginx-check/1.0")));
     assert_eq!(with, without, "the new router changes no answer");

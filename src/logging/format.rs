@@ -14,7 +14,7 @@ use tracing_subscriber::fmt::format::Writer;
 
 /// A field's value as recorded: numbers and booleans kept as such, anything else rendered.
 #[derive(Debug, Clone)]
-pub enum FieldValue {
+pub(crate) enum FieldValue {
     I64(i64),
     U64(u64),
     F64(f64),
@@ -24,7 +24,7 @@ pub enum FieldValue {
 
 impl FieldValue {
     /// The value, to record again (the rate limiter's own lines).
-    pub fn as_value(&self) -> &dyn tracing::Value {
+    pub(crate) fn as_value(&self) -> &dyn tracing::Value {
         match self {
             FieldValue::I64(v) => v,
             FieldValue::U64(v) => v,
@@ -80,7 +80,7 @@ impl fmt::Display for FieldValue {
 
 /// An event's message and its other fields, in the order recorded.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
-pub struct Fields {
+pub(crate) struct Fields {
     pub message: String,
     pub fields: Vec<(&'static str, FieldValue)>,
 }
@@ -96,7 +96,7 @@ impl Fields {
 
     /// `message key=value ...`: control characters escaped, a value with a space, a quote
     /// or a control character quoted.
-    pub fn write_text(&self, w: &mut impl fmt::Write) -> fmt::Result {
+    pub(crate) fn write_text(&self, w: &mut impl fmt::Write) -> fmt::Result {
         let mut sep = "";
         if !self.message.is_empty() {
             w.write_str(&escape_controls(&self.message))?;
@@ -147,7 +147,7 @@ impl Visit for Fields {
 
 /// The text format's field formatter (see the module doc for why it is ours).
 #[derive(Debug, Default, Clone, Copy)]
-pub struct TextFields;
+pub(super) struct TextFields;
 
 impl<'w> FormatFields<'w> for TextFields {
     fn format_fields<R: RecordFields>(&self, mut writer: Writer<'w>, fields: R) -> fmt::Result {

@@ -20,23 +20,23 @@ use tracing_subscriber::Layer;
 use tracing_subscriber::layer::Context;
 
 /// journald's socket.
-pub const DEFAULT_SOCKET: &str = "/run/systemd/journal/socket";
+pub(crate) const DEFAULT_SOCKET: &str = "/run/systemd/journal/socket";
 /// Overrides the socket path (tests; a journald in a container at another path).
 pub const SOCKET_ENV: &str = "NPU_HEALTH_AGENT_JOURNAL_SOCKET";
 /// `SYSLOG_IDENTIFIER=` of every entry.
-pub const IDENTIFIER: &str = "npu-health-agent";
+pub(crate) const IDENTIFIER: &str = "npu-health-agent";
 /// A message longer than this is cut when the datagram is too large for the socket.
 const TRUNCATE_AT: usize = 8 * 1024;
 
 /// The output layer writing to journald.
 #[derive(Debug)]
-pub struct Journald {
+pub(crate) struct Journald {
     sock: UnixDatagram,
 }
 
 impl Journald {
     /// Connects to journald's socket (or the one named by [`SOCKET_ENV`]).
-    pub fn connect() -> Result<Journald, String> {
+    pub(crate) fn connect() -> Result<Journald, String> {
         let path = std::env::var_os(SOCKET_ENV)
             .filter(|p| !p.is_empty())
             .unwrap_or_else(|| DEFAULT_SOCKET.into());
@@ -44,7 +44,7 @@ impl Journald {
     }
 
     /// Connects to the journal socket at `path`.
-    pub fn connect_to(path: &Path) -> Result<Journald, String> {
+    pub(crate) fn connect_to(path: &Path) -> Result<Journald, String> {
         let sock = UnixDatagram::unbound().map_err(|e| format!("cannot make a socket: {e}"))?;
         sock.connect(path)
             .map_err(|e| format!("journald is not reachable at {}: {e}", path.display()))?;
@@ -52,7 +52,7 @@ impl Journald {
     }
 
     /// Sends one entry; a message too large for a datagram is cut and sent again.
-    pub fn send(&self, e: &JournalEntry<'_>) -> std::io::Result<()> {
+    pub(crate) fn send(&self, e: &JournalEntry<'_>) -> std::io::Result<()> {
         match self.sock.send(&encode(e, usize::MAX)) {
             Err(err) if err.raw_os_error() == Some(libc_emsgsize()) => {
                 self.sock.send(&encode(e, TRUNCATE_AT)).map(|_| ())
@@ -89,7 +89,7 @@ impl<S: Subscriber> Layer<S> for Journald {
 
 /// One journal entry: an event's metadata and fields.
 #[derive(Debug, Clone, Copy)]
-pub struct JournalEntry<'a> {
+pub(crate) struct JournalEntry<'a> {
     pub level: Level,
     pub target: &'a str,
     pub file: Option<&'a str>,
@@ -113,7 +113,7 @@ fn priority(l: Level) -> u8 {
 
 /// A journal field name from an event field name: upper case, `[A-Z0-9_]`, not starting
 /// with `_` or a digit, at most 64 bytes; names journald or we set are prefixed `FIELD_`.
-pub fn field_name(name: &str) -> String {
+pub(crate) fn field_name(name: &str) -> String {
     let mut n: String = name
         .chars()
         .map(|c| {
@@ -162,7 +162,7 @@ fn put(out: &mut Vec<u8>, name: &str, value: &str) {
 }
 
 /// The datagram of one entry, the message cut to `max_message` bytes.
-pub fn encode(e: &JournalEntry<'_>, max_message: usize) -> Vec<u8> {
+pub(crate) fn encode(e: &JournalEntry<'_>, max_message: usize) -> Vec<u8> {
     let mut out = Vec::with_capacity(256);
     let mut message = e.fields.message.as_str();
     if message.len() > max_message {
@@ -225,7 +225,7 @@ pub fn decode(mut b: &[u8]) -> Result<Vec<(String, String)>, String> {
 
 /// Whether stderr is connected to the journal: systemd sets `JOURNAL_STREAM=<dev>:<inode>`
 /// of the stream it gave the service; a child whose stderr was redirected does not match.
-pub fn stderr_is_journal() -> bool {
+pub(crate) fn stderr_is_journal() -> bool {
     let Some(v) = std::env::var_os("JOURNAL_STREAM") else {
         return false;
     };

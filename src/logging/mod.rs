@@ -11,7 +11,7 @@ mod format;
 
 pub use format::{QUOTE_MAX, clip, escape_controls, quote};
 pub mod journald;
-pub mod ratelimit;
+pub(crate) mod ratelimit;
 
 use ratelimit::RateLimited;
 use std::sync::OnceLock;
@@ -21,7 +21,7 @@ use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer, Registry, reload};
 
 /// Identical warnings and errors are written at most once per this interval.
-pub const RATE_LIMIT_INTERVAL: Duration = Duration::from_secs(10);
+pub(crate) const RATE_LIMIT_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Where and how log lines go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -44,7 +44,7 @@ type Output = Box<dyn Layer<Filtered> + Send + Sync>;
 
 /// Handle to the running logger: changes the level filter and flushes suppressed counts.
 #[derive(Clone)]
-pub struct LogHandle {
+pub(crate) struct LogHandle {
     filter: Option<reload::Handle<EnvFilter, Registry>>,
     structured: bool,
     env_filter: bool,
@@ -52,7 +52,7 @@ pub struct LogHandle {
 
 /// Installs the global logger. `default` is the level filter when neither `RUST_LOG` nor
 /// the config sets one. Falls back to text (and says why) when journald cannot be reached.
-pub fn init(format: LogFormat, default: &str) -> LogHandle {
+pub(crate) fn init(format: LogFormat, default: &str) -> LogHandle {
     let (output, structured, note) = choose_output(format);
     let env = std::env::var("RUST_LOG")
         .ok()
@@ -149,7 +149,11 @@ fn choose_output(format: LogFormat) -> (Output, bool, Option<String>) {
 impl LogHandle {
     /// Applies the config's `log_level` unless `RUST_LOG` set the filter (the environment
     /// wins, so an operator can raise the level without editing the file).
-    pub fn apply_config_level(&self, level: Option<&str>, default: &str) -> Result<(), String> {
+    pub(crate) fn apply_config_level(
+        &self,
+        level: Option<&str>,
+        default: &str,
+    ) -> Result<(), String> {
         if self.env_filter {
             return Ok(());
         }
@@ -164,13 +168,13 @@ impl LogHandle {
     }
 
     /// Writes the counts of suppressed lines not yet reported (at shutdown).
-    pub fn flush(&self) {
+    pub(crate) fn flush(&self) {
         ratelimit::flush();
     }
 
     /// Whether lines go to journald or as JSON (a fatal error must then be a log line too,
     /// not only plain text on stderr).
-    pub fn structured(&self) -> bool {
+    pub(crate) fn structured(&self) -> bool {
         self.structured
     }
 }
@@ -179,12 +183,12 @@ impl LogHandle {
 static HANDLE: OnceLock<LogHandle> = OnceLock::new();
 
 /// Remembers the handle for [`global`].
-pub fn set_global(h: LogHandle) {
+pub(crate) fn set_global(h: LogHandle) {
     let _ = HANDLE.set(h);
 }
 
 /// The handle set by [`set_global`], if any.
-pub fn global() -> Option<&'static LogHandle> {
+pub(crate) fn global() -> Option<&'static LogHandle> {
     HANDLE.get()
 }
 

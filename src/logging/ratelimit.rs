@@ -27,7 +27,7 @@ const MAX_KEYS: usize = 1024;
 
 /// What to do with one event.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Decision {
+pub(crate) enum Decision {
     /// Write it, saying how many identical lines were suppressed before it.
     Write { suppressed: u64 },
     /// Count it and write nothing.
@@ -36,7 +36,7 @@ pub enum Decision {
 
 /// A count of suppressed lines that no later line will carry.
 #[derive(Debug, PartialEq, Eq)]
-pub struct Pending<K> {
+pub(crate) struct Pending<K> {
     pub key: K,
     pub suppressed: u64,
     pub over: Duration,
@@ -50,14 +50,14 @@ struct Window {
 
 /// Per-line suppression state.
 #[derive(Debug)]
-pub struct RateLimiter<K> {
+pub(crate) struct RateLimiter<K> {
     interval: Duration,
     entries: HashMap<K, Window>,
 }
 
 impl<K: std::hash::Hash + Eq + Clone> RateLimiter<K> {
     /// Identical lines are written at most once per `interval`.
-    pub fn new(interval: Duration) -> RateLimiter<K> {
+    pub(crate) fn new(interval: Duration) -> RateLimiter<K> {
         RateLimiter {
             interval,
             entries: HashMap::new(),
@@ -65,7 +65,7 @@ impl<K: std::hash::Hash + Eq + Clone> RateLimiter<K> {
     }
 
     /// Decides about an event with `key` seen at `now`.
-    pub fn check(&mut self, key: &K, now: Instant) -> Decision {
+    pub(crate) fn check(&mut self, key: &K, now: Instant) -> Decision {
         if let Some(e) = self.entries.get_mut(key) {
             if now.saturating_duration_since(e.written) < self.interval {
                 e.suppressed += 1;
@@ -90,7 +90,7 @@ impl<K: std::hash::Hash + Eq + Clone> RateLimiter<K> {
 
     /// Counts whose interval has passed without a line to carry them (all counts when
     /// `all`, at shutdown). Quiet entries are forgotten.
-    pub fn expired(&mut self, now: Instant, all: bool) -> Vec<Pending<K>> {
+    pub(crate) fn expired(&mut self, now: Instant, all: bool) -> Vec<Pending<K>> {
         let mut out = Vec::new();
         let interval = self.interval;
         self.entries.retain(|k, e| {
@@ -135,7 +135,7 @@ const MAX_FIELDS: usize = 32;
 /// `inner`, with repeated identical warnings and errors held back: each event goes to `inner`
 /// unchanged, is dropped and counted, or goes as a line of this layer's own saying how many
 /// were suppressed (in the event's place, with its fields and a `suppressed` field).
-pub struct RateLimited<L> {
+pub(crate) struct RateLimited<L> {
     inner: L,
     state: Mutex<State>,
 }
@@ -171,7 +171,7 @@ impl std::hash::Hash for Key {
 
 impl<L> RateLimited<L> {
     /// Identical lines reach `inner` at most once per `interval`.
-    pub fn new(inner: L, interval: Duration) -> RateLimited<L> {
+    pub(crate) fn new(inner: L, interval: Duration) -> RateLimited<L> {
         RateLimited {
             inner,
             state: Mutex::new(State {
@@ -348,7 +348,7 @@ impl<S: Subscriber, L: Layer<S>> Layer<S> for RateLimited<L> {
 /// Writes every suppressed count not yet reported (at shutdown): an event the current
 /// subscriber's [`RateLimited`] layer takes as the cue, since a layer can reach its output
 /// only from inside an event. Built by hand, not with a macro, so no level filter drops it.
-pub fn flush() {
+pub(crate) fn flush() {
     let none: [(&Field, Option<&dyn Value>); 0] = [];
     Event::dispatch(&FLUSH_META, &FLUSH_META.fields().value_set(&none));
 }

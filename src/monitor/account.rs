@@ -62,11 +62,11 @@ use std::time::Duration;
 /// The level from which a driver fault confirms a failed probe, and makes the loop probe at
 /// once when it appears (agent policy). The accounting's constant: the driver-fault source
 /// ([`super::evidence::driver_faults`]) reads it from here.
-pub const CONFIRM_LEVEL: FaultLevel = FaultLevel::RestartBusiness;
+pub(crate) const CONFIRM_LEVEL: FaultLevel = FaultLevel::RestartBusiness;
 
 /// The accounting rules of one engine.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Rules {
+pub(crate) struct Rules {
     /// AI Cube peak (percent) below which the NPU is idle. Reference: 3.
     pub npu_usage_threshold: f64,
     /// Counted failures that make the engine abnormal. Reference: 6.
@@ -81,7 +81,7 @@ pub struct Rules {
 
 /// The agent policy's accounting settings (`[engine.agent_policy]`).
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct AgentRules {
+pub(crate) struct AgentRules {
     /// Confirmed counted failures that make the engine abnormal.
     pub confirm_failures: i64,
     /// Sleep before a confirming re-probe.
@@ -98,7 +98,7 @@ pub struct AgentRules {
 
 /// Which request of the loop a probe was.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stage {
+pub(crate) enum Stage {
     /// The one warm-up request (180 s timeout; no AI Cube reading).
     WarmUp,
     /// A periodic request.
@@ -107,7 +107,7 @@ pub enum Stage {
 
 /// What the loop saw for one probe.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Observation {
+pub(crate) struct Observation {
     pub stage: Stage,
     /// Why the request failed; `None` when it succeeded.
     pub failure: Option<ProbeFailure>,
@@ -147,7 +147,7 @@ pub struct Observation {
 
 /// What one probe did to the failure count.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Accounted {
+pub(crate) struct Accounted {
     pub accounting: Accounting,
     /// The failure count after this probe.
     pub count: i64,
@@ -161,14 +161,14 @@ pub struct Accounted {
 
 /// Whether the V6 rule needs a fresh read of requests waiting for capacity for this probe:
 /// only for a failure on an idle NPU, with the rule on.
-pub fn needs_capacity(rules: &Rules, failed: bool, peak: Option<f64>) -> bool {
+pub(crate) fn needs_capacity(rules: &Rules, failed: bool, peak: Option<f64>) -> bool {
     rules.skip_when_capacity_waiting
         && failed
         && peak.is_some_and(|p| p < rules.npu_usage_threshold)
 }
 
 /// Applies the accounting rules to one probe.
-pub fn account(rules: &Rules, obs: &Observation) -> Accounted {
+pub(crate) fn account(rules: &Rules, obs: &Observation) -> Accounted {
     let keep = |accounting, why: Option<String>| Accounted {
         accounting,
         count: obs.count,
@@ -322,7 +322,7 @@ fn quiet_below_window(rules: &Rules, obs: &Observation) -> Option<Duration> {
 /// Rule 11's probe: when the engine has been quiet for `quiet` with the rule on, the timeout
 /// of a probe sent now — long enough to reach the window (a failure before it would prove
 /// nothing), at least the quick probe's. `None`: the rule is off.
-pub fn quiet_probe(
+pub(crate) fn quiet_probe(
     agent: &AgentRules,
     timing: &Timing,
     quiet: Duration,
@@ -336,7 +336,7 @@ pub fn quiet_probe(
 /// answers: ten times the slowest of `recent` (the last successful probes), at least
 /// `learned_timeout_floor`, at most the request timeout. `None` (the request timeout): the
 /// rule is off, or no answer has been seen yet.
-pub fn learned_timeout(
+pub(crate) fn learned_timeout(
     agent: &AgentRules,
     timing: &Timing,
     recent: &[Duration],
@@ -352,14 +352,14 @@ pub fn learned_timeout(
 }
 
 /// How many times the slowest recent answer a learned timeout waits (rule 12).
-pub const LEARNED_FACTOR: u32 = 10;
+pub(crate) const LEARNED_FACTOR: u32 = 10;
 /// How many recent answers a learned timeout remembers (rule 12).
-pub const LEARNED_ANSWERS: usize = 8;
+pub(crate) const LEARNED_ANSWERS: usize = 8;
 
 /// The timeout of the next periodic probe: `planned` (the request timeout, or a confirming
 /// probe's), except that a regular probe to an idle NPU takes the learned timeout
 /// ([`learned_timeout`]) under the agent policy.
-pub fn probe_timeout(
+pub(crate) fn probe_timeout(
     rules: &Rules,
     timing: &Timing,
     planned: Duration,
@@ -378,14 +378,14 @@ pub fn probe_timeout(
 /// timeout passes, until the request timeout: under the agent policy, whenever `timeout` is
 /// shorter (the learned one, or a quick probe's). The shorter timeout decides when the loop
 /// counts the failure and confirms; an answer within the request timeout is still an answer.
-pub fn keeps_waiting(rules: &Rules, timing: &Timing, timeout: Duration) -> bool {
+pub(crate) fn keeps_waiting(rules: &Rules, timing: &Timing, timeout: Duration) -> bool {
     rules.agent.is_some() && timeout < timing.request_timeout
 }
 
 /// Rule 12: the timeout of a probe sent while an earlier request still waits for its answer
 /// for `pending_left` ([`keeps_waiting`]): at least that long, so the failure this probe may
 /// confirm is never decided while the first request could still answer.
-pub fn reaching_pending(planned: Duration, pending_left: Option<Duration>) -> Duration {
+pub(crate) fn reaching_pending(planned: Duration, pending_left: Option<Duration>) -> Duration {
     pending_left.map_or(planned, |left| planned.max(left))
 }
 
@@ -446,7 +446,7 @@ fn counted(
 ///
 /// A failure on a busy NPU whose engine is stalled (but not yet for `stall_window`) waits the
 /// base interval, not the busy one: a busy NPU that produces nothing is no load to spare.
-pub fn next_sleep(
+pub(crate) fn next_sleep(
     rules: &Rules,
     timing: &Timing,
     obs: &Observation,
@@ -477,7 +477,7 @@ pub fn next_sleep(
 /// whether it sleeps the busy cadence (which the agent policy cuts short when the NPU falls
 /// idle).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NextProbe {
+pub(crate) struct NextProbe {
     pub sleep: Duration,
     pub timeout: Duration,
     pub busy: bool,
@@ -485,7 +485,7 @@ pub struct NextProbe {
 
 /// After a probe: a confirming or re-arming sleep ([`next_sleep`]), else the cadence's, with
 /// the request timeout unless the confirming one applies.
-pub fn next_probe(
+pub(crate) fn next_probe(
     rules: &Rules,
     timing: &Timing,
     obs: &Observation,
@@ -509,14 +509,14 @@ pub fn next_probe(
 /// An open streak of counted failures (agent policy): when its first probe started, and the
 /// engine's token counters then.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Streak<I> {
+pub(crate) struct Streak<I> {
     pub since: I,
     pub tokens: Option<f64>,
 }
 
 /// The streak after a probe that left the count at `count`: closed at 0, else the open one
 /// kept, else one opened by this probe (started at `started`, with `tokens`).
-pub fn next_streak<I>(
+pub(crate) fn next_streak<I>(
     count: i64,
     open: Option<Streak<I>>,
     started: I,
@@ -536,7 +536,11 @@ pub fn next_streak<I>(
 /// busy NPU falls idle): `confirm_timeout`, or twice the engine's last successful answer
 /// when that was slower (a degraded engine that still answers must not time out for being
 /// slow), at most the request timeout.
-pub fn confirm_timeout(agent: &AgentRules, timing: &Timing, last_ok: Option<Duration>) -> Duration {
+pub(crate) fn confirm_timeout(
+    agent: &AgentRules,
+    timing: &Timing,
+    last_ok: Option<Duration>,
+) -> Duration {
     agent
         .confirm_timeout
         .max(last_ok.map_or(Duration::ZERO, |l| l.saturating_mul(2)))
@@ -547,14 +551,14 @@ pub fn confirm_timeout(agent: &AgentRules, timing: &Timing, last_ok: Option<Dura
 /// (20 s) while the NPU is busy. A state of its own, not read back from the sleep: the two
 /// intervals may be configured equal, and a confirming re-probe sleeps yet another time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Cadence {
+pub(crate) enum Cadence {
     Regular,
     Busy,
 }
 
 impl Cadence {
     /// The sleep between periodic probes at this cadence.
-    pub fn interval(self, timing: &Timing) -> Duration {
+    pub(crate) fn interval(self, timing: &Timing) -> Duration {
         match self {
             Cadence::Regular => timing.interval,
             Cadence::Busy => timing.high_load_interval,
@@ -564,7 +568,7 @@ impl Cadence {
 
 /// The cadence after a probe whose window peak was `peak`: busy at or above
 /// `high_load_threshold`, regular below the usage threshold, else unchanged.
-pub fn next_cadence(
+pub(crate) fn next_cadence(
     timing: &Timing,
     npu_usage_threshold: f64,
     current: Cadence,

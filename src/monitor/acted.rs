@@ -18,7 +18,7 @@ use std::sync::Mutex;
 
 /// What a router that polls the agent was last told about an engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Seen {
+pub(crate) struct Seen {
     /// The state it was told.
     pub told: Told,
     /// Since when it is told that state.
@@ -28,20 +28,7 @@ pub struct Seen {
     pub polls: u64,
 }
 
-/// [`Seen`] in words, as `/status/detail`'s `routers` shows it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RouterSeen {
-    /// The state it was told (HAProxy: `ready`, `queue`, `drain`, `maint`, `down`; Envoy:
-    /// `healthy`, `degraded`, `unhealthy`).
-    pub state: String,
-    /// Since when it is told that state.
-    pub since_unix_ms: u64,
-    pub last_poll_unix_ms: u64,
-    /// Polls answered since the agent started.
-    pub polls: u64,
-    /// Why, as the last answer said.
-    pub reason: String,
-}
+pub(crate) use npu_health_wire::RouterSeen;
 
 /// One integration's memory of an engine: its own type, in the engine's monitor, saved in the
 /// state file under its own keys. Made with `Default` the first time the integration asks for
@@ -63,7 +50,7 @@ pub struct Kept(Vec<(String, Box<RawValue>)>);
 
 impl Kept {
     /// The entry under `key`, read as `T`; `None` when absent or unreadable.
-    pub fn get<T: serde::de::DeserializeOwned>(&self, key: &str) -> Option<T> {
+    pub(crate) fn get<T: serde::de::DeserializeOwned>(&self, key: &str) -> Option<T> {
         let (_, raw) = self.0.iter().find(|(k, _)| k == key)?;
         serde_json::from_str(raw.get()).ok()
     }
@@ -126,7 +113,7 @@ impl<'de> Deserialize<'de> for Kept {
 /// The routers' states (with the last answer's reason), each integration's memory, and what
 /// a restored state kept that no memory took yet.
 #[derive(Debug, Default)]
-pub struct ActionMemory {
+pub(crate) struct ActionMemory {
     memories: Mutex<Memories>,
     routers: Mutex<BTreeMap<Id, (Seen, String)>>,
 }
@@ -162,7 +149,7 @@ impl Memories {
 
 impl ActionMemory {
     /// `f` of the memory of type `T` (made on first use, from what a restart restored).
-    pub fn with<T: Memory + Default, R>(&self, f: impl FnOnce(&mut T) -> R) -> R {
+    pub(crate) fn with<T: Memory + Default, R>(&self, f: impl FnOnce(&mut T) -> R) -> R {
         let mut g = self.memories.lock().unwrap_or_else(|p| p.into_inner());
         f(g.of::<T>())
     }
@@ -170,7 +157,7 @@ impl ActionMemory {
     /// Makes `memories` now, each from what was restored, unless one of its type is made: the
     /// agent equips a new engine with every integration's, so the state file holds their keys
     /// from the first write.
-    pub fn equip(&self, memories: Vec<Box<dyn Memory>>) {
+    pub(crate) fn equip(&self, memories: Vec<Box<dyn Memory>>) {
         let mut g = self.memories.lock().unwrap_or_else(|p| p.into_inner());
         for mut m in memories {
             let id = (m.as_ref() as &dyn Any).type_id();
@@ -187,7 +174,7 @@ impl ActionMemory {
 
     /// What the memories keep, for the state file: each memory's entries in the order made,
     /// then what was restored and no memory took.
-    pub fn saved(&self) -> Kept {
+    pub(crate) fn saved(&self) -> Kept {
         let g = self.memories.lock().unwrap_or_else(|p| p.into_inner());
         let mut out = Kept::default();
         for (k, v) in g.made.iter().flat_map(|m| m.save()) {
@@ -203,7 +190,7 @@ impl ActionMemory {
 
     /// Takes back what an agent before kept (an agent restart): every memory made takes its
     /// entries now, one made later at its making.
-    pub fn restore(&self, saved: &Kept) {
+    pub(crate) fn restore(&self, saved: &Kept) {
         let mut g = self.memories.lock().unwrap_or_else(|p| p.into_inner());
         g.restored = saved.clone();
         for m in &mut g.made {
@@ -213,7 +200,7 @@ impl ActionMemory {
 
     /// Notes an answer to a router's poll (`told` names the router); when the state changed,
     /// `Some` of the state before (`None` at the first poll).
-    pub fn router_saw(&self, told: Told, reason: &str) -> Option<Option<Told>> {
+    pub(crate) fn router_saw(&self, told: Told, reason: &str) -> Option<Option<Told>> {
         let now = unix_ms();
         let mut g = self.routers.lock().unwrap_or_else(|p| p.into_inner());
         let (seen, why) = g.entry(told.integration()).or_insert_with(|| {
@@ -244,7 +231,7 @@ impl ActionMemory {
     }
 
     /// What each router was last told, typed, by router.
-    pub fn routers_told(&self) -> BTreeMap<Id, Seen> {
+    pub(crate) fn routers_told(&self) -> BTreeMap<Id, Seen> {
         self.routers
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -254,7 +241,7 @@ impl ActionMemory {
     }
 
     /// What each router was last told, in words, by router.
-    pub fn routers(&self) -> BTreeMap<String, RouterSeen> {
+    pub(crate) fn routers(&self) -> BTreeMap<String, RouterSeen> {
         self.routers
             .lock()
             .unwrap_or_else(|p| p.into_inner())

@@ -39,11 +39,11 @@ impl Condition {
 }
 
 /// The environment variable of the log-level gate.
-pub const LOG_LEVEL_VAR: &str = "ASCEND_GLOBAL_LOG_LEVEL";
+pub(crate) const LOG_LEVEL_VAR: &str = "ASCEND_GLOBAL_LOG_LEVEL";
 
 /// The reference's log-level rule: unset, blank after trimming, or exactly `3` (after
 /// trimming) allow virtual inference; anything else (`1`, `03`, `ERROR`) disables it.
-pub fn log_level_allows(value: Option<&str>) -> bool {
+pub(crate) fn log_level_allows(value: Option<&str>) -> bool {
     match value.map(str::trim) {
         None | Some("") | Some("3") => true,
         Some(_) => false,
@@ -51,7 +51,7 @@ pub fn log_level_allows(value: Option<&str>) -> bool {
 }
 
 /// Conditions known from the configuration alone.
-pub fn static_conditions(spec: &EngineSpec) -> Vec<Condition> {
+pub(crate) fn static_conditions(spec: &EngineSpec) -> Vec<Condition> {
     let hc = &spec.health_check_config;
     let mut v = Vec::new();
     // The engine's kind says whether virtual inference applies to it (src/engines/).
@@ -129,7 +129,7 @@ pub fn static_conditions(spec: &EngineSpec) -> Vec<Condition> {
 }
 
 /// AI Cube readability: at least one of the engine's NPUs has a source.
-pub fn cube_condition(sources: &[(u32, Backend)]) -> Condition {
+pub(crate) fn cube_condition(sources: &[(u32, Backend)]) -> Condition {
     let value = sources
         .iter()
         .map(|(id, b)| format!("{id}:{b}"))
@@ -154,7 +154,7 @@ pub fn cube_condition(sources: &[(u32, Backend)]) -> Condition {
 }
 
 /// `/health` answered at least once.
-pub fn health_condition(has_connected: bool, last_error: Option<&str>) -> Condition {
+pub(crate) fn health_condition(has_connected: bool, last_error: Option<&str>) -> Condition {
     Condition {
         name: "health".into(),
         value: if has_connected {

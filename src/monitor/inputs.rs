@@ -6,7 +6,6 @@
 use super::Monitor;
 use crate::probe::MetricsSource;
 use crate::probe::engine_metrics::EngineMetrics;
-use crate::ring::Ring;
 use crate::sampler::Shared;
 use crate::sampler::faults::NpuFault;
 use crate::window;
@@ -14,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// What the monitor reads of the engine's NPUs: the AI Cube peak, and the driver's faults.
-pub trait PeakSource {
+pub(crate) trait PeakSource {
     /// Peak AI Cube usage over the last `window`; `None` when unavailable.
     fn peak(&self, window: Duration) -> Option<f64>;
     /// The fault codes the driver reports now on the engine's NPUs, with their levels (a
@@ -25,7 +24,7 @@ pub trait PeakSource {
 }
 
 /// Engine-side signals for the opt-in accounting rules.
-pub trait EngineSignals {
+pub(crate) trait EngineSignals {
     /// How long the engine has made no forward progress (requests running, no token counter
     /// advancing), from the latest `/metrics` scrapes; `None` when it is not stalled or that
     /// is unknown.
@@ -58,7 +57,7 @@ pub trait EngineSignals {
 /// What a fresh read of the engine's `/metrics` says for the agent policy's accounting;
 /// `None` is unknown (the read failed, or the engine does not export the series).
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct FreshMetrics {
+pub(crate) struct FreshMetrics {
     pub asleep: Option<bool>,
     /// Prompt plus generation tokens since the engine started.
     pub tokens: Option<f64>,
@@ -69,7 +68,7 @@ pub struct FreshMetrics {
 
 /// What a fresh read of the engine's waiting-for-capacity figure said (V6 rule).
 #[derive(Debug, Clone, PartialEq)]
-pub enum CapacityWaiting {
+pub(crate) enum CapacityWaiting {
     /// This many requests wait for KV-cache capacity.
     Waiting(f64),
     /// The scrape succeeded and has no such series: the engine does not export it.
@@ -79,9 +78,11 @@ pub enum CapacityWaiting {
 }
 
 /// No engine signals: only the reference's rules apply (the opt-in rules must be off).
+#[cfg(test)]
 #[derive(Debug, Clone, Copy, Default)]
-pub struct NoSignals;
+pub(crate) struct NoSignals;
 
+#[cfg(test)]
 impl EngineSignals for NoSignals {
     fn stalled_for(&self) -> Option<Duration> {
         None
@@ -93,7 +94,7 @@ impl EngineSignals for NoSignals {
 
 /// Peak AI Cube usage of an engine's NPUs, from the ring.
 #[derive(Debug, Clone)]
-pub struct RingPeaks {
+pub(crate) struct RingPeaks {
     pub shared: Arc<Shared>,
     pub devices: Vec<u16>,
 }
@@ -114,17 +115,10 @@ impl PeakSource for RingPeaks {
     }
 }
 
-impl RingPeaks {
-    /// The ring itself.
-    pub fn ring(&self) -> &Ring {
-        &self.shared.ring
-    }
-}
-
 /// The engine signals of the opt-in accounting rules: progress from the QoS scrapes, and a
 /// fresh `/metrics` read for the V6 capacity rule.
 #[derive(Debug, Clone)]
-pub struct ScrapeSignals<M> {
+pub(crate) struct ScrapeSignals<M> {
     pub state: Arc<Monitor>,
     pub metrics: M,
 }

@@ -10,12 +10,11 @@
 //! made once, where the [`Told`] is made, and written only at the wire ([`ActionRecord`]).
 
 use crate::qos::score::Level;
-use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 use std::sync::Mutex;
 
 /// Changes kept per engine.
-pub const KEPT: usize = 50;
+pub(crate) const KEPT: usize = 50;
 
 /// Who an action is for: an integration's name in the journal, `/status/detail` and the
 /// metrics (`node_manager`, `kubelet`, …), given by the integration itself.
@@ -24,13 +23,13 @@ pub struct Id(pub &'static str);
 
 impl Id {
     /// The name, as the wire writes it.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         self.0
     }
 }
 
 /// The agent's own grading: the QoS level (`action` `level`).
-pub const AGENT: Id = Id("agent");
+pub(crate) const AGENT: Id = Id("agent");
 
 /// What one integration was told or asked, in its words: made by the integration from its own
 /// typed state, compared by those words (one word per state).
@@ -44,7 +43,7 @@ pub struct Told {
 
 impl Told {
     /// `integration`'s `action` told the state `word` (`kubelet`, `readyz`, `not_ready`).
-    pub const fn state(integration: Id, action: &'static str, word: &'static str) -> Told {
+    pub(crate) const fn state(integration: Id, action: &'static str, word: &'static str) -> Told {
         Told {
             integration,
             action,
@@ -55,7 +54,7 @@ impl Told {
 
     /// A call `integration` made (`kubernetes_api`, `eviction`) and how it ended (`refused`):
     /// a call has no state before it.
-    pub const fn call(integration: Id, action: &'static str, outcome: &'static str) -> Told {
+    pub(crate) const fn call(integration: Id, action: &'static str, outcome: &'static str) -> Told {
         Told {
             integration,
             action,
@@ -65,23 +64,23 @@ impl Told {
     }
 
     /// Who was told.
-    pub fn integration(self) -> Id {
+    pub(crate) fn integration(self) -> Id {
         self.integration
     }
 
     /// What acted or was told: `status`, `level`, `readyz`, `livez`, `agent_check`,
     /// `health_check`, or the API call.
-    pub fn action(self) -> &'static str {
+    pub(crate) fn action(self) -> &'static str {
         self.action
     }
 
     /// The state told, in the integration's words (an API call: its outcome).
-    pub fn word(self) -> &'static str {
+    pub(crate) fn word(self) -> &'static str {
         self.word
     }
 
     /// A call, not a state (nothing was told before it).
-    pub fn is_call(self) -> bool {
+    pub(crate) fn is_call(self) -> bool {
         self.call
     }
 }
@@ -107,23 +106,7 @@ pub struct Entry {
     pub reason: String,
 }
 
-/// One action in words, as `/status/detail`'s `actions` shows it (made from an [`Entry`]).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ActionRecord {
-    pub at_unix_ms: u64,
-    /// Who ([`Id`]): `agent`, `node_manager`, `kubelet`, `kubernetes_api`, `haproxy`, `envoy`.
-    pub integration: String,
-    /// What acted or was told ([`Told::action`]).
-    pub action: String,
-    /// The state before (`start` at the first one); empty for an API call.
-    pub from: String,
-    /// The state after, or an API call's outcome.
-    pub to: String,
-    /// The QoS level at that moment.
-    pub level: Level,
-    /// Why, in one line.
-    pub reason: String,
-}
+pub(crate) use npu_health_wire::ActionRecord;
 
 impl From<&Entry> for ActionRecord {
     fn from(e: &Entry) -> ActionRecord {
@@ -146,11 +129,11 @@ impl From<&Entry> for ActionRecord {
 
 /// The last changes of one engine, oldest first.
 #[derive(Debug, Default)]
-pub struct Journal(Mutex<VecDeque<Entry>>);
+pub(crate) struct Journal(Mutex<VecDeque<Entry>>);
 
 impl Journal {
     /// Adds a change, dropping the oldest beyond [`KEPT`].
-    pub fn push(&self, e: Entry) {
+    pub(crate) fn push(&self, e: Entry) {
         let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
         if g.len() == KEPT {
             g.pop_front();
@@ -159,7 +142,7 @@ impl Journal {
     }
 
     /// A copy, oldest first.
-    pub fn entries(&self) -> Vec<Entry> {
+    pub(crate) fn entries(&self) -> Vec<Entry> {
         self.0
             .lock()
             .unwrap_or_else(|p| p.into_inner())

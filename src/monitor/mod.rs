@@ -24,15 +24,15 @@
 //! shared state), [`inputs`] (what the loops read besides the probe), [`gates`] (the
 //! conditions for virtual inference to run).
 
-pub mod account;
-pub mod acted;
+pub(crate) mod account;
+pub(crate) mod acted;
 pub mod evidence;
-pub mod gates;
-pub mod inputs;
-pub mod journal;
-pub mod saved;
-pub mod verdict;
-pub mod vi_state;
+pub(crate) mod gates;
+pub(crate) mod inputs;
+pub(crate) mod journal;
+pub(crate) mod saved;
+pub(crate) mod verdict;
+pub(crate) mod vi_state;
 
 use crate::config::EngineSpec;
 use crate::qos::QosState;
@@ -42,7 +42,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use tokio::sync::Notify;
 use verdict::HealthState;
-pub use verdict::Status;
+pub(crate) use verdict::Status;
 use vi_state::{Phase, ViState};
 
 /// `/health` as last seen.
@@ -75,9 +75,9 @@ pub struct HealthDetail {
 /// Shared state of one engine.
 #[derive(Debug)]
 pub struct Monitor {
-    pub spec: EngineSpec,
+    spec: EngineSpec,
     /// Ring indices of the engine's NPUs.
-    pub devices: Vec<u16>,
+    devices: Vec<u16>,
     /// [`HealthState`] as a `u8`, read by every `/status`.
     health: AtomicU8,
     health_detail: Mutex<HealthDetail>,
@@ -88,15 +88,15 @@ pub struct Monitor {
     down_after_abnormal: AtomicBool,
     /// Bumped at every re-arm; a loop still running from before stops.
     rearm_tx: tokio::sync::watch::Sender<u64>,
-    pub vi: ViState,
-    pub qos: QosState,
+    vi: ViState,
+    qos: QosState,
     conditions: Mutex<Vec<Condition>>,
     rearms: AtomicU64,
     /// What the Kubernetes API mode did about the engine, and what each router was told.
-    pub acted: acted::ActionMemory,
+    acted: acted::ActionMemory,
     /// Every action for every integration, and when ([`journal`]): `/status/detail`'s
     /// `actions`, and the operator views.
-    pub journal: journal::Journal,
+    journal: journal::Journal,
     /// The engine process's start time as its `/metrics` last showed it (Unix seconds): the
     /// identity a saved state is checked against ([`saved`]).
     engine_started_at: Mutex<Option<f64>>,
@@ -107,7 +107,7 @@ pub struct Monitor {
 
 impl Monitor {
     /// A fresh engine: `/health` never answered, virtual inference not started.
-    pub fn new(spec: EngineSpec, devices: Vec<u16>) -> Monitor {
+    pub(crate) fn new(spec: EngineSpec, devices: Vec<u16>) -> Monitor {
         let conditions = gates::static_conditions(&spec);
         let vi = ViState::new(spec.timing.interval);
         let qos = QosState::new(&spec.qos);
@@ -131,9 +131,44 @@ impl Monitor {
         }
     }
 
+    /// The engine's configuration.
+    pub(crate) fn spec(&self) -> &EngineSpec {
+        &self.spec
+    }
+
+    /// Ring indices of the engine's NPUs.
+    pub(crate) fn devices(&self) -> &[u16] {
+        &self.devices
+    }
+
+    /// Virtual inference's shared state (atomics: what `/status` reads on its hot path).
+    pub(crate) fn vi(&self) -> &ViState {
+        &self.vi
+    }
+
+    /// The QoS state (the level is an atomic: `/status` reads it without a lock).
+    pub(crate) fn qos(&self) -> &QosState {
+        &self.qos
+    }
+
+    /// What the Kubernetes API mode did about the engine, and what each router was told.
+    pub(crate) fn acted(&self) -> &acted::ActionMemory {
+        &self.acted
+    }
+
+    /// Every action for every integration: the record [`Monitor::note`] writes.
+    pub(crate) fn journal(&self) -> &journal::Journal {
+        &self.journal
+    }
+
+    /// The journal in words, oldest first: `/status/detail`'s `actions` and the views.
+    pub(crate) fn actions(&self) -> Vec<journal::ActionRecord> {
+        self.journal.entries().iter().map(Into::into).collect()
+    }
+
     /// Adds what an integration was told (and what it was told before) to the record, with
     /// the level now.
-    pub fn note(&self, told: journal::Told, before: Option<journal::Told>, reason: &str) {
+    pub(crate) fn note(&self, told: journal::Told, before: Option<journal::Told>, reason: &str) {
         self.journal.push(journal::Entry {
             at_unix_ms: crate::clock::unix_ms(),
             told,
@@ -145,7 +180,7 @@ impl Monitor {
 
     /// Notes what a router polling the agent was told: in the router's state
     /// ([`acted::ActionMemory::router_saw`]), and in the record when it changed.
-    pub fn told_router(&self, told: journal::Told, reason: &str) {
+    pub(crate) fn told_router(&self, told: journal::Told, reason: &str) {
         if let Some(before) = self.acted.router_saw(told, reason) {
             tracing::info!(
                 engine = %self.spec.name,
@@ -158,7 +193,7 @@ impl Monitor {
     }
 
     /// The enabling conditions as last evaluated.
-    pub fn conditions(&self) -> Vec<Condition> {
+    pub(crate) fn conditions(&self) -> Vec<Condition> {
         self.conditions
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -166,7 +201,7 @@ impl Monitor {
     }
 
     /// How many times virtual inference was re-armed after an engine restart.
-    pub fn rearms(&self) -> u64 {
+    pub(crate) fn rearms(&self) -> u64 {
         self.rearms.load(Ordering::Relaxed)
     }
 
@@ -180,7 +215,7 @@ impl Monitor {
 
     /// Evaluates the start gates now (the configuration's and AI Cube readability of `cube`)
     /// and returns every condition; `doctor` reads them the same way.
-    pub fn evaluate_gates(&self, cube: &[(u32, crate::driver::Backend)]) -> Vec<Condition> {
+    pub(crate) fn evaluate_gates(&self, cube: &[(u32, crate::driver::Backend)]) -> Vec<Condition> {
         // Evaluated now, as the reference does at start (the agent's own environment may
         // have changed since the configuration was read).
         for c in gates::static_conditions(&self.spec) {
@@ -192,7 +227,7 @@ impl Monitor {
 
     /// Evaluates the start gates when the first healthy `/status` arrives; true if virtual
     /// inference may run. `cube` lists (logic id, backend) of the engine's NPUs.
-    pub fn decide_start(&self, cube: &[(u32, crate::driver::Backend)]) -> bool {
+    pub(crate) fn decide_start(&self, cube: &[(u32, crate::driver::Backend)]) -> bool {
         let conditions = self.evaluate_gates(cube);
         let blocking: Vec<&Condition> = conditions
             .iter()

@@ -27,7 +27,7 @@ const TEXT_MAX: usize = 512;
 
 /// One engine's saved state.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct EngineState {
+pub(crate) struct EngineState {
     pub name: String,
     /// The engine's base URL ([`EngineSpec::engine_url`]).
     pub engine: String,
@@ -51,7 +51,7 @@ pub struct EngineState {
 /// The `/health` state as saved (not the time of the last healthy answer: it changes at
 /// every probe, and nothing decides on it).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct SavedHealth {
+pub(crate) struct SavedHealth {
     pub state: HealthState,
     pub has_connected: bool,
     pub failing_since_unix_ms: Option<u64>,
@@ -62,7 +62,7 @@ pub struct SavedHealth {
 
 /// Which parts of a saved state still mean something for the engine as now configured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Carry {
+pub(crate) struct Carry {
     /// The verdict's inputs: `/health`, the start latch, restart bookkeeping.
     pub health: bool,
     /// Virtual inference: `abnormal`, the failure count, warm-up.
@@ -73,14 +73,14 @@ pub struct Carry {
 
 impl Carry {
     /// Everything (an agent restart with the same settings).
-    pub const ALL: Carry = Carry {
+    pub(crate) const ALL: Carry = Carry {
         health: true,
         virtual_inference: true,
         qos: true,
     };
 
     /// Nothing at all.
-    pub fn none(self) -> bool {
+    pub(crate) fn none(self) -> bool {
         !self.health && !self.virtual_inference && !self.qos
     }
 }
@@ -95,7 +95,7 @@ impl Carry {
 ///   hold start over.
 /// - Everything else (timing, policy, thresholds, devices, the mgmt listener, actions): all
 ///   kept. A count kept under a new `max_failure_count` goes on toward the new maximum.
-pub fn carry(old: &EngineSpec, new: &EngineSpec) -> (Carry, Vec<&'static str>) {
+pub(crate) fn carry(old: &EngineSpec, new: &EngineSpec) -> (Carry, Vec<&'static str>) {
     let mut why = Vec::new();
     if old.engine_url() != new.engine_url() {
         why.push("the engine's address (host, port, infer_tls_config)");
@@ -129,7 +129,7 @@ const SAME_PROCESS: f64 = 1.0;
 /// Why the engine is not the process a state was saved from: `saved` and `now` are its
 /// `process_start_time_seconds` then and now; `None` when it is the same process, or cannot
 /// be told (the engine does not show it).
-pub fn other_process(saved: f64, now: Option<f64>) -> Option<String> {
+pub(crate) fn other_process(saved: f64, now: Option<f64>) -> Option<String> {
     let now = now?;
     ((now - saved).abs() > SAME_PROCESS).then(|| {
         format!(
@@ -154,7 +154,7 @@ fn bounded(s: Option<String>) -> Option<String> {
 
 impl Monitor {
     /// The state to save now.
-    pub fn saved(&self) -> EngineState {
+    pub(crate) fn saved(&self) -> EngineState {
         let h = self.health_detail();
         let mut vi = self.vi.saved();
         vi.abnormal_reason = bounded(vi.abnormal_reason);
@@ -185,7 +185,7 @@ impl Monitor {
     /// Takes back the parts of `s` that `carry` keeps. Call before the engine's tasks start:
     /// a loop that was running resumes without a new warm-up, and an abnormal one stays
     /// stopped until the engine restarts.
-    pub fn restore(&self, s: &EngineState, carry: Carry) {
+    pub(crate) fn restore(&self, s: &EngineState, carry: Carry) {
         if carry.health {
             {
                 let mut d = self.health_detail.lock().unwrap_or_else(|p| p.into_inner());
@@ -219,7 +219,7 @@ impl Monitor {
     /// Forgets a restored state that turned out to belong to another engine process (it
     /// restarted while the agent was down): virtual inference back to its initial state,
     /// the QoS level and history cleared. `/health` is live and kept.
-    pub fn forget(&self, why: &str) {
+    pub(crate) fn forget(&self, why: &str) {
         tracing::warn!(engine = %self.spec.name, "the saved state is not this engine's: {why}; it is discarded and the engine is watched from its initial state");
         self.vi.rearm();
         self.down_after_abnormal.store(false, Ordering::Release);

@@ -20,34 +20,7 @@
 
 use serde::{Deserialize, Serialize};
 
-/// What `/status` answers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Status {
-    Initial,
-    Normal,
-    Abnormal,
-}
-
-impl Status {
-    /// The exact body MindIE's engine server returns.
-    pub fn body(self) -> &'static str {
-        match self {
-            Status::Initial => r#"{"status":"initial"}"#,
-            Status::Normal => r#"{"status":"normal"}"#,
-            Status::Abnormal => r#"{"status":"abnormal"}"#,
-        }
-    }
-
-    /// `initial`, `normal` or `abnormal`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Status::Initial => "initial",
-            Status::Normal => "normal",
-            Status::Abnormal => "abnormal",
-        }
-    }
-}
+pub(crate) use npu_health_wire::Status;
 
 /// The engine's `/health` as last judged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -70,7 +43,8 @@ pub enum HealthState {
 
 impl HealthState {
     /// As shown in `/status/detail`.
-    pub fn as_str(self) -> &'static str {
+    #[cfg(test)]
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             HealthState::NeverAnswered => "never_answered",
             HealthState::Healthy => "healthy",
@@ -83,7 +57,7 @@ impl HealthState {
 
     /// The engine answers well enough for `/status` to look further (healthy, or a failure
     /// that is excused).
-    pub fn answers(self) -> bool {
+    pub(crate) fn answers(self) -> bool {
         matches!(
             self,
             HealthState::Healthy
@@ -112,7 +86,12 @@ impl HealthState {
 /// The verdict, from the `/health` state, virtual inference, a held QoS `evict` that
 /// `qos.eviction` turns into a verdict, and (under the agent policy) an engine process
 /// stopped past its grace ([`super::evidence::processes::stopped`]).
-pub fn status(health: HealthState, vi_abnormal: bool, qos_evicts: bool, stopped: bool) -> Status {
+pub(crate) fn status(
+    health: HealthState,
+    vi_abnormal: bool,
+    qos_evicts: bool,
+    stopped: bool,
+) -> Status {
     match health {
         HealthState::NeverAnswered => Status::Initial,
         HealthState::Unhealthy => Status::Abnormal,

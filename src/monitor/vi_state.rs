@@ -8,49 +8,27 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// What the loop is doing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Phase {
-    /// Waiting for the first `/status` with a healthy engine.
-    NotStarted,
-    /// Disabled by a gate (see the conditions).
-    Disabled,
-    WarmingUp,
-    Running,
-    /// Stopped after `abnormal` (or shut down).
-    Stopped,
+pub(crate) use npu_health_wire::Phase;
+
+/// [`Phase`] from its atomic encoding ([`phase_to_u8`]).
+fn phase_from_u8(v: u8) -> Phase {
+    match v {
+        0 => Phase::NotStarted,
+        1 => Phase::Disabled,
+        2 => Phase::WarmingUp,
+        3 => Phase::Running,
+        _ => Phase::Stopped,
+    }
 }
 
-impl Phase {
-    /// As `/status/detail` shows it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Phase::NotStarted => "not_started",
-            Phase::Disabled => "disabled",
-            Phase::WarmingUp => "warming_up",
-            Phase::Running => "running",
-            Phase::Stopped => "stopped",
-        }
-    }
-
-    fn from_u8(v: u8) -> Phase {
-        match v {
-            0 => Phase::NotStarted,
-            1 => Phase::Disabled,
-            2 => Phase::WarmingUp,
-            3 => Phase::Running,
-            _ => Phase::Stopped,
-        }
-    }
-    fn to_u8(self) -> u8 {
-        match self {
-            Phase::NotStarted => 0,
-            Phase::Disabled => 1,
-            Phase::WarmingUp => 2,
-            Phase::Running => 3,
-            Phase::Stopped => 4,
-        }
+/// [`Phase`] as the `u8` the state's atomic holds.
+fn phase_to_u8(p: Phase) -> u8 {
+    match p {
+        Phase::NotStarted => 0,
+        Phase::Disabled => 1,
+        Phase::WarmingUp => 2,
+        Phase::Running => 3,
+        Phase::Stopped => 4,
     }
 }
 
@@ -58,7 +36,7 @@ impl Phase {
 /// the failure count, whether the warm-up was sent, the interval, and the last probe (the
 /// serving evidence and the QoS latency input).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Saved {
+pub(crate) struct Saved {
     pub phase: Phase,
     pub abnormal: bool,
     pub abnormal_reason: Option<String>,
@@ -71,7 +49,7 @@ pub struct Saved {
 /// Upper bounds of the detection histogram, seconds: the agent policy confirms an idle hang
 /// in about 10 s, a busy stall within its 30 s stall window plus the count, the reference in
 /// six 5 s probes or more.
-pub const DETECTION_BUCKETS: [f64; 12] = [
+pub(crate) const DETECTION_BUCKETS: [f64; 12] = [
     1.0, 2.0, 5.0, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 300.0,
 ];
 
@@ -125,7 +103,7 @@ impl<const N: usize> Histogram<N> {
 
 /// Loop state shared with `/status` (atomics) and `/status/detail` and metrics.
 #[derive(Debug, Default)]
-pub struct ViState {
+pub(crate) struct ViState {
     phase: AtomicU8,
     abnormal: AtomicBool,
     warmup_done: AtomicBool,
@@ -142,23 +120,23 @@ pub struct ViState {
 impl ViState {
     /// A loop state before any start, with the interval it will begin with (the reference
     /// starts at 5 s).
-    pub fn new(interval: Duration) -> ViState {
+    pub(crate) fn new(interval: Duration) -> ViState {
         let s = ViState::default();
         s.set_interval(interval);
         s
     }
 
     /// What the loop is doing.
-    pub fn phase(&self) -> Phase {
-        Phase::from_u8(self.phase.load(Ordering::Acquire))
+    pub(crate) fn phase(&self) -> Phase {
+        phase_from_u8(self.phase.load(Ordering::Acquire))
     }
-    pub fn set_phase(&self, p: Phase) {
-        self.phase.store(p.to_u8(), Ordering::Release);
+    pub(crate) fn set_phase(&self, p: Phase) {
+        self.phase.store(phase_to_u8(p), Ordering::Release);
     }
-    pub fn abnormal(&self) -> bool {
+    pub(crate) fn abnormal(&self) -> bool {
         self.abnormal.load(Ordering::Acquire)
     }
-    pub fn abnormal_reason(&self) -> Option<String> {
+    pub(crate) fn abnormal_reason(&self) -> Option<String> {
         self.abnormal_reason
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -171,25 +149,25 @@ impl ViState {
             .unwrap_or_else(|p| p.into_inner()) = Some(reason.to_owned());
         self.abnormal.store(true, Ordering::Release);
     }
-    pub fn warmup_done(&self) -> bool {
+    pub(crate) fn warmup_done(&self) -> bool {
         self.warmup_done.load(Ordering::Acquire)
     }
-    pub fn failure_count(&self) -> i64 {
+    pub(crate) fn failure_count(&self) -> i64 {
         self.failure_count.load(Ordering::Acquire)
     }
     /// Current sleep between probes.
-    pub fn interval(&self) -> Duration {
+    pub(crate) fn interval(&self) -> Duration {
         Duration::from_millis(self.interval_ms.load(Ordering::Acquire))
     }
     pub(super) fn set_interval(&self, d: Duration) {
         self.interval_ms
             .store(d.as_millis() as u64, Ordering::Release);
     }
-    pub fn last_probe(&self) -> Option<ProbeRecord> {
+    pub(crate) fn last_probe(&self) -> Option<ProbeRecord> {
         self.last.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
     /// (successes, failures) since start.
-    pub fn outcomes(&self) -> (u64, u64) {
+    pub(crate) fn outcomes(&self) -> (u64, u64) {
         (
             self.successes.load(Ordering::Relaxed),
             self.failures.load(Ordering::Relaxed),
@@ -197,13 +175,13 @@ impl ViState {
     }
     /// Latency histogram: per-bucket counts (not cumulative; the last bucket is +Inf), count,
     /// sum in seconds.
-    pub fn latency_histogram(&self) -> (Vec<(f64, u64)>, u64, f64) {
+    pub(crate) fn latency_histogram(&self) -> (Vec<(f64, u64)>, u64, f64) {
         self.latency.read(&LATENCY_BUCKETS)
     }
 
     /// Detection histogram (same shape): for each abnormal verdict, the time from the start
     /// of the first failed virtual request of the run that led to it.
-    pub fn detection_histogram(&self) -> (Vec<(f64, u64)>, u64, f64) {
+    pub(crate) fn detection_histogram(&self) -> (Vec<(f64, u64)>, u64, f64) {
         self.detection.read(&DETECTION_BUCKETS)
     }
 
@@ -226,7 +204,7 @@ impl ViState {
     }
 
     /// What outlives the agent process ([`Saved`]).
-    pub fn saved(&self) -> Saved {
+    pub(crate) fn saved(&self) -> Saved {
         Saved {
             phase: self.phase(),
             abnormal: self.abnormal(),
@@ -240,7 +218,7 @@ impl ViState {
 
     /// Takes back a saved state. A loop that was warming up or running resumes (without a
     /// new warm-up once it was sent); an abnormal one stays stopped.
-    pub fn restore(&self, s: &Saved) {
+    pub(crate) fn restore(&self, s: &Saved) {
         *self
             .abnormal_reason
             .lock()
@@ -259,7 +237,7 @@ impl ViState {
 
     /// Back to the initial state (the engine restarted): not started, not abnormal, count 0,
     /// warm-up pending. Counters and histograms are kept.
-    pub fn rearm(&self) {
+    pub(crate) fn rearm(&self) {
         self.abnormal.store(false, Ordering::Release);
         *self
             .abnormal_reason

@@ -20,11 +20,11 @@ use super::proto::ListPodResourcesResponse;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// The prefix of the Ascend device plugin's resource names.
-pub const RESOURCE_PREFIX: &str = "huawei.com/";
+pub(crate) const RESOURCE_PREFIX: &str = "huawei.com/";
 
 /// Who holds an NPU: one container of one pod.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Holder {
+pub(crate) struct Holder {
     pub namespace: String,
     pub pod: String,
     pub container: String,
@@ -42,7 +42,7 @@ impl std::fmt::Display for Holder {
 
 /// What one device id of the answer names.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Named {
+pub(crate) enum Named {
     /// A whole NPU, by its physical id.
     Whole(u32),
     /// A resource that is not the Ascend device plugin's (another vendor's): not the agent's.
@@ -52,7 +52,7 @@ pub enum Named {
 }
 
 /// What the device id `id` of the resource `resource` names.
-pub fn name_of(resource: &str, id: &str) -> Named {
+pub(crate) fn name_of(resource: &str, id: &str) -> Named {
     let Some(kind) = resource
         .strip_prefix(RESOURCE_PREFIX)
         .filter(|k| k.starts_with("Ascend") || *k == "npu")
@@ -83,20 +83,20 @@ pub fn name_of(resource: &str, id: &str) -> Named {
 
 /// The holder of each NPU, by logic id, as of one answer.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Assignment {
+pub(crate) struct Assignment {
     pub holders: BTreeMap<u32, Holder>,
 }
 
 impl Assignment {
     /// Who holds the NPU with logic id `id`.
-    pub fn npu(&self, id: u32) -> Option<&Holder> {
+    pub(crate) fn npu(&self, id: u32) -> Option<&Holder> {
         self.holders.get(&id)
     }
 
     /// The engine's holder: the pod that holds every NPU of `ids`, in its container when one
     /// container holds them all (else the container is empty); `None` when some NPU has no
     /// holder, they belong to different pods, or `ids` is empty.
-    pub fn engine(&self, ids: &[u32]) -> Option<Holder> {
+    pub(crate) fn engine(&self, ids: &[u32]) -> Option<Holder> {
         let mut held = ids.iter().map(|id| self.npu(*id));
         let first = held.next()??.clone();
         let mut out = first;
@@ -115,7 +115,7 @@ impl Assignment {
 
 /// Most notes kept of one answer (and so logged of it): those first in order, so the same
 /// answer gives the same notes whatever the order of its pods.
-pub const MAX_NOTES: usize = 16;
+pub(crate) const MAX_NOTES: usize = 16;
 
 /// Most holders a note names for an NPU listed more than once.
 const NAMED_HOLDERS: usize = 3;
@@ -125,7 +125,7 @@ const NAMED_HOLDERS: usize = 3;
 /// were in all. A note names at most a holder (names within
 /// [`Bounds`](super::proto::Bounds)), a resource and a device id, so each is short.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Notes {
+pub(crate) struct Notes {
     over: Vec<String>,
     kept: BTreeSet<String>,
     total: usize,
@@ -133,7 +133,7 @@ pub struct Notes {
 
 impl Notes {
     /// Adds `note`; only the [`MAX_NOTES`] first in order are kept.
-    pub fn push(&mut self, note: String) {
+    pub(crate) fn push(&mut self, note: String) {
         self.total += 1;
         let room = self.kept.len() < MAX_NOTES;
         if room || self.kept.last().is_some_and(|last| note < *last) {
@@ -145,28 +145,23 @@ impl Notes {
     }
 
     /// Adds a line of what the decoder skipped (at most one per kind): always kept.
-    pub fn over(&mut self, line: String) {
+    pub(crate) fn over(&mut self, line: String) {
         self.over.push(line);
     }
 
     /// The notes kept: what the decoder skipped, then the others in order.
-    pub fn kept(&self) -> impl Iterator<Item = &str> {
+    pub(crate) fn kept(&self) -> impl Iterator<Item = &str> {
         self.over.iter().chain(&self.kept).map(String::as_str)
     }
 
     /// Whether `note` is among those kept.
-    pub fn has(&self, note: &str) -> bool {
+    pub(crate) fn has(&self, note: &str) -> bool {
         self.kept.contains(note) || self.over.iter().any(|o| o == note)
     }
 
     /// How many were added and not kept (a note added twice counts twice).
-    pub fn more(&self) -> usize {
+    pub(crate) fn more(&self) -> usize {
         self.total - self.kept.len()
-    }
-
-    /// Whether there are none.
-    pub fn is_empty(&self) -> bool {
-        self.total == 0 && self.over.is_empty()
     }
 }
 
@@ -177,7 +172,10 @@ type Names<'a> = (&'a str, &'a str, &'a str);
 /// one) in `list`, and a note for each device id of the plugin that names none of them and
 /// for what the decoder skipped. Each NPU's claims are a set of borrowed names: ten thousand
 /// ids of one NPU in one container are one claim, never ten thousand copies of its names.
-pub fn assign(list: &ListPodResourcesResponse, npus: &[(u32, Option<u32>)]) -> (Assignment, Notes) {
+pub(crate) fn assign(
+    list: &ListPodResourcesResponse,
+    npus: &[(u32, Option<u32>)],
+) -> (Assignment, Notes) {
     let mut notes = Notes::default();
     for line in list.skipped.lines(&super::proto::Bounds::AGENT) {
         notes.over(line);

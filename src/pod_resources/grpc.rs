@@ -16,17 +16,17 @@ use std::time::Duration;
 use tokio::net::UnixStream;
 
 /// The method's path.
-pub const LIST_PATH: &str = "/v1.PodResourcesLister/List";
+pub(crate) const LIST_PATH: &str = "/v1.PodResourcesLister/List";
 
 /// The largest header list taken from the kubelet (HTTP/2's `SETTINGS_MAX_HEADER_LIST_SIZE`;
 /// h2's default is 16 MiB). A gRPC answer's headers are a content type, a status and a
 /// message: a few hundred bytes. A 15 MB `content-type` once went to the log on every poll
 /// (issue 48); over this, h2 refuses the answer before it is built.
-pub const MAX_HEADER_LIST: u32 = 16 << 10;
+pub(crate) const MAX_HEADER_LIST: u32 = 16 << 10;
 
 /// Why a `List` failed, naming what was wrong.
 #[derive(Debug, thiserror::Error)]
-pub enum CallError {
+pub(crate) enum CallError {
     #[error("cannot connect to {}: {source}", path.display())]
     Connect {
         path: PathBuf,
@@ -50,7 +50,7 @@ pub enum CallError {
 
 /// Calls `List` on the socket at `path`: the answer, of at most `max` bytes, decoded within
 /// `bounds`. `deadline` is sent as `grpc-timeout` and bounds the whole call.
-pub async fn list(
+pub(crate) async fn list(
     path: &Path,
     deadline: Duration,
     max: usize,

@@ -9,25 +9,25 @@
 //! labels in force in [`PodLabels`] for `/metrics` to read. A hostile socket costs bounded
 //! memory and log (issue 48): every step is bounded, not only the answer's bytes.
 
-pub mod devices;
-pub mod grpc;
-pub mod proto;
+pub(crate) mod devices;
+pub(crate) mod grpc;
+pub(crate) mod proto;
 mod protowire;
-pub mod task;
+pub(crate) mod task;
 
-pub use devices::{Assignment, Holder};
+pub(crate) use devices::{Assignment, Holder};
 
 use std::sync::{Arc, RwLock};
 
 /// The holders in force: written by the poll, read by each scrape.
 #[derive(Debug, Default)]
-pub struct PodLabels {
+pub(crate) struct PodLabels {
     current: RwLock<Arc<Assignment>>,
 }
 
 impl PodLabels {
     /// The assignment in force now (the readers never wait on the poll).
-    pub fn now(&self) -> Arc<Assignment> {
+    pub(crate) fn now(&self) -> Arc<Assignment> {
         self.current
             .read()
             .unwrap_or_else(|p| p.into_inner())

@@ -22,12 +22,12 @@
 //! limit drops what it names (the pod, the container, the resource's ids), an item past a
 //! count is dropped, each is counted in [`Skipped`], and the rest is kept.
 
-pub use super::protowire::DecodeError;
+pub(crate) use super::protowire::DecodeError;
 use super::protowire::{Name, Place, Reader};
 
 /// `ListPodResourcesResponse`, as far as [`Bounds`] keep it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ListPodResourcesResponse {
+pub(crate) struct ListPodResourcesResponse {
     pub pod_resources: Vec<PodResources>,
     /// Not a field of the message: what the decoder dropped past its bounds.
     pub skipped: Skipped,
@@ -44,7 +44,7 @@ pub struct ListPodResourcesResponse {
 /// times what a node holds: the kubelet runs 110 pods by default (`--max-pods`), and an Ascend
 /// node has at most 16 NPUs, a few vNPUs each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Bounds {
+pub(crate) struct Bounds {
     /// Bytes of a pod's name.
     pub pod_name: usize,
     /// Bytes of a namespace.
@@ -69,7 +69,7 @@ pub struct Bounds {
 impl Bounds {
     /// The agent's bounds: a few MB at most built from an answer, whatever its shape (the
     /// answer itself is at most 4 MiB, [`crate::pod_resources::task::MAX_ANSWER`]).
-    pub const AGENT: Bounds = Bounds {
+    pub(crate) const AGENT: Bounds = Bounds {
         pod_name: 253,
         namespace: 63,
         container_name: 63,
@@ -84,7 +84,7 @@ impl Bounds {
 
 /// How many of each thing an answer held past [`Bounds`], dropped.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Skipped {
+pub(crate) struct Skipped {
     /// Pods whose name or namespace is over its bound (their containers with them).
     pub pod_names: u64,
     /// Containers whose name is over its bound (their devices with them).
@@ -104,13 +104,14 @@ pub struct Skipped {
 }
 
 impl Skipped {
-    /// Whether nothing was dropped.
-    pub fn is_empty(&self) -> bool {
+    /// Whether nothing was dropped (the tests read it).
+    #[cfg(test)]
+    fn is_empty(&self) -> bool {
         *self == Skipped::default()
     }
 
     /// One line per kind dropped, saying how many, past which bound (`b`).
-    pub fn lines(&self, b: &Bounds) -> Vec<String> {
+    pub(crate) fn lines(&self, b: &Bounds) -> Vec<String> {
         let rows = [
             (
                 self.pod_names,
@@ -163,7 +164,7 @@ impl Skipped {
 
 /// `PodResources`: the devices assigned to one pod's containers.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PodResources {
+pub(crate) struct PodResources {
     pub name: String,
     pub namespace: String,
     pub containers: Vec<ContainerResources>,
@@ -171,21 +172,24 @@ pub struct PodResources {
 
 /// `ContainerResources`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ContainerResources {
+pub(crate) struct ContainerResources {
     pub name: String,
     pub devices: Vec<ContainerDevices>,
 }
 
 /// `ContainerDevices`: the ids of one resource assigned to a container.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ContainerDevices {
+pub(crate) struct ContainerDevices {
     pub resource_name: String,
     pub device_ids: Vec<String>,
 }
 
 /// Decodes a `ListPodResourcesResponse` (the gRPC message, without its 5-byte prefix),
 /// keeping at most `bounds` of it.
-pub fn decode_list(bytes: &[u8], bounds: &Bounds) -> Result<ListPodResourcesResponse, DecodeError> {
+pub(crate) fn decode_list(
+    bytes: &[u8],
+    bounds: &Bounds,
+) -> Result<ListPodResourcesResponse, DecodeError> {
     let mut out = ListPodResourcesResponse::default();
     let mut kept = Kept::default();
     let mut r = Reader::new(bytes, 0, None);

@@ -7,7 +7,7 @@
 /// message) and what was wrong.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("ListPodResourcesResponse: {path} at byte {offset}: {what}")]
-pub struct DecodeError {
+pub(crate) struct DecodeError {
     /// `pod_resources[2].containers[0].name`, or the message when no field is known yet.
     pub path: String,
     pub offset: usize,

@@ -25,27 +25,27 @@ use tokio_util::sync::CancellationToken;
 
 /// The largest answer read: a node's pods and their device ids fit many times over
 /// (gRPC's own default limit for a received message is the same).
-pub const MAX_ANSWER: usize = 4 << 20;
+pub(crate) const MAX_ANSWER: usize = 4 << 20;
 
 /// Failed polls, counted from the last good answer, through which its labels are kept.
-pub const KEEP_PERIODS: u32 = 3;
+pub(crate) const KEEP_PERIODS: u32 = 3;
 
 /// Longest wait for one answer (shorter when the period is).
-pub const CALL_DEADLINE: Duration = Duration::from_secs(5);
+pub(crate) const CALL_DEADLINE: Duration = Duration::from_secs(5);
 
 /// The deadline of one call at `period`.
-pub fn call_deadline(period: Duration) -> Duration {
+pub(crate) fn call_deadline(period: Duration) -> Duration {
     CALL_DEADLINE.min(period)
 }
 
 /// How long the labels of the last good answer outlive it when the calls fail.
-pub fn keep_for(period: Duration) -> Duration {
+pub(crate) fn keep_for(period: Duration) -> Duration {
     period * KEEP_PERIODS
 }
 
 /// What the poll knows between two calls.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub enum State {
+pub(crate) enum State {
     /// No call answered yet: no labels.
     #[default]
     NeverAnswered,
@@ -57,7 +57,7 @@ pub enum State {
 
 /// What to do after one call.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Apply {
+pub(crate) enum Apply {
     /// Put this assignment in force.
     Set(Assignment),
     /// Keep the labels in force.
@@ -68,7 +68,7 @@ pub enum Apply {
 
 /// What one call gave, as the rule sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Call {
+pub(crate) enum Call {
     /// The kubelet answered: the holders of the NPUs.
     Answered(Assignment),
     /// No answer (the log says why).
@@ -77,7 +77,7 @@ pub enum Call {
 
 /// The rule: an answer is put in force; a failure keeps the labels of the last answer until
 /// `keep` has passed since it, then drops them once.
-pub fn after(state: &State, call: Call, now: Instant, keep: Duration) -> (State, Apply) {
+pub(crate) fn after(state: &State, call: Call, now: Instant, keep: Duration) -> (State, Apply) {
     match (call, state) {
         (Call::Answered(a), _) => (State::Answered { at: now }, Apply::Set(a)),
         (Call::Failed, State::Answered { at }) if now.duration_since(*at) >= keep => {
@@ -89,7 +89,7 @@ pub fn after(state: &State, call: Call, now: Instant, keep: Duration) -> (State,
 
 /// What the poll needs: where, how often, and the agent's NPUs (logic id, physical id).
 #[derive(Debug, Clone)]
-pub struct Poll {
+pub(crate) struct Poll {
     pub socket: PathBuf,
     pub period: Duration,
     pub npus: Vec<(u32, Option<u32>)>,
@@ -97,7 +97,7 @@ pub struct Poll {
 
 impl Poll {
     /// The poll `settings` asks for, over `npus`.
-    pub fn new(settings: &PodResourcesSettings, npus: Vec<(u32, Option<u32>)>) -> Poll {
+    pub(crate) fn new(settings: &PodResourcesSettings, npus: Vec<(u32, Option<u32>)>) -> Poll {
         Poll {
             socket: settings.socket.clone(),
             period: settings.period,
@@ -107,7 +107,7 @@ impl Poll {
 }
 
 /// Polls until `cancel`, keeping `labels` up to date.
-pub async fn run(poll: Poll, labels: Arc<PodLabels>, cancel: CancellationToken) {
+pub(crate) async fn run(poll: Poll, labels: Arc<PodLabels>, cancel: CancellationToken) {
     let keep = keep_for(poll.period);
     let deadline = call_deadline(poll.period);
     let mut tick = tokio::time::interval(poll.period);
@@ -179,7 +179,7 @@ fn log_failure(poll: &Poll, state: &State, e: &CallError) {
 /// What the log has said of the answers' notes: the set last logged, when, and how many
 /// new sets were held back since.
 #[derive(Debug, Default)]
-pub struct NoteLog {
+pub(crate) struct NoteLog {
     said: Notes,
     at: Option<Instant>,
     held: u64,
@@ -190,7 +190,7 @@ impl NoteLog {
     /// logged (in any order), nor within `every` of the last lines (the change is counted and
     /// logged once `every` has passed, if it lasts); else each note not logged last time,
     /// and a line for those not kept and the changes held back.
-    pub fn lines(&mut self, notes: Notes, now: Instant, every: Duration) -> Vec<String> {
+    pub(crate) fn lines(&mut self, notes: Notes, now: Instant, every: Duration) -> Vec<String> {
         if notes == self.said {
             return Vec::new();
         }

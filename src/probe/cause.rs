@@ -14,7 +14,7 @@ use super::outcome::ProbeFailure;
 use std::fmt;
 
 /// The cause of a request without a usable answer, in words.
-pub fn words(class: Transport) -> &'static str {
+pub(crate) fn words(class: Transport) -> &'static str {
     match class {
         Transport::Refused => "connection refused: nothing listens on the engine's port",
         Transport::Reset => "connection reset: the engine closed it before a whole answer",
@@ -52,13 +52,13 @@ impl fmt::Display for ProbeFailure {
 }
 
 /// A client error as a failure: its class and its raw text.
-pub fn of(e: &reqwest::Error) -> ProbeFailure {
+pub(crate) fn of(e: &reqwest::Error) -> ProbeFailure {
     ProbeFailure::Transport(classify(e), raw(e))
 }
 
 /// The class of a transport error, from its source chain: the first I/O error, hyper error
 /// or TLS error found decides.
-pub fn classify(e: &(dyn std::error::Error + 'static)) -> Transport {
+pub(crate) fn classify(e: &(dyn std::error::Error + 'static)) -> Transport {
     let mut cur = Some(e);
     while let Some(c) = cur {
         if let Some(io) = c.downcast_ref::<std::io::Error>() {
@@ -115,7 +115,7 @@ fn innermost(mut io: &std::io::Error) -> &std::io::Error {
 }
 
 /// The error and its causes on one line, without the request's URL (see the module doc).
-pub fn raw(e: &reqwest::Error) -> String {
+pub(crate) fn raw(e: &reqwest::Error) -> String {
     let mut s = e.to_string();
     if let Some(u) = e.url() {
         s = s.replace(&format!(" for url ({u})"), "");

@@ -184,7 +184,7 @@ pub fn parse(text: &str) -> EngineMetrics {
 
 /// Parses Prometheus text exposition into the series the agent reads, under the names of
 /// `kinds` (the engine's own kind, in the agent).
-pub fn parse_as(text: &str, kinds: &[&'static MetricNames]) -> EngineMetrics {
+pub(crate) fn parse_as(text: &str, kinds: &[&'static MetricNames]) -> EngineMetrics {
     let names = names_of(kinds);
     let mut aggs: [Vec<Agg>; SERIES] = names.clone().map(|n| vec![Agg::default(); n.len()]);
     let mut asleep = None;

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 /// What one transport attempt returned.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Fetch {
+pub(crate) enum Fetch {
     /// An HTTP response.
     Response { status: u16, body: String },
     /// No answer within the timeout.
@@ -24,7 +24,7 @@ pub enum Fetch {
 }
 
 /// Something that can `GET /health` once with a timeout (the real client or a test double).
-pub trait HealthTransport {
+pub(crate) trait HealthTransport {
     /// One attempt.
     fn get(&self, timeout: Duration) -> impl Future<Output = Fetch> + Send;
 
@@ -38,7 +38,7 @@ pub trait HealthTransport {
 
 /// Result of one probe (all attempts).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum HealthOutcome {
+pub(crate) enum HealthOutcome {
     Healthy,
     /// Connected before, failing now (or answering `false`). `unreachable` when the last
     /// attempt was refused (nothing listens: the engine is down or restarting), as opposed to
@@ -56,7 +56,7 @@ pub enum HealthOutcome {
 
 /// The collector for one engine.
 #[derive(Debug)]
-pub struct HealthCollector<T> {
+pub(crate) struct HealthCollector<T> {
     transport: T,
     timeout: Duration,
     attempts: u64,
@@ -65,7 +65,7 @@ pub struct HealthCollector<T> {
 
 impl<T: HealthTransport> HealthCollector<T> {
     /// `timeout` per attempt; `attempts` in total (at least 1).
-    pub fn new(transport: T, timeout: Duration, attempts: u64) -> Self {
+    pub(crate) fn new(transport: T, timeout: Duration, attempts: u64) -> Self {
         HealthCollector {
             transport,
             timeout,
@@ -76,18 +76,18 @@ impl<T: HealthTransport> HealthCollector<T> {
 
     /// Starts as though `/health` had answered before (`yes`): after an agent restart that
     /// took back its state, a failure is `unhealthy`, not `never answered`.
-    pub fn answered_before(mut self, yes: bool) -> Self {
+    pub(crate) fn answered_before(mut self, yes: bool) -> Self {
         self.has_connected = yes;
         self
     }
 
     /// Whether `/health` has ever answered with a 2xx.
-    pub fn has_connected(&self) -> bool {
+    pub(crate) fn has_connected(&self) -> bool {
         self.has_connected
     }
 
     /// Probes once (with retries on timeout).
-    pub async fn probe(&mut self) -> HealthOutcome {
+    pub(crate) async fn probe(&mut self) -> HealthOutcome {
         let mut last = String::new();
         let mut failed = None;
         let mut timed_out = false;

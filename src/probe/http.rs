@@ -41,10 +41,10 @@ const MAX_BODY: usize = 1 << 20;
 const MAX_METRICS_BODY: usize = 16 << 20;
 /// Idle pooled connections older than this are not reused: below uvicorn's 5 s keep-alive
 /// timeout, so the pool does not hand out a connection the server is about to close.
-pub const POOL_IDLE: Duration = Duration::from_secs(2);
+pub(crate) const POOL_IDLE: Duration = Duration::from_secs(2);
 
 /// `X-Request-Id` of a virtual request sent at `now`: Unix microseconds and `_virtual`.
-pub fn request_id(now: SystemTime) -> String {
+pub(crate) fn request_id(now: SystemTime) -> String {
     let us = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros());
     format!("{us}_virtual")
 }
@@ -112,7 +112,7 @@ impl EngineClient {
     }
 
     /// `GET /health` transport for the HealthCollector, read as the kind reads it.
-    pub fn health(&self) -> HttpHealth {
+    pub(crate) fn health(&self) -> HttpHealth {
         HttpHealth {
             client: self.client.clone(),
             url: format!("{}/health", self.base),
@@ -142,7 +142,7 @@ impl EngineClient {
     }
 
     /// Base URL (`http://host:port`).
-    pub fn base(&self) -> &str {
+    pub(crate) fn base(&self) -> &str {
         &self.base
     }
 }
@@ -214,7 +214,7 @@ async fn get(
 
 /// `GET /health` over HTTP.
 #[derive(Clone)]
-pub struct HttpHealth {
+pub(crate) struct HttpHealth {
     client: reqwest::Client,
     url: String,
     kind: &'static dyn EngineKind,
@@ -287,8 +287,9 @@ pub struct HttpProber {
 }
 
 impl HttpProber {
+    #[cfg(test)]
     /// The JSON body sent (without its request id, when it carries one).
-    pub fn body(&self) -> &str {
+    pub(crate) fn body(&self) -> &str {
         &self.body
     }
 

@@ -5,13 +5,13 @@
 //! ([`cause`]). No policy lives here: a probe returns what happened, and [`crate::monitor`]
 //! decides what it means.
 
-pub mod cause;
+pub(crate) mod cause;
 pub mod engine_metrics;
 pub mod health;
 pub mod http;
 pub mod outcome;
 pub mod process;
-pub mod sse;
+pub(crate) mod sse;
 
 use engine_metrics::EngineMetrics;
 use outcome::ProbeResult;

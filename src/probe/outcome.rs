@@ -59,8 +59,9 @@ pub enum Transport {
 }
 
 impl Transport {
+    #[cfg(test)]
     /// Every class that is not evidence the engine went away (all but `Refused`).
-    pub const NOT_DOWN: [Transport; 7] = [
+    pub(crate) const NOT_DOWN: [Transport; 7] = [
         Transport::Reset,
         Transport::Protocol,
         Transport::BodyTooLarge,
@@ -70,8 +71,9 @@ impl Transport {
         Transport::Other,
     ];
 
+    #[cfg(test)]
     /// The class's name in `/status/detail` (serde's name, by the same rule).
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         self.into()
     }
 }
@@ -91,7 +93,7 @@ pub struct ProbeResult {
 
 impl ProbeResult {
     /// A result of a non-streamed request.
-    pub fn new(outcome: Result<(), ProbeFailure>, latency: Duration) -> ProbeResult {
+    pub(crate) fn new(outcome: Result<(), ProbeFailure>, latency: Duration) -> ProbeResult {
         ProbeResult {
             outcome,
             latency,
@@ -101,7 +103,7 @@ impl ProbeResult {
     }
 
     /// Time to first token of a successful probe.
-    pub fn first_token(&self) -> Option<Duration> {
+    pub(crate) fn first_token(&self) -> Option<Duration> {
         self.outcome
             .is_ok()
             .then(|| self.ttft.unwrap_or(self.latency))
@@ -162,6 +164,6 @@ pub struct ProbeRecord {
 }
 
 /// Upper bounds (seconds) of the probe latency histogram.
-pub const LATENCY_BUCKETS: [f64; 12] = [
+pub(crate) const LATENCY_BUCKETS: [f64; 12] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];

@@ -56,7 +56,7 @@ pub enum ProcState {
 impl ProcState {
     /// The state, the parent and the CPU time (`utime + stime`, in clock ticks) a
     /// `/proc/<pid>/stat` line names; `None` for a line that is not one.
-    pub fn of_stat(line: &str) -> Option<(ProcState, u32, u64)> {
+    pub(crate) fn of_stat(line: &str) -> Option<(ProcState, u32, u64)> {
         // `pid (comm) S ppid …`: the command may hold spaces and parentheses, so the state
         // follows the last `)`. utime and stime are the 14th and 15th fields of the line,
         // the 12th and 13th after the state.
@@ -79,7 +79,7 @@ impl ProcState {
 }
 
 /// One process as sampled: (pid, state, CPU ticks).
-pub type Sampled = (u32, ProcState, u64);
+pub(crate) type Sampled = (u32, ProcState, u64);
 
 /// What a look for the engine's processes found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,7 +98,7 @@ pub enum Lookup {
 impl Lookup {
     /// The first stopped process among those found, with its CPU ticks (a process stopped
     /// all along has the same ticks at every sample).
-    pub fn stopped(&self) -> Option<(u32, u64)> {
+    pub(crate) fn stopped(&self) -> Option<(u32, u64)> {
         match self {
             Lookup::Found { states, .. } => states
                 .iter()
@@ -125,7 +125,7 @@ fn processes(root: &ProcRoot) -> Vec<(u32, ProcState, u32, u64)> {
 }
 
 /// `pid` and its descendants among `all` (pid, state, parent, CPU ticks), `pid` first.
-pub fn tree(all: &[(u32, ProcState, u32, u64)], pid: u32) -> Vec<(u32, ProcState, u64)> {
+pub(crate) fn tree(all: &[(u32, ProcState, u32, u64)], pid: u32) -> Vec<(u32, ProcState, u64)> {
     let Some(&(_, state, _, cpu)) = all.iter().find(|(p, ..)| *p == pid) else {
         return Vec::new();
     };
@@ -235,8 +235,9 @@ impl Watch {
         }
     }
 
+    #[cfg(test)]
     /// With another budget per sample than [`Watch::SCAN_BUDGET`].
-    pub fn with_budget(mut self, budget: u64) -> Watch {
+    pub(crate) fn with_budget(mut self, budget: u64) -> Watch {
         self.budget = budget;
         self
     }
@@ -247,7 +248,7 @@ impl Watch {
     }
 
     /// One sample at `now`.
-    pub fn sample_at(&mut self, now: Instant) -> Lookup {
+    pub(crate) fn sample_at(&mut self, now: Instant) -> Lookup {
         let (found, next) = match std::mem::replace(&mut self.phase, Phase::Fresh) {
             Phase::Fresh => self.start(now, None),
             Phase::Known(k) => self.known(k, now),

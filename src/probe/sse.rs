@@ -10,7 +10,7 @@ const MAX_EVENT: usize = 1 << 20;
 
 /// Token timing of a streamed answer.
 #[derive(Debug, Default)]
-pub struct Stream {
+pub(crate) struct Stream {
     buf: Vec<u8>,
     first: Option<Instant>,
     last: Option<Instant>,
@@ -20,7 +20,7 @@ pub struct Stream {
 
 impl Stream {
     /// Takes one chunk of the body received at `now`; `Err` on an event that is not JSON.
-    pub fn feed(&mut self, chunk: &[u8], now: Instant) -> Result<(), String> {
+    pub(crate) fn feed(&mut self, chunk: &[u8], now: Instant) -> Result<(), String> {
         self.buf.extend_from_slice(chunk);
         // Events end with a blank line (LF or CRLF).
         while let Some(end) = find_event_end(&self.buf) {
@@ -96,7 +96,7 @@ impl Stream {
     /// Ends the stream (a last event may lack its blank line): (time to first token from
     /// `started`, time per output token after the first), or why the stream was not a
     /// complete answer.
-    pub fn finish(
+    pub(crate) fn finish(
         mut self,
         started: Instant,
         now: Instant,

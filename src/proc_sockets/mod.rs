@@ -17,10 +17,10 @@
 //! ([`Scan`]), which an iterator over one process's descriptors does not give.
 
 mod scan;
-pub mod table;
+pub(crate) mod table;
 
 pub use scan::{Held, Progress, Scan, socket_inode};
-pub use table::{Listening, UnixListening};
+pub(crate) use table::{Listening, UnixListening};
 
 use std::path::PathBuf;
 
@@ -36,14 +36,14 @@ impl Default for ProcRoot {
 
 impl ProcRoot {
     /// `/proc/<pid>`.
-    pub fn pid(&self, pid: u32) -> PathBuf {
+    pub(crate) fn pid(&self, pid: u32) -> PathBuf {
         self.0.join(pid.to_string())
     }
 }
 
 /// Every listening TCP socket of the reader's network namespace (IPv4 and IPv6); rows that
 /// are not one are skipped, and a table that cannot be read gives none.
-pub fn tcp_listening(root: &ProcRoot) -> Vec<Listening> {
+pub(crate) fn tcp_listening(root: &ProcRoot) -> Vec<Listening> {
     ["net/tcp", "net/tcp6"]
         .iter()
         .filter_map(|f| std::fs::read_to_string(root.0.join(f)).ok())
@@ -56,7 +56,7 @@ pub fn tcp_listening(root: &ProcRoot) -> Vec<Listening> {
 }
 
 /// Every listening unix socket with a path, of the reader's network namespace.
-pub fn unix_listening(root: &ProcRoot) -> Vec<UnixListening> {
+pub(crate) fn unix_listening(root: &ProcRoot) -> Vec<UnixListening> {
     std::fs::read_to_string(root.0.join("net/unix"))
         .map(|t| t.lines().filter_map(table::unix_listening).collect())
         .unwrap_or_default()
@@ -64,7 +64,7 @@ pub fn unix_listening(root: &ProcRoot) -> Vec<UnixListening> {
 
 /// The network namespace of process `pid` (`None`: the reader's own, `self`), as its
 /// `ns/net` link names it (`net:[4026531840]`); `None` where it cannot be read.
-pub fn netns(root: &ProcRoot, pid: Option<u32>) -> Option<PathBuf> {
+pub(crate) fn netns(root: &ProcRoot, pid: Option<u32>) -> Option<PathBuf> {
     let dir = match pid {
         Some(p) => root.pid(p),
         None => root.0.join("self"),
@@ -74,7 +74,7 @@ pub fn netns(root: &ProcRoot, pid: Option<u32>) -> Option<PathBuf> {
 
 /// A process, named as `ss -p` and `ps` name it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Process {
+pub(crate) struct Process {
     pub pid: u32,
     /// Its command name (`comm`, at most 15 bytes); empty if it could not be read.
     pub comm: String,
@@ -84,7 +84,7 @@ pub struct Process {
 
 impl Process {
     /// Process `pid` under `root`.
-    pub fn read(root: &ProcRoot, pid: u32) -> Process {
+    pub(crate) fn read(root: &ProcRoot, pid: u32) -> Process {
         let dir = root.pid(pid);
         let comm = std::fs::read_to_string(dir.join("comm"))
             .map(|c| c.trim_end_matches('\n').to_owned())

@@ -66,14 +66,14 @@ impl Scan {
     }
 
     /// Stops at the first holder found.
-    pub fn first_only(mut self) -> Scan {
+    pub(crate) fn first_only(mut self) -> Scan {
         self.first_only = true;
         self
     }
 
     /// Reads only the processes whose network namespace is `ns` (as [`super::netns`] names
     /// it); `None`: every process.
-    pub fn in_netns(mut self, ns: Option<PathBuf>) -> Scan {
+    pub(crate) fn in_netns(mut self, ns: Option<PathBuf>) -> Scan {
         self.netns = ns;
         self
     }
@@ -104,7 +104,7 @@ impl Scan {
     }
 
     /// Reads every entry left, however many.
-    pub fn finish(mut self) -> Scan {
+    pub(crate) fn finish(mut self) -> Scan {
         self.step(u64::MAX);
         self
     }

@@ -14,7 +14,7 @@ const UNIX_ACCEPTS: u32 = 0x0001_0000;
 
 /// A listening TCP socket: one row of `net/tcp` or `net/tcp6` in state `LISTEN`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Listening {
+pub(crate) struct Listening {
     /// The address and port it is bound to.
     pub local: SocketAddr,
     /// The user that created it.
@@ -24,7 +24,7 @@ pub struct Listening {
 }
 
 /// The listening socket a row of `net/tcp` or `net/tcp6` names; `None` for any other row.
-pub fn tcp_listening(row: &str) -> Option<Listening> {
+pub(crate) fn tcp_listening(row: &str) -> Option<Listening> {
     // sl local_address rem_address st tx_queue:rx_queue tr:tm->when retrnsmt uid timeout inode
     let f: Vec<&str> = row.split_whitespace().collect();
     if *f.get(3)? != TCP_LISTEN {
@@ -64,14 +64,14 @@ fn hex_socket_addr(s: &str) -> Option<SocketAddr> {
 
 /// A unix socket that accepts connections, with its path: one row of `net/unix`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UnixListening {
+pub(crate) struct UnixListening {
     pub inode: u64,
     pub path: PathBuf,
 }
 
 /// The listening unix socket with a path in the file system that a row of `net/unix`
 /// names; `None` for any other row (a header, a connection, an abstract or unnamed socket).
-pub fn unix_listening(row: &str) -> Option<UnixListening> {
+pub(crate) fn unix_listening(row: &str) -> Option<UnixListening> {
     // Num RefCount Protocol Flags Type St Inode Path: the path is the rest of the line, and
     // may hold spaces.
     let mut rest = row;
@@ -104,7 +104,7 @@ fn as_v4(ip: IpAddr) -> Option<Ipv4Addr> {
 /// does not: the kernel hands it to the best (an exact address before a wildcard, an IPv4
 /// socket before an IPv6 one at the same address). `::` is taken to accept IPv4 too (its
 /// `IPV6_V6ONLY` is not in the table; Linux's default is off).
-pub fn reach(listener: SocketAddr, to: SocketAddr) -> Option<u8> {
+pub(crate) fn reach(listener: SocketAddr, to: SocketAddr) -> Option<u8> {
     if listener.port() != to.port() {
         return None;
     }
@@ -123,7 +123,7 @@ pub fn reach(listener: SocketAddr, to: SocketAddr) -> Option<u8> {
 /// The listeners among `rows` that the kernel hands a connection to one of `to` to: those
 /// of the best [`reach`] (several with `SO_REUSEPORT`). A listener on the same port at
 /// another address (`127.0.0.2`, `::1` for an engine on `127.0.0.1`) is not among them.
-pub fn reached<'a>(rows: &'a [Listening], to: &[SocketAddr]) -> Vec<&'a Listening> {
+pub(crate) fn reached<'a>(rows: &'a [Listening], to: &[SocketAddr]) -> Vec<&'a Listening> {
     let rank = |r: &Listening| to.iter().filter_map(|t| reach(r.local, *t)).max();
     let Some(best) = rows.iter().filter_map(rank).max() else {
         return Vec::new();
@@ -134,7 +134,7 @@ pub fn reached<'a>(rows: &'a [Listening], to: &[SocketAddr]) -> Vec<&'a Listenin
 /// Whether a socket listening on `listener` keeps a `bind` to `bind` from succeeding: the
 /// same port, and the same address or a wildcard on either side (`0.0.0.0` against any IPv4
 /// address; `::`, dual-stack as `std` binds it, against any address).
-pub fn conflicts(listener: SocketAddr, bind: SocketAddr) -> bool {
+pub(crate) fn conflicts(listener: SocketAddr, bind: SocketAddr) -> bool {
     if listener.port() != bind.port() {
         return false;
     }
@@ -156,14 +156,14 @@ pub(crate) mod test_rows {
     use std::net::{IpAddr, SocketAddr};
 
     /// A `net/tcp` row, for `local` (as [`hex`] gives it) in state `st`.
-    pub fn row(local: &str, st: &str, uid: u32, inode: u64) -> String {
+    pub(crate) fn row(local: &str, st: &str, uid: u32, inode: u64) -> String {
         format!(
             "   0: {local} 00000000:0000 {st} 00000000:00000000 00:00000000 00000000 {uid:>5}        0 {inode} 1 0000000000000000 100 0 0 10 0"
         )
     }
 
     /// `a` as the kernel prints it in `net/tcp` or `net/tcp6`.
-    pub fn hex(a: SocketAddr) -> String {
+    pub(crate) fn hex(a: SocketAddr) -> String {
         let bytes = match a.ip() {
             IpAddr::V4(v) => v.octets().to_vec(),
             IpAddr::V6(v) => v.octets().to_vec(),
@@ -176,7 +176,7 @@ pub(crate) mod test_rows {
     }
 
     /// The `net/tcp` (IPv4) and `net/tcp6` texts of listeners `(address, uid, inode)`.
-    pub fn tables(listeners: &[(&str, u32, u64)]) -> (String, String) {
+    pub(crate) fn tables(listeners: &[(&str, u32, u64)]) -> (String, String) {
         let header = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n";
         let (mut v4, mut v6) = (header.to_owned(), header.to_owned());
         for (a, uid, inode) in listeners {

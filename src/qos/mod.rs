@@ -8,7 +8,7 @@
 //! `eviction` is on, in which case a held `evict` level answers `abnormal`.
 
 pub mod progress;
-pub mod score;
+pub(crate) mod score;
 
 pub use crate::config::qos::{QosConfig, Weights};
 use crate::probe::engine_metrics::EngineMetrics;
@@ -24,7 +24,7 @@ use tokio::time::Instant;
 
 /// Scores are shown to 3 decimals.
 /// Rounded to 3 decimals, as scores are shown.
-pub fn round3(v: f64) -> f64 {
+pub(crate) fn round3(v: f64) -> f64 {
     (v * 1000.0).round() / 1000.0
 }
 
@@ -50,7 +50,7 @@ pub struct Component {
 }
 
 /// The components in one line, for the log: each with its score (or `none`) and its input.
-pub fn explain(components: &[Component]) -> String {
+pub(crate) fn explain(components: &[Component]) -> String {
     components
         .iter()
         .map(|c| {
@@ -101,7 +101,7 @@ pub struct QosReport {
 /// three lows before `evict`), and the progress tracking behind stall detection. The score's
 /// components are recomputed at the next evaluation.
 #[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
-pub struct Saved {
+pub(crate) struct Saved {
     pub level: Level,
     pub below_evict: u32,
     pub level_since_unix_ms: u64,
@@ -304,7 +304,7 @@ fn progress_component(
 
 /// Evaluations a lowering holds after the fault behind it cleared, so a code the driver
 /// reports on and off does not flap the level (and every router and readiness behind it).
-pub const LOWER_HOLD: u32 = 3;
+pub(crate) const LOWER_HOLD: u32 = 3;
 
 /// QoS state of one engine.
 #[derive(Debug)]
@@ -350,7 +350,7 @@ impl QosState {
     }
 
     /// The current level (lock-free, for `/status`).
-    pub fn level(&self) -> Level {
+    pub(crate) fn level(&self) -> Level {
         Level::from_repr(self.level.load(Ordering::Acquire)).unwrap_or(Level::Evict)
     }
 
@@ -361,7 +361,7 @@ impl QosState {
 
     /// [`QosState::record_scrape`], with whether the engine's NPU was busy since the
     /// previous scrape (`None`: not known), for the signs of life.
-    pub fn record_scrape_beside(
+    pub(crate) fn record_scrape_beside(
         &self,
         result: Result<EngineMetrics, String>,
         npu_busy: Option<bool>,
@@ -385,21 +385,21 @@ impl QosState {
     }
 
     /// How long the engine has shown no sign of life while it should be working.
-    pub fn quiet_for(&self) -> Option<Duration> {
+    pub(crate) fn quiet_for(&self) -> Option<Duration> {
         self.lock()
             .progress
             .quiet_for(Instant::now(), self.scrape_max_age)
     }
 
     /// The engine's running count at the last scrape; `None` when unknown.
-    pub fn requests_running(&self) -> Option<f64> {
+    pub(crate) fn requests_running(&self) -> Option<f64> {
         self.lock()
             .progress
             .running(Instant::now(), self.scrape_max_age)
     }
 
     /// How long the engine has been stalled (requests running, no token advancing).
-    pub fn stalled_for(&self) -> Option<Duration> {
+    pub(crate) fn stalled_for(&self) -> Option<Duration> {
         self.lock()
             .progress
             .stalled_for(Instant::now(), self.scrape_max_age)
@@ -471,12 +471,12 @@ impl QosState {
     /// How many requests a router may keep running on the engine while it is not `normal`:
     /// those running (by the engine's own gauge, at the last scrape) when it left `normal`,
     /// at least 1. `None` at `normal`, or when no scrape showed the gauge at that moment.
-    pub fn admission_cap(&self) -> Option<u32> {
+    pub(crate) fn admission_cap(&self) -> Option<u32> {
         self.lock().admission_cap
     }
 
     /// What outlives the agent process ([`Saved`]).
-    pub fn saved(&self) -> Saved {
+    pub(crate) fn saved(&self) -> Saved {
         let i = self.lock();
         Saved {
             level: i.levels.level,
@@ -490,7 +490,7 @@ impl QosState {
     }
 
     /// Takes back a saved level, its hold and the progress tracking.
-    pub fn restore(&self, s: &Saved) {
+    pub(crate) fn restore(&self, s: &Saved) {
         let mut i = self.lock();
         i.levels.level = s.level;
         i.levels.below_evict = s.below_evict;
@@ -503,7 +503,7 @@ impl QosState {
     }
 
     /// Back to the fresh state (`normal`, no score, no history), scrape counters kept.
-    pub fn reset(&self, cfg: &QosConfig) {
+    pub(crate) fn reset(&self, cfg: &QosConfig) {
         let mut i = self.lock();
         i.levels = Levels::new(cfg.evict_after, cfg.hysteresis);
         i.score = None;
@@ -518,7 +518,7 @@ impl QosState {
     }
 
     /// The score and level part of what `GET /qos` and `/status/detail` show.
-    pub fn report(&self, cfg: &QosConfig) -> QosReport {
+    pub(crate) fn report(&self, cfg: &QosConfig) -> QosReport {
         let i = self.lock();
         QosReport {
             enabled: cfg.enabled,
@@ -546,24 +546,24 @@ impl QosState {
     }
 
     /// The last score.
-    pub fn score(&self) -> Option<f64> {
+    pub(crate) fn score(&self) -> Option<f64> {
         self.lock().score
     }
 
     /// Progress as the latest fresh scrape shows it.
-    pub fn progress(&self) -> progress::State {
+    pub(crate) fn progress(&self) -> progress::State {
         self.lock()
             .progress
             .state_at(Instant::now(), self.scrape_max_age)
     }
 
     /// Consecutive evaluations below the eviction boundary.
-    pub fn below_evict(&self) -> u32 {
+    pub(crate) fn below_evict(&self) -> u32 {
         self.lock().levels.below_evict
     }
 
     /// The components of the last evaluation.
-    pub fn components(&self) -> Vec<Component> {
+    pub(crate) fn components(&self) -> Vec<Component> {
         self.lock().components.clone()
     }
 }

@@ -53,7 +53,7 @@ pub enum State {
 
 /// [`Progress`] as the state file keeps it, with wall-clock times.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Saved {
+pub(crate) struct Saved {
     /// Prompt and generation counters of the last successful scrape, and whether requests
     /// were running then.
     pub last: Option<(f64, f64, bool)>,
@@ -72,7 +72,7 @@ pub struct Saved {
 
 /// The scheduler's figures one scrape showed: what moves while the engine works.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct Signs {
+pub(crate) struct Signs {
     pub prompt_tokens: f64,
     pub generation_tokens: f64,
     pub kv_cache_usage: f64,
@@ -83,7 +83,7 @@ pub struct Signs {
 
 impl Signs {
     /// The signs in a scrape; `None` when a figure the rule needs is missing.
-    pub fn of(m: &EngineMetrics) -> Option<Signs> {
+    pub(crate) fn of(m: &EngineMetrics) -> Option<Signs> {
         Some(Signs {
             prompt_tokens: m.prompt_tokens?,
             generation_tokens: m.generation_tokens?,
@@ -128,13 +128,13 @@ impl Default for Progress {
 
 impl Progress {
     /// Takes one scrape made at `now` (`None`: the scrape failed, which changes nothing).
-    pub fn observe(&mut self, m: Option<&EngineMetrics>, now: Instant) {
+    pub(crate) fn observe(&mut self, m: Option<&EngineMetrics>, now: Instant) {
         self.observe_beside(m, now, None);
     }
 
     /// [`Progress::observe`], with whether the engine's NPU was busy over the time since the
     /// previous scrape (`None`: not known; the last known state stands).
-    pub fn observe_beside(
+    pub(crate) fn observe_beside(
         &mut self,
         m: Option<&EngineMetrics>,
         now: Instant,
@@ -205,7 +205,7 @@ impl Progress {
 
     /// How long the engine has shown no sign of life at `now`; `None` unless the last
     /// successful scrape (no older than `max_age`) says it is quiet.
-    pub fn quiet_for(&self, now: Instant, max_age: Duration) -> Option<Duration> {
+    pub(crate) fn quiet_for(&self, now: Instant, max_age: Duration) -> Option<Duration> {
         match self.last_ok {
             Some(t) if now.saturating_duration_since(t) <= max_age => {
                 self.quiet_since.map(|s| now.saturating_duration_since(s))
@@ -216,7 +216,7 @@ impl Progress {
 
     /// The running count of the last successful scrape (no older than `max_age`); `None`
     /// when unknown.
-    pub fn running(&self, now: Instant, max_age: Duration) -> Option<f64> {
+    pub(crate) fn running(&self, now: Instant, max_age: Duration) -> Option<f64> {
         match self.last_ok {
             Some(t) if now.saturating_duration_since(t) <= max_age => self.signs.map(|s| s.running),
             _ => None,
@@ -224,7 +224,7 @@ impl Progress {
     }
 
     /// The state, or `Unknown` when the last successful scrape is older than `max_age`.
-    pub fn state_at(&self, now: Instant, max_age: Duration) -> State {
+    pub(crate) fn state_at(&self, now: Instant, max_age: Duration) -> State {
         match self.last_ok {
             Some(t) if now.saturating_duration_since(t) <= max_age => self.state,
             _ => State::Unknown,
@@ -233,7 +233,7 @@ impl Progress {
 
     /// How long the engine has been stalled at `now`; `None` unless the last successful
     /// scrape (no older than `max_age`) says it is stalled.
-    pub fn stalled_for(&self, now: Instant, max_age: Duration) -> Option<Duration> {
+    pub(crate) fn stalled_for(&self, now: Instant, max_age: Duration) -> Option<Duration> {
         if self.state_at(now, max_age) != State::Stalled {
             return None;
         }
@@ -241,7 +241,7 @@ impl Progress {
     }
 
     /// What outlives the agent process ([`Saved`]).
-    pub fn saved(&self) -> Saved {
+    pub(crate) fn saved(&self) -> Saved {
         Saved {
             last: self.last,
             state: self.state,
@@ -254,7 +254,7 @@ impl Progress {
     }
 
     /// The tracking as it was saved: a stall goes on being measured from when it began.
-    pub fn restored(s: &Saved) -> Progress {
+    pub(crate) fn restored(s: &Saved) -> Progress {
         Progress {
             last: s.last,
             state: s.state,
@@ -267,7 +267,7 @@ impl Progress {
     }
 
     /// Progress component of the QoS score: 1 advancing or idle, 0 stalled, none unknown.
-    pub fn score(state: State) -> Option<f64> {
+    pub(crate) fn score(state: State) -> Option<f64> {
         match state {
             State::Advancing | State::Idle => Some(1.0),
             State::Stalled => Some(0.0),

@@ -22,65 +22,28 @@
 
 use serde::Serialize;
 
-/// Degradation levels, best first.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    PartialOrd,
-    Ord,
-    Serialize,
-    serde::Deserialize,
-    strum::EnumIter,
-    strum::FromRepr,
-)]
-#[serde(rename_all = "lowercase")]
-#[repr(u8)]
-pub enum Level {
-    /// Serve normally.
-    Normal,
-    /// Stop admitting new requests, finish in-flight ones.
-    Throttle,
-    /// Route to a smaller draft model.
-    Degrade,
-    /// Take the node out.
-    Evict,
-}
+pub(crate) use npu_health_wire::Level;
 
-impl Level {
-    /// Name as shown in JSON and metrics.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Level::Normal => "normal",
-            Level::Throttle => "throttle",
-            Level::Degrade => "degrade",
-            Level::Evict => "evict",
-        }
-    }
-
-    /// Lowest score of the level (its boundary with the next worse one).
-    fn floor(self) -> f64 {
-        match self {
-            Level::Normal => 0.7,
-            Level::Throttle => 0.5,
-            Level::Degrade => 0.3,
-            Level::Evict => 0.0,
-        }
+/// Lowest score of `l` (its boundary with the next worse level).
+fn floor(l: Level) -> f64 {
+    match l {
+        Level::Normal => 0.7,
+        Level::Throttle => 0.5,
+        Level::Degrade => 0.3,
+        Level::Evict => 0.0,
     }
 }
 
 /// The nominal level of a score, before hysteresis and the eviction hold.
-pub fn nominal(score: f64) -> Level {
-    use strum::IntoEnumIterator;
-    Level::iter()
-        .find(|l| score >= l.floor())
+pub(crate) fn nominal(score: f64) -> Level {
+    Level::ALL
+        .into_iter()
+        .find(|l| score >= floor(*l))
         .unwrap_or(Level::Evict)
 }
 
 /// Latency component: `max(0, 1 − ttft / budget)`; `None` (failed probe) scores 0.
-pub fn latency_score(ttft_s: Option<f64>, budget_s: f64) -> f64 {
+pub(crate) fn latency_score(ttft_s: Option<f64>, budget_s: f64) -> f64 {
     match ttft_s {
         Some(t) if budget_s > 0.0 => (1.0 - t / budget_s).clamp(0.0, 1.0),
         _ => 0.0,
@@ -88,7 +51,7 @@ pub fn latency_score(ttft_s: Option<f64>, budget_s: f64) -> f64 {
 }
 
 /// Memory component from KV-cache usage (0..1).
-pub fn memory_score(kv_cache_usage: f64, headroom_full: f64) -> f64 {
+pub(crate) fn memory_score(kv_cache_usage: f64, headroom_full: f64) -> f64 {
     let headroom = (1.0 - kv_cache_usage).clamp(0.0, 1.0);
     if headroom_full <= 0.0 {
         return if headroom > 0.0 { 1.0 } else { 0.0 };
@@ -101,7 +64,7 @@ pub fn memory_score(kv_cache_usage: f64, headroom_full: f64) -> f64 {
 }
 
 /// Weighted mean over the components present: `(score, weight used)`; `None` if none is.
-pub fn combine(parts: &[(Option<f64>, f64)]) -> Option<(f64, f64)> {
+pub(crate) fn combine(parts: &[(Option<f64>, f64)]) -> Option<(f64, f64)> {
     let (num, den) = parts
         .iter()
         .filter_map(|(s, w)| s.map(|s| (s * w, *w)))
@@ -111,7 +74,7 @@ pub fn combine(parts: &[(Option<f64>, f64)]) -> Option<(f64, f64)> {
 
 /// The level state machine: hysteresis on the way back, a hold before eviction.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Levels {
+pub(crate) struct Levels {
     pub level: Level,
     /// Consecutive evaluations with a score below the eviction boundary.
     pub below_evict: u32,
@@ -123,7 +86,7 @@ pub struct Levels {
 
 impl Levels {
     /// Starts at `normal`.
-    pub fn new(evict_after: u32, hysteresis: f64) -> Levels {
+    pub(crate) fn new(evict_after: u32, hysteresis: f64) -> Levels {
         Levels {
             level: Level::Normal,
             below_evict: 0,
@@ -137,7 +100,7 @@ impl Levels {
     /// running, no token advancing). Without it the level stops at `degrade`, the hold does not
     /// advance, and an engine already at `evict` drops to `degrade`: an engine producing
     /// tokens, idle, or whose progress is unknown is never evicted.
-    pub fn update(&mut self, score: Option<f64>, evictable: bool) -> Level {
+    pub(crate) fn update(&mut self, score: Option<f64>, evictable: bool) -> Level {
         let Some(s) = score else { return self.level };
         let target = nominal(s);
         self.below_evict = if target == Level::Evict && evictable {
@@ -163,7 +126,7 @@ impl Levels {
             let Some(better) = Level::from_repr(self.level as u8 - 1) else {
                 break;
             };
-            if s >= better.floor() + self.hysteresis {
+            if s >= floor(better) + self.hysteresis {
                 self.level = better;
             } else {
                 break;

@@ -2,13 +2,13 @@
 //! `npu-smi` printed instead of a figure, a figure a second source contradicts, a device gone.
 
 /// `npu-smi` printed `NA`.
-pub const NA: i32 = -99996;
+pub(crate) const NA: i32 = -99996;
 /// A figure above 100 % or unparseable.
-pub const BAD_VALUE: i32 = -99997;
+pub(crate) const BAD_VALUE: i32 = -99997;
 /// The `npu-smi` header has no AI Cube column.
-pub const NO_CUBE_COLUMN: i32 = -99995;
+pub(crate) const NO_CUBE_COLUMN: i32 = -99995;
 /// A figure answered with `DCMI_OK` that a second source contradicts, or a zero no
 /// second source can vouch for (see `sampler::plausibility`).
-pub const SUSPECT: i32 = -99994;
+pub(crate) const SUSPECT: i32 = -99994;
 /// The driver reports the device does not exist (health `0xFFFFFFFF`).
 pub const DEVICE_GONE: i32 = -99993;

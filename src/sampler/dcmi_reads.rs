@@ -20,7 +20,7 @@ use std::time::Duration;
 
 /// Timing of the loop.
 #[derive(Debug, Clone, Copy)]
-pub struct LoopTiming {
+pub(super) struct LoopTiming {
     /// Time between passes.
     pub period: Duration,
     /// Time between HBM/health reads.
@@ -57,7 +57,7 @@ pub(super) struct Ctx<'a> {
 }
 
 /// Whether the DCMI thread reads AI Cube of a device on `source`.
-pub fn on_dcmi(source: Source) -> bool {
+pub(super) fn on_dcmi(source: Source) -> bool {
     source.backend == Backend::Dcmi
 }
 

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 /// Messages to the DCMI thread.
 #[derive(Debug)]
-pub enum Control {
+pub(super) enum Control {
     /// Start sampling `chips` (ring device index, chip); devices DCMI cannot serve, and
     /// devices that need an `npu-smi` cross-check, are sent to the watchdog on `fallback`
     /// (`None`: no `npu-smi` fallback, such a device has no AI Cube source).
@@ -35,19 +35,19 @@ pub enum Control {
 
 /// Sending side of the control channel: every message also unparks the thread.
 #[derive(Debug)]
-pub struct ControlTx {
+pub(super) struct ControlTx {
     tx: Sender<Control>,
     thread: std::thread::Thread,
 }
 
 impl ControlTx {
     /// Wraps the sender for the thread running [`run`].
-    pub fn new(tx: Sender<Control>, thread: std::thread::Thread) -> ControlTx {
+    pub(super) fn new(tx: Sender<Control>, thread: std::thread::Thread) -> ControlTx {
         ControlTx { tx, thread }
     }
 
     /// Sends `msg` and wakes the thread.
-    pub fn send(&self, msg: Control) {
+    pub(super) fn send(&self, msg: Control) {
         let _ = self.tx.send(msg);
         self.thread.unpark();
     }
@@ -70,7 +70,7 @@ struct Due {
 }
 
 /// Thread body: open, report the chips on `init`, then sample until shut down.
-pub fn run(
+pub(super) fn run(
     dcmi: Result<Dcmi, LoadError>,
     init: Sender<Result<(Api, Vec<NpuChip>), LoadError>>,
     ctl: Receiver<Control>,

@@ -31,7 +31,7 @@ impl Default for Classifier {
 
 /// One fault code on one NPU, with its level.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct NpuFault {
+pub(crate) struct NpuFault {
     /// The NPU's logic id.
     pub npu: u32,
     pub code: u32,
@@ -43,7 +43,7 @@ pub struct NpuFault {
 
 impl NpuFault {
     /// `NPU 3 reports 0x80E18402 (HBM isolated rows reached 64), level SeparateNPU`.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         format!(
             "NPU {} reports {}{}, level {}",
             self.npu,
@@ -59,18 +59,18 @@ impl NpuFault {
 
 impl Classifier {
     /// Puts `table` in force.
-    pub fn set_table(&self, table: FaultTable) {
+    pub(crate) fn set_table(&self, table: FaultTable) {
         *self.table.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(table);
     }
 
     /// The table in force.
-    pub fn table(&self) -> Arc<FaultTable> {
+    pub(crate) fn table(&self) -> Arc<FaultTable> {
         self.table.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// `codes` of NPU `npu`, each with its level; an unclassified code is logged the first
     /// time it is met.
-    pub fn classify(&self, npu: u32, codes: &[FaultCode]) -> Vec<NpuFault> {
+    pub(crate) fn classify(&self, npu: u32, codes: &[FaultCode]) -> Vec<NpuFault> {
         if codes.is_empty() {
             return Vec::new();
         }

@@ -15,7 +15,7 @@ pub enum CallKind {
 
 impl CallKind {
     /// The kind of call, for logs.
-    pub fn describe(self) -> &'static str {
+    pub(crate) fn describe(self) -> &'static str {
         match self {
             CallKind::Cube => "AI Cube read",
             CallKind::Telemetry => "HBM/health read",
@@ -48,13 +48,13 @@ pub struct SamplerStatus {
 }
 
 /// Upper bounds (µs) of the pass-lateness histogram.
-pub const LATENESS_BUCKETS_US: [u64; 12] = [
+pub(super) const LATENESS_BUCKETS_US: [u64; 12] = [
     10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 100_000,
 ];
 
 impl SamplerStatus {
     /// The thread is about to call into DCMI for `device`.
-    pub fn enter_call(&self, device: usize, kind: CallKind, now_ns: u64) {
+    pub(crate) fn enter_call(&self, device: usize, kind: CallKind, now_ns: u64) {
         self.call_device.store(device as u32, Ordering::Relaxed);
         self.call_telemetry
             .store(kind == CallKind::Telemetry, Ordering::Relaxed);
@@ -62,7 +62,7 @@ impl SamplerStatus {
     }
 
     /// The call returned.
-    pub fn leave_call(&self) {
+    pub(crate) fn leave_call(&self) {
         self.call_started.store(0, Ordering::Release);
     }
 
@@ -84,34 +84,34 @@ impl SamplerStatus {
     }
 
     /// Records the sampling period in force.
-    pub fn set_period(&self, period: std::time::Duration) {
+    pub(crate) fn set_period(&self, period: std::time::Duration) {
         let ns = u64::try_from(period.as_nanos()).unwrap_or(u64::MAX);
         self.period_ns.store(ns, Ordering::Relaxed);
     }
 
     /// The sampling period in force.
-    pub fn period(&self) -> std::time::Duration {
+    pub(crate) fn period(&self) -> std::time::Duration {
         std::time::Duration::from_nanos(self.period_ns.load(Ordering::Relaxed))
     }
 
     /// One pass over all devices completed at ring time `now_ns`.
-    pub fn pass_done(&self, now_ns: u64) {
+    pub(crate) fn pass_done(&self, now_ns: u64) {
         self.last_pass.store(now_ns + 1, Ordering::Release);
         self.passes.fetch_add(1, Ordering::Release);
     }
 
     /// Ring time of the last completed pass.
-    pub fn last_pass(&self) -> Option<u64> {
+    pub(crate) fn last_pass(&self) -> Option<u64> {
         self.last_pass.load(Ordering::Acquire).checked_sub(1)
     }
 
     /// The watchdog thread ran its periodic check at ring time `now_ns`.
-    pub fn watchdog_ticked(&self, now_ns: u64) {
+    pub(crate) fn watchdog_ticked(&self, now_ns: u64) {
         self.watchdog_tick.store(now_ns + 1, Ordering::Release);
     }
 
     /// Ring time of the watchdog thread's last check.
-    pub fn last_watchdog_tick(&self) -> Option<u64> {
+    pub(crate) fn last_watchdog_tick(&self) -> Option<u64> {
         self.watchdog_tick.load(Ordering::Acquire).checked_sub(1)
     }
 
@@ -121,17 +121,17 @@ impl SamplerStatus {
     }
 
     /// A pass started more than one period late.
-    pub fn overrun(&self) {
+    pub(crate) fn overrun(&self) {
         self.overruns.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Late passes since start.
-    pub fn overruns(&self) -> u64 {
+    pub(crate) fn overruns(&self) -> u64 {
         self.overruns.load(Ordering::Relaxed)
     }
 
     /// Records how late a pass started (its tick jitter).
-    pub fn record_lateness(&self, late: std::time::Duration) {
+    pub(crate) fn record_lateness(&self, late: std::time::Duration) {
         let us = late.as_micros() as u64;
         let i = LATENESS_BUCKETS_US
             .iter()
@@ -143,7 +143,7 @@ impl SamplerStatus {
     }
 
     /// Lateness histogram: per-bucket counts in seconds (+Inf last), count, sum in seconds.
-    pub fn lateness_histogram(&self) -> (Vec<(f64, u64)>, u64, f64) {
+    pub(crate) fn lateness_histogram(&self) -> (Vec<(f64, u64)>, u64, f64) {
         let buckets: Vec<(f64, u64)> = LATENESS_BUCKETS_US
             .iter()
             .map(|us| *us as f64 / 1e6)

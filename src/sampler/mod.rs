@@ -6,23 +6,23 @@
 //! Nothing on the async side ever waits on a driver call: readers only touch the ring and
 //! the atomics in [`status`]. Control (period change, shutdown) goes through channels.
 
-pub mod backends;
+pub(crate) mod backends;
 pub mod codes;
 mod dcmi_reads;
 mod dcmi_thread;
-pub mod faults;
+pub(crate) mod faults;
 mod liveness;
 mod npu_smi_faults;
-pub mod plausibility;
+pub(crate) mod plausibility;
 pub mod priority;
-pub mod source;
-pub mod status;
+pub(crate) mod source;
+pub(crate) mod status;
 mod watch_rows;
 mod watchdog;
 
-pub use liveness::SamplerStatus;
+pub(crate) use liveness::SamplerStatus;
 pub use source::{Source, SourceReason};
-pub use status::{DeviceSnapshot, DeviceStatus};
+pub(crate) use status::{DeviceSnapshot, DeviceStatus};
 
 use crate::driver::{Backend, DeviceInfo, DriverConfig};
 use crate::ring::Ring;
@@ -32,14 +32,14 @@ use std::time::{Duration, Instant};
 
 /// Shortest period accepted (`[agent] sample_period`'s bound; the loop also runs correctly
 /// at 1 ms for tests).
-pub const MIN_PERIOD: Duration = crate::config::agent::bounds::SAMPLE_PERIOD.min;
+pub(crate) const MIN_PERIOD: Duration = crate::config::agent::bounds::SAMPLE_PERIOD.min;
 /// Longest period accepted.
-pub const MAX_PERIOD: Duration = crate::config::agent::bounds::SAMPLE_PERIOD.max;
+pub(crate) const MAX_PERIOD: Duration = crate::config::agent::bounds::SAMPLE_PERIOD.max;
 /// Longest ring history accepted.
-pub const MAX_RETENTION: Duration = Duration::from_secs(3600);
+pub(crate) const MAX_RETENTION: Duration = Duration::from_secs(3600);
 /// Most ring slots (8 bytes each: 16 MiB); a longer history at a short period is cut to
 /// this and window queries report `truncated`.
-pub const MAX_RING_SLOTS: usize = 1 << 21;
+pub(crate) const MAX_RING_SLOTS: usize = 1 << 21;
 
 /// Sampler settings; defaults documented on each field.
 #[derive(Debug, Clone)]
@@ -113,7 +113,7 @@ pub struct Tried {
 
 impl Tried {
     /// `backend` failed with `error`.
-    pub fn new(backend: Backend, error: impl Into<String>) -> Tried {
+    pub(crate) fn new(backend: Backend, error: impl Into<String>) -> Tried {
         Tried {
             backend,
             error: error.into(),
@@ -151,7 +151,7 @@ fn fault_max_age(fault_period: Duration) -> Duration {
 impl Shared {
     /// The current fault codes of the device at ring index `index`, with their levels
     /// (empty for an unknown index), however old: what the views show, with the age.
-    pub fn faults_of(&self, index: u16) -> Vec<faults::NpuFault> {
+    pub(crate) fn faults_of(&self, index: u16) -> Vec<faults::NpuFault> {
         match self.devices.get(usize::from(index)) {
             Some(d) => self.fault_levels.classify(d.info.id, &d.fault_codes()),
             None => Vec::new(),
@@ -160,7 +160,7 @@ impl Shared {
 
     /// The codes of [`Shared::faults_of`] when their read is at most `fault_max_age` old:
     /// what the monitor acts on.
-    pub fn evidence_faults_of(&self, index: u16) -> Vec<faults::NpuFault> {
+    pub(crate) fn evidence_faults_of(&self, index: u16) -> Vec<faults::NpuFault> {
         match self.devices.get(usize::from(index)) {
             Some(d) => self.fault_levels.classify(
                 d.info.id,
@@ -175,7 +175,7 @@ impl Shared {
     /// in force; once the thread has run), and the watchdog thread checked within
     /// `stuck_after`. A sampler
     /// without devices has nothing to wedge.
-    pub fn liveness(&self, stuck_after: Duration) -> Result<(), String> {
+    pub(crate) fn liveness(&self, stuck_after: Duration) -> Result<(), String> {
         let period = self.sampler.period();
         if self.devices.is_empty() {
             return Ok(());
@@ -229,7 +229,7 @@ impl Sampler {
     }
 
     /// [`Sampler::start`] with the backends to try, in order (tests give their own).
-    pub fn start_with(
+    pub(crate) fn start_with(
         chain: Vec<Box<dyn backends::DeviceBackend>>,
         driver: &DriverConfig,
         cfg: &SamplerConfig,
@@ -279,7 +279,7 @@ impl Sampler {
 
     /// A sampler without devices or threads, for an agent that must keep serving `/status`
     /// from `/health` alone when no driver backend works (`reason` says why).
-    pub fn without_backend(reason: &str) -> Sampler {
+    pub(crate) fn without_backend(reason: &str) -> Sampler {
         tracing::error!(
             "no NPU figures: {reason}; virtual inference is disabled, /status follows /health only"
         );
@@ -317,7 +317,7 @@ impl Sampler {
     }
 
     /// Ring index of the device with logic id `id`.
-    pub fn index_of(&self, id: u32) -> Option<u16> {
+    pub(crate) fn index_of(&self, id: u32) -> Option<u16> {
         self.shared
             .devices
             .iter()
@@ -345,7 +345,7 @@ impl Sampler {
     }
 
     /// Whether at least one device has (or may still get) a source of AI Cube figures.
-    pub fn any_cube_source(&self) -> bool {
+    pub(crate) fn any_cube_source(&self) -> bool {
         self.shared
             .devices
             .iter()
@@ -355,7 +355,7 @@ impl Sampler {
     /// [`Sampler::any_cube_source`] as an error that names what was tried: the backends
     /// before the one that found the NPUs, that one with why its devices have no figure,
     /// the fallbacks behind it, and the backends `--backend` left out.
-    pub fn require_cube_source(&self) -> Result<(), StartError> {
+    pub(crate) fn require_cube_source(&self) -> Result<(), StartError> {
         if self.any_cube_source() {
             return Ok(());
         }
@@ -400,7 +400,7 @@ impl Sampler {
 
     /// Waits until every device has a decided source (no first read or disagreement pending)
     /// and, if DCMI serves any, one whole pass ran after that.
-    pub fn wait_settled(&self, timeout: Duration) -> bool {
+    pub(crate) fn wait_settled(&self, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         // The pass count when every device was first seen decided: one more whole pass
         // after it, so a verdict reached in the middle of a pass has its first reading too.

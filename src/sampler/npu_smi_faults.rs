@@ -16,13 +16,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Shortest time between two reads of an NPU's faults through `npu-smi`.
-pub const MIN_PERIOD: Duration = Duration::from_secs(5);
+pub(super) const MIN_PERIOD: Duration = Duration::from_secs(5);
 /// Longest wait for one `npu-smi info -t health`.
-pub const TIMEOUT: Duration = Duration::from_secs(5);
+pub(super) const TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Thread body: reads the faults of the devices at `indices` (ring order) every `period`
 /// (at least [`MIN_PERIOD`]) until `stop` disconnects.
-pub fn run(
+pub(super) fn run(
     shared: Arc<Shared>,
     npu_smi: PathBuf,
     indices: Vec<usize>,

@@ -29,18 +29,18 @@ use crate::driver::dcmi::{MultiSymbol, MultiUtil, UtilType};
 use std::time::Duration;
 
 /// A disagreement must last this long before a call is judged.
-pub const SETTLE: Duration = Duration::from_secs(1);
+pub(crate) const SETTLE: Duration = Duration::from_secs(1);
 /// ... and be seen this many times.
-pub const MIN_DISAGREEMENTS: u32 = 3;
+pub(crate) const MIN_DISAGREEMENTS: u32 = 3;
 /// Default time between re-checks of a call already judged: one extra call per device.
-pub const DEFAULT_RECHECK: Duration = Duration::from_secs(10);
+pub(crate) const DEFAULT_RECHECK: Duration = Duration::from_secs(10);
 /// Consecutive `npu-smi` rows that must read non-zero against a type-14 zero before the
 /// device leaves type 14 for `npu-smi`.
-pub const NPU_SMI_DISAGREEMENTS: u32 = 3;
+pub(crate) const NPU_SMI_DISAGREEMENTS: u32 = 3;
 
 /// What the agent knows about a device's multi-utilization call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MultiTrust {
+pub(crate) enum MultiTrust {
     /// Only all-zero answers so far: each zero is checked against a single call.
     Unverified,
     /// It answered a non-zero field: the firmware has the sub-command, so its zeros are an
@@ -52,7 +52,7 @@ pub enum MultiTrust {
 
 /// Why the multi-utilization call was judged not to give readings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Unreal {
+pub(crate) enum Unreal {
     /// It answered an all-zero struct for at least [`SETTLE`] while `kind` read non-zero
     /// (`single` % the last time): the firmware lacks the sub-command.
     Zeroed { kind: UtilType, single: u32 },
@@ -63,7 +63,7 @@ pub enum Unreal {
 
 /// What to do with an answer of the multi-utilization call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MultiStep {
+pub(crate) enum MultiStep {
     /// A reading, percent.
     Reading(u8),
     /// Read the single call ([`CubeJudge::corroborator`]) and pass both to
@@ -77,7 +77,7 @@ pub enum MultiStep {
 
 /// What to do with a type-14 answer on a device that reads type 14.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SingleStep {
+pub(crate) enum SingleStep {
     /// A reading, percent.
     Reading(u8),
     /// Not a reading: store an invalid sample with this code.
@@ -96,7 +96,7 @@ struct Dispute {
 
 /// The plausibility state of one device's AI Cube calls.
 #[derive(Debug, Clone)]
-pub struct CubeJudge {
+pub(crate) struct CubeJudge {
     multi: MultiTrust,
     /// Type 14 read 0 for [`SETTLE`] while the verified multi call read non-zero: its zeros
     /// cannot vouch for an idle NPU on this device.
@@ -119,7 +119,7 @@ pub struct CubeJudge {
 impl CubeJudge {
     /// A device whose calls are not judged yet; a judged call is checked again every
     /// `recheck`.
-    pub fn new(recheck: Duration) -> CubeJudge {
+    pub(crate) fn new(recheck: Duration) -> CubeJudge {
         CubeJudge {
             multi: MultiTrust::Unverified,
             type14_zero_unreliable: false,
@@ -134,24 +134,25 @@ impl CubeJudge {
     }
 
     /// What is known about the multi call.
-    pub fn multi(&self) -> MultiTrust {
+    pub(crate) fn multi(&self) -> MultiTrust {
         self.multi
     }
 
     /// Whether two calls disagree right now (the verdict is pending).
-    pub fn disputed(&self) -> bool {
+    pub(crate) fn disputed(&self) -> bool {
         self.dispute.is_some()
     }
 
     /// Whether type 14's zeros were seen contradicted by the multi call.
-    pub fn type14_zero_unreliable(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn type14_zero_unreliable(&self) -> bool {
         self.type14_zero_unreliable
     }
 
     /// The single call that checks a multi answer: type 14, or type 2 (AI Core, which
     /// includes the cube units) where type 14 is missing or its zeros are unreliable; `None`
     /// when neither answers.
-    pub fn corroborator(&self) -> Option<UtilType> {
+    pub(crate) fn corroborator(&self) -> Option<UtilType> {
         if !self.type14_missing && !self.type14_zero_unreliable {
             Some(UtilType::AiCube)
         } else if !self.aicore_missing {
@@ -162,7 +163,7 @@ impl CubeJudge {
     }
 
     /// The corroborating call `kind` answered -8255 or is missing.
-    pub fn corroborator_missing(&mut self, kind: UtilType) {
+    pub(crate) fn corroborator_missing(&mut self, kind: UtilType) {
         match kind {
             UtilType::AiCube => self.type14_missing = true,
             UtilType::AiCore => self.aicore_missing = true,
@@ -206,7 +207,7 @@ impl CubeJudge {
     }
 
     /// Judges an answer of the multi call at ring time `now_ns`.
-    pub fn multi_answer(&mut self, now_ns: u64, m: &MultiUtil) -> MultiStep {
+    pub(crate) fn multi_answer(&mut self, now_ns: u64, m: &MultiUtil) -> MultiStep {
         if m.symbol == MultiSymbol::PreRelease && m.max_figure() > 100 {
             let why = Unreal::Layout {
                 value: m.max_figure(),
@@ -246,7 +247,7 @@ impl CubeJudge {
 
     /// Judges a multi answer together with the corroborating single call's answer
     /// (`None`: it failed or no single call answers).
-    pub fn pair(
+    pub(crate) fn pair(
         &mut self,
         now_ns: u64,
         m: &MultiUtil,
@@ -293,7 +294,7 @@ impl CubeJudge {
     /// Judges a type-14 answer on a device that reads type 14; `npu_smi` is what its
     /// cross-check watch says. A zero is suspect while that watch reads non-zero or its first
     /// row is awaited, and always once type 14's zeros were seen contradicted.
-    pub fn single_answer(&self, value: u32, npu_smi: Opinion) -> SingleStep {
+    pub(crate) fn single_answer(&self, value: u32, npu_smi: Opinion) -> SingleStep {
         if value > 100 {
             return SingleStep::Invalid(codes::BAD_VALUE);
         }
@@ -309,13 +310,13 @@ impl CubeJudge {
     }
 
     /// Whether a device that abandoned a zeroed multi call should try it once more now.
-    pub fn multi_recheck_due(&self, now_ns: u64) -> bool {
+    pub(crate) fn multi_recheck_due(&self, now_ns: u64) -> bool {
         matches!(self.multi, MultiTrust::Unreal(Unreal::Zeroed { .. })) && self.due(now_ns)
     }
 
     /// The re-check answer of an abandoned multi call: true when it now gives readings (a
     /// non-zero field, all figures in range), and the device goes back to it.
-    pub fn multi_recheck(&mut self, now_ns: u64, m: Option<&MultiUtil>) -> bool {
+    pub(crate) fn multi_recheck(&mut self, now_ns: u64, m: Option<&MultiUtil>) -> bool {
         match m {
             Some(m) if !m.all_zero() && m.max_figure() <= 100 => {
                 self.multi = MultiTrust::Verified;
@@ -334,7 +335,7 @@ impl CubeJudge {
 /// Compares `npu-smi` rows with a device's type-14 readings (the cross-check watch of a
 /// device that reads type 14).
 #[derive(Debug, Clone, Default)]
-pub struct NpuSmiCheck {
+pub(crate) struct NpuSmiCheck {
     disagreements: u32,
 }
 
@@ -342,7 +343,7 @@ impl NpuSmiCheck {
     /// One `npu-smi` row `row` against the device's latest type-14 reading (`None`: none
     /// recent). True when type 14 has read 0 against a non-zero row for
     /// [`NPU_SMI_DISAGREEMENTS`] rows in a row: the device should move to `npu-smi`.
-    pub fn row(&mut self, row: u8, type14: Option<u8>) -> bool {
+    pub(crate) fn row(&mut self, row: u8, type14: Option<u8>) -> bool {
         match type14 {
             Some(0) if row > 0 => self.disagreements += 1,
             Some(_) => self.disagreements = 0,

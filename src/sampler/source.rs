@@ -26,7 +26,7 @@ pub enum Method {
 
 impl Method {
     /// Its word in a source's name.
-    pub const fn as_str(self) -> &'static str {
+    pub(crate) const fn as_str(self) -> &'static str {
         match self {
             Method::Pending => "pending",
             Method::Multi => "multi",
@@ -49,17 +49,17 @@ pub struct Source {
 
 impl Source {
     /// DCMI, method not yet known (first read pending).
-    pub const DCMI_PROBING: Source = Source::of(Backend::Dcmi, Method::Pending);
+    pub(crate) const DCMI_PROBING: Source = Source::of(Backend::Dcmi, Method::Pending);
     /// `dcmi_get_device_multi_utilization_rate` (`aic_util`).
     pub const DCMI_MULTI: Source = Source::of(Backend::Dcmi, Method::Multi);
     /// `dcmi_get_device_utilization_rate` type 14.
     pub const DCMI_SINGLE: Source = Source::of(Backend::Dcmi, Method::Single);
     /// Being handed to `npu-smi` (capability probe running).
-    pub const NPU_SMI_PENDING: Source = Source::of(Backend::NpuSmi, Method::Pending);
+    pub(crate) const NPU_SMI_PENDING: Source = Source::of(Backend::NpuSmi, Method::Pending);
     /// A long-lived `npu-smi info watch -s u` child.
     pub const NPU_SMI: Source = Source::of(Backend::NpuSmi, Method::Watch);
     /// No source: DCMI lacks AI Cube and `npu-smi` cannot provide it.
-    pub const UNAVAILABLE: Source = Source::of(Backend::Unavailable, Method::None);
+    pub(crate) const UNAVAILABLE: Source = Source::of(Backend::Unavailable, Method::None);
 
     /// The names the wire has always used for the sources of DCMI and `npu-smi`.
     const NAMED: [(Source, &'static str); 6] = [
@@ -72,7 +72,7 @@ impl Source {
     ];
 
     /// `backend` reading through `method`.
-    pub const fn of(backend: Backend, method: Method) -> Source {
+    pub(crate) const fn of(backend: Backend, method: Method) -> Source {
         Source { backend, method }
     }
 
@@ -88,7 +88,7 @@ impl Source {
     }
 
     /// The name `/status/detail`, `devices --json` and the metrics' `source` label print.
-    pub fn name(self) -> std::borrow::Cow<'static, str> {
+    pub(crate) fn name(self) -> std::borrow::Cow<'static, str> {
         match Source::NAMED.iter().find(|(s, _)| *s == self) {
             Some((_, n)) => std::borrow::Cow::Borrowed(n),
             None => format!("{}-{}", self.backend.as_str(), self.method.as_str()).into(),
@@ -96,12 +96,12 @@ impl Source {
     }
 
     /// The backend the figures come through.
-    pub fn backend(self) -> Backend {
+    pub(crate) fn backend(self) -> Backend {
         self.backend
     }
 
     /// How the figure is obtained, for humans.
-    pub fn method(self) -> &'static str {
+    pub(crate) fn method(self) -> &'static str {
         match (self.backend, self.method) {
             (Backend::Dcmi, Method::Pending) => "probing",
             (Backend::NpuSmi, Method::Pending) => "npu-smi pending",
@@ -114,8 +114,9 @@ impl Source {
         }
     }
 
+    #[cfg(test)]
     /// Whether the source is decided (not probing or pending).
-    pub fn settled(self) -> bool {
+    pub(crate) fn settled(self) -> bool {
         self.method != Method::Pending
     }
 }
@@ -192,7 +193,7 @@ pub enum SourceReason {
 impl SourceReason {
     /// The reason's name in `/status/detail` and the metrics' `reason` label (serde's name,
     /// by the same rule).
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         self.into()
     }
 
@@ -207,13 +208,13 @@ impl SourceReason {
     }
 
     /// Whether a verdict is pending (two calls disagree; settled within a second or two).
-    pub fn pending(self) -> bool {
+    pub(crate) fn pending(self) -> bool {
         self == SourceReason::MultiDisputed
     }
 
     /// One sentence for humans; `figure` is the single call's reading behind
     /// `MultiZeroed`, or the bad figure behind `MultiPrereleaseLayout`.
-    pub fn note(self, figure: u32, kind: UtilType) -> String {
+    pub(crate) fn note(self, figure: u32, kind: UtilType) -> String {
         match self {
             SourceReason::Probing => "first read pending".to_owned(),
             SourceReason::MultiVerified => "the multi-utilization call answered non-zero figures: the firmware has the sub-command".to_owned(),

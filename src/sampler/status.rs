@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, AtomicU32, AtomicU64, O
 
 /// What a device's cross-check `npu-smi` watch says about its AI Cube right now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Opinion {
+pub(crate) enum Opinion {
     /// No watch, or its rows are too old.
     None,
     /// The watch was asked for and its first row is awaited.
@@ -23,7 +23,7 @@ const UNKNOWN: u64 = u64::MAX;
 
 /// Error codes counted one by one (DCMI return codes, then the agent's pseudo codes); any
 /// other code is counted as "other".
-pub const COUNTED_CODES: [i32; 27] = [
+pub(crate) const COUNTED_CODES: [i32; 27] = [
     -8001, -8002, -8003, -8004, -8005, -8006, -8007, -8008, -8009, -8010, -8011, -8012, -8013,
     -8014, -8015, -8016, -8017, -8020, -8022, -8023, -8255, -99993, -99994, -99995, -99996, -99997,
     -99998,
@@ -82,7 +82,7 @@ pub struct FaultCode {
 
 impl FaultCode {
     /// `code` with its `text`.
-    pub fn new(code: u32, text: Option<String>) -> FaultCode {
+    pub(crate) fn new(code: u32, text: Option<String>) -> FaultCode {
         FaultCode {
             code,
             hex: format!("0x{code:08X}"),
@@ -154,7 +154,7 @@ pub struct DeviceSnapshot {
 
 impl DeviceStatus {
     /// A device that starts on `source`, for `reason`.
-    pub fn new(info: DeviceInfo, source: Source, reason: SourceReason) -> DeviceStatus {
+    pub(crate) fn new(info: DeviceInfo, source: Source, reason: SourceReason) -> DeviceStatus {
         DeviceStatus {
             info,
             source: AtomicU8::new(source.to_u8()),
@@ -186,7 +186,7 @@ impl DeviceStatus {
 
     /// Records a fault read: the codes, or why it failed (the codes of the last success
     /// stand, with their age).
-    pub fn record_faults(&self, ts_ns: u64, read: Result<Vec<FaultCode>, String>) {
+    pub(crate) fn record_faults(&self, ts_ns: u64, read: Result<Vec<FaultCode>, String>) {
         let mut f = self.faults.lock().unwrap_or_else(|p| p.into_inner());
         match read {
             Ok(codes) => {
@@ -201,7 +201,11 @@ impl DeviceStatus {
     /// The fault codes of the last successful read if it is at most `max_age` old at
     /// `now_ns` (ring time); empty otherwise: codes the reader could not refresh (a hung
     /// call, a failing tool) are shown with their age, never acted on.
-    pub fn fresh_fault_codes(&self, now_ns: u64, max_age: std::time::Duration) -> Vec<FaultCode> {
+    pub(crate) fn fresh_fault_codes(
+        &self,
+        now_ns: u64,
+        max_age: std::time::Duration,
+    ) -> Vec<FaultCode> {
         let f = self.faults.lock().unwrap_or_else(|p| p.into_inner());
         let fresh = f.read_ns != 0
             && now_ns.saturating_sub(f.read_ns)
@@ -210,13 +214,13 @@ impl DeviceStatus {
     }
 
     /// Whether a fault read was made (or found impossible) at least once.
-    pub fn faults_attempted(&self) -> bool {
+    pub(crate) fn faults_attempted(&self) -> bool {
         let f = self.faults.lock().unwrap_or_else(|p| p.into_inner());
         f.read_ns != 0 || f.error.is_some()
     }
 
     /// The fault codes of the last successful read (empty: none, or never read).
-    pub fn fault_codes(&self) -> Vec<FaultCode> {
+    pub(crate) fn fault_codes(&self) -> Vec<FaultCode> {
         self.faults
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -230,12 +234,12 @@ impl DeviceStatus {
     }
 
     /// Sets the source unconditionally.
-    pub fn set_source(&self, s: Source) {
+    pub(crate) fn set_source(&self, s: Source) {
         self.source.store(s.to_u8(), Ordering::Release);
     }
 
     /// Moves from `from` to `to` only if the source is still `from`.
-    pub fn replace_source(&self, from: Source, to: Source) -> bool {
+    pub(crate) fn replace_source(&self, from: Source, to: Source) -> bool {
         self.source
             .compare_exchange(
                 from.to_u8(),
@@ -252,7 +256,7 @@ impl DeviceStatus {
     }
 
     /// Sets the reason; `figure` and `kind` feed its note. True when it changed.
-    pub fn set_reason(&self, reason: SourceReason, figure: u32, kind: UtilType) -> bool {
+    pub(crate) fn set_reason(&self, reason: SourceReason, figure: u32, kind: UtilType) -> bool {
         self.reason_figure.store(figure, Ordering::Relaxed);
         self.reason_kind.store(
             match kind {
@@ -270,46 +274,46 @@ impl DeviceStatus {
     }
 
     /// Records whether the device is gone; true when that changed.
-    pub fn set_gone(&self, gone: bool) -> bool {
+    pub(crate) fn set_gone(&self, gone: bool) -> bool {
         self.gone.swap(gone, Ordering::AcqRel) != gone
     }
 
     /// Records a raw type-14 answer (rc OK) at `ts_ns`.
-    pub fn record_type14(&self, ts_ns: u64, raw: u32) {
+    pub(crate) fn record_type14(&self, ts_ns: u64, raw: u32) {
         self.type14_raw.store(raw, Ordering::Relaxed);
         self.type14_ns.store(ts_ns.max(1), Ordering::Release);
     }
 
     /// The latest raw type-14 answer if it is at most `max_age` old at `now_ns`.
-    pub fn type14_latest(&self, now_ns: u64, max_age: std::time::Duration) -> Option<u32> {
+    pub(crate) fn type14_latest(&self, now_ns: u64, max_age: std::time::Duration) -> Option<u32> {
         let ts = self.type14_ns.load(Ordering::Acquire);
         (ts != 0 && now_ns.saturating_sub(ts) <= max_age.as_nanos() as u64)
             .then(|| self.type14_raw.load(Ordering::Relaxed))
     }
 
     /// Records a row of the device's cross-check `npu-smi` watch at `ts_ns`.
-    pub fn record_npu_smi_opinion(&self, ts_ns: u64, value: u8) {
+    pub(crate) fn record_npu_smi_opinion(&self, ts_ns: u64, value: u8) {
         self.npu_smi_opinion.store(value, Ordering::Relaxed);
         self.npu_smi_opinion_ns
             .store(ts_ns.max(1), Ordering::Release);
     }
 
     /// A cross-check watch was asked for at `ts_ns`: its first row is awaited.
-    pub fn expect_npu_smi_opinion(&self, ts_ns: u64) {
+    pub(crate) fn expect_npu_smi_opinion(&self, ts_ns: u64) {
         self.npu_smi_expected_ns
             .store(ts_ns.max(1), Ordering::Release);
     }
 
     /// Forgets the cross-check rows and any awaited one (its watch cannot run, stopped or
     /// took over).
-    pub fn clear_npu_smi_opinion(&self) {
+    pub(crate) fn clear_npu_smi_opinion(&self) {
         self.npu_smi_expected_ns.store(0, Ordering::Release);
         self.npu_smi_opinion_ns.store(0, Ordering::Release);
     }
 
     /// What the cross-check `npu-smi` watch says at `now_ns`: its latest row if at most
     /// `max_age` old; `Pending` while its first row is awaited (for at most `max_age`).
-    pub fn npu_smi_opinion(&self, now_ns: u64, max_age: std::time::Duration) -> Opinion {
+    pub(crate) fn npu_smi_opinion(&self, now_ns: u64, max_age: std::time::Duration) -> Opinion {
         let max = max_age.as_nanos() as u64;
         let ts = self.npu_smi_opinion_ns.load(Ordering::Acquire);
         if ts != 0 && now_ns.saturating_sub(ts) <= max {
@@ -328,7 +332,7 @@ impl DeviceStatus {
     }
 
     /// Marks the device stale until its next reading.
-    pub fn set_stale(&self) {
+    pub(crate) fn set_stale(&self) {
         self.stale.store(true, Ordering::Release);
     }
 
@@ -341,7 +345,7 @@ impl DeviceStatus {
     /// time, which also marks it stale. It stays stale until a valid reading (from npu-smi, or
     /// from DCMI again): the watchdog calls this on every check while the call stays blocked,
     /// and neither that nor a fallback answering NA may flip the flag back and forth.
-    pub fn set_hung(&self) -> bool {
+    pub(crate) fn set_hung(&self) -> bool {
         let first = !self.hung.swap(true, Ordering::AcqRel);
         if first {
             self.stale.store(true, Ordering::Release);
@@ -350,18 +354,18 @@ impl DeviceStatus {
     }
 
     /// A DCMI AI Cube read on the device succeeded again: it is no longer hung.
-    pub fn clear_hung(&self) -> bool {
+    pub(crate) fn clear_hung(&self) -> bool {
         self.hung.swap(false, Ordering::AcqRel)
     }
 
     /// Time of the last reading attempt answered by the source, ring clock (0 = never).
-    pub fn last_seen_ns(&self) -> u64 {
+    pub(crate) fn last_seen_ns(&self) -> u64 {
         self.last_seen_ns.load(Ordering::Acquire)
     }
 
     /// Records a valid reading at `ts_ns`; returns the code of the failure run it ends (0 if
     /// reads were already succeeding), so callers log transitions, not every sample.
-    pub fn record_value(&self, ts_ns: u64, value: u8) -> i32 {
+    pub(crate) fn record_value(&self, ts_ns: u64, value: u8) -> i32 {
         self.last_value.store(value, Ordering::Relaxed);
         self.last_valid_ns.store(ts_ns.max(1), Ordering::Release);
         self.last_seen_ns.store(ts_ns.max(1), Ordering::Release);
@@ -371,7 +375,7 @@ impl DeviceStatus {
 
     /// Records a failed reading at `ts_ns` with `code`; returns true when this starts a new
     /// failure run (first failure, or a different code).
-    pub fn record_error(&self, ts_ns: u64, code: i32) -> bool {
+    pub(crate) fn record_error(&self, ts_ns: u64, code: i32) -> bool {
         self.last_error.store(code, Ordering::Relaxed);
         self.errors.fetch_add(1, Ordering::Relaxed);
         let slot = COUNTED_CODES
@@ -389,7 +393,7 @@ impl DeviceStatus {
     }
 
     /// Failed reads per code (`None`: a code outside [`COUNTED_CODES`]); zero counts left out.
-    pub fn errors_by_code(&self) -> Vec<(Option<i32>, u64)> {
+    pub(crate) fn errors_by_code(&self) -> Vec<(Option<i32>, u64)> {
         self.errors_by_code
             .iter()
             .enumerate()
@@ -399,14 +403,14 @@ impl DeviceStatus {
     }
 
     /// Records HBM figures read at `ts_ns`.
-    pub fn record_hbm(&self, ts_ns: u64, used_mb: u64, total_mb: u64) {
+    pub(crate) fn record_hbm(&self, ts_ns: u64, used_mb: u64, total_mb: u64) {
         self.hbm_used_mb.store(used_mb, Ordering::Relaxed);
         self.hbm_total_mb.store(total_mb, Ordering::Relaxed);
         self.telemetry_ns.store(ts_ns.max(1), Ordering::Release);
     }
 
     /// Records the health code read at `ts_ns`.
-    pub fn record_health(&self, ts_ns: u64, health: u32) {
+    pub(crate) fn record_health(&self, ts_ns: u64, health: u32) {
         self.health.store(u64::from(health), Ordering::Relaxed);
         self.telemetry_ns.store(ts_ns.max(1), Ordering::Release);
     }

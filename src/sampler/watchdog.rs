@@ -29,7 +29,7 @@ use std::time::Duration;
 
 /// Settings of the watchdog.
 #[derive(Debug, Clone)]
-pub struct WatchdogConfig {
+pub(super) struct WatchdogConfig {
     /// How often it checks.
     pub interval: Duration,
     /// A call blocked longer than this marks its device stale.
@@ -43,7 +43,11 @@ pub struct WatchdogConfig {
 
 impl WatchdogConfig {
     /// The settings for a watchdog of `caller`'s devices.
-    pub fn new(driver: &DriverConfig, cfg: &SamplerConfig, caller: Backend) -> WatchdogConfig {
+    pub(super) fn new(
+        driver: &DriverConfig,
+        cfg: &SamplerConfig,
+        caller: Backend,
+    ) -> WatchdogConfig {
         WatchdogConfig {
             interval: cfg.watchdog_interval,
             call_deadline: cfg.call_deadline,
@@ -57,7 +61,7 @@ impl WatchdogConfig {
 
 /// The `npu-smi` watch children a watchdog may run: how, and whether the HDK supports them.
 #[derive(Debug, Clone)]
-pub struct Fallback {
+pub(crate) struct Fallback {
     /// How watch children are run.
     pub watch: WatchConfig,
     /// Timeout of the capability probe.
@@ -68,7 +72,7 @@ pub struct Fallback {
 
 impl Fallback {
     /// Watch children of `driver`'s `npu-smi`.
-    pub fn new(driver: &DriverConfig, support: Option<WatchSupport>) -> Fallback {
+    pub(crate) fn new(driver: &DriverConfig, support: Option<WatchSupport>) -> Fallback {
         Fallback {
             watch: WatchConfig {
                 npu_smi: driver.npu_smi.clone(),
@@ -83,13 +87,13 @@ impl Fallback {
 }
 
 /// Whether a device waits for the fallback's decision (the capability probe runs).
-pub fn settling(dev: &DeviceStatus) -> bool {
+pub(super) fn settling(dev: &DeviceStatus) -> bool {
     dev.source() == Source::NPU_SMI_PENDING
 }
 
 /// What a backend's thread asks of the watchdog's `npu-smi` fallback.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WatchRequest {
+pub(crate) enum WatchRequest {
     /// The backend has no AI Cube call for the device: serve it from `npu-smi`.
     HandOver(usize),
     /// The device reads type 14: run a cross-check watch for it.
@@ -136,7 +140,7 @@ struct Watchdog {
 }
 
 /// Thread body. `watch_now` start on watch children right away (with a `fallback`).
-pub fn run(
+pub(super) fn run(
     shared: Arc<Shared>,
     cfg: WatchdogConfig,
     fallback: Option<Fallback>,
@@ -205,7 +209,7 @@ pub fn run(
 }
 
 /// Why a watchdog without a fallback moves no device.
-pub const NO_FALLBACK: &str = "the npu-smi fallback is disabled (--backend dcmi)";
+pub(super) const NO_FALLBACK: &str = "the npu-smi fallback is disabled (--backend dcmi)";
 
 /// Runs `npu-smi info watch -h` on a helper thread; the answer arrives on the channel.
 fn start_probe(npu_smi: &Path, timeout: Duration) -> Receiver<WatchSupport> {

@@ -13,11 +13,11 @@ use std::sync::Arc;
 /// Whether the connection a request came on presented a client certificate that the TLS
 /// layer verified (set by `server::conn` on every request).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ClientCert(pub bool);
+pub(crate) struct ClientCert(pub bool);
 
 /// What the admin listener requires, loaded from [`AdminAuthConfig`].
 #[derive(Debug, Clone, Default)]
-pub struct AdminAccess {
+pub(crate) struct AdminAccess {
     token: Option<Vec<u8>>,
     client_cert: bool,
     /// Its TLS configuration (`admin_tls`).
@@ -26,7 +26,7 @@ pub struct AdminAccess {
 
 impl AdminAccess {
     /// Reads the token file and the TLS files; errors name the key and the file.
-    pub fn load(cfg: &AdminAuthConfig) -> Result<AdminAccess, String> {
+    pub(crate) fn load(cfg: &AdminAuthConfig) -> Result<AdminAccess, String> {
         let token = match &cfg.token_file {
             None => None,
             Some(p) => Some(
@@ -46,12 +46,12 @@ impl AdminAccess {
     }
 
     /// Whether anything is required.
-    pub fn required(&self) -> bool {
+    pub(crate) fn required(&self) -> bool {
         self.token.is_some() || self.client_cert
     }
 
     /// For the start-up log line: `open`, `bearer token`, `client certificate`, or both.
-    pub fn describe(&self) -> &'static str {
+    pub(crate) fn describe(&self) -> &'static str {
         match (self.token.is_some(), self.client_cert) {
             (false, false) => "open",
             (true, false) => "bearer token",
@@ -109,7 +109,11 @@ fn bearer_credentials(value: &[u8]) -> Option<&[u8]> {
 }
 
 /// The middleware in front of every admin route but `/healthz`.
-pub async fn require(State(access): State<Arc<AdminAccess>>, req: Request, next: Next) -> Response {
+pub(crate) async fn require(
+    State(access): State<Arc<AdminAccess>>,
+    req: Request,
+    next: Next,
+) -> Response {
     match refusal(&access, &req) {
         Some(r) => r,
         None => next.run(req).await,

@@ -10,7 +10,7 @@ use std::io::Write;
 const LEVEL: u32 = 1;
 
 /// Whether the `Accept-Encoding` values take gzip.
-pub fn accepts_gzip(values: GetAll<'_, HeaderValue>) -> bool {
+pub(crate) fn accepts_gzip(values: GetAll<'_, HeaderValue>) -> bool {
     let mut star = None;
     for v in values {
         let Ok(v) = v.to_str() else { continue };
@@ -33,7 +33,7 @@ pub fn accepts_gzip(values: GetAll<'_, HeaderValue>) -> bool {
 }
 
 /// `data`, gzipped.
-pub fn gzip(data: &[u8]) -> std::io::Result<Vec<u8>> {
+pub(crate) fn gzip(data: &[u8]) -> std::io::Result<Vec<u8>> {
     let mut enc = flate2::write::GzEncoder::new(
         Vec::with_capacity(data.len() / 8 + 64),
         flate2::Compression::new(LEVEL),

@@ -56,13 +56,13 @@ use tower::ServiceExt;
 /// itself (the `/events` stream) ends it when this fires. Without it, the stream counted as a
 /// request in flight and every stop, reload and handover waited out the whole drain.
 #[derive(Debug, Clone)]
-pub struct Stopping(pub CancellationToken);
+pub(crate) struct Stopping(pub CancellationToken);
 
 /// The send buffer of each accepted socket (`SO_SNDBUF`; the kernel doubles it for its own
 /// bookkeeping): the largest answer, `/metrics` with many engines, is ~40 kB, so an answer
 /// still goes out in one round trip, while a peer that reads nothing can leave at most this
 /// much unsent in the agent's kernel.
-pub const SEND_BUFFER: usize = 64 << 10;
+pub(crate) const SEND_BUFFER: usize = 64 << 10;
 
 /// Applies [`SEND_BUFFER`] and `stall_timeout` to an accepted socket; a failure is logged
 /// (the connection is served with the kernel's defaults).
@@ -129,7 +129,7 @@ fn out_of_descriptors(e: &io::Error) -> bool {
 /// Serves `router` on `listener` (TLS when `tls` is set) under `limits` until `cancel`; then
 /// lets every connection finish its request in flight (the caller bounds the wait). `name`
 /// names the listener in log lines.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     router: Router,
     tls: Option<Arc<rustls::ServerConfig>>,
@@ -323,13 +323,13 @@ const FIRST_REQUEST_GRACE: Duration = Duration::from_millis(250);
 /// Descriptors kept for the agent's own use whatever clients hold: the engines' HTTP
 /// clients (`/health`, probes, `/metrics`), `npu-smi` pipes, the driver, logs, the listening
 /// sockets themselves.
-pub fn reserved_fds(engines: usize) -> u64 {
+pub(crate) fn reserved_fds(engines: usize) -> u64 {
     256 + 16 * engines as u64
 }
 
 /// How the per-listener cap was sized against the file-descriptor limit.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FdBudget {
+pub(crate) struct FdBudget {
     /// Soft limit after raising it (when the hard limit allowed).
     pub soft: Option<u64>,
     pub hard: Option<u64>,
@@ -342,7 +342,7 @@ pub struct FdBudget {
 
 /// The cap per listener so that `listeners` full listeners plus [`reserved_fds`] fit in
 /// `soft` (no limit: the configured cap). Never below 4.
-pub fn size_cap(
+pub(crate) fn size_cap(
     configured: usize,
     soft: Option<u64>,
     listeners: usize,
@@ -364,7 +364,7 @@ pub fn size_cap(
 }
 
 /// Raises the soft descriptor limit to the hard one (at most 65,536), then sizes the cap.
-pub fn fd_budget(configured: usize, listeners: usize, engines: usize) -> FdBudget {
+pub(crate) fn fd_budget(configured: usize, listeners: usize, engines: usize) -> FdBudget {
     use rustix::process::{Resource, getrlimit, setrlimit};
     let mut lim = getrlimit(Resource::Nofile);
     if let (Some(cur), max) = (lim.current, lim.maximum) {

@@ -28,11 +28,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use tokio_util::sync::CancellationToken;
 
 /// Most `/events` streams at once on one admin listener.
-pub const MAX_SUBSCRIBERS: usize = 8;
+pub(crate) const MAX_SUBSCRIBERS: usize = 8;
 
 /// The subscriber count of one admin listener.
 #[derive(Debug, Default)]
-pub struct Hub {
+pub(crate) struct Hub {
     subscribers: AtomicUsize,
 }
 
@@ -58,7 +58,7 @@ impl Drop for Subscriber {
 }
 
 /// `GET /`: the page.
-pub async fn page() -> Response {
+pub(crate) async fn page() -> Response {
     (
         [
             (header::CONTENT_TYPE, "text/html; charset=utf-8"),
@@ -126,7 +126,10 @@ impl Stream {
 
 /// `GET /events`: the stream, or 503 past [`MAX_SUBSCRIBERS`]. It ends when its listener
 /// stops ([`Stopping`]).
-pub async fn events(State(v): State<AdminView>, stop: Option<Extension<Stopping>>) -> Response {
+pub(crate) async fn events(
+    State(v): State<AdminView>,
+    stop: Option<Extension<Stopping>>,
+) -> Response {
     let Some(subscriber) = v.hub.join() else {
         return (
             StatusCode::SERVICE_UNAVAILABLE,

@@ -12,14 +12,14 @@
 //! `GET /` (the live page: static, it holds no data; its stream is guarded).
 //! Handlers only read shared state; none waits on the engine or the driver.
 
-pub mod auth;
-pub mod compress;
-pub mod conn;
-pub mod live;
-pub mod metrics;
+pub(crate) mod auth;
+pub(crate) mod compress;
+pub(crate) mod conn;
+pub(crate) mod live;
+pub(crate) mod metrics;
 pub mod wire;
 
-pub use conn::serve;
+pub(crate) use conn::serve;
 
 use crate::integrations::routes;
 use crate::monitor::Monitor;
@@ -38,14 +38,14 @@ use tokio::net::TcpListener;
 
 /// State of an engine's listener.
 #[derive(Debug, Clone)]
-pub struct EngineView {
+pub(crate) struct EngineView {
     pub engine: Arc<Monitor>,
     pub metrics: Arc<metrics::Exposition>,
 }
 
 /// State of the admin listener.
 #[derive(Debug, Clone)]
-pub struct AdminView {
+pub(crate) struct AdminView {
     pub metrics: Arc<metrics::Exposition>,
     /// `/healthz` fails when the sampler is stuck this long (see `Shared::liveness`).
     pub stuck_after: Duration,
@@ -57,7 +57,7 @@ pub struct AdminView {
 
 /// Router of one engine's mgmt listener: the agent's own routes, then every integration's
 /// ([`Integration::routes`]).
-pub fn engine_router(view: EngineView) -> Router {
+pub(crate) fn engine_router(view: EngineView) -> Router {
     let own = Router::new()
         .route("/status/detail", get(engine_detail))
         .route("/qos", get(engine_qos))
@@ -109,7 +109,7 @@ async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) ->
 }
 
 /// Router of the admin listener; every route but `/healthz` behind `access`.
-pub fn admin_router(view: AdminView, access: Arc<auth::AdminAccess>) -> Router {
+pub(crate) fn admin_router(view: AdminView, access: Arc<auth::AdminAccess>) -> Router {
     let guarded = Router::new()
         .route("/metrics", get(admin_metrics))
         .route("/status/detail", get(admin_detail))
@@ -143,10 +143,10 @@ pub fn admin_router(view: AdminView, access: Arc<auth::AdminAccess>) -> Router {
 /// name no engine has ([`routes::unknown_engine`]: a fixed 404, what was asked in the log).
 fn named(v: &AdminView, name: &str, route: &str, f: impl Fn(&Monitor) -> Response) -> Response {
     let engines = &v.metrics.engines;
-    match engines.iter().find(|e| e.spec.name == name) {
+    match engines.iter().find(|e| e.spec().name == name) {
         Some(e) => f(e),
         None => {
-            let known: Vec<&str> = engines.iter().map(|e| e.spec.name.as_str()).collect();
+            let known: Vec<&str> = engines.iter().map(|e| e.spec().name.as_str()).collect();
             routes::unknown_engine(name, route, &known)
         }
     }
@@ -236,8 +236,8 @@ async fn healthz(State(v): State<AdminView>) -> Response {
 /// components with their inputs and ages, stall detection, and the device signals (AI Cube
 /// peak and mean over the window, HBM over the engine's NPUs). HBM is shown, not scored: vLLM
 /// preallocates the KV cache, so HBM near 90 % is normal (see `docs/qos.md`).
-pub fn qos(e: &Monitor, shared: &Shared, win: Duration) -> wire::EngineQos {
-    let report = window::query(&shared.ring, &e.devices, win);
+pub(crate) fn qos(e: &Monitor, shared: &Shared, win: Duration) -> wire::EngineQos {
+    let report = window::query(&shared.ring, e.devices(), win);
     qos_from(e, shared, &report, win)
 }
 
@@ -247,10 +247,10 @@ fn qos_from(
     report: &window::WindowReport,
     win: Duration,
 ) -> wire::EngineQos {
-    let q = &e.spec.qos;
+    let q = &e.spec().qos;
     let now = shared.ring.now_ns();
     let (mut used, mut total, mut hbm_devices) = (0u64, 0u64, 0usize);
-    for &i in &e.devices {
+    for &i in e.devices() {
         let s = shared.devices[usize::from(i)].snapshot(now);
         if let (Some(u), Some(t)) = (s.hbm_used_mb, s.hbm_total_mb) {
             used += u;
@@ -261,8 +261,8 @@ fn qos_from(
     let means: Vec<f64> = report.devices.iter().filter_map(|d| d.mean).collect();
     let mean = (!means.is_empty()).then(|| means.iter().sum::<f64>() / means.len() as f64);
     wire::EngineQos {
-        engine: e.spec.name.clone(),
-        model: e.spec.model.clone(),
+        engine: e.spec().name.clone(),
+        model: e.spec().model.clone(),
         evicting: e.qos_evicts(),
         stall_detection: wire::StallDetection {
             enabled: q.stall_detection,
@@ -279,7 +279,7 @@ fn qos_from(
                 .then(|| ((used as f64 / total as f64) * 1000.0).round() / 1000.0),
             scored: false,
         },
-        state: e.qos.report(q),
+        state: e.qos().report(q),
     }
 }
 
@@ -288,12 +288,12 @@ fn round2(v: f64) -> f64 {
 }
 
 /// `/status/detail` of one engine.
-pub fn detail(e: &Monitor, shared: &Shared, win: Duration) -> wire::EngineDetail {
+pub(crate) fn detail(e: &Monitor, shared: &Shared, win: Duration) -> wire::EngineDetail {
     let now = shared.ring.now_ns();
-    let report = window::query(&shared.ring, &e.devices, win);
-    let agent = e.spec.agent_policy_in_force().is_some();
+    let report = window::query(&shared.ring, e.devices(), win);
+    let agent = e.spec().agent_policy_in_force().is_some();
     let devices = e
-        .devices
+        .devices()
         .iter()
         .zip(&report.devices)
         .map(|(&i, w)| {
@@ -327,7 +327,7 @@ pub fn detail(e: &Monitor, shared: &Shared, win: Duration) -> wire::EngineDetail
             }
         })
         .collect();
-    let spec = &e.spec;
+    let spec = &e.spec();
     let hc = &spec.health_check_config;
     let verdict = e.verdict();
     wire::EngineDetail {
@@ -341,16 +341,16 @@ pub fn detail(e: &Monitor, shared: &Shared, win: Duration) -> wire::EngineDetail
         conditions: e.conditions(),
         health: e.health_detail(),
         virtual_inference: wire::VirtualInference {
-            phase: e.vi.phase(),
-            abnormal: e.vi.abnormal(),
-            abnormal_reason: e.vi.abnormal_reason(),
-            warmup_done: e.vi.warmup_done(),
-            failure_count: e.vi.failure_count(),
+            phase: e.vi().phase(),
+            abnormal: e.vi().abnormal(),
+            abnormal_reason: e.vi().abnormal_reason(),
+            warmup_done: e.vi().warmup_done(),
+            failure_count: e.vi().failure_count(),
             max_failure_count: hc.max_failure_count,
             failure_limit: crate::view::failure_limit(spec),
             npu_usage_threshold: hc.npu_usage_threshold,
-            interval_s: e.vi.interval().as_secs_f64(),
-            last_probe: e.vi.last_probe(),
+            interval_s: e.vi().interval().as_secs_f64(),
+            last_probe: e.vi().last_probe(),
             rearms: e.rearms(),
         },
         qos: qos_from(e, shared, &report, win),
@@ -363,8 +363,8 @@ pub fn detail(e: &Monitor, shared: &Shared, win: Duration) -> wire::EngineDetail
             devices,
         },
         kubernetes: crate::integrations::kubernetes::memory::record(e),
-        routers: e.acted.routers(),
-        actions: e.journal.entries().iter().map(Into::into).collect(),
+        routers: e.acted().routers(),
+        actions: e.actions(),
     }
 }
 
@@ -373,11 +373,11 @@ pub fn detail(e: &Monitor, shared: &Shared, win: Duration) -> wire::EngineDetail
 /// dropped every new handshake whoever sent it, so Node Manager's poll waited for a SYN
 /// retransmission (1 s, then 3 s), before the connection cap could tell it from the flood
 /// (issue 41). The kernel caps it at `net.core.somaxconn` (4096 by default).
-pub const LISTEN_BACKLOG: i32 = 4096;
+pub(crate) const LISTEN_BACKLOG: i32 = 4096;
 
 /// Binds a listener, naming the address on failure. A std socket, so the agent can keep a
 /// duplicate of it and hand the same socket to a new server on reload (no refused polls).
-pub fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, String> {
+pub(crate) fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, String> {
     let fail = |e: std::io::Error| format!("cannot listen on {addr}: {e}");
     let l = std::net::TcpListener::bind(addr).map_err(fail)?;
     // A second listen() on a listening socket only sets its backlog.
@@ -387,7 +387,7 @@ pub fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, String> {
 }
 
 /// A tokio listener on a duplicate of `socket`'s descriptor (the same listening socket).
-pub fn listener_on(socket: &std::net::TcpListener) -> Result<TcpListener, String> {
+pub(crate) fn listener_on(socket: &std::net::TcpListener) -> Result<TcpListener, String> {
     let dup = socket
         .try_clone()
         .map_err(|e| format!("cannot duplicate the listening socket: {e}"))?;

@@ -9,16 +9,16 @@
 use crate::config::mindie::Role;
 use crate::monitor::HealthDetail;
 use crate::monitor::gates::Condition;
-use crate::monitor::verdict::Status;
-use crate::monitor::vi_state::Phase;
 use crate::probe::outcome::ProbeRecord;
 use crate::qos::QosReport;
 use crate::sampler::source::{Source, SourceReason};
+use npu_health_wire::Phase;
+use npu_health_wire::Status;
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
 
 /// A name the agent writes from a constant and a client reads into a `String`.
-pub type Text = Cow<'static, str>;
+pub(crate) type Text = Cow<'static, str>;
 
 /// `{"engines": [...]}`: every engine, on the admin listener.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -48,10 +48,10 @@ pub struct EngineDetail {
     /// What each router that polls the agent was last told (`haproxy`), by router; empty
     /// until one polls.
     #[serde(default)]
-    pub routers: std::collections::BTreeMap<String, crate::monitor::acted::RouterSeen>,
+    pub routers: std::collections::BTreeMap<String, npu_health_wire::RouterSeen>,
     /// The last actions for every integration, oldest first (`monitor::journal`).
     #[serde(default)]
-    pub actions: Vec<crate::monitor::journal::ActionRecord>,
+    pub actions: Vec<npu_health_wire::ActionRecord>,
 }
 
 /// The virtual inference loop, as `/status/detail` shows it.
@@ -133,7 +133,7 @@ pub struct DeviceFault {
 
 impl DeviceFault {
     /// `f` as an engine under the agent policy (`agent`) or the reference sees it.
-    pub fn of(f: crate::sampler::faults::NpuFault, agent: bool) -> DeviceFault {
+    pub(crate) fn of(f: crate::sampler::faults::NpuFault, agent: bool) -> DeviceFault {
         let effect = crate::monitor::evidence::driver_faults::fault_effect(agent, f.level);
         DeviceFault {
             code: f.code,

@@ -3,14 +3,14 @@
 //! naming an abstract socket (`@name`), a malformed `WATCHDOG_USEC` or `WATCHDOG_PID` being
 //! reported rather than taken, and `STATUS=` kept to one short line.
 
-pub use sd_notify::NotifyState;
+pub(crate) use sd_notify::NotifyState;
 use std::ffi::OsStr;
 use std::os::unix::net::{SocketAddr, UnixDatagram};
 use std::time::Duration;
 
 /// A socket to the service manager.
 #[derive(Debug)]
-pub struct Notifier {
+pub(crate) struct Notifier {
     target: Target,
 }
 
@@ -27,7 +27,7 @@ enum Target {
 impl Notifier {
     /// The notifier of `NOTIFY_SOCKET`; `Ok(None)` when the variable is unset or empty (not
     /// started by systemd with `Type=notify`).
-    pub fn from_env() -> Result<Option<Notifier>, String> {
+    pub(crate) fn from_env() -> Result<Option<Notifier>, String> {
         match std::env::var_os("NOTIFY_SOCKET").filter(|v| !v.is_empty()) {
             Some(v) => Notifier::for_socket(&v).map(Some),
             None => Ok(None),
@@ -56,7 +56,7 @@ impl Notifier {
     /// Sends one message with descriptors attached (`FDSTORE=1`): systemd keeps them for the
     /// service and passes them back to its next process (`LISTEN_FDS`). Sent with rustix's
     /// `sendmsg` to either kind of socket (sd-notify's own `notify_with_fds` takes only a path).
-    pub fn send_with_fds(
+    pub(crate) fn send_with_fds(
         &self,
         states: &[NotifyState<'_>],
         fds: &[std::os::fd::BorrowedFd<'_>],
@@ -91,7 +91,7 @@ impl Notifier {
     }
 
     /// Sends one message: the states, one `KEY=value` line each.
-    pub fn send(&self, states: &[NotifyState<'_>]) -> std::io::Result<()> {
+    pub(crate) fn send(&self, states: &[NotifyState<'_>]) -> std::io::Result<()> {
         match &self.target {
             Target::Path => sd_notify::notify(states),
             Target::Abstract(sock, addr) => {
@@ -107,7 +107,7 @@ impl Notifier {
 /// another process; pings are due at half of it. `sd_notify::watchdog_enabled` is not used:
 /// it takes a zero timeout and ignores a `WATCHDOG_PID` it cannot parse, where a
 /// misconfigured unit should be reported.
-pub fn watchdog_timeout() -> Result<Option<Duration>, String> {
+pub(crate) fn watchdog_timeout() -> Result<Option<Duration>, String> {
     watchdog_from(
         std::env::var_os("WATCHDOG_USEC").as_deref(),
         std::env::var_os("WATCHDOG_PID").as_deref(),
@@ -145,12 +145,12 @@ fn watchdog_from(
 
 /// Longest `STATUS=` text sent: systemd drops a whole notify datagram of 4096 bytes or more
 /// (a rejected reload's error chain can be long).
-pub const STATUS_MAX: usize = 1024;
+pub(crate) const STATUS_MAX: usize = 1024;
 
 /// Text for [`NotifyState::Status`]: one line, no control characters, at most
 /// [`STATUS_MAX`] bytes (the crate sends what it is given, so a newline would start
 /// another key).
-pub fn status_text(s: &str) -> String {
+pub(crate) fn status_text(s: &str) -> String {
     let mut clean: String = s
         .chars()
         .map(|c| if c.is_control() { ' ' } else { c })

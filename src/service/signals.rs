@@ -12,7 +12,7 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 
 /// What a signal asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Signalled {
+pub(crate) enum Signalled {
     /// Stop (the signal's name).
     Stop(&'static str),
     /// Re-read the configuration.
@@ -42,7 +42,7 @@ impl Early {
 }
 
 /// Catches SIGTERM, SIGINT and SIGHUP into flags. Call first in `main`.
-pub fn install_early() {
+pub(crate) fn install_early() {
     EARLY.get_or_init(|| {
         let e = Early::default();
         for (sig, flag) in e.flags() {
@@ -56,7 +56,7 @@ pub fn install_early() {
 
 /// For commands that do not handle signals: the default actions again, and a signal caught
 /// since [`install_early`] takes its default effect now.
-pub fn default_actions() {
+pub(crate) fn default_actions() {
     if let Some(e) = EARLY.get() {
         e.default.store(true, Ordering::SeqCst);
         for (sig, flag) in e.flags() {
@@ -69,7 +69,7 @@ pub fn default_actions() {
 
 /// Installed handlers.
 #[derive(Debug)]
-pub struct Signals {
+pub(crate) struct Signals {
     term: Signal,
     int: Signal,
     hup: Signal,
@@ -78,7 +78,7 @@ pub struct Signals {
 impl Signals {
     /// Installs the handlers (inside a tokio runtime). From here on these signals arrive
     /// through [`Signals::next`].
-    pub fn install() -> std::io::Result<Signals> {
+    pub(crate) fn install() -> std::io::Result<Signals> {
         Ok(Signals {
             term: signal(SignalKind::terminate())?,
             int: signal(SignalKind::interrupt())?,
@@ -88,7 +88,7 @@ impl Signals {
 
     /// What arrived between [`install_early`] and [`Signals::install`] (a stop before a
     /// reload), taken once.
-    pub fn early(&self) -> Option<Signalled> {
+    pub(crate) fn early(&self) -> Option<Signalled> {
         let e = EARLY.get()?;
         let term = e.term.swap(false, Ordering::SeqCst);
         let int = e.int.swap(false, Ordering::SeqCst);
@@ -103,7 +103,7 @@ impl Signals {
     }
 
     /// The next request.
-    pub async fn next(&mut self) -> Signalled {
+    pub(crate) async fn next(&mut self) -> Signalled {
         tokio::select! {
             _ = self.term.recv() => Signalled::Stop("SIGTERM"),
             _ = self.int.recv() => Signalled::Stop("SIGINT"),

@@ -19,7 +19,7 @@ const RUNTIME_ANSWER: Duration = Duration::from_secs(2);
 const STATUS_EVERY: Duration = Duration::from_secs(1);
 
 /// What the supervision thread asks of the agent.
-pub struct Probe {
+pub(crate) struct Probe {
     /// One-line summary for `STATUS=`.
     pub status: Box<dyn Fn() -> String + Send>,
     /// `Ok` while the sampler threads are alive and ticking.
@@ -29,7 +29,7 @@ pub struct Probe {
 }
 
 /// The connection to systemd (inert without `NOTIFY_SOCKET`).
-pub struct Systemd {
+pub(crate) struct Systemd {
     notifier: Option<Arc<Notifier>>,
     watchdog: Option<Duration>,
     thread: Option<(JoinHandle<()>, Sender<()>)>,
@@ -38,7 +38,7 @@ pub struct Systemd {
 impl Systemd {
     /// Reads `NOTIFY_SOCKET`, `WATCHDOG_USEC` and `WATCHDOG_PID`; a bad value is logged and
     /// that part disabled.
-    pub fn from_env() -> Systemd {
+    pub(crate) fn from_env() -> Systemd {
         let notifier = match Notifier::from_env() {
             Ok(n) => n.map(Arc::new),
             Err(e) => {
@@ -63,16 +63,6 @@ impl Systemd {
         }
     }
 
-    /// Whether systemd listens.
-    pub fn active(&self) -> bool {
-        self.notifier.is_some()
-    }
-
-    /// The watchdog timeout systemd asked for.
-    pub fn watchdog(&self) -> Option<Duration> {
-        self.watchdog
-    }
-
     fn send(&self, states: &[NotifyState<'_>]) {
         if let Some(n) = &self.notifier
             && let Err(e) = n.send(states)
@@ -82,7 +72,7 @@ impl Systemd {
     }
 
     /// Everything is up: `READY=1` with the first status line, then supervision starts.
-    pub fn ready(&mut self, probe: Probe) {
+    pub(crate) fn ready(&mut self, probe: Probe) {
         let Some(n) = self.notifier.clone() else {
             return;
         };
@@ -112,7 +102,7 @@ impl Systemd {
     /// (`continuity::sockets::fd_name`), so a restart or a crash does not close them: the
     /// next process gets them back in `LISTEN_FDS`. Needs `FileDescriptorStoreMax=` in the
     /// unit; without it systemd drops them and logs why. A no-op without systemd.
-    pub fn store_sockets(&self, sockets: &[(String, std::os::fd::BorrowedFd<'_>)]) {
+    pub(crate) fn store_sockets(&self, sockets: &[(String, std::os::fd::BorrowedFd<'_>)]) {
         let Some(n) = &self.notifier else { return };
         for (name, fd) in sockets {
             // `Custom`: the crate's FDSTORE variants come with its `fdstore` feature, which
@@ -132,7 +122,7 @@ impl Systemd {
 
     /// Removes the sockets named `names` from systemd's file-descriptor store (listeners a
     /// reload closed).
-    pub fn forget_sockets(&self, names: &[String]) {
+    pub(crate) fn forget_sockets(&self, names: &[String]) {
         for name in names {
             let fdname = format!("FDNAME={name}");
             self.send(&[
@@ -143,7 +133,7 @@ impl Systemd {
     }
 
     /// A reload starts (`RELOADING=1` with `MONOTONIC_USEC=`, as `Type=notify-reload` wants).
-    pub fn reloading(&self) {
+    pub(crate) fn reloading(&self) {
         let status = NotifyState::Status("reloading the configuration");
         match NotifyState::monotonic_usec_now() {
             Ok(now) => self.send(&[NotifyState::Reloading, now, status]),
@@ -155,7 +145,7 @@ impl Systemd {
     }
 
     /// The reload finished (applied or rejected): `READY=1` and a status line.
-    pub fn reloaded(&self, status: &str) {
+    pub(crate) fn reloaded(&self, status: &str) {
         self.send(&[
             NotifyState::Ready,
             NotifyState::Status(&notify::status_text(status)),
@@ -163,7 +153,7 @@ impl Systemd {
     }
 
     /// Shutdown starts: `STOPPING=1`; supervision (and so the pings) ends.
-    pub fn stopping(&mut self) {
+    pub(crate) fn stopping(&mut self) {
         self.send(&[NotifyState::Stopping, NotifyState::Status("stopping")]);
         if let Some((h, stop)) = self.thread.take() {
             drop(stop);

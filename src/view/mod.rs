@@ -10,28 +10,28 @@
 //! The first `samples` frame carries the last [`HISTORY`] so a chart is full at once.
 //! [`top`] is what `npu-health-agent top` makes of them.
 
-pub mod top;
+pub(crate) mod top;
 
 use crate::config::{AgentSettings, EngineSpec};
 use crate::integrations::Answers;
 use crate::monitor::Monitor;
-use crate::monitor::journal::ActionRecord;
-use crate::monitor::verdict::Status;
-use crate::qos::score::Level;
 use crate::sampler::Shared;
+use npu_health_wire::ActionRecord;
+use npu_health_wire::Level;
+use npu_health_wire::Status;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::time::Duration;
 
 /// Time between `samples` frames: at most 4 frames a second per subscriber, whatever the
 /// sampling period.
-pub const FRAME_INTERVAL: Duration = Duration::from_millis(250);
+pub(crate) const FRAME_INTERVAL: Duration = Duration::from_millis(250);
 /// An `engines` frame every this many `samples` frames (once a second).
-pub const ENGINES_EVERY: u32 = 4;
+pub(crate) const ENGINES_EVERY: u32 = 4;
 /// History sent in the first `samples` frame (the page's chart span).
-pub const HISTORY: Duration = Duration::from_secs(60);
+pub(crate) const HISTORY: Duration = Duration::from_secs(60);
 /// Changes sent per `engines` frame, newest first, over every engine.
-pub const RECENT: usize = 30;
+pub(crate) const RECENT: usize = 30;
 
 /// The `hello` frame.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -162,7 +162,7 @@ pub struct NpuState {
 
 /// The name the views give the agent's node: `[agent.kubernetes] node_name`, else
 /// `$NODE_NAME` (the shipped DaemonSet sets it from `spec.nodeName`), else the host name.
-pub fn node_name(agent: &AgentSettings) -> String {
+pub(crate) fn node_name(agent: &AgentSettings) -> String {
     let configured = agent.kubernetes.as_ref().and_then(|k| k.node_name.clone());
     let env = std::env::var("NODE_NAME").ok();
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").ok();
@@ -183,14 +183,14 @@ fn pick_node(configured: Option<String>, env: Option<String>, host: Option<Strin
 /// policy's `confirm_failures` when lower than `max_failure_count` (a confirmed failure
 /// reaches it; an unconfirmed one still counts toward `max_failure_count`), else
 /// `max_failure_count`, the reference's.
-pub fn failure_limit(spec: &EngineSpec) -> i64 {
+pub(crate) fn failure_limit(spec: &EngineSpec) -> i64 {
     let max = spec.health_check_config.max_failure_count;
     spec.agent_policy_in_force()
         .map_or(max, |a| max.min(i64::from(a.confirm_failures)))
 }
 
 /// The `hello` frame for `engines` over `shared`, on `node`.
-pub fn hello(shared: &Shared, engines: &[Arc<Monitor>], node: &str) -> Hello {
+pub(crate) fn hello(shared: &Shared, engines: &[Arc<Monitor>], node: &str) -> Hello {
     let npus = shared
         .devices
         .iter()
@@ -201,8 +201,8 @@ pub fn hello(shared: &Shared, engines: &[Arc<Monitor>], node: &str) -> Hello {
             name: d.info.name.clone(),
             engines: engines
                 .iter()
-                .filter(|e| e.devices.contains(&(i as u16)))
-                .map(|e| e.spec.name.clone())
+                .filter(|e| e.devices().contains(&(i as u16)))
+                .map(|e| e.spec().name.clone())
                 .collect(),
         })
         .collect();
@@ -213,13 +213,13 @@ pub fn hello(shared: &Shared, engines: &[Arc<Monitor>], node: &str) -> Hello {
         frame_interval_ms: FRAME_INTERVAL.as_millis() as u64,
         history_s: HISTORY.as_secs_f64(),
         npus,
-        engines: engines.iter().map(|e| e.spec.name.clone()).collect(),
+        engines: engines.iter().map(|e| e.spec().name.clone()).collect(),
     }
 }
 
 /// Every sample newer than `*after_ns` (ring clock), oldest first per NPU; moves `*after_ns`
 /// to the newest one read. Reads the lock-free ring only.
-pub fn samples_since(shared: &Shared, after_ns: &mut u64) -> Samples {
+pub(crate) fn samples_since(shared: &Shared, after_ns: &mut u64) -> Samples {
     let now_ns = shared.ring.now_ns();
     let mut per: Vec<NpuSamples> = (0..shared.devices.len())
         .map(|i| NpuSamples {
@@ -253,7 +253,7 @@ pub fn samples_since(shared: &Shared, after_ns: &mut u64) -> Samples {
 }
 
 /// The ring-clock time [`HISTORY`] ago: where a new subscriber's first frame starts.
-pub fn history_start(shared: &Shared) -> u64 {
+pub(crate) fn history_start(shared: &Shared) -> u64 {
     shared
         .ring
         .now_ns()
@@ -261,34 +261,34 @@ pub fn history_start(shared: &Shared) -> u64 {
 }
 
 /// One engine's line (reads only; the verdict is peeked).
-pub fn engine_line(m: &Monitor) -> EngineLine {
+pub(crate) fn engine_line(m: &Monitor) -> EngineLine {
     let Answers {
         facts: f,
         readiness: r,
         liveness: l,
     } = Answers::of(m);
     EngineLine {
-        name: m.spec.name.clone(),
+        name: m.spec().name.clone(),
         status: f.status,
         reason: f.reason,
-        policy: m.spec.policy.value.as_str().to_owned(),
+        policy: m.spec().policy.value.as_str().to_owned(),
         level: f.level,
         score: f.score.map(crate::qos::round3),
         ready: r.ready,
         ready_reason: r.reason,
         live: l.live,
         live_reason: l.reason,
-        failure_count: m.vi.failure_count(),
-        max_failure_count: m.spec.health_check_config.max_failure_count,
-        failure_limit: failure_limit(&m.spec),
-        last_probe: m.vi.last_probe().map(|p| ProbeLine {
+        failure_count: m.vi().failure_count(),
+        max_failure_count: m.spec().health_check_config.max_failure_count,
+        failure_limit: failure_limit(m.spec()),
+        last_probe: m.vi().last_probe().map(|p| ProbeLine {
             at_unix_ms: p.at_unix_ms,
             success: p.success,
             outcome: p.outcome,
             latency_ms: (p.latency_ms * 10.0).round() / 10.0,
         }),
         routers: m
-            .acted
+            .acted()
             .routers()
             .into_iter()
             .map(|(router, seen)| (router, seen.state))
@@ -299,8 +299,8 @@ pub fn engine_line(m: &Monitor) -> EngineLine {
 
 /// The driver's faults on `m`'s NPUs, with what each does to it under its policy.
 fn engine_faults(shared: &Shared, m: &Monitor) -> Vec<String> {
-    let agent = m.spec.agent_policy_in_force().is_some();
-    m.devices
+    let agent = m.spec().agent_policy_in_force().is_some();
+    m.devices()
         .iter()
         .flat_map(|&i| shared.faults_of(i))
         .map(|f| {
@@ -326,15 +326,14 @@ fn from_entry(engine: &str, e: ActionRecord) -> Recent {
 }
 
 /// The `engines` frame.
-pub fn engines(shared: &Shared, engines: &[Arc<Monitor>]) -> EnginesFrame {
+pub(crate) fn engines(shared: &Shared, engines: &[Arc<Monitor>]) -> EnginesFrame {
     let mut recent: Vec<Recent> = engines
         .iter()
         .flat_map(|m| {
-            let name = &m.spec.name;
-            m.journal
-                .entries()
+            let name = &m.spec().name;
+            m.actions()
                 .into_iter()
-                .map(|e| from_entry(name, ActionRecord::from(&e)))
+                .map(|a| from_entry(name, a))
                 .collect::<Vec<_>>()
         })
         .collect();

@@ -17,7 +17,7 @@ use std::collections::VecDeque;
 
 /// Why and since when the agent is out of reach.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Lost {
+pub(crate) struct Lost {
     /// When the last data came in (when the first try failed, without any), ms since the
     /// epoch: what is on screen is as of then.
     pub since_unix_ms: u64,
@@ -27,7 +27,7 @@ pub struct Lost {
 
 /// What the view holds: the last frames and each NPU's recent samples.
 #[derive(Debug, Default)]
-pub struct Model {
+pub(crate) struct Model {
     pub hello: Option<Hello>,
     pub engines: Option<EnginesFrame>,
     /// Per NPU (ring index): `(ring ms, value)`, oldest first.
@@ -48,7 +48,7 @@ pub struct Model {
 
 impl Model {
     /// An empty model drawing `seconds` of samples.
-    pub fn new(source: String, seconds: u32) -> Model {
+    pub(crate) fn new(source: String, seconds: u32) -> Model {
         Model {
             seconds: seconds.clamp(1, 60),
             source,
@@ -59,7 +59,7 @@ impl Model {
 
     /// Applies one server-sent event; an unknown event or bad JSON is an error naming it. A
     /// `hello` (a stream that begins) makes the view live again.
-    pub fn apply(&mut self, event: &str, data: &str) -> anyhow::Result<()> {
+    pub(crate) fn apply(&mut self, event: &str, data: &str) -> anyhow::Result<()> {
         match event {
             "hello" => {
                 let h: Hello = serde_json::from_str(data).context("a bad hello frame")?;
@@ -90,13 +90,13 @@ impl Model {
     }
 
     /// Data came in at `unix_ms`.
-    pub fn heard(&mut self, unix_ms: u64) {
+    pub(crate) fn heard(&mut self, unix_ms: u64) {
         self.heard_unix_ms = Some(unix_ms);
     }
 
     /// The agent is out of reach, `why`, seen at `unix_ms`: since the last data, or since
     /// now without any. A later failure keeps the first time and tells its own reason.
-    pub fn lose(&mut self, why: String, unix_ms: u64) {
+    pub(crate) fn lose(&mut self, why: String, unix_ms: u64) {
         let since_unix_ms = self
             .lost
             .as_ref()
@@ -107,13 +107,13 @@ impl Model {
     }
 
     /// Whether every kind of frame arrived once (what `--once` waits for).
-    pub fn complete(&self) -> bool {
+    pub(crate) fn complete(&self) -> bool {
         self.hello.is_some() && self.engines.is_some() && self.now_ms > 0.0
     }
 
     /// The sparkline of NPU `i`, `width` columns over the last `seconds`: each column the
     /// highest valid sample of its slice (`None`: no valid sample in it).
-    pub fn columns(&self, i: usize, width: usize) -> Vec<Option<u64>> {
+    pub(crate) fn columns(&self, i: usize, width: usize) -> Vec<Option<u64>> {
         let mut cols = vec![None; width];
         let Some(q) = self.samples.get(i) else {
             return cols;
@@ -133,7 +133,7 @@ impl Model {
     }
 
     /// Draws the whole view into `buf`: the title, the engines, the NPUs.
-    pub fn render(&self, area: Rect, buf: &mut Buffer) {
+    pub(crate) fn render(&self, area: Rect, buf: &mut Buffer) {
         let [head, eng, npu_area] =
             Layout::vertical(self.rows(area.width).map(Constraint::Length)).areas(area);
         Paragraph::new(self.title_lines(area.width)).render(head, buf);
@@ -296,7 +296,7 @@ impl Model {
     }
 
     /// Rows the view needs at `width`.
-    pub fn height(&self, width: u16) -> u16 {
+    pub(crate) fn height(&self, width: u16) -> u16 {
         self.rows(width).iter().fold(0, |a, r| a.saturating_add(*r))
     }
 }
@@ -311,7 +311,7 @@ fn node(h: &Hello) -> &str {
 }
 
 /// `16:07:12 UTC` (the agent's log is in UTC too).
-pub fn clock_utc(unix_ms: u64) -> String {
+pub(crate) fn clock_utc(unix_ms: u64) -> String {
     let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(unix_ms);
     let stamp = humantime::format_rfc3339_seconds(t).to_string();
     // `2026-12-06T16:07:12Z`: the time of day.
@@ -320,7 +320,7 @@ pub fn clock_utc(unix_ms: u64) -> String {
 
 /// `text` cut into lines of at most `width` columns, at spaces where it can be (a word
 /// longer than a line is cut where the line ends).
-pub fn wrap(text: &str, width: u16) -> Vec<String> {
+pub(crate) fn wrap(text: &str, width: u16) -> Vec<String> {
     let width = usize::from(width.max(1));
     let cols = |s: &str| Line::raw(s.to_owned()).width();
     let mut lines = Vec::new();
@@ -465,7 +465,7 @@ fn engine_lines(e: &EngineLine, width: usize, stale: bool) -> Vec<Line<'static>>
 }
 
 /// The plain text of a buffer, one line per row, trailing spaces cut.
-pub fn buffer_text(buf: &Buffer) -> String {
+pub(crate) fn buffer_text(buf: &Buffer) -> String {
     let area = buf.area;
     let mut out = String::new();
     for y in area.top()..area.bottom() {

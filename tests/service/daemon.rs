@@ -6,8 +6,8 @@
 use crate::support;
 use crate::support::stack::{FAST_TIMING, free_ports, http};
 use npu_health_agent::logging::journald;
-use npu_health_agent::monitor::vi_state::Phase;
 use npu_health_agent::server::wire::EngineDetail;
+use npu_health_wire::Phase;
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

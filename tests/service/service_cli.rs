@@ -6,8 +6,8 @@
 use crate::support;
 use crate::support::stack::{free_ports, http};
 use npu_health_agent::config::mindie::Role;
-use npu_health_agent::monitor::vi_state::Phase;
 use npu_health_agent::server::wire::EngineDetail;
+use npu_health_wire::Phase;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 

@@ -8,8 +8,8 @@
 use crate::support;
 use crate::support::stack::{Launch, Stack};
 use fake_engine::node_manager::{self, NmOptions, NmReport, NmStatus};
-use npu_health_agent::monitor::vi_state::Phase;
 use npu_health_agent::probe::outcome::Accounting;
+use npu_health_wire::Phase;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 

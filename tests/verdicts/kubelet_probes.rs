@@ -118,7 +118,7 @@ fn degrade_fails_readiness_by_default_with_the_envoy_header_and_never_liveness()
         ));
         stack.faults(r#"{"latency_ms": 300, "kv_cache_usage": 0.97}"#);
         stack.wait_until_typed("level degrade", Duration::from_secs(30), |d| {
-            d.qos.state.level == npu_health_agent::qos::score::Level::Degrade
+            d.qos.state.level == npu_health_wire::Level::Degrade
         });
         let body = wait_code(&stack, admin, "readyz", ready, Duration::from_secs(5));
         let (_, head, _) = both(&stack, admin, "readyz");

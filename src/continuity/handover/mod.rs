@@ -48,8 +48,8 @@ mod predecessor;
 mod successor;
 mod wire;
 
-pub use predecessor::{Predecessor, connect};
-pub use successor::{Listener, Successor};
+pub(crate) use predecessor::{Predecessor, connect};
+pub(crate) use successor::{Listener, Successor};
 
 use std::io::{self};
 use std::net::SocketAddr;
@@ -57,32 +57,32 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 /// The protocol's version: both sides must speak the same.
-pub const PROTOCOL: u32 = 1;
+pub(crate) const PROTOCOL: u32 = 1;
 /// The largest message.
 const MAX_MESSAGE: usize = 64 * 1024;
 /// The most sockets one offer carries (engines' mgmt listeners and the admin listener).
-pub const MAX_SOCKETS: usize = 64;
+pub(crate) const MAX_SOCKETS: usize = 64;
 /// A quick step's limit: connecting, `hello`, `offer`, and sending any message.
-pub const STEP: Duration = Duration::from_secs(5);
+pub(crate) const STEP: Duration = Duration::from_secs(5);
 /// How long the old agent waits for `take` after its offer: the new one starts its
 /// sampler and prepares its engines meanwhile, while the old one serves.
-pub const TAKE_WAIT: Duration = Duration::from_secs(60);
+pub(crate) const TAKE_WAIT: Duration = Duration::from_secs(60);
 /// The longest time nobody accepts: from the old agent's pause until `serving`. Node
 /// Manager's poll times out after 1–2 s, and 5 failures in a row kill the node.
-pub const PAUSE_WINDOW: Duration = Duration::from_secs(2);
+pub(crate) const PAUSE_WINDOW: Duration = Duration::from_secs(2);
 /// How long the old agent's last state write may take, of [`PAUSE_WINDOW`].
-pub const STATE_WRITE_WAIT: Duration = Duration::from_millis(500);
+pub(crate) const STATE_WRITE_WAIT: Duration = Duration::from_millis(500);
 /// How long after its `take` the new agent may still start accepting: [`PAUSE_WINDOW`] less
 /// a margin, since the old agent counts from its pause, which comes after the `take`.
-pub const ACCEPT_WITHIN: Duration = Duration::from_millis(1500);
+pub(crate) const ACCEPT_WITHIN: Duration = Duration::from_millis(1500);
 /// How long the new agent waits, after `serving`, for the old one to close the connection
 /// (or to say `refused`: it gave up waiting and accepts again).
-pub const GOODBYE_WAIT: Duration = Duration::from_secs(1);
+pub(crate) const GOODBYE_WAIT: Duration = Duration::from_secs(1);
 
 /// What went wrong in a handover, by family: the caller decides from the family whether
 /// the other agent said no, went quiet, spoke another protocol or was not allowed.
 #[derive(Debug, thiserror::Error)]
-pub enum HandoverError {
+pub(crate) enum HandoverError {
     /// The handover socket of a running agent exists but could not be connected to.
     #[error("cannot connect to {}: {source}", path.display())]
     Connect { path: PathBuf, source: io::Error },

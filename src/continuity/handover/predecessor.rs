@@ -24,13 +24,13 @@ pub struct Predecessor {
 }
 
 /// The listening sockets an offer carried, with the address each is bound to.
-pub type Offered = Vec<(SocketAddr, TcpListener)>;
+pub(super) type Offered = Vec<(SocketAddr, TcpListener)>;
 
 /// Connects to the agent running with the state directory whose socket is `path`, and takes
 /// its offer: `Ok(None)` when none runs there (no socket, or a stale one nobody listens on).
 /// An agent of another user is refused before a word is said; an offer with a socket that
 /// is not fit to serve is answered `refused`, with the reason.
-pub async fn connect(path: &Path) -> Result<Option<(Predecessor, Offered)>, HandoverError> {
+pub(crate) async fn connect(path: &Path) -> Result<Option<(Predecessor, Offered)>, HandoverError> {
     let connect_error = |source| HandoverError::Connect {
         path: path.to_owned(),
         source,
@@ -149,7 +149,7 @@ fn check_socket(addr: SocketAddr, fd: OwnedFd) -> Result<TcpListener, HandoverEr
 
 impl Predecessor {
     /// Asks the running agent to stop accepting and write its state; returns once it has.
-    pub async fn take(&mut self) -> Result<(), HandoverError> {
+    pub(crate) async fn take(&mut self) -> Result<(), HandoverError> {
         self.taken_at = Some(Instant::now());
         say(&self.sock, &Message::Take, &[]).await?;
         expect(&self.sock, "released", ACCEPT_WITHIN)
@@ -158,7 +158,7 @@ impl Predecessor {
     }
 
     /// Whether this agent may still start accepting ([`ACCEPT_WITHIN`] of its `take`).
-    pub fn in_time(&self) -> Result<(), HandoverError> {
+    pub(crate) fn in_time(&self) -> Result<(), HandoverError> {
         match self.taken_at.map(|t| t.elapsed()) {
             Some(took) if took > ACCEPT_WITHIN => Err(HandoverError::Late { took }),
             _ => Ok(()),
@@ -168,7 +168,7 @@ impl Predecessor {
     /// Tells it this agent serves now, and waits for it to close the connection: `Refused`
     /// when it said it accepts again instead (it gave up waiting), another error when it
     /// could not be told or did not close.
-    pub async fn serving(self) -> Result<(), HandoverError> {
+    pub(crate) async fn serving(self) -> Result<(), HandoverError> {
         let told = say(&self.sock, &Message::Serving, &[]).await;
         // A `refused` sent before it closed is still there to read, even if the send failed.
         let during = "waiting for the running agent to close the connection";
@@ -185,10 +185,5 @@ impl Predecessor {
                 format!("still open {GOODBYE_WAIT:?} after `serving`"),
             )))),
         }
-    }
-
-    /// Tells it this agent will not take over (it keeps serving).
-    pub async fn refuse(self, why: &str) {
-        refuse(&self.sock, why).await;
     }
 }

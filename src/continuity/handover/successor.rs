@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 /// The handover socket of a running agent.
 #[derive(Debug)]
-pub struct Listener {
+pub(crate) struct Listener {
     inner: tokio::net::UnixListener,
     path: PathBuf,
     /// The socket file's inode, to remove it on exit only if it is still ours.
@@ -24,7 +24,7 @@ pub struct Listener {
 impl Listener {
     /// Listens at `path`. A stale socket file there (nobody listening) is replaced; so is
     /// a live one when `replace` (the agent this one took over from still holds it).
-    pub fn bind(path: &Path, replace: bool) -> Result<Listener, HandoverError> {
+    pub(crate) fn bind(path: &Path, replace: bool) -> Result<Listener, HandoverError> {
         use std::os::unix::fs::{MetadataExt, PermissionsExt};
         let failed = |what: &'static str| {
             move |source| HandoverError::Listen {
@@ -57,7 +57,7 @@ impl Listener {
     }
 
     /// The next agent that connects, if it runs as this agent's user or root.
-    pub async fn accept(&self) -> Result<UnixStream, HandoverError> {
+    pub(crate) async fn accept(&self) -> Result<UnixStream, HandoverError> {
         let (s, _) = self
             .inner
             .accept()
@@ -74,7 +74,7 @@ impl Listener {
 
     /// Removes the socket file if it is still this listener's (a successor that took over
     /// has bound its own there).
-    pub fn remove(&self) {
+    pub(crate) fn remove(&self) {
         use std::os::unix::fs::MetadataExt;
         if std::fs::metadata(&self.path).is_ok_and(|m| m.ino() == self.ino) {
             let _ = std::fs::remove_file(&self.path);
@@ -84,7 +84,7 @@ impl Listener {
 
 /// An agent taking over from this one.
 #[derive(Debug)]
-pub struct Successor {
+pub(crate) struct Successor {
     sock: UnixStream,
     pub pid: u32,
     pub agent: String,
@@ -92,7 +92,7 @@ pub struct Successor {
 
 impl Successor {
     /// Reads the `hello` on `sock` and offers `sockets`.
-    pub async fn offer(
+    pub(crate) async fn offer(
         sock: UnixStream,
         sockets: Vec<(SocketAddr, OwnedFd)>,
     ) -> Result<Successor, HandoverError> {
@@ -132,25 +132,25 @@ impl Successor {
     }
 
     /// Waits for `take` ([`TAKE_WAIT`]).
-    pub async fn wait_take(&self) -> Result<(), HandoverError> {
+    pub(crate) async fn wait_take(&self) -> Result<(), HandoverError> {
         expect(&self.sock, "take", TAKE_WAIT).await.map(|_| ())
     }
 
     /// Says the sockets are released and the state written.
-    pub async fn released(&self) -> Result<(), HandoverError> {
+    pub(crate) async fn released(&self) -> Result<(), HandoverError> {
         say(&self.sock, &Message::Released, &[]).await
     }
 
     /// Waits for `serving` until [`PAUSE_WINDOW`] after `paused` (when this agent stopped
     /// accepting).
-    pub async fn wait_serving(&self, paused: Instant) -> Result<(), HandoverError> {
+    pub(crate) async fn wait_serving(&self, paused: Instant) -> Result<(), HandoverError> {
         expect_by(&self.sock, "serving", paused + PAUSE_WINDOW, PAUSE_WINDOW)
             .await
             .map(|_| ())
     }
 
     /// Tells it this agent goes on serving, with why.
-    pub async fn refuse(self, why: &str) {
+    pub(crate) async fn refuse(self, why: &str) {
         refuse(&self.sock, why).await;
     }
 }

@@ -3,11 +3,11 @@
 //! calls hang.
 
 pub mod parse;
-pub mod probe;
-pub mod watch;
+pub(crate) mod probe;
+pub(crate) mod watch;
 
 pub use parse::{Cube, MappedChip};
-pub use probe::WatchSupport;
+pub(crate) use probe::WatchSupport;
 pub use watch::{Watch, WatchConfig, WatchTarget, WatchUpdate};
 
 use std::path::Path;
@@ -15,7 +15,7 @@ use std::time::Duration;
 
 /// Errors of the `npu-smi` layer.
 #[derive(Debug, thiserror::Error)]
-pub enum NpuSmiError {
+pub(crate) enum NpuSmiError {
     #[error("npu-smi {command}: {source}")]
     Run {
         command: &'static str,
@@ -36,7 +36,7 @@ pub enum NpuSmiError {
 
 /// A chip's health word and fault codes, from `npu-smi info -t health -i <card> [-c <chip>]`
 /// (no `-c` on a 950, whose `-i` names the chip).
-pub fn health(
+pub(crate) fn health(
     npu_smi: &Path,
     card: u32,
     chip: Option<u32>,
@@ -54,7 +54,7 @@ pub fn health(
 }
 
 /// Lists NPU chips with `npu-smi info -m` (MCUs skipped).
-pub fn enumerate(npu_smi: &Path, timeout: Duration) -> Result<Vec<MappedChip>, NpuSmiError> {
+pub(crate) fn enumerate(npu_smi: &Path, timeout: Duration) -> Result<Vec<MappedChip>, NpuSmiError> {
     let text = run_ok(npu_smi, "info -m", &["info", "-m"], timeout)?;
     Ok(parse::parse_mapping(&text)?)
 }

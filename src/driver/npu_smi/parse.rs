@@ -7,7 +7,7 @@
 //! offsets. No input, however malformed, makes these functions panic (see the property tests).
 
 /// Longest line kept; anything longer is dropped and reported (bounded memory on garbage).
-pub const MAX_LINE: usize = 4096;
+pub(crate) const MAX_LINE: usize = 4096;
 
 /// An AI Cube figure from one data row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,7 +33,7 @@ pub struct WatchRow {
 
 /// What one line of watch output is.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum WatchLine {
+pub(crate) enum WatchLine {
     /// Blank line.
     Blank,
     /// The header; `cube_column` tells whether `AI Cube(%)` is present.
@@ -50,7 +50,7 @@ pub enum WatchLine {
 /// Classifies one line the way the reference does for data rows (skip `NpuID` headers, at
 /// least two whitespace-separated tokens, the last token is the figure), and additionally
 /// requires the first token to be an NPU id so that messages are never read as figures.
-pub fn parse_watch_line(line: &str) -> WatchLine {
+pub(crate) fn parse_watch_line(line: &str) -> WatchLine {
     let line = line.trim();
     if line.is_empty() {
         return WatchLine::Blank;
@@ -152,7 +152,7 @@ impl WatchParser {
     }
 
     /// At end of stream: parses a trailing line that had no newline.
-    pub fn finish(&mut self, mut emit: impl FnMut(WatchEvent)) {
+    pub(crate) fn finish(&mut self, mut emit: impl FnMut(WatchEvent)) {
         let line = std::mem::take(&mut self.buf);
         if self.overlong {
             self.overlong = false;

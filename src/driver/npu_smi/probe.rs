@@ -8,14 +8,14 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 /// Marker the reference looks for in `npu-smi info watch -h`.
-pub const CUBE_MARKER: &str = "u - AI Cube Usage";
+pub(crate) const CUBE_MARKER: &str = "u - AI Cube Usage";
 
 /// The reference's probe timeout.
-pub const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Result of the capability probe.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum WatchSupport {
+pub(crate) enum WatchSupport {
     Supported,
     /// Unsupported, with the warning the reference logs.
     Unsupported(String),
@@ -23,7 +23,7 @@ pub enum WatchSupport {
 
 /// Output of a finished short run.
 #[derive(Debug)]
-pub struct RunOutput {
+pub(crate) struct RunOutput {
     pub status: ExitStatus,
     /// stdout followed by stderr.
     pub text: String,
@@ -31,7 +31,7 @@ pub struct RunOutput {
 
 /// Why a short run did not finish.
 #[derive(Debug, thiserror::Error)]
-pub enum RunError {
+pub(crate) enum RunError {
     #[error("cannot run {program}: {source}")]
     Spawn {
         program: String,
@@ -42,7 +42,7 @@ pub enum RunError {
 }
 
 /// Runs `program args…` (argv only, no shell) with stdin closed; kills it at `timeout`.
-pub fn run(program: &Path, args: &[&str], timeout: Duration) -> Result<RunOutput, RunError> {
+pub(crate) fn run(program: &Path, args: &[&str], timeout: Duration) -> Result<RunOutput, RunError> {
     let mut child = Command::new(program)
         .args(args)
         .process_group(0)
@@ -107,7 +107,7 @@ pub fn run(program: &Path, args: &[&str], timeout: Duration) -> Result<RunOutput
 }
 
 /// `npu-smi info watch -h`: supported only if it exits 0 and prints [`CUBE_MARKER`].
-pub fn watch_support(npu_smi: &Path, timeout: Duration) -> WatchSupport {
+pub(crate) fn watch_support(npu_smi: &Path, timeout: Duration) -> WatchSupport {
     match run(npu_smi, &["info", "watch", "-h"], timeout) {
         Err(RunError::Spawn { .. }) => WatchSupport::Unsupported(
             "npu-smi is not available when checking AI Cube Usage watch support".to_owned(),

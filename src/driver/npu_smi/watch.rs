@@ -57,7 +57,7 @@ pub struct WatchConfig {
 
 impl WatchConfig {
     /// argv for `target` (without the program).
-    pub fn args(&self, target: WatchTarget) -> Vec<String> {
+    pub(crate) fn args(&self, target: WatchTarget) -> Vec<String> {
         let mut a = vec![
             "info".to_owned(),
             "watch".to_owned(),
@@ -162,7 +162,7 @@ impl Watch {
     /// Stops many watches at once: every child is killed first, then the supervisors are
     /// awaited against one 3 s deadline, so shutdown does not take 3 s per NPU when
     /// `npu-smi` is stuck in the driver.
-    pub fn stop_all(watches: Vec<Watch>) {
+    pub(crate) fn stop_all(watches: Vec<Watch>) {
         let mut watches = watches;
         for w in &mut watches {
             w.signal_stop();

@@ -142,7 +142,7 @@ impl Answers {
 
     /// The answers for `m` now (reads only: the verdict is peeked).
     pub fn of(m: &Monitor) -> Answers {
-        Answers::from_facts(ActionInputs::of(m), &m.spec.actions)
+        Answers::from_facts(ActionInputs::of(m), &m.spec().actions)
     }
 }
 

@@ -121,10 +121,10 @@ pub fn answer(engines: &[Arc<Monitor>], asked: &Asked) -> Result<AgentCheck, Bad
     };
     let e = engines
         .iter()
-        .find(|e| &e.spec.name == name)
+        .find(|e| &e.spec().name == name)
         .ok_or(BadPoll::UnknownName)?;
     e.status();
-    let a = agent_check(&ActionInputs::of(e), &e.spec.actions.haproxy);
+    let a = agent_check(&ActionInputs::of(e), &e.spec().actions.haproxy);
     e.told_router(Told::from(a.state), &a.reason);
     Ok(a)
 }

@@ -39,23 +39,23 @@ impl Memory for KubeMemory {
 
 /// A copy of the record of `m` (`/status/detail`'s `kubernetes`, the metrics of its calls).
 pub(crate) fn record(m: &Monitor) -> Option<KubeRecord> {
-    m.acted.with(|k: &mut KubeMemory| k.record.clone())
+    m.acted().with(|k: &mut KubeMemory| k.record.clone())
 }
 
 /// Changes the record of `m` (creating it).
 pub(crate) fn update(m: &Monitor, f: impl FnOnce(&mut KubeRecord)) {
-    m.acted
+    m.acted()
         .with(|k: &mut KubeMemory| f(k.record.get_or_insert_with(KubeRecord::default)));
 }
 
 /// The eviction gate's memory of `m`, as last written.
 pub(crate) fn gate(m: &Monitor) -> Option<GateMemory> {
-    m.acted.with(|k: &mut KubeMemory| k.gate)
+    m.acted().with(|k: &mut KubeMemory| k.gate)
 }
 
 /// Keeps the eviction gate's memory of `m`.
 pub(crate) fn set_gate(m: &Monitor, g: GateMemory) {
-    m.acted.with(|k: &mut KubeMemory| k.gate = Some(g));
+    m.acted().with(|k: &mut KubeMemory| k.gate = Some(g));
 }
 
 #[cfg(test)]

@@ -166,7 +166,7 @@ pub fn inactive(m: &Monitor, cfg: &KubernetesConfig, why: &str) {
 
 impl<A: KubeApi> Loop<'_, A> {
     fn engine(&self) -> &str {
-        &self.m.spec.name
+        &self.m.spec().name
     }
 
     async fn tick(&mut self) {
@@ -196,7 +196,7 @@ impl<A: KubeApi> Loop<'_, A> {
     /// Finds the engine's pod; on failure keeps the old one only if the API could not be
     /// asked (a lookup that answered "none" or "several" drops it).
     async fn lookup(&mut self) {
-        let sel = &self.m.spec.pod;
+        let sel = &self.m.spec().pod;
         let found: Result<PodInfo, (String, bool)> = match sel.named() {
             Some((ns, name)) => match self.api.get_pod(ns, name).await {
                 Ok(p) => pods::check_named(&p, self.node).map(|()| p).map_err(|e| (e, false)),
@@ -219,8 +219,8 @@ impl<A: KubeApi> Loop<'_, A> {
                         &list,
                         sel,
                         &EngineAddr {
-                            host: &self.m.spec.host,
-                            port: self.m.spec.port,
+                            host: &self.m.spec().host,
+                            port: self.m.spec().port,
                         },
                     )
                     .cloned()
@@ -229,7 +229,7 @@ impl<A: KubeApi> Loop<'_, A> {
                 },
             },
         };
-        let engine = self.m.spec.name.clone();
+        let engine = self.m.spec().name.clone();
         match found {
             Ok(p) => {
                 self.quiet.ok(&engine, "pod lookup");
@@ -272,7 +272,7 @@ impl<A: KubeApi> Loop<'_, A> {
     }
 
     async fn condition(&mut self, facts: &ActionInputs, resync: bool) {
-        let r = readiness(facts, &self.m.spec.actions);
+        let r = readiness(facts, &self.m.spec().actions);
         let (status, reason, message) = condition_of(facts, &r);
         let changed = self.sent != Some((status, reason));
         let now = Instant::now();

@@ -10,7 +10,7 @@ use crate::monitor::Monitor;
 use crate::sampler::faults::NpuFault;
 
 /// The driver's faults.
-pub struct DriverFaults;
+pub(crate) struct DriverFaults;
 
 /// Rule 8: a driver fault explains a failure.
 const EXPLAINS: Rule = Rule {
@@ -31,7 +31,7 @@ impl Source for DriverFaults {
 }
 
 /// The level from which a driver fault confirms a failed probe (the accounting's constant).
-pub use crate::monitor::account::CONFIRM_LEVEL;
+pub(crate) use crate::monitor::account::CONFIRM_LEVEL;
 
 /// What a driver fault does to an engine on the NPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -49,7 +49,7 @@ pub enum FaultEffect {
 
 impl FaultEffect {
     /// In words, for `/status/detail`, `doctor` and the live page.
-    pub fn describe(self) -> &'static str {
+    pub(crate) fn describe(self) -> &'static str {
         match self {
             FaultEffect::Published => "published only",
             FaultEffect::LowersQos => "QoS level one band lower, at most throttle",
@@ -61,7 +61,7 @@ impl FaultEffect {
 }
 
 /// What a fault at `level` does under the policy in force (`agent`: the agent policy).
-pub fn fault_effect(agent: bool, level: FaultLevel) -> FaultEffect {
+pub(crate) fn fault_effect(agent: bool, level: FaultLevel) -> FaultEffect {
     match level {
         _ if !agent => FaultEffect::Published,
         l if l >= CONFIRM_LEVEL => FaultEffect::Confirms,
@@ -71,7 +71,7 @@ pub fn fault_effect(agent: bool, level: FaultLevel) -> FaultEffect {
 }
 
 /// The most severe of `faults` (the first of equals).
-pub fn worst(faults: &[NpuFault]) -> Option<&NpuFault> {
+pub(crate) fn worst(faults: &[NpuFault]) -> Option<&NpuFault> {
     faults.iter().fold(None, |w: Option<&NpuFault>, f| match w {
         Some(w) if w.level >= f.level => Some(w),
         _ => Some(f),

@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio_util::sync::CancellationToken;
 
 /// The engine's `/health`.
-pub struct Health;
+pub(crate) struct Health;
 
 /// Rule 1: a `/health` failure has a grace.
 const GRACE: Rule = Rule {
@@ -84,7 +84,7 @@ impl Source for Health {
 }
 
 /// Probes `/health` every `health_period` until cancelled.
-pub async fn health_task<T: HealthTransport>(
+pub(crate) async fn health_task<T: HealthTransport>(
     state: Arc<Monitor>,
     transport: T,
     cancel: CancellationToken,
@@ -122,7 +122,7 @@ impl Monitor {
     }
 
     /// Whether `/health` failed at or after `since` (the agent policy's accounting).
-    pub fn health_failed_since(&self, since: tokio::time::Instant) -> bool {
+    pub(crate) fn health_failed_since(&self, since: tokio::time::Instant) -> bool {
         self.health_detail
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -131,7 +131,7 @@ impl Monitor {
     }
 
     /// Copy of the `/health` details.
-    pub fn health_detail(&self) -> HealthDetail {
+    pub(crate) fn health_detail(&self) -> HealthDetail {
         self.health_detail
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -142,7 +142,7 @@ impl Monitor {
     /// succeeded within `timing.serving_evidence_max_age` (two busy intervals, 40 s, by
     /// default), or token counters advancing in the latest `/metrics` scrape. `None` when the
     /// rule is off (max age zero).
-    pub fn serving_evidence(&self) -> Option<String> {
+    pub(crate) fn serving_evidence(&self) -> Option<String> {
         let fresh = self.spec.timing.serving_evidence_max_age();
         if fresh.is_zero() {
             return None;
@@ -164,7 +164,7 @@ impl Monitor {
     }
 
     /// Applies one `/health` outcome (the rules below).
-    pub fn record_health(&self, outcome: &HealthOutcome, has_connected: bool) {
+    pub(crate) fn record_health(&self, outcome: &HealthOutcome, has_connected: bool) {
         let before = self.health();
         let (after, last_error) = self.update_health_detail(outcome, has_connected);
         self.set_condition(crate::monitor::gates::health_condition(
@@ -314,7 +314,7 @@ impl Monitor {
 /// `evidence` is the engine's evidence of serving right now (it is asked only for a
 /// timeout); `evidence_rule` is false under `serving_evidence_max_age = "0s"` (the
 /// reference's verdict: nothing is excused).
-pub fn excuse(
+pub(crate) fn excuse(
     outcome: &HealthOutcome,
     evidence_rule: bool,
     evidence: impl FnOnce() -> Option<String>,
@@ -339,7 +339,7 @@ pub fn excuse(
 
 /// The agent policy's `/health` grace, as it stands at one outcome.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Grace {
+pub(crate) struct Grace {
     /// `agent_policy.health_failure_grace`.
     pub grace: std::time::Duration,
     /// How long `/health` has failed without a healthy answer, this outcome included.
@@ -348,7 +348,7 @@ pub struct Grace {
 
 /// The `/health` state after one outcome, given its [`excuse`] and, under the agent policy,
 /// its [`Grace`] (`None`: the reference's verdict).
-pub fn judge(outcome: &HealthOutcome, excused: bool, grace: Option<Grace>) -> HealthState {
+pub(crate) fn judge(outcome: &HealthOutcome, excused: bool, grace: Option<Grace>) -> HealthState {
     match outcome {
         HealthOutcome::Healthy => HealthState::Healthy,
         HealthOutcome::Unhealthy {
@@ -374,7 +374,7 @@ pub fn judge(outcome: &HealthOutcome, excused: bool, grace: Option<Grace>) -> He
 /// garbled answer is not the "down" half; an excused timeout is not the "up" half.
 ///
 /// `down` is whether the "down" half was seen; returns (`down` after, re-arm now).
-pub fn restart(down: bool, outcome: &HealthOutcome, vi_abnormal: bool) -> (bool, bool) {
+pub(crate) fn restart(down: bool, outcome: &HealthOutcome, vi_abnormal: bool) -> (bool, bool) {
     match outcome {
         HealthOutcome::Unhealthy {
             unreachable: true, ..

@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// The engine process's identity.
-pub struct Identity;
+pub(crate) struct Identity;
 
 impl Source for Identity {
     fn name(&self) -> &'static str {
@@ -36,7 +36,7 @@ const IDENTITY_PATIENCE: Duration = Duration::from_secs(600);
 /// After a restored state: scrapes the engine's `/metrics` until it answers (for at most
 /// [`IDENTITY_PATIENCE`]) and forgets the state if the engine is another process than the one
 /// it was saved from ([`crate::monitor::saved::other_process`]).
-pub async fn identity_task<M: MetricsSource>(
+pub(crate) async fn identity_task<M: MetricsSource>(
     state: Arc<Monitor>,
     metrics: M,
     saved_start: f64,
@@ -66,7 +66,7 @@ pub async fn identity_task<M: MetricsSource>(
 
 impl Monitor {
     /// Notes the engine process's start time seen on its `/metrics`.
-    pub fn record_engine_start(&self, at: Option<f64>) {
+    pub(crate) fn record_engine_start(&self, at: Option<f64>) {
         if let Some(at) = at {
             *self
                 .engine_started_at
@@ -76,7 +76,7 @@ impl Monitor {
     }
 
     /// The engine process's start time as last seen (Unix seconds).
-    pub fn engine_started_at(&self) -> Option<f64> {
+    pub(crate) fn engine_started_at(&self) -> Option<f64> {
         *self
             .engine_started_at
             .lock()

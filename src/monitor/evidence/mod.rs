@@ -15,13 +15,13 @@
 //! and the monitor walks the sources, which as two top-level modules would be an import
 //! circle; as the monitor's children they reach its state without it naming them.
 
-pub mod driver_faults;
-pub mod health;
-pub mod identity;
+pub(crate) mod driver_faults;
+pub(crate) mod health;
+pub(crate) mod identity;
 pub mod processes;
-pub mod progress;
-pub mod qos;
-pub mod virtual_inference;
+pub(crate) mod progress;
+pub(crate) mod qos;
+pub(crate) mod virtual_inference;
 
 #[cfg(test)]
 mod seam_tests;

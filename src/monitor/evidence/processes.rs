@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// The engine's processes.
-pub struct Processes;
+pub(crate) struct Processes;
 
 /// Rule 10: a stopped engine process is reported in seconds.
 const STOPPED: Rule = Rule {
@@ -67,7 +67,7 @@ pub const PROCESS_PERIOD: Duration = Duration::from_millis(500);
 /// Looks at the engine's processes (`/proc` under `root`) every [`PROCESS_PERIOD`] until
 /// cancelled: the agent policy's stopped-process rule reads it. The look runs on a blocking
 /// thread (a look-up reads processes' open files, a bounded number per look).
-pub async fn process_task(
+pub(crate) async fn process_task(
     state: Arc<Monitor>,
     root: crate::proc_sockets::ProcRoot,
     cancel: CancellationToken,
@@ -96,7 +96,11 @@ pub async fn process_task(
 
 impl Monitor {
     /// Notes what `/proc` showed of the engine's processes at `now`.
-    pub fn record_process(&self, found: &crate::probe::process::Lookup, now: tokio::time::Instant) {
+    pub(crate) fn record_process(
+        &self,
+        found: &crate::probe::process::Lookup,
+        now: tokio::time::Instant,
+    ) {
         self.record_sight(found);
         let mut stopped = self.stopped.lock().unwrap_or_else(|p| p.into_inner());
         let before = *stopped;
@@ -163,13 +167,13 @@ impl Monitor {
     }
 
     /// The stopped process and how long it has been stopped, if one is.
-    pub fn stopped_for(&self) -> Option<(u32, std::time::Duration)> {
+    pub(crate) fn stopped_for(&self) -> Option<(u32, std::time::Duration)> {
         let stopped = self.stopped.lock().unwrap_or_else(|p| p.into_inner());
         stopped.map(|(pid, _, since)| (pid, since.elapsed()))
     }
 
     /// The agent policy's stopped-process rule holds now (off under the reference policy).
-    pub fn engine_stopped(&self) -> bool {
+    pub(crate) fn engine_stopped(&self) -> bool {
         let grace = self
             .spec
             .agent_policy_in_force()
@@ -181,7 +185,7 @@ impl Monitor {
 /// The agent policy's stopped-process rule: one of the engine's processes has been stopped
 /// (`T`: SIGSTOP, a debugger) for `grace` or longer. A `grace` of zero turns it off; the
 /// reference policy has no such rule (its caller passes `None`).
-pub fn stopped(
+pub(crate) fn stopped(
     stopped_for: Option<std::time::Duration>,
     grace: Option<std::time::Duration>,
 ) -> bool {

@@ -8,7 +8,7 @@ use super::{Rule, RuleId, Source};
 use std::time::Duration;
 
 /// The engine's progress.
-pub struct Progress;
+pub(crate) struct Progress;
 
 /// Rule 4: an engine that says it is asleep is not counted.
 const ASLEEP: Rule = Rule {

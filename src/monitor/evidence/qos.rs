@@ -15,7 +15,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// The QoS score and level.
-pub struct Qos;
+pub(crate) struct Qos;
 
 /// Rule 9: QoS eviction.
 const EVICTION: Rule = Rule {
@@ -67,7 +67,7 @@ impl Source for Qos {
 
 impl Monitor {
     /// `qos.eviction` is on and the QoS level is a held `evict`.
-    pub fn qos_evicts(&self) -> bool {
+    pub(crate) fn qos_evicts(&self) -> bool {
         let q = &self.spec.qos;
         q.enabled && q.eviction && self.qos.level() == Level::Evict
     }
@@ -76,7 +76,7 @@ impl Monitor {
 /// Scrapes the engine's `/metrics` every `qos.metrics_period` and evaluates the QoS score
 /// every `qos.period`, logging each level change, until cancelled. Does nothing when
 /// neither the score nor stall detection is on.
-pub async fn qos_task<M: MetricsSource>(
+pub(crate) async fn qos_task<M: MetricsSource>(
     state: Arc<Monitor>,
     metrics: M,
     npus: impl PeakSource,

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 /// The DCMI backend: after discovery, its thread waiting for the devices to sample.
 #[derive(Default)]
-pub struct Dcmi {
+pub(super) struct Dcmi {
     running: Option<Started>,
     /// `npu-smi` watch children for the devices DCMI cannot read ([`super::npu_smi_fallback`]).
     fallback: Option<Fallback>,

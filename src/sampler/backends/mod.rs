@@ -19,7 +19,8 @@
 mod dcmi;
 mod npu_smi;
 mod npu_smi_fallback;
-pub mod scripted;
+#[cfg(test)]
+mod scripted;
 #[cfg(test)]
 mod seam_tests;
 
@@ -33,7 +34,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 /// One way of finding and reading NPUs.
-pub trait DeviceBackend: Send {
+pub(crate) trait DeviceBackend: Send {
     /// Its name in reports and metrics.
     fn kind(&self) -> Backend;
     /// Finds the NPUs it can serve; `Err` says why it cannot (the next backend is tried).
@@ -57,7 +58,7 @@ pub trait DeviceBackend: Send {
 }
 
 /// What a backend's readers are started with.
-pub struct StartCtx<'a> {
+pub(crate) struct StartCtx<'a> {
     pub shared: Arc<Shared>,
     /// `(ring index, index in what discover returned)` of every selected device.
     pub served: Vec<(usize, usize)>,
@@ -67,7 +68,7 @@ pub struct StartCtx<'a> {
 
 /// A started backend: what the sampler keeps of it. Every method but [`Reader::stop`] has
 /// a default for a backend without the capability.
-pub trait Reader: Send {
+pub(crate) trait Reader: Send {
     /// Changes the sampling period. Default: the backend paces nothing itself.
     fn set_period(&self, _period: Duration) {}
     /// Whether it reads its devices' fault codes (settling waits for the first read).
@@ -95,7 +96,7 @@ pub trait Reader: Send {
 /// Every registered backend, in the order `--backend auto` tries them; [`discover`] skips
 /// those the choice leaves out. The DCMI backend has the `npu-smi` fallback around it unless
 /// `--backend dcmi` forbids `npu-smi`.
-pub fn chain(choice: BackendChoice) -> Vec<Box<dyn DeviceBackend>> {
+pub(crate) fn chain(choice: BackendChoice) -> Vec<Box<dyn DeviceBackend>> {
     let npu_smi_allowed = allows(choice, Backend::NpuSmi);
     vec![
         npu_smi_fallback::around(Box::<dcmi::Dcmi>::default(), npu_smi_allowed),
@@ -124,7 +125,7 @@ fn choice_name(choice: BackendChoice) -> &'static str {
 
 /// The first backend of `chain` that `choice` allows and that finds NPUs, with them and
 /// what was tried before it; else every backend with the reason it was not used.
-pub fn discover(
+pub(crate) fn discover(
     chain: Vec<Box<dyn DeviceBackend>>,
     choice: BackendChoice,
     driver: &DriverConfig,
@@ -168,7 +169,7 @@ pub fn discover(
 }
 
 /// The backend that found NPUs.
-pub struct Discovered {
+pub(crate) struct Discovered {
     pub backend: Box<dyn DeviceBackend>,
     pub found: Vec<DeviceInfo>,
     /// The backends tried before it, and why they were not used.
@@ -179,7 +180,7 @@ pub struct Discovered {
 
 /// A reader thread: stopped by dropping `stop` (or a message of its backend's own), joined
 /// unless it does not end within `wait` (a call stuck in the driver), then left behind.
-pub struct Thread {
+pub(crate) struct Thread {
     pub handle: JoinHandle<()>,
     pub stop: Option<Sender<()>>,
     /// Disconnects when the thread ends.
@@ -191,7 +192,7 @@ pub struct Thread {
 
 impl Thread {
     /// Stops the thread and waits for it up to its `wait`.
-    pub fn stop(self, shared: &Shared) {
+    pub(crate) fn stop(self, shared: &Shared) {
         drop(self.stop);
         match self.done.recv_timeout(self.wait) {
             Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
@@ -212,7 +213,7 @@ impl Thread {
 /// Starts the watchdog for the devices of `shared`: it notices calls of `caller`'s thread
 /// that hang and, with a `fallback`, runs `npu-smi` watch children for the devices handed
 /// to it on `requests` (and for `watch_now` at once).
-pub fn start_watchdog(
+pub(crate) fn start_watchdog(
     ctx: &StartCtx<'_>,
     caller: Backend,
     fallback: Option<Fallback>,

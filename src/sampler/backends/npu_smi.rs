@@ -13,7 +13,7 @@ use std::time::Duration;
 
 /// The `npu-smi` backend; discovery keeps the capability probe's answer for the watchdog.
 #[derive(Default)]
-pub struct NpuSmi {
+pub(super) struct NpuSmi {
     support: Option<WatchSupport>,
 }
 

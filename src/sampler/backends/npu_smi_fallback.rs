@@ -10,7 +10,7 @@ use crate::sampler::watchdog::Fallback;
 use crate::sampler::{SamplerConfig, Source, SourceReason, StartError};
 
 /// `primary` with the `npu-smi` fallback behind it when `enabled`, else `primary` alone.
-pub fn around(primary: Box<dyn DeviceBackend>, enabled: bool) -> Box<dyn DeviceBackend> {
+pub(super) fn around(primary: Box<dyn DeviceBackend>, enabled: bool) -> Box<dyn DeviceBackend> {
     if enabled {
         Box::new(NpuSmiFallback { primary })
     } else {

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 /// One scripted NPU.
 #[derive(Debug, Clone)]
-pub struct ScriptedNpu {
+pub(super) struct ScriptedNpu {
     pub info: DeviceInfo,
     /// AI Cube percent, every period.
     pub cube: u8,
@@ -26,7 +26,7 @@ pub struct ScriptedNpu {
 
 /// The scripted backend.
 #[derive(Debug, Clone)]
-pub struct Scripted {
+pub(super) struct Scripted {
     pub npus: Vec<ScriptedNpu>,
 }
 

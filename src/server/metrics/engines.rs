@@ -9,7 +9,7 @@ use crate::monitor::journal::Told;
 use crate::monitor::verdict::HealthState;
 use crate::monitor::vi_state::ViState;
 use crate::monitor::{Monitor, Status};
-use crate::qos::score::Level;
+use npu_health_wire::Level;
 use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use std::collections::BTreeMap;
@@ -98,7 +98,7 @@ impl Exposition {
             "1 for the state the agent last told each router that polls it about the engine (haproxy: ready, queue, drain, maint, down; envoy: healthy, degraded, unhealthy); absent until the router polls",
             MetricType::Gauge,
             self.engines.iter().flat_map(|e| {
-                let seen = e.acted.routers_told();
+                let seen = e.acted().routers_told();
                 crate::integrations::REGISTRY
                     .iter()
                     .filter_map(|router| {
@@ -142,7 +142,7 @@ impl Exposition {
             "Virtual inference requests (warm-up included), by outcome",
             MetricType::Counter,
             self.engines.iter().flat_map(|e| {
-                let (ok, failed) = e.vi.outcomes();
+                let (ok, failed) = e.vi().outcomes();
                 [
                     (
                         with(engine_labels(e, pods), "outcome", "success"),
@@ -162,7 +162,7 @@ impl Exposition {
             MetricType::Gauge,
             self.engines
                 .iter()
-                .map(|e| (engine_labels(e, pods), e.vi.failure_count() as f64)),
+                .map(|e| (engine_labels(e, pods), e.vi().failure_count() as f64)),
         )
     }
 
@@ -175,11 +175,11 @@ impl Exposition {
             MetricType::Gauge,
             self.engines.iter().filter_map(|e| {
                 let mut l: Labels = vec![
-                    ("model", e.spec.model.clone().unwrap_or_default()),
-                    ("engine", e.spec.name.clone()),
+                    ("model", e.spec().model.clone().unwrap_or_default()),
+                    ("engine", e.spec().name.clone()),
                 ];
                 l.extend(pods.of_engine(e));
-                Some((l, e.qos.score()?))
+                Some((l, e.qos().score()?))
             }),
         )?;
         family(
@@ -189,13 +189,13 @@ impl Exposition {
             MetricType::Gauge,
             self.engines
                 .iter()
-                .filter(|e| e.spec.qos.enabled)
+                .filter(|e| e.spec().qos.enabled)
                 .flat_map(|e| {
                     one_hot(
                         &engine_labels(e, pods),
                         "level",
-                        Level::iter(),
-                        e.qos.level(),
+                        Level::ALL,
+                        e.qos().level(),
                         Level::as_str,
                     )
                 }),
@@ -206,7 +206,7 @@ impl Exposition {
             "Score of each QoS component in [0, 1] (absent when its input is missing)",
             MetricType::Gauge,
             self.engines.iter().flat_map(|e| {
-                e.qos.components().into_iter().filter_map(|c| {
+                e.qos().components().into_iter().filter_map(|c| {
                     Some((with(engine_labels(e, pods), "component", &c.name), c.score?))
                 })
             }),
@@ -218,11 +218,11 @@ impl Exposition {
             MetricType::Gauge,
             self.engines
                 .iter()
-                .filter(|e| e.spec.qos.scrapes())
+                .filter(|e| e.spec().qos.scrapes())
                 .map(|e| {
                     (
                         engine_labels(e, pods),
-                        e.qos.stalled_for().map_or(0.0, |d| d.as_secs_f64()),
+                        e.qos().stalled_for().map_or(0.0, |d| d.as_secs_f64()),
                     )
                 }),
         )
@@ -254,7 +254,7 @@ impl Exposition {
         for (metric, help, read) in histograms {
             let mut m = enc.encode_descriptor(metric, help, None, MetricType::Histogram)?;
             for e in &self.engines {
-                let (buckets, count, sum) = read(&e.vi);
+                let (buckets, count, sum) = read(e.vi());
                 m.encode_family(&engine_labels(e, pods))?
                     .encode_histogram::<NoLabelSet>(sum, count, &buckets, None)?;
             }
@@ -265,7 +265,7 @@ impl Exposition {
 
 /// The labels of every engine series: its name, and its pod's.
 fn engine_labels(e: &Monitor, pods: &Pods) -> Labels {
-    let mut l = vec![("engine", e.spec.name.clone())];
+    let mut l = vec![("engine", e.spec().name.clone())];
     l.extend(pods.of_engine(e));
     l
 }

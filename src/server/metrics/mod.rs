@@ -22,26 +22,27 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Prometheus text content type.
-pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+pub(crate) const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// `npu_chip_info_health_status` of a device the driver reports gone: npu-exporter's
 /// `FailedValue` (`math.MaxInt32`), which it exports when MindCluster's `DcGetDeviceHealth`
 /// rejects a health word at or above `MaxInt32`, as `0xFFFFFFFF` is.
-pub const HEALTH_GONE: f64 = 2_147_483_647.0;
+pub(crate) const HEALTH_GONE: f64 = 2_147_483_647.0;
 
 /// npu-exporter's error-code families per chip (`MaxErrorCodeLen`).
-pub const ERROR_CODE_FAMILIES: usize = 10;
+pub(crate) const ERROR_CODE_FAMILIES: usize = 10;
 
 /// The counted failures of each engine (the reference's `failure_count`).
-pub const COUNTED_FAILURES: &str = "npu_health_agent_counted_failures";
+pub(crate) const COUNTED_FAILURES: &str = "npu_health_agent_counted_failures";
 
 /// Families renamed, `(old, new)`: the old name is still exported for one release, untyped,
 /// with the same samples (docs/operator-views.md, "Renamed metrics").
-pub const DEPRECATED: [(&str, &str); 1] = [("npu_health_agent_failure_count", COUNTED_FAILURES)];
+pub(crate) const DEPRECATED: [(&str, &str); 1] =
+    [("npu_health_agent_failure_count", COUNTED_FAILURES)];
 
 /// What one `/metrics` endpoint exposes.
 #[derive(Debug, Clone)]
-pub struct Exposition {
+pub(crate) struct Exposition {
     pub shared: Arc<Shared>,
     pub engines: Vec<Arc<Monitor>>,
     /// Ring indices of the NPUs to expose.
@@ -55,7 +56,7 @@ pub struct Exposition {
 }
 
 /// The prefixes of the chip families: the agent's own, then npu-exporter's.
-pub const CHIP_PREFIXES: [&str; 2] = ["npu_health_agent_chip_", "npu_chip_info_"];
+pub(crate) const CHIP_PREFIXES: [&str; 2] = ["npu_health_agent_chip_", "npu_chip_info_"];
 
 impl Collector for Exposition {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
@@ -110,8 +111,8 @@ impl Exposition {
             let _ = writeln!(
                 out,
                 "{old}{{engine=\"{}\"}} {}",
-                escape_label(&e.spec.name),
-                e.vi.failure_count()
+                escape_label(&e.spec().name),
+                e.vi().failure_count()
             );
         }
     }
@@ -152,7 +153,7 @@ impl Pods {
             return Labels::new();
         };
         let ids: Vec<u32> = e
-            .devices
+            .devices()
             .iter()
             .filter_map(|&i| self.ids.get(usize::from(i)).copied())
             .collect();
@@ -191,7 +192,7 @@ fn escape_label(v: &str) -> String {
 }
 
 /// Renders the metrics of `scope` as Prometheus text.
-pub fn render(scope: &Exposition) -> String {
+pub(crate) fn render(scope: &Exposition) -> String {
     let mut registry = Registry::default();
     registry.register_collector(Box::new(scope.clone()));
     let mut out = String::new();

@@ -112,7 +112,7 @@ impl RouterAction {
 /// injection on the agent's clock.
 pub fn note_actions(
     seen: &mut Vec<RouterAction>,
-    journal: &[npu_health_agent::monitor::journal::ActionRecord],
+    journal: &[npu_health_wire::ActionRecord],
     t0_unix_ms: i64,
 ) {
     for r in journal {
@@ -362,8 +362,8 @@ fn envoy_config(p: &Placement<'_>, front: u16, draft: u16, admin: u16, s: f64) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use npu_health_agent::monitor::journal::ActionRecord;
-    use npu_health_agent::qos::score::Level;
+    use npu_health_wire::ActionRecord;
+    use npu_health_wire::Level;
 
     fn record(at: u64, integration: &str, from: &str, to: &str) -> ActionRecord {
         ActionRecord {

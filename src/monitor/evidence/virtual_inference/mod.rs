@@ -30,7 +30,7 @@ use crate::probe::outcome::{ProbeFailure, ProbeResult};
 use lines::log_accounting;
 use observe::observe;
 use pause::{Pending, Sent, Wake, first_answer};
-pub use state::LoopConfig;
+pub(crate) use state::LoopConfig;
 use state::{Io, Pause, Periodic, State};
 use std::future::Future;
 use std::pin::Pin;
@@ -39,7 +39,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// Virtual inference.
-pub struct VirtualInference;
+pub(crate) struct VirtualInference;
 
 /// Rule 5: fast confirmation of an idle failure.
 const FAST_CONFIRMATION: Rule = Rule {
@@ -123,7 +123,7 @@ impl Source for VirtualInference {
 
 /// Runs warm-up and the periodic loop until abnormal. Cancellation is the caller's: it drops
 /// the future ([`virtual_inference_task`]).
-pub async fn run_virtual_inference(
+pub(crate) async fn run_virtual_inference(
     cfg: &LoopConfig,
     prober: &impl Prober,
     peaks: &impl PeakSource,
@@ -486,7 +486,7 @@ const PROBE_SETTLE: Duration = Duration::from_millis(100);
 
 /// Waits for the start latch, checks the gates, runs virtual inference; repeats after a
 /// re-arm. `cube` reports the NPUs' backends at start time.
-pub async fn virtual_inference_task<P: Prober, S: PeakSource, G: EngineSignals>(
+pub(crate) async fn virtual_inference_task<P: Prober, S: PeakSource, G: EngineSignals>(
     state: Arc<Monitor>,
     prober: P,
     peaks: S,

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 /// The virtual inference loop's settings.
 #[derive(Debug, Clone)]
-pub struct LoopConfig {
+pub(crate) struct LoopConfig {
     /// Engine name for logs.
     pub engine: String,
     pub rules: Rules,
@@ -22,7 +22,7 @@ pub struct LoopConfig {
 
 impl LoopConfig {
     /// The settings of `monitor`'s engine.
-    pub fn of(monitor: &Monitor) -> LoopConfig {
+    pub(crate) fn of(monitor: &Monitor) -> LoopConfig {
         let spec = &monitor.spec;
         LoopConfig {
             engine: spec.name.clone(),

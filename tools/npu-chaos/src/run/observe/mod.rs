@@ -227,7 +227,7 @@ impl Run<'_> {
     fn note_agent_view(&self, detail: Option<&EngineDetail>, out: &mut Outcome) {
         if let (None, Some(first), Some(d)) =
             (out.abnormal_after_ms, self.first_injected_unix_ms, detail)
-            && d.status == npu_health_agent::monitor::Status::Abnormal
+            && d.status == npu_health_wire::Status::Abnormal
         {
             let at = d
                 .virtual_inference
