@@ -1,16 +1,19 @@
 //! The integrations' tables (`[agent.kubernetes]`, `[engine.kubernetes]`, the keys of
 //! `[engine.actions]`), kept by the configuration without naming them: each integration
-//! owns its table's type and how it is read and checked ([`TableReader`], [`Table`]), and
-//! registers it through its seam. The configuration asks the list for the readers through
+//! owns its table's type and how it is checked ([`Table`]), declares where it sits and how
+//! it is read ([`ConfigTable`], a [`TableReader`]), and registers it through its seam
+//! (`Integration::tables`). The configuration asks the list for the readers through
 //! [`Listed`], a trait of its own that the integrations' list implements for [`Readers`]:
 //! the compiler finds the one implementation, so the configuration stays the floor and names
 //! no integration, and a list without it does not build.
 
 use super::KeyError;
+use serde::de::DeserializeOwned;
 use serde::ser::SerializeMap;
 use serde::{Serialize, Serializer};
 use std::any::Any;
 use std::fmt::Debug;
+use std::marker::PhantomData;
 use std::path::Path;
 
 /// Which table of the file an integration's table sits in.
@@ -95,6 +98,70 @@ pub trait TableReader: Sync {
     /// Reads its value as written (`None`: not written, the defaults).
     fn read(&self, value: Option<toml::de::ValueDeserializer<'_>>)
     -> Result<Box<dyn Table>, Fault>;
+}
+
+/// An integration's configuration table of type `T` at `path` of `[agent]` or each
+/// `[[engine]]`: read as serde reads `T` (a key left out keeps `T`'s default), checked by
+/// `T`'s [`Table::check`], got back with `spec.tables.get::<T>()`.
+pub struct ConfigTable<T> {
+    at: At,
+    path: &'static str,
+    shown_as: Option<&'static str>,
+    of: PhantomData<fn() -> T>,
+}
+
+impl<T> ConfigTable<T> {
+    /// `[agent.<path>]`.
+    pub const fn agent(path: &'static str) -> Self {
+        ConfigTable {
+            at: At::Agent,
+            path,
+            shown_as: None,
+            of: PhantomData,
+        }
+    }
+
+    /// `[engine.<path>]` (`actions.<key>` for a key of `[engine.actions]`).
+    pub const fn engine(path: &'static str) -> Self {
+        ConfigTable {
+            at: At::Engine,
+            path,
+            shown_as: None,
+            of: PhantomData,
+        }
+    }
+
+    /// Shown under `key` in the effective configuration instead of its path's first part.
+    pub const fn shown_as(mut self, key: &'static str) -> Self {
+        self.shown_as = Some(key);
+        self
+    }
+}
+
+impl<T: Table + Default + DeserializeOwned> TableReader for ConfigTable<T> {
+    fn at(&self) -> At {
+        self.at
+    }
+
+    fn path(&self) -> &'static str {
+        self.path
+    }
+
+    fn shown_as(&self) -> &'static str {
+        self.shown_as
+            .unwrap_or_else(|| self.path.split('.').next().unwrap_or_default())
+    }
+
+    fn read(
+        &self,
+        value: Option<toml::de::ValueDeserializer<'_>>,
+    ) -> Result<Box<dyn Table>, Fault> {
+        let t = match value {
+            Some(v) => T::deserialize(v).map_err(Fault::Parse)?,
+            None => T::default(),
+        };
+        Ok(Box::new(t))
+    }
 }
 
 /// Where the configuration finds the readers: the integrations' list implements it for

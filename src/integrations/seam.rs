@@ -4,16 +4,14 @@
 //! integration; the list ([`super::REGISTRY`]) names each once.
 
 use super::answers::Readiness;
-use crate::config::tables::{At, Fault, Table, TableReader};
+use crate::config::tables::TableReader;
 use crate::config::{AgentSettings, EngineSpec, ListenerLimits};
 use crate::monitor::Monitor;
 use crate::monitor::acted::Memory;
 use crate::monitor::journal::{Id, Told};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde::de::DeserializeOwned;
 use std::future::Future;
-use std::marker::PhantomData;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::{Arc, RwLock};
@@ -70,7 +68,7 @@ pub trait Integration: Sync {
     /// (`check-config`, `doctor`).
     fn describe(&self, spec: &EngineSpec, agent: &AgentSettings) -> String;
 
-    /// Its configuration tables ([`ConfigTable`]), which the configuration reads through the
+    /// Its configuration tables (`config::tables::ConfigTable`), which the configuration reads through the
     /// list (`[agent.kubernetes]`, `[engine.actions.haproxy]`). None by default.
     fn tables(&self) -> Vec<&'static dyn TableReader> {
         Vec::new()
@@ -127,70 +125,6 @@ pub trait Integration: Sync {
         _cancel: CancellationToken,
     ) -> Serving {
         Box::pin(async {})
-    }
-}
-
-/// An integration's configuration table of type `T` at `path` of `[agent]` or each
-/// `[[engine]]`: read as serde reads `T` (a key left out keeps `T`'s default), checked by
-/// `T`'s [`Table::check`], got back with `spec.tables.get::<T>()`.
-pub(crate) struct ConfigTable<T> {
-    at: At,
-    path: &'static str,
-    shown_as: Option<&'static str>,
-    of: PhantomData<fn() -> T>,
-}
-
-impl<T> ConfigTable<T> {
-    /// `[agent.<path>]`.
-    pub(crate) const fn agent(path: &'static str) -> Self {
-        ConfigTable {
-            at: At::Agent,
-            path,
-            shown_as: None,
-            of: PhantomData,
-        }
-    }
-
-    /// `[engine.<path>]` (`actions.<key>` for a key of `[engine.actions]`).
-    pub(crate) const fn engine(path: &'static str) -> Self {
-        ConfigTable {
-            at: At::Engine,
-            path,
-            shown_as: None,
-            of: PhantomData,
-        }
-    }
-
-    /// Shown under `key` in the effective configuration instead of its path's first part.
-    pub(crate) const fn shown_as(mut self, key: &'static str) -> Self {
-        self.shown_as = Some(key);
-        self
-    }
-}
-
-impl<T: Table + Default + DeserializeOwned> TableReader for ConfigTable<T> {
-    fn at(&self) -> At {
-        self.at
-    }
-
-    fn path(&self) -> &'static str {
-        self.path
-    }
-
-    fn shown_as(&self) -> &'static str {
-        self.shown_as
-            .unwrap_or_else(|| self.path.split('.').next().unwrap_or_default())
-    }
-
-    fn read(
-        &self,
-        value: Option<toml::de::ValueDeserializer<'_>>,
-    ) -> Result<Box<dyn Table>, Fault> {
-        let t = match value {
-            Some(v) => T::deserialize(v).map_err(Fault::Parse)?,
-            None => T::default(),
-        };
-        Ok(Box::new(t))
     }
 }
 

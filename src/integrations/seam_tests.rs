@@ -6,10 +6,10 @@
 //! the configuration reads through the list; no line of `src/config/` names it.
 
 use super::routes::{self, readyz_heard_by};
-use super::seam::{ConfigTable, Integration, Readyz};
+use super::seam::{Integration, Readyz};
 use super::{REGISTRY, tables_of};
 use crate::config::bounds::Within;
-use crate::config::tables::{Table, TableReader};
+use crate::config::tables::{ConfigTable, Table, TableReader};
 use crate::config::{AgentSettings, EngineSpec, KeyError};
 use crate::monitor::Monitor;
 use crate::monitor::journal::{ActionRecord, Id, Told};

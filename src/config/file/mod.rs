@@ -44,9 +44,11 @@ use std::time::Duration;
 
 mod place;
 mod tables;
-use crate::config::tables::{At, TableReader, Tables};
+mod written;
+use crate::config::tables::{TableReader, Tables};
 use place::place_at;
 use tables::{OpenSlot, Slot, Wrong};
+use written::Written;
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -234,17 +236,8 @@ pub(crate) fn parse_with(
             super::unknown::message(&key, &known),
         ),
     };
-    let top = doc.get_ref();
-    let agent_table = top.get("agent").and_then(|v| v.get_ref().as_table());
-    let agent_tables = tables::read(agent_table, At::Agent, readers).map_err(wrong)?;
-    let engine_table = |i: usize| {
-        let engines = top.get("engine")?.get_ref().as_array()?;
-        engines.get(i)?.get_ref().as_table()
-    };
-    let mut engine_tables = (0..parsed.engine.len())
-        .map(|i| tables::read(engine_table(i), At::Engine, readers))
-        .collect::<Result<Vec<Tables>, Wrong>>()
-        .map_err(wrong)?;
+    let (agent_tables, mut engine_tables) =
+        tables::read_all(doc.get_ref(), parsed.engine.len(), readers).map_err(wrong)?;
     let agent = agent_settings(&parsed.agent, base, agent_tables)
         .map_err(|(key, msg)| ConfigError::new(&file, format!("[agent] {key}"), msg))?;
     if parsed.engine.is_empty() {
@@ -289,45 +282,6 @@ pub(crate) fn parse_with(
     };
     cfg.validate_across()?;
     Ok(cfg)
-}
-
-/// What the file writes, beyond the values the serde structs hold: which `[engine.qos]` keys
-/// each engine sets (its policy's preset leaves them alone), and whether `[agent]` names the
-/// policy (for where an engine's policy came from).
-struct Written {
-    qos: Vec<Vec<String>>,
-    agent_policy: bool,
-}
-
-impl Written {
-    fn of(doc: &toml::de::DeTable<'_>) -> Written {
-        fn table<'a, 'i>(
-            v: &'a toml::Spanned<toml::de::DeValue<'i>>,
-        ) -> Option<&'a toml::de::DeTable<'i>> {
-            v.get_ref().as_table()
-        }
-        let qos = doc
-            .get("engine")
-            .and_then(|e| e.get_ref().as_array())
-            .map(|engines| {
-                engines
-                    .iter()
-                    .map(|e| {
-                        table(e)
-                            .and_then(|e| e.get("qos"))
-                            .and_then(table)
-                            .map(|q| q.keys().map(|k| k.get_ref().to_string()).collect())
-                            .unwrap_or_default()
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        let agent_policy = doc
-            .get("agent")
-            .and_then(table)
-            .is_some_and(|a| a.get("policy").is_some());
-        Written { qos, agent_policy }
-    }
 }
 
 /// `pod_resources_socket` and `pod_resources_period`: the pod labels, on with the socket.

@@ -24,7 +24,7 @@ pub(super) enum Wrong {
 /// Every table `readers` has `at`, read from `written` (the `[agent]` table or one
 /// `[[engine]]` table as written, if it was). `[engine.actions]`'s keys are read in the
 /// order written, as serde reads a table, so the first wrong one is the one named.
-pub(super) fn read(
+fn read(
     written: Option<&DeTable<'_>>,
     at: At,
     readers: &[&dyn TableReader],
@@ -71,6 +71,25 @@ pub(super) fn read(
         tables.push(r, table);
     }
     Ok(tables)
+}
+
+/// The tables of the `[agent]` table and of each of the `engines` `[[engine]]` tables of
+/// the document `top`.
+pub(super) fn read_all(
+    top: &DeTable<'_>,
+    engines: usize,
+    readers: &[&dyn TableReader],
+) -> Result<(Tables, Vec<Tables>), Wrong> {
+    let agent = top.get("agent").and_then(|v| v.get_ref().as_table());
+    let engine = |i: usize| {
+        let engines = top.get("engine")?.get_ref().as_array()?;
+        engines.get(i)?.get_ref().as_table()
+    };
+    let agent = read(agent, At::Agent, readers)?;
+    let engines = (0..engines)
+        .map(|i| read(engine(i), At::Engine, readers))
+        .collect::<Result<Vec<Tables>, Wrong>>()?;
+    Ok((agent, engines))
 }
 
 /// The slot of a table an integration reads (`[agent.kubernetes]`, `[engine.kubernetes]`):

@@ -2,9 +2,8 @@
 //! make `/readyz` fail (and the readiness gate `False`). Data only: the configuration reads
 //! it through the seam ([`TABLE`]), the rule is [`super::readiness`].
 
-use crate::config::tables::Table;
+use crate::config::tables::{ConfigTable, Table};
 use crate::config::{EngineSpec, KeyError};
-use crate::integrations::seam::ConfigTable;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 use std::sync::LazyLock;

@@ -2,9 +2,8 @@
 //! verdict `abnormal` put the engine's server in, and the states themselves. Data only: the
 //! configuration reads it through the seam ([`TABLE`]), the rule is [`super::agent_check`].
 
-use crate::config::tables::Table;
+use crate::config::tables::{ConfigTable, Table};
 use crate::config::{EngineSpec, KeyError};
-use crate::integrations::seam::ConfigTable;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 

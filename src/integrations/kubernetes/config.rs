@@ -3,9 +3,8 @@
 //! the seam ([`AGENT_TABLE`], [`ENGINE_TABLE`]). What the mode does is in
 //! `integrations::kubernetes` and `docs/kubernetes.md`.
 
-use crate::config::tables::Table;
+use crate::config::tables::{ConfigTable, Table};
 use crate::config::{AgentSettings, EngineSpec, KeyError};
-use crate::integrations::seam::ConfigTable;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::LazyLock;
