@@ -203,6 +203,7 @@ impl Tables {
         t
     }
 
+    /// Adds the table `r` read.
     pub(crate) fn push(&mut self, r: &dyn TableReader, table: Box<dyn Table>) {
         self.0.push(Entry {
             path: r.path(),
@@ -298,13 +299,21 @@ impl Serialize for Tables {
 /// the table's type.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Shown {
+    /// Null.
     Null,
+    /// A boolean.
     Bool(bool),
+    /// A negative integer.
     I64(i64),
+    /// A non-negative integer.
     U64(u64),
+    /// A float.
     F64(f64),
+    /// A string.
     Str(String),
+    /// An array.
     Seq(Vec<Shown>),
+    /// An object, its keys in order.
     Map(Vec<(String, Shown)>),
 }
 
