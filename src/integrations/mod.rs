@@ -13,9 +13,10 @@
 //! integration hears its answers ([`routes`]), and the observer that writes what changed to
 //! each engine's journal ([`observe`]). Each folder owns its configuration table (`config.rs`:
 //! its type, how it is read and checked), which the configuration reads through this list
-//! ([`Integration::tables`]; the configuration names no integration), its pure rule, its listener or task, its typed states
-//! (`told.rs`) and the [`crate::monitor::journal::Told`] it makes of them, and its memory of
-//! an engine if it keeps one. The folders name the seam, never this list and never each
+//! ([`Integration::tables`]; the configuration names no integration), its pure rule, its
+//! listener or task, its typed states (`told.rs`) and the
+//! [`crate::monitor::journal::Told`] it makes of them, and its memory of an engine if it
+//! keeps one. The folders name the seam, never this list and never each
 //! other. Every rule reads the facts of one instant; none waits on the engine.
 //! docs/architecture.md shows what adding one takes.
 

@@ -1,7 +1,7 @@
 //! The seam every integration plugs into: one trait ([`Integration`]) and what it gives the
 //! agent (routes on each engine's listener, a listener of its own, a task per engine, its
-//! memory of an engine, the hook that hears each `/readyz` answer). The seam names no
-//! integration; the list ([`super::REGISTRY`]) names each once.
+//! memory of an engine, the hook that hears each `/readyz` answer, its configuration tables).
+//! The seam names no integration; the list ([`super::REGISTRY`]) names each once.
 
 use super::answers::Readiness;
 use crate::config::tables::TableReader;
@@ -68,8 +68,9 @@ pub trait Integration: Sync {
     /// (`check-config`, `doctor`).
     fn describe(&self, spec: &EngineSpec, agent: &AgentSettings) -> String;
 
-    /// Its configuration tables (`config::tables::ConfigTable`), which the configuration reads through the
-    /// list (`[agent.kubernetes]`, `[engine.actions.haproxy]`). None by default.
+    /// Its configuration tables (`config::tables::ConfigTable`), which the configuration
+    /// reads through the list (`[agent.kubernetes]`, `[engine.actions.haproxy]`). None by
+    /// default.
     fn tables(&self) -> Vec<&'static dyn TableReader> {
         Vec::new()
     }
