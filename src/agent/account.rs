@@ -6,6 +6,7 @@
 //! not seen: only the groups `/etc/group` lists the user in.
 
 use crate::config::{AgentConfig, ConfigError, Form};
+use crate::integrations::kubernetes::config::KubernetesConfig;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
@@ -297,7 +298,7 @@ fn needed(cfg: &AgentConfig) -> Vec<Needed> {
             files.push(read("[agent] admin_tls.client_ca_file", ca));
         }
     }
-    if let Some(k) = &a.kubernetes {
+    if let Some(k) = KubernetesConfig::of(a) {
         for (key, f) in [("token_file", &k.token_file), ("ca_file", &k.ca_file)] {
             if let Some(f) = f {
                 files.push(read(&format!("[agent.kubernetes] {key}"), f));

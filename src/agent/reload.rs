@@ -17,6 +17,7 @@
 use super::{AgentError, EngineRun, Prepared, Running};
 use crate::config::{AgentConfig, AgentSettings, EngineSpec};
 use crate::driver::fault_levels::{FaultTable, TableError};
+use crate::integrations::kubernetes::config::KubernetesConfig;
 use crate::integrations::{Integration, Listen, REGISTRY};
 use crate::monitor::Monitor;
 use crate::monitor::saved::{Carry, EngineState};
@@ -113,7 +114,10 @@ fn restart_only(old: &AgentSettings, new: &AgentSettings) -> Vec<&'static str> {
         "stall_timeout",
         old.listeners.stall_timeout != new.listeners.stall_timeout,
     );
-    check("kubernetes", old.kubernetes != new.kubernetes);
+    check(
+        "kubernetes",
+        KubernetesConfig::of(old) != KubernetesConfig::of(new),
+    );
     check("state_dir", old.state_dir != new.state_dir);
     check(
         "npu_exporter_names",
@@ -136,7 +140,8 @@ fn keep_start_only(running: &AgentSettings, new: &AgentSettings) -> AgentSetting
         driver_call_deadline: running.driver_call_deadline,
         fault_period: running.fault_period,
         listeners: running.listeners,
-        kubernetes: running.kubernetes.clone(),
+        // The integrations' agent-wide tables (`[agent.kubernetes]`): start-only.
+        tables: running.tables.clone(),
         state_dir: running.state_dir.clone(),
         npu_exporter_names: running.npu_exporter_names,
         pod_resources: running.pod_resources.clone(),

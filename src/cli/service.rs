@@ -8,6 +8,7 @@ use crate::continuity::StateDir;
 use crate::continuity::trust::Checked;
 use crate::driver::Backend;
 use crate::driver::fault_levels::FaultTable;
+use crate::integrations::kubernetes::config::KubernetesConfig;
 use crate::monitor::gates::Condition;
 use crate::monitor::verdict::HealthState;
 use crate::monitor::{HealthDetail, Monitor};
@@ -112,11 +113,7 @@ fn reachable_as(cfg: &AgentConfig, account: &Account) -> Result<(), CliError> {
 /// Without `--user`, as root: root reads every file, and the package's service user may not.
 fn root_note(cfg: &AgentConfig) {
     let tokens = cfg.agent.admin_auth.token_file.is_some()
-        || cfg
-            .agent
-            .kubernetes
-            .as_ref()
-            .is_some_and(|k| k.token_file.is_some());
+        || KubernetesConfig::of(&cfg.agent).is_some_and(|k| k.token_file.is_some());
     if rustix::process::geteuid().is_root() && tokens && Account::lookup("npu-health-agent").is_ok()
     {
         eprintln!(

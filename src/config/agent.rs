@@ -3,8 +3,8 @@
 //! their check.
 
 use super::bounds::Shown;
+use super::tables::{self, At, Tables};
 use super::{KeyError, duration, policy};
-use crate::integrations::kubernetes::config as kubernetes;
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -82,8 +82,10 @@ pub struct AgentSettings {
     pub admin_auth: AdminAuthConfig,
     /// The detection policy of every engine that does not name its own. Default `agent`.
     pub policy: policy::Policy,
-    /// The Kubernetes API mode (`[agent.kubernetes]`); `None`: off.
-    pub kubernetes: Option<kubernetes::KubernetesConfig>,
+    /// The integrations' agent-wide tables (`[agent.kubernetes]`), each the integration's
+    /// own type (`KubernetesConfig::of(agent)`).
+    #[serde(flatten)]
+    pub(crate) tables: Tables,
     /// Where the state file and the handover socket live (`continuity`); `None`: systemd's
     /// `RUNTIME_DIRECTORY` if set, else nothing survives a restart of the agent.
     pub state_dir: Option<PathBuf>,
@@ -215,7 +217,7 @@ impl Default for AgentSettings {
             listeners: ListenerLimits::default(),
             admin_auth: AdminAuthConfig::default(),
             policy: policy::Policy::default(),
-            kubernetes: None,
+            tables: Tables::defaults(&tables::listed(), At::Agent),
             state_dir: None,
             fault_code_file: None,
             npu_exporter_names: false,

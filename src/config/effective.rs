@@ -10,7 +10,7 @@ use super::error::{engine_place, single_place};
 use super::mindie::Role;
 use super::qos::QosConfig;
 use super::timing::Timing;
-use super::{ConfigError, Form, KeyError, actions, policy, resolve};
+use super::{ConfigError, Form, KeyError, policy, resolve, tables};
 use serde::Serialize;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -108,7 +108,7 @@ impl AgentConfig {
                 agent_policy: policy::AgentPolicy::default(),
                 qos_set: flags.qos_set.clone(),
             },
-            actions::EngineActions::default(),
+            tables::Tables::defaults(&tables::listed(), tables::At::Engine),
             format!("{file} ({})", flags.role.section()),
         )
         .map_err(key_error)?;

@@ -4,9 +4,9 @@
 use super::engine_type::EngineType;
 use super::mindie::{self, DispatchProfile, EngineSection, HealthCheckConfig, Role, TlsConfig};
 use super::qos::QosConfig;
+use super::tables::Tables;
 use super::timing::Timing;
-use super::{KeyError, actions, policy, resolve};
-use crate::integrations::kubernetes::config as kubernetes;
+use super::{KeyError, policy, resolve};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -98,11 +98,10 @@ pub struct EngineSpec {
     pub policy: Sourced<policy::Policy>,
     /// The agent policy's settings (`[engine.agent_policy]`; used under `agent` only).
     pub agent_policy: policy::AgentPolicy,
-    /// What the verdict and the levels do through the kubelet and Kubernetes
-    /// (`[engine.actions]`).
-    pub actions: actions::ActionsConfig,
-    /// How the engine's pod is found in the Kubernetes API mode (`[engine.kubernetes]`).
-    pub pod: kubernetes::PodSelector,
+    /// The integrations' tables (`[engine.actions]`, `[engine.kubernetes]`), each the
+    /// integration's own type: `HaproxyMap::of(spec)`, shown as `actions` and `pod`.
+    #[serde(flatten)]
+    pub(crate) tables: Tables,
     /// The file (and role) the engine section came from, or `inline`.
     pub origin: String,
 }
@@ -191,15 +190,11 @@ pub(super) fn build_engine(
     timing: Timing,
     mut qos: QosConfig,
     choice: PolicyChoice,
-    acts: actions::EngineActions,
+    mut tables: Tables,
     origin: String,
 ) -> Result<EngineSpec, KeyError> {
-    acts.actions
-        .validate()
-        .map_err(|(k, m)| (format!("actions.{k}"), m))?;
-    acts.pod
-        .validate()
-        .map_err(|(k, m)| (format!("kubernetes.{k}"), m))?;
+    // An engine's tables name no file: the folder they would be read from is never used.
+    tables.check(std::path::Path::new(""))?;
     policy::apply_preset(choice.policy.value, &mut qos, &choice.qos_set);
     choice
         .agent_policy
@@ -253,8 +248,7 @@ pub(super) fn build_engine(
         qos,
         policy: choice.policy,
         agent_policy: choice.agent_policy,
-        actions: acts.actions,
-        pod: acts.pod,
+        tables,
         origin,
     };
     spec.validate()?;

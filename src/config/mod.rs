@@ -9,13 +9,13 @@
 //!
 //! Parsed once ([`file`]), resolved ([`resolve`]: the MindIE files and the environment), then
 //! checked: each table's type checks itself beside its bounds ([`agent`], [`engine`],
-//! [`timing`], [`qos`], [`policy`], [`kubernetes`], [`actions`]), and [`effective`] the whole,
+//! [`timing`], [`qos`], [`policy`]; the integrations' tables, [`tables`], are their own and
+//! check themselves), and [`effective`] the whole,
 //! so that `check-config`, `run` and a reload apply the same checks. Every error names the
 //! file, the table and the key; [`read`] says how every file named is read; `advice` is
 //! what `check-config` says of a valid configuration that may not do what was meant.
 //! Configuration is the bottom layer: it names no runtime module.
 
-pub mod actions;
 mod advice;
 pub mod agent;
 pub mod bounds;
@@ -30,6 +30,7 @@ pub mod policy;
 pub mod qos;
 pub mod read;
 pub mod resolve;
+pub mod tables;
 pub mod timing;
 pub mod unknown;
 

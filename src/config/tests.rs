@@ -732,6 +732,60 @@ fn the_configuration_reference_lists_every_key_and_no_other() {
     assert!(problems.is_empty(), "\n{}", problems.join("\n"));
 }
 
+// Issue 49: the integrations' tables are theirs, registered through the seam; the reference
+// is checked against every table of the list too (the keys its unknown-key error names), so
+// an integration's table cannot go undocumented: each key is in the section that names its
+// table (`[engine.actions.haproxy]`), or a single key in its parent's (`not_ready_on`).
+#[test]
+fn the_configuration_reference_lists_every_key_of_every_integrations_table() {
+    use super::tables::At;
+    const Z: &str = "zz_not_a_key = 1";
+    let doc = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/configuration.md"),
+    )
+    .unwrap();
+    let heading = |table: &str| {
+        doc.lines()
+            .find(|l| l.starts_with('#') && l.contains(&format!("`[{table}]`")))
+            .map(str::to_owned)
+    };
+    let readers = super::tables::listed();
+    assert!(readers.len() >= 4, "the list's tables: {}", readers.len());
+    let mut problems = Vec::new();
+    for r in readers {
+        let (at, text) = match r.at() {
+            At::Agent => (
+                "agent",
+                BASE.replacen(
+                    "[[engine]]",
+                    &format!("[agent.{}]\n{Z}\n\n[[engine]]", r.path()),
+                    1,
+                ),
+            ),
+            At::Engine => ("engine", format!("{BASE}[engine.{}]\n{Z}\n", r.path())),
+        };
+        let table = format!("{at}.{}", r.path());
+        let (parent, last) = r.path().rsplit_once('.').unwrap_or(("", r.path()));
+        match heading(&table) {
+            // A table: each of its keys, bare or under its name (`haproxy.maxconn`).
+            Some(h) => {
+                let documented = documented_keys(&h);
+                for k in known_keys(&text) {
+                    if !documented.contains(&k) && !documented.contains(&format!("{last}.{k}")) {
+                        problems.push(format!("{h}: `{k}` of [{table}] is not documented"));
+                    }
+                }
+            }
+            // A key of its parent table.
+            None => match heading(&format!("{at}.{parent}")) {
+                Some(h) if documented_keys(&h).iter().any(|k| k == last) => {}
+                _ => problems.push(format!("`{table}` has no section and no row")),
+            },
+        }
+    }
+    assert!(problems.is_empty(), "\n{}", problems.join("\n"));
+}
+
 // Issue 48: `sample_period = 50` got "invalid type: integer `50`, expected a string". Every
 // duration key (each key docs/configuration.md bounds with a range of durations) shows a bare
 // number written as a duration, at its own place.

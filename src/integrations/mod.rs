@@ -11,10 +11,12 @@
 //! Beside the folders, the seam's own parts: the facts every rule reads ([`facts`]), the
 //! agent's readiness and liveness ([`answers`]), `/readyz` and the hook through which every
 //! integration hears its answers ([`routes`]), and the observer that writes what changed to
-//! each engine's journal ([`observe`]). Each folder owns its configuration table (`config.rs`,
-//! read by [`crate::config`]), its pure rule, its listener or task, its typed states
-//! (`told.rs`) and the [`crate::monitor::journal::Told`] it makes of them, and its memory of
-//! an engine if it keeps one. The folders name the seam, never this list and never each
+//! each engine's journal ([`observe`]). Each folder owns its configuration table (`config.rs`:
+//! its type, how it is read and checked), which the configuration reads through this list
+//! ([`Integration::tables`]; the configuration names no integration), its pure rule, its
+//! listener or task, its typed states (`told.rs`) and the
+//! [`crate::monitor::journal::Told`] it makes of them, and its memory of an engine if it
+//! keeps one. The folders name the seam, never this list and never each
 //! other. Every rule reads the facts of one instant; none waits on the engine.
 //! docs/architecture.md shows what adding one takes.
 
@@ -33,6 +35,7 @@ pub use answers::{Answers, Liveness, Readiness};
 pub use facts::{AbnormalCause, ActionInputs};
 pub use seam::{Engines, Integration, Listen, Route, Serving, Started};
 
+use crate::config::tables::{Listed, Readers, TableReader};
 use crate::config::{AgentSettings, EngineSpec};
 use crate::monitor::Monitor;
 use serde::{Deserialize, Serialize};
@@ -45,6 +48,21 @@ pub static REGISTRY: &[&dyn Integration] = &[
     &haproxy::Haproxy,
     &envoy::Envoy,
 ];
+
+/// The configuration reads every integration's table through the list: the seam's own
+/// (`[engine.actions] not_ready_on`), then each integration's, in the list's order.
+impl Listed for Readers {
+    fn readers() -> Vec<&'static dyn TableReader> {
+        tables_of(REGISTRY)
+    }
+}
+
+/// The tables of the integrations of `list`, after the seam's own.
+pub(crate) fn tables_of(list: &[&'static dyn Integration]) -> Vec<&'static dyn TableReader> {
+    let mut tables: Vec<&'static dyn TableReader> = vec![&answers::config::TABLE];
+    tables.extend(list.iter().flat_map(|i| i.tables()));
+    tables
+}
 
 /// Gives the engine `m` each integration's memory ([`Integration::memory`]), before its tasks
 /// start: the state file then holds every integration's keys from its first write.

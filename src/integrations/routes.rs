@@ -7,6 +7,7 @@
 //! (`/engines/<name>/readyz`, `/livez`) answer for a name no engine has.
 
 use super::REGISTRY;
+use super::answers::config::NotReadyList;
 use super::answers::readiness;
 use super::facts::ActionInputs;
 use super::seam::{Integration, Readyz, Route, probe_answer};
@@ -42,7 +43,7 @@ pub(crate) fn readyz_heard_by(
 ) -> Response {
     // A probe is a poll like Node Manager's: the first healthy one starts virtual inference.
     e.status();
-    let r = readiness(&ActionInputs::of(e), &e.spec().actions);
+    let r = readiness(&ActionInputs::of(e), NotReadyList::of(e.spec()));
     let heard = Readyz {
         engine: e,
         asked,

@@ -1,9 +1,10 @@
 //! The seam every integration plugs into: one trait ([`Integration`]) and what it gives the
 //! agent (routes on each engine's listener, a listener of its own, a task per engine, its
-//! memory of an engine, the hook that hears each `/readyz` answer). The seam names no
-//! integration; the list ([`super::REGISTRY`]) names each once.
+//! memory of an engine, the hook that hears each `/readyz` answer, its configuration tables).
+//! The seam names no integration; the list ([`super::REGISTRY`]) names each once.
 
 use super::answers::Readiness;
+use crate::config::tables::TableReader;
 use crate::config::{AgentSettings, EngineSpec, ListenerLimits};
 use crate::monitor::Monitor;
 use crate::monitor::acted::Memory;
@@ -66,6 +67,13 @@ pub trait Integration: Sync {
     /// What it does for the engine `spec` under the agent's settings `agent`, in one line
     /// (`check-config`, `doctor`).
     fn describe(&self, spec: &EngineSpec, agent: &AgentSettings) -> String;
+
+    /// Its configuration tables (`config::tables::ConfigTable`), which the configuration
+    /// reads through the list (`[agent.kubernetes]`, `[engine.actions.haproxy]`). None by
+    /// default.
+    fn tables(&self) -> Vec<&'static dyn TableReader> {
+        Vec::new()
+    }
 
     /// The routes it answers on each engine's listener.
     fn routes(&self) -> &'static [Route] {

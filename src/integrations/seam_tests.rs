@@ -2,12 +2,15 @@
 //! written as a new integration is, in this one file, and given to the `/readyz` route as one
 //! more line of the list. It hears every answer through the seam's hook and records what it
 //! was told in the engine's journal; nothing of the kubelet's folder, Envoy's or the journal
-//! changes for it.
+//! changes for it. It has a configuration table of its own, `[engine.actions.nginx]`, which
+//! the configuration reads through the list; no line of `src/config/` names it.
 
-use super::REGISTRY;
 use super::routes::{self, readyz_heard_by};
 use super::seam::{Integration, Readyz};
-use crate::config::{AgentSettings, EngineSpec};
+use super::{REGISTRY, tables_of};
+use crate::config::bounds::Within;
+use crate::config::tables::{ConfigTable, Table, TableReader};
+use crate::config::{AgentSettings, EngineSpec, KeyError};
 use crate::monitor::Monitor;
 use crate::monitor::journal::{ActionRecord, Id, Told};
 use crate::probe::health::HealthOutcome;
@@ -34,6 +37,37 @@ impl From<NginxState> for Told {
     }
 }
 
+/// `[engine.actions.nginx]`: the router's settings for an engine.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct NginxTable {
+    /// The engine's weight in the upstream.
+    weight: u32,
+    /// Whether the engine is the upstream's `backup` server.
+    backup: bool,
+}
+
+impl Default for NginxTable {
+    fn default() -> Self {
+        NginxTable {
+            weight: 1,
+            backup: false,
+        }
+    }
+}
+
+/// nginx's weights (`server … weight=N`).
+const WEIGHT: Within<u32> = Within::new(1, 100);
+
+impl Table for NginxTable {
+    fn check(&mut self, _base: &std::path::Path) -> Result<(), KeyError> {
+        WEIGHT.check("weight", self.weight)
+    }
+}
+
+/// Its table, as it registers it.
+static TABLE: ConfigTable<NginxTable> = ConfigTable::engine("actions.nginx");
+
 /// The router, as the list would hold it.
 struct Nginx;
 
@@ -42,8 +76,14 @@ impl Integration for Nginx {
         ID
     }
 
-    fn describe(&self, _spec: &EngineSpec, _agent: &AgentSettings) -> String {
-        "health check on /readyz".to_owned()
+    fn describe(&self, spec: &EngineSpec, _agent: &AgentSettings) -> String {
+        let t = spec.tables.get::<NginxTable>().cloned().unwrap_or_default();
+        let backup = if t.backup { ", backup" } else { "" };
+        format!("health check on /readyz, weight {}{backup}", t.weight)
+    }
+
+    fn tables(&self) -> Vec<&'static dyn TableReader> {
+        vec![&TABLE]
     }
 
     fn router_states(&self) -> Vec<Told> {
@@ -152,4 +192,84 @@ async fn a_router_in_one_file_reads_readyz_through_the_hook_and_the_journal_reco
     assert!(Nginx.router_states().contains(&seen_as));
     let without = seen(readyz_heard_by(REGISTRY, &m, &asked_by("nginx-check/1.0")));
     assert_eq!(with, without, "the new router changes no answer");
+}
+
+/// The engine of [`engine`], with `extra` after it, read with the tables of `list`'s
+/// integrations: `Err` the one line `check-config` prints.
+fn read_with(list: &[&'static dyn Integration], extra: &str) -> Result<EngineSpec, String> {
+    let text = format!(
+        "[[engine]]\nname = \"e\"\nhost = \"127.0.0.1\"\nport = 8000\nmgmt_port = 9000\nengine_type = \"vllm\"\nserved_model_name = \"m\"\n{extra}"
+    );
+    crate::config::file::parse_with(&text, std::path::Path::new("agent.toml"), &tables_of(list))
+        .map(|mut c| c.engines.remove(0))
+        .map_err(|e| e.to_string())
+}
+
+// A router's table of its own under `[engine.actions]`, in the same one file: the
+// configuration reads it through the list (its keys, its defaults, its bounds, its place in
+// every error, its key among the known ones) and shows it in the effective configuration,
+// and the tables of the list read as before beside it. Without its line in the list, its
+// table is an unknown key.
+#[test]
+fn a_router_with_a_table_of_its_own_is_read_through_the_seam_with_no_line_of_the_configuration() {
+    let list: Vec<&dyn Integration> = REGISTRY.iter().copied().chain([&Nginx as _]).collect();
+    let spec = read_with(
+        &list,
+        "[engine.actions]\nnot_ready_on = [\"evict\"]\n[engine.actions.nginx]\nweight = 7\n",
+    )
+    .unwrap();
+    assert_eq!(
+        spec.tables.get::<NginxTable>(),
+        Some(&NginxTable {
+            weight: 7,
+            backup: false
+        })
+    );
+    let agent = AgentSettings::default();
+    assert_eq!(
+        Nginx.describe(&spec, &agent),
+        "health check on /readyz, weight 7"
+    );
+    let not_ready = super::answers::config::NotReadyList::of(&spec);
+    assert_eq!(not_ready.0, [super::answers::config::NotReadyOn::Evict]);
+    let shown = serde_json::to_value(&spec).unwrap();
+    assert_eq!(
+        shown["actions"]["nginx"],
+        serde_json::json!({"weight": 7, "backup": false})
+    );
+    assert_eq!(
+        shown["actions"]["not_ready_on"],
+        serde_json::json!(["evict"])
+    );
+    // Not written: its defaults.
+    let spec = read_with(&list, "").unwrap();
+    assert_eq!(
+        spec.tables.get::<NginxTable>(),
+        Some(&NginxTable::default())
+    );
+    for (extra, says) in [
+        (
+            "[engine.actions.nginx]\nweight = 0\n",
+            "agent.toml: [[engine]] #1 (e) actions.nginx.weight: `0` is outside 1..=100",
+        ),
+        (
+            "[engine.actions.nginx]\nweight = \"heavy\"\n",
+            "agent.toml: [[engine]] #1 (e) actions.nginx.weight: invalid type: string \"heavy\", expected u32",
+        ),
+        (
+            "[engine.actions.nginx]\nwieght = 2\n",
+            "agent.toml: [[engine]] #1 (e) actions.nginx.wieght: unknown key `wieght`; did you mean `weight`? (known keys: weight, backup)",
+        ),
+        (
+            "[engine.actions]\nngnix = {}\n",
+            "agent.toml: [[engine]] #1 (e) actions.ngnix: unknown key `ngnix`; did you mean `nginx`? (known keys: not_ready_on, haproxy, nginx)",
+        ),
+    ] {
+        assert_eq!(read_with(&list, extra).unwrap_err(), says, "{extra}");
+    }
+    // The list decides: without the router, its table is no key of the configuration.
+    assert_eq!(
+        read_with(REGISTRY, "[engine.actions.nginx]\nweight = 7\n").unwrap_err(),
+        "agent.toml: [[engine]] #1 (e) actions.nginx: unknown key `nginx` (known keys: not_ready_on, haproxy)"
+    );
 }

@@ -4,7 +4,7 @@
 use super::answers::{Answers, liveness, readiness};
 use super::facts::{AbnormalCause, ActionInputs};
 use super::observe;
-use crate::config::actions::ActionsConfig;
+use crate::integrations::answers::config::NotReadyList;
 use crate::monitor::Monitor;
 use crate::monitor::journal::ActionRecord;
 use crate::monitor::verdict::{HealthState, Status};
@@ -85,7 +85,7 @@ async fn facts_of_a_monitor() {
     let f = ActionInputs::of(&m);
     assert!(!f.port_closed);
     assert!(!liveness(&f).live);
-    let r = readiness(&f, &ActionsConfig::default());
+    let r = readiness(&f, &NotReadyList::default());
     assert!(!r.ready);
     assert!(
         r.reason.contains("upstream error") && !r.reason.contains('\n'),
@@ -100,7 +100,7 @@ async fn facts_of_a_monitor() {
 fn the_journal_records_what_changed() {
     use observe::{ObservedState, changes};
     type I = &'static str;
-    let cfgd = ActionsConfig::default();
+    let cfgd = NotReadyList::default();
     let a0 = Answers::from_facts(facts(OK, NORMAL), &cfgd);
     let s0 = ObservedState::of(&a0);
     let words = |e: Vec<crate::monitor::journal::Entry>| -> Vec<ActionRecord> {

@@ -14,6 +14,7 @@ pub(crate) mod top;
 
 use crate::config::{AgentSettings, EngineSpec};
 use crate::integrations::Answers;
+use crate::integrations::kubernetes::config::KubernetesConfig;
 use crate::monitor::Monitor;
 use crate::sampler::Shared;
 use npu_health_wire::ActionRecord;
@@ -163,7 +164,7 @@ pub struct NpuState {
 /// The name the views give the agent's node: `[agent.kubernetes] node_name`, else
 /// `$NODE_NAME` (the shipped DaemonSet sets it from `spec.nodeName`), else the host name.
 pub(crate) fn node_name(agent: &AgentSettings) -> String {
-    let configured = agent.kubernetes.as_ref().and_then(|k| k.node_name.clone());
+    let configured = KubernetesConfig::of(agent).and_then(|k| k.node_name.clone());
     let env = std::env::var("NODE_NAME").ok();
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").ok();
     pick_node(configured, env, host)

@@ -15,7 +15,9 @@ use npu_health_agent::agent::AfterHandover;
 use npu_health_agent::agent::preflight;
 use npu_health_agent::cli::{Cli, Command};
 use npu_health_agent::config::agent::POD_RESOURCES_SOCKET;
-use npu_health_agent::integrations::kubernetes::config::DEFAULT_CONDITION_TYPE;
+use npu_health_agent::integrations::kubernetes::config::{
+    DEFAULT_CONDITION_TYPE, KubernetesConfig,
+};
 use npu_health_agent::logging::LogFormat;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
@@ -280,7 +282,7 @@ fn check(files: &Files, scratch: &Path, out: &mut Vec<String>) -> Result<(), Str
     }
 
     // The service account token is mounted exactly when the Kubernetes API mode is on.
-    let api_mode = cfg.agent.kubernetes.is_some();
+    let api_mode = KubernetesConfig::of(&cfg.agent).is_some();
     if pod.automount_service_account_token != Some(api_mode) {
         out.push(format!(
             "daemonset.yaml: automountServiceAccountToken is {:?}, and [agent.kubernetes] is {}",
@@ -399,10 +401,7 @@ fn check(files: &Files, scratch: &Path, out: &mut Vec<String>) -> Result<(), Str
     let file_name = "examples/vllm-with-readiness-gate.yaml";
     let dep: Deployment = one(files, file_name, "Deployment")?;
     let pod = pod_spec(dep.spec.and_then(|s| s.template.spec), file_name)?;
-    let condition = cfg
-        .agent
-        .kubernetes
-        .as_ref()
+    let condition = KubernetesConfig::of(&cfg.agent)
         .map_or(DEFAULT_CONDITION_TYPE, |k| k.condition_type.as_str());
     if !pod
         .readiness_gates

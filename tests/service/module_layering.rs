@@ -847,11 +847,19 @@ fn a_cycle_is_found() {
 
 // Configuration is the bottom layer: its shipped code names no other top-level module (the
 // runtime converts what it needs, as `agent::driver_config` and
-// `FaultTable::configured` do), so every module may read it and it reads none back.
+// `FaultTable::configured` do), so every module may read it and it reads none back. Nor
+// does it name the integrations' tables: each integration reads its own, registered
+// through the seam (`config::tables`), so a new table touches no file of `src/config/`.
 #[test]
 fn the_configuration_names_no_runtime_module() {
     let g = graph();
     assert!(g["config"].is_empty(), "config names {:?}", g["config"]);
+    let g = graph_with_tables(&root().join("src"), &["integrations"]);
+    assert!(
+        g["config"].is_empty(),
+        "config names {:?} (the integrations' tables are theirs)",
+        g["config"]
+    );
     // The integrations' tables (their configuration and the states they are told) are data
     // of the same floor: they name the configuration and nothing that runs.
     let g = graph_with_tables(&root().join("src"), &["integrations"]);

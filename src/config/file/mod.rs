@@ -43,7 +43,12 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 mod place;
+mod tables;
+mod written;
+use crate::config::tables::{TableReader, Tables};
 use place::place_at;
+use tables::{OpenSlot, Slot, Wrong};
+use written::Written;
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -85,7 +90,8 @@ struct AgentTable {
     #[serde(with = "duration")]
     stall_timeout: Duration,
     policy: Policy,
-    kubernetes: Option<crate::integrations::kubernetes::config::KubernetesConfig>,
+    /// `[agent.kubernetes]`, the Kubernetes API mode's (read by its reader).
+    kubernetes: Slot,
     state_dir: Option<PathBuf>,
     fault_code_file: Option<PathBuf>,
     npu_exporter_names: bool,
@@ -163,10 +169,12 @@ struct EngineTable {
     policy: Option<Policy>,
     #[serde(default)]
     agent_policy: AgentPolicy,
-    #[serde(default)]
-    actions: super::actions::ActionsConfig,
-    #[serde(default)]
-    kubernetes: crate::integrations::kubernetes::config::PodSelector,
+    // The integrations' tables (read by their readers): `[engine.actions]`'s keys,
+    // `[engine.kubernetes]`.
+    #[serde(default, rename = "actions")]
+    _actions: OpenSlot,
+    #[serde(default, rename = "kubernetes")]
+    _kubernetes: Slot,
 }
 
 /// Reads and validates `agent.toml` (a regular file of at most 4 MiB, [`super::read`]).
@@ -186,6 +194,15 @@ fn line_column(text: &str, offset: usize) -> (usize, usize) {
 
 /// Parses `agent.toml` text; `path` names the file and resolves relative paths.
 pub fn parse(text: &str, path: &Path) -> Result<AgentConfig, ConfigError> {
+    parse_with(text, path, &crate::config::tables::listed())
+}
+
+/// [`parse`], the integrations' tables read by `readers` (the list's, or a test's).
+pub(crate) fn parse_with(
+    text: &str,
+    path: &Path,
+    readers: &[&dyn TableReader],
+) -> Result<AgentConfig, ConfigError> {
     let file = path.display().to_string();
     let base = path.parent().unwrap_or(Path::new("."));
     // The text is parsed once, into its spanned document: that names the place of any
@@ -211,7 +228,17 @@ pub fn parse(text: &str, path: &Path) -> Result<AgentConfig, ConfigError> {
     let written = Written::of(doc.get_ref());
     let parsed =
         FileConfig::deserialize(toml::de::Deserializer::from(doc.clone())).map_err(|e| fail(&e))?;
-    let agent = agent_settings(&parsed.agent, base)
+    let wrong = |w: Wrong| match w {
+        Wrong::Toml(e) => fail(&e),
+        Wrong::Unknown { key, known, span } => ConfigError::new(
+            &file,
+            place_at(doc.get_ref(), text, span, ""),
+            super::unknown::message(&key, &known),
+        ),
+    };
+    let (agent_tables, mut engine_tables) =
+        tables::read_all(doc.get_ref(), parsed.engine.len(), readers).map_err(wrong)?;
+    let agent = agent_settings(&parsed.agent, base, agent_tables)
         .map_err(|(key, msg)| ConfigError::new(&file, format!("[agent] {key}"), msg))?;
     if parsed.engine.is_empty() {
         return Err(ConfigError::new(
@@ -240,9 +267,11 @@ pub fn parse(text: &str, path: &Path) -> Result<AgentConfig, ConfigError> {
             agent_policy: t.agent_policy.clone(),
             qos_set: written.qos.get(i).cloned().unwrap_or_default(),
         };
-        let spec = engine(t, i, base, parsed.agent.env_config_path.as_deref(), choice).map_err(
-            |(key, msg)| ConfigError::new(&file, engine_place(i, t.name.as_deref(), &key), msg),
-        )?;
+        let tables = std::mem::take(&mut engine_tables[i]);
+        let env_json = parsed.agent.env_config_path.as_deref();
+        let spec = engine(t, i, base, env_json, choice, tables).map_err(|(key, msg)| {
+            ConfigError::new(&file, engine_place(i, t.name.as_deref(), &key), msg)
+        })?;
         engines.push(spec);
     }
     let cfg = AgentConfig {
@@ -253,45 +282,6 @@ pub fn parse(text: &str, path: &Path) -> Result<AgentConfig, ConfigError> {
     };
     cfg.validate_across()?;
     Ok(cfg)
-}
-
-/// What the file writes, beyond the values the serde structs hold: which `[engine.qos]` keys
-/// each engine sets (its policy's preset leaves them alone), and whether `[agent]` names the
-/// policy (for where an engine's policy came from).
-struct Written {
-    qos: Vec<Vec<String>>,
-    agent_policy: bool,
-}
-
-impl Written {
-    fn of(doc: &toml::de::DeTable<'_>) -> Written {
-        fn table<'a, 'i>(
-            v: &'a toml::Spanned<toml::de::DeValue<'i>>,
-        ) -> Option<&'a toml::de::DeTable<'i>> {
-            v.get_ref().as_table()
-        }
-        let qos = doc
-            .get("engine")
-            .and_then(|e| e.get_ref().as_array())
-            .map(|engines| {
-                engines
-                    .iter()
-                    .map(|e| {
-                        table(e)
-                            .and_then(|e| e.get("qos"))
-                            .and_then(table)
-                            .map(|q| q.keys().map(|k| k.get_ref().to_string()).collect())
-                            .unwrap_or_default()
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        let agent_policy = doc
-            .get("agent")
-            .and_then(table)
-            .is_some_and(|a| a.get("policy").is_some());
-        Written { qos, agent_policy }
-    }
 }
 
 /// `pod_resources_socket` and `pod_resources_period`: the pod labels, on with the socket.
@@ -309,7 +299,11 @@ fn pod_resources(t: &AgentTable) -> Result<Option<super::PodResourcesSettings>, 
     }
 }
 
-fn agent_settings(t: &AgentTable, base: &Path) -> Result<AgentSettings, KeyError> {
+fn agent_settings(
+    t: &AgentTable,
+    base: &Path,
+    mut tables: Tables,
+) -> Result<AgentSettings, KeyError> {
     let admin_listen = match &t.admin_listen {
         None => None,
         Some(s) => Some(s.parse().map_err(|_| {
@@ -385,16 +379,10 @@ fn agent_settings(t: &AgentTable, base: &Path) -> Result<AgentSettings, KeyError
         fault_code_file: t.fault_code_file.as_ref().map(|p| base_rel(base, p)),
         npu_exporter_names: t.npu_exporter_names,
         pod_resources: pod_resources(t)?,
-        kubernetes: match &t.kubernetes {
-            Some(k) => {
-                k.validate()
-                    .map_err(|(key, m)| (format!("kubernetes.{key}"), m))?;
-                let mut k = k.clone();
-                k.token_file = k.token_file.as_ref().map(|p| base_rel(base, p));
-                k.ca_file = k.ca_file.as_ref().map(|p| base_rel(base, p));
-                Some(k)
-            }
-            None => None,
+        tables: {
+            // The integrations' agent-wide tables: checked after `[agent]`'s own keys.
+            tables.check(base)?;
+            tables
         },
     };
     s.validate()?;
@@ -443,6 +431,7 @@ fn engine(
     base: &Path,
     agent_env_json: Option<&Path>,
     choice: super::PolicyChoice,
+    tables: Tables,
 ) -> Result<super::EngineSpec, KeyError> {
     let (section, role, origin) = match &t.config_path {
         Some(cfg) => section_from_file(t, cfg, base)?,
@@ -472,10 +461,7 @@ fn engine(
         t.timing.clone(),
         t.qos.clone(),
         choice,
-        super::actions::EngineActions {
-            actions: t.actions.clone(),
-            pod: t.kubernetes.clone(),
-        },
+        tables,
         origin,
     )
 }
@@ -842,21 +828,27 @@ mgmt_port = 9001
     // value named with its table and key.
     #[test]
     fn actions_and_kubernetes_keys() {
-        use crate::integrations::answers::config::NotReadyOn;
-        use crate::integrations::kubernetes::config::{DEFAULT_CONDITION_TYPE, EvictionMode};
+        use crate::integrations::answers::config::{NotReadyList, NotReadyOn};
+        use crate::integrations::kubernetes::config::{
+            DEFAULT_CONDITION_TYPE, EvictionMode, KubernetesConfig, PodSelector,
+        };
         let c = parse_str(INLINE).unwrap();
         assert_eq!(
-            c.engines[0].actions.not_ready_on,
+            NotReadyList::of(&c.engines[0]).0,
             [NotReadyOn::Degrade, NotReadyOn::Evict, NotReadyOn::Abnormal]
         );
-        assert_eq!(c.agent.kubernetes, None, "off unless the table is there");
+        assert_eq!(
+            KubernetesConfig::of(&c.agent),
+            None,
+            "off unless the table is there"
+        );
         let with = INLINE.replacen(
             "\n[[engine]]",
             "[agent.kubernetes]\napi_server = \"https://10.0.0.1:6443\"\ntoken_file = \"secrets/token\"\n\n[[engine]]",
             1,
         ) + "[engine.actions]\nnot_ready_on = [\"throttle\"]\n[engine.kubernetes]\npod = \"inference/vllm-0\"\n";
         let c = parse_str(&with).unwrap();
-        let k = c.agent.kubernetes.unwrap();
+        let k = KubernetesConfig::of(&c.agent).unwrap().clone();
         assert_eq!(k.condition_type, DEFAULT_CONDITION_TYPE);
         assert_eq!(k.eviction, EvictionMode::Api);
         assert_eq!(k.eviction_cooldown, Duration::from_secs(600));
@@ -864,8 +856,11 @@ mgmt_port = 9001
             k.token_file.unwrap(),
             Path::new("/etc/npu-health-agent/secrets/token")
         );
-        assert_eq!(c.engines[0].actions.not_ready_on, [NotReadyOn::Throttle]);
-        assert_eq!(c.engines[0].pod.named(), Some(("inference", "vllm-0")));
+        assert_eq!(NotReadyList::of(&c.engines[0]).0, [NotReadyOn::Throttle]);
+        assert_eq!(
+            PodSelector::of(&c.engines[0]).named(),
+            Some(("inference", "vllm-0"))
+        );
         for (bad, place, says) in [
             (
                 "[engine.actions]\nnot_ready_on = [\"sometimes\"]\n",

@@ -16,12 +16,11 @@
 pub mod config;
 
 use super::facts::{AbnormalCause, ActionInputs};
-use crate::config::actions::ActionsConfig;
 use crate::monitor::Monitor;
 use crate::monitor::verdict::Status;
 use crate::monitor::vi_state::Phase;
 use crate::qos::score::Level;
-use config::NotReadyOn;
+use config::{NotReadyList, NotReadyOn};
 use serde::{Deserialize, Serialize};
 
 /// `GET /readyz`: should the engine take new requests.
@@ -37,7 +36,7 @@ pub struct Readiness {
 
 /// The readiness rule: not ready while `/health` never answered, and on every state listed
 /// in `not_ready_on` (a level listed covers the worse levels).
-pub fn readiness(f: &ActionInputs, cfg: &ActionsConfig) -> Readiness {
+pub fn readiness(f: &ActionInputs, cfg: &NotReadyList) -> Readiness {
     let degraded = f.level == Level::Degrade;
     let not_ready = |reason: String| Readiness {
         ready: false,
@@ -132,7 +131,7 @@ pub struct Answers {
 
 impl Answers {
     /// The answers for `facts` under `cfg`.
-    pub fn from_facts(facts: ActionInputs, cfg: &ActionsConfig) -> Answers {
+    pub fn from_facts(facts: ActionInputs, cfg: &NotReadyList) -> Answers {
         Answers {
             readiness: readiness(&facts, cfg),
             liveness: liveness(&facts),
@@ -142,7 +141,7 @@ impl Answers {
 
     /// The answers for `m` now (reads only: the verdict is peeked).
     pub fn of(m: &Monitor) -> Answers {
-        Answers::from_facts(ActionInputs::of(m), &m.spec().actions)
+        Answers::from_facts(ActionInputs::of(m), NotReadyList::of(m.spec()))
     }
 }
 

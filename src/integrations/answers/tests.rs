@@ -1,20 +1,16 @@
 //! The readiness and liveness rules as tables: which verdict and level open or close
 //! `/readyz` and `/livez`.
 
-use super::config::NotReadyOn;
+use super::config::{NotReadyList, NotReadyOn};
 use super::{liveness, readiness};
-use crate::config::actions::ActionsConfig;
 use crate::integrations::facts::{AbnormalCause, ActionInputs};
 use crate::integrations::tests::facts;
 use crate::monitor::verdict::{HealthState, Status};
 use crate::monitor::vi_state::Phase;
 use crate::qos::score::Level;
 
-fn cfg(on: &[NotReadyOn]) -> ActionsConfig {
-    ActionsConfig {
-        not_ready_on: on.to_vec(),
-        ..ActionsConfig::default()
-    }
+fn cfg(on: &[NotReadyOn]) -> NotReadyList {
+    NotReadyList(on.to_vec())
 }
 
 use Level::{Degrade, Evict, Throttle};
@@ -24,9 +20,9 @@ const OK: Status = Status::Normal;
 const NORMAL: Level = Level::Normal;
 #[test]
 fn readiness_table() {
-    let default = ActionsConfig::default();
+    let default = NotReadyList::default();
     // (status, level, config, ready, degraded header)
-    let rows: Vec<(Status, Level, ActionsConfig, bool, bool)> = vec![
+    let rows: Vec<(Status, Level, NotReadyList, bool, bool)> = vec![
         // The default: degrade, evict, abnormal.
         (OK, NORMAL, default.clone(), true, false),
         (OK, Throttle, default.clone(), true, false),
@@ -55,7 +51,7 @@ fn readiness_table() {
             (r.ready, r.degraded),
             (ready, degraded),
             "{status:?} {level:?} {:?}: {}",
-            c.not_ready_on,
+            c.0,
             r.reason
         );
         assert!(!r.reason.contains('\n'), "one line: {}", r.reason);

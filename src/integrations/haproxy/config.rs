@@ -1,8 +1,14 @@
 //! HAProxy's configuration table: `[engine.actions.haproxy]`, the state each level and the
 //! verdict `abnormal` put the engine's server in, and the states themselves. Data only: the
-//! configuration ([`crate::config::actions`]) reads it, the rule is [`super::agent_check`].
+//! configuration reads it through the seam ([`TABLE`]), the rule is [`super::agent_check`].
 
+use crate::config::tables::{ConfigTable, Table};
+use crate::config::{EngineSpec, KeyError};
 use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// `[engine.actions.haproxy]`, as the configuration reads it.
+pub(crate) static TABLE: ConfigTable<HaproxyMap> = ConfigTable::engine("actions.haproxy");
 
 /// A state HAProxy puts a server in, through the agent check's answer
 /// (`AgentCheck::line` in the folder's rule has the words each one sends).
@@ -69,5 +75,24 @@ impl Default for HaproxyMap {
             abnormal: HaproxyState::Down,
             maxconn: HAPROXY_OPEN_MAXCONN,
         }
+    }
+}
+
+impl HaproxyMap {
+    /// The map of the engine `spec`.
+    pub(crate) fn of(spec: &EngineSpec) -> HaproxyMap {
+        spec.tables.get::<HaproxyMap>().copied().unwrap_or_default()
+    }
+}
+
+impl Table for HaproxyMap {
+    fn check(&mut self, _base: &Path) -> Result<(), KeyError> {
+        if self.maxconn == 0 {
+            return Err((
+                "maxconn".to_owned(),
+                "`0` would leave HAProxy's queued requests waiting until `timeout queue`: give a cap of 1 or more (the default 100000 is none in effect)".to_owned(),
+            ));
+        }
+        Ok(())
     }
 }

@@ -24,6 +24,7 @@
 //! - **Stopping** (SIGTERM, a handover, a reload that moves the listener) stops accepting;
 //!   the answers in progress finish.
 
+use super::config::HaproxyMap;
 use super::{AgentCheck, agent_check};
 use crate::integrations::facts::ActionInputs;
 use crate::integrations::seam::Engines;
@@ -124,7 +125,7 @@ pub fn answer(engines: &[Arc<Monitor>], asked: &Asked) -> Result<AgentCheck, Bad
         .find(|e| &e.spec().name == name)
         .ok_or(BadPoll::UnknownName)?;
     e.status();
-    let a = agent_check(&ActionInputs::of(e), &e.spec().actions.haproxy);
+    let a = agent_check(&ActionInputs::of(e), &HaproxyMap::of(e.spec()));
     e.told_router(Told::from(a.state), &a.reason);
     Ok(a)
 }

@@ -22,6 +22,7 @@
 pub mod config;
 pub mod listener;
 
+use crate::config::tables::TableReader;
 use crate::config::{AgentSettings, EngineSpec, ListenerLimits};
 use crate::integrations::facts::{AbnormalCause, ActionInputs};
 use crate::integrations::seam::{Engines, Integration, Listen, Serving};
@@ -57,7 +58,7 @@ impl Integration for Haproxy {
     }
 
     fn describe(&self, spec: &EngineSpec, agent: &AgentSettings) -> String {
-        let h = &spec.actions.haproxy;
+        let h = &HaproxyMap::of(spec);
         match agent.haproxy_agent_listen {
             None => "off ([agent] haproxy_agent_listen not set)".to_owned(),
             Some(addr) => format!(
@@ -69,6 +70,10 @@ impl Integration for Haproxy {
                 h.abnormal.as_str()
             ),
         }
+    }
+
+    fn tables(&self) -> Vec<&'static dyn TableReader> {
+        vec![&config::TABLE]
     }
 
     fn router_states(&self) -> Vec<Told> {

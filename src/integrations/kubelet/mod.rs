@@ -7,6 +7,7 @@
 pub mod told;
 
 use crate::config::{AgentSettings, EngineSpec};
+use crate::integrations::answers::config::NotReadyList;
 use crate::integrations::answers::liveness;
 use crate::integrations::facts::ActionInputs;
 use crate::integrations::seam::{Integration, Route, probe_answer};
@@ -50,9 +51,8 @@ impl Integration for Kubelet {
     }
 
     fn describe(&self, spec: &EngineSpec, _agent: &AgentSettings) -> String {
-        let not_ready: Vec<&str> = spec
-            .actions
-            .not_ready_on
+        let not_ready: Vec<&str> = NotReadyList::of(spec)
+            .0
             .iter()
             .map(|o| o.as_str())
             .collect();

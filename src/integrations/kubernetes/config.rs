@@ -1,10 +1,23 @@
 //! `[agent.kubernetes]` (the Kubernetes API mode, opt-in: the table turns it on) and
-//! `[engine.kubernetes]` (how the engine's pod is found). What the mode does is in
+//! `[engine.kubernetes]` (how the engine's pod is found), read by the configuration through
+//! the seam ([`AGENT_TABLE`], [`ENGINE_TABLE`]). What the mode does is in
 //! `integrations::kubernetes` and `docs/kubernetes.md`.
 
+use crate::config::tables::{ConfigTable, Table};
+use crate::config::{AgentSettings, EngineSpec, KeyError};
 use serde::{Deserialize, Serialize};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::LazyLock;
 use std::time::Duration;
+
+/// `[agent.kubernetes]`, as the configuration reads it (`None`: the table is not there).
+pub(crate) static AGENT_TABLE: ConfigTable<Option<KubernetesConfig>> =
+    ConfigTable::agent("kubernetes");
+
+/// `[engine.kubernetes]`, as the configuration reads it; shown as `pod`, the name the
+/// effective configuration has always given it.
+pub(crate) static ENGINE_TABLE: ConfigTable<PodSelector> =
+    ConfigTable::engine("kubernetes").shown_as("pod");
 
 /// The condition type the agent sets on the engine's pod by default.
 pub const DEFAULT_CONDITION_TYPE: &str = "npu-health-agent.io/qos-ready";
@@ -213,6 +226,48 @@ impl PodSelector {
     /// The named pod as (namespace, name).
     pub fn named(&self) -> Option<(&str, &str)> {
         self.pod.as_deref().and_then(|p| p.split_once('/'))
+    }
+}
+
+impl KubernetesConfig {
+    /// The mode's settings under `agent`; `None`: the mode is off.
+    pub fn of(agent: &AgentSettings) -> Option<&KubernetesConfig> {
+        agent
+            .tables
+            .get::<Option<KubernetesConfig>>()
+            .and_then(Option::as_ref)
+    }
+}
+
+/// Checked, then its files made relative to the configuration's folder.
+impl Table for Option<KubernetesConfig> {
+    fn check(&mut self, base: &Path) -> Result<(), KeyError> {
+        let Some(k) = self else { return Ok(()) };
+        k.validate()?;
+        let rel = |p: &PathBuf| {
+            if p.is_relative() {
+                base.join(p)
+            } else {
+                p.clone()
+            }
+        };
+        k.token_file = k.token_file.as_ref().map(rel);
+        k.ca_file = k.ca_file.as_ref().map(rel);
+        Ok(())
+    }
+}
+
+impl PodSelector {
+    /// How the pod of the engine `spec` is found.
+    pub(crate) fn of(spec: &EngineSpec) -> &PodSelector {
+        static ANY: LazyLock<PodSelector> = LazyLock::new(PodSelector::default);
+        spec.tables.get::<PodSelector>().unwrap_or(&ANY)
+    }
+}
+
+impl Table for PodSelector {
+    fn check(&mut self, _base: &Path) -> Result<(), KeyError> {
+        self.validate()
     }
 }
 

@@ -17,13 +17,14 @@ pub mod shared;
 pub mod task;
 pub mod told;
 
+use crate::config::tables::TableReader;
 use crate::config::{AgentSettings, EngineSpec};
 use crate::integrations::facts::ActionInputs;
 use crate::integrations::seam::{Integration, Serving, Started};
 use crate::monitor::Monitor;
 use crate::monitor::journal::{Id, Told};
 use api::KubeClient;
-use config::{EvictionMode, KubernetesConfig, MINDCLUSTER_ANNOTATION};
+use config::{EvictionMode, KubernetesConfig, MINDCLUSTER_ANNOTATION, PodSelector};
 use shared::SharedLists;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
@@ -45,12 +46,16 @@ impl Integration for KubernetesApi {
         ID
     }
 
+    fn tables(&self) -> Vec<&'static dyn TableReader> {
+        vec![&config::AGENT_TABLE, &config::ENGINE_TABLE]
+    }
+
     fn memory(&self) -> Option<Box<dyn crate::monitor::acted::Memory>> {
         Some(Box::<memory::KubeMemory>::default())
     }
 
     fn preflight(&self, agent: &AgentSettings) -> Result<(), (String, String)> {
-        match &agent.kubernetes {
+        match KubernetesConfig::of(agent) {
             // The token and CA files, read as the client reads them.
             Some(k) if k.api_server.is_some() => api::Files::read(k)
                 .map(drop)
@@ -60,15 +65,16 @@ impl Integration for KubernetesApi {
     }
 
     fn start(&self, agent: &AgentSettings) -> Option<Arc<dyn Started>> {
-        let mode: Arc<dyn Started> = ApiMode::start(agent.kubernetes.as_ref()?);
+        let mode: Arc<dyn Started> = ApiMode::start(KubernetesConfig::of(agent)?);
         Some(mode)
     }
 
     fn describe(&self, spec: &EngineSpec, agent: &AgentSettings) -> String {
-        let Some(k) = agent.kubernetes.as_ref() else {
+        let Some(k) = KubernetesConfig::of(agent) else {
             return "off ([agent.kubernetes] not set)".to_owned();
         };
-        let pod = match (&spec.pod.pod, &spec.pod.pod_selector) {
+        let sel = PodSelector::of(spec);
+        let pod = match (&sel.pod, &sel.pod_selector) {
             (Some(p), _) => format!("pod {p}"),
             (None, Some(sel)) => format!("the pod on this node with labels {sel}"),
             (None, None) => format!("the pod on this node serving port {}", spec.port),

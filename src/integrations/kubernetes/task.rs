@@ -17,11 +17,12 @@ use super::pods::{self, EngineAddr};
 use super::shared::next_resync;
 use super::told::{Attempt, ConditionSet, Outcome, PodAction};
 use crate::clock::unix_ms;
+use crate::integrations::answers::config::NotReadyList;
 use crate::integrations::answers::{Readiness, readiness};
 use crate::integrations::facts::ActionInputs;
 use crate::integrations::kubernetes::config::{
     EvictionMode, KubernetesConfig, MINDCLUSTER_ANNOTATION, MINDCLUSTER_POD_LABEL,
-    MINDCLUSTER_VALUE,
+    MINDCLUSTER_VALUE, PodSelector,
 };
 use crate::monitor::Monitor;
 use k8s_openapi::api::core::v1::PodCondition;
@@ -196,7 +197,7 @@ impl<A: KubeApi> Loop<'_, A> {
     /// Finds the engine's pod; on failure keeps the old one only if the API could not be
     /// asked (a lookup that answered "none" or "several" drops it).
     async fn lookup(&mut self) {
-        let sel = &self.m.spec().pod;
+        let sel = PodSelector::of(self.m.spec());
         let found: Result<PodInfo, (String, bool)> = match sel.named() {
             Some((ns, name)) => match self.api.get_pod(ns, name).await {
                 Ok(p) => pods::check_named(&p, self.node).map(|()| p).map_err(|e| (e, false)),
@@ -272,7 +273,7 @@ impl<A: KubeApi> Loop<'_, A> {
     }
 
     async fn condition(&mut self, facts: &ActionInputs, resync: bool) {
-        let r = readiness(facts, &self.m.spec().actions);
+        let r = readiness(facts, NotReadyList::of(self.m.spec()));
         let (status, reason, message) = condition_of(facts, &r);
         let changed = self.sent != Some((status, reason));
         let now = Instant::now();
