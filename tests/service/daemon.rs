@@ -489,7 +489,14 @@ fn sighup_reload_keeps_untouched_engines_and_rejects_a_bad_file() {
         after >= before,
         "a's failure count survived: {before} then {after}"
     );
-    assert_eq!(detail(ma).virtual_inference.phase, Phase::Running);
+    // Untouched: a's virtual inference was not started again (that would be a warm-up and a
+    // count from 0). Still running, or stopped at abnormal: a's hang goes on through the
+    // reload, and on a loaded machine it can reach its limit before this read.
+    let phase = detail(ma).virtual_inference.phase;
+    assert!(
+        matches!(phase, Phase::Running | Phase::Stopped),
+        "a's virtual inference after the reload: {phase:?}"
+    );
     assert_eq!(
         threshold(mb).as_deref(),
         Some("20"),
