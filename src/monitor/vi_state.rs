@@ -40,6 +40,11 @@ pub(crate) struct Saved {
     pub phase: Phase,
     pub abnormal: bool,
     pub abnormal_reason: Option<String>,
+    /// The docs/policy.md rule that made it abnormal (`None`: the reference's own count or
+    /// warm-up, or a state saved before the rule was kept). Absent from the file when `None`,
+    /// so a state without one reads and writes as before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub abnormal_rule: Option<u8>,
     pub warmup_done: bool,
     pub failure_count: i64,
     pub interval_ms: u64,
@@ -115,6 +120,8 @@ pub(crate) struct ViState {
     detection: Histogram<{ DETECTION_BUCKETS.len() }>,
     last: Mutex<Option<ProbeRecord>>,
     abnormal_reason: Mutex<Option<String>>,
+    /// The docs/policy.md rule behind `abnormal`; 0: none (the reference's own).
+    abnormal_rule: AtomicU8,
 }
 
 impl ViState {
@@ -148,6 +155,20 @@ impl ViState {
             .lock()
             .unwrap_or_else(|p| p.into_inner()) = Some(reason.to_owned());
         self.abnormal.store(true, Ordering::Release);
+    }
+    /// The docs/policy.md rule that made virtual inference abnormal; `None` for the
+    /// reference's own count and warm-up.
+    pub(crate) fn abnormal_rule(&self) -> Option<u8> {
+        match self.abnormal_rule.load(Ordering::Acquire) {
+            0 => None,
+            id => Some(id),
+        }
+    }
+    /// Records the rule behind the latched `abnormal` (the loop calls it with the probe that
+    /// made it so).
+    pub(crate) fn set_abnormal_rule(&self, rule: Option<u8>) {
+        self.abnormal_rule
+            .store(rule.unwrap_or(0), Ordering::Release);
     }
     pub(crate) fn warmup_done(&self) -> bool {
         self.warmup_done.load(Ordering::Acquire)
@@ -209,6 +230,7 @@ impl ViState {
             phase: self.phase(),
             abnormal: self.abnormal(),
             abnormal_reason: self.abnormal_reason(),
+            abnormal_rule: self.abnormal_rule(),
             warmup_done: self.warmup_done(),
             failure_count: self.failure_count(),
             interval_ms: self.interval().as_millis() as u64,
@@ -224,6 +246,7 @@ impl ViState {
             .lock()
             .unwrap_or_else(|p| p.into_inner()) = s.abnormal_reason.clone();
         self.abnormal.store(s.abnormal, Ordering::Release);
+        self.set_abnormal_rule(s.abnormal_rule.filter(|_| s.abnormal));
         self.warmup_done.store(s.warmup_done, Ordering::Release);
         self.failure_count
             .store(s.failure_count.max(0), Ordering::Release);
@@ -239,6 +262,7 @@ impl ViState {
     /// warm-up pending. Counters and histograms are kept.
     pub(crate) fn rearm(&self) {
         self.abnormal.store(false, Ordering::Release);
+        self.set_abnormal_rule(None);
         *self
             .abnormal_reason
             .lock()
@@ -303,11 +327,33 @@ mod tests {
         st.warmup_done.store(true, Ordering::Release);
         st.failure_count.store(4, Ordering::Release);
         st.set_abnormal("x");
+        st.set_abnormal_rule(Some(5));
         st.set_phase(Phase::Stopped);
         st.rearm();
         assert!(!st.abnormal() && !st.warmup_done());
         assert_eq!(st.failure_count(), 0);
         assert_eq!(st.phase(), Phase::NotStarted);
         assert_eq!(st.abnormal_reason(), None);
+        assert_eq!(st.abnormal_rule(), None);
+    }
+
+    #[test]
+    fn the_rule_behind_abnormal_outlives_the_agent_and_an_older_state_reads_without_one() {
+        let st = ViState::default();
+        st.set_abnormal("no sign of life");
+        st.set_abnormal_rule(Some(11));
+        let text = serde_json::to_string(&st.saved()).unwrap();
+        assert!(text.contains(r#""abnormal_rule":11"#), "{text}");
+        let back = ViState::default();
+        back.restore(&serde_json::from_str(&text).unwrap());
+        assert_eq!(back.abnormal_rule(), Some(11));
+        // A state saved by an agent that did not keep the rule (or with none to keep) has
+        // no key, and reads as the reference's own.
+        st.set_abnormal_rule(None);
+        let text = serde_json::to_string(&st.saved()).unwrap();
+        assert!(!text.contains("abnormal_rule"), "{text}");
+        let back = ViState::default();
+        back.restore(&serde_json::from_str(&text).unwrap());
+        assert_eq!((back.abnormal(), back.abnormal_rule()), (true, None));
     }
 }

@@ -13,7 +13,7 @@ use crate::sampler::faults::NpuFault;
 pub(crate) struct DriverFaults;
 
 /// Rule 8: a driver fault explains a failure.
-const EXPLAINS: Rule = Rule {
+pub(super) const EXPLAINS: Rule = Rule {
     id: RuleId(8),
     name: "driver_fault",
     doc: "a failed virtual request beside a RestartBusiness-level fault or worse is abnormal at once; a SubHealthFault lowers the QoS level a band",

@@ -320,6 +320,34 @@ mod tests {
         }
     }
 
+    /// The cause of a virtual-inference abnormal names the rule that fired in the loop (kept
+    /// by [`crate::monitor::vi_state::ViState`]), and none for the reference's own count.
+    #[test]
+    fn a_virtual_inference_abnormal_names_the_rule_that_fired_in_the_cause() {
+        let text = "[[engine]]\nname = \"e\"\nengine_type = \"vllm\"\nserved_model_name = \"m\"\nhost = \"127.0.0.1\"\nport = 9\nmgmt_port = 9001\nengine_env = {}\n";
+        let spec = crate::config::file::parse(text, std::path::Path::new("/x/agent.toml"))
+            .unwrap()
+            .engines
+            .remove(0);
+        let m = Monitor::new(spec, Vec::new());
+        m.record_health(&crate::probe::health::HealthOutcome::Healthy, true);
+        m.vi.set_abnormal("6 consecutive virtual requests failed");
+        let cause = |m: &Monitor| m.verdict().cause.map(|c| (c.source, c.kind, c.rule));
+        assert_eq!(
+            cause(&m),
+            Some(("virtual_inference", Kind::VirtualInference, None))
+        );
+        m.vi.set_abnormal_rule(Some(11));
+        assert_eq!(
+            cause(&m),
+            Some((
+                "virtual_inference",
+                Kind::VirtualInference,
+                Some(RuleId(11))
+            ))
+        );
+    }
+
     #[test]
     fn source_names_are_unique() {
         let mut names: Vec<&str> = SOURCES.iter().map(|s| s.name()).collect();

@@ -19,7 +19,7 @@ const ASLEEP: Rule = Rule {
 };
 
 /// Rule 7: stall detection, with a shorter window and confirmation.
-const STALL: Rule = Rule {
+pub(super) const STALL: Rule = Rule {
     id: RuleId(7),
     name: "stall_detection",
     doc: "a failure on a busy NPU whose engine advanced no token and served no probe for the window is counted, confirmed",
@@ -27,7 +27,7 @@ const STALL: Rule = Rule {
 };
 
 /// Rule 11: no sign of life on a busy NPU is a hang in seconds.
-const NO_SIGN_OF_LIFE: Rule = Rule {
+pub(super) const NO_SIGN_OF_LIFE: Rule = Rule {
     id: RuleId(11),
     name: "no_sign_of_life",
     doc: "a failure on a busy NPU whose engine moved none of its scheduler's figures for the window is abnormal at once",

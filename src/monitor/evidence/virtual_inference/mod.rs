@@ -17,8 +17,8 @@ mod observe;
 mod pause;
 mod state;
 
-use super::driver_faults::{Checked, remember_answered, serious};
-use super::progress::quiet_words;
+use super::driver_faults::{Checked, EXPLAINS, remember_answered, serious};
+use super::progress::{NO_SIGN_OF_LIFE, STALL, quiet_words};
 use super::{Finding, Kind, Loops, Rule, RuleId, Source, Task};
 use crate::config::Timing;
 use crate::monitor::Monitor;
@@ -79,9 +79,9 @@ impl Source for VirtualInference {
     }
 
     fn finding(&self, m: &Monitor) -> Option<Finding> {
-        m.vi.abnormal().then_some(Finding {
+        m.vi.abnormal().then(|| Finding {
             kind: Kind::VirtualInference,
-            rule: None,
+            rule: m.vi.abnormal_rule().map(RuleId),
         })
     }
 
@@ -118,6 +118,21 @@ impl Source for VirtualInference {
             cube,
             cancel.clone(),
         )))
+    }
+}
+
+/// The rule of docs/policy.md that made the probe accounted in `a` abnormal: the driver's
+/// fault (8), no sign of life (11), a stalled failure counted by stall detection (7), fast
+/// confirmation below the reference's count (5); `None` for the reference's own count (and
+/// the warm-up, which never comes here).
+fn fired(rules: &account::Rules, a: &account::Accounted) -> Option<RuleId> {
+    use crate::probe::outcome::Accounting;
+    match a.accounting {
+        Accounting::DriverFault => Some(EXPLAINS.id),
+        Accounting::NoSignOfLife => Some(NO_SIGN_OF_LIFE.id),
+        Accounting::IncrementedStalled => Some(STALL.id),
+        Accounting::Incremented if a.count < rules.max_failure_count => Some(FAST_CONFIRMATION.id),
+        _ => None,
     }
 }
 
@@ -373,6 +388,7 @@ async fn settle<'a>(
     log_accounting(&cfg.engine, &cfg.rules, &seen.obs, &a);
     state.apply(&a);
     if a.abnormal.is_some() {
+        state.set_abnormal_rule(fired(rules, &a).map(|r| r.0));
         state.record_detection(since.elapsed());
     }
     state.record(&r, false, peak, a.accounting);

@@ -126,6 +126,11 @@ async fn failed_warmup_is_abnormal_and_never_samples() {
     assert_eq!(calls.len(), 1);
     assert_eq!(calls[0].1, Duration::from_secs(180));
     assert!(st.abnormal() && st.warmup_done());
+    assert_eq!(
+        st.abnormal_rule(),
+        None,
+        "a failed warm-up is the reference's own"
+    );
     assert_eq!(peaks.reads(), 0);
     assert_eq!(st.phase(), Phase::Stopped);
     assert_eq!(st.last_probe().unwrap().accounting, Accounting::WarmUp);
@@ -185,6 +190,11 @@ async fn six_idle_failures_make_it_abnormal() {
     assert_eq!(p.calls().len(), 7);
     assert_eq!(st.failure_count(), 6);
     assert!(st.abnormal());
+    assert_eq!(
+        st.abnormal_rule(),
+        None,
+        "the reference's own count names no rule"
+    );
     let (ok, failed) = st.outcomes();
     assert_eq!((ok, failed), (1, 6));
 }
@@ -424,6 +434,11 @@ async fn stalled_busy_failures_count_after_the_stall_window() {
     let window = Duration::from_secs(60);
     let (p, st, ended) = busy_run(&stall_cfg(3, window), 20, &stalled).await;
     assert!(ended && st.abnormal());
+    assert_eq!(
+        st.abnormal_rule(),
+        Some(7),
+        "stall detection, docs/policy.md rule 7"
+    );
     // Probe k (1-based) ends at 1 ms + k·5 s + (k−1)·20 s: probes ending before 60 s of
     // stall reset (k = 1, 2: 5 s, 30 s), k = 3 ends at 55 s (reset), k = 4 at 80 s counts.
     assert_eq!(
@@ -938,6 +953,11 @@ async fn agent_policy_probes_a_quiet_engine_and_finds_no_sign_of_life() {
     )
     .await;
     assert!(ended && st.abnormal());
+    assert_eq!(
+        st.abnormal_rule(),
+        Some(11),
+        "no sign of life, docs/policy.md rule 11"
+    );
     let calls = p.calls();
     assert_eq!(calls.len(), 3, "{calls:?}");
     let waited = st.last_probe().unwrap().latency_ms;
@@ -1029,6 +1049,11 @@ async fn agent_policy_confirms_an_idle_hang_with_one_quick_reprobe() {
     let start = Instant::now();
     let ended = run_agent(&p, &signals, &st, Duration::from_secs(3600)).await;
     assert!(ended && st.abnormal());
+    assert_eq!(
+        st.abnormal_rule(),
+        Some(5),
+        "fast confirmation, docs/policy.md rule 5"
+    );
     let calls = p.calls();
     assert_eq!(calls.len(), 3, "warm-up, the failure, one re-probe");
     assert_eq!(calls[1].1, Duration::from_secs(5));
@@ -1506,6 +1531,11 @@ async fn agent_policy_confirms_a_driver_fault_with_an_immediate_probe() {
     );
     assert_eq!(st.failure_count(), 1);
     assert_eq!(st.last_probe().unwrap().accounting, Accounting::DriverFault);
+    assert_eq!(
+        st.abnormal_rule(),
+        Some(8),
+        "the driver's fault, docs/policy.md rule 8"
+    );
     let why = st.abnormal_reason().unwrap();
     assert!(
         why.contains("NPU 3 reports 0x80C98001 (AI Core reset failed), level RestartNPU"),
