@@ -102,13 +102,14 @@ impl Running {
         p: Prepared,
         socket: std::net::TcpListener,
         restored: Option<(EngineState, Carry)>,
+        resuming: bool,
     ) -> Result<EngineRun, AgentError> {
         let spec = &p.spec;
         let shared = &self.shared;
         let state = Arc::new(Monitor::new(spec.clone(), p.devices.clone()));
         crate::integrations::equip(&state);
         let cancel = CancellationToken::new();
-        let tasks = self.spawn_engine_tasks(&p, &state, restored.as_ref(), &cancel);
+        let tasks = self.spawn_engine_tasks(&p, &state, restored.as_ref(), resuming, &cancel);
         let scope = Arc::new(metrics::Exposition {
             shared: shared.clone(),
             engines: vec![state.clone()],
@@ -152,11 +153,19 @@ impl Running {
         p: &Prepared,
         state: &Arc<Monitor>,
         restored: Option<&(EngineState, Carry)>,
+        resuming: bool,
         cancel: &CancellationToken,
     ) -> JoinSet<()> {
         let mut saved_start = None;
         if let Some((saved, carry)) = restored {
             state.restore(saved, *carry);
+            if resuming {
+                tracing::info!(
+                    engine = %p.spec.name,
+                    "resuming from the saved state: {}",
+                    resumed(state)
+                );
+            }
             // The saved state is this engine process's only if it did not restart while no
             // agent watched it: the identity source checks.
             saved_start = saved.engine_started_at.filter(|_| carry.health);
@@ -238,4 +247,21 @@ impl Running {
         tracing::info!("{} on {} ({})", listen.label, run.bound, listen.hint);
         Ok(run)
     }
+}
+
+/// One line on the state an engine resumes from, for the log: the one verdict
+/// ([`Monitor::verdict`]) of the monitor as restored, before any loop runs.
+fn resumed(m: &Monitor) -> String {
+    format!(
+        "{}, virtual inference {}{}, failure count {}, QoS level {}",
+        m.verdict().status.as_str(),
+        m.vi().phase().as_str(),
+        if m.vi().warmup_done() {
+            " (warmed up)"
+        } else {
+            ""
+        },
+        m.vi().failure_count(),
+        m.qos().level().as_str()
+    )
 }

@@ -383,7 +383,7 @@ impl Running {
             let carried = replaced
                 .remove(&name)
                 .and_then(|old| carried_over(&old, &p.spec));
-            match self.launch(p, socket, carried) {
+            match self.launch(p, socket, carried, false) {
                 Ok(run) => {
                     by_name.insert(name, run);
                 }

@@ -9,14 +9,14 @@ use super::{
     AgentError, LivenessCfg, Roster, Running, apply_fault_table, driver_config, npu_ids, preflight,
     read_fault_table, sampler_config,
 };
-use crate::config::{AgentConfig, EngineSpec, ListenerLimits};
+use crate::config::{AgentConfig, ListenerLimits};
 use crate::continuity::StateDir;
 use crate::continuity::handover::{HandoverError, Predecessor};
 use crate::continuity::sockets::Inherited;
 use crate::continuity::statefile;
 use crate::integrations::{Integration, Listen, REGISTRY};
-use crate::monitor;
-use crate::monitor::saved::{Carry, EngineState};
+
+use crate::monitor::saved::Carry;
 use crate::sampler::{Sampler, StartError};
 use crate::server;
 use crate::server::auth::AdminAccess;
@@ -225,14 +225,7 @@ impl Running {
     ) -> Result<(), AgentError> {
         for (p, socket) in ready {
             let restored = found.take(&p.spec.name, &p.spec.engine_url());
-            if let Some(s) = &restored {
-                tracing::info!(
-                    engine = %p.spec.name,
-                    "resuming from the saved state: {}",
-                    describe(s, &p.spec)
-                );
-            }
-            let run = self.launch(p, socket, restored.map(|s| (s, Carry::ALL)))?;
+            let run = self.launch(p, socket, restored.map(|s| (s, Carry::ALL)), true)?;
             self.engines.push(run);
         }
         let left = found.left();
@@ -273,23 +266,4 @@ impl Running {
         }
         Ok(())
     }
-}
-
-/// One line on a saved state, for the log.
-fn describe(s: &EngineState, spec: &EngineSpec) -> String {
-    let evicts =
-        spec.qos.enabled && spec.qos.eviction && s.qos.level == crate::qos::score::Level::Evict;
-    let verdict = monitor::verdict::status(s.health.state, s.vi.abnormal, evicts, false).as_str();
-    let phase = if s.vi.abnormal {
-        monitor::vi_state::Phase::Stopped
-    } else {
-        s.vi.phase
-    };
-    format!(
-        "{verdict}, virtual inference {}{}, failure count {}, QoS level {}",
-        phase.as_str(),
-        if s.vi.warmup_done { " (warmed up)" } else { "" },
-        s.vi.failure_count,
-        s.qos.level.as_str()
-    )
 }

@@ -387,7 +387,6 @@ pub(crate) fn restart(down: bool, outcome: &HealthOutcome, vi_abnormal: bool) ->
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::monitor::verdict::{Status, status};
     use HealthState::*;
 
     fn outcome(o: &str) -> HealthOutcome {
@@ -482,8 +481,6 @@ mod tests {
         for (o, excused, grace, want) in rows {
             assert_eq!(judge(&outcome(o), excused, grace), want, "{o} {grace:?}");
         }
-        assert_eq!(status(Failing, false, false, false), Status::Normal);
-        assert_eq!(status(Failing, true, false, false), Status::Abnormal);
     }
 
     // Sequences of /health outcomes on an engine whose virtual inference is abnormal (or

@@ -320,16 +320,67 @@ mod tests {
         }
     }
 
+    /// An engine from `extra` lines of its `[[engine]]` table.
+    fn engine(extra: &str) -> Monitor {
+        let text = format!(
+            "[[engine]]\nname = \"e\"\nengine_type = \"vllm\"\nserved_model_name = \"m\"\nhost = \"127.0.0.1\"\nport = 9\nmgmt_port = 9001\nengine_env = {{}}\n{extra}"
+        );
+        let spec = crate::config::file::parse(&text, std::path::Path::new("/x/agent.toml"))
+            .unwrap()
+            .engines
+            .remove(0);
+        Monitor::new(spec, Vec::new())
+    }
+
+    // Reference §3.3 and the agent's additions, through the one verdict the sources give:
+    // the `/health` state, virtual inference, a held QoS `evict` (on by default under the
+    // agent policy) and a stopped engine process.
+    #[test]
+    fn the_one_verdict_follows_the_references_table_and_the_agents_additions() {
+        use HealthState::*;
+        let rows = [
+            (NeverAnswered, false, false, false, Status::Initial),
+            (NeverAnswered, true, true, true, Status::Initial),
+            (Unhealthy, false, false, false, Status::Abnormal),
+            (Healthy, false, false, false, Status::Normal),
+            (Healthy, true, false, false, Status::Abnormal),
+            (Healthy, false, true, false, Status::Abnormal),
+            (Slow, false, false, false, Status::Normal),
+            (Slow, true, false, false, Status::Abnormal),
+            (AgentError, false, false, false, Status::Normal),
+            (Failing, false, false, false, Status::Normal),
+            (Failing, true, false, false, Status::Abnormal),
+            (Failing, false, false, true, Status::Abnormal),
+            (Healthy, false, false, true, Status::Abnormal),
+        ];
+        for (h, vi, evict, stopped, want) in rows {
+            let m = engine("policy = \"agent\"\n");
+            m.health.store(h.to_u8(), Ordering::Release);
+            if vi {
+                m.vi.set_abnormal("x");
+            }
+            if evict {
+                let mut q = m.qos.saved();
+                q.level = crate::qos::score::Level::Evict;
+                m.qos.restore(&q);
+            }
+            if stopped {
+                let long_ago = tokio::time::Instant::now()
+                    .checked_sub(std::time::Duration::from_secs(60))
+                    .unwrap();
+                *m.stopped.lock().unwrap() = Some((7, 0, long_ago));
+            }
+            let row = format!("{h:?} vi {vi} evict {evict} stopped {stopped}");
+            assert_eq!(m.verdict().status, want, "{row}");
+            assert_eq!(m.status(), want, "{row}");
+        }
+    }
+
     /// The cause of a virtual-inference abnormal names the rule that fired in the loop (kept
     /// by [`crate::monitor::vi_state::ViState`]), and none for the reference's own count.
     #[test]
     fn a_virtual_inference_abnormal_names_the_rule_that_fired_in_the_cause() {
-        let text = "[[engine]]\nname = \"e\"\nengine_type = \"vllm\"\nserved_model_name = \"m\"\nhost = \"127.0.0.1\"\nport = 9\nmgmt_port = 9001\nengine_env = {}\n";
-        let spec = crate::config::file::parse(text, std::path::Path::new("/x/agent.toml"))
-            .unwrap()
-            .engines
-            .remove(0);
-        let m = Monitor::new(spec, Vec::new());
+        let m = engine("");
         m.record_health(&crate::probe::health::HealthOutcome::Healthy, true);
         m.vi.set_abnormal("6 consecutive virtual requests failed");
         let cause = |m: &Monitor| m.verdict().cause.map(|c| (c.source, c.kind, c.rule));
