@@ -23,15 +23,12 @@
 pub mod agent;
 pub mod cli;
 pub mod clock;
-// Engineer D2 narrows config/ and integrations/ in issue 49's own change (point 4).
-#[allow(unreachable_pub)]
 pub mod config;
 pub(crate) mod continuity;
 pub mod driver;
 pub mod engines;
 #[cfg(feature = "fake-driver")]
 pub mod fake;
-#[allow(unreachable_pub)]
 pub mod integrations;
 pub mod logging;
 pub mod monitor;

@@ -9,7 +9,7 @@ use super::engine::origin_file;
 impl AgentConfig {
     /// One line per engine whose `enable_virtual_inference` is false: what that costs and the
     /// key that turns it on (in `agent.toml`, or MindIE's JSON path in its `user_config.json`).
-    pub fn virtual_inference_off(&self) -> Vec<String> {
+    pub(crate) fn virtual_inference_off(&self) -> Vec<String> {
         self.engines
             .iter()
             .enumerate()
@@ -35,7 +35,7 @@ impl AgentConfig {
 
     /// One line per engine whose `/status` listens on a loopback address, which a Node
     /// Manager on another host or in another pod cannot reach.
-    pub fn loopback_status(&self) -> Vec<String> {
+    pub(crate) fn loopback_status(&self) -> Vec<String> {
         self.engines
             .iter()
             .enumerate()

@@ -117,12 +117,12 @@ pub struct PodResourcesSettings {
 pub const POD_RESOURCES_SOCKET: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
 
 /// Default of `pod_resources_period`.
-pub const DEFAULT_POD_RESOURCES_PERIOD: Duration = Duration::from_secs(10);
+pub(crate) const DEFAULT_POD_RESOURCES_PERIOD: Duration = Duration::from_secs(10);
 
 impl PodResourcesSettings {
     /// `pod_resources_socket`: absolute, and short enough for a unix socket's address;
     /// `pod_resources_period` within its bounds.
-    pub fn validate(&self) -> Result<(), KeyError> {
+    pub(crate) fn validate(&self) -> Result<(), KeyError> {
         let key = "pod_resources_socket";
         let p = &self.socket;
         if !p.is_absolute() {
@@ -228,7 +228,7 @@ impl Default for AgentSettings {
 
 impl AgentSettings {
     /// Bounds of `[agent]` (host mode; single-engine mode takes the defaults and the flags).
-    pub fn validate(&self) -> Result<(), KeyError> {
+    pub(crate) fn validate(&self) -> Result<(), KeyError> {
         use bounds::{
             DRIVER_CALL_DEADLINE, FAULT_PERIOD, HEADER_READ_TIMEOUT, IDLE_TIMEOUT, MAX_CONNECTIONS,
             NPU_SMI_DELAY, SAMPLE_PERIOD, SAMPLER_STUCK_AFTER, STALL_TIMEOUT, WORKER_THREADS,
@@ -266,13 +266,13 @@ impl AgentSettings {
 }
 
 /// The longest unix socket path (`sun_path` holds 108 bytes with the terminating NUL).
-pub const SOCKET_PATH_MAX: usize = 107;
+pub(crate) const SOCKET_PATH_MAX: usize = 107;
 
 /// The handover socket's name inside the state directory (`continuity`).
-pub const HANDOVER_SOCKET: &str = "handover.sock";
+pub(crate) const HANDOVER_SOCKET: &str = "handover.sock";
 
 /// A state directory: absolute, and short enough for the handover socket's path.
-pub fn check_state_dir(p: &std::path::Path) -> Result<(), String> {
+pub(crate) fn check_state_dir(p: &std::path::Path) -> Result<(), String> {
     if !p.is_absolute() {
         return Err(format!("{:?} is not an absolute path", p.display()));
     }
@@ -289,20 +289,21 @@ pub fn check_state_dir(p: &std::path::Path) -> Result<(), String> {
 }
 
 /// `[agent]` bounds.
-pub mod bounds {
+pub(crate) mod bounds {
     use crate::config::bounds::{Within, ms, secs};
     use std::time::Duration;
 
     /// The sampler's periods (`sampler::MIN_PERIOD`, `MAX_PERIOD` are these).
-    pub const SAMPLE_PERIOD: Within<Duration> = Within::new(Duration::from_micros(10), secs(60));
-    pub const NPU_SMI_DELAY: Within<u32> = Within::new(1, 100);
-    pub const WORKER_THREADS: Within<usize> = Within::new(1, 64);
-    pub const DRIVER_CALL_DEADLINE: Within<Duration> = Within::new(ms(10), secs(60));
-    pub const FAULT_PERIOD: Within<Duration> = Within::new(ms(10), secs(60));
-    pub const SAMPLER_STUCK_AFTER: Within<Duration> = Within::new(secs(1), secs(600));
-    pub const MAX_CONNECTIONS: Within<usize> = Within::new(4, 65536);
-    pub const HEADER_READ_TIMEOUT: Within<Duration> = Within::new(ms(100), secs(120));
-    pub const IDLE_TIMEOUT: Within<Duration> = Within::new(secs(1), secs(3600));
-    pub const STALL_TIMEOUT: Within<Duration> = Within::new(secs(1), secs(600));
-    pub const POD_RESOURCES_PERIOD: Within<Duration> = Within::new(ms(100), secs(600));
+    pub(crate) const SAMPLE_PERIOD: Within<Duration> =
+        Within::new(Duration::from_micros(10), secs(60));
+    pub(crate) const NPU_SMI_DELAY: Within<u32> = Within::new(1, 100);
+    pub(crate) const WORKER_THREADS: Within<usize> = Within::new(1, 64);
+    pub(crate) const DRIVER_CALL_DEADLINE: Within<Duration> = Within::new(ms(10), secs(60));
+    pub(crate) const FAULT_PERIOD: Within<Duration> = Within::new(ms(10), secs(60));
+    pub(crate) const SAMPLER_STUCK_AFTER: Within<Duration> = Within::new(secs(1), secs(600));
+    pub(crate) const MAX_CONNECTIONS: Within<usize> = Within::new(4, 65536);
+    pub(crate) const HEADER_READ_TIMEOUT: Within<Duration> = Within::new(ms(100), secs(120));
+    pub(crate) const IDLE_TIMEOUT: Within<Duration> = Within::new(secs(1), secs(3600));
+    pub(crate) const STALL_TIMEOUT: Within<Duration> = Within::new(secs(1), secs(600));
+    pub(crate) const POD_RESOURCES_PERIOD: Within<Duration> = Within::new(ms(100), secs(600));
 }

@@ -48,17 +48,17 @@ shown_int!(u16, u32, u64, usize, i64);
 
 impl<T: Shown> Within<T> {
     /// The range `min..=max`.
-    pub const fn new(min: T, max: T) -> Within<T> {
+    pub(crate) const fn new(min: T, max: T) -> Within<T> {
         Within { min, max }
     }
 
     /// Whether `v` lies in the range (never for NaN).
-    pub fn contains(self, v: T) -> bool {
+    pub(crate) fn contains(self, v: T) -> bool {
         v >= self.min && v <= self.max
     }
 
     /// `Err((key, "`v` is outside min..=max"))` unless `v` lies in the range.
-    pub fn check(self, key: &str, v: T) -> Result<(), KeyError> {
+    pub(crate) fn check(self, key: &str, v: T) -> Result<(), KeyError> {
         if self.contains(v) {
             Ok(())
         } else {
@@ -84,10 +84,10 @@ impl<T: Shown> std::fmt::Display for Within<T> {
     }
 }
 
-pub const fn ms(n: u64) -> Duration {
+pub(crate) const fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
-pub const fn secs(n: u64) -> Duration {
+pub(crate) const fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
 }

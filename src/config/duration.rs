@@ -9,10 +9,10 @@ use serde::Deserializer;
 use serde::de::{self, Visitor};
 use std::time::Duration;
 
-pub use humantime_serde::serialize;
+pub(crate) use humantime_serde::serialize;
 
 /// A duration like `"5s"` or `"50ms"`.
-pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     d.deserialize_any(Text)
 }
 
@@ -62,14 +62,16 @@ fn parse<E: de::Error>(s: &str) -> Result<Duration, E> {
 }
 
 /// An optional duration (absent: `None`).
-pub mod option {
+pub(crate) mod option {
     use serde::{Deserialize, Deserializer};
     use std::time::Duration;
 
-    pub use humantime_serde::option::serialize;
+    pub(crate) use humantime_serde::option::serialize;
 
     /// A duration like `"5s"`, if given.
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<Duration>, D::Error> {
         Ok(Option::<Given>::deserialize(d)?.map(|g| g.0))
     }
 

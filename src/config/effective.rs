@@ -28,7 +28,12 @@ pub struct AgentConfig {
 
 impl AgentConfig {
     /// An error about `key` of engine `index` (a path inside its table: `timing.window`).
-    pub fn engine_error(&self, index: usize, key: &str, message: impl Into<String>) -> ConfigError {
+    pub(crate) fn engine_error(
+        &self,
+        index: usize,
+        key: &str,
+        message: impl Into<String>,
+    ) -> ConfigError {
         ConfigError::new(&self.source, self.engine_place(index, key), message)
     }
 
@@ -63,7 +68,10 @@ pub struct SingleEngine {
 
 impl AgentConfig {
     /// Single-engine mode: one engine from `user_config.json` and flags.
-    pub fn single(flags: &SingleEngine, agent: AgentSettings) -> Result<AgentConfig, ConfigError> {
+    pub(crate) fn single(
+        flags: &SingleEngine,
+        agent: AgentSettings,
+    ) -> Result<AgentConfig, ConfigError> {
         let file = flags.config_path.display().to_string();
         let key_error = |(k, m): KeyError| ConfigError::new(&file, single_place(&k), m);
         // MindIE's engine server refuses a symlinked --config-path; so does this mode.
@@ -134,7 +142,7 @@ fn same_socket(a: SocketAddr, b: SocketAddr) -> bool {
 impl AgentConfig {
     /// Checks between engines and the agent: names used once, mgmt ports used once and not the
     /// admin listener's, and no inference address that is a listener of the agent's own.
-    pub fn validate_across(&self) -> Result<(), ConfigError> {
+    pub(crate) fn validate_across(&self) -> Result<(), ConfigError> {
         let infer: Vec<Option<SocketAddr>> = self
             .engines
             .iter()

@@ -38,7 +38,7 @@ pub enum EngineEnv {
 impl EngineEnv {
     /// Looks `key` up; the first configured source is authoritative (a key missing from an
     /// `engine_env` table or from `env.json` is unset, not looked up elsewhere).
-    pub fn lookup(&self, role: Role, key: &str) -> Option<Sourced<String>> {
+    pub(crate) fn lookup(&self, role: Role, key: &str) -> Option<Sourced<String>> {
         match self {
             EngineEnv::Table { vars } => vars.get(key).map(|v| Sourced {
                 value: v.clone(),
@@ -58,7 +58,7 @@ impl EngineEnv {
     }
 
     /// Human description of the source.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match self {
             EngineEnv::Table { .. } => "engine_env table".to_owned(),
             EngineEnv::EnvJson { path, .. } => format!("env.json {}", path.display()),
@@ -109,12 +109,12 @@ pub struct EngineSpec {
 impl EngineSpec {
     /// The agent policy's settings if that policy is in force; `None` under `reference`.
     /// The one place the policy switch is read for behaviour.
-    pub fn agent_policy_in_force(&self) -> Option<&policy::AgentPolicy> {
+    pub(crate) fn agent_policy_in_force(&self) -> Option<&policy::AgentPolicy> {
         (self.policy.value == policy::Policy::Agent).then_some(&self.agent_policy)
     }
 
     /// `host:port` of the inference surface, IPv6 bracketed.
-    pub fn infer_authority(&self) -> String {
+    pub(crate) fn infer_authority(&self) -> String {
         if self.host.contains(':') && !self.host.starts_with('[') {
             format!("[{}]:{}", self.host, self.port)
         } else {
@@ -123,7 +123,7 @@ impl EngineSpec {
     }
 
     /// The engine's base URL (`http://10.0.0.5:8000`): what identifies the engine to the agent.
-    pub fn engine_url(&self) -> String {
+    pub(crate) fn engine_url(&self) -> String {
         let scheme = if self.infer_tls_config.enable_tls {
             "https"
         } else {
@@ -268,7 +268,7 @@ pub(super) fn origin_file(origin: &str) -> Option<&str> {
 /// engine's table): its `user_config.json`, its `env.json`, and the TLS files it uses, as
 /// the listener and the client read them (the client's certificate and key only where they
 /// exist).
-pub fn files_read(spec: &EngineSpec) -> Vec<(String, PathBuf)> {
+pub(crate) fn files_read(spec: &EngineSpec) -> Vec<(String, PathBuf)> {
     let mut files = Vec::new();
     if let Some(f) = origin_file(&spec.origin) {
         files.push(("config_path".to_owned(), PathBuf::from(f)));
@@ -325,7 +325,7 @@ fn missing_model(role: Role, origin: &str) -> KeyError {
 
 impl EngineSpec {
     /// Bounds of one engine; keys are paths inside its table (`timing.window`, `qos.period`).
-    pub fn validate(&self) -> Result<(), KeyError> {
+    pub(crate) fn validate(&self) -> Result<(), KeyError> {
         use bounds::{DEVICES, DP_RANK, NAME_CHARS, PORT};
         let spec = self;
         let key = |k: &str, m: String| Err((k.to_owned(), m));
@@ -415,14 +415,14 @@ pub(crate) fn devices_from(spec: &EngineSpec) -> String {
 }
 
 /// `[[engine]]` bounds (the timing's are [`super::timing::bounds`]).
-pub mod bounds {
+pub(crate) mod bounds {
     use crate::config::bounds::Within;
 
-    pub const PORT: Within<u16> = Within::new(1, 65535);
-    pub const DP_RANK: Within<u32> = Within::new(0, 65535);
+    pub(crate) const PORT: Within<u16> = Within::new(1, 65535);
+    pub(crate) const DP_RANK: Within<u32> = Within::new(0, 65535);
     /// How many NPUs one engine may name (the ring tells this many apart).
     /// (The ring's `MAX_DEVICES`; a test pins the two together.)
-    pub const DEVICES: Within<usize> = Within::new(1, 256);
+    pub(crate) const DEVICES: Within<usize> = Within::new(1, 256);
     /// Characters of an engine name (it appears in logs, metric labels and `/status/detail`).
-    pub const NAME_CHARS: Within<usize> = Within::new(1, 128);
+    pub(crate) const NAME_CHARS: Within<usize> = Within::new(1, 128);
 }

@@ -32,18 +32,18 @@ pub enum EngineType {
 
 impl EngineType {
     /// The word written in a configuration.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         self.into()
     }
 
     /// The value `word` names, if any (exact, as MindIE compares it).
-    pub fn parse(word: &str) -> Option<EngineType> {
+    pub(crate) fn parse(word: &str) -> Option<EngineType> {
         EngineType::iter().find(|t| t.as_str() == word)
     }
 
     /// Every word, quoted as Python prints a string, for an error: `'vllm', 'sglang' or
     /// 'mindie'`.
-    pub fn one_of() -> String {
+    pub(crate) fn one_of() -> String {
         let words: Vec<String> = EngineType::iter()
             .map(|t| format!("'{}'", t.as_str()))
             .collect();
@@ -57,7 +57,7 @@ impl EngineType {
     /// virtual inference on must say which (checked when the configuration is read; the
     /// kind's file in `src/engines/` says why). SGLang's OpenAI server takes a request
     /// without one (`model` defaults to `default`, `protocol.py`).
-    pub fn request_names_model(self) -> bool {
+    pub(crate) fn request_names_model(self) -> bool {
         match self {
             EngineType::Vllm | EngineType::Mindie => true,
             EngineType::Sglang => false,

@@ -13,7 +13,7 @@ pub struct ConfigError {
 }
 
 impl ConfigError {
-    pub fn new(
+    pub(crate) fn new(
         file: impl Into<String>,
         place: impl Into<String>,
         message: impl Into<String>,

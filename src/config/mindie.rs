@@ -29,7 +29,7 @@ pub enum Role {
 
 impl Role {
     /// Name as written in configs and logs.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Role::Prefill => "prefill",
             Role::Decode => "decode",
@@ -39,12 +39,12 @@ impl Role {
     }
 
     /// The `user_config.json` section holding this role's engine.
-    pub fn section(self) -> String {
+    pub(crate) fn section(self) -> String {
         format!("motor_engine_{}_config", self.as_str())
     }
 
     /// The `env.json` section for this role's engine.
-    pub fn env_section(self) -> String {
+    pub(crate) fn env_section(self) -> String {
         format!("motor_engine_{}_env", self.as_str())
     }
 }
@@ -61,7 +61,7 @@ pub enum DispatchProfile {
 
 impl DispatchProfile {
     /// Parses an explicit `dispatch_profile` (case-insensitive, plan names accepted).
-    pub fn parse(s: &str) -> Result<DispatchProfile, String> {
+    pub(crate) fn parse(s: &str) -> Result<DispatchProfile, String> {
         match s.to_ascii_lowercase().as_str() {
             "handoff" | "prefill_handoff_decode" => Ok(DispatchProfile::Handoff),
             "trigger" | "concurrent_engine_sync" => Ok(DispatchProfile::Trigger),
@@ -74,7 +74,10 @@ impl DispatchProfile {
     }
 
     /// Infers the profile from vLLM's `kv_transfer_config` (object or JSON string).
-    pub fn infer(engine_type: EngineType, kv_transfer_config: Option<&Value>) -> DispatchProfile {
+    pub(crate) fn infer(
+        engine_type: EngineType,
+        kv_transfer_config: Option<&Value>,
+    ) -> DispatchProfile {
         if engine_type != EngineType::Vllm {
             return DispatchProfile::Unknown;
         }
@@ -156,7 +159,7 @@ impl HealthCheckConfig {
     /// inference on. Hang detection is what the agent is for; MindIE's own files
     /// (`user_config.json`, single-engine mode) keep MindIE's `false`, so they mean there
     /// what they mean to MindIE.
-    pub fn inline_defaults() -> HealthCheckConfig {
+    pub(crate) fn inline_defaults() -> HealthCheckConfig {
         HealthCheckConfig {
             enable_virtual_inference: true,
             ..HealthCheckConfig::default()
@@ -170,7 +173,7 @@ impl HealthCheckConfig {
     }
 
     /// [`HealthCheckConfig::from_value`], with `defaults` for the keys left out.
-    pub fn from_value_over(
+    pub(crate) fn from_value_over(
         defaults: HealthCheckConfig,
         v: Option<&Value>,
     ) -> Result<HealthCheckConfig, String> {
@@ -240,7 +243,7 @@ impl HealthCheckConfig {
     }
 
     /// Whether the threshold is in the range that lets virtual inference run.
-    pub fn threshold_ok(&self) -> bool {
+    pub(crate) fn threshold_ok(&self) -> bool {
         self.npu_usage_threshold > 0.0 && self.npu_usage_threshold <= 100.0
     }
 }
@@ -271,7 +274,7 @@ fn positive_int(name: &str, v: &Value, max: u64) -> Result<u64, String> {
 }
 
 /// A value rendered as Python's `repr` would show it (the reference's error texts do).
-pub fn py_repr(v: &Value) -> String {
+pub(crate) fn py_repr(v: &Value) -> String {
     match v {
         Value::Null => "None".to_owned(),
         Value::Bool(true) => "True".to_owned(),
@@ -307,7 +310,11 @@ impl Default for TlsConfig {
 
 impl TlsConfig {
     /// Reads a TLS object; relative paths are resolved against `base`.
-    pub fn from_value(name: &str, v: Option<&Value>, base: &Path) -> Result<TlsConfig, String> {
+    pub(crate) fn from_value(
+        name: &str,
+        v: Option<&Value>,
+        base: &Path,
+    ) -> Result<TlsConfig, String> {
         let mut t = TlsConfig::default();
         match v {
             None | Some(Value::Null) => {}
@@ -393,7 +400,7 @@ impl EngineSection {
 
     /// Parses an engine section object (also used for inline engines in the agent config);
     /// `health_defaults` fills the `health_check_config` keys left out.
-    pub fn from_parts(
+    pub(crate) fn from_parts(
         sec: &Value,
         mgmt_tls: Option<&Value>,
         infer_tls: Option<&Value>,
@@ -462,7 +469,7 @@ impl EngineSection {
 
 /// Reads and parses a JSON file (a regular file of at most 4 MiB, [`super::read`]); the
 /// caller names the file in errors.
-pub fn read_json(path: &Path) -> Result<Value, String> {
+pub(crate) fn read_json(path: &Path) -> Result<Value, String> {
     let text = super::read::text(path)?;
     serde_json::from_str(&text).map_err(|e| format!("invalid JSON: {e}"))
 }
@@ -484,10 +491,10 @@ pub fn env_json_lookup(doc: &Value, role: Role, key: &str) -> Option<(String, St
 }
 
 /// `health_check_config` bounds beyond the reference's `>= 1` (checked by [`HealthCheckConfig::from_value`]).
-pub mod bounds {
+pub(crate) mod bounds {
     /// Seconds.
-    pub const HEALTH_COLLECTOR_TIMEOUT_MAX: u64 = 3600;
-    pub const RETRY_ATTEMPTS_MAX: u64 = 100;
+    pub(crate) const HEALTH_COLLECTOR_TIMEOUT_MAX: u64 = 3600;
+    pub(crate) const RETRY_ATTEMPTS_MAX: u64 = 100;
 }
 
 #[cfg(test)]

@@ -19,20 +19,20 @@
 mod advice;
 pub mod agent;
 pub mod bounds;
-pub mod duration;
-pub mod effective;
-pub mod engine;
-pub mod engine_type;
+pub(crate) mod duration;
+pub(crate) mod effective;
+pub(crate) mod engine;
+pub(crate) mod engine_type;
 mod error;
 pub mod file;
 pub mod mindie;
 pub mod policy;
 pub mod qos;
-pub mod read;
-pub mod resolve;
-pub mod tables;
+pub(crate) mod read;
+pub(crate) mod resolve;
+pub(crate) mod tables;
 pub mod timing;
-pub mod unknown;
+pub(crate) mod unknown;
 
 pub use agent::{
     AdminAuthConfig, AdminTls, AgentSettings, BackendChoice, DEFAULT_SAMPLER_STUCK_AFTER,

@@ -98,7 +98,7 @@ impl Default for AgentPolicy {
 
 impl AgentPolicy {
     /// Checks every value against its bound; `Err((key, message))`.
-    pub fn validate(&self) -> Result<(), super::KeyError> {
+    pub(crate) fn validate(&self) -> Result<(), super::KeyError> {
         use bounds::{
             CONFIRM_FAILURES, CONFIRM_INTERVAL, CONFIRM_TIMEOUT, HEALTH_FAILURE_GRACE,
             LEARNED_TIMEOUT_FLOOR, PROGRESS_WINDOW, STOPPED_PROCESS_GRACE,
@@ -123,7 +123,7 @@ const PRESET_KEYS: [(&str, &[&str]); 3] = [
 
 /// Applies `policy`'s defaults to the `[engine.qos]` keys the file did not write (`written`:
 /// the keys of that table as written).
-pub fn apply_preset(policy: Policy, qos: &mut QosConfig, written: &[String]) {
+pub(crate) fn apply_preset(policy: Policy, qos: &mut QosConfig, written: &[String]) {
     if policy != Policy::Agent {
         return;
     }
@@ -147,15 +147,15 @@ pub mod bounds {
 
     /// `0s` reports every failure at once, as the reference does.
     pub const HEALTH_FAILURE_GRACE: Within<Duration> = Within::new(ms(0), secs(600));
-    pub const CONFIRM_FAILURES: Within<u32> = Within::new(1, 100);
+    pub(crate) const CONFIRM_FAILURES: Within<u32> = Within::new(1, 100);
     pub const CONFIRM_INTERVAL: Within<Duration> = Within::new(ms(10), secs(600));
     pub const CONFIRM_TIMEOUT: Within<Duration> = Within::new(ms(50), secs(600));
     /// `0s` turns the rule off.
-    pub const STOPPED_PROCESS_GRACE: Within<Duration> = Within::new(ms(0), secs(600));
+    pub(crate) const STOPPED_PROCESS_GRACE: Within<Duration> = Within::new(ms(0), secs(600));
     /// `0s` turns the rule off.
     pub const PROGRESS_WINDOW: Within<Duration> = Within::new(ms(0), secs(600));
     /// `0s` turns the rule off.
-    pub const LEARNED_TIMEOUT_FLOOR: Within<Duration> = Within::new(ms(0), secs(600));
+    pub(crate) const LEARNED_TIMEOUT_FLOOR: Within<Duration> = Within::new(ms(0), secs(600));
 }
 
 #[cfg(test)]

@@ -74,7 +74,7 @@ impl Default for QosConfig {
 impl QosConfig {
     /// Checks every value against its bound ([`bounds`]);
     /// `Err((key, message))`, the message stating the bound.
-    pub fn validate(&self) -> Result<(), super::KeyError> {
+    pub(crate) fn validate(&self) -> Result<(), super::KeyError> {
         use crate::config::bounds::Shown;
         use bounds::{
             EVICT_AFTER, MAX_INPUT_AGE, METRICS_PERIOD, PERIOD, PROBE_MAX_TOKENS, STALL_WINDOW,
@@ -120,12 +120,12 @@ impl QosConfig {
     }
 
     /// Age beyond which a scrape is missing: 3 scrape periods, at most `max_input_age`.
-    pub fn scrape_max_age(&self) -> Duration {
+    pub(crate) fn scrape_max_age(&self) -> Duration {
         self.max_input_age.min(self.metrics_period * 3)
     }
 
     /// Whether the engine's `/metrics` is scraped at all.
-    pub fn scrapes(&self) -> bool {
+    pub(crate) fn scrapes(&self) -> bool {
         self.enabled || self.stall_detection
     }
 }
@@ -155,12 +155,12 @@ pub mod bounds {
     use std::time::Duration;
 
     pub const TTFT_BUDGET: Within<Duration> = Within::new(ms(10), secs(600));
-    pub const WEIGHT: Within<f64> = Within::new(0.0, 100.0);
-    pub const EVICT_AFTER: Within<u32> = Within::new(1, 1000);
+    pub(crate) const WEIGHT: Within<f64> = Within::new(0.0, 100.0);
+    pub(crate) const EVICT_AFTER: Within<u32> = Within::new(1, 1000);
     /// The streamed probe must finish within the request timeout.
-    pub const PROBE_MAX_TOKENS: Within<u32> = Within::new(1, 256);
+    pub(crate) const PROBE_MAX_TOKENS: Within<u32> = Within::new(1, 256);
     pub const PERIOD: Within<Duration> = Within::new(ms(50), secs(600));
-    pub const METRICS_PERIOD: Within<Duration> = Within::new(ms(50), secs(600));
+    pub(crate) const METRICS_PERIOD: Within<Duration> = Within::new(ms(50), secs(600));
     pub const MAX_INPUT_AGE: Within<Duration> = Within::new(ms(100), secs(3600));
     pub const STALL_WINDOW: Within<Duration> = Within::new(ms(100), secs(3600));
 }

@@ -15,11 +15,11 @@ use std::path::Path;
 
 /// Largest file the configuration layer reads: 4 MiB, far above any real config or
 /// certificate chain.
-pub const MAX_BYTES: u64 = 4 << 20;
+pub(crate) const MAX_BYTES: u64 = 4 << 20;
 
 /// The bytes of the regular file at `path`; the error says why not (without the path: the
 /// caller names it).
-pub fn bytes(path: &Path) -> Result<Vec<u8>, String> {
+pub(crate) fn bytes(path: &Path) -> Result<Vec<u8>, String> {
     let flags = (rustix::fs::OFlags::NONBLOCK | rustix::fs::OFlags::NOCTTY).bits();
     let file = std::fs::OpenOptions::new()
         .read(true)
@@ -50,15 +50,15 @@ pub fn bytes(path: &Path) -> Result<Vec<u8>, String> {
 }
 
 /// Longest bearer token file read.
-pub const MAX_TOKEN_FILE: u64 = 4096;
+pub(crate) const MAX_TOKEN_FILE: u64 = 4096;
 /// Shortest bearer token accepted.
-pub const MIN_TOKEN: usize = 16;
+pub(crate) const MIN_TOKEN: usize = 16;
 
 /// A bearer token file (`[agent] admin_token_file`, `[agent.kubernetes] token_file`), read
 /// the same way for both: the file's content without surrounding whitespace (a final newline
 /// is fine), a regular file ([`bytes`]) of at most [`MAX_TOKEN_FILE`] bytes, the token at
 /// least [`MIN_TOKEN`] printable characters without spaces. The error names the file.
-pub fn token(path: &Path) -> Result<Vec<u8>, String> {
+pub(crate) fn token(path: &Path) -> Result<Vec<u8>, String> {
     let raw = bytes(path).map_err(|e| format!("{} {e}", path.display()))?;
     if raw.len() as u64 > MAX_TOKEN_FILE {
         return Err(format!(
@@ -77,7 +77,7 @@ pub fn token(path: &Path) -> Result<Vec<u8>, String> {
 }
 
 /// The file at `path` as UTF-8 text (see [`bytes`]).
-pub fn text(path: &Path) -> Result<String, String> {
+pub(crate) fn text(path: &Path) -> Result<String, String> {
     String::from_utf8(bytes(path)?).map_err(|e| format!("is not UTF-8 text: {e}"))
 }
 

@@ -8,19 +8,19 @@ use std::path::Path;
 
 /// The `role` section of the `user_config.json` at `path` (its relative paths taken from
 /// the file's own directory). The message does not name the file: the caller places it.
-pub fn user_config(path: &Path, role: Role) -> Result<EngineSection, String> {
+pub(crate) fn user_config(path: &Path, role: Role) -> Result<EngineSection, String> {
     let doc = mindie::read_json(path)?;
     let base = path.parent().unwrap_or(Path::new("."));
     EngineSection::from_user_config(&doc, role, base)
 }
 
 /// MindIE's `env.json` at `path` (an engine's variables, by role section).
-pub fn env_json(path: &Path) -> Result<serde_json::Value, String> {
+pub(crate) fn env_json(path: &Path) -> Result<serde_json::Value, String> {
     mindie::read_json(path)
 }
 
 /// `key` in the agent's own environment (an engine with no `engine_env` and no `env.json`
 /// runs with the agent's variables).
-pub fn process_env(key: &str) -> Option<String> {
+pub(crate) fn process_env(key: &str) -> Option<String> {
     std::env::var(key).ok()
 }

@@ -18,7 +18,7 @@ use std::path::Path;
 
 /// Which table of the file an integration's table sits in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum At {
+pub(crate) enum At {
     /// `[agent]` (agent-wide, fixed until the agent restarts).
     Agent,
     /// Each `[[engine]]`.
@@ -31,13 +31,13 @@ pub(crate) const OPEN: &str = "actions";
 
 /// What reading a table found wrong.
 #[derive(Debug)]
-pub enum Fault {
+pub(crate) enum Fault {
     /// A value of the wrong type or an unknown key: toml's error, placed from its span.
     Parse(toml::de::Error),
 }
 
 /// The value of an integration's table, as the configuration keeps it.
-pub trait Table: Value {
+pub(crate) trait Table: Value {
     /// Its bounds, and its files made relative to the configuration's folder (`base`);
     /// `Err((key inside the table, why))`, an empty key for the table itself.
     fn check(&mut self, _base: &Path) -> Result<(), KeyError> {
@@ -47,7 +47,7 @@ pub trait Table: Value {
 
 /// What the configuration does with any table's value: compare, copy, show. Every
 /// `Debug + Clone + PartialEq + Serialize` type has it.
-pub trait Value: Any + Debug + Send + Sync {
+pub(crate) trait Value: Any + Debug + Send + Sync {
     /// A copy.
     fn boxed(&self) -> Box<dyn Table>;
     /// Whether `other` is the same value (of the same type).
@@ -84,7 +84,7 @@ where
 }
 
 /// How one integration's table is read, registered through the integrations' seam.
-pub trait TableReader: Sync {
+pub(crate) trait TableReader: Sync {
     /// The table it sits in.
     fn at(&self) -> At;
     /// Its place there: `kubernetes` (`[agent.kubernetes]`), `actions.haproxy`,
@@ -103,7 +103,7 @@ pub trait TableReader: Sync {
 /// An integration's configuration table of type `T` at `path` of `[agent]` or each
 /// `[[engine]]`: read as serde reads `T` (a key left out keeps `T`'s default), checked by
 /// `T`'s [`Table::check`], got back with `spec.tables.get::<T>()`.
-pub struct ConfigTable<T> {
+pub(crate) struct ConfigTable<T> {
     at: At,
     path: &'static str,
     shown_as: Option<&'static str>,
@@ -112,7 +112,7 @@ pub struct ConfigTable<T> {
 
 impl<T> ConfigTable<T> {
     /// `[agent.<path>]`.
-    pub const fn agent(path: &'static str) -> Self {
+    pub(crate) const fn agent(path: &'static str) -> Self {
         ConfigTable {
             at: At::Agent,
             path,
@@ -122,7 +122,7 @@ impl<T> ConfigTable<T> {
     }
 
     /// `[engine.<path>]` (`actions.<key>` for a key of `[engine.actions]`).
-    pub const fn engine(path: &'static str) -> Self {
+    pub(crate) const fn engine(path: &'static str) -> Self {
         ConfigTable {
             at: At::Engine,
             path,
@@ -132,7 +132,7 @@ impl<T> ConfigTable<T> {
     }
 
     /// Shown under `key` in the effective configuration instead of its path's first part.
-    pub const fn shown_as(mut self, key: &'static str) -> Self {
+    pub(crate) const fn shown_as(mut self, key: &'static str) -> Self {
         self.shown_as = Some(key);
         self
     }
@@ -188,7 +188,7 @@ struct Entry {
 
 /// The integrations' tables of one `[agent]` or `[[engine]]`, in the readers' order.
 #[derive(Default)]
-pub struct Tables(Vec<Entry>);
+pub(crate) struct Tables(Vec<Entry>);
 
 impl Tables {
     /// The defaults of every table `readers` has `at` (nothing written).
@@ -298,7 +298,7 @@ impl Serialize for Tables {
 /// A value as JSON has it, its keys in the order written: what [`Tables`] shows, whatever
 /// the table's type.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Shown {
+pub(crate) enum Shown {
     /// Null.
     Null,
     /// A boolean.

@@ -46,7 +46,7 @@ pub struct Timing {
 
 impl Timing {
     /// How old evidence of serving may be to excuse a `/health` timeout (zero: never).
-    pub fn serving_evidence_max_age(&self) -> Duration {
+    pub(crate) fn serving_evidence_max_age(&self) -> Duration {
         self.serving_evidence_max_age
             .unwrap_or(self.high_load_interval * 2)
     }
@@ -70,7 +70,7 @@ impl Default for Timing {
 
 impl Timing {
     /// Bounds of `[engine.timing]`; keys are inside the table (`window`).
-    pub fn validate(&self) -> Result<(), KeyError> {
+    pub(crate) fn validate(&self) -> Result<(), KeyError> {
         use bounds::{
             HEALTH_PERIOD, HEALTH_TIMEOUT, HIGH_LOAD_INTERVAL, HIGH_LOAD_THRESHOLD, INTERVAL,
             REQUEST_TIMEOUT, SERVING_EVIDENCE_MAX_AGE, WARMUP_TIMEOUT, WINDOW,
@@ -115,10 +115,10 @@ pub mod bounds {
     pub const WINDOW: Within<Duration> = Within::new(ms(50), secs(600));
     pub const INTERVAL: Within<Duration> = Within::new(ms(50), secs(3600));
     pub const HIGH_LOAD_INTERVAL: Within<Duration> = Within::new(ms(50), secs(3600));
-    pub const HIGH_LOAD_THRESHOLD: Within<f64> = Within::new(0.0, 100.0);
+    pub(crate) const HIGH_LOAD_THRESHOLD: Within<f64> = Within::new(0.0, 100.0);
     /// At least 50 ms: each period is one `GET /health` to the engine.
     pub const HEALTH_PERIOD: Within<Duration> = Within::new(ms(50), secs(60));
     pub const HEALTH_TIMEOUT: Within<Duration> = Within::new(ms(50), secs(600));
     /// Besides `0s`, which turns the rule off.
-    pub const SERVING_EVIDENCE_MAX_AGE: Within<Duration> = Within::new(ms(50), secs(7200));
+    pub(crate) const SERVING_EVIDENCE_MAX_AGE: Within<Duration> = Within::new(ms(50), secs(7200));
 }

@@ -3,7 +3,7 @@
 //! known key when one is close enough to be a typo, then every known key.
 
 /// `unknown key `key`; did you mean `near`? (known keys: a, b, c)`.
-pub fn message(key: &str, known: &[&str]) -> String {
+pub(crate) fn message(key: &str, known: &[&str]) -> String {
     let list = if known.is_empty() {
         "this table has no keys".to_owned()
     } else {
@@ -17,7 +17,7 @@ pub fn message(key: &str, known: &[&str]) -> String {
 
 /// serde's "unknown field `x`, expected one of `a`, `b`" (or "expected `a`", or "there are
 /// no fields") in the form of [`message`]; any other message unchanged.
-pub fn rewrite_serde(msg: &str) -> String {
+pub(crate) fn rewrite_serde(msg: &str) -> String {
     let Some(rest) = msg.strip_prefix("unknown field `") else {
         return msg.to_owned();
     };
@@ -30,7 +30,7 @@ pub fn rewrite_serde(msg: &str) -> String {
 
 /// The known key nearest to `key` if it is a likely typo: at most 2 edits (1 for keys of up
 /// to 4 characters), ties to the first.
-pub fn nearest<'a>(key: &str, known: &[&'a str]) -> Option<&'a str> {
+pub(crate) fn nearest<'a>(key: &str, known: &[&'a str]) -> Option<&'a str> {
     let limit = if key.chars().count() <= 4 { 1 } else { 2 };
     known
         .iter()

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 /// Why the verdict is `abnormal`, as far as the actions care.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum AbnormalCause {
+pub(crate) enum AbnormalCause {
     /// `/health` answered before and fails now (past the agent policy's grace).
     Health,
     /// Virtual inference went abnormal (warm-up failed, or the failure count reached its
@@ -27,7 +27,7 @@ pub enum AbnormalCause {
 
 /// What the action rules read of one engine, taken at one instant.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ActionInputs {
+pub(crate) struct ActionInputs {
     /// The verdict `/status` serves under the policy in force.
     pub status: Status,
     /// Why it is abnormal; `None` unless `status` is `abnormal`.
@@ -51,7 +51,7 @@ pub struct ActionInputs {
 
 impl ActionInputs {
     /// The facts of `m` now.
-    pub fn of(m: &Monitor) -> ActionInputs {
+    pub(crate) fn of(m: &Monitor) -> ActionInputs {
         use crate::monitor::evidence::Kind;
         // The monitor's one verdict: its status, cause and reason come from one walk.
         let verdict = m.verdict();
@@ -87,7 +87,7 @@ impl ActionInputs {
     }
 
     /// A held `evict` whose score rests on no missing input.
-    pub fn evict_held(&self) -> bool {
+    pub(crate) fn evict_held(&self) -> bool {
         self.level == Level::Evict && self.inputs_complete
     }
 }

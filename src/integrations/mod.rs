@@ -20,20 +20,19 @@
 //! other. Every rule reads the facts of one instant; none waits on the engine.
 //! docs/architecture.md shows what adding one takes.
 
-pub mod answers;
-pub mod envoy;
-pub mod facts;
-pub mod haproxy;
-pub mod kubelet;
+pub(crate) mod answers;
+pub(crate) mod envoy;
+pub(crate) mod facts;
+pub(crate) mod haproxy;
+pub(crate) mod kubelet;
 pub mod kubernetes;
-pub mod node_manager;
-pub mod observe;
-pub mod routes;
-pub mod seam;
+pub(crate) mod node_manager;
+pub(crate) mod observe;
+pub(crate) mod routes;
+pub(crate) mod seam;
 
-pub use answers::{Answers, Liveness, Readiness};
-pub use facts::{AbnormalCause, ActionInputs};
-pub use seam::{Engines, Integration, Listen, Route, Serving, Started};
+pub(crate) use answers::Answers;
+pub(crate) use seam::{Engines, Integration, Listen, Started};
 
 use crate::config::tables::{Listed, Readers, TableReader};
 use crate::config::{AgentSettings, EngineSpec};
@@ -41,7 +40,7 @@ use crate::monitor::Monitor;
 use serde::{Deserialize, Serialize};
 
 /// Every integration, in the order `check-config` lists them.
-pub static REGISTRY: &[&dyn Integration] = &[
+pub(crate) static REGISTRY: &[&dyn Integration] = &[
     &node_manager::NodeManager,
     &kubelet::Kubelet,
     &kubernetes::KubernetesApi,
@@ -73,7 +72,7 @@ pub(crate) fn equip(m: &Monitor) {
 
 /// One integration's action for an engine, as `check-config` and `doctor` show it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Active {
+pub(crate) struct Active {
     /// `node_manager`, `kubelet`, `kubernetes_api`, `haproxy`, `envoy`, `routers`.
     pub integration: &'static str,
     /// What acts, and on what, in one line.
@@ -82,7 +81,7 @@ pub struct Active {
 
 /// The actions in force for `spec` under the agent's settings `agent`: every integration's,
 /// then what any other router may read.
-pub fn active(spec: &EngineSpec, agent: &AgentSettings) -> Vec<Active> {
+pub(crate) fn active(spec: &EngineSpec, agent: &AgentSettings) -> Vec<Active> {
     let mut out: Vec<Active> = REGISTRY
         .iter()
         .map(|i| Active {

@@ -16,11 +16,11 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// Time between observations: a change is stamped within this of when it happened.
-pub const PERIOD: Duration = Duration::from_millis(250);
+pub(crate) const PERIOD: Duration = Duration::from_millis(250);
 
 /// What one observation compares with the last.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ObservedState {
+pub(crate) struct ObservedState {
     pub status: Status,
     pub level: Level,
     pub ready: bool,
@@ -29,7 +29,7 @@ pub struct ObservedState {
 
 impl ObservedState {
     /// What `a` says.
-    pub fn of(a: &Answers) -> ObservedState {
+    pub(crate) fn of(a: &Answers) -> ObservedState {
         ObservedState {
             status: a.facts.status,
             level: a.facts.level,
@@ -41,7 +41,7 @@ impl ObservedState {
 
 /// The changes from `before` to what `a` says; at the first observation (`before` is
 /// `None`), the verdict and readiness found.
-pub fn changes(before: Option<&ObservedState>, a: &Answers, at_unix_ms: u64) -> Vec<Entry> {
+pub(crate) fn changes(before: Option<&ObservedState>, a: &Answers, at_unix_ms: u64) -> Vec<Entry> {
     let now = ObservedState::of(a);
     let (f, r, l) = (&a.facts, &a.readiness, &a.liveness);
     let entry = |told: Told, before: Option<Told>, reason: &str| Entry {
@@ -87,7 +87,7 @@ pub fn changes(before: Option<&ObservedState>, a: &Answers, at_unix_ms: u64) -> 
 }
 
 /// Observes `m` every [`PERIOD`] until `cancel`.
-pub async fn run(m: Arc<Monitor>, cancel: CancellationToken) {
+pub(crate) async fn run(m: Arc<Monitor>, cancel: CancellationToken) {
     let mut tick = tokio::time::interval(PERIOD);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last: Option<ObservedState> = None;

@@ -19,15 +19,15 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 /// The engines the agent watches now (the agent's roster: a reload changes it in place).
-pub type Engines = Arc<RwLock<Vec<Arc<Monitor>>>>;
+pub(crate) type Engines = Arc<RwLock<Vec<Arc<Monitor>>>>;
 
 /// A listener's server, until its cancellation and its answers in progress are done.
-pub type Serving = Pin<Box<dyn Future<Output = ()> + Send>>;
+pub(crate) type Serving = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// A listening port an integration asks the agent for (besides the engines' and the admin
 /// one): the agent binds it (or takes it over), and serves it with [`Integration::serve`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Listen {
+pub(crate) struct Listen {
     pub addr: SocketAddr,
     /// The key that sets it (`[agent] haproxy_agent_listen`).
     pub key: &'static str,
@@ -42,7 +42,7 @@ pub struct Listen {
 /// A route an integration answers on each engine's listener: `answer` of the engine and the
 /// request's headers. Handlers only read shared state; none waits on the engine.
 #[derive(Clone, Copy)]
-pub struct Route {
+pub(crate) struct Route {
     /// The path on the engine's listener (`/readyz`).
     pub path: &'static str,
     pub answer: fn(&Monitor, &HeaderMap) -> Response,
@@ -53,14 +53,14 @@ pub struct Route {
 
 /// What an integration runs for the whole agent once it started (the Kubernetes API mode's
 /// client): it gives each engine its task.
-pub trait Started: Send + Sync {
+pub(crate) trait Started: Send + Sync {
     /// The task that acts for the engine `m` until `cancel`; `None` when there is none (the
     /// record then says why).
     fn engine_task(&self, m: Arc<Monitor>, cancel: CancellationToken) -> Option<Serving>;
 }
 
 /// One system that acts on the verdict or the level.
-pub trait Integration: Sync {
+pub(crate) trait Integration: Sync {
     /// Its name in the journal, `/status/detail` and the metrics.
     fn id(&self) -> Id;
 
@@ -130,7 +130,7 @@ pub trait Integration: Sync {
 }
 
 /// One `/readyz` answer, as every integration hears it ([`Integration::heard_readyz`]).
-pub struct Readyz<'a> {
+pub(crate) struct Readyz<'a> {
     /// The engine answered for.
     pub engine: &'a Monitor,
     /// The request's headers (who asked: `user-agent`).

@@ -33,7 +33,7 @@ pub(crate) use npu_health_wire::RouterSeen;
 /// One integration's memory of an engine: its own type, in the engine's monitor, saved in the
 /// state file under its own keys. Made with `Default` the first time the integration asks for
 /// it ([`ActionMemory::with`]), or when the agent equips the engine ([`ActionMemory::equip`]).
-pub trait Memory: Any + Send + fmt::Debug {
+pub(crate) trait Memory: Any + Send + fmt::Debug {
     /// Its entries in the state file, in the order written (`null` for what it does not hold:
     /// the keys are there either way).
     fn save(&self) -> Vec<(&'static str, Box<RawValue>)>;
@@ -46,7 +46,7 @@ pub trait Memory: Any + Send + fmt::Debug {
 /// What the integrations kept of one engine in the state file: their keys, in order, each with
 /// its JSON as written (flattened into the engine's entry, beside the monitor's own keys).
 #[derive(Debug, Clone, Default)]
-pub struct Kept(Vec<(String, Box<RawValue>)>);
+pub(crate) struct Kept(Vec<(String, Box<RawValue>)>);
 
 impl Kept {
     /// The entry under `key`, read as `T`; `None` when absent or unreadable.

@@ -19,7 +19,7 @@ pub(crate) const KEPT: usize = 50;
 /// Who an action is for: an integration's name in the journal, `/status/detail` and the
 /// metrics (`node_manager`, `kubelet`, …), given by the integration itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Id(pub &'static str);
+pub(crate) struct Id(pub &'static str);
 
 impl Id {
     /// The name, as the wire writes it.

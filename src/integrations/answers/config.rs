@@ -14,7 +14,7 @@ pub(crate) static TABLE: ConfigTable<NotReadyList> = ConfigTable::engine("action
 /// A state of the engine that makes `/readyz` fail (and the readiness gate `False`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum NotReadyOn {
+pub(crate) enum NotReadyOn {
     /// QoS level `throttle` or worse. Opt-in: one load spike can bring every replica to
     /// `throttle` at once, and a pool that takes them all out serves nobody.
     Throttle,
@@ -28,7 +28,7 @@ pub enum NotReadyOn {
 
 impl NotReadyOn {
     /// As written in the file.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             NotReadyOn::Throttle => "throttle",
             NotReadyOn::Degrade => "degrade",
@@ -44,7 +44,7 @@ impl NotReadyOn {
 /// `/health` never answered is never ready, whatever the list.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(transparent)]
-pub struct NotReadyList(pub Vec<NotReadyOn>);
+pub(crate) struct NotReadyList(pub Vec<NotReadyOn>);
 
 impl Default for NotReadyList {
     fn default() -> Self {
@@ -58,7 +58,7 @@ impl Default for NotReadyList {
 
 impl NotReadyList {
     /// Whether `on` is in the list.
-    pub fn fails_on(&self, on: NotReadyOn) -> bool {
+    pub(crate) fn fails_on(&self, on: NotReadyOn) -> bool {
         self.0.contains(&on)
     }
 

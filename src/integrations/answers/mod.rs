@@ -13,7 +13,7 @@
 //! engine's port is closed (a container that died is restarted by the kubelet without a
 //! probe; one that is starting must be left to load its model).
 
-pub mod config;
+pub(crate) mod config;
 
 use super::facts::{AbnormalCause, ActionInputs};
 use crate::monitor::Monitor;
@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 
 /// `GET /readyz`: should the engine take new requests.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Readiness {
+pub(crate) struct Readiness {
     pub ready: bool,
     /// At `degrade`: answered with `x-envoy-degraded: true` (Envoy's active health check
     /// honours it on a passing answer only).
@@ -36,7 +36,7 @@ pub struct Readiness {
 
 /// The readiness rule: not ready while `/health` never answered, and on every state listed
 /// in `not_ready_on` (a level listed covers the worse levels).
-pub fn readiness(f: &ActionInputs, cfg: &NotReadyList) -> Readiness {
+pub(crate) fn readiness(f: &ActionInputs, cfg: &NotReadyList) -> Readiness {
     let degraded = f.level == Level::Degrade;
     let not_ready = |reason: String| Readiness {
         ready: false,
@@ -82,7 +82,7 @@ pub fn readiness(f: &ActionInputs, cfg: &NotReadyList) -> Readiness {
 
 /// `GET /livez`: should the kubelet restart the engine's container.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Liveness {
+pub(crate) struct Liveness {
     pub live: bool,
     /// One line: why.
     pub reason: String,
@@ -92,7 +92,7 @@ pub struct Liveness {
 /// at a held `evict`, and not then either when the ground is a closed port (the process is
 /// gone or starting: the kubelet restarts a dead container itself, and a starting one must
 /// load its model) or a QoS score resting on a missing input.
-pub fn liveness(f: &ActionInputs) -> Liveness {
+pub(crate) fn liveness(f: &ActionInputs) -> Liveness {
     let live = |reason: String| Liveness { live: true, reason };
     let dead = |reason: String| Liveness {
         live: false,
@@ -123,7 +123,7 @@ pub fn liveness(f: &ActionInputs) -> Liveness {
 /// What `/readyz` and `/livez` answer for an engine, with the facts behind them, taken at
 /// one instant (the metrics, the views and the journal read them together).
 #[derive(Debug, Clone, PartialEq)]
-pub struct Answers {
+pub(crate) struct Answers {
     pub facts: ActionInputs,
     pub readiness: Readiness,
     pub liveness: Liveness,
@@ -131,7 +131,7 @@ pub struct Answers {
 
 impl Answers {
     /// The answers for `facts` under `cfg`.
-    pub fn from_facts(facts: ActionInputs, cfg: &NotReadyList) -> Answers {
+    pub(crate) fn from_facts(facts: ActionInputs, cfg: &NotReadyList) -> Answers {
         Answers {
             readiness: readiness(&facts, cfg),
             liveness: liveness(&facts),
@@ -140,7 +140,7 @@ impl Answers {
     }
 
     /// The answers for `m` now (reads only: the verdict is peeked).
-    pub fn of(m: &Monitor) -> Answers {
+    pub(crate) fn of(m: &Monitor) -> Answers {
         Answers::from_facts(ActionInputs::of(m), NotReadyList::of(m.spec()))
     }
 }

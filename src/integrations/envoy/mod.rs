@@ -6,7 +6,7 @@
 //! `degrade`, and records an answer to Envoy's health checker (`user-agent: Envoy/HC`) as
 //! what Envoy was told. Checked against Envoy 1.40 (docs/degradation.md).
 
-pub mod told;
+pub(crate) mod told;
 
 use crate::config::{AgentSettings, EngineSpec};
 use crate::integrations::answers::Readiness;
@@ -27,13 +27,13 @@ impl From<EnvoyState> for Told {
 }
 
 /// The header that makes a passing answer `degraded` to Envoy.
-pub const DEGRADED: &str = "x-envoy-degraded";
+pub(crate) const DEGRADED: &str = "x-envoy-degraded";
 
 /// The user agent of Envoy's health checker (`Envoy/HC`).
 const HEALTH_CHECKER: &str = "Envoy/HC";
 
 /// Envoy, in the registry.
-pub struct Envoy;
+pub(crate) struct Envoy;
 
 impl Integration for Envoy {
     fn id(&self) -> Id {
@@ -67,7 +67,7 @@ impl Integration for Envoy {
 }
 
 /// What Envoy reads in the answer `r`.
-pub fn state(r: &Readiness) -> EnvoyState {
+pub(crate) fn state(r: &Readiness) -> EnvoyState {
     match (r.ready, r.degraded) {
         (true, false) => EnvoyState::Healthy,
         (true, true) => EnvoyState::Degraded,
@@ -76,7 +76,7 @@ pub fn state(r: &Readiness) -> EnvoyState {
 }
 
 /// Whether the request comes from Envoy's health checker.
-pub fn is_health_checker(headers: &HeaderMap) -> bool {
+pub(crate) fn is_health_checker(headers: &HeaderMap) -> bool {
     headers
         .get(header::USER_AGENT)
         .and_then(|v| v.to_str().ok())

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 )]
 #[serde(rename_all = "snake_case")]
 #[strum(serialize_all = "snake_case")]
-pub enum EnvoyState {
+pub(crate) enum EnvoyState {
     /// 200 without `x-envoy-degraded`.
     Healthy,
     /// 200 with `x-envoy-degraded: true`: Envoy routes to it only when no healthy host is left.
@@ -19,7 +19,7 @@ pub enum EnvoyState {
 }
 
 impl EnvoyState {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         self.into()
     }
 }

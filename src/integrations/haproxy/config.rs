@@ -14,7 +14,7 @@ pub(crate) static TABLE: ConfigTable<HaproxyMap> = ConfigTable::engine("actions.
 /// (`AgentCheck::line` in the folder's rule has the words each one sends).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, strum::EnumIter)]
 #[serde(rename_all = "lowercase")]
-pub enum HaproxyState {
+pub(crate) enum HaproxyState {
     /// In rotation at full weight, no connection limit.
     Ready,
     /// In rotation, at most as many requests as were running when the level began (at
@@ -32,7 +32,7 @@ pub enum HaproxyState {
 
 impl HaproxyState {
     /// As written in the file, and in the action record.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             HaproxyState::Ready => "ready",
             HaproxyState::Queue => "queue",
@@ -47,7 +47,7 @@ impl HaproxyState {
 /// engine's server in. `normal` is always `ready`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
-pub struct HaproxyMap {
+pub(crate) struct HaproxyMap {
     /// Default `queue`: in-flight requests finish, new ones wait in HAProxy's queue.
     pub throttle: HaproxyState,
     /// Default `drain`: new requests go to the `backup` (draft) server.
@@ -64,7 +64,7 @@ pub struct HaproxyMap {
 }
 
 /// [`HaproxyMap::maxconn`]'s default.
-pub const HAPROXY_OPEN_MAXCONN: u32 = 100_000;
+pub(crate) const HAPROXY_OPEN_MAXCONN: u32 = 100_000;
 
 impl Default for HaproxyMap {
     fn default() -> Self {

@@ -38,15 +38,15 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
 /// How long after the accept the engine's name may take to arrive.
-pub const NAME_WAIT: Duration = Duration::from_millis(250);
+pub(crate) const NAME_WAIT: Duration = Duration::from_millis(250);
 /// Longest engine name read, in bytes (an engine name is at most 128 characters).
-pub const MAX_NAME: usize = 512;
+pub(crate) const MAX_NAME: usize = 512;
 /// How long the answer may take to write.
-pub const WRITE_WAIT: Duration = Duration::from_secs(1);
+pub(crate) const WRITE_WAIT: Duration = Duration::from_secs(1);
 
 /// What was read where HAProxy sends the engine's name.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Asked {
+pub(crate) enum Asked {
     /// A name (trimmed of spaces and the newline).
     Name(String),
     /// Nothing, or only spaces, within [`NAME_WAIT`].
@@ -58,7 +58,7 @@ pub enum Asked {
 }
 
 /// What `bytes` (all that arrived) ask for.
-pub fn asked(bytes: &[u8]) -> Asked {
+pub(crate) fn asked(bytes: &[u8]) -> Asked {
     let line = match bytes.iter().position(|&b| b == b'\n') {
         Some(i) => &bytes[..i],
         None if bytes.len() > MAX_NAME => return Asked::TooLong,
@@ -75,7 +75,7 @@ pub fn asked(bytes: &[u8]) -> Asked {
 
 /// A poll that names no engine here, by kind: what it is answered and logged as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BadPoll {
+pub(crate) enum BadPoll {
     /// Nothing, or only spaces (no `agent-send` on the server line).
     NoName,
     /// More than [`MAX_NAME`] bytes without a newline.
@@ -88,7 +88,7 @@ pub enum BadPoll {
 
 impl BadPoll {
     /// The answer's text after `#`: fixed, so it names no engine and echoes nothing.
-    pub fn shown(self) -> &'static str {
+    pub(crate) fn shown(self) -> &'static str {
         match self {
             BadPoll::NoName => {
                 "no engine name: set agent-send \"<engine name>\\n\" on the server line"
@@ -100,7 +100,7 @@ impl BadPoll {
     }
 
     /// The kind, as the log line's `kind` field.
-    pub fn kind(self) -> &'static str {
+    pub(crate) fn kind(self) -> &'static str {
         match self {
             BadPoll::NoName => "no name",
             BadPoll::TooLong => "over-long line",
@@ -113,7 +113,7 @@ impl BadPoll {
 /// The answer to `asked` among `engines`, or what kind of bad poll it is; a poll of a known
 /// engine counts as a poll of its verdict (the first healthy one starts virtual inference, as
 /// Node Manager's does) and is recorded in the engine's router state.
-pub fn answer(engines: &[Arc<Monitor>], asked: &Asked) -> Result<AgentCheck, BadPoll> {
+pub(crate) fn answer(engines: &[Arc<Monitor>], asked: &Asked) -> Result<AgentCheck, BadPoll> {
     let name = match asked {
         Asked::Name(n) => n,
         Asked::Nothing => return Err(BadPoll::NoName),
@@ -195,7 +195,7 @@ async fn one(
 /// Serves the agent check on `listener` until `cancel`, at most `max_connections` at once
 /// and a share of them per source ([`crate::slots`]); then lets the answers in progress
 /// finish. `name` names the listener in log lines.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     engines: Engines,
     max_connections: usize,

@@ -19,8 +19,8 @@
 //! finish; `maxconn:N` keeps new requests on the server, waiting in HAProxy's queue past N;
 //! `ready` clears a `maint` set by hand on HAProxy's CLI at the next poll.
 
-pub mod config;
-pub mod listener;
+pub(crate) mod config;
+pub(crate) mod listener;
 
 use crate::config::tables::TableReader;
 use crate::config::{AgentSettings, EngineSpec, ListenerLimits};
@@ -37,7 +37,8 @@ use tokio_util::sync::CancellationToken;
 /// Longest text sent after `#`, in bytes: HAProxy keeps 127 bytes of `via agent : down
 /// (<text>)` for its stats page (`HCHK_DESC_LEN`, 128 with the NUL, in haproxy/haproxy
 /// `include/haproxy/defaults.h`) and cuts the rest. Every [`AgentCheck::shown`] fits.
-pub const MAX_REASON: usize = 108;
+#[cfg(test)]
+pub(crate) const MAX_REASON: usize = 108;
 
 /// Its name in the journal, `/status/detail` and the metrics.
 pub(crate) const ID: Id = Id("haproxy");
@@ -50,7 +51,7 @@ impl From<HaproxyState> for Told {
 }
 
 /// HAProxy's agent check, in the registry.
-pub struct Haproxy;
+pub(crate) struct Haproxy;
 
 impl Integration for Haproxy {
     fn id(&self) -> Id {
@@ -110,7 +111,7 @@ impl Integration for Haproxy {
 
 /// The answer for one poll.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AgentCheck {
+pub(crate) struct AgentCheck {
     pub state: HaproxyState,
     /// The connection cap sent (`maxconn:N`): the admission cap at `queue`, else the
     /// configured open cap.
@@ -124,7 +125,7 @@ pub struct AgentCheck {
 
 impl AgentCheck {
     /// The line sent to HAProxy, newline included.
-    pub fn line(&self) -> String {
+    pub(crate) fn line(&self) -> String {
         let words = match self.state {
             HaproxyState::Ready | HaproxyState::Queue => "up ready",
             HaproxyState::Drain => "up drain",
@@ -140,7 +141,7 @@ impl AgentCheck {
 
     /// The answer for a poll that names no engine this agent watches (or none at all):
     /// `down`, so a server line naming no engine here stays out of rotation.
-    pub fn unknown(shown: &'static str) -> AgentCheck {
+    pub(crate) fn unknown(shown: &'static str) -> AgentCheck {
         AgentCheck {
             state: HaproxyState::Down,
             maxconn: HAPROXY_OPEN_MAXCONN,
@@ -173,7 +174,7 @@ fn level_shown(level: Level) -> &'static str {
 
 /// The agent check's rule: the verdict `abnormal` and each level take the state `map` names
 /// for them; `normal` is `ready`; an engine whose `/health` never answered is `down`.
-pub fn agent_check(f: &ActionInputs, map: &HaproxyMap) -> AgentCheck {
+pub(crate) fn agent_check(f: &ActionInputs, map: &HaproxyMap) -> AgentCheck {
     let (state, shown, reason) = match (f.status, f.level) {
         (Status::Initial, _) => (
             HaproxyState::Down,

@@ -4,7 +4,7 @@
 //! is the `/livez` route, what `check-config` says of it, and the words the journal records
 //! of what the kubelet is told ([`told`]: `ready`/`not_ready`, `live`/`restart`).
 
-pub mod told;
+pub(crate) mod told;
 
 use crate::config::{AgentSettings, EngineSpec};
 use crate::integrations::answers::config::NotReadyList;
@@ -35,7 +35,7 @@ impl From<Live> for Told {
 }
 
 /// The kubelet, in the registry.
-pub struct Kubelet;
+pub(crate) struct Kubelet;
 
 impl Integration for Kubelet {
     fn id(&self) -> Id {
@@ -73,7 +73,7 @@ impl Integration for Kubelet {
 }
 
 /// `/livez` of one engine: 503 only where the kubelet should restart it.
-pub fn livez(e: &Monitor) -> Response {
+pub(crate) fn livez(e: &Monitor) -> Response {
     e.status();
     let l = liveness(&ActionInputs::of(e));
     let code = if l.live {

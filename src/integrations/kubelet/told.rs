@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 )]
 #[serde(rename_all = "snake_case")]
 #[strum(serialize_all = "snake_case")]
-pub enum Ready {
+pub(crate) enum Ready {
     Ready,
     NotReady,
 }
@@ -20,7 +20,7 @@ pub enum Ready {
 )]
 #[serde(rename_all = "snake_case")]
 #[strum(serialize_all = "snake_case")]
-pub enum Live {
+pub(crate) enum Live {
     Live,
     /// 503: the kubelet restarts the container after its failure threshold.
     Restart,
@@ -28,22 +28,22 @@ pub enum Live {
 
 impl Ready {
     /// `ready` or `not_ready`.
-    pub fn of(ready: bool) -> Ready {
+    pub(crate) fn of(ready: bool) -> Ready {
         if ready { Ready::Ready } else { Ready::NotReady }
     }
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         self.into()
     }
 }
 
 impl Live {
     /// `live` or `restart`.
-    pub fn of(live: bool) -> Live {
+    pub(crate) fn of(live: bool) -> Live {
         if live { Live::Live } else { Live::Restart }
     }
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         self.into()
     }
 }

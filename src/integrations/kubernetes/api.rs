@@ -34,13 +34,13 @@ use std::time::Duration;
 pub const LIST_LIMIT: usize = 16 << 20;
 /// Most bytes read of an answer that is one object (a pod; the answer to a patch or an
 /// Eviction). etcd refuses objects over 1.5 MiB by default.
-pub const OBJECT_LIMIT: usize = 2 << 20;
+pub(crate) const OBJECT_LIMIT: usize = 2 << 20;
 /// Most bytes read of an error answer (a `Status` is a few hundred bytes).
-pub const ERROR_LIMIT: usize = 64 << 10;
+pub(crate) const ERROR_LIMIT: usize = 64 << 10;
 
 /// A failed API call, classified.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ApiError {
+pub(crate) enum ApiError {
     /// The API server answered with an error status (`reason`, `message` from its Status).
     #[error("HTTP {code}{}: {message}", if reason.is_empty() { "" } else { " " }.to_owned() + reason)]
     Status {
@@ -58,7 +58,7 @@ pub enum ApiError {
 
 impl ApiError {
     /// The HTTP status, when the server answered one.
-    pub fn code(&self) -> Option<u16> {
+    pub(crate) fn code(&self) -> Option<u16> {
         match self {
             ApiError::Status { code, .. } => Some(*code),
             // An error answer too large to read still said what it was (a 404, a 429).
@@ -68,7 +68,7 @@ impl ApiError {
     }
 
     /// A PodDisruptionBudget (or the API server's rate limit) refused: try again later.
-    pub fn too_many_requests(&self) -> bool {
+    pub(crate) fn too_many_requests(&self) -> bool {
         self.code() == Some(429)
             || matches!(self, ApiError::Status { reason, .. } if reason == "TooManyRequests")
     }
@@ -122,7 +122,7 @@ fn sources(e: &dyn std::error::Error) -> String {
 
 /// What the mode needs of a pod.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PodInfo {
+pub(crate) struct PodInfo {
     pub namespace: String,
     pub name: String,
     pub node: Option<String>,
@@ -141,7 +141,7 @@ pub struct PodInfo {
 
 impl PodInfo {
     /// From the API's Pod.
-    pub fn of(p: &Pod) -> PodInfo {
+    pub(crate) fn of(p: &Pod) -> PodInfo {
         let spec = p.spec.as_ref();
         let status = p.status.as_ref();
         let port = |n: i32| u16::try_from(n).ok();
@@ -178,13 +178,13 @@ impl PodInfo {
     }
 
     /// `namespace/name`.
-    pub fn key(&self) -> String {
+    pub(crate) fn key(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
     }
 }
 
 /// The calls, as the loop makes them.
-pub trait KubeApi: Send + Sync {
+pub(crate) trait KubeApi: Send + Sync {
     /// Pods on `node` (every node when `None`), in `namespace` (every namespace when
     /// `None`), matching `labels` (a label selector) when given.
     fn list_pods(
@@ -226,7 +226,7 @@ pub trait KubeApi: Send + Sync {
 
 /// The files `[agent.kubernetes]` names with `api_server`, read as the client reads them;
 /// also `check-config`'s and a reload's check ([`crate::agent::preflight`]).
-pub struct Files {
+pub(crate) struct Files {
     /// `token_file`, read as `admin_token_file` is ([`crate::config::read::token`]).
     pub token: Option<Arc<TokenFile>>,
     /// `ca_file`'s certificates (DER).
@@ -235,7 +235,7 @@ pub struct Files {
 
 impl Files {
     /// Reads `token_file` and `ca_file`; `Err((key, message))` naming the file.
-    pub fn read(cfg: &KubernetesConfig) -> Result<Files, (&'static str, String)> {
+    pub(crate) fn read(cfg: &KubernetesConfig) -> Result<Files, (&'static str, String)> {
         let token = match &cfg.token_file {
             None => None,
             Some(t) => Some(Arc::new(TokenFile::open(t).map_err(|m| ("token_file", m))?)),
@@ -271,7 +271,7 @@ const TOKEN_REREAD: Duration = Duration::from_secs(60);
 /// `token_file`: its `Authorization` header, read again every [`TOKEN_REREAD`]; a read that
 /// fails keeps the token it had (and says so in the log once per failure run).
 #[derive(Debug)]
-pub struct TokenFile {
+pub(crate) struct TokenFile {
     path: std::path::PathBuf,
     cached: std::sync::Mutex<(std::time::Instant, http::HeaderValue, bool)>,
 }
@@ -318,7 +318,7 @@ impl TokenFile {
 
 /// The API server, through `kube`.
 #[derive(Clone)]
-pub struct KubeClient {
+pub(crate) struct KubeClient {
     client: kube::Client,
     /// The whole exchange's limit, the body's reading included.
     timeout: Duration,
@@ -331,7 +331,7 @@ impl std::fmt::Debug for KubeClient {
 }
 
 /// Field manager named in the agent's patches.
-pub const FIELD_MANAGER: &str = "npu-health-agent";
+pub(crate) const FIELD_MANAGER: &str = "npu-health-agent";
 
 /// The agent's patches: strategic merge, its field manager named.
 fn patch_params() -> PatchParams {
@@ -344,7 +344,7 @@ fn patch_params() -> PatchParams {
 impl KubeClient {
     /// A client for `cfg`: its `api_server` (with `token_file`, `ca_file`), else in-cluster.
     /// Fails with a sentence naming what is missing.
-    pub fn new(cfg: &KubernetesConfig) -> Result<KubeClient, String> {
+    pub(crate) fn new(cfg: &KubernetesConfig) -> Result<KubeClient, String> {
         let mut token = None;
         let mut kc = match &cfg.api_server {
             None => kube::Config::incluster().map_err(|e| {

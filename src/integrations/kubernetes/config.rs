@@ -26,12 +26,12 @@ pub const DEFAULT_CONDITION_TYPE: &str = "npu-health-agent.io/qos-ready";
 /// infer-operator: a value beginning with `Unhealthy` makes it delete and recreate the pod's
 /// whole instance (`component/infer-operator/pkg/controller/rescheduling/rescheduling.go` in
 /// Ascend/mind-cluster; docs/kubernetes.md has the contract).
-pub const MINDCLUSTER_ANNOTATION: &str = "huawei.com/pod-status";
+pub(crate) const MINDCLUSTER_ANNOTATION: &str = "huawei.com/pod-status";
 /// The value written: `Unhealthy-<fault type>` as MindCluster's Volcano plugin writes it;
 /// `process-exception` is its type for a business process that failed.
-pub const MINDCLUSTER_VALUE: &str = "Unhealthy-process-exception";
+pub(crate) const MINDCLUSTER_VALUE: &str = "Unhealthy-process-exception";
 /// The label infer-operator's pods carry; without it the annotation would do nothing.
-pub const MINDCLUSTER_POD_LABEL: &str = "infer.huawei.com/ascend-infer-operator";
+pub(crate) const MINDCLUSTER_POD_LABEL: &str = "infer.huawei.com/ascend-infer-operator";
 
 /// How a held `evict` takes the engine's pod out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -47,7 +47,7 @@ pub enum EvictionMode {
 }
 
 impl EvictionMode {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             EvictionMode::Api => "api",
             EvictionMode::Mindcluster => "mindcluster",
@@ -127,7 +127,7 @@ fn loopback_url(url: &str) -> bool {
 
 impl KubernetesConfig {
     /// Checks every value; `Err((key, message))`.
-    pub fn validate(&self) -> Result<(), crate::config::KeyError> {
+    pub(crate) fn validate(&self) -> Result<(), crate::config::KeyError> {
         use bounds::{
             EVICTION_COOLDOWN, REQUEST_TIMEOUT, RESYNC_PERIOD, dns_subdomain, qualified_name,
         };
@@ -175,7 +175,7 @@ impl KubernetesConfig {
     }
 
     /// The node name: the configured one, else `$NODE_NAME`.
-    pub fn node(&self) -> Option<String> {
+    pub(crate) fn node(&self) -> Option<String> {
         self.node_name
             .clone()
             .or_else(|| std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty()))
@@ -187,7 +187,7 @@ impl KubernetesConfig {
 /// port, or a container port of the pod whose IP is the engine's host).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
-pub struct PodSelector {
+pub(crate) struct PodSelector {
     /// The pod, `namespace/name`.
     pub pod: Option<String>,
     /// A label selector (`app=vllm,role=decode`) among this node's pods.
@@ -199,7 +199,7 @@ pub struct PodSelector {
 
 impl PodSelector {
     /// Checks the keys; `Err((key, message))`.
-    pub fn validate(&self) -> Result<(), crate::config::KeyError> {
+    pub(crate) fn validate(&self) -> Result<(), crate::config::KeyError> {
         use bounds::{dns_label, dns_subdomain, label_selector};
         if let Some(p) = &self.pod {
             if self.pod_selector.is_some() || self.namespace.is_some() {
@@ -224,7 +224,7 @@ impl PodSelector {
     }
 
     /// The named pod as (namespace, name).
-    pub fn named(&self) -> Option<(&str, &str)> {
+    pub(crate) fn named(&self) -> Option<(&str, &str)> {
         self.pod.as_deref().and_then(|p| p.split_once('/'))
     }
 }
@@ -273,13 +273,14 @@ impl Table for PodSelector {
 
 /// `[agent.kubernetes]` bounds and the Kubernetes name rules (checked by
 /// [`KubernetesConfig::validate`] and [`PodSelector::validate`]).
-pub mod bounds {
+pub(crate) mod bounds {
     use crate::config::bounds::{Within, ms, secs};
     use std::time::Duration;
 
-    pub const EVICTION_COOLDOWN: Within<Duration> = Within::new(secs(10), secs(7 * 24 * 3600));
-    pub const RESYNC_PERIOD: Within<Duration> = Within::new(secs(1), secs(3600));
-    pub const REQUEST_TIMEOUT: Within<Duration> = Within::new(ms(100), secs(120));
+    pub(crate) const EVICTION_COOLDOWN: Within<Duration> =
+        Within::new(secs(10), secs(7 * 24 * 3600));
+    pub(crate) const RESYNC_PERIOD: Within<Duration> = Within::new(secs(1), secs(3600));
+    pub(crate) const REQUEST_TIMEOUT: Within<Duration> = Within::new(ms(100), secs(120));
 
     fn label_chars(s: &str, max: usize, dots: bool) -> Result<(), String> {
         let ok_char = |c: char| {
@@ -302,19 +303,19 @@ pub mod bounds {
     }
 
     /// A DNS-1123 label (a namespace).
-    pub fn dns_label(s: &str) -> Result<(), String> {
+    pub(crate) fn dns_label(s: &str) -> Result<(), String> {
         label_chars(s, 63, false)
     }
 
     /// A DNS-1123 subdomain (a pod or node name).
-    pub fn dns_subdomain(s: &str) -> Result<(), String> {
+    pub(crate) fn dns_subdomain(s: &str) -> Result<(), String> {
         label_chars(s, 253, true)
     }
 
     /// A qualified name (`prefix/name`, as a condition type): a DNS subdomain prefix, and a
     /// name of at most 63 letters, digits, `-`, `_` and `.`, beginning and ending with a
     /// letter or digit.
-    pub fn qualified_name(s: &str) -> Result<(), String> {
+    pub(crate) fn qualified_name(s: &str) -> Result<(), String> {
         let name = match s.split_once('/') {
             Some((prefix, name)) => {
                 dns_subdomain(prefix).map_err(|m| format!("prefix: {m}"))?;
@@ -342,7 +343,7 @@ pub mod bounds {
     /// qualified-name keys (`k=v`, `k==v`, `k!=v`, `k`, `!k`, `k in (a,b)`, `k notin (a)`).
     /// Checked loosely: the characters and the shape of each term; the API server has the
     /// last word.
-    pub fn label_selector(s: &str) -> Result<(), String> {
+    pub(crate) fn label_selector(s: &str) -> Result<(), String> {
         if s.trim().is_empty() {
             return Err("is empty".to_owned());
         }

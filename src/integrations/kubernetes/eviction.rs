@@ -9,13 +9,13 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 /// The first back-off after a refused or failed attempt.
-pub const FIRST_BACKOFF: Duration = Duration::from_secs(5);
+pub(crate) const FIRST_BACKOFF: Duration = Duration::from_secs(5);
 /// The longest back-off.
-pub const MAX_BACKOFF: Duration = Duration::from_secs(300);
+pub(crate) const MAX_BACKOFF: Duration = Duration::from_secs(300);
 
 /// What to do now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Step {
+pub(crate) enum Step {
     /// No ground for an eviction.
     Idle,
     /// Try one now.
@@ -27,7 +27,7 @@ pub enum Step {
 
 /// How an attempt ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Attempted {
+pub(crate) enum Attempted {
     /// The API server took it: the pod goes.
     Done,
     /// Refused for now (429: a PodDisruptionBudget, or the server's rate limit).
@@ -38,7 +38,7 @@ pub enum Attempted {
 
 /// The gate of one engine.
 #[derive(Debug, Clone)]
-pub struct EvictionGate {
+pub(crate) struct EvictionGate {
     cooldown: Duration,
     done_at: Option<Instant>,
     retry_at: Option<Instant>,
@@ -46,7 +46,7 @@ pub struct EvictionGate {
 }
 
 impl EvictionGate {
-    pub fn new(cooldown: Duration) -> EvictionGate {
+    pub(crate) fn new(cooldown: Duration) -> EvictionGate {
         EvictionGate {
             cooldown,
             done_at: None,
@@ -56,7 +56,7 @@ impl EvictionGate {
     }
 
     /// A gate that remembers `m` (saved by an agent that has since restarted).
-    pub fn remembering(cooldown: Duration, m: GateMemory) -> EvictionGate {
+    pub(crate) fn remembering(cooldown: Duration, m: GateMemory) -> EvictionGate {
         EvictionGate {
             cooldown,
             done_at: m.done_at_unix_ms.map(crate::clock::instant_of),
@@ -70,7 +70,7 @@ impl EvictionGate {
     }
 
     /// What the gate remembers, in wall-clock time.
-    pub fn memory(&self) -> GateMemory {
+    pub(crate) fn memory(&self) -> GateMemory {
         let now = Instant::now();
         GateMemory {
             done_at_unix_ms: self.done_at.map(crate::clock::unix_ms_of),
@@ -82,7 +82,7 @@ impl EvictionGate {
     }
 
     /// What to do at `now` with (`ground`) or without a ground for eviction.
-    pub fn step(&mut self, now: Instant, ground: bool) -> Step {
+    pub(crate) fn step(&mut self, now: Instant, ground: bool) -> Step {
         if !ground {
             self.retry_at = None;
             self.backoff = FIRST_BACKOFF;
@@ -106,7 +106,7 @@ impl EvictionGate {
     }
 
     /// Records an attempt made at `now`; returns the back-off applied, if any.
-    pub fn record(&mut self, now: Instant, a: Attempted) -> Option<Duration> {
+    pub(crate) fn record(&mut self, now: Instant, a: Attempted) -> Option<Duration> {
         match a {
             Attempted::Done => {
                 self.done_at = Some(now);

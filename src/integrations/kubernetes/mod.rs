@@ -10,11 +10,11 @@
 
 pub mod api;
 pub mod config;
-pub mod eviction;
-pub mod memory;
-pub mod pods;
-pub mod shared;
-pub mod task;
+pub(crate) mod eviction;
+pub(crate) mod memory;
+pub(crate) mod pods;
+pub(crate) mod shared;
+pub(crate) mod task;
 pub mod told;
 
 use crate::config::tables::TableReader;
@@ -39,7 +39,7 @@ pub(crate) fn told_call(action: PodAction, outcome: Outcome) -> Told {
 }
 
 /// The Kubernetes API mode, in the registry.
-pub struct KubernetesApi;
+pub(crate) struct KubernetesApi;
 
 impl Integration for KubernetesApi {
     fn id(&self) -> Id {
@@ -101,7 +101,7 @@ impl Integration for KubernetesApi {
 
 /// The mode as started: its settings, the node, the client (or why there is none), shared
 /// by every engine's loop ([`shared`]: one pod list per resync), and when it started.
-pub struct ApiMode {
+pub(crate) struct ApiMode {
     pub cfg: KubernetesConfig,
     pub node: Option<String>,
     pub client: Result<SharedLists<KubeClient>, String>,
@@ -130,7 +130,7 @@ impl Started for ApiMode {
 impl ApiMode {
     /// Builds the client for `cfg`; a failure is kept (each engine's record shows it) and
     /// logged once, and the agent runs on without the mode.
-    pub fn start(cfg: &KubernetesConfig) -> Arc<ApiMode> {
+    pub(crate) fn start(cfg: &KubernetesConfig) -> Arc<ApiMode> {
         let client = KubeClient::new(cfg);
         let node = cfg.node();
         match &client {
@@ -153,7 +153,7 @@ impl ApiMode {
 
 /// Whether the Kubernetes API mode may evict the engine's pod now: a held `evict` whose
 /// score rests on no missing input.
-pub fn eviction_ground(f: &ActionInputs) -> Option<String> {
+pub(crate) fn eviction_ground(f: &ActionInputs) -> Option<String> {
     f.evict_held().then(|| {
         format!(
             "{} held for the eviction hold, every input present",

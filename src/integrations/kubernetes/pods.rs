@@ -6,14 +6,14 @@ use crate::integrations::kubernetes::config::PodSelector;
 
 /// How the engine is reached, for the match by port.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EngineAddr<'a> {
+pub(crate) struct EngineAddr<'a> {
     pub host: &'a str,
     pub port: u16,
 }
 
 /// Whether `p` serves the engine's port: a container port of a host-network pod, a host port,
 /// or a container port of the pod whose IP is the engine's host.
-pub fn serves(p: &PodInfo, e: &EngineAddr<'_>) -> bool {
+pub(crate) fn serves(p: &PodInfo, e: &EngineAddr<'_>) -> bool {
     p.ports.iter().any(|&(container, host)| {
         host == Some(e.port)
             || (container == e.port && (p.host_network || p.pod_ip.as_deref() == Some(e.host)))
@@ -27,7 +27,7 @@ fn live(p: &PodInfo) -> bool {
 
 /// Picks the engine's pod among `candidates` (this node's pods, listed with the selector's
 /// namespace and labels already applied by the API server).
-pub fn pick<'p>(
+pub(crate) fn pick<'p>(
     candidates: &'p [PodInfo],
     sel: &PodSelector,
     e: &EngineAddr<'_>,
@@ -61,7 +61,7 @@ pub fn pick<'p>(
 
 /// Checks a pod named in the config: it exists (the caller read it), is not being deleted,
 /// and runs on this node when the node is known.
-pub fn check_named(p: &PodInfo, node: Option<&str>) -> Result<(), String> {
+pub(crate) fn check_named(p: &PodInfo, node: Option<&str>) -> Result<(), String> {
     if !live(p) {
         return Err(format!(
             "pod {} is {}",

@@ -31,7 +31,7 @@ type Answer = Option<(Instant, Result<Arc<[PodInfo]>, ApiError>)>;
 
 /// `A`'s calls, with `list_pods` shared (the other calls go through as they are). A clone
 /// shares the lists: each engine's loop holds one.
-pub struct SharedLists<A>(Arc<Shared<A>>);
+pub(crate) struct SharedLists<A>(Arc<Shared<A>>);
 
 impl<A> Clone for SharedLists<A> {
     fn clone(&self) -> Self {
@@ -47,7 +47,7 @@ impl<A> std::ops::Deref for SharedLists<A> {
 }
 
 /// What the clones of a [`SharedLists`] share.
-pub struct Shared<A> {
+pub(crate) struct Shared<A> {
     inner: A,
     /// A list younger than this answers a new question at once.
     fresh: Duration,
@@ -62,7 +62,7 @@ pub struct Shared<A> {
 
 impl<A: KubeApi> SharedLists<A> {
     /// `inner`'s calls, a list shared for half of `resync_period`.
-    pub fn new(inner: A, resync_period: Duration) -> SharedLists<A> {
+    pub(crate) fn new(inner: A, resync_period: Duration) -> SharedLists<A> {
         SharedLists(Arc::new(Shared {
             inner,
             fresh: resync_period / 2,
@@ -73,12 +73,13 @@ impl<A: KubeApi> SharedLists<A> {
     }
 
     /// Lists answered until now are stale: the next question is sent again.
-    pub fn forget(&self) {
+    pub(crate) fn forget(&self) {
         *self.stale_before.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
     }
 
     /// List requests sent so far.
-    pub fn sent(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn sent(&self) -> u64 {
         self.sent.load(std::sync::atomic::Ordering::Relaxed)
     }
 
@@ -155,7 +156,7 @@ impl<A: KubeApi> KubeApi for SharedLists<A> {
 
 /// The first multiple of `period` after `origin` that is later than `now`: where every
 /// engine's next resync falls, so their lists are one.
-pub fn next_resync(origin: Instant, now: Instant, period: Duration) -> Instant {
+pub(crate) fn next_resync(origin: Instant, now: Instant, period: Duration) -> Instant {
     if period.is_zero() {
         return now;
     }

@@ -33,7 +33,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 /// How often the loop looks at the engine.
-pub const TICK: Duration = Duration::from_secs(1);
+pub(crate) const TICK: Duration = Duration::from_secs(1);
 /// The same failure is logged at most this often.
 const LOG_EVERY: Duration = Duration::from_secs(60);
 /// Back-off of condition patches after a failure: from this (or `resync_period` if shorter),
@@ -42,7 +42,10 @@ const CONDITION_RETRY: Duration = Duration::from_secs(2);
 
 /// The condition for a readiness decision: `(status, reason, message)`. The reason is one
 /// CamelCase word, as the API conventions ask.
-pub fn condition_of(f: &ActionInputs, r: &Readiness) -> (&'static str, &'static str, String) {
+pub(crate) fn condition_of(
+    f: &ActionInputs,
+    r: &Readiness,
+) -> (&'static str, &'static str, String) {
     use crate::monitor::verdict::Status;
     let reason = match (f.status, f.level) {
         (Status::Initial, _) => "EngineNotAnswering",
@@ -114,7 +117,7 @@ struct Loop<'a, A> {
 /// Runs until `cancel`. `api` is the engine's client; `m` its monitor; `origin` the mode's
 /// start, from which every engine's resyncs fall on one schedule
 /// ([`super::shared::next_resync`]), so their pod lists are one.
-pub async fn run(
+pub(crate) async fn run(
     api: impl KubeApi,
     cfg: KubernetesConfig,
     node: Option<String>,
@@ -157,7 +160,7 @@ pub async fn run(
 }
 
 /// Records that the mode cannot act for `m` at all, and why.
-pub fn inactive(m: &Monitor, cfg: &KubernetesConfig, why: &str) {
+pub(crate) fn inactive(m: &Monitor, cfg: &KubernetesConfig, why: &str) {
     memory::update(m, |r| {
         r.inactive = Some(why.to_owned());
         r.eviction = cfg.eviction.as_str().to_owned();

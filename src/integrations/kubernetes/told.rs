@@ -62,7 +62,7 @@ pub enum Outcome {
 }
 
 impl PodAction {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         self.into()
     }
 }
@@ -74,7 +74,7 @@ impl Outcome {
 }
 
 /// Attempts kept per engine.
-pub const KEPT_ATTEMPTS: usize = 20;
+pub(crate) const KEPT_ATTEMPTS: usize = 20;
 
 /// The readiness-gate condition as last set on the pod.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -129,7 +129,7 @@ pub struct KubeRecord {
 /// The eviction gate's memory (`actions::eviction::EvictionGate`) in wall-clock time, so a
 /// restarted agent keeps the cooldown after an eviction and the back-off after a refusal.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct GateMemory {
+pub(crate) struct GateMemory {
     /// When the last eviction went through.
     pub done_at_unix_ms: Option<u64>,
     /// No attempt before this (back-off after a refused or failed one).
@@ -140,7 +140,7 @@ pub struct GateMemory {
 
 impl KubeRecord {
     /// Adds an attempt, keeping the last [`KEPT_ATTEMPTS`].
-    pub fn push(&mut self, a: Attempt) {
+    pub(crate) fn push(&mut self, a: Attempt) {
         *self
             .totals
             .entry(a.action)
@@ -154,7 +154,7 @@ impl KubeRecord {
     }
 
     /// Counts a failed API call, at `at_unix_ms`.
-    pub fn api_error(&mut self, what: String, at_unix_ms: u64) {
+    pub(crate) fn api_error(&mut self, what: String, at_unix_ms: u64) {
         self.api_errors += 1;
         self.last_api_error = Some(what);
         self.last_api_error_unix_ms = Some(at_unix_ms);

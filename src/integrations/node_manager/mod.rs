@@ -21,7 +21,7 @@ pub(crate) fn told(s: Status) -> Told {
 }
 
 /// Node Manager, in the registry.
-pub struct NodeManager;
+pub(crate) struct NodeManager;
 
 impl Integration for NodeManager {
     fn id(&self) -> Id {
@@ -52,7 +52,7 @@ impl Integration for NodeManager {
 
 /// `GET /status` of one engine: the verdict (a poll: the first healthy one starts virtual
 /// inference, as the reference's does).
-pub fn status(e: &Monitor) -> Response {
+pub(crate) fn status(e: &Monitor) -> Response {
     let s = e.status();
     ([(header::CONTENT_TYPE, "application/json")], s.body()).into_response()
 }

@@ -58,7 +58,7 @@ impl Source for Canary {
 mod tests {
     use super::*;
     use crate::config::file;
-    use crate::integrations::{AbnormalCause, ActionInputs};
+    use crate::integrations::facts::{AbnormalCause, ActionInputs};
     use crate::monitor::verdict::Status;
     use crate::probe::health::HealthOutcome;
     use crate::probe::http::EngineClient;
