@@ -12,7 +12,7 @@ use crate::proxy::Proxy;
 use crate::real_engine::RealEngine;
 use crate::timescale::scaled;
 use npu_health_agent::probe::engine_metrics;
-use npu_health_agent::server::wire::EngineDetail;
+use npu_health_wire::EngineDetail;
 use npu_health_wire::Phase;
 use npu_health_wire::Status;
 use serde_json::Value;
