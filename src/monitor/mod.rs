@@ -189,7 +189,7 @@ impl Monitor {
     }
 
     /// How many times virtual inference was re-armed after an engine restart.
-    pub(crate) fn rearms(&self) -> u64 {
+    fn rearms(&self) -> u64 {
         self.rearms.load(Ordering::Relaxed)
     }
 

@@ -1,8 +1,8 @@
 //! What the Kubernetes API mode did about an engine: the readiness-gate condition as last set,
-//! each call that acted on the pod and how it ended, and the eviction gate's memory. Data
-//! only, kept in the engine's monitor (`monitor::acted`) and its state file, so
-//! `/status/detail` shows every attempt and a restarted agent keeps the cooldown; written
-//! by [`super::task`].
+//! each call that acted on the pod and how it ended (the wire crate's types, which
+//! `/status/detail` sends as `kubernetes`), and the eviction gate's memory. Data only, kept in
+//! the engine's monitor (`monitor::acted`) and its state file, so `/status/detail` shows every
+//! attempt and a restarted agent keeps the cooldown; written by [`super::task`].
 
 use serde::{Deserialize, Serialize};
 
