@@ -12,9 +12,10 @@
 //! on the measured thread. Prints a Markdown report (copied into BENCHMARKS.md).
 
 use npu_health_agent::probe::http::EngineClient;
-use npu_health_agent::probe::outcome::{Accounting, ProbeRecord};
+use npu_health_agent::probe::outcome::Probed;
 use npu_health_agent::probe::{MetricsSource, engine_metrics};
 use npu_health_agent::qos::{QosConfig, QosState};
+use npu_health_wire::{Accounting, ProbeRecord};
 use std::time::{Duration, Instant};
 
 const SCRAPES: u32 = 2000;
@@ -216,21 +217,23 @@ fn main() {
     let (record_us, eval_us) = rt.block_on(async {
         let cfg = QosConfig::default();
         let q = QosState::new(&cfg);
-        let probe = ProbeRecord {
+        let probe = Probed {
             at: tokio::time::Instant::now(),
-            at_unix_ms: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_millis() as u64,
-            warmup: false,
-            latency_ms: 180.0,
-            outcome: "success".into(),
-            success: true,
-            ttft_ms: Some(180.0),
-            tpot_ms: None,
-            peak: Some(70.0),
-            accounting: Accounting::Reset,
-            failure_count: 0,
+            record: ProbeRecord {
+                at_unix_ms: std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_millis() as u64,
+                warmup: false,
+                latency_ms: 180.0,
+                outcome: "success".into(),
+                success: true,
+                ttft_ms: Some(180.0),
+                tpot_ms: None,
+                peak: Some(70.0),
+                accounting: Accounting::Reset,
+                failure_count: 0,
+            },
         };
         let c0 = thread_cpu();
         for i in 0..EVALUATIONS {

@@ -39,7 +39,7 @@ fn real_default(id: &str) -> Option<String> {
         "backend" => word(agent.backend),
         "npu_smi_delay" => agent.npu_smi_delay.to_string(),
         "npu_smi" => agent.npu_smi.display().to_string(),
-        "policy" => word(agent.policy),
+        "policy" => agent.policy.as_str().to_owned(),
         // `run` takes an absent --wait-for-ports as `unwrap_or_default`.
         "wait_for_ports" => duration(Duration::default()),
         _ => return None,
@@ -97,7 +97,7 @@ fn every_flag_help_that_states_a_default_states_the_real_one() {
     assert!(
         help.contains(&format!(
             "{reference} under --policy {}",
-            word(Policy::Reference)
+            Policy::Reference.as_str().to_owned()
         )),
         "{help}"
     );

@@ -9,6 +9,7 @@ mod demo;
 mod inspect;
 mod service;
 pub mod top;
+mod values;
 
 use crate::config::mindie::Role;
 use crate::config::{AgentConfig, AgentSettings, SingleEngine, file};
@@ -179,7 +180,7 @@ pub struct ConfigArgs {
     #[arg(long, value_name = "FILE")]
     pub config_path: Option<PathBuf>,
     /// Engine role (the user_config.json section read).
-    #[arg(long, value_enum)]
+    #[arg(long, value_parser = values::role())]
     pub role: Option<Role>,
     /// Address of the engine's inference surface; the mgmt listener binds it too.
     #[arg(long)]
@@ -224,7 +225,7 @@ pub struct ConfigArgs {
     /// Detection policy (single-engine mode; host mode: `policy` in [agent] or [[engine]]):
     /// `reference` is MindIE V5 exactly, `agent` adds the grace, fast confirmation, stall
     /// detection and QoS eviction (docs/policy.md) [default: agent].
-    #[arg(long, value_enum, conflicts_with = "config")]
+    #[arg(long, value_parser = values::policy(), conflicts_with = "config")]
     pub policy: Option<crate::config::policy::Policy>,
     /// max_tokens of the virtual probe; above 1 it streams and measures time per token.
     #[arg(long, value_name = "N")]

@@ -15,8 +15,8 @@ use crate::monitor::{HealthDetail, Monitor};
 use crate::probe::health::{HealthCollector, HealthOutcome};
 use crate::probe::http::EngineClient;
 use crate::sampler::{Sampler, SamplerConfig, StartError};
-use crate::server::wire::DeviceFault;
 use anyhow::Context;
+use npu_health_wire::DeviceFault;
 use serde_json::json;
 use std::time::Duration;
 
@@ -269,7 +269,7 @@ async fn examine<'a>(spec: &'a EngineSpec, sampler: &Result<Sampler, StartError>
             let faults = (0..sampler.devices().len() as u16)
                 .filter(|&i| engine_has(spec, sampler.devices()[usize::from(i)].info.id))
                 .flat_map(|i| sampler.shared().faults_of(i))
-                .map(|f| (f.npu, DeviceFault::of(f, agent)))
+                .map(|f| (f.npu, crate::monitor::snapshot::device_fault(f, agent)))
                 .collect();
             let cube = sampler
                 .devices()

@@ -17,37 +17,7 @@ use serde::Serialize;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
-/// An engine role (`--role`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    Prefill,
-    Decode,
-    Union,
-    Encode,
-}
-
-impl Role {
-    /// Name as written in configs and logs.
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Role::Prefill => "prefill",
-            Role::Decode => "decode",
-            Role::Union => "union",
-            Role::Encode => "encode",
-        }
-    }
-
-    /// The `user_config.json` section holding this role's engine.
-    pub(crate) fn section(self) -> String {
-        format!("motor_engine_{}_config", self.as_str())
-    }
-
-    /// The `env.json` section for this role's engine.
-    pub(crate) fn env_section(self) -> String {
-        format!("motor_engine_{}_env", self.as_str())
-    }
-}
+pub use npu_health_wire::Role;
 
 /// How prefill and decode hand over work (reference §4.4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

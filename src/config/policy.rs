@@ -13,27 +13,7 @@ use super::qos::QosConfig;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
-/// Which detection policy an engine runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum Policy {
-    /// MindIE V5 virtual inference, exactly.
-    Reference,
-    /// Stall detection, QoS eviction, fast confirmation and the `/health` grace. The
-    /// default: it passed the chaos suite (both Node Manager cadences, fake and real engine)
-    /// and MindIE PyMotor's own Node Manager (docs/policy.md).
-    #[default]
-    Agent,
-}
-
-impl Policy {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Policy::Reference => "reference",
-            Policy::Agent => "agent",
-        }
-    }
-}
+pub use npu_health_wire::Policy;
 
 /// `stall_window` under `agent` when the file does not set it.
 pub const AGENT_STALL_WINDOW: Duration = Duration::from_secs(30);

@@ -16,71 +16,21 @@ use std::path::{Path, PathBuf};
 /// (`component/ascend-device-plugin/pkg/common/fault_code.go`, `build/Dockerfile`).
 pub(crate) const DEFAULT_PATH: &str = "/usr/local/faultCode.json";
 
-/// MindCluster's handling levels, least severe first (its `getMostSeriousFaultType` order),
-/// and `Unclassified` for a code no table names.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    PartialOrd,
-    Ord,
-    Hash,
-    serde::Serialize,
-    serde::Deserialize,
-    strum::EnumIter,
-)]
-pub enum FaultLevel {
-    /// In no table: published, never acted on.
-    #[serde(rename = "unclassified")]
-    Unclassified,
-    NotHandleFault,
-    SubHealthFault,
-    RestartRequest,
-    RestartBusiness,
-    FreeRestartNPU,
-    RestartNPU,
-    PreSeparateNPU,
-    SeparateNPU,
-}
+pub(crate) use npu_health_wire::FaultLevel;
 
-impl FaultLevel {
-    /// The name MindCluster uses (and the metrics' `level` label).
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            FaultLevel::Unclassified => "unclassified",
-            FaultLevel::NotHandleFault => "NotHandleFault",
-            FaultLevel::SubHealthFault => "SubHealthFault",
-            FaultLevel::RestartRequest => "RestartRequest",
-            FaultLevel::RestartBusiness => "RestartBusiness",
-            FaultLevel::FreeRestartNPU => "FreeRestartNPU",
-            FaultLevel::RestartNPU => "RestartNPU",
-            FaultLevel::PreSeparateNPU => "PreSeparateNPU",
-            FaultLevel::SeparateNPU => "SeparateNPU",
-        }
-    }
-
-    /// The level a `faultCode.json` key lists (its chip and network lists alike).
-    fn of_key(key: &str) -> Option<FaultLevel> {
-        Some(match key {
-            "NotHandleFaultCodes" | "NotHandleFaultNetworkCodes" => FaultLevel::NotHandleFault,
-            "SubHealthFaultCodes" | "SubHealthFaultNetworkCodes" => FaultLevel::SubHealthFault,
-            "RestartRequestCodes" => FaultLevel::RestartRequest,
-            "RestartBusinessCodes" => FaultLevel::RestartBusiness,
-            "FreeRestartNPUCodes" => FaultLevel::FreeRestartNPU,
-            "RestartNPUCodes" => FaultLevel::RestartNPU,
-            "PreSeparateNPUCodes" | "PreSeparateNPUNetworkCodes" => FaultLevel::PreSeparateNPU,
-            "SeparateNPUCodes" | "SeparateNPUNetworkCodes" => FaultLevel::SeparateNPU,
-            _ => return None,
-        })
-    }
-}
-
-impl std::fmt::Display for FaultLevel {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
+/// The level a `faultCode.json` key lists (its chip and network lists alike).
+fn level_of_key(key: &str) -> Option<FaultLevel> {
+    Some(match key {
+        "NotHandleFaultCodes" | "NotHandleFaultNetworkCodes" => FaultLevel::NotHandleFault,
+        "SubHealthFaultCodes" | "SubHealthFaultNetworkCodes" => FaultLevel::SubHealthFault,
+        "RestartRequestCodes" => FaultLevel::RestartRequest,
+        "RestartBusinessCodes" => FaultLevel::RestartBusiness,
+        "FreeRestartNPUCodes" => FaultLevel::FreeRestartNPU,
+        "RestartNPUCodes" => FaultLevel::RestartNPU,
+        "PreSeparateNPUCodes" | "PreSeparateNPUNetworkCodes" => FaultLevel::PreSeparateNPU,
+        "SeparateNPUCodes" | "SeparateNPUNetworkCodes" => FaultLevel::SeparateNPU,
+        _ => return None,
+    })
 }
 
 /// A few codes of MindCluster's `component/ascend-device-plugin/build/faultCode.json`
@@ -200,7 +150,7 @@ impl FaultTable {
                     "\"{key}\" is written twice; a JSON reader would keep one list and drop the other silently: merge them into one"
                 )));
             }
-            let Some(level) = FaultLevel::of_key(key) else {
+            let Some(level) = level_of_key(key) else {
                 unknown_keys.push(key.clone());
                 continue;
             };
@@ -568,8 +518,7 @@ mod tests {
 
     #[test]
     fn serde_and_as_str_name_every_level_alike() {
-        use strum::IntoEnumIterator;
-        for l in FaultLevel::iter() {
+        for l in FaultLevel::ALL {
             let json = serde_json::to_string(&l).unwrap();
             assert_eq!(
                 json,

@@ -8,33 +8,21 @@
 
 use crate::config::EngineSpec;
 use crate::driver::Backend;
-use serde::Serialize;
 
-/// One enabling condition.
-#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
-pub struct Condition {
-    pub name: std::borrow::Cow<'static, str>,
-    /// The value the agent sees, with its source.
-    pub value: String,
-    /// Whether it lets virtual inference run (`None`: not known yet).
-    pub ok: Option<bool>,
-    /// Why, when it blocks (the reference's log text where there is one).
-    pub note: String,
-}
+pub(crate) use npu_health_wire::Condition;
 
-impl Condition {
-    fn new(
-        name: &'static str,
-        value: impl Into<String>,
-        ok: bool,
-        note: impl Into<String>,
-    ) -> Condition {
-        Condition {
-            name: name.into(),
-            value: value.into(),
-            ok: Some(ok),
-            note: note.into(),
-        }
+/// A condition that is known (its `ok` is set).
+fn condition(
+    name: &'static str,
+    value: impl Into<String>,
+    ok: bool,
+    note: impl Into<String>,
+) -> Condition {
+    Condition {
+        name: name.into(),
+        value: value.into(),
+        ok: Some(ok),
+        note: note.into(),
     }
 }
 
@@ -56,13 +44,13 @@ pub(crate) fn static_conditions(spec: &EngineSpec) -> Vec<Condition> {
     let mut v = Vec::new();
     // The engine's kind says whether virtual inference applies to it (src/engines/).
     let applies = crate::engines::of(spec.engine_type).virtual_inference(spec);
-    v.push(Condition::new(
+    v.push(condition(
         "engine_type",
         spec.engine_type.as_str(),
         applies.is_ok(),
         applies.err().unwrap_or_default(),
     ));
-    v.push(Condition::new(
+    v.push(condition(
         "enable_virtual_inference",
         hc.enable_virtual_inference.to_string(),
         hc.enable_virtual_inference,
@@ -72,7 +60,7 @@ pub(crate) fn static_conditions(spec: &EngineSpec) -> Vec<Condition> {
             "Health check is disabled"
         },
     ));
-    v.push(Condition::new(
+    v.push(condition(
         "dp_rank",
         spec.dp_rank.to_string(),
         spec.dp_rank == 0,
@@ -82,7 +70,7 @@ pub(crate) fn static_conditions(spec: &EngineSpec) -> Vec<Condition> {
             "only DP rank 0 performs virtual inference"
         },
     ));
-    v.push(Condition::new(
+    v.push(condition(
         "headless",
         spec.headless.to_string(),
         !spec.headless,
@@ -113,9 +101,9 @@ pub(crate) fn static_conditions(spec: &EngineSpec) -> Vec<Condition> {
             (shown, ok, note)
         }
     };
-    v.push(Condition::new(LOG_LEVEL_VAR, value, ok, note));
+    v.push(condition(LOG_LEVEL_VAR, value, ok, note));
     let t = hc.npu_usage_threshold;
-    v.push(Condition::new(
+    v.push(condition(
         "npu_usage_threshold",
         t.to_string(),
         hc.threshold_ok(),
@@ -141,7 +129,7 @@ pub(crate) fn cube_condition(sources: &[(u32, Backend)]) -> Condition {
     } else {
         value
     };
-    Condition::new(
+    condition(
         "ai_cube",
         value,
         ok,

@@ -31,13 +31,14 @@ pub(crate) mod gates;
 pub(crate) mod inputs;
 pub(crate) mod journal;
 pub(crate) mod saved;
+pub(crate) mod snapshot;
 pub(crate) mod verdict;
 pub(crate) mod vi_state;
 
 use crate::config::EngineSpec;
 use crate::qos::QosState;
 use gates::Condition;
-use serde::{Deserialize, Serialize};
+
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use tokio::sync::Notify;
@@ -45,30 +46,17 @@ use verdict::HealthState;
 pub(crate) use verdict::Status;
 use vi_state::{Phase, ViState};
 
-/// `/health` as last seen.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct HealthDetail {
-    pub state: HealthState,
-    pub has_connected: bool,
-    /// Unix milliseconds of the last healthy probe.
-    pub last_ok_unix_ms: Option<u64>,
-    pub last_error: Option<String>,
-    /// Class of the last failure without a usable answer (`refused`, `reset`, `protocol`,
-    /// `body_too_large`, `tls`, `local`, `connect`, `other`); only `refused` can be the
-    /// "down" half of a restart.
-    pub last_transport_error: Option<crate::probe::health::Transport>,
-    pub consecutive_failures: u64,
-    pub probes: u64,
-    /// `/health` timeouts not taken as abnormal because the engine was serving.
-    pub excused_timeouts: u64,
-    /// How long `/health` has failed without a healthy answer (`None`: it answers).
-    pub failing_for_ms: Option<u64>,
+pub(crate) use npu_health_wire::HealthDetail;
+
+/// `/health` as last seen: what `/status/detail` sends ([`HealthDetail`]), and beside it the
+/// monotonic instants the agent policy's rules read, which the wire does not carry.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct HealthSeen {
+    pub detail: HealthDetail,
     /// Since when `/health` fails without a healthy answer (the agent policy's grace).
-    #[serde(skip)]
     pub failing_since: Option<tokio::time::Instant>,
     /// When `/health` last failed, excused or not (the agent policy does not count a probe
     /// failure that `/health` failed beside).
-    #[serde(skip)]
     pub last_failure_at: Option<tokio::time::Instant>,
 }
 
@@ -80,7 +68,7 @@ pub struct Monitor {
     devices: Vec<u16>,
     /// [`HealthState`] as a `u8`, read by every `/status`.
     health: AtomicU8,
-    health_detail: Mutex<HealthDetail>,
+    health_detail: Mutex<HealthSeen>,
     /// The one-shot start latch of the reference's `/status`.
     started: AtomicBool,
     start: Notify,
@@ -115,7 +103,7 @@ impl Monitor {
             spec,
             devices,
             health: AtomicU8::new(HealthState::NeverAnswered.to_u8()),
-            health_detail: Mutex::new(HealthDetail::default()),
+            health_detail: Mutex::new(HealthSeen::default()),
             started: AtomicBool::new(false),
             start: Notify::new(),
             down_after_abnormal: AtomicBool::new(false),
@@ -201,7 +189,7 @@ impl Monitor {
     }
 
     /// How many times virtual inference was re-armed after an engine restart.
-    pub(crate) fn rearms(&self) -> u64 {
+    fn rearms(&self) -> u64 {
         self.rearms.load(Ordering::Relaxed)
     }
 

@@ -155,7 +155,12 @@ fn bounded(s: Option<String>) -> Option<String> {
 impl Monitor {
     /// The state to save now.
     pub(crate) fn saved(&self) -> EngineState {
-        let h = self.health_detail();
+        let seen = self
+            .health_detail
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let h = seen.detail;
         let mut vi = self.vi.saved();
         vi.abnormal_reason = bounded(vi.abnormal_reason);
         if let Some(p) = vi.last_probe.as_mut() {
@@ -168,8 +173,8 @@ impl Monitor {
             health: SavedHealth {
                 state: h.state,
                 has_connected: h.has_connected,
-                failing_since_unix_ms: h.failing_since.map(crate::clock::unix_ms_of),
-                last_failure_unix_ms: h.last_failure_at.map(crate::clock::unix_ms_of),
+                failing_since_unix_ms: seen.failing_since.map(crate::clock::unix_ms_of),
+                last_failure_unix_ms: seen.last_failure_at.map(crate::clock::unix_ms_of),
                 last_error: bounded(h.last_error),
                 consecutive_failures: h.consecutive_failures,
             },
@@ -188,11 +193,12 @@ impl Monitor {
     pub(crate) fn restore(&self, s: &EngineState, carry: Carry) {
         if carry.health {
             {
-                let mut d = self.health_detail.lock().unwrap_or_else(|p| p.into_inner());
+                let mut seen = self.health_detail.lock().unwrap_or_else(|p| p.into_inner());
+                seen.failing_since = s.health.failing_since_unix_ms.map(crate::clock::instant_of);
+                seen.last_failure_at = s.health.last_failure_unix_ms.map(crate::clock::instant_of);
+                let d = &mut seen.detail;
                 d.state = s.health.state;
                 d.has_connected = s.health.has_connected;
-                d.failing_since = s.health.failing_since_unix_ms.map(crate::clock::instant_of);
-                d.last_failure_at = s.health.last_failure_unix_ms.map(crate::clock::instant_of);
                 d.last_error = s.health.last_error.clone();
                 d.consecutive_failures = s.health.consecutive_failures;
             }

@@ -192,7 +192,7 @@ async fn abnormal_then_engine_restart_rearms() {
 // connection is the "down" half. The class is named in /status/detail.
 #[tokio::test(start_paused = true)]
 async fn garbled_health_answer_is_not_an_engine_restart() {
-    for class in Transport::NOT_DOWN {
+    for class in crate::probe::outcome::NOT_DOWN {
         let (st, vi, cancel) = abnormal_after_a_failed_warmup().await;
         st.record_health(
             &HealthOutcome::Unhealthy {

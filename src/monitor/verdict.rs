@@ -17,70 +17,9 @@
 //! refused connection) is `failing`, not unhealthy, until it has lasted
 //! `agent_policy.health_failure_grace` ([`judge`]'s `grace`).
 
-use serde::{Deserialize, Serialize};
-
 pub(crate) use npu_health_wire::Status;
 
-/// The engine's `/health` as last judged.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum HealthState {
-    /// Never reached: `/status` says `initial`.
-    #[default]
-    NeverAnswered,
-    Healthy,
-    /// Timing out while the engine demonstrably serves: not abnormal.
-    Slow,
-    /// The agent could not make the request (out of file descriptors): not abnormal.
-    AgentError,
-    /// Answered before and fails now.
-    Unhealthy,
-    /// Fails now, for less than the agent policy's `health_failure_grace`, and the engine's
-    /// port is open: not abnormal yet.
-    Failing,
-}
-
-impl HealthState {
-    /// As shown in `/status/detail`.
-    #[cfg(test)]
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            HealthState::NeverAnswered => "never_answered",
-            HealthState::Healthy => "healthy",
-            HealthState::Slow => "slow",
-            HealthState::AgentError => "agent_error",
-            HealthState::Unhealthy => "unhealthy",
-            HealthState::Failing => "failing",
-        }
-    }
-
-    /// The engine answers well enough for `/status` to look further (healthy, or a failure
-    /// that is excused).
-    pub(crate) fn answers(self) -> bool {
-        matches!(
-            self,
-            HealthState::Healthy
-                | HealthState::Slow
-                | HealthState::AgentError
-                | HealthState::Failing
-        )
-    }
-
-    pub(super) fn to_u8(self) -> u8 {
-        self as u8
-    }
-
-    pub(super) fn from_u8(v: u8) -> HealthState {
-        match v {
-            0 => HealthState::NeverAnswered,
-            1 => HealthState::Healthy,
-            2 => HealthState::Slow,
-            3 => HealthState::AgentError,
-            5 => HealthState::Failing,
-            _ => HealthState::Unhealthy,
-        }
-    }
-}
+pub(crate) use npu_health_wire::HealthState;
 
 #[cfg(test)]
 mod tests {

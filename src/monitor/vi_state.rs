@@ -2,7 +2,7 @@
 //! `/status` (atomics, never a lock on the verdict path), `/status/detail` and the metrics.
 
 use super::account::Accounted;
-use crate::probe::outcome::{Accounting, LATENCY_BUCKETS, ProbeRecord, ProbeResult};
+use crate::probe::outcome::{Accounting, LATENCY_BUCKETS, ProbeRecord, ProbeResult, Probed};
 use serde::{Deserialize, Serialize};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, AtomicU64, Ordering};
@@ -118,7 +118,7 @@ pub(crate) struct ViState {
     failures: AtomicU64,
     latency: Histogram<{ LATENCY_BUCKETS.len() }>,
     detection: Histogram<{ DETECTION_BUCKETS.len() }>,
-    last: Mutex<Option<ProbeRecord>>,
+    last: Mutex<Option<Probed>>,
     abnormal_reason: Mutex<Option<String>>,
     /// The docs/policy.md rule behind `abnormal`; 0: none (the reference's own).
     abnormal_rule: AtomicU8,
@@ -184,7 +184,7 @@ impl ViState {
         self.interval_ms
             .store(d.as_millis() as u64, Ordering::Release);
     }
-    pub(crate) fn last_probe(&self) -> Option<ProbeRecord> {
+    pub(crate) fn last_probe(&self) -> Option<Probed> {
         self.last.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
     /// (successes, failures) since start.
@@ -234,7 +234,7 @@ impl ViState {
             warmup_done: self.warmup_done(),
             failure_count: self.failure_count(),
             interval_ms: self.interval().as_millis() as u64,
-            last_probe: self.last_probe(),
+            last_probe: self.last_probe().map(|p| p.record),
         }
     }
 
@@ -251,10 +251,11 @@ impl ViState {
         self.failure_count
             .store(s.failure_count.max(0), Ordering::Release);
         self.interval_ms.store(s.interval_ms, Ordering::Release);
-        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = s.last_probe.clone().map(|mut p| {
-            p.at = crate::clock::instant_of(p.at_unix_ms);
-            p
-        });
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) =
+            s.last_probe.clone().map(|record| Probed {
+                at: crate::clock::instant_of(record.at_unix_ms),
+                record,
+            });
         self.set_phase(if s.abnormal { Phase::Stopped } else { s.phase });
     }
 
@@ -288,21 +289,23 @@ impl ViState {
         let at_unix_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
-        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(ProbeRecord {
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(Probed {
             at: tokio::time::Instant::now(),
-            at_unix_ms,
-            warmup,
-            latency_ms: secs * 1e3,
-            outcome: match &r.outcome {
-                Ok(()) => "success".to_owned(),
-                Err(e) => format!("failed: {e}"),
+            record: ProbeRecord {
+                at_unix_ms,
+                warmup,
+                latency_ms: secs * 1e3,
+                outcome: match &r.outcome {
+                    Ok(()) => "success".to_owned(),
+                    Err(e) => format!("failed: {e}"),
+                },
+                success: r.outcome.is_ok(),
+                ttft_ms: r.first_token().map(|d| d.as_secs_f64() * 1e3),
+                tpot_ms: r.tpot.map(|d| d.as_secs_f64() * 1e3),
+                peak,
+                accounting,
+                failure_count: self.failure_count(),
             },
-            success: r.outcome.is_ok(),
-            ttft_ms: r.first_token().map(|d| d.as_secs_f64() * 1e3),
-            tpot_ms: r.tpot.map(|d| d.as_secs_f64() * 1e3),
-            peak,
-            accounting,
-            failure_count: self.failure_count(),
         });
     }
 }

@@ -9,7 +9,7 @@
 //! (→ `initial`).
 
 use super::outcome::ProbeFailure;
-pub use super::outcome::Transport;
+pub(crate) use super::outcome::Transport;
 use std::time::Duration;
 
 /// What one transport attempt returned.
@@ -149,16 +149,15 @@ mod tests {
     // The name in a reason and on the wire is one name: both derived by the snake_case rule.
     #[test]
     fn a_transport_class_has_one_name() {
-        use strum::IntoEnumIterator;
-        for t in Transport::iter() {
+        for t in Transport::ALL {
             assert_eq!(serde_json::to_value(t).unwrap(), t.as_str(), "{t:?}");
             let back: Transport = serde_json::from_value(t.as_str().into()).unwrap();
             assert_eq!(back, t);
         }
         assert_eq!(Transport::BodyTooLarge.as_str(), "body_too_large");
         assert_eq!(
-            Transport::NOT_DOWN.len() + 1,
-            Transport::iter().count(),
+            crate::probe::outcome::NOT_DOWN.len() + 1,
+            Transport::ALL.len(),
             "every class but Refused is in NOT_DOWN"
         );
     }
@@ -333,7 +332,7 @@ mod tests {
     // half of a restart; its class is carried.
     #[tokio::test]
     async fn garbled_health_answer_is_not_unreachable() {
-        let classes = Transport::NOT_DOWN;
+        let classes = crate::probe::outcome::NOT_DOWN;
         let mut script = vec![ok("true")];
         script.extend(classes.iter().map(|&c| Fetch::Error(c, "x".into())));
         let s = Script::new(script);

@@ -3,7 +3,6 @@
 //! ([`crate::qos`]), so none of them reaches into another for these types. The failure and
 //! its class serve `/health` and `/metrics` too.
 
-use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
 /// Why a request to the engine failed: the virtual request, and `/health` and `/metrics`
@@ -23,60 +22,19 @@ pub enum ProbeFailure {
     BadStream(String),
 }
 
-/// Why a request got no usable answer. Only [`Transport::Refused`] is evidence that the
-/// engine process went away (nothing listens on its port), so only it can be the "down" half
-/// of a restart; a garbled answer came from a process that is still there.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    serde::Serialize,
-    serde::Deserialize,
-    strum::IntoStaticStr,
-    strum::EnumIter,
-)]
-#[serde(rename_all = "snake_case")]
-#[strum(serialize_all = "snake_case")]
-pub enum Transport {
-    /// Connection refused: nothing listens on the engine's port.
-    Refused,
-    /// The connection was reset or closed before a whole answer.
-    Reset,
-    /// The answer was not HTTP: a bad status line, garbage bytes, bad framing.
-    Protocol,
-    /// The answer's body was larger than the agent reads.
-    BodyTooLarge,
-    /// TLS failed (handshake, certificate).
-    Tls,
-    /// The agent itself ran out of something (file descriptors): says nothing about the engine.
-    Local,
-    /// Any other connect failure (unreachable host, name resolution).
-    Connect,
-    /// Anything else.
-    Other,
-}
+pub(crate) use npu_health_wire::{Accounting, ProbeRecord, Transport};
 
-impl Transport {
-    #[cfg(test)]
-    /// Every class that is not evidence the engine went away (all but `Refused`).
-    pub(crate) const NOT_DOWN: [Transport; 7] = [
-        Transport::Reset,
-        Transport::Protocol,
-        Transport::BodyTooLarge,
-        Transport::Tls,
-        Transport::Local,
-        Transport::Connect,
-        Transport::Other,
-    ];
-
-    #[cfg(test)]
-    /// The class's name in `/status/detail` (serde's name, by the same rule).
-    pub(crate) fn as_str(self) -> &'static str {
-        self.into()
-    }
-}
+/// Every class that is not evidence the engine went away (all but `Refused`).
+#[cfg(test)]
+pub(crate) const NOT_DOWN: [Transport; 7] = [
+    Transport::Reset,
+    Transport::Protocol,
+    Transport::BodyTooLarge,
+    Transport::Tls,
+    Transport::Local,
+    Transport::Connect,
+    Transport::Other,
+];
 
 /// Result of one virtual request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -110,57 +68,21 @@ impl ProbeResult {
     }
 }
 
-/// How a probe changed the failure count.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Accounting {
-    /// Failed with the NPU idle (reference rule 1).
-    Incremented,
-    /// Failed with the NPU busy and the engine stalled for `stall_window` (stall detection).
-    IncrementedStalled,
-    /// Failed with AI Cube usage unavailable (reference rule 2).
-    Unchanged,
-    /// Failed with the NPU idle while requests wait for capacity, or that figure is unknown
-    /// (V6 rule, `skip_when_capacity_waiting`).
-    UnchangedCapacityWaiting,
-    /// Failed while the engine's `/health` failed too: the `/health` grace decides (agent
-    /// policy).
-    UnchangedHealthFailing,
-    /// Failed while the engine is asleep by `vllm:engine_sleep_state` (agent policy).
-    UnchangedAsleep,
-    /// Failed while the driver reports a fault at `RestartBusiness` or worse on one of the
-    /// engine's NPUs: abnormal at once, the driver explains the failure (agent policy).
-    DriverFault,
-    /// Failed with the NPU busy while the engine showed no sign of life for
-    /// `progress_window` with requests running: abnormal at once (agent policy, rule 11).
-    NoSignOfLife,
-    Reset,
-    /// Warm-up requests are not counted; a failed warm-up is abnormal at once.
-    WarmUp,
+/// One probe as the monitor keeps it: what `/status/detail` sends ([`ProbeRecord`]), and when
+/// it completed on the monotonic clock (ages are computed from this), which the wire does not
+/// carry. Reads as its record.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Probed {
+    pub record: ProbeRecord,
+    pub at: tokio::time::Instant,
 }
 
-/// One probe, for `/status/detail`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ProbeRecord {
-    /// When it completed, on the monotonic clock (ages are computed from this). Not sent;
-    /// a record read back from JSON has the time it was read.
-    #[serde(skip, default = "tokio::time::Instant::now")]
-    pub at: tokio::time::Instant,
-    /// Unix time in milliseconds.
-    pub at_unix_ms: u64,
-    pub warmup: bool,
-    pub latency_ms: f64,
-    /// `success` or the failure.
-    pub outcome: String,
-    pub success: bool,
-    /// Time to first token of a successful probe, milliseconds.
-    pub ttft_ms: Option<f64>,
-    /// Time per output token when the probe streamed more than one token, milliseconds.
-    pub tpot_ms: Option<f64>,
-    /// Window peak read after the probe (`null`: unavailable or warm-up).
-    pub peak: Option<f64>,
-    pub accounting: Accounting,
-    pub failure_count: i64,
+impl std::ops::Deref for Probed {
+    type Target = ProbeRecord;
+
+    fn deref(&self) -> &ProbeRecord {
+        &self.record
+    }
 }
 
 /// Upper bounds (seconds) of the probe latency histogram.

@@ -12,7 +12,7 @@ pub(crate) mod score;
 
 pub use crate::config::qos::{QosConfig, Weights};
 use crate::probe::engine_metrics::EngineMetrics;
-use crate::probe::outcome::ProbeRecord;
+use crate::probe::outcome::Probed;
 use progress::Progress;
 use score::{Level, Levels};
 use serde::Serialize;
@@ -22,32 +22,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::time::Instant;
 
-/// Scores are shown to 3 decimals.
-/// Rounded to 3 decimals, as scores are shown.
-pub(crate) fn round3(v: f64) -> f64 {
-    (v * 1000.0).round() / 1000.0
-}
-
-fn ser_rounded<S: serde::Serializer>(v: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
-    v.map(round3).serialize(s)
-}
-
-/// One component of the score, for `/qos`.
-#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
-pub struct Component {
-    pub name: Cow<'static, str>,
-    pub weight: f64,
-    /// `null` when the input is missing (the other weights then carry the score).
-    #[serde(serialize_with = "ser_rounded")]
-    pub score: Option<f64>,
-    /// The input, in words.
-    pub input: String,
-    /// Age of the input, milliseconds.
-    pub age_ms: Option<u64>,
-    /// The engine's metric names the input was read from, as found in the last scrape
-    /// (vLLM's name of that release, or SGLang's); empty for the probe.
-    pub series: Vec<Cow<'static, str>>,
-}
+pub(crate) use npu_health_wire::{Component, QosReport, round3};
 
 /// The components in one line, for the log: each with its score (or `none`) and its input.
 pub(crate) fn explain(components: &[Component]) -> String {
@@ -65,36 +40,6 @@ pub(crate) fn explain(components: &[Component]) -> String {
         })
         .collect::<Vec<_>>()
         .join("; ")
-}
-
-/// The score and level of one engine as `/qos` shows them (the server adds the engine's
-/// name, the device signals and the settings: `server::wire::EngineQos`).
-#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
-pub struct QosReport {
-    pub enabled: bool,
-    /// Rounded to 3 decimals; `null` before the first evaluation or with no input.
-    pub score: Option<f64>,
-    pub level: Level,
-    pub level_since_unix_ms: u64,
-    pub consecutive_below_evict: u32,
-    pub evaluations: u64,
-    pub components: Vec<Component>,
-    pub progress: progress::State,
-    pub stalled_for_s: Option<f64>,
-    /// How long no sign of life moved with requests running (docs/policy.md, rule 11).
-    #[serde(default)]
-    pub quiet_for_s: Option<f64>,
-    pub scrapes: u64,
-    pub scrape_failures: u64,
-    pub eviction_answers_abnormal: bool,
-    /// Requests running when the level left `normal`: HAProxy's cap at `queue`
-    /// ([`QosState::admission_cap`]); `null` at `normal`.
-    #[serde(default)]
-    pub admission_cap: Option<u32>,
-    /// Why the level is one band lower than the score's (a `SubHealthFault` on the engine's
-    /// NPU, agent policy); `null` when it is not.
-    #[serde(default)]
-    pub lowered_by: Option<String>,
 }
 
 /// What of an engine's QoS state outlives the agent process: the level and its hold (the
@@ -185,7 +130,7 @@ fn next_admission_cap(
 
 /// Latency: the last virtual probe (a failure scores 0), when recent enough. Ages on the
 /// monotonic clock.
-fn latency_component(cfg: &QosConfig, probe: Option<&ProbeRecord>, now: Instant) -> Component {
+fn latency_component(cfg: &QosConfig, probe: Option<&Probed>, now: Instant) -> Component {
     let probe = probe.filter(|p| now.saturating_duration_since(p.at) <= cfg.max_input_age);
     let budget = cfg.ttft_budget.as_secs_f64();
     let Some(p) = probe else {
@@ -413,7 +358,7 @@ impl QosState {
     pub fn evaluate(
         &self,
         cfg: &QosConfig,
-        probe: Option<&ProbeRecord>,
+        probe: Option<&Probed>,
         lowered_by: Option<String>,
     ) -> (Option<f64>, Level, Option<Transition>) {
         let now_ms = unix_ms();
@@ -571,7 +516,7 @@ impl QosState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::probe::outcome::Accounting;
+    use crate::probe::outcome::{Accounting, ProbeRecord};
 
     // The admission cap is taken when the level leaves normal (at least 1, from a sane
     // gauge), kept while it stays away, dropped back at normal.
@@ -596,23 +541,25 @@ mod tests {
         }
     }
 
-    fn probe(ok: bool, ttft_ms: f64) -> ProbeRecord {
-        ProbeRecord {
+    fn probe(ok: bool, ttft_ms: f64) -> Probed {
+        Probed {
             at: Instant::now(),
-            at_unix_ms: unix_ms(),
-            warmup: false,
-            latency_ms: ttft_ms,
-            outcome: if ok {
-                "success".into()
-            } else {
-                "failed: timed out".into()
+            record: ProbeRecord {
+                at_unix_ms: unix_ms(),
+                warmup: false,
+                latency_ms: ttft_ms,
+                outcome: if ok {
+                    "success".into()
+                } else {
+                    "failed: timed out".into()
+                },
+                success: ok,
+                ttft_ms: ok.then_some(ttft_ms),
+                tpot_ms: None,
+                peak: Some(0.0),
+                accounting: Accounting::Reset,
+                failure_count: 0,
             },
-            success: ok,
-            ttft_ms: ok.then_some(ttft_ms),
-            tpot_ms: None,
-            peak: Some(0.0),
-            accounting: Accounting::Reset,
-            failure_count: 0,
         }
     }
 

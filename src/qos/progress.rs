@@ -37,19 +37,8 @@ use serde::{Deserialize, Serialize};
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// What the last scrapes say about progress.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum State {
-    /// Not enough data (no scrape yet, counters missing or reset, or too old).
-    Unknown,
-    /// Nothing running.
-    Idle,
-    /// Requests running and tokens advancing.
-    Advancing,
-    /// Requests running and no token advanced since the previous scrape.
-    Stalled,
-}
+/// What the last scrapes say about progress (`progress` in `/qos`).
+pub(crate) use npu_health_wire::Progress as State;
 
 /// [`Progress`] as the state file keeps it, with wall-clock times.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

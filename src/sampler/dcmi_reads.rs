@@ -175,7 +175,7 @@ pub(super) fn read_cube(ctx: &Ctx<'_>, slot: &mut Slot, mut now: u64) -> u64 {
                 if dev.record_error(now, code) {
                     if code == codes::SUSPECT {
                         let why = match slot.call {
-                            CubeCall::Multi => dev.reason().note(0, UtilType::AiCube),
+                            CubeCall::Multi => super::source::note(dev.reason(), 0, UtilType::AiCube),
                             CubeCall::Single => "utilization type 14 read 0 while a second source reads non-zero (npu-smi, or the multi-utilization call before)".to_owned(),
                         };
                         tracing::warn!(
@@ -266,7 +266,7 @@ fn read_multi(ctx: &Ctx<'_>, slot: &mut Slot, now: &mut u64) -> Outcome {
             tracing::warn!(
                 device = dev.info.id,
                 "{}; AI Cube is read through utilization type 14 instead",
-                reason.note(figure, kind)
+                super::source::note(reason, figure, kind)
             );
             slot.call = CubeCall::Single;
             Outcome::Again

@@ -21,7 +21,8 @@ mod watch_rows;
 mod watchdog;
 
 pub(crate) use liveness::SamplerStatus;
-pub use source::{Source, SourceReason};
+pub use source::Source;
+pub(crate) use source::SourceReason;
 pub(crate) use status::{DeviceSnapshot, DeviceStatus};
 
 use crate::driver::{Backend, DeviceInfo, DriverConfig};

@@ -138,103 +138,36 @@ impl<'de> serde::Deserialize<'de> for Source {
     }
 }
 
-/// Why a device's AI Cube figures come from where they come from. Stored in an `AtomicU8` as
-/// its discriminant; the conversion back and the tests' list are derived (`strum`), so a new
-/// variant cannot be left out.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    serde::Serialize,
-    serde::Deserialize,
-    strum::FromRepr,
-    strum::EnumIter,
-    strum::IntoStaticStr,
-)]
-#[serde(rename_all = "kebab-case")]
-#[strum(serialize_all = "kebab-case")]
-#[repr(u8)]
-pub enum SourceReason {
-    /// The first DCMI read is pending.
-    Probing,
-    /// The multi-utilization call answered a non-zero field: the firmware has the
-    /// sub-command, its figures are readings.
-    MultiVerified,
-    /// The multi-utilization call answered only zeros so far; each zero is checked against a
-    /// single call (type 14, else type 2).
-    MultiUnverified,
-    /// As `MultiUnverified`, but no single call answers: its zeros are suspect.
-    MultiUncorroborated,
-    /// The multi-utilization call answers zeros while a single call reads non-zero; its
-    /// figures are suspect until the disagreement ends or lasts a second.
-    MultiDisputed,
-    /// The multi-utilization call answered OK with an all-zero struct while a single call
-    /// read non-zero, for a second: the firmware lacks the sub-command.
-    MultiZeroed,
-    /// The pre-release name answered a figure above 100: the library writes the early
-    /// 4-byte struct.
-    MultiPrereleaseLayout,
-    /// The multi-utilization call answered -8255.
-    MultiUnsupported,
-    /// No multi-utilization symbol in the library.
-    MultiMissing,
-    /// Utilization type 14 answered -8255 or is missing.
-    Type14Unsupported,
-    /// Type 14 read 0 while `npu-smi` read non-zero, three rows in a row.
-    Type14Zero,
-    /// A DCMI call on the device blocked past the deadline.
-    Hung,
-    /// The library is not loaded (or did not enumerate the device).
-    NoDcmi,
+pub(crate) use npu_health_wire::SourceReason;
+
+/// The reason stored as `v`; only the sampler stores one, so an unknown value cannot occur,
+/// and would read as [`SourceReason::NoDcmi`].
+pub(super) fn reason_from_u8(v: u8) -> SourceReason {
+    SourceReason::from_repr(v).unwrap_or(SourceReason::NoDcmi)
 }
 
-impl SourceReason {
-    /// The reason's name in `/status/detail` and the metrics' `reason` label (serde's name,
-    /// by the same rule).
-    pub(crate) fn as_str(self) -> &'static str {
-        self.into()
-    }
-
-    /// The reason stored as `v`; only this module stores one, so an unknown value cannot
-    /// occur, and would read as [`SourceReason::NoDcmi`].
-    pub(super) fn from_u8(v: u8) -> SourceReason {
-        SourceReason::from_repr(v).unwrap_or(SourceReason::NoDcmi)
-    }
-
-    pub(super) fn to_u8(self) -> u8 {
-        self as u8
-    }
-
-    /// Whether a verdict is pending (two calls disagree; settled within a second or two).
-    pub(crate) fn pending(self) -> bool {
-        self == SourceReason::MultiDisputed
-    }
-
-    /// One sentence for humans; `figure` is the single call's reading behind
-    /// `MultiZeroed`, or the bad figure behind `MultiPrereleaseLayout`.
-    pub(crate) fn note(self, figure: u32, kind: UtilType) -> String {
-        match self {
-            SourceReason::Probing => "first read pending".to_owned(),
-            SourceReason::MultiVerified => "the multi-utilization call answered non-zero figures: the firmware has the sub-command".to_owned(),
-            SourceReason::MultiUnverified => "the multi-utilization call has answered only zeros so far; each zero is checked against a single utilization call".to_owned(),
-            SourceReason::MultiUncorroborated => "the multi-utilization call has answered only zeros so far and no single utilization call answers to check them: its zeros are suspect, not readings".to_owned(),
-            SourceReason::MultiDisputed => "the multi-utilization call answers zeros while a single utilization call reads non-zero: figures are suspect while this lasts".to_owned(),
-            SourceReason::MultiZeroed => format!(
-                "the multi-utilization call answers OK with every field 0 while {} read {figure} %: the firmware lacks the sub-command",
-                kind.describe()
-            ),
-            SourceReason::MultiPrereleaseLayout => format!(
-                "the pre-release name dcmi_get_device_utilization_rate_v2 answered a figure of {figure}: the library writes the early 4-byte struct"
-            ),
-            SourceReason::MultiUnsupported => "the multi-utilization call answered -8255 (not supported)".to_owned(),
-            SourceReason::MultiMissing => "libdcmi.so has no multi-utilization symbol".to_owned(),
-            SourceReason::Type14Unsupported => "DCMI has no AI Cube call for the device (multi-utilization unusable, type 14 not supported)".to_owned(),
-            SourceReason::Type14Zero => "type 14 read 0 while npu-smi read non-zero, three rows in a row".to_owned(),
-            SourceReason::Hung => "a DCMI call on the device blocked past the deadline".to_owned(),
-            SourceReason::NoDcmi => "libdcmi.so is not loaded or did not enumerate the device".to_owned(),
-        }
+/// One sentence for humans on `reason`; `figure` is the single call's reading behind
+/// `MultiZeroed`, or the bad figure behind `MultiPrereleaseLayout`.
+pub(crate) fn note(reason: SourceReason, figure: u32, kind: UtilType) -> String {
+    match reason {
+        SourceReason::Probing => "first read pending".to_owned(),
+        SourceReason::MultiVerified => "the multi-utilization call answered non-zero figures: the firmware has the sub-command".to_owned(),
+        SourceReason::MultiUnverified => "the multi-utilization call has answered only zeros so far; each zero is checked against a single utilization call".to_owned(),
+        SourceReason::MultiUncorroborated => "the multi-utilization call has answered only zeros so far and no single utilization call answers to check them: its zeros are suspect, not readings".to_owned(),
+        SourceReason::MultiDisputed => "the multi-utilization call answers zeros while a single utilization call reads non-zero: figures are suspect while this lasts".to_owned(),
+        SourceReason::MultiZeroed => format!(
+            "the multi-utilization call answers OK with every field 0 while {} read {figure} %: the firmware lacks the sub-command",
+            kind.describe()
+        ),
+        SourceReason::MultiPrereleaseLayout => format!(
+            "the pre-release name dcmi_get_device_utilization_rate_v2 answered a figure of {figure}: the library writes the early 4-byte struct"
+        ),
+        SourceReason::MultiUnsupported => "the multi-utilization call answered -8255 (not supported)".to_owned(),
+        SourceReason::MultiMissing => "libdcmi.so has no multi-utilization symbol".to_owned(),
+        SourceReason::Type14Unsupported => "DCMI has no AI Cube call for the device (multi-utilization unusable, type 14 not supported)".to_owned(),
+        SourceReason::Type14Zero => "type 14 read 0 while npu-smi read non-zero, three rows in a row".to_owned(),
+        SourceReason::Hung => "a DCMI call on the device blocked past the deadline".to_owned(),
+        SourceReason::NoDcmi => "libdcmi.so is not loaded or did not enumerate the device".to_owned(),
     }
 }
 
@@ -276,13 +209,12 @@ mod tests {
 
     #[test]
     fn every_reason_survives_its_atomic() {
-        use strum::IntoEnumIterator;
-        let all: Vec<SourceReason> = SourceReason::iter().collect();
+        let all: Vec<SourceReason> = SourceReason::ALL.to_vec();
         assert!(all.contains(&SourceReason::NoDcmi), "{all:?}");
         for r in all {
-            assert_eq!(SourceReason::from_u8(r.to_u8()), r);
+            assert_eq!(reason_from_u8(r as u8), r);
             assert_eq!(serde_json::to_value(r).unwrap(), r.as_str(), "one name");
-            assert!(!r.note(40, UtilType::AiCube).is_empty());
+            assert!(!note(r, 40, UtilType::AiCube).is_empty());
         }
     }
 }

@@ -158,7 +158,7 @@ impl DeviceStatus {
         DeviceStatus {
             info,
             source: AtomicU8::new(source.to_u8()),
-            reason: AtomicU8::new(reason.to_u8()),
+            reason: AtomicU8::new(reason as u8),
             reason_figure: AtomicU32::new(0),
             reason_kind: AtomicU8::new(0),
             gone: AtomicBool::new(false),
@@ -252,7 +252,7 @@ impl DeviceStatus {
 
     /// Why the figures come from the current source.
     pub fn reason(&self) -> SourceReason {
-        SourceReason::from_u8(self.reason.load(Ordering::Acquire))
+        super::source::reason_from_u8(self.reason.load(Ordering::Acquire))
     }
 
     /// Sets the reason; `figure` and `kind` feed its note. True when it changed.
@@ -265,7 +265,7 @@ impl DeviceStatus {
             },
             Ordering::Relaxed,
         );
-        self.reason.swap(reason.to_u8(), Ordering::AcqRel) != reason.to_u8()
+        self.reason.swap(reason as u8, Ordering::AcqRel) != reason as u8
     }
 
     /// The driver reports the device does not exist.
@@ -442,7 +442,11 @@ impl DeviceStatus {
             method: source.method(),
             source,
             source_reason: reason,
-            source_note: reason.note(self.reason_figure.load(Ordering::Relaxed), kind),
+            source_note: super::source::note(
+                reason,
+                self.reason_figure.load(Ordering::Relaxed),
+                kind,
+            ),
             device_gone: gone,
             stale: self.is_stale(),
             hung: self.is_hung(),

@@ -17,14 +17,13 @@ pub(crate) mod compress;
 pub(crate) mod conn;
 pub(crate) mod live;
 pub(crate) mod metrics;
-pub mod wire;
+pub(crate) mod wire;
 
 pub(crate) use conn::serve;
 
 use crate::integrations::routes;
 use crate::monitor::Monitor;
 use crate::sampler::Shared;
-use crate::window;
 use axum::Router;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
@@ -185,7 +184,7 @@ fn every_engine<T: serde::Serialize>(
         .iter()
         .map(|e| f(e, &v.metrics.shared, v.metrics.window))
         .collect();
-    axum::Json(wire::to_json(&wire::Engines { engines })).into_response()
+    axum::Json(wire::to_json(&npu_health_wire::Engines { engines })).into_response()
 }
 
 async fn engine_metrics(State(v): State<EngineView>, headers: HeaderMap) -> Response {
@@ -232,140 +231,19 @@ async fn healthz(State(v): State<AdminView>) -> Response {
     }
 }
 
-/// The QoS object of one engine (`GET /qos`, and `qos` in `/status/detail`): score, level,
-/// components with their inputs and ages, stall detection, and the device signals (AI Cube
-/// peak and mean over the window, HBM over the engine's NPUs). HBM is shown, not scored: vLLM
-/// preallocates the KV cache, so HBM near 90 % is normal (see `docs/qos.md`).
-pub(crate) fn qos(e: &Monitor, shared: &Shared, win: Duration) -> wire::EngineQos {
-    let report = window::query(&shared.ring, e.devices(), win);
-    qos_from(e, shared, &report, win)
+/// `/status/detail` of one engine: the monitor's snapshot, with what the Kubernetes API mode
+/// keeps of the engine (an integration's memory, which the monitor cannot name).
+fn detail(e: &Monitor, shared: &Shared, win: Duration) -> npu_health_wire::EngineDetail {
+    e.snapshot(
+        shared,
+        win,
+        crate::integrations::kubernetes::memory::record(e),
+    )
 }
 
-fn qos_from(
-    e: &Monitor,
-    shared: &Shared,
-    report: &window::WindowReport,
-    win: Duration,
-) -> wire::EngineQos {
-    let q = &e.spec().qos;
-    let now = shared.ring.now_ns();
-    let (mut used, mut total, mut hbm_devices) = (0u64, 0u64, 0usize);
-    for &i in e.devices() {
-        let s = shared.devices[usize::from(i)].snapshot(now);
-        if let (Some(u), Some(t)) = (s.hbm_used_mb, s.hbm_total_mb) {
-            used += u;
-            total += t;
-            hbm_devices += 1;
-        }
-    }
-    let means: Vec<f64> = report.devices.iter().filter_map(|d| d.mean).collect();
-    let mean = (!means.is_empty()).then(|| means.iter().sum::<f64>() / means.len() as f64);
-    wire::EngineQos {
-        engine: e.spec().name.clone(),
-        model: e.spec().model.clone(),
-        evicting: e.qos_evicts(),
-        stall_detection: wire::StallDetection {
-            enabled: q.stall_detection,
-            window_s: q.stall_window.as_secs_f64(),
-            skip_when_capacity_waiting: q.skip_when_capacity_waiting,
-        },
-        device: wire::QosDevice {
-            window_s: win.as_secs_f64(),
-            ai_cube_peak: report.combined.peak,
-            ai_cube_mean: mean.map(round2),
-            hbm_used_mb: (hbm_devices > 0).then_some(used),
-            hbm_total_mb: (hbm_devices > 0).then_some(total),
-            hbm_ratio: (hbm_devices > 0 && total > 0)
-                .then(|| ((used as f64 / total as f64) * 1000.0).round() / 1000.0),
-            scored: false,
-        },
-        state: e.qos().report(q),
-    }
-}
-
-fn round2(v: f64) -> f64 {
-    (v * 100.0).round() / 100.0
-}
-
-/// `/status/detail` of one engine.
-pub(crate) fn detail(e: &Monitor, shared: &Shared, win: Duration) -> wire::EngineDetail {
-    let now = shared.ring.now_ns();
-    let report = window::query(&shared.ring, e.devices(), win);
-    let agent = e.spec().agent_policy_in_force().is_some();
-    let devices = e
-        .devices()
-        .iter()
-        .zip(&report.devices)
-        .map(|(&i, w)| {
-            let s = shared.devices[usize::from(i)].snapshot(now);
-            wire::WindowDevice {
-                id: s.id,
-                backend: s.backend.as_str().into(),
-                method: s.method.into(),
-                source: s.source,
-                source_reason: s.source_reason,
-                source_note: s.source_note,
-                device_gone: s.device_gone,
-                peak: w.peak,
-                mean: w.mean.map(round2),
-                valid: w.valid,
-                invalid: w.invalid,
-                stale: s.stale,
-                hung: s.hung,
-                last_error: s.last_error,
-                hbm_used_mb: s.hbm_used_mb,
-                hbm_total_mb: s.hbm_total_mb,
-                health: s.health,
-                faults: shared
-                    .fault_levels
-                    .classify(s.id, &s.faults)
-                    .into_iter()
-                    .map(|f| wire::DeviceFault::of(f, agent))
-                    .collect(),
-                faults_age_ms: s.faults_age_ms,
-                faults_error: s.faults_error,
-            }
-        })
-        .collect();
-    let spec = &e.spec();
-    let hc = &spec.health_check_config;
-    let verdict = e.verdict();
-    wire::EngineDetail {
-        engine: spec.name.clone(),
-        status: verdict.status,
-        reason: verdict.reason,
-        role: spec.role,
-        policy: spec.policy.value,
-        policy_source: spec.policy.source.clone(),
-        inference: spec.infer_authority(),
-        conditions: e.conditions(),
-        health: e.health_detail(),
-        virtual_inference: wire::VirtualInference {
-            phase: e.vi().phase(),
-            abnormal: e.vi().abnormal(),
-            abnormal_reason: e.vi().abnormal_reason(),
-            warmup_done: e.vi().warmup_done(),
-            failure_count: e.vi().failure_count(),
-            max_failure_count: hc.max_failure_count,
-            failure_limit: crate::view::failure_limit(spec),
-            npu_usage_threshold: hc.npu_usage_threshold,
-            interval_s: e.vi().interval().as_secs_f64(),
-            last_probe: e.vi().last_probe(),
-            rearms: e.rearms(),
-        },
-        qos: qos_from(e, shared, &report, win),
-        window: wire::Window {
-            seconds: win.as_secs_f64(),
-            peak: report.combined.peak,
-            valid: report.combined.valid,
-            invalid: report.combined.invalid,
-            truncated: report.truncated,
-            devices,
-        },
-        kubernetes: crate::integrations::kubernetes::memory::record(e),
-        routers: e.acted().routers(),
-        actions: e.actions(),
-    }
+/// The QoS object of one engine (`GET /qos`): the monitor's.
+fn qos(e: &Monitor, shared: &Shared, win: Duration) -> npu_health_wire::EngineQos {
+    e.qos_snapshot(shared, win)
 }
 
 /// The listen backlog of every listener: connections the kernel completes before the agent

@@ -1,6 +1,7 @@
 //! The operator views' data: what the admin page (`GET /`, fed by `GET /events`) and
-//! `npu-health-agent top` show. Typed frames, built from the shared state by plain
-//! functions and read back by the views and the tests with the same types.
+//! `npu-health-agent top` show. Typed frames (the `npu-health-wire` crate's), built from the
+//! shared state and the monitor's snapshot by plain functions, and read back by the views and
+//! the tests with the same types.
 //!
 //! `GET /events` is a server-sent event stream of three frames: `hello` once (the node, the
 //! NPUs and engines, the sampling period), then `samples` every [`FRAME_INTERVAL`] (every
@@ -12,15 +13,15 @@
 
 pub(crate) mod top;
 
-use crate::config::{AgentSettings, EngineSpec};
+use crate::config::AgentSettings;
 use crate::integrations::Answers;
 use crate::integrations::kubernetes::config::KubernetesConfig;
 use crate::monitor::Monitor;
 use crate::sampler::Shared;
-use npu_health_wire::ActionRecord;
-use npu_health_wire::Level;
-use npu_health_wire::Status;
-use serde::{Deserialize, Serialize};
+use npu_health_wire::{
+    ActionRecord, EngineLine, EnginesFrame, Hello, Npu, NpuSamples, NpuState, ProbeLine, Recent,
+    Samples,
+};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,133 +34,6 @@ pub(crate) const ENGINES_EVERY: u32 = 4;
 pub(crate) const HISTORY: Duration = Duration::from_secs(60);
 /// Changes sent per `engines` frame, newest first, over every engine.
 pub(crate) const RECENT: usize = 30;
-
-/// The `hello` frame.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Hello {
-    /// The node the agent runs on ([`node_name`]): the views' title names it.
-    #[serde(default)]
-    pub node: String,
-    pub version: String,
-    /// The sampling period in force, milliseconds.
-    pub period_ms: f64,
-    pub frame_interval_ms: u64,
-    /// Span of the history in the first `samples` frame, seconds.
-    pub history_s: f64,
-    pub npus: Vec<Npu>,
-    pub engines: Vec<String>,
-}
-
-/// One NPU as the views name it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Npu {
-    /// Index in the ring (the `i` of [`NpuSamples`]).
-    pub index: u16,
-    /// Logic id, as `npu-smi` and the metrics name it.
-    pub id: u32,
-    pub name: String,
-    /// The engines it serves.
-    pub engines: Vec<String>,
-}
-
-/// The `samples` frame: every sample since the previous frame.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Samples {
-    /// Now, on the ring's clock (milliseconds since the agent started sampling).
-    pub now_ms: f64,
-    pub npus: Vec<NpuSamples>,
-}
-
-/// One NPU's samples, oldest first.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct NpuSamples {
-    pub i: u16,
-    /// Times on the ring's clock, milliseconds.
-    pub t: Vec<f64>,
-    /// AI Cube percent; `null` for a failed or stale reading (never drawn as 0).
-    pub v: Vec<Option<u8>>,
-}
-
-/// The `engines` frame.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct EnginesFrame {
-    pub at_unix_ms: u64,
-    pub engines: Vec<EngineLine>,
-    /// The last changes and Kubernetes API attempts over every engine, newest first.
-    pub recent: Vec<Recent>,
-    /// NPU figures that change slowly (HBM, health, backend, stale).
-    pub npus: Vec<NpuState>,
-}
-
-/// One engine, as the views show it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct EngineLine {
-    pub name: String,
-    pub status: Status,
-    pub reason: String,
-    pub policy: String,
-    pub level: Level,
-    pub score: Option<f64>,
-    pub ready: bool,
-    pub ready_reason: String,
-    pub live: bool,
-    pub live_reason: String,
-    pub failure_count: i64,
-    /// The reference's limit (`max_failure_count`): any counted failure reaches it.
-    pub max_failure_count: i64,
-    /// The policy's own limit ([`failure_limit`]): `confirm_failures` under `agent`.
-    #[serde(default)]
-    pub failure_limit: i64,
-    pub last_probe: Option<ProbeLine>,
-    /// What each router polling the agent was last told (`haproxy`: `drain`, …).
-    #[serde(default)]
-    pub routers: std::collections::BTreeMap<String, String>,
-    /// The driver's faults on the engine's NPUs, each with what it does to the engine:
-    /// `NPU 0 reports 0x80E18402 (…), level SeparateNPU: one immediate confirming probe; …`.
-    #[serde(default)]
-    pub faults: Vec<String>,
-}
-
-/// The last virtual probe.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ProbeLine {
-    pub at_unix_ms: u64,
-    pub success: bool,
-    pub outcome: String,
-    pub latency_ms: f64,
-}
-
-/// One recent action, for any integration (`monitor::journal`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Recent {
-    pub engine: String,
-    pub at_unix_ms: u64,
-    /// `<integration> <action>`: `node_manager status`, `agent level`, `kubelet readyz`,
-    /// `kubelet livez`, `haproxy agent_check`, `envoy health_check`, `kubernetes_api
-    /// eviction`, ….
-    pub what: String,
-    /// `from -> to`, or the API call's outcome.
-    pub change: String,
-    /// The QoS level at that moment.
-    #[serde(default)]
-    pub level: String,
-    pub detail: String,
-}
-
-/// One NPU's slow figures.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct NpuState {
-    pub i: u16,
-    pub backend: String,
-    pub stale: bool,
-    pub hung: bool,
-    pub health: Option<u32>,
-    pub hbm_used_mb: Option<u64>,
-    pub hbm_total_mb: Option<u64>,
-    /// The driver's current fault codes, with their levels (`NPU 0 reports 0x… (…), level …`).
-    #[serde(default)]
-    pub faults: Vec<String>,
-}
 
 /// The name the views give the agent's node: `[agent.kubernetes] node_name`, else
 /// `$NODE_NAME` (the shipped DaemonSet sets it from `spec.nodeName`), else the host name.
@@ -178,16 +52,6 @@ fn pick_node(configured: Option<String>, env: Option<String>, host: Option<Strin
         .map(|n| n.trim().to_owned())
         .find(|n| !n.is_empty())
         .unwrap_or_else(|| "unknown host".to_owned())
-}
-
-/// The counted failures that make `spec`'s engine abnormal under its policy: the agent
-/// policy's `confirm_failures` when lower than `max_failure_count` (a confirmed failure
-/// reaches it; an unconfirmed one still counts toward `max_failure_count`), else
-/// `max_failure_count`, the reference's.
-pub(crate) fn failure_limit(spec: &EngineSpec) -> i64 {
-    let max = spec.health_check_config.max_failure_count;
-    spec.agent_policy_in_force()
-        .map_or(max, |a| max.min(i64::from(a.confirm_failures)))
 }
 
 /// The `hello` frame for `engines` over `shared`, on `node`.
@@ -261,13 +125,15 @@ pub(crate) fn history_start(shared: &Shared) -> u64 {
         .saturating_sub(HISTORY.as_nanos() as u64)
 }
 
-/// One engine's line (reads only; the verdict is peeked).
+/// One engine's line (reads only; the verdict is peeked): its answers, and virtual inference
+/// as the monitor's snapshot has it.
 pub(crate) fn engine_line(m: &Monitor) -> EngineLine {
     let Answers {
         facts: f,
         readiness: r,
         liveness: l,
     } = Answers::of(m);
+    let vi = m.virtual_inference();
     EngineLine {
         name: m.spec().name.clone(),
         status: f.status,
@@ -279,10 +145,10 @@ pub(crate) fn engine_line(m: &Monitor) -> EngineLine {
         ready_reason: r.reason,
         live: l.live,
         live_reason: l.reason,
-        failure_count: m.vi().failure_count(),
-        max_failure_count: m.spec().health_check_config.max_failure_count,
-        failure_limit: failure_limit(m.spec()),
-        last_probe: m.vi().last_probe().map(|p| ProbeLine {
+        failure_count: vi.failure_count,
+        max_failure_count: vi.max_failure_count,
+        failure_limit: vi.failure_limit,
+        last_probe: vi.last_probe.map(|p| ProbeLine {
             at_unix_ms: p.at_unix_ms,
             success: p.success,
             outcome: p.outcome,
@@ -399,34 +265,6 @@ mod tests {
         let given = |v: &str| (v != "-").then(|| v.to_owned());
         for ([configured, env, host], want) in rows {
             assert_eq!(pick_node(given(configured), given(env), given(host)), want);
-        }
-    }
-
-    // Issue 48: the page read "failures 2/6" at `abnormal` under the agent policy, whose
-    // limit is 2 (`confirm_failures`); 6 is the reference's `max_failure_count`.
-    #[test]
-    fn the_failure_limit_is_the_policy_in_force() {
-        let spec = |policy: &str, extra: &str| {
-            let text = format!(
-                "[agent]\npolicy = \"{policy}\"\n[[engine]]\nname = \"a\"\nengine_type = \"vllm\"\nserved_model_name = \"m\"\nhost = \"127.0.0.1\"\nport = 8000\nmgmt_port = 9001\n{extra}"
-            );
-            crate::config::file::parse(&text, std::path::Path::new("/x/agent.toml"))
-                .unwrap()
-                .engines
-                .remove(0)
-        };
-        let hc = "[engine.health_check_config]\nmax_failure_count = 1\n";
-        let rows = [
-            (spec("agent", ""), 2),
-            (spec("reference", ""), 6),
-            (spec("agent", hc), 1),
-            (
-                spec("agent", "[engine.agent_policy]\nconfirm_failures = 4\n"),
-                4,
-            ),
-        ];
-        for (spec, want) in rows {
-            assert_eq!(failure_limit(&spec), want, "{:?}", spec.policy);
         }
     }
 }

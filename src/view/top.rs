@@ -6,8 +6,8 @@
 //! rather than being cut. When the agent is out of reach the view says since when and greys
 //! the last figures, which stay on screen.
 
-use super::{EngineLine, EnginesFrame, Hello, Npu, Samples};
 use anyhow::Context;
+use npu_health_wire::{EngineLine, EnginesFrame, Hello, Npu, Samples};
 use ratatui::buffer::Buffer;
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Color, Modifier, Style};

@@ -8,7 +8,7 @@ use crate::support;
 use crate::support::promql::{Reads, reads, scrape};
 use crate::support::views::{Npus, TOKEN, Views};
 use npu_health_agent::cli::top::SseParser;
-use npu_health_agent::view::{EnginesFrame, Hello, Samples};
+use npu_health_wire::{EnginesFrame, Hello, Samples};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
@@ -375,9 +375,8 @@ fn events_carry_every_sample_at_a_bounded_rate_to_a_bounded_number_of_subscriber
     }
     // And /status/detail, typed.
     let (_, body) = v.admin_get("/status/detail").unwrap();
-    let detail: npu_health_agent::server::wire::Engines<
-        npu_health_agent::server::wire::EngineDetail,
-    > = serde_json::from_str(&body).unwrap();
+    let detail: npu_health_wire::Engines<npu_health_wire::EngineDetail> =
+        serde_json::from_str(&body).unwrap();
     for e in &detail.engines {
         let vi = &e.virtual_inference;
         assert_eq!((vi.failure_limit, vi.max_failure_count), (2, 6), "{vi:?}");

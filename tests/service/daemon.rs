@@ -6,7 +6,7 @@
 use crate::support;
 use crate::support::stack::{FAST_TIMING, free_ports, http};
 use npu_health_agent::logging::journald;
-use npu_health_agent::server::wire::EngineDetail;
+use npu_health_wire::EngineDetail;
 use npu_health_wire::Phase;
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};

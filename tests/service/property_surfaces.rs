@@ -8,7 +8,8 @@
 #![cfg(feature = "fake-driver")]
 
 use crate::support;
-use npu_health_agent::config::mindie::{EngineSection, HealthCheckConfig, Role, env_json_lookup};
+use npu_health_agent::config::mindie::{EngineSection, HealthCheckConfig, env_json_lookup};
+use npu_health_wire::Role;
 use proptest::prelude::*;
 use serde_json::Value;
 use std::path::Path;

@@ -5,9 +5,9 @@
 
 use crate::support;
 use crate::support::stack::{free_ports, http};
-use npu_health_agent::config::mindie::Role;
-use npu_health_agent::server::wire::EngineDetail;
+use npu_health_wire::EngineDetail;
 use npu_health_wire::Phase;
+use npu_health_wire::Role;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 

@@ -1,7 +1,7 @@
 //! A whole stack as real processes on loopback: the fake engine, the agent binary on the
 //! fake driver (whose NPU figures the engine writes), both killed when the stack is dropped.
 
-use npu_health_agent::server::wire::{EngineDetail, EngineQos};
+use npu_health_wire::{EngineDetail, EngineQos};
 use std::path::PathBuf;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};

@@ -8,7 +8,7 @@
 use crate::support;
 use crate::support::stack::{Launch, Stack};
 use fake_engine::node_manager::{self, NmOptions, NmReport, NmStatus};
-use npu_health_agent::probe::outcome::Accounting;
+use npu_health_wire::Accounting;
 use npu_health_wire::Phase;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -278,7 +278,7 @@ fn engine_restart_rearms_virtual_inference() {
     // "Restart": the listener goes away (the agent sees the refusal) and comes back healthy.
     stack.faults(r#"{"listening": false}"#);
     stack.wait_until_typed("/health refused", Duration::from_secs(20), |d| {
-        d.health.last_transport_error == Some(npu_health_agent::probe::health::Transport::Refused)
+        d.health.last_transport_error == Some(npu_health_wire::Transport::Refused)
     });
     let restarted_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -9,8 +9,8 @@ use crate::support;
 use crate::support::kube_api::{self, Failure, Route, StandIn};
 use crate::support::stack::{Launch, Stack};
 use npu_health_agent::integrations::kubernetes::api::LIST_LIMIT;
-use npu_health_agent::integrations::kubernetes::told::{KubeRecord, PodAction};
 use npu_health_wire::Level;
+use npu_health_wire::{KubeRecord, PodAction};
 use std::time::{Duration, Instant};
 
 const GATE: &str = "npu-health-agent.io/qos-ready";

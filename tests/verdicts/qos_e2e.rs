@@ -6,10 +6,10 @@
 
 use crate::support::load::Load;
 use crate::support::stack::Stack;
-use npu_health_agent::probe::outcome::Accounting;
-use npu_health_agent::qos::progress::State as Progress;
-use npu_health_agent::server::wire::EngineQos;
+use npu_health_wire::Accounting;
+use npu_health_wire::EngineQos;
 use npu_health_wire::Level;
+use npu_health_wire::Progress;
 use std::time::{Duration, Instant};
 
 /// QoS evaluated every 500 ms from scrapes every 500 ms (defaults: 5 s and 5 s).

@@ -1,10 +1,13 @@
 //! The JSON shapes of `/status/detail` and `/qos` are pinned: every key path, as the agent
 //! served them before they were built from typed structs (taken from a real-vLLM run's
-//! detail), and the typed structs of `server::wire` read an answer back into exactly the
-//! JSON that was sent, so the server, the chaos runner and these tests share one definition.
+//! detail), and the typed structs of the `npu-health-wire` crate read an answer back into
+//! exactly the JSON that was sent, so the server, the chaos runner and these tests share one
+//! definition. The answer read here is also the wire crate's fixture
+//! (`crates/wire/tests/fixtures/status_detail.json`, which that crate reads without the agent):
+//! its key paths must be this answer's, and `NPU_HEALTH_WIRE_FIXTURE=write` rewrites it.
 
 use crate::support::stack::Stack;
-use npu_health_agent::server::wire::{self, EngineDetail, EngineQos, Engines};
+use npu_health_wire::{EngineDetail, EngineQos, Engines};
 use std::collections::BTreeSet;
 use std::time::Duration;
 
@@ -158,6 +161,31 @@ fn key_paths(v: &serde_json::Value) -> BTreeSet<String> {
     out
 }
 
+/// The wire crate's fixture: a `/status/detail` body this test captured from the agent.
+fn wire_fixture() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("crates/wire/tests/fixtures/status_detail.json")
+}
+
+/// The wire crate's fixture has the key paths of `detail`, the agent's answer now (written
+/// from it when `NPU_HEALTH_WIRE_FIXTURE=write`), so what that crate reads is what the agent
+/// writes.
+fn same_as_the_wire_fixture(detail: &serde_json::Value) {
+    let path = wire_fixture();
+    if std::env::var_os("NPU_HEALTH_WIRE_FIXTURE").is_some_and(|v| v == "write") {
+        let text = serde_json::to_string_pretty(detail).unwrap() + "\n";
+        std::fs::write(&path, text).unwrap();
+    }
+    let text = std::fs::read_to_string(&path).expect("the wire crate's fixture");
+    let fixture: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        key_paths(&fixture),
+        key_paths(detail),
+        "{} is not the shape the agent sends: rewrite it with NPU_HEALTH_WIRE_FIXTURE=write",
+        path.display()
+    );
+}
+
 #[test]
 fn detail_and_qos_keep_their_shape_and_read_back_into_the_typed_structs() {
     let stack = Stack::start("max_failure_count = 3");
@@ -178,16 +206,17 @@ fn detail_and_qos_keep_their_shape_and_read_back_into_the_typed_structs() {
         Vec::<&String>::new(),
         "keys lost"
     );
+    same_as_the_wire_fixture(&detail);
     // The typed structs read the answer and give back the same JSON.
     let typed: EngineDetail = serde_json::from_value(detail.clone()).expect("typed detail");
-    assert_eq!(wire::to_json(&typed), detail);
+    assert_eq!(serde_json::to_value(&typed).unwrap(), detail);
     // What the admin listener answers is `{"engines": [...]}` of these: the envelope reads
     // back too, with a real engine in it (it was tested on an empty list).
     let envelope = serde_json::json!({ "engines": [detail.clone(), detail.clone()] });
     let typed: Engines<EngineDetail> = serde_json::from_value(envelope.clone()).unwrap();
     assert_eq!(typed.engines.len(), 2);
     assert_eq!(typed.engines[1].engine, "e2e");
-    assert_eq!(wire::to_json(&typed), envelope);
+    assert_eq!(serde_json::to_value(&typed).unwrap(), envelope);
     // `/qos` is the detail's `qos`.
     let url = stack.status_url().replace("/status", "/qos");
     let qos: serde_json::Value = serde_json::from_str(&stack.get(&url).unwrap().1).unwrap();
@@ -197,7 +226,7 @@ fn detail_and_qos_keep_their_shape_and_read_back_into_the_typed_structs() {
         .collect();
     assert_eq!(key_paths(&qos), qos_paths);
     let typed: EngineQos = serde_json::from_value(qos.clone()).expect("typed qos");
-    assert_eq!(wire::to_json(&typed), qos);
+    assert_eq!(serde_json::to_value(&typed).unwrap(), qos);
     assert_eq!(typed.engine, "e2e");
 }
 

@@ -33,32 +33,7 @@ impl Source for DriverFaults {
 /// The level from which a driver fault confirms a failed probe (the accounting's constant).
 pub(crate) use crate::monitor::account::CONFIRM_LEVEL;
 
-/// What a driver fault does to an engine on the NPU.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FaultEffect {
-    /// Published, nothing else (every level under `reference`; `NotHandleFault`,
-    /// `RestartRequest` and unclassified codes under `agent`).
-    Published,
-    /// The QoS level is one band lower, at most `throttle` (`SubHealthFault`, agent policy).
-    LowersQos,
-    /// One immediate confirming probe; a failure is abnormal at once (`RestartBusiness` or
-    /// worse, agent policy).
-    Confirms,
-}
-
-impl FaultEffect {
-    /// In words, for `/status/detail`, `doctor` and the live page.
-    pub(crate) fn describe(self) -> &'static str {
-        match self {
-            FaultEffect::Published => "published only",
-            FaultEffect::LowersQos => "QoS level one band lower, at most throttle",
-            FaultEffect::Confirms => {
-                "one immediate confirming probe; a failed virtual request is abnormal at once"
-            }
-        }
-    }
-}
+pub(crate) use npu_health_wire::FaultEffect;
 
 /// What a fault at `level` does under the policy in force (`agent`: the agent policy).
 pub(crate) fn fault_effect(agent: bool, level: FaultLevel) -> FaultEffect {

@@ -135,6 +135,7 @@ impl Monitor {
         self.health_detail
             .lock()
             .unwrap_or_else(|p| p.into_inner())
+            .detail
             .clone()
     }
 
@@ -186,13 +187,14 @@ impl Monitor {
         let evidence_rule = !self.spec.timing.serving_evidence_max_age().is_zero();
         let excuse = excuse(outcome, evidence_rule, || self.serving_evidence());
         let now = tokio::time::Instant::now();
-        let mut d = self.health_detail.lock().unwrap_or_else(|p| p.into_inner());
+        let mut seen = self.health_detail.lock().unwrap_or_else(|p| p.into_inner());
         let failed = matches!(outcome, HealthOutcome::Unhealthy { .. });
-        d.failing_since = failed.then(|| d.failing_since.unwrap_or(now));
+        seen.failing_since = failed.then(|| seen.failing_since.unwrap_or(now));
         if failed {
-            d.last_failure_at = Some(now);
+            seen.last_failure_at = Some(now);
         }
-        let failing_for = d.failing_since.map(|t| now.saturating_duration_since(t));
+        let failing_for = seen.failing_since.map(|t| now.saturating_duration_since(t));
+        let d = &mut seen.detail;
         d.failing_for_ms = failing_for.map(|f| f.as_millis() as u64);
         let grace = self.spec.agent_policy_in_force().map(|a| Grace {
             grace: a.health_failure_grace,
@@ -207,7 +209,7 @@ impl Monitor {
             } => Some(*t),
             _ => None,
         };
-        self.note_outcome(&mut d, outcome, excuse, after);
+        self.note_outcome(d, outcome, excuse, after);
         d.state = after;
         (after, d.last_error.clone())
     }

@@ -67,7 +67,7 @@ impl Source for Qos {
 
 impl Monitor {
     /// `qos.eviction` is on and the QoS level is a held `evict`.
-    pub(crate) fn qos_evicts(&self) -> bool {
+    pub(in crate::monitor) fn qos_evicts(&self) -> bool {
         let q = &self.spec.qos;
         q.enabled && q.eviction && self.qos.level() == Level::Evict
     }

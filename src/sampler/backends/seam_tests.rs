@@ -205,7 +205,11 @@ fn no_cube_source_names_the_backend_that_found_the_npus() {
         e,
         format!(
             "no usable driver backend: scripted: no AI Cube source on any NPU: {}",
-            SourceReason::NoDcmi.note(0, crate::driver::dcmi::UtilType::AiCube)
+            crate::sampler::source::note(
+                SourceReason::NoDcmi,
+                0,
+                crate::driver::dcmi::UtilType::AiCube
+            )
         )
     );
     sampler.shutdown();

@@ -13,7 +13,6 @@ use npu_health_wire::Level;
 use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use std::collections::BTreeMap;
-use strum::IntoEnumIterator;
 
 impl Exposition {
     /// The engine families, in the order dashboards and tests expect them.
@@ -289,9 +288,10 @@ fn kubernetes_action_rows(
     base: &Labels,
     totals: &BTreeMap<PodAction, BTreeMap<Outcome, u64>>,
 ) -> Vec<(Labels, f64)> {
-    PodAction::iter()
+    PodAction::ALL
+        .into_iter()
         .flat_map(|a| {
-            Outcome::iter().map(move |o| {
+            Outcome::ALL.into_iter().map(move |o| {
                 let l = with(
                     with(base.clone(), "action", a.as_str()),
                     "outcome",

@@ -11,7 +11,6 @@ use crate::sampler::faults::NpuFault;
 use crate::window;
 use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
-use strum::IntoEnumIterator;
 
 impl Exposition {
     /// The NPU families, in the order dashboards and tests expect them.
@@ -227,7 +226,8 @@ fn error_code_label(code: Option<i32>) -> String {
 
 /// One row per handling level that has a code among `faults`, with how many it has.
 fn fault_level_rows(s: &DeviceSnapshot, faults: &[NpuFault], pods: &Pods) -> Vec<(Labels, f64)> {
-    FaultLevel::iter()
+    FaultLevel::ALL
+        .into_iter()
         .filter_map(|level| {
             let n = faults.iter().filter(|f| f.level == level).count();
             (n > 0).then(|| {

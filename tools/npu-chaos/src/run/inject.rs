@@ -9,7 +9,7 @@ use crate::load::LoadGen;
 use crate::real_engine;
 use crate::stress::CpuStress;
 use crate::timescale::scaled;
-use npu_health_agent::server::wire::EngineDetail;
+use npu_health_wire::EngineDetail;
 use serde_json::{Value, json};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;

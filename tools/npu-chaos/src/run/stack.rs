@@ -12,7 +12,7 @@ use crate::proxy::Proxy;
 use crate::real_engine::RealEngine;
 use crate::timescale::scaled;
 use npu_health_agent::probe::engine_metrics;
-use npu_health_agent::server::wire::EngineDetail;
+use npu_health_wire::EngineDetail;
 use npu_health_wire::Phase;
 use npu_health_wire::Status;
 use serde_json::Value;
@@ -209,7 +209,7 @@ impl Stack {
         }
     }
 
-    /// `url`'s JSON as `T` (the agent's typed answers, `server::wire`); `None` when it does
+    /// `url`'s JSON as `T` (the agent's typed answers, `npu_health_wire`); `None` when it does
     /// not answer or the answer is not a `T`.
     pub(super) async fn get_json<T: serde::de::DeserializeOwned>(&self, url: &str) -> Option<T> {
         self.http.get(url).send().await.ok()?.json().await.ok()

@@ -12,7 +12,7 @@ use crate::experiment::{Experiment, Fault, Guard};
 use crate::load::LoadGen;
 use crate::timescale::scaled;
 use machine::{Action, Output, Plan, Sample, State, step};
-use npu_health_agent::server::wire::{EngineDetail, EngineQos};
+use npu_health_wire::{EngineDetail, EngineQos};
 use std::time::Duration;
 use tokio::time::Instant;
 
