@@ -60,6 +60,15 @@ pub struct AgentPolicy {
     /// 500 ms; `0s` turns the rule off (the request timeout, as the reference).
     #[serde(with = "super::duration")]
     pub learned_timeout_floor: Duration,
+    /// The restart loop (docs/runbook.md, "NpuHealthEngineRestartLoop"): this many `abnormal`
+    /// episodes within `escalate_window` escalate the engine (the reason says so, a metric and
+    /// an alert fire; `/status` answers as before). Read under both policies. Default 3; `0`
+    /// never escalates.
+    pub escalate_after: u32,
+    /// The window of `escalate_after`, and the clean period that clears an escalation.
+    /// Default 1 h; at most 24 h (the memory's reach).
+    #[serde(with = "super::duration")]
+    pub escalate_window: Duration,
 }
 
 impl Default for AgentPolicy {
@@ -72,6 +81,8 @@ impl Default for AgentPolicy {
             stopped_process_grace: Duration::from_secs(2),
             progress_window: Duration::from_secs(8),
             learned_timeout_floor: Duration::from_millis(500),
+            escalate_after: 3,
+            escalate_window: Duration::from_secs(3600),
         }
     }
 }
@@ -80,8 +91,8 @@ impl AgentPolicy {
     /// Checks every value against its bound; `Err((key, message))`.
     pub(crate) fn validate(&self) -> Result<(), super::KeyError> {
         use bounds::{
-            CONFIRM_FAILURES, CONFIRM_INTERVAL, CONFIRM_TIMEOUT, HEALTH_FAILURE_GRACE,
-            LEARNED_TIMEOUT_FLOOR, PROGRESS_WINDOW, STOPPED_PROCESS_GRACE,
+            CONFIRM_FAILURES, CONFIRM_INTERVAL, CONFIRM_TIMEOUT, ESCALATE_AFTER, ESCALATE_WINDOW,
+            HEALTH_FAILURE_GRACE, LEARNED_TIMEOUT_FLOOR, PROGRESS_WINDOW, STOPPED_PROCESS_GRACE,
         };
         HEALTH_FAILURE_GRACE.check("health_failure_grace", self.health_failure_grace)?;
         STOPPED_PROCESS_GRACE.check("stopped_process_grace", self.stopped_process_grace)?;
@@ -90,6 +101,8 @@ impl AgentPolicy {
         CONFIRM_TIMEOUT.check("confirm_timeout", self.confirm_timeout)?;
         PROGRESS_WINDOW.check("progress_window", self.progress_window)?;
         LEARNED_TIMEOUT_FLOOR.check("learned_timeout_floor", self.learned_timeout_floor)?;
+        ESCALATE_AFTER.check("escalate_after", self.escalate_after)?;
+        ESCALATE_WINDOW.check("escalate_window", self.escalate_window)?;
         Ok(())
     }
 }
@@ -136,6 +149,11 @@ pub mod bounds {
     pub const PROGRESS_WINDOW: Within<Duration> = Within::new(ms(0), secs(600));
     /// `0s` turns the rule off.
     pub(crate) const LEARNED_TIMEOUT_FLOOR: Within<Duration> = Within::new(ms(0), secs(600));
+    /// `0` never escalates; 1000 is far beyond what a day can hold.
+    pub(crate) const ESCALATE_AFTER: Within<u32> = Within::new(0, 1000);
+    /// At least a minute (a shorter one cannot hold two engine restarts); at most a day, the
+    /// memory's reach.
+    pub(crate) const ESCALATE_WINDOW: Within<Duration> = Within::new(secs(60), secs(24 * 3600));
 }
 
 #[cfg(test)]
@@ -171,5 +189,12 @@ mod tests {
         assert_eq!(k, "confirm_failures");
         assert!(m.contains("outside"), "{m}");
         assert!(AgentPolicy::default().validate().is_ok());
+        let bad = AgentPolicy {
+            escalate_window: Duration::from_secs(25 * 3600),
+            ..AgentPolicy::default()
+        };
+        let (k, m) = bad.validate().unwrap_err();
+        assert_eq!(k, "escalate_window");
+        assert!(m.contains("outside"), "{m}");
     }
 }

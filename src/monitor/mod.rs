@@ -22,10 +22,12 @@
 //! the one verdict and the loops the monitor spawns), [`account`] and [`verdict`] (the
 //! accounting and the verdict's words, as plain functions), [`vi_state`] (virtual inference's
 //! shared state), [`inputs`] (what the loops read besides the probe), [`gates`] (the
-//! conditions for virtual inference to run).
+//! conditions for virtual inference to run), [`episodes`] (the restart-loop memory: the
+//! `abnormal` episodes of the last day, and the escalation they make).
 
 pub(crate) mod account;
 pub(crate) mod acted;
+pub(crate) mod episodes;
 pub mod evidence;
 pub(crate) mod gates;
 pub(crate) mod inputs;
@@ -91,6 +93,8 @@ pub struct Monitor {
     /// The engine's process seen stopped at every sample since: its pid, its CPU ticks then,
     /// and when (the agent policy's stopped-process rule).
     stopped: Mutex<Option<(u32, u64, tokio::time::Instant)>>,
+    /// The `abnormal` episodes of the last day: the restart-loop memory ([`episodes`]).
+    episodes: episodes::Episodes,
 }
 
 impl Monitor {
@@ -116,6 +120,7 @@ impl Monitor {
             journal: journal::Journal::default(),
             engine_started_at: Mutex::new(None),
             stopped: Mutex::new(None),
+            episodes: episodes::Episodes::default(),
         }
     }
 

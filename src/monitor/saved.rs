@@ -2,7 +2,7 @@
 //! levels depend on, so that an agent restart (or a reload that changes the engine's table)
 //! neither forgets a hung engine nor warms up a warm one again.
 //!
-//! Kept: the `/health` state (answered before, failing since, for the agent policy's grace),
+//! Kept: the restart-loop memory ([`super::episodes`]), the `/health` state (answered before, failing since, for the agent policy's grace),
 //! the start latch and the restart bookkeeping, virtual inference (the latched `abnormal`
 //! and why, the failure count, warm-up sent, the last probe), the QoS level and its hold,
 //! the progress tracking behind stall detection, and what each integration keeps of the
@@ -17,7 +17,7 @@
 //! calls [`Monitor::forget`] on a mismatch.
 
 use super::verdict::HealthState;
-use super::{Monitor, acted, vi_state};
+use super::{Monitor, acted, episodes, vi_state};
 use crate::config::EngineSpec;
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::Ordering;
@@ -42,6 +42,10 @@ pub(crate) struct EngineState {
     pub rearms: u64,
     pub vi: vi_state::Saved,
     pub qos: crate::qos::Saved,
+    /// The `abnormal` episodes of the last day ([`super::episodes`]); absent while empty, so
+    /// a file written before reads as before.
+    #[serde(default, skip_serializing_if = "episodes::Saved::is_empty")]
+    pub episodes: episodes::Saved,
     /// What each integration keeps, under its own keys, after the monitor's (the Kubernetes
     /// API mode: `kubernetes`, `eviction_gate`).
     #[serde(flatten)]
@@ -183,6 +187,7 @@ impl Monitor {
             rearms: self.rearms(),
             vi,
             qos: self.qos.saved(),
+            episodes: self.episodes_saved(),
             kept: self.acted.saved(),
         }
     }
@@ -220,6 +225,9 @@ impl Monitor {
             self.qos.restore(&s.qos);
         }
         self.acted.restore(&s.kept);
+        // The restart-loop memory is the engine's, not one process's nor one setting's: kept
+        // whatever `carry` says.
+        self.restore_episodes(&s.episodes);
     }
 
     /// Forgets a restored state that turned out to belong to another engine process (it

@@ -1,5 +1,5 @@
 //! The agent's own restarts, with real processes: what it saved survives a restart (a hung
-//! engine stays `abnormal`, a count in progress resumes, a warm engine is not warmed up
+//! engine stays `abnormal` and its restart-loop memory is kept, a count in progress resumes, a warm engine is not warmed up
 //! again), a bad state file is ignored with a warning, a reload that changes a hung engine's
 //! table keeps it `abnormal`, a state saved for another engine process is dropped, and a
 //! second agent takes over from a running one under a `/status` poll without one failure. A
@@ -58,12 +58,25 @@ fn answers(s: &Stack, n: usize, limit: Duration) -> (Vec<String>, usize) {
 fn a_hung_engine_stays_abnormal_through_an_agent_restart() {
     let mut s = stack();
     hang_until_abnormal(&s);
+    let before = s.typed_detail().episodes;
+    assert_eq!((before.last_hour, before.open), (1, true), "{before:?}");
     s.restart_agent("TERM");
     let (got, _) = answers(&s, 50, Duration::from_secs(30));
     assert!(
         got.iter().all(|b| b == ABNORMAL),
         "every answer after the restart is abnormal: {got:?}\n{}",
         s.agent_log()
+    );
+    // Issue 50: the restart-loop memory survives, and the episode under way is the same one
+    // (a memory lost would count it again, begun after the restart).
+    let after = s.typed_detail().episodes;
+    assert_eq!(after.starts_unix_ms, before.starts_unix_ms, "{after:?}");
+    assert!(after.open && !after.escalated, "{after:?}");
+    assert!(
+        s.metrics()
+            .contains("npu_health_agent_engine_abnormal_episodes{engine=\"e2e\",window=\"1h\"} 1"),
+        "{}",
+        s.metrics()
     );
     let log = s.last_agent_log();
     assert!(

@@ -44,6 +44,29 @@ pub struct EngineDetail {
     /// The last actions for every integration, oldest first.
     #[serde(default)]
     pub actions: Vec<ActionRecord>,
+    /// The engine's `abnormal` episodes and whether they make a restart loop.
+    #[serde(default)]
+    pub episodes: AbnormalEpisodes,
+}
+
+/// The engine's `abnormal` episodes (one begins when the verdict turns `abnormal`, and ends
+/// when it is `normal` again) and the restart-loop escalation they make.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct AbnormalEpisodes {
+    /// Episodes begun in the last hour.
+    pub last_hour: u32,
+    /// Episodes begun in the last day.
+    pub last_day: u32,
+    /// Episodes begun within `escalate_window`.
+    pub in_window: u32,
+    /// An episode is under way.
+    pub open: bool,
+    /// `escalate_after` episodes within `escalate_window`, and no clean window since.
+    pub escalated: bool,
+    pub escalate_after: u32,
+    pub escalate_window_s: f64,
+    /// When each episode of the last day began (Unix milliseconds), oldest first.
+    pub starts_unix_ms: Vec<u64>,
 }
 
 /// The virtual inference loop, as `/status/detail` shows it.

@@ -22,7 +22,8 @@ mod status;
 
 pub use actions::{ActionRecord, RouterSeen};
 pub use detail::{
-    DeviceFault, EngineDetail, Engines, Text, VirtualInference, Window, WindowDevice,
+    AbnormalEpisodes, DeviceFault, EngineDetail, Engines, Text, VirtualInference, Window,
+    WindowDevice,
 };
 pub use device::{FaultEffect, FaultLevel, SourceReason};
 pub use events::{

@@ -184,6 +184,9 @@ impl Monitor {
         let found = SOURCES
             .iter()
             .find_map(|s| s.finding(self).map(|f| (*s, f)));
+        // The restart-loop memory notes the change wherever the verdict is read: one atomic
+        // load per read ([`super::episodes`]).
+        self.note_episode(found.is_some());
         match found {
             Some(found) => (Status::Abnormal, Some(found)),
             None => (Status::Normal, None),
@@ -207,7 +210,7 @@ impl Monitor {
     pub fn verdict(&self) -> Verdict {
         let (status, found) = self.judged();
         let reason = match &found {
-            Some((source, finding)) => source.reason(self, finding),
+            Some((source, finding)) => source.reason(self, finding) + &self.escalation_clause(),
             None => self.quiet_reason(status),
         };
         Verdict {

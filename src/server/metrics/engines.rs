@@ -25,6 +25,7 @@ impl Exposition {
         self.encode_actions(enc, pods)?;
         self.encode_probes(enc, pods)?;
         self.encode_qos(enc, pods)?;
+        self.encode_episodes(enc, pods)?;
         self.encode_engine_histograms(enc, pods)
     }
 
@@ -263,7 +264,7 @@ impl Exposition {
 }
 
 /// The labels of every engine series: its name, and its pod's.
-fn engine_labels(e: &Monitor, pods: &Pods) -> Labels {
+pub(super) fn engine_labels(e: &Monitor, pods: &Pods) -> Labels {
     let mut l = vec![("engine", e.spec().name.clone())];
     l.extend(pods.of_engine(e));
     l

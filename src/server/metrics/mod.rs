@@ -9,6 +9,7 @@
 //! runs, each series would exist twice and a sum would double).
 
 mod engines;
+mod episodes;
 mod npus;
 
 use crate::monitor::Monitor;

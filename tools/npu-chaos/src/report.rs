@@ -133,12 +133,17 @@ pub fn summarize(policy: Policy, row: Row, outcomes: &[Outcome], time_scale: f64
 }
 
 /// True when the run must fail: a false kill, a missed detection, an experiment that could
-/// not run, or a draft that served without the agent's word.
+/// not run, a draft that served without the agent's word, or a benign experiment the agent
+/// escalated as a restart loop.
 pub fn failed(outcomes: &[Outcome]) -> bool {
     outcomes.iter().any(|o| {
         matches!(
             o.verdict,
-            Verdict::FalseKill | Verdict::Missed | Verdict::Error | Verdict::DraftWithoutCause
+            Verdict::FalseKill
+                | Verdict::Missed
+                | Verdict::Error
+                | Verdict::DraftWithoutCause
+                | Verdict::EscalatedBenign
         )
     })
 }
@@ -437,6 +442,7 @@ pub(crate) mod tests {
             detected_after_ms: detected,
             abnormal_after_ms: None,
             killed_at_ms: detected.map(|d| d as i64),
+            escalated_at_ms: None,
             first_injected_ms: Some(0),
             injected_ms: 5000,
             guard_events: Vec::new(),

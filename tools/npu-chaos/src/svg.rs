@@ -282,6 +282,7 @@ mod tests {
             detected_after_ms: None,
             abnormal_after_ms: None,
             killed_at_ms: Some(300),
+            escalated_at_ms: None,
             first_injected_ms: Some(0),
             injected_ms: 200,
             guard_events: vec![GuardEvent {

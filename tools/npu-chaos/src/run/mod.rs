@@ -103,6 +103,7 @@ fn fresh_outcome(e: &Experiment, policy: Policy, opts: &RunOptions) -> Outcome {
         detected_after_ms: None,
         abnormal_after_ms: None,
         killed_at_ms: None,
+        escalated_at_ms: None,
         first_injected_ms: None,
         injected_ms: 0,
         guard_events: Vec::new(),
@@ -168,9 +169,22 @@ fn verdict(
                 out.router.map_or("the router", |r| r.as_str()),
             )),
         ),
+        Ok(()) if let Some(why) = escalated_benign(e, out) => (Verdict::EscalatedBenign, Some(why)),
         Ok(()) if opts.row == Row::Kubelet => (kubelet_verdict(e, out, known, not_by_design), None),
         Ok(()) => (node_manager_verdict(e, out, known, not_by_design), None),
     }
+}
+
+/// Why a benign experiment fails for an escalation, if the agent escalated the engine as a
+/// restart loop in it (a benign case must never look like one).
+fn escalated_benign(e: &Experiment, out: &Outcome) -> Option<String> {
+    let at = out.escalated_at_ms?;
+    matches!(e.expect, Expect::Healthy).then(|| {
+        format!(
+            "the agent escalated the engine as a restart loop {:.1} s after the injection, in a benign experiment",
+            at as f64 / 1000.0
+        )
+    })
 }
 
 /// The verdict of a Node Manager (or router) row's run that ended well.
@@ -744,6 +758,7 @@ mod tests {
             detected_after_ms: detected,
             abnormal_after_ms: None,
             killed_at_ms: None,
+            escalated_at_ms: None,
             first_injected_ms: Some(0),
             injected_ms: 0,
             guard_events: Vec::new(),
@@ -944,6 +959,39 @@ mod tests {
             node_manager_verdict(&hang, &out(None, Some(0), None), false, true),
             Verdict::NotDetectableByDesign
         );
+    }
+
+    // Issue 50: a benign experiment fails when the agent escalated the engine as a restart
+    // loop in it; a fault experiment may escalate (repeated_hang must).
+    #[test]
+    fn a_benign_experiment_that_escalated_fails_and_a_fault_may_escalate() {
+        let exp = |expect: Expect| Experiment {
+            name: "x".into(),
+            target: crate::experiment::Target::Engine,
+            fault: Fault::EngineHang,
+            duration: Duration::from_secs(10),
+            load: Default::default(),
+            guards: Vec::new(),
+            expect,
+            agent_policy_only: false,
+            max_nm_heartbeat_s: None,
+            known_false_kills: Vec::new(),
+            kubelet: crate::experiment::KubeletExpect::Restart,
+            driver_codes: Vec::new(),
+        };
+        let out = |escalated: Option<i64>| Outcome {
+            escalated_at_ms: escalated,
+            ..crate::report::tests::outcome("x", "", Verdict::Pass, None)
+        };
+        let benign = exp(Expect::Healthy);
+        let fault = exp(Expect::DetectWithin(Duration::from_secs(5)));
+        assert_eq!(escalated_benign(&benign, &out(None)), None);
+        let why = escalated_benign(&benign, &out(Some(2500))).unwrap();
+        assert!(why.contains("restart loop 2.5 s after"), "{why}");
+        assert_eq!(escalated_benign(&fault, &out(Some(2500))), None);
+        let mut o = out(Some(2500));
+        o.verdict = Verdict::EscalatedBenign;
+        assert!(crate::report::failed(&[o]), "the run fails");
     }
 
     #[test]

@@ -57,6 +57,9 @@ pub enum Verdict {
     /// The fault cannot be injected into this engine (the reason is in `error`); neither a
     /// pass nor a failure.
     NotApplicable,
+    /// A benign experiment in which the agent escalated the engine as a restart loop
+    /// (issue 50): no benign case may look like one.
+    EscalatedBenign,
 }
 
 /// The result of one experiment under one policy.
@@ -84,6 +87,11 @@ pub struct Outcome {
     pub abnormal_after_ms: Option<u64>,
     /// Milliseconds from injection to the emulator's kill (negative: before the injection).
     pub killed_at_ms: Option<i64>,
+    /// Milliseconds from the scheduled injection to the first sample whose `/status/detail`
+    /// said the engine was escalated as a restart loop (negative: before); `null`: never. A
+    /// benign experiment must leave it `null` ([`Verdict::EscalatedBenign`]).
+    #[serde(default)]
+    pub escalated_at_ms: Option<i64>,
     /// Milliseconds from the scheduled injection to the first actual one (guards may hold it
     /// back); `null` when the fault was never injected.
     pub first_injected_ms: Option<i64>,

@@ -240,6 +240,9 @@ impl Run<'_> {
         }
         if let Some(d) = detail {
             crate::router::note_actions(&mut out.router_actions, &d.actions, self.t0_unix_ms);
+            if out.escalated_at_ms.is_none() && d.episodes.escalated {
+                out.escalated_at_ms = Some(unix_ms() as i64 - self.t0_unix_ms);
+            }
         }
     }
 

@@ -1,0 +1,88 @@
+//! The restart-loop families of `/metrics`: each engine's `abnormal` episodes of the last hour
+//! and day and whether they escalated, and the same per NPU through the engines that run on
+//! it (docs/runbook.md, "NpuHealthEngineRestartLoop").
+
+use super::engines::engine_labels;
+use super::{Exposition, Labels, Pods, family, flag, with};
+use crate::monitor::episodes::Summary;
+use prometheus_client::encoding::DescriptorEncoder;
+use prometheus_client::metrics::MetricType;
+use std::collections::BTreeMap;
+
+impl Exposition {
+    /// Episodes and escalation, per engine and per NPU.
+    pub(super) fn encode_episodes(
+        &self,
+        enc: &mut DescriptorEncoder,
+        pods: &Pods,
+    ) -> Result<(), std::fmt::Error> {
+        let engines: Vec<(Labels, Summary, &[u16])> = self
+            .engines
+            .iter()
+            .map(|e| (engine_labels(e, pods), e.episode_summary(), e.devices()))
+            .collect();
+        family(
+            enc,
+            "npu_health_agent_engine_abnormal_episodes",
+            "abnormal episodes of the engine begun in the last hour (window=1h) and day (window=1d); the memory survives agent restarts",
+            MetricType::Gauge,
+            engines.iter().flat_map(|(l, s, _)| windows(l, s)),
+        )?;
+        family(
+            enc,
+            "npu_health_agent_engine_escalated",
+            "1 while the engine is in a restart loop: agent_policy.escalate_after abnormal episodes within escalate_window, and no clean window since",
+            MetricType::Gauge,
+            engines
+                .iter()
+                .map(|(l, s, _)| (l.clone(), flag(s.escalated))),
+        )?;
+        // Per NPU: the episodes of every engine that runs on it, by the NPU's logic id.
+        let mut npus: BTreeMap<u16, (usize, usize, bool)> = BTreeMap::new();
+        for (_, s, devices) in &engines {
+            for d in devices.iter().filter(|d| self.devices.contains(d)) {
+                let n = npus.entry(*d).or_default();
+                n.0 += s.last_hour;
+                n.1 += s.last_day;
+                n.2 |= s.escalated;
+            }
+        }
+        let npu = |ring: u16| {
+            let id = pods
+                .ids
+                .get(usize::from(ring))
+                .copied()
+                .unwrap_or(ring.into());
+            let mut l = vec![("id", id.to_string())];
+            l.extend(pods.of_npu(id));
+            l
+        };
+        family(
+            enc,
+            "npu_health_agent_npu_abnormal_episodes",
+            "abnormal episodes of the engines on the NPU begun in the last hour (window=1h) and day (window=1d)",
+            MetricType::Gauge,
+            npus.iter().flat_map(|(&d, &(hour, day, _))| {
+                [
+                    (with(npu(d), "window", "1h"), hour as f64),
+                    (with(npu(d), "window", "1d"), day as f64),
+                ]
+            }),
+        )?;
+        family(
+            enc,
+            "npu_health_agent_npu_escalated",
+            "1 while an engine on the NPU is in a restart loop",
+            MetricType::Gauge,
+            npus.iter().map(|(&d, &(_, _, esc))| (npu(d), flag(esc))),
+        )
+    }
+}
+
+/// The engine's two windows as rows.
+fn windows(l: &Labels, s: &Summary) -> [(Labels, f64); 2] {
+    [
+        (with(l.clone(), "window", "1h"), s.last_hour as f64),
+        (with(l.clone(), "window", "1d"), s.last_day as f64),
+    ]
+}
