@@ -91,6 +91,9 @@ pub struct Monitor {
     /// The engine's process seen stopped at every sample since: its pid, its CPU ticks then,
     /// and when (the agent policy's stopped-process rule).
     stopped: Mutex<Option<(u32, u64, tokio::time::Instant)>>,
+    /// What the evidence bundles of the engine's verdicts came to (`crate::bundles` writes
+    /// it; `/status/detail`'s `evidence`).
+    evidence: Mutex<npu_health_wire::EvidenceRecord>,
 }
 
 impl Monitor {
@@ -116,6 +119,7 @@ impl Monitor {
             journal: journal::Journal::default(),
             engine_started_at: Mutex::new(None),
             stopped: Mutex::new(None),
+            evidence: Mutex::default(),
         }
     }
 
@@ -147,6 +151,19 @@ impl Monitor {
     /// Every action for every integration: the record [`Monitor::note`] writes.
     pub(crate) fn journal(&self) -> &journal::Journal {
         &self.journal
+    }
+
+    /// What the evidence bundles came to, as `/status/detail` shows it.
+    pub(crate) fn evidence(&self) -> npu_health_wire::EvidenceRecord {
+        self.evidence
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Changes the evidence record under its lock (the bundle writer's outcome).
+    pub(crate) fn note_evidence(&self, f: impl FnOnce(&mut npu_health_wire::EvidenceRecord)) {
+        f(&mut self.evidence.lock().unwrap_or_else(|p| p.into_inner()));
     }
 
     /// The journal in words, oldest first: `/status/detail`'s `actions` and the views.

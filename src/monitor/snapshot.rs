@@ -53,6 +53,7 @@ impl Monitor {
             kubernetes,
             routers: self.acted().routers(),
             actions: self.actions(),
+            evidence: self.evidence(),
         }
     }
 
