@@ -66,9 +66,7 @@ pub(crate) struct Writer {
     caps: Caps,
     npu_smi: PathBuf,
     shared: Arc<Shared>,
-    /// The kind of the last problem warned about: each is warned once, until a bundle is
-    /// written again.
-    warned: Mutex<Option<&'static str>>,
+    warned: Warned,
 }
 
 impl Writer {
@@ -89,24 +87,34 @@ impl Writer {
             },
             npu_smi: agent.npu_smi.clone(),
             shared: shared.clone(),
-            warned: Mutex::new(None),
+            warned: Warned::default(),
         }))
     }
+}
 
-    /// Warns of `e` once per kind of problem (the directory's state does not change between
-    /// two verdicts of the engines, and every engine shares it); the verdict is unaffected.
-    fn warn_once(&self, e: &StoreError) {
-        let mut warned = self.warned.lock().unwrap_or_else(|p| p.into_inner());
-        if *warned != Some(e.kind()) {
+/// The kind of the last problem warned about: each is warned once, until a bundle is written
+/// again (the directory's state does not change between two verdicts, and every engine
+/// shares it); the verdict is unaffected.
+#[derive(Debug, Default)]
+pub(crate) struct Warned(Mutex<Option<&'static str>>);
+
+impl Warned {
+    /// Warns of `e` unless its kind was the last warned of; whether it warned.
+    pub(crate) fn warn_once(&self, e: &StoreError) -> bool {
+        let mut warned = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let new = *warned != Some(e.kind());
+        if new {
             tracing::warn!("no evidence bundle is written: {e} (the verdicts are unaffected)");
             *warned = Some(e.kind());
         }
+        new
     }
 
-    fn clear_warning(&self) {
-        let mut warned = self.warned.lock().unwrap_or_else(|p| p.into_inner());
+    /// A bundle was written: the next problem is warned of again.
+    pub(crate) fn clear(&self, dir: &std::path::Path) {
+        let mut warned = self.0.lock().unwrap_or_else(|p| p.into_inner());
         if warned.take().is_some() {
-            tracing::info!(dir = %self.dir.display(), "evidence bundles are written again");
+            tracing::info!(dir = %dir.display(), "evidence bundles are written again");
         }
     }
 }
@@ -180,12 +188,29 @@ async fn write(m: Arc<Monitor>, client: EngineClient, w: Arc<Writer>, trigger: T
         Ok::<_, StoreError>((path, bytes, removed.len()))
     })
     .await;
-    let took = began.elapsed();
+    let done = done.unwrap_or_else(|joined| {
+        Err(StoreError::Write {
+            path: w.dir.clone(),
+            source: std::io::Error::other(format!("the bundle's task failed: {joined}")),
+        })
+    });
+    settle(&m, &w.dir, &w.warned, done, began.elapsed());
+}
+
+/// Notes a bundle's outcome: in the monitor's record (`/status/detail`, the metrics) and the
+/// log. Touches nothing the verdict reads.
+pub(crate) fn settle(
+    m: &Monitor,
+    dir: &std::path::Path,
+    warned: &Warned,
+    done: Result<(PathBuf, u64, usize), StoreError>,
+    took: Duration,
+) {
     match done {
-        Ok(Ok((path, bytes, removed))) => {
-            w.clear_warning();
+        Ok((path, bytes, removed)) => {
+            warned.clear(dir);
             tracing::info!(
-                engine = %spec.name,
+                engine = %m.spec().name,
                 "evidence bundle written: {} ({bytes} bytes in {:.1} s; {removed} old removed)",
                 path.display(),
                 took.as_secs_f64()
@@ -197,8 +222,8 @@ async fn write(m: Arc<Monitor>, client: EngineClient, w: Arc<Writer>, trigger: T
                 r.last_error = None;
             });
         }
-        Ok(Err(e)) => {
-            w.warn_once(&e);
+        Err(e) => {
+            warned.warn_once(&e);
             let below = matches!(e, StoreError::BelowFloor { .. });
             m.note_evidence(|r| {
                 if below {
@@ -209,10 +234,6 @@ async fn write(m: Arc<Monitor>, client: EngineClient, w: Arc<Writer>, trigger: T
                 r.last_error = Some(e.to_string());
             });
         }
-        Err(joined) => m.note_evidence(|r| {
-            r.failed += 1;
-            r.last_error = Some(format!("the bundle's task failed: {joined}"));
-        }),
     }
 }
 
@@ -258,3 +279,6 @@ pub(crate) async fn run(
         was = Some(now);
     }
 }
+
+#[cfg(test)]
+mod tests;
