@@ -302,14 +302,16 @@ mod tests {
 
     #[test]
     fn a_read_only_mount_is_refused() {
-        // /proc/sys is mounted read-only in most containers, and /sys read-only in some: a
-        // real read-only mount where one is found, else nothing to prove here.
-        let ro = ["/proc/sys", "/sys"]
+        // A real read-only mount: `NPU_HEALTH_TEST_RO_MOUNT` names one (e.g. as root:
+        // `mount -t tmpfs -o ro none /tmp/ro`), else /proc/sys or /sys where a container
+        // mounts them read-only; none found, nothing is proved here (and it says so).
+        let named = std::env::var_os("NPU_HEALTH_TEST_RO_MOUNT").map(PathBuf::from);
+        let ro = named
             .into_iter()
-            .map(Path::new)
+            .chain(["/proc/sys", "/sys"].into_iter().map(PathBuf::from))
             .find(|p| space(p).is_some_and(|(_, ro)| ro));
         match ro {
-            Some(p) => assert_eq!(ready(p, 0).unwrap_err().kind(), "read_only"),
+            Some(p) => assert_eq!(ready(&p, 0).unwrap_err().kind(), "read_only", "{p:?}"),
             None => eprintln!("no read-only mount found: not proved here"),
         }
     }
