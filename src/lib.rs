@@ -21,6 +21,7 @@
 #![warn(unreachable_pub)]
 
 pub mod agent;
+pub(crate) mod bundles;
 pub mod cli;
 pub mod clock;
 pub mod config;

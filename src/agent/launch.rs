@@ -180,6 +180,16 @@ impl Running {
             state.clone(),
             cancel.clone(),
         ));
+        // The evidence bundles, when `[agent] evidence_dir` is set: after the verdict, never
+        // in its way.
+        if let Some(w) = crate::bundles::Writer::of(&self.cfg.agent, &self.shared) {
+            tasks.spawn(crate::bundles::run(
+                state.clone(),
+                p.client.clone(),
+                w,
+                cancel.clone(),
+            ));
+        }
         for started in &self.started {
             if let Some(task) = started.engine_task(state.clone(), cancel.clone()) {
                 tasks.spawn(task);

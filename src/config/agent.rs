@@ -100,6 +100,8 @@ pub struct AgentSettings {
     /// The pod labels of the NPU and engine series, from the kubelet's PodResources API
     /// (`pod_resources_socket`, `pod_resources_period`); `None`: off.
     pub pod_resources: Option<PodResourcesSettings>,
+    /// The evidence bundles kept at every verdict (`evidence_dir` and its caps).
+    pub evidence: super::evidence::EvidenceSettings,
 }
 
 /// `[agent] pod_resources_socket` and `pod_resources_period`.
@@ -222,6 +224,7 @@ impl Default for AgentSettings {
             fault_code_file: None,
             npu_exporter_names: false,
             pod_resources: None,
+            evidence: super::evidence::EvidenceSettings::default(),
         }
     }
 }
@@ -261,7 +264,7 @@ impl AgentSettings {
         if let Some(p) = &s.pod_resources {
             p.validate()?;
         }
-        Ok(())
+        s.evidence.validate()
     }
 }
 

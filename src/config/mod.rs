@@ -24,6 +24,7 @@ pub(crate) mod effective;
 pub(crate) mod engine;
 pub(crate) mod engine_type;
 mod error;
+pub(crate) mod evidence;
 pub mod file;
 pub mod mindie;
 pub mod policy;

@@ -95,6 +95,9 @@ pub struct Monitor {
     stopped: Mutex<Option<(u32, u64, tokio::time::Instant)>>,
     /// The `abnormal` episodes of the last day: the restart-loop memory ([`episodes`]).
     episodes: episodes::Episodes,
+    /// What the evidence bundles of the engine's verdicts came to (`crate::bundles` writes
+    /// it; `/status/detail`'s `evidence`).
+    evidence: Mutex<npu_health_wire::EvidenceRecord>,
 }
 
 impl Monitor {
@@ -121,6 +124,7 @@ impl Monitor {
             engine_started_at: Mutex::new(None),
             stopped: Mutex::new(None),
             episodes: episodes::Episodes::default(),
+            evidence: Mutex::default(),
         }
     }
 
@@ -152,6 +156,19 @@ impl Monitor {
     /// Every action for every integration: the record [`Monitor::note`] writes.
     pub(crate) fn journal(&self) -> &journal::Journal {
         &self.journal
+    }
+
+    /// What the evidence bundles came to, as `/status/detail` shows it.
+    pub(crate) fn evidence(&self) -> npu_health_wire::EvidenceRecord {
+        self.evidence
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Changes the evidence record under its lock (the bundle writer's outcome).
+    pub(crate) fn note_evidence(&self, f: impl FnOnce(&mut npu_health_wire::EvidenceRecord)) {
+        f(&mut self.evidence.lock().unwrap_or_else(|p| p.into_inner()));
     }
 
     /// The journal in words, oldest first: `/status/detail`'s `actions` and the views.

@@ -54,6 +54,7 @@ impl Monitor {
             routers: self.acted().routers(),
             actions: self.actions(),
             episodes: self.episode_summary().into(),
+            evidence: self.evidence(),
         }
     }
 

@@ -141,6 +141,19 @@ impl EngineClient {
         }
     }
 
+    /// The engine's `/metrics` as it answers, at most 16 MiB, under `timeout` (the evidence
+    /// bundles keep it whole); `Err` says why not.
+    pub(crate) async fn metrics_text(&self, timeout: Duration) -> Result<String, String> {
+        let url = format!("{}/metrics", self.base);
+        match get(&self.client, &url, timeout, MAX_METRICS_BODY).await {
+            Ok((status, body)) if (200..300).contains(&status) => {
+                Ok(String::from_utf8_lossy(&body).into_owned())
+            }
+            Ok((status, _)) => Err(format!("GET /metrics: {}", ProbeFailure::Status(status))),
+            Err(f) => Err(format!("GET /metrics: {f}")),
+        }
+    }
+
     /// Base URL (`http://host:port`).
     pub(crate) fn base(&self) -> &str {
         &self.base

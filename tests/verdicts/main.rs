@@ -7,6 +7,7 @@
 mod support;
 
 mod agent_e2e;
+mod evidence_bundle;
 mod kube_api;
 mod kubelet_probes;
 mod probe_keepalive;

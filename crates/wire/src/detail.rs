@@ -2,8 +2,8 @@
 //! [...]}`, the admin listener's list of every engine's.
 
 use crate::{
-    ActionRecord, Condition, EngineQos, FaultEffect, FaultLevel, HealthDetail, KubeRecord, Phase,
-    Policy, ProbeRecord, Role, RouterSeen, SourceReason, Status,
+    ActionRecord, Condition, EngineQos, EvidenceRecord, FaultEffect, FaultLevel, HealthDetail,
+    KubeRecord, Phase, Policy, ProbeRecord, Role, RouterSeen, SourceReason, Status,
 };
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
@@ -44,6 +44,9 @@ pub struct EngineDetail {
     /// The last actions for every integration, oldest first.
     #[serde(default)]
     pub actions: Vec<ActionRecord>,
+    /// The evidence bundles kept at its verdicts (`[agent] evidence_dir`).
+    #[serde(default)]
+    pub evidence: EvidenceRecord,
     /// The engine's `abnormal` episodes and whether they make a restart loop.
     #[serde(default)]
     pub episodes: AbnormalEpisodes,

@@ -11,6 +11,7 @@ mod actions;
 mod detail;
 mod device;
 mod events;
+mod evidence;
 mod health;
 mod kube;
 mod level;
@@ -29,6 +30,7 @@ pub use device::{FaultEffect, FaultLevel, SourceReason};
 pub use events::{
     EngineLine, EnginesFrame, Hello, Npu, NpuSamples, NpuState, ProbeLine, Recent, Samples,
 };
+pub use evidence::EvidenceRecord;
 pub use health::{HealthDetail, HealthState, Transport};
 pub use kube::{Attempt, ConditionSet, KEPT_ATTEMPTS, KubeRecord, Outcome, PodAction};
 pub use level::Level;

@@ -2,7 +2,7 @@
 //!
 //! Supported: `info watch -h`, `info watch [-i id] [-c chip] [-d secs] [-s letters]` (910B and
 //! 910_93 layouts with `ChipId(Idx)`, 950 layout without it, `NA` for missing figures) and
-//! `info -m`, `info -t usages -i card [-c chip]` (the key-value layout, `Aicore Usage
+//! `info` (a summary table of the chips), `info -m`, `info -t usages -i card [-c chip]` (the key-value layout, `Aicore Usage
 //! Rate(%)` from the AI Cube programme: MindIE's engine server samples with it), and
 //! `info -t health -i card [-c chip]` (the health word and the fault codes). A fake-driver build of the agent runs this when invoked as `npu-smi` or with
 //! `info …` as its first arguments.
@@ -59,6 +59,7 @@ pub fn run(args: &[String]) -> i32 {
         ["info", "watch", "-h"] | ["info", "watch", "--help"] => help(&scenario, &mut out),
         ["info", "watch", rest @ ..] => watch(&scenario, rest, &mut out),
         ["info", "-m"] => mapping(&scenario, &mut out),
+        ["info"] => summary(&scenario, &mut out),
         ["info", "-t", "usages", rest @ ..] => usages(&scenario, rest, &mut out),
         ["info", "-t", "health", rest @ ..] => health(&scenario, rest, &mut out),
         _ => {
@@ -377,6 +378,29 @@ fn usages(s: &Scenario, args: &[&str], out: &mut impl Write) -> i32 {
         }
         text.push('\n');
     }
+    let _ = out.write_all(text.as_bytes());
+    0
+}
+
+/// `npu-smi info`: the summary table, in the shape of the real one (a title row, then one
+/// row per chip: its NPU and chip, its name and health), with the figures the fake knows.
+fn summary(s: &Scenario, out: &mut impl Write) -> i32 {
+    let mut text = String::from(
+        "+--------------------------------------------------------------+\n\
+         | npu-smi (fake)                                               |\n\
+         | NPU   Chip   Name          Health                            |\n\
+         +==============================================================+\n",
+    );
+    for d in &s.devices {
+        text.push_str(&format!(
+            "| {:<5} {:<6} {:<13} {:<33} |\n",
+            d.card,
+            d.chip,
+            s.model.chip_name(),
+            "OK"
+        ));
+    }
+    text.push_str("+--------------------------------------------------------------+\n");
     let _ = out.write_all(text.as_bytes());
     0
 }

@@ -98,6 +98,10 @@ struct AgentTable {
     pod_resources_socket: Option<PathBuf>,
     #[serde(with = "duration")]
     pod_resources_period: Duration,
+    evidence_dir: Option<PathBuf>,
+    evidence_max_bytes: u64,
+    evidence_max_count: usize,
+    evidence_min_free: u64,
 }
 
 impl Default for AgentTable {
@@ -132,6 +136,10 @@ impl Default for AgentTable {
             npu_exporter_names: d.npu_exporter_names,
             pod_resources_socket: None,
             pod_resources_period: super::agent::DEFAULT_POD_RESOURCES_PERIOD,
+            evidence_dir: None,
+            evidence_max_bytes: d.evidence.max_bytes,
+            evidence_max_count: d.evidence.max_count,
+            evidence_min_free: d.evidence.min_free,
         }
     }
 }
@@ -379,6 +387,12 @@ fn agent_settings(
         fault_code_file: t.fault_code_file.as_ref().map(|p| base_rel(base, p)),
         npu_exporter_names: t.npu_exporter_names,
         pod_resources: pod_resources(t)?,
+        evidence: crate::config::evidence::EvidenceSettings {
+            dir: t.evidence_dir.as_ref().map(|p| base_rel(base, p)),
+            max_bytes: t.evidence_max_bytes,
+            max_count: t.evidence_max_count,
+            min_free: t.evidence_min_free,
+        },
         tables: {
             // The integrations' agent-wide tables: checked after `[agent]`'s own keys.
             tables.check(base)?;

@@ -23,6 +23,7 @@ impl Exposition {
     ) -> Result<(), std::fmt::Error> {
         self.encode_answers(enc, pods)?;
         self.encode_actions(enc, pods)?;
+        self.encode_evidence(enc, pods)?;
         self.encode_probes(enc, pods)?;
         self.encode_qos(enc, pods)?;
         self.encode_episodes(enc, pods)?;
@@ -115,6 +116,40 @@ impl Exposition {
                     .flatten()
                     .collect::<Vec<_>>()
             }),
+        )
+    }
+
+    /// The evidence bundles kept at the engine's verdicts (`crate::bundles`).
+    fn encode_evidence(
+        &self,
+        enc: &mut DescriptorEncoder,
+        pods: &Pods,
+    ) -> Result<(), std::fmt::Error> {
+        let kept: Vec<(Labels, npu_health_wire::EvidenceRecord)> = self
+            .engines
+            .iter()
+            .map(|e| (engine_labels(e, pods), e.evidence()))
+            .collect();
+        family(
+            enc,
+            "npu_health_agent_evidence_bundles",
+            "evidence bundles of the engine's verdicts, by outcome: written, failed (the directory is a file, cannot be written, read-only), skipped (free space below evidence_min_free)",
+            MetricType::Counter,
+            kept.iter().flat_map(|(l, r)| {
+                [
+                    ("written", r.written),
+                    ("failed", r.failed),
+                    ("skipped", r.skipped),
+                ]
+                .map(|(o, n)| (with(l.clone(), "outcome", o), n as f64))
+            }),
+        )?;
+        family(
+            enc,
+            "npu_health_agent_evidence_last_bundle_bytes",
+            "the size of the engine's last evidence bundle written (its path is /status/detail's evidence.last_path); 0 until one is",
+            MetricType::Gauge,
+            kept.iter().map(|(l, r)| (l.clone(), r.last_bytes as f64)),
         )
     }
 

@@ -34,6 +34,7 @@ const KEPT_SERVICE: &[&str] = &[
     "RuntimeDirectoryMode",
     "RuntimeDirectoryPreserve",
     "StateDirectory",
+    "StateDirectoryMode",
     "Nice",
     "CPUWeight",
     "CPUSchedulingPolicy",
