@@ -399,14 +399,7 @@ mod tests {
 
     /// An engine from its `[[engine]]` table's `extra` lines, healthy.
     fn engine(extra: &str) -> Monitor {
-        let text = format!(
-            "[[engine]]\nname = \"e\"\nengine_type = \"vllm\"\nserved_model_name = \"m\"\nhost = \"127.0.0.1\"\nport = 9\nmgmt_port = 9001\nengine_env = {{}}\n{extra}"
-        );
-        let spec = crate::config::file::parse(&text, std::path::Path::new("/x/agent.toml"))
-            .unwrap()
-            .engines
-            .remove(0);
-        let m = Monitor::new(spec, vec![0, 1]);
+        let m = crate::monitor::evidence::tests::engine(extra);
         m.record_health(&crate::probe::health::HealthOutcome::Healthy, true);
         m
     }

@@ -257,7 +257,7 @@ impl Monitor {
 }
 
 #[cfg(test)]
-mod tests {
+pub(in crate::monitor) mod tests {
     use super::*;
     use std::collections::BTreeMap;
 
@@ -323,8 +323,9 @@ mod tests {
         }
     }
 
-    /// An engine from `extra` lines of its `[[engine]]` table.
-    fn engine(extra: &str) -> Monitor {
+    /// An engine from `extra` lines of its `[[engine]]` table (the episode memory's tests use
+    /// it too).
+    pub(in crate::monitor) fn engine(extra: &str) -> Monitor {
         let text = format!(
             "[[engine]]\nname = \"e\"\nengine_type = \"vllm\"\nserved_model_name = \"m\"\nhost = \"127.0.0.1\"\nport = 9\nmgmt_port = 9001\nengine_env = {{}}\n{extra}"
         );
@@ -332,7 +333,7 @@ mod tests {
             .unwrap()
             .engines
             .remove(0);
-        Monitor::new(spec, Vec::new())
+        Monitor::new(spec, vec![0, 1])
     }
 
     // Reference §3.3 and the agent's additions, through the one verdict the sources give:

@@ -965,20 +965,8 @@ mod tests {
     // loop in it; a fault experiment may escalate (repeated_hang must).
     #[test]
     fn a_benign_experiment_that_escalated_fails_and_a_fault_may_escalate() {
-        let exp = |expect: Expect| Experiment {
-            name: "x".into(),
-            target: crate::experiment::Target::Engine,
-            fault: Fault::EngineHang,
-            duration: Duration::from_secs(10),
-            load: Default::default(),
-            guards: Vec::new(),
-            expect,
-            agent_policy_only: false,
-            max_nm_heartbeat_s: None,
-            known_false_kills: Vec::new(),
-            kubelet: crate::experiment::KubeletExpect::Restart,
-            driver_codes: Vec::new(),
-        };
+        let exp =
+            |expect: Expect| kubelet_experiment(expect, crate::experiment::KubeletExpect::Restart);
         let out = |escalated: Option<i64>| Outcome {
             escalated_at_ms: escalated,
             ..crate::report::tests::outcome("x", "", Verdict::Pass, None)
