@@ -144,14 +144,8 @@ impl EngineClient {
     /// The engine's `/metrics` as it answers, at most 16 MiB, under `timeout` (the evidence
     /// bundles keep it whole); `Err` says why not.
     pub(crate) async fn metrics_text(&self, timeout: Duration) -> Result<String, String> {
-        let url = format!("{}/metrics", self.base);
-        match get(&self.client, &url, timeout, MAX_METRICS_BODY).await {
-            Ok((status, body)) if (200..300).contains(&status) => {
-                Ok(String::from_utf8_lossy(&body).into_owned())
-            }
-            Ok((status, _)) => Err(format!("GET /metrics: {}", ProbeFailure::Status(status))),
-            Err(f) => Err(format!("GET /metrics: {f}")),
-        }
+        let body = self.metrics().body(timeout).await?;
+        Ok(String::from_utf8_lossy(&body).into_owned())
     }
 
     /// Base URL (`http://host:port`).
@@ -267,22 +261,30 @@ pub struct HttpMetrics {
     names: &'static MetricNames,
 }
 
-impl crate::probe::MetricsSource for HttpMetrics {
-    async fn scrape(
-        &self,
-        timeout: Duration,
-    ) -> Result<crate::probe::engine_metrics::EngineMetrics, String> {
+impl HttpMetrics {
+    /// The answer's body, at most 16 MiB, under `timeout`; `Err` says why not.
+    async fn body(&self, timeout: Duration) -> Result<Vec<u8>, String> {
         let failed = |f: ProbeFailure| format!("GET /metrics: {f}");
         match get(&self.client, &self.url, timeout, MAX_METRICS_BODY).await {
             Err(f) => Err(failed(f)),
             Ok((status, _)) if !(200..300).contains(&status) => {
                 Err(failed(ProbeFailure::Status(status)))
             }
-            Ok((_, body)) => Ok(crate::probe::engine_metrics::parse_as(
-                &String::from_utf8_lossy(&body),
-                &[self.names],
-            )),
+            Ok((_, body)) => Ok(body),
         }
+    }
+}
+
+impl crate::probe::MetricsSource for HttpMetrics {
+    async fn scrape(
+        &self,
+        timeout: Duration,
+    ) -> Result<crate::probe::engine_metrics::EngineMetrics, String> {
+        let body = self.body(timeout).await?;
+        Ok(crate::probe::engine_metrics::parse_as(
+            &String::from_utf8_lossy(&body),
+            &[self.names],
+        ))
     }
 }
 
