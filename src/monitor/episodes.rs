@@ -81,6 +81,11 @@ impl Episodes {
         Some(Change::Began)
     }
 
+    /// An episode is under way.
+    pub(crate) fn is_open(&self) -> bool {
+        self.open.load(Ordering::Acquire)
+    }
+
     /// The starts of the last day, oldest first, and whether an episode is under way.
     pub(crate) fn saved(&self, now_ms: u64) -> Saved {
         let mut starts = self.starts.lock().unwrap_or_else(|p| p.into_inner());
@@ -176,6 +181,10 @@ impl Monitor {
     /// Notes the verdict's status in the episode memory (see the module's doc); logs when an
     /// episode begins, naming the restart loop when it escalates.
     pub(super) fn note_episode(&self, abnormal: bool) {
+        // Every verdict comes here: without a change, one atomic load and no clock read.
+        if self.episodes.is_open() == abnormal {
+            return;
+        }
         let now = crate::clock::unix_ms();
         if self.episodes.note(abnormal, now) != Some(Change::Began) {
             return;
