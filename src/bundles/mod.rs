@@ -43,9 +43,8 @@ pub(crate) const SCRAPE_DEADLINE: Duration = Duration::from_secs(2);
 pub(crate) enum Trigger {
     /// The verdict turned `abnormal`.
     Abnormal,
-    /// A rule in `observe` mode would have fired (its docs/policy.md number).
-    // Issue 50, point 1: the observe mode, built beside this, requests its bundles with it.
-    #[allow(dead_code)]
+    /// A rule in `observe` mode (or the shadow policy) would have turned the verdict
+    /// `abnormal`: its docs/policy.md number, 0 for the reference's own.
     Observe(u8),
 }
 
@@ -54,6 +53,7 @@ impl Trigger {
     pub(crate) fn word(self) -> String {
         match self {
             Trigger::Abnormal => "abnormal".to_owned(),
+            Trigger::Observe(0) => "observe-reference".to_owned(),
             Trigger::Observe(rule) => format!("observe-rule{rule}"),
         }
     }
@@ -267,6 +267,7 @@ pub(crate) async fn run(
     let mut tick = tokio::time::interval(PERIOD);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut was = None;
+    let mut observed = m.observed().0;
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return,
@@ -277,6 +278,12 @@ pub(crate) async fn run(
             let _ = request(&m, &client, &w, Trigger::Abnormal).await;
         }
         was = Some(now);
+        // A rule in `observe` (or the shadow policy) would have turned the engine abnormal.
+        let (n, rule) = m.observed();
+        if n != observed {
+            observed = n;
+            let _ = request(&m, &client, &w, Trigger::Observe(rule)).await;
+        }
     }
 }
 

@@ -82,6 +82,10 @@ pub struct AgentSettings {
     pub admin_auth: AdminAuthConfig,
     /// The detection policy of every engine that does not name its own. Default `agent`.
     pub policy: policy::Policy,
+    /// The shadow policy of every engine that does not name its own: computed beside the
+    /// policy in force on the same evidence and recorded, never answered (docs/policy.md,
+    /// "The shadow policy"). Default none.
+    pub shadow_policy: Option<policy::Policy>,
     /// The integrations' agent-wide tables (`[agent.kubernetes]`), each the integration's
     /// own type (`KubernetesConfig::of(agent)`).
     #[serde(flatten)]
@@ -219,6 +223,7 @@ impl Default for AgentSettings {
             listeners: ListenerLimits::default(),
             admin_auth: AdminAuthConfig::default(),
             policy: policy::Policy::default(),
+            shadow_policy: None,
             tables: Tables::defaults(&tables::listed(), At::Agent),
             state_dir: None,
             fault_code_file: None,

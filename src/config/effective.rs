@@ -113,6 +113,7 @@ impl AgentConfig {
                     value: agent.policy,
                     source: "--policy".to_owned(),
                 },
+                shadow: agent.shadow_policy,
                 agent_policy: policy::AgentPolicy::default(),
                 qos_set: flags.qos_set.clone(),
             },

@@ -98,6 +98,9 @@ pub struct EngineSpec {
     pub policy: Sourced<policy::Policy>,
     /// The agent policy's settings (`[engine.agent_policy]`; used under `agent` only).
     pub agent_policy: policy::AgentPolicy,
+    /// The rules applied by the policy in force, and by the shadow (rules in `observe`, or
+    /// `shadow_policy`), when there is one.
+    pub judging: policy::Judgings,
     /// The integrations' tables (`[engine.actions]`, `[engine.kubernetes]`), each the
     /// integration's own type: `HaproxyMap::of(spec)`, shown as `actions` and `pod`.
     #[serde(flatten)]
@@ -111,6 +114,30 @@ impl EngineSpec {
     /// The one place the policy switch is read for behaviour.
     pub(crate) fn agent_policy_in_force(&self) -> Option<&policy::AgentPolicy> {
         (self.policy.value == policy::Policy::Agent).then_some(&self.agent_policy)
+    }
+
+    /// Recomputes the judgings after a test changed the policy or the `[engine.qos]` switches
+    /// of a parsed spec (the file's written keys are not known here: none).
+    #[cfg(test)]
+    pub(crate) fn rejudged(mut self) -> EngineSpec {
+        let shadow = self.judging.shadow.map(|s| s.policy);
+        self.judging = policy::judgings(
+            self.policy.value,
+            shadow,
+            &self.agent_policy,
+            &self.qos,
+            &[],
+        )
+        .expect("a test's spec judges");
+        self
+    }
+
+    /// The way `side` judges the engine; `None` for a shadow that is not configured.
+    pub(crate) fn judging(&self, side: policy::Side) -> Option<&policy::Judging> {
+        match side {
+            policy::Side::InForce => Some(&self.judging.in_force),
+            policy::Side::Shadow => self.judging.shadow.as_ref(),
+        }
     }
 
     /// `host:port` of the inference surface, IPv6 bracketed.
@@ -175,6 +202,8 @@ pub fn parse_visible_devices(s: &str) -> Result<Vec<u32>, String> {
 #[derive(Debug, Clone)]
 pub struct PolicyChoice {
     pub policy: Sourced<policy::Policy>,
+    /// `shadow_policy` (`[[engine]]`, else `[agent]`).
+    pub shadow: Option<policy::Policy>,
     pub agent_policy: policy::AgentPolicy,
     pub qos_set: Vec<String>,
 }
@@ -200,6 +229,21 @@ pub(super) fn build_engine(
         .agent_policy
         .validate()
         .map_err(|(k, m)| (format!("agent_policy.{k}"), m))?;
+    let judging = policy::judgings(
+        choice.policy.value,
+        choice.shadow,
+        &choice.agent_policy,
+        &qos,
+        &choice.qos_set,
+    )
+    .map_err(|(k, m)| {
+        let k = if k == "shadow_policy" {
+            k
+        } else {
+            format!("agent_policy.{k}")
+        };
+        (k, m)
+    })?;
     let devices = match devices {
         Some(d) => Sourced {
             value: Some(d),
@@ -248,6 +292,7 @@ pub(super) fn build_engine(
         qos,
         policy: choice.policy,
         agent_policy: choice.agent_policy,
+        judging,
         tables,
         origin,
     };

@@ -11,6 +11,7 @@
 
 use super::qos::QosConfig;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 pub use npu_health_wire::Policy;
@@ -69,6 +70,123 @@ pub struct AgentPolicy {
     /// Default 1 h; at most 24 h (the memory's reach).
     #[serde(with = "super::duration")]
     pub escalate_window: Duration,
+    /// The mode of every rule not named in `rules` (docs/policy.md, "Modes"). Default
+    /// `enforce`.
+    pub mode: Mode,
+    /// The mode of single rules, by docs/policy.md's number or name
+    /// (`{ no_sign_of_life = "observe", 12 = "off" }`).
+    pub rules: BTreeMap<String, Mode>,
+}
+
+/// What a rule of the agent policy does (docs/policy.md, "Modes").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// It decides: what `/status` answers and every action follow it.
+    #[default]
+    Enforce,
+    /// It is computed and recorded ("would have"), and never changes `/status` or an action.
+    Observe,
+    /// It is not computed.
+    Off,
+}
+
+impl Mode {
+    /// The word the configuration and the records use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Enforce => "enforce",
+            Mode::Observe => "observe",
+            Mode::Off => "off",
+        }
+    }
+}
+
+/// The rules of docs/policy.md by number (index + 1): the names the configuration takes.
+/// The evidence wing's rules take their names from here, and a test holds docs/policy.md's
+/// table to both.
+pub const RULE_NAMES: [&str; 12] = [
+    "health_grace",
+    "refused_at_once",
+    "not_counted_beside_failing_health",
+    "asleep_not_counted",
+    "fast_confirmation",
+    "busy_npu_falls_idle",
+    "stall_detection",
+    "driver_fault",
+    "qos_eviction",
+    "stopped_process",
+    "no_sign_of_life",
+    "learned_timeout",
+];
+
+/// The name of rule `id` (1-based); `""` for a number no rule has.
+pub const fn rule_name(id: u8) -> &'static str {
+    if id == 0 || id as usize > RULE_NAMES.len() {
+        ""
+    } else {
+        RULE_NAMES[id as usize - 1]
+    }
+}
+
+/// A set of rules of docs/policy.md, by number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub struct RuleSet(u16);
+
+impl RuleSet {
+    /// No rule.
+    pub const NONE: RuleSet = RuleSet(0);
+
+    /// Whether rule `id` is in the set.
+    pub const fn has(self, id: u8) -> bool {
+        id >= 1 && id <= 16 && self.0 & (1 << (id - 1)) != 0
+    }
+
+    /// The set with rule `id` in it too.
+    pub const fn with(self, id: u8) -> RuleSet {
+        RuleSet(self.0 | (1 << (id - 1)))
+    }
+
+    /// The set with rule `id` out of it.
+    pub const fn without(self, id: u8) -> RuleSet {
+        RuleSet(self.0 & !(1 << (id - 1)))
+    }
+
+    /// The rules in either set.
+    pub const fn union(self, other: RuleSet) -> RuleSet {
+        RuleSet(self.0 | other.0)
+    }
+
+    /// The numbers in the set, in order.
+    pub fn ids(self) -> impl Iterator<Item = u8> {
+        (1..=16u8).filter(move |&i| self.has(i))
+    }
+}
+
+/// One way of judging an engine: a policy and the rules of docs/policy.md it applies, with
+/// the two `[engine.qos]` switches its rules 7 and 9 read. The policy in force is one; the
+/// shadow (rules in `observe`, or `shadow_policy`) is another, computed on the same evidence.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Judging {
+    pub policy: Policy,
+    /// The rules it applies (under `reference`: only 7 and 9, when `[engine.qos]` turns them
+    /// on).
+    pub rules: RuleSet,
+    /// Rule 7's window (`qos.stall_window`), when it applies.
+    #[serde(with = "super::duration::option")]
+    pub stall_window: Option<Duration>,
+}
+
+impl Judging {
+    /// Whether it applies rule `id`.
+    pub fn applies(&self, id: u8) -> bool {
+        self.rules.has(id)
+    }
+
+    /// Whether it is the agent policy (its settings, `[engine.agent_policy]`, apply).
+    pub fn agent(&self) -> bool {
+        self.policy == Policy::Agent
+    }
 }
 
 impl Default for AgentPolicy {
@@ -83,6 +201,8 @@ impl Default for AgentPolicy {
             learned_timeout_floor: Duration::from_millis(500),
             escalate_after: 3,
             escalate_window: Duration::from_secs(3600),
+            mode: Mode::Enforce,
+            rules: BTreeMap::new(),
         }
     }
 }
@@ -103,7 +223,164 @@ impl AgentPolicy {
         LEARNED_TIMEOUT_FLOOR.check("learned_timeout_floor", self.learned_timeout_floor)?;
         ESCALATE_AFTER.check("escalate_after", self.escalate_after)?;
         ESCALATE_WINDOW.check("escalate_window", self.escalate_window)?;
+        for key in self.rules.keys() {
+            rule_id(key)?;
+        }
         Ok(())
+    }
+
+    /// The mode of rule `id`: its own line in `rules`, else `mode`.
+    pub fn mode_of(&self, id: u8) -> Mode {
+        self.rules
+            .iter()
+            .find(|(k, _)| rule_id(k).ok() == Some(id))
+            .map_or(self.mode, |(_, m)| *m)
+    }
+
+    /// The rules whose own switch is on: the `0s` switches of rules 10, 11 and 12.
+    fn switched_on(&self, id: u8) -> bool {
+        match id {
+            10 => !self.stopped_process_grace.is_zero(),
+            11 => !self.progress_window.is_zero(),
+            12 => !self.learned_timeout_floor.is_zero(),
+            _ => true,
+        }
+    }
+
+    /// The rules in one of `modes` whose switch is on (rules 7 and 9 also need their
+    /// `[engine.qos]` switch, `qos`).
+    fn in_modes(&self, modes: &[Mode], qos: &QosConfig) -> RuleSet {
+        (1..=RULE_NAMES.len() as u8)
+            .filter(|&id| modes.contains(&self.mode_of(id)) && self.switched_on(id))
+            .filter(|&id| qos_switch(id, qos))
+            .fold(RuleSet::NONE, RuleSet::with)
+    }
+}
+
+/// Rule 7 needs `qos.stall_detection`, rule 9 `qos.eviction` (with the score on).
+fn qos_switch(id: u8, qos: &QosConfig) -> bool {
+    match id {
+        7 => qos.stall_detection,
+        9 => qos.enabled && qos.eviction,
+        _ => true,
+    }
+}
+
+/// The rule a key of `[engine.agent_policy] rules` names: its number or its name.
+fn rule_id(key: &str) -> Result<u8, super::KeyError> {
+    let by_number = key.parse::<u8>().ok().filter(|&n| !rule_name(n).is_empty());
+    let by_name = || {
+        RULE_NAMES
+            .iter()
+            .position(|n| *n == key)
+            .map(|i| i as u8 + 1)
+    };
+    by_number.or_else(by_name).ok_or_else(|| {
+        let all: Vec<String> = RULE_NAMES
+            .iter()
+            .enumerate()
+            .map(|(i, n)| format!("{} {n}", i + 1))
+            .collect();
+        (
+            format!("rules.{key}"),
+            format!(
+                "names no rule of docs/policy.md; the rules are {}",
+                all.join(", ")
+            ),
+        )
+    })
+}
+
+/// Which of an engine's two judgings: the policy in force, or the shadow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Side {
+    /// What `/status` answers and every action follows.
+    InForce,
+    /// Computed on the same evidence and recorded; never answered.
+    Shadow,
+}
+
+/// How an engine is judged: by the policy in force, and by the shadow when there is one.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Judgings {
+    pub in_force: Judging,
+    pub shadow: Option<Judging>,
+}
+
+/// The policy in force and the shadow of an engine whose policy is `policy`, shadow policy
+/// `shadow`, agent-policy settings `a`, `[engine.qos]` `qos` (the preset of `policy` applied)
+/// and written keys `written`. `Err((key, message))` when the two cannot sit together.
+pub(crate) fn judgings(
+    policy: Policy,
+    shadow: Option<Policy>,
+    a: &AgentPolicy,
+    qos: &QosConfig,
+    written: &[String],
+) -> Result<Judgings, super::KeyError> {
+    let reference = |qos: &QosConfig| Judging {
+        policy: Policy::Reference,
+        rules: [7u8, 9]
+            .into_iter()
+            .filter(|&id| qos_switch(id, qos))
+            .fold(RuleSet::NONE, RuleSet::with),
+        stall_window: qos.stall_detection.then_some(qos.stall_window),
+    };
+    let agent = |modes: &[Mode], qos: &QosConfig| {
+        let rules = a.in_modes(modes, qos);
+        Judging {
+            policy: Policy::Agent,
+            rules,
+            stall_window: rules.has(7).then_some(qos.stall_window),
+        }
+    };
+    let observing = (1..=RULE_NAMES.len() as u8).any(|id| a.mode_of(id) == Mode::Observe);
+    let both = [Mode::Enforce, Mode::Observe];
+    match (policy, shadow) {
+        (p, Some(s)) if p == s => Err((
+            "shadow_policy".to_owned(),
+            format!("is the policy in force ({}); a shadow must differ", p.as_str()),
+        )),
+        (Policy::Agent, Some(Policy::Reference)) if observing => Err((
+            "shadow_policy".to_owned(),
+            "\"reference\" beside rules in observe mode: their records need the agent policy as the shadow; drop one".to_owned(),
+        )),
+        (Policy::Agent, Some(_)) => {
+            let mut plain = qos.clone();
+            undo_preset(&mut plain, written);
+            Ok(Judgings {
+                in_force: agent(&[Mode::Enforce], qos),
+                shadow: Some(reference(&plain)),
+            })
+        }
+        (Policy::Agent, None) => Ok(Judgings {
+            in_force: agent(&[Mode::Enforce], qos),
+            shadow: observing.then(|| agent(&both, qos)),
+        }),
+        (Policy::Reference, shadow) => {
+            let mut preset = qos.clone();
+            apply_preset(Policy::Agent, &mut preset, written);
+            Ok(Judgings {
+                in_force: reference(qos),
+                shadow: shadow.map(|_| agent(&both, &preset)),
+            })
+        }
+    }
+}
+
+/// The `[engine.qos]` keys as the reference reads them: the agent preset's keys back to
+/// their defaults where the file did not write them.
+fn undo_preset(qos: &mut QosConfig, written: &[String]) {
+    let d = QosConfig::default();
+    let set = |names: &[&str]| names.iter().any(|n| written.iter().any(|w| w == n));
+    for (key, names) in PRESET_KEYS {
+        if set(names) {
+            continue;
+        }
+        match key {
+            "stall_detection" => qos.stall_detection = d.stall_detection,
+            "eviction" => qos.eviction = d.eviction,
+            _ => qos.stall_window = d.stall_window,
+        }
     }
 }
 
@@ -196,5 +473,95 @@ mod tests {
         let (k, m) = bad.validate().unwrap_err();
         assert_eq!(k, "escalate_window");
         assert!(m.contains("outside"), "{m}");
+    }
+
+    fn judged(text: &str) -> Result<Judgings, String> {
+        let head = "[[engine]]\nengine_type = \"vllm\"\nserved_model_name = \"m\"\nhost = \"127.0.0.1\"\nport = 8000\nmgmt_port = 9001\nengine_env = {}\n";
+        crate::config::file::parse(&format!("{head}{text}"), std::path::Path::new("/x/a.toml"))
+            .map(|c| c.engines[0].judging)
+            .map_err(|e| e.to_string())
+    }
+
+    fn ids(r: RuleSet) -> Vec<u8> {
+        r.ids().collect()
+    }
+
+    // A rule's mode by number or name, every other the default `mode`; the policy in force
+    // applies the rules in `enforce`, the shadow those in `observe` too.
+    #[test]
+    fn each_rule_takes_its_mode_by_number_or_name_and_the_shadow_enforces_those_in_observe() {
+        let all: Vec<u8> = (1..=12).collect();
+        let plain = judged("").unwrap();
+        assert_eq!(
+            ids(plain.in_force.rules),
+            all,
+            "every rule, the preset's 7 and 9 too"
+        );
+        assert_eq!(plain.shadow, None, "no rule in observe: no shadow");
+        let j = judged(
+            "[engine.agent_policy]\nrules = { no_sign_of_life = \"observe\", 12 = \"off\" }\n",
+        )
+        .unwrap();
+        assert_eq!(ids(j.in_force.rules), (1..=10).collect::<Vec<_>>());
+        let shadow = j.shadow.unwrap();
+        assert_eq!(
+            (shadow.policy, ids(shadow.rules)),
+            (Policy::Agent, (1..=11).collect())
+        );
+        let j = judged("[engine.agent_policy]\nmode = \"observe\"\nrules = { 5 = \"enforce\" }\n")
+            .unwrap();
+        assert_eq!(ids(j.in_force.rules), [5]);
+        assert_eq!(ids(j.shadow.unwrap().rules), all);
+        assert_eq!(j.in_force.stall_window, None, "rule 7 in observe");
+        assert_eq!(j.shadow.unwrap().stall_window, Some(AGENT_STALL_WINDOW));
+        let j = judged("[engine.agent_policy]\nmode = \"off\"\n").unwrap();
+        assert_eq!((ids(j.in_force.rules), j.shadow), (vec![], None));
+    }
+
+    // `shadow_policy` beside the policy in force, either way round; the reference's shadow
+    // reads `[engine.qos]` without the agent's preset, the agent's shadow with it.
+    #[test]
+    fn a_shadow_policy_sits_beside_the_policy_in_force_either_way_round() {
+        let j = judged("policy = \"reference\"\nshadow_policy = \"agent\"\n").unwrap();
+        assert_eq!(
+            (j.in_force.policy, ids(j.in_force.rules)),
+            (Policy::Reference, vec![])
+        );
+        let shadow = j.shadow.unwrap();
+        assert_eq!(ids(shadow.rules), (1..=12).collect::<Vec<_>>());
+        assert_eq!(shadow.stall_window, Some(AGENT_STALL_WINDOW));
+        let j = judged("shadow_policy = \"reference\"\n").unwrap();
+        assert_eq!(j.in_force.policy, Policy::Agent);
+        let shadow = j.shadow.unwrap();
+        assert_eq!(
+            (shadow.policy, ids(shadow.rules), shadow.stall_window),
+            (Policy::Reference, vec![], None)
+        );
+        let j = judged("policy = \"reference\"\nshadow_policy = \"agent\"\n[engine.agent_policy]\nrules = { qos_eviction = \"off\" }\n").unwrap();
+        assert!(!j.shadow.unwrap().applies(9));
+    }
+
+    // Each wrong combination names the key and what to do.
+    #[test]
+    fn a_rule_that_does_not_exist_or_a_shadow_that_cannot_be_is_refused_with_its_key() {
+        let e =
+            judged("[engine.agent_policy]\nrules = { no_such_rule = \"observe\" }\n").unwrap_err();
+        assert!(
+            e.contains("agent_policy.rules.no_such_rule") && e.contains("11 no_sign_of_life"),
+            "{e}"
+        );
+        let e = judged("[engine.agent_policy]\nrules = { 13 = \"off\" }\n").unwrap_err();
+        assert!(e.contains("rules.13"), "{e}");
+        let e = judged("[engine.agent_policy]\nrules = { 5 = \"maybe\" }\n").unwrap_err();
+        assert!(e.contains("maybe") && e.contains("observe"), "{e}");
+        let e = judged("shadow_policy = \"agent\"\n").unwrap_err();
+        assert!(
+            e.contains("shadow_policy") && e.contains("must differ"),
+            "{e}"
+        );
+        let e =
+            judged("shadow_policy = \"reference\"\n[engine.agent_policy]\nmode = \"observe\"\n")
+                .unwrap_err();
+        assert!(e.contains("shadow_policy") && e.contains("observe"), "{e}");
     }
 }

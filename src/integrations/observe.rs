@@ -101,5 +101,7 @@ pub(crate) async fn run(m: Arc<Monitor>, cancel: CancellationToken) {
             m.journal().push(e);
         }
         last = Some(ObservedState::of(&a));
+        // The rules' and the shadow's records, on the same beat.
+        m.observe_rules();
     }
 }

@@ -54,6 +54,7 @@
 
 use super::inputs::CapacityWaiting;
 use crate::config::Timing;
+use crate::config::policy::RuleSet;
 use crate::driver::fault_levels::FaultLevel;
 use crate::probe::outcome::{Accounting, ProbeFailure};
 use crate::sampler::faults::NpuFault;
@@ -82,6 +83,9 @@ pub(crate) struct Rules {
 /// The agent policy's accounting settings (`[engine.agent_policy]`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct AgentRules {
+    /// The rules of docs/policy.md it applies (those in `enforce` for the policy in force;
+    /// with those in `observe` too for the shadow).
+    pub rules: RuleSet,
     /// Confirmed counted failures that make the engine abnormal.
     pub confirm_failures: i64,
     /// Sleep before a confirming re-probe.
@@ -246,13 +250,14 @@ fn agent_first(rules: &Rules, obs: &Observation) -> Option<Accounted> {
         why: Some(why.to_owned()),
         stalled: None,
     };
-    if obs.health_failed {
+    let on = |id| rules.agent.is_some_and(|a| a.rules.has(id));
+    if obs.health_failed && on(3) {
         return Some(keep(
             Accounting::UnchangedHealthFailing,
             "the engine's /health fails too; its grace decides",
         ));
     }
-    if obs.asleep {
+    if obs.asleep && on(4) {
         return Some(keep(
             Accounting::UnchangedAsleep,
             "the engine is asleep (vllm:engine_sleep_state)",
@@ -261,6 +266,7 @@ fn agent_first(rules: &Rules, obs: &Observation) -> Option<Accounted> {
     let e = obs.failure.as_ref()?;
     if let Some(f) = &obs.driver_fault
         && f.level >= CONFIRM_LEVEL
+        && on(8)
     {
         return Some(Accounted {
             accounting: Accounting::DriverFault,
@@ -413,7 +419,10 @@ fn counted(
 ) -> Accounted {
     let count = before + 1;
     let fast = rules.agent.is_some_and(|a| {
-        confirmed && count >= a.confirm_failures && count < rules.max_failure_count
+        a.rules.has(5)
+            && confirmed
+            && count >= a.confirm_failures
+            && count < rules.max_failure_count
     });
     Accounted {
         accounting,
@@ -454,6 +463,8 @@ pub(crate) fn next_sleep(
 ) -> Option<(Duration, Option<Duration>)> {
     let agent = rules.agent?;
     match a.accounting {
+        // Rule 5's re-probe.
+        Accounting::Incremented | Accounting::IncrementedStalled if !agent.rules.has(5) => None,
         Accounting::Incremented => Some((
             agent.confirm_interval,
             Some(confirm_timeout(&agent, timing, obs.last_ok_latency)),
@@ -602,6 +613,7 @@ mod tests {
         Rules {
             stall_window: Some(S(30)),
             agent: Some(AgentRules {
+                rules: (1..=12).fold(RuleSet::NONE, RuleSet::with),
                 confirm_failures: 2,
                 confirm_interval: S(1),
                 confirm_timeout: S(2),

@@ -23,7 +23,8 @@
 //! accounting and the verdict's words, as plain functions), [`vi_state`] (virtual inference's
 //! shared state), [`inputs`] (what the loops read besides the probe), [`gates`] (the
 //! conditions for virtual inference to run), [`episodes`] (the restart-loop memory: the
-//! `abnormal` episodes of the last day, and the escalation they make).
+//! `abnormal` episodes of the last day, and the escalation they make), [`shadow`] (the records
+//! of the rules' modes and of the shadow policy).
 
 pub(crate) mod account;
 pub(crate) mod acted;
@@ -33,6 +34,7 @@ pub(crate) mod gates;
 pub(crate) mod inputs;
 pub(crate) mod journal;
 pub(crate) mod saved;
+pub(crate) mod shadow;
 pub(crate) mod snapshot;
 pub(crate) mod verdict;
 pub(crate) mod vi_state;
@@ -70,6 +72,8 @@ pub struct Monitor {
     devices: Vec<u16>,
     /// [`HealthState`] as a `u8`, read by every `/status`.
     health: AtomicU8,
+    /// The same as the shadow judges it (its rules 1 and 2 may differ); read by the observer.
+    shadow_health: AtomicU8,
     health_detail: Mutex<HealthSeen>,
     /// The one-shot start latch of the reference's `/status`.
     started: AtomicBool,
@@ -98,6 +102,8 @@ pub struct Monitor {
     /// What the evidence bundles of the engine's verdicts came to (`crate::bundles` writes
     /// it; `/status/detail`'s `evidence`).
     evidence: Mutex<npu_health_wire::EvidenceRecord>,
+    /// The rules' firings and the shadow's turns and disagreements ([`shadow`]).
+    records: shadow::Records,
 }
 
 impl Monitor {
@@ -110,6 +116,7 @@ impl Monitor {
             spec,
             devices,
             health: AtomicU8::new(HealthState::NeverAnswered.to_u8()),
+            shadow_health: AtomicU8::new(HealthState::NeverAnswered.to_u8()),
             health_detail: Mutex::new(HealthSeen::default()),
             started: AtomicBool::new(false),
             start: Notify::new(),
@@ -125,6 +132,7 @@ impl Monitor {
             stopped: Mutex::new(None),
             episodes: episodes::Episodes::default(),
             evidence: Mutex::default(),
+            records: shadow::Records::default(),
         }
     }
 

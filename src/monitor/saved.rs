@@ -17,7 +17,7 @@
 //! calls [`Monitor::forget`] on a mismatch.
 
 use super::verdict::HealthState;
-use super::{Monitor, acted, episodes, vi_state};
+use super::{Monitor, acted, episodes, shadow, vi_state};
 use crate::config::EngineSpec;
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::Ordering;
@@ -46,6 +46,9 @@ pub(crate) struct EngineState {
     /// a file written before reads as before.
     #[serde(default, skip_serializing_if = "episodes::Saved::is_empty")]
     pub episodes: episodes::Saved,
+    /// The shadow's turns and disagreements ([`super::shadow`]); absent while empty.
+    #[serde(default, skip_serializing_if = "shadow::Saved::is_empty")]
+    pub shadow: shadow::Saved,
     /// What each integration keeps, under its own keys, after the monitor's (the Kubernetes
     /// API mode: `kubernetes`, `eviction_gate`).
     #[serde(flatten)]
@@ -188,6 +191,7 @@ impl Monitor {
             vi,
             qos: self.qos.saved(),
             episodes: self.episodes_saved(),
+            shadow: self.records_saved(),
             kept: self.acted.saved(),
         }
     }
@@ -228,6 +232,7 @@ impl Monitor {
         // The restart-loop memory is the engine's, not one process's nor one setting's: kept
         // whatever `carry` says.
         self.restore_episodes(&s.episodes);
+        self.restore_records(&s.shadow);
     }
 
     /// Forgets a restored state that turned out to belong to another engine process (it

@@ -55,6 +55,8 @@ impl Monitor {
             actions: self.actions(),
             episodes: self.episode_summary().into(),
             evidence: self.evidence(),
+            rules: self.rule_records(),
+            shadow: self.shadow_record(),
         }
     }
 

@@ -376,7 +376,7 @@ fn stuck_metrics(kv: f64) -> crate::probe::engine_metrics::EngineMetrics {
 fn qos_spec(eviction: bool) -> EngineSpec {
     let mut s = spec("enable_virtual_inference = true");
     s.qos.eviction = eviction;
-    s
+    s.rejudged()
 }
 
 // The QoS task scrapes and evaluates on its periods; a stuck engine (no progress, KV
@@ -734,7 +734,7 @@ async fn a_process_stopped_all_along_is_abnormal_after_the_grace() {
     use crate::probe::process::{Lookup, ProcState};
     let mut agent = spec("");
     agent.policy.value = crate::config::policy::Policy::Agent;
-    let m = Monitor::new(agent, vec![0]);
+    let m = Monitor::new(agent.rejudged(), vec![0]);
     m.record_health(&outcome("ok"), true);
     let found = |ticks: u64, state: ProcState| Lookup::Found {
         pid: 10,
@@ -808,7 +808,7 @@ async fn the_engine_processes_in_sight_or_why_not_is_a_condition() {
 fn a_health_failure_within_the_grace_ends_with_its_cause() {
     let mut agent = spec("enable_virtual_inference = true");
     agent.policy.value = crate::config::policy::Policy::Agent;
-    let st = Monitor::new(agent, vec![0]);
+    let st = Monitor::new(agent.rejudged(), vec![0]);
     st.record_health(&outcome("ok"), true);
     let cause = crate::probe::outcome::ProbeFailure::Status(503).to_string();
     st.record_health(

@@ -49,6 +49,25 @@ pub(crate) struct Saved {
     pub failure_count: i64,
     pub interval_ms: u64,
     pub last_probe: Option<ProbeRecord>,
+    /// The shadow's count and latched `abnormal` ([`ShadowCount`]); absent when there is no
+    /// shadow, so a state without one reads and writes as before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shadow: Option<ShadowCount>,
+}
+
+/// The shadow's accounting of the same probes (docs/policy.md, "Modes"): its own failure
+/// count, and its own latched `abnormal` with the rule behind it. The probes are the policy
+/// in force's; the shadow only counts them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub(crate) struct ShadowCount {
+    pub count: i64,
+    /// Why the shadow's virtual inference is abnormal, and by which rule (`None`: the
+    /// reference's own count).
+    pub abnormal: Option<(String, Option<u8>)>,
+    /// The rule that last kept a failure out of the shadow's count while the policy in force
+    /// counted it (3 or 4): why the shadow would have stayed normal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_by: Option<u8>,
 }
 
 /// Upper bounds of the detection histogram, seconds: the agent policy confirms an idle hang
@@ -122,6 +141,8 @@ pub(crate) struct ViState {
     abnormal_reason: Mutex<Option<String>>,
     /// The docs/policy.md rule behind `abnormal`; 0: none (the reference's own).
     abnormal_rule: AtomicU8,
+    /// The shadow's accounting (only the loop and the observer read it: off `/status`'s path).
+    shadow: Mutex<ShadowCount>,
 }
 
 impl ViState {
@@ -224,6 +245,30 @@ impl ViState {
         }
     }
 
+    /// The shadow's accounting now.
+    pub(crate) fn shadow(&self) -> ShadowCount {
+        self.shadow
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Applies one probe's shadow accounting (`rule`: what made it abnormal, when it did;
+    /// `held_by`: the rule that kept the failure out of the count, when one did).
+    pub(super) fn apply_shadow(&self, a: &Accounted, rule: Option<u8>, held_by: Option<u8>) {
+        let mut s = self.shadow.lock().unwrap_or_else(|p| p.into_inner());
+        if s.abnormal.is_some() {
+            return;
+        }
+        s.count = a.count;
+        if let Some(why) = &a.abnormal {
+            s.abnormal = Some((why.clone(), rule));
+        }
+        if held_by.is_some() || a.count == 0 {
+            s.held_by = held_by;
+        }
+    }
+
     /// What outlives the agent process ([`Saved`]).
     pub(crate) fn saved(&self) -> Saved {
         Saved {
@@ -235,6 +280,7 @@ impl ViState {
             failure_count: self.failure_count(),
             interval_ms: self.interval().as_millis() as u64,
             last_probe: self.last_probe().map(|p| p.record),
+            shadow: Some(self.shadow()).filter(|s| *s != ShadowCount::default()),
         }
     }
 
@@ -257,6 +303,8 @@ impl ViState {
                 record,
             });
         self.set_phase(if s.abnormal { Phase::Stopped } else { s.phase });
+        *self.shadow.lock().unwrap_or_else(|p| p.into_inner()) =
+            s.shadow.clone().unwrap_or_default();
     }
 
     /// Back to the initial state (the engine restarted): not started, not abnormal, count 0,
@@ -270,6 +318,7 @@ impl ViState {
             .unwrap_or_else(|p| p.into_inner()) = None;
         self.warmup_done.store(false, Ordering::Release);
         self.failure_count.store(0, Ordering::Release);
+        *self.shadow.lock().unwrap_or_else(|p| p.into_inner()) = ShadowCount::default();
         self.set_phase(Phase::NotStarted);
     }
 

@@ -13,4 +13,5 @@ mod kubelet_probes;
 mod probe_keepalive;
 mod qos_e2e;
 mod sglang_e2e;
+mod shadow_e2e;
 mod wire_shapes;

@@ -3,7 +3,8 @@
 
 use crate::{
     ActionRecord, Condition, EngineQos, EvidenceRecord, FaultEffect, FaultLevel, HealthDetail,
-    KubeRecord, Phase, Policy, ProbeRecord, Role, RouterSeen, SourceReason, Status,
+    KubeRecord, Phase, Policy, ProbeRecord, Role, RouterSeen, RuleRecord, ShadowRecord,
+    SourceReason, Status,
 };
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
@@ -50,6 +51,12 @@ pub struct EngineDetail {
     /// The engine's `abnormal` episodes and whether they make a restart loop.
     #[serde(default)]
     pub episodes: AbnormalEpisodes,
+    /// Every rule of docs/policy.md: its mode here and how often it fired.
+    #[serde(default)]
+    pub rules: Vec<RuleRecord>,
+    /// The shadow beside the policy in force; `null` without one.
+    #[serde(default)]
+    pub shadow: Option<ShadowRecord>,
 }
 
 /// The engine's `abnormal` episodes (one begins when the verdict turns `abnormal`, and ends

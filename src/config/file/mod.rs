@@ -90,6 +90,7 @@ struct AgentTable {
     #[serde(with = "duration")]
     stall_timeout: Duration,
     policy: Policy,
+    shadow_policy: Option<Policy>,
     /// `[agent.kubernetes]`, the Kubernetes API mode's (read by its reader).
     kubernetes: Slot,
     state_dir: Option<PathBuf>,
@@ -130,6 +131,7 @@ impl Default for AgentTable {
             idle_timeout: d.listeners.idle_timeout,
             stall_timeout: d.listeners.stall_timeout,
             policy: d.policy,
+            shadow_policy: None,
             kubernetes: None,
             state_dir: None,
             fault_code_file: None,
@@ -175,6 +177,7 @@ struct EngineTable {
     #[serde(default)]
     qos: QosConfig,
     policy: Option<Policy>,
+    shadow_policy: Option<Policy>,
     #[serde(default)]
     agent_policy: AgentPolicy,
     // The integrations' tables (read by their readers): `[engine.actions]`'s keys,
@@ -272,6 +275,7 @@ pub(crate) fn parse_with(
                     },
                 },
             },
+            shadow: t.shadow_policy.or(agent.shadow_policy),
             agent_policy: t.agent_policy.clone(),
             qos_set: written.qos.get(i).cloned().unwrap_or_default(),
         };
@@ -383,6 +387,7 @@ fn agent_settings(
             }),
         },
         policy: t.policy,
+        shadow_policy: t.shadow_policy,
         state_dir: t.state_dir.as_ref().map(|p| base_rel(base, p)),
         fault_code_file: t.fault_code_file.as_ref().map(|p| base_rel(base, p)),
         npu_exporter_names: t.npu_exporter_names,

@@ -4,7 +4,7 @@
 //!
 //! Its finding: `/health` answered before and fails now (past the grace, or refused).
 
-use super::{Finding, Kind, Loops, Rule, RuleId, Source, Task};
+use super::{Finding, Kind, Loops, Rule, RuleId, Side, Source, Task};
 use crate::monitor::verdict::HealthState;
 use crate::monitor::{HealthDetail, Monitor};
 use crate::probe::health::{HealthCollector, HealthOutcome, HealthTransport, Transport};
@@ -49,18 +49,18 @@ impl Source for Health {
         &[GRACE, REFUSED, BESIDE_FAILING]
     }
 
-    fn finding(&self, m: &Monitor) -> Option<Finding> {
-        if m.health() != HealthState::Unhealthy {
+    fn finding(&self, m: &Monitor, side: Side) -> Option<Finding> {
+        if m.health_on(side) != HealthState::Unhealthy {
             return None;
         }
-        // Under the reference a failing /health is abnormal by its own rule, not one of ours.
-        let rule =
-            m.spec
-                .agent_policy_in_force()
-                .map(|_| match m.health_detail().last_transport_error {
-                    Some(Transport::Refused) => REFUSED.id,
-                    _ => GRACE.id,
-                });
+        // Without rules 1 and 2 a failing /health is abnormal by the reference's own rule.
+        let j = m.spec.judging(side)?;
+        let refused = m.health_detail().last_transport_error == Some(Transport::Refused);
+        let rule = if refused && j.applies(REFUSED.id.0) {
+            Some(REFUSED.id)
+        } else {
+            j.applies(GRACE.id.0).then_some(GRACE.id)
+        };
         Some(Finding {
             kind: Kind::Health,
             rule,
@@ -119,6 +119,14 @@ impl Monitor {
     /// `/health` as the verdict reads it.
     pub(super) fn health(&self) -> HealthState {
         HealthState::from_u8(self.health.load(Ordering::Acquire))
+    }
+
+    /// `/health` as `side` judges it (the shadow's grace may differ).
+    pub(in crate::monitor) fn health_on(&self, side: Side) -> HealthState {
+        match side {
+            Side::InForce => self.health(),
+            Side::Shadow => HealthState::from_u8(self.shadow_health.load(Ordering::Acquire)),
+        }
     }
 
     /// Whether `/health` failed at or after `since` (the agent policy's accounting).
@@ -196,11 +204,20 @@ impl Monitor {
         let failing_for = seen.failing_since.map(|t| now.saturating_duration_since(t));
         let d = &mut seen.detail;
         d.failing_for_ms = failing_for.map(|f| f.as_millis() as u64);
-        let grace = self.spec.agent_policy_in_force().map(|a| Grace {
-            grace: a.health_failure_grace,
+        // Rules 1 and 2, as each side applies them.
+        let grace = Grace {
+            grace: self.spec.agent_policy.health_failure_grace,
             failing_for: failing_for.unwrap_or_default(),
-        });
-        let after = judge(outcome, excuse.is_some(), grace);
+        };
+        let on = |j: &crate::config::policy::Judging| Rules {
+            grace: j.applies(GRACE.id.0).then_some(grace),
+            refused_at_once: j.applies(REFUSED.id.0),
+        };
+        let after = judge(outcome, excuse.is_some(), on(&self.spec.judging.in_force));
+        if let Some(shadow) = &self.spec.judging.shadow {
+            let s = judge(outcome, excuse.is_some(), on(shadow));
+            self.shadow_health.store(s.to_u8(), Ordering::Release);
+        }
         d.probes += 1;
         d.has_connected = has_connected;
         d.last_transport_error = match outcome {
@@ -348,20 +365,38 @@ pub(crate) struct Grace {
     pub failing_for: std::time::Duration,
 }
 
-/// The `/health` state after one outcome, given its [`excuse`] and, under the agent policy,
-/// its [`Grace`] (`None`: the reference's verdict).
-pub(crate) fn judge(outcome: &HealthOutcome, excused: bool, grace: Option<Grace>) -> HealthState {
+/// Rules 1 and 2 as one side applies them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Rules {
+    /// Rule 1's grace (`None`: the reference's verdict, every failure at once).
+    pub grace: Option<Grace>,
+    /// Rule 2: a refused connection is abnormal at once, grace or not.
+    pub refused_at_once: bool,
+}
+
+#[cfg(test)]
+impl Rules {
+    /// The reference's: no grace.
+    pub(crate) const REFERENCE: Rules = Rules {
+        grace: None,
+        refused_at_once: true,
+    };
+}
+
+/// The `/health` state after one outcome, given its [`excuse`] and the [`Rules`] in force.
+pub(crate) fn judge(outcome: &HealthOutcome, excused: bool, rules: Rules) -> HealthState {
+    let grace = rules.grace;
     match outcome {
         HealthOutcome::Healthy => HealthState::Healthy,
         HealthOutcome::Unhealthy {
             timed_out: true, ..
         } if excused => HealthState::Slow,
         HealthOutcome::Unhealthy { .. } if excused => HealthState::AgentError,
-        // Nothing listens: the engine process is gone, which is reported at once.
+        // Nothing listens: the engine process is gone, which is reported at once (rule 2).
         HealthOutcome::Unhealthy {
             transport: Some(Transport::Refused),
             ..
-        } => HealthState::Unhealthy,
+        } if rules.refused_at_once => HealthState::Unhealthy,
         HealthOutcome::Unhealthy { .. } if grace.is_some_and(|g| g.failing_for < g.grace) => {
             HealthState::Failing
         }
@@ -435,7 +470,7 @@ mod tests {
                 serving.then(|| "a virtual request succeeded".to_owned())
             });
             assert_eq!(
-                judge(&out, why.is_some(), None),
+                judge(&out, why.is_some(), Rules::REFERENCE),
                 want,
                 "{o} rule {rule} serving {serving}"
             );
@@ -481,8 +516,26 @@ mod tests {
             ),
         ];
         for (o, excused, grace, want) in rows {
-            assert_eq!(judge(&outcome(o), excused, grace), want, "{o} {grace:?}");
+            let rules = Rules {
+                grace,
+                refused_at_once: true,
+            };
+            assert_eq!(judge(&outcome(o), excused, rules), want, "{o} {grace:?}");
         }
+        // Rule 2 off (its mode `off` or `observe`): a refusal has the grace too.
+        let without_2 = |grace| Rules {
+            grace,
+            refused_at_once: false,
+        };
+        assert_eq!(judge(&outcome("refused"), false, without_2(g(3))), Failing);
+        assert_eq!(
+            judge(&outcome("refused"), false, without_2(g(15))),
+            Unhealthy
+        );
+        assert_eq!(
+            judge(&outcome("refused"), false, without_2(None)),
+            Unhealthy
+        );
     }
 
     // Sequences of /health outcomes on an engine whose virtual inference is abnormal (or

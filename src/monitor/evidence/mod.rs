@@ -29,6 +29,7 @@ mod seam_tests;
 use super::Monitor;
 use super::verdict::{HealthState, Status};
 use super::vi_state::Phase;
+pub(crate) use crate::config::policy::Side;
 use crate::probe::http::EngineClient;
 use crate::sampler::Shared;
 use std::future::Future;
@@ -62,15 +63,23 @@ pub trait Source: Sync {
         &[]
     }
 
-    /// What its evidence says of `m` now: `Some` when one of its rules makes the engine
-    /// abnormal. Read at every `/status`: atomics and short locks only.
-    fn finding(&self, _m: &Monitor) -> Option<Finding> {
+    /// What its evidence says of `m` now, as `side` judges: `Some` when one of the rules
+    /// `side` applies makes the engine abnormal. Read at every `/status` (the policy in
+    /// force) and by the observer (the shadow): atomics and short locks only.
+    fn finding(&self, _m: &Monitor, _side: Side) -> Option<Finding> {
         None
     }
 
     /// Why `finding` made the engine abnormal, in words (`/status/detail`'s `reason`).
     fn reason(&self, _m: &Monitor, _finding: &Finding) -> String {
         String::new()
+    }
+
+    /// Why `finding` made the engine abnormal as `side` judges (the shadow's own words where
+    /// they differ, as for virtual inference's own count).
+    fn reason_on(&self, m: &Monitor, finding: &Finding, side: Side) -> String {
+        let _ = side;
+        self.reason(m, finding)
     }
 
     /// Its loop for the engine `m`, if it runs one, until `cancel`.
@@ -178,19 +187,49 @@ impl Monitor {
     /// The status and, when abnormal, the source and its finding: the cheap half of the
     /// verdict, which `/status` reads at every poll.
     fn judged(&self) -> (Status, Option<(&'static dyn Source, Finding)>) {
+        let judged = self.judged_on(Side::InForce);
+        // The restart-loop memory notes the change wherever the verdict is read: one atomic
+        // load per read ([`super::episodes`]).
+        self.note_episode(judged.1.is_some());
+        judged
+    }
+
+    /// The status and its source and finding as `side` judges (the shadow: as if it were in
+    /// force, on the same evidence).
+    fn judged_on(&self, side: Side) -> (Status, Option<(&'static dyn Source, Finding)>) {
         if self.health() == HealthState::NeverAnswered {
             return (Status::Initial, None);
         }
         let found = SOURCES
             .iter()
-            .find_map(|s| s.finding(self).map(|f| (*s, f)));
-        // The restart-loop memory notes the change wherever the verdict is read: one atomic
-        // load per read ([`super::episodes`]).
-        self.note_episode(found.is_some());
+            .find_map(|s| s.finding(self, side).map(|f| (*s, f)));
         match found {
             Some(found) => (Status::Abnormal, Some(found)),
             None => (Status::Normal, None),
         }
+    }
+
+    /// The shadow's verdict (rules in `observe`, or `shadow_policy`): what `/status` would
+    /// answer if it were in force. `None` without a shadow. Never served.
+    pub(crate) fn shadow_verdict(&self) -> Option<Verdict> {
+        self.spec.judging.shadow?;
+        let (status, found) = self.judged_on(Side::Shadow);
+        let reason = match &found {
+            Some((source, finding)) => source.reason_on(self, finding, Side::Shadow),
+            None => match status {
+                Status::Initial => "the engine's /health has not answered yet".to_owned(),
+                _ => "no rule of the shadow makes the engine abnormal".to_owned(),
+            },
+        };
+        Some(Verdict {
+            status,
+            cause: found.map(|(source, f)| Cause {
+                source: source.name(),
+                kind: f.kind,
+                rule: f.rule,
+            }),
+            reason,
+        })
     }
 
     /// The verdict for `/status`; the first healthy call starts virtual inference.
@@ -306,6 +345,16 @@ pub(in crate::monitor) mod tests {
                 Some(named),
                 "rule {id} in docs/policy.md, not so in the code"
             );
+        }
+    }
+
+    // `[engine.agent_policy] rules` takes the names the wing lists, and no other.
+    #[test]
+    fn the_configuration_names_every_rule_as_the_wing_does() {
+        let code = shipped();
+        assert_eq!(code.len(), crate::config::policy::RULE_NAMES.len());
+        for (id, (name, _)) in &code {
+            assert_eq!(crate::config::policy::rule_name(*id), name, "rule {id}");
         }
     }
 

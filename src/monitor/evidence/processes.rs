@@ -4,7 +4,7 @@
 //!
 //! Its finding: one of them stopped past `agent_policy.stopped_process_grace`.
 
-use super::{Finding, Kind, Loops, Rule, RuleId, Source, Task};
+use super::{Finding, Kind, Loops, Rule, RuleId, Side, Source, Task};
 use crate::monitor::Monitor;
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,8 +30,8 @@ impl Source for Processes {
         &[STOPPED]
     }
 
-    fn finding(&self, m: &Monitor) -> Option<Finding> {
-        m.engine_stopped().then_some(Finding {
+    fn finding(&self, m: &Monitor, side: Side) -> Option<Finding> {
+        m.engine_stopped_on(side).then_some(Finding {
             kind: Kind::EngineStopped,
             rule: Some(STOPPED.id),
         })
@@ -46,11 +46,12 @@ impl Source for Processes {
         )
     }
 
-    /// Under the agent policy, when the rule is on.
+    /// When the policy in force or the shadow applies the rule.
     fn task(&self, m: &Arc<Monitor>, _: &Loops<'_>, cancel: &CancellationToken) -> Option<Task> {
-        m.spec
-            .agent_policy_in_force()
-            .is_some_and(|a| !a.stopped_process_grace.is_zero())
+        [Side::InForce, Side::Shadow]
+            .into_iter()
+            .filter_map(|side| m.spec.judging(side))
+            .any(|j| j.applies(STOPPED.id.0))
             .then(|| -> Task {
                 Box::pin(process_task(
                     m.clone(),
@@ -172,12 +173,13 @@ impl Monitor {
         stopped.map(|(pid, _, since)| (pid, since.elapsed()))
     }
 
-    /// The agent policy's stopped-process rule holds now (off under the reference policy).
-    pub(crate) fn engine_stopped(&self) -> bool {
+    /// The stopped-process rule holds now, as `side` applies it.
+    pub(crate) fn engine_stopped_on(&self, side: Side) -> bool {
         let grace = self
             .spec
-            .agent_policy_in_force()
-            .map(|a| a.stopped_process_grace);
+            .judging(side)
+            .filter(|j| j.applies(STOPPED.id.0))
+            .map(|_| self.spec.agent_policy.stopped_process_grace);
         stopped(self.stopped_for().map(|(_, d)| d), grace)
     }
 }

@@ -5,7 +5,7 @@
 //! Its finding: a held `evict` level with `qos.eviction` on.
 
 use super::driver_faults::sub_health;
-use super::{Finding, Kind, Loops, Rule, RuleId, Source, Task};
+use super::{Finding, Kind, Loops, Rule, RuleId, Side, Source, Task};
 use crate::monitor::Monitor;
 use crate::monitor::inputs::{PeakSource, RingPeaks};
 use crate::probe::MetricsSource;
@@ -34,8 +34,8 @@ impl Source for Qos {
         &[EVICTION]
     }
 
-    fn finding(&self, m: &Monitor) -> Option<Finding> {
-        m.qos_evicts().then_some(Finding {
+    fn finding(&self, m: &Monitor, side: Side) -> Option<Finding> {
+        m.qos_evicts_on(side).then_some(Finding {
             kind: Kind::QosEviction,
             rule: Some(EVICTION.id),
         })
@@ -68,8 +68,15 @@ impl Source for Qos {
 impl Monitor {
     /// `qos.eviction` is on and the QoS level is a held `evict`.
     pub(in crate::monitor) fn qos_evicts(&self) -> bool {
-        let q = &self.spec.qos;
-        q.enabled && q.eviction && self.qos.level() == Level::Evict
+        self.qos_evicts_on(Side::InForce)
+    }
+
+    /// A held `evict`, with rule 9 applied by `side`.
+    pub(in crate::monitor) fn qos_evicts_on(&self, side: Side) -> bool {
+        self.spec
+            .judging(side)
+            .is_some_and(|j| j.applies(EVICTION.id.0))
+            && self.qos.level() == Level::Evict
     }
 }
 

@@ -36,7 +36,7 @@ impl Source for Canary {
         &[SANG]
     }
 
-    fn finding(&self, m: &Monitor) -> Option<Finding> {
+    fn finding(&self, m: &Monitor, _: super::Side) -> Option<Finding> {
         has(&SUNG, &m.spec.name).then_some(Finding {
             kind: Kind::VirtualInference,
             rule: Some(SANG.id),

@@ -27,6 +27,7 @@ impl Exposition {
         self.encode_probes(enc, pods)?;
         self.encode_qos(enc, pods)?;
         self.encode_episodes(enc, pods)?;
+        self.encode_rules(enc, pods)?;
         self.encode_engine_histograms(enc, pods)
     }
 

@@ -1,6 +1,7 @@
 //! The restart-loop families of `/metrics`: each engine's `abnormal` episodes of the last hour
 //! and day and whether they escalated, and the same per NPU through the engines that run on
-//! it (docs/runbook.md, "NpuHealthEngineRestartLoop").
+//! it (docs/runbook.md, "NpuHealthEngineRestartLoop"); and each rule's firings, in force and
+//! from the shadow (docs/policy.md, "Modes").
 
 use super::engines::engine_labels;
 use super::{Exposition, Labels, Pods, family, flag, with};
@@ -10,6 +11,40 @@ use prometheus_client::metrics::MetricType;
 use std::collections::BTreeMap;
 
 impl Exposition {
+    /// Each rule's firings per engine: in force (`mode="enforce"`) and from the shadow
+    /// (`mode="observe"`: it would have changed the verdict); `rule="reference"` for the
+    /// reference's own rules (docs/policy.md, "Modes").
+    pub(super) fn encode_rules(
+        &self,
+        enc: &mut DescriptorEncoder,
+        pods: &Pods,
+    ) -> Result<(), std::fmt::Error> {
+        let mut rows = Vec::new();
+        for e in &self.engines {
+            let labels = engine_labels(e, pods);
+            let rule = |id: &str, mode: &str| with(with(labels.clone(), "rule", id), "mode", mode);
+            for r in e.rule_records().iter().filter(|r| r.mode != "off") {
+                let id = r.id.to_string();
+                rows.push((rule(&id, "enforce"), r.fired as f64));
+                if r.mode == "observe" || e.spec().judging.shadow.is_some() {
+                    rows.push((rule(&id, "observe"), r.would_have as f64));
+                }
+            }
+            let (fired, would) = e.reference_fired();
+            rows.push((rule("reference", "enforce"), fired as f64));
+            if e.spec().judging.shadow.is_some() {
+                rows.push((rule("reference", "observe"), would as f64));
+            }
+        }
+        family(
+            enc,
+            "npu_health_agent_rule_fired",
+            "times a rule of docs/policy.md turned the engine abnormal (mode=enforce), or would have changed /status from the shadow (mode=observe: a rule in observe, or shadow_policy); rule is its number, or reference",
+            MetricType::Counter,
+            rows,
+        )
+    }
+
     /// Episodes and escalation, per engine and per NPU.
     pub(super) fn encode_episodes(
         &self,

@@ -19,7 +19,7 @@ mod state;
 
 use super::driver_faults::{Checked, EXPLAINS, remember_answered, serious};
 use super::progress::{NO_SIGN_OF_LIFE, STALL, quiet_words};
-use super::{Finding, Kind, Loops, Rule, RuleId, Source, Task};
+use super::{Finding, Kind, Loops, Rule, RuleId, Side, Source, Task};
 use crate::config::Timing;
 use crate::monitor::Monitor;
 use crate::monitor::account::{self, Observation, Stage};
@@ -78,11 +78,17 @@ impl Source for VirtualInference {
         &[FAST_CONFIRMATION, FALLS_IDLE, LEARNED_TIMEOUT]
     }
 
-    fn finding(&self, m: &Monitor) -> Option<Finding> {
-        m.vi.abnormal().then(|| Finding {
-            kind: Kind::VirtualInference,
-            rule: m.vi.abnormal_rule().map(RuleId),
-        })
+    fn finding(&self, m: &Monitor, side: Side) -> Option<Finding> {
+        match side {
+            Side::InForce => m.vi.abnormal().then(|| Finding {
+                kind: Kind::VirtualInference,
+                rule: m.vi.abnormal_rule().map(RuleId),
+            }),
+            Side::Shadow => m.vi.shadow().abnormal.map(|(_, rule)| Finding {
+                kind: Kind::VirtualInference,
+                rule: rule.map(RuleId),
+            }),
+        }
     }
 
     fn reason(&self, m: &Monitor, _: &Finding) -> String {
@@ -90,6 +96,13 @@ impl Source for VirtualInference {
             "virtual inference is abnormal: {}",
             m.vi.abnormal_reason().unwrap_or_default()
         )
+    }
+
+    fn reason_on(&self, m: &Monitor, f: &Finding, side: Side) -> String {
+        match (side, m.vi.shadow().abnormal) {
+            (Side::Shadow, Some((why, _))) => format!("virtual inference is abnormal: {why}"),
+            _ => self.reason(m, f),
+        }
     }
 
     fn task(&self, m: &Arc<Monitor>, with: &Loops<'_>, cancel: &CancellationToken) -> Option<Task> {
@@ -134,6 +147,28 @@ fn fired(rules: &account::Rules, a: &account::Accounted) -> Option<RuleId> {
         Accounting::Incremented if a.count < rules.max_failure_count => Some(FAST_CONFIRMATION.id),
         _ => None,
     }
+}
+
+/// The shadow's accounting of the probe the policy in force just accounted (`obs`): its own
+/// count, the rule that made it abnormal, or the one that kept the failure out of its count.
+fn count_in_shadow(state: &ViState, shadow: &account::Rules, obs: &Observation) {
+    use crate::probe::outcome::Accounting;
+    let obs = Observation {
+        count: state.shadow().count,
+        ..obs.clone()
+    };
+    let a = account::account(shadow, &obs);
+    let held_by = match a.accounting {
+        Accounting::UnchangedHealthFailing => Some(3),
+        Accounting::UnchangedAsleep => Some(4),
+        _ => None,
+    };
+    let rule = a
+        .abnormal
+        .as_ref()
+        .and_then(|_| fired(shadow, &a))
+        .map(|r| r.0);
+    state.apply_shadow(&a, rule, held_by);
 }
 
 /// Runs warm-up and the periodic loop until abnormal. Cancellation is the caller's: it drops
@@ -217,6 +252,10 @@ async fn warm_up<'a>(io: &Io<'a, impl Prober, impl PeakSource, impl EngineSignal
     if a.abnormal.is_some() {
         state.record_detection(r.latency);
     }
+    if io.cfg.shadow.is_some() {
+        // A failed warm-up is abnormal under every policy.
+        state.apply_shadow(&a, None, None);
+    }
     state.record(&r, true, None, a.accounting);
     if let Err(e) = &r.outcome {
         tracing::warn!(
@@ -256,7 +295,7 @@ async fn probe<'a>(
     io: &Io<'a, impl Prober, impl PeakSource, impl EngineSignals>,
     mut p: Periodic<'a>,
 ) -> State<'a> {
-    let before = if io.cfg.rules.agent.is_some() {
+    let before = if io.cfg.reads().agent.is_some() {
         serious(&io.peaks.faults())
     } else {
         Checked::new()
@@ -391,6 +430,9 @@ async fn settle<'a>(
         state.set_abnormal_rule(fired(rules, &a).map(|r| r.0));
         state.record_detection(since.elapsed());
     }
+    if let Some(shadow) = &cfg.shadow {
+        count_in_shadow(state, shadow, &seen.obs);
+    }
     state.record(&r, false, peak, a.accounting);
     p.streak = account::next_streak(a.count, p.streak, started, seen.tokens);
     let next = account::next_probe(rules, t, &seen.obs, &a, p.cadence);
@@ -424,10 +466,11 @@ async fn sleep<'a>(
         tokio::time::sleep(pause.next.sleep).await;
         return next_probe(io.state, p);
     };
-    let idle = pause
-        .next
-        .busy
+    // Rule 6: a busy NPU that falls idle is probed at once.
+    let idle = (pause.next.busy && agent.rules.has(FALLS_IDLE.id.0))
         .then_some((t.window, rules.npu_usage_threshold));
+    // Rule 8: a new driver fault is probed at once.
+    let faults = agent.rules.has(EXPLAINS.id.0);
     // Rule 11: a quiet engine is probed at once, at most once a window.
     let quiet = || match agent.progress_window {
         Some(w) if p.quiet_woke.is_none_or(|at| at.elapsed() >= w) => io.signals.quiet_for(),
@@ -437,7 +480,7 @@ async fn sleep<'a>(
         pause.next.sleep,
         io.peaks,
         idle,
-        &pause.checked,
+        faults.then_some(&pause.checked),
         quiet,
         &mut p.pending,
     )

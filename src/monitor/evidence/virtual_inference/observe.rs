@@ -30,7 +30,8 @@ pub(super) async fn observe(
     started: tokio::time::Instant,
     since: tokio::time::Instant,
 ) -> Seen {
-    let (t, rules) = (&io.cfg.timing, &io.cfg.rules);
+    // What either the policy in force or the shadow needs is read.
+    let (t, rules) = (&io.cfg.timing, &io.cfg.reads());
     let failed = r.outcome.is_err();
     let agent_read = rules.agent.is_some() && failed;
     // The driver's faults after the probe, read once (the reference has no use for them).

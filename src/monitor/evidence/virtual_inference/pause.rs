@@ -84,14 +84,14 @@ pub(super) enum Wake {
 pub(super) const FAULT_POLL: Duration = Duration::from_millis(100);
 
 /// Sleeps `sleep`, or less: when `idle` is `(window, threshold)` and the NPU stays below
-/// `threshold` over a whole `window`, or when a driver fault at the confirming level that is
-/// not in `checked` appears, or when `quiet` says the engine has gone quiet, or when the
+/// `threshold` over a whole `window`, or (with `checked`, rule 8 on) when a driver fault at
+/// the confirming level that is not in `checked` appears, or when `quiet` says the engine has gone quiet, or when the
 /// `pending` request answers (one that fails is dropped).
 pub(super) async fn pause(
     sleep: Duration,
     peaks: &impl PeakSource,
     idle: Option<(Duration, f64)>,
-    checked: &Checked,
+    checked: Option<&Checked>,
     quiet: impl Fn() -> Option<Duration>,
     pending: &mut Option<Pending<'_>>,
 ) -> Wake {
@@ -99,11 +99,14 @@ pub(super) async fn pause(
     // The window must not reach back before the sleep: the probe itself was busy.
     let start = tokio::time::Instant::now();
     loop {
-        let new: Vec<_> = peaks
-            .faults()
-            .into_iter()
-            .filter(|f| f.level >= CONFIRM_LEVEL && !checked.contains(&(f.npu, f.code)))
-            .collect();
+        let new: Vec<_> = match checked {
+            Some(checked) => peaks
+                .faults()
+                .into_iter()
+                .filter(|f| f.level >= CONFIRM_LEVEL && !checked.contains(&(f.npu, f.code)))
+                .collect(),
+            None => Vec::new(),
+        };
         if let Some(f) = worst(&new) {
             return Wake::Fault(f.clone());
         }

@@ -3,7 +3,8 @@
 //! step reads and writes ([`Io`]). The steps themselves are in [`super`].
 
 use super::pause::{Pending, Sent};
-use crate::config::Timing;
+use crate::config::policy::Judging;
+use crate::config::{EngineSpec, Timing};
 use crate::monitor::Monitor;
 use crate::monitor::account::{self, Rules};
 use crate::monitor::evidence::driver_faults::Checked;
@@ -16,7 +17,11 @@ use std::time::Duration;
 pub(crate) struct LoopConfig {
     /// Engine name for logs.
     pub engine: String,
+    /// The rules of the policy in force: they decide, and they time the probes.
     pub rules: Rules,
+    /// The shadow's rules (rules in `observe`, or `shadow_policy`): they count the same
+    /// probes and decide nothing.
+    pub shadow: Option<Rules>,
     pub timing: Timing,
 }
 
@@ -24,24 +29,58 @@ impl LoopConfig {
     /// The settings of `monitor`'s engine.
     pub(crate) fn of(monitor: &Monitor) -> LoopConfig {
         let spec = &monitor.spec;
+        let rules = rules_of(spec, &spec.judging.in_force);
+        let shadow = spec.judging.shadow.as_ref().map(|j| rules_of(spec, j));
         LoopConfig {
             engine: spec.name.clone(),
-            rules: Rules {
-                npu_usage_threshold: spec.health_check_config.npu_usage_threshold,
-                max_failure_count: spec.health_check_config.max_failure_count,
-                stall_window: spec.qos.stall_detection.then_some(spec.qos.stall_window),
-                skip_when_capacity_waiting: spec.qos.skip_when_capacity_waiting,
-                agent: spec.agent_policy_in_force().map(|a| account::AgentRules {
-                    confirm_failures: i64::from(a.confirm_failures),
-                    confirm_interval: a.confirm_interval,
-                    confirm_timeout: a.confirm_timeout,
-                    progress_window: (!a.progress_window.is_zero()).then_some(a.progress_window),
-                    learned_timeout_floor: (!a.learned_timeout_floor.is_zero())
-                        .then_some(a.learned_timeout_floor),
-                }),
-            },
+            rules,
+            shadow,
             timing: spec.timing.clone(),
         }
+    }
+
+    /// What the loop reads beside a probe: what the policy in force or the shadow needs.
+    pub(crate) fn reads(&self) -> Rules {
+        self.shadow
+            .as_ref()
+            .map_or_else(|| self.rules.clone(), |s| either(&self.rules, s))
+    }
+}
+
+/// The accounting rules of `spec` as `j` judges.
+fn rules_of(spec: &EngineSpec, j: &Judging) -> Rules {
+    let a = &spec.agent_policy;
+    Rules {
+        npu_usage_threshold: spec.health_check_config.npu_usage_threshold,
+        max_failure_count: spec.health_check_config.max_failure_count,
+        stall_window: j.stall_window,
+        skip_when_capacity_waiting: spec.qos.skip_when_capacity_waiting,
+        agent: j.agent().then(|| account::AgentRules {
+            rules: j.rules,
+            confirm_failures: i64::from(a.confirm_failures),
+            confirm_interval: a.confirm_interval,
+            confirm_timeout: a.confirm_timeout,
+            progress_window: j.applies(11).then_some(a.progress_window),
+            learned_timeout_floor: j.applies(12).then_some(a.learned_timeout_floor),
+        }),
+    }
+}
+
+/// Rules that read what `a` or `b` reads (for the loop's reads, never for a decision).
+fn either(a: &Rules, b: &Rules) -> Rules {
+    let agent = match (a.agent, b.agent) {
+        (Some(x), Some(y)) => Some(account::AgentRules {
+            rules: x.rules.union(y.rules),
+            progress_window: x.progress_window.or(y.progress_window),
+            learned_timeout_floor: x.learned_timeout_floor.or(y.learned_timeout_floor),
+            ..x
+        }),
+        (x, y) => x.or(y),
+    };
+    Rules {
+        stall_window: a.stall_window.or(b.stall_window),
+        agent,
+        ..a.clone()
     }
 }
 

@@ -4,6 +4,7 @@
 use super::lines::{abnormal_words, count_words};
 use super::pause::FAULT_POLL;
 use super::*;
+use crate::config::policy::RuleSet;
 use crate::monitor::account::Rules;
 use crate::monitor::evidence::driver_faults::{Checked, remember_answered, unanswered_worst};
 use crate::monitor::inputs::NoSignals;
@@ -85,6 +86,7 @@ fn cfg(max: i64) -> LoopConfig {
             skip_when_capacity_waiting: false,
             agent: None,
         },
+        shadow: None,
         timing: Timing::default(),
     }
 }
@@ -605,6 +607,7 @@ async fn run_agent(
 fn agent_cfg() -> LoopConfig {
     let mut c = cfg(6);
     c.rules.agent = Some(account::AgentRules {
+        rules: (1..=12).fold(RuleSet::NONE, RuleSet::with),
         confirm_failures: 2,
         confirm_interval: Duration::from_secs(1),
         confirm_timeout: Duration::from_secs(2),
@@ -1254,6 +1257,7 @@ async fn agent_policy_quick_probes_wait_for_a_slow_engines_known_pace() {
     );
     assert!(!st.abnormal() && st.failure_count() == 0);
     let agent = account::AgentRules {
+        rules: (1..=12).fold(RuleSet::NONE, RuleSet::with),
         confirm_failures: 2,
         confirm_interval: Duration::from_secs(1),
         confirm_timeout: Duration::from_secs(2),
@@ -1622,4 +1626,65 @@ async fn a_driver_fault_on_an_engine_that_answers_is_published_only() {
             );
         }
     }
+}
+
+// Issue 50: the reference in force with the agent policy's rules as the shadow. The shadow
+// counts the same probes: it is abnormal by rule 5 at the second failure, while the
+// reference goes on to its six, and its probes keep the reference's pace (no re-probe).
+#[tokio::test(start_paused = true)]
+async fn the_shadow_counts_the_probes_of_the_policy_in_force_and_decides_nothing() {
+    let mut c = cfg(6);
+    c.shadow = agent_cfg().rules.into();
+    let p = hung();
+    let st = ViState::default();
+    let signals = agent_signals(false, false, 100.0);
+    let start = Instant::now();
+    let ended = run_with(
+        &c,
+        &p,
+        &ConstPeak(0.0),
+        &signals,
+        &st,
+        Duration::from_secs(3600),
+    )
+    .await;
+    assert!(ended && st.abnormal(), "the reference's six");
+    assert_eq!(st.abnormal_rule(), None, "the reference's own count");
+    assert_eq!(p.calls().len(), 7, "warm-up and six probes, none quicker");
+    assert_eq!(
+        start.elapsed(),
+        Duration::from_secs(60) + MS,
+        "the reference's pace"
+    );
+    let shadow = st.shadow();
+    let (why, rule) = shadow.abnormal.expect("the shadow said abnormal");
+    assert_eq!(rule, Some(5), "fast confirmation");
+    assert_eq!(shadow.count, 2, "frozen where it turned abnormal");
+    assert!(why.contains("confirmed"), "{why}");
+}
+
+// The shadow's count keeps a failure out as its own rules say: with `/health` failing beside
+// every probe, rule 3 holds the shadow's count at zero while the reference counts.
+#[tokio::test(start_paused = true)]
+async fn the_shadow_names_the_rule_that_kept_a_failure_out_of_its_count() {
+    let mut c = cfg(6);
+    c.shadow = agent_cfg().rules.into();
+    let p = hung();
+    let st = ViState::default();
+    let signals = agent_signals(true, false, 100.0);
+    run_with(
+        &c,
+        &p,
+        &ConstPeak(0.0),
+        &signals,
+        &st,
+        Duration::from_secs(3600),
+    )
+    .await;
+    assert!(st.abnormal());
+    let shadow = st.shadow();
+    assert_eq!(
+        (shadow.count, shadow.abnormal, shadow.held_by),
+        (0, None, Some(3))
+    );
 }
