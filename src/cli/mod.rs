@@ -6,6 +6,7 @@
 
 #[cfg(feature = "fake-driver")]
 mod demo;
+mod disagreements;
 mod inspect;
 mod service;
 pub mod top;
@@ -296,6 +297,9 @@ pub enum Command {
     },
     /// Watch a running agent: engines and a live AI Cube sparkline per NPU (`q` quits).
     Top(top::TopArgs),
+    /// Print, per engine, when the policy in force and the shadow each said abnormal and
+    /// every disagreement, from the agent's state file (docs/policy.md).
+    Disagreements(disagreements::DisagreementsArgs),
     /// Start a fake engine and the agent on the fake driver; show /status (fake-driver builds).
     #[cfg(feature = "fake-driver")]
     #[command(after_help = DRIVER_FLAGS_NOTE)]
@@ -591,6 +595,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
             )
         }
         Command::Top(args) => Ok(runtime(2)?.block_on(top::run(args))?),
+        Command::Disagreements(args) => disagreements::run(&args).map_err(CliError::usage),
         #[cfg(feature = "fake-driver")]
         Command::Demo(args) => runtime(2)?.block_on(demo::demo(args)),
         #[cfg(feature = "fake-driver")]

@@ -53,7 +53,7 @@ pub(crate) enum HoldError {
 /// The handover socket's file name.
 const SOCKET_NAME: &str = crate::config::agent::HANDOVER_SOCKET;
 /// The state file's name.
-const STATE_NAME: &str = "state.json";
+pub(crate) const STATE_NAME: &str = "state.json";
 
 impl StateDir {
     /// The configured directory (`[agent] state_dir`), else systemd's `RUNTIME_DIRECTORY`

@@ -477,7 +477,12 @@ pub(crate) fn next_sleep(
                 Some(confirm_timeout(&agent, timing, obs.last_ok_latency)),
             ))
         }
-        Accounting::Reset if obs.failure.is_some() && obs.stalled_for.is_some() => {
+        // Stall detection in force (the shadow may have read the stall when it is not).
+        Accounting::Reset
+            if obs.failure.is_some()
+                && obs.stalled_for.is_some()
+                && rules.stall_window.is_some() =>
+        {
             Some((timing.interval, None))
         }
         _ => None,

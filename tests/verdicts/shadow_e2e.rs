@@ -14,6 +14,7 @@ fn a_hung_engine_is_abnormal_in_the_shadow_first_and_only_the_reference_answers(
     let stack = Stack::start_launch(Launch {
         health_check: "max_failure_count = 4",
         agent_extra: "shadow_policy = \"agent\"\nevidence_dir = \"evidence\"\nevidence_min_free = 0",
+        state_dir: true,
         ..Launch::default()
     });
     stack.wait_for_status("normal", Duration::from_secs(20));
@@ -75,5 +76,27 @@ fn a_hung_engine_is_abnormal_in_the_shadow_first_and_only_the_reference_answers(
     assert!(
         bundles.iter().any(|b| b.ends_with("-observe-rule5")),
         "{bundles:?}"
+    );
+    // The same history from the state file, by the command an operator runs.
+    let report = || {
+        let out = std::process::Command::new(crate::support::agent())
+            .args(["disagreements", "--state-dir"])
+            .arg(stack.path("run"))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut text = report();
+    while !text.contains("would have answered abnormal") && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+        text = report();
+    }
+    assert!(
+        text.contains("/status normal, would have answered abnormal (rule 5 fast_confirmation)")
+            && text.contains("shadow (agent)")
+            && text.contains("in force (reference)"),
+        "{text}"
     );
 }
