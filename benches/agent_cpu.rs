@@ -1,16 +1,18 @@
-//! The whole agent's CPU at the defaults, with 16 NPUs, and what issue 40's evidence costs
-//! (docs/policy.md rules 10–12), measured side by side in one run:
+//! The whole agent's CPU at the defaults, with 16 NPUs, and what issue 50 costs (the records
+//! of the rules and the shadow, the evidence bundles' watch), measured side by side in one run:
 //!
 //!     cargo bench --features fake-driver --bench agent_cpu
+//!     NPU_HEALTH_BEFORE=<an earlier release binary> cargo bench --features fake-driver --bench agent_cpu
 //!
 //! Starts, as real processes, two fake engines and the agent (release build, fake libdcmi.so
 //! with 16 NPUs, two engines of 8 NPUs each, every key at its default: the agent policy,
 //! sampling every 50 ms, the QoS scrapes, the virtual probes, the stopped-process look at
 //! `/proc` every 500 ms). The engines are idle but for the probes. Alternating rounds, each a
 //! fresh agent warmed up for 5 s and then measured over `ROUND` by `utime + stime` of
-//! `/proc/<agent>/stat`: once with issue 40's evidence off (`stopped_process_grace`,
-//! `progress_window` and `learned_timeout_floor` at `0s`), once at the defaults. Prints a
-//! Markdown report (copied into BENCHMARKS.md).
+//! `/proc/<agent>/stat`: the binary `NPU_HEALTH_BEFORE` names at its defaults (when set: the
+//! "before" of a before/after table), this one at its defaults, and this one with issue 50's
+//! options on (`shadow_policy = "reference"` beside the agent policy, `evidence_dir` set).
+//! Prints a Markdown report (copied into BENCHMARKS.md).
 
 mod common;
 
@@ -27,21 +29,43 @@ fn main() {
     let (dir, scenario) = common::scenario_16();
     let engines = [FakeEngine::start(&agent), FakeEngine::start(&agent)];
     let hz = common::ticks_per_second();
-    let off = "[engine.agent_policy]\nstopped_process_grace = \"0s\"\nprogress_window = \"0s\"\nlearned_timeout_floor = \"0s\"\n";
-    let configs = [("issue 40's evidence off", off), ("the defaults", "")];
+    let evidence = format!(
+        "evidence_dir = \"{}\"",
+        dir.path().join("evidence").display()
+    );
+    let issue_50 = format!("shadow_policy = \"reference\"\n{evidence}");
+    let before = std::env::var_os("NPU_HEALTH_BEFORE").map(std::path::PathBuf::from);
+    let mut configs: Vec<(String, std::path::PathBuf, String)> = Vec::new();
+    if let Some(b) = &before {
+        configs.push((
+            format!("before: `{}`, the defaults", b.display()),
+            b.clone(),
+            String::new(),
+        ));
+    }
+    configs.push((
+        "this build, the defaults".to_owned(),
+        agent.clone(),
+        String::new(),
+    ));
+    configs.push((
+        "this build, a shadow policy and evidence bundles on".to_owned(),
+        agent.clone(),
+        issue_50,
+    ));
     let mut results: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
     for round in 0..ROUNDS {
-        for (i, (_, extra)) in configs.iter().enumerate() {
+        for (i, (_, exe, agent_extra)) in configs.iter().enumerate() {
             let (m1, m2) = (free_port(), free_port());
             let toml = common::write_config_with(
                 dir.path(),
                 &format!("r{round}c{i}"),
                 &engines,
                 (m1, m2),
+                agent_extra,
                 "",
-                extra,
             );
-            let mut child = common::spawn_agent_settled(&agent, &toml, &scenario, m1);
+            let mut child = common::spawn_agent_settled(exe, &toml, &scenario, m1);
             let (t0, c0) = (Instant::now(), cpu_ticks(child.id()));
             std::thread::sleep(ROUND);
             let (t1, c1) = (Instant::now(), cpu_ticks(child.id()));
@@ -62,14 +86,19 @@ fn main() {
     );
     println!("| configuration | CPU % of one core (median) | rounds |\n|---|---|---|");
     let mut medians = Vec::new();
-    for ((name, _), v) in configs.iter().zip(&results) {
+    for ((name, _, _), v) in configs.iter().zip(&results) {
         let m = common::median(v);
         medians.push(m);
         let rounds: Vec<String> = v.iter().map(|x| format!("{x:.3}")).collect();
         println!("| {name} | {m:.3} % | {} |", rounds.join(", "));
     }
     println!(
-        "\nIssue 40's evidence costs {:+.3} point of a core (the medians' difference).",
-        medians[1] - medians[0]
+        "\nAgainst the first row: {}.",
+        medians[1..]
+            .iter()
+            .zip(&configs[1..])
+            .map(|(m, (n, _, _))| format!("{n} {:+.3} point", m - medians[0]))
+            .collect::<Vec<_>>()
+            .join("; ")
     );
 }

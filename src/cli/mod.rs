@@ -1,5 +1,8 @@
 //! Command line: flags, commands, and the mapping of errors to exit codes.
 //!
+//! Long because: the one list of commands with their flags and its dispatch, and the driver
+//! flags' reordering; each command's own work is in its own file.
+//!
 //! Exit codes: 0 ok, 1 runtime failure, 2 bad usage or config, 3 no usable driver backend,
 //! 4 `doctor`: virtual inference will not run for an engine.
 //! Errors print as one line: the cause chain joined with ": ".
@@ -297,8 +300,7 @@ pub enum Command {
     },
     /// Watch a running agent: engines and a live AI Cube sparkline per NPU (`q` quits).
     Top(top::TopArgs),
-    /// Print, per engine, when the policy in force and the shadow each said abnormal and
-    /// every disagreement, from the agent's state file (docs/policy.md).
+    /// Print when the policy in force and the shadow said abnormal, from the state file.
     Disagreements(disagreements::DisagreementsArgs),
     /// Start a fake engine and the agent on the fake driver; show /status (fake-driver builds).
     #[cfg(feature = "fake-driver")]

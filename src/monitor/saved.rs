@@ -17,8 +17,9 @@
 //! calls [`Monitor::forget`] on a mismatch.
 
 use super::verdict::HealthState;
-use super::{Monitor, acted, episodes, shadow, vi_state};
+use super::{Monitor, acted, episodes, vi_state};
 use crate::config::EngineSpec;
+use npu_health_wire::ShadowHistory;
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::Ordering;
 
@@ -47,8 +48,8 @@ pub(crate) struct EngineState {
     #[serde(default, skip_serializing_if = "episodes::Saved::is_empty")]
     pub episodes: episodes::Saved,
     /// The shadow's turns and disagreements ([`super::shadow`]); absent while empty.
-    #[serde(default, skip_serializing_if = "shadow::Saved::is_empty")]
-    pub shadow: shadow::Saved,
+    #[serde(default, skip_serializing_if = "ShadowHistory::is_empty")]
+    pub shadow: ShadowHistory,
     /// What each integration keeps, under its own keys, after the monitor's (the Kubernetes
     /// API mode: `kubernetes`, `eviction_gate`).
     #[serde(flatten)]

@@ -10,13 +10,13 @@
 //! forgets none of it.
 
 use super::Monitor;
-use super::evidence::{Side, Verdict};
+use super::evidence::Verdict;
 use super::journal::{Entry, Id, Told};
 use super::verdict::{HealthState, Status};
 use crate::clock::unix_ms;
+use crate::config::policy::Side;
 use crate::config::policy::{Mode, Policy, rule_name};
 use npu_health_wire::{Disagreement, KEPT_TURNS, RuleRecord, ShadowRecord, Turn};
-use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -48,20 +48,7 @@ struct Inner {
 }
 
 /// What of the records outlives the agent process: the turns and the disagreements.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub(crate) struct Saved {
-    #[serde(default)]
-    pub turns: Vec<Turn>,
-    #[serde(default)]
-    pub disagreements: Vec<Disagreement>,
-}
-
-impl Saved {
-    /// Nothing recorded (the state file leaves the key out).
-    pub(crate) fn is_empty(&self) -> bool {
-        self.turns.is_empty() && self.disagreements.is_empty()
-    }
-}
+pub(crate) type Saved = npu_health_wire::ShadowHistory;
 
 fn push<T>(q: &mut VecDeque<T>, x: T) {
     if q.len() == KEPT_TURNS {

@@ -38,6 +38,6 @@ pub use level::Level;
 pub use phase::Phase;
 pub use probe::{Accounting, Condition, ProbeRecord};
 pub use qos::{Component, EngineQos, Progress, QosDevice, QosReport, StallDetection, round3};
-pub use rules::{Disagreement, KEPT_TURNS, RuleRecord, ShadowRecord, Turn};
+pub use rules::{Disagreement, KEPT_TURNS, RuleRecord, ShadowHistory, ShadowRecord, Turn};
 pub use settings::{Policy, Role};
 pub use status::Status;

@@ -65,5 +65,21 @@ pub struct ShadowRecord {
     pub disagreements: Vec<Disagreement>,
 }
 
+/// The shadow's history as the state file keeps it: the turns and the disagreements.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShadowHistory {
+    #[serde(default)]
+    pub turns: Vec<Turn>,
+    #[serde(default)]
+    pub disagreements: Vec<Disagreement>,
+}
+
+impl ShadowHistory {
+    /// Nothing recorded (the state file leaves the key out).
+    pub fn is_empty(&self) -> bool {
+        self.turns.is_empty() && self.disagreements.is_empty()
+    }
+}
+
 /// Turns and disagreements kept per engine (in memory and in the state file).
 pub const KEPT_TURNS: usize = 64;

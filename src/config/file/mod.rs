@@ -180,8 +180,7 @@ struct EngineTable {
     shadow_policy: Option<Policy>,
     #[serde(default)]
     agent_policy: AgentPolicy,
-    // The integrations' tables (read by their readers): `[engine.actions]`'s keys,
-    // `[engine.kubernetes]`.
+    // The integrations' tables, read by their readers (`[engine.actions]`, `[engine.kubernetes]`).
     #[serde(default, rename = "actions")]
     _actions: OpenSlot,
     #[serde(default, rename = "kubernetes")]
