@@ -178,18 +178,19 @@ pub(crate) fn span(ms: u64) -> String {
 }
 
 impl Monitor {
-    /// Notes the verdict's status in the episode memory (see the module's doc); logs when an
-    /// episode begins, naming the restart loop when it escalates.
+    /// Notes the verdict's status in the episode memory (see the module's doc).
     pub(super) fn note_episode(&self, abnormal: bool) {
         // Every verdict comes here: without a change, one atomic load and no clock read.
         if self.episodes.is_open() == abnormal {
             return;
         }
-        let now = crate::clock::unix_ms();
-        if self.episodes.note(abnormal, now) != Some(Change::Began) {
-            return;
-        }
-        let s = self.episode_summary_at(now);
+        self.episodes.note(abnormal, crate::clock::unix_ms());
+    }
+
+    /// Logs the restart loop when the episode that just began escalated (the observer calls
+    /// it at the verdict's turn to `abnormal`, off `/status`'s path).
+    pub(super) fn warn_if_escalated(&self) {
+        let s = self.episode_summary();
         if s.escalated {
             tracing::warn!(engine = %self.spec.name, "restart loop: {} abnormal episode in {} (agent_policy.escalate_after = {}); /status still answers abnormal, see docs/runbook.md", ordinal(s.in_window), span(s.window_ms), s.after);
         }

@@ -87,6 +87,7 @@ impl Monitor {
             push(&mut g.turns, turn(at, "in_force", policy, &in_force));
             if in_force.status == Status::Abnormal && was_in.0 != Status::Abnormal {
                 g.fired.entry(now.0.1.unwrap_or(0)).or_default().0 += 1;
+                self.warn_if_escalated();
             }
         }
         if let (Some(v), Some(s)) = (&shadow, self.spec.judging.shadow) {
