@@ -3,7 +3,7 @@
 //! processes by `py-spy dump` when py-spy is on `PATH`, and `npu-smi info`. A part that cannot
 //! be had is a note in its file, never an error: the bundle is written with what there is.
 
-use crate::driver::npu_smi::probe::{RunError, run};
+use crate::driver::npu_smi::probe::{RunError, run, run_command};
 use crate::probe::process::{Lookup, ProcState, lookup};
 use crate::proc_sockets::ProcRoot;
 use std::fmt::Write;
@@ -132,7 +132,7 @@ pub(crate) fn stacks(py_spy: Option<&Path>, procs: &[Proc]) -> String {
     for p in python.iter().take(PY_SPY_MAX_PROCESSES) {
         let pid = p.pid.to_string();
         let _ = writeln!(out, "## py-spy dump --pid {pid} ({})", p.comm);
-        match run(py_spy, &["dump", "--pid", &pid], PY_SPY_DEADLINE) {
+        match run_command(py_spy_dump(py_spy, &pid), PY_SPY_DEADLINE) {
             Ok(o) if o.status.success() => out.push_str(&o.text),
             Ok(o) => {
                 let _ = writeln!(out, "# py-spy exited with {}:\n{}", o.status, o.text);
@@ -151,6 +151,16 @@ pub(crate) fn stacks(py_spy: Option<&Path>, procs: &[Proc]) -> String {
         );
     }
     out
+}
+
+/// `py-spy dump --pid <pid>`, without the agent's `RUST_LOG`: py-spy logs through
+/// `env_logger`, so an agent run with `RUST_LOG=info` would append some 30 lines of py-spy's
+/// own log to every stack (seen on real vLLM). Blocking (py-spy's default: the process is
+/// paused while it is read, 20 ms on a real vLLM Worker here) gives a consistent stack.
+fn py_spy_dump(py_spy: &Path, pid: &str) -> std::process::Command {
+    let mut cmd = std::process::Command::new(py_spy);
+    cmd.args(["dump", "--pid", pid]).env_remove("RUST_LOG");
+    cmd
 }
 
 fn ran_not(e: &RunError) -> String {
@@ -220,6 +230,18 @@ mod tests {
         let out = stacks(Some(&echo), &[python(5), shell]);
         assert!(out.contains("Thread 1: 5"), "{out}");
         assert!(!out.contains("--pid 7"), "{out}");
+    }
+
+    // py-spy reads RUST_LOG: the agent's own level must not turn on py-spy's log in the
+    // bundle.
+    #[test]
+    fn py_spy_runs_without_the_agents_rust_log() {
+        let cmd = py_spy_dump(Path::new("/x/py-spy"), "5");
+        let args: Vec<_> = cmd.get_args().collect();
+        assert_eq!(args, ["dump", "--pid", "5"]);
+        // Removed whatever the agent's own environment holds (`None`: removed).
+        let rust_log: Vec<_> = cmd.get_envs().filter(|(k, _)| *k == "RUST_LOG").collect();
+        assert_eq!(rust_log, [(std::ffi::OsStr::new("RUST_LOG"), None)]);
     }
 
     #[test]
