@@ -153,13 +153,21 @@ pub(crate) fn stacks(py_spy: Option<&Path>, procs: &[Proc]) -> String {
     out
 }
 
-/// `py-spy dump --pid <pid>`, without the agent's `RUST_LOG`: py-spy logs through
-/// `env_logger`, so an agent run with `RUST_LOG=info` would append some 30 lines of py-spy's
-/// own log to every stack (seen on real vLLM). Blocking (py-spy's default: the process is
-/// paused while it is read, 20 ms on a real vLLM Worker here) gives a consistent stack.
+/// What py-spy (a Rust program) reads that the agent's own environment may hold, and that
+/// would put py-spy's internals into the bundle (both seen on real vLLM): `RUST_LOG` turns on
+/// its `env_logger` log (some 30 lines after every stack with the agent's `info`), and
+/// `RUST_BACKTRACE`/`RUST_LIB_BACKTRACE` append py-spy's own backtrace to each error.
+const PY_SPY_ENV_REMOVED: [&str; 3] = ["RUST_LOG", "RUST_BACKTRACE", "RUST_LIB_BACKTRACE"];
+
+/// `py-spy dump --pid <pid>` without [`PY_SPY_ENV_REMOVED`]. Blocking (py-spy's default: the
+/// process is paused while it is read, about 20 ms for a real vLLM Worker here) gives a
+/// consistent stack.
 fn py_spy_dump(py_spy: &Path, pid: &str) -> std::process::Command {
     let mut cmd = std::process::Command::new(py_spy);
-    cmd.args(["dump", "--pid", pid]).env_remove("RUST_LOG");
+    cmd.args(["dump", "--pid", pid]);
+    for var in PY_SPY_ENV_REMOVED {
+        cmd.env_remove(var);
+    }
     cmd
 }
 
@@ -232,16 +240,24 @@ mod tests {
         assert!(!out.contains("--pid 7"), "{out}");
     }
 
-    // py-spy reads RUST_LOG: the agent's own level must not turn on py-spy's log in the
-    // bundle.
+    // py-spy reads RUST_LOG and RUST_BACKTRACE: the agent's own settings must not put
+    // py-spy's log or backtraces in the bundle.
     #[test]
-    fn py_spy_runs_without_the_agents_rust_log() {
+    fn py_spy_runs_without_the_agents_rust_log_or_backtrace() {
         let cmd = py_spy_dump(Path::new("/x/py-spy"), "5");
         let args: Vec<_> = cmd.get_args().collect();
         assert_eq!(args, ["dump", "--pid", "5"]);
         // Removed whatever the agent's own environment holds (`None`: removed).
-        let rust_log: Vec<_> = cmd.get_envs().filter(|(k, _)| *k == "RUST_LOG").collect();
-        assert_eq!(rust_log, [(std::ffi::OsStr::new("RUST_LOG"), None)]);
+        let mut removed: Vec<_> = cmd
+            .get_envs()
+            .filter(|(_, v)| v.is_none())
+            .map(|(k, _)| k.to_string_lossy().into_owned())
+            .collect();
+        removed.sort();
+        assert_eq!(
+            removed,
+            ["RUST_BACKTRACE", "RUST_LIB_BACKTRACE", "RUST_LOG"]
+        );
     }
 
     #[test]

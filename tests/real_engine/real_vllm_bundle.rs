@@ -88,6 +88,7 @@ fn a_hung_real_vllm_leaves_one_bundle_whose_py_spy_names_the_blocked_frame() {
     println!("wall time {:.1} s", started.elapsed().as_secs_f64());
 }
 
+/// One hang in `mode` on a fresh engine: the bundle's figures printed, its parts checked.
 fn one_hang(mode: &str, py_spy: &Path) {
     // py-spy alone on the agent's PATH, the way a node would have it.
     let bin = tempfile::tempdir().unwrap();
@@ -163,7 +164,8 @@ fn one_hang(mode: &str, py_spy: &Path) {
         procs.contains(&format!("\n{}\t", v.worker_pid)),
         "{mode}: the Worker in processes.txt:\n{procs}"
     );
-    // The agent runs with RUST_LOG=info; py-spy (env_logger) must not log into the bundle.
+    // The agent runs with RUST_LOG=info (and here RUST_BACKTRACE=1 if the test's shell has
+    // it): neither py-spy's log nor its backtraces (both name `py_spy::`) go into the bundle.
     assert!(
         !stacks.contains("py_spy::"),
         "{mode}: py-spy's own log in py-spy.txt:\n{stacks}"
