@@ -3,7 +3,7 @@
 //! processes by `py-spy dump` when py-spy is on `PATH`, and `npu-smi info`. A part that cannot
 //! be had is a note in its file, never an error: the bundle is written with what there is.
 
-use crate::driver::npu_smi::probe::{RunError, run};
+use crate::driver::npu_smi::probe::{RunError, run, run_command};
 use crate::probe::process::{Lookup, ProcState, lookup};
 use crate::proc_sockets::ProcRoot;
 use std::fmt::Write;
@@ -132,7 +132,7 @@ pub(crate) fn stacks(py_spy: Option<&Path>, procs: &[Proc]) -> String {
     for p in python.iter().take(PY_SPY_MAX_PROCESSES) {
         let pid = p.pid.to_string();
         let _ = writeln!(out, "## py-spy dump --pid {pid} ({})", p.comm);
-        match run(py_spy, &["dump", "--pid", &pid], PY_SPY_DEADLINE) {
+        match run_command(py_spy_dump(py_spy, &pid), PY_SPY_DEADLINE) {
             Ok(o) if o.status.success() => out.push_str(&o.text),
             Ok(o) => {
                 let _ = writeln!(out, "# py-spy exited with {}:\n{}", o.status, o.text);
@@ -151,6 +151,24 @@ pub(crate) fn stacks(py_spy: Option<&Path>, procs: &[Proc]) -> String {
         );
     }
     out
+}
+
+/// What py-spy (a Rust program) reads that the agent's own environment may hold, and that
+/// would put py-spy's internals into the bundle (both seen on real vLLM): `RUST_LOG` turns on
+/// its `env_logger` log (some 30 lines after every stack with the agent's `info`), and
+/// `RUST_BACKTRACE`/`RUST_LIB_BACKTRACE` append py-spy's own backtrace to each error.
+const PY_SPY_ENV_REMOVED: [&str; 3] = ["RUST_LOG", "RUST_BACKTRACE", "RUST_LIB_BACKTRACE"];
+
+/// `py-spy dump --pid <pid>` without [`PY_SPY_ENV_REMOVED`]. Blocking (py-spy's default: the
+/// process is paused while it is read, about 20 ms for a real vLLM Worker here) gives a
+/// consistent stack.
+fn py_spy_dump(py_spy: &Path, pid: &str) -> std::process::Command {
+    let mut cmd = std::process::Command::new(py_spy);
+    cmd.args(["dump", "--pid", pid]);
+    for var in PY_SPY_ENV_REMOVED {
+        cmd.env_remove(var);
+    }
+    cmd
 }
 
 fn ran_not(e: &RunError) -> String {
@@ -220,6 +238,26 @@ mod tests {
         let out = stacks(Some(&echo), &[python(5), shell]);
         assert!(out.contains("Thread 1: 5"), "{out}");
         assert!(!out.contains("--pid 7"), "{out}");
+    }
+
+    // py-spy reads RUST_LOG and RUST_BACKTRACE: the agent's own settings must not put
+    // py-spy's log or backtraces in the bundle.
+    #[test]
+    fn py_spy_runs_without_the_agents_rust_log_or_backtrace() {
+        let cmd = py_spy_dump(Path::new("/x/py-spy"), "5");
+        let args: Vec<_> = cmd.get_args().collect();
+        assert_eq!(args, ["dump", "--pid", "5"]);
+        // Removed whatever the agent's own environment holds (`None`: removed).
+        let mut removed: Vec<_> = cmd
+            .get_envs()
+            .filter(|(_, v)| v.is_none())
+            .map(|(k, _)| k.to_string_lossy().into_owned())
+            .collect();
+        removed.sort();
+        assert_eq!(
+            removed,
+            ["RUST_BACKTRACE", "RUST_LIB_BACKTRACE", "RUST_LOG"]
+        );
     }
 
     #[test]

@@ -137,6 +137,7 @@ async fn write(m: Arc<Monitor>, client: EngineClient, w: Arc<Writer>, trigger: T
     let verdict = m.verdict();
     let spec = m.spec();
     let detail = m.snapshot(&w.shared, spec.timing.window, None);
+    let scrape = Instant::now();
     let metrics = match client.metrics_text(SCRAPE_DEADLINE).await {
         Ok(text) => text,
         Err(why) => format!("# {why}\n"),
@@ -153,8 +154,9 @@ async fn write(m: Arc<Monitor>, client: EngineClient, w: Arc<Writer>, trigger: T
         })),
         "verdict_seen_at_unix_ms": at,
         "agent_version": crate::VERSION,
+        "took_ms": { "metrics": millis(scrape.elapsed()) },
     });
-    let mut parts = vec![
+    let parts = vec![
         ("detail.json".to_owned(), json(&detail)),
         ("metrics.txt".to_owned(), metrics.into_bytes()),
         ("journal.json".to_owned(), json(&m.actions())),
@@ -164,25 +166,7 @@ async fn write(m: Arc<Monitor>, client: EngineClient, w: Arc<Writer>, trigger: T
     let w2 = w.clone();
     let done = tokio::task::spawn_blocking(move || {
         store::ready(&w2.dir, w2.caps.min_free)?;
-        let procs = collect::processes(&ProcRoot::default(), &host, port);
-        let py_spy = collect::py_spy_on(std::env::var_os("PATH").as_deref());
-        let stacks = collect::stacks(py_spy.as_deref(), procs.as_deref().unwrap_or_default());
-        parts.push((
-            "processes.txt".to_owned(),
-            collect::processes_text(&procs).into_bytes(),
-        ));
-        parts.push(("py-spy.txt".to_owned(), stacks.into_bytes()));
-        parts.push((
-            "npu-smi.txt".to_owned(),
-            collect::npu_smi_info(&w2.npu_smi).into_bytes(),
-        ));
-        let mut summary = summary;
-        summary["finished_at_unix_ms"] = unix_ms().into();
-        parts.push(("summary.json".to_owned(), json(&summary)));
-        let parts: Vec<(String, Vec<u8>)> = parts
-            .into_iter()
-            .map(|(n, b)| (n, collect::capped(b)))
-            .collect();
+        let parts = gather_local(&w2.npu_smi, &host, port, parts, summary);
         let (path, bytes) = store::write(&w2.dir, &name, &parts)?;
         let removed = store::prune(&w2.dir, w2.caps, &path);
         Ok::<_, StoreError>((path, bytes, removed.len()))
@@ -195,6 +179,47 @@ async fn write(m: Arc<Monitor>, client: EngineClient, w: Arc<Writer>, trigger: T
         })
     });
     settle(&m, &w.dir, &w.warned, done, began.elapsed());
+}
+
+/// The parts read on this host (the process tree, the Python stacks, `npu-smi info`) added to
+/// `parts`, each part cut at its cap, and `summary.json` last, with how long each took
+/// (`took_ms`, so a slow py-spy shows in the bundle itself) and when gathering finished.
+fn gather_local(
+    npu_smi: &std::path::Path,
+    host: &str,
+    port: u16,
+    mut parts: Vec<(String, Vec<u8>)>,
+    mut summary: serde_json::Value,
+) -> Vec<(String, Vec<u8>)> {
+    let mut timed = |part: &str, key: &str, f: &mut dyn FnMut() -> String| {
+        let t = Instant::now();
+        let body = f();
+        summary["took_ms"][key] = millis(t.elapsed()).into();
+        parts.push((part.to_owned(), body.into_bytes()));
+    };
+    let mut procs = Err(String::new());
+    timed("processes.txt", "processes", &mut || {
+        procs = collect::processes(&ProcRoot::default(), host, port);
+        collect::processes_text(&procs)
+    });
+    timed("py-spy.txt", "py_spy", &mut || {
+        let py_spy = collect::py_spy_on(std::env::var_os("PATH").as_deref());
+        collect::stacks(py_spy.as_deref(), procs.as_deref().unwrap_or_default())
+    });
+    timed("npu-smi.txt", "npu_smi", &mut || {
+        collect::npu_smi_info(npu_smi)
+    });
+    summary["finished_at_unix_ms"] = unix_ms().into();
+    parts.push(("summary.json".to_owned(), json(&summary)));
+    parts
+        .into_iter()
+        .map(|(n, b)| (n, collect::capped(b)))
+        .collect()
+}
+
+/// `d` in whole milliseconds, for the summary.
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// Notes a bundle's outcome: in the monitor's record (`/status/detail`, the metrics) and the

@@ -65,3 +65,37 @@ fn a_directory_that_cannot_take_a_bundle_is_warned_of_once_and_leaves_the_verdic
     assert!(warned.warn_once(&StoreError::ReadOnly(dir.to_owned())));
     assert_eq!(m.verdict(), before);
 }
+
+// The summary says how long each part took, so a slow py-spy or npu-smi shows in the bundle
+// itself; a part that cannot be had is a note, and the summary comes last.
+#[test]
+fn the_summary_says_how_long_each_part_took() {
+    let nothing = tempfile::tempdir().unwrap();
+    let summary = serde_json::json!({ "took_ms": { "metrics": 3 } });
+    let parts = super::gather_local(
+        &nothing.path().join("npu-smi"),
+        "127.0.0.1",
+        1,
+        vec![("metrics.txt".to_owned(), b"m".to_vec())],
+        summary,
+    );
+    let names: Vec<&str> = parts.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "metrics.txt",
+            "processes.txt",
+            "py-spy.txt",
+            "npu-smi.txt",
+            "summary.json"
+        ]
+    );
+    let summary: serde_json::Value = serde_json::from_slice(&parts[4].1).unwrap();
+    let took = &summary["took_ms"];
+    for key in ["metrics", "processes", "py_spy", "npu_smi"] {
+        assert!(took[key].is_u64(), "{key}: {summary}");
+    }
+    assert!(summary["finished_at_unix_ms"].as_u64().unwrap() > 0);
+    let npu_smi = String::from_utf8_lossy(&parts[3].1);
+    assert!(npu_smi.starts_with("# npu-smi info"), "{npu_smi}");
+}

@@ -8,4 +8,5 @@ mod support;
 
 mod engine_conformance;
 mod real_vllm;
+mod real_vllm_bundle;
 mod real_vllm_script;

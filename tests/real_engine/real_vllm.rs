@@ -32,12 +32,12 @@ static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 /// The reference's virtual request body.
 const PROBE: &str = r#"{"model":"tiny","prompt":"1","max_tokens":1}"#;
 
-fn lock() -> MutexGuard<'static, ()> {
+pub(super) fn lock() -> MutexGuard<'static, ()> {
     ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The agent on the fake driver, watching the real engine on `port`.
-struct Agent {
+pub(super) struct Agent {
     dir: tempfile::TempDir,
     child: Child,
     mgmt: u16,
@@ -54,6 +54,17 @@ impl Agent {
 
     /// [`Agent::start`] under `policy`, with `agent_extra` in the `[agent]` table.
     fn start_with(v: &RealVllm, policy: &str, agent_extra: &str, extra: &str) -> Agent {
+        Agent::start_env(v, policy, agent_extra, extra, &[])
+    }
+
+    /// [`Agent::start_with`], with `env` set for the agent besides.
+    pub(super) fn start_env(
+        v: &RealVllm,
+        policy: &str,
+        agent_extra: &str,
+        extra: &str,
+        env: &[(&str, std::ffi::OsString)],
+    ) -> Agent {
         let dir = tempfile::tempdir().unwrap();
         let npu = dir.path().join("npu0");
         std::fs::write(&npu, "0\n").unwrap();
@@ -79,7 +90,8 @@ impl Agent {
             ),
         )
         .unwrap();
-        let child = support::spawn_agent(dir.path(), &toml, &scenario);
+        let log = dir.path().join("agent.log");
+        let child = support::spawn_agent_env(&toml, &scenario, &[], &log, env);
         Agent {
             dir,
             child,
@@ -96,14 +108,14 @@ impl Agent {
         )
     }
 
-    fn status(&self) -> Option<String> {
+    pub(super) fn status(&self) -> Option<String> {
         let (_, body) = self.get("/status")?;
         let v: Value = serde_json::from_str(&body).ok()?;
         v["status"].as_str().map(str::to_owned)
     }
 
     /// `/status/detail` as sent (for the failure messages).
-    fn detail(&self) -> Value {
+    pub(super) fn detail(&self) -> Value {
         self.get("/status/detail")
             .and_then(|(_, b)| serde_json::from_str(&b).ok())
             .unwrap_or(Value::Null)
@@ -115,12 +127,12 @@ impl Agent {
             .map(|(_, b)| serde_json::from_str(&b).expect("/status/detail is an EngineDetail"))
     }
 
-    fn log(&self) -> String {
+    pub(super) fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("agent.log")).unwrap_or_default()
     }
 
     /// Waits until `/status` says `want`; the time it took.
-    fn wait_for(&self, want: &str, limit: Duration) -> Duration {
+    pub(super) fn wait_for(&self, want: &str, limit: Duration) -> Duration {
         let start = Instant::now();
         while start.elapsed() < limit {
             if self.status().as_deref() == Some(want) {

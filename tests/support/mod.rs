@@ -137,7 +137,19 @@ pub fn spawn_agent_logged(
     global: &[std::ffi::OsString],
     log: &Path,
 ) -> std::process::Child {
+    spawn_agent_env(toml, scenario, global, log, &[])
+}
+
+/// [`spawn_agent_logged`], with `env` set for the agent besides (e.g. a `PATH` with py-spy).
+pub fn spawn_agent_env(
+    toml: &Path,
+    scenario: &Path,
+    global: &[std::ffi::OsString],
+    log: &Path,
+    env: &[(&str, std::ffi::OsString)],
+) -> std::process::Child {
     Command::new(agent())
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .arg("--fake")
         .args(global)
         .args(["run", "--config"])

@@ -43,8 +43,16 @@ pub(crate) enum RunError {
 
 /// Runs `program args…` (argv only, no shell) with stdin closed; kills it at `timeout`.
 pub(crate) fn run(program: &Path, args: &[&str], timeout: Duration) -> Result<RunOutput, RunError> {
-    let mut child = Command::new(program)
-        .args(args)
+    let mut cmd = Command::new(program);
+    cmd.args(args);
+    run_command(cmd, timeout)
+}
+
+/// [`run`] for a command built by the caller (its environment set, e.g. the evidence
+/// bundle's py-spy without the agent's `RUST_LOG`).
+pub(crate) fn run_command(mut cmd: Command, timeout: Duration) -> Result<RunOutput, RunError> {
+    let program = Path::new(cmd.get_program()).to_owned();
+    let mut child = cmd
         .process_group(0)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
