@@ -33,10 +33,13 @@ mod observe;
 mod options;
 mod outcome;
 mod processes;
+mod repeat;
 mod stack;
 
 pub use options::{Cadence, EngineKind, Integration, NodeManagerKind, Policy, Row, RunOptions};
-pub use outcome::{GuardEvent, KubeletOutcome, Outcome, TimelinePoint, Verdict};
+pub use outcome::{GuardEvent, KubeletOutcome, Outcome, Round, TimelinePoint, Verdict};
+pub use repeat::judge_rounds;
+pub(crate) use repeat::round_line;
 
 use crate::timescale::scaled;
 use emulator::{kill_evidence, start_node_manager};
@@ -119,6 +122,7 @@ fn fresh_outcome(e: &Experiment, policy: Policy, opts: &RunOptions) -> Outcome {
         agent_ops: Vec::new(),
         polls: Vec::new(),
         timeline: Vec::new(),
+        rounds: Vec::new(),
     }
 }
 
@@ -133,6 +137,15 @@ fn not_applicable(e: &Experiment, policy: Policy, opts: &RunOptions) -> Option<S
         })
     {
         return Some(why.to_owned());
+    }
+    if e.repeat > 1 {
+        let emulator = matches!(opts.row, Row::NodeManager(_)) && opts.pymotor_nm.is_none();
+        if !emulator || opts.engine != EngineKind::Fake || policy == Policy::Mindie {
+            return Some(
+                "a repeated fault runs in the Node Manager emulator's rows on the fake engine, under the agent's own policies: the runner restarts the fake engine after each kill, and reads the agent's episodes"
+                    .to_owned(),
+            );
+        }
     }
     policy.not_applicable(opts, e.fault)
 }
@@ -170,6 +183,11 @@ fn verdict(
             )),
         ),
         Ok(()) if let Some(why) = escalated_benign(e, out) => (Verdict::EscalatedBenign, Some(why)),
+        Ok(()) if e.repeat > 1 => match judge_rounds(&out.rounds, e.repeat) {
+            Ok(()) => (Verdict::Pass, None),
+            Err((Verdict::Missed, _)) if not_by_design => (Verdict::NotDetectableByDesign, None),
+            Err((v, why)) => (v, Some(why)),
+        },
         Ok(()) if opts.row == Row::Kubelet => (kubelet_verdict(e, out, known, not_by_design), None),
         Ok(()) => (node_manager_verdict(e, out, known, not_by_design), None),
     }
@@ -293,6 +311,14 @@ async fn run_inner(
     );
     if stack.router.is_some() {
         load.count_answers_of(crate::router::DRAFT_MODEL);
+    }
+    if e.repeat > 1 {
+        let result = repeat::Rounds::new(e, opts, &mut stack, &load, cancel)
+            .run(out)
+            .await;
+        out.load = load.stats.snapshot();
+        stop_stack(&mut stack).await;
+        return result;
     }
     // The node has been up past Node Manager's grace period.
     // Sampled every (scaled) second, as Node Manager polls.
@@ -732,6 +758,7 @@ mod tests {
             known_false_kills: Vec::new(),
             kubelet,
             driver_codes: Vec::new(),
+            repeat: 1,
         }
     }
 
@@ -782,6 +809,7 @@ mod tests {
             agent_ops: Vec::new(),
             polls: Vec::new(),
             timeline: Vec::new(),
+            rounds: Vec::new(),
         }
     }
 
@@ -884,6 +912,7 @@ mod tests {
             known_false_kills: Vec::new(),
             kubelet: crate::experiment::KubeletExpect::Restart,
             driver_codes: Vec::new(),
+            repeat: 1,
         };
         let out = |killed: Option<i64>, first: Option<i64>, detected: Option<u64>| Outcome {
             killed_at_ms: killed,
