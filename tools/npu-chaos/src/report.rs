@@ -140,8 +140,8 @@ pub fn summarize(policy: Policy, row: Row, outcomes: &[Outcome], time_scale: f64
 }
 
 /// True when the run must fail: a false kill, a missed detection, an experiment that could
-/// not run, a draft that served without the agent's word, or a benign experiment the agent
-/// escalated as a restart loop.
+/// not run, a draft that served without the agent's word, a benign experiment the agent
+/// escalated as a restart loop, or a repeated hang it escalated at the wrong episode.
 pub fn failed(outcomes: &[Outcome]) -> bool {
     outcomes.iter().any(|o| {
         matches!(
@@ -151,6 +151,7 @@ pub fn failed(outcomes: &[Outcome]) -> bool {
                 | Verdict::Error
                 | Verdict::DraftWithoutCause
                 | Verdict::EscalatedBenign
+                | Verdict::WrongEscalation
         )
     })
 }
@@ -565,6 +566,9 @@ pub(crate) mod tests {
         let m = summarize(Policy::Agent, Row::NodeManager(Cadence::PYMOTOR), &os, 0.1);
         assert_eq!(m.escalated_benign, 1);
         os[0].escalated_at_ms = None;
+        // A repeated hang escalated at the wrong episode fails the run.
+        let wrong = outcome("r", "detect_within 2m", Verdict::WrongEscalation, Some(1));
+        assert!(failed(&[wrong]));
         // Every row of the per-experiment table has as many cells as its header.
         let rows: Vec<&str> = md.lines().filter(|l| l.starts_with("| ")).collect();
         let header = rows.iter().find(|l| l.contains("Experiment")).unwrap();

@@ -138,16 +138,7 @@ fn not_applicable(e: &Experiment, policy: Policy, opts: &RunOptions) -> Option<S
     {
         return Some(why.to_owned());
     }
-    if e.repeat > 1 {
-        let emulator = matches!(opts.row, Row::NodeManager(_)) && opts.pymotor_nm.is_none();
-        if !emulator || opts.engine != EngineKind::Fake || policy == Policy::Mindie {
-            return Some(
-                "a repeated fault runs in the Node Manager emulator's rows on the fake engine, under the agent's own policies: the runner restarts the fake engine after each kill, and reads the agent's episodes"
-                    .to_owned(),
-            );
-        }
-    }
-    policy.not_applicable(opts, e.fault)
+    repeat::not_applicable(e, policy, opts).or_else(|| policy.not_applicable(opts, e.fault))
 }
 
 /// The verdict of a run that ended with `result`, and the error to report with it (`None`:
@@ -183,11 +174,7 @@ fn verdict(
             )),
         ),
         Ok(()) if let Some(why) = escalated_benign(e, out) => (Verdict::EscalatedBenign, Some(why)),
-        Ok(()) if e.repeat > 1 => match judge_rounds(&out.rounds, e.repeat) {
-            Ok(()) => (Verdict::Pass, None),
-            Err((Verdict::Missed, _)) if not_by_design => (Verdict::NotDetectableByDesign, None),
-            Err((v, why)) => (v, Some(why)),
-        },
+        Ok(()) if e.repeat > 1 => repeat::verdict(e, out, not_by_design),
         Ok(()) if opts.row == Row::Kubelet => (kubelet_verdict(e, out, known, not_by_design), None),
         Ok(()) => (node_manager_verdict(e, out, known, not_by_design), None),
     }

@@ -10,7 +10,7 @@
 
 use super::emulator::start_node_manager;
 use super::inject::{Injected, inject, remove};
-use super::options::{Cadence, RunOptions};
+use super::options::{Cadence, EngineKind, Policy, Row, RunOptions};
 use super::outcome::{Outcome, Round, TimelinePoint, Verdict};
 use super::stack::Stack;
 use crate::experiment::Experiment;
@@ -282,6 +282,32 @@ pub(crate) fn round_line(r: &Round, s: f64) -> String {
         "hang {}: {killed}; {episodes}; {} requests completed before it",
         r.hang, r.completed_before
     )
+}
+
+/// Why a repeated fault cannot run in this row, if so: only the Node Manager emulator's rows
+/// on the fake engine, under the agent's own policies (the runner restarts the fake engine
+/// after each kill, and reads the agent's episodes).
+pub(super) fn not_applicable(e: &Experiment, policy: Policy, opts: &RunOptions) -> Option<String> {
+    let emulator = matches!(opts.row, Row::NodeManager(_)) && opts.pymotor_nm.is_none();
+    (e.repeat > 1 && (!emulator || opts.engine != EngineKind::Fake || policy == Policy::Mindie))
+        .then(|| {
+            "a repeated fault runs in the Node Manager emulator's rows on the fake engine, under the agent's own policies: the runner restarts the fake engine after each kill, and reads the agent's episodes"
+                .to_owned()
+        })
+}
+
+/// The verdict of a repeated fault's run that ended well, and its reason ([`judge_rounds`];
+/// a miss the policy cannot help is not detectable by design).
+pub(super) fn verdict(
+    e: &Experiment,
+    out: &Outcome,
+    not_by_design: bool,
+) -> (Verdict, Option<String>) {
+    match judge_rounds(&out.rounds, e.repeat) {
+        Ok(()) => (Verdict::Pass, None),
+        Err((Verdict::Missed, _)) if not_by_design => (Verdict::NotDetectableByDesign, None),
+        Err((v, why)) => (v, Some(why)),
+    }
 }
 
 /// Holds a repeated fault's rounds to the restart-loop rule: each of the `hangs` hangs was
