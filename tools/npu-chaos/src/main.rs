@@ -122,11 +122,16 @@ fn check(files: &[PathBuf]) -> ExitCode {
 
 fn describe(e: &experiment::Experiment) -> String {
     format!(
-        "{}: {} on {:?} for {}, expect {:?}{}",
+        "{}: {} on {:?} for {}{}, expect {:?}{}",
         e.name,
         e.fault,
         e.target,
         humantime::format_duration(e.duration),
+        if e.repeat > 1 {
+            format!(", {} times (killed and restarted between)", e.repeat)
+        } else {
+            String::new()
+        },
         e.expect,
         if e.guards.is_empty() {
             String::new()

@@ -21,6 +21,9 @@ pub struct PolicySummary {
     pub false_kills: usize,
     /// False kills the experiment names as this policy's known behaviour.
     pub known_false_kills: usize,
+    /// Benign experiments in which the agent escalated the engine as a restart loop (issue
+    /// 50; each fails the run as [`Verdict::EscalatedBenign`]): must be 0.
+    pub escalated_benign: usize,
     pub faults: usize,
     pub detected: usize,
     /// Faults this policy cannot detect by design (not counted as missed).
@@ -93,6 +96,10 @@ pub fn summarize(policy: Policy, row: Row, outcomes: &[Outcome], time_scale: f64
         benign: benign.len(),
         false_kills: count(Verdict::FalseKill) + count(Verdict::KnownFalseKill),
         known_false_kills: count(Verdict::KnownFalseKill),
+        escalated_benign: benign
+            .iter()
+            .filter(|o| o.escalated_at_ms.is_some())
+            .count(),
         faults: faults.len(),
         detected: faults.iter().filter(|o| o.verdict == Verdict::Pass).count(),
         by_design: count(Verdict::NotDetectableByDesign),
@@ -133,8 +140,8 @@ pub fn summarize(policy: Policy, row: Row, outcomes: &[Outcome], time_scale: f64
 }
 
 /// True when the run must fail: a false kill, a missed detection, an experiment that could
-/// not run, a draft that served without the agent's word, or a benign experiment the agent
-/// escalated as a restart loop.
+/// not run, a draft that served without the agent's word, a benign experiment the agent
+/// escalated as a restart loop, or a repeated hang it escalated at the wrong episode.
 pub fn failed(outcomes: &[Outcome]) -> bool {
     outcomes.iter().any(|o| {
         matches!(
@@ -144,6 +151,7 @@ pub fn failed(outcomes: &[Outcome]) -> bool {
                 | Verdict::Error
                 | Verdict::DraftWithoutCause
                 | Verdict::EscalatedBenign
+                | Verdict::WrongEscalation
         )
     })
 }
@@ -170,11 +178,11 @@ pub fn markdown(
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "| Policy | Acting (NM heartbeat, or kubelet) | False kills or restarts (benign) | Detected (faults) | Not detectable by design | Not applicable | Median time to detect | Worst time to detect | Lowest benign availability | Faults: median availability after abnormal | Kubelet: median time to not-ready | Kubelet: median time to restart |"
+        "| Policy | Acting (NM heartbeat, or kubelet) | False kills or restarts (benign) | Escalated as a restart loop (benign) | Detected (faults) | Not detectable by design | Not applicable | Median time to detect | Worst time to detect | Lowest benign availability | Faults: median availability after abnormal | Kubelet: median time to not-ready | Kubelet: median time to restart |"
     );
     let _ = writeln!(
         s,
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
     for &p in policies {
         for &c in rows {
@@ -204,7 +212,7 @@ fn summary_line(p: Policy, c: Row, outcomes: &[Outcome], time_scale: f64) -> Str
     let m = summarize(p, c, outcomes, time_scale);
     let kubelet = c == Row::Kubelet;
     format!(
-        "| {} | {} | {} / {}{} | {} / {}{} | {} | {} | {} | {} | {} | {} | {} | {} |",
+        "| {} | {} | {} / {}{} | {} / {} | {} / {}{} | {} | {} | {} | {} | {} | {} | {} | {} |",
         p.as_str(),
         c.label(),
         m.false_kills,
@@ -214,6 +222,8 @@ fn summary_line(p: Policy, c: Row, outcomes: &[Outcome], time_scale: f64) -> Str
         } else {
             String::new()
         },
+        m.escalated_benign,
+        m.benign,
         m.detected,
         m.faults - m.by_design,
         if m.draft_without_cause > 0 {
@@ -262,6 +272,14 @@ fn experiment_line(o: &Outcome, time_scale: f64) -> String {
         .map_or_else(|| "—".to_owned(), |t| unscale(t as i64));
     if let Some(t) = o.abnormal_after_ms {
         detected.push_str(&format!(" (agent abnormal after {})", unscale(t as i64)));
+    }
+    if !o.rounds.is_empty() {
+        let rounds: Vec<String> = o
+            .rounds
+            .iter()
+            .map(|r| crate::run::round_line(r, time_scale))
+            .collect();
+        detected = format!("worst {detected}: {}", rounds.join("; "));
     }
     format!(
         "| {} | {} | {} | {} | {} | {}{} | {} | {} | {} | {} | {} | {} | {} | {} |",
@@ -466,6 +484,7 @@ pub(crate) mod tests {
             agent_ops: Vec::new(),
             polls: Vec::new(),
             timeline: Vec::new(),
+            rounds: Vec::new(),
         }
     }
 
@@ -538,10 +557,18 @@ pub(crate) mod tests {
         );
         assert!(
             md.contains(
-                "| agent | 1s | 1 / 2 | 3 / 4 | 0 | 2 | 40.0 s | 60.0 s | 99.00 % | — | — | — |"
+                "| agent | 1s | 1 / 2 | 0 / 2 | 3 / 4 | 0 | 2 | 40.0 s | 60.0 s | 99.00 % | — | — | — |"
             ),
             "{md}"
         );
+        // A benign experiment the agent escalated is counted in its own column (issue 50).
+        os[0].escalated_at_ms = Some(100);
+        let m = summarize(Policy::Agent, Row::NodeManager(Cadence::PYMOTOR), &os, 0.1);
+        assert_eq!(m.escalated_benign, 1);
+        os[0].escalated_at_ms = None;
+        // A repeated hang escalated at the wrong episode fails the run.
+        let wrong = outcome("r", "detect_within 2m", Verdict::WrongEscalation, Some(1));
+        assert!(failed(&[wrong]));
         // Every row of the per-experiment table has as many cells as its header.
         let rows: Vec<&str> = md.lines().filter(|l| l.starts_with("| ")).collect();
         let header = rows.iter().find(|l| l.contains("Experiment")).unwrap();

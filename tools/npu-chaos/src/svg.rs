@@ -308,6 +308,7 @@ mod tests {
                 sample(200, "abnormal", true),
                 sample(400, "abnormal", false),
             ],
+            rounds: Vec::new(),
         };
         let svg = chart(&o, 0.1);
         assert!(svg.starts_with("<svg") && svg.ends_with("</svg>\n"));

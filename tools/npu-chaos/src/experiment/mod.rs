@@ -470,4 +470,9 @@ pub struct Experiment {
     /// injected (`driver_codes: ["80E18402"]`, hex as MindCluster's faultCode.json writes
     /// them); with any fault, and alone with `npu_fault_code`.
     pub driver_codes: Vec<u32>,
+    /// How many times the fault comes back (`repeat: 3`, default 1): after each of Node
+    /// Manager's kills the runner restarts the engine, waits until it is healthy again and
+    /// injects the fault once more. Issue 50's `repeated_hang`, which must escalate as a
+    /// restart loop at the agent's `escalate_after`-th episode.
+    pub repeat: u32,
 }

@@ -32,6 +32,8 @@ struct RawExperiment {
     kubelet: Option<KubeletExpect>,
     #[serde(default)]
     driver_codes: Vec<String>,
+    #[serde(default)]
+    repeat: Option<u32>,
 }
 
 #[derive(Deserialize)]
@@ -126,6 +128,7 @@ fn experiment(raw: RawExperiment, earlier: &[Experiment]) -> Result<Experiment, 
             "kubelet: restart: a benign experiment's engine must not be restarted".to_owned(),
         );
     }
+    let repeat = repeat(raw.repeat, fault, expect, &guards, &driver_codes)?;
     Ok(Experiment {
         name: raw.name,
         target: raw.target,
@@ -139,7 +142,45 @@ fn experiment(raw: RawExperiment, earlier: &[Experiment]) -> Result<Experiment, 
         known_false_kills,
         kubelet,
         driver_codes,
+        repeat,
     })
+}
+
+/// The most a fault may come back: three episodes show an escalation at the default
+/// `escalate_after`, and each round costs a hang, a kill and a restart.
+const MAX_REPEAT: u32 = 10;
+
+/// `repeat`: 1 to [`MAX_REPEAT`]; above 1 only for a hang the fake engine takes by a patch
+/// and loses when it restarts, expected to be detected, with no guard and no fault code (the
+/// rounds inject it whole, one after another).
+fn repeat(
+    raw: Option<u32>,
+    fault: Fault,
+    expect: Expect,
+    guards: &[Guard],
+    codes: &[u32],
+) -> Result<u32, String> {
+    let n = raw.unwrap_or(1);
+    if !(1..=MAX_REPEAT).contains(&n) {
+        return Err(format!("repeat: {n} is not within 1..={MAX_REPEAT}"));
+    }
+    if n == 1 {
+        return Ok(n);
+    }
+    let hang = matches!(
+        fault,
+        Fault::EngineHang | Fault::NpuHangIdle | Fault::NpuBusyStuck | Fault::Http5xx
+    );
+    let why = if !hang {
+        "only engine_hang, npu_hang_idle, npu_busy_stuck and http_5xx can repeat (a fault the restarted engine no longer has)"
+    } else if expect == Expect::Healthy {
+        "a repeated fault must be detected: `expect: { detect_within: … }`"
+    } else if !guards.is_empty() || !codes.is_empty() {
+        "a repeated fault takes no guard and no driver_codes"
+    } else {
+        return Ok(n);
+    };
+    Err(format!("repeat: {why}"))
 }
 
 /// Names become file names and table cells, so they are plain and unique in the file.
@@ -609,6 +650,53 @@ experiments:
         }
         for f in [Fault::EngineHang, Fault::EngineCrash, Fault::AgentCrash] {
             assert!(!f.is_driver_fault(), "{f}");
+        }
+    }
+
+    // `repeat`: a hang may come back up to 10 times, only a detected one, with no guard or
+    // code; anything else is refused naming the key.
+    #[test]
+    fn a_hang_may_repeat_and_nothing_else_may() {
+        let one = |fault: &str, expect: &str, extra: &str| {
+            parse(
+                &format!(
+                    "- name: r\n  target: engine\n  fault: {fault}\n  duration: 60s\n  expect: {expect}\n{extra}"
+                ),
+                "f.yaml",
+            )
+        };
+        let within = "{ detect_within: 60s }";
+        assert_eq!(one("engine_hang", within, "").unwrap()[0].repeat, 1);
+        assert_eq!(
+            one("engine_hang", within, "  repeat: 3\n").unwrap()[0].repeat,
+            3
+        );
+        assert_eq!(
+            one("npu_hang_idle", within, "  repeat: 10\n").unwrap()[0].repeat,
+            10
+        );
+        for (fault, expect, extra, says) in [
+            ("engine_hang", within, "  repeat: 0\n", "within 1..=10"),
+            ("engine_hang", within, "  repeat: 11\n", "within 1..=10"),
+            ("engine_crash", within, "  repeat: 3\n", "only engine_hang"),
+            (
+                "engine_hang",
+                "healthy",
+                "  repeat: 3\n",
+                "must be detected",
+            ),
+            (
+                "engine_hang",
+                within,
+                "  repeat: 3\n  guard: skip_if_queue_depth > 10\n",
+                "no guard",
+            ),
+        ] {
+            let err = one(fault, expect, extra).unwrap_err();
+            assert!(
+                err.contains("experiment #1 (r): repeat: ") && err.contains(says),
+                "{fault} {extra}: {err}"
+            );
         }
     }
 

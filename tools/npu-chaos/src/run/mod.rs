@@ -33,10 +33,13 @@ mod observe;
 mod options;
 mod outcome;
 mod processes;
+mod repeat;
 mod stack;
 
 pub use options::{Cadence, EngineKind, Integration, NodeManagerKind, Policy, Row, RunOptions};
-pub use outcome::{GuardEvent, KubeletOutcome, Outcome, TimelinePoint, Verdict};
+pub use outcome::{GuardEvent, KubeletOutcome, Outcome, Round, TimelinePoint, Verdict};
+pub use repeat::judge_rounds;
+pub(crate) use repeat::round_line;
 
 use crate::timescale::scaled;
 use emulator::{kill_evidence, start_node_manager};
@@ -119,6 +122,7 @@ fn fresh_outcome(e: &Experiment, policy: Policy, opts: &RunOptions) -> Outcome {
         agent_ops: Vec::new(),
         polls: Vec::new(),
         timeline: Vec::new(),
+        rounds: Vec::new(),
     }
 }
 
@@ -134,7 +138,7 @@ fn not_applicable(e: &Experiment, policy: Policy, opts: &RunOptions) -> Option<S
     {
         return Some(why.to_owned());
     }
-    policy.not_applicable(opts, e.fault)
+    repeat::not_applicable(e, policy, opts).or_else(|| policy.not_applicable(opts, e.fault))
 }
 
 /// The verdict of a run that ended with `result`, and the error to report with it (`None`:
@@ -170,6 +174,7 @@ fn verdict(
             )),
         ),
         Ok(()) if let Some(why) = escalated_benign(e, out) => (Verdict::EscalatedBenign, Some(why)),
+        Ok(()) if e.repeat > 1 => repeat::verdict(e, out, not_by_design),
         Ok(()) if opts.row == Row::Kubelet => (kubelet_verdict(e, out, known, not_by_design), None),
         Ok(()) => (node_manager_verdict(e, out, known, not_by_design), None),
     }
@@ -293,6 +298,14 @@ async fn run_inner(
     );
     if stack.router.is_some() {
         load.count_answers_of(crate::router::DRAFT_MODEL);
+    }
+    if e.repeat > 1 {
+        let result = repeat::Rounds::new(e, opts, &mut stack, &load, cancel)
+            .run(out)
+            .await;
+        out.load = load.stats.snapshot();
+        stop_stack(&mut stack).await;
+        return result;
     }
     // The node has been up past Node Manager's grace period.
     // Sampled every (scaled) second, as Node Manager polls.
@@ -732,6 +745,7 @@ mod tests {
             known_false_kills: Vec::new(),
             kubelet,
             driver_codes: Vec::new(),
+            repeat: 1,
         }
     }
 
@@ -782,6 +796,7 @@ mod tests {
             agent_ops: Vec::new(),
             polls: Vec::new(),
             timeline: Vec::new(),
+            rounds: Vec::new(),
         }
     }
 
@@ -884,6 +899,7 @@ mod tests {
             known_false_kills: Vec::new(),
             kubelet: crate::experiment::KubeletExpect::Restart,
             driver_codes: Vec::new(),
+            repeat: 1,
         };
         let out = |killed: Option<i64>, first: Option<i64>, detected: Option<u64>| Outcome {
             killed_at_ms: killed,

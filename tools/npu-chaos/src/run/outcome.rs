@@ -60,6 +60,30 @@ pub enum Verdict {
     /// A benign experiment in which the agent escalated the engine as a restart loop
     /// (issue 50): no benign case may look like one.
     EscalatedBenign,
+    /// A repeated fault (`repeat:`) whose episodes the agent did not escalate as a restart
+    /// loop exactly from its `escalate_after`-th one on, or whose episode count was not one
+    /// per hang (the reason names the hang).
+    WrongEscalation,
+}
+
+/// One hang of a repeated fault (`repeat:`): when it was injected and killed, and what the
+/// agent's `/status/detail` said of its episodes at Node Manager's kill decision.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Round {
+    /// 1 for the first hang.
+    pub hang: u32,
+    /// Milliseconds from the first hang's injection to this one's (the run's clock).
+    pub injected_at_ms: i64,
+    /// Requests the load had completed when this hang was injected: it grows between two
+    /// hangs when the restarted engine serves again.
+    pub completed_before: u64,
+    /// Milliseconds from this hang's injection to Node Manager's kill decision; `null`: not
+    /// killed within `detect_within`.
+    pub killed_after_ms: Option<u64>,
+    /// `/status/detail`'s `episodes` at the kill decision (`null`: no detail answered).
+    pub episodes: Option<npu_health_wire::AbnormalEpisodes>,
+    /// `/status/detail`'s `reason` at the kill decision.
+    pub reason: Option<String>,
 }
 
 /// The result of one experiment under one policy.
@@ -131,6 +155,9 @@ pub struct Outcome {
     /// PyMotor's heartbeats), or the kubelet's `/readyz` and `/livez` probes.
     pub polls: Vec<crate::polls::PollFigures>,
     pub timeline: Vec<TimelinePoint>,
+    /// A repeated fault's hangs, in order (empty for any other experiment).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rounds: Vec<Round>,
 }
 
 /// What the kubelet emulator did in one experiment. Times are milliseconds from the first

@@ -242,7 +242,7 @@ fn a_run_reports_detections_and_fails_on_a_false_kill() {
     assert_eq!(p["detected"], 1);
     assert_eq!(p["cadence"]["heartbeat_s"], 3);
     assert!(
-        stdout.contains("| reference | 3s | 1 / 1 | 1 / 1 |"),
+        stdout.contains("| reference | 3s | 1 / 1 | 0 / 1 | 1 / 1 |"),
         "{stdout}"
     );
     // No process of the run is left.
@@ -306,7 +306,7 @@ fn a_kubelet_row_restarts_a_crashed_engine() {
         "{summary}"
     );
     assert!(
-        output.contains("| agent | kubelet | 0 / 0 | 1 / 1 |"),
+        output.contains("| agent | kubelet | 0 / 0 | 0 / 0 | 1 / 1 |"),
         "{output}"
     );
     let stray = processes_mentioning(&out_dir.display().to_string());

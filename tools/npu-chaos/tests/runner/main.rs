@@ -2,4 +2,5 @@
 //! binary for the tool (docs/ci.md, "Test binaries"); each file is a module.
 
 mod chaos_cli;
+mod repeated_hang;
 mod systemd_manager;

@@ -391,6 +391,7 @@ mod tests {
             known_false_kills: Vec::new(),
             kubelet: KubeletExpect::Restart,
             driver_codes: Vec::new(),
+            repeat: 1,
         }
     }
 
