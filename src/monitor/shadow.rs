@@ -257,26 +257,20 @@ impl Monitor {
                 .find(|t| t.side == side)
                 .map(|t| (t.status, t.rule))
         };
-        g.turns = s
-            .turns
-            .iter()
-            .rev()
-            .take(KEPT_TURNS)
-            .rev()
-            .cloned()
-            .collect();
-        g.disagreements = s
-            .disagreements
-            .iter()
-            .rev()
-            .take(KEPT_TURNS)
-            .rev()
-            .cloned()
-            .collect();
+        g.turns = kept(&s.turns);
+        g.disagreements = kept(&s.disagreements);
         if let Some(in_force) = last("in_force") {
             g.last = Some((in_force, last("shadow")));
         }
     }
+}
+
+/// The last [`KEPT_TURNS`] of `v`, oldest first.
+fn kept<T: Clone>(v: &[T]) -> VecDeque<T> {
+    v[v.len().saturating_sub(KEPT_TURNS)..]
+        .iter()
+        .cloned()
+        .collect()
 }
 
 fn turn(at: u64, side: &str, policy: Policy, v: &Verdict) -> Turn {

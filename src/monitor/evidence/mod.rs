@@ -170,6 +170,21 @@ pub struct Verdict {
     pub reason: String,
 }
 
+impl Verdict {
+    /// The verdict of `status`, the source and finding that made it (if any), and `reason`.
+    fn of(status: Status, found: Option<(&dyn Source, Finding)>, reason: String) -> Verdict {
+        Verdict {
+            status,
+            cause: found.map(|(source, f)| Cause {
+                source: source.name(),
+                kind: f.kind,
+                rule: f.rule,
+            }),
+            reason,
+        }
+    }
+}
+
 impl Monitor {
     /// Spawns every source's loop for this engine, until `cancel`.
     pub fn spawn_loops(
@@ -221,15 +236,7 @@ impl Monitor {
                 _ => "no rule of the shadow makes the engine abnormal".to_owned(),
             },
         };
-        Some(Verdict {
-            status,
-            cause: found.map(|(source, f)| Cause {
-                source: source.name(),
-                kind: f.kind,
-                rule: f.rule,
-            }),
-            reason,
-        })
+        Some(Verdict::of(status, found, reason))
     }
 
     /// The verdict for `/status`; the first healthy call starts virtual inference.
@@ -252,15 +259,7 @@ impl Monitor {
             Some((source, finding)) => source.reason(self, finding) + &self.escalation_clause(),
             None => self.quiet_reason(status),
         };
-        Verdict {
-            status,
-            cause: found.map(|(source, f)| Cause {
-                source: source.name(),
-                kind: f.kind,
-                rule: f.rule,
-            }),
-            reason,
-        }
+        Verdict::of(status, found, reason)
     }
 
     /// Why the verdict is what it is.

@@ -1628,34 +1628,36 @@ async fn a_driver_fault_on_an_engine_that_answers_is_published_only() {
     }
 }
 
-// Issue 50: the reference in force with the agent policy's rules as the shadow. The shadow
-// counts the same probes: it is abnormal by rule 5 at the second failure, while the
-// reference goes on to its six, and its probes keep the reference's pace (no re-probe).
-#[tokio::test(start_paused = true)]
-async fn the_shadow_counts_the_probes_of_the_policy_in_force_and_decides_nothing() {
+/// The reference in force (six failures) with the agent policy's rules as the shadow, on a
+/// hung engine and an idle NPU: the state, the prober's calls, and how long the loop ran.
+async fn shadowed_run(signals: &AgentSignals) -> (ViState, FakeProber, Duration) {
     let mut c = cfg(6);
     c.shadow = agent_cfg().rules.into();
     let p = hung();
     let st = ViState::default();
-    let signals = agent_signals(false, false, 100.0);
     let start = Instant::now();
     let ended = run_with(
         &c,
         &p,
         &ConstPeak(0.0),
-        &signals,
+        signals,
         &st,
         Duration::from_secs(3600),
     )
     .await;
     assert!(ended && st.abnormal(), "the reference's six");
+    (st, p, start.elapsed())
+}
+
+// Issue 50: the reference in force with the agent policy's rules as the shadow. The shadow
+// counts the same probes: it is abnormal by rule 5 at the second failure, while the
+// reference goes on to its six, and its probes keep the reference's pace (no re-probe).
+#[tokio::test(start_paused = true)]
+async fn the_shadow_counts_the_probes_of_the_policy_in_force_and_decides_nothing() {
+    let (st, p, took) = shadowed_run(&agent_signals(false, false, 100.0)).await;
     assert_eq!(st.abnormal_rule(), None, "the reference's own count");
     assert_eq!(p.calls().len(), 7, "warm-up and six probes, none quicker");
-    assert_eq!(
-        start.elapsed(),
-        Duration::from_secs(60) + MS,
-        "the reference's pace"
-    );
+    assert_eq!(took, Duration::from_secs(60) + MS, "the reference's pace");
     let shadow = st.shadow();
     let (why, rule) = shadow.abnormal.expect("the shadow said abnormal");
     assert_eq!(rule, Some(5), "fast confirmation");
@@ -1667,21 +1669,7 @@ async fn the_shadow_counts_the_probes_of_the_policy_in_force_and_decides_nothing
 // every probe, rule 3 holds the shadow's count at zero while the reference counts.
 #[tokio::test(start_paused = true)]
 async fn the_shadow_names_the_rule_that_kept_a_failure_out_of_its_count() {
-    let mut c = cfg(6);
-    c.shadow = agent_cfg().rules.into();
-    let p = hung();
-    let st = ViState::default();
-    let signals = agent_signals(true, false, 100.0);
-    run_with(
-        &c,
-        &p,
-        &ConstPeak(0.0),
-        &signals,
-        &st,
-        Duration::from_secs(3600),
-    )
-    .await;
-    assert!(st.abnormal());
+    let (st, _, _) = shadowed_run(&agent_signals(true, false, 100.0)).await;
     let shadow = st.shadow();
     assert_eq!(
         (shadow.count, shadow.abnormal, shadow.held_by),
