@@ -11,6 +11,22 @@ fn chaos() -> Command {
     Command::new(env!("CARGO_BIN_EXE_npu-chaos"))
 }
 
+/// `npu-chaos check experiments/<file>`, which must pass: what it printed.
+pub(crate) fn checked(file: &str) -> String {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+    let out = chaos()
+        .arg("check")
+        .arg(format!("{root}/experiments/{file}"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// `npu-chaos run <args> --out <out_dir> <file>`: the exit code, and stdout then stderr (for
 /// the failure messages).
 fn run(args: &[&str], out_dir: &Path, file: &Path) -> (Option<i32>, String) {
@@ -101,18 +117,7 @@ fn shipped_files_validate() {
 // The driver-fault experiments: each fault with and without a code, and the benign codes.
 #[test]
 fn the_driver_fault_file_validates() {
-    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
-    let out = chaos()
-        .arg("check")
-        .arg(format!("{root}/experiments/driver-faults.yaml"))
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = checked("driver-faults.yaml");
     for name in [
         "separate_npu_with_hang",
         "hang_alone",

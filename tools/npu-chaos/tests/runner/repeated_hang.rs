@@ -4,7 +4,6 @@
 
 use npu_chaos::run::{Round, Verdict, judge_rounds};
 use npu_health_wire::AbnormalEpisodes;
-use std::process::Command;
 
 /// Hang `k` killed after 15 s (scaled), the agent counting `in_window` episodes, escalated
 /// or not, with the reason a hang's plus the escalation clause when escalated.
@@ -98,18 +97,7 @@ fn a_hang_that_is_not_killed_is_a_miss_named_by_its_number() {
 
 #[test]
 fn the_repeated_hang_file_validates() {
-    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
-    let out = Command::new(env!("CARGO_BIN_EXE_npu-chaos"))
-        .arg("check")
-        .arg(format!("{root}/experiments/repeated-hang.yaml"))
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = super::chaos_cli::checked("repeated-hang.yaml");
     assert!(
         text.starts_with("repeated_hang: engine_hang on Engine for 2m, 3 times"),
         "{text}"
