@@ -129,9 +129,15 @@ pub const fn rule_name(id: u8) -> &'static str {
     }
 }
 
-/// A set of rules of docs/policy.md, by number.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+/// A set of rules of docs/policy.md, by number (shown as the list of numbers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct RuleSet(u16);
+
+impl Serialize for RuleSet {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.ids())
+    }
+}
 
 impl RuleSet {
     /// No rule.
