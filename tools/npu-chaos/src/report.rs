@@ -133,19 +133,21 @@ pub fn summarize(policy: Policy, row: Row, outcomes: &[Outcome], time_scale: f64
 }
 
 /// True when the run must fail: a false kill, a missed detection, an experiment that could
-/// not run, a draft that served without the agent's word, or a benign experiment the agent
-/// escalated as a restart loop.
+/// not run, a draft that served without the agent's word, a benign experiment the agent
+/// escalated as a restart loop, or a shadow row whose kills differ from `reference`'s or
+/// were not by the policy in force ([`crate::shadow::Comparison::failed`]).
 pub fn failed(outcomes: &[Outcome]) -> bool {
-    outcomes.iter().any(|o| {
-        matches!(
-            o.verdict,
-            Verdict::FalseKill
-                | Verdict::Missed
-                | Verdict::Error
-                | Verdict::DraftWithoutCause
-                | Verdict::EscalatedBenign
-        )
-    })
+    crate::shadow::compare(&shadow_views(outcomes)).failed()
+        || outcomes.iter().any(|o| {
+            matches!(
+                o.verdict,
+                Verdict::FalseKill
+                    | Verdict::Missed
+                    | Verdict::Error
+                    | Verdict::DraftWithoutCause
+                    | Verdict::EscalatedBenign
+            )
+        })
 }
 
 fn secs(s: Option<f64>) -> String {
@@ -196,7 +198,18 @@ pub fn markdown(
     for o in outcomes {
         let _ = writeln!(s, "{}", experiment_line(o, time_scale));
     }
+    if policies.iter().any(|p| p.has_shadow()) {
+        s.push_str(&crate::shadow::markdown(
+            &shadow_views(outcomes),
+            time_scale,
+        ));
+    }
     s
+}
+
+/// The shadow comparison's view of the outcomes.
+fn shadow_views(outcomes: &[Outcome]) -> Vec<crate::shadow::RowView> {
+    outcomes.iter().map(crate::shadow::RowView::of).collect()
 }
 
 /// One line of the summary table: a policy in a row.
@@ -443,6 +456,7 @@ pub(crate) mod tests {
             abnormal_after_ms: None,
             killed_at_ms: detected.map(|d| d as i64),
             escalated_at_ms: None,
+            shadow: None,
             first_injected_ms: Some(0),
             injected_ms: 5000,
             guard_events: Vec::new(),

@@ -33,10 +33,12 @@ mod observe;
 mod options;
 mod outcome;
 mod processes;
+mod shadow_seen;
 mod stack;
 
 pub use options::{Cadence, EngineKind, Integration, NodeManagerKind, Policy, Row, RunOptions};
 pub use outcome::{GuardEvent, KubeletOutcome, Outcome, TimelinePoint, Verdict};
+pub use shadow_seen::{SeenDisagreement, ShadowSeen};
 
 use crate::timescale::scaled;
 use emulator::{kill_evidence, start_node_manager};
@@ -104,6 +106,7 @@ fn fresh_outcome(e: &Experiment, policy: Policy, opts: &RunOptions) -> Outcome {
         abnormal_after_ms: None,
         killed_at_ms: None,
         escalated_at_ms: None,
+        shadow: None,
         first_injected_ms: None,
         injected_ms: 0,
         guard_events: Vec::new(),
@@ -146,6 +149,8 @@ fn verdict(
     out: &Outcome,
     result: Result<(), String>,
 ) -> (Verdict, Option<String>) {
+    // A row whose agent policy is only observed is judged as the policy `/status` answers by.
+    let policy = policy.in_force();
     let not_by_design = (e.agent_policy_only && !policy.is_agent())
         || opts
             .row
@@ -759,6 +764,7 @@ mod tests {
             abnormal_after_ms: None,
             killed_at_ms: None,
             escalated_at_ms: None,
+            shadow: None,
             first_injected_ms: Some(0),
             injected_ms: 0,
             guard_events: Vec::new(),
