@@ -17,6 +17,7 @@ pub mod real_engine;
 pub mod report;
 pub mod router;
 pub mod run;
+pub mod shadow;
 pub mod stress;
 pub mod svg;
 pub mod systemd;

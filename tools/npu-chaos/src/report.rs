@@ -141,19 +141,22 @@ pub fn summarize(policy: Policy, row: Row, outcomes: &[Outcome], time_scale: f64
 
 /// True when the run must fail: a false kill, a missed detection, an experiment that could
 /// not run, a draft that served without the agent's word, a benign experiment the agent
-/// escalated as a restart loop, or a repeated hang it escalated at the wrong episode.
+/// escalated as a restart loop, a repeated hang it escalated at the wrong episode, or a shadow
+/// row whose kills differ from `reference`'s or were not by the policy in force
+/// ([`crate::shadow::Comparison::failed`]).
 pub fn failed(outcomes: &[Outcome]) -> bool {
-    outcomes.iter().any(|o| {
-        matches!(
-            o.verdict,
-            Verdict::FalseKill
-                | Verdict::Missed
-                | Verdict::Error
-                | Verdict::DraftWithoutCause
-                | Verdict::EscalatedBenign
-                | Verdict::WrongEscalation
-        )
-    })
+    crate::shadow::compare(&shadow_views(outcomes)).failed()
+        || outcomes.iter().any(|o| {
+            matches!(
+                o.verdict,
+                Verdict::FalseKill
+                    | Verdict::Missed
+                    | Verdict::Error
+                    | Verdict::DraftWithoutCause
+                    | Verdict::EscalatedBenign
+                    | Verdict::WrongEscalation
+            )
+        })
 }
 
 fn secs(s: Option<f64>) -> String {
@@ -204,7 +207,18 @@ pub fn markdown(
     for o in outcomes {
         let _ = writeln!(s, "{}", experiment_line(o, time_scale));
     }
+    if policies.iter().any(|p| p.has_shadow()) {
+        s.push_str(&crate::shadow::markdown(
+            &shadow_views(outcomes),
+            time_scale,
+        ));
+    }
     s
+}
+
+/// The shadow comparison's view of the outcomes.
+fn shadow_views(outcomes: &[Outcome]) -> Vec<crate::shadow::RowView> {
+    outcomes.iter().map(crate::shadow::RowView::of).collect()
 }
 
 /// One line of the summary table: a policy in a row.
@@ -461,6 +475,7 @@ pub(crate) mod tests {
             abnormal_after_ms: None,
             killed_at_ms: detected.map(|d| d as i64),
             escalated_at_ms: None,
+            shadow: None,
             first_injected_ms: Some(0),
             injected_ms: 5000,
             guard_events: Vec::new(),

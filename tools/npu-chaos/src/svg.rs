@@ -283,6 +283,7 @@ mod tests {
             abnormal_after_ms: None,
             killed_at_ms: Some(300),
             escalated_at_ms: None,
+            shadow: None,
             first_injected_ms: Some(0),
             injected_ms: 200,
             guard_events: vec![GuardEvent {

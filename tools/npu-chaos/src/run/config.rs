@@ -20,7 +20,10 @@ const LEARNED_FLOOR_MIN: Duration = Duration::from_millis(100);
 
 /// The `[engine.qos]` and `[engine.agent_policy]` keys of `policy` for `engine`, durations
 /// through `d` (scaled). Under `agent` the preset turns stall detection and QoS eviction on;
-/// its durations are written here only because they are scaled.
+/// its durations are written here only because they are scaled. `agent-observe` and
+/// `reference-shadow` get `agent`'s keys, so that their shadow is the policy the `agent` row
+/// runs: `stall_detection` and `eviction` are left out (written keys win), so the agent
+/// preset turns them on in the shadow while the reference in force leaves them off.
 fn policy_keys(
     policy: Policy,
     engine: EngineKind,
@@ -33,7 +36,7 @@ fn policy_keys(
         Policy::Reference | Policy::Mindie => {
             "stall_detection = false\neviction = false\n".to_owned()
         }
-        Policy::Agent | Policy::AgentBefore40 => {
+        Policy::Agent | Policy::AgentBefore40 | Policy::AgentObserve | Policy::ReferenceShadow => {
             use npu_health_agent::config::policy::bounds as p;
             use npu_health_agent::config::policy::{AGENT_STALL_WINDOW, AgentPolicy};
             let a = AgentPolicy::default();
@@ -62,8 +65,13 @@ fn policy_keys(
                     ),
                 ),
             };
+            // Every rule observed: `/status` is the reference's, the shadow the agent policy.
+            let mode = match policy {
+                Policy::AgentObserve => "mode = \"observe\"\n",
+                _ => "",
+            };
             format!(
-                "stall_window = \"{}\"\n[engine.agent_policy]\nhealth_failure_grace = \"{}\"\nconfirm_interval = \"{}\"\nconfirm_timeout = \"{}\"\n{stopped}{evidence}",
+                "stall_window = \"{}\"\n[engine.agent_policy]\n{mode}health_failure_grace = \"{}\"\nconfirm_interval = \"{}\"\nconfirm_timeout = \"{}\"\n{stopped}{evidence}",
                 d(AGENT_STALL_WINDOW.as_secs_f64(), q::STALL_WINDOW),
                 d(
                     a.health_failure_grace.as_secs_f64(),
@@ -100,7 +108,7 @@ sample_period = "{sample}"
 driver_call_deadline = "{deadline}"
 fault_period = "{faults}"
 policy = "{policy}"
-
+{shadow}
 [[engine]]
 name = "chaos"
 engine_type = "vllm"
@@ -127,8 +135,12 @@ max_input_age = "{max_age}"
 ttft_budget = "{ttft_budget}"
 {policy_keys}"#,
         policy = match policy {
-            Policy::Agent | Policy::AgentBefore40 => "agent",
-            Policy::Reference | Policy::Mindie => "reference",
+            Policy::Agent | Policy::AgentBefore40 | Policy::AgentObserve => "agent",
+            Policy::Reference | Policy::Mindie | Policy::ReferenceShadow => "reference",
+        },
+        shadow = match policy {
+            Policy::ReferenceShadow => "shadow_policy = \"agent\"\n",
+            _ => "",
         },
         sample = fmt_duration(scaled(Duration::from_millis(50), s).max(Duration::from_millis(10))),
         deadline = fmt_duration(scaled(Duration::from_secs(1), s).max(Duration::from_millis(20))),
@@ -148,4 +160,52 @@ ttft_budget = "{ttft_budget}"
         max_age = d(60.0, q::MAX_INPUT_AGE),
         ttft_budget = d(2.0, q::TTFT_BUDGET),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::agent_toml;
+    use crate::run::options::{EngineKind, Policy};
+    use std::path::Path;
+
+    /// The engine config the agent reads from `policy`'s file.
+    fn engine(policy: Policy) -> npu_health_agent::config::EngineSpec {
+        let text = agent_toml(8000, 8001, 2, policy, 0.1, EngineKind::Fake, "m");
+        let cfg = npu_health_agent::config::file::parse(&text, Path::new("agent.toml"))
+            .unwrap_or_else(|e| panic!("{e}\n{text}"));
+        cfg.engines.into_iter().next().unwrap()
+    }
+
+    // Both shadow rows answer `/status` by the reference (no rule of the agent policy in
+    // force), and their shadow is exactly the judging the `agent` row runs: the same rules,
+    // the same stall window. (Writing `stall_detection = false` for `reference-shadow`, as
+    // `reference` does, leaves rule 7 and 9 out of its shadow and fails here.)
+    #[test]
+    fn the_shadow_rows_answer_by_the_reference_and_shadow_the_agent_row() {
+        let agent = engine(Policy::Agent).judging.in_force;
+        let reference = engine(Policy::Reference).judging.in_force;
+        assert!(engine(Policy::Agent).judging.shadow.is_none());
+        for policy in [Policy::AgentObserve, Policy::ReferenceShadow] {
+            let e = engine(policy);
+            assert_eq!(
+                e.judging.in_force.rules.ids().collect::<Vec<_>>(),
+                reference.rules.ids().collect::<Vec<_>>(),
+                "{policy:?}: /status by the reference's rules"
+            );
+            let shadow = e
+                .judging
+                .shadow
+                .unwrap_or_else(|| panic!("{policy:?}: no shadow"));
+            assert_eq!(
+                shadow.rules.ids().collect::<Vec<_>>(),
+                agent.rules.ids().collect::<Vec<_>>(),
+                "{policy:?}"
+            );
+            assert_eq!(shadow.stall_window, agent.stall_window, "{policy:?}");
+            assert_eq!(
+                e.agent_policy.confirm_interval,
+                engine(Policy::Agent).agent_policy.confirm_interval
+            );
+        }
+    }
 }

@@ -34,12 +34,14 @@ mod options;
 mod outcome;
 mod processes;
 mod repeat;
+mod shadow_seen;
 mod stack;
 
 pub use options::{Cadence, EngineKind, Integration, NodeManagerKind, Policy, Row, RunOptions};
 pub use outcome::{GuardEvent, KubeletOutcome, Outcome, Round, TimelinePoint, Verdict};
 pub use repeat::judge_rounds;
 pub(crate) use repeat::round_line;
+pub use shadow_seen::{SeenDisagreement, ShadowSeen};
 
 use crate::timescale::scaled;
 use emulator::{kill_evidence, start_node_manager};
@@ -107,6 +109,7 @@ fn fresh_outcome(e: &Experiment, policy: Policy, opts: &RunOptions) -> Outcome {
         abnormal_after_ms: None,
         killed_at_ms: None,
         escalated_at_ms: None,
+        shadow: None,
         first_injected_ms: None,
         injected_ms: 0,
         guard_events: Vec::new(),
@@ -150,6 +153,8 @@ fn verdict(
     out: &Outcome,
     result: Result<(), String>,
 ) -> (Verdict, Option<String>) {
+    // A row whose agent policy is only observed is judged as the policy `/status` answers by.
+    let policy = policy.in_force();
     let not_by_design = (e.agent_policy_only && !policy.is_agent())
         || opts
             .row
@@ -773,6 +778,7 @@ mod tests {
             abnormal_after_ms: None,
             killed_at_ms: None,
             escalated_at_ms: None,
+            shadow: None,
             first_injected_ms: Some(0),
             injected_ms: 0,
             guard_events: Vec::new(),

@@ -33,6 +33,16 @@ pub enum Policy {
     #[value(name = "mindie-3.0.0b2")]
     #[serde(rename = "mindie-3.0.0b2")]
     Mindie,
+    /// `policy = "agent"` with every rule in `observe` (`[engine.agent_policy] mode`):
+    /// `/status` answers as `reference` does, the agent policy is the shadow (issue 50).
+    #[value(name = "agent-observe")]
+    #[serde(rename = "agent-observe")]
+    AgentObserve,
+    /// `policy = "reference"` with `shadow_policy = "agent"` (the agent's keys as `agent`
+    /// writes them): the upgrade path's first week (docs/deploy.md).
+    #[value(name = "reference-shadow")]
+    #[serde(rename = "reference-shadow")]
+    ReferenceShadow,
 }
 
 impl Policy {
@@ -43,7 +53,23 @@ impl Policy {
             Policy::Agent => "agent",
             Policy::AgentBefore40 => "agent-before-40",
             Policy::Mindie => "mindie-3.0.0b2",
+            Policy::AgentObserve => "agent-observe",
+            Policy::ReferenceShadow => "reference-shadow",
         }
+    }
+
+    /// The policy `/status` answers by: `reference` for the rows whose agent policy is only
+    /// observed (their verdicts, expectations and known kills are the reference's).
+    pub fn in_force(self) -> Policy {
+        match self {
+            Policy::AgentObserve | Policy::ReferenceShadow => Policy::Reference,
+            p => p,
+        }
+    }
+
+    /// Whether the agent runs the agent policy as a shadow beside the one in force.
+    pub fn has_shadow(self) -> bool {
+        matches!(self, Policy::AgentObserve | Policy::ReferenceShadow)
     }
 
     /// The agent policy, with or without issue 40's evidence.

@@ -116,6 +116,10 @@ pub struct Outcome {
     /// benign experiment must leave it `null` ([`Verdict::EscalatedBenign`]).
     #[serde(default)]
     pub escalated_at_ms: Option<i64>,
+    /// What the agent said about its rules and its shadow (`/status/detail`'s `rules` and
+    /// `shadow`); `null` when no rule fired and there is no shadow (issue 50).
+    #[serde(default)]
+    pub shadow: Option<super::ShadowSeen>,
     /// Milliseconds from the scheduled injection to the first actual one (guards may hold it
     /// back); `null` when the fault was never injected.
     pub first_injected_ms: Option<i64>,

@@ -239,6 +239,7 @@ impl Run<'_> {
             self.o.load.mark();
         }
         if let Some(d) = detail {
+            super::ShadowSeen::note(&mut out.shadow, d, self.t0_unix_ms);
             crate::router::note_actions(&mut out.router_actions, &d.actions, self.t0_unix_ms);
             if out.escalated_at_ms.is_none() && d.episodes.escalated {
                 out.escalated_at_ms = Some(unix_ms() as i64 - self.t0_unix_ms);
@@ -320,6 +321,7 @@ impl Run<'_> {
                 .get_json(&format!("{}/status/detail", stack.mgmt))
                 .await;
             if let Some(d) = &detail {
+                super::ShadowSeen::note(&mut out.shadow, d, self.t0_unix_ms);
                 crate::router::note_actions(&mut out.router_actions, &d.actions, self.t0_unix_ms);
             }
         }
