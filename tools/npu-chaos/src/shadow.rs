@@ -73,7 +73,8 @@ pub struct Line {
     /// This row's shadow: its first `abnormal` and rule.
     pub shadow_rule: Option<u8>,
     pub shadow_abnormal_ms: Option<i64>,
-    /// (b) the shadow said `abnormal` exactly where `agent` killed; `null`: not both ran.
+    /// (b) the shadow said `abnormal` (before this row's kill) exactly where `agent` said
+    /// it; `null`: not both ran.
     pub detected_equal: Option<bool>,
     pub disagreements: usize,
 }
@@ -131,7 +132,17 @@ pub fn compare(views: &[RowView]) -> Comparison {
         let killed = v.killed();
         let reference_killed = reference.and_then(RowView::killed);
         let agent_killed = agent.and_then(RowView::killed);
-        let said = v.ran().then_some(seen.shadow_abnormal_ms.is_some());
+        // What the shadow said before this row's own kill: a turn after it reads the kill
+        // itself (the port closed: rule 2), not the experiment.
+        let said = v.ran().then_some(
+            seen.shadow_abnormal_ms
+                .is_some_and(|a| v.killed_at_ms.is_none_or(|k| a <= k)),
+        );
+        // What `agent` did: it said `abnormal` (Node Manager's kill follows unless the engine
+        // came back first, as after a restart at the 3 s cadence).
+        let agent_said = agent
+            .filter(|a| a.ran())
+            .map(|a| a.abnormal_at_ms.is_some() || a.killed_at_ms.is_some());
         c.lines.push(Line {
             experiment: v.experiment.clone(),
             row: v.row.clone(),
@@ -144,7 +155,7 @@ pub fn compare(views: &[RowView]) -> Comparison {
             agent_abnormal_ms: agent.and_then(|a| a.abnormal_at_ms),
             shadow_rule: seen.shadow_rule,
             shadow_abnormal_ms: seen.shadow_abnormal_ms,
-            detected_equal: said.zip(agent_killed).map(|(a, b)| a == b),
+            detected_equal: said.zip(agent_said).map(|(a, b)| a == b),
             disagreements: seen.disagreements.len(),
         });
         if let Some(k) = v.killed_at_ms {
@@ -204,7 +215,7 @@ pub fn markdown(views: &[RowView], time_scale: f64) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "\n## The shadow rows\n\n(a) the row's kills equal `reference`'s (its `/status` is the reference's; a difference fails the run); (b) its shadow said `abnormal` exactly where `agent` killed. Times are unscaled, from the scheduled injection; lag: the shadow's first `abnormal` minus the `agent` row's (positive: later).\n"
+        "\n## The shadow rows\n\n(a) the row's kills equal `reference`'s (its `/status` is the reference's; a difference fails the run); (b) its shadow said `abnormal` (before the row's own kill) exactly where `agent` said it. Times are unscaled, from the scheduled injection; lag: the shadow's first `abnormal` minus the `agent` row's (positive: later).\n"
     );
     let _ = writeln!(
         s,

@@ -255,3 +255,42 @@ fn the_shadow_seen_keeps_each_sides_first_abnormal_from_the_injection() {
     ShadowSeen::note(&mut seen, &later, t0 as i64);
     assert_eq!(seen.unwrap().shadow_abnormal_ms, Some(19_000));
 }
+
+// (b) reads the shadow before the row's own kill, and `agent` by what it said: a shadow turn
+// after the reference's kill (the port closed by the kill) is not a detection, and an `agent`
+// row that said `abnormal` without a kill (the engine back first) is one.
+#[test]
+fn the_shadow_after_the_rows_own_kill_is_not_read_and_agent_is_read_by_what_it_said() {
+    let run = vec![
+        view("reload", Policy::Reference, Some(5_000), Some(1_000), None),
+        view("reload", Policy::Agent, None, None, None),
+        view(
+            "reload",
+            Policy::AgentObserve,
+            Some(5_000),
+            Some(1_000),
+            said(Some(6_500), Some(2), Some(1_000)),
+        ),
+        view("restart", Policy::Reference, None, Some(1_000), None),
+        view("restart", Policy::Agent, None, Some(1_000), fired(2)),
+        view(
+            "restart",
+            Policy::AgentObserve,
+            None,
+            Some(1_000),
+            said(Some(1_200), Some(2), Some(1_000)),
+        ),
+    ];
+    let c = compare(&run);
+    assert!(!c.failed(), "{c:#?}");
+    assert_eq!(
+        c.lines[0].detected_equal,
+        Some(true),
+        "after the kill: not read"
+    );
+    assert_eq!(
+        c.lines[1].detected_equal,
+        Some(true),
+        "agent said it, no kill"
+    );
+}
