@@ -65,6 +65,10 @@ pub struct Line {
     pub killed: Option<bool>,
     /// (a) this row's kill decision equals `reference`'s; `null`: not both ran.
     pub kills_equal: Option<bool>,
+    /// One of the two is a kill the experiment names as the reference's known false kill
+    /// (`known_false_kill`: a race the reference loses some runs and not others), so a
+    /// difference in (a) is that race, not the row's `/status`: reported, not failed.
+    pub known_kill: bool,
     /// Node Manager killed under `agent`.
     pub agent_killed: Option<bool>,
     /// The `agent` row's cause rule and its first `abnormal`.
@@ -111,7 +115,9 @@ impl Comparison {
     /// The run fails: a shadow row's kills differ from `reference`'s (its `/status` is the
     /// reference's), or Node Manager killed where `/status` had not said `abnormal`.
     pub fn failed(&self) -> bool {
-        self.lines.iter().any(|l| l.kills_equal == Some(false))
+        self.lines
+            .iter()
+            .any(|l| l.kills_equal == Some(false) && !l.known_kill)
             || self.kills.iter().any(|k| k.by_shadow.is_some())
     }
 }
@@ -150,6 +156,10 @@ pub fn compare(views: &[RowView]) -> Comparison {
             reference_killed,
             killed,
             kills_equal: killed.zip(reference_killed).map(|(a, b)| a == b),
+            known_kill: [Some(v), reference]
+                .into_iter()
+                .flatten()
+                .any(|r| r.verdict == Verdict::KnownFalseKill),
             agent_killed,
             agent_rule: agent.and_then(|a| a.seen.as_ref()?.fired.first().copied()),
             agent_abnormal_ms: agent.and_then(|a| a.abnormal_at_ms),
@@ -215,7 +225,7 @@ pub fn markdown(views: &[RowView], time_scale: f64) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "\n## The shadow rows\n\n(a) the row's kills equal `reference`'s (its `/status` is the reference's; a difference fails the run); (b) its shadow said `abnormal` (before the row's own kill) exactly where `agent` said it. Times are unscaled, from the scheduled injection; lag: the shadow's first `abnormal` minus the `agent` row's (positive: later).\n"
+        "\n## The shadow rows\n\n(a) the row's kills equal `reference`'s (its `/status` is the reference's; a difference fails the run, but for a kill the experiment names as the reference's known false kill, a race it loses in some runs); (b) its shadow said `abnormal` (before the row's own kill) exactly where `agent` said it. Times are unscaled, from the scheduled injection; lag: the shadow's first `abnormal` minus the `agent` row's (positive: later).\n"
     );
     let _ = writeln!(
         s,
@@ -234,7 +244,10 @@ pub fn markdown(views: &[RowView], time_scale: f64) -> String {
             l.policy,
             yes(l.reference_killed),
             yes(l.killed),
-            yes(l.kills_equal),
+            match (l.kills_equal, l.known_kill) {
+                (Some(false), true) => "no (a known kill)",
+                (e, _) => yes(e),
+            },
             yes(l.agent_killed),
             rule(l.agent_rule),
             at(l.agent_abnormal_ms, time_scale),
