@@ -352,7 +352,7 @@ pub(crate) fn judgings(
         )),
         (Policy::Agent, Some(_)) => {
             let mut plain = qos.clone();
-            undo_preset(&mut plain, written);
+            preset_unwritten(Policy::Reference, &mut plain, written);
             Ok(Judgings {
                 in_force: agent(&[Mode::Enforce], qos),
                 shadow: Some(reference(&plain)),
@@ -373,23 +373,6 @@ pub(crate) fn judgings(
     }
 }
 
-/// The `[engine.qos]` keys as the reference reads them: the agent preset's keys back to
-/// their defaults where the file did not write them.
-fn undo_preset(qos: &mut QosConfig, written: &[String]) {
-    let d = QosConfig::default();
-    let set = |names: &[&str]| names.iter().any(|n| written.iter().any(|w| w == n));
-    for (key, names) in PRESET_KEYS {
-        if set(names) {
-            continue;
-        }
-        match key {
-            "stall_detection" => qos.stall_detection = d.stall_detection,
-            "eviction" => qos.eviction = d.eviction,
-            _ => qos.stall_window = d.stall_window,
-        }
-    }
-}
-
 /// The `[engine.qos]` keys a preset may change, by every name the file may use.
 const PRESET_KEYS: [(&str, &[&str]); 3] = [
     ("stall_detection", &["stall_detection"]),
@@ -400,18 +383,26 @@ const PRESET_KEYS: [(&str, &[&str]); 3] = [
 /// Applies `policy`'s defaults to the `[engine.qos]` keys the file did not write (`written`:
 /// the keys of that table as written).
 pub(crate) fn apply_preset(policy: Policy, qos: &mut QosConfig, written: &[String]) {
-    if policy != Policy::Agent {
-        return;
+    if policy == Policy::Agent {
+        preset_unwritten(policy, qos, written);
     }
+}
+
+/// Sets the preset's keys that the file did not write (`written`) to `policy`'s values: the
+/// agent's preset, or the defaults (how the reference reads a file written for the agent).
+fn preset_unwritten(policy: Policy, qos: &mut QosConfig, written: &[String]) {
+    let d = QosConfig::default();
+    let agent = policy == Policy::Agent;
     let set = |names: &[&str]| names.iter().any(|n| written.iter().any(|w| w == n));
     for (key, names) in PRESET_KEYS {
         if set(names) {
             continue;
         }
         match key {
-            "stall_detection" => qos.stall_detection = true,
-            "eviction" => qos.eviction = true,
-            _ => qos.stall_window = AGENT_STALL_WINDOW,
+            "stall_detection" => qos.stall_detection = agent || d.stall_detection,
+            "eviction" => qos.eviction = agent || d.eviction,
+            _ if agent => qos.stall_window = AGENT_STALL_WINDOW,
+            _ => qos.stall_window = d.stall_window,
         }
     }
 }
