@@ -4,6 +4,7 @@
 //! ground) reads these facts and nothing else of the monitor.
 
 use crate::monitor::Monitor;
+use crate::monitor::evidence::Verdict;
 use crate::monitor::verdict::{HealthState, Status};
 use crate::monitor::vi_state::Phase;
 use crate::probe::health::Transport;
@@ -52,11 +53,16 @@ pub(crate) struct ActionInputs {
 impl ActionInputs {
     /// The facts of `m` now.
     pub(crate) fn of(m: &Monitor) -> ActionInputs {
-        use crate::monitor::evidence::Kind;
         // The monitor's one verdict: its status, cause and reason come from one walk.
-        let verdict = m.verdict();
+        ActionInputs::with(m, &m.verdict())
+    }
+
+    /// The facts of `m` now, with `verdict` read by the caller (the observer reads it once
+    /// for these and for the rules' records).
+    pub(crate) fn with(m: &Monitor, verdict: &Verdict) -> ActionInputs {
+        use crate::monitor::evidence::Kind;
         let health = m.health_detail();
-        let cause = verdict.cause.map(|c| match c.kind {
+        let cause = verdict.cause.as_ref().map(|c| match c.kind {
             Kind::Health => AbnormalCause::Health,
             Kind::EngineStopped => AbnormalCause::EngineStopped,
             Kind::VirtualInference => AbnormalCause::VirtualInference,

@@ -96,12 +96,13 @@ pub(crate) async fn run(m: Arc<Monitor>, cancel: CancellationToken) {
             _ = cancel.cancelled() => return,
             _ = tick.tick() => {}
         }
-        let a = Answers::of(&m);
+        // One verdict a beat, for the answers and for the rules' and the shadow's records.
+        let verdict = m.verdict();
+        let a = Answers::with(&m, &verdict);
         for e in changes(last.as_ref(), &a, unix_ms()) {
             m.journal().push(e);
         }
         last = Some(ObservedState::of(&a));
-        // The rules' and the shadow's records, on the same beat.
-        m.observe_rules();
+        m.observe_rules(&verdict);
     }
 }

@@ -69,13 +69,12 @@ fn rule_words(rule: Option<u8>) -> String {
 }
 
 impl Monitor {
-    /// Compares the verdict in force with the shadow's and records what changed: each side's
-    /// turn, a rule fired, a disagreement opened or closed (with its log line and journal
-    /// entry). The observer's; never on `/status`'s path.
-    pub(crate) fn observe_rules(&self) {
-        let in_force = self.verdict();
+    /// Compares `in_force` (the verdict the observer read this beat) with the shadow's and
+    /// records what changed: each side's turn, a rule fired, a disagreement opened or closed
+    /// (with its log line and journal entry). The observer's; never on `/status`'s path.
+    pub(crate) fn observe_rules(&self, in_force: &Verdict) {
         let shadow = self.shadow_verdict();
-        let now = (said(&in_force), shadow.as_ref().map(said));
+        let now = (said(in_force), shadow.as_ref().map(said));
         let at = unix_ms();
         let mut g = self.records.inner.lock().unwrap_or_else(|p| p.into_inner());
         let (was_in, was_shadow) = g.last.unwrap_or(((Status::Initial, None), None));
@@ -84,7 +83,7 @@ impl Monitor {
         }
         let policy = self.spec.policy.value;
         if now.0 != was_in {
-            push(&mut g.turns, turn(at, "in_force", policy, &in_force));
+            push(&mut g.turns, turn(at, "in_force", policy, in_force));
             if in_force.status == Status::Abnormal && was_in.0 != Status::Abnormal {
                 g.fired.entry(now.0.1.unwrap_or(0)).or_default().0 += 1;
                 self.warn_if_escalated();
@@ -94,7 +93,7 @@ impl Monitor {
             if now.1 != was_shadow {
                 push(&mut g.turns, turn(at, "shadow", s.policy, v));
             }
-            self.disagreement(&mut g, at, &in_force, v);
+            self.disagreement(&mut g, at, in_force, v);
         }
         g.last = Some(now);
     }

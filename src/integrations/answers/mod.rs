@@ -143,6 +143,11 @@ impl Answers {
     pub(crate) fn of(m: &Monitor) -> Answers {
         Answers::from_facts(ActionInputs::of(m), NotReadyList::of(m.spec()))
     }
+
+    /// The answers for `m` now, from `verdict` the caller read (the observer's).
+    pub(crate) fn with(m: &Monitor, verdict: &crate::monitor::evidence::Verdict) -> Answers {
+        Answers::from_facts(ActionInputs::with(m, verdict), NotReadyList::of(m.spec()))
+    }
 }
 
 #[cfg(test)]

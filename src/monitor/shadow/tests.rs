@@ -31,11 +31,11 @@ fn failing_503() -> HealthOutcome {
 fn a_shadow_abnormal_is_recorded_as_a_disagreement_until_the_policy_in_force_agrees() {
     let m = engine("policy = \"reference\"\nshadow_policy = \"agent\"\n");
     m.record_health(&HealthOutcome::Healthy, true);
-    m.observe_rules();
+    m.observe_rules(&m.verdict());
     assert_eq!(m.shadow_record().unwrap().disagreements, vec![]);
     assert_eq!(m.observed(), (0, 0));
     shadow_abnormal(&m, 5);
-    m.observe_rules();
+    m.observe_rules(&m.verdict());
     let s = m.shadow_record().unwrap();
     assert_eq!(
         (s.policy, s.status, s.rule),
@@ -65,7 +65,7 @@ fn a_shadow_abnormal_is_recorded_as_a_disagreement_until_the_policy_in_force_agr
         ("observe", 0, 1)
     );
     // Observing again changes nothing.
-    m.observe_rules();
+    m.observe_rules(&m.verdict());
     assert_eq!(
         m.shadow_record().unwrap().turns.len(),
         3,
@@ -73,7 +73,7 @@ fn a_shadow_abnormal_is_recorded_as_a_disagreement_until_the_policy_in_force_agr
         m.shadow_record()
     );
     m.vi.set_abnormal("6 consecutive virtual requests failed");
-    m.observe_rules();
+    m.observe_rules(&m.verdict());
     let s = m.shadow_record().unwrap();
     assert!(
         s.disagreements[0].ended_unix_ms.is_some(),
@@ -111,7 +111,7 @@ fn a_grace_in_observe_records_that_it_would_have_kept_the_engine_normal() {
     m.record_health(&HealthOutcome::Healthy, true);
     m.record_health(&failing_503(), true);
     assert_eq!(m.peek_status(), Status::Abnormal, "rule 1 is not in force");
-    m.observe_rules();
+    m.observe_rules(&m.verdict());
     let s = m.shadow_record().unwrap();
     assert_eq!(s.status, Status::Normal);
     let d = s.disagreements.last().unwrap();
@@ -130,9 +130,9 @@ fn a_grace_in_observe_records_that_it_would_have_kept_the_engine_normal() {
 fn the_records_survive_a_restart_and_repeat_no_turn() {
     let m = engine("policy = \"reference\"\nshadow_policy = \"agent\"\n");
     m.record_health(&HealthOutcome::Healthy, true);
-    m.observe_rules();
+    m.observe_rules(&m.verdict());
     shadow_abnormal(&m, 11);
-    m.observe_rules();
+    m.observe_rules(&m.verdict());
     let saved = m.records_saved();
     assert!(!saved.is_empty());
     let text = serde_json::to_string(&saved).unwrap();
@@ -141,7 +141,7 @@ fn the_records_survive_a_restart_and_repeat_no_turn() {
     n.restore_records(&back);
     n.record_health(&HealthOutcome::Healthy, true);
     shadow_abnormal(&n, 11);
-    n.observe_rules();
+    n.observe_rules(&n.verdict());
     let s = n.shadow_record().unwrap();
     assert_eq!(s.turns, saved.turns, "no turn repeated");
     assert_eq!(s.disagreements, saved.disagreements, "the open one goes on");
@@ -154,10 +154,10 @@ fn without_a_shadow_only_the_rules_in_force_are_counted() {
     let m = engine("policy = \"agent\"\n");
     assert!(m.shadow_record().is_none());
     m.record_health(&HealthOutcome::Healthy, true);
-    m.observe_rules();
+    m.observe_rules(&m.verdict());
     m.vi.set_abnormal("x");
     m.vi.set_abnormal_rule(Some(11));
-    m.observe_rules();
+    m.observe_rules(&m.verdict());
     let r = m.rule_records();
     assert_eq!((r[10].mode.as_str(), r[10].fired), ("enforce", 1));
     assert!(r.iter().all(|r| r.would_have == 0));
