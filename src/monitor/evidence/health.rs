@@ -55,8 +55,9 @@ impl Source for Health {
         }
         // Without rules 1 and 2 a failing /health is abnormal by the reference's own rule.
         let j = m.spec.judging(side)?;
-        let refused = m.health_detail().last_transport_error == Some(Transport::Refused);
-        let rule = if refused && j.applies(REFUSED.id.0) {
+        // The detail is read only when rule 2 applies (never under the reference).
+        let refused = || m.health_detail().last_transport_error == Some(Transport::Refused);
+        let rule = if j.applies(REFUSED.id.0) && refused() {
             Some(REFUSED.id)
         } else {
             j.applies(GRACE.id.0).then_some(GRACE.id)
