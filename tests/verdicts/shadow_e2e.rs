@@ -87,16 +87,18 @@ fn a_hung_engine_is_abnormal_in_the_shadow_first_and_only_the_reference_answers(
         assert!(out.status.success(), "{out:?}");
         String::from_utf8(out.stdout).unwrap()
     };
+    // The state file is written after the memory (every 100 ms on a change): wait for the
+    // whole history, both turns and the disagreement, to reach it.
+    let whole = |text: &str| {
+        text.contains("/status normal, would have answered abnormal (rule 5 fast_confirmation)")
+            && text.contains("shadow (agent)")
+            && text.contains("in force (reference)")
+    };
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let mut text = report();
-    while !text.contains("would have answered abnormal") && std::time::Instant::now() < deadline {
+    while !whole(&text) && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(200));
         text = report();
     }
-    assert!(
-        text.contains("/status normal, would have answered abnormal (rule 5 fast_confirmation)")
-            && text.contains("shadow (agent)")
-            && text.contains("in force (reference)"),
-        "{text}"
-    );
+    assert!(whole(&text), "{text}");
 }
