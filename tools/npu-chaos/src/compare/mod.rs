@@ -232,3 +232,60 @@ pub async fn run(plan: &crate::Plan<'_>, repeat: u32) -> Result<bool, String> {
     write("compare.svg", svg(&rows))?;
     Ok(!crate::report::failed(&outcomes))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{markdown, row, svg};
+    use crate::report::tests::outcome;
+    use crate::run::{Cadence, Integration, Policy, Verdict};
+
+    // What an operator reads in one row: every kill of a healthy engine, the known one
+    // included and marked; a fault missed by design counted as missed; only the Node Manager
+    // rows, both cadences pooled; not-applicable and failed runs left out and counted; times
+    // unscaled.
+    #[test]
+    fn a_policy_row_pools_the_node_manager_rows_and_counts_known_kills_as_kills() {
+        let mut v = vec![
+            outcome("a", "healthy", Verdict::Pass, None),
+            outcome("b", "healthy", Verdict::FalseKill, Some(500)),
+            outcome("c", "healthy", Verdict::KnownFalseKill, Some(500)),
+            outcome("d", "healthy", Verdict::NotApplicable, None),
+            outcome("e", "healthy", Verdict::Error, None),
+            outcome("f", "detect_within 30s", Verdict::Pass, Some(1000)),
+            outcome("g", "detect_within 30s", Verdict::Pass, Some(3000)),
+            outcome("h", "detect_within 30s", Verdict::NotDetectableByDesign, None),
+            outcome("i", "detect_within 30s", Verdict::Missed, None),
+        ];
+        // The same at 3 s; a kubelet row and another policy, which this row must not read.
+        let at_3s: Vec<_> = v
+            .iter()
+            .cloned()
+            .map(|mut o| {
+                o.cadence = Some(Cadence::REFERENCE);
+                o
+            })
+            .collect();
+        v.extend(at_3s);
+        let mut kubelet = outcome("k", "healthy", Verdict::FalseKill, Some(1));
+        (kubelet.integration, kubelet.cadence) = (Integration::Kubelet, None);
+        let mut other = outcome("o", "healthy", Verdict::FalseKill, Some(1));
+        other.policy = Policy::Reference;
+        v.extend([kubelet, other]);
+        let r = row(Policy::Agent, &v, 0.05);
+        let fk = r.false_kills.expect("benign runs");
+        assert_eq!((fk.k, fk.n, r.known_false_kills), (4, 6, 2));
+        let rc = r.detected.expect("fault runs");
+        assert_eq!((rc.k, rc.n, r.by_design), (4, 8, 2));
+        assert_eq!((r.not_applicable, r.errors), (2, 2));
+        // 1 s and 3 s scaled by 0.05: 20 s and 60 s, twice each.
+        let median = r.median_s.expect("detections");
+        assert_eq!((median.value, median.interval), (20.0, None));
+        assert_eq!(r.p90_s.map(|q| q.value), Some(60.0));
+        let a = r.availability.expect("requests");
+        assert_eq!((a.completed, a.attempted), (13_980, 14_000), "7 runs at each cadence");
+        let md = markdown(&[r.clone()], 1, 0.05);
+        assert!(md.contains("| agent | 4 / 6 (2 known) (66.7 %"), "{md}");
+        assert!(md.contains("4 / 8 (2 not by design)"), "{md}");
+        assert!(svg(&[r]).contains("agent (4/6, 4/8)"));
+    }
+}
