@@ -180,7 +180,9 @@ fn compile_stall(e: Arc<Engine>, d: Duration) {
             }
         });
     if let Err(err) = spawned {
-        eprintln!("fake-engine: compile_stall: no thread to burn a core ({err}); the stall holds the engine without it");
+        eprintln!(
+            "fake-engine: compile_stall: no thread to burn a core ({err}); the stall holds the engine without it"
+        );
     }
     tokio::spawn(async move {
         tokio::time::sleep_until(until.into()).await;

@@ -297,7 +297,10 @@ struct Frozen {
 impl Engine {
     /// Whether a compile stall is in progress.
     fn compiling(&self) -> bool {
-        let until = *self.compiling_until.lock().unwrap_or_else(|p| p.into_inner());
+        let until = *self
+            .compiling_until
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         until.is_some_and(|u| u > Instant::now())
     }
 
@@ -952,7 +955,11 @@ mod tests {
         let (c, url) = (e.client.clone(), format!("{}/v1/completions", e.base));
         let long = tokio::spawn(async move {
             let body = json!({"model": "m", "prompt": "1", "max_tokens": 1000});
-            c.post(&url).json(&body).send().await.map(|r| r.status().as_u16())
+            c.post(&url)
+                .json(&body)
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
         });
         while e.metric(tokens).await < 5.0 {
             tokio::time::sleep(Duration::from_millis(10)).await;

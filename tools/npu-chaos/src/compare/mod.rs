@@ -253,7 +253,12 @@ mod tests {
             outcome("e", "healthy", Verdict::Error, None),
             outcome("f", "detect_within 30s", Verdict::Pass, Some(1000)),
             outcome("g", "detect_within 30s", Verdict::Pass, Some(3000)),
-            outcome("h", "detect_within 30s", Verdict::NotDetectableByDesign, None),
+            outcome(
+                "h",
+                "detect_within 30s",
+                Verdict::NotDetectableByDesign,
+                None,
+            ),
             outcome("i", "detect_within 30s", Verdict::Missed, None),
         ];
         // The same at 3 s; a kubelet row and another policy, which this row must not read.
@@ -282,8 +287,12 @@ mod tests {
         assert_eq!((median.value, median.interval), (20.0, None));
         assert_eq!(r.p90_s.map(|q| q.value), Some(60.0));
         let a = r.availability.expect("requests");
-        assert_eq!((a.completed, a.attempted), (13_980, 14_000), "7 runs at each cadence");
-        let md = markdown(&[r.clone()], 1, 0.05);
+        assert_eq!(
+            (a.completed, a.attempted),
+            (13_980, 14_000),
+            "7 runs at each cadence"
+        );
+        let md = markdown(std::slice::from_ref(&r), 1, 0.05);
         assert!(md.contains("| agent | 4 / 6 (2 known) (66.7 %"), "{md}");
         assert!(md.contains("4 / 8 (2 not by design)"), "{md}");
         assert!(svg(&[r]).contains("agent (4/6, 4/8)"));

@@ -27,8 +27,16 @@ pub(crate) fn wilson(k: u64, n: u64) -> Option<Rate> {
     let centre = (p + z2 / (2.0 * nf)) / (1.0 + z2 / nf);
     let half = Z95 / (1.0 + z2 / nf) * (p * (1.0 - p) / nf + z2 / (4.0 * nf * nf)).sqrt();
     // At k = 0 (or n) the bound is exactly 0 (or 1); rounding must not move it.
-    let low = if k == 0 { 0.0 } else { (centre - half).max(0.0) };
-    let high = if k == n { 1.0 } else { (centre + half).min(1.0) };
+    let low = if k == 0 {
+        0.0
+    } else {
+        (centre - half).max(0.0)
+    };
+    let high = if k == n {
+        1.0
+    } else {
+        (centre + half).min(1.0)
+    };
     Some(Rate {
         k,
         n,
@@ -214,7 +222,10 @@ mod tests {
         assert_eq!((one.value, one.interval), (7.0, None));
         assert_eq!(quantile(&[], 0.5), None);
         // Unsorted input, and NaN left out.
-        assert_eq!(quantile(&[3.0, f64::NAN, 1.0, 2.0], 0.5).map(|q| q.value), Some(2.0));
+        assert_eq!(
+            quantile(&[3.0, f64::NAN, 1.0, 2.0], 0.5).map(|q| q.value),
+            Some(2.0)
+        );
     }
 
     #[test]
@@ -223,7 +234,10 @@ mod tests {
         assert_eq!((p.completed, p.attempted), (240, 300));
         assert!(close(p.ratio, 0.8));
         let (lo, hi) = p.interval.expect("three runs");
-        assert!(lo >= 0.5 && lo <= 0.8 && hi >= 0.8 && hi <= 1.0, "{lo} {hi}");
+        assert!(
+            (0.5..=0.8).contains(&lo) && (0.8..=1.0).contains(&hi),
+            "{lo} {hi}"
+        );
         // Runs that agree have a point interval; one run has none.
         let same = pooled(&[(9, 10), (9, 10)]).expect("attempted");
         assert_eq!(same.interval, Some((0.9, 0.9)));
