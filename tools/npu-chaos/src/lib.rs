@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 pub mod agent;
+pub mod compare;
 pub mod experiment;
 pub mod kubelet;
 pub mod load;
@@ -130,29 +131,47 @@ pub struct Plan<'a> {
     pub agent_supervisor: Option<agent::Supervisor>,
 }
 
+impl Plan<'_> {
+    /// The rows every experiment runs in: Node Manager at each cadence, then the kubelet and
+    /// the routers asked for.
+    fn rows(&self) -> Vec<run::Row> {
+        let mut rows: Vec<run::Row> = self
+            .cadences
+            .iter()
+            .map(|&c| run::Row::NodeManager(c))
+            .collect();
+        if self.kubelet {
+            rows.push(run::Row::Kubelet);
+        }
+        rows.extend(self.routers.iter().map(|&r| run::Row::Router(r)));
+        rows
+    }
+}
+
 /// Runs every experiment under every policy and Node Manager cadence, one at a time (CPU
 /// stress must not overlap another experiment), writing `<out>/<policy>/<cadence>/<name>.json`
 /// and `.svg`, `summary.md` and `summary.json`. True when nothing failed (no false kill, no
 /// missed detection, no error).
 pub async fn run_all(plan: &Plan<'_>) -> Result<bool, String> {
+    let outcomes = run_plan(plan, 1).await?;
+    write_summary(plan, &outcomes)?;
+    Ok(!report::failed(&outcomes))
+}
+
+/// Runs the plan `repeat` times over (each time into `<out>/repeat-<i>` when more than once)
+/// and returns every outcome.
+pub(crate) async fn run_plan(plan: &Plan<'_>, repeat: u32) -> Result<Vec<Outcome>, String> {
     let Plan {
-        experiments,
         policies,
-        cadences,
-        kubelet,
-        routers,
         time_scale,
         out,
         engine,
         node_manager,
         real_vllm_script,
         agent_supervisor,
+        ..
     } = *plan;
-    let mut rows: Vec<run::Row> = cadences.iter().map(|&c| run::Row::NodeManager(c)).collect();
-    if kubelet {
-        rows.push(run::Row::Kubelet);
-    }
-    rows.extend(routers.iter().map(|&r| run::Row::Router(r)));
+    let rows = plan.rows();
     let _ = rustls::crypto::ring::default_provider().install_default();
     std::fs::create_dir_all(out).map_err(|e| format!("{}: {e}", out.display()))?;
     // Absolute: the scenario names the NPU files, and the fake driver resolves relative names
@@ -189,31 +208,50 @@ pub async fn run_all(plan: &Plan<'_>) -> Result<bool, String> {
         agent_supervisor,
         repo: repo_root(real_vllm_script),
     };
-    let outcomes = run_each(experiments, policies, &rows, opts).await;
+    let mut outcomes = Vec::new();
+    let mut result = Ok(());
+    for i in 1..=repeat {
+        if repeat > 1 {
+            eprintln!("npu-chaos: repetition {i} of {repeat}");
+            opts.out_dir = out.join(format!("repeat-{i}"));
+        }
+        match run_each(plan.experiments, policies, &rows, opts).await {
+            Ok(o) => outcomes.extend(o),
+            Err(e) => {
+                result = Err(e);
+                break;
+            }
+        }
+    }
     // The real engine is kept between experiments: stop it, however the run ended.
     if let Some(r) = opts.real.lock().await.take() {
         r.down().await;
     }
-    let outcomes = outcomes?;
-    let md = report::markdown(&outcomes, policies, &rows, time_scale);
+    result.map(|()| outcomes)
+}
+
+/// Prints the runner's summary and writes `summary.md` and `summary.json` into `<out>`.
+pub(crate) fn write_summary(plan: &Plan<'_>, outcomes: &[Outcome]) -> Result<(), String> {
+    let (policies, time_scale, out) = (plan.policies, plan.time_scale, plan.out);
+    let rows = plan.rows();
+    let md = report::markdown(outcomes, policies, &rows, time_scale);
     print!("{md}");
     std::fs::write(out.join("summary.md"), &md).map_err(|e| e.to_string())?;
     let summaries: Vec<report::PolicySummary> = policies
         .iter()
         .flat_map(|&p| rows.iter().map(move |&c| (p, c)))
-        .map(|(p, c)| report::summarize(p, c, &outcomes, time_scale))
+        .map(|(p, c)| report::summarize(p, c, outcomes, time_scale))
         .collect();
     std::fs::write(
         out.join("summary.json"),
         serde_json::to_string_pretty(&serde_json::json!({
             "time_scale": time_scale,
-            "engine": engine,
+            "engine": plan.engine,
             "policies": summaries,
         }))
         .unwrap_or_default(),
     )
-    .map_err(|e| e.to_string())?;
-    Ok(!report::failed(&outcomes))
+    .map_err(|e| e.to_string())
 }
 
 /// Runs the experiments one at a time, writing each one's timeline and chart.

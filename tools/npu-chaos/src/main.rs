@@ -24,6 +24,10 @@ struct Cli {
 enum Cmd {
     /// Run every experiment of the files under each policy.
     Run(RunArgs),
+    /// Run every experiment under every policy that makes kill decisions, at both Node
+    /// Manager cadences, N times, and print one table, a row per policy, with intervals
+    /// (docs/chaos.md, "The comparison").
+    Compare(CompareArgs),
     /// Validate experiment files and print them.
     Check {
         #[arg(required = true)]
@@ -88,6 +92,16 @@ struct RunArgs {
     agent_supervisor: Option<Supervisor>,
 }
 
+#[derive(clap::Args)]
+struct CompareArgs {
+    /// How many times every experiment runs in every row.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
+    repeat: u32,
+    /// The flags of `run`; `--policy` defaults to every policy that makes kill decisions.
+    #[command(flatten)]
+    run: RunArgs,
+}
+
 fn load(files: &[PathBuf]) -> Result<Vec<experiment::Experiment>, String> {
     let mut all = Vec::new();
     for f in files {
@@ -100,7 +114,13 @@ fn load(files: &[PathBuf]) -> Result<Vec<experiment::Experiment>, String> {
 fn main() -> ExitCode {
     match Cli::parse().command {
         Cmd::Check { files } => check(&files),
-        Cmd::Run(args) => run(args),
+        Cmd::Run(args) => run(args, None),
+        Cmd::Compare(CompareArgs { repeat, mut run }) => {
+            if run.policy.is_empty() {
+                run.policy = Policy::compared();
+            }
+            self::run(run, Some(repeat))
+        }
     }
 }
 
@@ -148,8 +168,9 @@ fn describe(e: &experiment::Experiment) -> String {
     )
 }
 
-/// `run`: the flags checked against each other, then every experiment in every row.
-fn run(args: RunArgs) -> ExitCode {
+/// `run` (and `compare`, with its repetitions): the flags checked against each other, then
+/// every experiment in every row.
+fn run(args: RunArgs, compare: Option<u32>) -> ExitCode {
     let (es, nm_heartbeat, policies) = match checked(&args) {
         Ok(x) => x,
         Err(e) => {
@@ -168,7 +189,7 @@ fn run(args: RunArgs) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match rt.block_on(chaos::run_all(&chaos::Plan {
+    let plan = chaos::Plan {
         experiments: &es,
         policies: &policies,
         cadences: &nm_heartbeat,
@@ -180,7 +201,12 @@ fn run(args: RunArgs) -> ExitCode {
         node_manager: args.node_manager,
         real_vllm_script: &args.real_vllm,
         agent_supervisor: args.agent_supervisor,
-    })) {
+    };
+    let result = match compare {
+        None => rt.block_on(chaos::run_all(&plan)),
+        Some(repeat) => rt.block_on(chaos::compare::run(&plan, repeat)),
+    };
+    match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
         Err(e) => {

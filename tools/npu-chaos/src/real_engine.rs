@@ -66,6 +66,12 @@ pub fn not_applicable(fault: Fault) -> Option<&'static str> {
         Fault::Degraded(_) => Some(
             "a real vLLM's KV-cache usage cannot be raised on demand without changing the load itself",
         ),
+        Fault::CompileStall(_) => Some(
+            "not wired yet: plugins/vllm-fault-inject's `spin` mode held for N s is the injection (the Worker's step does not return, a core burns, /health 200, /metrics as last published), but the runner does not start its real engine with the plugin",
+        ),
+        Fault::Saturation(_) => Some(
+            "the CPU build decodes a few tokens a second at a full batch: ten minutes of it are burst_to_saturation's case drawn out, at a cost CI cannot pay",
+        ),
         Fault::SlowAnswers(..) => Some(
             "a real vLLM's completions cannot be slowed alone: the proxy's latency slows its /health and /metrics too",
         ),

@@ -25,7 +25,8 @@ pub(super) async fn get_faults(State(e): State<Arc<Engine>>) -> Response {
 /// blocks taken at once, then nothing moves — no token, no new request scheduled — until the
 /// step ends) and `restart_ms` (the engine restarts under its
 /// own supervisor: the listener closes, open connections drop, the counters start again from
-/// 0, and it listens again after that long).
+/// 0, and it listens again after that long), and `compile_stall_ms` (the engine compiles a
+/// new shape for that long, as vLLM does on a shape it has not seen: see [`compile_stall`]).
 pub(super) async fn patch_faults(
     State(e): State<Arc<Engine>>,
     body: axum::body::Bytes,
@@ -43,7 +44,12 @@ pub(super) async fn patch_faults(
             Some(Instant::now() + Duration::from_millis(ms));
     }
     let mut restarting = false;
-    for key in ["long_prefill_ms", "long_prefill_unchunked_ms", "restart_ms"] {
+    for key in [
+        "long_prefill_ms",
+        "long_prefill_unchunked_ms",
+        "restart_ms",
+        "compile_stall_ms",
+    ] {
         let Some(v) = patch.as_object_mut().and_then(|o| o.remove(key)) else {
             continue;
         };
@@ -56,7 +62,9 @@ pub(super) async fn patch_faults(
         };
         let d = Duration::from_millis(ms);
         let engine = e.clone();
-        if key == "long_prefill_ms" || key == "long_prefill_unchunked_ms" {
+        if key == "compile_stall_ms" {
+            compile_stall(engine, d);
+        } else if key == "long_prefill_ms" || key == "long_prefill_unchunked_ms" {
             let chunks = if key == "long_prefill_ms" {
                 PREFILL_CHUNKS
             } else {
@@ -142,11 +150,57 @@ async fn long_prefill(e: Arc<Engine>, d: Duration, chunks: u64) {
     drop(running);
 }
 
+/// A compile stall of `d` (ai-dynamo/dynamo PR #14735: vLLM JIT-compiles kernels on the first
+/// sight of a new prompt shape, 30–70 s): the step holds every running request at its next
+/// token and new requests wait for it, so no token comes out and the step counter stays; the
+/// scheduler's figures in `/metrics` stay as they were (the API server hears nothing from its
+/// engine core meanwhile), KV cache included; `/health` answers 200 (the engine core is busy,
+/// not dead); the NPU is idle while one host core is busy, here a thread of this process
+/// spinning until the compile ends. Then the engine serves the held requests again.
+fn compile_stall(e: Arc<Engine>, d: Duration) {
+    let until = Instant::now() + d;
+    *e.step_until.lock().unwrap_or_else(|p| p.into_inner()) = Some(until);
+    *e.compiling_until.lock().unwrap_or_else(|p| p.into_inner()) = Some(until);
+    {
+        let now = e.scheduler(&e.faults());
+        let mut frozen = e.frozen.lock().unwrap_or_else(|p| p.into_inner());
+        frozen.get_or_insert(now);
+    }
+    // The compiler's core: a plain thread, so that the engine's own runtime keeps serving; it
+    // stops when the compile ends (or a reset ends it).
+    let compiler = e.clone();
+    let spawned = std::thread::Builder::new()
+        .name("compile".to_owned())
+        .spawn(move || {
+            while compiler.compiling() {
+                let slice = Instant::now() + Duration::from_millis(1);
+                while Instant::now() < slice {
+                    std::hint::spin_loop();
+                }
+            }
+        });
+    if let Err(err) = spawned {
+        eprintln!(
+            "fake-engine: compile_stall: no thread to burn a core ({err}); the stall holds the engine without it"
+        );
+    }
+    tokio::spawn(async move {
+        tokio::time::sleep_until(until.into()).await;
+        let f = e.faults();
+        // A hang or a stuck step set meanwhile keeps its own frozen figures, a later compile
+        // its own.
+        if !(f.hang || f.npu_busy_stuck || e.compiling()) {
+            *e.frozen.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        }
+    });
+}
+
 pub(super) async fn reset(State(e): State<Arc<Engine>>) -> Response {
     *e.faults.lock().unwrap_or_else(|p| p.into_inner()) = Faults::default();
     *e.pause_until.lock().unwrap_or_else(|p| p.into_inner()) = None;
     *e.frozen.lock().unwrap_or_else(|p| p.into_inner()) = None;
     *e.step_until.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    *e.compiling_until.lock().unwrap_or_else(|p| p.into_inner()) = None;
     e.listening.send_replace(true);
     axum::Json(Faults::default()).into_response()
 }

@@ -206,6 +206,9 @@ struct Engine {
     /// One engine step in progress until then (an unchunked long prefill): nothing else is
     /// scheduled, no token comes out, new requests are not yet seen by the scheduler.
     step_until: Mutex<Option<Instant>>,
+    /// A compile of a new shape in progress until then (`compile_stall_ms`): the step above
+    /// holds the scheduler, and the NPU is idle (the compiler runs on the host's CPU).
+    compiling_until: Mutex<Option<Instant>>,
     /// The scheduler's figures frozen by a stuck step (`npu_busy_stuck`).
     frozen: Mutex<Option<Frozen>>,
     /// KV-cache share held by long prefills in progress, in 1/10,000.
@@ -249,7 +252,7 @@ impl Engine {
         if f.npu_busy_stuck {
             return 95;
         }
-        if f.hang {
+        if f.hang || self.compiling() {
             // Requests held, nothing computed.
             return 0;
         }
@@ -292,6 +295,15 @@ struct Frozen {
 }
 
 impl Engine {
+    /// Whether a compile stall is in progress.
+    fn compiling(&self) -> bool {
+        let until = *self
+            .compiling_until
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        until.is_some_and(|u| u > Instant::now())
+    }
+
     /// The step in progress, if one holds the scheduler.
     fn step_held(&self) -> Option<Instant> {
         let until = *self.step_until.lock().unwrap_or_else(|p| p.into_inner());
@@ -370,6 +382,7 @@ pub async fn run(opts: EngineOptions, cancel: CancellationToken) -> std::io::Res
         faults: Mutex::new(Faults::default()),
         pause_until: Mutex::new(None),
         step_until: Mutex::new(None),
+        compiling_until: Mutex::new(None),
         frozen: Mutex::new(None),
         prefill_kv: AtomicU64::new(0),
         running: AtomicU64::new(0),
@@ -930,6 +943,51 @@ mod tests {
             1.0,
             "live again: the stuck requests are counted"
         );
+    }
+
+    // A compile stall (ai-dynamo/dynamo PR #14735) as vLLM shows it: /health 200, no token,
+    // the scheduler's figures as they were, the NPU idle with a request running, a host core
+    // busy (a thread named `compile`), then the held request carries on to its end.
+    #[tokio::test]
+    async fn a_compile_stall_holds_every_token_with_the_npu_idle_and_a_core_busy() {
+        let e = start().await;
+        let tokens = "vllm:generation_tokens_total";
+        let (c, url) = (e.client.clone(), format!("{}/v1/completions", e.base));
+        let long = tokio::spawn(async move {
+            let body = json!({"model": "m", "prompt": "1", "max_tokens": 1000});
+            c.post(&url)
+                .json(&body)
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+        });
+        while e.metric(tokens).await < 5.0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        e.faults(json!({"compile_stall_ms": 1500})).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let before = (
+            e.metric(tokens).await,
+            e.metric("vllm:num_requests_running").await,
+            e.metric("vllm:kv_cache_usage_perc").await,
+        );
+        let health = e.client.get(format!("{}/health", e.base)).send().await;
+        assert_eq!(health.map(|r| r.status().as_u16()).ok(), Some(200));
+        assert_eq!(e.npu().await, "0", "the NPU idle while it compiles");
+        let compiling = std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+            .any(|c| c.trim() == "compile");
+        assert!(compiling, "a host core busy compiling");
+        let after = (
+            e.metric(tokens).await,
+            e.metric("vllm:num_requests_running").await,
+            e.metric("vllm:kv_cache_usage_perc").await,
+        );
+        assert_eq!(before, after, "no token, the figures as they were");
+        assert_eq!(before.1, 1.0, "the request still running");
+        assert_eq!(long.await.unwrap().ok(), Some(200), "it carries on");
+        assert!(e.metric(tokens).await >= 1000.0);
     }
 
     #[tokio::test]

@@ -98,12 +98,19 @@ pub enum Fault {
     AgentOutage(Duration),
     /// Only the experiment's `driver_codes`: the driver reports them, the engine is fine.
     NpuFaultCode,
+    /// The engine compiles a new shape for this long, then serves again (ai-dynamo/dynamo PR
+    /// #14735: 30–70 s): `/health` 200, no token, new requests queue, the scheduler's figures
+    /// as they were, the NPU idle, one host core busy compiling.
+    CompileStall(Duration),
+    /// The engine at `max_num_seqs` for this long (gonka-ai/gonka PR #1421): every slot
+    /// running, a queue waiting, tokens slower, `/health` answering.
+    Saturation(Duration),
 }
 
 impl Fault {
     /// Parses a fault name; the error lists the known forms.
     pub fn parse(s: &str) -> Result<Fault, String> {
-        let known = "known: network_latency_<N>ms, cpu_stress_<N>pct, memory_pressure_<N>pct, hot_reload_<N>s, long_streams_<N>, batch_jitter_<N>ms, slow_health_<N>s, slow_health_<N>s_latency_<M>ms, slow_answers_<MIN>_<MAX>ms, long_prefill_<N>s, long_prefill_unchunked_<N>s, burst_<N>, engine_restart_<N>s, degraded_<N>ms, agent_outage_<N>s, engine_sleep, engine_hang, engine_crash, npu_hang_idle, npu_busy_stuck, driver_error, driver_hang, http_5xx, agent_restart, agent_crash, agent_upgrade, npu_fault_code";
+        let known = "known: network_latency_<N>ms, cpu_stress_<N>pct, memory_pressure_<N>pct, hot_reload_<N>s, long_streams_<N>, batch_jitter_<N>ms, slow_health_<N>s, slow_health_<N>s_latency_<M>ms, slow_answers_<MIN>_<MAX>ms, long_prefill_<N>s, long_prefill_unchunked_<N>s, burst_<N>, engine_restart_<N>s, degraded_<N>ms, agent_outage_<N>s, compile_stall_<N>s, saturation_<N>m, engine_sleep, engine_hang, engine_crash, npu_hang_idle, npu_busy_stuck, driver_error, driver_hang, http_5xx, agent_restart, agent_crash, agent_upgrade, npu_fault_code";
         if let Some(f) = Fault::fixed(s) {
             return Ok(f);
         }
@@ -198,7 +205,7 @@ impl Fault {
         let ms = Duration::from_millis;
         let secs = Duration::from_secs;
         type Make<'a> = &'a dyn Fn(u64) -> Result<Fault, String>;
-        let forms: [(&str, &str, Make); 13] = [
+        let forms: [(&str, &str, Make); 15] = [
             ("network_latency_", "ms", &|n| {
                 Ok(Fault::NetworkLatency(ms(n)))
             }),
@@ -224,6 +231,14 @@ impl Fault {
                 n => Ok(Fault::AgentOutage(secs(n))),
             }),
             ("burst_", "", &|n| count(n).map(Fault::Burst)),
+            ("compile_stall_", "s", &|n| match n {
+                1..=600 => Ok(Fault::CompileStall(secs(n))),
+                _ => Err(format!("{s:?}: a compile stall lasts 1..=600 s")),
+            }),
+            ("saturation_", "m", &|n| match n {
+                1..=60 => Ok(Fault::Saturation(secs(60 * n))),
+                _ => Err(format!("{s:?}: a saturation lasts 1..=60 minutes")),
+            }),
         ];
         forms.into_iter().find_map(|(prefix, unit, make)| {
             let n = s.strip_prefix(prefix)?.strip_suffix(unit)?;
@@ -294,6 +309,8 @@ impl fmt::Display for Fault {
             Fault::AgentUpgrade => f.write_str("agent_upgrade"),
             Fault::AgentOutage(d) => write!(f, "agent_outage_{}s", d.as_secs()),
             Fault::NpuFaultCode => f.write_str("npu_fault_code"),
+            Fault::CompileStall(d) => write!(f, "compile_stall_{}s", d.as_secs()),
+            Fault::Saturation(d) => write!(f, "saturation_{}m", d.as_secs() / 60),
         }
     }
 }

@@ -451,6 +451,9 @@ experiments:
             "agent_crash",
             "agent_upgrade",
             "agent_outage_8s",
+            "compile_stall_30s",
+            "compile_stall_70s",
+            "saturation_10m",
         ] {
             assert_eq!(Fault::parse(s).unwrap().to_string(), s);
         }
@@ -466,6 +469,12 @@ experiments:
             "slow_answers_3000_2000ms",
             "slow_answers_2000ms",
             "slow_answers_2s_3s",
+            "compile_stall_0s",
+            "compile_stall_601s",
+            "compile_stall_30",
+            "saturation_0m",
+            "saturation_61m",
+            "saturation_10s",
             "explode",
         ] {
             assert!(Fault::parse(bad).is_err(), "{bad}");

@@ -87,6 +87,14 @@ pub(super) fn engine_patches(fault: Fault, s: f64) -> Option<(Value, Value)> {
             json!({"slow_health_ms": 0}),
         ),
         Fault::EngineRestart(d) => (json!({"restart_ms": ms(d)}), json!({})),
+        // It ends by itself, as a compile does.
+        Fault::CompileStall(d) => (json!({"compile_stall_ms": ms(d)}), json!({})),
+        // Tokens slower at a full batch: up to 50 ms more per token (the fake's 5 ms a token
+        // is one request's pace, not 256's).
+        Fault::Saturation(_) => (
+            json!({"jitter_ms": ms(SATURATED_TOKEN_JITTER)}),
+            json!({"jitter_ms": 0}),
+        ),
         Fault::Degraded(d) => (
             json!({"latency_ms": ms(d), "kv_cache_usage": 0.97}),
             json!({"latency_ms": 0, "kv_cache_usage": null}),
@@ -140,7 +148,11 @@ pub(super) async fn inject(
         Fault::LongStreams(n) => {
             held.long_streams = Some(load.long_streams(n, long_stream_tokens(stack)))
         }
-        Fault::Burst(n) => {
+        Fault::Burst(_) | Fault::Saturation(_) => {
+            let n = match fault {
+                Fault::Burst(n) => n,
+                _ => SATURATION_STREAMS,
+            };
             held.long_streams = Some(load.burst(n, scaled(Duration::from_secs(1), s)));
             if stack.real.is_none()
                 && let Some((on, _)) = engine_patches(fault, s)
@@ -167,6 +179,13 @@ pub(super) async fn inject(
     load.set_under_fault(true);
     Ok(())
 }
+
+/// Streams a saturation keeps open: the fake engine's 256 slots (`max_num_seqs`, as the runner
+/// starts it) full, and 32 more waiting.
+pub(super) const SATURATION_STREAMS: u32 = 256 + 32;
+
+/// The most a token is delayed beyond the fake's pace while the engine is saturated.
+const SATURATED_TOKEN_JITTER: Duration = Duration::from_millis(50);
 
 /// Tokens asked for by each `long_streams_<N>` stream: 4096, or what a real engine's
 /// context (1024 tokens for the test model) leaves after the prompt.

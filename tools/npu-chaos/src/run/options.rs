@@ -46,6 +46,12 @@ pub enum Policy {
 }
 
 impl Policy {
+    /// The policies `npu-chaos compare` runs by default: every one that makes kill decisions
+    /// of its own (a policy that only shadows another, or an older agent, is not compared).
+    pub fn compared() -> Vec<Policy> {
+        vec![Policy::Reference, Policy::Agent]
+    }
+
     /// Name in reports.
     pub fn as_str(self) -> &'static str {
         match self {
