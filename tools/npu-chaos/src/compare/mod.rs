@@ -2,7 +2,7 @@
 //! both Node Manager cadences, N times, summed up as ONE table, one row per policy: false
 //! kills of the benign runs and recall on the fault runs (Wilson intervals), the median and
 //! p90 time from the injection to the kill decision (order-statistic intervals), availability
-//! at the client (pooled, bootstrap over runs). It reads the runner's [`Outcome`]s and runs
+//! at the client (the mean over runs, bootstrap over runs). It reads the runner's [`Outcome`]s and runs
 //! nothing itself ([`crate::run_plan`] does); `compare.json` and `compare.svg` are written
 //! from this table.
 
@@ -35,7 +35,7 @@ pub(crate) struct PolicyRow {
     /// Seconds (unscaled) from the injection to the kill decision, detected faults only.
     pub(crate) median_s: Option<Quantile>,
     pub(crate) p90_s: Option<Quantile>,
-    /// Completed over attempted requests, pooled over every run that ran.
+    /// Completed over attempted requests, the mean over every run that ran.
     pub(crate) availability: Option<Pooled>,
     /// Runs excluded: the policy or the engine cannot run the experiment here.
     pub(crate) not_applicable: u64,
@@ -185,7 +185,7 @@ pub(crate) fn markdown(rows: &[PolicyRow], repeat: u32, time_scale: f64) -> Stri
     }
     let _ = writeln!(
         s,
-        "\nEach experiment ran {repeat} time(s) at each Node Manager cadence (1 s and 3 s), at time scale {time_scale}; times are unscaled. Intervals are 95 %: Wilson for the rates, order statistics for the times (none below 6 detections for the median, 29 for the p90), a bootstrap over runs for availability. Known false kills count as false kills; faults not detectable by design count as missed.\n"
+        "\nEach experiment ran {repeat} time(s) at each Node Manager cadence (1 s and 3 s), at time scale {time_scale}; times are unscaled. Intervals are 95 %: Wilson for the rates, order statistics for the times (none below 6 detections for the median, 29 for the p90), availability the mean of the runs' (each run weighs the same) with a bootstrap over runs. Known false kills count as false kills; faults not detectable by design count as missed.\n"
     );
     s
 }

@@ -106,13 +106,17 @@ pub(crate) fn order_interval(n: usize, p: f64) -> Option<(usize, usize)> {
     best.map(|(l, u, _)| (l, u))
 }
 
-/// A pooled ratio (Σ completed / Σ attempted over runs) with a 95 % percentile-bootstrap
-/// interval that resamples whole runs: the requests of one run share its fault, so they are not
-/// independent and a Wilson interval over requests would be too narrow.
+/// Availability over runs: the mean of each run's completed / attempted, every run weighing
+/// the same, with a 95 % percentile-bootstrap interval that resamples whole runs (the requests
+/// of one run share its fault, so they are not independent and a Wilson interval over requests
+/// would be too narrow). Not Σ completed / Σ attempted: after a kill the load's retries against
+/// the closed port fail in microseconds, so a run with a kill would count thousands of attempts
+/// and outweigh every other run. The sums are kept for the report.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
 pub(crate) struct Pooled {
     pub(crate) completed: u64,
     pub(crate) attempted: u64,
+    /// The mean of the runs' ratios (runs that attempted nothing left out).
     pub(crate) ratio: f64,
     /// `None` with fewer than 2 runs (a bootstrap of one run says nothing).
     pub(crate) interval: Option<(f64, f64)>,
@@ -122,36 +126,43 @@ pub(crate) struct Pooled {
 /// few tenths of a percent.
 const RESAMPLES: usize = 2000;
 
-/// `runs` as `(completed, attempted)` pooled, with the bootstrap interval (a fixed seed: the
-/// same outcomes always give the same table). `None` when nothing was attempted.
+/// `runs` as `(completed, attempted)`: the mean of their ratios, with the bootstrap interval
+/// (a fixed seed: the same outcomes always give the same table). `None` when nothing was
+/// attempted.
 pub(crate) fn pooled(runs: &[(u64, u64)]) -> Option<Pooled> {
     let (completed, attempted) = runs
         .iter()
         .fold((0u64, 0u64), |(c, a), &(rc, ra)| (c + rc, a + ra));
-    if attempted == 0 {
+    let ratios: Vec<f64> = runs
+        .iter()
+        .filter(|&&(_, a)| a > 0)
+        .map(|&(c, a)| c as f64 / a as f64)
+        .collect();
+    if ratios.is_empty() {
         return None;
     }
-    let interval = (runs.len() >= 2).then(|| {
+    let mean = |xs: &mut dyn Iterator<Item = f64>| {
+        let (sum, n) = xs.fold((0.0, 0usize), |(s, n), x| (s + x, n + 1));
+        sum / n as f64
+    };
+    let interval = (ratios.len() >= 2).then(|| {
         let mut rng = SplitMix(0x5eed_0051);
-        let mut ratios: Vec<f64> = (0..RESAMPLES)
-            .filter_map(|_| {
-                let (mut c, mut a) = (0u64, 0u64);
-                for _ in 0..runs.len() {
-                    let (rc, ra) = runs[(rng.next() % runs.len() as u64) as usize];
-                    c += rc;
-                    a += ra;
-                }
-                (a > 0).then(|| c as f64 / a as f64)
+        let mut means: Vec<f64> = (0..RESAMPLES)
+            .map(|_| {
+                mean(
+                    &mut (0..ratios.len())
+                        .map(|_| ratios[(rng.next() % ratios.len() as u64) as usize]),
+                )
             })
             .collect();
-        ratios.sort_by(f64::total_cmp);
-        let at = |q: f64| ratios[(q * (ratios.len() - 1) as f64).round() as usize];
+        means.sort_by(f64::total_cmp);
+        let at = |q: f64| means[(q * (means.len() - 1) as f64).round() as usize];
         (at(0.025), at(0.975))
     });
     Some(Pooled {
         completed,
         attempted,
-        ratio: completed as f64 / attempted as f64,
+        ratio: mean(&mut ratios.iter().copied()),
         interval,
     })
 }
@@ -229,7 +240,11 @@ mod tests {
     }
 
     #[test]
-    fn a_pooled_ratio_sums_the_runs_and_its_interval_brackets_it() {
+    fn availability_weighs_every_run_the_same_and_its_interval_brackets_it() {
+        // A killed run's thousands of refused retries do not outweigh the other run.
+        let k = pooled(&[(0, 5000), (100, 100)]).expect("attempted");
+        assert!(close(k.ratio, 0.5), "{}", k.ratio);
+        assert_eq!((k.completed, k.attempted), (100, 5100));
         let p = pooled(&[(90, 100), (50, 100), (100, 100)]).expect("attempted");
         assert_eq!((p.completed, p.attempted), (240, 300));
         assert!(close(p.ratio, 0.8));
