@@ -8,6 +8,7 @@ pub mod agent;
 pub mod experiment;
 pub mod kubelet;
 pub mod load;
+mod peers;
 pub mod polls;
 pub mod priority;
 mod procfs;

@@ -1,7 +1,8 @@
 //! A fake OpenAI-compatible inference engine that behaves like vLLM where the agent looks, per
 //! [`Profile`] (a vLLM release, MindIE's engine server in front of vLLM, or SGLang's server,
-//! whose own routes are in `sglang.rs`): `GET /health`,
-//! `POST /v1/completions` (plain and streaming SSE), `GET /metrics` with that release's metric
+//! whose own routes are in `sglang.rs`): `GET /health` (with vllm-ascend's health ping when
+//! asked), `GET /health_generate` (SGLang's check, in every profile: the chaos runner's peer
+//! probes it), `POST /v1/completions` (plain and streaming SSE), `GET /metrics` with that release's metric
 //! names and labels, and uvicorn's 5 s keep-alive idle close. While it serves requests it writes an AI Cube
 //! figure into files the fake `libdcmi.so` reads (`aicube = { file = … }` in the scenario), so
 //! load raises NPU usage and idle reads 0 %.
@@ -164,6 +165,11 @@ pub struct EngineOptions {
     /// Profile `sglang`: how long its `/health` waits for one before 503
     /// (`SGLANG_HEALTH_CHECK_TIMEOUT`, 20 s).
     pub health_budget: Duration,
+    /// vllm-ascend PR #14240's health ping: `/health` first pings the engine core, which
+    /// answers between steps; no answer within this long marks the engine dead for good
+    /// (`/health` answers the profile's dead answer from then on). `None`: no ping, as
+    /// released vLLM (`VLLM_HEALTH_CHECK_TIMEOUT_S`, 10 s, in the patch).
+    pub health_ping_timeout: Option<Duration>,
 }
 
 impl Default for EngineOptions {
@@ -183,6 +189,7 @@ impl Default for EngineOptions {
             keep_alive: Duration::from_secs(5),
             health_poll: Duration::from_secs(1),
             health_budget: Duration::from_secs(20),
+            health_ping_timeout: None,
         }
     }
 }
@@ -226,6 +233,11 @@ struct Engine {
     stats: Mutex<Stats>,
     listening: watch::Sender<bool>,
     rng: AtomicU64,
+    /// `vllm:iteration_tokens_total` (see [`metrics::Iterations`]).
+    iterations: Mutex<metrics::Iterations>,
+    /// A health ping went unanswered: the engine is dead for the rest of the process
+    /// (`EngineOptions::health_ping_timeout`).
+    ping_dead: std::sync::atomic::AtomicBool,
 }
 
 impl Engine {
@@ -296,6 +308,21 @@ impl Engine {
     fn step_held(&self) -> Option<Instant> {
         let until = *self.step_until.lock().unwrap_or_else(|p| p.into_inner());
         until.filter(|u| *u > Instant::now())
+    }
+
+    /// One engine step that computed `tokens` tokens (`vllm:iteration_tokens_total`).
+    fn step(&self, tokens: u64) {
+        self.iterations
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .observe(tokens);
+    }
+
+    /// Whether the engine core's loop is between steps now, so that a request sent to it
+    /// (SGLang's one-token health generation, vllm-ascend's health ping) is taken: not while
+    /// it hangs, is stuck in a step, is dead, or one step holds it.
+    fn between_steps(&self, f: &Faults) -> bool {
+        !(f.hang || f.npu_busy_stuck || f.engine_dead) && self.step_held().is_none()
     }
 
     /// Waits out a step in progress (a new request waits for the step to end).
@@ -382,6 +409,8 @@ pub async fn run(opts: EngineOptions, cancel: CancellationToken) -> std::io::Res
         stats: Mutex::new(Stats::default()),
         listening,
         rng: AtomicU64::new(0x9e37_79b9),
+        iterations: Mutex::new(metrics::Iterations::default()),
+        ping_dead: std::sync::atomic::AtomicBool::new(false),
     });
     let control = TcpListener::bind(engine.opts.control).await?;
     let control_router = Router::new()
@@ -409,6 +438,7 @@ async fn serve_inference(engine: Arc<Engine>, cancel: CancellationToken) -> std:
     } else {
         Router::new()
             .route("/health", get(health))
+            .route("/health_generate", get(sglang::health_generate))
             .route("/v1/completions", post(completions))
             .route("/metrics", get(metrics))
     }

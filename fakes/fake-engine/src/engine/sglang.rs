@@ -22,9 +22,9 @@
 //!   series (so no `process_start_time_seconds`). A stuck scheduler freezes the gauges, as a
 //!   vLLM engine core does.
 
+use super::Engine;
 use super::inference::{completions, generate, raw};
 use super::metrics::exposition;
-use super::{Engine, Faults};
 use axum::Router;
 use axum::extract::State;
 use axum::response::Response;
@@ -54,12 +54,6 @@ fn outputs(e: &Engine) -> u64 {
     e.prompt_tokens.load(Ordering::Relaxed) + e.generation_tokens.load(Ordering::Relaxed)
 }
 
-/// Whether the health check's own one-token generation would come out now: the scheduler
-/// runs (no hang, no stuck step, no dead scheduler) and no step holds it.
-fn scheduler_runs(e: &Engine, f: &Faults) -> bool {
-    !(f.hang || f.npu_busy_stuck || f.engine_dead) && e.step_held().is_none()
-}
-
 /// `/health` and `/health_generate`: see the module doc.
 async fn health(State(e): State<Arc<Engine>>) -> Response {
     e.stats.lock().unwrap_or_else(|p| p.into_inner()).health += 1;
@@ -73,11 +67,30 @@ async fn health(State(e): State<Arc<Engine>>) -> Response {
     if let Some(s) = f.health_status {
         return raw(s, "", None);
     }
-    let (before, tic) = (outputs(&e), Instant::now());
+    generate_check(&e).await
+}
+
+/// `GET /health_generate` of the other profiles: SGLang's check (the fake's own addition:
+/// vLLM and MindIE's engine server have no such route; the chaos runner's
+/// `sglang-health-generate` peer probes it). The `/health` faults (`slow_health_ms`,
+/// `health_status`) are `/health`'s and leave it alone; a hot reload (`pause_ms`) is
+/// SGLang's "starting", 503.
+pub(super) async fn health_generate(State(e): State<Arc<Engine>>) -> Response {
+    if e.paused().is_some() {
+        return raw(503, "", None);
+    }
+    generate_check(&e).await
+}
+
+/// SGLang's one-token generation check: polls every `health_poll` whether any output came
+/// out since it began (its own generation comes out when the engine is between steps), 200
+/// if so, 503 after `health_budget` with none.
+async fn generate_check(e: &Engine) -> Response {
+    let (before, tic) = (outputs(e), Instant::now());
     loop {
         tokio::time::sleep(e.opts.health_poll).await;
         // Its own generation runs only on an idle scheduler; any output counts.
-        if scheduler_runs(&e, &e.faults()) || outputs(&e) != before {
+        if e.between_steps(&e.faults()) || outputs(e) != before {
             return raw(200, "", None);
         }
         if tic.elapsed() >= e.opts.health_budget {

@@ -321,9 +321,11 @@ async fn run_inner(
     let nm_started = std::time::SystemTime::now();
     let nm_t0 = Instant::now();
     let probes = crate::kubelet::ProbeLog::default();
+    // A peer's row: the peer's decider takes the kill channel, and no emulator runs.
+    let peer_thread = start_peer(policy, opts, &stack, &load, &mut kill_tx, &nm_cancel)?;
     let (nm_thread, mut kubelet) = match opts.row {
         Row::NodeManager(_) | Row::Router(_) => {
-            let thread = start_emulator(opts, &stack, kill_tx, &nm_cancel)?;
+            let thread = start_emulator(opts, &stack, kill_tx.take(), &nm_cancel)?;
             (thread, None)
         }
         Row::Kubelet => {
@@ -349,6 +351,7 @@ async fn run_inner(
     }
     nm_cancel.cancel();
     let nm_report = emulator_report(nm_thread, nm_started, dir, out).await;
+    peer_report(peer_thread, dir, out).await;
     let pollers = Pollers {
         nm_report: nm_report.as_ref(),
         nm_t0,
@@ -420,6 +423,54 @@ fn start_emulator(
     start_node_manager(nm, cancel.clone(), tx)
         .map(Some)
         .map_err(|e| format!("starting the Node Manager emulator: {e}"))
+}
+
+/// A peer's decider on its own thread, holding the kill channel (none but in a peer's row).
+/// Its cadence is its own: the row's Node Manager cadence changes nothing for it.
+fn start_peer(
+    policy: Policy,
+    opts: &RunOptions,
+    stack: &Stack,
+    load: &LoadGen,
+    kill_tx: &mut Option<tokio::sync::oneshot::Sender<Instant>>,
+    cancel: &CancellationToken,
+) -> Result<Option<std::thread::JoinHandle<crate::peers::PeerReport>>, String> {
+    let (Some(peer), Some(tx)) = (policy.peer(), kill_tx.take_if(|_| policy.peer().is_some()))
+    else {
+        return Ok(None);
+    };
+    let targets = crate::peers::Targets {
+        base: stack.load_base(),
+        model: opts.model().to_owned(),
+        load: Some(load.stats.clone()),
+    };
+    crate::peers::start(peer, targets, opts.time_scale, cancel.clone(), tx)
+        .map(Some)
+        .map_err(|e| format!("starting the {} peer: {e}", policy.as_str()))
+}
+
+/// The peer's report once its thread ended, kept beside the experiment's logs as
+/// `peer.json`; a kill's evidence is its calls up to the decision.
+async fn peer_report(
+    thread: Option<std::thread::JoinHandle<crate::peers::PeerReport>>,
+    dir: &Path,
+    out: &mut Outcome,
+) {
+    let Some(t) = thread else { return };
+    let Some(r) = tokio::task::spawn_blocking(move || t.join().ok())
+        .await
+        .ok()
+        .flatten()
+    else {
+        return;
+    };
+    let path = dir.join("peer.json");
+    if let Err(e) = std::fs::write(&path, serde_json::to_vec_pretty(&r).unwrap_or_default()) {
+        eprintln!("npu-chaos:   {}: {e}", path.display());
+    }
+    if out.killed_at_ms.is_some() {
+        out.kill_evidence = crate::peers::kill_evidence(&r);
+    }
 }
 
 /// The kubelet emulator probing the engine, and the runner's link to it.

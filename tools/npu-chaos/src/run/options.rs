@@ -4,6 +4,7 @@
 
 use crate::agent::Supervisor;
 use crate::experiment::Fault;
+use crate::peers::Peer;
 use crate::real_engine::RealEngine;
 use crate::timescale::scaled;
 use fake_engine::node_manager::NmOptions;
@@ -43,6 +44,29 @@ pub enum Policy {
     #[value(name = "reference-shadow")]
     #[serde(rename = "reference-shadow")]
     ReferenceShadow,
+    /// A peer, not the agent: the kubelet's liveness probe with the API defaults (period
+    /// 10 s, timeout 1 s, 3 failures) on the engine's `/health` kills (docs/chaos.md, "The
+    /// peers"). The agent runs as under `reference`; nobody reads its `/status`.
+    #[value(name = "k8s-liveness")]
+    #[serde(rename = "k8s-liveness")]
+    K8sLiveness,
+    /// A peer: NVIDIA Dynamo's canary after 10 s idle, and the operator's liveness probe on
+    /// its status.
+    #[value(name = "dynamo-canary")]
+    #[serde(rename = "dynamo-canary")]
+    DynamoCanary,
+    /// A peer: a liveness probe on SGLang's `/health_generate` (its 20 s budget).
+    #[value(name = "sglang-health-generate")]
+    #[serde(rename = "sglang-health-generate")]
+    SglangHealthGenerate,
+    /// A peer: gonka's step-counter heartbeat on `/metrics` (120 s grace, 3 in a row).
+    #[value(name = "token-heartbeat")]
+    #[serde(rename = "token-heartbeat")]
+    TokenHeartbeat,
+    /// A peer: vllm-ascend's 10 s health ping behind `/health`, probed with the API defaults.
+    #[value(name = "engine-ping")]
+    #[serde(rename = "engine-ping")]
+    EnginePing,
 }
 
 impl Policy {
@@ -55,6 +79,33 @@ impl Policy {
             Policy::Mindie => "mindie-3.0.0b2",
             Policy::AgentObserve => "agent-observe",
             Policy::ReferenceShadow => "reference-shadow",
+            Policy::K8sLiveness => "k8s-liveness",
+            Policy::DynamoCanary => "dynamo-canary",
+            Policy::SglangHealthGenerate => "sglang-health-generate",
+            Policy::TokenHeartbeat => "token-heartbeat",
+            Policy::EnginePing => "engine-ping",
+        }
+    }
+
+    /// The peer health check this policy is, if it is one (then the agent runs as under
+    /// `reference` and the peer decides the kill).
+    pub(crate) fn peer(self) -> Option<Peer> {
+        match self {
+            Policy::K8sLiveness => Some(Peer::K8sLiveness),
+            Policy::DynamoCanary => Some(Peer::DynamoCanary),
+            Policy::SglangHealthGenerate => Some(Peer::SglangHealthGenerate),
+            Policy::TokenHeartbeat => Some(Peer::TokenHeartbeat),
+            Policy::EnginePing => Some(Peer::EnginePing),
+            _ => None,
+        }
+    }
+
+    /// The policy the agent runs in this row: a peer's row runs it as `reference`.
+    pub fn agent_runs(self) -> Policy {
+        if self.peer().is_some() {
+            Policy::Reference
+        } else {
+            self
         }
     }
 
@@ -79,6 +130,9 @@ impl Policy {
 
     /// Why this policy cannot run the experiment here, if it cannot.
     pub fn not_applicable(self, opts: &RunOptions, fault: Fault) -> Option<String> {
+        if let Some(peer) = self.peer() {
+            return peer_not_applicable(peer, opts, fault);
+        }
         if opts.row == Row::Kubelet {
             if self == Policy::Mindie {
                 return Some("MindIE's engine server serves no /readyz or /livez: the kubelet has nothing of it to probe".to_owned());
@@ -104,6 +158,29 @@ impl Policy {
         }
         None
     }
+}
+
+/// Why a peer cannot run the experiment here, if it cannot.
+fn peer_not_applicable(peer: Peer, opts: &RunOptions, fault: Fault) -> Option<String> {
+    let why = match opts.row {
+        _ if opts.pymotor_nm.is_some() => {
+            "a peer decides the kill itself: PyMotor's Node Manager has nothing of it to poll"
+        }
+        Row::Kubelet | Row::Router(_) => {
+            "a peer decides the kill itself: it runs in the Node Manager rows (whose cadence changes nothing for it), not under the kubelet emulator or a router, which act on the agent's answers"
+        }
+        Row::NodeManager(_) if opts.engine == EngineKind::Vllm && peer.not_on_vllm().is_some() => {
+            peer.not_on_vllm().unwrap_or_default()
+        }
+        Row::NodeManager(_) if fault.is_driver_fault() => {
+            "a peer reads the engine only: an NPU's fault is reported in the agent's /status, which nobody reads in a peer's row"
+        }
+        Row::NodeManager(_) if fault.is_agent_fault() => {
+            "the agent's faults act on npu-health-agent, which nobody reads in a peer's row"
+        }
+        Row::NodeManager(_) => return None,
+    };
+    Some(why.to_owned())
 }
 
 /// A Node Manager cadence: its heartbeat interval, and with it the poll timeout of the
