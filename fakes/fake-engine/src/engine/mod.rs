@@ -666,6 +666,46 @@ mod tests {
         }
     }
 
+    // vLLM's `vllm:iteration_tokens_total`: a step per token out (the first carrying its
+    // prompt), the count and the sum moving with them and frozen by a hang.
+    #[tokio::test]
+    async fn the_step_histogram_moves_with_tokens_and_freezes_in_a_hang() {
+        let r = start().await;
+        let count = "vllm:iteration_tokens_total_count";
+        assert_eq!(r.metric(count).await, 0.0);
+        let a = r
+            .complete(json!({"model": "m", "prompt": "12345678", "max_tokens": 3}))
+            .await;
+        assert_eq!(a.status(), 200);
+        assert_eq!(r.metric(count).await, 3.0, "three steps for three tokens");
+        assert_eq!(r.metric("vllm:iteration_tokens_total_sum").await, 2.0 + 3.0);
+        let text = r
+            .client
+            .get(format!("{}/metrics", r.base))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let le1 =
+            "vllm:iteration_tokens_total_bucket{engine=\"0\",le=\"1.0\",model_name=\"m\"} 2.0";
+        assert!(
+            text.contains(le1),
+            "the two decode steps of one token in\n{text}"
+        );
+        assert!(text.contains("# TYPE vllm:iteration_tokens_total histogram"));
+        r.faults(json!({"hang": true})).await;
+        let stuck = r
+            .client
+            .post(format!("{}/v1/completions", r.base))
+            .json(&json!({"model": "m", "prompt": "1", "max_tokens": 3}));
+        let pending = tokio::spawn(stuck.send());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(r.metric(count).await, 3.0, "no step in a hang");
+        pending.abort();
+    }
+
     #[tokio::test]
     async fn plain_and_streaming_completions_and_vllm_metrics() {
         let e = start().await;

@@ -357,3 +357,81 @@ impl RunOptions {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PEERS: [(Policy, &str); 5] = [
+        (Policy::K8sLiveness, "k8s-liveness"),
+        (Policy::DynamoCanary, "dynamo-canary"),
+        (Policy::SglangHealthGenerate, "sglang-health-generate"),
+        (Policy::TokenHeartbeat, "token-heartbeat"),
+        (Policy::EnginePing, "engine-ping"),
+    ];
+
+    fn opts(row: Row, engine: EngineKind) -> RunOptions {
+        RunOptions {
+            agent_exe: PathBuf::new(),
+            time_scale: 0.05,
+            out_dir: PathBuf::new(),
+            engine,
+            real_vllm_script: PathBuf::new(),
+            real: Default::default(),
+            row,
+            pymotor_nm: None,
+            pymotor: None,
+            agent_supervisor: None,
+            repo: PathBuf::new(),
+        }
+    }
+
+    // `--policy k8s-liveness` and the others: one name for clap, serde and the reports; a
+    // peer's agent runs as `reference`, with the reference's config.
+    #[test]
+    fn the_peer_policies_have_one_name_and_run_the_agent_as_reference() {
+        use clap::ValueEnum;
+        for (p, name) in PEERS {
+            assert_eq!(Policy::from_str(name, false), Ok(p), "{name}");
+            assert_eq!(serde_json::to_value(p).unwrap(), name);
+            assert_eq!(p.as_str(), name);
+            assert!(p.peer().is_some() && !p.is_agent() && !p.has_shadow());
+            assert_eq!(p.agent_runs(), Policy::Reference);
+            assert_eq!(
+                p.in_force(),
+                p,
+                "judged as itself, not as the agent's reference"
+            );
+            let toml =
+                |p| super::super::config::agent_toml(8000, 8001, 2, p, 0.05, EngineKind::Fake, "m");
+            assert_eq!(toml(p), toml(Policy::Reference), "{name}");
+        }
+        assert_eq!(Policy::Reference.peer(), None);
+        assert_eq!(Policy::Agent.agent_runs(), Policy::Agent);
+    }
+
+    // A peer runs in the Node Manager rows, on every engine fault; not where the agent's
+    // answers act (the kubelet, a router), not on a driver or agent fault, and the two that
+    // need the fake engine not on vLLM.
+    #[test]
+    fn where_a_peer_runs_and_why_not_elsewhere() {
+        let nm = opts(Row::NodeManager(Cadence::PYMOTOR), EngineKind::Fake);
+        for (p, name) in PEERS {
+            assert_eq!(p.not_applicable(&nm, Fault::EngineHang), None, "{name}");
+            for f in [Fault::DriverError, Fault::AgentCrash] {
+                assert!(p.not_applicable(&nm, f).is_some(), "{name} {f}");
+            }
+            for row in [
+                Row::Kubelet,
+                Row::Router(crate::router::RouterKind::Haproxy),
+            ] {
+                let why = p.not_applicable(&opts(row, EngineKind::Fake), Fault::EngineHang);
+                assert!(why.unwrap().contains("decides the kill itself"), "{name}");
+            }
+            let vllm = opts(Row::NodeManager(Cadence::REFERENCE), EngineKind::Vllm);
+            let why = p.not_applicable(&vllm, Fault::EngineHang);
+            let fake_only = matches!(p, Policy::SglangHealthGenerate | Policy::EnginePing);
+            assert_eq!(why.is_some(), fake_only, "{name}: {why:?}");
+        }
+    }
+}
