@@ -227,7 +227,7 @@ mod tests {
         let task = tokio::spawn(canary_loop(
             T,
             // Never answers: the 3 s timeout decides.
-            || std::future::pending::<bool>(),
+            std::future::pending::<bool>,
             move || t.load(Ordering::SeqCst),
             tx,
         ));
@@ -248,7 +248,7 @@ mod tests {
     async fn the_operator_kills_on_the_third_not_ready_read() {
         let (tx, rx) = watch::channel(true);
         let start = Instant::now();
-        let canary = tokio::spawn(canary_loop(T, || std::future::pending::<bool>(), || 0, tx));
+        let canary = tokio::spawn(canary_loop(T, std::future::pending::<bool>, || 0, tx));
         let at = liveness(LIVE, || {
             let ready = *rx.borrow();
             async move { ready }

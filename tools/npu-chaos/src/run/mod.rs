@@ -44,7 +44,7 @@ pub(crate) use repeat::round_line;
 pub use shadow_seen::{SeenDisagreement, ShadowSeen};
 
 use crate::timescale::scaled;
-use emulator::{kill_evidence, start_node_manager};
+use emulator::{kill_evidence, peer_report, start_node_manager, start_peer};
 use observe::{KubeletLink, Observation, observe};
 use processes::{WantedSupervisor, wanted_supervisor};
 use stack::Stack;
@@ -155,12 +155,7 @@ fn verdict(
 ) -> (Verdict, Option<String>) {
     // A row whose agent policy is only observed is judged as the policy `/status` answers by.
     let policy = policy.in_force();
-    let not_by_design = (e.agent_policy_only && !policy.is_agent())
-        || opts
-            .row
-            .cadence()
-            .zip(e.max_nm_heartbeat_s)
-            .is_some_and(|(c, h)| c.heartbeat_s > h);
+    let not_by_design = not_by_design(e, policy, opts);
     // A router row's Node Manager sees what the `1s` row's does: its known kills too.
     let nm_label = opts.row.cadence().map(|c| c.label());
     let known = e.known_false_kills.iter().any(|(p, row)| {
@@ -183,6 +178,19 @@ fn verdict(
         Ok(()) if opts.row == Row::Kubelet => (kubelet_verdict(e, out, known, not_by_design), None),
         Ok(()) => (node_manager_verdict(e, out, known, not_by_design), None),
     }
+}
+
+/// Whether a miss is the design of the policy or of Node Manager's cadence (the experiment
+/// says which policies and cadences can detect it). Never for a peer: its design is its own
+/// source's, and its miss is a miss.
+fn not_by_design(e: &Experiment, policy: Policy, opts: &RunOptions) -> bool {
+    policy.peer().is_none()
+        && ((e.agent_policy_only && !policy.is_agent())
+            || opts
+                .row
+                .cadence()
+                .zip(e.max_nm_heartbeat_s)
+                .is_some_and(|(c, h)| c.heartbeat_s > h))
 }
 
 /// Why a benign experiment fails for an escalation, if the agent escalated the engine as a
@@ -423,54 +431,6 @@ fn start_emulator(
     start_node_manager(nm, cancel.clone(), tx)
         .map(Some)
         .map_err(|e| format!("starting the Node Manager emulator: {e}"))
-}
-
-/// A peer's decider on its own thread, holding the kill channel (none but in a peer's row).
-/// Its cadence is its own: the row's Node Manager cadence changes nothing for it.
-fn start_peer(
-    policy: Policy,
-    opts: &RunOptions,
-    stack: &Stack,
-    load: &LoadGen,
-    kill_tx: &mut Option<tokio::sync::oneshot::Sender<Instant>>,
-    cancel: &CancellationToken,
-) -> Result<Option<std::thread::JoinHandle<crate::peers::PeerReport>>, String> {
-    let (Some(peer), Some(tx)) = (policy.peer(), kill_tx.take_if(|_| policy.peer().is_some()))
-    else {
-        return Ok(None);
-    };
-    let targets = crate::peers::Targets {
-        base: stack.load_base(),
-        model: opts.model().to_owned(),
-        load: Some(load.stats.clone()),
-    };
-    crate::peers::start(peer, targets, opts.time_scale, cancel.clone(), tx)
-        .map(Some)
-        .map_err(|e| format!("starting the {} peer: {e}", policy.as_str()))
-}
-
-/// The peer's report once its thread ended, kept beside the experiment's logs as
-/// `peer.json`; a kill's evidence is its calls up to the decision.
-async fn peer_report(
-    thread: Option<std::thread::JoinHandle<crate::peers::PeerReport>>,
-    dir: &Path,
-    out: &mut Outcome,
-) {
-    let Some(t) = thread else { return };
-    let Some(r) = tokio::task::spawn_blocking(move || t.join().ok())
-        .await
-        .ok()
-        .flatten()
-    else {
-        return;
-    };
-    let path = dir.join("peer.json");
-    if let Err(e) = std::fs::write(&path, serde_json::to_vec_pretty(&r).unwrap_or_default()) {
-        eprintln!("npu-chaos:   {}: {e}", path.display());
-    }
-    if out.killed_at_ms.is_some() {
-        out.kill_evidence = crate::peers::kill_evidence(&r);
-    }
 }
 
 /// The kubelet emulator probing the engine, and the runner's link to it.
@@ -1032,6 +992,40 @@ mod tests {
             node_manager_verdict(&hang, &out(None, Some(0), None), false, true),
             Verdict::NotDetectableByDesign
         );
+    }
+
+    // An experiment only the agent policy can detect is "not detectable by design" for
+    // `reference`; a peer's miss of it is a miss.
+    #[test]
+    fn a_peers_miss_is_never_by_design() {
+        let mut e = kubelet_experiment(
+            Expect::DetectWithin(Duration::from_secs(5)),
+            crate::experiment::KubeletExpect::Restart,
+        );
+        e.agent_policy_only = true;
+        let opts = RunOptions {
+            agent_exe: Default::default(),
+            time_scale: 0.05,
+            out_dir: Default::default(),
+            engine: EngineKind::Fake,
+            real_vllm_script: Default::default(),
+            real: Default::default(),
+            row: Row::NodeManager(Cadence::PYMOTOR),
+            pymotor_nm: None,
+            pymotor: None,
+            agent_supervisor: None,
+            repo: Default::default(),
+        };
+        assert!(not_by_design(&e, Policy::Reference, &opts));
+        assert!(!not_by_design(&e, Policy::Agent, &opts));
+        assert!(!not_by_design(&e, Policy::K8sLiveness, &opts));
+        e.agent_policy_only = false;
+        e.max_nm_heartbeat_s = Some(0);
+        assert!(
+            not_by_design(&e, Policy::Reference, &opts),
+            "the cadence's design"
+        );
+        assert!(!not_by_design(&e, Policy::TokenHeartbeat, &opts));
     }
 
     // Issue 50: a benign experiment fails when the agent escalated the engine as a restart
