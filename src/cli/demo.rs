@@ -82,6 +82,10 @@ pub struct FakeEngineArgs {
     /// Profile sglang: how long its /health waits for one before 503 (SGLang's 20 s).
     #[arg(long, default_value = "20s", value_parser = super::parse_duration)]
     pub health_budget: Duration,
+    /// Ping the engine core from /health with this timeout (vllm-ascend PR #14240's health
+    /// ping; a missed ping marks the engine dead for good). Default: no ping.
+    #[arg(long, value_parser = super::parse_duration)]
+    pub health_ping_timeout: Option<Duration>,
 }
 
 /// Runs the fake engine until SIGTERM/SIGINT.
@@ -113,6 +117,7 @@ pub(super) async fn fake_engine(a: FakeEngineArgs) -> Result<(), CliError> {
         keep_alive: a.keep_alive,
         health_poll: a.health_poll,
         health_budget: a.health_budget,
+        health_ping_timeout: a.health_ping_timeout,
     };
     run_engine(opts, cancel).await.context("fake engine")?;
     Ok(())

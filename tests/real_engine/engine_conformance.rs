@@ -242,9 +242,35 @@ async fn conform(base: &str, model: &str) -> Vec<String> {
         "vllm:generation_tokens_total",
         "vllm:prompt_tokens_created",
         "vllm:generation_tokens_created",
+        "vllm:iteration_tokens_total_count",
+        "vllm:iteration_tokens_total_sum",
+        "vllm:iteration_tokens_total_created",
     ] {
         assert_eq!(labels_of(name), set(&["engine", "model_name"]), "{name}");
     }
+    // The step histogram a token-counter heartbeat reads (gonka PR #1421): its buckets, and
+    // its count moved by the request (at least one engine step).
+    assert_eq!(
+        labels_of("vllm:iteration_tokens_total_bucket"),
+        set(&["engine", "le", "model_name"])
+    );
+    let steps = |text: &str| {
+        samples(text)
+            .iter()
+            .filter(|(n, _)| n == "vllm:iteration_tokens_total_count")
+            .count()
+    };
+    assert_eq!(steps(&after.body), 1, "one count series per engine");
+    let step_count = |text: &str| -> f64 {
+        text.lines()
+            .filter(|l| l.starts_with("vllm:iteration_tokens_total_count{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    assert!(
+        step_count(&after.body) > step_count(&before.body),
+        "the request moved the step count"
+    );
     assert_eq!(
         labels_of("vllm:num_requests_waiting_by_reason"),
         set(&["engine", "model_name", "reason"])
@@ -276,7 +302,10 @@ async fn conform(base: &str, model: &str) -> Vec<String> {
         "the agent reads the current name"
     );
     assert_eq!(m1.waiting_for_capacity, Some(0.0));
-    seen.push("metrics: names, label sets, reasons, sleep states, _created lines".to_owned());
+    seen.push(
+        "metrics: names, label sets, reasons, sleep states, _created lines, the step histogram"
+            .to_owned(),
+    );
 
     // The process's start time (prometheus_client's process collector): one unlabeled
     // sample, in the past, the same in two scrapes. A restarted agent checks its saved state

@@ -9,6 +9,7 @@ pub mod compare;
 pub mod experiment;
 pub mod kubelet;
 pub mod load;
+mod peers;
 pub mod polls;
 pub mod priority;
 mod procfs;

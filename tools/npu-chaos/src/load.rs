@@ -122,6 +122,11 @@ impl LoadStats {
         }
     }
 
+    /// Tokens received so far (a peer's sign of real traffic).
+    pub fn tokens(&self) -> u64 {
+        self.tokens.load(Ordering::Relaxed)
+    }
+
     /// The requests sent after the mark, by how they ended; `None` before the mark.
     pub fn after_mark(&self) -> Option<LoadSnapshot> {
         self.marked().then(|| self.after_mark.snapshot())

@@ -143,19 +143,23 @@ pub fn summarize(policy: Policy, row: Row, outcomes: &[Outcome], time_scale: f64
 /// not run, a draft that served without the agent's word, a benign experiment the agent
 /// escalated as a restart loop, a repeated hang it escalated at the wrong episode, or a shadow
 /// row whose kills differ from `reference`'s or were not by the policy in force
-/// ([`crate::shadow::Comparison::failed`]).
+/// ([`crate::shadow::Comparison::failed`]). A peer's false kill or miss is what the peer does,
+/// measured for the comparison, not a failure of the run (its errors are).
 pub fn failed(outcomes: &[Outcome]) -> bool {
     crate::shadow::compare(&shadow_views(outcomes)).failed()
         || outcomes.iter().any(|o| {
-            matches!(
-                o.verdict,
-                Verdict::FalseKill
-                    | Verdict::Missed
-                    | Verdict::Error
-                    | Verdict::DraftWithoutCause
-                    | Verdict::EscalatedBenign
-                    | Verdict::WrongEscalation
-            )
+            let measured_only = o.policy.peer().is_some()
+                && matches!(o.verdict, Verdict::FalseKill | Verdict::Missed);
+            !measured_only
+                && matches!(
+                    o.verdict,
+                    Verdict::FalseKill
+                        | Verdict::Missed
+                        | Verdict::Error
+                        | Verdict::DraftWithoutCause
+                        | Verdict::EscalatedBenign
+                        | Verdict::WrongEscalation
+                )
         })
 }
 
@@ -584,6 +588,14 @@ pub(crate) mod tests {
         // A repeated hang escalated at the wrong episode fails the run.
         let wrong = outcome("r", "detect_within 2m", Verdict::WrongEscalation, Some(1));
         assert!(failed(&[wrong]));
+        // A peer's false kill or miss is measured, not failed; its error fails the run.
+        let peer = |v: Verdict| {
+            let mut o = outcome("p", "healthy", v, None);
+            o.policy = Policy::K8sLiveness;
+            o
+        };
+        assert!(!failed(&[peer(Verdict::FalseKill), peer(Verdict::Missed)]));
+        assert!(failed(&[peer(Verdict::Error)]));
         // Every row of the per-experiment table has as many cells as its header.
         let rows: Vec<&str> = md.lines().filter(|l| l.starts_with("| ")).collect();
         let header = rows.iter().find(|l| l.contains("Experiment")).unwrap();

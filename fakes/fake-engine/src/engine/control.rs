@@ -79,6 +79,9 @@ pub(super) async fn patch_faults(
             e.listening.send_replace(false);
             e.prompt_tokens.store(0, Ordering::Relaxed);
             e.generation_tokens.store(0, Ordering::Relaxed);
+            // A new process: its step histogram starts at zero and its health ping alive.
+            *e.iterations.lock().unwrap_or_else(|p| p.into_inner()) = Default::default();
+            e.ping_dead.store(false, Ordering::Relaxed);
             tokio::spawn(async move {
                 tokio::time::sleep(d).await;
                 if engine.faults().listening {

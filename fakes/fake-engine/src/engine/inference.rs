@@ -43,12 +43,42 @@ pub(super) async fn health(State(e): State<Arc<Engine>>) -> Response {
     if let Some(s) = f.health_status {
         return raw(s, "", None);
     }
-    if f.engine_dead || f.health_false {
+    if f.engine_dead || f.health_false || !ping(&e).await {
         let (status, body, ct) = profile.health_dead();
         return raw(status, body, ct);
     }
     let (status, body, ct) = profile.health_ok();
     raw(status, body, ct)
+}
+
+/// How often an unanswered ping looks whether the engine core is between steps again.
+const PING_LOOK: Duration = Duration::from_millis(5);
+
+/// vllm-ascend PR #14240's health ping, when the engine runs with one
+/// ([`EngineOptions::health_ping_timeout`](super::EngineOptions)): the engine core answers
+/// between two steps, so a hang, a stuck step or one long unchunked step leaves it
+/// unanswered while a saturated engine answers at its next step. Unanswered within the
+/// timeout, the engine is dead for good (the patch sets `engine_dead`, and every later
+/// `/health` raises `EngineDeadError`). True: answered, or no ping.
+async fn ping(e: &Engine) -> bool {
+    let Some(timeout) = e.opts.health_ping_timeout else {
+        return true;
+    };
+    if e.ping_dead.load(Ordering::Acquire) {
+        return false;
+    }
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if e.between_steps(&e.faults()) {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            e.ping_dead.store(true, Ordering::Release);
+            return false;
+        }
+        // Looked at again every few milliseconds: a fault may clear, a step end.
+        tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + PING_LOOK)).await;
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -347,10 +377,12 @@ async fn decode(
     // vLLM reports no partial prefill: the prompt counts when its first token comes out.
     e.prompt_tokens.fetch_add(n_prompt, Ordering::Relaxed);
     e.generation_tokens.fetch_add(1, Ordering::Relaxed);
+    e.step(n_prompt + 1);
     for _ in 1..max_tokens {
         tokio::time::sleep(e.opts.tpot + e.jitter(f.jitter_ms)).await;
         e.next_token().await;
         e.generation_tokens.fetch_add(1, Ordering::Relaxed);
+        e.step(1);
     }
     e.finished.fetch_add(1, Ordering::Relaxed);
     drop(permit);
@@ -380,6 +412,7 @@ fn async_stream(
                 e.next_token().await;
             }
             e.generation_tokens.fetch_add(1, Ordering::Relaxed);
+            e.step(if i == 0 { n_prompt + 1 } else { 1 });
             if i == 1 && error_after_first {
                 let err = e
                     .opts

@@ -59,7 +59,65 @@ pub(super) fn metrics_text(e: &Engine) -> String {
     );
     write_gauges(&mut w, e);
     write_counters(&mut w, e);
+    write_iterations(&mut w, e);
     w.out
+}
+
+/// The upper bounds of `vllm:iteration_tokens_total`'s buckets: vLLM 0.32's default for the
+/// `iteration_tokens` family (`vllm/v1/metrics/buckets.py`, as its `/metrics` fixture shows).
+const ITERATION_BUCKETS: [u64; 13] = [
+    1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384,
+];
+
+/// `vllm:iteration_tokens_total`, vLLM's histogram of tokens per engine step
+/// (`vllm/v1/metrics/loggers.py`: one observation per step, of the prompt tokens computed
+/// plus the tokens generated in it). The fake has no shared batch loop: it counts one step
+/// per token it emits (a first token's step carries its prompt too), so `_count` runs ahead
+/// of a real engine's by the batch size; what a reader of `_count` relies on holds: it moves
+/// while the engine produces tokens and stops when no step runs.
+#[derive(Debug, Default)]
+pub(super) struct Iterations {
+    /// Observations at or below each of [`ITERATION_BUCKETS`].
+    buckets: [u64; ITERATION_BUCKETS.len()],
+    count: u64,
+    sum: u64,
+}
+
+impl Iterations {
+    /// One engine step that computed `tokens` tokens.
+    pub(super) fn observe(&mut self, tokens: u64) {
+        self.count += 1;
+        self.sum += tokens;
+        for (b, le) in self.buckets.iter_mut().zip(ITERATION_BUCKETS) {
+            if tokens <= le {
+                *b += 1;
+            }
+        }
+    }
+}
+
+/// `vllm:iteration_tokens_total` as prometheus_client writes a histogram: the buckets, the
+/// count, the sum, then the `_created` gauge; engine 0 carries the steps.
+fn write_iterations(w: &mut Writer, e: &Engine) {
+    let it = e.iterations.lock().unwrap_or_else(|p| p.into_inner());
+    let name = "vllm:iteration_tokens_total";
+    let help = "Histogram of number of tokens per engine_step.";
+    let _ = writeln!(w.out, "# HELP {name} {help}\n# TYPE {name} histogram");
+    for i in 0..w.engines {
+        let at = |v: u64| if i == 0 { v as f64 } else { 0.0 };
+        for (le, n) in ITERATION_BUCKETS.iter().zip(it.buckets) {
+            let labels = series_labels(i, w.model, &format!("le=\"{:?}\"", *le as f64));
+            let _ = writeln!(w.out, "{name}_bucket{{{labels}}} {:?}", at(n));
+        }
+        let labels = series_labels(i, w.model, "le=\"+Inf\"");
+        let _ = writeln!(w.out, "{name}_bucket{{{labels}}} {:?}", at(it.count));
+        let labels = series_labels(i, w.model, "");
+        let _ = writeln!(w.out, "{name}_count{{{labels}}} {:?}", at(it.count));
+        let _ = writeln!(w.out, "{name}_sum{{{labels}}} {:?}", at(it.sum));
+    }
+    drop(it);
+    let created = e.created;
+    w.series(&format!("{name}_created"), "gauge", help, &[("", created)]);
 }
 
 /// The text being written, and what every series' labels need.

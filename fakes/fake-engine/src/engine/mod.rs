@@ -1,7 +1,8 @@
 //! A fake OpenAI-compatible inference engine that behaves like vLLM where the agent looks, per
 //! [`Profile`] (a vLLM release, MindIE's engine server in front of vLLM, or SGLang's server,
-//! whose own routes are in `sglang.rs`): `GET /health`,
-//! `POST /v1/completions` (plain and streaming SSE), `GET /metrics` with that release's metric
+//! whose own routes are in `sglang.rs`): `GET /health` (with vllm-ascend's health ping when
+//! asked), `GET /health_generate` (SGLang's check, in every profile: the chaos runner's peer
+//! probes it), `POST /v1/completions` (plain and streaming SSE), `GET /metrics` with that release's metric
 //! names and labels, and uvicorn's 5 s keep-alive idle close. While it serves requests it writes an AI Cube
 //! figure into files the fake `libdcmi.so` reads (`aicube = { file = … }` in the scenario), so
 //! load raises NPU usage and idle reads 0 %.
@@ -164,6 +165,11 @@ pub struct EngineOptions {
     /// Profile `sglang`: how long its `/health` waits for one before 503
     /// (`SGLANG_HEALTH_CHECK_TIMEOUT`, 20 s).
     pub health_budget: Duration,
+    /// vllm-ascend PR #14240's health ping: `/health` first pings the engine core, which
+    /// answers between steps; no answer within this long marks the engine dead for good
+    /// (`/health` answers the profile's dead answer from then on). `None`: no ping, as
+    /// released vLLM (`VLLM_HEALTH_CHECK_TIMEOUT_S`, 10 s, in the patch).
+    pub health_ping_timeout: Option<Duration>,
 }
 
 impl Default for EngineOptions {
@@ -183,6 +189,7 @@ impl Default for EngineOptions {
             keep_alive: Duration::from_secs(5),
             health_poll: Duration::from_secs(1),
             health_budget: Duration::from_secs(20),
+            health_ping_timeout: None,
         }
     }
 }
@@ -229,6 +236,11 @@ struct Engine {
     stats: Mutex<Stats>,
     listening: watch::Sender<bool>,
     rng: AtomicU64,
+    /// `vllm:iteration_tokens_total` (see [`metrics::Iterations`]).
+    iterations: Mutex<metrics::Iterations>,
+    /// A health ping went unanswered: the engine is dead for the rest of the process
+    /// (`EngineOptions::health_ping_timeout`).
+    ping_dead: std::sync::atomic::AtomicBool,
 }
 
 impl Engine {
@@ -308,6 +320,21 @@ impl Engine {
     fn step_held(&self) -> Option<Instant> {
         let until = *self.step_until.lock().unwrap_or_else(|p| p.into_inner());
         until.filter(|u| *u > Instant::now())
+    }
+
+    /// One engine step that computed `tokens` tokens (`vllm:iteration_tokens_total`).
+    fn step(&self, tokens: u64) {
+        self.iterations
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .observe(tokens);
+    }
+
+    /// Whether the engine core's loop is between steps now, so that a request sent to it
+    /// (SGLang's one-token health generation, vllm-ascend's health ping) is taken: not while
+    /// it hangs, is stuck in a step, is dead, or one step holds it.
+    fn between_steps(&self, f: &Faults) -> bool {
+        !(f.hang || f.npu_busy_stuck || f.engine_dead) && self.step_held().is_none()
     }
 
     /// Waits out a step in progress (a new request waits for the step to end).
@@ -395,6 +422,8 @@ pub async fn run(opts: EngineOptions, cancel: CancellationToken) -> std::io::Res
         stats: Mutex::new(Stats::default()),
         listening,
         rng: AtomicU64::new(0x9e37_79b9),
+        iterations: Mutex::new(metrics::Iterations::default()),
+        ping_dead: std::sync::atomic::AtomicBool::new(false),
     });
     let control = TcpListener::bind(engine.opts.control).await?;
     let control_router = Router::new()
@@ -422,6 +451,7 @@ async fn serve_inference(engine: Arc<Engine>, cancel: CancellationToken) -> std:
     } else {
         Router::new()
             .route("/health", get(health))
+            .route("/health_generate", get(sglang::health_generate))
             .route("/v1/completions", post(completions))
             .route("/metrics", get(metrics))
     }
@@ -649,6 +679,46 @@ mod tests {
         }
     }
 
+    // vLLM's `vllm:iteration_tokens_total`: a step per token out (the first carrying its
+    // prompt), the count and the sum moving with them and frozen by a hang.
+    #[tokio::test]
+    async fn the_step_histogram_moves_with_tokens_and_freezes_in_a_hang() {
+        let r = start().await;
+        let count = "vllm:iteration_tokens_total_count";
+        assert_eq!(r.metric(count).await, 0.0);
+        let a = r
+            .complete(json!({"model": "m", "prompt": "12345678", "max_tokens": 3}))
+            .await;
+        assert_eq!(a.status(), 200);
+        assert_eq!(r.metric(count).await, 3.0, "three steps for three tokens");
+        assert_eq!(r.metric("vllm:iteration_tokens_total_sum").await, 2.0 + 3.0);
+        let text = r
+            .client
+            .get(format!("{}/metrics", r.base))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let le1 =
+            "vllm:iteration_tokens_total_bucket{engine=\"0\",le=\"1.0\",model_name=\"m\"} 2.0";
+        assert!(
+            text.contains(le1),
+            "the two decode steps of one token in\n{text}"
+        );
+        assert!(text.contains("# TYPE vllm:iteration_tokens_total histogram"));
+        r.faults(json!({"hang": true})).await;
+        let stuck = r
+            .client
+            .post(format!("{}/v1/completions", r.base))
+            .json(&json!({"model": "m", "prompt": "1", "max_tokens": 3}));
+        let pending = tokio::spawn(stuck.send());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(r.metric(count).await, 3.0, "no step in a hang");
+        pending.abort();
+    }
+
     #[tokio::test]
     async fn plain_and_streaming_completions_and_vllm_metrics() {
         let e = start().await;
@@ -870,6 +940,11 @@ mod tests {
             e.metric("vllm:prompt_tokens_total").await,
             0.0,
             "counters start again"
+        );
+        assert_eq!(
+            e.metric("vllm:iteration_tokens_total_count").await,
+            0.0,
+            "the step histogram starts again"
         );
     }
 

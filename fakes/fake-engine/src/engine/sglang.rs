@@ -22,9 +22,9 @@
 //!   series (so no `process_start_time_seconds`). A stuck scheduler freezes the gauges, as a
 //!   vLLM engine core does.
 
+use super::Engine;
 use super::inference::{completions, generate, raw};
 use super::metrics::exposition;
-use super::{Engine, Faults};
 use axum::Router;
 use axum::extract::State;
 use axum::response::Response;
@@ -54,12 +54,6 @@ fn outputs(e: &Engine) -> u64 {
     e.prompt_tokens.load(Ordering::Relaxed) + e.generation_tokens.load(Ordering::Relaxed)
 }
 
-/// Whether the health check's own one-token generation would come out now: the scheduler
-/// runs (no hang, no stuck step, no dead scheduler) and no step holds it.
-fn scheduler_runs(e: &Engine, f: &Faults) -> bool {
-    !(f.hang || f.npu_busy_stuck || f.engine_dead) && e.step_held().is_none()
-}
-
 /// `/health` and `/health_generate`: see the module doc.
 async fn health(State(e): State<Arc<Engine>>) -> Response {
     e.stats.lock().unwrap_or_else(|p| p.into_inner()).health += 1;
@@ -73,11 +67,30 @@ async fn health(State(e): State<Arc<Engine>>) -> Response {
     if let Some(s) = f.health_status {
         return raw(s, "", None);
     }
-    let (before, tic) = (outputs(&e), Instant::now());
+    generate_check(&e).await
+}
+
+/// `GET /health_generate` of the other profiles: SGLang's check (the fake's own addition:
+/// vLLM and MindIE's engine server have no such route; the chaos runner's
+/// `sglang-health-generate` peer probes it). The `/health` faults (`slow_health_ms`,
+/// `health_status`) are `/health`'s and leave it alone; a hot reload (`pause_ms`) is
+/// SGLang's "starting", 503.
+pub(super) async fn health_generate(State(e): State<Arc<Engine>>) -> Response {
+    if e.paused().is_some() {
+        return raw(503, "", None);
+    }
+    generate_check(&e).await
+}
+
+/// SGLang's one-token generation check: polls every `health_poll` whether any output came
+/// out since it began (its own generation comes out when the engine is between steps), 200
+/// if so, 503 after `health_budget` with none.
+async fn generate_check(e: &Engine) -> Response {
+    let (before, tic) = (outputs(e), Instant::now());
     loop {
         tokio::time::sleep(e.opts.health_poll).await;
         // Its own generation runs only on an idle scheduler; any output counts.
-        if scheduler_runs(&e, &e.faults()) || outputs(&e) != before {
+        if e.between_steps(&e.faults()) || outputs(e) != before {
             return raw(200, "", None);
         }
         if tic.elapsed() >= e.opts.health_budget {
@@ -152,16 +165,26 @@ mod tests {
     /// The fake at profile `sglang`, its /health polling every 50 ms for up to 300 ms; its
     /// inference and control bases.
     async fn start() -> (String, String, CancellationToken) {
+        start_with(Profile::Sglang, None).await
+    }
+
+    /// The fake at `profile` (SGLang's check polling every 50 ms for up to 300 ms), with the
+    /// health ping's timeout if given.
+    async fn start_with(
+        profile: Profile,
+        ping: Option<Duration>,
+    ) -> (String, String, CancellationToken) {
         let [p, c] = crate::launch::free_ports::<2>().unwrap();
         let opts = EngineOptions {
             listen: format!("127.0.0.1:{p}").parse().unwrap(),
             control: format!("127.0.0.1:{c}").parse().unwrap(),
             model: "m".into(),
-            profile: Profile::Sglang,
+            profile,
             ttft: Duration::from_millis(5),
             tpot: Duration::from_millis(1),
             health_poll: Duration::from_millis(50),
             health_budget: Duration::from_millis(300),
+            health_ping_timeout: ping,
             ..EngineOptions::default()
         };
         let cancel = CancellationToken::new();
@@ -211,6 +234,92 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(refused.status(), 400, "SGLang never answers false");
+        cancel.cancel();
+    }
+
+    /// Patches the fake's faults.
+    async fn patch(client: &reqwest::Client, control: &str, patch: Value) {
+        let r = client
+            .post(format!("{control}/fake/faults"))
+            .json(&patch)
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "{patch}");
+    }
+
+    // Every profile serves SGLang's /health_generate (the fake's addition outside SGLang):
+    // 200 on a healthy engine, 503 on a hung one once the budget is spent, while vLLM's own
+    // /health still says 200 (its hang is silent).
+    #[tokio::test]
+    async fn health_generate_is_200_when_healthy_and_503_after_its_budget_when_hung() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        for profile in [Profile::V0_33, Profile::Mindie] {
+            let (base, control, cancel) = start_with(profile, None).await;
+            let get = |path: &str| client.get(format!("{base}{path}")).send();
+            assert_eq!(
+                get("/health_generate").await.unwrap().status(),
+                200,
+                "{profile}"
+            );
+            patch(&client, &control, json!({"hang": true})).await;
+            let t = Instant::now();
+            assert_eq!(
+                get("/health_generate").await.unwrap().status(),
+                503,
+                "{profile}"
+            );
+            assert!(
+                t.elapsed() >= Duration::from_millis(300),
+                "after the budget"
+            );
+            assert_eq!(get("/health").await.unwrap().status(), 200, "{profile}");
+            cancel.cancel();
+        }
+    }
+
+    // vllm-ascend's health ping: a long step shorter than the timeout is waited out (the
+    // ping is answered between steps); a hang leaves it unanswered and the engine is dead
+    // for good, its /health 503 after the hang is gone.
+    #[tokio::test]
+    async fn a_missed_ping_marks_the_engine_dead_for_good() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        let (base, control, cancel) =
+            start_with(Profile::V0_33, Some(Duration::from_millis(400))).await;
+        let health = || async {
+            client
+                .get(format!("{base}/health"))
+                .send()
+                .await
+                .unwrap()
+                .status()
+        };
+        assert_eq!(health().await, 200);
+        patch(&client, &control, json!({"long_prefill_unchunked_ms": 150})).await;
+        let t = Instant::now();
+        assert_eq!(health().await, 200, "answered at the step's end");
+        assert!(
+            t.elapsed() >= Duration::from_millis(100),
+            "{:?}",
+            t.elapsed()
+        );
+        patch(&client, &control, json!({"hang": true})).await;
+        let t = Instant::now();
+        assert_eq!(health().await, 503);
+        assert!(
+            t.elapsed() >= Duration::from_millis(400),
+            "after the timeout"
+        );
+        patch(&client, &control, json!({"hang": false})).await;
+        assert_eq!(health().await, 503, "dead for good");
+        cancel.cancel();
+        // Without the option /health never pings: a hang leaves it 200.
+        let (base, control, cancel) = start_with(Profile::V0_33, None).await;
+        patch(&client, &control, json!({"hang": true})).await;
+        let r = client.get(format!("{base}/health")).send().await.unwrap();
+        assert_eq!(r.status(), 200);
         cancel.cancel();
     }
 

@@ -31,11 +31,16 @@ fn policy_keys(
     d: &dyn Fn(f64, npu_health_agent::config::bounds::Within<Duration>) -> String,
 ) -> String {
     use npu_health_agent::config::qos::bounds as q;
-    match policy {
-        // (The peer does not run the agent: this config is written and not used.)
-        Policy::Reference | Policy::Mindie => {
-            "stall_detection = false\neviction = false\n".to_owned()
-        }
+    match policy.agent_runs() {
+        // (MindIE's peer does not run the agent: this config is written and not used. The
+        // peer health checks' rows run it as `reference`: `agent_runs` says so.)
+        Policy::Reference
+        | Policy::Mindie
+        | Policy::K8sLiveness
+        | Policy::DynamoCanary
+        | Policy::SglangHealthGenerate
+        | Policy::TokenHeartbeat
+        | Policy::EnginePing => "stall_detection = false\neviction = false\n".to_owned(),
         Policy::Agent | Policy::AgentBefore40 | Policy::AgentObserve | Policy::ReferenceShadow => {
             use npu_health_agent::config::policy::bounds as p;
             use npu_health_agent::config::policy::{AGENT_STALL_WINDOW, AgentPolicy};
@@ -134,9 +139,9 @@ metrics_period = "{qos_period}"
 max_input_age = "{max_age}"
 ttft_budget = "{ttft_budget}"
 {policy_keys}"#,
-        policy = match policy {
+        policy = match policy.agent_runs() {
             Policy::Agent | Policy::AgentBefore40 | Policy::AgentObserve => "agent",
-            Policy::Reference | Policy::Mindie | Policy::ReferenceShadow => "reference",
+            _ => "reference",
         },
         shadow = match policy {
             Policy::ReferenceShadow => "shadow_policy = \"agent\"\n",

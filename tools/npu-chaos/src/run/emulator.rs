@@ -1,8 +1,13 @@
 //! The Node Manager emulator's side of an experiment: started on its own thread at real-time
 //! priority, and, after a kill, the evidence of why (its last polls, the agent's warnings).
+//! In a peer's row the peer's decider takes its place (`crate::peers`), and its report.
 
+use super::options::{Policy, RunOptions};
+use super::outcome::Outcome;
+use super::stack::Stack;
+use crate::load::LoadGen;
 use fake_engine::node_manager::{self, NmOptions, NmReport};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -29,6 +34,54 @@ pub(super) fn start_node_manager(
                 let _ = kill_tx.send(Instant::now());
             }))
         })
+}
+
+/// A peer's decider on its own thread, holding the kill channel (none but in a peer's row).
+/// Its cadence is its own: the row's Node Manager cadence changes nothing for it.
+pub(super) fn start_peer(
+    policy: Policy,
+    opts: &RunOptions,
+    stack: &Stack,
+    load: &LoadGen,
+    kill_tx: &mut Option<tokio::sync::oneshot::Sender<Instant>>,
+    cancel: &CancellationToken,
+) -> Result<Option<std::thread::JoinHandle<crate::peers::PeerReport>>, String> {
+    let (Some(peer), Some(tx)) = (policy.peer(), kill_tx.take_if(|_| policy.peer().is_some()))
+    else {
+        return Ok(None);
+    };
+    let targets = crate::peers::Targets {
+        base: stack.load_base(),
+        model: opts.model().to_owned(),
+        load: Some(load.stats.clone()),
+    };
+    crate::peers::start(peer, targets, opts.time_scale, cancel.clone(), tx)
+        .map(Some)
+        .map_err(|e| format!("starting the {} peer: {e}", policy.as_str()))
+}
+
+/// The peer's report once its thread ended, kept beside the experiment's logs as
+/// `peer.json`; a kill's evidence is its calls up to the decision.
+pub(super) async fn peer_report(
+    thread: Option<std::thread::JoinHandle<crate::peers::PeerReport>>,
+    dir: &Path,
+    out: &mut Outcome,
+) {
+    let Some(t) = thread else { return };
+    let Some(r) = tokio::task::spawn_blocking(move || t.join().ok())
+        .await
+        .ok()
+        .flatten()
+    else {
+        return;
+    };
+    let path = dir.join("peer.json");
+    if let Err(e) = std::fs::write(&path, serde_json::to_vec_pretty(&r).unwrap_or_default()) {
+        eprintln!("npu-chaos:   {}: {e}", path.display());
+    }
+    if out.killed_at_ms.is_some() {
+        out.kill_evidence = crate::peers::kill_evidence(&r);
+    }
 }
 
 /// Polls before the kill that [`kill_evidence`] quotes: the emulator's 5 heartbeats span at

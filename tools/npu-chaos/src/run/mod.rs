@@ -44,7 +44,7 @@ pub(crate) use repeat::round_line;
 pub use shadow_seen::{SeenDisagreement, ShadowSeen};
 
 use crate::timescale::scaled;
-use emulator::{kill_evidence, start_node_manager};
+use emulator::{kill_evidence, peer_report, start_node_manager, start_peer};
 use observe::{KubeletLink, Observation, observe};
 use processes::{WantedSupervisor, wanted_supervisor};
 use stack::Stack;
@@ -155,12 +155,7 @@ fn verdict(
 ) -> (Verdict, Option<String>) {
     // A row whose agent policy is only observed is judged as the policy `/status` answers by.
     let policy = policy.in_force();
-    let not_by_design = (e.agent_policy_only && !policy.is_agent())
-        || opts
-            .row
-            .cadence()
-            .zip(e.max_nm_heartbeat_s)
-            .is_some_and(|(c, h)| c.heartbeat_s > h);
+    let not_by_design = not_by_design(e, policy, opts);
     // A router row's Node Manager sees what the `1s` row's does: its known kills too.
     let nm_label = opts.row.cadence().map(|c| c.label());
     let known = e.known_false_kills.iter().any(|(p, row)| {
@@ -183,6 +178,19 @@ fn verdict(
         Ok(()) if opts.row == Row::Kubelet => (kubelet_verdict(e, out, known, not_by_design), None),
         Ok(()) => (node_manager_verdict(e, out, known, not_by_design), None),
     }
+}
+
+/// Whether a miss is the design of the policy or of Node Manager's cadence (the experiment
+/// says which policies and cadences can detect it). Never for a peer: its design is its own
+/// source's, and its miss is a miss.
+fn not_by_design(e: &Experiment, policy: Policy, opts: &RunOptions) -> bool {
+    policy.peer().is_none()
+        && ((e.agent_policy_only && !policy.is_agent())
+            || opts
+                .row
+                .cadence()
+                .zip(e.max_nm_heartbeat_s)
+                .is_some_and(|(c, h)| c.heartbeat_s > h))
 }
 
 /// Why a benign experiment fails for an escalation, if the agent escalated the engine as a
@@ -321,9 +329,11 @@ async fn run_inner(
     let nm_started = std::time::SystemTime::now();
     let nm_t0 = Instant::now();
     let probes = crate::kubelet::ProbeLog::default();
+    // A peer's row: the peer's decider takes the kill channel, and no emulator runs.
+    let peer_thread = start_peer(policy, opts, &stack, &load, &mut kill_tx, &nm_cancel)?;
     let (nm_thread, mut kubelet) = match opts.row {
         Row::NodeManager(_) | Row::Router(_) => {
-            let thread = start_emulator(opts, &stack, kill_tx, &nm_cancel)?;
+            let thread = start_emulator(opts, &stack, kill_tx.take(), &nm_cancel)?;
             (thread, None)
         }
         Row::Kubelet => {
@@ -349,6 +359,7 @@ async fn run_inner(
     }
     nm_cancel.cancel();
     let nm_report = emulator_report(nm_thread, nm_started, dir, out).await;
+    peer_report(peer_thread, dir, out).await;
     let pollers = Pollers {
         nm_report: nm_report.as_ref(),
         nm_t0,
@@ -981,6 +992,40 @@ mod tests {
             node_manager_verdict(&hang, &out(None, Some(0), None), false, true),
             Verdict::NotDetectableByDesign
         );
+    }
+
+    // An experiment only the agent policy can detect is "not detectable by design" for
+    // `reference`; a peer's miss of it is a miss.
+    #[test]
+    fn a_peers_miss_is_never_by_design() {
+        let mut e = kubelet_experiment(
+            Expect::DetectWithin(Duration::from_secs(5)),
+            crate::experiment::KubeletExpect::Restart,
+        );
+        e.agent_policy_only = true;
+        let opts = RunOptions {
+            agent_exe: Default::default(),
+            time_scale: 0.05,
+            out_dir: Default::default(),
+            engine: EngineKind::Fake,
+            real_vllm_script: Default::default(),
+            real: Default::default(),
+            row: Row::NodeManager(Cadence::PYMOTOR),
+            pymotor_nm: None,
+            pymotor: None,
+            agent_supervisor: None,
+            repo: Default::default(),
+        };
+        assert!(not_by_design(&e, Policy::Reference, &opts));
+        assert!(!not_by_design(&e, Policy::Agent, &opts));
+        assert!(!not_by_design(&e, Policy::K8sLiveness, &opts));
+        e.agent_policy_only = false;
+        e.max_nm_heartbeat_s = Some(0);
+        assert!(
+            not_by_design(&e, Policy::Reference, &opts),
+            "the cadence's design"
+        );
+        assert!(!not_by_design(&e, Policy::TokenHeartbeat, &opts));
     }
 
     // Issue 50: a benign experiment fails when the agent escalated the engine as a restart

@@ -4,6 +4,7 @@
 
 use crate::agent::Supervisor;
 use crate::experiment::Fault;
+use crate::peers::Peer;
 use crate::real_engine::RealEngine;
 use crate::timescale::scaled;
 use fake_engine::node_manager::NmOptions;
@@ -43,13 +44,45 @@ pub enum Policy {
     #[value(name = "reference-shadow")]
     #[serde(rename = "reference-shadow")]
     ReferenceShadow,
+    /// A peer, not the agent: the kubelet's liveness probe with the API defaults (period
+    /// 10 s, timeout 1 s, 3 failures) on the engine's `/health` kills (docs/chaos.md, "The
+    /// peers"). The agent runs as under `reference`; nobody reads its `/status`.
+    #[value(name = "k8s-liveness")]
+    #[serde(rename = "k8s-liveness")]
+    K8sLiveness,
+    /// A peer: NVIDIA Dynamo's canary after 10 s idle, and the operator's liveness probe on
+    /// its status.
+    #[value(name = "dynamo-canary")]
+    #[serde(rename = "dynamo-canary")]
+    DynamoCanary,
+    /// A peer: a liveness probe on SGLang's `/health_generate` (its 20 s budget).
+    #[value(name = "sglang-health-generate")]
+    #[serde(rename = "sglang-health-generate")]
+    SglangHealthGenerate,
+    /// A peer: gonka's step-counter heartbeat on `/metrics` (120 s grace, 3 in a row).
+    #[value(name = "token-heartbeat")]
+    #[serde(rename = "token-heartbeat")]
+    TokenHeartbeat,
+    /// A peer: vllm-ascend's 10 s health ping behind `/health`, probed with the API defaults.
+    #[value(name = "engine-ping")]
+    #[serde(rename = "engine-ping")]
+    EnginePing,
 }
 
 impl Policy {
     /// The policies `npu-chaos compare` runs by default: every one that makes kill decisions
-    /// of its own (a policy that only shadows another, or an older agent, is not compared).
+    /// of its own, the peers included (a policy that only shadows another, an older agent, and
+    /// MindIE's own server, which runs only in real time, are not compared).
     pub fn compared() -> Vec<Policy> {
-        vec![Policy::Reference, Policy::Agent]
+        vec![
+            Policy::Reference,
+            Policy::Agent,
+            Policy::K8sLiveness,
+            Policy::DynamoCanary,
+            Policy::SglangHealthGenerate,
+            Policy::TokenHeartbeat,
+            Policy::EnginePing,
+        ]
     }
 
     /// Name in reports.
@@ -61,6 +94,33 @@ impl Policy {
             Policy::Mindie => "mindie-3.0.0b2",
             Policy::AgentObserve => "agent-observe",
             Policy::ReferenceShadow => "reference-shadow",
+            Policy::K8sLiveness => "k8s-liveness",
+            Policy::DynamoCanary => "dynamo-canary",
+            Policy::SglangHealthGenerate => "sglang-health-generate",
+            Policy::TokenHeartbeat => "token-heartbeat",
+            Policy::EnginePing => "engine-ping",
+        }
+    }
+
+    /// The peer health check this policy is, if it is one (then the agent runs as under
+    /// `reference` and the peer decides the kill).
+    pub(crate) fn peer(self) -> Option<Peer> {
+        match self {
+            Policy::K8sLiveness => Some(Peer::K8sLiveness),
+            Policy::DynamoCanary => Some(Peer::DynamoCanary),
+            Policy::SglangHealthGenerate => Some(Peer::SglangHealthGenerate),
+            Policy::TokenHeartbeat => Some(Peer::TokenHeartbeat),
+            Policy::EnginePing => Some(Peer::EnginePing),
+            _ => None,
+        }
+    }
+
+    /// The policy the agent runs in this row: a peer's row runs it as `reference`.
+    pub fn agent_runs(self) -> Policy {
+        if self.peer().is_some() {
+            Policy::Reference
+        } else {
+            self
         }
     }
 
@@ -85,6 +145,9 @@ impl Policy {
 
     /// Why this policy cannot run the experiment here, if it cannot.
     pub fn not_applicable(self, opts: &RunOptions, fault: Fault) -> Option<String> {
+        if let Some(peer) = self.peer() {
+            return peer_not_applicable(peer, opts, fault);
+        }
         if opts.row == Row::Kubelet {
             if self == Policy::Mindie {
                 return Some("MindIE's engine server serves no /readyz or /livez: the kubelet has nothing of it to probe".to_owned());
@@ -110,6 +173,29 @@ impl Policy {
         }
         None
     }
+}
+
+/// Why a peer cannot run the experiment here, if it cannot.
+fn peer_not_applicable(peer: Peer, opts: &RunOptions, fault: Fault) -> Option<String> {
+    let why = match opts.row {
+        _ if opts.pymotor_nm.is_some() => {
+            "a peer decides the kill itself: PyMotor's Node Manager has nothing of it to poll"
+        }
+        Row::Kubelet | Row::Router(_) => {
+            "a peer decides the kill itself: it runs in the Node Manager rows (whose cadence changes nothing for it), not under the kubelet emulator or a router, which act on the agent's answers"
+        }
+        Row::NodeManager(_) if opts.engine == EngineKind::Vllm && peer.not_on_vllm().is_some() => {
+            peer.not_on_vllm().unwrap_or_default()
+        }
+        Row::NodeManager(_) if fault.is_driver_fault() => {
+            "a peer reads the engine only: an NPU's fault is reported in the agent's /status, which nobody reads in a peer's row"
+        }
+        Row::NodeManager(_) if fault.is_agent_fault() => {
+            "the agent's faults act on npu-health-agent, which nobody reads in a peer's row"
+        }
+        Row::NodeManager(_) => return None,
+    };
+    Some(why.to_owned())
 }
 
 /// A Node Manager cadence: its heartbeat interval, and with it the poll timeout of the
@@ -283,6 +369,84 @@ impl RunOptions {
         match self.engine {
             EngineKind::Fake => "m",
             EngineKind::Vllm => "tiny",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PEERS: [(Policy, &str); 5] = [
+        (Policy::K8sLiveness, "k8s-liveness"),
+        (Policy::DynamoCanary, "dynamo-canary"),
+        (Policy::SglangHealthGenerate, "sglang-health-generate"),
+        (Policy::TokenHeartbeat, "token-heartbeat"),
+        (Policy::EnginePing, "engine-ping"),
+    ];
+
+    fn opts(row: Row, engine: EngineKind) -> RunOptions {
+        RunOptions {
+            agent_exe: PathBuf::new(),
+            time_scale: 0.05,
+            out_dir: PathBuf::new(),
+            engine,
+            real_vllm_script: PathBuf::new(),
+            real: Default::default(),
+            row,
+            pymotor_nm: None,
+            pymotor: None,
+            agent_supervisor: None,
+            repo: PathBuf::new(),
+        }
+    }
+
+    // `--policy k8s-liveness` and the others: one name for clap, serde and the reports; a
+    // peer's agent runs as `reference`, with the reference's config.
+    #[test]
+    fn the_peer_policies_have_one_name_and_run_the_agent_as_reference() {
+        use clap::ValueEnum;
+        for (p, name) in PEERS {
+            assert_eq!(Policy::from_str(name, false), Ok(p), "{name}");
+            assert_eq!(serde_json::to_value(p).unwrap(), name);
+            assert_eq!(p.as_str(), name);
+            assert!(p.peer().is_some() && !p.is_agent() && !p.has_shadow());
+            assert_eq!(p.agent_runs(), Policy::Reference);
+            assert_eq!(
+                p.in_force(),
+                p,
+                "judged as itself, not as the agent's reference"
+            );
+            let toml =
+                |p| super::super::config::agent_toml(8000, 8001, 2, p, 0.05, EngineKind::Fake, "m");
+            assert_eq!(toml(p), toml(Policy::Reference), "{name}");
+        }
+        assert_eq!(Policy::Reference.peer(), None);
+        assert_eq!(Policy::Agent.agent_runs(), Policy::Agent);
+    }
+
+    // A peer runs in the Node Manager rows, on every engine fault; not where the agent's
+    // answers act (the kubelet, a router), not on a driver or agent fault, and the two that
+    // need the fake engine not on vLLM.
+    #[test]
+    fn where_a_peer_runs_and_why_not_elsewhere() {
+        let nm = opts(Row::NodeManager(Cadence::PYMOTOR), EngineKind::Fake);
+        for (p, name) in PEERS {
+            assert_eq!(p.not_applicable(&nm, Fault::EngineHang), None, "{name}");
+            for f in [Fault::DriverError, Fault::AgentCrash] {
+                assert!(p.not_applicable(&nm, f).is_some(), "{name} {f}");
+            }
+            for row in [
+                Row::Kubelet,
+                Row::Router(crate::router::RouterKind::Haproxy),
+            ] {
+                let why = p.not_applicable(&opts(row, EngineKind::Fake), Fault::EngineHang);
+                assert!(why.unwrap().contains("decides the kill itself"), "{name}");
+            }
+            let vllm = opts(Row::NodeManager(Cadence::REFERENCE), EngineKind::Vllm);
+            let why = p.not_applicable(&vllm, Fault::EngineHang);
+            let fake_only = matches!(p, Policy::SglangHealthGenerate | Policy::EnginePing);
+            assert_eq!(why.is_some(), fake_only, "{name}: {why:?}");
         }
     }
 }

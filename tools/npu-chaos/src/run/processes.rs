@@ -39,6 +39,8 @@ pub(super) struct FakeLaunch {
     /// MindIE's own inference surface (`/health` is a JSON bool), for the peer.
     pub(super) mindie: bool,
     pub(super) s: f64,
+    /// Flags a peer needs of the engine (`Peer::engine_args`).
+    pub(super) peer_args: Vec<String>,
 }
 
 impl FakeLaunch {
@@ -55,6 +57,7 @@ impl FakeLaunch {
             cmd.args(["--profile", "mindie"]);
         }
         cmd.args(fake_engine_speed(s))
+            .args(&self.peer_args)
             .stderr(stderr)
             .kill_on_drop(true);
         cmd.spawn()

@@ -289,7 +289,11 @@ pub(crate) fn round_line(r: &Round, s: f64) -> String {
 /// after each kill, and reads the agent's episodes).
 pub(super) fn not_applicable(e: &Experiment, policy: Policy, opts: &RunOptions) -> Option<String> {
     let emulator = matches!(opts.row, Row::NodeManager(_)) && opts.pymotor_nm.is_none();
-    (e.repeat > 1 && (!emulator || opts.engine != EngineKind::Fake || policy == Policy::Mindie))
+    (e.repeat > 1
+        && (!emulator
+            || opts.engine != EngineKind::Fake
+            || policy == Policy::Mindie
+            || policy.peer().is_some()))
         .then(|| {
             "a repeated fault runs in the Node Manager emulator's rows on the fake engine, under the agent's own policies: the runner restarts the fake engine after each kill, and reads the agent's episodes"
                 .to_owned()

@@ -76,6 +76,7 @@ impl Stack {
                     npu_files: files.npu_files.clone(),
                     mindie: policy == Policy::Mindie,
                     s,
+                    peer_args: policy.peer().map(|p| p.engine_args(s)).unwrap_or_default(),
                 };
                 let engine = launch.spawn(log_file(dir, "engine.log")?)?;
                 (Some(engine), Some(launch), None, fake_port)
