@@ -59,26 +59,32 @@ const PING_LOOK: Duration = Duration::from_millis(5);
 /// between two steps, so a hang, a stuck step or one long unchunked step leaves it
 /// unanswered while a saturated engine answers at its next step. Unanswered within the
 /// timeout, the engine is dead for good (the patch sets `engine_dead`, and every later
-/// `/health` raises `EngineDeadError`). True: answered, or no ping.
-async fn ping(e: &Engine) -> bool {
+/// `/health` raises `EngineDeadError`). The wait is a task of its own: a prober that gives
+/// up first (a kubelet's 1 s timeout against the ping's 10 s) does not end it, as uvicorn
+/// runs a handler to its end after its client has gone. True: answered, or no ping.
+async fn ping(e: &Arc<Engine>) -> bool {
     let Some(timeout) = e.opts.health_ping_timeout else {
         return true;
     };
     if e.ping_dead.load(Ordering::Acquire) {
         return false;
     }
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if e.between_steps(&e.faults()) {
-            return true;
+    let e = e.clone();
+    let waited = tokio::spawn(async move {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if e.between_steps(&e.faults()) {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                e.ping_dead.store(true, Ordering::Release);
+                return false;
+            }
+            // Looked at again every few milliseconds: a fault may clear, a step end.
+            tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + PING_LOOK)).await;
         }
-        if tokio::time::Instant::now() >= deadline {
-            e.ping_dead.store(true, Ordering::Release);
-            return false;
-        }
-        // Looked at again every few milliseconds: a fault may clear, a step end.
-        tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + PING_LOOK)).await;
-    }
+    });
+    waited.await.unwrap_or(false)
 }
 
 #[derive(Debug, Deserialize)]

@@ -315,6 +315,27 @@ mod tests {
         patch(&client, &control, json!({"hang": false})).await;
         assert_eq!(health().await, 503, "dead for good");
         cancel.cancel();
+        // A prober that gives up before the ping's timeout leaves it running to its end.
+        let (base, control, cancel) =
+            start_with(Profile::V0_33, Some(Duration::from_millis(300))).await;
+        patch(&client, &control, json!({"hang": true})).await;
+        let impatient = reqwest::Client::builder()
+            .no_proxy()
+            .timeout(Duration::from_millis(50))
+            .build()
+            .unwrap();
+        assert!(
+            impatient
+                .get(format!("{base}/health"))
+                .send()
+                .await
+                .is_err()
+        );
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        patch(&client, &control, json!({"hang": false})).await;
+        let r = client.get(format!("{base}/health")).send().await.unwrap();
+        assert_eq!(r.status(), 503, "the abandoned ping marked the engine dead");
+        cancel.cancel();
         // Without the option /health never pings: a hang leaves it 200.
         let (base, control, cancel) = start_with(Profile::V0_33, None).await;
         patch(&client, &control, json!({"hang": true})).await;

@@ -9,7 +9,7 @@
 mod chart;
 mod stats;
 
-use crate::run::{Outcome, Policy, Row, Verdict};
+use crate::run::{Cadence, Outcome, Policy, Row, Verdict};
 use serde::Serialize;
 use stats::{Pooled, Quantile, Rate};
 use std::fmt::Write;
@@ -138,7 +138,12 @@ fn time_cell(q: Option<Quantile>) -> String {
 }
 
 /// The table as Markdown, with the notes a reader needs to read it.
-pub(crate) fn markdown(rows: &[PolicyRow], repeat: u32, time_scale: f64) -> String {
+pub(crate) fn markdown(
+    rows: &[PolicyRow],
+    repeat: u32,
+    cadences: &[Cadence],
+    time_scale: f64,
+) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
@@ -158,15 +163,15 @@ pub(crate) fn markdown(rows: &[PolicyRow], repeat: u32, time_scale: f64) -> Stri
             || "—".to_owned(),
             |a| {
                 format!(
-                    "{} of {} requests ({}{})",
-                    a.completed,
-                    a.attempted,
+                    "{}{} ({} of {} requests)",
                     pct(a.ratio),
                     a.interval.map_or_else(String::new, |(lo, hi)| format!(
                         ", CI {}–{}",
                         pct(lo),
                         pct(hi)
-                    ))
+                    )),
+                    a.completed,
+                    a.attempted,
                 )
             },
         );
@@ -183,9 +188,11 @@ pub(crate) fn markdown(rows: &[PolicyRow], repeat: u32, time_scale: f64) -> Stri
             r.errors
         );
     }
+    let cadences: Vec<String> = cadences.iter().map(|c| c.label()).collect();
     let _ = writeln!(
         s,
-        "\nEach experiment ran {repeat} time(s) at each Node Manager cadence (1 s and 3 s), at time scale {time_scale}; times are unscaled. Intervals are 95 %: Wilson for the rates, order statistics for the times (none below 6 detections for the median, 29 for the p90), availability the mean of the runs' (each run weighs the same) with a bootstrap over runs. Known false kills count as false kills; faults not detectable by design count as missed.\n"
+        "\nEach experiment ran {repeat} time(s) at each Node Manager cadence ({}; a peer's row does not read it, so its cadences are repetitions), at time scale {time_scale}; times are unscaled. Intervals are 95 %: Wilson for the rates, order statistics for the times (none below 6 detections for the median, 29 for the p90), availability the mean of the runs' (each run weighs the same) with a bootstrap over runs. Known false kills count as false kills; faults not detectable by design count as missed.\n",
+        cadences.join(", ")
     );
     s
 }
@@ -218,7 +225,7 @@ pub async fn run(plan: &crate::Plan<'_>, repeat: u32) -> Result<bool, String> {
     let outcomes = crate::run_plan(plan, repeat).await?;
     crate::write_summary(plan, &outcomes)?;
     let rows = table(plan.policies, &outcomes, plan.time_scale);
-    let md = markdown(&rows, repeat, plan.time_scale);
+    let md = markdown(&rows, repeat, plan.cadences, plan.time_scale);
     println!("\n## The comparison\n\n{md}");
     let write = |name: &str, text: String| {
         let path = plan.out.join(name);
@@ -292,7 +299,7 @@ mod tests {
             (13_980, 14_000),
             "7 runs at each cadence"
         );
-        let md = markdown(std::slice::from_ref(&r), 1, 0.05);
+        let md = markdown(std::slice::from_ref(&r), 1, &[Cadence::REFERENCE], 0.05);
         assert!(md.contains("| agent | 4 / 6 (2 known) (66.7 %"), "{md}");
         assert!(md.contains("4 / 8 (2 not by design)"), "{md}");
         assert!(svg(&[r]).contains("agent (4/6, 4/8)"));
