@@ -10,6 +10,7 @@
 
 pub mod api;
 pub mod config;
+pub(crate) mod events;
 pub(crate) mod eviction;
 pub(crate) mod memory;
 pub(crate) mod pods;
@@ -95,7 +96,12 @@ impl Integration for KubernetesApi {
             ),
             EvictionMode::Off => "no eviction".to_owned(),
         };
-        format!("{pod}: {gate}; {evict}")
+        let events = if k.events {
+            "Events on the pod"
+        } else {
+            "no Events"
+        };
+        format!("{pod}: {gate}; {evict}; {events}")
     }
 }
 
@@ -106,6 +112,16 @@ pub(crate) struct ApiMode {
     pub node: Option<String>,
     pub client: Result<SharedLists<KubeClient>, String>,
     pub origin: tokio::time::Instant,
+    /// The Events' recorder (`events = true`, a client, a runtime); its writer stops with
+    /// the mode.
+    pub events: Option<events::Recorder>,
+    stop_events: CancellationToken,
+}
+
+impl Drop for ApiMode {
+    fn drop(&mut self) {
+        self.stop_events.cancel();
+    }
 }
 
 impl Started for ApiMode {
@@ -117,6 +133,7 @@ impl Started for ApiMode {
                 self.node.clone(),
                 m,
                 self.origin,
+                self.events.clone(),
                 cancel,
             ))),
             Err(why) => {
@@ -142,13 +159,41 @@ impl ApiMode {
             ),
             Err(e) => tracing::error!("the Kubernetes API mode cannot start: {e}"),
         }
+        let stop_events = CancellationToken::new();
+        let events = match &client {
+            Ok(c) if cfg.events => start_events(c, node.as_deref(), &stop_events),
+            _ => None,
+        };
         Arc::new(ApiMode {
             cfg: cfg.clone(),
             node,
             client: client.map(|c| SharedLists::new(c, cfg.resync_period)),
             origin: tokio::time::Instant::now(),
+            events,
+            stop_events,
         })
     }
+}
+
+/// The Events' recorder, its writer spawned on the runtime until `stop`; `None` (and said
+/// once) outside a runtime.
+fn start_events(
+    client: &KubeClient,
+    node: Option<&str>,
+    stop: &CancellationToken,
+) -> Option<events::Recorder> {
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        tracing::warn!("Kubernetes Events: no runtime to write them from; none are posted");
+        return None;
+    };
+    let (rec, queue) = events::Recorder::new(node, events::QUEUE, events::Counts::global());
+    rt.spawn(events::sink::run(
+        client.clone(),
+        queue,
+        rec.clone(),
+        stop.clone(),
+    ));
+    Some(rec)
 }
 
 /// Whether the Kubernetes API mode may evict the engine's pod now: a held `evict` whose
