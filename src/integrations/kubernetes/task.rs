@@ -225,7 +225,11 @@ impl<A: KubeApi> Loop<'_, A> {
             && !self.escalated
             && let Some(pod) = self.pod.clone()
         {
-            self.event(&pod, Reason::RestartLoop, &facts.reason);
+            self.event(
+                &pod,
+                Reason::RestartLoop,
+                &format!("escalated: {}", facts.reason),
+            );
         }
         self.escalated = now;
     }
