@@ -209,7 +209,8 @@ pub(crate) fn eviction_ground(f: &ActionInputs) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::eviction_ground;
+    use super::config::KubernetesConfig;
+    use super::{ApiMode, eviction_ground};
     use crate::integrations::tests::facts;
     use crate::monitor::verdict::Status;
     use crate::qos::score::Level;
@@ -217,6 +218,20 @@ mod tests {
     use Status::Abnormal;
     const OK: Status = Status::Normal;
     const NORMAL: Level = Level::Normal;
+
+    // The off switch: `events = false` starts no recorder (no Event is ever queued), and the
+    // default starts one.
+    #[tokio::test]
+    async fn events_false_starts_no_recorder_and_the_default_one() {
+        let cfg = |events| KubernetesConfig {
+            api_server: Some("http://127.0.0.1:9".into()),
+            events,
+            ..KubernetesConfig::default()
+        };
+        assert!(KubernetesConfig::default().events);
+        assert!(ApiMode::start(&cfg(false)).events.is_none());
+        assert!(ApiMode::start(&cfg(true)).events.is_some());
+    }
 
     #[test]
     fn eviction_needs_a_held_evict_on_every_input() {

@@ -166,10 +166,12 @@ async fn a_series_patch_answered_404_creates_the_event_again() {
     assert_eq!(n(&counts.created), 2);
 }
 
-// The API server unreachable: each Event is tried 12 times, 10 s (+ up to 25 %) apart, then
-// given up and counted failed; the writer lives on and writes the next one once it answers.
+// The API server unreachable: each Event is tried 12 times (client-go's maxTriesPerEvent),
+// 10 s (+ up to 25 %) apart, then given up and counted failed; the writer lives on and writes
+// the next one once it answers.
 #[tokio::test(start_paused = true)]
 async fn an_unreachable_api_server_gets_twelve_tries_then_the_event_is_counted_failed() {
+    assert_eq!(MAX_TRIES, 12);
     let sink = Script::default();
     sink.answer(
         Err(ApiError::Transport("connection refused".into())),
