@@ -242,6 +242,11 @@ mod tests {
         c.observe(key("A"), ev("a"), t0, wall());
         c.observe(key("A"), ev("a"), t0, wall());
         c.observe(key("B"), ev("b"), t0, wall());
+        assert_eq!(
+            FINISH,
+            Duration::from_secs(6 * 60),
+            "client-go's finishTime"
+        );
         let early = t0 + FINISH - Duration::from_secs(1);
         assert!(c.finish(early).is_empty());
         assert_eq!(c.len(), 2);

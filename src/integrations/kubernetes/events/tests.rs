@@ -1,7 +1,7 @@
 //! The recorder and its writer against a scripted sink, under paused time: the series as
 //! the API server sees it, the retries, the bounded queue, the Event's fields.
 
-use super::series::{FINISH, REFRESH};
+use super::series::REFRESH;
 use super::sink::{self, EventSink, MAX_TRIES};
 use super::{Counts, NOTE_LIMIT, Reason, Recorder};
 use crate::integrations::kubernetes::api::{ApiError, PodInfo};
@@ -106,7 +106,7 @@ async fn a_repeated_action_is_one_event_with_a_series_flushed_after_six_quiet_mi
     assert_eq!(calls[1], ("patch", name.clone(), Some(2)));
     // The finish runs every six minutes: the series, quiet since the start, ends at its
     // first run.
-    tokio::time::sleep(FINISH - Duration::from_secs(1)).await;
+    tokio::time::sleep(Duration::from_secs(6 * 60 - 1)).await;
     settle().await;
     assert_eq!(sink.calls().len(), 2, "not before the series is quiet");
     tokio::time::sleep(Duration::from_secs(2)).await;
