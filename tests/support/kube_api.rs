@@ -5,6 +5,11 @@
 //! annotations to them, takes evictions, records every request, and answers from a script
 //! of failures when one is queued for a route.
 //!
+//! It also takes events.k8s.io/v1 Events (create, and a PATCH of a series), validated as the
+//! API server validates them (kubernetes `pkg/apis/core/validation/events.go`): a malformed
+//! Event is a 422 here as there ([`validate_event`]); [`KubeApi::describe_events`] renders a
+//! pod's Events as `kubectl describe pod` lists them.
+//!
 //! What it does not do: authentication beyond checking the bearer token, admission,
 //! PodDisruptionBudgets (a 429 is scripted), resourceVersion conflicts, watches.
 
@@ -31,6 +36,10 @@ pub enum Route {
     PatchStatus,
     Evict,
     PatchPod,
+    /// `POST .../events` (events.k8s.io/v1).
+    EventCreate,
+    /// `PATCH .../events/{name}`.
+    EventPatch,
 }
 
 /// A scripted answer.
@@ -63,6 +72,8 @@ struct Inner {
     pods: Vec<Pod>,
     fail: HashMap<Route, VecDeque<Failure>>,
     seen: Vec<Seen>,
+    /// Events as stored (JSON, as the API server keeps them).
+    events: Vec<serde_json::Value>,
 }
 
 /// The server's state, shared with the test.
@@ -88,6 +99,7 @@ pub fn pod(
         metadata: ObjectMeta {
             name: Some(name.into()),
             namespace: Some(ns.into()),
+            uid: Some(format!("uid-{ns}-{name}")),
             labels: Some(BTreeMap::from([("app".to_owned(), "vllm".to_owned())])),
             ..ObjectMeta::default()
         },
@@ -145,6 +157,7 @@ impl StandIn {
                 patch(patch_status),
             )
             .route("/api/v1/namespaces/{ns}/pods/{name}/eviction", post(evict))
+            .merge(event_routes())
             .fallback(unknown)
             .with_state(api.clone());
         let listener = rt
@@ -569,4 +582,326 @@ async fn unknown(method: Method, uri: axum::http::Uri) -> Response {
         "NotFound",
         &format!("the stand-in has no route for {method} {uri}"),
     )
+}
+
+// --- events.k8s.io/v1 Events -------------------------------------------------------------
+
+/// The API server's limits on an Event (`events.go`).
+const EVENT_LIMIT_128: usize = 128;
+const NOTE_LIMIT: usize = 1024;
+
+fn event_routes() -> axum::Router<KubeApi> {
+    axum::Router::new()
+        .route(
+            "/apis/events.k8s.io/v1/namespaces/{ns}/events",
+            post(create_event),
+        )
+        .route(
+            "/apis/events.k8s.io/v1/namespaces/{ns}/events/{name}",
+            patch(patch_event),
+        )
+}
+
+impl KubeApi {
+    /// The Events stored, as the API server keeps them.
+    pub fn events(&self) -> Vec<k8s_openapi::api::events::v1::Event> {
+        let i = self.0.lock().unwrap();
+        i.events
+            .iter()
+            .map(|v| serde_json::from_value(v.clone()).expect("a stored Event"))
+            .collect()
+    }
+
+    /// The Events regarding the pod `ns/name`, as `kubectl describe pod` lists them (Type,
+    /// Reason, Age, From, Message; a series as `<last> (xN over <first>)`), oldest first.
+    pub fn describe_events(&self, ns: &str, name: &str) -> String {
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let age = |t: k8s_openapi::jiff::Timestamp| {
+            let s = (now - t).get_seconds().max(0);
+            if s < 120 {
+                format!("{s}s")
+            } else {
+                format!("{}m", s / 60)
+            }
+        };
+        let mut evs: Vec<_> = self
+            .events()
+            .into_iter()
+            .filter(|e| {
+                e.regarding.as_ref().is_some_and(|r| {
+                    r.kind.as_deref() == Some("Pod")
+                        && r.namespace.as_deref() == Some(ns)
+                        && r.name.as_deref() == Some(name)
+                })
+            })
+            .collect();
+        evs.sort_by_key(|e| e.event_time.as_ref().map(|t| t.0));
+        let mut rows = vec![[
+            "Type".to_owned(),
+            "Reason".to_owned(),
+            "Age".to_owned(),
+            "From".to_owned(),
+            "Message".to_owned(),
+        ]];
+        rows.push(rows[0].clone().map(|h| "-".repeat(h.len())));
+        for e in &evs {
+            let first = e.event_time.as_ref().map(|t| t.0).unwrap_or(now);
+            let shown_age = match &e.series {
+                Some(s) => format!(
+                    "{} (x{} over {})",
+                    age(s.last_observed_time.0),
+                    s.count,
+                    age(first)
+                ),
+                None => age(first),
+            };
+            rows.push([
+                e.type_.clone().unwrap_or_default(),
+                e.reason.clone().unwrap_or_default(),
+                shown_age,
+                format!(
+                    "{}, {}",
+                    e.reporting_controller.as_deref().unwrap_or_default(),
+                    e.reporting_instance.as_deref().unwrap_or_default()
+                ),
+                e.note.clone().unwrap_or_default(),
+            ]);
+        }
+        let width = |c: usize| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0);
+        let widths: Vec<usize> = (0..4).map(width).collect();
+        let mut out = String::from("Events:\n");
+        for r in &rows {
+            out.push_str("  ");
+            for (c, w) in widths.iter().enumerate() {
+                out.push_str(&format!("{:<w$}  ", r[c], w = *w));
+            }
+            out.push_str(&r[4]);
+            out.push('\n');
+        }
+        out
+    }
+}
+
+/// Whether `s` is a DNS-1123 subdomain (at most 253 bytes of dot-separated lower-case
+/// alphanumeric labels, `-` inside).
+fn dns_subdomain(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.split('.').all(|l| {
+            !l.is_empty()
+                && l.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+        })
+}
+
+/// Whether `s` is a qualified name (`[prefix/]name`: a DNS subdomain prefix, a name of at
+/// most 63 alphanumerics, `-`, `_`, `.`, alphanumeric at both ends).
+fn qualified_name(s: &str) -> bool {
+    let (prefix, name) = match s.split_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, s),
+    };
+    prefix.is_none_or(dns_subdomain)
+        && !name.is_empty()
+        && name.len() <= 63
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric())
+}
+
+/// A string field of `v`, `""` when absent.
+fn text<'a>(v: &'a serde_json::Value, key: &str) -> &'a str {
+    v.get(key).and_then(serde_json::Value::as_str).unwrap_or("")
+}
+
+/// A series as `validateV1EventSeries` checks it: count at least 2, lastObservedTime set.
+fn validate_series(series: &serde_json::Value, errs: &mut Vec<String>) {
+    if series.is_null() {
+        return;
+    }
+    if series
+        .get("count")
+        .and_then(serde_json::Value::as_i64)
+        .unwrap_or(0)
+        < 2
+    {
+        errs.push("series.count: Invalid value: should be at least 2".into());
+    }
+    if text(series, "lastObservedTime").is_empty() {
+        errs.push("series.lastObservedTime: Required value".into());
+    }
+}
+
+/// An events.k8s.io/v1 Event created in namespace `ns`, checked as `ValidateEventCreate`
+/// and `legacyValidateEvent` check it (`pkg/apis/core/validation/events.go`), the field
+/// names those of events.k8s.io/v1. Every failure, as the 422's causes.
+pub fn validate_event(ns: &str, v: &serde_json::Value) -> Vec<String> {
+    let mut errs = Vec::new();
+    let meta = &v["metadata"];
+    if !dns_subdomain(text(meta, "name")) {
+        errs.push(format!(
+            "metadata.name: Invalid value: {:?}",
+            text(meta, "name")
+        ));
+    }
+    if !text(meta, "namespace").is_empty() && text(meta, "namespace") != ns {
+        errs.push("metadata.namespace: does not match the request's namespace".into());
+    }
+    validate_series(&v["series"], &mut errs);
+    if text(v, "eventTime").is_empty() {
+        errs.push("eventTime: Required value".into());
+    }
+    if !matches!(text(v, "type"), "Normal" | "Warning") {
+        errs.push(format!("type: Invalid value: {:?}", text(v, "type")));
+    }
+    for legacy in [
+        "deprecatedFirstTimestamp",
+        "deprecatedLastTimestamp",
+        "deprecatedCount",
+        "deprecatedSource",
+    ] {
+        if v.get(legacy).is_some_and(|x| !x.is_null()) {
+            errs.push(format!("{legacy}: Invalid value: needs to be unset"));
+        }
+    }
+    let regarding_ns = text(&v["regarding"], "namespace");
+    if regarding_ns.is_empty() && !matches!(ns, "default" | "kube-system") {
+        errs.push("regarding.namespace: does not match event.namespace".into());
+    }
+    let controller = text(v, "reportingController");
+    if controller.is_empty() {
+        errs.push("reportingController: Required value".into());
+    } else if !qualified_name(controller) {
+        errs.push(format!(
+            "reportingController: Invalid value: {controller:?}"
+        ));
+    }
+    for (key, limit) in [
+        ("reportingInstance", EVENT_LIMIT_128),
+        ("action", EVENT_LIMIT_128),
+        ("reason", EVENT_LIMIT_128),
+    ] {
+        match text(v, key).len() {
+            0 => errs.push(format!("{key}: Required value")),
+            n if n > limit => errs.push(format!(
+                "{key}: Invalid value: can have at most {limit} characters"
+            )),
+            _ => {}
+        }
+    }
+    if text(v, "note").len() > NOTE_LIMIT {
+        errs.push(format!(
+            "note: Invalid value: can have at most {NOTE_LIMIT} characters"
+        ));
+    }
+    if !dns_subdomain(ns) {
+        errs.push(format!("namespace: Invalid value: {ns:?}"));
+    }
+    errs
+}
+
+fn invalid(errs: &[String]) -> Response {
+    status(
+        422,
+        "Invalid",
+        &format!("Event is invalid: {}", errs.join(", ")),
+    )
+}
+
+async fn create_event(
+    State(api): State<KubeApi>,
+    Path(ns): Path<String>,
+    RawQuery(q): RawQuery,
+    method: Method,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let path = format!("/apis/events.k8s.io/v1/namespaces/{ns}/events");
+    if let Some(r) = front(&api, Route::EventCreate, &method, path, q, &headers, &body).await {
+        return r;
+    }
+    let mut v: serde_json::Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => return status(400, "BadRequest", &format!("not JSON: {e}")),
+    };
+    if v["apiVersion"] != "events.k8s.io/v1" || v["kind"] != "Event" {
+        return status(400, "BadRequest", "not an events.k8s.io/v1 Event");
+    }
+    if let Err(e) = serde_json::from_value::<k8s_openapi::api::events::v1::Event>(v.clone()) {
+        return status(400, "BadRequest", &format!("not an Event: {e}"));
+    }
+    let errs = validate_event(&ns, &v);
+    if !errs.is_empty() {
+        return invalid(&errs);
+    }
+    v["metadata"]["namespace"] = serde_json::Value::String(ns.clone());
+    let name = text(&v["metadata"], "name").to_owned();
+    let mut i = api.0.lock().unwrap();
+    if i.events
+        .iter()
+        .any(|e| text(&e["metadata"], "name") == name && text(&e["metadata"], "namespace") == ns)
+    {
+        return status(
+            409,
+            "AlreadyExists",
+            &format!("events {name:?} already exists"),
+        );
+    }
+    i.events.push(v.clone());
+    (StatusCode::CREATED, axum::Json(v)).into_response()
+}
+
+/// A strategic merge patch of an Event: only `series` may change (every other field is
+/// immutable, `ValidateEventUpdate`), and a changed series is validated again.
+async fn patch_event(
+    State(api): State<KubeApi>,
+    Path((ns, name)): Path<(String, String)>,
+    RawQuery(q): RawQuery,
+    method: Method,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let path = format!("/apis/events.k8s.io/v1/namespaces/{ns}/events/{name}");
+    if let Some(r) = front(&api, Route::EventPatch, &method, path, q, &headers, &body).await {
+        return r;
+    }
+    let ct = headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    if ct != "application/strategic-merge-patch+json" {
+        return status(415, "UnsupportedMediaType", &format!("content type {ct:?}"));
+    }
+    let p: serde_json::Map<String, serde_json::Value> = match serde_json::from_slice(&body) {
+        Ok(p) => p,
+        Err(e) => return status(400, "BadRequest", &format!("not a JSON object: {e}")),
+    };
+    let mut i = api.0.lock().unwrap();
+    let Some(stored) = i
+        .events
+        .iter_mut()
+        .find(|e| text(&e["metadata"], "name") == name && text(&e["metadata"], "namespace") == ns)
+    else {
+        return status(404, "NotFound", &format!("events {name:?} not found"));
+    };
+    let mut errs = Vec::new();
+    for (k, val) in &p {
+        if k != "series" && stored.get(k) != Some(val) {
+            errs.push(format!("{k}: Invalid value: field is immutable"));
+        }
+    }
+    if let Some(s) = p.get("series") {
+        validate_series(s, &mut errs);
+    }
+    if !errs.is_empty() {
+        return invalid(&errs);
+    }
+    if let Some(s) = p.get("series") {
+        stored["series"] = s.clone();
+    }
+    axum::Json(stored.clone()).into_response()
 }

@@ -88,10 +88,13 @@ fn gate(api: &StandIn, name: &str) -> Option<(String, String)> {
 // The API failing (403, 500, garbage, slower than request_timeout) is counted and shown and
 // retried; meanwhile the verdict goes on by itself, and once the API answers the condition
 // follows it to False.
+//
+// Each change of the condition is an Event on the pod, and with `escalate_after = 1` the
+// first hang is a restart loop, an Event of its own (kubectl describe's rendering printed).
 #[test]
 fn the_gate_follows_readiness_through_api_failures() {
     let api = StandIn::start(Vec::new());
-    let (stack, _secrets) = start(&api, "", "");
+    let (stack, _secrets) = start(&api, "", "[engine.agent_policy]\nescalate_after = 1\n");
     api.api.set_pods(pods(&stack));
     wait(&stack, "the gate True", Duration::from_secs(20), || {
         gate(&api, "vllm-0") == Some(("True".into(), "QosNormal".into()))
@@ -196,6 +199,106 @@ fn the_gate_follows_readiness_through_api_failures() {
         stack.get(&stack.status_url()).unwrap().1,
         r#"{"status":"abnormal"}"#
     );
+    wait(&stack, "three Events", Duration::from_secs(10), || {
+        api.api.events().len() >= 3
+    });
+    let described = api.api.describe_events("inference", "vllm-0");
+    eprintln!("{described}");
+    let evs = api.api.events();
+    let of = |reason: &str| {
+        evs.iter()
+            .find(|e| e.reason.as_deref() == Some(reason))
+            .unwrap_or_else(|| panic!("no {reason} Event:\n{described}"))
+    };
+    let ready = of("EngineReady");
+    assert_eq!(ready.type_.as_deref(), Some("Normal"));
+    let not_ready = of("EngineNotReady");
+    assert_eq!(not_ready.type_.as_deref(), Some("Warning"));
+    assert!(
+        not_ready
+            .note
+            .as_deref()
+            .is_some_and(|n| n.contains(GATE) && n.contains("False (EngineAbnormal)")),
+        "{not_ready:?}"
+    );
+    let lp = of("RestartLoop");
+    assert!(
+        lp.note
+            .as_deref()
+            .is_some_and(|n| n.contains("restart loop")),
+        "{lp:?}"
+    );
+    let r = not_ready.regarding.as_ref().unwrap();
+    assert_eq!(
+        (r.kind.as_deref(), r.name.as_deref(), r.uid.as_deref()),
+        (Some("Pod"), Some("vllm-0"), Some("uid-inference-vllm-0"))
+    );
+    assert_eq!(
+        not_ready.reporting_instance.as_deref(),
+        Some("npu-health-agent.io/agent-n1")
+    );
+    assert!(described.contains("Warning  RestartLoop"), "{described}");
+}
+
+// The stand-in refuses what the API server refuses of an events.k8s.io/v1 Event
+// (pkg/apis/core/validation/events.go), so the agent's Events are checked against it: a
+// note over 1024 bytes, a legacy field set, a series of count 1, a controller that is not a
+// qualified name. The same Event within the limits is created.
+#[test]
+fn the_stand_in_refuses_an_event_the_api_server_would() {
+    let api = StandIn::start(Vec::new());
+    let url = format!(
+        "{}/apis/events.k8s.io/v1/namespaces/inference/events",
+        api.url
+    );
+    let auth = format!("Bearer {}", kube_api::TOKEN);
+    let post = |e: &serde_json::Value| {
+        support::stack::http_with(
+            "POST",
+            &url,
+            Some(&e.to_string()),
+            &[("Authorization", &auth)],
+        )
+        .unwrap()
+    };
+    let good = serde_json::json!({
+        "apiVersion": "events.k8s.io/v1", "kind": "Event",
+        "metadata": {"name": "vllm-0.1", "namespace": "inference"},
+        "eventTime": "2026-12-07T06:00:00.000000Z",
+        "type": "Warning", "reason": "EngineNotReady", "action": "SetCondition",
+        "reportingController": "npu-health-agent.io/agent",
+        "reportingInstance": "npu-health-agent.io/agent-n1",
+        "regarding": {"apiVersion": "v1", "kind": "Pod", "namespace": "inference", "name": "vllm-0"},
+        "note": "x",
+    });
+    let bad = |key: &str, v: serde_json::Value| {
+        let mut e = good.clone();
+        e[key] = v;
+        e
+    };
+    for (what, e) in [
+        ("note", bad("note", "é".repeat(513).into())),
+        ("deprecatedCount", bad("deprecatedCount", 3.into())),
+        (
+            "series.count",
+            bad(
+                "series",
+                serde_json::json!({"count": 1, "lastObservedTime": "2026-12-07T06:00:00.000000Z"}),
+            ),
+        ),
+        (
+            "reportingController",
+            bad("reportingController", "npu health agent".into()),
+        ),
+        ("eventTime", bad("eventTime", serde_json::Value::Null)),
+    ] {
+        let (code, body) = post(&e);
+        assert_eq!(code, 422, "{what}: {body}");
+        assert!(body.contains(what), "{what}: {body}");
+    }
+    assert_eq!(post(&good).0, 201);
+    assert_eq!(post(&good).0, 409, "the same name again");
+    assert_eq!(api.api.events().len(), 1);
 }
 
 // Hardening round 2, case 3: `token_file` is read as `admin_token_file` is (surrounding
@@ -364,10 +467,12 @@ fn a_long_api_error_message_is_cut() {
 
 // Two pods serve the engine's port: the mode names both and does nothing; once one is gone
 // it acts on the other. A pod named in the config that does not exist is said so.
+//
+// With `events = false` no Event is posted, though the condition is set.
 #[test]
 fn the_mode_never_guesses_the_pod() {
     let api = StandIn::start(Vec::new());
-    let (stack, _secrets) = start(&api, "", "");
+    let (stack, _secrets) = start(&api, "events = false\n", "");
     let mut two = pods(&stack);
     two.push(kube_api::pod(
         "inference",
@@ -401,6 +506,14 @@ fn the_mode_never_guesses_the_pod() {
         || gate(&api, "vllm-1").is_some(),
     );
     assert_eq!(record(&stack).pod_error, None);
+    wait(&stack, "the gate recorded", Duration::from_secs(10), || {
+        record(&stack).condition.is_some()
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        api.api.seen_where("POST", "/events").is_empty(),
+        "events = false"
+    );
 
     let api = StandIn::start(Vec::new());
     let (stack, _secrets) = start(
@@ -438,6 +551,10 @@ fn wedge(stack: &Stack) -> Vec<std::net::TcpStream> {
 #[test]
 fn a_held_evict_evicts_through_a_pdb_refusal() {
     let api = StandIn::start(Vec::new());
+    // The first Event (the gate True) is refused: counted, not tried again, nothing else
+    // changes.
+    api.api
+        .fail(Route::EventCreate, &[Failure::Status(500, "InternalError")]);
     let (stack, _secrets) = start(&api, "", FAST_QOS);
     api.api.set_pods(pods(&stack));
     wait(&stack, "the gate True", Duration::from_secs(20), || {
@@ -532,6 +649,47 @@ fn a_held_evict_evicts_through_a_pdb_refusal() {
     assert_eq!(count("eviction", "done"), 1.0);
     assert_eq!(count("mindcluster_annotation", "pod_gone"), 0.0);
     assert!(count("condition", "done") >= 1.0);
+    // The refusal and the eviction are Events on the pod; the refused gate-True Event is
+    // counted failed.
+    wait(
+        &stack,
+        "the eviction's Event",
+        Duration::from_secs(10),
+        || {
+            api.api
+                .events()
+                .iter()
+                .any(|e| e.reason.as_deref() == Some("EngineEvicted"))
+        },
+    );
+    let described = api.api.describe_events("inference", "vllm-0");
+    eprintln!("{described}");
+    let reasons: Vec<String> = api
+        .api
+        .events()
+        .iter()
+        .filter_map(|e| e.reason.clone())
+        .collect();
+    assert!(!reasons.contains(&"EngineReady".to_owned()), "{described}");
+    assert!(
+        reasons.contains(&"EvictionRefused".to_owned()),
+        "{described}"
+    );
+    let evicted = api
+        .api
+        .events()
+        .into_iter()
+        .find(|e| e.reason.as_deref() == Some("EngineEvicted"))
+        .unwrap();
+    assert!(
+        evicted.note.as_deref().is_some_and(|n| n.contains("held")),
+        "{evicted:?}"
+    );
+    let metrics = stack.metrics();
+    assert!(
+        metrics.contains("npu_health_agent_kubernetes_events_total{outcome=\"failed\"} 1"),
+        "{metrics}"
+    );
 }
 
 // eviction = "mindcluster": a pod infer-operator does not manage gets nothing (the attempt

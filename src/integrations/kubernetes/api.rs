@@ -125,6 +125,8 @@ fn sources(e: &dyn std::error::Error) -> String {
 pub(crate) struct PodInfo {
     pub namespace: String,
     pub name: String,
+    /// `metadata.uid` (an Event names it: `kubectl describe` finds a pod's Events by it).
+    pub uid: Option<String>,
     pub node: Option<String>,
     pub host_network: bool,
     pub pod_ip: Option<String>,
@@ -148,6 +150,7 @@ impl PodInfo {
         PodInfo {
             namespace: p.metadata.namespace.clone().unwrap_or_default(),
             name: p.metadata.name.clone().unwrap_or_default(),
+            uid: p.metadata.uid.clone(),
             node: spec.and_then(|s| s.node_name.clone()),
             host_network: spec.and_then(|s| s.host_network).unwrap_or(false),
             pod_ip: status.and_then(|s| s.pod_ip.clone()),
@@ -446,6 +449,16 @@ impl KubeClient {
         } else {
             Err(ApiError::of_answer(code, &body))
         }
+    }
+
+    /// Sends `req` as [`KubeClient::call`] does: for the mode's other calls (its Events,
+    /// [`super::events`]).
+    pub(crate) async fn send(
+        &self,
+        req: http::Request<Vec<u8>>,
+        limit: usize,
+    ) -> Result<Vec<u8>, ApiError> {
+        self.call(Ok(req), limit).await
     }
 
     /// `call`, then the body as a `T` (`what` names it in the error).

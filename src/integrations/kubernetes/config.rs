@@ -89,6 +89,9 @@ pub struct KubernetesConfig {
     /// The timeout of each API request. Default 5 s.
     #[serde(with = "crate::config::duration")]
     pub request_timeout: Duration,
+    /// Post a Kubernetes Event (events.k8s.io/v1) on the pod for each action the mode takes
+    /// on it. Default true.
+    pub events: bool,
 }
 
 impl Default for KubernetesConfig {
@@ -104,6 +107,7 @@ impl Default for KubernetesConfig {
             eviction_cooldown: Duration::from_secs(600),
             resync_period: Duration::from_secs(30),
             request_timeout: Duration::from_secs(5),
+            events: true,
         }
     }
 }

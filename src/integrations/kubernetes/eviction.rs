@@ -4,7 +4,8 @@
 //! a back-off that doubles from 5 s to 5 min while the ground holds. When the ground goes,
 //! the back-off starts over; the cooldown stays.
 
-use super::told::GateMemory;
+use super::events::Reason;
+use super::told::{GateMemory, Outcome, PodAction};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -124,9 +125,68 @@ impl EvictionGate {
     }
 }
 
+/// The Event of an attempt `action` that ended as `outcome`.
+pub(crate) fn event_reason(action: PodAction, outcome: Outcome) -> Reason {
+    match (action, outcome) {
+        (PodAction::MindclusterAnnotation, Outcome::Done) => Reason::MindClusterFaultAnnotated,
+        (_, Outcome::Done) => Reason::EngineEvicted,
+        (_, Outcome::Refused) => Reason::EvictionRefused,
+        (_, _) => Reason::EvictionFailed,
+    }
+}
+
+/// The Event's note of that attempt: what was done, why or why not, and the next try.
+pub(crate) fn event_note(
+    action: PodAction,
+    outcome: Outcome,
+    detail: &str,
+    backoff: Option<Duration>,
+) -> String {
+    use super::config::{MINDCLUSTER_ANNOTATION, MINDCLUSTER_VALUE};
+    let what = match action {
+        PodAction::MindclusterAnnotation => {
+            format!("MindCluster's fault annotation {MINDCLUSTER_ANNOTATION}={MINDCLUSTER_VALUE}")
+        }
+        _ => "Eviction (policy/v1)".to_owned(),
+    };
+    match backoff {
+        Some(wait) => format!(
+            "{what} {outcome}: {detail}; next try in {} if the ground holds",
+            humantime::format_duration(wait)
+        ),
+        None => format!("{what} {outcome}: {detail}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_attempt_has_its_event_reason() {
+        use Outcome::{Done, Failed, PodGone, Refused};
+        use PodAction::{Eviction, MindclusterAnnotation};
+        let cases = [
+            (Eviction, Done, Reason::EngineEvicted),
+            (
+                MindclusterAnnotation,
+                Done,
+                Reason::MindClusterFaultAnnotated,
+            ),
+            (Eviction, Refused, Reason::EvictionRefused),
+            (MindclusterAnnotation, Refused, Reason::EvictionRefused),
+            (Eviction, Failed, Reason::EvictionFailed),
+            (Eviction, PodGone, Reason::EvictionFailed),
+        ];
+        for (a, o, r) in cases {
+            assert_eq!(event_reason(a, o), r, "{a:?} {o:?}");
+        }
+        let n = event_note(Eviction, Refused, "HTTP 429", Some(FIRST_BACKOFF));
+        assert_eq!(
+            n,
+            "Eviction (policy/v1) refused: HTTP 429; next try in 5s if the ground holds"
+        );
+    }
 
     const MIN10: Duration = Duration::from_secs(600);
 

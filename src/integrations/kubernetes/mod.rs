@@ -10,6 +10,7 @@
 
 pub mod api;
 pub mod config;
+pub(crate) mod events;
 pub(crate) mod eviction;
 pub(crate) mod memory;
 pub(crate) mod pods;
@@ -95,7 +96,12 @@ impl Integration for KubernetesApi {
             ),
             EvictionMode::Off => "no eviction".to_owned(),
         };
-        format!("{pod}: {gate}; {evict}")
+        let events = if k.events {
+            "Events on the pod"
+        } else {
+            "no Events"
+        };
+        format!("{pod}: {gate}; {evict}; {events}")
     }
 }
 
@@ -106,6 +112,16 @@ pub(crate) struct ApiMode {
     pub node: Option<String>,
     pub client: Result<SharedLists<KubeClient>, String>,
     pub origin: tokio::time::Instant,
+    /// The Events' recorder (`events = true`, a client, a runtime); its writer stops with
+    /// the mode.
+    pub events: Option<events::Recorder>,
+    stop_events: CancellationToken,
+}
+
+impl Drop for ApiMode {
+    fn drop(&mut self) {
+        self.stop_events.cancel();
+    }
 }
 
 impl Started for ApiMode {
@@ -117,6 +133,7 @@ impl Started for ApiMode {
                 self.node.clone(),
                 m,
                 self.origin,
+                self.events.clone(),
                 cancel,
             ))),
             Err(why) => {
@@ -142,13 +159,41 @@ impl ApiMode {
             ),
             Err(e) => tracing::error!("the Kubernetes API mode cannot start: {e}"),
         }
+        let stop_events = CancellationToken::new();
+        let events = match &client {
+            Ok(c) if cfg.events => start_events(c, node.as_deref(), &stop_events),
+            _ => None,
+        };
         Arc::new(ApiMode {
             cfg: cfg.clone(),
             node,
             client: client.map(|c| SharedLists::new(c, cfg.resync_period)),
             origin: tokio::time::Instant::now(),
+            events,
+            stop_events,
         })
     }
+}
+
+/// The Events' recorder, its writer spawned on the runtime until `stop`; `None` (and said
+/// once) outside a runtime.
+fn start_events(
+    client: &KubeClient,
+    node: Option<&str>,
+    stop: &CancellationToken,
+) -> Option<events::Recorder> {
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        tracing::warn!("Kubernetes Events: no runtime to write them from; none are posted");
+        return None;
+    };
+    let (rec, queue) = events::Recorder::new(node, events::QUEUE, events::Counts::global());
+    rt.spawn(events::sink::run(
+        client.clone(),
+        queue,
+        rec.clone(),
+        stop.clone(),
+    ));
+    Some(rec)
 }
 
 /// Whether the Kubernetes API mode may evict the engine's pod now: a held `evict` whose
@@ -164,7 +209,8 @@ pub(crate) fn eviction_ground(f: &ActionInputs) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::eviction_ground;
+    use super::config::KubernetesConfig;
+    use super::{ApiMode, eviction_ground};
     use crate::integrations::tests::facts;
     use crate::monitor::verdict::Status;
     use crate::qos::score::Level;
@@ -172,6 +218,20 @@ mod tests {
     use Status::Abnormal;
     const OK: Status = Status::Normal;
     const NORMAL: Level = Level::Normal;
+
+    // The off switch: `events = false` starts no recorder (no Event is ever queued), and the
+    // default starts one.
+    #[tokio::test]
+    async fn events_false_starts_no_recorder_and_the_default_one() {
+        let cfg = |events| KubernetesConfig {
+            api_server: Some("http://127.0.0.1:9".into()),
+            events,
+            ..KubernetesConfig::default()
+        };
+        assert!(KubernetesConfig::default().events);
+        assert!(ApiMode::start(&cfg(false)).events.is_none());
+        assert!(ApiMode::start(&cfg(true)).events.is_some());
+    }
 
     #[test]
     fn eviction_needs_a_held_evict_on_every_input() {

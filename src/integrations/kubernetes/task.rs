@@ -5,11 +5,16 @@
 //! ([`super::eviction`]). The pod is looked up at start, every `resync_period`, and
 //! at once when the API server says it is gone.
 //!
+//! Each action on the pod (the condition's status changing, an eviction or annotation tried,
+//! the engine escalating into a restart loop) is also an Event on it ([`super::events`]),
+//! recorded without waiting.
+//!
 //! An API server that is down, slow, refuses or answers garbage costs this loop a bounded
 //! wait (`request_timeout`) and a log line at most once a minute per kind of failure; the
 //! failure is counted in the engine's record. It never touches the verdict.
 
 use super::api::{ApiError, KubeApi, PodInfo};
+use super::events::{Reason, Recorder};
 use super::eviction;
 use super::eviction_ground;
 use super::memory;
@@ -112,6 +117,9 @@ struct Loop<'a, A> {
     condition_backoff: Duration,
     gate: eviction::EvictionGate,
     quiet: Quiet,
+    events: Option<Recorder>,
+    /// The engine was escalated (a restart loop) at the last look.
+    escalated: bool,
 }
 
 /// Runs until `cancel`. `api` is the engine's client; `m` its monitor; `origin` the mode's
@@ -123,6 +131,7 @@ pub(crate) async fn run(
     node: Option<String>,
     m: Arc<Monitor>,
     origin: Instant,
+    events: Option<Recorder>,
     cancel: CancellationToken,
 ) {
     let now = Instant::now();
@@ -145,6 +154,8 @@ pub(crate) async fn run(
             None => eviction::EvictionGate::new(cfg.eviction_cooldown),
         },
         quiet: Quiet::default(),
+        events,
+        escalated: false,
     };
     memory::update(&m, |r| {
         r.eviction = cfg.eviction.as_str().to_owned();
@@ -189,12 +200,38 @@ impl<A: KubeApi> Loop<'_, A> {
         // virtual inference where nothing else polls.
         self.m.status();
         let facts = ActionInputs::of(self.m);
+        self.escalation(&facts);
         if self.cfg.readiness_gate {
             self.condition(&facts, resync).await;
         }
         if self.cfg.eviction != EvictionMode::Off && self.pod.is_some() {
             self.evict(&facts).await;
         }
+    }
+
+    /// An Event on the pod, when Events are on.
+    fn event(&self, pod: &PodInfo, reason: Reason, note: &str) {
+        if let Some(rec) = &self.events {
+            rec.record(pod, reason, note);
+        }
+    }
+
+    /// The engine escalating into a restart loop is an Event on its pod. Read from the
+    /// episode memory here, once a tick, rather than in every rule's facts: only this loop
+    /// needs it.
+    fn escalation(&mut self, facts: &ActionInputs) {
+        let now = self.m.episode_summary().escalated;
+        if now
+            && !self.escalated
+            && let Some(pod) = self.pod.clone()
+        {
+            self.event(
+                &pod,
+                Reason::RestartLoop,
+                &format!("escalated: {}", facts.reason),
+            );
+        }
+        self.escalated = now;
     }
 
     /// Finds the engine's pod; on failure keeps the old one only if the API could not be
@@ -328,6 +365,16 @@ impl<A: KubeApi> Loop<'_, A> {
                     }
                 });
                 if status_changed {
+                    let reason = if status == "True" {
+                        Reason::EngineReady
+                    } else {
+                        Reason::EngineNotReady
+                    };
+                    self.event(
+                        &pod,
+                        reason,
+                        &format!("condition {} = {detail}", self.cfg.condition_type),
+                    );
                     self.m.note(
                         super::told_call(PodAction::Condition, Outcome::Done),
                         None,
@@ -429,6 +476,11 @@ impl<A: KubeApi> Loop<'_, A> {
                     super::told_call(action, outcome),
                     None,
                     &format!("{}: {detail}", pod.key()),
+                );
+                self.event(
+                    &pod,
+                    eviction::event_reason(action, outcome),
+                    &eviction::event_note(action, outcome, &detail, backoff),
                 );
                 memory::update(self.m, |r| {
                     r.push(Attempt {

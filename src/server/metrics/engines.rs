@@ -94,6 +94,22 @@ impl Exposition {
                     .unwrap_or_default()
             }),
         )?;
+        // The agent's Events, mode-wide: present once an engine has the mode's record.
+        let mode_on = self
+            .engines
+            .iter()
+            .any(|e| crate::integrations::kubernetes::memory::record(e).is_some());
+        family(
+            enc,
+            "npu_health_agent_kubernetes_events",
+            "Kubernetes Events the agent wrote about its engines' pods, by outcome (created, patched: a series count, failed: refused or unanswered after 12 tries, dropped: the queue was full); present with [agent.kubernetes] only",
+            MetricType::Counter,
+            mode_on
+                .then(|| crate::integrations::kubernetes::events::Counts::global().rows())
+                .into_iter()
+                .flatten()
+                .map(|(outcome, n)| (vec![("outcome", outcome.to_owned())], n as f64)),
+        )?;
         family(
             enc,
             "npu_health_agent_router_state",
