@@ -448,6 +448,25 @@ impl KubeClient {
         }
     }
 
+    /// Sends `body` as JSON with `method` to `path` (the agent's field manager named); the
+    /// answer is read within [`OBJECT_LIMIT`] and dropped. The public faults' ConfigMap
+    /// writes (`super::public_fault::task`).
+    pub(crate) async fn send_json(
+        &self,
+        method: http::Method,
+        path: &str,
+        body: &serde_json::Value,
+    ) -> Result<(), ApiError> {
+        let bytes = serde_json::to_vec(body).map_err(|e| ApiError::Transport(e.to_string()))?;
+        let req = http::Request::builder()
+            .method(method)
+            .uri(format!("{path}?fieldManager={FIELD_MANAGER}"))
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(bytes)
+            .map_err(|e| ApiError::Transport(e.to_string()))?;
+        self.call(Ok(req), OBJECT_LIMIT).await.map(drop)
+    }
+
     /// `call`, then the body as a `T` (`what` names it in the error).
     async fn call_for<T: serde::de::DeserializeOwned>(
         &self,
