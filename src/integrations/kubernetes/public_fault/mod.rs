@@ -130,7 +130,7 @@ pub(crate) enum Plan {
 }
 
 /// The fault id of `kind` in the episode begun at `since_ms` of the engine `key` (a hash of
-/// node and engine, [`engine_key`]): `nha-<key>-<since>-<1|2>`, 34 characters of ClusterD's
+/// node and engine, [`engine_key`]): `nha-<key>-<since>-<1|2>`, 36 characters of ClusterD's
 /// `[a-zA-Z0-9-_.]{8,128}`. Stable for the episode, whatever restarts the agent.
 pub(crate) fn fault_id(key: &str, kind: Kind, since_ms: u64) -> String {
     format!("nha-{key}-{since_ms}-{}", kind.digit())
