@@ -6,7 +6,7 @@
 #![cfg(feature = "fake-driver")]
 
 use crate::support::clusterd::{ClusterD, HOLD};
-use crate::support::kube_api::{self, StandIn};
+use crate::support::kube_api::{self, Failure, Route, StandIn};
 use crate::support::stack::{Launch, Stack};
 use std::time::{Duration, Instant};
 
@@ -171,9 +171,37 @@ fn an_abnormal_engine_is_a_public_fault_until_it_recovers_across_agent_restarts(
     let api = StandIn::start(Vec::new());
     let (mut stack, _secrets) = start(&api);
     stack.wait_for_status("normal", Duration::from_secs(30));
+    // The API server fails the first two writes: retried with back-off, counted, logged.
+    api.api.fail(
+        Route::ConfigMap,
+        &[
+            Failure::Status(500, "InternalError"),
+            Failure::Status(503, "ServiceUnavailable"),
+        ],
+    );
     stack.faults(r#"{"hang": true}"#);
     stack.wait_for_status("abnormal", Duration::from_secs(30));
     wait(&stack, "the occur", || !held(&api).1.is_empty());
+    let d = stack.typed_detail();
+    assert!(
+        d.kubernetes.unwrap().api_errors >= 2,
+        "the failed writes are counted"
+    );
+    assert!(
+        stack
+            .agent_log()
+            .contains("public faults: writing ConfigMap"),
+        "logged"
+    );
+    // The journal's entry: the point where a publish succeeded.
+    assert!(
+        d.actions.iter().any(
+            |a| (a.integration.as_str(), a.action.as_str(), a.to.as_str())
+                == ("kubernetes_api", "public_fault", "occur")
+        ),
+        "{:#?}",
+        d.actions
+    );
     let (c, faults) = held(&api);
     assert_eq!(
         faults,
