@@ -612,25 +612,24 @@ impl KubeApi {
     }
 }
 
-/// The body as a ConfigMap of `ns` (named `name` when given); an error answer otherwise.
-fn configmap_of(body: &Bytes, ns: &str, name: Option<&str>) -> Result<ConfigMap, Response> {
-    let v: serde_json::Value = serde_json::from_slice(body)
-        .map_err(|e| status(400, "BadRequest", &format!("not JSON: {e}")))?;
+/// An error answer, as [`status`] makes it: code, reason, message.
+type Refusal = (u16, &'static str, String);
+
+/// The body as a ConfigMap of `ns` (named `name` when given); why not otherwise.
+fn configmap_of(body: &Bytes, ns: &str, name: Option<&str>) -> Result<ConfigMap, Refusal> {
+    let v: serde_json::Value =
+        serde_json::from_slice(body).map_err(|e| (400, "BadRequest", format!("not JSON: {e}")))?;
     if v["apiVersion"] != "v1" || v["kind"] != "ConfigMap" {
-        return Err(status(
-            400,
-            "BadRequest",
-            &format!("not a v1 ConfigMap: {v}"),
-        ));
+        return Err((400, "BadRequest", format!("not a v1 ConfigMap: {v}")));
     }
     let cm: ConfigMap = serde_json::from_value(v)
-        .map_err(|e| status(400, "BadRequest", &format!("not a ConfigMap: {e}")))?;
+        .map_err(|e| (400, "BadRequest", format!("not a ConfigMap: {e}")))?;
     let meta_ns = cm.metadata.namespace.as_deref().unwrap_or(ns);
     if meta_ns != ns || name.is_some_and(|n| cm.metadata.name.as_deref() != Some(n)) {
-        return Err(status(
+        return Err((
             400,
             "BadRequest",
-            "the body names another ConfigMap",
+            "the body names another ConfigMap".to_owned(),
         ));
     }
     if cm
@@ -639,7 +638,7 @@ fn configmap_of(body: &Bytes, ns: &str, name: Option<&str>) -> Result<ConfigMap,
         .as_deref()
         .is_none_or(|n| n.is_empty() || n.len() > 253)
     {
-        return Err(status(422, "Invalid", "metadata.name"));
+        return Err((422, "Invalid", "metadata.name".to_owned()));
     }
     Ok(cm)
 }
@@ -658,7 +657,7 @@ async fn create_configmap(
     }
     let cm = match configmap_of(&body, &ns, None) {
         Ok(cm) => cm,
-        Err(r) => return r,
+        Err((code, reason, m)) => return status(code, reason, &m),
     };
     let key = (ns, cm.metadata.name.clone().unwrap_or_default());
     let mut i = api.0.lock().unwrap();
@@ -690,7 +689,7 @@ async fn replace_configmap(
     }
     let cm = match configmap_of(&body, &ns, Some(&name)) {
         Ok(cm) => cm,
-        Err(r) => return r,
+        Err((code, reason, m)) => return status(code, reason, &m),
     };
     let mut i = api.0.lock().unwrap();
     let Some(slot) = i.configmaps.stored.get_mut(&(ns, name.clone())) else {
