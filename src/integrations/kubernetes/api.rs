@@ -391,7 +391,7 @@ impl KubeClient {
 
     /// Sends `req` and reads its answer's body, at most `limit` bytes of it, all within
     /// `request_timeout`. A 3xx, 4xx or 5xx answer is an [`ApiError`].
-    async fn call(
+    pub(super) async fn call(
         &self,
         req: Result<http::Request<Vec<u8>>, kube::core::request::Error>,
         limit: usize,
@@ -446,25 +446,6 @@ impl KubeClient {
         } else {
             Err(ApiError::of_answer(code, &body))
         }
-    }
-
-    /// Sends `body` as JSON with `method` to `path` (the agent's field manager named); the
-    /// answer is read within [`OBJECT_LIMIT`] and dropped. The public faults' ConfigMap
-    /// writes (`super::public_fault::task`).
-    pub(crate) async fn send_json(
-        &self,
-        method: http::Method,
-        path: &str,
-        body: &serde_json::Value,
-    ) -> Result<(), ApiError> {
-        let bytes = serde_json::to_vec(body).map_err(|e| ApiError::Transport(e.to_string()))?;
-        let req = http::Request::builder()
-            .method(method)
-            .uri(format!("{path}?fieldManager={FIELD_MANAGER}"))
-            .header(http::header::CONTENT_TYPE, "application/json")
-            .body(bytes)
-            .map_err(|e| ApiError::Transport(e.to_string()))?;
-        self.call(Ok(req), OBJECT_LIMIT).await.map(drop)
     }
 
     /// `call`, then the body as a `T` (`what` names it in the error).

@@ -6,8 +6,7 @@
 //! (`public_fault`, written only once something was: a file of an agent that never published
 //! is the same as before).
 
-use super::public_fault::Published;
-use super::told::{GateMemory, KubeRecord};
+use super::told::{GateMemory, KubeRecord, Published};
 use crate::monitor::Monitor;
 use crate::monitor::acted::{Kept, Memory};
 use serde_json::value::RawValue;

@@ -8,7 +8,7 @@
 use super::message::{self, Message};
 use super::{Assertion, Desired, FaultSent, Kind, Pace, Plan};
 use crate::clock::unix_ms;
-use crate::integrations::kubernetes::api::{ApiError, KubeClient};
+use crate::integrations::kubernetes::api::{ApiError, FIELD_MANAGER, KubeClient, OBJECT_LIMIT};
 use crate::integrations::kubernetes::config::KubernetesConfig;
 use crate::integrations::kubernetes::{ID, memory};
 use crate::integrations::seam::EngineNpu;
@@ -44,6 +44,24 @@ pub(crate) trait ConfigMapApi: Send + Sync {
     ) -> impl Future<Output = Result<(), ApiError>> + Send;
 }
 
+/// Sends `body` as JSON with `method` to `path` (the agent's field manager named); the
+/// answer is read within [`OBJECT_LIMIT`] and dropped.
+async fn send_json(
+    c: &KubeClient,
+    method: http::Method,
+    path: &str,
+    body: &serde_json::Value,
+) -> Result<(), ApiError> {
+    let bytes = serde_json::to_vec(body).map_err(|e| ApiError::Transport(e.to_string()))?;
+    let req = http::Request::builder()
+        .method(method)
+        .uri(format!("{path}?fieldManager={FIELD_MANAGER}"))
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(bytes)
+        .map_err(|e| ApiError::Transport(e.to_string()))?;
+    c.call(Ok(req), OBJECT_LIMIT).await.map(drop)
+}
+
 impl ConfigMapApi for KubeClient {
     async fn replace(
         &self,
@@ -52,12 +70,12 @@ impl ConfigMapApi for KubeClient {
         body: &serde_json::Value,
     ) -> Result<(), ApiError> {
         let path = format!("/api/v1/namespaces/{namespace}/configmaps/{name}");
-        self.send_json(http::Method::PUT, &path, body).await
+        send_json(self, http::Method::PUT, &path, body).await
     }
 
     async fn create(&self, namespace: &str, body: &serde_json::Value) -> Result<(), ApiError> {
         let path = format!("/api/v1/namespaces/{namespace}/configmaps");
-        self.send_json(http::Method::POST, &path, body).await
+        send_json(self, http::Method::POST, &path, body).await
     }
 }
 
