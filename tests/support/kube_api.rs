@@ -592,7 +592,7 @@ fn configmap_routes(r: axum::Router<KubeApi>) -> axum::Router<KubeApi> {
     r.route("/api/v1/namespaces/{ns}/configmaps", post(create_configmap))
         .route(
             "/api/v1/namespaces/{ns}/configmaps/{name}",
-            axum::routing::put(replace_configmap),
+            axum::routing::put(replace_configmap).get(get_configmap),
         )
 }
 
@@ -700,4 +700,31 @@ async fn replace_configmap(
         .writes
         .push((std::time::Instant::now(), cm.clone()));
     axum::Json(cm).into_response()
+}
+
+async fn get_configmap(
+    State(api): State<KubeApi>,
+    Path((ns, name)): Path<(String, String)>,
+    RawQuery(q): RawQuery,
+    method: Method,
+    headers: HeaderMap,
+) -> Response {
+    let path = format!("/api/v1/namespaces/{ns}/configmaps/{name}");
+    if let Some(r) = front(
+        &api,
+        Route::ConfigMap,
+        &method,
+        path,
+        q,
+        &headers,
+        &Bytes::new(),
+    )
+    .await
+    {
+        return r;
+    }
+    match api.configmap(&ns, &name) {
+        Some(cm) => axum::Json(cm).into_response(),
+        None => status(404, "NotFound", &format!("configmaps \"{name}\" not found")),
+    }
 }

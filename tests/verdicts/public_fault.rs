@@ -272,5 +272,31 @@ fn an_abnormal_engine_is_a_public_fault_until_it_recovers_across_agent_restarts(
         assertions(&c),
         ["occur 010019001", "recover 010019001", "occur 020019002"]
     );
+
+    // The engine restarts while no agent runs, and the state file is lost (older than its
+    // hour, say): the next agent reads its ConfigMap back and sends the recover it owes.
+    stack.stop_agent("TERM");
+    stack.kill_engine();
+    stack.start_engine();
+    std::fs::remove_file(stack.path("run/state.json")).unwrap();
+    stack.agent = stack.spawn_agent();
+    stack.wait_for_status("normal", Duration::from_secs(30));
+    wait(&stack, "the loop's recover", || {
+        api.api.configmap_writes().len() >= 4
+    });
+    let (c, _) = held(&api);
+    assert_eq!(
+        assertions(&c),
+        [
+            "occur 010019001",
+            "recover 010019001",
+            "occur 020019002",
+            "recover 020019002"
+        ]
+    );
+    assert_eq!(
+        c.accepted[3]["faults"][0]["faultId"],
+        c.accepted[2]["faults"][0]["faultId"]
+    );
     assert!(c.log.is_empty(), "{:?}", c.log);
 }

@@ -42,6 +42,12 @@ pub(crate) trait ConfigMapApi: Send + Sync {
         namespace: &str,
         body: &serde_json::Value,
     ) -> impl Future<Output = Result<(), ApiError>> + Send;
+    /// Its message (the `PublicFault` data); `None` when there is no ConfigMap or no message.
+    fn read(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<String>, ApiError>> + Send;
 }
 
 /// Sends `body` as JSON with `method` to `path` (the agent's field manager named); the
@@ -76,6 +82,19 @@ impl ConfigMapApi for KubeClient {
     async fn create(&self, namespace: &str, body: &serde_json::Value) -> Result<(), ApiError> {
         let path = format!("/api/v1/namespaces/{namespace}/configmaps");
         send_json(self, http::Method::POST, &path, body).await
+    }
+
+    async fn read(&self, namespace: &str, name: &str) -> Result<Option<String>, ApiError> {
+        let req = http::Request::get(format!("/api/v1/namespaces/{namespace}/configmaps/{name}"))
+            .body(Vec::new())
+            .map_err(|e| ApiError::Transport(e.to_string()))?;
+        let body = match self.call(Ok(req), OBJECT_LIMIT).await {
+            Err(e) if e.code() == Some(404) => return Ok(None),
+            other => other?,
+        };
+        let cm: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_slice(&body)
+            .map_err(|e| ApiError::Transport(format!("the answer is not a ConfigMap: {e}")))?;
+        Ok(cm.data.and_then(|mut d| d.remove(message::DATA_KEY)))
     }
 }
 
@@ -162,6 +181,8 @@ struct Loop<A> {
     retry_at_ms: u64,
     backoff_ms: u64,
     failing: bool,
+    /// What the ConfigMap holds was read (or the state file said what was published).
+    known: bool,
 }
 
 /// Runs until `cancel`. `npus` are the engine's NPUs as the driver named them.
@@ -205,6 +226,7 @@ pub(crate) async fn run(
         retry_at_ms: 0,
         backoff_ms: FIRST_BACKOFF_MS,
         failing: false,
+        known: false,
     };
     loop {
         l.tick().await;
@@ -213,6 +235,30 @@ pub(crate) async fn run(
             () = tokio::time::sleep(TICK) => {}
         }
     }
+}
+
+/// The fault a message left open: its last `occur` not recovered in it (`None` for a message
+/// that is not the agent's or holds none).
+fn open_in(text: &str, loop_code: &str) -> Option<FaultSent> {
+    let m: Message = serde_json::from_str(text).ok()?;
+    let last = m.faults.into_iter().last()?;
+    (last.assertion == Assertion::Occur).then(|| FaultSent {
+        kind: if last.fault_code == loop_code {
+            Kind::RestartLoop
+        } else {
+            Kind::Abnormal
+        },
+        fault_id: last.fault_id,
+        code: last.fault_code,
+        fault_time_unix_ms: last.fault_time,
+        device_ids: last
+            .influence
+            .into_iter()
+            .flat_map(|i| i.device_ids)
+            .collect(),
+        description: last.description,
+        sent_unix_ms: m.timestamp,
+    })
 }
 
 /// What the verdict of `m` wants published now.
@@ -275,6 +321,12 @@ impl<A: ConfigMapApi> Loop<A> {
         if now < self.retry_at_ms {
             return;
         }
+        if !self.known {
+            self.read_back(now).await;
+            if !self.known {
+                return;
+            }
+        }
         let published = memory::public_fault(&self.m).unwrap_or_default();
         let want = desired(&self.m);
         let faults = match super::plan(&published, &want, now, self.s.pace, |k, t| self.fresh(k, t))
@@ -305,6 +357,39 @@ impl<A: ConfigMapApi> Loop<A> {
             Err(e) => self.failed(
                 format!(
                     "writing ConfigMap {}/{}: {e}",
+                    self.s.namespace, self.configmap
+                ),
+                now,
+            ),
+        }
+    }
+
+    /// Without a record in the state file (none, older than its hour, or another agent's),
+    /// what the engine's ConfigMap last said is what was published: an `occur` there is the
+    /// open fault, so the agent neither raises it again nor forgets its `recover`.
+    async fn read_back(&mut self, now: u64) {
+        if memory::public_fault(&self.m).is_some() {
+            self.known = true;
+            return;
+        }
+        match self.api.read(&self.s.namespace, &self.configmap).await {
+            Ok(text) => {
+                self.known = true;
+                let open = text.and_then(|t| open_in(&t, &self.s.loop_code));
+                if let Some(o) = open {
+                    tracing::info!(engine = %self.engine(), "public faults: ConfigMap {}/{} holds the open fault {} of an agent before", self.s.namespace, self.configmap, o.fault_id);
+                    memory::set_public_fault(
+                        &self.m,
+                        super::Published {
+                            open: Some(o),
+                            ..super::Published::default()
+                        },
+                    );
+                }
+            }
+            Err(e) => self.failed(
+                format!(
+                    "reading ConfigMap {}/{}: {e}",
                     self.s.namespace, self.configmap
                 ),
                 now,
