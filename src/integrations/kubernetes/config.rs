@@ -514,4 +514,40 @@ mod tests {
         }
         assert!(with("https://10.0.0.1:6443", true).validate().is_ok());
     }
+
+    // The public faults' keys are checked whether or not `public_faults` is on: 9-digit
+    // codes, two different ones, a sender ClusterD's ids could name, a namespace.
+    #[test]
+    fn the_public_fault_keys_are_checked_and_name_the_key() {
+        assert!(KubernetesConfig::default().validate().is_ok());
+        let bad = |f: fn(&mut KubernetesConfig)| {
+            let mut k = KubernetesConfig::default();
+            f(&mut k);
+            k.validate().unwrap_err().0
+        };
+        assert_eq!(
+            bad(|k| k.public_fault_code = "01001900".into()),
+            "public_fault_code"
+        );
+        assert_eq!(
+            bad(|k| k.public_fault_code = "01001900x".into()),
+            "public_fault_code"
+        );
+        assert_eq!(
+            bad(|k| k.public_fault_loop_code = k.public_fault_code.clone()),
+            "public_fault_loop_code"
+        );
+        assert_eq!(
+            bad(|k| k.public_fault_resource = "a b".into()),
+            "public_fault_resource"
+        );
+        assert_eq!(
+            bad(|k| k.public_fault_namespace = "Mindx".into()),
+            "public_fault_namespace"
+        );
+        assert_eq!(
+            bad(|k| k.public_fault_min_interval = Duration::from_millis(10)),
+            "public_fault_min_interval"
+        );
+    }
 }
