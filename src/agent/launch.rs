@@ -190,8 +190,18 @@ impl Running {
                 cancel.clone(),
             ));
         }
+        // The engine's NPUs as the driver named them (its ring indices into the sampler's).
+        let npus: Vec<crate::integrations::seam::EngineNpu> = p
+            .devices
+            .iter()
+            .filter_map(|&i| self.shared.devices.get(usize::from(i)))
+            .map(|d| crate::integrations::seam::EngineNpu {
+                logic_id: d.info.id,
+                phy_id: d.info.phy_id,
+            })
+            .collect();
         for started in &self.started {
-            if let Some(task) = started.engine_task(state.clone(), cancel.clone()) {
+            if let Some(task) = started.engine_task(state.clone(), &npus, cancel.clone()) {
                 tasks.spawn(task);
             }
         }

@@ -51,12 +51,25 @@ pub(crate) struct Route {
     pub on_admin: bool,
 }
 
+/// One NPU of an engine as the driver named it: its logic id, and its physical id when the
+/// driver gave one (MindCluster names NPUs by physical id).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct EngineNpu {
+    pub logic_id: u32,
+    pub phy_id: Option<u32>,
+}
+
 /// What an integration runs for the whole agent once it started (the Kubernetes API mode's
 /// client): it gives each engine its task.
 pub(crate) trait Started: Send + Sync {
-    /// The task that acts for the engine `m` until `cancel`; `None` when there is none (the
-    /// record then says why).
-    fn engine_task(&self, m: Arc<Monitor>, cancel: CancellationToken) -> Option<Serving>;
+    /// The task that acts for the engine `m` (on the NPUs `npus`) until `cancel`; `None` when
+    /// there is none (the record then says why).
+    fn engine_task(
+        &self,
+        m: Arc<Monitor>,
+        npus: &[EngineNpu],
+        cancel: CancellationToken,
+    ) -> Option<Serving>;
 }
 
 /// One system that acts on the verdict or the level.

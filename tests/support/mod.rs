@@ -3,6 +3,7 @@
 //! its own scenario through the environment, as production gives the real one its config).
 #![allow(dead_code)]
 
+pub mod clusterd;
 #[cfg(feature = "fake-driver")]
 pub mod fake_engine;
 pub mod kube_api;

@@ -11,6 +11,7 @@ mod evidence_bundle;
 mod kube_api;
 mod kubelet_probes;
 mod probe_keepalive;
+mod public_fault;
 mod qos_e2e;
 mod sglang_e2e;
 mod shadow_e2e;

@@ -33,6 +33,21 @@ pub(crate) const MINDCLUSTER_VALUE: &str = "Unhealthy-process-exception";
 /// The label infer-operator's pods carry; without it the annotation would do nothing.
 pub(crate) const MINDCLUSTER_POD_LABEL: &str = "infer.huawei.com/ascend-infer-operator";
 
+/// The public-fault ConfigMaps' namespace by default: the agent's own (the shipped
+/// DaemonSet's), where its Role lets it write them.
+pub(crate) const DEFAULT_PUBLIC_FAULT_NAMESPACE: &str = "npu-health-agent";
+/// The public-fault ConfigMaps' name prefix by default.
+pub(crate) const DEFAULT_PUBLIC_FAULT_PREFIX: &str = "npu-health-agent-pf";
+/// The sender's name by default (the operator adds it to ClusterD's `publicFaultResource`).
+pub(crate) const DEFAULT_PUBLIC_FAULT_RESOURCE: &str = "npu-health-agent";
+/// The agent's code for an `abnormal` engine, by MindCluster's convention
+/// (docs/kubernetes.md): NPU (`0`), default level SubHealthFault (`1`), `00`, user-defined
+/// (`1`), number 9001.
+pub(crate) const DEFAULT_ABNORMAL_CODE: &str = "010019001";
+/// The agent's code for an engine in a restart loop: NPU, default level SeparateNPU (`2`),
+/// `00`, user-defined, number 9002.
+pub(crate) const DEFAULT_LOOP_CODE: &str = "020019002";
+
 /// How a held `evict` takes the engine's pod out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -92,6 +107,28 @@ pub struct KubernetesConfig {
     /// Post a Kubernetes Event (events.k8s.io/v1) on the pod for each action the mode takes
     /// on it. Default true.
     pub events: bool,
+    /// Publish MindCluster public faults for abnormal engines (`super::public_fault`).
+    /// Default false.
+    pub public_faults: bool,
+    /// The namespace of the public-fault ConfigMaps. Default `npu-health-agent`.
+    pub public_fault_namespace: String,
+    /// The ConfigMaps' name before `-<node>-<engine>`. Default `npu-health-agent-pf`.
+    pub public_fault_name_prefix: String,
+    /// The sender's name, listed in ClusterD's `publicFaultResource`. Default
+    /// `npu-health-agent`.
+    pub public_fault_resource: String,
+    /// The fault code of an `abnormal` engine. Default `010019001`.
+    pub public_fault_code: String,
+    /// The fault code of an engine in a restart loop (escalated). Default `020019002`.
+    pub public_fault_loop_code: String,
+    /// At most one message per engine in this long (changes meanwhile are coalesced).
+    /// Default 5 s.
+    #[serde(with = "crate::config::duration")]
+    pub public_fault_min_interval: Duration,
+    /// An open fault's `occur` is written again this often (a message ClusterD dropped is
+    /// not lost for ever). Default 10 min.
+    #[serde(with = "crate::config::duration")]
+    pub public_fault_refresh: Duration,
 }
 
 impl Default for KubernetesConfig {
@@ -108,6 +145,14 @@ impl Default for KubernetesConfig {
             resync_period: Duration::from_secs(30),
             request_timeout: Duration::from_secs(5),
             events: true,
+            public_faults: false,
+            public_fault_namespace: DEFAULT_PUBLIC_FAULT_NAMESPACE.to_owned(),
+            public_fault_name_prefix: DEFAULT_PUBLIC_FAULT_PREFIX.to_owned(),
+            public_fault_resource: DEFAULT_PUBLIC_FAULT_RESOURCE.to_owned(),
+            public_fault_code: DEFAULT_ABNORMAL_CODE.to_owned(),
+            public_fault_loop_code: DEFAULT_LOOP_CODE.to_owned(),
+            public_fault_min_interval: Duration::from_secs(5),
+            public_fault_refresh: Duration::from_secs(600),
         }
     }
 }
@@ -175,6 +220,40 @@ impl KubernetesConfig {
         EVICTION_COOLDOWN.check("eviction_cooldown", self.eviction_cooldown)?;
         RESYNC_PERIOD.check("resync_period", self.resync_period)?;
         REQUEST_TIMEOUT.check("request_timeout", self.request_timeout)?;
+        self.validate_public_faults()
+    }
+
+    /// Checks the public-fault keys (whether or not `public_faults` is on: a file that turns
+    /// it on later must not meet an old mistake then).
+    fn validate_public_faults(&self) -> Result<(), crate::config::KeyError> {
+        use bounds::{
+            PUBLIC_FAULT_MIN_INTERVAL, PUBLIC_FAULT_REFRESH, dns_label, fault_code, resource,
+        };
+        fn key(k: &'static str) -> impl Fn(String) -> (String, String) {
+            move |m| (k.to_owned(), m)
+        }
+        dns_label(&self.public_fault_namespace).map_err(key("public_fault_namespace"))?;
+        // The name is `<prefix>-<node>-<engine slug ≤ 40>-<8 hex>`: the prefix leaves room.
+        if self.public_fault_name_prefix.len() > 100 {
+            return Err((
+                "public_fault_name_prefix".to_owned(),
+                "is over 100 characters (the node and the engine follow it)".to_owned(),
+            ));
+        }
+        bounds::dns_subdomain(&self.public_fault_name_prefix)
+            .map_err(key("public_fault_name_prefix"))?;
+        resource(&self.public_fault_resource).map_err(key("public_fault_resource"))?;
+        fault_code(&self.public_fault_code).map_err(key("public_fault_code"))?;
+        fault_code(&self.public_fault_loop_code).map_err(key("public_fault_loop_code"))?;
+        if self.public_fault_code == self.public_fault_loop_code {
+            return Err((
+                "public_fault_loop_code".to_owned(),
+                "is public_fault_code: the restart loop needs a code of its own".to_owned(),
+            ));
+        }
+        PUBLIC_FAULT_MIN_INTERVAL
+            .check("public_fault_min_interval", self.public_fault_min_interval)?;
+        PUBLIC_FAULT_REFRESH.check("public_fault_refresh", self.public_fault_refresh)?;
         Ok(())
     }
 
@@ -285,6 +364,37 @@ pub(crate) mod bounds {
         Within::new(secs(10), secs(7 * 24 * 3600));
     pub(crate) const RESYNC_PERIOD: Within<Duration> = Within::new(secs(1), secs(3600));
     pub(crate) const REQUEST_TIMEOUT: Within<Duration> = Within::new(ms(100), secs(120));
+    pub(crate) const PUBLIC_FAULT_MIN_INTERVAL: Within<Duration> = Within::new(secs(1), secs(600));
+    pub(crate) const PUBLIC_FAULT_REFRESH: Within<Duration> =
+        Within::new(secs(60), secs(24 * 3600));
+
+    /// A public fault's code: 9 digits. ClusterD checks the length and that its
+    /// configuration lists the code (`checkFaultCode`, `component/clusterd/pkg/application/
+    /// publicfault/checker.go` in Ascend/mind-cluster); digits are MindCluster's convention.
+    pub(crate) fn fault_code(s: &str) -> Result<(), String> {
+        if s.len() == 9 && s.chars().all(|c| c.is_ascii_digit()) {
+            Ok(())
+        } else {
+            Err(format!(
+                "{s:?} is not 9 digits (MindCluster's fault codes, e.g. 010019001)"
+            ))
+        }
+    }
+
+    /// A public fault's sender (`resource`): 1 to 64 letters, digits, `-`, `_`, `.`, as
+    /// ClusterD's own senders are named (`CCAE`, `fd-online`).
+    pub(crate) fn resource(s: &str) -> Result<(), String> {
+        let ok = (1..=64).contains(&s.len())
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+        if ok {
+            Ok(())
+        } else {
+            Err(format!(
+                "{s:?} is not 1 to 64 letters, digits, '-', '_' or '.'"
+            ))
+        }
+    }
 
     fn label_chars(s: &str, max: usize, dots: bool) -> Result<(), String> {
         let ok_char = |c: char| {
@@ -407,5 +517,41 @@ mod tests {
             assert!(with(url, false).validate().is_ok(), "{url} without a token");
         }
         assert!(with("https://10.0.0.1:6443", true).validate().is_ok());
+    }
+
+    // The public faults' keys are checked whether or not `public_faults` is on: 9-digit
+    // codes, two different ones, a sender ClusterD's ids could name, a namespace.
+    #[test]
+    fn the_public_fault_keys_are_checked_and_name_the_key() {
+        assert!(KubernetesConfig::default().validate().is_ok());
+        let bad = |f: fn(&mut KubernetesConfig)| {
+            let mut k = KubernetesConfig::default();
+            f(&mut k);
+            k.validate().unwrap_err().0
+        };
+        assert_eq!(
+            bad(|k| k.public_fault_code = "01001900".into()),
+            "public_fault_code"
+        );
+        assert_eq!(
+            bad(|k| k.public_fault_code = "01001900x".into()),
+            "public_fault_code"
+        );
+        assert_eq!(
+            bad(|k| k.public_fault_loop_code = k.public_fault_code.clone()),
+            "public_fault_loop_code"
+        );
+        assert_eq!(
+            bad(|k| k.public_fault_resource = "a b".into()),
+            "public_fault_resource"
+        );
+        assert_eq!(
+            bad(|k| k.public_fault_namespace = "Mindx".into()),
+            "public_fault_namespace"
+        );
+        assert_eq!(
+            bad(|k| k.public_fault_min_interval = Duration::from_millis(10)),
+            "public_fault_min_interval"
+        );
     }
 }

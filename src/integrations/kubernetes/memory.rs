@@ -2,9 +2,11 @@
 //! `/status/detail`) and the eviction gate's memory ([`GateMemory`]), held in the engine's
 //! monitor as this integration's own memory and saved in the state file under the keys
 //! `kubernetes` and `eviction_gate` (`null` while there is none), so a restarted agent keeps
-//! the record, the cooldown and the back-off.
+//! the record, the cooldown and the back-off; and what the public faults published
+//! (`public_fault`, written only once something was: a file of an agent that never published
+//! is the same as before).
 
-use super::told::{GateMemory, KubeRecord};
+use super::told::{GateMemory, KubeRecord, Published};
 use crate::monitor::Monitor;
 use crate::monitor::acted::{Kept, Memory};
 use serde_json::value::RawValue;
@@ -13,27 +15,35 @@ use serde_json::value::RawValue;
 const RECORD: &str = "kubernetes";
 /// The state file's key of the gate's memory.
 const GATE: &str = "eviction_gate";
+/// The state file's key of what the public faults published.
+const PUBLIC_FAULT: &str = "public_fault";
 
 /// The record (`None` while the mode never acted for the engine) and the gate's memory.
 #[derive(Debug, Default)]
 pub(crate) struct KubeMemory {
     record: Option<KubeRecord>,
     gate: Option<GateMemory>,
+    public_fault: Option<Published>,
 }
 
 impl Memory for KubeMemory {
     fn save(&self) -> Vec<(&'static str, Box<RawValue>)> {
         // Both are plain data: they always encode.
         let raw = |v: serde_json::Result<Box<RawValue>>| v.expect("plain data encodes");
-        vec![
+        let mut out = vec![
             (RECORD, raw(serde_json::value::to_raw_value(&self.record))),
             (GATE, raw(serde_json::value::to_raw_value(&self.gate))),
-        ]
+        ];
+        if let Some(p) = &self.public_fault {
+            out.push((PUBLIC_FAULT, raw(serde_json::value::to_raw_value(p))));
+        }
+        out
     }
 
     fn restore(&mut self, saved: &Kept) {
         self.record = saved.get(RECORD).flatten();
         self.gate = saved.get(GATE).flatten();
+        self.public_fault = saved.get(PUBLIC_FAULT);
     }
 }
 
@@ -56,6 +66,17 @@ pub(crate) fn gate(m: &Monitor) -> Option<GateMemory> {
 /// Keeps the eviction gate's memory of `m`.
 pub(crate) fn set_gate(m: &Monitor, g: GateMemory) {
     m.acted().with(|k: &mut KubeMemory| k.gate = Some(g));
+}
+
+/// What the public faults published for `m`, as last kept.
+pub(crate) fn public_fault(m: &Monitor) -> Option<Published> {
+    m.acted().with(|k: &mut KubeMemory| k.public_fault.clone())
+}
+
+/// Keeps what the public faults published for `m` (the state file is written after).
+pub(crate) fn set_public_fault(m: &Monitor, p: Published) {
+    m.acted()
+        .with(|k: &mut KubeMemory| k.public_fault = Some(p));
 }
 
 #[cfg(test)]

@@ -6,7 +6,8 @@
 //! [`task`] is the loop (I/O only); [`config`] is `[agent.kubernetes]` and
 //! `[engine.kubernetes]`. What it did is the engine's record ([`told`], kept in the engine's
 //! monitor and its state file as this integration's [`memory`]), which `/status/detail` shows; nothing it does or fails to do changes the
-//! verdict, and no handler waits on it.
+//! verdict, and no handler waits on it. With `public_faults` on, each engine's `abnormal` is
+//! also published to MindCluster's ClusterD as a public fault ([`public_fault`]).
 
 pub mod api;
 pub mod config;
@@ -14,6 +15,7 @@ pub(crate) mod events;
 pub(crate) mod eviction;
 pub(crate) mod memory;
 pub(crate) mod pods;
+pub(crate) mod public_fault;
 pub(crate) mod shared;
 pub(crate) mod task;
 pub mod told;
@@ -21,7 +23,7 @@ pub mod told;
 use crate::config::tables::TableReader;
 use crate::config::{AgentSettings, EngineSpec};
 use crate::integrations::facts::ActionInputs;
-use crate::integrations::seam::{Integration, Serving, Started};
+use crate::integrations::seam::{EngineNpu, Integration, Serving, Started};
 use crate::monitor::Monitor;
 use crate::monitor::journal::{Id, Told};
 use api::KubeClient;
@@ -101,7 +103,18 @@ impl Integration for KubernetesApi {
         } else {
             "no Events"
         };
-        format!("{pod}: {gate}; {evict}; {events}")
+        let faults = if k.public_faults {
+            format!(
+                "; MindCluster public faults {}/{} at abnormal ({} at a restart loop) as {}",
+                k.public_fault_namespace,
+                k.public_fault_code,
+                k.public_fault_loop_code,
+                k.public_fault_resource
+            )
+        } else {
+            String::new()
+        };
+        format!("{pod}: {gate}; {evict}; {events}{faults}")
     }
 }
 
@@ -111,6 +124,8 @@ pub(crate) struct ApiMode {
     pub cfg: KubernetesConfig,
     pub node: Option<String>,
     pub client: Result<SharedLists<KubeClient>, String>,
+    /// The public faults' client and settings, when `public_faults` is on.
+    pub public_faults: Option<(KubeClient, public_fault::task::Settings)>,
     pub origin: tokio::time::Instant,
     /// The Events' recorder (`events = true`, a client, a runtime); its writer stops with
     /// the mode.
@@ -125,17 +140,39 @@ impl Drop for ApiMode {
 }
 
 impl Started for ApiMode {
-    fn engine_task(&self, m: Arc<Monitor>, cancel: CancellationToken) -> Option<Serving> {
+    fn engine_task(
+        &self,
+        m: Arc<Monitor>,
+        npus: &[EngineNpu],
+        cancel: CancellationToken,
+    ) -> Option<Serving> {
         match &self.client {
-            Ok(client) => Some(Box::pin(task::run(
-                client.clone(),
-                self.cfg.clone(),
-                self.node.clone(),
-                m,
-                self.origin,
-                self.events.clone(),
-                cancel,
-            ))),
+            Ok(client) => {
+                let events = self.events.clone().map(events::EngineEvents::new);
+                let pods = task::run(
+                    client.clone(),
+                    self.cfg.clone(),
+                    self.node.clone(),
+                    m.clone(),
+                    self.origin,
+                    events.clone(),
+                    cancel.clone(),
+                );
+                let faults = self.public_faults.clone().map(|(api, s)| {
+                    let to = public_fault::task::Reach {
+                        node: self.node.clone(),
+                        npus: npus.to_vec(),
+                        events,
+                    };
+                    public_fault::task::run(api, s, to, m, cancel)
+                });
+                Some(Box::pin(async move {
+                    match faults {
+                        Some(faults) => drop(tokio::join!(pods, faults)),
+                        None => pods.await,
+                    }
+                }))
+            }
             Err(why) => {
                 task::inactive(&m, &self.cfg, why);
                 None
@@ -164,9 +201,14 @@ impl ApiMode {
             Ok(c) if cfg.events => start_events(c, node.as_deref(), &stop_events),
             _ => None,
         };
+        let public_faults = match (&client, public_fault::task::Settings::of(cfg)) {
+            (Ok(c), Some(s)) => Some((c.clone(), s)),
+            _ => None,
+        };
         Arc::new(ApiMode {
             cfg: cfg.clone(),
             node,
+            public_faults,
             client: client.map(|c| SharedLists::new(c, cfg.resync_period)),
             origin: tokio::time::Instant::now(),
             events,

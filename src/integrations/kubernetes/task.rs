@@ -14,7 +14,7 @@
 //! failure is counted in the engine's record. It never touches the verdict.
 
 use super::api::{ApiError, KubeApi, PodInfo};
-use super::events::{Reason, Recorder};
+use super::events::{EngineEvents, Reason};
 use super::eviction;
 use super::eviction_ground;
 use super::memory;
@@ -117,7 +117,7 @@ struct Loop<'a, A> {
     condition_backoff: Duration,
     gate: eviction::EvictionGate,
     quiet: Quiet,
-    events: Option<Recorder>,
+    events: Option<EngineEvents>,
     /// The engine was escalated (a restart loop) at the last look.
     escalated: bool,
 }
@@ -131,7 +131,7 @@ pub(crate) async fn run(
     node: Option<String>,
     m: Arc<Monitor>,
     origin: Instant,
-    events: Option<Recorder>,
+    events: Option<EngineEvents>,
     cancel: CancellationToken,
 ) {
     let now = Instant::now();
@@ -209,6 +209,13 @@ impl<A: KubeApi> Loop<'_, A> {
         }
     }
 
+    /// The engine's other loops post their Events on the pod as last found.
+    fn pod_seen(&self) {
+        if let Some(ev) = &self.events {
+            ev.set_pod(self.pod.as_ref());
+        }
+    }
+
     /// An Event on the pod, when Events are on.
     fn event(&self, pod: &PodInfo, reason: Reason, note: &str) {
         if let Some(rec) = &self.events {
@@ -281,6 +288,7 @@ impl<A: KubeApi> Loop<'_, A> {
                 }
                 let key = p.key();
                 self.pod = Some(p);
+                self.pod_seen();
                 memory::update(self.m, |r| {
                     r.pod = Some(key);
                     r.pod_error = None;
@@ -290,6 +298,7 @@ impl<A: KubeApi> Loop<'_, A> {
                 self.quiet.fail(&engine, "pod lookup", &why);
                 if !api_failed {
                     self.pod = None;
+                    self.pod_seen();
                 }
                 let pod = self.pod.as_ref().map(PodInfo::key);
                 memory::update(self.m, |r| {
@@ -308,6 +317,7 @@ impl<A: KubeApi> Loop<'_, A> {
     fn pod_gone(&mut self) {
         self.api.pod_gone();
         self.pod = None;
+        self.pod_seen();
         self.sent = None;
         self.next_lookup = Instant::now();
     }

@@ -58,12 +58,10 @@ pub(crate) enum Reason {
     EvictionFailed,
     /// The engine is in a restart loop (escalated, `agent_policy.escalate_after`).
     RestartLoop,
-    /// A MindCluster public fault `occur` was published for the engine's NPUs. Recorded by
-    /// the public-fault publisher (issue 52), which is built beside this.
-    #[allow(dead_code)]
+    /// A MindCluster public fault `occur` was published for the engine's NPUs (by the
+    /// public-fault loop, `super::public_fault`).
     PublicFaultPublished,
     /// A MindCluster public fault `recover` was published for the engine's NPUs (the same).
-    #[allow(dead_code)]
     PublicFaultRecovered,
 }
 
@@ -188,6 +186,43 @@ struct Inner {
 /// Records the Events of the Kubernetes API mode (a clone shares the queue and the series).
 #[derive(Clone)]
 pub(crate) struct Recorder(Arc<Inner>);
+
+/// One engine's Events: the agent's recorder, and the engine's pod as its pod loop last
+/// found it, so that the engine's other loop (the public faults) posts on the same pod.
+#[derive(Clone)]
+pub(crate) struct EngineEvents {
+    recorder: Recorder,
+    pod: Arc<Mutex<Option<PodInfo>>>,
+}
+
+impl EngineEvents {
+    /// The engine's Events through `recorder`; no pod known yet.
+    pub(crate) fn new(recorder: Recorder) -> EngineEvents {
+        EngineEvents {
+            recorder,
+            pod: Arc::default(),
+        }
+    }
+
+    /// The pod loop found the engine's pod (or lost it).
+    pub(crate) fn set_pod(&self, pod: Option<&PodInfo>) {
+        *self.pod.lock().unwrap_or_else(|p| p.into_inner()) = pod.cloned();
+    }
+
+    /// Records `reason` on `pod` ([`Recorder::record`]).
+    pub(crate) fn record(&self, pod: &PodInfo, reason: Reason, note: &str) {
+        self.recorder.record(pod, reason, note);
+    }
+
+    /// Records `reason` on the engine's pod as last found; nothing while none is known (the
+    /// action is in the journal either way).
+    pub(crate) fn record_on_pod(&self, reason: Reason, note: &str) {
+        let pod = self.pod.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some(pod) = pod {
+            self.recorder.record(&pod, reason, note);
+        }
+    }
+}
 
 impl Recorder {
     /// A recorder reporting as `CONTROLLER` on `node`, and the receiving end of its queue
