@@ -282,3 +282,28 @@ async fn the_event_meets_the_api_servers_limits() {
         assert!(reason.as_str().chars().next().unwrap().is_ascii_uppercase());
     }
 }
+
+// Another loop of the engine (the public faults) posts on the pod as the pod loop last found
+// it, and on none while none is known (the action is in the journal either way).
+#[tokio::test(start_paused = true)]
+async fn an_engines_other_loops_post_on_the_pod_its_pod_loop_found() {
+    let (rec, mut rx) = Recorder::new(Some("n1"), 4, Arc::new(Counts::default()));
+    let ev = super::EngineEvents::new(rec);
+    ev.record_on_pod(Reason::PublicFaultPublished, "before the pod is known");
+    assert!(rx.try_recv().is_err(), "no pod, no Event");
+    ev.set_pod(Some(&pod()));
+    ev.clone()
+        .record_on_pod(Reason::PublicFaultPublished, "occur 010019001");
+    let w = rx.try_recv().expect("an Event");
+    let e = w.event();
+    assert_eq!(
+        (
+            e.reason.as_deref(),
+            e.regarding.as_ref().and_then(|r| r.name.as_deref())
+        ),
+        (Some("PublicFaultPublished"), Some("vllm-0"))
+    );
+    ev.set_pod(None);
+    ev.record_on_pod(Reason::PublicFaultRecovered, "after the pod is gone");
+    assert!(rx.try_recv().is_err(), "the pod gone, no Event");
+}
