@@ -6,7 +6,8 @@
 //! of failures when one is queued for a route.
 //!
 //! What it does not do: authentication beyond checking the bearer token, admission,
-//! PodDisruptionBudgets (a 429 is scripted), resourceVersion conflicts, watches.
+//! PodDisruptionBudgets (a 429 is scripted), watches. resourceVersion conflicts only on the
+//! fleet brake's ConfigMaps ([`kube_brake`]).
 
 use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
@@ -22,6 +23,9 @@ use std::time::Duration;
 
 /// The token the stand-in requires (`Authorization: Bearer …`).
 pub const TOKEN: &str = "stand-in-token-0123456789";
+
+#[path = "kube_brake.rs"]
+pub mod kube_brake;
 
 /// The routes a failure can be scripted for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -63,6 +67,8 @@ struct Inner {
     pods: Vec<Pod>,
     fail: HashMap<Route, VecDeque<Failure>>,
     seen: Vec<Seen>,
+    /// The fleet brake's ConfigMaps ([`kube_brake`]).
+    brake: kube_brake::Store,
 }
 
 /// The server's state, shared with the test.
@@ -145,6 +151,7 @@ impl StandIn {
                 patch(patch_status),
             )
             .route("/api/v1/namespaces/{ns}/pods/{name}/eviction", post(evict))
+            .merge(kube_brake::routes())
             .fallback(unknown)
             .with_state(api.clone());
         let listener = rt
@@ -350,11 +357,25 @@ fn listing(api: &KubeApi, ns: Option<&str>, q: &Option<String>) -> Response {
         })
         .filter(|p| labels.as_deref().is_none_or(|l| labels_match(p, l)))
         .collect();
+    // `limit` and `continue` (an offset here), and `remainingItemCount`, which the API
+    // server leaves out when a label selector is set (the fleet brake's count reads it).
+    let from: usize = query_param(q, "continue")
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let limit: Option<usize> = query_param(q, "limit").and_then(|l| l.parse().ok());
+    let end = limit.map_or(items.len(), |l| (from + l).min(items.len()));
+    let mut meta = serde_json::json!({"resourceVersion": "1"});
+    if end < items.len() {
+        meta["continue"] = end.to_string().into();
+        if labels.is_none() {
+            meta["remainingItemCount"] = (items.len() - end).into();
+        }
+    }
     axum::Json(serde_json::json!({
         "apiVersion": "v1",
         "kind": "PodList",
-        "metadata": {"resourceVersion": "1"},
-        "items": items,
+        "metadata": meta,
+        "items": &items[from.min(end)..end],
     }))
     .into_response()
 }

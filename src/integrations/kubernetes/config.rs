@@ -89,6 +89,8 @@ pub struct KubernetesConfig {
     /// The timeout of each API request. Default 5 s.
     #[serde(with = "crate::config::duration")]
     pub request_timeout: Duration,
+    /// The fleet brake (`[agent.kubernetes.brake]`; off by default).
+    pub brake: super::brake::config::BrakeConfig,
 }
 
 impl Default for KubernetesConfig {
@@ -104,6 +106,7 @@ impl Default for KubernetesConfig {
             eviction_cooldown: Duration::from_secs(600),
             resync_period: Duration::from_secs(30),
             request_timeout: Duration::from_secs(5),
+            brake: super::brake::config::BrakeConfig::default(),
         }
     }
 }
@@ -171,6 +174,7 @@ impl KubernetesConfig {
         EVICTION_COOLDOWN.check("eviction_cooldown", self.eviction_cooldown)?;
         RESYNC_PERIOD.check("resync_period", self.resync_period)?;
         REQUEST_TIMEOUT.check("request_timeout", self.request_timeout)?;
+        self.brake.validate()?;
         Ok(())
     }
 

@@ -9,6 +9,7 @@
 //! verdict, and no handler waits on it.
 
 pub mod api;
+pub mod brake;
 pub mod config;
 pub(crate) mod eviction;
 pub(crate) mod memory;
@@ -106,19 +107,30 @@ pub(crate) struct ApiMode {
     pub node: Option<String>,
     pub client: Result<SharedLists<KubeClient>, String>,
     pub origin: tokio::time::Instant,
+    /// The fleet brake and its client, when it is on and could start.
+    pub brake: Option<(KubeClient, Arc<brake::Brake>)>,
 }
 
 impl Started for ApiMode {
     fn engine_task(&self, m: Arc<Monitor>, cancel: CancellationToken) -> Option<Serving> {
         match &self.client {
-            Ok(client) => Some(Box::pin(task::run(
-                client.clone(),
-                self.cfg.clone(),
-                self.node.clone(),
-                m,
-                self.origin,
-                cancel,
-            ))),
+            Ok(client) => {
+                let pods = task::run(
+                    client.clone(),
+                    self.cfg.clone(),
+                    self.node.clone(),
+                    m.clone(),
+                    self.origin,
+                    cancel.clone(),
+                );
+                let brake = self.brake.clone().map(|(c, b)| brake::run(c, b, m, cancel));
+                Some(Box::pin(async move {
+                    match brake {
+                        Some(brake) => drop(tokio::join!(pods, brake)),
+                        None => pods.await,
+                    }
+                }))
+            }
             Err(why) => {
                 task::inactive(&m, &self.cfg, why);
                 None
@@ -142,7 +154,19 @@ impl ApiMode {
             ),
             Err(e) => tracing::error!("the Kubernetes API mode cannot start: {e}"),
         }
+        let brake = match (brake::Brake::of(cfg), &client) {
+            (Some(Ok(b)), Ok(c)) => Some((c.clone(), Arc::new(b))),
+            (Some(Ok(_)), Err(_)) => None,
+            (Some(Err(why)), _) => {
+                tracing::error!(
+                    "the fleet brake cannot start: {why}; the engines it holds stay held (fail closed)"
+                );
+                None
+            }
+            (None, _) => None,
+        };
         Arc::new(ApiMode {
+            brake,
             cfg: cfg.clone(),
             node,
             client: client.map(|c| SharedLists::new(c, cfg.resync_period)),
