@@ -275,4 +275,6 @@ async fn refresh(client: &KubeClient, brake: &Brake, m: &Monitor) {
 }
 
 #[cfg(test)]
+mod sim;
+#[cfg(test)]
 mod tests;

@@ -28,7 +28,7 @@ fn the_loop_consults_only_for_a_held_new_verdict_and_releases_only_a_normal_one(
 
 #[allow(dead_code, unreachable_pub)]
 #[path = "../../../../tests/support/kube_api.rs"]
-mod stand_in;
+pub(super) mod stand_in;
 
 use crate::integrations::kubernetes::brake::client::{Consulted, consult, count};
 use stand_in::{StandIn, TOKEN, pod};
