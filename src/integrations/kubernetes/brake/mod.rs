@@ -13,7 +13,7 @@
 //! held. The API server unreachable: it stays held (fail closed), and asks again later.
 
 pub(crate) mod client;
-pub mod config;
+pub(crate) use super::config::brake as config;
 pub(crate) mod state;
 
 use crate::clock::unix_ms;

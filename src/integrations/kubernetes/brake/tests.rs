@@ -1,4 +1,5 @@
 use super::*;
+use config::{BrakeConfig as Settings, DEFAULT_NAME};
 
 // The loop's step as a table: it consults only for a held engine whose configured judging
 // says abnormal while /status does not, when due; it releases an acting engine once the
@@ -234,4 +235,41 @@ fn the_loop_lets_the_allowed_verdicts_act_and_holds_the_next() {
         assert_eq!(a.gate(), Gate::Acting, "the first keeps its verdict");
         cancel.cancel();
     });
+}
+
+fn parsed_brake(text: &str) -> Result<Settings, String> {
+    let c: Settings = toml::from_str(text).map_err(|e| e.to_string())?;
+    c.validate().map_err(|(k, m)| format!("{k}: {m}"))?;
+    Ok(c)
+}
+
+#[test]
+fn the_defaults_are_off_half_the_fleet_in_five_minutes() {
+    let c = parsed_brake("").unwrap();
+    assert!(!c.enabled);
+    assert_eq!((c.max_fraction, c.window), (0.5, Duration::from_secs(300)));
+    assert_eq!(c.name, DEFAULT_NAME);
+}
+
+#[test]
+fn each_bad_value_is_refused_with_its_key() {
+    for (text, key) in [
+        ("enabled = true", "brake.fleet"),
+        ("max_fraction = 0.0", "brake.max_fraction"),
+        ("max_fraction = 1.5", "brake.max_fraction"),
+        ("window = \"10s\"", "brake.window"),
+        ("name = \"Brake!\"", "brake.name"),
+        (
+            "fleet = { namespace = \"Not_A_Label\" }",
+            "brake.fleet.namespace",
+        ),
+        ("fleet = { selector = \"app=v*\" }", "brake.fleet.selector"),
+        ("retries = 51", "brake.retries"),
+    ] {
+        let e = parsed_brake(text).unwrap_err();
+        assert!(e.starts_with(key), "{text}: {e}");
+    }
+    let e = parsed_brake("fleet = { nmespace = \"a\" }").unwrap_err();
+    assert!(e.contains("nmespace"), "{e}");
+    assert!(parsed_brake("enabled = true\nfleet = { selector = \"app=vllm\" }").is_ok());
 }
