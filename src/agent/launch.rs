@@ -106,7 +106,9 @@ impl Running {
     ) -> Result<EngineRun, AgentError> {
         let spec = &p.spec;
         let shared = &self.shared;
-        let state = Arc::new(Monitor::new(spec.clone(), p.devices.clone()));
+        let mut state = Monitor::new(spec.clone(), p.devices.clone());
+        crate::integrations::kubernetes::brake::hold(&mut state, &self.cfg.agent);
+        let state = Arc::new(state);
         crate::integrations::equip(&state);
         let cancel = CancellationToken::new();
         let tasks = self.spawn_engine_tasks(&p, &state, restored.as_ref(), resuming, &cancel);

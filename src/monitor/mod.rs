@@ -24,10 +24,12 @@
 //! shared state), [`inputs`] (what the loops read besides the probe), [`gates`] (the
 //! conditions for virtual inference to run), [`episodes`] (the restart-loop memory: the
 //! `abnormal` episodes of the last day, and the escalation they make), [`shadow`] (the records
-//! of the rules' modes and of the shadow policy).
+//! of the rules' modes and of the shadow policy), [`brake`] (the fleet brake's hold: which of
+//! the two judgings answers).
 
 pub(crate) mod account;
 pub(crate) mod acted;
+pub(crate) mod brake;
 pub(crate) mod episodes;
 pub mod evidence;
 pub(crate) mod gates;
@@ -104,6 +106,8 @@ pub struct Monitor {
     evidence: Mutex<npu_health_wire::EvidenceRecord>,
     /// The rules' firings and the shadow's turns and disagreements ([`shadow`]).
     records: shadow::Records,
+    /// The fleet brake's gate on the engine and its record ([`brake`]).
+    hold: brake::Hold,
 }
 
 impl Monitor {
@@ -133,6 +137,7 @@ impl Monitor {
             episodes: episodes::Episodes::default(),
             evidence: Mutex::default(),
             records: shadow::Records::default(),
+            hold: brake::Hold::default(),
         }
     }
 

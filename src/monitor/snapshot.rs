@@ -57,6 +57,7 @@ impl Monitor {
             evidence: self.evidence(),
             rules: self.rule_records(),
             shadow: self.shadow_record(),
+            brake: self.brake_record(),
         }
     }
 

@@ -255,7 +255,7 @@ impl ViState {
 
     /// Applies one probe's shadow accounting (`rule`: what made it abnormal, when it did;
     /// `held_by`: the rule that kept the failure out of the count, when one did).
-    pub(super) fn apply_shadow(&self, a: &Accounted, rule: Option<u8>, held_by: Option<u8>) {
+    pub(crate) fn apply_shadow(&self, a: &Accounted, rule: Option<u8>, held_by: Option<u8>) {
         let mut s = self.shadow.lock().unwrap_or_else(|p| p.into_inner());
         if s.abnormal.is_some() {
             return;

@@ -11,7 +11,8 @@
 //! pod's Events as `kubectl describe pod` lists them.
 //!
 //! What it does not do: authentication beyond checking the bearer token, admission,
-//! PodDisruptionBudgets (a 429 is scripted), resourceVersion conflicts, watches.
+//! PodDisruptionBudgets (a 429 is scripted), watches. resourceVersion conflicts only on
+//! ConfigMaps ([`kube_brake`]).
 
 use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
@@ -27,6 +28,9 @@ use std::time::Duration;
 
 /// The token the stand-in requires (`Authorization: Bearer …`).
 pub const TOKEN: &str = "stand-in-token-0123456789";
+
+#[path = "kube_brake.rs"]
+pub mod kube_brake;
 
 /// The routes a failure can be scripted for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -76,7 +80,8 @@ struct Inner {
     seen: Vec<Seen>,
     /// Events as stored (JSON, as the API server keeps them).
     events: Vec<serde_json::Value>,
-    configmaps: ConfigMaps,
+    /// The ConfigMaps ([`kube_brake`]: the fleet brake's and the public faults').
+    brake: kube_brake::Store,
 }
 
 /// The server's state, shared with the test.
@@ -148,7 +153,7 @@ impl StandIn {
             .expect("runtime");
         let api = KubeApi::default();
         api.0.lock().unwrap().pods = pods;
-        let router: axum::Router<KubeApi> = axum::Router::new()
+        let router = axum::Router::new()
             .route("/api/v1/pods", get(list))
             .route("/api/v1/namespaces/{ns}/pods", get(list_ns))
             .route(
@@ -160,8 +165,8 @@ impl StandIn {
                 patch(patch_status),
             )
             .route("/api/v1/namespaces/{ns}/pods/{name}/eviction", post(evict))
-            .merge(event_routes());
-        let router = configmap_routes(router)
+            .merge(event_routes())
+            .merge(kube_brake::routes())
             .fallback(unknown)
             .with_state(api.clone());
         let listener = rt
@@ -367,11 +372,25 @@ fn listing(api: &KubeApi, ns: Option<&str>, q: &Option<String>) -> Response {
         })
         .filter(|p| labels.as_deref().is_none_or(|l| labels_match(p, l)))
         .collect();
+    // `limit` and `continue` (an offset here), and `remainingItemCount`, which the API
+    // server leaves out when a label selector is set (the fleet brake's count reads it).
+    let from: usize = query_param(q, "continue")
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let limit: Option<usize> = query_param(q, "limit").and_then(|l| l.parse().ok());
+    let end = limit.map_or(items.len(), |l| (from + l).min(items.len()));
+    let mut meta = serde_json::json!({"resourceVersion": "1"});
+    if end < items.len() {
+        meta["continue"] = end.to_string().into();
+        if labels.is_none() {
+            meta["remainingItemCount"] = (items.len() - end).into();
+        }
+    }
     axum::Json(serde_json::json!({
         "apiVersion": "v1",
         "kind": "PodList",
-        "metadata": {"resourceVersion": "1"},
-        "items": items,
+        "metadata": meta,
+        "items": &items[from.min(end)..end],
     }))
     .into_response()
 }
@@ -908,158 +927,4 @@ async fn patch_event(
         stored["series"] = s.clone();
     }
     axum::Json(stored.clone()).into_response()
-}
-
-// ConfigMaps (the public faults' transport): create (POST) and update (PUT) of whole
-// objects, parsed as `k8s-openapi` ConfigMaps; every write kept in order with its arrival,
-// as ClusterD's informer would see each update.
-
-/// The ConfigMaps stored, and every accepted write in order.
-#[derive(Default)]
-struct ConfigMaps {
-    stored: BTreeMap<(String, String), ConfigMap>,
-    writes: Vec<(std::time::Instant, ConfigMap)>,
-}
-
-use k8s_openapi::api::core::v1::ConfigMap;
-
-fn configmap_routes(r: axum::Router<KubeApi>) -> axum::Router<KubeApi> {
-    r.route("/api/v1/namespaces/{ns}/configmaps", post(create_configmap))
-        .route(
-            "/api/v1/namespaces/{ns}/configmaps/{name}",
-            axum::routing::put(replace_configmap).get(get_configmap),
-        )
-}
-
-impl KubeApi {
-    /// Every ConfigMap write accepted so far, in order, with when it arrived.
-    pub fn configmap_writes(&self) -> Vec<(std::time::Instant, ConfigMap)> {
-        self.0.lock().unwrap().configmaps.writes.clone()
-    }
-
-    /// The ConfigMap as stored now.
-    pub fn configmap(&self, ns: &str, name: &str) -> Option<ConfigMap> {
-        let i = self.0.lock().unwrap();
-        i.configmaps
-            .stored
-            .get(&(ns.to_owned(), name.to_owned()))
-            .cloned()
-    }
-}
-
-/// An error answer, as [`status`] makes it: code, reason, message.
-type Refusal = (u16, &'static str, String);
-
-/// The body as a ConfigMap of `ns` (named `name` when given); why not otherwise.
-fn configmap_of(body: &Bytes, ns: &str, name: Option<&str>) -> Result<ConfigMap, Refusal> {
-    let v: serde_json::Value =
-        serde_json::from_slice(body).map_err(|e| (400, "BadRequest", format!("not JSON: {e}")))?;
-    if v["apiVersion"] != "v1" || v["kind"] != "ConfigMap" {
-        return Err((400, "BadRequest", format!("not a v1 ConfigMap: {v}")));
-    }
-    let cm: ConfigMap = serde_json::from_value(v)
-        .map_err(|e| (400, "BadRequest", format!("not a ConfigMap: {e}")))?;
-    let meta_ns = cm.metadata.namespace.as_deref().unwrap_or(ns);
-    if meta_ns != ns || name.is_some_and(|n| cm.metadata.name.as_deref() != Some(n)) {
-        return Err((
-            400,
-            "BadRequest",
-            "the body names another ConfigMap".to_owned(),
-        ));
-    }
-    if cm
-        .metadata
-        .name
-        .as_deref()
-        .is_none_or(|n| n.is_empty() || n.len() > 253)
-    {
-        return Err((422, "Invalid", "metadata.name".to_owned()));
-    }
-    Ok(cm)
-}
-
-async fn create_configmap(
-    State(api): State<KubeApi>,
-    Path(ns): Path<String>,
-    RawQuery(q): RawQuery,
-    method: Method,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    let path = format!("/api/v1/namespaces/{ns}/configmaps");
-    if let Some(r) = front(&api, Route::ConfigMap, &method, path, q, &headers, &body).await {
-        return r;
-    }
-    let cm = match configmap_of(&body, &ns, None) {
-        Ok(cm) => cm,
-        Err((code, reason, m)) => return status(code, reason, &m),
-    };
-    let key = (ns, cm.metadata.name.clone().unwrap_or_default());
-    let mut i = api.0.lock().unwrap();
-    if i.configmaps.stored.contains_key(&key) {
-        return status(
-            409,
-            "AlreadyExists",
-            &format!("configmaps \"{}\" already exists", key.1),
-        );
-    }
-    i.configmaps.stored.insert(key, cm.clone());
-    i.configmaps
-        .writes
-        .push((std::time::Instant::now(), cm.clone()));
-    (StatusCode::CREATED, axum::Json(cm)).into_response()
-}
-
-async fn replace_configmap(
-    State(api): State<KubeApi>,
-    Path((ns, name)): Path<(String, String)>,
-    RawQuery(q): RawQuery,
-    method: Method,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    let path = format!("/api/v1/namespaces/{ns}/configmaps/{name}");
-    if let Some(r) = front(&api, Route::ConfigMap, &method, path, q, &headers, &body).await {
-        return r;
-    }
-    let cm = match configmap_of(&body, &ns, Some(&name)) {
-        Ok(cm) => cm,
-        Err((code, reason, m)) => return status(code, reason, &m),
-    };
-    let mut i = api.0.lock().unwrap();
-    let Some(slot) = i.configmaps.stored.get_mut(&(ns, name.clone())) else {
-        return status(404, "NotFound", &format!("configmaps \"{name}\" not found"));
-    };
-    *slot = cm.clone();
-    i.configmaps
-        .writes
-        .push((std::time::Instant::now(), cm.clone()));
-    axum::Json(cm).into_response()
-}
-
-async fn get_configmap(
-    State(api): State<KubeApi>,
-    Path((ns, name)): Path<(String, String)>,
-    RawQuery(q): RawQuery,
-    method: Method,
-    headers: HeaderMap,
-) -> Response {
-    let path = format!("/api/v1/namespaces/{ns}/configmaps/{name}");
-    if let Some(r) = front(
-        &api,
-        Route::ConfigMap,
-        &method,
-        path,
-        q,
-        &headers,
-        &Bytes::new(),
-    )
-    .await
-    {
-        return r;
-    }
-    match api.configmap(&ns, &name) {
-        Some(cm) => axum::Json(cm).into_response(),
-        None => status(404, "NotFound", &format!("configmaps \"{name}\" not found")),
-    }
 }

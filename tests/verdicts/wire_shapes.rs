@@ -21,6 +21,7 @@ const DETAIL_PATHS: &[&str] = &[
     "actions[].level",
     "actions[].reason",
     "actions[].to",
+    "brake",
     "conditions",
     "conditions[].name",
     "conditions[].note",

@@ -2,9 +2,9 @@
 //! [...]}`, the admin listener's list of every engine's.
 
 use crate::{
-    ActionRecord, Condition, EngineQos, EvidenceRecord, FaultEffect, FaultLevel, HealthDetail,
-    KubeRecord, Phase, Policy, ProbeRecord, Role, RouterSeen, RuleRecord, ShadowRecord,
-    SourceReason, Status,
+    ActionRecord, BrakeRecord, Condition, EngineQos, EvidenceRecord, FaultEffect, FaultLevel,
+    HealthDetail, KubeRecord, Phase, Policy, ProbeRecord, Role, RouterSeen, RuleRecord,
+    ShadowRecord, SourceReason, Status,
 };
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
@@ -57,6 +57,10 @@ pub struct EngineDetail {
     /// The shadow beside the policy in force; `null` without one.
     #[serde(default)]
     pub shadow: Option<ShadowRecord>,
+    /// The fleet brake's hold on the engine (docs/kubernetes.md, "The fleet brake"); `null`
+    /// with the brake off.
+    #[serde(default)]
+    pub brake: Option<BrakeRecord>,
 }
 
 /// The engine's `abnormal` episodes (one begins when the verdict turns `abnormal`, and ends

@@ -8,6 +8,7 @@
 //! declared in here.
 
 mod actions;
+mod brake;
 mod detail;
 mod device;
 mod events;
@@ -23,6 +24,7 @@ mod settings;
 mod status;
 
 pub use actions::{ActionRecord, RouterSeen};
+pub use brake::{BrakeGate, BrakeRecord};
 pub use detail::{
     AbnormalEpisodes, DeviceFault, EngineDetail, Engines, Text, VirtualInference, Window,
     WindowDevice,

@@ -393,8 +393,9 @@ impl KubeClient {
     }
 
     /// Sends `req` and reads its answer's body, at most `limit` bytes of it, all within
-    /// `request_timeout`. A 3xx, 4xx or 5xx answer is an [`ApiError`].
-    pub(super) async fn call(
+    /// `request_timeout`. A 3xx, 4xx or 5xx answer is an [`ApiError`]. (The fleet brake
+    /// makes its own calls through it.)
+    pub(crate) async fn call(
         &self,
         req: Result<http::Request<Vec<u8>>, kube::core::request::Error>,
         limit: usize,

@@ -10,6 +10,7 @@
 //! also published to MindCluster's ClusterD as a public fault ([`public_fault`]).
 
 pub mod api;
+pub mod brake;
 pub mod config;
 pub(crate) mod events;
 pub(crate) mod eviction;
@@ -131,6 +132,8 @@ pub(crate) struct ApiMode {
     /// the mode.
     pub events: Option<events::Recorder>,
     stop_events: CancellationToken,
+    /// The fleet brake and its client, when it is on and could start.
+    pub brake: Option<(KubeClient, Arc<brake::Brake>)>,
 }
 
 impl Drop for ApiMode {
@@ -164,13 +167,21 @@ impl Started for ApiMode {
                         npus: npus.to_vec(),
                         events,
                     };
-                    public_fault::task::run(api, s, to, m, cancel)
+                    public_fault::task::run(api, s, to, m.clone(), cancel.clone())
                 });
+                let brake = self.brake.clone().map(|(c, b)| brake::run(c, b, m, cancel));
                 Some(Box::pin(async move {
-                    match faults {
-                        Some(faults) => drop(tokio::join!(pods, faults)),
-                        None => pods.await,
-                    }
+                    let faults = async move {
+                        if let Some(faults) = faults {
+                            faults.await;
+                        }
+                    };
+                    let brake = async move {
+                        if let Some(brake) = brake {
+                            brake.await;
+                        }
+                    };
+                    tokio::join!(pods, faults, brake);
                 }))
             }
             Err(why) => {
@@ -205,7 +216,19 @@ impl ApiMode {
             (Ok(c), Some(s)) => Some((c.clone(), s)),
             _ => None,
         };
+        let brake = match (brake::Brake::of(cfg), &client) {
+            (Some(Ok(b)), Ok(c)) => Some((c.clone(), Arc::new(b))),
+            (Some(Ok(_)), Err(_)) => None,
+            (Some(Err(why)), _) => {
+                tracing::error!(
+                    "the fleet brake cannot start: {why}; the engines it holds stay held (fail closed)"
+                );
+                None
+            }
+            (None, _) => None,
+        };
         Arc::new(ApiMode {
+            brake,
             cfg: cfg.clone(),
             node,
             public_faults,

@@ -316,7 +316,7 @@ impl Monitor {
         let (down, rearm) = restart(
             self.down_after_abnormal.load(Ordering::Acquire),
             outcome,
-            self.vi.abnormal(),
+            self.vi_abnormal_in_force(),
         );
         self.down_after_abnormal.store(down, Ordering::Release);
         if rearm {

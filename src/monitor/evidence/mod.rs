@@ -212,6 +212,8 @@ impl Monitor {
     /// The status and its source and finding as `side` judges (the shadow: as if it were in
     /// force, on the same evidence).
     fn judged_on(&self, side: Side) -> (Status, Option<(&'static dyn Source, Finding)>) {
+        // The fleet brake's gate: one atomic load ([`super::brake`]).
+        let side = self.sided(side).unwrap_or(side);
         if self.health() == HealthState::NeverAnswered {
             return (Status::Initial, None);
         }
@@ -228,6 +230,7 @@ impl Monitor {
     /// answer if it were in force. `None` without a shadow. Never served.
     pub(crate) fn shadow_verdict(&self) -> Option<Verdict> {
         self.spec.judging.shadow?;
+        self.sided(Side::Shadow)?;
         let (status, found) = self.judged_on(Side::Shadow);
         let reason = match &found {
             Some((source, finding)) => source.reason_on(self, finding, Side::Shadow),
@@ -256,7 +259,10 @@ impl Monitor {
     pub fn verdict(&self) -> Verdict {
         let (status, found) = self.judged();
         let reason = match &found {
-            Some((source, finding)) => source.reason(self, finding) + &self.escalation_clause(),
+            Some((source, finding)) => {
+                let side = self.sided(Side::InForce).unwrap_or(Side::InForce);
+                source.reason_on(self, finding, side) + &self.escalation_clause()
+            }
             None => self.quiet_reason(status),
         };
         Verdict::of(status, found, reason)
@@ -295,7 +301,7 @@ impl Monitor {
 }
 
 #[cfg(test)]
-pub(in crate::monitor) mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::collections::BTreeMap;
 
@@ -373,7 +379,7 @@ pub(in crate::monitor) mod tests {
 
     /// An engine from `extra` lines of its `[[engine]]` table (the episode memory's tests use
     /// it too).
-    pub(in crate::monitor) fn engine(extra: &str) -> Monitor {
+    pub(crate) fn engine(extra: &str) -> Monitor {
         let text = format!(
             "[[engine]]\nname = \"e\"\nengine_type = \"vllm\"\nserved_model_name = \"m\"\nhost = \"127.0.0.1\"\nport = 9\nmgmt_port = 9001\nengine_env = {{}}\n{extra}"
         );

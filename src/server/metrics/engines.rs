@@ -28,6 +28,7 @@ impl Exposition {
         self.encode_qos(enc, pods)?;
         self.encode_episodes(enc, pods)?;
         self.encode_rules(enc, pods)?;
+        self.encode_brake(enc, pods)?;
         self.encode_engine_histograms(enc, pods)
     }
 

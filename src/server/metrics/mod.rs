@@ -8,6 +8,7 @@
 //! (`npu_chip_info_*`) for dashboards written for it, on nodes that do not run it (where it
 //! runs, each series would exist twice and a sum would double).
 
+mod brake;
 mod engines;
 mod episodes;
 mod npus;
