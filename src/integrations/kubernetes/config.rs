@@ -2,6 +2,11 @@
 //! `[engine.kubernetes]` (how the engine's pod is found), read by the configuration through
 //! the seam ([`AGENT_TABLE`], [`ENGINE_TABLE`]). What the mode does is in
 //! `integrations::kubernetes` and `docs/kubernetes.md`.
+//!
+//! Long because: the mode's whole table in one file (the pod's condition, the eviction, the
+//! Events, the public faults and the fleet brake's `[agent.kubernetes.brake]`), as the layout
+//! test keeps an integration's configuration table: its `config.rs`, read by the
+//! configuration and reading no runtime module.
 
 use crate::config::tables::{ConfigTable, Table};
 use crate::config::{AgentSettings, EngineSpec, KeyError};

@@ -74,20 +74,7 @@ pub(super) async fn patch_faults(
             tokio::spawn(long_prefill(engine, d, chunks));
         } else {
             restarting = true;
-            *e.process_start.lock().unwrap_or_else(|p| p.into_inner()) =
-                unix_now() + d.as_secs_f64();
-            e.listening.send_replace(false);
-            e.prompt_tokens.store(0, Ordering::Relaxed);
-            e.generation_tokens.store(0, Ordering::Relaxed);
-            // A new process: its step histogram starts at zero and its health ping alive.
-            *e.iterations.lock().unwrap_or_else(|p| p.into_inner()) = Default::default();
-            e.ping_dead.store(false, Ordering::Relaxed);
-            tokio::spawn(async move {
-                tokio::time::sleep(d).await;
-                if engine.faults().listening {
-                    engine.listening.send_replace(true);
-                }
-            });
+            restart(engine, d);
         }
     }
     let mut current = serde_json::to_value(e.faults()).unwrap_or(Value::Null);
@@ -128,6 +115,24 @@ pub(super) async fn patch_faults(
         e.listening.send_replace(listening);
     }
     axum::Json(next).into_response()
+}
+
+/// The engine restarts under its own supervisor (`restart_ms`): its port closed for `d`, then
+/// a new process's figures (counters at zero, the step histogram empty, the health ping
+/// alive).
+fn restart(e: Arc<Engine>, d: Duration) {
+    *e.process_start.lock().unwrap_or_else(|p| p.into_inner()) = unix_now() + d.as_secs_f64();
+    e.listening.send_replace(false);
+    e.prompt_tokens.store(0, Ordering::Relaxed);
+    e.generation_tokens.store(0, Ordering::Relaxed);
+    *e.iterations.lock().unwrap_or_else(|p| p.into_inner()) = Default::default();
+    e.ping_dead.store(false, Ordering::Relaxed);
+    tokio::spawn(async move {
+        tokio::time::sleep(d).await;
+        if e.faults().listening {
+            e.listening.send_replace(true);
+        }
+    });
 }
 
 /// Chunks of a chunked long prefill.
