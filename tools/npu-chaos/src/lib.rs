@@ -256,6 +256,24 @@ pub(crate) fn write_summary(plan: &Plan<'_>, outcomes: &[Outcome]) -> Result<(),
 }
 
 /// Runs the experiments one at a time, writing each one's timeline and chart.
+/// Each policy with each row, in order; a peer only at the first Node Manager cadence: it
+/// does not read the cadence, so a second would only repeat the first (docs/chaos.md, "The
+/// peers").
+fn pairs(policies: &[Policy], rows: &[run::Row]) -> Vec<(Policy, run::Row)> {
+    let first = rows.iter().find_map(|r| match r {
+        run::Row::NodeManager(c) => Some(*c),
+        _ => None,
+    });
+    policies
+        .iter()
+        .flat_map(|&p| rows.iter().map(move |&r| (p, r)))
+        .filter(|(p, r)| match r {
+            run::Row::NodeManager(c) => p.peer().is_none() || Some(*c) == first,
+            _ => true,
+        })
+        .collect()
+}
+
 async fn run_each(
     experiments: &[Experiment],
     policies: &[Policy],
@@ -265,10 +283,7 @@ async fn run_each(
     let (out, time_scale) = (opts.out_dir.clone(), opts.time_scale);
     let mut outcomes: Vec<Outcome> = Vec::new();
     for e in experiments {
-        for (&p, &c) in policies
-            .iter()
-            .flat_map(|p| rows.iter().map(move |c| (p, c)))
-        {
+        for (p, c) in pairs(policies, rows) {
             opts.row = c;
             eprintln!(
                 "npu-chaos: {} ({}) under the {} policy, {} ...",
@@ -331,8 +346,30 @@ async fn run_each(
 
 #[cfg(test)]
 mod tests {
-    use super::current;
+    use super::{current, pairs};
+    use crate::run::{Cadence, Policy, Row};
     use std::path::Path;
+
+    #[test]
+    fn a_peer_runs_at_the_first_node_manager_cadence_only() {
+        let rows = [
+            Row::NodeManager(Cadence::PYMOTOR),
+            Row::NodeManager(Cadence::REFERENCE),
+            Row::Kubelet,
+        ];
+        let got = pairs(&[Policy::Agent, Policy::K8sLiveness], &rows);
+        assert_eq!(
+            got,
+            [
+                (Policy::Agent, rows[0]),
+                (Policy::Agent, rows[1]),
+                (Policy::Agent, rows[2]),
+                (Policy::K8sLiveness, rows[0]),
+                // A kubelet row is the peer's to refuse (not applicable), with its reason.
+                (Policy::K8sLiveness, rows[2]),
+            ]
+        );
+    }
 
     const OURS: &str = "0.1.0 (git 7d4e77def2bb, source 00aa11bb22cc33dd, fake-driver)";
 

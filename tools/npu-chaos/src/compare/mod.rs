@@ -191,7 +191,7 @@ pub(crate) fn markdown(
     let cadences: Vec<String> = cadences.iter().map(|c| c.label()).collect();
     let _ = writeln!(
         s,
-        "\nEach experiment ran {repeat} time(s) at each Node Manager cadence ({}; a peer's row does not read it, so its cadences are repetitions), at time scale {time_scale}; times are unscaled. Intervals are 95 %: Wilson for the rates, order statistics for the times (none below 6 detections for the median, 29 for the p90), availability the mean of the runs' (each run weighs the same) with a bootstrap over runs. Known false kills count as false kills; faults not detectable by design count as missed.\n",
+        "\nEach experiment ran {repeat} time(s) at each Node Manager cadence ({}; a peer, which does not read it, at the first only), at time scale {time_scale}; times are unscaled. Intervals are 95 %: Wilson for the rates, order statistics for the times (none below 6 detections for the median, 29 for the p90), availability the mean of the runs' (each run weighs the same) with a bootstrap over runs. Known false kills count as false kills; faults not detectable by design count as missed.\n",
         cadences.join(", ")
     );
     s
