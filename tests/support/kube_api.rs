@@ -458,6 +458,17 @@ async fn get_pod(
     }
 }
 
+/// A 415 unless the request is a strategic merge patch (as a pod's and an Event's patches
+/// must be).
+fn not_strategic_merge(headers: &HeaderMap) -> Option<Response> {
+    let ct = headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    (ct != "application/strategic-merge-patch+json")
+        .then(|| status(415, "UnsupportedMediaType", &format!("content type {ct:?}")))
+}
+
 /// A strategic merge patch of `status.conditions`: each entry must be a PodCondition; merged
 /// into the pod's conditions by type.
 async fn patch_status(
@@ -472,12 +483,8 @@ async fn patch_status(
     if let Some(r) = front(&api, Route::PatchStatus, &method, path, q, &headers, &body).await {
         return r;
     }
-    let ct = headers
-        .get("content-type")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default();
-    if ct != "application/strategic-merge-patch+json" {
-        return status(415, "UnsupportedMediaType", &format!("content type {ct:?}"));
+    if let Some(r) = not_strategic_merge(&headers) {
+        return r;
     }
     #[derive(serde::Deserialize)]
     #[serde(deny_unknown_fields)]
@@ -892,12 +899,8 @@ async fn patch_event(
     if let Some(r) = front(&api, Route::EventPatch, &method, path, q, &headers, &body).await {
         return r;
     }
-    let ct = headers
-        .get("content-type")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default();
-    if ct != "application/strategic-merge-patch+json" {
-        return status(415, "UnsupportedMediaType", &format!("content type {ct:?}"));
+    if let Some(r) = not_strategic_merge(&headers) {
+        return r;
     }
     let p: serde_json::Map<String, serde_json::Value> = match serde_json::from_slice(&body) {
         Ok(p) => p,
