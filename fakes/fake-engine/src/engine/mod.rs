@@ -662,16 +662,18 @@ mod tests {
                 .trim()
                 .to_owned()
         }
-        async fn metric(&self, name: &str) -> f64 {
-            let text = self
-                .client
+        async fn metrics_text(&self) -> String {
+            self.client
                 .get(format!("{}/metrics", self.base))
                 .send()
                 .await
                 .unwrap()
                 .text()
                 .await
-                .unwrap();
+                .unwrap()
+        }
+        async fn metric(&self, name: &str) -> f64 {
+            let text = self.metrics_text().await;
             text.lines()
                 .find(|l| l.starts_with(&format!("{name}{{")))
                 .and_then(|l| l.rsplit(' ').next()?.parse().ok())
@@ -692,15 +694,7 @@ mod tests {
         assert_eq!(a.status(), 200);
         assert_eq!(r.metric(count).await, 3.0, "three steps for three tokens");
         assert_eq!(r.metric("vllm:iteration_tokens_total_sum").await, 2.0 + 3.0);
-        let text = r
-            .client
-            .get(format!("{}/metrics", r.base))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let text = r.metrics_text().await;
         let le1 =
             "vllm:iteration_tokens_total_bucket{engine=\"0\",le=\"1.0\",model_name=\"m\"} 2.0";
         assert!(
