@@ -367,15 +367,24 @@ async fn conform(base: &str, model: &str) -> Vec<String> {
 }
 
 /// A long streamed completion (`ignore_eos`, so a real engine produces every token), read to
-/// its end in the background.
-fn long_stream(base: &str, model: &str, tokens: u32) -> tokio::task::JoinHandle<()> {
+/// its end in the background. It ends with what became of it: the status and the bytes read,
+/// or the error.
+fn long_stream(base: &str, model: &str, tokens: u32) -> tokio::task::JoinHandle<String> {
     let (url, model) = (format!("{base}/v1/completions"), model.to_owned());
     tokio::spawn(async move {
         let client = reqwest::Client::builder().no_proxy().build().unwrap();
         let body = json!({"model": model, "prompt": "1", "max_tokens": tokens,
             "ignore_eos": true, "stream": true});
-        if let Ok(r) = client.post(url).json(&body).send().await {
-            let _ = r.bytes().await;
+        match client.post(url).json(&body).send().await {
+            Ok(r) => {
+                let status = r.status();
+                match r.bytes().await {
+                    Ok(b) if status.is_success() => format!("{status}, {} bytes", b.len()),
+                    Ok(b) => format!("{status}: {}", String::from_utf8_lossy(&b)),
+                    Err(e) => format!("{status}, the body broke off: {e}"),
+                }
+            }
+            Err(e) => format!("not sent: {e}"),
         }
     })
 }
@@ -400,6 +409,38 @@ async fn wait_decoding(client: &reqwest::Client, base: &str, from: f64) -> Engin
         assert!(Instant::now() < end, "no request decoding: {m:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Starts a long stream and waits until it decodes. A stream that ends before it was seen
+/// decoding (refused, or over between two scrapes) is started again, up to three times, and
+/// what became of each is in the panic if none was seen.
+async fn start_decoding(
+    client: &reqwest::Client,
+    base: &str,
+    model: &str,
+) -> (tokio::task::JoinHandle<String>, EngineMetrics) {
+    let mut ended = Vec::new();
+    while ended.len() < 3 {
+        let from = scrape(client, base).await.generation_tokens.unwrap();
+        let mut stream = long_stream(base, model, 1000);
+        let end = Instant::now() + Duration::from_secs(30);
+        loop {
+            let m = scrape(client, base).await;
+            if m.running.unwrap_or(0.0) > 0.0 && m.generation_tokens.unwrap_or(0.0) > from {
+                return (stream, m);
+            }
+            if stream.is_finished() {
+                ended.push(format!("{:?} ({m:?})", (&mut stream).await));
+                break;
+            }
+            assert!(
+                Instant::now() < end,
+                "no request decoding: {m:?}; {ended:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    panic!("three streams ended unseen: {ended:?}");
 }
 
 /// While requests decode, two scrapes 1 s apart differ in the generation counter, and the
@@ -504,9 +545,7 @@ impl Stuck {
 /// and `/health` answers 200.
 async fn stuck_freezes(base: &str, model: &str, stuck: &Stuck) -> Vec<String> {
     let client = reqwest::Client::builder().no_proxy().build().unwrap();
-    let from = scrape(&client, base).await.generation_tokens.unwrap();
-    let stream = long_stream(base, model, 1000);
-    wait_decoding(&client, base, from).await;
+    let (stream, _) = start_decoding(&client, base, model).await;
     stuck.set(&client, true).await;
     // The step under way when the fault came finishes and publishes; the next one holds.
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -526,14 +565,16 @@ async fn stuck_freezes(base: &str, model: &str, stuck: &Stuck) -> Vec<String> {
     };
     let frozen = signals(&a) == signals(&b);
     // vLLM finishes the stream once the step is let go; the fake's stuck requests never do.
-    if matches!(stuck, Stuck::File(_)) {
-        tokio::time::timeout(Duration::from_secs(60), stream)
+    let released = if matches!(stuck, Stuck::File(_)) {
+        let outcome = tokio::time::timeout(Duration::from_secs(60), stream)
             .await
             .expect("the stream finishes once the fault is removed")
             .unwrap();
+        format!("stuck: the stream ended once let go: {outcome}")
     } else {
         stream.abort();
-    }
+        "stuck: the fake's stuck stream aborted".to_owned()
+    };
     assert_eq!(h.status, 200, "/health while stuck");
     assert!(
         a.running.unwrap_or(0.0) > 0.0,
@@ -549,6 +590,7 @@ async fn stuck_freezes(base: &str, model: &str, stuck: &Stuck) -> Vec<String> {
             a.running, a.waiting, a.kv_cache_usage, a.prompt_tokens, a.generation_tokens
         ),
         "stuck: /health 200".to_owned(),
+        released,
     ]
 }
 
