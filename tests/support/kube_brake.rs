@@ -3,7 +3,12 @@
 //! (PUT; 409 `Conflict` when the body carries a resourceVersion that is not the stored one,
 //! as the API server's optimistic concurrency answers; without one the update is
 //! unconditional, as the API server allows for ConfigMaps; 422 when the data is over 1 MiB, a
-//! ConfigMap's limit). A failure scripted for [`Route::ConfigMap`] answers first. Its own
+//! ConfigMap's limit), and patch (PATCH), applied to the object as stored, one at a time, as
+//! the API server's `GuaranteedUpdate` does for a patch without a resourceVersion: a JSON
+//! merge patch (RFC 7386, `application/merge-patch+json`), or a JSON patch (RFC 6902,
+//! `application/json-patch+json`: `test`, `add`, `replace`, `remove`; one that does not apply
+//! is 422, as `handlers/patch.go` answers). A failure scripted for [`Route::ConfigMap`]
+//! answers first. Its own
 //! counters; no request body is kept in the stand-in's `seen` (a simulation writes
 //! gigabytes), but every accepted write of a ConfigMap labelled `mc-consumer-publicfault=true`
 //! is kept in order, as ClusterD's informer (which selects that label) sees each one.
@@ -27,6 +32,10 @@ pub struct Counts {
     pub gets: u64,
     pub creates: u64,
     pub replaces: u64,
+    /// Patches applied (merge or JSON).
+    pub patches: u64,
+    /// JSON patches that did not apply (422).
+    pub patch_refused: u64,
     /// Writes refused with 409.
     pub conflicts: u64,
     /// Writes refused for over 1 MiB of data.
@@ -73,7 +82,7 @@ pub(super) fn routes() -> Router<KubeApi> {
         .route("/api/v1/namespaces/{ns}/configmaps", post(create))
         .route(
             "/api/v1/namespaces/{ns}/configmaps/{name}",
-            get(read).put(replace),
+            get(read).put(replace).patch(patch),
         )
 }
 
@@ -249,6 +258,157 @@ async fn replace(
             ),
         );
     }
+    let cm = s.put(ns, cm);
+    axum::Json(cm).into_response()
+}
+
+/// RFC 7386: `patch` merged into `target`.
+fn merge_patch(target: &mut serde_json::Value, patch: &serde_json::Value) {
+    use serde_json::Value;
+    let Value::Object(p) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = Value::Object(serde_json::Map::new());
+    }
+    let t = target.as_object_mut().unwrap();
+    for (k, v) in p {
+        if v.is_null() {
+            t.remove(k);
+        } else {
+            merge_patch(t.entry(k.clone()).or_insert(Value::Null), v);
+        }
+    }
+}
+
+/// RFC 6902 on objects only (what a ConfigMap's `data` needs): `Err` names the operation that
+/// does not apply.
+fn json_patch(target: &mut serde_json::Value, ops: &serde_json::Value) -> Result<(), String> {
+    let ops = ops.as_array().ok_or("a JSON patch is an array")?;
+    for op in ops {
+        let path = op["path"].as_str().ok_or("an operation without a path")?;
+        let mut parts: Vec<String> = path
+            .split('/')
+            .skip(1)
+            .map(|p| p.replace("~1", "/").replace("~0", "~"))
+            .collect();
+        let last = parts.pop().ok_or("the root cannot be patched here")?;
+        let mut at = &mut *target;
+        for p in &parts {
+            at = at
+                .get_mut(p)
+                .ok_or_else(|| format!("doc is missing path: {path}"))?;
+        }
+        let parent = at
+            .as_object_mut()
+            .ok_or_else(|| format!("{path}: not an object"))?;
+        match op["op"].as_str() {
+            Some("test") if parent.get(&last) == Some(&op["value"]) => {}
+            Some("test") => {
+                return Err(format!(
+                    "testing value {path} failed: is {}, expected {}",
+                    parent.get(&last).unwrap_or(&serde_json::Value::Null),
+                    op["value"]
+                ));
+            }
+            Some("add") => {
+                parent.insert(last, op["value"].clone());
+            }
+            Some("replace") if parent.contains_key(&last) => {
+                parent.insert(last, op["value"].clone());
+            }
+            Some("remove") if parent.remove(&last).is_some() => {}
+            other => return Err(format!("{other:?} does not apply to {path}")),
+        }
+    }
+    Ok(())
+}
+
+async fn patch(
+    State(api): State<KubeApi>,
+    Path((ns, name)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if let Some(r) = refused(&api, &headers) {
+        return r;
+    }
+    let kind = headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let Ok(p) = serde_json::from_slice::<serde_json::Value>(&body) else {
+        return status(400, "BadRequest", "the patch is not JSON");
+    };
+    let mut i = api.0.lock().unwrap();
+    let s = &mut i.brake;
+    let Some(stored) = s.maps.get(&(ns.clone(), name.clone())) else {
+        return status(404, "NotFound", &format!("configmaps \"{name}\" not found"));
+    };
+    // A merge patch of `data` alone, applied in place (a simulation's patches, on an object of
+    // half a megabyte); the same as the general path below.
+    let data_only = p
+        .as_object()
+        .filter(|o| o.len() == 1)
+        .and_then(|o| o.get("data")?.as_object());
+    if kind == "application/merge-patch+json"
+        && let Some(d) = data_only
+        && d.values().all(|v| v.is_null() || v.is_string())
+    {
+        let mut cm = stored.clone();
+        let data = cm.data.get_or_insert_with(Default::default);
+        for (k, v) in d {
+            match v.as_str() {
+                Some(v) => data.insert(k.clone(), v.to_owned()),
+                None => data.remove(k),
+            };
+        }
+        return applied(s, ns, cm);
+    }
+    let mut doc = serde_json::to_value(stored).unwrap();
+    match kind.as_str() {
+        "application/merge-patch+json" => merge_patch(&mut doc, &p),
+        "application/json-patch+json" => {
+            if let Err(e) = json_patch(&mut doc, &p) {
+                s.counts.patch_refused += 1;
+                return status(422, "", &e);
+            }
+        }
+        other => {
+            return status(
+                415,
+                "UnsupportedMediaType",
+                &format!(
+                    "the stand-in patches ConfigMaps with a merge or JSON patch, not {other:?}"
+                ),
+            );
+        }
+    }
+    match serde_json::from_value(doc) {
+        Ok(cm) => applied(s, ns, cm),
+        Err(e) => status(422, "Invalid", &format!("the patched object: {e}")),
+    }
+}
+
+/// Stores a patched ConfigMap within the data limit.
+fn applied(s: &mut Store, ns: String, cm: ConfigMap) -> Response {
+    let bytes: usize = cm
+        .data
+        .iter()
+        .flatten()
+        .map(|(k, v)| k.len() + v.len())
+        .sum();
+    if bytes > DATA_LIMIT {
+        s.counts.too_large += 1;
+        return status(
+            422,
+            "Invalid",
+            &format!("data is {bytes} bytes, over 1 MiB"),
+        );
+    }
+    s.counts.patches += 1;
     let cm = s.put(ns, cm);
     axum::Json(cm).into_response()
 }

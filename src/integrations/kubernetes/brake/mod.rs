@@ -8,8 +8,8 @@
 //! the held judging until this loop lets an agent-rule verdict through. This loop, one per
 //! engine and off every handler's path, watches the two judgings every [`BEAT`]: when the
 //! configured one turns `abnormal` and the held one does not, it consults the shared state
-//! ([`client::consult`]: one read, one write, retried on conflict) and opens the gate if the
-//! fleet allows it. Until the answer (at most `request_timeout` per call), the verdict is
+//! ([`client::consult`]: one merge patch of its own key, a second when it acts) and opens
+//! the gate if the fleet allows it. Until the answer (at most `request_timeout` per call), the verdict is
 //! held. The API server unreachable: it stays held (fail closed), and asks again later.
 
 pub(crate) mod client;
@@ -107,6 +107,9 @@ struct Episode {
     counted: bool,
 }
 
+/// The shared state as last seen (a consult's answer or a refresh), and when it was seen.
+type Known = Option<Fleet>;
+
 /// The engine's brake loop, until `cancel`.
 pub(crate) async fn run(
     client: KubeClient,
@@ -120,6 +123,7 @@ pub(crate) async fn run(
     let key = format!("{}/{}", brake.node, m.spec().name);
     m.note_brake(|r| r.reason = "no look at the shared state yet".to_owned());
     let mut ep = Episode::default();
+    let mut known: Known = None;
     let mut refresh_at = Instant::now() + client::jitter(brake.cfg.refresh / 10, 0);
     loop {
         tokio::select! {
@@ -140,12 +144,26 @@ pub(crate) async fn run(
             Step::Consult => {
                 let mut t = Tally::default();
                 let at = unix_ms() / 1000;
-                let r = client::consult(&client, &brake.cfg, &brake.home, &key, at, &mut t).await;
+                let r = client::consult(
+                    &client,
+                    &brake.cfg,
+                    &brake.home,
+                    &key,
+                    at,
+                    known.as_ref(),
+                    &mut t,
+                )
+                .await;
+                if let Ok(c) = &r {
+                    known = Some(c.fleet.clone());
+                }
                 ep.ask_at = Some(Instant::now() + settle(&m, &brake.cfg, &mut ep, r, at));
             }
         }
         if now >= refresh_at {
-            refresh(&client, &brake, &m).await;
+            if let Some(f) = refresh(&client, &brake, &m).await {
+                known = Some(f);
+            }
             refresh_at =
                 Instant::now() + brake.cfg.refresh + client::jitter(brake.cfg.refresh / 10, 0);
         }
@@ -246,7 +264,10 @@ fn words(f: &Fleet, at: u64, cfg: &BrakeConfig) -> String {
         allowed(f.engines, cfg.max_fraction),
         cfg.max_fraction,
         if engaged {
-            format!("engaged since {}", f.engaged_since.unwrap_or(at))
+            format!(
+                "engaged since {}",
+                f.engaged_since(at, window, cfg.max_fraction).unwrap_or(at)
+            )
         } else if f.engines == 0 {
             "not engaged (the fleet is not counted yet)".to_owned()
         } else {
@@ -255,12 +276,13 @@ fn words(f: &Fleet, at: u64, cfg: &BrakeConfig) -> String {
     )
 }
 
-/// Reads the state for the metric and `/status/detail`; changes no gate.
-async fn refresh(client: &KubeClient, brake: &Brake, m: &Monitor) {
+/// Reads the state for the metric and `/status/detail`; changes no gate. The state read,
+/// when it was.
+async fn refresh(client: &KubeClient, brake: &Brake, m: &Monitor) -> Known {
     let mut t = Tally::default();
     let at = unix_ms() / 1000;
     match client::read(client, &brake.home, &mut t).await {
-        Ok(Some((f, _, bad))) => {
+        Ok(Some((f, bad))) => {
             if let Some(bad) = &bad {
                 tracing::warn!(
                     "the fleet brake's ConfigMap {}: {bad}; read as far as it goes",
@@ -268,9 +290,16 @@ async fn refresh(client: &KubeClient, brake: &Brake, m: &Monitor) {
                 );
             }
             m.note_brake(|r| seen(r, &f, at, &brake.cfg));
+            Some(f)
         }
-        Ok(None) => m.note_brake(|r| seen(r, &Fleet::default(), at, &brake.cfg)),
-        Err(e) => m.note_brake(|r| r.last_error = Some(e.to_string())),
+        Ok(None) => {
+            m.note_brake(|r| seen(r, &Fleet::default(), at, &brake.cfg));
+            Some(Fleet::default())
+        }
+        Err(e) => {
+            m.note_brake(|r| r.last_error = Some(e.to_string()));
+            None
+        }
     }
 }
 

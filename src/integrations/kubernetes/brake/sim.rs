@@ -34,6 +34,9 @@ struct Log {
     requests: Vec<(f64, u64)>,
     conflicts: u64,
     errors: u64,
+    /// The first failed consult's error.
+    first_error: Option<String>,
+    bytes: u64,
     acted: u64,
     held: u64,
     /// Real latency of each consult (the most a verdict is delayed).
@@ -143,6 +146,7 @@ async fn agent(
     let refresh = cfg.refresh.as_secs_f64();
     let mut next_refresh = unit(i as u64 + 7) * refresh;
     let mut turned = turns;
+    let mut known = None;
     loop {
         let next = match turned {
             Some(t) if t < next_refresh => t,
@@ -161,11 +165,13 @@ async fn agent(
         let mut t = Tally::default();
         if turned.is_some_and(|t| t <= next_refresh) {
             turned = None;
-            let r = consult(c, cfg, home, &format!("node-{i:05}/e"), now, &mut t).await;
+            let e = format!("node-{i:05}/e");
+            let r = consult(c, cfg, home, &e, now, known.as_ref(), &mut t).await;
             let mut g = log.lock().unwrap();
             g.delays.push(began.elapsed().as_secs_f64());
             match r {
                 Ok(k) => {
+                    known = Some(k.fleet.clone());
                     let engaged = k.fleet.engaged(now, cfg.window.as_secs(), cfg.max_fraction);
                     if k.decision == Decision::Act {
                         g.acted += 1;
@@ -177,20 +183,25 @@ async fn agent(
                         g.saw[i] = Some(sim);
                     }
                 }
-                Err(_) => g.errors += 1,
+                Err(e) => {
+                    g.errors += 1;
+                    g.first_error.get_or_insert(e.to_string());
+                }
             }
             g.conflicts += t.conflicts;
+            g.bytes += t.bytes;
             g.requests.push((start.elapsed().as_secs_f64(), t.requests));
         } else {
             next_refresh += refresh * (0.95 + unit(i as u64 ^ next_refresh as u64) / 10.0);
             let r = client::read(c, home, &mut t).await;
             let mut g = log.lock().unwrap();
-            if let Ok(Some((f, _, _))) = r
-                && f.engaged(now, cfg.window.as_secs(), cfg.max_fraction)
-                && g.saw[i].is_none()
-            {
-                g.saw[i] = Some(sim);
+            if let Ok(Some((f, _))) = r {
+                if f.engaged(now, cfg.window.as_secs(), cfg.max_fraction) && g.saw[i].is_none() {
+                    g.saw[i] = Some(sim);
+                }
+                known = Some(f);
             }
+            g.bytes += t.bytes;
             g.requests.push((start.elapsed().as_secs_f64(), t.requests));
         }
     }
@@ -230,8 +241,20 @@ fn report(log: &Log, agents: usize, speedup: f64, s: &StandIn) {
         total as f64 / span / speedup
     );
     println!(
-        "  stand-in: {} GET, {} create, {} replace, {} conflicts (409), {} over 1 MiB",
-        counts.gets, counts.creates, counts.replaces, counts.conflicts, counts.too_large
+        "  stand-in: {} GET, {} create, {} replace, {} patch, {} JSON patches refused (422: a claim of the count lost), {} conflicts (409), {} over 1 MiB",
+        counts.gets,
+        counts.creates,
+        counts.replaces,
+        counts.patches,
+        counts.patch_refused,
+        counts.conflicts,
+        counts.too_large
+    );
+    let lists = s.api.seen_where("GET", "/pods").len();
+    println!(
+        "  pod lists (the fleet's count): {lists}; bytes read by the agents: {:.1} MB ({:.1} MB/s at real time)",
+        log.bytes as f64 / 1e6,
+        log.bytes as f64 / 1e6 / span / speedup
     );
     println!(
         "  consults: {} acted, {} held, {} failed; allowed {} (max_fraction 0.5 of {agents})",
@@ -241,8 +264,8 @@ fn report(log: &Log, agents: usize, speedup: f64, s: &StandIn) {
         allowed(agents as u64, 0.5)
     );
     println!(
-        "  conflicts seen by the agents (each one retry): {}",
-        log.conflicts
+        "  conflicts seen by the agents (each one retry): {}; the first failed consult: {:?}",
+        log.conflicts, log.first_error
     );
     println!(
         "  consult latency (the verdict's delay), real: p50 {:.3} s, p99 {:.3} s, max {:.3} s",

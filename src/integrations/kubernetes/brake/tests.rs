@@ -108,20 +108,21 @@ fn the_fleet_is_counted_in_one_request_or_in_pages_with_a_selector() {
     });
 }
 
-// Twenty engines of a fleet of ten consult at once: the writes conflict and are retried on a
-// fresh read, every consult ends, and exactly five verdicts act (more than half engages).
+// Twenty engines of a fleet of ten consult at once: no patch conflicts (the API server
+// applies them one at a time), every consult ends, exactly five verdicts act (more than
+// half engages).
 #[test]
-fn concurrent_consults_conflict_retry_and_let_exactly_the_fraction_act() {
+fn concurrent_consults_never_conflict_and_let_exactly_the_fraction_act() {
     let s = StandIn::start(pods(10, "serving"));
     rt().block_on(async {
-        let (c, mut cfg, home) = client(&s.url, namespace("serving"));
-        cfg.retries = 50;
+        let (c, cfg, home) = client(&s.url, namespace("serving"));
         let mut tasks = tokio::task::JoinSet::new();
         for i in 0..20 {
             let (c, cfg, home) = (c.clone(), cfg.clone(), home.clone());
             tasks.spawn(async move {
                 let mut t = Tally::default();
-                let r = consult(&c, &cfg, &home, &format!("node-{i}/e"), 1_000_000, &mut t).await;
+                let e = format!("node-{i}/e");
+                let r = consult(&c, &cfg, &home, &e, 1_000_000, None, &mut t).await;
                 (r, t)
             });
         }
@@ -134,14 +135,108 @@ fn concurrent_consults_conflict_retry_and_let_exactly_the_fraction_act() {
         }
         assert_eq!(acted, 5);
         let counts = s.api.config_map_counts();
-        assert_eq!(counts.conflicts, conflicts, "the stand-in refused as many");
+        assert_eq!(conflicts, 0, "no patch refused for a conflict");
+        assert_eq!(
+            counts.creates - counts.conflicts,
+            1,
+            "one create; the others found it made (409 AlreadyExists) and patched it"
+        );
         let cm = s
             .api
             .config_map("npu-health", config::DEFAULT_NAME)
             .unwrap();
         let (f, bad) = Fleet::of_data(&cm.data.unwrap());
         assert_eq!((f.trips.len(), f.engines, bad), (20, 10, None));
+        assert_eq!(f.trips.values().filter(|t| t.acted).count(), 5);
         assert!(f.engaged(1_000_000, 300, 0.5));
+    });
+}
+
+// An engine whose verdict acted in the window acts again when its agent restarts (it reads
+// the state first, writes nothing); trips past the window are removed by the next patch; a
+// count older than `count_every` is taken again, by the one agent whose claim held.
+#[test]
+fn a_restarted_agent_keeps_its_verdict_and_old_trips_and_counts_go() {
+    let s = StandIn::start(pods(4, "serving"));
+    rt().block_on(async {
+        let (c, cfg, home) = client(&s.url, namespace("serving"));
+        let at = 1_000_000;
+        for e in ["a/e", "b/e", "c/e"] {
+            let r = consult(&c, &cfg, &home, e, at, None, &mut Tally::default()).await;
+            let want = if e == "c/e" {
+                Decision::Hold
+            } else {
+                Decision::Act
+            };
+            assert_eq!(r.unwrap().decision, want, "{e}");
+        }
+        let before = s.api.config_map_counts();
+        let mut t = Tally::default();
+        let r = consult(&c, &cfg, &home, "a/e", at + 10, None, &mut t).await;
+        assert_eq!(r.unwrap().decision, Decision::Act);
+        assert_eq!(
+            (t.requests, s.api.config_map_counts().patches),
+            (1, before.patches)
+        );
+        let later = at + cfg.window.as_secs() + 1;
+        let mut t = Tally::default();
+        let r = consult(&c, &cfg, &home, "d/e", later, None, &mut t)
+            .await
+            .unwrap();
+        assert_eq!(r.decision, Decision::Act);
+        // The read, the trip (which removes the three old ones), the claim, the count, the
+        // decision.
+        assert_eq!(t.requests, 5);
+        assert_eq!(r.fleet.trips.keys().collect::<Vec<_>>(), ["trip.d_e"]);
+        assert_eq!(r.fleet.counted, Some(later));
+        // The claim on a count: of two agents that saw the same, one holds it.
+        let mut t = Tally::default();
+        let first = client::claim(&c, &home, Some(later), later + 400, &mut t).await;
+        let second = client::claim(&c, &home, Some(later), later + 400, &mut t).await;
+        assert_eq!((first.unwrap(), second.unwrap()), (true, false));
+        assert_eq!(s.api.config_map_counts().patch_refused, 1);
+    });
+}
+
+// Trips that left the window are removed only as they were seen: an engine that tripped
+// again since keeps its new trip (the removal's `test` fails, the rest is written alone).
+#[test]
+fn an_old_trip_is_removed_only_if_it_did_not_trip_again() {
+    let s = StandIn::start(pods(4, "serving"));
+    rt().block_on(async {
+        let (c, cfg, home) = client(&s.url, namespace("serving"));
+        let (at, w) = (1_000_000, cfg.window.as_secs());
+        let mut t = Tally::default();
+        consult(&c, &cfg, &home, "a/e", at, None, &mut t)
+            .await
+            .unwrap();
+        consult(&c, &cfg, &home, "b/e", at, None, &mut t)
+            .await
+            .unwrap();
+        let stale = client::read(&c, &home, &mut t).await.unwrap().unwrap().0;
+        consult(&c, &cfg, &home, "a/e", at + w + 1, None, &mut t)
+            .await
+            .unwrap();
+        let engines = |n: u64| {
+            vec![serde_json::json!({"op": "add", "path": "/data/engines", "value": n.to_string()})]
+        };
+        let f = client::write_pruning(&c, &home, &stale, engines(7), at + w + 2, w, &mut t)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(f.engines, 7);
+        assert_eq!(
+            f.trips.get("trip.a_e").map(|t| t.at),
+            Some(at + w + 1),
+            "kept"
+        );
+        // Seen as it is now, the old trip of b goes.
+        let f = client::write_pruning(&c, &home, &f, engines(8), at + w + 2, w, &mut t)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(f.trips.keys().collect::<Vec<_>>(), ["trip.a_e"]);
+        assert_eq!(f.engines, 8);
     });
 }
 
@@ -157,7 +252,7 @@ fn with_the_api_server_down_the_verdict_stays_held() {
             .port();
         let (c, cfg, home) = client(&format!("http://127.0.0.1:{port}"), namespace("serving"));
         let mut t = Tally::default();
-        let r = consult(&c, &cfg, &home, "node-0/e", 1_000_000, &mut t).await;
+        let r = consult(&c, &cfg, &home, "node-0/e", 1_000_000, None, &mut t).await;
         assert!(matches!(r, Err(BrakeError::Api(_))), "{r:?}");
         let mut m = crate::monitor::evidence::tests::engine("policy = \"agent\"\n");
         m.hold_under_brake().unwrap();
