@@ -384,6 +384,44 @@ pub(crate) async fn consult(
             })?
         }
     };
+    let counted = recount(c, cfg, home, &mut fleet, now, t).await?;
+    let decision = fleet.decide(now, window, cfg.max_fraction);
+    let mut after = Vec::new();
+    if decision == Decision::Act {
+        after.push(add(
+            &key,
+            Trip {
+                at: now,
+                acted: true,
+            }
+            .value(),
+        ));
+    }
+    if let Some(n) = counted {
+        after.push(add("engines", n.to_string()));
+    }
+    if !after.is_empty() {
+        // The decision stands on the state the trip was applied to; a failure to write it
+        // loses only what a restarted agent would know of it.
+        match write_pruning(c, home, &fleet, after, now, window, t).await {
+            Ok(Some(f)) => fleet = f,
+            Ok(None) => tracing::warn!("the fleet brake's decision was not written: a conflict"),
+            Err(e) => tracing::warn!("the fleet brake could not record its decision: {e}"),
+        }
+    }
+    Ok(Consulted { decision, fleet })
+}
+
+/// Counts the fleet into `fleet` when its count is older than `count_every` and this agent
+/// claims it (or when it was never counted): the new count, to be written, if taken.
+async fn recount(
+    c: &KubeClient,
+    cfg: &BrakeConfig,
+    home: &Home,
+    fleet: &mut Fleet,
+    now: u64,
+    t: &mut Tally,
+) -> Result<Option<u64>, BrakeError> {
     let stale = now.saturating_sub(fleet.counted.unwrap_or(0)) >= cfg.count_every.as_secs();
     let mut counted = None;
     let claimed = (fleet.engines == 0 || stale) && claim(c, home, fleet.counted, now, t).await?;
@@ -416,29 +454,5 @@ pub(crate) async fn consult(
             }
         }
     }
-    let decision = fleet.decide(now, window, cfg.max_fraction);
-    let mut after = Vec::new();
-    if decision == Decision::Act {
-        after.push(add(
-            &key,
-            Trip {
-                at: now,
-                acted: true,
-            }
-            .value(),
-        ));
-    }
-    if let Some(n) = counted {
-        after.push(add("engines", n.to_string()));
-    }
-    if !after.is_empty() {
-        // The decision stands on the state the trip was applied to; a failure to write it
-        // loses only what a restarted agent would know of it.
-        match write_pruning(c, home, &fleet, after, now, window, t).await {
-            Ok(Some(f)) => fleet = f,
-            Ok(None) => tracing::warn!("the fleet brake's decision was not written: a conflict"),
-            Err(e) => tracing::warn!("the fleet brake could not record its decision: {e}"),
-        }
-    }
-    Ok(Consulted { decision, fleet })
+    Ok(counted)
 }
