@@ -42,6 +42,15 @@ pub struct Counts {
     pub too_large: u64,
 }
 
+/// The bytes of a ConfigMap's data, as its 1 MiB limit counts them (keys and values).
+pub fn data_bytes(cm: &ConfigMap) -> usize {
+    cm.data
+        .iter()
+        .flatten()
+        .map(|(k, v)| k.len() + v.len())
+        .sum()
+}
+
 /// ClusterD's label on the ConfigMaps it reads (`PubFaultCMLabelKey`).
 const PUBLIC_FAULT_LABEL: &str = "mc-consumer-publicfault";
 
@@ -173,12 +182,7 @@ fn parsed(body: &Bytes, ns: &str, name: Option<&str>) -> Result<ConfigMap, Box<R
             "the ConfigMap names another object",
         )));
     }
-    let bytes: usize = cm
-        .data
-        .iter()
-        .flatten()
-        .map(|(k, v)| k.len() + v.len())
-        .sum();
+    let bytes = data_bytes(&cm);
     if bytes > DATA_LIMIT {
         return Err(Box::new(status(
             422,
@@ -394,12 +398,7 @@ async fn patch(
 
 /// Stores a patched ConfigMap within the data limit.
 fn applied(s: &mut Store, ns: String, cm: ConfigMap) -> Response {
-    let bytes: usize = cm
-        .data
-        .iter()
-        .flatten()
-        .map(|(k, v)| k.len() + v.len())
-        .sum();
+    let bytes = data_bytes(&cm);
     if bytes > DATA_LIMIT {
         s.counts.too_large += 1;
         return status(

@@ -278,12 +278,7 @@ fn report(log: &Log, agents: usize, speedup: f64, s: &StandIn) {
         log.engaged_at, last_saw
     );
     if let Some(cm) = s.api.config_map("npu-health", DEFAULT_NAME) {
-        let bytes: usize = cm
-            .data
-            .iter()
-            .flatten()
-            .map(|(k, v)| k.len() + v.len())
-            .sum();
+        let bytes = super::tests::stand_in::kube_brake::data_bytes(&cm);
         println!("  the ConfigMap's data at the end: {bytes} bytes");
     }
 }
