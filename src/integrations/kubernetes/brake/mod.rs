@@ -9,8 +9,8 @@
 //! engine and off every handler's path, watches the two judgings every [`BEAT`]: when the
 //! configured one turns `abnormal` and the held one does not, it consults the shared state
 //! ([`client::consult`]: one merge patch of its own key, a second when it acts) and opens
-//! the gate if the fleet allows it. Until the answer (at most `request_timeout` per call), the verdict is
-//! held. The API server unreachable: it stays held (fail closed), and asks again later.
+//! the gate if the fleet allows it. Until the answer (at most `request_timeout` per call),
+//! the verdict is held. The API server unreachable: it stays held (fail closed), and asks again later.
 
 pub(crate) mod client;
 pub(crate) use super::config::brake as config;
@@ -107,7 +107,7 @@ struct Episode {
     counted: bool,
 }
 
-/// The shared state as last seen (a consult's answer or a refresh), and when it was seen.
+/// The shared state as last seen (a consult's answer or a refresh); `None`: not seen yet.
 type Known = Option<Fleet>;
 
 /// The engine's brake loop, until `cancel`.
